@@ -1,0 +1,459 @@
+"""The only code that turns messages into bytes and back: MessagePack, numpy arrays, JPEG.
+
+Why not pickle: unpickling runs code chosen by whoever sent the bytes (LeRobot's gRPC prototype
+does exactly that on an open port). MessagePack carries only maps, arrays, strings, numbers and
+bytes; arrays travel as ``{"dtype", "shape", "data"}`` with raw little-endian bytes; images as
+JPEG. Every decode failure, whatever the input, raises ``ProtocolError`` with a reason; nothing
+else escapes from ``decode``.
+
+The byte layout is specified in docs/protocol.md; golden tests pin it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+import cv2
+import msgpack
+import numpy as np
+
+from lerobot_zenoh.errors import ProtocolError, VersionError
+from lerobot_zenoh.protocol.messages import (
+    PROTOCOL_VERSION,
+    ActionChunk,
+    ExecutionInfo,
+    Message,
+    MessageType,
+    Observation,
+    Status,
+    Telemetry,
+)
+
+#: dtypes accepted on the wire (numeric and bool only; always little-endian).
+ALLOWED_DTYPES = frozenset(
+    {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+     "float16", "float32", "float64"}
+)
+UINT64_MAX = 2**64 - 1
+
+
+@dataclass(frozen=True)
+class CodecLimits:
+    """Bounds enforced before and while unpacking, against hostile or broken peers."""
+
+    # Default: room for four 1080p JPEG cameras at high quality (~2-3 MB each) plus state.
+    max_message_bytes: int = 16 * 1024 * 1024
+    max_container_len: int = 4096  # entries of any one map or array
+    max_depth: int = 8  # nesting of maps/arrays
+    max_str_bytes: int = 64 * 1024
+    max_ndim: int = 4
+    max_image_pixels: int = 4096 * 4096
+
+
+DEFAULT_LIMITS = CodecLimits()
+
+
+# ----------------------------------------------------------------------------- arrays
+
+
+def pack_array(array: np.ndarray) -> dict[str, Any]:
+    arr = np.asarray(array)
+    if arr.dtype.name not in ALLOWED_DTYPES:
+        raise ProtocolError("bad_dtype", f"{arr.dtype} is not a numeric or bool dtype")
+    arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+    return {"dtype": arr.dtype.name, "shape": list(arr.shape), "data": arr.tobytes()}
+
+
+def unpack_array(obj: Any, field_name: str, limits: CodecLimits = DEFAULT_LIMITS) -> np.ndarray:
+    if not isinstance(obj, dict):
+        raise ProtocolError("bad_array", f"{field_name} must be a map with dtype, shape, data")
+    dtype_name = obj.get("dtype")
+    shape = obj.get("shape")
+    data = obj.get("data")
+    if dtype_name not in ALLOWED_DTYPES:
+        raise ProtocolError("bad_dtype", f"{field_name}.dtype={dtype_name!r} is not allowed")
+    if not isinstance(shape, list) or len(shape) > limits.max_ndim or not all(
+        type(d) is int and d >= 0 for d in shape
+    ):
+        raise ProtocolError("bad_shape", f"{field_name}.shape={shape!r}")
+    if not isinstance(data, bytes):
+        raise ProtocolError("bad_array", f"{field_name}.data must be bytes")
+    dtype = np.dtype(dtype_name).newbyteorder("<")
+    if math.prod(shape) * dtype.itemsize != len(data):
+        raise ProtocolError(
+            "size_mismatch",
+            f"{field_name}: shape {shape} x {dtype.itemsize} B != {len(data)} B of data",
+        )
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+# ----------------------------------------------------------------------------- JPEG
+
+
+def encode_jpeg(image: np.ndarray, quality: int = 90) -> bytes:
+    """Encode an RGB (H, W, 3) or grey (H, W) uint8 image. The JPEG holds the true colours."""
+    if image.dtype != np.uint8 or image.ndim not in (2, 3) or (image.ndim == 3 and image.shape[2] != 3):
+        raise ProtocolError("bad_image", f"expected uint8 (H, W, 3) or (H, W), got {image.dtype} {image.shape}")
+    if not 1 <= quality <= 100:
+        raise ProtocolError("bad_image", f"jpeg quality {quality} outside 1..100")
+    bgr = cv2.cvtColor(image, cv2.COLOR_RGB2BGR) if image.ndim == 3 else image
+    ok, buf = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, int(quality)])
+    if not ok:
+        raise ProtocolError("bad_image", "OpenCV could not encode the image")
+    return buf.tobytes()
+
+
+_SOF_MARKERS = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+
+
+def jpeg_shape(data: bytes) -> tuple[int, int, int]:
+    """(height, width, components) from the JPEG frame header, without decoding pixels."""
+    if len(data) < 4 or data[0] != 0xFF or data[1] != 0xD8:
+        raise ProtocolError("bad_jpeg", "missing JPEG start-of-image marker")
+    i = 2
+    n = len(data)
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            raise ProtocolError("bad_jpeg", f"expected a marker at byte {i}")
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            i += 2
+            continue
+        length = (data[i + 2] << 8) | data[i + 3]
+        if length < 2:
+            raise ProtocolError("bad_jpeg", "segment length < 2")
+        if marker in _SOF_MARKERS:
+            if i + 10 > n:
+                break
+            height = (data[i + 5] << 8) | data[i + 6]
+            width = (data[i + 7] << 8) | data[i + 8]
+            return height, width, data[i + 9]
+        if marker == 0xDA:  # start of scan before any frame header
+            break
+        i += 2 + length
+    raise ProtocolError("bad_jpeg", "no frame header found")
+
+
+def decode_jpeg(
+    data: bytes,
+    expected_shape: tuple[int, int] | None = None,
+    limits: CodecLimits = DEFAULT_LIMITS,
+) -> np.ndarray:
+    """Decode to RGB uint8 (H, W, 3); check (H, W) against `expected_shape` before decoding."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise ProtocolError("bad_jpeg", "image must be bytes")
+    height, width, _ = jpeg_shape(bytes(data[:65536]))
+    if height * width > limits.max_image_pixels or height == 0 or width == 0:
+        raise ProtocolError("bad_jpeg", f"{height}x{width} outside the pixel limit")
+    if expected_shape is not None and (height, width) != tuple(expected_shape):
+        raise ProtocolError("wrong_image_shape", f"{height}x{width}, expected {expected_shape[0]}x{expected_shape[1]}")
+    bgr = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
+    if bgr is None or bgr.shape[:2] != (height, width):
+        raise ProtocolError("bad_jpeg", "OpenCV could not decode the image")
+    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+
+
+# ----------------------------------------------------------------------------- field checks
+
+
+def _require(d: dict, name: str, kinds: type | tuple[type, ...]) -> Any:
+    if name not in d:
+        raise ProtocolError("missing_field", name)
+    return _check(name, d[name], kinds)
+
+
+def _optional(d: dict, name: str, kinds: type | tuple[type, ...]) -> Any:
+    value = d.get(name)
+    return None if value is None else _check(name, value, kinds)
+
+
+def _check(name: str, value: Any, kinds: type | tuple[type, ...]) -> Any:
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    # bool is an int in Python; only accept it where asked for explicitly.
+    if isinstance(value, bool) and bool not in kinds:
+        raise ProtocolError("bad_field", f"{name} must be {'/'.join(k.__name__ for k in kinds)}, got bool")
+    if not isinstance(value, kinds):
+        raise ProtocolError("bad_field", f"{name} must be {'/'.join(k.__name__ for k in kinds)}, got {type(value).__name__}")
+    if float in kinds and isinstance(value, int | float):
+        return float(value)
+    return value
+
+
+def _uint(d: dict, name: str, *, required: bool = True) -> int | None:
+    value = _require(d, name, int) if required else _optional(d, name, int)
+    if value is not None and not 0 <= value <= UINT64_MAX:
+        raise ProtocolError("bad_field", f"{name}={value} is not a uint64")
+    return value
+
+
+def _str_map(name: str, value: Any, value_kinds: type | tuple[type, ...]) -> dict:
+    if not isinstance(value, dict):
+        raise ProtocolError("bad_field", f"{name} must be a map")
+    for k, v in value.items():
+        if not isinstance(k, str):
+            raise ProtocolError("bad_field", f"{name} keys must be strings")
+        _check(f"{name}[{k!r}]", v, value_kinds)
+    return value
+
+
+def _depth_ok(obj: Any, max_depth: int) -> bool:
+    stack = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            if depth > max_depth:
+                return False
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            if depth > max_depth:
+                return False
+            stack.extend((v, depth + 1) for v in node)
+    return True
+
+
+# ----------------------------------------------------------------------------- messages -> maps
+
+
+def _header(kind: MessageType) -> dict[str, Any]:
+    return {"protocol_version": list(PROTOCOL_VERSION), "type": kind.value}
+
+
+def _drop_none(d: dict) -> dict:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def _to_map(msg: Message) -> dict[str, Any]:
+    if isinstance(msg, Observation):
+        out = _header(MessageType.OBSERVATION) | {
+            "seq_id": int(msg.seq_id),
+            "client_uuid": msg.client_uuid,
+            "state": pack_array(msg.state),
+            "images": {str(k): bytes(v) for k, v in msg.images.items()},
+            "task": msg.task,
+        }
+        if msg.execution is not None:
+            out["execution"] = _drop_none({f.name: getattr(msg.execution, f.name) for f in fields(ExecutionInfo)})
+        return out
+    if isinstance(msg, ActionChunk):
+        return _header(MessageType.ACTION_CHUNK) | _drop_none({
+            "response_to_seq_id": int(msg.response_to_seq_id),
+            "inference_time_ms": float(msg.inference_time_ms),
+            "actions": pack_array(msg.actions),
+            "server_id": msg.server_id,
+            "queue_time_ms": None if msg.queue_time_ms is None else float(msg.queue_time_ms),
+            "execution_horizon": msg.execution_horizon,
+        })
+    if isinstance(msg, Status):
+        return _header(MessageType.STATUS) | _drop_none({
+            "model_id": msg.model_id,
+            "model_version": msg.model_version,
+            "expected_cameras": {k: [int(h), int(w)] for k, (h, w) in msg.expected_cameras.items()},
+            "action_dim": int(msg.action_dim),
+            "max_actions_per_chunk": int(msg.max_actions_per_chunk),
+            "observation_features": msg.observation_features,
+            "policy_type": msg.policy_type,
+            "fps": msg.fps,
+            "server_id": msg.server_id,
+            "state_dim": msg.state_dim,
+            "action_names": list(msg.action_names),
+            "accepts_unknown_clients": bool(msg.accepts_unknown_clients),
+        })
+    if isinstance(msg, Telemetry):
+        return _header(MessageType.TELEMETRY) | {
+            "source": msg.source,
+            "source_id": msg.source_id,
+            "seq": int(msg.seq),
+            "uptime_s": float(msg.uptime_s),
+            "period_s": float(msg.period_s),
+            "metrics": dict(msg.metrics),
+            "per_client": {k: dict(v) for k, v in msg.per_client.items()},
+            "labels": dict(msg.labels),
+        }
+    raise TypeError(f"not a protocol message: {type(msg).__name__}")
+
+
+# ----------------------------------------------------------------------------- maps -> messages
+
+
+def _observation(d: dict, limits: CodecLimits) -> Observation:
+    state = unpack_array(_require(d, "state", dict), "state", limits)
+    if state.ndim != 1 or state.dtype.kind not in "fiu":
+        raise ProtocolError("bad_state", f"state must be a 1-D numeric vector, got {state.dtype} {state.shape}")
+    images = _str_map("images", _require(d, "images", dict), bytes)
+    execution = None
+    raw_exec = _optional(d, "execution", dict)
+    if raw_exec is not None:
+        execution = ExecutionInfo(
+            episode_id=_optional(raw_exec, "episode_id", str),
+            round_id=_uint(raw_exec, "round_id", required=False),
+            task_elapsed_s=_optional(raw_exec, "task_elapsed_s", (int, float)),
+            actions_buffered=_uint(raw_exec, "actions_buffered", required=False),
+            control_period_s=_optional(raw_exec, "control_period_s", (int, float)),
+            phase_elapsed_s=_optional(raw_exec, "phase_elapsed_s", (int, float)),
+        )
+    return Observation(
+        seq_id=_uint(d, "seq_id"),
+        client_uuid=_require(d, "client_uuid", str),
+        state=state,
+        images=images,
+        task=_optional(d, "task", str) or "",
+        execution=execution,
+    )
+
+
+def _action_chunk(d: dict, limits: CodecLimits) -> ActionChunk:
+    actions = unpack_array(_require(d, "actions", dict), "actions", limits)
+    if actions.ndim != 2 or actions.dtype.kind != "f":
+        raise ProtocolError("bad_actions", f"actions must be a 2-D float array, got {actions.dtype} {actions.shape}")
+    return ActionChunk(
+        response_to_seq_id=_uint(d, "response_to_seq_id"),
+        inference_time_ms=_require(d, "inference_time_ms", (int, float)),
+        actions=actions,
+        server_id=_optional(d, "server_id", str),
+        queue_time_ms=_optional(d, "queue_time_ms", (int, float)),
+        execution_horizon=_uint(d, "execution_horizon", required=False),
+    )
+
+
+def _status(d: dict) -> Status:
+    cams = _str_map("expected_cameras", _require(d, "expected_cameras", dict), list)
+    expected_cameras: dict[str, tuple[int, int]] = {}
+    for name, hw in cams.items():
+        if len(hw) != 2 or not all(type(x) is int and x > 0 for x in hw):
+            raise ProtocolError("bad_field", f"expected_cameras[{name!r}] must be [height, width]")
+        expected_cameras[name] = (hw[0], hw[1])
+    action_names = _optional(d, "action_names", list) or []
+    if not all(isinstance(n, str) for n in action_names):
+        raise ProtocolError("bad_field", "action_names must be strings")
+    return Status(
+        model_id=_require(d, "model_id", str),
+        model_version=_require(d, "model_version", str),
+        expected_cameras=expected_cameras,
+        action_dim=_uint(d, "action_dim"),
+        max_actions_per_chunk=_uint(d, "max_actions_per_chunk"),
+        observation_features=_str_map("observation_features", _require(d, "observation_features", dict), dict),
+        policy_type=_optional(d, "policy_type", str) or "",
+        fps=_uint(d, "fps", required=False),
+        server_id=_optional(d, "server_id", str) or "",
+        state_dim=_uint(d, "state_dim", required=False),
+        action_names=tuple(action_names),
+        accepts_unknown_clients=bool(_optional(d, "accepts_unknown_clients", bool)),
+    )
+
+
+def _telemetry(d: dict) -> Telemetry:
+    number = (int, float)
+    metrics = _str_map("metrics", _optional(d, "metrics", dict) or {}, number)
+    per_client_raw = _str_map("per_client", _optional(d, "per_client", dict) or {}, dict)
+    per_client = {k: _str_map(f"per_client[{k!r}]", v, number) for k, v in per_client_raw.items()}
+    return Telemetry(
+        source=_require(d, "source", str),
+        source_id=_require(d, "source_id", str),
+        seq=_uint(d, "seq"),
+        uptime_s=_require(d, "uptime_s", number),
+        period_s=_require(d, "period_s", number),
+        metrics=metrics,
+        per_client=per_client,
+        labels=_str_map("labels", _optional(d, "labels", dict) or {}, str),
+    )
+
+
+_DECODERS = {
+    MessageType.OBSERVATION: _observation,
+    MessageType.ACTION_CHUNK: _action_chunk,
+    MessageType.STATUS: lambda d, limits: _status(d),
+    MessageType.TELEMETRY: lambda d, limits: _telemetry(d),
+}
+_TYPES = {
+    Observation: MessageType.OBSERVATION,
+    ActionChunk: MessageType.ACTION_CHUNK,
+    Status: MessageType.STATUS,
+    Telemetry: MessageType.TELEMETRY,
+}
+
+
+def _reject_ext(code: int, data: bytes) -> Any:
+    raise ProtocolError("bad_msgpack", f"extension type {code} is not allowed")
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def encode(msg: Message) -> bytes:
+    """Message -> bytes. Raises ProtocolError for values the protocol cannot carry."""
+    return msgpack.packb(_to_map(msg), use_bin_type=True)
+
+
+def decode(data: bytes, expected: type[Message] | None = None, limits: CodecLimits = DEFAULT_LIMITS) -> Message:
+    """Bytes -> message. Only ever raises ProtocolError (VersionError for another major version)."""
+    try:
+        return _decode(data, expected, limits)
+    except ProtocolError:
+        raise
+    except Exception as exc:  # any other failure of a hostile byte string is still a protocol error
+        raise ProtocolError("malformed", f"{type(exc).__name__}: {exc}") from exc
+
+
+def _decode(data: bytes, expected: type[Message] | None, limits: CodecLimits) -> Message:
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise ProtocolError("not_bytes", type(data).__name__)
+    if len(data) > limits.max_message_bytes:
+        raise ProtocolError("too_large", f"{len(data)} B > limit {limits.max_message_bytes} B")
+    try:
+        obj = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            ext_hook=_reject_ext,
+            timestamp=0,
+            max_str_len=limits.max_str_bytes,
+            max_bin_len=limits.max_message_bytes,
+            max_array_len=limits.max_container_len,
+            max_map_len=limits.max_container_len,
+            max_ext_len=0,
+        )
+    except ProtocolError:
+        raise
+    except Exception as exc:
+        raise ProtocolError("bad_msgpack", f"{type(exc).__name__}: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise ProtocolError("bad_msgpack", "top level must be a map")
+    if not _depth_ok(obj, limits.max_depth):
+        raise ProtocolError("too_deep", f"nesting deeper than {limits.max_depth}")
+    version = obj.get("protocol_version")
+    if not (isinstance(version, list) and len(version) == 2 and all(type(v) is int for v in version)):
+        raise ProtocolError("missing_version", "protocol_version must be [major, minor]")
+    if version[0] != PROTOCOL_VERSION[0]:
+        raise VersionError(
+            "unsupported_version",
+            f"message is protocol {version[0]}.{version[1]}, this peer speaks {PROTOCOL_VERSION[0]}.x",
+        )
+    try:
+        kind = MessageType(obj.get("type"))
+    except ValueError:
+        raise ProtocolError("unknown_type", repr(obj.get("type"))[:64]) from None
+    if expected is not None and _TYPES[expected] is not kind:
+        raise ProtocolError("wrong_type", f"expected {_TYPES[expected].value}, got {kind.value}")
+    return _DECODERS[kind](obj, limits)
+
+
+def decode_observation(data: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> Observation:
+    return decode(data, Observation, limits)  # type: ignore[return-value]
+
+
+def decode_action_chunk(data: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> ActionChunk:
+    return decode(data, ActionChunk, limits)  # type: ignore[return-value]
+
+
+def decode_status(data: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> Status:
+    return decode(data, Status, limits)  # type: ignore[return-value]
+
+
+def decode_telemetry(data: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> Telemetry:
+    return decode(data, Telemetry, limits)  # type: ignore[return-value]

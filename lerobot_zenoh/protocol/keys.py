@@ -1,0 +1,177 @@
+"""Every key expression of lerobot-zenoh is built and parsed here.
+
+Schema (seed 002 section 6.1)::
+
+    <cluster>/<experiment>/<model>/<version>/<app>/<client>/<topic>     topic in {obs, action, metrics}
+    <cluster>/<experiment>/<model>/<version>/<app>/status               queryable: Status
+    <cluster>/<experiment>/<model>/<version>/<app>/*/obs                the server's subscription
+    <cluster>/<experiment>/<model>/<version>/<app>/server/<id>/metrics  server telemetry
+    <cluster>/<experiment>/<model>/<version>/<app>/server/<id>          server liveliness token
+
+A chunk is one path segment. It must be non-empty and must not contain any character Zenoh
+reserves (``/ * $ ? # @``) or whitespace; otherwise a ``KeyExprError`` names the field and value.
+``server`` and ``status`` are reserved and cannot be used as client ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from lerobot_zenoh.errors import KeyExprError
+
+RESERVED_CHARS = frozenset("/*$?#@")
+RESERVED_CLIENT_IDS = frozenset({"server", "status"})
+
+STATUS = "status"
+SERVER = "server"
+
+#: Selector that matches the telemetry of every server and client of every cluster.
+ALL_METRICS = "**/metrics"
+
+
+class Topic(StrEnum):
+    OBS = "obs"
+    ACTION = "action"
+    METRICS = "metrics"
+
+
+def validate_chunk(field: str, value: str) -> str:
+    """Return `value` if it is a valid key-expression chunk, else raise KeyExprError naming `field`."""
+    if not isinstance(value, str):
+        raise KeyExprError(field, str(value), "must be a string")
+    if value == "":
+        raise KeyExprError(field, value, "must not be empty")
+    for ch in value:
+        if ch in RESERVED_CHARS:
+            raise KeyExprError(field, value, f"contains {ch!r}, which Zenoh reserves (/ * $ ? # @)")
+        if ch.isspace():
+            raise KeyExprError(field, value, "contains whitespace")
+    return value
+
+
+def validate_client_id(field: str, value: str) -> str:
+    validate_chunk(field, value)
+    if value in RESERVED_CLIENT_IDS:
+        raise KeyExprError(field, value, f"is reserved ({', '.join(sorted(RESERVED_CLIENT_IDS))})")
+    return value
+
+
+@dataclass(frozen=True)
+class AppKey:
+    """The five chunks that name one served application: cluster/experiment/model/version/app."""
+
+    cluster: str
+    experiment: str
+    model: str
+    version: str
+    app: str
+
+    def __post_init__(self) -> None:
+        for name in ("cluster", "experiment", "model", "version", "app"):
+            validate_chunk(name, getattr(self, name))
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.cluster}/{self.experiment}/{self.model}/{self.version}/{self.app}"
+
+    @property
+    def status(self) -> str:
+        return f"{self.prefix}/{STATUS}"
+
+    @property
+    def all_observations(self) -> str:
+        """What a server subscribes to: every client's observations for this app."""
+        return f"{self.prefix}/*/{Topic.OBS}"
+
+    @property
+    def all_metrics(self) -> str:
+        """Every telemetry key under this app (clients and servers)."""
+        return f"{self.prefix}/**/{Topic.METRICS}"
+
+    @property
+    def all_servers(self) -> str:
+        """Liveliness selector for every server of this app."""
+        return f"{self.prefix}/{SERVER}/*"
+
+    def client(self, client_id: str) -> ClientKey:
+        return ClientKey(self, client_id)
+
+    def server_token(self, server_id: str) -> str:
+        validate_chunk("server_id", server_id)
+        return f"{self.prefix}/{SERVER}/{server_id}"
+
+    def server_metrics(self, server_id: str) -> str:
+        return f"{self.server_token(server_id)}/{Topic.METRICS}"
+
+
+@dataclass(frozen=True)
+class ClientKey:
+    """One client of one application."""
+
+    app: AppKey
+    client_id: str
+
+    def __post_init__(self) -> None:
+        validate_client_id("client_id", self.client_id)
+
+    def topic(self, topic: Topic | str) -> str:
+        return f"{self.app.prefix}/{self.client_id}/{Topic(topic)}"
+
+    @property
+    def obs(self) -> str:
+        return self.topic(Topic.OBS)
+
+    @property
+    def action(self) -> str:
+        return self.topic(Topic.ACTION)
+
+    @property
+    def metrics(self) -> str:
+        return self.topic(Topic.METRICS)
+
+
+@dataclass(frozen=True)
+class ParsedKey:
+    app: AppKey
+    client_id: str | None  # None for status and server keys
+    server_id: str | None
+    topic: str  # "obs" | "action" | "metrics" | "status" | "server"
+
+
+def parse_key(key: str) -> ParsedKey:
+    """Parse any concrete key of the schema; raise KeyExprError if it does not fit."""
+    if not isinstance(key, str):
+        raise KeyExprError("key", str(key), "must be a string")
+    parts = key.split("/")
+    if len(parts) < 6:
+        raise KeyExprError("key", key, "has fewer than 6 chunks")
+    app = AppKey(*parts[:5])
+    rest = parts[5:]
+    if rest == [STATUS]:
+        return ParsedKey(app, None, None, STATUS)
+    if rest[0] == SERVER:
+        if len(rest) == 2:
+            return ParsedKey(app, None, validate_chunk("server_id", rest[1]), SERVER)
+        if len(rest) == 3 and rest[2] == Topic.METRICS:
+            return ParsedKey(app, None, validate_chunk("server_id", rest[1]), Topic.METRICS.value)
+        raise KeyExprError("key", key, "is not a server token or server metrics key")
+    if len(rest) != 2:
+        raise KeyExprError("key", key, "must be <app prefix>/<client>/<topic>")
+    client_id, topic = rest
+    validate_client_id("client_id", client_id)
+    try:
+        topic = Topic(topic).value
+    except ValueError:
+        raise KeyExprError("topic", topic, f"must be one of {[t.value for t in Topic]}") from None
+    return ParsedKey(app, client_id, None, topic)
+
+
+def parse_client_key(key: str, expected_topic: Topic | str | None = None) -> tuple[AppKey, str]:
+    """Return (app, client_id) of a client key, checking its topic when given."""
+    parsed = parse_key(key)
+    if parsed.client_id is None:
+        raise KeyExprError("key", key, "is not a client key")
+    if expected_topic is not None and parsed.topic != Topic(expected_topic):
+        raise KeyExprError("topic", parsed.topic, f"expected {Topic(expected_topic).value}")
+    return parsed.app, parsed.client_id

@@ -1,0 +1,98 @@
+"""The messages of the wire protocol, as plain typed records (no I/O, no msgpack here).
+
+Field names are the wire names of seed 002 section 7. Images travel as JPEG bytes and arrays as
+numpy arrays; `protocol/codec.py` turns these records into bytes and back. Optional fields added
+by later protocol minor versions default to None/empty, and decoders ignore fields they do not
+know, so a 1.x peer talks to any other 1.x peer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+#: (major, minor). A peer rejects a message whose major differs from its own; minors are additive.
+PROTOCOL_VERSION: tuple[int, int] = (1, 0)
+
+
+class MessageType(StrEnum):
+    OBSERVATION = "observation"
+    ACTION_CHUNK = "action_chunk"
+    STATUS = "status"
+    TELEMETRY = "telemetry"
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionInfo:
+    """What an execution-aware scheduler needs to know about the robot's phase (all optional).
+
+    Durations and counts only, measured on the robot's own clock, so no clock is shared.
+    """
+
+    episode_id: str | None = None
+    round_id: int | None = None
+    task_elapsed_s: float | None = None  # time since the episode (task) started
+    actions_buffered: int | None = None  # actions still queued on the robot when this was sent
+    control_period_s: float | None = None  # the robot's dt
+    phase_elapsed_s: float | None = None  # time since the current execution phase began
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Observation:
+    """Client -> server, on `.../<client>/obs`, best effort."""
+
+    seq_id: int
+    client_uuid: str
+    state: np.ndarray  # 1-D numeric, the robot's proprioceptive state in its feature order
+    images: dict[str, bytes]  # camera name -> JPEG bytes
+    task: str = ""
+    execution: ExecutionInfo | None = None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ActionChunk:
+    """Server -> client, on `.../<client>/action`, reliable."""
+
+    response_to_seq_id: int
+    inference_time_ms: float  # server compute for this chunk (decode + pre + model + post)
+    actions: np.ndarray  # (chunk_len, action_dim)
+    server_id: str | None = None
+    queue_time_ms: float | None = None  # time the observation waited in the server's slot
+    execution_horizon: int | None = None  # how many leading actions the model vouches for
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """The server's capabilities, answered on `.../<app>/status`."""
+
+    model_id: str
+    model_version: str
+    expected_cameras: dict[str, tuple[int, int]]  # camera name -> (height, width)
+    action_dim: int
+    max_actions_per_chunk: int
+    observation_features: dict  # LeRobotDataset-style feature dict (name -> {dtype, shape, names})
+    policy_type: str = ""
+    fps: int | None = None
+    server_id: str = ""
+    state_dim: int | None = None
+    action_names: tuple[str, ...] = ()
+    accepts_unknown_clients: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Telemetry:
+    """Periodic figures of one server or client, on a `.../metrics` key."""
+
+    source: str  # "server" | "client"
+    source_id: str
+    seq: int
+    uptime_s: float
+    period_s: float
+    metrics: dict[str, float | int] = field(default_factory=dict)
+    per_client: dict[str, dict[str, float | int]] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+Message = Observation | ActionChunk | Status | Telemetry

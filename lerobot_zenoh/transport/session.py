@@ -1,0 +1,274 @@
+"""The one module that talks to Zenoh: session, publishers with explicit QoS, subscriptions,
+the status queryable, queries and liveliness. Zenoh's errors become `TransportError`.
+
+Callbacks given to `subscribe` and `watch_liveliness` run on Zenoh's threads: they must only
+hand data over (to a lock-protected slot or a queue) and return. An exception raised by one is
+counted on its `Subscription` and logged (rate-limited); the next sample is delivered as usual.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import zenoh
+
+from lerobot_zenoh.errors import TransportError
+from lerobot_zenoh.transport.settings import ZenohSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class QoS:
+    reliable: bool
+    block_when_congested: bool
+    priority: zenoh.Priority
+    express: bool
+
+
+#: Seed 002 section 6.2. Observations: a newer one replaces a lost one, never wait for the network.
+OBSERVATION_QOS = QoS(reliable=False, block_when_congested=False, priority=zenoh.Priority.DATA, express=True)
+#: Action chunks: every chunk must arrive; losing one starves the robot.
+ACTION_QOS = QoS(reliable=True, block_when_congested=True, priority=zenoh.Priority.INTERACTIVE_HIGH, express=True)
+#: Telemetry: useful, never worth delaying anything else for.
+METRICS_QOS = QoS(reliable=False, block_when_congested=False, priority=zenoh.Priority.DATA_LOW, express=False)
+
+
+class Publisher:
+    """A declared publisher with fixed QoS. `put` never raises zenoh errors, only TransportError."""
+
+    def __init__(self, publisher: zenoh.Publisher, key: str):
+        self._publisher = publisher
+        self.key = key
+
+    def put(self, payload: bytes) -> None:
+        try:
+            self._publisher.put(payload)
+        except zenoh.ZError as exc:
+            raise TransportError(f"put on {self.key} failed: {exc}") from exc
+
+    def close(self) -> None:
+        try:
+            self._publisher.undeclare()
+        except zenoh.ZError:
+            pass
+
+
+class Subscription:
+    """A subscriber whose handler's failures are counted, not propagated."""
+
+    def __init__(self, key: str, handler: Callable, unpack: Callable[[zenoh.Sample], tuple]):
+        self.key = key
+        self._handler = handler
+        self._unpack = unpack
+        self.received = 0
+        self.handler_errors = 0
+        self._last_log_s = 0.0
+        self._subscriber: zenoh.Subscriber | None = None
+
+    def _on_sample(self, sample: zenoh.Sample) -> None:
+        self.received += 1
+        try:
+            self._handler(*self._unpack(sample))
+        except Exception as exc:  # a bad message must never stop the next one
+            self.handler_errors += 1
+            now = time.monotonic()
+            if now - self._last_log_s > 5.0:
+                self._last_log_s = now
+                log.warning("handler for %s failed (%d so far): %s", self.key, self.handler_errors, exc)
+
+    def close(self) -> None:
+        if self._subscriber is not None:
+            try:
+                self._subscriber.undeclare()
+            except zenoh.ZError:
+                pass
+            self._subscriber = None
+
+
+class Responder:
+    """Answers queries on one key with bytes from `make_reply`, on a thread of its own.
+
+    Queries arrive through a FIFO channel so that no Zenoh call runs inside a Zenoh callback.
+    """
+
+    def __init__(self, queryable: zenoh.Queryable, key: str, make_reply: Callable[[], bytes]):
+        self._queryable = queryable
+        self.key = key
+        self._make_reply = make_reply
+        self.answered = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"responder:{key}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                query = self._queryable.try_recv()
+            except zenoh.ZError:
+                return
+            if query is None:
+                self._stop.wait(0.005)
+                continue
+            try:
+                query.reply(self.key, self._make_reply())
+                self.answered += 1
+            except Exception as exc:
+                log.warning("could not answer query on %s: %s", self.key, exc)
+            finally:
+                query.drop()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+        try:
+            self._queryable.undeclare()
+        except zenoh.ZError:
+            pass
+
+
+class ZenohSession:
+    """Owns one zenoh.Session. Construct with settings (no I/O), then `open()` or use `with`."""
+
+    def __init__(self, settings: ZenohSettings):
+        self.settings = settings
+        self._session: zenoh.Session | None = None
+        self._closed = False
+        self._owned: list = []
+
+    # -- lifetime -----------------------------------------------------------------------------
+
+    def open(self) -> ZenohSession:
+        if self._closed:
+            raise TransportError("this session was closed; create a new ZenohSession")
+        if self._session is None:
+            config = self.settings.to_zenoh_config()
+            try:
+                self._session = zenoh.open(config)
+            except zenoh.ZError as exc:
+                raise TransportError(f"could not open a Zenoh session ({self.settings.mode}, "
+                                     f"listen={self.settings.listen}, connect={self.settings.connect}): {exc}") from exc
+        return self
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for entity in reversed(self._owned):
+            try:
+                entity.close() if hasattr(entity, "close") else entity.undeclare()
+            except Exception:
+                pass
+        self._owned.clear()
+        if self._session is not None:
+            try:
+                self._session.close()
+            except zenoh.ZError:
+                pass
+            self._session = None
+
+    def __enter__(self) -> ZenohSession:
+        return self.open()
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    @property
+    def raw(self) -> zenoh.Session:
+        if self._session is None:
+            raise TransportError("session is not open")
+        return self._session
+
+    @property
+    def zid(self) -> str:
+        return str(self.raw.info.zid())
+
+    # -- pub/sub ------------------------------------------------------------------------------
+
+    def publisher(self, key: str, qos: QoS) -> Publisher:
+        try:
+            raw = self.raw.declare_publisher(
+                key,
+                congestion_control=zenoh.CongestionControl.BLOCK if qos.block_when_congested else zenoh.CongestionControl.DROP,
+                priority=qos.priority,
+                express=qos.express,
+                reliability=zenoh.Reliability.RELIABLE if qos.reliable else zenoh.Reliability.BEST_EFFORT,
+            )
+        except zenoh.ZError as exc:
+            raise TransportError(f"could not declare a publisher on {key}: {exc}") from exc
+        pub = Publisher(raw, key)
+        self._owned.append(pub)
+        return pub
+
+    def subscribe(self, key: str, handler: Callable[[str, bytes], None]) -> Subscription:
+        sub = Subscription(key, handler, _key_and_payload)
+        try:
+            sub._subscriber = self.raw.declare_subscriber(key, sub._on_sample)
+        except zenoh.ZError as exc:
+            raise TransportError(f"could not subscribe to {key}: {exc}") from exc
+        self._owned.append(sub)
+        return sub
+
+    # -- queries ------------------------------------------------------------------------------
+
+    def serve(self, key: str, make_reply: Callable[[], bytes]) -> Responder:
+        try:
+            queryable = self.raw.declare_queryable(key, zenoh.handlers.FifoChannel(64), complete=True)
+        except zenoh.ZError as exc:
+            raise TransportError(f"could not declare a queryable on {key}: {exc}") from exc
+        responder = Responder(queryable, key, make_reply)
+        self._owned.append(responder)
+        return responder
+
+    def query(self, key: str, timeout_s: float = 1.0) -> list[tuple[str, bytes]]:
+        """All successful replies to a `get` on `key` within `timeout_s`, as (key, payload)."""
+        try:
+            replies = self.raw.get(key, timeout=timeout_s)
+            out = []
+            for reply in replies:
+                sample = reply.ok
+                if sample is not None:
+                    out.append((str(sample.key_expr), sample.payload.to_bytes()))
+            return out
+        except zenoh.ZError as exc:
+            raise TransportError(f"query on {key} failed: {exc}") from exc
+
+    # -- liveliness ---------------------------------------------------------------------------
+
+    def declare_token(self, key: str):
+        try:
+            token = self.raw.liveliness().declare_token(key)
+        except zenoh.ZError as exc:
+            raise TransportError(f"could not declare liveliness token {key}: {exc}") from exc
+        self._owned.append(token)
+        return token
+
+    def watch_liveliness(self, key: str, on_change: Callable[[str, bool], None]) -> Subscription:
+        """`on_change(key, alive)` for every token matching `key`, present ones included."""
+        sub = Subscription(key, on_change, _key_and_presence)
+        try:
+            sub._subscriber = self.raw.liveliness().declare_subscriber(key, sub._on_sample, history=True)
+        except zenoh.ZError as exc:
+            raise TransportError(f"could not watch liveliness of {key}: {exc}") from exc
+        self._owned.append(sub)
+        return sub
+
+    def alive(self, key: str, timeout_s: float = 1.0) -> list[str]:
+        """Keys of the liveliness tokens matching `key` now."""
+        try:
+            return [str(r.ok.key_expr) for r in self.raw.liveliness().get(key, timeout=timeout_s) if r.ok is not None]
+        except zenoh.ZError as exc:
+            raise TransportError(f"liveliness query on {key} failed: {exc}") from exc
+
+
+
+def _key_and_payload(sample: zenoh.Sample) -> tuple[str, bytes]:
+    return str(sample.key_expr), sample.payload.to_bytes()
+
+
+def _key_and_presence(sample: zenoh.Sample) -> tuple[str, bool]:
+    return str(sample.key_expr), sample.kind == zenoh.SampleKind.PUT

@@ -1,0 +1,293 @@
+"""The codec: round trips, hostile bytes, limits, JPEG, and golden bytes pinning the wire."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from lerobot_zenoh.errors import ProtocolError, VersionError
+from lerobot_zenoh.protocol import codec
+from lerobot_zenoh.protocol.codec import CodecLimits
+from lerobot_zenoh.protocol.messages import ActionChunk, ExecutionInfo, Observation, Status, Telemetry
+
+GOLDEN = pathlib.Path(__file__).parent / "golden"
+
+names = st.text(st.characters(categories=("L", "N"), max_codepoint=0x2FF), min_size=1, max_size=12)
+uint64 = st.integers(0, 2**64 - 1)
+finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
+numeric_dtypes = st.sampled_from(["float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"])
+
+
+@st.composite
+def observations(draw):
+    state = draw(hnp.arrays(draw(st.sampled_from(["float32", "float64", "int32"])), draw(st.integers(0, 16))))
+    execution = draw(st.none() | st.builds(
+        ExecutionInfo,
+        episode_id=st.none() | names,
+        round_id=st.none() | uint64,
+        task_elapsed_s=st.none() | finite,
+        actions_buffered=st.none() | st.integers(0, 1000),
+        control_period_s=st.none() | finite,
+        phase_elapsed_s=st.none() | finite,
+    ))
+    return Observation(
+        seq_id=draw(uint64),
+        client_uuid=draw(names),
+        state=state,
+        images=draw(st.dictionaries(names, st.binary(max_size=64), max_size=4)),
+        task=draw(st.text(max_size=40)),
+        execution=execution,
+    )
+
+
+@st.composite
+def chunks(draw):
+    shape = (draw(st.integers(0, 20)), draw(st.integers(0, 8)))
+    return ActionChunk(
+        response_to_seq_id=draw(uint64),
+        inference_time_ms=draw(finite),
+        actions=draw(hnp.arrays(draw(st.sampled_from(["float32", "float64"])), shape)),
+        server_id=draw(st.none() | names),
+        queue_time_ms=draw(st.none() | finite),
+        execution_horizon=draw(st.none() | st.integers(0, 100)),
+    )
+
+
+statuses = st.builds(
+    Status,
+    model_id=names, model_version=names,
+    expected_cameras=st.dictionaries(names, st.tuples(st.integers(1, 4096), st.integers(1, 4096)), max_size=4),
+    action_dim=st.integers(0, 64), max_actions_per_chunk=st.integers(0, 1000),
+    observation_features=st.dictionaries(names, st.fixed_dictionaries({"dtype": names, "shape": st.lists(st.integers(0, 640), max_size=3)}), max_size=4),
+    policy_type=names, fps=st.none() | st.integers(1, 1000), server_id=names,
+    state_dim=st.none() | st.integers(0, 64), action_names=st.lists(names, max_size=8).map(tuple),
+    accepts_unknown_clients=st.booleans(),
+)
+numbers = st.integers(-(2**63), 2**63 - 1) | finite
+telemetries = st.builds(
+    Telemetry,
+    source=st.sampled_from(["server", "client"]), source_id=names, seq=uint64,
+    uptime_s=finite, period_s=finite,
+    metrics=st.dictionaries(names, numbers, max_size=8),
+    per_client=st.dictionaries(names, st.dictionaries(names, numbers, max_size=4), max_size=3),
+    labels=st.dictionaries(names, names, max_size=3),
+)
+
+
+def assert_same(a, b):
+    assert type(a) is type(b)
+    for name in a.__slots__ if hasattr(a, "__slots__") else a.__dataclass_fields__:
+        x, y = getattr(a, name), getattr(b, name)
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes(), name
+        else:
+            assert x == y, name
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(observations() | chunks() | statuses | telemetries)
+def test_every_message_round_trips(msg):
+    data = codec.encode(msg)
+    assert_same(codec.decode(data), msg)
+    assert_same(codec.decode(data, type(msg)), msg)
+
+
+@settings(max_examples=400)
+@given(st.binary(max_size=512))
+def test_arbitrary_bytes_only_raise_protocol_error(data):
+    try:
+        codec.decode(data)
+    except ProtocolError:
+        pass
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(observations() | chunks() | statuses | telemetries, st.data())
+def test_mutated_messages_only_raise_protocol_error(msg, data):
+    raw = bytearray(codec.encode(msg))
+    for _ in range(data.draw(st.integers(1, 4))):
+        op = data.draw(st.sampled_from(["flip", "cut", "insert"]))
+        if op == "flip" and raw:
+            i = data.draw(st.integers(0, len(raw) - 1))
+            raw[i] = data.draw(st.integers(0, 255))
+        elif op == "cut" and raw:
+            raw = raw[: data.draw(st.integers(0, len(raw) - 1))]
+        else:
+            i = data.draw(st.integers(0, len(raw)))
+            raw[i:i] = data.draw(st.binary(min_size=1, max_size=8))
+    try:
+        codec.decode(bytes(raw))
+    except ProtocolError:
+        pass
+
+
+@settings(max_examples=300)
+@given(st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text(max_size=5) | st.binary(max_size=5),
+                    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=5), kids, max_size=4)))
+def test_well_formed_msgpack_of_any_shape_only_raises_protocol_error(obj):
+    for payload in (obj, {"protocol_version": [1, 0], "type": "observation", "x": obj},
+                    {"protocol_version": [1, 0], "type": "status", "model_id": obj}):
+        try:
+            codec.decode(msgpack.packb(payload, use_bin_type=True))
+        except ProtocolError:
+            pass
+
+
+def test_unknown_optional_fields_are_ignored():
+    raw = msgpack.unpackb(codec.encode(chunk_fixture()), raw=False)
+    raw["from_the_future"] = {"anything": [1, 2, 3]}
+    raw["protocol_version"] = [1, 7]
+    msg = codec.decode(msgpack.packb(raw, use_bin_type=True))
+    assert_same(msg, chunk_fixture())
+
+
+def test_unknown_major_version_is_rejected_with_reason():
+    raw = msgpack.unpackb(codec.encode(chunk_fixture()), raw=False)
+    raw["protocol_version"] = [2, 0]
+    with pytest.raises(VersionError, match="protocol 2.0"):
+        codec.decode(msgpack.packb(raw, use_bin_type=True))
+
+
+def test_wrong_message_type_is_rejected():
+    with pytest.raises(ProtocolError, match="expected observation, got action_chunk"):
+        codec.decode_observation(codec.encode(chunk_fixture()))
+
+
+@pytest.mark.parametrize("dtype", ["object", "str", "complex64", "datetime64"])
+def test_only_numeric_and_bool_dtypes(dtype):
+    raw = msgpack.unpackb(codec.encode(chunk_fixture()), raw=False)
+    raw["actions"]["dtype"] = dtype
+    with pytest.raises(ProtocolError, match="bad_dtype"):
+        codec.decode(msgpack.packb(raw, use_bin_type=True))
+    with pytest.raises(ProtocolError):
+        codec.pack_array(np.array(["a"], dtype=dtype) if dtype == "str" else np.zeros(2, dtype=dtype))
+
+
+def test_shape_times_itemsize_must_match_bytes():
+    raw = msgpack.unpackb(codec.encode(chunk_fixture()), raw=False)
+    raw["actions"]["shape"] = [4, 6]
+    with pytest.raises(ProtocolError, match="size_mismatch"):
+        codec.decode(msgpack.packb(raw, use_bin_type=True))
+
+
+def test_size_limit_is_enforced_before_unpacking():
+    data = codec.encode(chunk_fixture())
+    with pytest.raises(ProtocolError, match="too_large"):
+        codec.decode(data, limits=CodecLimits(max_message_bytes=len(data) - 1))
+
+
+def test_nesting_and_container_limits():
+    deep: object = 1
+    for _ in range(20):
+        deep = [deep]
+    with pytest.raises(ProtocolError, match="too_deep"):
+        codec.decode(msgpack.packb({"protocol_version": [1, 0], "type": "telemetry", "x": deep}))
+    with pytest.raises(ProtocolError, match="bad_msgpack"):
+        codec.decode(msgpack.packb({"protocol_version": [1, 0], "type": "telemetry", "x": list(range(10_000))}))
+
+
+def test_big_endian_arrays_are_sent_little_endian():
+    arr = np.arange(6, dtype=">f4")
+    obs = Observation(1, "r", arr, {})
+    out = codec.decode_observation(codec.encode(obs))
+    assert out.state.dtype == np.dtype("<f4") and np.array_equal(out.state, arr)
+
+
+# ----------------------------------------------------------------------------- JPEG
+
+
+def scene(h=96, w=128, seed=0):
+    yy, xx = np.mgrid[0:h, 0:w]
+    rng = np.random.default_rng(seed)
+    img = np.stack([xx * 255 // w, yy * 255 // h, np.full_like(xx, 128)], axis=-1).astype(np.uint8)
+    img[h // 4: h // 2, w // 4: w // 2] = rng.integers(0, 255, 3)
+    return img
+
+
+def test_jpeg_round_trip_keeps_colours_and_shape():
+    img = scene()
+    img[:] = (220, 30, 30)  # pure red must stay red (RGB, not BGR, on both sides)
+    data = codec.encode_jpeg(img, quality=95)
+    assert codec.jpeg_shape(data) == (96, 128, 3)
+    out = codec.decode_jpeg(data, expected_shape=(96, 128))
+    assert out.shape == (96, 128, 3) and out.dtype == np.uint8
+    assert np.abs(out.astype(int) - img).mean() < 4
+    assert out[..., 0].mean() > 200 and out[..., 2].mean() < 50
+
+
+def test_jpeg_shape_is_checked_before_decoding():
+    data = codec.encode_jpeg(scene(), quality=80)
+    with pytest.raises(ProtocolError, match="wrong_image_shape"):
+        codec.decode_jpeg(data, expected_shape=(480, 640))
+
+
+@settings(max_examples=200)
+@given(st.binary(max_size=300))
+def test_garbage_jpeg_raises_protocol_error(data):
+    with pytest.raises(ProtocolError):
+        codec.decode_jpeg(b"\xff\xd8" + data)
+
+
+def test_jpeg_quality_changes_size():
+    img = scene(240, 320)
+    assert len(codec.encode_jpeg(img, 30)) < len(codec.encode_jpeg(img, 95))
+
+
+# ----------------------------------------------------------------------------- golden bytes
+
+
+def obs_fixture():
+    return Observation(
+        seq_id=42, client_uuid="robot_a4b9", state=np.array([0.5, -1.25, 2.0], dtype=np.float32),
+        images={"front": b"\xff\xd8\xff\xd9"}, task="pick the cookie",
+        execution=ExecutionInfo(episode_id="ep1", round_id=3, actions_buffered=7, control_period_s=1 / 32),
+    )
+
+
+def chunk_fixture():
+    return ActionChunk(response_to_seq_id=42, inference_time_ms=12.5,
+                       actions=np.arange(12, dtype=np.float32).reshape(2, 6), server_id="gpu0")
+
+
+def status_fixture():
+    return Status(
+        model_id="act", model_version="v1", expected_cameras={"front": (96, 128)}, action_dim=6,
+        max_actions_per_chunk=50,
+        observation_features={"observation.state": {"dtype": "float32", "shape": [6], "names": ["j0"]}},
+        policy_type="act", fps=30, server_id="gpu0", state_dim=6, action_names=("j0",),
+    )
+
+
+def telemetry_fixture():
+    return Telemetry(source="client", source_id="robot_a4b9", seq=1, uptime_s=2.5, period_s=1.0,
+                     metrics={"rtt_p50_ms": 3.5, "steps": 60}, labels={"cluster": "jupiter"})
+
+
+FIXTURES = {"observation": obs_fixture, "action_chunk": chunk_fixture, "status": status_fixture, "telemetry": telemetry_fixture}
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_golden_bytes(name):
+    """An accidental wire change fails here. After a deliberate one: LZ_REGEN_GOLDEN=1 and bump the version."""
+    path = GOLDEN / f"{name}_v1.msgpack"
+    data = codec.encode(FIXTURES[name]())
+    if os.environ.get("LZ_REGEN_GOLDEN"):
+        GOLDEN.mkdir(exist_ok=True)
+        path.write_bytes(data)
+    assert data == path.read_bytes()
+    assert_same(codec.decode(path.read_bytes()), FIXTURES[name]())
+
+
+def test_no_pickle_anywhere_in_the_package():
+    root = pathlib.Path(codec.__file__).parents[1]
+    pattern = re.compile(r"^\s*(import|from)\s+(pickle|cPickle|dill|cloudpickle|joblib)\b|pickle\.loads?\(", re.M)
+    offenders = [str(p) for p in root.rglob("*.py") if pattern.search(p.read_text())]
+    assert offenders == []

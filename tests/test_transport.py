@@ -1,0 +1,142 @@
+"""Real Zenoh sessions on loopback: QoS per topic, the status queryable, liveliness, isolation."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import zenoh
+
+from lerobot_zenoh.errors import ConfigError, ProtocolError, TransportError
+from lerobot_zenoh.protocol import codec
+from lerobot_zenoh.protocol.messages import ActionChunk, Observation, Status
+from lerobot_zenoh.transport.session import ACTION_QOS, OBSERVATION_QOS, ZenohSession
+from lerobot_zenoh.transport.settings import ZenohSettings
+
+
+def wait_for(predicate, timeout_s=5.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def wait_matched(session: ZenohSession, key: str, timeout_s=5.0):
+    """Declaration takes a moment to propagate; wait until the remote side is matched."""
+    pub = session.raw.declare_publisher(key)
+    try:
+        assert wait_for(lambda: pub.matching_status.matching, timeout_s), f"nobody subscribed to {key}"
+    finally:
+        pub.undeclare()
+
+
+def test_observation_best_effort_and_action_reliable_arrive_intact(zenoh_pair, app_key):
+    server, client = zenoh_pair
+    ck = app_key.client("robot1")
+    got_obs, got_chunks = [], []
+    server.subscribe(app_key.all_observations, lambda k, b: got_obs.append((k, codec.decode_observation(b))))
+    client.subscribe(ck.action, lambda k, b: got_chunks.append(codec.decode_action_chunk(b)))
+    wait_matched(client, ck.obs)
+    wait_matched(server, ck.action)
+
+    img = np.full((48, 64, 3), 200, np.uint8)
+    obs = Observation(7, "robot1", np.arange(6, dtype=np.float32), {"front": codec.encode_jpeg(img)}, "pick")
+    client.publisher(ck.obs, OBSERVATION_QOS).put(codec.encode(obs))
+    chunk_pub = server.publisher(ck.action, ACTION_QOS)
+    chunks = [ActionChunk(i, 1.5, np.full((50, 6), i, np.float32)) for i in range(20)]
+    for c in chunks:
+        chunk_pub.put(codec.encode(c))
+
+    assert wait_for(lambda: got_obs and len(got_chunks) == 20)
+    key, received = got_obs[0]
+    assert key == ck.obs and received.seq_id == 7 and np.array_equal(received.state, obs.state)
+    assert codec.decode_jpeg(received.images["front"], (48, 64)).shape == (48, 64, 3)
+    assert [c.response_to_seq_id for c in got_chunks] == list(range(20))  # reliable and in order
+    assert all(np.array_equal(c.actions, e.actions) for c, e in zip(got_chunks, chunks))
+
+
+def test_status_query_is_answered(zenoh_pair, app_key):
+    server, client = zenoh_pair
+    status = Status("act", "v1", {"front": (48, 64)}, 6, 50, {}, server_id="s1")
+    responder = server.serve(app_key.status, lambda: codec.encode(status))
+    deadline = time.monotonic() + 5
+    replies = []
+    while not replies and time.monotonic() < deadline:  # a queryable needs a moment to be seen
+        replies = client.query(app_key.status, timeout_s=0.5)
+    assert len(replies) == 1
+    key, payload = replies[0]
+    assert key == app_key.status and codec.decode_status(payload).expected_cameras == {"front": (48, 64)}
+    assert responder.answered == 1
+
+
+def test_a_failing_handler_is_counted_and_the_next_message_still_arrives(zenoh_pair, app_key):
+    server, client = zenoh_pair
+    good = []
+
+    def handler(key, payload):
+        good.append(codec.decode_observation(payload).seq_id)  # raises ProtocolError on garbage
+
+    sub = server.subscribe(app_key.all_observations, handler)
+    ck = app_key.client("r")
+    wait_matched(client, ck.obs)
+    pub = client.publisher(ck.obs, ACTION_QOS)  # reliable here so the test does not depend on luck
+    pub.put(b"\x00garbage")
+    pub.put(codec.encode(Observation(1, "r", np.zeros(2, np.float32), {})))
+    assert wait_for(lambda: good == [1])
+    assert sub.handler_errors == 1 and sub.received == 2
+    with pytest.raises(ProtocolError):
+        codec.decode_observation(b"\x00garbage")
+
+
+def test_liveliness_appears_and_vanishes(zenoh_pair, app_key):
+    server, client = zenoh_pair
+    events = []
+    client.watch_liveliness(app_key.all_servers, lambda k, alive: events.append((k, alive)))
+    token = server.declare_token(app_key.server_token("gpu0"))
+    assert wait_for(lambda: (app_key.server_token("gpu0"), True) in events)
+    assert client.alive(app_key.all_servers) == [app_key.server_token("gpu0")]
+    token.undeclare()
+    assert wait_for(lambda: (app_key.server_token("gpu0"), False) in events)
+
+
+def test_best_effort_put_never_blocks_without_subscribers(port, app_key):
+    from lerobot_zenoh.transport.settings import loopback_settings
+
+    with ZenohSession(loopback_settings(port)) as s:
+        pub = s.publisher(app_key.client("r").obs, OBSERVATION_QOS)
+        payload = bytes(200_000)
+        t0 = time.perf_counter()
+        for _ in range(200):
+            pub.put(payload)
+        assert time.perf_counter() - t0 < 5.0  # generous: this is a liveness check, not a benchmark
+
+
+def test_settings_are_validated_naming_the_field():
+    with pytest.raises(ConfigError, match="zenoh.mode"):
+        ZenohSettings(mode="mesh").validate()
+    with pytest.raises(ConfigError, match="zenoh.listen"):
+        ZenohSettings(listen=["127.0.0.1"]).validate()
+    with pytest.raises(ConfigError, match="zenoh.not/a/key"):
+        ZenohSettings(json5_overrides={"not/a/key": "1"}).to_zenoh_config()
+
+
+def test_open_failure_maps_to_transport_error(port):
+    from lerobot_zenoh.transport.settings import loopback_settings
+
+    with ZenohSession(loopback_settings(port)):
+        with pytest.raises(TransportError, match="could not open"):
+            ZenohSession(loopback_settings(port)).open()  # port already taken
+
+
+def test_a_closed_session_cannot_be_reopened(port):
+    from lerobot_zenoh.transport.settings import loopback_settings
+
+    s = ZenohSession(loopback_settings(port))
+    s.open()
+    s.close()
+    with pytest.raises(TransportError, match="closed"):
+        s.open()
