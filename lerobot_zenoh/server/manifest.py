@@ -1,0 +1,201 @@
+"""The server manifest (seed 002 section 12.1, plus what a server needs beyond it).
+
+    cluster_uuid: jupiter
+    experiment_tag: fabio2
+    server_id: gpu0                       # optional; default <hostname>-<pid>
+    zenoh: {mode: peer, listen: [tcp/127.0.0.1:7447], multicast_scouting: false}
+    server:
+      - model_id: act
+        model_version: v1
+        pretrained_path: checkpoints/demo_act     # or `synthetic: {...}` for a torch-free fake
+        application_tag: cookie
+        device: cpu
+        fps: 30
+        endpoint: tcp/127.0.0.1:7447              # merged into zenoh.listen
+        actions_per_chunk: 50
+        scheduler: round_robin
+        accept_unknown_clients: false
+        clients:
+          - client_uuid: cookie-worker-4269
+
+Validated at start-up; any problem raises ConfigError naming the file, the field and the issue.
+Relative `pretrained_path`s are resolved against the manifest file's folder first, then the
+current directory.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from lerobot_zenoh.errors import ConfigError, KeyExprError
+from lerobot_zenoh.protocol.keys import AppKey, validate_chunk, validate_client_id
+from lerobot_zenoh.scheduling.request_schedulers import SCHEDULERS
+from lerobot_zenoh.transport.settings import ZenohSettings
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ClientEntry(_Strict):
+    client_uuid: str
+
+    @field_validator("client_uuid")
+    @classmethod
+    def _chunk(cls, v: str) -> str:
+        return _key_chunk(validate_client_id, "client_uuid", v)
+
+
+class SyntheticEntry(_Strict):
+    """A torch-free policy with a set latency, for tests, benchmarks and dry runs."""
+
+    state_dim: int = Field(6, ge=1)
+    action_dim: int = Field(6, ge=1)
+    chunk_size: int = Field(50, ge=1)
+    cameras: dict[str, tuple[int, int]] = Field(default_factory=lambda: {"front": (96, 128)})
+    latency_ms: float = Field(0.0, ge=0)
+    batch_latency_ms: dict[int, float] | None = None
+
+
+class ZenohEntry(_Strict):
+    mode: Literal["peer", "client", "router"] = "peer"
+    listen: list[str] = Field(default_factory=list)
+    connect: list[str] = Field(default_factory=list)
+    multicast_scouting: bool = True
+    shared_memory: bool = True
+    json5_overrides: dict[str, str] = Field(default_factory=dict)
+
+
+class ModelEntry(_Strict):
+    model_id: str
+    model_version: str
+    application_tag: str
+    pretrained_path: str | None = None
+    synthetic: SyntheticEntry | None = None
+    device: str = "cpu"
+    fps: int = Field(30, ge=1, le=1000)
+    endpoint: str | None = None
+    endpoints: list[str] = Field(default_factory=list)
+    actions_per_chunk: int | None = Field(None, ge=1)
+    scheduler: str = "round_robin"
+    accept_unknown_clients: bool = False
+    max_clients: int = Field(64, ge=1)
+    clients: list[ClientEntry] = Field(default_factory=list)
+
+    @field_validator("model_id", "model_version", "application_tag")
+    @classmethod
+    def _chunks(cls, v: str, info) -> str:
+        return _key_chunk(validate_chunk, info.field_name, v)
+
+    @field_validator("scheduler")
+    @classmethod
+    def _scheduler(cls, v: str) -> str:
+        if v not in SCHEDULERS:
+            raise ValueError(f"unknown scheduler {v!r}; choose one of {', '.join(sorted(SCHEDULERS))}")
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not (v == "cpu" or v == "mps" or v == "cuda" or v.startswith("cuda:")):
+            raise ValueError(f"{v!r} is not a torch device (cpu, cuda, cuda:N, mps)")
+        return v
+
+    @model_validator(mode="after")
+    def _policy_source(self):
+        if (self.pretrained_path is None) == (self.synthetic is None):
+            raise ValueError("give exactly one of pretrained_path or synthetic")
+        if not self.clients and not self.accept_unknown_clients:
+            raise ValueError("no clients listed and accept_unknown_clients is false: nobody could be served")
+        ids = [c.client_uuid for c in self.clients]
+        if len(ids) != len(set(ids)):
+            raise ValueError(f"duplicate client_uuid in clients: {sorted({i for i in ids if ids.count(i) > 1})}")
+        return self
+
+    @property
+    def listen_endpoints(self) -> list[str]:
+        return ([self.endpoint] if self.endpoint else []) + list(self.endpoints)
+
+
+class Manifest(_Strict):
+    cluster_uuid: str
+    experiment_tag: str
+    server_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    zenoh: ZenohEntry = Field(default_factory=ZenohEntry)
+    server: list[ModelEntry] = Field(min_length=1)
+    source: str = Field("<memory>", exclude=True)
+
+    @field_validator("cluster_uuid", "experiment_tag", "server_id")
+    @classmethod
+    def _chunks(cls, v: str, info) -> str:
+        return _key_chunk(validate_chunk, info.field_name, v)
+
+    @model_validator(mode="after")
+    def _unique_apps(self):
+        apps = [(m.model_id, m.model_version, m.application_tag) for m in self.server]
+        if len(apps) != len(set(apps)):
+            raise ValueError("two entries serve the same model_id/model_version/application_tag")
+        return self
+
+    def app_key(self, entry: ModelEntry) -> AppKey:
+        return AppKey(self.cluster_uuid, self.experiment_tag, entry.model_id, entry.model_version, entry.application_tag)
+
+    def zenoh_settings(self) -> ZenohSettings:
+        listen = list(self.zenoh.listen)
+        for entry in self.server:
+            listen += [e for e in entry.listen_endpoints if e not in listen]
+        return ZenohSettings(
+            mode=self.zenoh.mode,
+            listen=listen,
+            connect=list(self.zenoh.connect),
+            multicast_scouting=self.zenoh.multicast_scouting,
+            shared_memory=self.zenoh.shared_memory,
+            json5_overrides=dict(self.zenoh.json5_overrides),
+        )
+
+    def resolve_path(self, entry: ModelEntry) -> Path:
+        path = Path(entry.pretrained_path or "")
+        if not path.is_absolute() and self.source != "<memory>":
+            beside = Path(self.source).parent / path
+            if beside.exists():
+                return beside
+        return path
+
+
+def _key_chunk(check, field: str, value: str) -> str:
+    try:
+        return check(field, value)
+    except KeyExprError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def parse_manifest(data: dict, source: str = "<memory>") -> Manifest:
+    if not isinstance(data, dict):
+        raise ConfigError("<top level>", "a manifest must be a mapping", source=source)
+    try:
+        return Manifest.model_validate({**data, "source": source})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "<top level>"
+        message = err["msg"].removeprefix("Value error, ")
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise ConfigError(field, message + more, source=source) from None
+
+
+def load_manifest(path: str | Path) -> Manifest:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError("manifest", f"cannot read {path}: {exc.strerror}", source=str(path)) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError("<yaml>", f"not valid YAML: {exc}", source=str(path)) from None
+    return parse_manifest(data, source=str(path))

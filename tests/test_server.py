@@ -1,0 +1,254 @@
+"""The policy server with real Zenoh on loopback and the synthetic policy."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from lerobot_zenoh.errors import ConfigError, PolicyError
+from lerobot_zenoh.protocol import codec
+from lerobot_zenoh.protocol.messages import Observation
+from lerobot_zenoh.server.manifest import load_manifest, parse_manifest
+from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.server.synthetic import synthetic_actions
+from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
+from lerobot_zenoh.transport.settings import loopback_settings
+
+CAMS = {"front": (48, 64), "wrist": (48, 64)}
+
+
+def manifest_dict(port, app_key, **entry):
+    base = {
+        "model_id": app_key.model, "model_version": app_key.version, "application_tag": app_key.app,
+        "synthetic": {"state_dim": 6, "action_dim": 6, "chunk_size": 20, "cameras": CAMS, "latency_ms": 5},
+        "fps": 30, "actions_per_chunk": 10,
+        "clients": [{"client_uuid": c} for c in ("r1", "r2", "r3", "bad")],
+    }
+    base.update(entry)
+    return {
+        "cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": "gpu0",
+        "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False},
+        "server": [base],
+    }
+
+
+def wait_for(pred, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+class FakeClient:
+    """The wire side of a robot client, written against the protocol only."""
+
+    def __init__(self, session: ZenohSession, app_key, client_id: str):
+        self.key = app_key.client(client_id)
+        self.client_id = client_id
+        self.chunks = []
+        self.sent: dict[int, tuple[np.ndarray, dict]] = {}
+        session.subscribe(self.key.action, lambda k, b: self.chunks.append((k, codec.decode_action_chunk(b))))
+        self.pub = session.publisher(self.key.obs, OBSERVATION_QOS)
+
+    def send(self, seq_id, rng, cameras=CAMS, state_dim=6, client_uuid=None):
+        state = rng.normal(size=state_dim).astype(np.float32)
+        jpegs = {n: codec.encode_jpeg(rng.integers(0, 255, (*hw, 3), dtype=np.uint8), 90) for n, hw in cameras.items()}
+        self.sent[seq_id] = (state, {n: codec.decode_jpeg(j) for n, j in jpegs.items()})
+        self.pub.put(codec.encode(Observation(seq_id, client_uuid or self.client_id, state, jpegs, "task")))
+
+    def expected(self, seq_id, actions_per_chunk=10):
+        state, images = self.sent[seq_id]
+        return synthetic_actions(state, images, 20, 6)[:actions_per_chunk]
+
+
+@pytest.fixture
+def served(port, app_key):
+    server = PolicyServer(parse_manifest(manifest_dict(port, app_key))).start()
+    session = ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))).open()
+    yield server, session
+    session.close()
+    server.stop()
+
+
+def wait_discovered(session, app_key):
+    assert wait_for(lambda: session.query(app_key.status, 0.3)), "status never answered"
+
+
+def send_until_served(client, seq_id, rng, **kw):
+    """Observations are best effort: resend the same seq until its chunk arrives."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        client.send(seq_id, rng, **kw)
+        if wait_for(lambda: any(c.response_to_seq_id == seq_id for _, c in client.chunks), 0.5):
+            return
+    raise AssertionError(f"{client.client_id}: no chunk for seq {seq_id}")
+
+
+def test_three_clients_each_get_only_their_own_chunks(served, app_key):
+    server, session = served
+    wait_discovered(session, app_key)
+    clients = [FakeClient(session, app_key, c) for c in ("r1", "r2", "r3")]
+    rng = np.random.default_rng(0)
+    threads = [threading.Thread(target=lambda c=c, i=i: [send_until_served(c, 100 * i + s, np.random.default_rng(i * 10 + s)) for s in range(5)])
+               for i, c in enumerate(clients)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    for c in clients:
+        assert c.chunks, c.client_id
+        for key, chunk in c.chunks:
+            assert key == c.key.action
+            assert chunk.response_to_seq_id in c.sent  # never another client's sequence
+            np.testing.assert_allclose(chunk.actions, c.expected(chunk.response_to_seq_id), rtol=0, atol=1e-6)
+            assert chunk.actions.shape == (10, 6) and chunk.server_id == "gpu0"
+            assert chunk.inference_time_ms >= 5.0 and chunk.queue_time_ms >= 0
+    del rng
+
+
+def test_status_describes_the_served_model(served, app_key):
+    server, session = served
+    wait_discovered(session, app_key)
+    (key, payload), = session.query(app_key.status, 1.0)
+    status = codec.decode_status(payload)
+    assert status.expected_cameras == CAMS
+    assert (status.action_dim, status.max_actions_per_chunk, status.state_dim, status.fps) == (6, 10, 6, 30)
+    assert status.policy_type == "synthetic" and status.server_id == "gpu0"
+    assert status.observation_features["observation.state"]["shape"] == [6]
+    assert session.alive(app_key.all_servers) == [app_key.server_token("gpu0")]
+
+
+def test_a_bad_client_does_not_change_what_others_receive(served, app_key):
+    server, session = served
+    wait_discovered(session, app_key)
+    good, bad = FakeClient(session, app_key, "r1"), FakeClient(session, app_key, "bad")
+    rng = np.random.default_rng(1)
+    stop = threading.Event()
+
+    def attack():
+        i = 0
+        while not stop.is_set():
+            i += 1
+            kind = i % 5
+            if kind == 0:
+                bad.pub.put(b"\x93garbage")
+            elif kind == 1:
+                bad.send(i, rng, state_dim=3)  # wrong state shape
+            elif kind == 2:
+                bad.send(i, rng, cameras={"front": (48, 64), "side": (48, 64)})  # unknown camera
+            elif kind == 3:
+                bad.send(i, rng, cameras={"front": (96, 64), "wrist": (48, 64)})  # wrong resolution
+            else:
+                bad.send(i, rng, client_uuid="r1")  # impersonating r1 in the payload
+            time.sleep(0.002)
+
+    attacker = threading.Thread(target=attack)
+    attacker.start()
+    try:
+        for s in range(8):
+            send_until_served(good, s, np.random.default_rng(100 + s))
+    finally:
+        stop.set()
+        attacker.join()
+    for _, chunk in good.chunks:
+        np.testing.assert_allclose(chunk.actions, good.expected(chunk.response_to_seq_id), atol=1e-6)
+    assert bad.chunks == []
+    rejected = server.stats()[app_key.prefix]["clients"]["bad"]["rejected"]
+    assert {"bad_msgpack", "wrong_state_dim", "wrong_cameras", "wrong_image_shape", "client_mismatch"} <= set(rejected), rejected
+    assert server.stats()[app_key.prefix]["clients"]["r1"]["rejected"] == {}
+
+
+def test_unknown_clients_are_rejected_and_counted(served, app_key):
+    server, session = served
+    wait_discovered(session, app_key)
+    stranger = FakeClient(session, app_key, "stranger")
+    rng = np.random.default_rng(2)
+    assert wait_for(lambda: (stranger.send(1, rng), server.models[0].unknown_rejected_total > 2)[1])
+    time.sleep(0.2)
+    assert stranger.chunks == []
+    assert server.models[0].unknown_rejected["stranger"] >= 3
+    assert "stranger" not in server.stats()[app_key.prefix]["clients"]
+
+
+def test_newest_observation_supersedes_an_unserved_one(port, app_key):
+    m = manifest_dict(port, app_key)
+    m["server"][0]["synthetic"]["latency_ms"] = 300
+    with PolicyServer(parse_manifest(m)) as server, \
+            ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as session:
+        wait_discovered(session, app_key)
+        c = FakeClient(session, app_key, "r1")
+        rng = np.random.default_rng(3)
+        send_until_served(c, 0, rng)
+        for s in range(1, 6):  # five observations while the first inference of them runs
+            c.send(s, rng)
+            time.sleep(0.02)
+        assert wait_for(lambda: any(ch.response_to_seq_id == 5 for _, ch in c.chunks), 5)
+        served_seqs = [ch.response_to_seq_id for _, ch in c.chunks]
+        assert len(served_seqs) < 6  # some were superseded, never queued
+        assert server.stats()[app_key.prefix]["clients"]["r1"]["superseded"] >= 1
+
+
+def test_bad_manifests_fail_naming_file_and_field(tmp_path, app_key):
+    path = tmp_path / "m.yaml"
+    path.write_text(textwrap.dedent("""
+        cluster_uuid: jupiter
+        experiment_tag: fabio2
+        server:
+          - model_id: pi0
+            model_version: v1
+            application_tag: cookie
+            pretrained_path: x
+            fps: -3
+            clients: [{client_uuid: a}]
+    """))
+    with pytest.raises(ConfigError) as err:
+        load_manifest(path)
+    assert str(path) in str(err.value) and "server.0.fps" in str(err.value)
+    for bad, field in [
+        ({"model_id": "pi/0"}, "server.0.model_id"),
+        ({"scheduler": "lottery"}, "server.0.scheduler"),
+        ({"colour": "red"}, "server.0.colour"),
+        ({"clients": [], "accept_unknown_clients": False}, "server.0"),
+        ({"pretrained_path": "x"}, "server.0"),  # both synthetic and a checkpoint
+    ]:
+        with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+            parse_manifest(manifest_dict(1, app_key, **bad), source="m.yaml")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_manifest(tmp_path / "missing.yaml")
+
+
+def test_missing_checkpoint_stops_start_up(port, app_key, tmp_path):
+    m = manifest_dict(port, app_key)
+    del m["server"][0]["synthetic"]
+    m["server"][0]["pretrained_path"] = str(tmp_path / "nope")
+    with pytest.raises(PolicyError, match="does not exist"):
+        PolicyServer(parse_manifest(m)).start()
+
+
+def test_cli_exits_nonzero_on_bad_manifest_and_zero_on_sigterm(tmp_path, port, app_key):
+    import yaml
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cluster_uuid: [oops\n")
+    r = subprocess.run([sys.executable, "-m", "lerobot_zenoh.cli.server", "--manifest", str(bad)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "bad.yaml" in r.stderr
+
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(manifest_dict(port, app_key)))
+    proc = subprocess.Popen([sys.executable, "-m", "lerobot_zenoh.cli.server", "--manifest", str(good)],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        with ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as session:
+            assert wait_for(lambda: session.query(app_key.status, 0.3), 30)
+        proc.terminate()
+        t0 = time.monotonic()
+        assert proc.wait(timeout=10) == 0
+        assert time.monotonic() - t0 < 3.0
+    finally:
+        proc.kill()
