@@ -1,0 +1,76 @@
+"""`lerobot-robot-client --robot.type=... --client_uuid=...`: drive one robot from a policy server.
+
+Exit codes: 0 after a normal run or SIGINT/SIGTERM (robot left in its fail-safe state, dataset
+saved); 2 for a bad configuration; 3 when no compatible server was found (no action was sent).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def parse_config(argv: list[str] | None = None):
+    import draccus
+    from lerobot.utils.import_utils import register_third_party_plugins
+
+    import lerobot_zenoh.client.sim_robot  # noqa: F401  (registers --robot.type=zenoh_sim)
+    from lerobot_zenoh.client.config import RobotClientConfig
+
+    register_third_party_plugins()  # lerobot_robot_* packages, as LeRobot's own CLIs do
+    return draccus.parse(config_class=RobotClientConfig, args=argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from lerobot_zenoh.errors import CompatibilityError, ConfigError, LeRobotZenohError
+
+    try:
+        config = parse_config(argv)
+    except ConfigError as exc:
+        print(f"lerobot-robot-client: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=config.log_level.upper(),
+                        format=f"%(asctime)s %(levelname)s [{config.client_uuid}] %(name)s: %(message)s")
+    log = logging.getLogger("lerobot-robot-client")
+
+    from lerobot.robots import make_robot_from_config
+
+    from lerobot_zenoh.client.client import RobotClient
+
+    robot = make_robot_from_config(config.robot)
+    recorder = None
+    if config.dataset_repo_id:
+        from lerobot_zenoh.client.recorder import DatasetRecorder
+
+        recorder = DatasetRecorder(config.dataset_repo_id, config.dataset_root, config.fps, robot,
+                                   config.task, use_videos=config.dataset_use_videos)
+    client = RobotClient(config, robot, recorder)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: client.stop())
+    code = 0
+    try:
+        client.start()
+        if recorder is not None:
+            recorder.start()
+        client.run()
+    except CompatibilityError as exc:
+        log.error("not starting: %s", exc)
+        code = 3
+    except LeRobotZenohError as exc:
+        log.error("%s", exc)
+        code = 2
+    finally:
+        client.close()
+        if robot.is_connected:
+            robot.disconnect()
+        if config.summary_path:
+            client.write_summary(config.summary_path)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
