@@ -291,3 +291,11 @@ def test_no_pickle_anywhere_in_the_package():
     pattern = re.compile(r"^\s*(import|from)\s+(pickle|cPickle|dill|cloudpickle|joblib)\b|pickle\.loads?\(", re.M)
     offenders = [str(p) for p in root.rglob("*.py") if pattern.search(p.read_text())]
     assert offenders == []
+
+
+def test_frame_header_after_large_metadata_segments_is_found():
+    data = codec.encode_jpeg(scene(), 80)
+    app = b"\xff\xe2" + (65000).to_bytes(2, "big") + bytes(64998)  # a big APP2 (ICC-like) segment
+    padded = data[:2] + app + app + data[2:]
+    assert codec.jpeg_shape(padded) == (96, 128, 3)
+    assert codec.decode_jpeg(padded, (96, 128)).shape == (96, 128, 3)

@@ -127,6 +127,8 @@ class RobotClient:
         self._seq_id = 0
         self._capture_steps: dict[int, int] = {}  # seq_id -> step at capture (bounded)
         self._last_chunk_s: float | None = None
+        # When the oldest observation still without any chunk after it was sent (watchdog).
+        self._waiting_since_s: float | None = None
         self._server_alive = threading.Event()
         self._server_lost = threading.Event()
         self._last_action: dict | None = None
@@ -167,7 +169,6 @@ class RobotClient:
             t = threading.Thread(target=target, name=f"{cfg.client_uuid}:{name}", daemon=True)
             t.start()
             self._threads.append(t)
-        self._last_chunk_s = time.perf_counter()  # the watchdog counts silence from here
         self.state = "running"
         return self
 
@@ -219,6 +220,8 @@ class RobotClient:
             if len(self._capture_steps) > 1024:
                 self._capture_steps.pop(next(iter(self._capture_steps)))
             self.trigger.on_send(self._seq_id, now)
+            if self._waiting_since_s is None:
+                self._waiting_since_s = now
             self.outbox.put(_Capture(self._seq_id, step, now, observation, ExecutionInfo(
                 episode_id=str(self._episode), round_id=self._seq_id, task_elapsed_s=now - episode_start,
                 actions_buffered=depth, control_period_s=self.dt_s)))
@@ -332,6 +335,7 @@ class RobotClient:
             self.counters.rtt_ms.append(rtt_s * 1000)
         self.counters.inference_ms.append(chunk.inference_time_ms)
         self._last_chunk_s = arrived_s
+        self._waiting_since_s = None
         if self.status is not None and chunk.server_id and chunk.server_id != self.status.server_id:
             self.counters.server_changes += 1
 
@@ -341,8 +345,8 @@ class RobotClient:
         now = time.perf_counter()
         if self.state != "running":
             return
-        silent = (self.trigger.stats().sent > 0 and self.buffer.depth == 0 and
-                  now - (self._last_chunk_s or now) > self.config.watchdog_timeout_s)
+        waiting_since = self._waiting_since_s
+        silent = waiting_since is not None and now - waiting_since > self.config.watchdog_timeout_s
         lost = self._server_lost.is_set() and not self._server_alive_now()
         if not (silent or lost):
             self._server_lost.clear()
@@ -373,7 +377,7 @@ class RobotClient:
                         log.info("%s: now served by %s", cfg.client_uuid, status.server_id)
                     self.status = status
                     self._server_lost.clear()
-                    self._last_chunk_s = time.perf_counter()
+                    self._waiting_since_s = None
                     self.trigger = SendTrigger(cfg.send, dt_s=self.dt_s, rtt=self.trigger.rtt)  # forget lost requests
                     self.state = "running"
                     log.info("%s: server %s valid again; resuming", cfg.client_uuid, status.server_id)

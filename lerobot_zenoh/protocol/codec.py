@@ -147,12 +147,14 @@ def decode_jpeg(
     """Decode to RGB uint8 (H, W, 3); check (H, W) against `expected_shape` before decoding."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise ProtocolError("bad_jpeg", "image must be bytes")
-    height, width, _ = jpeg_shape(bytes(data[:65536]))
+    data = bytes(data)
+    height, width, _ = jpeg_shape(data)
     if height * width > limits.max_image_pixels or height == 0 or width == 0:
         raise ProtocolError("bad_jpeg", f"{height}x{width} outside the pixel limit")
     if expected_shape is not None and (height, width) != tuple(expected_shape):
         raise ProtocolError("wrong_image_shape", f"{height}x{width}, expected {expected_shape[0]}x{expected_shape[1]}")
-    bgr = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
+    # Pixels as stored: an EXIF orientation tag must not rotate the image away from its header shape.
+    bgr = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
     if bgr is None or bgr.shape[:2] != (height, width):
         raise ProtocolError("bad_jpeg", "OpenCV could not decode the image")
     return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)

@@ -19,8 +19,8 @@
           - client_uuid: cookie-worker-4269
 
 Validated at start-up; any problem raises ConfigError naming the file, the field and the issue.
-Relative `pretrained_path`s are resolved against the manifest file's folder first, then the
-current directory.
+A relative `pretrained_path` is resolved against the manifest file's folder (falling back to the
+current directory when only that one exists).
 """
 
 from __future__ import annotations
@@ -161,11 +161,10 @@ class Manifest(_Strict):
 
     def resolve_path(self, entry: ModelEntry) -> Path:
         path = Path(entry.pretrained_path or "")
-        if not path.is_absolute() and self.source != "<memory>":
-            beside = Path(self.source).parent / path
-            if beside.exists():
-                return beside
-        return path
+        if path.is_absolute() or self.source == "<memory>":
+            return path
+        beside = Path(self.source).parent / path
+        return path if (not beside.exists() and path.exists()) else beside
 
 
 def _key_chunk(check, field: str, value: str) -> str:

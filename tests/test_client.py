@@ -1,0 +1,273 @@
+"""The robot client end to end: real server, real Zenoh on loopback, the simulated robot."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from lerobot.robots import make_robot_from_config
+
+from lerobot_zenoh.client.client import RobotClient
+from lerobot_zenoh.client.config import RobotClientConfig
+from lerobot_zenoh.client.config_sim_robot import SimRobotConfig
+from lerobot_zenoh.errors import CompatibilityError
+from lerobot_zenoh.protocol import codec
+from lerobot_zenoh.scheduling.action_buffer import ActionBuffer, LatestOnlyConfig
+from lerobot_zenoh.server.manifest import parse_manifest
+from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.transport.session import ZenohSession
+from lerobot_zenoh.transport.settings import ZenohSettings, loopback_settings
+
+CAMS = {"front": (48, 64), "wrist": (48, 64)}
+
+
+def make_server(port, app_key, latency_ms=10.0, cameras=CAMS, action_dim=6, chunk_size=30):
+    return PolicyServer(parse_manifest({
+        "cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": "gpu0",
+        "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False},
+        "server": [{
+            "model_id": app_key.model, "model_version": app_key.version, "application_tag": app_key.app,
+            "synthetic": {"state_dim": 6, "action_dim": action_dim, "chunk_size": chunk_size,
+                          "cameras": cameras, "latency_ms": latency_ms},
+            "fps": 30, "accept_unknown_clients": True,
+        }],
+    }))
+
+
+def make_config(port, app_key, **kw):
+    robot = kw.pop("robot", None) or SimRobotConfig(cameras=dict(CAMS), fps=30)
+    return RobotClientConfig(
+        robot=robot, client_uuid=kw.pop("client_uuid", "r1"), cluster_uuid=app_key.cluster,
+        experiment_tag=app_key.experiment, model_id=app_key.model, model_version=app_key.version,
+        application_tag=app_key.app, endpoint=f"tcp/127.0.0.1:{port}",
+        zenoh=ZenohSettings(multicast_scouting=False), fps=30, **kw)
+
+
+class LoggingRobot:
+    """Wraps a real robot, logging every action it is sent (the robot's own view)."""
+
+    def __init__(self, robot):
+        self._robot = robot
+        self.sent: list[dict] = []
+
+    def __getattr__(self, name):
+        return getattr(self._robot, name)
+
+    def send_action(self, action):
+        self.sent.append(dict(action))
+        return self._robot.send_action(action)
+
+
+class EventBuffer(ActionBuffer):
+    """The real buffer, plus an ordered log of merges and pops for an independent replay."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.events: list = []
+        self._order = threading.Lock()
+
+    def merge(self, chunk, first_step):
+        with self._order:
+            self.events.append(("merge", np.array(chunk, np.float32), int(first_step)))
+            return super().merge(chunk, first_step)
+
+    def pop(self):
+        with self._order:
+            out = super().pop()
+            self.events.append(("pop", out))
+            return out
+
+
+def replay(events, blend):
+    """Reference semantics of the buffer, written out plainly."""
+    actions, next_step, popped = {}, 0, []
+    for event in events:
+        if event[0] == "merge":
+            _, rows, first = event
+            for i, row in enumerate(rows):
+                step = first + i
+                if step < next_step:
+                    continue
+                actions[step] = blend(actions[step], row) if step in actions else row
+        else:
+            if next_step not in actions and actions:
+                next_step = min(actions)
+            if next_step in actions:
+                popped.append(actions.pop(next_step))
+                next_step += 1
+            else:
+                popped.append(None)
+    return popped
+
+
+def run_client(client, seconds):
+    client.start()
+    try:
+        client.run(duration_s=seconds)
+    finally:
+        client.close()
+    return client
+
+
+@pytest.mark.parametrize("aggregate", ["weighted_average", "latest_only"])
+def test_robot_executes_exactly_the_trimmed_and_blended_chunks(port, app_key, aggregate):
+    from lerobot_zenoh.scheduling.action_buffer import make_aggregate
+
+    agg = make_aggregate(aggregate)
+    # Fixed buffer time longer than the chunk lasts minus one RTT forces overlap, hence blending.
+    from lerobot_zenoh.scheduling.send_trigger import SendTriggerConfig
+
+    cfg = make_config(port, app_key, aggregate=agg, send=SendTriggerConfig(buffer_time_s=0.6))
+    with make_server(port, app_key, latency_ms=30):
+        monitor_chunks = []
+        with ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as mon:
+            mon.subscribe(app_key.client("r1").action, lambda k, b: monitor_chunks.append(codec.decode_action_chunk(b)))
+            robot = LoggingRobot(make_robot_from_config(cfg.robot))
+            client = RobotClient(cfg, robot)
+            client.buffer = EventBuffer(agg)
+            run_client(client, 3.0)
+    merges = [e for e in client.buffer.events if e[0] == "merge"]
+    pops = [e[1] for e in client.buffer.events if e[0] == "pop"]
+    assert len(merges) >= 4 and client.counters.chunks_received == len(merges)
+    # 1. what was merged is what the server sent, minus int(rtt/dt) leading rows (none for the first).
+    rtts_s = [ms / 1000 for ms in client.counters.rtt_ms]
+    for i, (_, rows, _first) in enumerate(merges):
+        expired = 0 if i == 0 else int(rtts_s[i] / client.dt_s)
+        np.testing.assert_array_equal(rows, monitor_chunks[i].actions[expired:])
+    # 2. the buffer did what the plain reference says, and blending happened.
+    expected = replay(client.buffer.events, agg.blend)
+    assert len(expected) == len(pops)
+    for got, want in zip(pops, expected):
+        assert (got is None) == (want is None)
+        if got is not None:
+            np.testing.assert_allclose(got[1], want, rtol=0, atol=1e-6)
+    assert client.buffer.stats().blended_steps > 0
+    # 3. the robot received exactly the popped actions (fail-safe holds where the buffer was empty).
+    robot_actions = robot.sent[: len(pops)]
+    for sent, popped in zip(robot_actions, pops):
+        if popped is not None:
+            np.testing.assert_allclose(list(sent.values()), popped[1], rtol=0, atol=1e-6)
+
+
+def test_trimmed_steps_follow_the_rtt(port, app_key):
+    cfg = make_config(port, app_key)
+    with make_server(port, app_key, latency_ms=200):
+        client = RobotClient(cfg, make_robot_from_config(cfg.robot))
+        client.buffer = EventBuffer(cfg.aggregate)
+        steps_at_send = {}
+        original = client.trigger.on_send
+        client.trigger.on_send = lambda seq, now: (steps_at_send.__setitem__(seq, client.buffer.next_step), original(seq, now))[1]
+        run_client(client, 3.0)
+    merges = [e for e in client.buffer.events if e[0] == "merge"]
+    assert len(merges) >= 3
+    rtts_s = [ms / 1000 for ms in client.counters.rtt_ms]
+    assert min(rtts_s) >= 0.2
+    captured = sorted(steps_at_send.values())
+    for i, (_, _rows, first_step) in enumerate(merges[1:], start=1):
+        expired = int(rtts_s[i] / client.dt_s)
+        assert expired >= 6  # 200 ms of a 33 ms period
+        assert first_step - expired in captured  # row 0 was meant for the step at capture
+    assert client.counters.trimmed_steps >= sum(int(r / client.dt_s) for r in rtts_s[1:])
+
+
+def test_control_period_holds_while_publishing_is_slow_and_without_a_server(port, app_key):
+    """BUG-1: the control loop never waits for the network, even if a put takes 300 ms."""
+    cfg = make_config(port, app_key, robot=SimRobotConfig(cameras={"front": (48, 64), "wrist": (48, 64)}, fps=30))
+    server = make_server(port, app_key).start()
+    client = RobotClient(cfg, make_robot_from_config(cfg.robot))
+    client.start()
+    real_put = client._pub.put
+    client._pub.put = lambda payload: (time.sleep(0.3), real_put(payload))  # a congested link
+    try:
+        client.run(duration_s=2.0)
+        with_server = list(client.counters.period_ms)
+        server.stop()
+        client.counters.period_ms.clear()
+        client.run(duration_s=2.0)
+        without_server = list(client.counters.period_ms)
+    finally:
+        client.close()
+        server.stop()
+    for periods in (with_server, without_server):
+        assert len(periods) >= 50
+        assert abs(np.median(periods) - 1000 / 30) < 3.0
+        assert np.mean(np.array(periods) > 1000 / 30 * 2) < 0.05  # a rare hiccup of the test machine is not a stall
+    assert client.counters.observations_published >= 1
+
+
+def test_server_killed_robot_holds_revalidates_and_resumes(port, app_key, caplog):
+    cfg = make_config(port, app_key, watchdog_timeout_s=0.5)
+    server = make_server(port, app_key).start()
+    robot = LoggingRobot(make_robot_from_config(cfg.robot))
+    client = RobotClient(cfg, robot).start()
+    runner = threading.Thread(target=client.run)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 10
+        while client.counters.chunks_received < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.counters.chunks_received >= 3
+        server.stop()  # the server dies
+        deadline = time.monotonic() + 10
+        while client.counters.watchdog_events == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.counters.watchdog_events >= 1 and client.state == "revalidating"
+        empty_before = client.counters.empty_cycles
+        deadline = time.monotonic() + 3  # the buffered chunk (30 steps, 1 s) runs out, then it holds
+        while client.counters.empty_cycles < empty_before + 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.counters.empty_cycles >= empty_before + 10  # holding, not stalled
+        chunks_before = client.counters.chunks_received
+        server = make_server(port, app_key).start()  # a server comes back
+        deadline = time.monotonic() + 10
+        while client.counters.chunks_received <= chunks_before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.counters.chunks_received > chunks_before and client.state == "running"
+    finally:
+        client.stop()
+        runner.join(5)
+        client.close()
+        server.stop()
+    hold = [a for a in robot.sent if a == {k: pytest.approx(v) for k, v in a.items()}]
+    assert hold  # the robot kept receiving commands throughout
+    assert any("re-validating" in r.message for r in caplog.records)
+
+
+@pytest.mark.parametrize("server_kw", [{"cameras": {"front": (48, 64)}}, {"action_dim": 4}, {"cameras": {"front": (96, 64), "wrist": (48, 64)}}])
+def test_mismatched_server_means_no_action_at_all(port, app_key, server_kw):
+    cfg = make_config(port, app_key, discovery_timeout_s=10)
+    with make_server(port, app_key, **server_kw):
+        robot = LoggingRobot(make_robot_from_config(cfg.robot))
+        client = RobotClient(cfg, robot)
+        with pytest.raises(CompatibilityError):
+            client.start()
+        client.close()
+    assert robot.sent == []
+
+
+def test_cli_exits_nonzero_on_mismatch(port, app_key):
+    with make_server(port, app_key, cameras={"front": (48, 64)}):
+        r = subprocess.run([
+            sys.executable, "-m", "lerobot_zenoh.cli.client", "--robot.type=zenoh_sim",
+            "--robot.cameras={front: [48, 64], wrist: [48, 64]}", "--client_uuid=r9",
+            f"--cluster_uuid={app_key.cluster}", f"--experiment_tag={app_key.experiment}",
+            f"--model_id={app_key.model}", f"--model_version={app_key.version}",
+            f"--application_tag={app_key.app}", f"--endpoint=tcp/127.0.0.1:{port}",
+            "--zenoh.multicast_scouting=false", "--discovery_timeout_s=20",
+        ], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 3, r.stderr[-2000:]
+    assert "cameras" in r.stderr
+
+
+def test_no_server_at_all_fails_discovery_in_bounded_time(port, app_key):
+    cfg = make_config(port, app_key, discovery_timeout_s=1.0)
+    client = RobotClient(cfg, make_robot_from_config(cfg.robot))
+    t0 = time.monotonic()
+    with pytest.raises(CompatibilityError, match="no server answered"):
+        client.start()
+    client.close()
+    assert time.monotonic() - t0 < 5
