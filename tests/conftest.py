@@ -7,18 +7,12 @@ off, so tests never see each other (or anything else on the network).
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 
 import pytest
+from lz_testing import free_port
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

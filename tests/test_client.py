@@ -12,39 +12,13 @@ import pytest
 from lerobot.robots import make_robot_from_config
 
 from lerobot_zenoh.client.client import RobotClient
-from lerobot_zenoh.client.config import RobotClientConfig
 from lerobot_zenoh.client.config_sim_robot import SimRobotConfig
 from lerobot_zenoh.errors import CompatibilityError
 from lerobot_zenoh.protocol import codec
-from lerobot_zenoh.scheduling.action_buffer import ActionBuffer, LatestOnlyConfig
-from lerobot_zenoh.server.manifest import parse_manifest
-from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.scheduling.action_buffer import ActionBuffer
 from lerobot_zenoh.transport.session import ZenohSession
-from lerobot_zenoh.transport.settings import ZenohSettings, loopback_settings
-
-CAMS = {"front": (48, 64), "wrist": (48, 64)}
-
-
-def make_server(port, app_key, latency_ms=10.0, cameras=CAMS, action_dim=6, chunk_size=30):
-    return PolicyServer(parse_manifest({
-        "cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": "gpu0",
-        "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False},
-        "server": [{
-            "model_id": app_key.model, "model_version": app_key.version, "application_tag": app_key.app,
-            "synthetic": {"state_dim": 6, "action_dim": action_dim, "chunk_size": chunk_size,
-                          "cameras": cameras, "latency_ms": latency_ms},
-            "fps": 30, "accept_unknown_clients": True,
-        }],
-    }))
-
-
-def make_config(port, app_key, **kw):
-    robot = kw.pop("robot", None) or SimRobotConfig(cameras=dict(CAMS), fps=30)
-    return RobotClientConfig(
-        robot=robot, client_uuid=kw.pop("client_uuid", "r1"), cluster_uuid=app_key.cluster,
-        experiment_tag=app_key.experiment, model_id=app_key.model, model_version=app_key.version,
-        application_tag=app_key.app, endpoint=f"tcp/127.0.0.1:{port}",
-        zenoh=ZenohSettings(multicast_scouting=False), fps=30, **kw)
+from lerobot_zenoh.transport.settings import loopback_settings
+from lz_testing import make_config, make_server
 
 
 class LoggingRobot:

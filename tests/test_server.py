@@ -252,3 +252,4 @@ def test_cli_exits_nonzero_on_bad_manifest_and_zero_on_sigterm(tmp_path, port, a
         assert time.monotonic() - t0 < 3.0
     finally:
         proc.kill()
+

@@ -39,6 +39,7 @@ from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation
 from lerobot_zenoh.scheduling.action_buffer import ActionBuffer
 from lerobot_zenoh.scheduling.send_trigger import SendTrigger, expired_steps
+from lerobot_zenoh.telemetry.publisher import TelemetryPublisher, percentile
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,8 @@ class RobotClient:
         self._last_action: dict | None = None
         self._episode = 0
         self._empty_streak = 0
+        self._telemetry: TelemetryPublisher | None = None
+        self._last_figures = (time.perf_counter(), 0)
         self.executed: list[tuple[int, np.ndarray]] = []  # (step, action) log for tests; bounded below
         self.keep_executed = False
 
@@ -165,6 +168,12 @@ class RobotClient:
         self._pub = self._session.publisher(cfg.client_key.obs, OBSERVATION_QOS)
         self._session.subscribe(cfg.client_key.action, self._on_chunk)
         self._session.watch_liveliness(cfg.app_key.all_servers, self._on_liveliness)
+        # The token's key is the client's metrics key: monitors see the client appear and vanish.
+        self._session.declare_token(cfg.client_key.metrics)
+        if cfg.telemetry_period_s > 0:
+            self._telemetry = TelemetryPublisher(self._session, cfg.client_key.metrics, "client", cfg.client_uuid,
+                                                 self.telemetry_figures, cfg.telemetry_period_s,
+                                                 labels={"robot_type": getattr(self.robot, "name", "")}).start()
         for target, name in ((self._publish_loop, "publisher"), (self._receive_loop, "receiver")):
             t = threading.Thread(target=target, name=f"{cfg.client_uuid}:{name}", daemon=True)
             t.start()
@@ -394,6 +403,8 @@ class RobotClient:
     def close(self) -> None:
         """Leave the robot in its fail-safe state, save the recording, undeclare, disconnect."""
         self.stop()
+        if self._telemetry is not None:
+            self._telemetry.close()
         for t in self._threads:
             t.join(timeout=2.0)
         if self.counters.steps > 0 and self.robot.is_connected:  # never act if the loop never ran
@@ -407,7 +418,37 @@ class RobotClient:
             self._session.close()
         self.state = "stopped"
 
-    # -- summary ------------------------------------------------------------------------------
+    # -- telemetry and summary ----------------------------------------------------------------
+
+    def telemetry_figures(self) -> tuple[dict, dict]:
+        """Figures for the Telemetry message (docs/telemetry.md); runs on the telemetry thread."""
+        c = self.counters
+        now = time.perf_counter()
+        t_prev, steps_prev = self._last_figures
+        self._last_figures = (now, c.steps)
+        periods = list(c.period_ms)[-512:]
+        rtts = list(c.rtt_ms)[-512:]
+        figures = {
+            "loop_hz": (c.steps - steps_prev) / (now - t_prev) if now > t_prev else None,
+            "control_period_ms_p50": percentile(periods, 50),
+            "control_period_ms_p99": percentile(periods, 99),
+            "loop_overruns": c.overruns,
+            "rtt_ms_p50": percentile(rtts, 50),
+            "rtt_ms_p99": percentile(rtts, 99),
+            "inference_ms_p50": percentile(list(c.inference_ms)[-512:], 50),
+            "trimmed_steps": c.trimmed_steps,
+            "buffer_depth": self.buffer.depth,
+            "empty_buffer_cycles": c.empty_cycles,
+            "chunks_received": c.chunks_received,
+            "chunks_rejected": c.chunks_rejected,
+            "observations_published": c.observations_published,
+            "observations_dropped_in_outbox": self.outbox.dropped,
+            "watchdog_events": c.watchdog_events,
+            "revalidating": self.state == "revalidating",
+            "steps": c.steps,
+            "dataset_frames": getattr(self.recorder, "frames_written", None),
+        }
+        return figures, {}
 
     def summary(self) -> dict:
         c = self.counters

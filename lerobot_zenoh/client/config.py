@@ -59,6 +59,8 @@ class RobotClientConfig:
     dataset_root: str | None = None
     dataset_use_videos: bool = False
     task: str = ""
+    # Telemetry on .../<client>/metrics every this many seconds; 0 turns it off.
+    telemetry_period_s: float = 1.0
     # Write a JSON summary of the run here at exit.
     summary_path: str | None = None
     log_level: str = "INFO"

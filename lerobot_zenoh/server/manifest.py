@@ -129,6 +129,8 @@ class Manifest(_Strict):
     server_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     zenoh: ZenohEntry = Field(default_factory=ZenohEntry)
     server: list[ModelEntry] = Field(min_length=1)
+    # Period of the telemetry published on .../<app>/server/<server_id>/metrics; 0 turns it off.
+    telemetry_period_s: float = Field(1.0, ge=0)
     source: str = Field("<memory>", exclude=True)
 
     @field_validator("cluster_uuid", "experiment_tag", "server_id")

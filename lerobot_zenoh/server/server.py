@@ -29,6 +29,7 @@ from lerobot_zenoh.protocol.keys import AppKey, Topic, parse_client_key
 from lerobot_zenoh.protocol.messages import ActionChunk, Observation, Status
 from lerobot_zenoh.scheduling.request_schedulers import RequestScheduler, make_scheduler
 from lerobot_zenoh.server.manifest import Manifest, ModelEntry
+from lerobot_zenoh.telemetry.publisher import TelemetryPublisher, percentile, process_memory
 from lerobot_zenoh.transport.session import ACTION_QOS, Publisher, ZenohSession
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,7 @@ class PolicyServer:
         self._session: ZenohSession | None = None
         self._thread: threading.Thread | None = None
         self._subscriptions: list = []
+        self._telemetry: list[TelemetryPublisher] = []
         self.started = threading.Event()
         self.inferences = 0
         self.started_at_s = 0.0
@@ -140,6 +142,12 @@ class PolicyServer:
         for model in self.models:
             self._session.serve(model.app.status, lambda m=model: m.status_bytes)
             self._session.declare_token(model.app.server_token(self.server_id))
+            if self.manifest.telemetry_period_s > 0:
+                self._telemetry.append(TelemetryPublisher(
+                    self._session, model.app.server_metrics(self.server_id), "server", self.server_id,
+                    lambda m=model: self.telemetry_figures(m), self.manifest.telemetry_period_s,
+                    labels={"model_id": model.entry.model_id, "policy_type": model.runner.spec.policy_type,
+                            "device": model.entry.device}).start())
             log.info("serving %s (status: %s)", model.app.all_observations, model.app.status)
         self.started.set()
         return self
@@ -149,6 +157,8 @@ class PolicyServer:
         for sub in self._subscriptions:
             sub.close()
         self._subscriptions.clear()
+        for pub in self._telemetry:
+            pub.close()
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
@@ -291,6 +301,48 @@ class PolicyServer:
         return pub
 
     # -- introspection ------------------------------------------------------------------------
+
+    def telemetry_figures(self, model: ServedModel) -> tuple[dict, dict]:
+        """(model-level figures, per-client figures) for the Telemetry message (docs/telemetry.md)."""
+        per_client: dict[str, dict] = {}
+        rejected_by_reason: Counter = Counter()
+        inference_ms: list[float] = []
+        queue_ms: list[float] = []
+        with self._lock:
+            for cid, s in model.clients.items():
+                rejected_by_reason.update(s.rejected)
+                inference_ms += s.inference_ms
+                queue_ms += s.queue_ms
+                per_client[cid] = {
+                    "observations_received": s.received,
+                    "observations_superseded": s.superseded,
+                    "observations_rejected": sum(s.rejected.values()),
+                    "inferences": s.served,
+                    "inference_ms_p50": percentile(s.inference_ms, 50),
+                    "inference_ms_p99": percentile(s.inference_ms, 99),
+                    "queue_ms_p50": percentile(s.queue_ms, 50),
+                    "queue_ms_p99": percentile(s.queue_ms, 99),
+                    **{f"rejected.{reason}": n for reason, n in s.rejected.items()},
+                }
+            scheduler_stats = model.scheduler.stats()
+            unknown = model.unknown_rejected_total
+        metrics = {
+            "clients": len(per_client),
+            "observations_received": sum(c["observations_received"] for c in per_client.values()),
+            "observations_superseded": sum(c["observations_superseded"] for c in per_client.values()),
+            "observations_rejected": sum(rejected_by_reason.values()) + unknown,
+            "rejected.unknown_client": unknown,
+            **{f"rejected.{reason}": n for reason, n in rejected_by_reason.items()},
+            "inferences": sum(c["inferences"] for c in per_client.values()),
+            "inference_ms_p50": percentile(inference_ms, 50),
+            "inference_ms_p99": percentile(inference_ms, 99),
+            "queue_ms_p50": percentile(queue_ms, 50),
+            "queue_ms_p99": percentile(queue_ms, 99),
+            "batch_size_mean": 1.0,
+            **{f"scheduler.{k}": v for k, v in scheduler_stats.items()},
+            **process_memory(),
+        }
+        return metrics, per_client
 
     def stats(self) -> dict:
         """A snapshot of every counter, per model and per client (telemetry publishes this)."""

@@ -1,0 +1,156 @@
+"""The monitor's picture of a fleet, built from Telemetry messages and liveliness events.
+
+Pure state with an injected clock: `on_telemetry(key, msg, now_s)`, `on_liveliness(key, alive,
+now_s)`, then `rows(now_s)` for the table and `samples()` for Prometheus.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from lerobot_zenoh.errors import KeyExprError
+from lerobot_zenoh.protocol.keys import AppKey, parse_key
+from lerobot_zenoh.protocol.messages import Telemetry
+
+#: Figures shown in the table, per kind: (figure name, column title).
+SERVER_COLUMNS = [("clients", "clients"), ("inferences", "infer"), ("inference_ms_p50", "inf p50"),
+                  ("inference_ms_p99", "inf p99"), ("queue_ms_p50", "queue p50"), ("observations_superseded", "supersd"),
+                  ("observations_rejected", "reject"), ("cpu_rss_mb", "rss MB")]
+CLIENT_COLUMNS = [("loop_hz", "loop Hz"), ("control_period_ms_p99", "per p99"), ("rtt_ms_p50", "rtt p50"),
+                  ("rtt_ms_p99", "rtt p99"), ("buffer_depth", "buffer"), ("empty_buffer_cycles", "empty"),
+                  ("chunks_received", "chunks"), ("watchdog_events", "wdog")]
+
+
+@dataclass
+class Member:
+    kind: str  # "server" | "client"
+    app: AppKey
+    member_id: str
+    alive: bool | None = None  # None: no liveliness information yet
+    last_seen_s: float | None = None
+    period_s: float = 1.0
+    metrics: dict = field(default_factory=dict)
+    per_client: dict = field(default_factory=dict)
+    labels: dict = field(default_factory=dict)
+
+    def age_s(self, now_s: float) -> float | None:
+        return None if self.last_seen_s is None else now_s - self.last_seen_s
+
+    def silent(self, now_s: float, stale_periods: float = 3.0) -> bool:
+        """Gone quiet: its token vanished, or no telemetry for `stale_periods` periods."""
+        if self.alive is False:
+            return True
+        age = self.age_s(now_s)
+        return age is None or age > stale_periods * max(self.period_s, 0.1)
+
+
+class FleetView:
+    def __init__(self, stale_periods: float = 3.0):
+        self.stale_periods = stale_periods
+        self._members: dict[tuple[str, str, str], Member] = {}
+        self._lock = threading.Lock()
+        self.messages = 0
+        self.rejected = 0
+
+    @staticmethod
+    def _identify(key: str) -> tuple[str, AppKey, str] | None:
+        try:
+            parsed = parse_key(key)
+        except KeyExprError:
+            return None
+        if parsed.server_id is not None:
+            return "server", parsed.app, parsed.server_id
+        if parsed.client_id is not None and parsed.topic == "metrics":
+            return "client", parsed.app, parsed.client_id
+        return None
+
+    def _member(self, kind: str, app: AppKey, member_id: str) -> Member:
+        ident = (kind, app.prefix, member_id)
+        member = self._members.get(ident)
+        if member is None:
+            member = self._members[ident] = Member(kind, app, member_id)
+        return member
+
+    def on_telemetry(self, key: str, msg: Telemetry, now_s: float) -> None:
+        ident = self._identify(key)
+        with self._lock:
+            if ident is None:
+                self.rejected += 1
+                return
+            self.messages += 1
+            member = self._member(*ident)
+            member.last_seen_s = now_s
+            member.period_s = msg.period_s or 1.0
+            member.metrics = dict(msg.metrics)
+            member.per_client = {k: dict(v) for k, v in msg.per_client.items()}
+            member.labels = dict(msg.labels)
+
+    def on_liveliness(self, key: str, alive: bool, now_s: float) -> None:
+        ident = self._identify(key)
+        if ident is None:
+            return
+        with self._lock:
+            self._member(*ident).alive = alive
+
+    def members(self) -> list[Member]:
+        with self._lock:
+            return sorted(self._members.values(), key=lambda m: (m.app.prefix, m.kind != "server", m.member_id))
+
+    def rows(self, now_s: float) -> list[dict]:
+        """One dict per member: identity, state, age and the key figures of its kind."""
+        out = []
+        for m in self.members():
+            columns = SERVER_COLUMNS if m.kind == "server" else CLIENT_COLUMNS
+            state = "SILENT" if m.silent(now_s, self.stale_periods) else "up"
+            if m.kind == "client" and m.metrics.get("revalidating"):
+                state = "REVALIDATING"
+            age = m.age_s(now_s)
+            out.append({
+                "app": m.app.prefix, "kind": m.kind, "id": m.member_id, "state": state,
+                "age_s": None if age is None else round(age, 1),
+                **{title: m.metrics.get(name) for name, title in columns},
+            })
+        return out
+
+    def samples(self) -> list[tuple[str, dict[str, str], float]]:
+        """(metric name, labels, value) for every figure of every member (Prometheus)."""
+        out = []
+        for m in self.members():
+            base = {"cluster": m.app.cluster, "experiment": m.app.experiment, "model": m.app.model,
+                    "version": m.app.version, "app": m.app.app}
+            own = {**base, m.kind: m.member_id} if m.kind == "server" else {**base, "client": m.member_id}
+            for name, value in m.metrics.items():
+                out.append((f"lerobot_zenoh_{m.kind}_{name}", own, float(value)))
+            for client_id, figures in m.per_client.items():
+                for name, value in figures.items():
+                    out.append((f"lerobot_zenoh_server_client_{name}", {**own, "client": client_id}, float(value)))
+            if m.alive is not None:
+                out.append((f"lerobot_zenoh_{m.kind}_alive", own, 1.0 if m.alive else 0.0))
+        return out
+
+
+def format_table(rows: list[dict]) -> str:
+    """A plain-text table, one block per kind (servers and clients have different columns)."""
+    if not rows:
+        return "(no telemetry yet)"
+
+    def fmt(v) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return f"{v:.1f}"
+        return str(v)
+
+    blocks = []
+    for kind in ("server", "client"):
+        kind_rows = [r for r in rows if r["kind"] == kind]
+        if not kind_rows:
+            continue
+        headers = [h for h in kind_rows[0] if h != "kind"]
+        cells = [[fmt(r.get(h)) for h in headers] for r in kind_rows]
+        widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+        lines = [f"{kind.upper()}S", "  ".join(h.ljust(w) for h, w in zip(headers, widths))]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)

@@ -1,0 +1,109 @@
+"""Periodic telemetry off the hot paths: a thread of its own takes a snapshot and puts it.
+
+The snapshot function is called on the telemetry thread; it must only copy counters (under the
+owner's lock, briefly). Publishing is best effort with congestion DROP: telemetry never delays
+observations or action chunks, and a failed put is counted, never raised.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from lerobot_zenoh.protocol import codec
+from lerobot_zenoh.protocol.messages import Telemetry
+from lerobot_zenoh.transport.session import METRICS_QOS, ZenohSession
+
+log = logging.getLogger(__name__)
+
+Figures = dict[str, float | int]
+Snapshot = Callable[[], tuple[Figures, dict[str, Figures]]]
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    values = list(values)
+    return float(np.percentile(values, q)) if values else None
+
+
+def numbers_only(figures: dict) -> Figures:
+    """Drop None values (a percentile of nothing) and turn bools into ints: the wire carries numbers."""
+    return {k: (int(v) if isinstance(v, bool) else v) for k, v in figures.items() if v is not None}
+
+
+def process_memory() -> Figures:
+    """Resident memory of this process, and GPU memory in use when torch has CUDA loaded."""
+    out: Figures = {}
+    try:
+        with open("/proc/self/statm") as f:
+            import os
+
+            out["cpu_rss_mb"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        pass
+    import sys
+
+    torch = sys.modules.get("torch")  # only if the process already uses torch: never import it here
+    if torch is not None:
+        try:
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                out["gpu_allocated_mb"] = torch.cuda.memory_allocated() / 2**20
+                out["gpu_reserved_mb"] = torch.cuda.memory_reserved() / 2**20
+        except Exception:
+            pass
+    return out
+
+
+class TelemetryPublisher:
+    def __init__(self, session: ZenohSession, key: str, source: str, source_id: str, snapshot: Snapshot,
+                 period_s: float = 1.0, labels: dict[str, str] | None = None):
+        self.key = key
+        self.source = source
+        self.source_id = source_id
+        self.period_s = period_s
+        self.labels = dict(labels or {})
+        self._session = session
+        self._snapshot = snapshot
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._t0 = time.monotonic()
+        self.published = 0
+        self.errors = 0
+
+    def start(self) -> TelemetryPublisher:
+        self._publisher = self._session.publisher(self.key, METRICS_QOS)
+        self._thread = threading.Thread(target=self._run, name=f"telemetry:{self.source_id}", daemon=True)
+        self._thread.start()
+        return self
+
+    def publish_once(self) -> None:
+        metrics, per_client = self._snapshot()
+        msg = Telemetry(
+            source=self.source,
+            source_id=self.source_id,
+            seq=self.published,
+            uptime_s=time.monotonic() - self._t0,
+            period_s=self.period_s,
+            metrics=numbers_only(metrics),
+            per_client={c: numbers_only(f) for c, f in per_client.items()},
+            labels=self.labels,
+        )
+        self._publisher.put(codec.encode(msg))
+        self.published += 1
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                self.publish_once()
+            except Exception as exc:  # telemetry must never take its owner down
+                self.errors += 1
+                if self.errors in (1, 10, 100):
+                    log.warning("telemetry on %s failed (%d): %s", self.key, self.errors, exc)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)

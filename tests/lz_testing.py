@@ -1,0 +1,54 @@
+"""Helpers shared by the test modules (on pytest's pythonpath; tests/ is not a package)."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from lerobot_zenoh.client.config import RobotClientConfig
+from lerobot_zenoh.client.config_sim_robot import SimRobotConfig
+from lerobot_zenoh.server.manifest import parse_manifest
+from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.transport.settings import ZenohSettings
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout_s: float = 10.0, poll_s: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(poll_s)
+    return False
+
+
+CAMS = {"front": (48, 64), "wrist": (48, 64)}
+
+
+def make_server(port, app_key, latency_ms=10.0, cameras=CAMS, action_dim=6, chunk_size=30):
+    return PolicyServer(parse_manifest({
+        "cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": "gpu0",
+        "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False},
+        "server": [{
+            "model_id": app_key.model, "model_version": app_key.version, "application_tag": app_key.app,
+            "synthetic": {"state_dim": 6, "action_dim": action_dim, "chunk_size": chunk_size,
+                          "cameras": cameras, "latency_ms": latency_ms},
+            "fps": 30, "accept_unknown_clients": True,
+        }],
+    }))
+
+
+def make_config(port, app_key, **kw):
+    robot = kw.pop("robot", None) or SimRobotConfig(cameras=dict(CAMS), fps=30)
+    return RobotClientConfig(
+        robot=robot, client_uuid=kw.pop("client_uuid", "r1"), cluster_uuid=app_key.cluster,
+        experiment_tag=app_key.experiment, model_id=app_key.model, model_version=app_key.version,
+        application_tag=app_key.app, endpoint=f"tcp/127.0.0.1:{port}",
+        zenoh=ZenohSettings(multicast_scouting=False), fps=30, **kw)
+
+
