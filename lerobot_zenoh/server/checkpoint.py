@@ -1,0 +1,246 @@
+"""Build a LeRobot checkpoint offline, with random weights, for demos and tests.
+
+The folder it writes is an ordinary LeRobot checkpoint (``config.json``, ``model.safetensors``,
+``policy_preprocessor.json``/``policy_postprocessor.json`` + normalizer stats) loaded by the very
+``from_pretrained`` path a trained checkpoint goes through, plus our ``lerobot_zenoh_features.json``
+sidecar carrying the joint and camera names a LeRobot config does not store. The weights are random:
+the actions mean nothing, but shapes, normalization and timing are those of a real model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from lerobot_zenoh.errors import ConfigError
+from lerobot_zenoh.server.policies import (
+    ACTION_KEY,
+    FEATURES_SIDECAR_NAME,
+    FEATURES_SIDECAR_VERSION,
+    OBS_IMAGES_PREFIX,
+    OBS_STATE_KEY,
+    SUPPORTED_POLICY_TYPES,
+    PolicySpec,
+)
+
+# Architecture defaults on top of LeRobot's config defaults, chosen so that a 2-core CPU answers a
+# chunk for 2 cameras of 96x128 in roughly 50-150 ms (see docs/policies.md for measurements).
+DEMO_OVERRIDES: dict[str, dict[str, Any]] = {
+    # LeRobot's ACT architecture as is (resnet18, dim_model 512, 4 encoder layers).
+    "act": {},
+    # LeRobot's default Diffusion U-Net (512, 1024, 2048) at 100 DDPM steps takes ~30 s per chunk on
+    # such a CPU; a narrower U-Net and 10 steps keep the structure at interactive speed.
+    "diffusion": {"down_dims": (64, 128, 256), "num_inference_steps": 10},
+}
+
+# Set by the builder from its own arguments; overriding them would desynchronize config and sidecar.
+_MANAGED_FIELDS = frozenset(
+    {"input_features", "output_features", "device", "pretrained_path", "chunk_size", "n_action_steps"}
+)
+
+# ImageNet statistics (what LeRobot's ResNet backbones expect), shaped (C, 1, 1) like compute_stats.
+_IMAGENET_MEAN = (0.485, 0.456, 0.406)
+_IMAGENET_STD = (0.229, 0.224, 0.225)
+_STAT_NAMES = ("mean", "std", "min", "max")
+
+
+def build_checkpoint(
+    output_dir: str | Path,
+    *,
+    policy_type: str = "act",
+    state_names: Sequence[str],
+    action_names: Sequence[str],
+    cameras: Mapping[str, tuple[int, int]],
+    chunk_size: int,
+    fps: int | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    stats: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
+    seed: int = 0,
+    force: bool = False,
+) -> Path:
+    """Write a randomly initialized `policy_type` checkpoint to `output_dir` and return its path.
+
+    `overrides` set config fields on top of `DEMO_OVERRIDES[policy_type]` (e.g. ``{"dim_model": 256}``).
+    `stats` replace the default normalization statistics of ``"observation.state"`` / ``"action"``
+    (per-dimension ``mean``/``std``/``min``/``max``; defaults mean 0, std 1, min -1, max 1, so that
+    normalization is the identity). Images use ImageNet mean/std. Weights are drawn from a private RNG
+    seeded with `seed`. An existing non-empty `output_dir` is refused unless `force`, and even then only
+    replaced when it holds a checkpoint (``config.json``). Bad arguments raise `ConfigError` naming
+    the argument.
+    """
+    if policy_type not in SUPPORTED_POLICY_TYPES:
+        choices = ", ".join(SUPPORTED_POLICY_TYPES)
+        raise ConfigError("policy_type", f"{policy_type!r} is not supported (choose from {choices})")
+    spec = PolicySpec(
+        policy_type=policy_type,
+        state_names=tuple(state_names),
+        cameras=dict(cameras),
+        action_names=tuple(action_names),
+        chunk_size=chunk_size,
+        fps=fps,
+    )
+    if not isinstance(seed, int):
+        raise ConfigError("seed", f"must be an integer, got {seed!r}")
+    output = Path(output_dir)
+    _check_output(output, force)
+
+    import torch
+
+    from lerobot.configs import FeatureType, PolicyFeature
+    from lerobot.policies import get_policy_class, make_policy_config, make_pre_post_processors
+
+    input_features = {OBS_STATE_KEY: PolicyFeature(type=FeatureType.STATE, shape=(spec.state_dim,))}
+    for cam, (h, w) in spec.cameras.items():
+        input_features[f"{OBS_IMAGES_PREFIX}{cam}"] = PolicyFeature(type=FeatureType.VISUAL, shape=(3, h, w))
+    output_features = {ACTION_KEY: PolicyFeature(type=FeatureType.ACTION, shape=(spec.action_dim,))}
+
+    kwargs = _config_kwargs(policy_type, spec, overrides)
+    try:
+        config = make_policy_config(
+            policy_type, input_features=input_features, output_features=output_features, **kwargs
+        )
+        policy_cls = get_policy_class(policy_type)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            policy = policy_cls(config)
+        policy.eval()
+    except Exception as exc:  # building a model from a config is pure: any failure means a bad config
+        raise ConfigError("overrides", f"LeRobot rejected the {policy_type} config: {exc}") from exc
+
+    dataset_stats = {
+        key: {name: torch.tensor(values) for name, values in per_key.items()}
+        for key, per_key in _dataset_stats(spec, stats).items()
+    }
+    preprocessor, postprocessor = make_pre_post_processors(config, dataset_stats=dataset_stats)
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        policy.save_pretrained(staging)
+        preprocessor.save_pretrained(staging)
+        postprocessor.save_pretrained(staging)
+        sidecar = {
+            "version": FEATURES_SIDECAR_VERSION,
+            "policy_type": policy_type,
+            "state_names": list(spec.state_names),
+            "action_names": list(spec.action_names),
+            "cameras": {cam: [h, w] for cam, (h, w) in spec.cameras.items()},
+            "chunk_size": spec.chunk_size,
+            "fps": spec.fps,
+        }
+        (staging / FEATURES_SIDECAR_NAME).write_text(json.dumps(sidecar, indent=2) + "\n")
+        _check_output(output, force)  # again: the folder may have appeared while building
+        if output.exists():
+            shutil.rmtree(output) if any(output.iterdir()) else output.rmdir()
+        os.replace(staging, output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return output
+
+
+def _check_output(output: Path, force: bool) -> None:
+    if output.exists() and not output.is_dir():
+        raise ConfigError("output_dir", f"{output} exists and is not a folder")
+    if output.is_dir() and any(output.iterdir()):
+        if not force:
+            raise ConfigError(
+                "output_dir", f"{output} exists and is not empty (use force / --force to replace it)"
+            )
+        if not (output / "config.json").is_file():
+            raise ConfigError(
+                "output_dir", f"{output} is not empty and holds no checkpoint (config.json); not replacing it"
+            )
+
+
+def _config_kwargs(policy_type: str, spec: PolicySpec, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    from lerobot.configs import PreTrainedConfig
+
+    config_cls = PreTrainedConfig.get_choice_class(policy_type)
+    defaults = {}
+    for f in dataclasses.fields(config_cls):
+        if f.default is not dataclasses.MISSING:
+            defaults[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            defaults[f.name] = f.default_factory()
+
+    user = dict(overrides or {})
+    for key, value in user.items():
+        if key in _MANAGED_FIELDS:
+            raise ConfigError(f"overrides.{key}", "is set by the builder from its own arguments")
+        if key not in defaults:
+            raise ConfigError(f"overrides.{key}", f"{config_cls.__name__} has no such field")
+        user[key] = _coerce(key, value, defaults[key])
+
+    kwargs: dict[str, Any] = {"pretrained_backbone_weights": None, "device": "cpu"}
+    kwargs.update(DEMO_OVERRIDES[policy_type])
+    kwargs.update(user)
+    if not spec.cameras:  # neither policy has an input other than state + images here
+        raise ConfigError("cameras", f"{policy_type} needs at least one camera")
+    if policy_type == "act":
+        kwargs["chunk_size"] = spec.chunk_size
+        kwargs["n_action_steps"] = spec.chunk_size
+    else:  # diffusion: horizon must hold n_obs_steps - 1 past steps + the chunk, in U-Net multiples
+        if len(set(spec.cameras.values())) > 1:
+            raise ConfigError("cameras", f"diffusion needs all cameras of one shape, got {spec.cameras}")
+        n_obs_steps = kwargs.get("n_obs_steps", defaults["n_obs_steps"])
+        down_dims = kwargs.get("down_dims", defaults["down_dims"])
+        factor = 2 ** len(down_dims)
+        needed = spec.chunk_size + n_obs_steps - 1
+        kwargs.setdefault("horizon", math.ceil(needed / factor) * factor)
+        if kwargs["horizon"] < needed:
+            raise ConfigError("overrides.horizon", f"must be >= chunk_size + n_obs_steps - 1 = {needed}")
+        kwargs["n_action_steps"] = spec.chunk_size
+        kwargs.setdefault("drop_n_last_frames", kwargs["horizon"] - needed)
+    return kwargs
+
+
+def _coerce(key: str, value: Any, default: Any) -> Any:
+    """Bring a JSON/YAML-typed override to the field's type (lists -> tuples, ints -> floats)."""
+    if isinstance(value, list) and not isinstance(default, list):  # shapes/dims are tuples in configs
+        return tuple(tuple(v) if isinstance(v, list) else v for v in value)
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if value is None or default is None or isinstance(default, dict | list):
+        return value
+    if isinstance(default, bool) != isinstance(value, bool) or not isinstance(value, type(default)):
+        raise ConfigError(
+            f"overrides.{key}", f"expected {type(default).__name__}, got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+def _dataset_stats(
+    spec: PolicySpec, stats: Mapping[str, Mapping[str, Sequence[float]]] | None
+) -> dict[str, dict[str, list]]:
+    out: dict[str, dict[str, list]] = {}
+    for key, dim in ((OBS_STATE_KEY, spec.state_dim), (ACTION_KEY, spec.action_dim)):
+        out[key] = {"mean": [0.0] * dim, "std": [1.0] * dim, "min": [-1.0] * dim, "max": [1.0] * dim}
+    for key, given in (stats or {}).items():
+        if key not in out:
+            raise ConfigError(f"stats.{key}", f"only {OBS_STATE_KEY!r} and {ACTION_KEY!r} can be set")
+        dim = len(out[key]["mean"])
+        for name, values in given.items():
+            if name not in _STAT_NAMES:
+                raise ConfigError(f"stats.{key}.{name}", f"unknown statistic (use {', '.join(_STAT_NAMES)})")
+            values = [float(v) for v in values]
+            if len(values) != dim:
+                raise ConfigError(f"stats.{key}.{name}", f"expected {dim} values, got {len(values)}")
+            if name == "std" and min(values) <= 0:
+                raise ConfigError(f"stats.{key}.std", "every std must be > 0")
+            out[key][name] = values
+    for cam in spec.cameras:
+        out[f"{OBS_IMAGES_PREFIX}{cam}"] = {
+            "mean": [[[m]] for m in _IMAGENET_MEAN],
+            "std": [[[s]] for s in _IMAGENET_STD],
+            "min": [[[0.0]]] * 3,
+            "max": [[[1.0]]] * 3,
+        }
+    return out

@@ -1,0 +1,132 @@
+"""A synthetic policy: deterministic actions and a set latency, no torch.
+
+It stands in for a model wherever weights or a GPU are missing (tests, benchmarks of the transport and
+of the schedulers). Its chunk is `synthetic_actions(...)`, a pure function that tests can evaluate on
+their own to check, end to end, that a chunk answers the observation it was computed from.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lerobot_zenoh.errors import ConfigError
+from lerobot_zenoh.server.policies import PolicySpec, check_observation, dummy_observation
+
+
+def synthetic_actions(
+    state: np.ndarray, images: dict[str, np.ndarray], chunk_size: int, action_dim: int
+) -> np.ndarray:
+    """The synthetic chunk: ``actions[t, d] = state[d % len(state)] + 0.01 * (t + 1) + image_term``.
+
+    ``image_term`` is the mean of every pixel of every image divided by 255 (0 without images), so a
+    chunk changes when any input changes. Computed in float64, returned as float32 ``(chunk_size,
+    action_dim)``.
+    """
+    state = np.asarray(state, dtype=np.float64).reshape(-1)
+    if state.size == 0:
+        raise ValueError("state must not be empty")
+    pixels = sum(int(img.size) for img in images.values())
+    image_term = (
+        sum(float(np.sum(img, dtype=np.float64)) for img in images.values()) / pixels / 255.0
+        if pixels
+        else 0.0
+    )
+    per_dim = state[np.arange(action_dim) % state.size]
+    per_step = 0.01 * np.arange(1, chunk_size + 1, dtype=np.float64)
+    return (per_step[:, None] + per_dim[None, :] + image_term).astype(np.float32)
+
+
+@dataclass
+class SyntheticPolicyConfig:
+    """Shape of the synthetic policy and its simulated inference time.
+
+    `latency_ms` is the time one `infer` sleeps. `batch_latency_ms` optionally profiles batched
+    inference ({batch size: ms per batch}); see `SyntheticPolicy.latency_s`.
+    """
+
+    state_names: tuple[str, ...]
+    cameras: dict[str, tuple[int, int]]
+    action_names: tuple[str, ...]
+    chunk_size: int
+    fps: int | None = None
+    latency_ms: float = 0.0
+    batch_latency_ms: dict[int, float] | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.latency_ms, (int, float)) or not self.latency_ms >= 0:
+            raise ConfigError("latency_ms", f"must be a number >= 0, got {self.latency_ms!r}")
+        if self.batch_latency_ms is not None:
+            if not self.batch_latency_ms:
+                raise ConfigError("batch_latency_ms", "must not be empty (use None for no profile)")
+            for size, ms in self.batch_latency_ms.items():
+                if not isinstance(size, int) or size < 1:
+                    raise ConfigError("batch_latency_ms", f"batch sizes must be integers >= 1, got {size!r}")
+                if not isinstance(ms, (int, float)) or not ms >= 0:
+                    raise ConfigError(f"batch_latency_ms.{size}", f"must be a number >= 0, got {ms!r}")
+
+
+class SyntheticPolicy:
+    """A `PolicyRunner` returning `synthetic_actions` after sleeping the configured latency.
+
+    Stateless across calls, hence pure across clients; `seed` is accepted and ignored.
+    """
+
+    def __init__(self, config: SyntheticPolicyConfig):
+        self.config = config
+        self.spec = PolicySpec(
+            policy_type="synthetic",
+            state_names=config.state_names,
+            cameras=config.cameras,
+            action_names=config.action_names,
+            chunk_size=config.chunk_size,
+            fps=config.fps,
+        )
+        profile = sorted((config.batch_latency_ms or {}).items())
+        self._profile_sizes = [size for size, _ in profile]
+        self._profile_ms = [float(ms) for _, ms in profile]
+
+    def latency_s(self, batch_size: int = 1) -> float:
+        """Simulated time for one call on `batch_size` observations.
+
+        Without a profile: `latency_ms` whatever the batch size. With one: linear interpolation between
+        the profiled sizes, held flat below the smallest, extrapolated along the last segment above the
+        largest (proportionally to the batch size when only one size is profiled).
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        sizes, ms = self._profile_sizes, self._profile_ms
+        if not sizes:
+            return self.config.latency_ms / 1000.0
+        if batch_size <= sizes[0] or len(sizes) == 1:
+            if batch_size <= sizes[0]:
+                return ms[0] / 1000.0
+            return ms[0] * batch_size / sizes[0] / 1000.0
+        i = min(bisect.bisect_left(sizes, batch_size), len(sizes) - 1)
+        x0, x1, y0, y1 = sizes[i - 1], sizes[i], ms[i - 1], ms[i]
+        return max(0.0, y0 + (y1 - y0) * (batch_size - x0) / (x1 - x0)) / 1000.0
+
+    def warmup(self) -> None:
+        state, images = dummy_observation(self.spec)
+        self.infer("", state, images, "", seed=0)
+
+    def infer(
+        self,
+        client_id: str,
+        state: np.ndarray,
+        images: dict[str, np.ndarray],
+        task: str,
+        *,
+        seed: int,
+    ) -> np.ndarray:
+        check_observation(self.spec, state, images)
+        delay_s = self.latency_s(1)
+        if delay_s > 0:
+            time.sleep(delay_s)
+        return synthetic_actions(state, images, self.spec.chunk_size, self.spec.action_dim)
+
+    def forget(self, client_id: str) -> None:
+        """Nothing to forget."""
