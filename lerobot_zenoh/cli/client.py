@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lerobot-robot-client: invalid configuration: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=config.log_level.upper(),
-                        format=f"%(asctime)s %(levelname)s [{config.client_uuid}] %(name)s: %(message)s")
+                        force=True, format=f"%(asctime)s %(levelname)s [{config.client_uuid}] %(name)s: %(message)s")
     log = logging.getLogger("lerobot-robot-client")
 
     from lerobot.robots import make_robot_from_config

@@ -167,6 +167,10 @@ class PolicyServer:
                 log.warning("inference thread did not finish within %.1f s", timeout_s)
         if self._session is not None:
             self._session.close()
+        for model in self.models:
+            for cid, st in model.clients.items():
+                log.info("%s %s: received %d, superseded %d, served %d, rejected %s", model.app.prefix, cid,
+                         st.received, st.superseded, st.served, dict(st.rejected) or 0)
 
     def __enter__(self) -> PolicyServer:
         return self.start()
