@@ -245,3 +245,61 @@ def test_no_server_at_all_fails_discovery_in_bounded_time(port, app_key):
         client.start()
     client.close()
     assert time.monotonic() - t0 < 5
+
+
+def _load_dataset(repo_id, root):
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    return LeRobotDataset(repo_id, root=root, video_backend="pyav")
+
+
+def test_recording_frames_equal_steps_executed(port, app_key, tmp_path):
+    from lerobot_zenoh.client.recorder import DatasetRecorder
+
+    cfg = make_config(port, app_key, task="pick")
+    with make_server(port, app_key):
+        robot = make_robot_from_config(cfg.robot)
+        recorder = DatasetRecorder("local/test", tmp_path / "ds", cfg.fps, robot, "pick")
+        client = RobotClient(cfg, robot, recorder)
+        client.start()
+        recorder.start()
+        try:
+            client.run(duration_s=2.0)
+        finally:
+            client.close()
+    ds = _load_dataset("local/test", tmp_path / "ds")
+    assert ds.num_frames == client.counters.steps == recorder.frames_written
+    assert ds.num_episodes == 1
+    frame = ds[len(ds) - 1]
+    assert frame["observation.images.front"].shape == (3, 48, 64)
+    assert frame["action"].shape == (6,) and frame["task"] == "pick"
+
+
+def test_interrupted_cli_run_leaves_a_loadable_dataset(port, app_key, tmp_path):
+    import json
+    import signal
+
+    summary = tmp_path / "summary.json"
+    with make_server(port, app_key):
+        proc = subprocess.Popen([
+            sys.executable, "-m", "lerobot_zenoh.cli.client", "--robot.type=zenoh_sim",
+            "--robot.cameras={front: [48, 64], wrist: [48, 64]}", "--client_uuid=rec",
+            f"--cluster_uuid={app_key.cluster}", f"--experiment_tag={app_key.experiment}",
+            f"--model_id={app_key.model}", f"--model_version={app_key.version}",
+            f"--application_tag={app_key.app}", f"--endpoint=tcp/127.0.0.1:{port}",
+            "--zenoh.multicast_scouting=false", "--dataset_repo_id=local/interrupted",
+            f"--dataset_root={tmp_path / 'ds'}", f"--summary_path={summary}", "--task=stack",
+        ], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not (tmp_path / "ds").exists():
+                time.sleep(0.1)
+            time.sleep(2.0)  # mid-episode
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    steps = json.loads(summary.read_text())["steps"]
+    ds = _load_dataset("local/interrupted", tmp_path / "ds")
+    assert steps > 10 and ds.num_frames == steps and ds.num_episodes == 1

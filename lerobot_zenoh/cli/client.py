@@ -46,7 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     if config.dataset_repo_id:
         from lerobot_zenoh.client.recorder import DatasetRecorder
 
-        recorder = DatasetRecorder(config.dataset_repo_id, config.dataset_root, config.fps, robot,
+        from pathlib import Path
+
+        root = config.dataset_root or Path("outputs/datasets") / config.dataset_repo_id
+        recorder = DatasetRecorder(config.dataset_repo_id, root, config.fps, robot,
                                    config.task, use_videos=config.dataset_use_videos)
     client = RobotClient(config, robot, recorder)
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -54,10 +54,11 @@ class RobotClientConfig:
     # Episodes: None runs until SIGINT.
     episode_time_s: float | None = None
     num_episodes: int = 1
-    # Dataset recording (G7): None disables it.
+    # Dataset recording (G7): None disables it. The root defaults to outputs/datasets/<repo_id>
+    # and must not exist yet. Videos are AV1, encoded while recording (cheap on a CPU).
     dataset_repo_id: str | None = None
     dataset_root: str | None = None
-    dataset_use_videos: bool = False
+    dataset_use_videos: bool = True
     task: str = ""
     # Telemetry on .../<client>/metrics every this many seconds; 0 turns it off.
     telemetry_period_s: float = 1.0
