@@ -2,6 +2,9 @@
 
 Exit codes: 0 after a normal run or SIGINT/SIGTERM (robot left in its fail-safe state, dataset
 saved); 2 for a bad configuration; 3 when no compatible server was found (no action was sent).
+
+`--plugins=my_package.my_module` imports modules before parsing, so that choices they register
+(an aggregation function, a robot) can be named on the command line.
 """
 
 from __future__ import annotations
@@ -14,6 +17,25 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def import_plugins(argv: list[str]) -> list[str]:
+    """Import modules named by `--plugins=a,b` (e.g. your own aggregation) and drop the option.
+
+    Registration happens at import, so it must come before draccus sees `--aggregate.type=...`.
+    """
+    import importlib
+
+    if os.getcwd() not in sys.path:  # as `python -m` does, so `--plugins=examples.x` works from a checkout
+        sys.path.insert(0, os.getcwd())
+    rest = []
+    for arg in argv:
+        if arg.startswith("--plugins="):
+            for module in filter(None, arg.split("=", 1)[1].split(",")):
+                importlib.import_module(module)
+        else:
+            rest.append(arg)
+    return rest
+
+
 def parse_config(argv: list[str] | None = None):
     import draccus
     from lerobot.utils.import_utils import register_third_party_plugins
@@ -22,6 +44,7 @@ def parse_config(argv: list[str] | None = None):
     from lerobot_zenoh.client.config import RobotClientConfig
 
     register_third_party_plugins()  # lerobot_robot_* packages, as LeRobot's own CLIs do
+    argv = import_plugins(sys.argv[1:] if argv is None else list(argv))
     return draccus.parse(config_class=RobotClientConfig, args=argv)
 
 

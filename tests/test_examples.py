@@ -1,0 +1,33 @@
+"""The examples a user copies from keep working."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, args, expect", [
+    ("fleet_on_one_server.py", ["--robots", "2", "--seconds", "2"], '"client_uuid": "robot_2"'),
+    ("custom_aggregation.py", ["--seconds", "2"], '"blended_steps"'),
+    ("record_and_open_dataset.py", ["--seconds", "2", "--root", "{tmp}/ds"], "1 episode(s)"),
+])
+def test_example_runs(script, args, expect, tmp_path):
+    args = [a.format(tmp=tmp_path) for a in args]
+    r = subprocess.run([sys.executable, script, *args], cwd=ROOT / "examples", capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert expect in r.stdout
+
+
+def test_cli_imports_a_custom_aggregation_plugin(monkeypatch):
+    from lerobot_zenoh.cli.client import parse_config
+
+    monkeypatch.chdir(ROOT)
+    cfg = parse_config(["--robot.type=zenoh_sim", "--plugins=examples.custom_aggregation",
+                        "--aggregate.type=ema", "--aggregate.new_weight_first=0.8"])
+    assert cfg.aggregate.type == "ema" and cfg.aggregate.new_weight_first == 0.8
