@@ -31,3 +31,10 @@ def test_cli_imports_a_custom_aggregation_plugin(monkeypatch):
     cfg = parse_config(["--robot.type=zenoh_sim", "--plugins=examples.custom_aggregation",
                         "--aggregate.type=ema", "--aggregate.new_weight_first=0.8"])
     assert cfg.aggregate.type == "ema" and cfg.aggregate.new_weight_first == 0.8
+
+
+def test_cli_knows_lerobot_robots_and_third_party_plugins():
+    from lerobot_zenoh.cli.client import parse_config
+
+    cfg = parse_config(["--robot.type=so101_follower", "--robot.port=/dev/null"])
+    assert cfg.robot.type == "so101_follower" and cfg.robot.port == "/dev/null"

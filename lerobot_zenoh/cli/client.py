@@ -36,6 +36,25 @@ def import_plugins(argv: list[str]) -> list[str]:
     return rest
 
 
+# LeRobot's robots register their --robot.type choice when their package is imported; these are
+# the ones lerobot-record imports. A robot whose optional dependencies are missing is skipped.
+LEROBOT_ROBOT_PACKAGES = (
+    "bi_openarm_follower", "bi_rebot_b601_follower", "bi_so_follower", "earthrover_mini_plus", "hope_jr",
+    "koch_follower", "omx_follower", "openarm_follower", "reachy2", "rebot_b601_follower", "so_follower",
+    "unitree_g1",
+)
+
+
+def register_lerobot_robots() -> None:
+    import importlib
+
+    for name in LEROBOT_ROBOT_PACKAGES:
+        try:
+            importlib.import_module(f"lerobot.robots.{name}")
+        except Exception:  # noqa: BLE001 - an optional robot must not stop the others
+            pass
+
+
 def parse_config(argv: list[str] | None = None):
     import draccus
     from lerobot.utils.import_utils import register_third_party_plugins
@@ -43,6 +62,7 @@ def parse_config(argv: list[str] | None = None):
     import lerobot_zenoh.client.sim_robot  # noqa: F401  (registers --robot.type=zenoh_sim)
     from lerobot_zenoh.client.config import RobotClientConfig
 
+    register_lerobot_robots()
     register_third_party_plugins()  # lerobot_robot_* packages, as LeRobot's own CLIs do
     argv = import_plugins(sys.argv[1:] if argv is None else list(argv))
     return draccus.parse(config_class=RobotClientConfig, args=argv)
