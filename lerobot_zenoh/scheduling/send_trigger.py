@@ -1,0 +1,375 @@
+"""When the robot client sends its next observation (gap G14), and the RTT bookkeeping behind it (seed section 8).
+
+Pure decision objects with an injected clock: every method that depends on time takes ``now_s``
+(seconds from one process's ``time.perf_counter()``), and nothing here reads a clock, sleeps or
+does I/O. Both classes are shared by the thread that sends observations and the thread that
+receives action chunks, so each guards its state with a lock held only for a few dictionary
+operations.
+
+RTT (:class:`RttTracker`)
+    ``on_send(seq_id, now_s)`` records the send time; ``on_receive(response_to_seq_id, now_s)``
+    deletes exactly that key and returns the round trip. Older keys are kept: with best-effort
+    transport replies can arrive out of order, and deleting every key ``<=`` the one received
+    would make their RTT unmeasurable (seed 8.1). The table is bounded (oldest dropped) so
+    observations whose replies never come cannot grow it forever. The last ``window`` samples
+    give p50/p90/p99. Pass the time the observation was *captured* as ``now_s`` of ``on_send``
+    if you want the RTT to cover everything between sensing and acting.
+
+Stale steps (:func:`expired_steps`)
+    ``int(rtt_s / dt_s)``, and 0 before the first RTT (seed 8.2 and 8.3: the first chunk is
+    applied whole).
+
+The send rule (:class:`SendTrigger`)
+    Send when ``queue_size * dt_s < buffer_time_s`` and fewer than ``max_in_flight`` requests
+    are outstanding. ``queue_size * dt_s`` is how long the buffered actions last; the next chunk
+    needs one round trip to arrive, so the buffer must still hold about one RTT of actions when
+    the observation leaves.
+
+    ``buffer_time_s``
+        fixed when ``SendTriggerConfig.buffer_time_s`` is set; otherwise automatic::
+
+            buffer_time_s = p90(RTT over the last `window` replies) + margin_steps * dt_s
+
+        and ``initial_buffer_time_s`` until the first reply. p90 rather than the mean so that
+        ordinary jitter does not run the buffer dry; the margin covers the control period in
+        which the send decision is taken.
+
+    A request is outstanding from ``on_send`` until its reply (``on_receive``) or until it is
+    presumed lost, ``request_timeout_s`` after it was sent. The timeout is fixed when
+    ``SendTriggerConfig.request_timeout_s`` is set; otherwise::
+
+            request_timeout_s = max(timeout_rtt_factor * p90 RTT, min_request_timeout_s)
+
+    (``min_request_timeout_s`` before the first reply), so one dropped best-effort observation
+    delays sending by at most one timeout instead of stalling it forever. A reply that comes
+    after its request was presumed lost still yields an RTT sample and its actions are still
+    merged (the action buffer discards what is stale); it just no longer holds a slot.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lerobot_zenoh.errors import ConfigError
+
+__all__ = [
+    "RttTracker",
+    "SendDecision",
+    "SendTrigger",
+    "SendTriggerConfig",
+    "SendTriggerStats",
+    "expired_steps",
+]
+
+
+def expired_steps(rtt_s: float | None, dt_s: float) -> int:
+    """How many leading steps of a chunk expired during the round trip: ``int(rtt_s / dt_s)``.
+
+    0 when there is no RTT yet (the first chunk is applied whole) or the RTT is negative.
+    """
+    if dt_s <= 0:
+        raise ValueError(f"dt_s must be positive, got {dt_s}")
+    if rtt_s is None or rtt_s <= 0:
+        return 0
+    return int(rtt_s / dt_s)
+
+
+class RttTracker:
+    """Send times of in-flight observations by ``seq_id`` and a rolling window of RTTs.
+
+    Args:
+        max_in_flight: most send times kept; the oldest is dropped (and counted) beyond it.
+        window: how many recent RTT samples the percentiles are taken over.
+    """
+
+    def __init__(self, *, max_in_flight: int = 256, window: int = 100) -> None:
+        if max_in_flight <= 0:
+            raise ConfigError("rtt.max_in_flight", f"must be positive, got {max_in_flight}")
+        if window <= 0:
+            raise ConfigError("rtt.window", f"must be positive, got {window}")
+        self._lock = threading.Lock()
+        self._max_in_flight = max_in_flight
+        self._sent_s: OrderedDict[int, float] = OrderedDict()
+        self._samples_s: deque[float] = deque(maxlen=window)
+        self._last_rtt_s: float | None = None
+        self.evicted = 0  # send times dropped because the table was full
+        self.unknown_responses = 0  # replies to a seq_id not in the table (evicted, duplicate, never sent)
+        self.measured = 0  # RTT samples taken in total
+
+    def on_send(self, seq_id: int, now_s: float) -> None:
+        with self._lock:
+            self._sent_s.pop(seq_id, None)  # a reused id counts from its latest send
+            self._sent_s[seq_id] = now_s
+            while len(self._sent_s) > self._max_in_flight:
+                self._sent_s.popitem(last=False)
+                self.evicted += 1
+
+    def on_receive(self, response_to_seq_id: int, now_s: float) -> float | None:
+        """The RTT of `response_to_seq_id`, or ``None`` if its send time is unknown.
+
+        Deletes only that key (seed 8.1). Raises ``ValueError`` if ``now_s`` precedes the send
+        time, which only happens when two clocks are mixed.
+        """
+        with self._lock:
+            sent_s = self._sent_s.pop(response_to_seq_id, None)
+            if sent_s is None:
+                self.unknown_responses += 1
+                return None
+            rtt_s = now_s - sent_s
+            if rtt_s < 0:
+                self._sent_s[response_to_seq_id] = sent_s
+                raise ValueError(
+                    f"reply to seq {response_to_seq_id} at {now_s} precedes its send at {sent_s}: mixed clocks?"
+                )
+            self._samples_s.append(rtt_s)
+            self._last_rtt_s = rtt_s
+            self.measured += 1
+            return rtt_s
+
+    def forget(self, seq_id: int) -> bool:
+        """Drop a send time without measuring it. Returns whether it was there."""
+        with self._lock:
+            return self._sent_s.pop(seq_id, None) is not None
+
+    def is_in_flight(self, seq_id: int) -> bool:
+        with self._lock:
+            return seq_id in self._sent_s
+
+    @property
+    def in_flight(self) -> int:
+        """How many send times are kept (replies not received, not evicted)."""
+        with self._lock:
+            return len(self._sent_s)
+
+    @property
+    def last_rtt_s(self) -> float | None:
+        with self._lock:
+            return self._last_rtt_s
+
+    def quantile_s(self, q: float) -> float | None:
+        """The `q` quantile (0..1, linear interpolation) of the window, or ``None`` with no sample."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"q must be within [0, 1], got {q}")
+        with self._lock:
+            if not self._samples_s:
+                return None
+            samples = np.fromiter(self._samples_s, dtype=np.float64, count=len(self._samples_s))
+        return float(np.quantile(samples, q))
+
+    @property
+    def p50_s(self) -> float | None:
+        return self.quantile_s(0.5)
+
+    @property
+    def p90_s(self) -> float | None:
+        return self.quantile_s(0.9)
+
+    @property
+    def p99_s(self) -> float | None:
+        return self.quantile_s(0.99)
+
+
+def _optional_positive(field_name: str, value: float | None) -> None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"send_trigger.{field_name}", f"must be a positive number or None, got {value}")
+
+
+@dataclass
+class SendTriggerConfig:
+    """When to send observations; see the module docstring for the exact rules."""
+
+    buffer_time_s: float | None = field(
+        default=None,
+        metadata={"help": "Send when the buffered actions last less than this. None: follow the measured RTT."},
+    )
+    max_in_flight: int = field(
+        default=1, metadata={"help": "Most observations awaiting their action chunk at once."}
+    )
+    request_timeout_s: float | None = field(
+        default=None,
+        metadata={"help": "An unanswered observation frees its slot after this. None: from the measured RTT."},
+    )
+    initial_buffer_time_s: float = field(
+        default=0.5, metadata={"help": "Automatic buffer_time_s before the first RTT is measured."}
+    )
+    margin_steps: float = field(
+        default=1.0, metadata={"help": "Automatic buffer_time_s adds this many control periods to p90 RTT."}
+    )
+    timeout_rtt_factor: float = field(
+        default=3.0, metadata={"help": "Automatic request_timeout_s: this many p90 RTTs, at least min_request_timeout_s."}
+    )
+    min_request_timeout_s: float = field(
+        default=1.0, metadata={"help": "Lower bound of automatic request_timeout_s, and its value before any RTT."}
+    )
+    rtt_window: int = field(default=100, metadata={"help": "RTT samples the percentiles are taken over."})
+
+    def __post_init__(self) -> None:
+        _optional_positive("buffer_time_s", self.buffer_time_s)
+        _optional_positive("request_timeout_s", self.request_timeout_s)
+        _optional_positive("initial_buffer_time_s", self.initial_buffer_time_s)
+        _optional_positive("timeout_rtt_factor", self.timeout_rtt_factor)
+        _optional_positive("min_request_timeout_s", self.min_request_timeout_s)
+        if self.max_in_flight < 1:
+            raise ConfigError("send_trigger.max_in_flight", f"must be at least 1, got {self.max_in_flight}")
+        if not (math.isfinite(self.margin_steps) and self.margin_steps >= 0):
+            raise ConfigError("send_trigger.margin_steps", f"must be >= 0, got {self.margin_steps}")
+        if self.rtt_window < 1:
+            raise ConfigError("send_trigger.rtt_window", f"must be at least 1, got {self.rtt_window}")
+
+
+@dataclass(frozen=True)
+class SendDecision:
+    """Whether to send now, and why (``buffer_low``, ``buffer_ok`` or ``in_flight_full``)."""
+
+    send: bool
+    reason: str
+    buffered_s: float
+    buffer_time_s: float
+    outstanding: int
+
+    def __bool__(self) -> bool:
+        return self.send
+
+
+@dataclass(frozen=True)
+class SendTriggerStats:
+    sent: int
+    answered: int
+    presumed_lost: int
+    late_replies: int  # replies to requests already presumed lost
+    outstanding: int
+    buffer_time_s: float
+    request_timeout_s: float
+    rtt_last_s: float | None
+    rtt_p50_s: float | None
+    rtt_p90_s: float | None
+    rtt_p99_s: float | None
+
+
+class SendTrigger:
+    """Decides when the next observation goes out; owns the RTT tracker it calibrates against.
+
+    Args:
+        config: the rules' settings.
+        dt_s: the control period (``1 / fps``).
+        rtt: an RTT tracker to share; a new one (``config.rtt_window``) by default.
+    """
+
+    def __init__(self, config: SendTriggerConfig | None = None, *, dt_s: float, rtt: RttTracker | None = None):
+        if not (math.isfinite(dt_s) and dt_s > 0):
+            raise ConfigError("fps", f"control period must be positive, got dt_s={dt_s}")
+        self.config = config if config is not None else SendTriggerConfig()
+        self.dt_s = dt_s
+        self.rtt = rtt if rtt is not None else RttTracker(window=self.config.rtt_window)
+        self._lock = threading.Lock()
+        self._outstanding: OrderedDict[int, float] = OrderedDict()  # seq_id -> sent at, oldest first
+        self._sent = 0
+        self._answered = 0
+        self._presumed_lost = 0
+        self._late_replies = 0
+        self._lost_ids: deque[int] = deque(maxlen=256)  # to tell a late reply from an unknown one
+
+    # -- calibrated thresholds
+
+    def buffer_time_s(self) -> float:
+        """The current threshold: fixed, or p90 RTT + margin (``initial_buffer_time_s`` before any RTT)."""
+        cfg = self.config
+        if cfg.buffer_time_s is not None:
+            return cfg.buffer_time_s
+        p90_s = self.rtt.p90_s
+        if p90_s is None:
+            return cfg.initial_buffer_time_s
+        return p90_s + cfg.margin_steps * self.dt_s
+
+    def request_timeout_s(self) -> float:
+        """The current timeout: fixed, or max(factor * p90 RTT, minimum)."""
+        cfg = self.config
+        if cfg.request_timeout_s is not None:
+            return cfg.request_timeout_s
+        p90_s = self.rtt.p90_s
+        if p90_s is None:
+            return cfg.min_request_timeout_s
+        return max(cfg.timeout_rtt_factor * p90_s, cfg.min_request_timeout_s)
+
+    # -- decisions and events
+
+    def decide(self, queue_size: int, now_s: float) -> SendDecision:
+        """Whether to send an observation now, given how many actions are buffered.
+
+        Presumes lost (and frees the slot of) every outstanding request older than the timeout.
+        """
+        buffered_s = max(queue_size, 0) * self.dt_s
+        threshold_s = self.buffer_time_s()
+        timeout_s = self.request_timeout_s()
+        with self._lock:
+            self._expire(now_s, timeout_s)
+            outstanding = len(self._outstanding)
+            if buffered_s >= threshold_s:
+                send, reason = False, "buffer_ok"
+            elif outstanding >= self.config.max_in_flight:
+                send, reason = False, "in_flight_full"
+            else:
+                send, reason = True, "buffer_low"
+        return SendDecision(send, reason, buffered_s, threshold_s, outstanding)
+
+    def should_send(self, queue_size: int, now_s: float) -> bool:
+        return self.decide(queue_size, now_s).send
+
+    def on_send(self, seq_id: int, now_s: float) -> None:
+        """An observation `seq_id` left (or was captured) at `now_s`: it holds a slot until answered."""
+        self.rtt.on_send(seq_id, now_s)
+        with self._lock:
+            self._outstanding.pop(seq_id, None)
+            self._outstanding[seq_id] = now_s
+            self._sent += 1
+
+    def on_receive(self, response_to_seq_id: int, now_s: float) -> float | None:
+        """A chunk answering `response_to_seq_id` arrived: free its slot and return its RTT (or ``None``)."""
+        rtt_s = self.rtt.on_receive(response_to_seq_id, now_s)
+        with self._lock:
+            if self._outstanding.pop(response_to_seq_id, None) is not None:
+                self._answered += 1
+            elif response_to_seq_id in self._lost_ids:
+                self._late_replies += 1
+        return rtt_s
+
+    def outstanding(self, now_s: float) -> int:
+        """Requests awaiting a reply at `now_s` (after presuming the timed-out ones lost)."""
+        timeout_s = self.request_timeout_s()
+        with self._lock:
+            self._expire(now_s, timeout_s)
+            return len(self._outstanding)
+
+    def stats(self) -> SendTriggerStats:
+        buffer_time_s, timeout_s = self.buffer_time_s(), self.request_timeout_s()
+        rtt = self.rtt
+        rtt_last_s, rtt_p50_s, rtt_p90_s, rtt_p99_s = rtt.last_rtt_s, rtt.p50_s, rtt.p90_s, rtt.p99_s
+        with self._lock:
+            return SendTriggerStats(
+                sent=self._sent,
+                answered=self._answered,
+                presumed_lost=self._presumed_lost,
+                late_replies=self._late_replies,
+                outstanding=len(self._outstanding),
+                buffer_time_s=buffer_time_s,
+                request_timeout_s=timeout_s,
+                rtt_last_s=rtt_last_s,
+                rtt_p50_s=rtt_p50_s,
+                rtt_p90_s=rtt_p90_s,
+                rtt_p99_s=rtt_p99_s,
+            )
+
+    def _expire(self, now_s: float, timeout_s: float) -> None:
+        # Caller holds the lock. Oldest first, so stop at the first one still in time.
+        while self._outstanding:
+            seq_id, sent_s = next(iter(self._outstanding.items()))
+            if now_s - sent_s < timeout_s:
+                break
+            self._outstanding.popitem(last=False)
+            self._presumed_lost += 1
+            self._lost_ids.append(seq_id)
