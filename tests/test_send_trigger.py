@@ -157,6 +157,20 @@ def test_lost_request_frees_its_slot_after_the_timeout():
     assert trigger.outstanding(0.7) == 1
 
 
+def test_forget_outstanding_frees_every_slot_and_keeps_rtt():
+    trigger = SendTrigger(SendTriggerConfig(buffer_time_s=1.0, max_in_flight=2), dt_s=DT)
+    trigger.on_send(1, 0.0)
+    trigger.on_receive(1, 0.1)
+    trigger.on_send(2, 0.2)
+    trigger.on_send(3, 0.3)
+    assert not trigger.should_send(0, 0.35)
+    assert trigger.forget_outstanding() == 2
+    assert trigger.should_send(0, 0.35)
+    assert trigger.on_receive(3, 0.5) == pytest.approx(0.2)  # still measured, counted as late
+    stats = trigger.stats()
+    assert (stats.presumed_lost, stats.late_replies, stats.rtt_p50_s) == (2, 1, pytest.approx(0.15))
+
+
 def test_automatic_buffer_time_follows_rtt_p90_plus_one_period():
     cfg = SendTriggerConfig(initial_buffer_time_s=0.4)
     trigger = SendTrigger(cfg, dt_s=DT)

@@ -119,6 +119,7 @@ class RobotClient:
         self.counters = ClientCounters()
         self.outbox = Outbox()
         self.status = None
+        self.serving_server_id: str | None = None  # the server whose chunks we get (failover follows it)
         self.features: RobotFeatures | None = None
         self.state = "stopped"  # stopped | running | revalidating
         self._stop = threading.Event()
@@ -163,6 +164,7 @@ class RobotClient:
                 log.error("%s: incompatible server %s: %s", cfg.client_uuid, status.server_id, p)
             raise CompatibilityError("; ".join(problems))
         self.status = status
+        self.serving_server_id = status.server_id
         log.info("%s: server %s serves %s %s (%s), chunks of up to %d", cfg.client_uuid, status.server_id,
                  status.model_id, status.model_version, status.policy_type, status.max_actions_per_chunk)
         self._pub = self._session.publisher(cfg.client_key.obs, OBSERVATION_QOS)
@@ -303,7 +305,11 @@ class RobotClient:
             self.counters.chunks_rejected += 1
 
     def _on_liveliness(self, key: str, alive: bool) -> None:
-        (self._server_alive if alive else self._server_lost).set()
+        """Zenoh callback: a server token appeared (wake a re-validation) or ours vanished."""
+        if alive:
+            self._server_alive.set()
+        elif key.rsplit("/", 1)[-1] == self.serving_server_id:
+            self._server_lost.set()
 
     def _receive_loop(self) -> None:
         while not self._stop.is_set():
@@ -331,7 +337,11 @@ class RobotClient:
             self.counters.chunks_rejected += 1  # not an answer to anything we asked (or far too old)
             return
         actions = chunk.actions[: self.config.actions_per_chunk]
+        # Seed 002 section 8.2: int(rtt / dt) leading steps have expired (none before the first RTT
+        # is known). Capped at the steps the robot actually executed since the capture: a robot that
+        # held still while its buffer was empty has lost nothing, and its chunk still starts at row 0.
         expired = expired_steps(rtt_s, self.dt_s) if first_known else 0
+        expired = min(expired, max(self.buffer.next_step - step, 0))
         try:
             result = self.buffer.merge(actions[expired:], step + expired)
         except ProtocolError as exc:
@@ -345,7 +355,10 @@ class RobotClient:
         self.counters.inference_ms.append(chunk.inference_time_ms)
         self._last_chunk_s = arrived_s
         self._waiting_since_s = None
-        if self.status is not None and chunk.server_id and chunk.server_id != self.status.server_id:
+        if chunk.server_id and chunk.server_id != self.serving_server_id:
+            # A standby took over, or the primary came back: follow whoever answers.
+            log.info("%s: now served by %s (was %s)", self.config.client_uuid, chunk.server_id, self.serving_server_id)
+            self.serving_server_id = chunk.server_id
             self.counters.server_changes += 1
 
     # -- watchdog (receiver thread) -----------------------------------------------------------
@@ -356,21 +369,14 @@ class RobotClient:
             return
         waiting_since = self._waiting_since_s
         silent = waiting_since is not None and now - waiting_since > self.config.watchdog_timeout_s
-        lost = self._server_lost.is_set() and not self._server_alive_now()
+        lost = self._server_lost.is_set()
         if not (silent or lost):
-            self._server_lost.clear()
             return
         self.counters.watchdog_events += 1
         log.warning("%s: %s; re-validating", self.config.client_uuid,
                     "server liveliness lost" if lost else f"no action chunk for {self.config.watchdog_timeout_s:.1f} s")
         self.state = "revalidating"
         self._revalidate()
-
-    def _server_alive_now(self) -> bool:
-        try:
-            return bool(self._session.alive(self.config.app_key.all_servers, timeout_s=0.2))
-        except TransportError:
-            return False
 
     def _revalidate(self) -> None:
         """Query status until a compatible server answers; the control loop keeps holding meanwhile."""
@@ -385,9 +391,10 @@ class RobotClient:
                     if status.server_id != (self.status.server_id if self.status else None):
                         log.info("%s: now served by %s", cfg.client_uuid, status.server_id)
                     self.status = status
+                    self.serving_server_id = status.server_id
                     self._server_lost.clear()
                     self._waiting_since_s = None
-                    self.trigger = SendTrigger(cfg.send, dt_s=self.dt_s, rtt=self.trigger.rtt)  # forget lost requests
+                    self.trigger.forget_outstanding()  # requests to a dead server will never be answered
                     self.state = "running"
                     log.info("%s: server %s valid again; resuming", cfg.client_uuid, status.server_id)
                     return

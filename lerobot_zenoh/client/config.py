@@ -55,10 +55,11 @@ class RobotClientConfig:
     episode_time_s: float | None = None
     num_episodes: int = 1
     # Dataset recording (G7): None disables it. The root defaults to outputs/datasets/<repo_id>
-    # and must not exist yet. Videos are AV1, encoded while recording (cheap on a CPU).
+    # and must not exist yet. Images as PNG by default: AV1 videos cost less CPU per frame but their
+    # encoders stall a 2-core machine for ~100 ms at each episode boundary (docs/client.md).
     dataset_repo_id: str | None = None
     dataset_root: str | None = None
-    dataset_use_videos: bool = True
+    dataset_use_videos: bool = False
     task: str = ""
     # Telemetry on .../<client>/metrics every this many seconds; 0 turns it off.
     telemetry_period_s: float = 1.0
@@ -113,4 +114,10 @@ class RobotClientConfig:
             multicast_scouting=self.zenoh.multicast_scouting,
             shared_memory=self.zenoh.shared_memory,
             json5_overrides=dict(self.zenoh.json5_overrides),
+            tls_root_ca=self.zenoh.tls_root_ca,
+            tls_certificate=self.zenoh.tls_certificate,
+            tls_private_key=self.zenoh.tls_private_key,
+            tls_mtls=self.zenoh.tls_mtls,
+            tls_verify_name=self.zenoh.tls_verify_name,
+            access_control_file=self.zenoh.access_control_file,
         )

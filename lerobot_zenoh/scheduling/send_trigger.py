@@ -345,6 +345,19 @@ class SendTrigger:
             self._expire(now_s, timeout_s)
             return len(self._outstanding)
 
+    def forget_outstanding(self) -> int:
+        """Presume every outstanding request lost now (e.g. the server was replaced). Returns how many.
+
+        Counters and the RTT history are kept, so a trigger shared between threads need not be
+        rebuilt (rebuilding it would race with the thread that is using the old one).
+        """
+        with self._lock:
+            forgotten = len(self._outstanding)
+            self._presumed_lost += forgotten
+            self._lost_ids.extend(self._outstanding)
+            self._outstanding.clear()
+            return forgotten
+
     def stats(self) -> SendTriggerStats:
         buffer_time_s, timeout_s = self.buffer_time_s(), self.request_timeout_s()
         rtt = self.rtt
