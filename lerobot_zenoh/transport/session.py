@@ -91,12 +91,12 @@ class Subscription:
 
 
 class Responder:
-    """Answers queries on one key with bytes from `make_reply`, on a thread of its own.
+    """Answers queries on one key with bytes from `make_reply` (None: no answer), on a thread of its own.
 
     Queries arrive through a FIFO channel so that no Zenoh call runs inside a Zenoh callback.
     """
 
-    def __init__(self, queryable: zenoh.Queryable, key: str, make_reply: Callable[[], bytes]):
+    def __init__(self, queryable: zenoh.Queryable, key: str, make_reply: Callable[[], bytes | None]):
         self._queryable = queryable
         self.key = key
         self._make_reply = make_reply
@@ -115,8 +115,10 @@ class Responder:
                 self._stop.wait(0.005)
                 continue
             try:
-                query.reply(self.key, self._make_reply())
-                self.answered += 1
+                reply = self._make_reply()
+                if reply is not None:  # None: stay silent (e.g. a standby that is not serving)
+                    query.reply(self.key, reply)
+                    self.answered += 1
             except Exception as exc:
                 log.warning("could not answer query on %s: %s", self.key, exc)
             finally:
@@ -215,7 +217,7 @@ class ZenohSession:
 
     # -- queries ------------------------------------------------------------------------------
 
-    def serve(self, key: str, make_reply: Callable[[], bytes]) -> Responder:
+    def serve(self, key: str, make_reply: Callable[[], bytes | None]) -> Responder:
         try:
             queryable = self.raw.declare_queryable(key, zenoh.handlers.FifoChannel(64), complete=True)
         except zenoh.ZError as exc:
@@ -227,7 +229,9 @@ class ZenohSession:
     def query(self, key: str, timeout_s: float = 1.0) -> list[tuple[str, bytes]]:
         """All successful replies to a `get` on `key` within `timeout_s`, as (key, payload)."""
         try:
-            replies = self.raw.get(key, timeout=timeout_s)
+            # ALL, not BEST_MATCHING: with a hot standby two servers hold the status queryable and
+            # only the serving one answers; zenoh must not pick the silent one for us.
+            replies = self.raw.get(key, target=zenoh.QueryTarget.ALL, timeout=timeout_s)
             out = []
             for reply in replies:
                 sample = reply.ok

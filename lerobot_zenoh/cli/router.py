@@ -1,0 +1,64 @@
+"""`lerobot-zenoh-router`: a Zenoh router with the project's settings, for multi-host deployments.
+
+    lerobot-zenoh-router --listen tcp/0.0.0.0:7447 [--connect tcp/other-router:7447]
+
+Robots and servers then run in Zenoh client mode and connect to a router
+(`--zenoh.mode=client --endpoint=tcp/<router>:7447` for clients, `zenoh: {mode: client,
+connect: [tcp/<router>:7447]}` in a manifest); key expressions do the routing. Routers connected
+to each other route between networks. This is Zenoh's own router (the same as `zenohd` without
+plugins) started from Python, not a relay of ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lerobot-zenoh-router", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--listen", action="append", default=[], help="endpoint to listen on (repeatable)")
+    parser.add_argument("--connect", action="append", default=[], help="router/peer to connect to (repeatable)")
+    parser.add_argument("--no-scouting", action="store_true", help="disable multicast scouting")
+    parser.add_argument("--set", action="append", default=[], metavar="PATH=JSON5",
+                        help="any other Zenoh setting, e.g. transport/link/tx/lease=3000")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), force=True, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("lerobot-zenoh-router")
+
+    from lerobot_zenoh.errors import LeRobotZenohError
+    from lerobot_zenoh.transport.session import ZenohSession
+    from lerobot_zenoh.transport.settings import ZenohSettings
+
+    overrides = {}
+    for item in args.set:
+        path, sep, value = item.partition("=")
+        if not sep:
+            print(f"lerobot-zenoh-router: --set {item!r} is not PATH=JSON5", file=sys.stderr)
+            return 2
+        overrides[path] = value
+    settings = ZenohSettings(mode="router", listen=args.listen or ["tcp/0.0.0.0:7447"], connect=args.connect,
+                             multicast_scouting=not args.no_scouting, json5_overrides=overrides)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        session = ZenohSession(settings).open()
+    except LeRobotZenohError as exc:
+        log.error("%s", exc)
+        return 2
+    log.info("router %s listening on %s", session.zid, ", ".join(settings.listen))
+    try:
+        stop.wait()
+    finally:
+        session.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

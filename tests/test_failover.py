@@ -1,0 +1,98 @@
+"""Hot standby on loopback: the standby takes over a dead primary's clients and steps back."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from lerobot.robots import make_robot_from_config
+
+from lerobot_zenoh.client.client import RobotClient
+from lerobot_zenoh.errors import ConfigError
+from lerobot_zenoh.protocol import codec
+from lerobot_zenoh.server.manifest import parse_manifest
+from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.transport.session import ZenohSession
+from lerobot_zenoh.transport.settings import ZenohSettings, loopback_settings
+from lz_testing import CAMS, free_port, make_config, wait_for
+
+import pytest
+
+
+def manifest(app_key, port, server_id, standby_for=None, connect=()):
+    return parse_manifest({
+        "cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": server_id,
+        "standby_for": standby_for, "handover_grace_s": 0.3, "telemetry_period_s": 0,
+        "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "connect": list(connect), "multicast_scouting": False},
+        "server": [{
+            "model_id": app_key.model, "model_version": app_key.version, "application_tag": app_key.app,
+            "synthetic": {"state_dim": 6, "action_dim": 6, "chunk_size": 30, "cameras": CAMS, "latency_ms": 10},
+            "fps": 30, "accept_unknown_clients": True,
+        }],
+    })
+
+
+def test_standby_takes_over_and_steps_back_without_duplicates(app_key):
+    p1, p2 = free_port(), free_port()
+    primary = PolicyServer(manifest(app_key, p1, "gpu0")).start()
+    standby = PolicyServer(manifest(app_key, p2, "gpu1", standby_for="gpu0", connect=[f"tcp/127.0.0.1:{p1}"])).start()
+    cfg = make_config(p1, app_key, watchdog_timeout_s=0.5)
+    cfg.zenoh = ZenohSettings(multicast_scouting=False, connect=[f"tcp/127.0.0.1:{p2}"])
+    seen = []  # (arrival, server_id, seq) of every chunk on the wire
+    mon = ZenohSession(loopback_settings(None, listen=False, connect_ports=(p2,))).open()
+    mon.subscribe(app_key.client("r1").action, lambda k, b: seen.append(
+        (time.monotonic(), (c := codec.decode_action_chunk(b)).server_id, c.response_to_seq_id)))
+    client = RobotClient(cfg, make_robot_from_config(cfg.robot)).start()
+    runner = threading.Thread(target=client.run)
+    runner.start()
+    try:
+        assert client.serving_server_id == "gpu0"
+        assert standby.models[0].role.active.is_set() is False
+        assert wait_for(lambda: sum(1 for _, s, _ in seen if s == "gpu0") >= 3, 10)
+
+        empty_before = client.counters.empty_cycles
+        t_kill = time.monotonic()
+        primary.stop()  # the primary dies
+        assert wait_for(lambda: any(s == "gpu1" for _, s, _ in seen), 10), "standby never served"
+        last_primary = max(t for t, s, _ in seen if s == "gpu0")
+        first_standby = min(t for t, s, _ in seen if s == "gpu1")
+        gap_s = first_standby - last_primary
+        print(f"failover: last gpu0 chunk -> first gpu1 chunk {gap_s * 1000:.0f} ms; "
+              f"primary stopped -> first gpu1 chunk {(first_standby - t_kill) * 1000:.0f} ms; "
+              f"empty-buffer cycles meanwhile {client.counters.empty_cycles - empty_before}")
+        assert standby.models[0].role.takeovers == 1
+        assert wait_for(lambda: client.serving_server_id == "gpu1", 5)
+
+        primary = PolicyServer(manifest(app_key, p1, "gpu0")).start()  # the primary comes back
+        n_before = len(seen)
+        assert wait_for(lambda: any(s == "gpu0" for _, s, _ in seen[n_before:]), 10), "primary never served again"
+        assert standby.models[0].role.stepped_back == 1 and not standby.models[0].role.active.is_set()
+        time.sleep(0.5)
+    finally:
+        client.stop()
+        runner.join(5)
+        client.close()
+        mon.close()
+        standby.stop()
+        primary.stop()
+    seqs = [q for _, _, q in seen]
+    assert len(seqs) == len(set(seqs)), "an observation was answered twice"
+    assert client.counters.chunks_received >= len(seen) - 1  # every chunk on the wire reached the client
+
+
+def test_standby_alone_serves_and_stays_silent_while_primary_is_up(app_key):
+    p1, p2 = free_port(), free_port()
+    with PolicyServer(manifest(app_key, p1, "gpu0")) as primary, \
+            PolicyServer(manifest(app_key, p2, "gpu1", standby_for="gpu0", connect=[f"tcp/127.0.0.1:{p1}"])) as standby, \
+            ZenohSession(loopback_settings(None, listen=False, connect_ports=(p1, p2))) as s:
+        assert wait_for(lambda: s.query(app_key.status, 0.3), 10)
+        time.sleep(0.5)
+        replies = s.query(app_key.status, 0.5)
+        assert [codec.decode_status(p).server_id for _, p in replies] == ["gpu0"]  # only the primary answers
+        assert sorted(s.alive(app_key.all_servers)) == [app_key.server_token("gpu0"), app_key.server_token("gpu1")]
+        assert primary.models[0].role.active.is_set()
+
+
+def test_standby_for_itself_is_a_config_error(app_key):
+    with pytest.raises(ConfigError, match="standby_for"):
+        manifest(app_key, 1, "gpu0", standby_for="gpu0")
