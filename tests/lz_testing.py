@@ -48,7 +48,7 @@ def make_config(port, app_key, **kw):
     return RobotClientConfig(
         robot=robot, client_uuid=kw.pop("client_uuid", "r1"), cluster_uuid=app_key.cluster,
         experiment_tag=app_key.experiment, model_id=app_key.model, model_version=app_key.version,
-        application_tag=app_key.app, endpoint=f"tcp/127.0.0.1:{port}",
+        application_tag=app_key.app, endpoint=kw.pop("endpoint", f"tcp/127.0.0.1:{port}"),
         zenoh=ZenohSettings(multicast_scouting=False), fps=30, **kw)
 
 

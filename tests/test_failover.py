@@ -59,7 +59,8 @@ def test_standby_takes_over_and_steps_back_without_duplicates(app_key):
         gap_s = first_standby - last_primary
         print(f"failover: last gpu0 chunk -> first gpu1 chunk {gap_s * 1000:.0f} ms; "
               f"primary stopped -> first gpu1 chunk {(first_standby - t_kill) * 1000:.0f} ms; "
-              f"empty-buffer cycles meanwhile {client.counters.empty_cycles - empty_before}")
+              f"empty-buffer cycles meanwhile {client.counters.empty_cycles - empty_before}; "
+              f"watchdog {client.counters.watchdog_events} revalidations {client.counters.revalidations}")
         assert standby.models[0].role.takeovers == 1
         assert wait_for(lambda: client.serving_server_id == "gpu1", 5)
 

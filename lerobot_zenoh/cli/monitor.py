@@ -4,6 +4,8 @@
     lerobot-zenoh-monitor --cluster jupiter --experiment fabio2      # narrowed
     lerobot-zenoh-monitor --json                                     # one JSON line per message
     lerobot-zenoh-monitor --prometheus-port 9464                     # also serve /metrics
+    lerobot-zenoh-monitor --mode client --connect tls/gpu-host:7447 \
+        --tls-ca pki/ca.pem --tls-cert pki/monitor.pem --tls-key pki/monitor.key   # mutual TLS
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connect", action="append", default=[], help="Zenoh endpoint to connect to (repeatable)")
     parser.add_argument("--mode", default="peer", choices=["peer", "client"])
     parser.add_argument("--no-scouting", action="store_true", help="disable multicast scouting")
+    parser.add_argument("--tls-ca", help="CA certificate (PEM); with --tls-cert/--tls-key, connect over mutual TLS")
+    parser.add_argument("--tls-cert", help="this monitor's certificate (PEM); its common name is its ACL identity")
+    parser.add_argument("--tls-key", help="this monitor's private key (PEM)")
     parser.add_argument("--json", action="store_true", help="print one JSON line per telemetry message")
     parser.add_argument("--prometheus-port", type=int, help="serve figures at http://127.0.0.1:PORT/metrics")
     parser.add_argument("--prometheus-host", default="127.0.0.1")
@@ -95,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             with out_lock:
                 print(line, flush=True)
 
-    settings = ZenohSettings(mode=args.mode, connect=args.connect, multicast_scouting=not args.no_scouting)
+    settings = ZenohSettings(mode=args.mode, connect=args.connect, multicast_scouting=not args.no_scouting,
+                             tls_root_ca=args.tls_ca, tls_certificate=args.tls_cert, tls_private_key=args.tls_key)
     try:
         session = ZenohSession(settings).open()
         session.subscribe(f"{prefix}/**/metrics" if prefix != "**" else "**/metrics", on_metrics)

@@ -103,9 +103,12 @@ class FifoScheduler:
         return {"waiting": len(self._arrival_s)}
 
 
+from lerobot_zenoh.scheduling.wait_ratio import WaitRatioScheduler  # noqa: E402  (imports nothing from here)
+
 SCHEDULERS: dict[str, Callable[[], RequestScheduler]] = {
     RoundRobinScheduler.name: RoundRobinScheduler,
     FifoScheduler.name: FifoScheduler,
+    WaitRatioScheduler.name: WaitRatioScheduler,
 }
 
 

@@ -13,7 +13,8 @@
         fps: 30
         endpoint: tcp/127.0.0.1:7447              # merged into zenoh.listen
         actions_per_chunk: 50
-        scheduler: round_robin
+        scheduler: round_robin                    # or fifo, wait_ratio (docs/scheduling.md)
+        max_batch_size: 1                         # clients served per forward pass
         accept_unknown_clients: false
         clients:
           - client_uuid: cookie-worker-4269
@@ -70,6 +71,13 @@ class ZenohEntry(_Strict):
     multicast_scouting: bool = True
     shared_memory: bool = True
     json5_overrides: dict[str, str] = Field(default_factory=dict)
+    # TLS and access control (docs/security.md); relative paths are resolved like pretrained_path.
+    tls_root_ca: str | None = None
+    tls_certificate: str | None = None
+    tls_private_key: str | None = None
+    tls_mtls: bool = True
+    tls_verify_name: bool = True
+    access_control_file: str | None = None
 
 
 class ModelEntry(_Strict):
@@ -84,6 +92,9 @@ class ModelEntry(_Strict):
     endpoints: list[str] = Field(default_factory=list)
     actions_per_chunk: int | None = Field(None, ge=1)
     scheduler: str = "round_robin"
+    # Most clients served in one forward pass (1 = no cross-client batching). Pick the saturation
+    # point of the model's latency-vs-batch profile on the serving hardware (docs/scheduling.md).
+    max_batch_size: int = Field(1, ge=1, le=256)
     accept_unknown_clients: bool = False
     max_clients: int = Field(64, ge=1)
     clients: list[ClientEntry] = Field(default_factory=list)
@@ -129,6 +140,10 @@ class Manifest(_Strict):
     server_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     zenoh: ZenohEntry = Field(default_factory=ZenohEntry)
     server: list[ModelEntry] = Field(min_length=1)
+    # Hot standby: the server_id of the primary this server stands in for (docs/reliability.md).
+    standby_for: str | None = None
+    # A primary starting while other servers of its app are up waits this long before serving.
+    handover_grace_s: float = Field(0.5, ge=0, le=30)
     # Period of the telemetry published on .../<app>/server/<server_id>/metrics; 0 turns it off.
     telemetry_period_s: float = Field(1.0, ge=0)
     source: str = Field("<memory>", exclude=True)
@@ -137,6 +152,14 @@ class Manifest(_Strict):
     @classmethod
     def _chunks(cls, v: str, info) -> str:
         return _key_chunk(validate_chunk, info.field_name, v)
+
+    @model_validator(mode="after")
+    def _standby(self):
+        if self.standby_for is not None:
+            _key_chunk(validate_chunk, "standby_for", self.standby_for)
+            if self.standby_for == self.server_id:
+                raise ValueError("standby_for names this server itself")
+        return self
 
     @model_validator(mode="after")
     def _unique_apps(self):
@@ -159,14 +182,26 @@ class Manifest(_Strict):
             multicast_scouting=self.zenoh.multicast_scouting,
             shared_memory=self.zenoh.shared_memory,
             json5_overrides=dict(self.zenoh.json5_overrides),
+            tls_root_ca=self._resolve_file(self.zenoh.tls_root_ca),
+            tls_certificate=self._resolve_file(self.zenoh.tls_certificate),
+            tls_private_key=self._resolve_file(self.zenoh.tls_private_key),
+            tls_mtls=self.zenoh.tls_mtls,
+            tls_verify_name=self.zenoh.tls_verify_name,
+            access_control_file=self._resolve_file(self.zenoh.access_control_file),
         )
 
     def resolve_path(self, entry: ModelEntry) -> Path:
-        path = Path(entry.pretrained_path or "")
+        return self._resolve(entry.pretrained_path or "")
+
+    def _resolve(self, value: str) -> Path:
+        path = Path(value)
         if path.is_absolute() or self.source == "<memory>":
             return path
         beside = Path(self.source).parent / path
         return path if (not beside.exists() and path.exists()) else beside
+
+    def _resolve_file(self, value: str | None) -> str | None:
+        return None if not value else str(self._resolve(value))
 
 
 def _key_chunk(check, field: str, value: str) -> str:

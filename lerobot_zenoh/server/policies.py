@@ -21,6 +21,7 @@ import json
 import logging
 import threading
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -158,6 +159,30 @@ class PolicyRunner(Protocol):
     ) -> np.ndarray: ...
 
     def forget(self, client_id: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class InferenceRequest:
+    """One client's observation, as `BatchPolicyRunner.infer_batch` takes it (the arguments of `infer`)."""
+
+    client_id: str
+    state: np.ndarray
+    images: dict[str, np.ndarray]
+    task: str
+    seed: int
+
+
+@runtime_checkable
+class BatchPolicyRunner(PolicyRunner, Protocol):
+    """A runner that can serve several clients in one call (optional; the server checks for it).
+
+    ``infer_batch(requests)[i]`` must equal ``infer(**requests[i])`` within float tolerance, whatever
+    else is in the batch: the purity invariant holds per request. One bad request may fail the whole
+    call (`PolicyError`); the server then serves the batch one request at a time, so that only the bad
+    one fails. Requests in one batch come from distinct clients.
+    """
+
+    def infer_batch(self, requests: Sequence[InferenceRequest]) -> list[np.ndarray]: ...
 
 
 def check_observation(spec: PolicySpec, state: np.ndarray, images: dict[str, np.ndarray]) -> None:
@@ -375,6 +400,16 @@ class _LeRobotRunner:
             raise PolicyError(f"{self.path}: model returned actions {out.shape}, expected {expected}")
         return out
 
+    def infer_batch(self, requests: Sequence[InferenceRequest]) -> list[np.ndarray]:
+        """One request after another: the default for models whose forward pass cannot be shared.
+
+        Diffusion keeps it: each request samples its noise from its own seeded ``torch.Generator``
+        (initial noise and every DDPM step) and conditions on its own client's history, and
+        ``conditional_sample`` takes one generator for the whole batch, so a true batch would have to
+        re-implement the sampling loop with per-row noise. Serving in a loop keeps the results exact.
+        """
+        return [self.infer(r.client_id, r.state, r.images, r.task, seed=r.seed) for r in requests]
+
     def _preprocess(self, state: np.ndarray, images: dict[str, np.ndarray], task: str) -> dict[str, Any]:
         """Exactly LeRobot's rollout path: dataset frame -> tensors -> saved preprocessor."""
         from lerobot.policies import prepare_observation_for_inference
@@ -401,6 +436,51 @@ class _ActRunner(_LeRobotRunner):
 
     def _chunk(self, client_id: str, batch: dict[str, Any], seed: int) -> torch.Tensor:
         return self.policy.predict_action_chunk(batch)
+
+    def infer_batch(self, requests: Sequence[InferenceRequest]) -> list[np.ndarray]:
+        """One forward pass for the whole batch: each observation goes through the saved preprocessor
+        on its own (exactly as in `infer`), the results are concatenated along the batch dimension,
+        and the chunk is unnormalized as a whole, then split. Equal to `infer` per request within
+        float tolerance (batched kernels may sum in another order); tested.
+        """
+        import torch
+
+        if len(requests) <= 1:
+            return super().infer_batch(requests)
+        for r in requests:
+            check_observation(self.spec, r.state, r.images)
+        try:
+            with torch.inference_mode():
+                batch = _concat_batches([self._preprocess(r.state, r.images, r.task) for r in requests])
+                actions = self.postprocessor(self.policy.predict_action_chunk(batch))
+        except PolicyError:
+            raise
+        except Exception as exc:  # torch/lerobot runtime failure: report, never return "no actions"
+            raise PolicyError(f"{self.path}: batched inference of {len(requests)} failed: {exc}") from exc
+        out = actions.detach().to("cpu", torch.float32).numpy()
+        expected = (len(requests), self.spec.chunk_size, self.spec.action_dim)
+        if out.shape != expected:
+            raise PolicyError(f"{self.path}: model returned actions {out.shape}, expected {expected}")
+        return [np.ascontiguousarray(chunk) for chunk in out]
+
+
+def _concat_batches(batches: list[dict[str, Any]]) -> dict[str, Any]:
+    """Preprocessed single-observation batches -> one batch: tensors along dim 0, lists joined.
+
+    Anything else (the transition's scalar placeholders such as ``next.reward``) is the same for every
+    observation and is taken from the first.
+    """
+    import torch
+
+    out: dict[str, Any] = {}
+    for key, first in batches[0].items():
+        if isinstance(first, torch.Tensor):
+            out[key] = torch.cat([b[key] for b in batches], dim=0)
+        elif isinstance(first, list):
+            out[key] = [item for b in batches for item in b[key]]
+        else:
+            out[key] = first
+    return out
 
 
 class _DiffusionRunner(_LeRobotRunner):

@@ -4,12 +4,13 @@ Threads:
 - Zenoh's callback thread runs `_on_observation`: parse the key, check the client is admitted, put
   the raw bytes in that client's slot (replacing, and counting, an unserved older one), wake the
   loop. Nothing is decoded there.
-- One inference thread (`_run`): ask each served model's scheduler whom to serve, decode that
-  client's observation, run the policy, publish the chunk reliably on the client's action key.
+- One inference thread (`_run`): decode each new observation once (the scheduler needs its
+  `ExecutionInfo`), ask each served model's scheduler whom to serve (up to `max_batch_size` clients),
+  check and infer them in one forward pass, publish each chunk reliably on its client's action key.
 - A responder thread per model answers status queries (transport/session.py).
 
 A bad observation or a failed inference is counted against its client and the loop moves on:
-one client can cost the others at most one inference.
+one client can cost the others at most one inference (a failed batch is re-run one request at a time).
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.keys import AppKey, Topic, parse_client_key
 from lerobot_zenoh.protocol.messages import ActionChunk, Observation, Status
 from lerobot_zenoh.scheduling.request_schedulers import RequestScheduler, make_scheduler
+from lerobot_zenoh.server.failover import ServingRole
 from lerobot_zenoh.server.manifest import Manifest, ModelEntry
+from lerobot_zenoh.server.policies import InferenceRequest
+from lerobot_zenoh.server.rate_limit import RejectionRateLimit
 from lerobot_zenoh.telemetry.publisher import TelemetryPublisher, percentile, process_memory
 from lerobot_zenoh.transport.session import ACTION_QOS, Publisher, ZenohSession
 
@@ -54,6 +58,19 @@ class _Slot:
     payload: bytes
     arrival_s: float
     announced: bool = False
+    # Set by the inference thread when it first sees the slot (`_take`), outside the lock.
+    observation: Observation | None = None
+    error: ProtocolError | None = None
+
+
+@dataclass
+class _Work:
+    """What `_take` hands to `_serve`: the clients picked for one forward pass, and the slots whose
+    observation could not be decoded (rejected without taking a seat in the batch)."""
+
+    model: ServedModel
+    batch: list[tuple[str, _Slot]]
+    undecodable: list[tuple[str, _Slot]]
 
 
 class ServedModel:
@@ -64,6 +81,13 @@ class ServedModel:
         self.app: AppKey = manifest.app_key(entry)
         self.runner = runner
         self.scheduler: RequestScheduler = make_scheduler(entry.scheduler, f"server.{entry.model_id}.scheduler")
+        # Runners without `infer_batch` serve one client per call whatever the manifest says.
+        self.max_batch_size = entry.max_batch_size if callable(getattr(runner, "infer_batch", None)) else 1
+        if self.max_batch_size < entry.max_batch_size:
+            log.warning("%s: runner %s cannot batch; max_batch_size %d -> 1", entry.model_id,
+                        type(runner).__name__, entry.max_batch_size)
+        self.batch_sizes: deque = deque(maxlen=256)  # requests per forward pass, recent ones
+        self.batch_fallbacks = 0  # batches that failed and were served one request at a time
         spec = runner.spec
         self.actions_per_chunk = entry.actions_per_chunk or spec.chunk_size
         if self.actions_per_chunk > spec.chunk_size:
@@ -95,6 +119,11 @@ class ServedModel:
         self.unknown_rejected: Counter = Counter()  # client id -> count, bounded
         self.unknown_rejected_total = 0
         self.publishers: dict[str, Publisher] = {}
+        # Observations dropped in the callback before a client is tracked, by reason (too_many_clients).
+        self.dropped: Counter = Counter()
+        self.rejection_limit = RejectionRateLimit()
+        self.role: ServingRole | None = None  # set at start(): primary or hot standby
+        self.standby_dropped = 0  # observations not admitted while standing by
 
 
 class PolicyServer:
@@ -135,13 +164,16 @@ class PolicyServer:
 
         self._session = ZenohSession(self.manifest.zenoh_settings()).open()
         for model in self.models:
+            model.role = ServingRole(f"{self.server_id}:{model.app.prefix}", self.manifest.standby_for,
+                                     on_deactivate=lambda m=model: self._drop_slots(m))
             self._subscriptions.append(self._session.subscribe(
-                model.app.all_observations, lambda key, payload, m=model: self._on_observation(m, key, payload)))
+                model.app.all_observations, lambda key, payload, m=model: self._admit(m, key, payload)))
         self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
         self._thread.start()
         for model in self.models:
-            self._session.serve(model.app.status, lambda m=model: m.status_bytes)
+            self._session.serve(model.app.status, lambda m=model: m.status_bytes if m.role.active.is_set() else None)
             self._session.declare_token(model.app.server_token(self.server_id))
+            self._start_role(model)
             if self.manifest.telemetry_period_s > 0:
                 self._telemetry.append(TelemetryPublisher(
                     self._session, model.app.server_metrics(self.server_id), "server", self.server_id,
@@ -159,6 +191,9 @@ class PolicyServer:
         self._subscriptions.clear()
         for pub in self._telemetry:
             pub.close()
+        for model in self.models:
+            if model.role is not None:
+                model.role.close()
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
@@ -177,6 +212,31 @@ class PolicyServer:
 
     def __exit__(self, *exc_info) -> None:
         self.stop()
+
+    # -- hot standby --------------------------------------------------------------------------
+
+    def _start_role(self, model: ServedModel) -> None:
+        role = model.role
+        if role.is_standby:
+            primary = model.app.server_token(role.standby_for)
+            self._session.watch_liveliness(primary, lambda key, alive, r=role: r.on_primary(alive))
+            if not self._session.alive(primary, timeout_s=0.5):
+                role.on_primary(False)  # no primary at all: serve until one appears
+        else:
+            others = [k for k in self._session.alive(model.app.all_servers, timeout_s=0.3)
+                      if k != model.app.server_token(self.server_id)]
+            role.start_primary(bool(others), self.manifest.handover_grace_s)
+
+    def _admit(self, model: ServedModel, key: str, payload: bytes) -> None:
+        """Zenoh callback: a server that is not serving (standby) drops observations unseen."""
+        if model.role.active.is_set():
+            self._on_observation(model, key, payload)
+        else:
+            model.standby_dropped += 1
+
+    def _drop_slots(self, model: ServedModel) -> None:
+        with self._lock:
+            model.slots.clear()
 
     # -- Zenoh callback: hand over only -------------------------------------------------------
 
@@ -198,9 +258,15 @@ class PolicyServer:
             stats = model.clients.get(client_id)
             if stats is None:
                 if len(model.clients) >= model.entry.max_clients:
-                    model.unknown_rejected_total += 1
+                    self._drop_untracked(model, client_id, "too_many_clients")
                     return
                 stats = model.clients[client_id] = ClientStats()
+            if model.rejection_limit.blocked(client_id, now):
+                stats.rejected["rate_limited"] += 1  # not a rejection for the limiter: the cool-down ends on time
+                return
+            if len(payload) > self._limits.max_message_bytes:  # before it takes a slot; the codec checks again
+                self._count_rejection(model, client_id, stats, "too_large", now)
+                return
             stats.received += 1
             if client_id in model.slots:
                 stats.superseded += 1
@@ -223,57 +289,128 @@ class PolicyServer:
             if work is None:
                 self._wake.wait(0.1)
                 continue
-            self._serve(*work)
+            self._serve(work)
 
-    def _take(self, model: ServedModel) -> tuple[ServedModel, str, _Slot] | None:
-        now = time.monotonic()
+    def _take(self, model: ServedModel) -> _Work | None:
+        """Announce new observations to the scheduler, then let it pick up to `max_batch_size` clients.
+
+        A slot is decoded once, when the inference thread first sees it, outside the lock: the
+        scheduler needs its `ExecutionInfo` on arrival, and `_serve` reuses the decoded message. Only
+        observations that reach the loop are decoded (a superseded one never is, unless the loop saw
+        it first); JPEG decoding waits until the client is picked.
+        """
         with self._lock:
             if not model.slots:
                 return None
-            for client_id, slot in model.slots.items():
-                if not slot.announced:
-                    slot.announced = True
-                    model.scheduler.on_arrival(client_id, slot.arrival_s)
-            chosen = model.scheduler.pick(list(model.slots), now, 1)
-            if not chosen:
-                return None
-            return model, chosen[0], model.slots.pop(chosen[0])
+            fresh = [(cid, slot) for cid, slot in model.slots.items() if not slot.announced]
+            for _, slot in fresh:
+                slot.announced = True
+        for _, slot in fresh:
+            try:
+                slot.observation = codec.decode_observation(slot.payload, self._limits)
+            except ProtocolError as exc:
+                slot.error = exc
+        now = time.monotonic()
+        undecodable: list[tuple[str, _Slot]] = []
+        with self._lock:
+            for cid, slot in fresh:
+                if slot.error is None:
+                    model.scheduler.on_arrival(cid, slot.arrival_s, slot.observation.execution)
+                elif model.slots.get(cid) is slot:
+                    undecodable.append((cid, model.slots.pop(cid)))
+            ready = [cid for cid, slot in model.slots.items() if slot.announced]
+            chosen = model.scheduler.pick(ready, now, model.max_batch_size) if ready else []
+            batch = [(cid, model.slots.pop(cid)) for cid in dict.fromkeys(chosen) if cid in model.slots]
+        if not batch and not undecodable:
+            return None
+        return _Work(model, batch, undecodable)
 
-    def _serve(self, model: ServedModel, client_id: str, slot: _Slot) -> None:
-        t_start = time.monotonic()
-        stats = model.clients[client_id]
-        try:
-            obs = codec.decode_observation(slot.payload, self._limits)
-            state, images = self._prepare(model, client_id, obs)
-            seed = (zlib.crc32(client_id.encode()) << 32) ^ (obs.seq_id & 0xFFFFFFFF)
-            actions = model.runner.infer(client_id, state, images, obs.task, seed=seed)
-        except ProtocolError as exc:
-            self._reject(model, client_id, exc.reason, str(exc))
+    def _serve(self, work: _Work) -> None:
+        """Check each picked observation on its own, infer the valid ones together, publish each chunk.
+
+        A bad observation is rejected before batching; a batch that fails is served again one request
+        at a time (`_infer`), so one bad request costs the others a retry, never their chunk.
+        """
+        model = work.model
+        for client_id, slot in work.undecodable:
+            self._reject(model, client_id, slot.error.reason, str(slot.error))
+        if not work.batch:
             return
-        except Exception as exc:  # a failing inference is this client's problem, not the loop's
+        t_start = time.monotonic()
+        requests: list[tuple[_Slot, InferenceRequest]] = []
+        for client_id, slot in work.batch:
+            obs = slot.observation
+            try:
+                state, images = self._prepare(model, client_id, obs)
+            except ProtocolError as exc:
+                self._reject(model, client_id, exc.reason, str(exc))
+                continue
+            seed = (zlib.crc32(client_id.encode()) << 32) ^ (obs.seq_id & 0xFFFFFFFF)
+            requests.append((slot, InferenceRequest(client_id, state, images, obs.task, seed)))
+        results = self._infer(model, [r for _, r in requests])
+        t_done = time.monotonic()
+        with self._lock:
+            model.scheduler.on_served([cid for cid, _ in work.batch], t_done, t_done - t_start)
+            if requests:
+                model.batch_sizes.append(len(requests))
+        inference_ms = (t_done - t_start) * 1000
+        for (slot, request), result in zip(requests, results, strict=True):
+            if isinstance(result, Exception):  # a failing inference is this client's problem, not the loop's
+                self._reject(model, request.client_id, "inference_error", f"{type(result).__name__}: {result}")
+                continue
+            self._publish(model, request.client_id, slot, result, inference_ms, (t_start - slot.arrival_s) * 1000)
+
+    def _infer(self, model: ServedModel, requests: list[InferenceRequest]) -> list[np.ndarray | Exception]:
+        """One result per request: its chunk, or the exception its inference raised.
+
+        Several requests go through `runner.infer_batch` in one call; if that call fails, each request
+        is run again on its own, so that only the bad one fails.
+        """
+        if len(requests) > 1:
+            try:
+                results = list(model.runner.infer_batch(requests))
+                if len(results) != len(requests):
+                    raise PolicyError(f"infer_batch returned {len(results)} chunks for {len(requests)} requests")
+                return results
+            except Exception as exc:
+                model.batch_fallbacks += 1
+                if model.batch_fallbacks in (1, 10, 100) or model.batch_fallbacks % 1000 == 0:
+                    log.warning("%s: batch of %d failed (%s: %s); serving it one request at a time [%d so far]",
+                                model.app.prefix, len(requests), type(exc).__name__, exc, model.batch_fallbacks)
+        out: list[np.ndarray | Exception] = []
+        for r in requests:
+            try:
+                out.append(model.runner.infer(r.client_id, r.state, r.images, r.task, seed=r.seed))
+            except Exception as exc:
+                out.append(exc)
+        return out
+
+    def _publish(self, model: ServedModel, client_id: str, slot: _Slot, actions: np.ndarray,
+                 inference_ms: float, queue_ms: float) -> None:
+        obs = slot.observation
+        try:
+            chunk = ActionChunk(
+                response_to_seq_id=obs.seq_id,
+                inference_time_ms=inference_ms,
+                actions=np.ascontiguousarray(np.asarray(actions)[: model.actions_per_chunk], dtype=np.float32),
+                server_id=self.server_id,
+                queue_time_ms=queue_ms,
+            )
+        except Exception as exc:  # the runner returned something that is not an array of numbers
             self._reject(model, client_id, "inference_error", f"{type(exc).__name__}: {exc}")
             return
-        finally:
-            model.scheduler.on_served([client_id], time.monotonic(), time.monotonic() - t_start)
-        inference_ms = (time.monotonic() - t_start) * 1000
-        chunk = ActionChunk(
-            response_to_seq_id=obs.seq_id,
-            inference_time_ms=inference_ms,
-            actions=np.ascontiguousarray(actions[: model.actions_per_chunk], dtype=np.float32),
-            server_id=self.server_id,
-            queue_time_ms=(t_start - slot.arrival_s) * 1000,
-        )
         try:
             self._publisher(model, client_id).put(codec.encode(chunk))
         except Exception as exc:
             self._reject(model, client_id, "publish_error", str(exc))
             return
         self.inferences += 1
+        stats = model.clients[client_id]
         with self._lock:
             stats.served += 1
             stats.last_seq_id = obs.seq_id
             stats.inference_ms.append(inference_ms)
-            stats.queue_ms.append(chunk.queue_time_ms)
+            stats.queue_ms.append(queue_ms)
 
     def _prepare(self, model: ServedModel, client_id: str, obs: Observation) -> tuple[np.ndarray, dict]:
         """Check the observation against the model's features; decode images. ProtocolError if not."""
@@ -293,10 +430,25 @@ class PolicyServer:
     def _reject(self, model: ServedModel, client_id: str, reason: str, detail: str) -> None:
         with self._lock:
             stats = model.clients[client_id]
-            stats.rejected[reason] += 1
-            n = sum(stats.rejected.values())
+            n = self._count_rejection(model, client_id, stats, reason, time.monotonic())
         if n in (1, 10, 100) or n % 1000 == 0:
             log.warning("client %s on %s: rejected (%s) %s [%d rejections]", client_id, model.app.prefix, reason, detail, n)
+
+    def _count_rejection(self, model: ServedModel, client_id: str, stats: ClientStats, reason: str, now_s: float) -> int:
+        """Count one rejection (caller holds `_lock`); start a cool-down when the client floods. Returns its total."""
+        stats.rejected[reason] += 1
+        if reason != "publish_error" and model.rejection_limit.on_rejection(client_id, now_s):
+            log.warning("client %s on %s: more than %d rejections in %.1f s; dropping its observations for %.1f s",
+                        client_id, model.app.prefix, model.rejection_limit.max_rejections,
+                        model.rejection_limit.window_s, model.rejection_limit.cooldown_s)
+        return sum(stats.rejected.values())
+
+    def _drop_untracked(self, model: ServedModel, client_id: str, reason: str) -> None:
+        """Count an observation dropped before its client is tracked (caller holds `_lock`)."""
+        model.dropped[reason] += 1
+        n = model.dropped[reason]
+        if n in (1, 10, 100) or n % 1000 == 0:
+            log.warning("dropped observation(s) from %r on %s: %s (%d so far)", client_id, model.app.prefix, reason, n)
 
     def _publisher(self, model: ServedModel, client_id: str) -> Publisher:
         pub = model.publishers.get(client_id)
@@ -329,20 +481,26 @@ class PolicyServer:
                     **{f"rejected.{reason}": n for reason, n in s.rejected.items()},
                 }
             scheduler_stats = model.scheduler.stats()
+            batch_sizes = list(model.batch_sizes)
             unknown = model.unknown_rejected_total
+            dropped = dict(model.dropped)
         metrics = {
             "clients": len(per_client),
             "observations_received": sum(c["observations_received"] for c in per_client.values()),
             "observations_superseded": sum(c["observations_superseded"] for c in per_client.values()),
-            "observations_rejected": sum(rejected_by_reason.values()) + unknown,
+            "observations_rejected": sum(rejected_by_reason.values()) + unknown + sum(dropped.values()),
             "rejected.unknown_client": unknown,
+            **{f"rejected.{reason}": n for reason, n in dropped.items()},
             **{f"rejected.{reason}": n for reason, n in rejected_by_reason.items()},
             "inferences": sum(c["inferences"] for c in per_client.values()),
             "inference_ms_p50": percentile(inference_ms, 50),
             "inference_ms_p99": percentile(inference_ms, 99),
             "queue_ms_p50": percentile(queue_ms, 50),
             "queue_ms_p99": percentile(queue_ms, 99),
-            "batch_size_mean": 1.0,
+            "serving": int(model.role is not None and model.role.active.is_set()),
+            "takeovers": model.role.takeovers if model.role is not None else 0,
+            "standby_dropped": model.standby_dropped,
+            "batch_size_mean": float(np.mean(batch_sizes)) if batch_sizes else 1.0,
             **{f"scheduler.{k}": v for k, v in scheduler_stats.items()},
             **process_memory(),
         }
@@ -354,6 +512,7 @@ class PolicyServer:
             return {
                 model.app.prefix: {
                     "unknown_rejected": model.unknown_rejected_total,
+                    "dropped": dict(model.dropped),
                     "clients": {
                         cid: {
                             "received": s.received,

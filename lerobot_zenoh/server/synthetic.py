@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from lerobot_zenoh.errors import ConfigError
-from lerobot_zenoh.server.policies import PolicySpec, check_observation, dummy_observation
+from lerobot_zenoh.server.policies import InferenceRequest, PolicySpec, check_observation, dummy_observation
 
 
 def synthetic_actions(
@@ -127,6 +128,19 @@ class SyntheticPolicy:
         if delay_s > 0:
             time.sleep(delay_s)
         return synthetic_actions(state, images, self.spec.chunk_size, self.spec.action_dim)
+
+    def infer_batch(self, requests: Sequence[InferenceRequest]) -> list[np.ndarray]:
+        """Every request's `synthetic_actions`, after one sleep of `latency_s(len(requests))`.
+
+        This is what makes the latency profile a batching model: a batch of 16 costs what the profile
+        says, not 16 single calls.
+        """
+        for r in requests:
+            check_observation(self.spec, r.state, r.images)
+        delay_s = self.latency_s(len(requests)) if requests else 0.0
+        if delay_s > 0:
+            time.sleep(delay_s)
+        return [synthetic_actions(r.state, r.images, self.spec.chunk_size, self.spec.action_dim) for r in requests]
 
     def forget(self, client_id: str) -> None:
         """Nothing to forget."""

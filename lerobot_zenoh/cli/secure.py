@@ -1,0 +1,256 @@
+"""`lerobot-zenoh-secure`: certificates and the Zenoh access control of a deployment, from its manifest(s).
+
+    lerobot-zenoh-secure init --manifest manifests/demo.yaml --out pki --monitor ops
+    lerobot-zenoh-secure init --manifest a.yaml --manifest b.yaml --out pki --router zrouter \\
+        --router-endpoint tls/10.0.0.2:7447 --host 10.0.0.2
+    lerobot-zenoh-secure init ... --ca-cert corp-ca.pem --ca-key corp-ca.key    # sign with your CA
+    lerobot-zenoh-secure acl --manifest manifests/demo.yaml --monitor ops --certs pki --out pki/acl.json5
+
+`init` writes into --out: ca.pem/ca.key (a new development CA, unless --ca-cert/--ca-key), one
+<id>.pem/<id>.key per server id, client uuid, monitor (and router), acl.json5, and what each
+program needs to use them: <server_id>.manifest.yaml (the manifest, secured), <id>.flags for each
+client and monitor, <router>.zenoh.json5 for a router; README.md says which is which.
+`acl` writes only the ACL, for certificates you already have (their common names must be the ids).
+Exit codes: 0 done, 2 bad arguments or configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lerobot-zenoh-secure", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    init = sub.add_parser("init", help="a CA (or yours), one certificate per identity, the ACL and settings")
+    acl = sub.add_parser("acl", help="only the ACL (acl.json5), for certificates you already have")
+    for p in (init, acl):
+        p.add_argument("--manifest", action="append", required=True, help="server manifest (repeatable: one per server)")
+        p.add_argument("--monitor", action="append", default=[], help="a monitor identity (repeatable)")
+        p.add_argument("--client", action="append", default=[],
+                       help="a client id the manifests do not list (accept_unknown_clients): ID for every app, "
+                            "or <cluster>/<experiment>/<model>/<version>/<app>/ID for one (repeatable)")
+    init.add_argument("--out", required=True, help="folder to write into")
+    init.add_argument("--host", action="append", default=[],
+                      help="extra host name or IP in every certificate (repeatable); the first one replaces a "
+                           "wildcard listen address (0.0.0.0) in the endpoints given to clients")
+    init.add_argument("--router", help="issue a certificate for this router and enforce the ACL there")
+    init.add_argument("--router-endpoint", action="append", default=[], help="where the router listens (tls/host:port)")
+    init.add_argument("--ca-cert", help="sign with this CA certificate (PEM) instead of a new development CA")
+    init.add_argument("--ca-key", help="the private key of --ca-cert (unencrypted PEM)")
+    init.add_argument("--valid-days", type=int, default=365, help="validity of the issued certificates")
+    init.add_argument("--force", action="store_true", help="overwrite an existing CA key in --out")
+    acl.add_argument("--certs", help="folder of <id>.pem certificates: check each identity has one with that common name")
+    acl.add_argument("--out", required=True, help="file to write (acl.json5)")
+    args = parser.parse_args(argv)
+
+    from lerobot_zenoh.errors import LeRobotZenohError
+
+    try:
+        return _init(args) if args.command == "init" else _acl(args)
+    except LeRobotZenohError as exc:
+        print(f"lerobot-zenoh-secure: {exc}", file=sys.stderr)
+        return 2
+
+
+def _deployment(args):
+    from lerobot_zenoh.errors import ConfigError
+    from lerobot_zenoh.security.acl import Deployment
+    from lerobot_zenoh.server.manifest import load_manifest
+
+    manifests = [load_manifest(m) for m in args.manifest]
+    for m in manifests:
+        if "server_id" not in m.model_fields_set:
+            raise ConfigError("server_id", "set server_id in the manifest: its certificate and ACL subject are "
+                                           "named after it (the default <hostname>-<pid> changes every run)",
+                              source=m.source)
+    extra: dict[str, list[str]] = {}
+    for spec in args.client:
+        prefix, _, cid = spec.rpartition("/")
+        extra.setdefault(prefix or "*", []).append(cid)
+    return manifests, Deployment.from_manifests(manifests, args.monitor, extra)
+
+
+def _acl(args) -> int:
+    from lerobot_zenoh.errors import ConfigError
+    from lerobot_zenoh.security import pki
+    from lerobot_zenoh.security.acl import access_control, write_acl
+
+    _, deployment = _deployment(args)
+    if args.certs:
+        found = {}
+        for pem in sorted(Path(args.certs).glob("*.pem")):
+            try:
+                found[pki.common_name(pem.read_bytes())] = pem
+            except (ConfigError, ValueError):
+                continue
+        missing = [name for name in deployment.identities if name not in found]
+        if missing:
+            raise ConfigError("certs", f"no certificate in {args.certs} has the common name of {missing}")
+    path = write_acl(access_control(deployment), args.out)
+    print(f"wrote {path} ({len(deployment.identities)} identities)")
+    return 0
+
+
+def _init(args) -> int:
+    import yaml
+
+    from lerobot_zenoh.errors import ConfigError
+    from lerobot_zenoh.security import pki
+    from lerobot_zenoh.security.acl import access_control, write_acl
+    from lerobot_zenoh.security.identities import (
+        PkiLayout, connect_endpoint, host_of, member_settings, router_settings, server_settings,
+    )
+
+    manifests, deployment = _deployment(args)
+    layout = PkiLayout(Path(args.out).resolve())
+    if args.router and not args.router_endpoint:
+        raise ConfigError("router_endpoint", "--router needs --router-endpoint tls/host:port")
+    if not args.router and len(manifests) > 1:
+        raise ConfigError("manifest", "several servers need a router (--router, --router-endpoint): in a "
+                                      "peer-to-peer deployment clients talk to exactly one server")
+
+    # 1. where servers (or the router) listen, and where everyone else connects
+    hosts = list(pki.DEFAULT_HOSTS) + list(args.host)
+    connect_host = args.host[0] if args.host else "127.0.0.1"
+    server_listen = {m.server_id: m.zenoh_settings().listen for m in manifests}
+    if args.router:
+        connect = [connect_endpoint(e, connect_host) for e in args.router_endpoint]
+    else:
+        (sid, listen), = server_listen.items()
+        if not listen:
+            raise ConfigError("zenoh.listen", f"server {sid} listens nowhere: give the manifest an endpoint")
+        connect = [connect_endpoint(e, connect_host) for e in listen]
+
+    # 2. the identities
+    identities = dict(deployment.identities)
+    if args.router:
+        if args.router in identities:
+            raise ConfigError("router", f"{args.router!r} is already a {identities[args.router]}")
+        identities[args.router] = "router"
+
+    # 3. the CA (nothing is written before the arguments are checked)
+    if bool(args.ca_cert) != bool(args.ca_key):
+        raise ConfigError("ca_key" if args.ca_cert else "ca_cert", "give both --ca-cert and --ca-key")
+    layout.root.mkdir(parents=True, exist_ok=True)
+    if args.ca_cert:
+        ca = pki.load_ca(args.ca_cert, args.ca_key)
+        if Path(args.ca_cert).resolve() != layout.ca_cert:
+            shutil.copyfile(args.ca_cert, layout.ca_cert)
+    else:
+        if layout.ca_key.exists() and not args.force:
+            raise ConfigError("out", f"{layout.ca_key} exists; pass --ca-cert/--ca-key to reuse it, or --force")
+        ca = pki.create_ca()
+        pki.save_ca(ca, layout.root)
+
+    # 4. one certificate per identity, named by its id
+    for name, role in identities.items():
+        endpoints = server_listen.get(name, []) if role == "server" else args.router_endpoint if role == "router" else []
+        names = hosts + [h for h in map(host_of, endpoints) if h and h not in ("0.0.0.0", "::")]
+        pki.write_identity(ca, name, layout.root, names, args.valid_days)
+
+    # 5. the ACL, and what each program needs
+    write_acl(access_control(deployment), layout.acl)
+    written = []
+    for manifest in manifests:
+        settings = server_settings(layout, manifest.server_id, server_listen[manifest.server_id],
+                                   router=connect[0] if args.router else None)
+        path = layout.root / f"{manifest.server_id}.manifest.yaml"
+        path.write_text(f"# {manifest.source}, secured by lerobot-zenoh-secure (docs/security.md)\n"
+                        + yaml.safe_dump(_secured_manifest(manifest, settings, layout.root), sort_keys=False))
+        written.append(("server", manifest.server_id, f"lerobot-policy-server --manifest {path}"))
+    for name, role in identities.items():
+        if role in ("client", "monitor"):
+            settings = member_settings(layout, name, connect)
+            flags = _client_flags(settings) if role == "client" else _monitor_flags(settings)
+            path = layout.root / f"{name}.flags"
+            path.write_text("\n".join(flags) + "\n")
+            program = "lerobot-robot-client --robot.type=... <routing flags>" if role == "client" else "lerobot-zenoh-monitor"
+            written.append((role, name, f"{program} $(cat {path})"))
+    if args.router:
+        settings = router_settings(layout, args.router, args.router_endpoint)
+        path = layout.root / f"{args.router}.zenoh.json5"
+        path.write_text(json.dumps(_zenoh_json(settings), indent=2) + "\n")
+        written.append(("router", args.router, f"zenohd -c {path}"))
+    (layout.root / "README.md").write_text(_readme(layout, written, bool(args.router)))
+    for role, name, command in written:
+        print(f"{role:8} {name:24} {command}")
+    print(f"ACL: {layout.acl}; CA: {layout.ca_cert}")
+    return 0
+
+
+def _secured_manifest(manifest, settings, root: Path) -> dict:
+    """The manifest as data, with the secured zenoh block, tls/ endpoints and absolute checkpoint paths."""
+    from lerobot_zenoh.security.identities import tls_endpoint
+
+    data = manifest.model_dump(mode="json", exclude_none=True)
+    listen = [] if settings.mode == "client" else [tls_endpoint(e) for e in manifest.zenoh.listen]
+    zenoh = {"mode": settings.mode, "listen": listen, "connect": settings.connect,
+             "multicast_scouting": settings.multicast_scouting, "shared_memory": manifest.zenoh.shared_memory,
+             "json5_overrides": {**settings.json5_overrides, **manifest.zenoh.json5_overrides}}  # yours win
+    for name in ("tls_root_ca", "tls_certificate", "tls_private_key", "access_control_file"):
+        value = getattr(settings, name)
+        if value:
+            zenoh[name] = str(Path(value).relative_to(root)) if Path(value).is_relative_to(root) else value
+    data["zenoh"] = {k: v for k, v in zenoh.items() if v not in ([], {})}
+    for raw, entry in zip(data["server"], manifest.server):
+        if settings.mode == "client":  # behind a router the server listens nowhere
+            raw.pop("endpoint", None)
+            raw.pop("endpoints", None)
+        else:
+            if "endpoint" in raw:
+                raw["endpoint"] = tls_endpoint(raw["endpoint"])
+            if raw.get("endpoints"):
+                raw["endpoints"] = [tls_endpoint(e) for e in raw["endpoints"]]
+        if entry.pretrained_path:
+            raw["pretrained_path"] = str(manifest.resolve_path(entry).resolve())
+    return data
+
+
+def _client_flags(settings) -> list[str]:
+    return [f"--zenoh.mode={settings.mode}", "--zenoh.multicast_scouting=false",
+            *(f"--endpoint={e}" for e in settings.connect[:1]),
+            f"--zenoh.tls_root_ca={settings.tls_root_ca}", f"--zenoh.tls_certificate={settings.tls_certificate}",
+            f"--zenoh.tls_private_key={settings.tls_private_key}"]
+
+
+def _monitor_flags(settings) -> list[str]:
+    return [f"--mode={settings.mode}", "--no-scouting", *(f"--connect={e}" for e in settings.connect),
+            f"--tls-ca={settings.tls_root_ca}", f"--tls-cert={settings.tls_certificate}",
+            f"--tls-key={settings.tls_private_key}"]
+
+
+def _zenoh_json(settings) -> dict:
+    """A standalone Zenoh config (for zenohd or another binding) holding what `settings` sets."""
+    config = settings.to_zenoh_config()
+    return {key: json.loads(config.get_json(key))
+            for key in ("mode", "listen", "connect", "scouting", "transport", "access_control")}
+
+
+def _readme(layout, written, router: bool) -> str:
+    where = ("the router (its <router>.zenoh.json5 holds the ACL); everyone else connects to it in client mode"
+             if router else "the server's own session (its manifest points at acl.json5); clients and monitors "
+                            "connect to it in client mode")
+    lines = [
+        "# Generated by lerobot-zenoh-secure (docs/security.md)",
+        "",
+        f"The ACL (acl.json5) is enforced by {where}.",
+        "",
+        "Private keys (*.key) are secrets: copy each one only to the machine of its identity.",
+        "ca.key signs new identities: keep it offline, never on a robot or a server.",
+        "",
+        "| role | identity | run |",
+        "|---|---|---|",
+        *(f"| {role} | {name} | `{command}` |" for role, name, command in written),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""Execution-aware request scheduling by wait ratio (Kairos, seed 001 section 3.2, Algorithm 1).
+
+A robot's request is urgent or not depending on what the robot is doing, not on when the request
+arrived: one that still has a second of actions buffered can wait, one about to run dry cannot.
+This scheduler keeps, per task (a client's episode), the history Kairos needs to measure how much
+the task has been delayed compared with an ideal schedule, and serves the most delayed first.
+
+Per task, on the server's clock only (no clock is shared with the robot):
+
+- generation intervals ``G_j = [start, end]`` of inference, from `on_served`;
+- execution intervals ``E_j``, reconstructed on the arrival of the request for round ``j+1`` from
+  the durations it reports (`ExecutionInfo`): ``E_j.end = arrival + actions_buffered * dt``
+  (the robot runs dry then if nothing new arrives); ``E_j.start = arrival - phase_elapsed_s``
+  when the robot reports it, otherwise ``G_j.end`` (the chunk cannot have started before it was
+  computed; network time is ignored);
+- the wait ``W_j`` between rounds ``j`` and ``j+1``, recorded when ``G_{j+1}`` ends, on the
+  dominant side of round ``j`` (Kairos Fig. 8): generation-dominated (``|G_j| >= |E_j|``):
+  ``G_{j+1}.start - G_j.end``; execution-dominated: ``E_{j+1}.start - E_j.end``, where
+  ``E_{j+1}.start = max(E_j.end, G_{j+1}.end)``, i.e. how long the robot stood with nothing to do.
+
+Decision (`pick`), for every ready request:
+
+1. wait ratio ``w = sum(W) / (now - task start)``, bucket ``b = min(B-1, floor(w * B))``;
+2. aging: a request skipped ``s >= A`` times moves up ``s // A`` buckets (capped at ``B-1``). Kairos
+   writes ``ceil(s / A)``, which jumps two buckets at ``s = A + 1``; its text ("after every A
+   skipped rounds, promoted by one bucket") is what is implemented;
+3. buckets from highest to lowest; inside a bucket, longest estimated execution first, the estimate
+   ``|E_last| * (1 + s)`` (so a generation-dominated task, whose ``|E_last|`` is small, still ages);
+4. the first ``max_batch`` are dispatched (skip counter reset), every other ready request's skip
+   counter grows by one. `pick` therefore records a decision: call it once per dispatch.
+
+A task with no recorded wait yet (its first two requests: ``W_0`` needs ``G_1``) has no meaningful
+ratio; `first_request` says where it ranks: ``"highest"`` (top bucket), ``"lowest"`` (bucket 0) or
+``"mean"`` (the mean ratio of the tasks that have one). Its execution estimate is the mean
+``|E_last|`` of the other tasks when it has none of its own. Requests from clients that send no
+`ExecutionInfo` are ranked with ``|E| = 0``: every round counts as generation-dominated.
+
+Pure: no I/O, no clock; `now_s` is passed in. Defaults were chosen by `benchmarks/fleet.py`
+(docs/scheduling.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from lerobot_zenoh.errors import ConfigError
+from lerobot_zenoh.protocol.messages import ExecutionInfo
+
+FIRST_REQUEST_RULES = ("highest", "lowest", "mean")
+
+
+@dataclass
+class _Task:
+    """One client's current task (episode) as the server sees it."""
+
+    episode_id: str | None
+    start_s: float
+    total_wait_s: float = 0.0
+    rounds: int = 0  # recorded waits W_j
+    gen: tuple[float, float] | None = None  # G_j of the last served round
+    execution: tuple[float, float] | None = None  # E_j of that round, once the next request told us
+    last_exec_s: float | None = None  # |E_last|, the within-bucket estimate
+    pending_since_s: float | None = None  # first arrival of the request waiting now
+    skipped: int = 0
+
+
+class WaitRatioScheduler:
+    """Kairos Algorithm 1 behind the `RequestScheduler` interface (see the module docstring).
+
+    `buckets` (B), `aging` (A) and `first_request` are the settings; `max_batch` comes per call.
+    """
+
+    name = "wait_ratio"
+
+    def __init__(self, buckets: int = 10, aging: int = 4, first_request: str = "highest"):
+        if not isinstance(buckets, int) or isinstance(buckets, bool) or buckets < 1:
+            raise ConfigError("wait_ratio.buckets", f"must be an integer >= 1, got {buckets!r}")
+        if not isinstance(aging, int) or isinstance(aging, bool) or aging < 1:
+            raise ConfigError("wait_ratio.aging", f"must be an integer >= 1, got {aging!r}")
+        if first_request not in FIRST_REQUEST_RULES:
+            raise ConfigError("wait_ratio.first_request",
+                              f"{first_request!r}; choose one of {', '.join(FIRST_REQUEST_RULES)}")
+        self.buckets = buckets
+        self.aging = aging
+        self.first_request = first_request
+        self._tasks: dict[str, _Task] = {}
+        self.decisions = 0
+
+    # -- events -------------------------------------------------------------------------------
+
+    def on_arrival(self, client_id: str, now_s: float, execution: ExecutionInfo | None = None) -> None:
+        episode = execution.episode_id if execution is not None else None
+        task = self._tasks.get(client_id)
+        if task is None or (episode is not None and episode != task.episode_id):
+            elapsed = _duration(execution.task_elapsed_s) if execution is not None else None
+            task = self._tasks[client_id] = _Task(episode, start_s=now_s - (elapsed or 0.0))
+        if task.pending_since_s is None:
+            task.pending_since_s = now_s
+        if task.gen is None or execution is None:
+            return
+        # The request for round j+1 tells when E_j ends; a newer observation for the same round
+        # (it superseded the older one in the slot) refines the estimate.
+        buffered = execution.actions_buffered
+        dt = _duration(execution.control_period_s)
+        if buffered is None or not dt:
+            return
+        gen_end = task.gen[1]
+        phase = _duration(execution.phase_elapsed_s)
+        start = max(gen_end, now_s - phase) if phase is not None else gen_end
+        end = max(start, now_s + buffered * dt)
+        task.execution = (start, end)
+        task.last_exec_s = end - start
+
+    def on_served(self, client_ids: Sequence[str], now_s: float, duration_s: float) -> None:
+        gen = (now_s - max(0.0, duration_s), now_s)
+        for client_id in client_ids:
+            task = self._tasks.get(client_id)
+            if task is None:
+                continue
+            if task.gen is not None:
+                task.total_wait_s += round_wait(task.gen, task.execution, gen)
+                task.rounds += 1
+            task.gen = gen
+            task.execution = None
+            task.pending_since_s = None
+            task.skipped = 0
+
+    def forget(self, client_id: str) -> None:
+        self._tasks.pop(client_id, None)
+
+    # -- decision -----------------------------------------------------------------------------
+
+    def ranking(self, ready: Sequence[str], now_s: float) -> list[tuple[str, int, float]]:
+        """(client, bucket, estimate) for each ready client, in dispatch order. No side effects."""
+        ratios = [self.wait_ratio(c, now_s) for c, t in self._tasks.items() if t.rounds > 0]
+        mean_ratio = sum(ratios) / len(ratios) if ratios else 0.0
+        known = [t.last_exec_s for t in self._tasks.values() if t.last_exec_s is not None]
+        prior_exec_s = sum(known) / len(known) if known else 0.0
+        rows = []
+        for client_id in dict.fromkeys(ready):
+            task = self._tasks[client_id]
+            if task.rounds == 0:
+                ratio = {"highest": 1.0, "lowest": 0.0, "mean": mean_ratio}[self.first_request]
+            else:
+                ratio = self.wait_ratio(client_id, now_s)
+            bucket = min(self.buckets - 1, int(ratio * self.buckets))
+            if task.skipped >= self.aging:
+                bucket = min(self.buckets - 1, bucket + task.skipped // self.aging)
+            exec_s = task.last_exec_s if task.last_exec_s is not None else prior_exec_s
+            estimate = exec_s * (1 + task.skipped)
+            since = task.pending_since_s if task.pending_since_s is not None else now_s
+            rows.append((bucket, estimate, since, client_id))
+        rows.sort(key=lambda r: (-r[0], -r[1], r[2], r[3]))
+        return [(client_id, bucket, estimate) for bucket, estimate, _, client_id in rows]
+
+    def pick(self, ready: Sequence[str], now_s: float, max_batch: int = 1) -> list[str]:
+        for client_id in ready:
+            if client_id not in self._tasks:
+                self.on_arrival(client_id, now_s)
+        order = [c for c, _, _ in self.ranking(ready, now_s)]
+        chosen = order[:max_batch]
+        for client_id in order[max_batch:]:
+            self._tasks[client_id].skipped += 1
+        for client_id in chosen:
+            self._tasks[client_id].skipped = 0
+        self.decisions += 1
+        return chosen
+
+    # -- introspection ------------------------------------------------------------------------
+
+    def wait_ratio(self, client_id: str, now_s: float) -> float:
+        """sum(W) / lifetime of the client's task, in [0, 1]; 0 for an unknown client."""
+        task = self._tasks.get(client_id)
+        if task is None:
+            return 0.0
+        lifetime = now_s - task.start_s
+        if lifetime <= 0:
+            return 0.0
+        return min(1.0, max(0.0, task.total_wait_s / lifetime))
+
+    def total_wait_s(self, client_id: str) -> float:
+        task = self._tasks.get(client_id)
+        return task.total_wait_s if task is not None else 0.0
+
+    def skipped(self, client_id: str) -> int:
+        task = self._tasks.get(client_id)
+        return task.skipped if task is not None else 0
+
+    def stats(self) -> dict[str, float | int]:
+        tasks = self._tasks.values()
+        return {
+            "tasks": len(self._tasks),
+            "waiting": sum(t.pending_since_s is not None for t in tasks),
+            "skipped_max": max((t.skipped for t in tasks), default=0),
+            "decisions": self.decisions,
+        }
+
+
+def round_wait(gen: tuple[float, float], execution: tuple[float, float] | None,
+               next_gen: tuple[float, float]) -> float:
+    """W_j on the dominant side of round j (Kairos Fig. 8), >= 0.
+
+    ``gen`` = G_j, ``execution`` = E_j (None when the robot reported nothing: |E_j| = 0),
+    ``next_gen`` = G_{j+1}. The next execution starts when both the robot is free and the chunk
+    exists: ``E_{j+1}.start = max(E_j.end, G_{j+1}.end)``.
+    """
+    gen_len = gen[1] - gen[0]
+    exec_len = execution[1] - execution[0] if execution is not None else 0.0
+    if execution is None or gen_len >= exec_len:
+        return max(0.0, next_gen[0] - gen[1])
+    return max(0.0, next_gen[1] - execution[1])
+
+
+def _duration(value: float | None) -> float | None:
+    """A reported duration if it is a finite number >= 0, else None (a bad value is ignored)."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) and value >= 0 else None

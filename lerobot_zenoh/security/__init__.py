@@ -1,0 +1,1 @@
+"""TLS certificates and Zenoh access control generated from a manifest (docs/security.md)."""

@@ -1,0 +1,200 @@
+"""Zenoh `access_control` generated from manifests: who may put, subscribe, query and declare what.
+
+Zenoh enforces an ACL in the node whose config holds it, on the messages that cross that node's
+links (a local publisher and subscriber in the same session are never filtered). Each message is
+checked against the remote peer, identified by the common name of its TLS certificate (mTLS), in
+one of two directions: `ingress` (the remote sends it to us) and `egress` (we send it to the
+remote). With `default_permission: deny`, anything not allowed below is dropped.
+
+Grants, per identity, from the enforcing node's point of view (`P` = an app prefix
+`<cluster>/<experiment>/<model>/<version>/<app>`, `c` = a client id, `s` = a server id):
+
+    client c of P   ingress  put                            P/c/obs, P/c/metrics
+                    ingress  declare_subscriber             P/c/action
+                    ingress  query                          P/status
+                    ingress  liveliness_token               P/c/metrics         (its presence)
+                    ingress  declare_liveliness_subscriber  P/server/*          (server loss)
+                    ingress  liveliness_query               P/server/*
+                    egress   put                            P/c/action
+                    egress   reply                          P/status
+                    egress   liveliness_token               P/server/*
+                    egress   declare_subscriber             P/*/obs, P/c/obs, **/metrics, P/c/metrics
+                    egress   declare_queryable              P/status
+    server s of P   ingress  declare_subscriber             P/*/obs
+                    ingress  put                            P/*/action, P/server/s/metrics
+                    ingress  declare_queryable, reply       P/status
+                    ingress  liveliness_token               P/server/s
+                    ingress  declare_liveliness_subscriber  P/server/*          (hot standby, handover)
+                    ingress  liveliness_query               P/server/*
+                    egress   put                            P/*/obs
+                    egress   query                          P/status
+                    egress   liveliness_token               P/server/*
+                    egress   declare_subscriber             P/*/action, **/metrics, P/server/s/metrics
+    monitor m       ingress  declare_subscriber             **/metrics
+                    ingress  declare_liveliness_subscriber, liveliness_query   **
+                    egress   put                            **/metrics
+                    egress   liveliness_token               **
+
+The egress `declare_*` grants only let a remote learn that a matching subscriber or queryable
+exists: a `peer`-mode remote sends a put only towards a subscriber it knows of (measured with
+Zenoh 1.10: without them, a peer-mode client's observations never leave it; `client`-mode
+remotes do not need them). They reveal key expressions, never data.
+
+Server grants matter when a router enforces the ACL (servers connect to it); in a peer-to-peer
+deployment the server's own session enforces it and its own entities are local.
+
+Clients are named one by one (ACL subjects are certificate common names; Zenoh cannot derive a
+key from a name), so a client accepted through `accept_unknown_clients` must still be listed
+here (`extra_clients`) to get through an ACL.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lerobot_zenoh.errors import ConfigError
+from lerobot_zenoh.protocol.keys import ALL_METRICS, AppKey, validate_chunk, validate_client_id
+
+INGRESS = ["ingress"]
+EGRESS = ["egress"]
+#: Selector of every liveliness token (the monitor CLI watches `**`).
+ALL = "**"
+
+
+@dataclass(frozen=True)
+class AppGrant:
+    """One served app: its key prefix, the clients it serves and the servers that serve it."""
+
+    app: AppKey
+    clients: tuple[str, ...]
+    servers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """Everything the ACL is generated from: apps (with clients and servers) and monitors."""
+
+    apps: tuple[AppGrant, ...]
+    monitors: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.identities  # validates every id and that each names one role
+
+    @property
+    def identities(self) -> dict[str, str]:
+        """common name -> role ("server", "client" or "monitor"), in declaration order."""
+        roles: dict[str, str] = {}
+        for grant in self.apps:
+            for s in grant.servers:
+                _claim(roles, validate_chunk("server_id", s), "server")
+            for c in grant.clients:
+                _claim(roles, validate_client_id("client_uuid", c), "client")
+        for m in self.monitors:
+            _claim(roles, validate_chunk("monitor", m), "monitor")
+        return roles
+
+    @classmethod
+    def from_manifests(cls, manifests: Iterable, monitors: Iterable[str] = (),
+                       extra_clients: Mapping[str, Iterable[str]] | None = None) -> Deployment:
+        """Apps of every manifest entry, its listed clients, and that manifest's `server_id`.
+
+        `extra_clients` maps an app prefix (or `*` for every app) to more client ids, for clients
+        a manifest admits through `accept_unknown_clients` without listing them.
+        """
+        extra = {k: list(v) for k, v in (extra_clients or {}).items()}
+        merged: dict[AppKey, tuple[list[str], list[str]]] = {}
+        for manifest in manifests:
+            for entry in manifest.server:
+                app = manifest.app_key(entry)
+                clients, servers = merged.setdefault(app, ([], []))
+                for cid in [c.client_uuid for c in entry.clients] + extra.get(app.prefix, []) + extra.get("*", []):
+                    if cid not in clients:
+                        clients.append(cid)
+                if manifest.server_id not in servers:
+                    servers.append(manifest.server_id)
+        unknown = set(extra) - {"*"} - {app.prefix for app in merged}
+        if unknown:
+            raise ConfigError("extra_clients", f"no manifest serves {sorted(unknown)}")
+        apps = tuple(AppGrant(app, tuple(c), tuple(s)) for app, (c, s) in merged.items())
+        return cls(apps, tuple(dict.fromkeys(monitors)))
+
+
+@dataclass
+class _Builder:
+    rules: list[dict] = field(default_factory=list)
+    policies: dict[str, list[str]] = field(default_factory=dict)  # subject id -> rule ids
+
+    def allow(self, subject: str, rule_id: str, flows: list[str], messages: list[str], key_exprs: list[str]) -> None:
+        self.rules.append({"id": rule_id, "permission": "allow", "flows": list(flows),
+                           "messages": list(messages), "key_exprs": list(dict.fromkeys(key_exprs))})
+        self.policies.setdefault(subject, []).append(rule_id)
+
+
+def access_control(deployment: Deployment) -> dict:
+    """The value of Zenoh's `access_control` config section for `deployment` (deny by default)."""
+    b = _Builder()
+    for grant in deployment.apps:
+        p, app = grant.app.prefix, grant.app
+        for c in grant.clients:
+            key = app.client(c)
+            rid = f"client/{c}@{p}"
+            b.allow(c, f"{rid}/put", INGRESS, ["put"], [key.obs, key.metrics])
+            b.allow(c, f"{rid}/subscribe", INGRESS, ["declare_subscriber"], [key.action])
+            b.allow(c, f"{rid}/query", INGRESS, ["query"], [app.status])
+            b.allow(c, f"{rid}/token", INGRESS, ["liveliness_token"], [key.metrics])
+            b.allow(c, f"{rid}/watch", INGRESS, ["declare_liveliness_subscriber", "liveliness_query"], [app.all_servers])
+            b.allow(c, f"{rid}/receive", EGRESS, ["put"], [key.action])
+            b.allow(c, f"{rid}/reply", EGRESS, ["reply"], [app.status])
+            b.allow(c, f"{rid}/tokens", EGRESS, ["liveliness_token"], [app.all_servers])
+            b.allow(c, f"{rid}/routes", EGRESS, ["declare_subscriber"],
+                    [app.all_observations, key.obs, ALL_METRICS, key.metrics])
+            b.allow(c, f"{rid}/routes-status", EGRESS, ["declare_queryable"], [app.status])
+        for s in grant.servers:
+            rid = f"server/{s}@{p}"
+            b.allow(s, f"{rid}/subscribe", INGRESS, ["declare_subscriber"], [app.all_observations])
+            b.allow(s, f"{rid}/put", INGRESS, ["put"], [f"{p}/*/action", app.server_metrics(s)])
+            b.allow(s, f"{rid}/status", INGRESS, ["declare_queryable", "reply"], [app.status])
+            b.allow(s, f"{rid}/token", INGRESS, ["liveliness_token"], [app.server_token(s)])
+            b.allow(s, f"{rid}/watch", INGRESS, ["declare_liveliness_subscriber", "liveliness_query"], [app.all_servers])
+            b.allow(s, f"{rid}/tokens", EGRESS, ["liveliness_token"], [app.all_servers])
+            b.allow(s, f"{rid}/receive", EGRESS, ["put"], [app.all_observations])
+            b.allow(s, f"{rid}/query", EGRESS, ["query"], [app.status])
+            b.allow(s, f"{rid}/routes", EGRESS, ["declare_subscriber"],
+                    [f"{p}/*/action", ALL_METRICS, app.server_metrics(s)])
+    for m in deployment.monitors:
+        rid = f"monitor/{m}"
+        b.allow(m, f"{rid}/subscribe", INGRESS, ["declare_subscriber"], [ALL_METRICS])
+        b.allow(m, f"{rid}/watch", INGRESS, ["declare_liveliness_subscriber", "liveliness_query"], [ALL])
+        b.allow(m, f"{rid}/receive", EGRESS, ["put"], [ALL_METRICS])
+        b.allow(m, f"{rid}/tokens", EGRESS, ["liveliness_token"], [ALL])
+    subjects = [{"id": f"cn/{name}", "cert_common_names": [name]} for name in deployment.identities]
+    policies = [{"id": f"policy/{name}", "subjects": [f"cn/{name}"], "rules": b.policies.get(name, [])}
+                for name in deployment.identities if b.policies.get(name)]
+    return {"enabled": True, "default_permission": "deny", "rules": b.rules, "subjects": subjects,
+            "policies": policies}
+
+
+def write_acl(acl: dict, path: str | Path) -> Path:
+    """Write `acl` as a JSON5 file (plain JSON with a header comment): the `access_control` value."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = ("// Zenoh access_control, generated by lerobot-zenoh-secure from the manifest(s).\n"
+              "// Load it with ZenohSettings.access_control_file (manifest: zenoh.access_control_file),\n"
+              "// or paste it as `access_control: <this object>` into a zenohd config. See docs/security.md.\n")
+    body = ",\n".join(f"  {json.dumps(k)}: {_one_per_line(v)}" for k, v in acl.items())
+    path.write_text(header + "{\n" + body + "\n}\n")
+    return path
+
+
+def _one_per_line(value) -> str:
+    if isinstance(value, list) and value:
+        return "[\n" + ",\n".join(f"    {json.dumps(item)}" for item in value) + "\n  ]"
+    return json.dumps(value)
+
+
+def _claim(roles: dict[str, str], name: str, role: str) -> None:
+    if roles.setdefault(name, role) != role:
+        raise ConfigError(role, f"{name!r} is already a {roles[name]}: one certificate common name, one role")

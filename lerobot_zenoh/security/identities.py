@@ -1,0 +1,110 @@
+"""`ZenohSettings` for each identity of a secured deployment, and the files they point at.
+
+Two deployments, and where the ACL is enforced in each (docs/security.md):
+
+- **peer-to-peer** (one server): the server's session listens on `tls/...` with mutual TLS and
+  holds the ACL; clients and monitors connect to it in `client` mode, so every message they send
+  or receive crosses the server's links and is checked there. Clients never listen and never
+  meet each other.
+- **router**: a Zenoh router (`zenohd`, or a session in `router` mode) listens on `tls/...` and
+  holds the ACL; servers, clients and monitors all connect to it in `client` mode. Use this for
+  several servers, or to keep the ACL off the GPU host.
+
+Every node uses mutual TLS with the same CA, has multicast scouting off, and lists its endpoints
+explicitly (an unset `listen` would make a peer listen on every interface).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from lerobot_zenoh.errors import ConfigError
+from lerobot_zenoh.transport.settings import ZenohSettings
+
+WILDCARD_HOSTS = ("0.0.0.0", "[::]", "::")
+#: Above the codec's 16 MiB limit (CodecLimits.max_message_bytes) plus room for Zenoh's framing:
+#: an enforcing node drops bigger messages before reassembling them (Zenoh's default is 1 GiB).
+RX_MAX_MESSAGE_BYTES = 16 * 1024 * 1024 + 64 * 1024
+
+
+@dataclass(frozen=True)
+class PkiLayout:
+    """Where `lerobot-zenoh-secure init` writes a deployment's files (one folder)."""
+
+    root: Path
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.root / "ca.pem"
+
+    @property
+    def ca_key(self) -> Path:
+        return self.root / "ca.key"
+
+    @property
+    def acl(self) -> Path:
+        return self.root / "acl.json5"
+
+    def cert(self, name: str) -> Path:
+        return self.root / f"{name}.pem"
+
+    def key(self, name: str) -> Path:
+        return self.root / f"{name}.key"
+
+    def tls(self, name: str) -> dict:
+        """The TLS fields of ZenohSettings for identity `name`."""
+        return {"tls_root_ca": str(self.ca_cert), "tls_certificate": str(self.cert(name)),
+                "tls_private_key": str(self.key(name)), "tls_mtls": True}
+
+
+def tls_endpoint(endpoint: str) -> str:
+    """`tcp/host:port` -> `tls/host:port`; a `tls/` endpoint is kept; anything else is refused."""
+    proto, sep, address = endpoint.partition("/")
+    if not sep or not address:
+        raise ConfigError("endpoint", f"{endpoint!r} is not an endpoint like tcp/127.0.0.1:7447")
+    if proto not in ("tcp", "tls"):
+        raise ConfigError("endpoint", f"{endpoint!r}: only tcp/ endpoints can be moved to tls/")
+    return f"tls/{address}"
+
+
+def host_of(endpoint: str) -> str:
+    """The host of `proto/host:port` (brackets of an IPv6 literal removed)."""
+    address = endpoint.partition("/")[2].split("#", 1)[0]
+    host = address.rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def connect_endpoint(listen_endpoint: str, host: str) -> str:
+    """Where a peer connects to reach `listen_endpoint` (a wildcard host is replaced by `host`)."""
+    endpoint = tls_endpoint(listen_endpoint)
+    address = endpoint.partition("/")[2]
+    listen_host, _, port = address.rpartition(":")
+    if listen_host in WILDCARD_HOSTS:
+        listen_host = f"[{host}]" if ":" in host else host
+    return f"tls/{listen_host}:{port}"
+
+
+def server_settings(layout: PkiLayout, server_id: str, listen: list[str], *, router: str | None = None) -> ZenohSettings:
+    """The policy server: listens and enforces the ACL, or (with `router`) connects to the router."""
+    if router is not None:
+        return ZenohSettings(mode="client", connect=[router], multicast_scouting=False, **layout.tls(server_id))
+    if not listen:
+        raise ConfigError("zenoh.listen", "a peer-to-peer secured server must listen on a tls/ endpoint")
+    return ZenohSettings(mode="peer", listen=[tls_endpoint(e) for e in listen], multicast_scouting=False,
+                         access_control_file=str(layout.acl), json5_overrides=_rx_limit(), **layout.tls(server_id))
+
+
+def member_settings(layout: PkiLayout, name: str, connect: list[str]) -> ZenohSettings:
+    """A robot client or a monitor: `client` mode, so it only ever talks through the enforcing node."""
+    return ZenohSettings(mode="client", connect=list(connect), multicast_scouting=False, **layout.tls(name))
+
+
+def router_settings(layout: PkiLayout, name: str, listen: list[str]) -> ZenohSettings:
+    """A router that enforces the ACL for everyone connected to it."""
+    return ZenohSettings(mode="router", listen=[tls_endpoint(e) for e in listen], multicast_scouting=False,
+                         access_control_file=str(layout.acl), json5_overrides=_rx_limit(), **layout.tls(name))
+
+
+def _rx_limit() -> dict[str, str]:
+    return {"transport/link/rx/max_message_size": str(RX_MAX_MESSAGE_BYTES)}

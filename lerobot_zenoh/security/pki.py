@@ -1,0 +1,210 @@
+"""A development certificate authority and one certificate per identity (server, client, monitor).
+
+Zenoh's TLS link (rustls) verifies the peer's chain against `root_ca_certificate`; with mutual
+TLS each side presents a certificate, and Zenoh's access control matches the remote
+certificate's **common name** against `cert_common_names`. So the common name of every
+certificate is the identity the ACL knows it by: a server's `server_id`, a client's
+`client_uuid`, a monitor's name.
+
+Every certificate is valid both as a TLS server and as a TLS client (a peer may listen and
+connect), and carries subject alternative names for the hosts it may be reached at; a
+connecting side with `verify_name_on_connect` checks the listener's name or IP against them.
+
+Keys are ECDSA P-256 in unencrypted PKCS#8 PEM (what rustls reads), written with mode 0600.
+This is a development CA: it has no revocation, and its key sits in a file. Production
+deployments bring their own PKI (docs/security.md); only the common names must follow the ids.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from lerobot_zenoh.errors import ConfigError
+
+#: Names every certificate answers to, so loopback deployments verify without extra flags.
+DEFAULT_HOSTS = ("localhost", "127.0.0.1", "::1")
+DEFAULT_VALID_DAYS = 365
+CA_COMMON_NAME = "lerobot-zenoh development CA"
+
+
+@dataclass(frozen=True)
+class CertificateAuthority:
+    """A CA certificate and its private key, in memory."""
+
+    certificate: x509.Certificate
+    private_key: ec.EllipticCurvePrivateKey
+
+    @property
+    def cert_pem(self) -> bytes:
+        return self.certificate.public_bytes(serialization.Encoding.PEM)
+
+    @property
+    def key_pem(self) -> bytes:
+        return _key_pem(self.private_key)
+
+
+@dataclass(frozen=True)
+class IssuedCertificate:
+    common_name: str
+    cert_pem: bytes
+    key_pem: bytes
+
+
+@dataclass(frozen=True)
+class IdentityFiles:
+    """Where one identity's certificate and key were written."""
+
+    name: str
+    certificate: Path
+    private_key: Path
+
+
+def create_ca(common_name: str = CA_COMMON_NAME, valid_days: int = 3650) -> CertificateAuthority:
+    """A fresh self-signed CA that may sign end-entity certificates only (path length 0)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = _now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=valid_days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                     content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                     key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return CertificateAuthority(cert, key)
+
+
+def issue(ca: CertificateAuthority, common_name: str, hosts: tuple[str, ...] | list[str] = DEFAULT_HOSTS,
+          valid_days: int = DEFAULT_VALID_DAYS) -> IssuedCertificate:
+    """A certificate for `common_name` signed by `ca`, usable as TLS server and TLS client.
+
+    `hosts` become subject alternative names: IP addresses as IP entries, anything else as DNS
+    names. The common name is not added as a name: ids such as `robot_a4b9` are not host names.
+    """
+    if not common_name or any(ch in common_name for ch in "/*$?#@") or any(ch.isspace() for ch in common_name):
+        raise ConfigError("common_name", f"{common_name!r} must be a non-empty id without / * $ ? # @ or whitespace")
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = _now()
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca.certificate.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=valid_days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=False, key_cert_sign=False,
+                                     crl_sign=False, content_commitment=False, data_encipherment=False,
+                                     key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                       critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.private_key.public_key()), critical=False)
+    )
+    names = _subject_alt_names(hosts)
+    if names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    cert = builder.sign(ca.private_key, hashes.SHA256())
+    return IssuedCertificate(common_name, cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+
+
+def common_name(cert_pem: bytes) -> str:
+    """The subject common name of a PEM certificate (what Zenoh's ACL matches)."""
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    attrs = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    if not attrs:
+        raise ConfigError("certificate", "has no subject common name; Zenoh's ACL cannot identify it")
+    return str(attrs[0].value)
+
+
+# -- files --------------------------------------------------------------------------------------
+
+
+def save_ca(ca: CertificateAuthority, out_dir: str | Path) -> tuple[Path, Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path = out / "ca.pem", out / "ca.key"
+    cert_path.write_bytes(ca.cert_pem)
+    _write_private(key_path, ca.key_pem)
+    return cert_path, key_path
+
+
+def load_ca(cert_path: str | Path, key_path: str | Path) -> CertificateAuthority:
+    """Load a CA brought by the user (PEM certificate + unencrypted PEM private key)."""
+    try:
+        cert = x509.load_pem_x509_certificate(Path(cert_path).read_bytes())
+    except (OSError, ValueError) as exc:
+        raise ConfigError("ca_cert", f"cannot read a PEM certificate from {cert_path}: {exc}") from None
+    try:
+        key = serialization.load_pem_private_key(Path(key_path).read_bytes(), password=None)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ConfigError("ca_key", f"cannot read an unencrypted PEM private key from {key_path}: {exc}") from None
+    if key.public_key().public_numbers() != cert.public_key().public_numbers():
+        raise ConfigError("ca_key", f"{key_path} is not the key of {cert_path}")
+    try:
+        basic = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+    except x509.ExtensionNotFound:
+        basic = None
+    if basic is None or not basic.ca:
+        raise ConfigError("ca_cert", f"{cert_path} is not a CA certificate (BasicConstraints CA:TRUE is missing)")
+    return CertificateAuthority(cert, key)
+
+
+def write_identity(ca: CertificateAuthority, name: str, out_dir: str | Path,
+                   hosts: tuple[str, ...] | list[str] = DEFAULT_HOSTS, valid_days: int = DEFAULT_VALID_DAYS) -> IdentityFiles:
+    """Issue a certificate for `name` and write `<name>.pem` and `<name>.key` into `out_dir`."""
+    issued = issue(ca, name, hosts, valid_days)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path = out / f"{name}.pem", out / f"{name}.key"
+    cert_path.write_bytes(issued.cert_pem)
+    _write_private(key_path, issued.key_pem)
+    return IdentityFiles(name, cert_path, key_path)
+
+
+# -- internals ----------------------------------------------------------------------------------
+
+
+def _subject_alt_names(hosts) -> list[x509.GeneralName]:
+    names: list[x509.GeneralName] = []
+    for host in dict.fromkeys(hosts):  # keep order, drop duplicates
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    return names
+
+
+def _key_pem(key) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write a private key readable by its owner only (created 0600, never world-readable)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(path, 0o600)
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)

@@ -1,0 +1,275 @@
+"""Fault tests on real networks: a server in its own network namespace, the robot client here,
+a veth link between them impaired with `tc netem`. Every test prints and saves its figures
+(outputs/reliability/<test>.json) for docs/reliability.md.
+
+Run alone with `make test-faults`; they are part of `make test` too (about a minute).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from lerobot.robots import make_robot_from_config
+
+from lerobot_zenoh.client.client import RobotClient
+from lerobot_zenoh.transport.session import ZenohSession
+from lerobot_zenoh.transport.settings import ZenohSettings
+from lz_netns import net_pair, netns_unavailable_reason
+from lz_testing import CAMS, make_config, wait_for
+
+_reason = netns_unavailable_reason()
+pytestmark = [pytest.mark.slow, pytest.mark.netns,
+              pytest.mark.skipif(_reason is not None, reason=f"fault tests need network namespaces: {_reason}")]
+
+OUT = Path(__file__).resolve().parents[1] / "outputs" / "reliability"
+PORT = 7447
+
+
+def record(name: str, figures: dict) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{name}.json").write_text(json.dumps(figures, indent=2))
+    print(f"\n{name}: {json.dumps(figures)}")
+
+
+def server_manifest(tmp_path: Path, app_key, listen: str, server_id: str = "gpu0", standby_for: str | None = None,
+                    mode: str = "peer", connect: list[str] | None = None, latency_ms: float = 20) -> Path:
+    data = {
+        "cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": server_id,
+        "telemetry_period_s": 0, "handover_grace_s": 0.3,
+        "zenoh": {"mode": mode, "listen": [listen] if listen else [], "connect": connect or [],
+                  "multicast_scouting": False},
+        "server": [{"model_id": app_key.model, "model_version": app_key.version, "application_tag": app_key.app,
+                    "synthetic": {"state_dim": 6, "action_dim": 6, "chunk_size": 30,
+                                  "cameras": {k: list(v) for k, v in CAMS.items()}, "latency_ms": latency_ms},
+                    "fps": 30, "accept_unknown_clients": True}],
+    }
+    if standby_for:
+        data["standby_for"] = standby_for
+    path = tmp_path / f"{server_id}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+class ServerProcess:
+    def __init__(self, pair, manifest: Path, log: Path):
+        self.log_path = log
+        self._log = open(log, "w")
+        cmd = [sys.executable, "-m", "lerobot_zenoh.cli.server", "--manifest", str(manifest)]
+        self.proc = pair.popen(cmd, stdout=self._log, stderr=subprocess.STDOUT) if pair else \
+            subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._log.close()
+        return self.log_path.read_text()
+
+    def served(self, client_id: str) -> int:
+        for line in self.log_path.read_text().splitlines():
+            if f" {client_id}: received" in line:
+                return int(line.split("served ")[1].split(",")[0])
+        raise AssertionError(f"no totals for {client_id} in the server log:\n{self.log_path.read_text()[-2000:]}")
+
+
+def wait_status(endpoint: str, app_key, timeout_s: float = 60) -> float:
+    """Block until the status queryable answers through `endpoint`; return when (monotonic)."""
+    with ZenohSession(ZenohSettings(connect=[endpoint], multicast_scouting=False)) as s:
+        assert wait_for(lambda: s.query(app_key.status, 0.3), timeout_s), f"no server at {endpoint}"
+        return time.monotonic()
+
+
+class RunningClient:
+    def __init__(self, cfg):
+        self.client = RobotClient(cfg, make_robot_from_config(cfg.robot)).start()
+        self.thread = threading.Thread(target=self.client.run, daemon=True)
+        self.thread.start()
+
+    def chunks(self) -> int:
+        return self.client.counters.chunks_received
+
+    def close(self) -> dict:
+        self.client.stop()
+        self.thread.join(10)
+        self.client.close()
+        return self.client.summary()
+
+
+def periods_ok(summary: dict) -> dict:
+    return {"control_period_ms_p50": summary["control_period_ms_p50"], "control_period_ms_p99": summary["control_period_ms_p99"],
+            "loop_overruns": summary["loop_overruns"], "steps": summary["steps"]}
+
+
+def test_kill9_client_holds_revalidates_and_resumes(tmp_path, app_key):
+    with net_pair() as pair:
+        endpoint = f"tcp/{pair.peer_ip}:{PORT}"
+        manifest = server_manifest(tmp_path, app_key, endpoint)
+        server = ServerProcess(pair, manifest, tmp_path / "server1.log")
+        wait_status(endpoint, app_key)
+        cfg = make_config(PORT, app_key, endpoint=endpoint, watchdog_timeout_s=0.5)
+        rc = RunningClient(cfg)
+        try:
+            assert wait_for(lambda: rc.chunks() >= 3, 15)
+            c = rc.client.counters
+            empty_at_kill = c.empty_cycles
+            server.kill9()
+            t_kill = time.monotonic()
+            assert wait_for(lambda: c.empty_cycles > empty_at_kill, 5), "the buffer never ran dry"
+            t_dry = time.monotonic()
+            assert wait_for(lambda: c.watchdog_events >= 1, 5)
+            held = c.empty_cycles
+            time.sleep(1.0)
+            assert c.empty_cycles >= held + 25  # holding every period once dry, not stalled
+            chunks_before = rc.chunks()
+            server = ServerProcess(pair, manifest, tmp_path / "server2.log")
+            t_back = wait_status(endpoint, app_key)
+            assert wait_for(lambda: rc.chunks() > chunks_before, 10), "never resumed"
+            t_resumed = time.monotonic()
+        finally:
+            summary = rc.close()
+            server.stop()
+    figures = {"kill_to_buffer_dry_s": round(t_dry - t_kill, 3), "server_back_to_first_chunk_s": round(t_resumed - t_back, 3),
+               "watchdog_events": summary["watchdog_events"], "empty_buffer_cycles": summary["empty_buffer_cycles"],
+               **periods_ok(summary)}
+    record("kill9_restart", figures)
+    assert figures["server_back_to_first_chunk_s"] < 1.0
+
+
+def test_kill9_with_hot_standby_measures_the_gap(tmp_path, app_key):
+    with net_pair() as pair:
+        ep1, ep2 = f"tcp/{pair.peer_ip}:{PORT}", f"tcp/{pair.peer_ip}:{PORT + 1}"
+        primary = ServerProcess(pair, server_manifest(tmp_path, app_key, ep1, "gpu0"), tmp_path / "primary.log")
+        wait_status(ep1, app_key)
+        standby = ServerProcess(pair, server_manifest(tmp_path, app_key, ep2, "gpu1", standby_for="gpu0", connect=[ep1]),
+                                tmp_path / "standby.log")
+        time.sleep(3)  # standby pre-warmed and watching
+        cfg = make_config(PORT, app_key, endpoint=ep1, watchdog_timeout_s=0.5)
+        cfg.zenoh = ZenohSettings(connect=[ep2], multicast_scouting=False)
+        arrivals = []
+        rc = RunningClient(cfg)
+        orig = rc.client._handle_chunk
+        rc.client._handle_chunk = lambda payload, t: (arrivals.append((t, rc.client.counters.chunks_received)), orig(payload, t))[1]
+        try:
+            assert wait_for(lambda: rc.chunks() >= 3 and rc.client.serving_server_id == "gpu0", 15)
+            n = len(arrivals)
+            primary.kill9()
+            t_kill = time.perf_counter()
+            assert wait_for(lambda: rc.client.serving_server_id == "gpu1" and len(arrivals) > n, 10), \
+                "standby never took over"
+            last_primary = arrivals[n - 1][0]
+            first_standby = arrivals[n][0]
+        finally:
+            summary = rc.close()
+            standby_log = standby.stop()
+            primary.stop()
+    figures = {"last_primary_chunk_to_first_standby_chunk_s": round(first_standby - last_primary, 3),
+               "kill_to_first_standby_chunk_s": round(first_standby - t_kill, 3),
+               "empty_buffer_cycles": summary["empty_buffer_cycles"], **periods_ok(summary)}
+    record("kill9_standby", figures)
+    assert "taking over" in standby_log
+
+
+def test_loss_and_delay_every_chunk_arrives_and_the_loop_keeps_its_period(tmp_path, app_key):
+    with net_pair() as pair:
+        endpoint = f"tcp/{pair.peer_ip}:{PORT}"
+        server = ServerProcess(pair, server_manifest(tmp_path, app_key, endpoint), tmp_path / "server.log")
+        wait_status(endpoint, app_key)
+        applied = pair.impair(loss_pct=10, delay_ms=50)
+        cfg = make_config(PORT, app_key, endpoint=endpoint, watchdog_timeout_s=2.0, discovery_timeout_s=30)
+        rc = RunningClient(cfg)
+        try:
+            time.sleep(10)
+            rc.client.stop()
+            rc.thread.join(5)
+            time.sleep(3)  # chunks still in flight get their retransmissions
+        finally:
+            summary = rc.close()
+            pair.clear()
+            server.stop()
+        served = server.served("r1")
+    figures = {"impairment": applied, "chunks_sent_by_server": served, "chunks_received": summary["chunks_received"] + summary["chunks_rejected"],
+               "observations_published": summary["observations_published"], "rtt_ms_p50": summary["rtt_ms_p50"],
+               "rtt_ms_p99": summary["rtt_ms_p99"], "empty_buffer_cycles": summary["empty_buffer_cycles"], **periods_ok(summary)}
+    record("loss10_delay50", figures)
+    assert served > 5 and figures["chunks_received"] == served  # reliable: nothing sent was lost
+    assert abs(summary["control_period_ms_p50"] - 1000 / 30) < 3
+
+
+def test_five_second_partition_holds_then_resumes_without_restart(tmp_path, app_key):
+    with net_pair() as pair:
+        endpoint = f"tcp/{pair.peer_ip}:{PORT}"
+        server = ServerProcess(pair, server_manifest(tmp_path, app_key, endpoint), tmp_path / "server.log")
+        wait_status(endpoint, app_key)
+        cfg = make_config(PORT, app_key, endpoint=endpoint, watchdog_timeout_s=0.5)
+        rc = RunningClient(cfg)
+        c = rc.client.counters
+        try:
+            assert wait_for(lambda: rc.chunks() >= 3, 15)
+            pair.partition()
+            t_cut = time.monotonic()
+            assert wait_for(lambda: c.watchdog_events >= 1, 5), "watchdog never fired"
+            t_watchdog = time.monotonic()
+            time.sleep(max(0.0, 5.0 - (time.monotonic() - t_cut)))
+            held = c.empty_cycles
+            chunks_before = rc.chunks()
+            pair.clear()
+            t_heal = time.monotonic()
+            assert wait_for(lambda: rc.chunks() > chunks_before, 15), "never resumed after the partition"
+            t_resumed = time.monotonic()
+        finally:
+            summary = rc.close()
+            server.stop()
+    figures = {"partition_to_watchdog_s": round(t_watchdog - t_cut, 3), "heal_to_first_chunk_s": round(t_resumed - t_heal, 3),
+               "empty_cycles_during_partition": held, **periods_ok(summary)}
+    record("partition_5s", figures)
+    assert held > 60  # it held for most of the 5 s
+
+
+def test_router_restart_service_resumes_without_restarting_anyone(tmp_path, app_key):
+    """Robots here, the server in its namespace, a Zenoh router between; both sides in client mode."""
+    with net_pair() as pair:
+        router_ep = f"tcp/{pair.host_ip}:{PORT}"
+        router_cmd = [sys.executable, "-m", "lerobot_zenoh.cli.router", "--listen", router_ep, "--no-scouting"]
+        router = subprocess.Popen(router_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1.5)
+        server = ServerProcess(pair, server_manifest(tmp_path, app_key, "", mode="client", connect=[router_ep]),
+                               tmp_path / "server.log")
+        wait_status(router_ep, app_key)
+        cfg = make_config(PORT, app_key, endpoint=router_ep, watchdog_timeout_s=0.5)
+        cfg.zenoh = ZenohSettings(mode="client", multicast_scouting=False)
+        rc = RunningClient(cfg)
+        try:
+            assert wait_for(lambda: rc.chunks() >= 3, 15)
+            router.send_signal(signal.SIGKILL)
+            router.wait(10)
+            t_down = time.monotonic()
+            time.sleep(2.0)
+            chunks_before = rc.chunks()
+            router = subprocess.Popen(router_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            t_up = time.monotonic()
+            assert wait_for(lambda: rc.chunks() > chunks_before, 30), "service never resumed through the new router"
+            t_resumed = time.monotonic()
+        finally:
+            summary = rc.close()
+            server.stop()
+            router.kill()
+    figures = {"router_down_s": round(t_up - t_down, 3), "router_restart_to_first_chunk_s": round(t_resumed - t_up, 3),
+               "watchdog_events": summary["watchdog_events"], **periods_ok(summary)}
+    record("router_restart", figures)
+    assert summary["steps"] > 0 and np.isfinite(figures["router_restart_to_first_chunk_s"])

@@ -1,0 +1,507 @@
+"""Security (issue 6): mutual TLS, the access control generated from the manifest, resource limits.
+
+Real certificates are generated here with `security.pki`, and every Zenoh session is real, on
+127.0.0.1. The secured server enforces the ACL in its own session (peer-to-peer deployment);
+clients and monitors connect to it in `client` mode, as `lerobot-zenoh-secure` configures them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import stat
+import threading
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+from lerobot_zenoh.errors import ConfigError, TransportError
+from lerobot_zenoh.protocol import codec
+from lerobot_zenoh.protocol.messages import Observation
+from lerobot_zenoh.security import pki
+from lerobot_zenoh.security.acl import AppGrant, Deployment, access_control, write_acl
+from lerobot_zenoh.security.identities import (
+    RX_MAX_MESSAGE_BYTES, PkiLayout, connect_endpoint, member_settings, server_settings,
+)
+from lerobot_zenoh.server.manifest import load_manifest, parse_manifest
+from lerobot_zenoh.server.rate_limit import RejectionRateLimit
+from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
+from lerobot_zenoh.transport.settings import ZenohSettings, loopback_settings
+from lz_testing import CAMS, free_port, wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+
+# -- fixtures and helpers -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def layout(tmp_path_factory) -> PkiLayout:
+    """A development CA with a server, two robots and a monitor; `other/` holds a foreign CA's robA."""
+    root = tmp_path_factory.mktemp("pki")
+    ca = pki.create_ca()
+    pki.save_ca(ca, root)
+    for name in ("gpu0", "robA", "robB", "mon"):
+        pki.write_identity(ca, name, root)
+    other = pki.create_ca("some other CA")
+    pki.save_ca(other, root / "other")
+    pki.write_identity(other, "robA", root / "other")
+    return PkiLayout(root)
+
+
+def observation(seq_id: int, client_uuid: str, rng, cameras=CAMS) -> bytes:
+    state = rng.normal(size=6).astype(np.float32)
+    jpegs = {n: codec.encode_jpeg(rng.integers(0, 255, (*hw, 3), dtype=np.uint8), 90) for n, hw in cameras.items()}
+    return codec.encode(Observation(seq_id, client_uuid, state, jpegs, "task"))
+
+
+class Robot:
+    """The wire side of a client (or of an attacker holding that client's certificate)."""
+
+    def __init__(self, session: ZenohSession, app_key, client_id: str):
+        self.session, self.app_key, self.client_id = session, app_key, client_id
+        self.chunks: list = []
+        self.pubs: dict = {}
+        session.subscribe(app_key.client(client_id).action,
+                          lambda k, b: self.chunks.append(codec.decode_action_chunk(b)))
+
+    def put(self, seq_id: int, rng, on_key_of: str | None = None, client_uuid: str | None = None) -> None:
+        target = on_key_of or self.client_id
+        if target not in self.pubs:
+            self.pubs[target] = self.session.publisher(self.app_key.client(target).obs, OBSERVATION_QOS)
+        self.pubs[target].put(observation(seq_id, client_uuid or target, rng))
+
+    def served(self, seq_id: int) -> bool:
+        return any(c.response_to_seq_id == seq_id for c in self.chunks)
+
+    def send_until_served(self, seq_id: int, rng, timeout_s: float = 8.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.put(seq_id, rng)
+            if wait_for(lambda: self.served(seq_id), 0.3):
+                return
+        raise AssertionError(f"{self.client_id}: no chunk for seq {seq_id}")
+
+
+def secured_manifest(port, app_key, layout: PkiLayout, acl_path, **entry) -> dict:
+    settings = server_settings(layout, "gpu0", [f"tls/127.0.0.1:{port}"])
+    settings = dataclasses.replace(settings, access_control_file=str(acl_path))
+    model = {
+        "model_id": app_key.model, "model_version": app_key.version, "application_tag": app_key.app,
+        "synthetic": {"state_dim": 6, "action_dim": 6, "chunk_size": 20, "cameras": CAMS, "latency_ms": 2},
+        "fps": 30, "clients": [{"client_uuid": "robA"}, {"client_uuid": "robB"}],
+    }
+    model.update(entry)
+    return {"cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": "gpu0",
+            "zenoh": dataclasses.asdict(settings), "server": [model], "telemetry_period_s": 0.2}
+
+
+@pytest.fixture
+def secured(port, app_key, layout, tmp_path):
+    """A PolicyServer over mutual TLS enforcing the ACL generated from its own manifest."""
+    manifest = parse_manifest(secured_manifest(port, app_key, layout, tmp_path / "acl.json5"))
+    write_acl(access_control(Deployment.from_manifests([manifest], monitors=["mon"])), tmp_path / "acl.json5")
+    server = PolicyServer(manifest).start()
+    sessions: list[ZenohSession] = []
+
+    def connect(name: str, **changes) -> ZenohSession:
+        settings = dataclasses.replace(member_settings(layout, name, [f"tls/127.0.0.1:{port}"]), **changes)
+        session = ZenohSession(settings)
+        sessions.append(session)
+        return session.open()
+
+    def spy(client_id: str) -> list[int]:
+        """seq_ids of the observations on `client_id`'s key that reach the server's node."""
+        seen: list[int] = []
+        server._session.subscribe(app_key.client(client_id).obs,
+                                  lambda k, b: seen.append(codec.decode_observation(b).seq_id))
+        return seen
+
+    yield server, connect, spy
+    for session in sessions:
+        session.close()
+    server.stop()
+
+
+def wait_status(session, app_key, timeout_s: float = 8.0) -> None:
+    assert wait_for(lambda: session.query(app_key.status, 0.3), timeout_s), "status never answered"
+
+
+# -- certificates, ACL and settings, without a network --------------------------------------------
+
+
+def test_issued_certificates_name_the_identity_and_keys_are_private(layout):
+    pem = layout.cert("robA").read_bytes()
+    assert pki.common_name(pem) == "robA"
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate(pem)
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "localhost" in sans.get_values_for_type(x509.DNSName)
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)][:1] == ["127.0.0.1"]
+    assert cert.issuer == x509.load_pem_x509_certificate(layout.ca_cert.read_bytes()).subject
+    for key in (layout.key("robA"), layout.ca_key):
+        assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    ca = pki.load_ca(layout.ca_cert, layout.ca_key)  # a CA brought back from files signs again
+    assert pki.common_name(pki.issue(ca, "robC").cert_pem) == "robC"
+    with pytest.raises(ConfigError, match="ca_key"):
+        pki.load_ca(layout.ca_cert, layout.root / "other" / "ca.key")
+    with pytest.raises(ConfigError, match="not a CA"):
+        pki.load_ca(layout.cert("robA"), layout.key("robA"))
+    with pytest.raises(ConfigError, match="common_name"):
+        pki.issue(ca, "a/b")
+
+
+def test_acl_grants_each_identity_only_its_own_keys(app_key):
+    grant = AppGrant(app_key, ("robA", "robB"), ("gpu0",))
+    acl = access_control(Deployment((grant,), ("mon",)))
+    assert acl["enabled"] and acl["default_permission"] == "deny"
+    rules = {r["id"]: r for r in acl["rules"]}
+    policy = {p["subjects"][0]: p["rules"] for p in acl["policies"]}
+    subjects = {s["id"]: s["cert_common_names"] for s in acl["subjects"]}
+    assert subjects == {"cn/gpu0": ["gpu0"], "cn/robA": ["robA"], "cn/robB": ["robB"], "cn/mon": ["mon"]}
+
+    def grants(name, flow, message):
+        return {k for rid in policy[f"cn/{name}"] for k in rules[rid]["key_exprs"]
+                if flow in rules[rid]["flows"] and message in rules[rid]["messages"]}
+
+    a = app_key.client("robA")
+    assert grants("robA", "ingress", "put") == {a.obs, a.metrics}
+    assert grants("robA", "ingress", "declare_subscriber") == {a.action}
+    assert grants("robA", "ingress", "query") == {app_key.status}
+    assert grants("robA", "ingress", "liveliness_token") == {a.metrics}
+    assert grants("robA", "egress", "put") == {a.action}
+    assert grants("robA", "ingress", "declare_queryable") == set()
+    assert grants("gpu0", "ingress", "put") == {f"{app_key.prefix}/*/action", app_key.server_metrics("gpu0")}
+    assert grants("gpu0", "ingress", "liveliness_token") == {app_key.server_token("gpu0")}
+    assert grants("mon", "ingress", "declare_subscriber") == {"**/metrics"}
+    assert grants("mon", "ingress", "put") == set()
+    assert all(r["permission"] == "allow" for r in acl["rules"])
+    with pytest.raises(ConfigError, match="one role"):
+        Deployment((AppGrant(app_key, ("gpu0",), ("gpu0",)),))
+
+
+def test_tls_settings_map_to_zenoh_and_fail_naming_the_field(layout, tmp_path):
+    settings = member_settings(layout, "robA", ["tls/127.0.0.1:7447"])
+    config = settings.to_zenoh_config()
+    assert config.get_json("transport/link/tls/root_ca_certificate") == f'"{layout.ca_cert}"'
+    assert config.get_json("transport/link/tls/connect_certificate") == f'"{layout.cert("robA")}"'
+    assert config.get_json("transport/link/tls/listen_private_key") == f'"{layout.key("robA")}"'
+    assert config.get_json("transport/link/tls/enable_mtls") == "true"
+    assert config.get_json("transport/link/protocols") == '["tls"]'
+    assert config.get_json("listen/endpoints") == "[]"  # never the tcp/[::]:0 default of a peer
+    assert RX_MAX_MESSAGE_BYTES > codec.DEFAULT_LIMITS.max_message_bytes
+    assert connect_endpoint("tcp/0.0.0.0:7447", "10.0.0.2") == "tls/10.0.0.2:7447"
+    cases = [
+        (dict(connect=["tcp/127.0.0.1:7447"]), "zenoh.connect"),
+        (dict(tls_private_key=None), "zenoh.tls_private_key"),
+        (dict(tls_certificate=None, tls_private_key=None), "zenoh.tls_certificate"),
+        (dict(tls_root_ca=None), "zenoh.tls_root_ca"),
+        (dict(tls_root_ca=str(tmp_path / "missing.pem")), "zenoh.tls_root_ca"),
+        (dict(access_control_file=str(tmp_path / "missing.json5")), "zenoh.access_control_file"),
+    ]
+    for change, field in cases:
+        with pytest.raises(ConfigError) as info:
+            dataclasses.replace(settings, **change).to_zenoh_config()
+        assert info.value.field == field, change
+    bad = tmp_path / "bad.json5"
+    bad.write_text("{enabled: true, rules: [")
+    with pytest.raises(ConfigError) as info:
+        dataclasses.replace(settings, access_control_file=str(bad)).to_zenoh_config()
+    assert info.value.field == "zenoh.access_control_file"
+    assert ZenohSettings().tls_enabled is False  # plain TCP stays the default
+
+
+def test_rejection_rate_limit_cools_down_one_client_only():
+    limit = RejectionRateLimit(max_rejections=3, window_s=1.0, cooldown_s=5.0)
+    assert not any(limit.on_rejection("bad", t) for t in (0.0, 0.1, 0.2))
+    assert not limit.blocked("bad", 0.3)
+    assert limit.on_rejection("bad", 0.3)  # the 4th within 1 s
+    assert limit.blocked("bad", 0.4) and limit.blocked("bad", 5.2) and not limit.blocked("bad", 5.31)
+    assert not limit.blocked("good", 0.4)
+    assert not any(limit.on_rejection("slow", t) for t in (0.0, 1.0, 2.0, 3.0, 4.0))  # spread out: never
+
+
+# -- mutual TLS and the ACL on real sessions -------------------------------------------------------
+
+
+def test_authorised_clients_are_served_over_mutual_tls(secured, app_key):
+    server, connect, _ = secured
+    a = Robot(connect("robA"), app_key, "robA")
+    wait_status(a.session, app_key)
+    rng = np.random.default_rng(0)
+    for seq in (1, 2, 3):
+        a.send_until_served(seq, rng)
+    assert a.session.alive(app_key.all_servers) == [app_key.server_token("gpu0")]
+    stats = server.stats()[app_key.prefix]["clients"]["robA"]
+    assert stats["served"] >= 3 and not stats["rejected"]
+
+
+def test_a_robot_cannot_forge_another_robots_observations_or_read_its_actions(secured, app_key):
+    server, connect, spy = secured
+    seen_on_b = spy("robB")
+    a_session = connect("robA")
+    a = Robot(a_session, app_key, "robA")
+    b = Robot(connect("robB"), app_key, "robB")
+    stolen: list = []  # what robA's certificate can read of robB's chunks, by any subscription
+    for selector in (app_key.client("robB").action, f"{app_key.prefix}/*/action", "**"):
+        a_session.subscribe(selector, lambda k, _, sel=selector: stolen.append((sel, k)) if k.endswith("robB/action") else None)
+    wait_status(b.session, app_key)
+    rng = np.random.default_rng(1)
+    a.send_until_served(1, rng)  # robA's own traffic goes through
+    b_sent = set()
+    for seq in range(1, 6):
+        # Interleave: a perfectly valid observation for robB, published with robA's certificate.
+        a.put(900_000 + seq, rng, on_key_of="robB", client_uuid="robB")
+        b.send_until_served(seq, rng)
+        b_sent.add(seq)
+    time.sleep(0.3)
+    stats = server.stats()[app_key.prefix]["clients"]
+    assert all(c.response_to_seq_id in b_sent for c in b.chunks)  # robB's actions are its own
+    assert set(seen_on_b) <= b_sent and b_sent <= set(seen_on_b)  # the forged ones never reached the server
+    assert stats["robB"]["received"] == len(seen_on_b) and not stats["robB"]["rejected"]
+    assert stolen == []  # robB's chunks (the local echoes of robA's own forged puts excluded) never reach robA
+
+
+@pytest.mark.parametrize("mode", ["client", "peer"])
+@pytest.mark.parametrize("who", ["no certificate", "another CA", "plain tcp"])
+def test_a_peer_without_a_valid_certificate_cannot_connect(secured, app_key, layout, port, mode, who):
+    server, connect, spy = secured
+    seen = spy("robA")
+    other = layout.root / "other"
+    changes = {
+        "no certificate": dict(tls_certificate=None, tls_private_key=None, tls_mtls=False),
+        "another CA": dict(tls_root_ca=str(other / "ca.pem"), tls_certificate=str(other / "robA.pem"),
+                           tls_private_key=str(other / "robA.key")),
+        "plain tcp": dict(tls_root_ca=None, tls_certificate=None, tls_private_key=None,
+                          connect=[f"tcp/127.0.0.1:{port}"], json5_overrides={"listen/endpoints": "[]"}),
+    }[who]
+    if mode == "client":  # a client must reach its router/peer at open: the TLS handshake fails, so does open
+        with pytest.raises(TransportError, match="could not open"):
+            connect("robA", mode="client", **changes)
+        return
+    # A peer opens without any connection; it then never gets through to the server.
+    session = connect("robA", mode="peer", **changes)
+    rng = np.random.default_rng(2)
+    pub = session.publisher(app_key.client("robA").obs, OBSERVATION_QOS)
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        pub.put(observation(1, "robA", rng))
+        assert session.query(app_key.status, 0.2) == []
+    assert seen == [] and session.alive(app_key.all_servers, 0.2) == []
+    assert not session.raw.info.peers_zid() and not session.raw.info.routers_zid()
+    assert "robA" not in server.stats()[app_key.prefix]["clients"]
+
+
+def test_the_monitor_reads_metrics_but_cannot_publish_observations(secured, app_key):
+    server, connect, spy = secured
+    seen = spy("robA")
+    a = Robot(connect("robA"), app_key, "robA")
+    monitor = connect("mon")
+    metrics: list[tuple[str, str]] = []
+    monitor.subscribe("**/metrics", lambda k, b: metrics.append((k, codec.decode_telemetry(b).source)))
+    a_metrics = a.session.publisher(app_key.client("robA").metrics, OBSERVATION_QOS)
+    wait_status(a.session, app_key)
+    assert wait_for(lambda: (app_key.server_metrics("gpu0"), "server") in metrics, 5.0)
+    from lerobot_zenoh.protocol.messages import Telemetry
+
+    robot_figures = codec.encode(Telemetry("client", "robA", 1, 0.1, 1.0, {"steps": 1}, {}, {}))
+    assert wait_for(lambda: (a_metrics.put(robot_figures), (app_key.client("robA").metrics, "client") in metrics)[1], 5.0)
+    assert app_key.server_token("gpu0") in monitor.alive("**")  # liveliness: who is up
+    forged = monitor.publisher(app_key.client("robA").obs, OBSERVATION_QOS)
+    rng = np.random.default_rng(3)
+    for seq in range(20):
+        forged.put(observation(seq, "robA", rng))
+        time.sleep(0.02)
+    assert monitor.query(app_key.status, 0.5) == []  # status is for the app's clients only
+    time.sleep(0.3)
+    assert seen == [] and "robA" not in server.stats()[app_key.prefix]["clients"]
+
+
+# -- resource limits against a hostile peer --------------------------------------------------------
+
+
+def plain_manifest(port, app_key, **entry) -> dict:
+    model = {
+        "model_id": app_key.model, "model_version": app_key.version, "application_tag": app_key.app,
+        "synthetic": {"state_dim": 6, "action_dim": 6, "chunk_size": 20, "cameras": CAMS, "latency_ms": 2},
+        "fps": 30, "clients": [{"client_uuid": c} for c in ("good", "flood")],
+    }
+    model.update(entry)
+    return {"cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": "gpu0",
+            "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False}, "server": [model],
+            "telemetry_period_s": 0}
+
+
+def test_a_flood_of_bad_observations_is_rate_limited_without_starving_others(port, app_key):
+    with PolicyServer(parse_manifest(plain_manifest(port, app_key))) as server, \
+            ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as session:
+        model = server.models[0]
+        model.rejection_limit = RejectionRateLimit(max_rejections=5, window_s=2.0, cooldown_s=30.0)
+        good = Robot(session, app_key, "good")
+        wait_status(session, app_key)
+        flood_pub = session.publisher(app_key.client("flood").obs, OBSERVATION_QOS)
+        stop = threading.Event()
+
+        def flood():
+            while not stop.is_set():
+                flood_pub.put(b"\xc1 not msgpack")
+                time.sleep(0.0005)
+
+        flooder = threading.Thread(target=flood, daemon=True)
+        flooder.start()
+        try:
+            rng = np.random.default_rng(4)
+            for seq in range(1, 9):
+                good.send_until_served(seq, rng)
+            assert wait_for(lambda: server.stats()[app_key.prefix]["clients"]["flood"]["rejected"].get("rate_limited", 0) > 50, 5.0)
+        finally:
+            stop.set()
+            flooder.join(2.0)
+        stats = server.stats()[app_key.prefix]["clients"]
+        flood_rejected = dict(stats["flood"]["rejected"])
+        rate_limited = flood_rejected.pop("rate_limited")
+        # Decoded (and rejected) max_rejections + 1 times, plus at most the one slot taken before the cool-down.
+        assert sum(flood_rejected.values()) <= 7
+        assert rate_limited > 50 and stats["flood"]["served"] == 0
+        assert stats["good"]["served"] >= 8 and not stats["good"]["rejected"]
+        figures, per_client = server.telemetry_figures(model)
+        assert per_client["flood"]["rejected.rate_limited"] == rate_limited
+
+
+def test_an_oversize_observation_is_rejected_before_it_takes_a_slot(port, app_key):
+    limits = dataclasses.replace(codec.DEFAULT_LIMITS, max_message_bytes=64 * 1024)
+    server = PolicyServer(parse_manifest(plain_manifest(port, app_key)), codec_limits=limits)
+    with server, ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as session:
+        model = server.models[0]
+        key = app_key.client("flood").obs
+        server._on_observation(model, key, b"\x00" * (64 * 1024 + 1))  # the callback, as Zenoh calls it
+        assert "flood" not in model.slots
+        assert server.stats()[app_key.prefix]["clients"]["flood"]["rejected"] == {"too_large": 1}
+        session.publisher(key, OBSERVATION_QOS).put(b"\x00" * 200_000)  # and over the network
+        assert wait_for(lambda: server.stats()[app_key.prefix]["clients"]["flood"]["rejected"]["too_large"] == 2, 5.0)
+        good = Robot(session, app_key, "good")
+        good.send_until_served(1, np.random.default_rng(5))  # a normal observation still fits
+
+
+def test_distinct_client_ids_are_bounded_by_max_clients_and_counted(port, app_key):
+    manifest = plain_manifest(port, app_key, clients=[], accept_unknown_clients=True, max_clients=2)
+    with PolicyServer(parse_manifest(manifest)) as server, \
+            ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as session:
+        wait_status(session, app_key)
+        rng = np.random.default_rng(6)
+        first, second = Robot(session, app_key, "r1"), Robot(session, app_key, "r2")
+        first.send_until_served(1, rng)
+        second.send_until_served(1, rng)
+        invented = [Robot(session, app_key, f"x{i}") for i in range(5)]
+        for robot in invented:
+            for seq in range(3):
+                robot.put(seq, rng)
+        model = server.models[0]
+        assert wait_for(lambda: server.stats()[app_key.prefix]["dropped"].get("too_many_clients", 0) >= 5, 5.0)
+        time.sleep(0.2)
+        stats = server.stats()[app_key.prefix]
+        assert set(stats["clients"]) == {"r1", "r2"}  # nothing else is tracked
+        assert not any(r.chunks for r in invented)
+        figures, _ = server.telemetry_figures(model)
+        assert figures["rejected.too_many_clients"] == stats["dropped"]["too_many_clients"]
+        first.send_until_served(2, rng)  # the admitted ones are still served
+
+
+# -- the command: manifest in, deployment out ------------------------------------------------------
+
+
+def write_plain_manifest(path, port, app_key, clients=("robot_1", "robot_2")) -> None:
+    manifest = plain_manifest(port, app_key, clients=[{"client_uuid": c} for c in clients])
+    manifest["telemetry_period_s"] = 0.2
+    path.write_text(yaml.safe_dump(manifest))
+
+
+def test_secure_init_writes_a_deployment_that_serves_a_real_client_over_mtls(port, app_key, tmp_path, capsys):
+    from lerobot.robots import make_robot_from_config
+
+    from lerobot_zenoh.cli import client as client_cli
+    from lerobot_zenoh.cli import monitor as monitor_cli
+    from lerobot_zenoh.cli import secure
+    from lerobot_zenoh.client.client import RobotClient
+
+    write_plain_manifest(tmp_path / "m.yaml", port, app_key)
+    out = tmp_path / "pki"
+    assert secure.main(["init", "--manifest", str(tmp_path / "m.yaml"), "--out", str(out), "--monitor", "ops"]) == 0
+    names = {p.name for p in out.iterdir()}
+    for ident in ("gpu0", "robot_1", "robot_2", "ops"):
+        assert {f"{ident}.pem", f"{ident}.key"} <= names
+    assert {"ca.pem", "ca.key", "acl.json5", "gpu0.manifest.yaml", "robot_1.flags", "ops.flags", "README.md"} <= names
+    assert secure.main(["init", "--manifest", str(tmp_path / "m.yaml"), "--out", str(out)]) == 2  # keeps its CA
+
+    manifest = load_manifest(out / "gpu0.manifest.yaml")
+    assert manifest.zenoh_settings().listen == [f"tls/127.0.0.1:{port}"]
+    flags = (out / "robot_1.flags").read_text().split()
+    cfg = client_cli.parse_config([
+        "--robot.type=zenoh_sim", f"--robot.cameras={CAMS}".replace("(", "[").replace(")", "]"),
+        "--client_uuid=robot_1", f"--cluster_uuid={app_key.cluster}", f"--experiment_tag={app_key.experiment}",
+        f"--model_id={app_key.model}", f"--model_version={app_key.version}", f"--application_tag={app_key.app}",
+        "--telemetry_period_s=0.2", "--discovery_timeout_s=8", *flags])
+    assert cfg.zenoh_settings().connect == [f"tls/127.0.0.1:{port}"] and cfg.zenoh.tls_mtls
+    with PolicyServer(manifest):
+        client = RobotClient(cfg, make_robot_from_config(cfg.robot))
+        client.start()
+        try:
+            counters = client.run(duration_s=1.5)
+        finally:
+            client.close()
+        capsys.readouterr()
+        monitor_flags = (out / "ops.flags").read_text().split()
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:  # the monitor installs its own SIGINT/SIGTERM handlers
+            assert monitor_cli.main([*monitor_flags, "--json", "--duration-s", "1.0", "--refresh-s", "0.2"]) == 0
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+        lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert counters.chunks_received >= 3 and counters.chunks_rejected == 0
+    assert any(line["source"] == "server" and line["source_id"] == "gpu0" for line in lines)
+
+    assert secure.main(["acl", "--manifest", str(tmp_path / "m.yaml"), "--monitor", "ops", "--certs", str(out),
+                        "--out", str(tmp_path / "again.json5")]) == 0
+    assert secure.main(["acl", "--manifest", str(tmp_path / "m.yaml"), "--monitor", "nobody", "--certs", str(out),
+                        "--out", str(tmp_path / "never.json5")]) == 2
+    assert not (tmp_path / "never.json5").exists()
+
+
+def test_secure_init_with_a_router_enforces_the_acl_there(app_key, tmp_path):
+    import zenoh
+
+    from lerobot_zenoh.cli import secure
+    router_port, server_port = free_port(), free_port()
+    write_plain_manifest(tmp_path / "m.yaml", server_port, app_key, clients=("robA", "robB"))
+    out = tmp_path / "pki"
+    assert secure.main(["init", "--manifest", str(tmp_path / "m.yaml"), "--out", str(out), "--router", "zr",
+                        "--router-endpoint", f"tls/127.0.0.1:{router_port}"]) == 0
+    layout = PkiLayout(out)
+    manifest = load_manifest(out / "gpu0.manifest.yaml")
+    assert manifest.zenoh_settings().mode == "client" and manifest.zenoh_settings().access_control_file is None
+    router = zenoh.open(zenoh.Config.from_file(str(out / "zr.zenoh.json5")))  # what zenohd would load
+    try:
+        with PolicyServer(manifest) as server:
+            seen: list[int] = []
+            server._session.subscribe(app_key.client("robB").obs, lambda k, b: seen.append(codec.decode_observation(b).seq_id))
+            connect = [f"tls/127.0.0.1:{router_port}"]
+            with ZenohSession(member_settings(layout, "robA", connect)) as sa, \
+                    ZenohSession(member_settings(layout, "robB", connect)) as sb:
+                a, b = Robot(sa, app_key, "robA"), Robot(sb, app_key, "robB")
+                wait_status(sa, app_key)
+                rng = np.random.default_rng(7)
+                a.send_until_served(1, rng)
+                for seq in (1, 2, 3):
+                    a.put(900 + seq, rng, on_key_of="robB", client_uuid="robB")
+                    b.send_until_served(seq, rng)
+                time.sleep(0.3)
+                assert set(seen) == {1, 2, 3}
+                assert all(c.response_to_seq_id in {1, 2, 3} for c in b.chunks)
+    finally:
+        router.close()
