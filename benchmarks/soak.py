@@ -1,0 +1,173 @@
+"""Soak: one server and several robot clients for a long time; memory growth and throughput stability.
+
+    python benchmarks/soak.py --minutes 30 --robots 4                 # synthetic policy (default)
+    python benchmarks/soak.py --minutes 30 --robots 2 --manifest manifests/demo.yaml
+
+Runs the real console scripts as separate processes on loopback, samples every process's resident
+memory from /proc and every component's telemetry (the same figures `lerobot-zenoh-monitor`
+shows) every `--sample-s`, and writes outputs/soak/soak.json plus a summary table: per process the
+RSS at the first sample after warm-up, at the end, and the growth per hour; per client the chunks
+per minute (mean, min, max over the run) and control-loop overruns; for the server, inferences per
+minute. A leak shows as steady RSS growth; a stall as a minute with far fewer chunks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lerobot_zenoh.protocol import codec  # noqa: E402
+from lerobot_zenoh.transport.session import ZenohSession  # noqa: E402
+from lerobot_zenoh.transport.settings import ZenohSettings  # noqa: E402
+
+
+def rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def synthetic_manifest(port: int, robots: int) -> dict:
+    return {
+        "cluster_uuid": "soak", "experiment_tag": "run", "server_id": "soak-server", "telemetry_period_s": 1.0,
+        "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False},
+        "server": [{"model_id": "synthetic", "model_version": "v1", "application_tag": "soak", "fps": 30,
+                    "synthetic": {"state_dim": 6, "action_dim": 6, "chunk_size": 50,
+                                  "cameras": {"front": [96, 128], "wrist": [96, 128]}, "latency_ms": 30},
+                    "clients": [{"client_uuid": f"robot_{i + 1}"} for i in range(robots)]}],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--robots", type=int, default=4)
+    parser.add_argument("--manifest", help="a manifest to serve (default: a synthetic policy)")
+    parser.add_argument("--port", type=int, default=7460)
+    parser.add_argument("--sample-s", type=float, default=10.0)
+    parser.add_argument("--warmup-s", type=float, default=30.0, help="memory baseline taken after this")
+    parser.add_argument("--out", default=str(ROOT / "outputs" / "soak"))
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    if args.manifest:
+        manifest_path = Path(args.manifest)
+        manifest = yaml.safe_load(manifest_path.read_text())
+    else:
+        manifest = synthetic_manifest(args.port, args.robots)
+        manifest_path = Path(tempfile.mkdtemp()) / "soak.yaml"
+        manifest_path.write_text(yaml.safe_dump(manifest))
+    entry = manifest["server"][0]
+    endpoint = (entry.get("endpoint") or (manifest.get("zenoh", {}).get("listen") or [f"tcp/127.0.0.1:{args.port}"])[0])
+    clients = [c["client_uuid"] for c in entry.get("clients", [])][: args.robots]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    bin_dir = Path(sys.executable).parent
+
+    procs: dict[str, subprocess.Popen] = {}
+    logs = []
+    log = open(out / "server.log", "w")
+    logs.append(log)
+    procs["server"] = subprocess.Popen([str(bin_dir / "lerobot-policy-server"), "--manifest", str(manifest_path)],
+                                       stdout=log, stderr=subprocess.STDOUT, env=env)
+    figures: dict[str, list] = {}
+    lock = threading.Lock()
+
+    def on_metrics(key: str, payload: bytes) -> None:
+        try:
+            msg = codec.decode_telemetry(payload)
+        except Exception:
+            return
+        with lock:
+            figures.setdefault(msg.source_id, []).append((time.monotonic(), dict(msg.metrics)))
+
+    session = ZenohSession(ZenohSettings(connect=[endpoint], multicast_scouting=False)).open()
+    session.subscribe("**/metrics", on_metrics)
+    status_key = f"{manifest['cluster_uuid']}/{manifest['experiment_tag']}/{entry['model_id']}/{entry['model_version']}/{entry['application_tag']}/status"
+    deadline = time.monotonic() + 120
+    while not session.query(status_key, 0.5) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for client_id in clients:
+        log = open(out / f"{client_id}.log", "w")
+        logs.append(log)
+        procs[client_id] = subprocess.Popen([
+            str(bin_dir / "lerobot-robot-client"), "--robot.type=zenoh_sim", f"--client_uuid={client_id}",
+            f"--cluster_uuid={manifest['cluster_uuid']}", f"--experiment_tag={manifest['experiment_tag']}",
+            f"--model_id={entry['model_id']}", f"--model_version={entry['model_version']}",
+            f"--application_tag={entry['application_tag']}", f"--endpoint={endpoint}",
+            "--zenoh.multicast_scouting=false", f"--fps={entry.get('fps', 30)}", "--log_level=WARNING",
+            f"--summary_path={out / (client_id + '.json')}",
+        ], stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    t0 = time.monotonic()
+    memory: dict[str, list] = {name: [] for name in procs}
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    while not stop.wait(args.sample_s) and time.monotonic() - t0 < args.minutes * 60:
+        for name, proc in procs.items():
+            value = rss_mb(proc.pid)
+            if value is not None:
+                memory[name].append((time.monotonic() - t0, value))
+        print(f"[{(time.monotonic() - t0) / 60:5.1f} min] " +
+              "  ".join(f"{n}={m[-1][1]:.0f}MB" for n, m in memory.items() if m), flush=True)
+
+    for name, proc in reversed(list(procs.items())):
+        proc.send_signal(signal.SIGINT)
+    for proc in procs.values():
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    session.close()
+    for log in logs:
+        log.close()
+
+    report = {"minutes": args.minutes, "robots": len(clients), "processes": {}, "throughput": {}}
+    for name, samples in memory.items():
+        after = [v for t, v in samples if t >= args.warmup_s] or [v for _, v in samples]
+        if not after:
+            continue
+        span_h = max((samples[-1][0] - next(t for t, _ in samples if t >= min(args.warmup_s, samples[-1][0]))) / 3600, 1e-9)
+        report["processes"][name] = {"rss_mb_after_warmup": round(after[0], 1), "rss_mb_end": round(after[-1], 1),
+                                     "growth_mb_per_hour": round((after[-1] - after[0]) / span_h, 1)}
+    for source, series in figures.items():
+        key = "inferences" if source == manifest.get("server_id") else "chunks_received"
+        per_min = []
+        start = series[0][0]
+        minute_marks = {}
+        for t, m in series:
+            if key in m:
+                minute_marks.setdefault(int((t - start) // 60), m[key])
+        marks = [minute_marks[k] for k in sorted(minute_marks)]
+        per_min = [b - a for a, b in zip(marks, marks[1:])]
+        last = series[-1][1]
+        report["throughput"][source] = {
+            f"{key}_per_min_mean": round(sum(per_min) / len(per_min), 1) if per_min else None,
+            f"{key}_per_min_min": min(per_min) if per_min else None,
+            f"{key}_per_min_max": max(per_min) if per_min else None,
+            "loop_overruns": last.get("loop_overruns"), "empty_buffer_cycles": last.get("empty_buffer_cycles"),
+        }
+    (out / "soak.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
