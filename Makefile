@@ -17,7 +17,7 @@ DEMO_CHECKPOINT ?= checkpoints/demo_act
 DEMO_SECONDS    ?= 20
 DEMO_ROBOTS     ?= 2
 
-.PHONY: help install test test-fast demo checkpoint clean
+.PHONY: help install test test-fast demo checkpoint clean ci-tools
 
 help:
 	@echo "make demo    one policy server + $(DEMO_ROBOTS) simulated robots on loopback for $(DEMO_SECONDS) s"
@@ -35,7 +35,14 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP)
+# The fault tests need iptables in network namespaces (no sch_netem on the CI kernel). In CI (as
+# root) it is installed from Debian's packages; elsewhere those tests skip with the reason.
+ci-tools:
+	@if [ "$$CI" = "true" ] && [ "$$(id -u)" = 0 ] && ! command -v iptables >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then \
+		apt-get install -y -q iptables >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q iptables >/dev/null 2>&1; } \
+		|| echo "iptables could not be installed: the fault tests will be skipped"; fi
+
+test: $(STAMP) ci-tools
 	$(PY) -m pytest
 
 test-fast: $(STAMP)
@@ -51,3 +58,19 @@ demo: $(STAMP) checkpoint
 
 clean:
 	rm -rf $(VENV) checkpoints .pytest_cache
+
+# Fleet scheduling study (discrete-event simulation over the real schedulers, ~5 min on 2 cores);
+# rewrites only the generated block of the "Fleet scheduling" section of docs/benchmarks.md.
+.PHONY: bench-fleet
+bench-fleet: $(STAMP)
+	$(PY) benchmarks/fleet.py --write-docs docs/benchmarks.md
+
+# Fault tests in network namespaces (root; part of `make test` too) and a soak run.
+SOAK_MINUTES ?= 30
+SOAK_ROBOTS  ?= 4
+.PHONY: test-faults soak
+test-faults: $(STAMP)
+	$(PY) -m pytest tests/test_faults.py -s
+
+soak: $(STAMP)
+	$(PY) benchmarks/soak.py --minutes $(SOAK_MINUTES) --robots $(SOAK_ROBOTS)
