@@ -253,3 +253,32 @@ def test_cli_exits_nonzero_on_bad_manifest_and_zero_on_sigterm(tmp_path, port, a
     finally:
         proc.kill()
 
+
+
+@pytest.mark.slow
+def test_status_and_chunks_of_a_real_act_checkpoint(port, app_key, tmp_path):
+    """The offline builder's checkpoint, loaded by the server through LeRobot's from_pretrained."""
+    from lerobot_zenoh.server.checkpoint import build_checkpoint
+
+    joints = ("shoulder_pan.pos", "shoulder_lift.pos", "elbow_flex.pos", "wrist_flex.pos", "wrist_roll.pos", "gripper.pos")
+    path = build_checkpoint(tmp_path / "act", policy_type="act", state_names=joints, action_names=joints,
+                            cameras=CAMS, chunk_size=20, fps=30,
+                            overrides={"dim_model": 64, "n_heads": 2, "dim_feedforward": 128, "n_encoder_layers": 1,
+                                       "n_decoder_layers": 1, "n_vae_encoder_layers": 1, "latent_dim": 8})
+    m = manifest_dict(port, app_key)
+    del m["server"][0]["synthetic"]
+    m["server"][0]["pretrained_path"] = str(path)
+    with PolicyServer(parse_manifest(m)), \
+            ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as session:
+        wait_discovered(session, app_key)
+        (_, payload), = session.query(app_key.status, 1.0)
+        status = codec.decode_status(payload)
+        assert status.policy_type == "act" and status.expected_cameras == CAMS
+        assert (status.action_dim, status.state_dim, status.max_actions_per_chunk, status.fps) == (6, 6, 10, 30)
+        assert status.action_names == joints
+        assert status.observation_features["observation.state"]["names"] == list(joints)
+        assert status.observation_features["observation.images.front"]["shape"] == [48, 64, 3]
+        client = FakeClient(session, app_key, "r1")
+        send_until_served(client, 1, np.random.default_rng(0))
+        chunk = next(c for _, c in client.chunks if c.response_to_seq_id == 1)
+        assert chunk.actions.shape == (10, 6) and np.all(np.isfinite(chunk.actions))
