@@ -11,6 +11,8 @@ import dataclasses
 import json
 import signal
 import stat
+import subprocess
+import sys
 import threading
 import time
 
@@ -474,8 +476,6 @@ def test_secure_init_writes_a_deployment_that_serves_a_real_client_over_mtls(por
 
 
 def test_secure_init_with_a_router_enforces_the_acl_there(app_key, tmp_path):
-    import zenoh
-
     from lerobot_zenoh.cli import secure
     router_port, server_port = free_port(), free_port()
     write_plain_manifest(tmp_path / "m.yaml", server_port, app_key, clients=("robA", "robB"))
@@ -485,8 +485,12 @@ def test_secure_init_with_a_router_enforces_the_acl_there(app_key, tmp_path):
     layout = PkiLayout(out)
     manifest = load_manifest(out / "gpu0.manifest.yaml")
     assert manifest.zenoh_settings().mode == "client" and manifest.zenoh_settings().access_control_file is None
-    router = zenoh.open(zenoh.Config.from_file(str(out / "zr.zenoh.json5")))  # what zenohd would load
+    # The generated router file, served by the project's router command (zenohd -c would load it too).
+    router = subprocess.Popen([sys.executable, "-m", "lerobot_zenoh.cli.router", "--config", str(out / "zr.zenoh.json5")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
+        assert wait_for(lambda: _port_open(router_port) or router.poll() is not None, 30) and router.poll() is None, \
+            router.stderr.read() if router.poll() is not None else ""
         with PolicyServer(manifest) as server:
             seen: list[int] = []
             server._session.subscribe(app_key.client("robB").obs, lambda k, b: seen.append(codec.decode_observation(b).seq_id))
@@ -504,4 +508,12 @@ def test_secure_init_with_a_router_enforces_the_acl_there(app_key, tmp_path):
                 assert set(seen) == {1, 2, 3}
                 assert all(c.response_to_seq_id in {1, 2, 3} for c in b.chunks)
     finally:
-        router.close()
+        router.terminate()
+        router.wait(10)
+
+
+def _port_open(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0

@@ -21,6 +21,8 @@ import threading
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lerobot-zenoh-router", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="a Zenoh JSON5 config file (e.g. the TLS + ACL router file written by "
+                                         "`lerobot-zenoh-secure init --router`); --listen/--connect/--set apply on top")
     parser.add_argument("--listen", action="append", default=[], help="endpoint to listen on (repeatable)")
     parser.add_argument("--connect", action="append", default=[], help="router/peer to connect to (repeatable)")
     parser.add_argument("--no-scouting", action="store_true", help="disable multicast scouting")
@@ -42,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"lerobot-zenoh-router: --set {item!r} is not PATH=JSON5", file=sys.stderr)
             return 2
         overrides[path] = value
+    if args.config:
+        # The file is the base; typed options only override what they name.
+        return _run_from_file(args, overrides, log)
     settings = ZenohSettings(mode="router", listen=args.listen or ["tcp/0.0.0.0:7447"], connect=args.connect,
                              multicast_scouting=not args.no_scouting, json5_overrides=overrides)
     stop = threading.Event()
@@ -53,6 +58,37 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", exc)
         return 2
     log.info("router %s listening on %s", session.zid, ", ".join(settings.listen))
+    try:
+        stop.wait()
+    finally:
+        session.close()
+    return 0
+
+
+def _run_from_file(args, overrides: dict[str, str], log) -> int:
+    import json
+
+    import zenoh
+
+    try:
+        config = zenoh.Config.from_file(args.config)
+        config.insert_json5("mode", '"router"')
+        if args.listen:
+            config.insert_json5("listen/endpoints", json.dumps(args.listen))
+        if args.connect:
+            config.insert_json5("connect/endpoints", json.dumps(args.connect))
+        if args.no_scouting:
+            config.insert_json5("scouting/multicast/enabled", "false")
+        for path, value in overrides.items():
+            config.insert_json5(path, value)
+        session = zenoh.open(config)
+    except Exception as exc:  # zenoh.ZError, or a file that is not JSON5
+        log.error("cannot start a router from %s: %s", args.config, exc)
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    log.info("router %s started from %s", session.info.zid(), args.config)
     try:
         stop.wait()
     finally:

@@ -176,7 +176,7 @@ def _init(args) -> int:
         settings = router_settings(layout, args.router, args.router_endpoint)
         path = layout.root / f"{args.router}.zenoh.json5"
         path.write_text(json.dumps(_zenoh_json(settings), indent=2) + "\n")
-        written.append(("router", args.router, f"zenohd -c {path}"))
+        written.append(("router", args.router, f"lerobot-zenoh-router --config {path}"))
     (layout.root / "README.md").write_text(_readme(layout, written, bool(args.router)))
     for role, name, command in written:
         print(f"{role:8} {name:24} {command}")
