@@ -74,7 +74,7 @@ class WaitRatioScheduler:
 
     name = "wait_ratio"
 
-    def __init__(self, buckets: int = 10, aging: int = 4, first_request: str = "highest"):
+    def __init__(self, buckets: int = 10, aging: int = 1, first_request: str = "highest"):
         if not isinstance(buckets, int) or isinstance(buckets, bool) or buckets < 1:
             raise ConfigError("wait_ratio.buckets", f"must be an integer >= 1, got {buckets!r}")
         if not isinstance(aging, int) or isinstance(aging, bool) or aging < 1:

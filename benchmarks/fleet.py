@@ -1,0 +1,495 @@
+"""Fleet scheduling benchmark: a discrete-event simulation of N robots sharing one policy server.
+
+What is real and what is simulated:
+
+- REAL: the request schedulers (`RoundRobinScheduler`, `FifoScheduler`, `WaitRatioScheduler`), driven
+  through the exact calls the server loop makes (`on_arrival` with the `ExecutionInfo` a robot sends,
+  `pick(ready, now, max_batch)`, `on_served`, `forget`); the batch-latency model
+  (`SyntheticPolicy.latency_s`, a GPU-like profile: 60 ms at batch 1 rising sublinearly to 200 ms at
+  16, a 4.8x peak-to-single throughput ratio); each robot's RTT bookkeeping (`RttTracker`) and its
+  send rule (send when the buffered actions last less than ``p90(RTT) + 1 dt``, 0.5 s before the
+  first reply: the reference client's `SendTrigger` default).
+- SIMULATED: time (a virtual clock, so a 100-robot fleet runs for minutes of robot time in seconds),
+  the network (a fixed one-way delay) and the robots. There is no Zenoh, no codec and no inference:
+  the server is busy for ``latency_s(batch size)`` per dispatch and idle otherwise, exactly like the
+  real loop with the synthetic policy, minus decoding and transport overheads.
+
+Workload (Kairos, seed 001, sections 2.2 and 5.1): a robot runs tasks back to back (``fleet`` mode,
+N robots) or tasks arrive by a Poisson process, each on its own robot (``online`` mode). A task is a
+trace of rounds; round j executes ``H_j`` actions at 30 Hz from chunk j (the execution horizon), and
+the request for round j+1 leaves while round j executes, when the send rule says so. If chunk j+1 is
+not there when round j's last action is done, the robot stands still: those control steps are
+*stalled*. Traces come from `generate_traces` (documented there) or a JSON file.
+
+Metrics, over the measurement window (after a warm-up):
+
+- actions/s: actions executed by the whole fleet per second of robot time (throughput);
+- SLO attainment: executed / (executed + stalled) control steps (a step meets the SLO when the robot's
+  buffer is not dry); "stalled %" is its complement;
+- wait mean / p99: per request, from its arrival at the server to the start of its inference;
+- task latency mean / p25 / p95: first request to last action executed, for tasks that start after
+  the warm-up and finish before the end;
+- largest fleet with at most 1 % of control steps stalled (``fleet`` mode sweeps).
+
+Run ``python benchmarks/fleet.py --help``; ``make bench-fleet`` runs the full study and rewrites the
+generated part of the "Fleet scheduling" section of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from lerobot_zenoh.protocol.messages import ExecutionInfo
+from lerobot_zenoh.scheduling.request_schedulers import FifoScheduler, RoundRobinScheduler
+from lerobot_zenoh.scheduling.send_trigger import RttTracker
+from lerobot_zenoh.scheduling.wait_ratio import WaitRatioScheduler
+from lerobot_zenoh.server.synthetic import SyntheticPolicy, SyntheticPolicyConfig
+
+FPS = 30
+DT_S = 1.0 / FPS
+#: ms per dispatch by batch size; linear interpolation in between (SyntheticPolicy.latency_s).
+GPU_PROFILE_MS = {1: 60.0, 2: 66.0, 4: 80.0, 8: 120.0, 16: 200.0}
+ONE_WAY_S = 0.0025  # Kairos' Wi-Fi 7 base latency robot <-> edge server
+
+
+# ------------------------------------------------------------------------------------ traces
+
+
+def generate_traces(n_tasks: int, seed: int, *, min_rounds: int = 8, max_rounds: int = 30,
+                    min_h: int = 9, max_h: int = 48, stay: float = 0.8, jitter: float = 0.1) -> list[list[int]]:
+    """`n_tasks` task traces, each a list of per-round execution horizons (actions at 30 Hz).
+
+    Follows Kairos section 2.2: an execution phase lasts 0.3-1.6 s at 30 Hz (H in [9, 48]);
+    tasks are heterogeneous: each has its own typical phase length, drawn log-uniformly in
+    [min_h, max_h] so that short- and long-horizon tasks are equally common; phases persist across
+    rounds: with probability `stay` a round keeps the current phase's horizon up to +/- `jitter`
+    (Kairos Fig. 10: 52-85 % of consecutive rounds differ by less than 10 %), otherwise a new phase
+    starts with a horizon drawn around the task's typical one (x0.5 to x2, clipped). The number of
+    rounds per task is uniform in [min_rounds, max_rounds].
+    """
+    rng = np.random.default_rng(seed)
+    traces = []
+    for _ in range(n_tasks):
+        typical = math.exp(rng.uniform(math.log(min_h), math.log(max_h)))
+        phase = typical
+        rounds = []
+        for _ in range(int(rng.integers(min_rounds, max_rounds + 1))):
+            if rounds and rng.random() >= stay:
+                phase = typical * math.exp(rng.uniform(math.log(0.5), math.log(2.0)))
+            h = phase * (1 + rng.uniform(-jitter, jitter))
+            rounds.append(int(min(max_h, max(min_h, round(h)))))
+        traces.append(rounds)
+    return traces
+
+
+# ------------------------------------------------------------------------------------ simulation
+
+
+@dataclass
+class Config:
+    scheduler: str = "fifo"  # fifo | round_robin | wait_ratio
+    max_batch: int = 1
+    buckets: int = 10
+    aging: int = 4
+    first_request: str = "highest"
+    mode: str = "fleet"  # fleet: N robots, tasks back to back; online: Poisson task arrivals
+    robots: int = 20
+    rate_per_s: float = 1.0  # online mode
+    duration_s: float = 240.0
+    warmup_s: float = 30.0
+    one_way_s: float = ONE_WAY_S
+    trigger: str = "rtt"  # rtt: p90(RTT) + 1 dt (reference client); fixed:K: when K actions remain
+    phase_elapsed: bool = False  # also report phase_elapsed_s (the reference client does not)
+    seed: int = 0
+
+    def label(self) -> str:
+        if self.scheduler != "wait_ratio":
+            return self.scheduler
+        return f"wait_ratio(B={self.buckets},A={self.aging},{self.first_request})"
+
+
+def make_scheduler(cfg: Config):
+    if cfg.scheduler == "fifo":
+        return FifoScheduler()
+    if cfg.scheduler == "round_robin":
+        return RoundRobinScheduler()
+    if cfg.scheduler == "wait_ratio":
+        return WaitRatioScheduler(buckets=cfg.buckets, aging=cfg.aging, first_request=cfg.first_request)
+    raise SystemExit(f"unknown scheduler {cfg.scheduler!r}")
+
+
+@dataclass
+class _Robot:
+    client_id: str
+    rtt: RttTracker = field(default_factory=lambda: RttTracker(window=100))
+    trace: list[int] = field(default_factory=list)
+    episode: int = 0
+    round: int = 0  # index of the round whose chunk is requested / next delivered
+    task_start_s: float = 0.0
+    free_at_s: float = 0.0  # when the robot runs out of actions
+    exec_start_s: float = 0.0  # start of the execution phase in progress
+    seq: int = 0
+
+
+@dataclass
+class Result:
+    cfg: Config
+    actions_per_s: float
+    stalled_pct: float
+    wait_mean_ms: float
+    wait_p99_ms: float
+    latency_mean_s: float
+    latency_p25_s: float
+    latency_p95_s: float
+    tasks_done: int
+    batch_mean: float
+    requests: int
+
+    @property
+    def slo_pct(self) -> float:
+        return 100.0 - self.stalled_pct
+
+
+class FleetSim:
+    """One run: the event loop of the robots, the network and a one-GPU server."""
+
+    def __init__(self, cfg: Config, traces: Sequence[list[int]], latency_s: Callable[[int], float]):
+        self.cfg = cfg
+        self.traces = traces
+        self.latency_s = latency_s
+        self.scheduler = make_scheduler(cfg)
+        self.rng = np.random.default_rng(cfg.seed)
+        self._events: list = []
+        self._tie = itertools.count()
+        self.robots: dict[str, _Robot] = {}
+        self.ready: dict[str, float] = {}  # client -> first arrival of its waiting request
+        self.busy = False
+        self._next_trace = int(self.rng.integers(len(traces)))
+        self.w0, self.w1 = cfg.warmup_s, cfg.duration_s
+        self.executed = 0.0
+        self.stalled = 0.0
+        self.waits: list[float] = []
+        self.latencies: list[float] = []
+        self.batches: list[int] = []
+        if cfg.trigger == "rtt":
+            self.fixed_k = None
+        elif cfg.trigger.startswith("fixed:"):
+            self.fixed_k = int(cfg.trigger.split(":", 1)[1])
+        else:
+            raise SystemExit(f"unknown trigger {cfg.trigger!r}")
+
+    # -- event plumbing ----------------------------------------------------------------------
+
+    def _at(self, t: float, fn, *args) -> None:
+        heapq.heappush(self._events, (t, next(self._tie), fn, args))
+
+    def run(self) -> Result:
+        cfg = self.cfg
+        if cfg.mode == "fleet":
+            for i in range(cfg.robots):
+                robot = self.robots[f"r{i}"] = _Robot(f"r{i}")
+                self._at(self.rng.uniform(0, 1.0), self._start_task, robot)  # staggered start
+        else:
+            self._at(self.rng.exponential(1 / cfg.rate_per_s), self._online_arrival, 0)
+        while self._events:
+            t, _, fn, args = heapq.heappop(self._events)
+            if t > self.w1:
+                break
+            fn(t, *args)
+        return self._result()
+
+    def _count(self, start: float, end: float) -> float:
+        """Control steps of [start, end] inside the measurement window."""
+        return max(0.0, min(end, self.w1) - max(start, self.w0)) / DT_S
+
+    # -- robots ------------------------------------------------------------------------------
+
+    def _online_arrival(self, t: float, n: int) -> None:
+        robot = self.robots[f"t{n}"] = _Robot(f"t{n}")
+        self._start_task(t, robot)
+        self._at(t + self.rng.exponential(1 / self.cfg.rate_per_s), self._online_arrival, n + 1)
+
+    def _start_task(self, t: float, robot: _Robot) -> None:
+        robot.trace = self.traces[self._next_trace % len(self.traces)]
+        self._next_trace += 1
+        robot.episode += 1
+        robot.round = 0
+        robot.task_start_s = t
+        robot.free_at_s = t  # nothing buffered: the robot waits from now on
+        robot.exec_start_s = t
+        self._send(t, robot)
+
+    def _send(self, t: float, robot: _Robot) -> None:
+        robot.seq += 1
+        robot.rtt.on_send(robot.seq, t)
+        buffered = max(0, round((robot.free_at_s - t) / DT_S))
+        phase = t - robot.exec_start_s if self.cfg.phase_elapsed and robot.exec_start_s <= t < robot.free_at_s else None
+        info = ExecutionInfo(episode_id=str(robot.episode), round_id=robot.seq, task_elapsed_s=t - robot.task_start_s,
+                             actions_buffered=buffered, control_period_s=DT_S, phase_elapsed_s=phase)
+        self._at(t + self.cfg.one_way_s, self._arrive, robot.client_id, info)
+
+    def _deliver(self, t: float, robot: _Robot, seq: int) -> None:
+        robot.rtt.on_receive(seq, t)
+        if t > robot.free_at_s:  # the robot ran dry before this chunk came
+            self.stalled += self._count(robot.free_at_s, t)
+        start = max(t, robot.free_at_s)
+        horizon = robot.trace[robot.round]
+        end = start + horizon * DT_S
+        self.executed += self._count(start, end)
+        robot.exec_start_s, robot.free_at_s = start, end
+        robot.round += 1
+        if robot.round < len(robot.trace):
+            if self.fixed_k is not None:
+                lead_s = self.fixed_k * DT_S
+            else:
+                p90 = robot.rtt.p90_s
+                lead_s = 0.5 if p90 is None else p90 + DT_S
+            self._at(max(t, end - lead_s), self._send, robot)
+        else:
+            if robot.task_start_s >= self.w0 and end <= self.w1:
+                self.latencies.append(end - robot.task_start_s)
+            if self.cfg.mode == "fleet":
+                self._at(end, self._start_task, robot)
+            else:
+                self._at(end, self._leave, robot)
+
+    def _leave(self, t: float, robot: _Robot) -> None:
+        self.scheduler.forget(robot.client_id)
+        del self.robots[robot.client_id]
+
+    # -- server ------------------------------------------------------------------------------
+
+    def _arrive(self, t: float, client_id: str, info: ExecutionInfo) -> None:
+        self.scheduler.on_arrival(client_id, t, info)
+        self.ready.setdefault(client_id, t)
+        self._dispatch(t)
+
+    def _dispatch(self, t: float) -> None:
+        if self.busy or not self.ready:
+            return
+        chosen = self.scheduler.pick(list(self.ready), t, self.cfg.max_batch)
+        if not chosen:
+            return
+        for client_id in chosen:
+            arrival = self.ready.pop(client_id)
+            if t >= self.w0:
+                self.waits.append(t - arrival)
+        self.busy = True
+        if t >= self.w0:
+            self.batches.append(len(chosen))
+        duration = self.latency_s(len(chosen))
+        self._at(t + duration, self._done, chosen, duration)
+
+    def _done(self, t: float, chosen: list[str], duration: float) -> None:
+        self.scheduler.on_served(chosen, t, duration)
+        self.busy = False
+        for client_id in chosen:
+            robot = self.robots[client_id]
+            self._at(t + self.cfg.one_way_s, self._deliver, robot, robot.seq)
+        self._dispatch(t)
+
+    def _result(self) -> Result:
+        window = self.w1 - self.w0
+        total = self.executed + self.stalled
+        waits = np.array(self.waits or [0.0]) * 1000
+        lat = np.array(self.latencies or [math.nan])
+        return Result(
+            cfg=self.cfg,
+            actions_per_s=self.executed / window,
+            stalled_pct=100.0 * self.stalled / total if total else 0.0,
+            wait_mean_ms=float(waits.mean()),
+            wait_p99_ms=float(np.percentile(waits, 99)),
+            latency_mean_s=float(np.mean(lat)),
+            latency_p25_s=float(np.percentile(lat, 25)),
+            latency_p95_s=float(np.percentile(lat, 95)),
+            tasks_done=len(self.latencies),
+            batch_mean=float(np.mean(self.batches)) if self.batches else 0.0,
+            requests=len(self.waits),
+        )
+
+
+def gpu_latency() -> Callable[[int], float]:
+    """The synthetic policy's batch-latency model with the GPU-like profile."""
+    policy = SyntheticPolicy(SyntheticPolicyConfig(state_names=("s",), cameras={}, action_names=("a",), chunk_size=1,
+                                                   batch_latency_ms=dict(GPU_PROFILE_MS)))
+    return policy.latency_s
+
+
+def saturation_batch_size(latency_s: Callable[[int], float], candidates: Sequence[int], tolerance: float = 0.1) -> int:
+    """The smallest batch size whose throughput is within `tolerance` of the best (seed 000 section 4.3:
+    beyond it, a bigger batch adds latency without adding throughput)."""
+    throughput = {b: b / latency_s(b) for b in candidates}
+    best = max(throughput.values())
+    return min(b for b, x in throughput.items() if x >= (1 - tolerance) * best)
+
+
+def simulate(cfg: Config, traces, latency_s, seeds: Sequence[int]) -> Result:
+    """Mean of the metrics over `seeds` (each seed: other robot start times and task order)."""
+    runs = [FleetSim(Config(**{**cfg.__dict__, "seed": s}), traces, latency_s).run() for s in seeds]
+    mean = {k: statistics.fmean(getattr(r, k) for r in runs)
+            for k in ("actions_per_s", "stalled_pct", "wait_mean_ms", "wait_p99_ms", "latency_mean_s",
+                      "latency_p25_s", "latency_p95_s", "batch_mean")}
+    return Result(cfg=cfg, tasks_done=sum(r.tasks_done for r in runs), requests=sum(r.requests for r in runs), **mean)
+
+
+# ------------------------------------------------------------------------------------ study
+
+
+SCHEDULERS = [("fifo", {}), ("round_robin", {}), ("wait_ratio", {})]
+
+
+def row(r: Result, first: str) -> str:
+    return (f"| {first} | {r.actions_per_s:.0f} | {r.slo_pct:.2f} | {r.wait_mean_ms:.0f} | {r.wait_p99_ms:.0f} | "
+            f"{r.latency_mean_s:.2f} | {r.latency_p25_s:.2f} | {r.latency_p95_s:.2f} | {r.batch_mean:.1f} |")
+
+
+HEADER = ("| {first} | actions/s | SLO % | wait mean ms | wait p99 ms | task mean s | task p25 s | task p95 s | batch |\n"
+          "|---|---|---|---|---|---|---|---|---|")
+
+
+def study(args) -> str:
+    latency_s = gpu_latency()
+    traces = load_traces(args)
+    seeds = list(range(args.seeds))
+    base = Config(duration_s=args.duration_s, warmup_s=args.warmup_s, buckets=args.buckets, aging=args.aging,
+                  first_request=args.first_request, phase_elapsed=args.phase_elapsed, trigger=args.trigger)
+    out = []
+    say = out.append
+    sat = saturation_batch_size(latency_s, [1, 2, 4, 8, 16])
+    say(f"Profile (ms per dispatch): {GPU_PROFILE_MS}; throughput at 1 = {1 / latency_s(1):.1f} req/s, "
+        f"at 16 = {16 / latency_s(16):.1f} req/s; saturation batch size (within 10 % of peak) = {sat}.\n")
+    mean_h = statistics.fmean(h for t in traces for h in t)
+    say(f"Traces: {len(traces)} tasks, {sum(map(len, traces))} rounds, mean H = {mean_h:.1f} actions "
+        f"({mean_h * DT_S:.2f} s); one-way network {ONE_WAY_S * 1000:.1f} ms; {args.seeds} seeds x "
+        f"{args.duration_s - args.warmup_s:.0f} s measured after {args.warmup_s:.0f} s warm-up.\n")
+
+    def cfg(**kw) -> Config:
+        return Config(**{**base.__dict__, **kw})
+
+    # 1. fleet sweep: largest fleet at <= 1 % stalled, per scheduler, with and without batching
+    sweeps = {1: args.fleet_b1, sat: args.fleet_bn}
+    say("### Largest fleet with at most 1 % of control steps stalled\n")
+    say("| scheduler | " + " | ".join(f"max batch {b}" for b in sweeps) + " |")
+    say("|---|" + "---|" * len(sweeps))
+    detail: dict[int, dict[str, list[Result]]] = {b: {} for b in sweeps}
+    for name, extra in SCHEDULERS:
+        cells = []
+        for b, fleet in sweeps.items():
+            results = [simulate(cfg(scheduler=name, max_batch=b, robots=n, **extra), traces, latency_s, seeds) for n in fleet]
+            detail[b][name] = results
+            ok = [r.cfg.robots for r in results if r.stalled_pct <= 1.0]
+            cells.append(str(max(ok)) if ok else f"< {fleet[0]}")
+        say(f"| {results[0].cfg.label()} | " + " | ".join(cells) + " |")
+    say("")
+    for b, fleet in sweeps.items():
+        say(f"### Fleet sweep, max batch {b}\n")
+        say(HEADER.format(first="robots / scheduler"))
+        for i, n in enumerate(fleet):
+            for name, _ in SCHEDULERS:
+                say(row(detail[b][name][i], f"{n} / {name}"))
+        say("")
+
+    # 2. sensitivity of wait_ratio at loaded points; one setting varies, the others at their defaults
+    for point in args.sensitivity:
+        n, b = (int(x) for x in point.split(":"))
+        say(f"### wait_ratio settings, {n} robots, max batch {b}\n")
+        say(f"Defaults B={base.buckets}, A={base.aging}, first_request={base.first_request}; one setting varies per row.\n")
+        say(HEADER.format(first="setting"))
+
+        def run(**kw) -> Result:
+            return simulate(cfg(max_batch=b, robots=n, **{"scheduler": "wait_ratio", **kw}), traces, latency_s, seeds)
+
+        say(row(run(scheduler="fifo"), "fifo (reference)"))
+        say(row(run(scheduler="round_robin"), "round_robin (reference)"))
+        for v in args.sweep_buckets:
+            say(row(run(buckets=v), f"B={v}"))
+        for v in args.sweep_aging:
+            say(row(run(aging=v), f"A={v}"))
+        for rule in ("highest", "mean", "lowest"):
+            say(row(run(first_request=rule), f"first_request={rule}"))
+        say(row(run(phase_elapsed=True), "defaults, robots also send phase_elapsed_s"))
+        say("")
+
+    # 3. online: Poisson task arrivals
+    say(f"### Online, Poisson task arrivals, max batch {sat}\n")
+    say(HEADER.format(first="tasks/s / scheduler"))
+    for rate in args.rates:
+        for name, _ in SCHEDULERS:
+            say(row(simulate(cfg(scheduler=name, max_batch=sat, mode="online", rate_per_s=rate), traces, latency_s,
+                             seeds), f"{rate:g} / {name}"))
+    say("")
+    return "\n".join(out)
+
+
+def load_traces(args) -> list[list[int]]:
+    if args.traces:
+        data = json.loads(Path(args.traces).read_text())
+        return [list(map(int, t)) for t in data["tasks"]]
+    return generate_traces(args.tasks, args.trace_seed)
+
+
+BEGIN, END = "<!-- fleet:begin (generated by benchmarks/fleet.py) -->", "<!-- fleet:end -->"
+
+
+def write_section(path: Path, body: str, command: str) -> None:
+    """Replace the generated block of the "Fleet scheduling" section (create both when missing)."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    block = f"{BEGIN}\n\nCommand: `{command}`\n\n{body}\n{END}"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + block + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n## Fleet scheduling\n\n" + block + "\n"
+    path.write_text(text)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--duration-s", type=float, default=240.0)
+    p.add_argument("--warmup-s", type=float, default=30.0)
+    p.add_argument("--tasks", type=int, default=200, help="generated traces")
+    p.add_argument("--trace-seed", type=int, default=1)
+    p.add_argument("--traces", help="JSON file {\"tasks\": [[H_0, H_1, ...], ...]} instead of generated traces")
+    p.add_argument("--write-traces", help="write the generated traces to this JSON file and exit")
+    p.add_argument("--buckets", type=int, default=WaitRatioScheduler().buckets)
+    p.add_argument("--aging", type=int, default=WaitRatioScheduler().aging)
+    p.add_argument("--first-request", default=WaitRatioScheduler().first_request)
+    p.add_argument("--phase-elapsed", action="store_true", help="robots also report phase_elapsed_s")
+    p.add_argument("--trigger", default="rtt", help="rtt (reference client) or fixed:K")
+    p.add_argument("--fleet-b1", type=int, nargs="+", default=[6, 8, 9, 10, 11, 12, 14, 16])
+    p.add_argument("--fleet-bn", type=int, nargs="+", default=[30, 40, 45, 50, 55, 60, 70, 80, 100])
+    p.add_argument("--sensitivity", nargs="+", default=["14:1", "70:16"], help="ROBOTS:MAX_BATCH points")
+    p.add_argument("--sweep-buckets", type=int, nargs="+", default=[1, 2, 5, 10, 20, 100])
+    p.add_argument("--sweep-aging", type=int, nargs="+", default=[1, 2, 4, 8, 16, 1000])
+    p.add_argument("--rates", type=float, nargs="+", default=[3.0, 3.5, 4.0, 4.2])
+    p.add_argument("--write-docs", help="rewrite the generated block of this markdown file (docs/benchmarks.md)")
+    args = p.parse_args(argv)
+    if args.write_traces:
+        traces = generate_traces(args.tasks, args.trace_seed)
+        Path(args.write_traces).write_text(json.dumps({"fps": FPS, "tasks": traces}))
+        return 0
+    t0 = time.perf_counter()
+    body = study(args)
+    print(body)
+    print(f"({time.perf_counter() - t0:.0f} s of computer time)", file=sys.stderr)
+    if args.write_docs:
+        command = "python benchmarks/fleet.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        write_section(Path(args.write_docs), body, command.strip())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,90 @@
+"""Execution-horizon policies: how many leading actions of a chunk the robot should execute (Kairos 3.1).
+
+A chunk's later actions are conditioned on an older observation than its first ones; the execution
+horizon ``H`` says how many to trust before replanning. A horizon policy maps what the model exposes
+about one chunk to ``H``; the server would send it as ``ActionChunk.execution_horizon``.
+
+- `StaticHorizon(h)`: the same ``H`` every round (today's practice; the baseline of Kairos 5.2).
+- `DiffusionConfidenceHorizon(threshold, h_min)`: the diffusion process tells, per action, how
+  settled it is. With the per-step updates ``U[k, i]`` of action ``i`` at denoising step ``k`` (the
+  change the step made to it), an action is converged when its final update is at most
+  ``(1 + threshold)`` times the mean of its earlier updates. Walking from the first action, ``H`` is
+  the number of leading converged actions (the first unconverged one and everything after it are
+  dropped: the robot executes in order), and at least ``h_min``.
+
+Pure functions of their inputs (numpy only). Not wired yet: the Diffusion runner does not capture
+the per-step updates, the server does not set `execution_horizon`, and the client does not cut
+chunks at it (docs/scheduling.md, "Not done").
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from lerobot_zenoh.errors import ConfigError
+
+
+class HorizonPolicy(Protocol):
+    name: str
+
+    def horizon(self, chunk_len: int, updates: np.ndarray | None = None) -> int:
+        """``H`` in ``[1, chunk_len]`` for one chunk; `updates` is ``(steps, chunk_len[, action_dim])``."""
+        ...
+
+
+class StaticHorizon:
+    name = "static"
+
+    def __init__(self, h: int):
+        if not isinstance(h, int) or isinstance(h, bool) or h < 1:
+            raise ConfigError("horizon.h", f"must be an integer >= 1, got {h!r}")
+        self.h = h
+
+    def horizon(self, chunk_len: int, updates: np.ndarray | None = None) -> int:
+        return max(1, min(self.h, chunk_len))
+
+
+class DiffusionConfidenceHorizon:
+    """Kairos' threshold policy on the denoising updates (module docstring)."""
+
+    name = "diffusion_confidence"
+
+    def __init__(self, threshold: float = 0.4, h_min: int = 1):
+        if not isinstance(threshold, (int, float)) or not np.isfinite(threshold) or threshold < 0:
+            raise ConfigError("horizon.threshold", f"must be a number >= 0, got {threshold!r}")
+        if not isinstance(h_min, int) or isinstance(h_min, bool) or h_min < 1:
+            raise ConfigError("horizon.h_min", f"must be an integer >= 1, got {h_min!r}")
+        self.threshold = float(threshold)
+        self.h_min = h_min
+
+    def horizon(self, chunk_len: int, updates: np.ndarray | None = None) -> int:
+        if updates is None:
+            return chunk_len  # no signal: trust the whole chunk, as a static policy with H = chunk would
+        converged = converged_actions(updates, self.threshold)
+        if converged.shape[0] < chunk_len:
+            raise ValueError(f"updates cover {converged.shape[0]} actions, the chunk has {chunk_len}")
+        first_bad = int(np.argmin(converged)) if not converged[:chunk_len].all() else chunk_len
+        return max(1, min(chunk_len, max(first_bad, self.h_min)))
+
+
+def converged_actions(updates: np.ndarray, threshold: float) -> np.ndarray:
+    """Per action, whether its final update is <= (1 + threshold) x the mean of its earlier ones.
+
+    `updates` is ``(steps, actions)`` magnitudes or ``(steps, actions, action_dim)`` vectors (their
+    L2 norm over the last axis is taken). With fewer than two steps nothing can be compared and every
+    action counts as converged.
+    """
+    u = np.asarray(updates, dtype=np.float64)
+    if u.ndim == 3:
+        u = np.linalg.norm(u, axis=-1)
+    if u.ndim != 2:
+        raise ValueError(f"updates must be (steps, actions) or (steps, actions, dim), got shape {u.shape}")
+    if u.shape[0] < 2:
+        return np.ones(u.shape[1], dtype=bool)
+    earlier = np.abs(u[:-1]).mean(axis=0)
+    return np.abs(u[-1]) <= (1.0 + threshold) * earlier
+
+
+HORIZONS = {StaticHorizon.name: StaticHorizon, DiffusionConfidenceHorizon.name: DiffusionConfidenceHorizon}
