@@ -59,13 +59,27 @@ def server_manifest(tmp_path: Path, app_key, listen: str, server_id: str = "gpu0
     return path
 
 
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    """Whatever a test fails on, no server it started outlives it."""
+    yield
+    while ServerProcess.started:
+        proc = ServerProcess.started.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
 class ServerProcess:
+    started: list[subprocess.Popen] = []
+
     def __init__(self, pair, manifest: Path, log: Path):
         self.log_path = log
         self._log = open(log, "w")
         cmd = [sys.executable, "-m", "lerobot_zenoh.cli.server", "--manifest", str(manifest)]
         self.proc = pair.popen(cmd, stdout=self._log, stderr=subprocess.STDOUT) if pair else \
             subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        ServerProcess.started.append(self.proc)
 
     def kill9(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
@@ -189,17 +203,18 @@ def test_loss_and_delay_every_chunk_arrives_and_the_loop_keeps_its_period(tmp_pa
     with net_pair() as pair:
         endpoint = f"tcp/{pair.peer_ip}:{PORT}"
         server = ServerProcess(pair, server_manifest(tmp_path, app_key, endpoint), tmp_path / "server.log")
-        wait_status(endpoint, app_key)
-        applied = pair.impair(loss_pct=10, delay_ms=50)
-        cfg = make_config(PORT, app_key, endpoint=endpoint, watchdog_timeout_s=2.0, discovery_timeout_s=30)
-        rc = RunningClient(cfg)
+        rc = None
         try:
+            wait_status(endpoint, app_key)
+            applied = pair.impair(loss_pct=10, delay_ms=50)
+            cfg = make_config(PORT, app_key, endpoint=endpoint, watchdog_timeout_s=2.0, discovery_timeout_s=30)
+            rc = RunningClient(cfg)
             time.sleep(10)
             rc.client.stop()
             rc.thread.join(5)
             time.sleep(3)  # chunks still in flight get their retransmissions
         finally:
-            summary = rc.close()
+            summary = rc.close() if rc is not None else {}
             pair.clear()
             server.stop()
         served = server.served("r1")
@@ -247,6 +262,7 @@ def test_router_restart_service_resumes_without_restarting_anyone(tmp_path, app_
         router_ep = f"tcp/{pair.host_ip}:{PORT}"
         router_cmd = [sys.executable, "-m", "lerobot_zenoh.cli.router", "--listen", router_ep, "--no-scouting"]
         router = subprocess.Popen(router_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        ServerProcess.started.append(router)
         time.sleep(1.5)
         server = ServerProcess(pair, server_manifest(tmp_path, app_key, "", mode="client", connect=[router_ep]),
                                tmp_path / "server.log")
@@ -262,6 +278,7 @@ def test_router_restart_service_resumes_without_restarting_anyone(tmp_path, app_
             time.sleep(2.0)
             chunks_before = rc.chunks()
             router = subprocess.Popen(router_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            ServerProcess.started.append(router)
             t_up = time.monotonic()
             assert wait_for(lambda: rc.chunks() > chunks_before, 30), "service never resumed through the new router"
             t_resumed = time.monotonic()
