@@ -74,3 +74,16 @@ test-faults: $(STAMP)
 
 soak: $(STAMP)
 	$(PY) benchmarks/soak.py --minutes $(SOAK_MINUTES) --robots $(SOAK_ROBOTS)
+
+# Benchmarks against LeRobot's gRPC async inference and the physical floor (docs/benchmarks.md): a few
+# minutes on 2 cores; BENCH_ARGS=--full for the long runs. Shaped links need root (network namespaces).
+BENCH_STAMP := $(VENV)/.bench-stamp
+BENCH_ARGS ?=
+
+$(BENCH_STAMP): pyproject.toml $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	@touch $(BENCH_STAMP)
+
+.PHONY: bench
+bench: $(BENCH_STAMP)
+	$(PY) benchmarks/run_all.py $(BENCH_ARGS)

@@ -20,6 +20,7 @@ import threading
 import time
 import zlib
 from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -138,6 +139,7 @@ class PolicyServer:
         self.server_id = manifest.server_id
         self._injected = runners or {}
         self._limits = codec_limits
+        self._jpeg_helpers: ThreadPoolExecutor | None = None  # made by the inference thread in `_prepare`
         self.models: list[ServedModel] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -202,6 +204,8 @@ class PolicyServer:
                 log.warning("inference thread did not finish within %.1f s", timeout_s)
         if self._session is not None:
             self._session.close()
+        if self._jpeg_helpers is not None and not (self._thread is not None and self._thread.is_alive()):
+            self._jpeg_helpers.shutdown(wait=False)  # (a stuck inference thread may still need it)
         for model in self.models:
             for cid, st in model.clients.items():
                 log.info("%s %s: received %d, superseded %d, served %d, rejected %s", model.app.prefix, cid,
@@ -424,7 +428,18 @@ class PolicyServer:
             raise ProtocolError("bad_state", "state has NaN or infinite values")
         if set(obs.images) != set(spec.cameras):
             raise ProtocolError("wrong_cameras", f"cameras {sorted(obs.images)}, expected {sorted(spec.cameras)}")
-        images = {name: codec.decode_jpeg(obs.images[name], hw, self._limits) for name, hw in spec.cameras.items()}
+        # The first camera is decoded on this thread and the others at the same time on helper threads:
+        # OpenCV releases the GIL while it decodes, so two cameras cost one decode of wall time when a
+        # core is free. Only the inference thread calls this, so the lazy creation does not race.
+        cameras = list(spec.cameras.items())
+        if len(cameras) > 1 and self._jpeg_helpers is None:
+            most = max(len(m.runner.spec.cameras) for m in self.models)
+            self._jpeg_helpers = ThreadPoolExecutor(max_workers=most - 1, thread_name_prefix="jpeg")
+        others = [(name, self._jpeg_helpers.submit(codec.decode_jpeg, obs.images[name], hw, self._limits))
+                  for name, hw in cameras[1:]]
+        images = {name: codec.decode_jpeg(obs.images[name], hw, self._limits) for name, hw in cameras[:1]}
+        for name, decoded in others:
+            images[name] = decoded.result()
         return state, images
 
     def _reject(self, model: ServedModel, client_id: str, reason: str, detail: str) -> None:

@@ -1,0 +1,68 @@
+"""Where a benchmark run puts things, and the command-line flags every benchmark shares."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+from benchmarks.worker import ROOT
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default=os.path.join(ROOT, "outputs", "bench"),
+                        help="results folder (JSON, PNG, logs); default outputs/bench")
+    parser.add_argument("--full", action="store_true",
+                        help="the full-length runs (60 s control loops, more round trips, every workload on every link)")
+    parser.add_argument("--no-netns", action="store_true", help="host loopback only, even as root")
+
+
+class Run:
+    """Output folders of one run: `out/` for results, `out/logs/` for worker logs, `out/work/` as cwd."""
+
+    def __init__(self, out: str):
+        self.out = Path(out)
+        self.logs = self.out / "logs"
+        self.work = self.out / "work"
+        for p in (self.out, self.logs, self.work):
+            p.mkdir(parents=True, exist_ok=True)
+
+    def write_json(self, name: str, data: dict) -> Path:
+        path = self.out / f"{name}.json"
+        path.write_text(json.dumps(data, indent=2, default=float))
+        return path
+
+
+def machine() -> dict:
+    """What the numbers were measured on."""
+    cpu = ""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    versions = {}
+    for dist in ("eclipse-zenoh", "lerobot", "grpcio", "opencv-python-headless", "numpy", "msgpack"):
+        try:
+            from importlib.metadata import version
+
+            versions[dist] = version(dist)
+        except Exception:
+            versions[dist] = None
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "kernel": platform.release(),
+            "load_avg_at_start": load, "versions": versions, "git_commit": commit,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}

@@ -1,0 +1,125 @@
+"""`make bench`: the three benchmarks side by side, a table, JSON and one PNG per benchmark.
+
+    python -m benchmarks.run_all [--full] [--out outputs/bench] [--only latency,control_loop,ingest]
+
+Short by default (a few minutes on 2 cores): 200 round trips per system and case, 20 s control-loop
+phases, 5 s ingest stages. `--full`: 500 round trips and every workload on every link, 60 s phases,
+15 s stages and 200 clients. Writes `<out>/{latency,control_loop,ingest}.{json,png}`,
+`<out>/summary.json` and worker logs under `<out>/logs/`. docs/benchmarks.md explains every column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+if __package__ in (None, ""):  # run as a script (python benchmarks/run_all.py): import from the repository root
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import control_loop, ingest, latency
+from benchmarks.common import MAIN_WORKLOAD, fmt
+from benchmarks.harness import Run, add_common_args, machine
+from benchmarks.netns import Network
+
+BENCHMARKS = ("latency", "control_loop", "ingest")
+
+
+def targets(results: dict) -> list[tuple[str, str, str, bool | None]]:
+    """(target, measured, reference, met) for the issue's targets; not assertions."""
+    rows = []
+    cl = results.get("control_loop")
+    if cl:
+        ours = cl["systems"]["ours"]
+        p99 = max(ours[p]["handover_us"]["p99"] or 0 for p in ("up", "gone"))
+        rows.append(("hand-over blocks <= 50 us at p99", f"{p99:.0f} us (server up: {fmt(ours['up']['handover_us']['p99'], 0)})",
+                     f"LeRobot {fmt(cl['systems']['lerobot']['up']['handover_us']['p99'] / 1000, 1)} ms", p99 <= 50))
+        late = ours["up"]["late_steps"] + ours["gone"]["late_steps"]
+        ler = cl["systems"]["lerobot"]
+        rows.append(("zero missed deadlines, server up or gone", f"{ours['up']['late_steps']} up, {ours['gone']['late_steps']} gone",
+                     f"LeRobot {ler['up']['late_steps']} up, {ler['gone']['late_steps']} gone", late == 0))
+    lat = results.get("latency")
+    if lat:
+        for row in lat["cases"]:
+            if row["workload"] != MAIN_WORKLOAD:
+                continue
+            s = row["systems"]
+            ours, ler, floor = (s[k]["added_ms"]["p50"] for k in ("ours", "lerobot", "floor"))
+            if row["link"] == "loopback":
+                rows.append(("added RTT <= 3 ms median on loopback", f"{ours:.2f} ms",
+                             f"floor {floor:.2f} ms, LeRobot {ler:.2f} ms", ours <= 3.0))
+            if row["link"] == "wifi":
+                rows.append((">= 5x lower than LeRobot on the Wi-Fi-like link", f"{ler / ours:.1f}x ({ours:.2f} vs {ler:.2f} ms)",
+                             f"floor {floor:.2f} ms", ler / ours >= 5.0))
+    ing = results.get("ingest")
+    if ing:
+        st = [x for x in ing["stages"] if x["system"] == "ours" and x["clients"] == 100 and "skipped" not in x]
+        if st:
+            x = st[0]
+            rows.append(("100 clients x 30 Hz on < 1 core", f"{x['server_cores']:.2f} cores, {x['received_per_s']:.0f}/s received",
+                         "offered 3000/s", x["server_cores"] < 1.0 and x["keeps_up"]))
+    return rows
+
+
+def targets_table(rows) -> str:
+    out = ["Targets (reported, not asserted)", f"  {'target':<48} {'measured':<36} {'for comparison':<34} met"]
+    for t, m, ref, ok in rows:
+        out.append(f"  {t:<48} {m:<36} {ref:<34} {'yes' if ok else 'NO'}")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(parser)
+    parser.add_argument("--only", type=lambda s: s.split(","), default=list(BENCHMARKS))
+    args = parser.parse_args(argv)
+    # The individual benchmarks' defaults, short or full.
+    args.round_trips = 500 if args.full else 200
+    args.batch = 25
+    args.seconds_control = 60.0 if args.full else 20.0
+    args.clients = [10, 50, 100, 200] if args.full else [10, 50, 100]
+    args.seconds_ingest = 15.0 if args.full else 5.0
+    args.policy_ms = 50.0
+    run_dir = Run(args.out)
+    t0 = time.monotonic()
+
+    def log(msg: str) -> None:
+        print(f"[{time.monotonic() - t0:6.1f} s] {msg}" if not msg.startswith("  ") else msg, flush=True)
+
+    results: dict = {}
+    with Network(str(run_dir.logs), use_namespaces=not args.no_netns) as net:
+        log(f"network: {net.method}{' (' + net.reason + ')' if net.reason else ''}")
+        if "latency" in args.only:
+            results["latency"] = latency.run(args, run_dir, net, log)
+            run_dir.write_json("latency", results["latency"])
+            latency.plot(results["latency"], run_dir.out / "latency.png")
+        if "control_loop" in args.only:
+            args.seconds = args.seconds_control
+            results["control_loop"] = control_loop.run(args, run_dir, net, log)
+            run_dir.write_json("control_loop", results["control_loop"])
+            control_loop.plot(results["control_loop"], run_dir.out / "control_loop.png")
+        if "ingest" in args.only:
+            args.seconds = args.seconds_ingest
+            results["ingest"] = ingest.run(args, run_dir, net, log)
+            run_dir.write_json("ingest", results["ingest"])
+            ingest.plot(results["ingest"], run_dir.out / "ingest.png")
+        network = {"method": net.method, "note": net.reason}
+    print()
+    for name, module in (("latency", latency), ("control_loop", control_loop), ("ingest", ingest)):
+        if name in results:
+            print(module.table(results[name]))
+            print()
+    rows = targets(results)
+    print(targets_table(rows))
+    summary = {"machine": machine(), "network": network, "full": args.full, "elapsed_s": time.monotonic() - t0,
+               "targets": [{"target": t, "measured": m, "comparison": r, "met": ok} for t, m, r, ok in rows]}
+    (run_dir.out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"\nwrote {run_dir.out}/{{latency,control_loop,ingest}}.{{json,png}} and summary.json "
+          f"in {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
