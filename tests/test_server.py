@@ -176,7 +176,13 @@ def test_unknown_clients_are_rejected_and_counted(served, app_key):
     assert "stranger" not in server.stats()[app_key.prefix]["clients"]
 
 
-def test_newest_observation_supersedes_an_unserved_one(port, app_key):
+def test_newest_observation_supersedes_an_unserved_one(port, app_key, monkeypatch):
+    from lerobot_zenoh.server import server as server_module
+
+    decoded = []
+    real_decode = server_module.codec.decode_observation
+    monkeypatch.setattr(server_module.codec, "decode_observation",
+                        lambda data, *a, **kw: (decoded.append(1), real_decode(data, *a, **kw))[1])
     m = manifest_dict(port, app_key)
     m["server"][0]["synthetic"]["latency_ms"] = 300
     with PolicyServer(parse_manifest(m)) as server, \
@@ -191,7 +197,9 @@ def test_newest_observation_supersedes_an_unserved_one(port, app_key):
         assert wait_for(lambda: any(ch.response_to_seq_id == 5 for _, ch in c.chunks), 5)
         served_seqs = [ch.response_to_seq_id for _, ch in c.chunks]
         assert len(served_seqs) < 6  # some were superseded, never queued
-        assert server.stats()[app_key.prefix]["clients"]["r1"]["superseded"] >= 1
+        stats = server.stats()[app_key.prefix]["clients"]["r1"]
+        assert stats["superseded"] >= 1
+        assert len(decoded) == stats["served"]  # a superseded observation is never decoded
 
 
 def test_bad_manifests_fail_naming_file_and_field(tmp_path, app_key):

@@ -72,6 +72,9 @@ class WaitRatioScheduler:
     `buckets` (B), `aging` (A) and `first_request` are the settings; `max_batch` comes per call.
     """
 
+    #: The server decodes each observation on arrival to hand over its ExecutionInfo.
+    needs_execution_info = True
+
     name = "wait_ratio"
 
     def __init__(self, buckets: int = 10, aging: int = 1, first_request: str = "highest"):

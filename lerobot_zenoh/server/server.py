@@ -298,10 +298,11 @@ class PolicyServer:
     def _take(self, model: ServedModel) -> _Work | None:
         """Announce new observations to the scheduler, then let it pick up to `max_batch_size` clients.
 
-        A slot is decoded once, when the inference thread first sees it, outside the lock: the
-        scheduler needs its `ExecutionInfo` on arrival, and `_serve` reuses the decoded message. Only
-        observations that reach the loop are decoded (a superseded one never is, unless the loop saw
-        it first); JPEG decoding waits until the client is picked.
+        Observations are decoded only when about to be served (`_serve`), so one superseded in its
+        slot costs nothing, except for schedulers that rank by the robot's execution phase
+        (`needs_execution_info`, e.g. wait_ratio): those get each slot decoded once, outside the
+        lock, when the loop first sees it, and `_serve` reuses the message. JPEG decoding always
+        waits until the client is picked.
         """
         with self._lock:
             if not model.slots:
@@ -309,17 +310,19 @@ class PolicyServer:
             fresh = [(cid, slot) for cid, slot in model.slots.items() if not slot.announced]
             for _, slot in fresh:
                 slot.announced = True
-        for _, slot in fresh:
-            try:
-                slot.observation = codec.decode_observation(slot.payload, self._limits)
-            except ProtocolError as exc:
-                slot.error = exc
+        if getattr(model.scheduler, "needs_execution_info", False):
+            for _, slot in fresh:
+                try:
+                    slot.observation = codec.decode_observation(slot.payload, self._limits)
+                except ProtocolError as exc:
+                    slot.error = exc
         now = time.monotonic()
         undecodable: list[tuple[str, _Slot]] = []
         with self._lock:
             for cid, slot in fresh:
                 if slot.error is None:
-                    model.scheduler.on_arrival(cid, slot.arrival_s, slot.observation.execution)
+                    execution = slot.observation.execution if slot.observation is not None else None
+                    model.scheduler.on_arrival(cid, slot.arrival_s, execution)
                 elif model.slots.get(cid) is slot:
                     undecodable.append((cid, model.slots.pop(cid)))
             ready = [cid for cid, slot in model.slots.items() if slot.announced]
@@ -343,8 +346,10 @@ class PolicyServer:
         t_start = time.monotonic()
         requests: list[tuple[_Slot, InferenceRequest]] = []
         for client_id, slot in work.batch:
-            obs = slot.observation
             try:
+                obs = slot.observation
+                if obs is None:
+                    obs = slot.observation = codec.decode_observation(slot.payload, self._limits)
                 state, images = self._prepare(model, client_id, obs)
             except ProtocolError as exc:
                 self._reject(model, client_id, exc.reason, str(exc))
