@@ -9,6 +9,7 @@ counted on its `Subscription` and logged (rate-limited); the next sample is deli
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -93,27 +94,27 @@ class Subscription:
 class Responder:
     """Answers queries on one key with bytes from `make_reply` (None: no answer), on a thread of its own.
 
-    Queries arrive through a FIFO channel so that no Zenoh call runs inside a Zenoh callback.
+    The Zenoh callback only puts each query in a bounded queue (no Zenoh call inside a Zenoh
+    callback); the thread blocks on that queue, so an idle responder costs nothing.
     """
 
-    def __init__(self, queryable: zenoh.Queryable, key: str, make_reply: Callable[[], bytes | None]):
-        self._queryable = queryable
+    def __init__(self, key: str, make_reply: Callable[[], bytes | None], capacity: int = 64):
         self.key = key
         self._make_reply = make_reply
+        self._queue: queue.Queue = queue.Queue(maxsize=capacity)
+        self._queryable: zenoh.Queryable | None = None
         self.answered = 0
-        self._stop = threading.Event()
+        self.dropped = 0
         self._thread = threading.Thread(target=self._run, name=f"responder:{key}", daemon=True)
-        self._thread.start()
+
+    def _on_query(self, query: zenoh.Query) -> None:
+        try:
+            self._queue.put_nowait(query)
+        except queue.Full:  # a query flood: the asker times out, nothing else is delayed
+            self.dropped += 1
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                query = self._queryable.try_recv()
-            except zenoh.ZError:
-                return
-            if query is None:
-                self._stop.wait(0.005)
-                continue
+        while (query := self._queue.get()) is not None:
             try:
                 reply = self._make_reply()
                 if reply is not None:  # None: stay silent (e.g. a standby that is not serving)
@@ -125,12 +126,22 @@ class Responder:
                 query.drop()
 
     def close(self) -> None:
-        self._stop.set()
+        if self._queryable is not None:
+            try:
+                self._queryable.undeclare()
+            except zenoh.ZError:
+                pass
+            self._queryable = None
+        while True:  # make room for the stop sentinel even if the queue is full
+            try:
+                self._queue.put_nowait(None)
+                break
+            except queue.Full:
+                try:
+                    self._queue.get_nowait().drop()
+                except (queue.Empty, AttributeError):
+                    pass
         self._thread.join(timeout=2.0)
-        try:
-            self._queryable.undeclare()
-        except zenoh.ZError:
-            pass
 
 
 class ZenohSession:
@@ -218,11 +229,12 @@ class ZenohSession:
     # -- queries ------------------------------------------------------------------------------
 
     def serve(self, key: str, make_reply: Callable[[], bytes | None]) -> Responder:
+        responder = Responder(key, make_reply)
         try:
-            queryable = self.raw.declare_queryable(key, zenoh.handlers.FifoChannel(64), complete=True)
+            responder._queryable = self.raw.declare_queryable(key, responder._on_query, complete=True)
         except zenoh.ZError as exc:
             raise TransportError(f"could not declare a queryable on {key}: {exc}") from exc
-        responder = Responder(queryable, key, make_reply)
+        responder._thread.start()
         self._owned.append(responder)
         return responder
 
