@@ -27,7 +27,7 @@ import argparse
 import sys
 import time
 
-from benchmarks.common import FPS, MAIN_WORKLOAD, WORKLOADS, fmt, free_port
+from benchmarks.common import FPS, MAIN_WORKLOAD, WORKLOADS, free_port
 from benchmarks.harness import Run, add_common_args, machine
 from benchmarks.netns import Network
 from benchmarks.worker import Worker

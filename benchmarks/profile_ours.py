@@ -20,7 +20,6 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
 
 if __package__ in (None, ""):

@@ -17,6 +17,7 @@ from lerobot_zenoh.server.server import PolicyServer
 from lerobot_zenoh.server.synthetic import SyntheticPolicy, SyntheticPolicyConfig, synthetic_actions
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
 from lerobot_zenoh.transport.settings import loopback_settings
+from lz_testing import wait_for
 
 CAMS = {"front": (24, 32)}
 CLIENTS = ("r1", "r2", "r3", "r4", "bad")
@@ -121,13 +122,6 @@ class Robot:
             np.testing.assert_allclose(chunk.actions, synthetic_actions(state, images, 10, 4), atol=1e-6)
 
 
-def wait_for(pred, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def run_rounds(server, session, app_key, robots, rounds, sender=None):

@@ -19,6 +19,7 @@ from lerobot_zenoh.server.server import PolicyServer
 from lerobot_zenoh.server.synthetic import synthetic_actions
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
 from lerobot_zenoh.transport.settings import loopback_settings
+from lz_testing import wait_for
 
 CAMS = {"front": (48, 64), "wrist": (48, 64)}
 
@@ -38,13 +39,6 @@ def manifest_dict(port, app_key, **entry):
     }
 
 
-def wait_for(pred, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 class FakeClient:

@@ -19,16 +19,9 @@ from lerobot_zenoh.telemetry.fleet import FleetView, format_table
 from lerobot_zenoh.transport.session import ZenohSession
 from lerobot_zenoh.transport.settings import loopback_settings
 
-from lz_testing import free_port, make_config, make_server
+from lz_testing import free_port, make_config, make_server, wait_for
 
 
-def wait_for(pred, timeout_s=15):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.fixture

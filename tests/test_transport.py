@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
 import pytest
-import zenoh
 
 from lerobot_zenoh.errors import ConfigError, ProtocolError, TransportError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import ActionChunk, Observation, Status
 from lerobot_zenoh.transport.session import ACTION_QOS, OBSERVATION_QOS, ZenohSession
 from lerobot_zenoh.transport.settings import ZenohSettings
+from lz_testing import wait_for
 
 
-def wait_for(predicate, timeout_s=5.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def wait_matched(session: ZenohSession, key: str, timeout_s=5.0):
