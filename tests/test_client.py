@@ -309,3 +309,16 @@ def test_interrupted_cli_run_leaves_a_loadable_dataset(port, app_key, tmp_path):
     steps = json.loads(summary.read_text())["steps"]
     ds = _load_dataset("local/interrupted", tmp_path / "ds")
     assert steps > 10 and ds.num_frames == steps and ds.num_episodes == 1
+
+
+def test_outbox_keeps_the_newest_and_counts_the_rest():
+    from lerobot_zenoh.client.client import Outbox
+
+    box = Outbox()
+    assert box.take(0.01) is None
+    for i in range(3):
+        box.put(i)
+    box.wake()
+    assert box.take(0.1) == 2 and box.dropped == 2
+    box.wake()
+    assert box.take(0.1) is None  # a wake-up alone returns nothing
