@@ -1,5 +1,8 @@
 """Network namespaces for fault tests: a server namespace joined to the test's own by a veth pair.
 
+Partitions are iptables DROP rules in the server namespace. Shaped links (delay, rate) come from
+`benchmarks.netns.Network`: `tc netem` where the kernel has it, else a TUN delay line.
+
 Only addresses created here are used (10.233.<n>.0/24). Everything is removed on exit. Tests skip,
 with the reason, where namespaces cannot be created (not root, or no CAP_NET_ADMIN).
 """
@@ -16,21 +19,6 @@ from contextlib import contextmanager
 def _ip(*args: str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
     cmd = (["ip", "netns", "exec", ns] if ns else []) + list(args)
     return subprocess.run(cmd, check=check, capture_output=True, text=True)
-
-
-_NETEM: bool | None = None
-
-
-def netem_available() -> bool:
-    """Whether the kernel has sch_netem (probed once on a throw-away veth)."""
-    global _NETEM
-    if _NETEM is None:
-        probe = f"lzq{os.getpid() % 100000}"
-        _ip("ip", "link", "add", probe, "type", "veth", "peer", "name", probe + "p", check=False)
-        r = _ip("tc", "qdisc", "replace", "dev", probe, "root", "netem", "delay", "1ms", check=False)
-        _ip("ip", "link", "del", probe, check=False)
-        _NETEM = r.returncode == 0
-    return _NETEM
 
 
 def netns_unavailable_reason() -> str | None:
@@ -75,39 +63,13 @@ class NetPair:
         _ip("ip", "link", "del", self.host_if, check=False)
         _ip("ip", "netns", "del", self.ns, check=False)
 
-    def impair(self, *, loss_pct: float = 0.0, delay_ms: float = 0.0) -> dict:
-        """Lose `loss_pct` % of packets and delay each by `delay_ms`, in both directions.
-
-        Uses `tc netem` where the kernel has it. Without sch_netem (this project's CI kernel), loss
-        comes from iptables' `statistic` match inside the namespace (real drops: TCP retransmits)
-        and delay cannot be emulated; the returned dict says what was applied.
-        """
-        if netem_available():
-            args = []
-            if delay_ms:
-                args += ["delay", f"{delay_ms}ms"]
-            if loss_pct:
-                args += ["loss", f"{loss_pct}%"]
-            for dev, ns in ((self.host_if, None), (self.peer_if, self.ns)):
-                _ip("tc", "qdisc", "replace", "dev", dev, "root", "netem", *args, ns=ns)
-            return {"loss_pct": loss_pct, "delay_ms": delay_ms, "by": "netem"}
-        if loss_pct:
-            p = f"{loss_pct / 100:.4f}"
-            _ip("iptables", "-A", "INPUT", "-i", self.peer_if, "-m", "statistic", "--mode", "random",
-                "--probability", p, "-j", "DROP", ns=self.ns)
-            _ip("iptables", "-A", "OUTPUT", "-o", self.peer_if, "-m", "statistic", "--mode", "random",
-                "--probability", p, "-j", "DROP", ns=self.ns)
-        return {"loss_pct": loss_pct, "delay_ms": 0.0, "by": "iptables statistic",
-                "note": "no sch_netem in this kernel: delay not emulated" if delay_ms else ""}
-
     def partition(self) -> None:
         """Drop every packet between the two namespaces (the link stays up, as with a dead switch)."""
         _ip("iptables", "-I", "INPUT", "-i", self.peer_if, "-j", "DROP", ns=self.ns)
         _ip("iptables", "-I", "OUTPUT", "-o", self.peer_if, "-j", "DROP", ns=self.ns)
 
     def clear(self) -> None:
-        for dev, ns in ((self.host_if, None), (self.peer_if, self.ns)):
-            _ip("tc", "qdisc", "del", "dev", dev, "root", ns=ns, check=False)
+        """Heal a partition."""
         _ip("iptables", "-F", ns=self.ns, check=False)
 
     def popen(self, cmd: list[str], **kw) -> subprocess.Popen:
