@@ -139,7 +139,6 @@ class RobotClient:
         self._threads: list[threading.Thread] = []
         self._seq_id = 0
         self._capture_steps: dict[int, int] = {}  # seq_id -> step at capture (bounded)
-        self._last_chunk_s: float | None = None
         # When the oldest observation still without any chunk after it was sent (watchdog).
         self._waiting_since_s: float | None = None
         self._server_alive = threading.Event()
@@ -149,8 +148,6 @@ class RobotClient:
         self._empty_streak = 0
         self._telemetry: TelemetryPublisher | None = None
         self._last_figures = (time.perf_counter(), 0)
-        self.executed: list[tuple[int, np.ndarray]] = []  # (step, action) log for tests; bounded below
-        self.keep_executed = False
 
     # -- start-up -----------------------------------------------------------------------------
 
@@ -255,8 +252,6 @@ class RobotClient:
             self._last_action = action
             self.counters.actions_executed += 1
             self._empty_streak = 0
-            if self.keep_executed and len(self.executed) < 100_000:
-                self.executed.append(popped)
         else:
             sent = self._failsafe(observation)
         self.counters.steps += 1
@@ -377,7 +372,6 @@ class RobotClient:
         if rtt_s is not None:
             self.counters.rtt_ms.append(rtt_s * 1000)
         self.counters.inference_ms.append(chunk.inference_time_ms)
-        self._last_chunk_s = arrived_s
         self._waiting_since_s = None
         if chunk.server_id and chunk.server_id != self.serving_server_id:
             # A standby took over, or the primary came back: follow whoever answers.
