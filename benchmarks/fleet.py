@@ -52,6 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from lerobot_zenoh.protocol.messages import ExecutionInfo
+from lerobot_zenoh.scheduling.batch_profile import profile_batch_sizes, saturation_batch_size
 from lerobot_zenoh.scheduling.request_schedulers import FifoScheduler, RoundRobinScheduler
 from lerobot_zenoh.scheduling.send_trigger import RttTracker
 from lerobot_zenoh.scheduling.wait_ratio import WaitRatioScheduler
@@ -327,14 +328,6 @@ def gpu_latency() -> Callable[[int], float]:
     return policy.latency_s
 
 
-def saturation_batch_size(latency_s: Callable[[int], float], candidates: Sequence[int], tolerance: float = 0.1) -> int:
-    """The smallest batch size whose throughput is within `tolerance` of the best (seed 000 section 4.3:
-    beyond it, a bigger batch adds latency without adding throughput)."""
-    throughput = {b: b / latency_s(b) for b in candidates}
-    best = max(throughput.values())
-    return min(b for b, x in throughput.items() if x >= (1 - tolerance) * best)
-
-
 def simulate(cfg: Config, traces, latency_s, seeds: Sequence[int]) -> Result:
     """Mean of the metrics over `seeds` (each seed: other robot start times and task order)."""
     runs = [FleetSim(Config(**{**cfg.__dict__, "seed": s}), traces, latency_s).run() for s in seeds]
@@ -367,7 +360,7 @@ def study(args) -> str:
                   first_request=args.first_request, phase_elapsed=args.phase_elapsed, trigger=args.trigger)
     out = []
     say = out.append
-    sat = saturation_batch_size(latency_s, [1, 2, 4, 8, 16])
+    sat = saturation_batch_size({b: latency_s(b) for b in profile_batch_sizes(16)})
     say(f"Profile (ms per dispatch): {GPU_PROFILE_MS}; throughput at 1 = {1 / latency_s(1):.1f} req/s, "
         f"at 16 = {16 / latency_s(16):.1f} req/s; saturation batch size (within 10 % of peak) = {sat}.\n")
     mean_h = statistics.fmean(h for t in traces for h in t)

@@ -247,11 +247,15 @@ def test_loss_and_delay_every_chunk_arrives_and_the_loop_keeps_its_period(tmp_pa
     figures = {"link": f"{net.method}, 50 ms one way, 10 % loss each way (iptables)",
                "chunks_sent_by_server": served,
                "chunks_received": summary["chunks_received"] + summary["chunks_rejected"],
+               "requests_outstanding_at_exit": summary["requests_outstanding_at_exit"],
                "observations_published": summary["observations_published"], "rtt_ms_p50": summary["rtt_ms_p50"],
                "rtt_ms_p99": summary["rtt_ms_p99"], "empty_buffer_cycles": summary["empty_buffer_cycles"],
                "delay_line": stats, **periods_ok(summary)}
     record("loss10_delay50", figures)
-    assert served > 3 and figures["chunks_received"] == served  # reliable: nothing sent was lost
+    # Reliable: every chunk the server sent arrived, except one answering a request still in flight
+    # when the robot's run ended (max_in_flight = 1).
+    in_flight = summary["requests_outstanding_at_exit"]
+    assert served > 3 and figures["chunks_received"] <= served <= figures["chunks_received"] + in_flight
     assert summary["rtt_ms_p50"] >= 100  # the 2 x 50 ms really was on the path
     assert abs(summary["control_period_ms_p50"] - 1000 / 30) < 3
 

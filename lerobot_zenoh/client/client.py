@@ -105,6 +105,7 @@ class ClientCounters:
     chunks_received: int = 0
     chunks_rejected: int = 0
     trimmed_steps: int = 0
+    horizon_cut_steps: int = 0  # trailing actions dropped because the chunk's execution_horizon said so
     watchdog_events: int = 0
     revalidations: int = 0
     server_changes: int = 0
@@ -356,6 +357,13 @@ class RobotClient:
             self.counters.chunks_rejected += 1  # not an answer to anything we asked (or far too old)
             return
         actions = chunk.actions[: self.config.actions_per_chunk]
+        # Kairos 3.1: the server vouches for the first `execution_horizon` actions only; the rest are
+        # never executed, so the buffer runs dry H steps after the chunk's start and the send trigger
+        # asks for the next chunk early enough for that (it follows the buffer depth).
+        if chunk.execution_horizon is not None and chunk.execution_horizon < len(actions):
+            h = max(int(chunk.execution_horizon), 1)  # 0 would mean "nothing": keep at least one
+            self.counters.horizon_cut_steps += len(actions) - h
+            actions = actions[:h]
         # Seed 002 section 8.2: int(rtt / dt) leading steps have expired (none before the first RTT
         # is known). Capped at the steps the robot actually executed since the capture: a robot that
         # held still while its buffer was empty has lost nothing, and its chunk still starts at row 0.
@@ -498,6 +506,8 @@ class RobotClient:
             "empty_buffer_cycles": c.empty_cycles,
             "loop_overruns": c.overruns,
             "watchdog_events": c.watchdog_events,
+            # sent but unanswered when the run ended (lost best-effort observations, or in flight)
+            "requests_outstanding_at_exit": self.trigger.stats().outstanding,
             "dataset_path": str(getattr(self.recorder, "root", "")) or None if self.recorder else None,
             "dataset_frames": getattr(self.recorder, "frames_written", None) if self.recorder else None,
         }

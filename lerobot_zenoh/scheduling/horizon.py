@@ -2,7 +2,7 @@
 
 A chunk's later actions are conditioned on an older observation than its first ones; the execution
 horizon ``H`` says how many to trust before replanning. A horizon policy maps what the model exposes
-about one chunk to ``H``; the server would send it as ``ActionChunk.execution_horizon``.
+about one chunk to ``H``; the server sends it as ``ActionChunk.execution_horizon``.
 
 - `StaticHorizon(h)`: the same ``H`` every round (today's practice; the baseline of Kairos 5.2).
 - `DiffusionConfidenceHorizon(threshold, h_min)`: the diffusion process tells, per action, how
@@ -12,9 +12,10 @@ about one chunk to ``H``; the server would send it as ``ActionChunk.execution_ho
   the number of leading converged actions (the first unconverged one and everything after it are
   dropped: the robot executes in order), and at least ``h_min``.
 
-Pure functions of their inputs (numpy only). Not wired yet: the Diffusion runner does not capture
-the per-step updates, the server does not set `execution_horizon`, and the client does not cut
-chunks at it (docs/scheduling.md, "Not done").
+Pure functions of their inputs (numpy only). Wiring: the manifest's ``horizon`` entry picks the
+policy, the Diffusion runner's `infer_with_info` captures the updates, the server sends ``H`` in
+``ActionChunk.execution_horizon``, and the client executes at most ``H`` actions of the chunk
+(docs/scheduling.md, "Execution horizon").
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from lerobot_zenoh.errors import ConfigError
 
 class HorizonPolicy(Protocol):
     name: str
+    needs_updates: bool  # whether `horizon` reads `updates` (the server captures them only then)
 
     def horizon(self, chunk_len: int, updates: np.ndarray | None = None) -> int:
         """``H`` in ``[1, chunk_len]`` for one chunk; `updates` is ``(steps, chunk_len[, action_dim])``."""
@@ -36,6 +38,7 @@ class HorizonPolicy(Protocol):
 
 class StaticHorizon:
     name = "static"
+    needs_updates = False
 
     def __init__(self, h: int):
         if not isinstance(h, int) or isinstance(h, bool) or h < 1:
@@ -50,6 +53,7 @@ class DiffusionConfidenceHorizon:
     """Kairos' threshold policy on the denoising updates (module docstring)."""
 
     name = "diffusion_confidence"
+    needs_updates = True
 
     def __init__(self, threshold: float = 0.4, h_min: int = 1):
         if not isinstance(threshold, (int, float)) or not np.isfinite(threshold) or threshold < 0:

@@ -14,7 +14,8 @@
         endpoint: tcp/127.0.0.1:7447              # merged into zenoh.listen
         actions_per_chunk: 50
         scheduler: round_robin                    # or fifo, wait_ratio (docs/scheduling.md)
-        max_batch_size: 1                         # clients served per forward pass
+        horizon: {type: diffusion_confidence, threshold: 0.4, h_min: 5}   # or none (default), static
+        max_batch_size: 1                         # clients per forward pass, or auto (profiled)
         accept_unknown_clients: false
         clients:
           - client_uuid: cookie-worker-4269
@@ -29,13 +30,14 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lerobot_zenoh.errors import ConfigError, KeyExprError
 from lerobot_zenoh.protocol.keys import AppKey, validate_chunk, validate_client_id
+from lerobot_zenoh.scheduling.horizon import DiffusionConfidenceHorizon, HorizonPolicy, StaticHorizon
 from lerobot_zenoh.scheduling.request_schedulers import SCHEDULERS
 from lerobot_zenoh.transport.settings import ZenohSettings
 
@@ -62,6 +64,38 @@ class SyntheticEntry(_Strict):
     cameras: dict[str, tuple[int, int]] = Field(default_factory=lambda: {"front": (96, 128)})
     latency_ms: float = Field(0.0, ge=0)
     batch_latency_ms: dict[int, float] | None = None
+
+
+class HorizonEntry(_Strict):
+    """The execution-horizon policy of one model (Kairos 3.1; docs/scheduling.md).
+
+    ``none``: no horizon is sent (the client uses the whole chunk). ``static``: ``h`` every round.
+    ``diffusion_confidence``: ``H`` from the denoising updates (``threshold`` = Kairos' t, ``h_min``);
+    a runner that does not expose them gets ``H`` = the whole chunk.
+    """
+
+    type: Literal["none", "static", "diffusion_confidence"] = "none"
+    h: int | None = Field(None, ge=1)
+    threshold: float | None = Field(None, ge=0, allow_inf_nan=False)
+    h_min: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _settings_fit_type(self):
+        allowed = {"none": set(), "static": {"h"}, "diffusion_confidence": {"threshold", "h_min"}}[self.type]
+        given = {k for k in ("h", "threshold", "h_min") if getattr(self, k) is not None}
+        if given - allowed:
+            raise ValueError(f"{', '.join(sorted(given - allowed))} does not apply to horizon type {self.type!r}")
+        if self.type == "static" and self.h is None:
+            raise ValueError("horizon type 'static' needs h (an integer >= 1)")
+        return self
+
+    def build(self) -> HorizonPolicy | None:
+        if self.type == "static":
+            return StaticHorizon(self.h)
+        if self.type == "diffusion_confidence":
+            kwargs = {k: getattr(self, k) for k in ("threshold", "h_min") if getattr(self, k) is not None}
+            return DiffusionConfidenceHorizon(**kwargs)
+        return None
 
 
 class ZenohEntry(_Strict):
@@ -92,9 +126,15 @@ class ModelEntry(_Strict):
     endpoints: list[str] = Field(default_factory=list)
     actions_per_chunk: int | None = Field(None, ge=1)
     scheduler: str = "round_robin"
-    # Most clients served in one forward pass (1 = no cross-client batching). Pick the saturation
-    # point of the model's latency-vs-batch profile on the serving hardware (docs/scheduling.md).
-    max_batch_size: int = Field(1, ge=1, le=256)
+    # Most clients served in one forward pass (1 = no cross-client batching): a number, or `auto` to
+    # measure the latency-vs-batch profile on the serving hardware at start-up (sizes 1, 2, 4, ... up
+    # to `profile_max_batch`, within `profile_budget_s`) and take its saturation point
+    # (docs/scheduling.md). Runners without `infer_batch` serve one at a time either way.
+    max_batch_size: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = 1
+    profile_max_batch: int = Field(16, ge=1, le=256)
+    profile_budget_s: float = Field(10.0, gt=0)
+    # Execution horizon sent with each chunk (none = not sent; docs/scheduling.md).
+    horizon: HorizonEntry = Field(default_factory=HorizonEntry)
     accept_unknown_clients: bool = False
     max_clients: int = Field(64, ge=1)
     clients: list[ClientEntry] = Field(default_factory=list)

@@ -172,6 +172,38 @@ class InferenceRequest:
     seed: int
 
 
+@dataclass(frozen=True)
+class InferenceInfo:
+    """A chunk plus what the model exposes about it (`InfoPolicyRunner.infer_with_info`).
+
+    `denoise_updates` is ``(steps, chunk_size, action_dim)`` float32: for each denoising step, in
+    order, the change it made to each action (``prev_sample - sample``), in the model's normalized
+    action space. Horizon policies (`scheduling.horizon`) read it; ``None`` when there is none.
+    """
+
+    actions: np.ndarray
+    denoise_updates: np.ndarray | None = None
+
+
+@runtime_checkable
+class InfoPolicyRunner(PolicyRunner, Protocol):
+    """A runner that can also report how it produced a chunk (optional; the server checks for it).
+
+    ``infer_with_info(...).actions`` must equal ``infer(...)`` bit for bit for the same arguments and
+    history: capturing the information must not change the sample.
+    """
+
+    def infer_with_info(
+        self,
+        client_id: str,
+        state: np.ndarray,
+        images: dict[str, np.ndarray],
+        task: str,
+        *,
+        seed: int,
+    ) -> InferenceInfo: ...
+
+
 @runtime_checkable
 class BatchPolicyRunner(PolicyRunner, Protocol):
     """A runner that can serve several clients in one call (optional; the server checks for it).
@@ -382,13 +414,18 @@ class _LeRobotRunner:
         *,
         seed: int,
     ) -> np.ndarray:
+        return self._infer_one(client_id, state, images, task, seed, None)
+
+    def _infer_one(self, client_id: str, state: np.ndarray, images: dict[str, np.ndarray], task: str,
+                   seed: int, updates: list | None) -> np.ndarray:
+        """`infer`; when `updates` is a list, runners that denoise append their per-step updates to it."""
         import torch
 
         check_observation(self.spec, state, images)
         try:
             with torch.inference_mode():
                 batch = self._preprocess(state, images, task)
-                chunk = self._chunk(client_id, batch, seed)  # (1, T, action_dim), normalized
+                chunk = self._chunk(client_id, batch, seed, updates)  # (1, T, action_dim), normalized
                 actions = self.postprocessor(chunk)
         except PolicyError:
             raise
@@ -423,7 +460,7 @@ class _LeRobotRunner:
         observation = prepare_observation_for_inference(frame, self.device, task, None)
         return self.preprocessor(observation)
 
-    def _chunk(self, client_id: str, batch: dict[str, Any], seed: int) -> torch.Tensor:
+    def _chunk(self, client_id: str, batch: dict[str, Any], seed: int, updates: list | None = None) -> torch.Tensor:
         raise NotImplementedError
 
 
@@ -434,7 +471,7 @@ class _ActRunner(_LeRobotRunner):
     client blends chunks itself.
     """
 
-    def _chunk(self, client_id: str, batch: dict[str, Any], seed: int) -> torch.Tensor:
+    def _chunk(self, client_id: str, batch: dict[str, Any], seed: int, updates: list | None = None) -> torch.Tensor:
         return self.policy.predict_action_chunk(batch)
 
     def infer_batch(self, requests: Sequence[InferenceRequest]) -> list[np.ndarray]:
@@ -462,6 +499,33 @@ class _ActRunner(_LeRobotRunner):
         if out.shape != expected:
             raise PolicyError(f"{self.path}: model returned actions {out.shape}, expected {expected}")
         return [np.ascontiguousarray(chunk) for chunk in out]
+
+
+class _recording_steps:
+    """Within the block, ``scheduler.step`` also appends ``prev_sample - sample`` (batch row 0, the
+    action `window`) to `updates`; afterwards the class's own ``step`` is visible again.
+
+    The wrapper is an instance attribute shadowing the class method, so it touches nothing else and
+    leaves every argument and result (and the generator's draws) exactly as they were.
+    """
+
+    def __init__(self, scheduler: Any, updates: list, window: slice):
+        self.scheduler, self.updates, self.window = scheduler, updates, window
+
+    def __enter__(self) -> None:
+        original = self.scheduler.step  # the bound class method
+        updates, window = self.updates, self.window
+
+        def step(model_output, timestep, sample, *args, **kwargs):
+            out = original(model_output, timestep, sample, *args, **kwargs)
+            prev = out.prev_sample if hasattr(out, "prev_sample") else out[0]
+            updates.append((prev - sample)[0, window].detach().clone())
+            return out
+
+        self.scheduler.step = step
+
+    def __exit__(self, *exc_info) -> None:
+        vars(self.scheduler).pop("step", None)
 
 
 def _concat_batches(batches: list[dict[str, Any]]) -> dict[str, Any]:
@@ -494,6 +558,12 @@ class _DiffusionRunner(_LeRobotRunner):
     queues are never filled, and ``generate_actions`` is re-done here only to pass the generator.
     ``conditional_sample`` re-sets the shared scheduler's timesteps to the same value on every call;
     `_model_lock` keeps concurrent calls from interleaving inside it.
+
+    `infer_with_info` also returns the per-step denoising updates (for the diffusion-confidence
+    horizon). They are recorded by wrapping the shared noise scheduler's ``step`` for the duration of
+    one ``conditional_sample`` call (under `_model_lock`): LeRobot's own sampling loop runs unchanged,
+    and the wrapper only reads ``prev_sample - sample``, so the chunk is bit-for-bit the one `infer`
+    returns (tested).
     """
 
     def __post_init__(self) -> None:
@@ -511,7 +581,25 @@ class _DiffusionRunner(_LeRobotRunner):
         with self._history_lock:
             self._histories.pop(client_id, None)
 
-    def _chunk(self, client_id: str, batch: dict[str, Any], seed: int) -> torch.Tensor:
+    def infer_with_info(
+        self,
+        client_id: str,
+        state: np.ndarray,
+        images: dict[str, np.ndarray],
+        task: str,
+        *,
+        seed: int,
+    ) -> InferenceInfo:
+        import torch
+
+        steps: list[torch.Tensor] = []
+        actions = self._infer_one(client_id, state, images, task, seed, steps)
+        if not steps:
+            raise PolicyError(f"{self.path}: the noise scheduler reported no denoising steps")
+        updates = torch.stack(steps).to("cpu", torch.float32).numpy()  # (steps, T, action_dim)
+        return InferenceInfo(actions=actions, denoise_updates=updates)
+
+    def _chunk(self, client_id: str, batch: dict[str, Any], seed: int, updates: list | None = None) -> torch.Tensor:
         import torch
         from lerobot.policies.utils import populate_queues
 
@@ -529,8 +617,13 @@ class _DiffusionRunner(_LeRobotRunner):
 
         model = self.policy.diffusion
         generator = torch.Generator(device=self.device).manual_seed(int(seed))
+        start = self._n_obs_steps - 1
+        window = slice(start, start + self.policy.config.n_action_steps)
         with self._model_lock:
             global_cond = model._prepare_global_conditioning(stacked)
-            sample = model.conditional_sample(1, global_cond=global_cond, generator=generator)
-        start = self._n_obs_steps - 1
-        return sample[:, start : start + self.policy.config.n_action_steps]
+            if updates is None:
+                sample = model.conditional_sample(1, global_cond=global_cond, generator=generator)
+            else:
+                with _recording_steps(model.noise_scheduler, updates, window):
+                    sample = model.conditional_sample(1, global_cond=global_cond, generator=generator)
+        return sample[:, window]

@@ -29,10 +29,13 @@ from lerobot_zenoh.errors import ConfigError, KeyExprError, PolicyError, Protoco
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.keys import AppKey, Topic, parse_client_key
 from lerobot_zenoh.protocol.messages import ActionChunk, Observation, Status
+from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
+from lerobot_zenoh.scheduling.horizon import HorizonPolicy
 from lerobot_zenoh.scheduling.request_schedulers import RequestScheduler, make_scheduler
 from lerobot_zenoh.server.failover import ServingRole
 from lerobot_zenoh.server.manifest import Manifest, ModelEntry
-from lerobot_zenoh.server.policies import InferenceRequest
+from lerobot_zenoh.server.batch_profiling import can_batch, measure_batch_profile
+from lerobot_zenoh.server.policies import InferenceInfo, InferenceRequest
 from lerobot_zenoh.server.rate_limit import RejectionRateLimit
 from lerobot_zenoh.telemetry.publisher import TelemetryPublisher, percentile, process_memory
 from lerobot_zenoh.transport.session import ACTION_QOS, Publisher, ZenohSession
@@ -77,16 +80,24 @@ class _Work:
 class ServedModel:
     """One manifest entry: its runner, scheduler, client slots, publishers and counters."""
 
-    def __init__(self, manifest: Manifest, entry: ModelEntry, runner, server_id: str):
+    def __init__(self, manifest: Manifest, entry: ModelEntry, runner, server_id: str,
+                 batch_profile_s: dict[int, float] | None = None):
         self.entry = entry
         self.app: AppKey = manifest.app_key(entry)
         self.runner = runner
         self.scheduler: RequestScheduler = make_scheduler(entry.scheduler, f"server.{entry.model_id}.scheduler")
         # Runners without `infer_batch` serve one client per call whatever the manifest says.
-        self.max_batch_size = entry.max_batch_size if callable(getattr(runner, "infer_batch", None)) else 1
-        if self.max_batch_size < entry.max_batch_size:
+        # `max_batch_size: auto`: the saturation point of the profile measured at start-up
+        # (`batch_profile_s`, {batch size: seconds per pass}); 1 without a profile.
+        self.batch_profile_s = dict(batch_profile_s or {})
+        if entry.max_batch_size == "auto":
+            wanted = saturation_batch_size(self.batch_profile_s) if self.batch_profile_s else 1
+        else:
+            wanted = entry.max_batch_size
+        self.max_batch_size = wanted if can_batch(runner) else 1
+        if self.max_batch_size < wanted:
             log.warning("%s: runner %s cannot batch; max_batch_size %d -> 1", entry.model_id,
-                        type(runner).__name__, entry.max_batch_size)
+                        type(runner).__name__, wanted)
         self.batch_sizes: deque = deque(maxlen=256)  # requests per forward pass, recent ones
         self.batch_fallbacks = 0  # batches that failed and were served one request at a time
         spec = runner.spec
@@ -97,6 +108,15 @@ class ServedModel:
                 f"{self.actions_per_chunk} is more than the model's chunk size {spec.chunk_size}",
                 source=manifest.source,
             )
+        # Execution horizon sent with each chunk (None: not sent). Updates are captured only when the
+        # policy reads them and the runner can report them (`infer_with_info`); otherwise the policy
+        # gets none (diffusion_confidence then vouches for the whole chunk).
+        self.horizon: HorizonPolicy | None = entry.horizon.build()
+        self.capture_updates = bool(getattr(self.horizon, "needs_updates", False)) and callable(
+            getattr(runner, "infer_with_info", None))
+        if self.horizon is not None and getattr(self.horizon, "needs_updates", False) and not self.capture_updates:
+            log.warning("%s: runner %s exposes no denoising updates; horizon %s will send the whole chunk",
+                        entry.model_id, type(runner).__name__, self.horizon.name)
         self.allowed: frozenset[str] | None = (
             None if entry.accept_unknown_clients else frozenset(c.client_uuid for c in entry.clients)
         )
@@ -162,7 +182,8 @@ class PolicyServer:
             runner.warmup()  # before anything is announced: a client never waits for a cold model
             log.info("pre-warmed %s/%s (%s) in %.0f ms", entry.model_id, entry.model_version,
                      runner.spec.policy_type, (time.perf_counter() - t0) * 1000)
-            self.models.append(ServedModel(self.manifest, entry, runner, self.server_id))
+            profile_s = self._profile(entry, runner) if entry.max_batch_size == "auto" else None
+            self.models.append(ServedModel(self.manifest, entry, runner, self.server_id, profile_s))
 
         self._session = ZenohSession(self.manifest.zenoh_settings()).open()
         for model in self.models:
@@ -185,6 +206,20 @@ class PolicyServer:
             log.info("serving %s (status: %s)", model.app.all_observations, model.app.status)
         self.started.set()
         return self
+
+    @staticmethod
+    def _profile(entry: ModelEntry, runner) -> dict[int, float] | None:
+        """The latency-vs-batch profile for `max_batch_size: auto` (None for a runner that cannot batch)."""
+        if not can_batch(runner):
+            log.warning("%s: runner %s cannot batch; max_batch_size auto -> 1", entry.model_id,
+                        type(runner).__name__)
+            return None
+        profile_s = measure_batch_profile(runner, entry.profile_max_batch, budget_s=entry.profile_budget_s)
+        chosen = saturation_batch_size(profile_s) if profile_s else 1
+        log.info("batch profile of %s (ms per pass): %s; max_batch_size auto -> %d", entry.model_id,
+                 ", ".join(f"{b}: {t * 1000:.1f} ({b / t if t else float('inf'):.1f} req/s)"
+                           for b, t in profile_s.items()) or "none", chosen)
+        return profile_s
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop taking observations, finish the inference in flight, undeclare everything."""
@@ -369,12 +404,22 @@ class PolicyServer:
                 continue
             self._publish(model, request.client_id, slot, result, inference_ms, (t_start - slot.arrival_s) * 1000)
 
-    def _infer(self, model: ServedModel, requests: list[InferenceRequest]) -> list[np.ndarray | Exception]:
-        """One result per request: its chunk, or the exception its inference raised.
+    def _infer(self, model: ServedModel, requests: list[InferenceRequest]) -> list[np.ndarray | InferenceInfo | Exception]:
+        """One result per request: its chunk (with its denoising updates when the horizon policy needs
+        them), or the exception its inference raised.
 
         Several requests go through `runner.infer_batch` in one call; if that call fails, each request
-        is run again on its own, so that only the bad one fails.
+        is run again on its own, so that only the bad one fails. Capturing updates serves one request
+        at a time (`infer_with_info`; the only runner that has it, Diffusion, loops anyway).
         """
+        if model.capture_updates:
+            out: list[np.ndarray | InferenceInfo | Exception] = []
+            for r in requests:
+                try:
+                    out.append(model.runner.infer_with_info(r.client_id, r.state, r.images, r.task, seed=r.seed))
+                except Exception as exc:
+                    out.append(exc)
+            return out
         if len(requests) > 1:
             try:
                 results = list(model.runner.infer_batch(requests))
@@ -386,7 +431,7 @@ class PolicyServer:
                 if model.batch_fallbacks in (1, 10, 100) or model.batch_fallbacks % 1000 == 0:
                     log.warning("%s: batch of %d failed (%s: %s); serving it one request at a time [%d so far]",
                                 model.app.prefix, len(requests), type(exc).__name__, exc, model.batch_fallbacks)
-        out: list[np.ndarray | Exception] = []
+        out = []
         for r in requests:
             try:
                 out.append(model.runner.infer(r.client_id, r.state, r.images, r.task, seed=r.seed))
@@ -394,16 +439,24 @@ class PolicyServer:
                 out.append(exc)
         return out
 
-    def _publish(self, model: ServedModel, client_id: str, slot: _Slot, actions: np.ndarray,
+    def _publish(self, model: ServedModel, client_id: str, slot: _Slot, result: np.ndarray | InferenceInfo,
                  inference_ms: float, queue_ms: float) -> None:
         obs = slot.observation
         try:
+            updates = result.denoise_updates if isinstance(result, InferenceInfo) else None
+            actions = result.actions if isinstance(result, InferenceInfo) else result
+            actions = np.ascontiguousarray(np.asarray(actions)[: model.actions_per_chunk], dtype=np.float32)
+            horizon = None
+            if model.horizon is not None:
+                sent = updates[:, : len(actions)] if updates is not None else None
+                horizon = int(model.horizon.horizon(len(actions), sent))
             chunk = ActionChunk(
                 response_to_seq_id=obs.seq_id,
                 inference_time_ms=inference_ms,
-                actions=np.ascontiguousarray(np.asarray(actions)[: model.actions_per_chunk], dtype=np.float32),
+                actions=actions,
                 server_id=self.server_id,
                 queue_time_ms=queue_ms,
+                execution_horizon=horizon,
             )
         except Exception as exc:  # the runner returned something that is not an array of numbers
             self._reject(model, client_id, "inference_error", f"{type(exc).__name__}: {exc}")
@@ -521,6 +574,8 @@ class PolicyServer:
             "takeovers": model.role.takeovers if model.role is not None else 0,
             "standby_dropped": model.standby_dropped,
             "batch_size_mean": float(np.mean(batch_sizes)) if batch_sizes else 1.0,
+            "max_batch_size": model.max_batch_size,
+            **{f"batch_profile.{b}_ms": t * 1000 for b, t in model.batch_profile_s.items()},
             **{f"scheduler.{k}": v for k, v in scheduler_stats.items()},
             **process_memory(),
         }

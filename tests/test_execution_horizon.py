@@ -1,0 +1,227 @@
+"""The dynamic execution horizon end to end (Kairos 3.1): manifest, Diffusion's captured denoising
+updates, the server's `ActionChunk.execution_horizon`, the client cutting chunks at it.
+
+The pure policies are tested in test_horizon.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from lerobot_zenoh.client.client import RobotClient  # noqa: E402
+from lerobot_zenoh.errors import ConfigError  # noqa: E402
+from lerobot_zenoh.protocol import codec  # noqa: E402
+from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation  # noqa: E402
+from lerobot_zenoh.scheduling.action_buffer import ActionBuffer  # noqa: E402
+from lerobot_zenoh.scheduling.horizon import DiffusionConfidenceHorizon  # noqa: E402
+from lerobot_zenoh.server.manifest import parse_manifest  # noqa: E402
+from lerobot_zenoh.server.policies import InfoPolicyRunner, load_policy_runner  # noqa: E402
+from lerobot_zenoh.server.server import PolicyServer  # noqa: E402
+from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession  # noqa: E402
+from lerobot_zenoh.transport.settings import loopback_settings  # noqa: E402
+from lz_testing import CAMS, make_config, wait_for  # noqa: E402
+
+STATE_NAMES = ("shoulder", "elbow", "wrist_flex", "gripper")
+ACTION_NAMES = ("shoulder.pos", "elbow.pos", "wrist.pos", "gripper.pos", "base.vel")
+CAMERAS = {"front": (48, 64)}
+CHUNK = 8
+STEPS = 6  # denoising steps: enough for the convergence test to say something
+
+
+@pytest.fixture(scope="module")
+def diffusion_checkpoint(tmp_path_factory):
+    from lerobot_zenoh.server.checkpoint import build_checkpoint
+
+    return build_checkpoint(
+        tmp_path_factory.mktemp("horizon_ckpt") / "diffusion",
+        policy_type="diffusion", state_names=STATE_NAMES, action_names=ACTION_NAMES, cameras=CAMERAS,
+        chunk_size=CHUNK, fps=30,
+        overrides={"down_dims": (32, 64), "num_inference_steps": STEPS, "spatial_softmax_num_keypoints": 8,
+                   "diffusion_step_embed_dim": 32, "crop_shape": (40, 56), "n_obs_steps": 2},
+        seed=7,
+    )
+
+
+def observation(rng):
+    state = rng.normal(size=len(STATE_NAMES)).astype(np.float32)
+    images = {c: rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for c, (h, w) in CAMERAS.items()}
+    return state, images
+
+
+# -- manifest ----------------------------------------------------------------------------------
+
+
+def entry_dict(**kw):
+    return {"cluster_uuid": "c", "experiment_tag": "e", "server": [{
+        "model_id": "m", "model_version": "v", "application_tag": "a", "synthetic": {},
+        "accept_unknown_clients": True, **kw}]}
+
+
+def test_manifest_horizon_defaults_to_none_and_builds_policies():
+    assert parse_manifest(entry_dict()).server[0].horizon.build() is None
+    static = parse_manifest(entry_dict(horizon={"type": "static", "h": 5})).server[0].horizon.build()
+    assert static.horizon(50) == 5
+    dc = parse_manifest(entry_dict(horizon={"type": "diffusion_confidence", "threshold": 0.2, "h_min": 3}))
+    policy = dc.server[0].horizon.build()
+    assert (policy.threshold, policy.h_min) == (0.2, 3)
+
+
+@pytest.mark.parametrize("horizon, field", [
+    ({"type": "static"}, "server.0.horizon"),
+    ({"type": "static", "h": 0}, "server.0.horizon.h"),
+    ({"type": "diffusion_confidence", "h": 4}, "server.0.horizon"),
+    ({"type": "diffusion_confidence", "threshold": -1}, "server.0.horizon.threshold"),
+    ({"type": "diffusion_confidence", "h_min": 0}, "server.0.horizon.h_min"),
+    ({"type": "sometimes"}, "server.0.horizon.type"),
+    ({"type": "static", "h": 4, "extra": 1}, "server.0.horizon.extra"),
+])
+def test_manifest_horizon_errors_name_the_field(horizon, field):
+    with pytest.raises(ConfigError) as info:
+        parse_manifest(entry_dict(horizon=horizon))
+    assert info.value.field == field
+
+
+# -- the Diffusion runner ------------------------------------------------------------------------
+
+
+def test_diffusion_updates_come_from_the_real_loop_and_leave_the_sample_unchanged(diffusion_checkpoint):
+    import torch
+
+    runner = load_policy_runner(diffusion_checkpoint)
+    assert isinstance(runner, InfoPolicyRunner)
+    rng = np.random.default_rng(3)
+    stream = [observation(rng) for _ in range(3)]
+    for i, (state, images) in enumerate(stream):
+        seed = 100 + i
+        plain = runner.infer("plain", state, images, "t", seed=seed)
+        info = runner.infer_with_info("captured", state, images, "t", seed=seed)
+        np.testing.assert_array_equal(info.actions, plain)  # bit for bit: capturing changes nothing
+        assert info.denoise_updates.shape == (STEPS, CHUNK, len(ACTION_NAMES))
+        assert np.isfinite(info.denoise_updates).all() and np.abs(info.denoise_updates).sum() > 0
+        # The updates are the loop's own: initial noise + all updates = the final (normalized) sample.
+        cfg = runner.policy.config
+        noise = torch.randn((1, cfg.horizon, len(ACTION_NAMES)), generator=torch.Generator().manual_seed(seed))
+        start = cfg.n_obs_steps - 1
+        final = noise[0, start:start + CHUNK].numpy() + info.denoise_updates.sum(axis=0)
+        with torch.inference_mode():
+            unnormalized = runner.postprocessor(torch.from_numpy(final)[None]).numpy()[0]
+        np.testing.assert_allclose(unnormalized, plain, rtol=1e-4, atol=1e-4)
+        assert "step" not in vars(runner.policy.diffusion.noise_scheduler)  # the wrapper is gone afterwards
+        # H as the pure policy computes it from these updates, within [h_min, chunk].
+        for threshold, h_min in ((0.0, 1), (0.4, 2), (10.0, 3)):
+            h = DiffusionConfidenceHorizon(threshold, h_min).horizon(CHUNK, info.denoise_updates)
+            assert h_min <= h <= CHUNK
+
+
+# -- server over Zenoh -----------------------------------------------------------------------------
+
+
+class RecordingRunner:
+    """The real runner, keeping what each `infer_with_info` returned (by seed)."""
+
+    def __init__(self, runner):
+        self._runner = runner
+        self.spec = runner.spec
+        self.infos: dict[int, object] = {}
+
+    def warmup(self):
+        self._runner.warmup()
+
+    def forget(self, client_id):
+        self._runner.forget(client_id)
+
+    def infer(self, *a, **kw):
+        return self._runner.infer(*a, **kw)
+
+    def infer_with_info(self, client_id, state, images, task, *, seed):
+        info = self._runner.infer_with_info(client_id, state, images, task, seed=seed)
+        self.infos[seed] = info
+        return info
+
+
+def test_server_sends_the_horizon_the_policy_computes_from_the_captured_updates(
+        diffusion_checkpoint, port, app_key):
+    import zlib
+
+    threshold, h_min = 0.3, 2
+    manifest = parse_manifest({
+        "cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": "gpu0",
+        "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False}, "telemetry_period_s": 0,
+        "server": [{"model_id": app_key.model, "model_version": app_key.version, "application_tag": app_key.app,
+                    "pretrained_path": str(diffusion_checkpoint), "accept_unknown_clients": True,
+                    "horizon": {"type": "diffusion_confidence", "threshold": threshold, "h_min": h_min}}],
+    })
+    runner = RecordingRunner(load_policy_runner(diffusion_checkpoint))
+    policy = DiffusionConfidenceHorizon(threshold, h_min)
+    chunks = []
+
+    def on_chunk(key, payload):
+        chunks.append(codec.decode_action_chunk(payload))
+
+    with PolicyServer(manifest, runners={app_key.model: runner}), \
+            ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as session:
+        key = app_key.client("r1")
+        session.subscribe(key.action, on_chunk)
+        pub = session.publisher(key.obs, OBSERVATION_QOS)
+        assert wait_for(lambda: session.query(app_key.status, 0.3))
+        rng = np.random.default_rng(5)
+        for seq_id in range(4):
+            state, images = observation(rng)
+            jpegs = {c: codec.encode_jpeg(img) for c, img in images.items()}
+            execution = ExecutionInfo(episode_id="e", round_id=seq_id, actions_buffered=0, control_period_s=1 / 30)
+            pub.put(codec.encode(Observation(seq_id, "r1", state, jpegs, "task", execution)))
+            assert wait_for(lambda s=seq_id: any(c.response_to_seq_id == s for c in chunks), 10.0)
+    for chunk in chunks:
+        seed = (zlib.crc32(b"r1") << 32) ^ chunk.response_to_seq_id
+        info = runner.infos[seed]
+        np.testing.assert_array_equal(chunk.actions, info.actions)
+        assert chunk.execution_horizon is not None and h_min <= chunk.execution_horizon <= CHUNK
+        assert chunk.execution_horizon == policy.horizon(CHUNK, info.denoise_updates)
+
+
+# -- the client obeys H ----------------------------------------------------------------------------
+
+
+class MergeLog(ActionBuffer):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.merged_rows: list[int] = []
+
+    def merge(self, chunk, first_step):
+        self.merged_rows.append(len(chunk))
+        return super().merge(chunk, first_step)
+
+
+def test_client_executes_at_most_h_actions_of_each_chunk(port, app_key):
+    from lerobot.robots import make_robot_from_config
+
+    manifest = parse_manifest({
+        "cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": "gpu0",
+        "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False}, "telemetry_period_s": 0,
+        "server": [{"model_id": app_key.model, "model_version": app_key.version, "application_tag": app_key.app,
+                    "synthetic": {"state_dim": 6, "action_dim": 6, "chunk_size": 30, "cameras": CAMS,
+                                  "latency_ms": 10}, "fps": 30, "accept_unknown_clients": True,
+                    "horizon": {"type": "static", "h": 5}}],
+    })
+    chunks = []
+    cfg = make_config(port, app_key)
+    with PolicyServer(manifest), \
+            ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as mon:
+        mon.subscribe(app_key.client("r1").action, lambda k, b: chunks.append(codec.decode_action_chunk(b)))
+        client = RobotClient(cfg, make_robot_from_config(cfg.robot))
+        client.buffer = MergeLog(cfg.aggregate)
+        client.start()
+        try:
+            client.run(duration_s=2.0)
+        finally:
+            client.close()
+    merged = client.buffer.merged_rows
+    assert len(merged) >= 5, merged  # a chunk lasts 5 steps, so the client asks often
+    assert max(merged) <= 5
+    assert chunks and all(c.execution_horizon == 5 and len(c.actions) == 30 for c in chunks)
+    assert client.counters.horizon_cut_steps == 25 * client.counters.chunks_received
