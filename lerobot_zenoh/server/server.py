@@ -412,14 +412,17 @@ class PolicyServer:
         is run again on its own, so that only the bad one fails. Capturing updates serves one request
         at a time (`infer_with_info`; the only runner that has it, Diffusion, loops anyway).
         """
-        if model.capture_updates:
+        def one_by_one(infer) -> list[np.ndarray | InferenceInfo | Exception]:
             out: list[np.ndarray | InferenceInfo | Exception] = []
             for r in requests:
                 try:
-                    out.append(model.runner.infer_with_info(r.client_id, r.state, r.images, r.task, seed=r.seed))
+                    out.append(infer(r.client_id, r.state, r.images, r.task, seed=r.seed))
                 except Exception as exc:
                     out.append(exc)
             return out
+
+        if model.capture_updates:
+            return one_by_one(model.runner.infer_with_info)
         if len(requests) > 1:
             try:
                 results = list(model.runner.infer_batch(requests))
@@ -431,13 +434,7 @@ class PolicyServer:
                 if model.batch_fallbacks in (1, 10, 100) or model.batch_fallbacks % 1000 == 0:
                     log.warning("%s: batch of %d failed (%s: %s); serving it one request at a time [%d so far]",
                                 model.app.prefix, len(requests), type(exc).__name__, exc, model.batch_fallbacks)
-        out = []
-        for r in requests:
-            try:
-                out.append(model.runner.infer(r.client_id, r.state, r.images, r.task, seed=r.seed))
-            except Exception as exc:
-                out.append(exc)
-        return out
+        return one_by_one(model.runner.infer)
 
     def _publish(self, model: ServedModel, client_id: str, slot: _Slot, result: np.ndarray | InferenceInfo,
                  inference_ms: float, queue_ms: float) -> None:
