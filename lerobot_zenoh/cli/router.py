@@ -37,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     from lerobot_zenoh.transport.session import ZenohSession
     from lerobot_zenoh.transport.settings import ZenohSettings
 
+    import json
+
     overrides = {}
     for item in args.set:
         path, sep, value = item.partition("=")
@@ -45,50 +47,30 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         overrides[path] = value
     if args.config:
-        # The file is the base; typed options only override what they name.
-        return _run_from_file(args, overrides, log)
-    settings = ZenohSettings(mode="router", listen=args.listen or ["tcp/0.0.0.0:7447"], connect=args.connect,
-                             multicast_scouting=not args.no_scouting, json5_overrides=overrides)
+        # The file is the base; the options only override what they name.
+        given = {"mode": '"router"'}
+        if args.listen:
+            given["listen/endpoints"] = json.dumps(args.listen)
+        if args.connect:
+            given["connect/endpoints"] = json.dumps(args.connect)
+        if args.no_scouting:
+            given["scouting/multicast/enabled"] = "false"
+        session = ZenohSession(ZenohSettings(mode="router", json5_overrides={**given, **overrides}), config_file=args.config)
+        where = args.config
+    else:
+        settings = ZenohSettings(mode="router", listen=args.listen or ["tcp/0.0.0.0:7447"], connect=args.connect,
+                                 multicast_scouting=not args.no_scouting, json5_overrides=overrides)
+        session = ZenohSession(settings)
+        where = ", ".join(settings.listen)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        session = ZenohSession(settings).open()
+        session.open()
     except LeRobotZenohError as exc:
         log.error("%s", exc)
         return 2
-    log.info("router %s listening on %s", session.zid, ", ".join(settings.listen))
-    try:
-        stop.wait()
-    finally:
-        session.close()
-    return 0
-
-
-def _run_from_file(args, overrides: dict[str, str], log) -> int:
-    import json
-
-    import zenoh
-
-    try:
-        config = zenoh.Config.from_file(args.config)
-        config.insert_json5("mode", '"router"')
-        if args.listen:
-            config.insert_json5("listen/endpoints", json.dumps(args.listen))
-        if args.connect:
-            config.insert_json5("connect/endpoints", json.dumps(args.connect))
-        if args.no_scouting:
-            config.insert_json5("scouting/multicast/enabled", "false")
-        for path, value in overrides.items():
-            config.insert_json5(path, value)
-        session = zenoh.open(config)
-    except Exception as exc:  # zenoh.ZError, or a file that is not JSON5
-        log.error("cannot start a router from %s: %s", args.config, exc)
-        return 2
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    log.info("router %s started from %s", session.info.zid(), args.config)
+    log.info("router %s started (%s)", session.zid, where)
     try:
         stop.wait()
     finally:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import zenoh
 
-from lerobot_zenoh.errors import TransportError
+from lerobot_zenoh.errors import ConfigError, TransportError
 from lerobot_zenoh.transport.settings import ZenohSettings
 
 log = logging.getLogger(__name__)
@@ -147,8 +147,12 @@ class Responder:
 class ZenohSession:
     """Owns one zenoh.Session. Construct with settings (no I/O), then `open()` or use `with`."""
 
-    def __init__(self, settings: ZenohSettings):
+    def __init__(self, settings: ZenohSettings, config_file: str | None = None):
+        """`config_file`: a complete Zenoh JSON5 config to start from instead of the typed
+        settings (e.g. a router file written by lerobot-zenoh-secure); then only
+        `settings.json5_overrides` apply on top of it."""
         self.settings = settings
+        self.config_file = config_file
         self._session: zenoh.Session | None = None
         self._closed = False
         self._owned: list = []
@@ -159,13 +163,27 @@ class ZenohSession:
         if self._closed:
             raise TransportError("this session was closed; create a new ZenohSession")
         if self._session is None:
-            config = self.settings.to_zenoh_config()
+            config = self._config()
             try:
                 self._session = zenoh.open(config)
             except zenoh.ZError as exc:
                 raise TransportError(f"could not open a Zenoh session ({self.settings.mode}, "
                                      f"listen={self.settings.listen}, connect={self.settings.connect}): {exc}") from exc
         return self
+
+    def _config(self) -> zenoh.Config:
+        if self.config_file is None:
+            return self.settings.to_zenoh_config()
+        try:
+            config = zenoh.Config.from_file(self.config_file)
+        except Exception as exc:  # zenoh.ZError, or a file that is not JSON5
+            raise ConfigError("config_file", f"{self.config_file}: {exc}") from exc
+        for path, literal in self.settings.json5_overrides.items():
+            try:
+                config.insert_json5(path, literal)
+            except Exception as exc:
+                raise ConfigError(f"zenoh.{path}", f"Zenoh rejected {literal[:200]!r}: {exc}") from exc
+        return config
 
     def close(self) -> None:
         if self._closed:
