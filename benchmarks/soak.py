@@ -29,7 +29,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from lerobot_zenoh.client.config import routing_args  # noqa: E402
 from lerobot_zenoh.protocol import codec  # noqa: E402
+from lerobot_zenoh.protocol.keys import AppKey  # noqa: E402
 from lerobot_zenoh.transport.session import ZenohSession  # noqa: E402
 from lerobot_zenoh.transport.settings import ZenohSettings  # noqa: E402
 
@@ -100,7 +102,9 @@ def main() -> int:
 
     session = ZenohSession(ZenohSettings(connect=[endpoint], multicast_scouting=False)).open()
     session.subscribe("**/metrics", on_metrics)
-    status_key = f"{manifest['cluster_uuid']}/{manifest['experiment_tag']}/{entry['model_id']}/{entry['model_version']}/{entry['application_tag']}/status"
+    app = AppKey(manifest["cluster_uuid"], manifest["experiment_tag"], entry["model_id"], entry["model_version"],
+                 entry["application_tag"])
+    status_key = app.status
     deadline = time.monotonic() + 120
     while not session.query(status_key, 0.5) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -108,11 +112,8 @@ def main() -> int:
         log = open(out / f"{client_id}.log", "w")
         logs.append(log)
         procs[client_id] = subprocess.Popen([
-            str(bin_dir / "lerobot-robot-client"), "--robot.type=zenoh_sim", f"--client_uuid={client_id}",
-            f"--cluster_uuid={manifest['cluster_uuid']}", f"--experiment_tag={manifest['experiment_tag']}",
-            f"--model_id={entry['model_id']}", f"--model_version={entry['model_version']}",
-            f"--application_tag={entry['application_tag']}", f"--endpoint={endpoint}",
-            "--zenoh.multicast_scouting=false", f"--fps={entry.get('fps', 30)}", "--log_level=WARNING",
+            str(bin_dir / "lerobot-robot-client"), "--robot.type=zenoh_sim", *routing_args(app, client_id, endpoint),
+            f"--fps={entry.get('fps', 30)}", "--log_level=WARNING",
             f"--summary_path={out / (client_id + '.json')}",
         ], stdout=log, stderr=subprocess.STDOUT, env=env)
 

@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record", action="store_true", help="robot_1 also records a LeRobotDataset")
     args = parser.parse_args(argv)
 
+    from lerobot_zenoh.client.config import routing_args
     from lerobot_zenoh.server.manifest import load_manifest
 
     manifest = load_manifest(args.manifest)
@@ -76,11 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         for i, client_id in enumerate(clients):
             cmd = [
                 _bin("lerobot-robot-client"), "--robot.type=zenoh_sim", f"--robot.id={client_id}",
-                f"--robot.seed={i}", f"--client_uuid={client_id}",
-                f"--cluster_uuid={manifest.cluster_uuid}", f"--experiment_tag={manifest.experiment_tag}",
-                f"--model_id={entry.model_id}", f"--model_version={entry.model_version}",
-                f"--application_tag={entry.application_tag}", f"--endpoint=tcp/127.0.0.1:{port}",
-                "--zenoh.multicast_scouting=false", f"--fps={entry.fps}",
+                f"--robot.seed={i}", *routing_args(manifest.app_key(entry), client_id, f"tcp/127.0.0.1:{port}"),
+                f"--fps={entry.fps}",
                 f"--episode_time_s={args.seconds}", "--task=pick the cube",
                 f"--summary_path={out / (client_id + '.json')}",
             ]

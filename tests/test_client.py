@@ -12,6 +12,7 @@ import pytest
 from lerobot.robots import make_robot_from_config
 
 from lerobot_zenoh.client.client import RobotClient
+from lerobot_zenoh.client.config import routing_args
 from lerobot_zenoh.client.config_sim_robot import SimRobotConfig
 from lerobot_zenoh.errors import CompatibilityError
 from lerobot_zenoh.protocol import codec
@@ -233,11 +234,8 @@ def test_cli_exits_nonzero_on_mismatch(port, app_key):
     with make_server(port, app_key, cameras={"front": (48, 64)}):
         r = subprocess.run([
             sys.executable, "-m", "lerobot_zenoh.cli.client", "--robot.type=zenoh_sim",
-            "--robot.cameras={front: [48, 64], wrist: [48, 64]}", "--client_uuid=r9",
-            f"--cluster_uuid={app_key.cluster}", f"--experiment_tag={app_key.experiment}",
-            f"--model_id={app_key.model}", f"--model_version={app_key.version}",
-            f"--application_tag={app_key.app}", f"--endpoint=tcp/127.0.0.1:{port}",
-            "--zenoh.multicast_scouting=false", "--discovery_timeout_s=20",
+            "--robot.cameras={front: [48, 64], wrist: [48, 64]}",
+            *routing_args(app_key, "r9", f"tcp/127.0.0.1:{port}"), "--discovery_timeout_s=20",
         ], capture_output=True, text=True, timeout=120)
     assert r.returncode == 3, r.stderr[-2000:]
     assert "cameras" in r.stderr
@@ -289,11 +287,8 @@ def test_interrupted_cli_run_leaves_a_loadable_dataset(port, app_key, tmp_path):
     with make_server(port, app_key):
         proc = subprocess.Popen([
             sys.executable, "-m", "lerobot_zenoh.cli.client", "--robot.type=zenoh_sim",
-            "--robot.cameras={front: [48, 64], wrist: [48, 64]}", "--client_uuid=rec",
-            f"--cluster_uuid={app_key.cluster}", f"--experiment_tag={app_key.experiment}",
-            f"--model_id={app_key.model}", f"--model_version={app_key.version}",
-            f"--application_tag={app_key.app}", f"--endpoint=tcp/127.0.0.1:{port}",
-            "--zenoh.multicast_scouting=false", "--dataset_repo_id=local/interrupted",
+            "--robot.cameras={front: [48, 64], wrist: [48, 64]}",
+            *routing_args(app_key, "rec", f"tcp/127.0.0.1:{port}"), "--dataset_repo_id=local/interrupted",
             f"--dataset_root={tmp_path / 'ds'}", f"--summary_path={summary}", "--task=stack",
         ], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:

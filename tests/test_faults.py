@@ -22,6 +22,7 @@ import yaml
 from lerobot.robots import make_robot_from_config
 
 from lerobot_zenoh.client.client import RobotClient
+from lerobot_zenoh.client.config import routing_args
 from lerobot_zenoh.transport.session import ZenohSession
 from lerobot_zenoh.transport.settings import ZenohSettings
 from lz_netns import net_pair, netns_unavailable_reason
@@ -234,11 +235,7 @@ def test_loss_and_delay_every_chunk_arrives_and_the_loop_keeps_its_period(tmp_pa
                             "random", "--probability", "0.1", "-j", "DROP"], check=True, capture_output=True)
         client = subprocess.run([*net.prefix("client"), sys.executable, "-m", "lerobot_zenoh.cli.client",
                                  "--robot.type=zenoh_sim", "--robot.cameras={front: [48, 64], wrist: [48, 64]}",
-                                 "--client_uuid=r1", f"--cluster_uuid={app_key.cluster}",
-                                 f"--experiment_tag={app_key.experiment}", f"--model_id={app_key.model}",
-                                 f"--model_version={app_key.version}", f"--application_tag={app_key.app}",
-                                 f"--endpoint={endpoint}", "--zenoh.multicast_scouting=false",
-                                 "--discovery_timeout_s=60", "--watchdog_timeout_s=2.0", "--episode_time_s=12",
+                                 *routing_args(app_key, "r1", endpoint), "--discovery_timeout_s=60", "--watchdog_timeout_s=2.0", "--episode_time_s=12",
                                  "--telemetry_period_s=0", f"--summary_path={summary_path}"],
                                 capture_output=True, text=True, timeout=180)
         time.sleep(3)  # chunks still in flight get their retransmissions

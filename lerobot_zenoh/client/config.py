@@ -121,3 +121,12 @@ class RobotClientConfig:
             tls_verify_name=self.zenoh.tls_verify_name,
             access_control_file=self.zenoh.access_control_file,
         )
+
+
+def routing_args(app: AppKey, client_uuid: str, endpoint: str | None = None, *, scouting: bool = False) -> list[str]:
+    """The `lerobot-robot-client` flags that route one client to an app (for scripts that start
+    clients: the demo, the soak, tests)."""
+    args = [f"--client_uuid={client_uuid}", f"--cluster_uuid={app.cluster}", f"--experiment_tag={app.experiment}",
+            f"--model_id={app.model}", f"--model_version={app.version}", f"--application_tag={app.app}",
+            f"--zenoh.multicast_scouting={str(scouting).lower()}"]
+    return args + ([f"--endpoint={endpoint}"] if endpoint else [])
