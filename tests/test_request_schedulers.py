@@ -59,3 +59,14 @@ def test_batch_pick_respects_max_batch():
 def test_unknown_scheduler_names_the_field():
     with pytest.raises(ConfigError, match="scheduler"):
         make_scheduler("lottery")
+
+
+def test_make_scheduler_passes_settings_and_rejects_ones_it_does_not_take():
+    s = make_scheduler("wait_ratio", buckets=4, aging=2, first_request="mean")
+    assert (s.buckets, s.aging, s.first_request) == (4, 2, "mean")
+    with pytest.raises(ConfigError) as info:
+        make_scheduler("fifo", "server.m.scheduler", buckets=4)
+    assert info.value.field == "server.m.scheduler" and "buckets" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        make_scheduler("wait_ratio", "server.m.scheduler", colour="red")
+    assert info.value.field == "server.m.scheduler"

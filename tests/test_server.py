@@ -225,6 +225,51 @@ def test_bad_manifests_fail_naming_file_and_field(tmp_path, app_key):
         load_manifest(tmp_path / "missing.yaml")
 
 
+def test_scheduler_is_a_name_or_a_mapping_with_its_settings(app_key):
+    def scheduler(value):
+        return parse_manifest(manifest_dict(1, app_key, scheduler=value)).server[0].scheduler
+
+    assert scheduler("wait_ratio") == scheduler({"type": "wait_ratio"})  # the name = the defaults
+    built = scheduler("wait_ratio").build()
+    assert (built.buckets, built.aging, built.first_request) == (10, 1, "highest")
+    entry = scheduler({"type": "wait_ratio", "buckets": 4, "aging": 3, "first_request": "mean"})
+    built = entry.build()
+    assert (built.name, built.buckets, built.aging, built.first_request) == ("wait_ratio", 4, 3, "mean")
+    assert scheduler({"type": "fifo"}).build().name == "fifo"
+    assert parse_manifest(manifest_dict(1, app_key)).server[0].scheduler.build().name == "round_robin"
+
+
+@pytest.mark.parametrize("value, field", [
+    ("lottery", "server.0.scheduler"),
+    ({"type": "lottery"}, "server.0.scheduler.type"),
+    ({"type": "fifo", "buckets": 4}, "server.0.scheduler"),  # a setting of another type
+    ({"aging": 2}, "server.0.scheduler"),  # type defaults to round_robin, which has no settings
+    ({"type": "wait_ratio", "buckets": 0}, "server.0.scheduler.buckets"),
+    ({"type": "wait_ratio", "buckets": True}, "server.0.scheduler.buckets"),
+    ({"type": "wait_ratio", "aging": 1.5}, "server.0.scheduler.aging"),
+    ({"type": "wait_ratio", "first_request": "never"}, "server.0.scheduler.first_request"),
+    ({"type": "wait_ratio", "colour": "red"}, "server.0.scheduler.colour"),
+    (3, "server.0.scheduler"),
+])
+def test_bad_scheduler_settings_fail_naming_the_field(app_key, value, field):
+    with pytest.raises(ConfigError) as info:
+        parse_manifest(manifest_dict(1, app_key, scheduler=value), source="m.yaml")
+    assert info.value.field == field
+
+
+def test_server_runs_the_wait_ratio_scheduler_with_the_manifest_settings(port, app_key):
+    settings = {"buckets": 3, "aging": 2, "first_request": "lowest"}
+    manifest = parse_manifest(manifest_dict(port, app_key, scheduler={"type": "wait_ratio", **settings}))
+    with PolicyServer(manifest) as server, \
+            ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as session:
+        scheduler = server.models[0].scheduler
+        assert (scheduler.name, scheduler.buckets, scheduler.aging, scheduler.first_request) == ("wait_ratio", 3, 2, "lowest")
+        wait_discovered(session, app_key)
+        send_until_served(FakeClient(session, app_key, "r1"), 0, np.random.default_rng(0))
+        metrics, _ = server.telemetry_figures(server.models[0])
+    assert metrics["scheduler.decisions"] >= 1 and metrics["scheduler.tasks"] == 1  # that object drove the loop
+
+
 def test_missing_checkpoint_stops_start_up(port, app_key, tmp_path):
     m = manifest_dict(port, app_key)
     del m["server"][0]["synthetic"]

@@ -8,11 +8,13 @@ by the inference loop through four calls:
     on_served(client_ids, now_s, duration_s)  the inference for them finished
     forget(client_id)                         the client is gone
 
-New policies register in SCHEDULERS and plug in without touching the loop.
+New policies register in SCHEDULERS and plug in without touching the loop; their constructor's
+keyword arguments are their settings (`make_scheduler(name, field, **settings)`).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -105,15 +107,24 @@ class FifoScheduler:
 
 from lerobot_zenoh.scheduling.wait_ratio import WaitRatioScheduler  # noqa: E402  (imports nothing from here)
 
-SCHEDULERS: dict[str, Callable[[], RequestScheduler]] = {
+SCHEDULERS: dict[str, Callable[..., RequestScheduler]] = {
     RoundRobinScheduler.name: RoundRobinScheduler,
     FifoScheduler.name: FifoScheduler,
     WaitRatioScheduler.name: WaitRatioScheduler,
 }
 
 
-def make_scheduler(name: str, field: str = "scheduler") -> RequestScheduler:
+def make_scheduler(name: str, field: str = "scheduler", **settings) -> RequestScheduler:
+    """The scheduler registered as `name`, built with `settings` (e.g. wait_ratio's `buckets`).
+
+    ConfigError naming `field` for an unknown name or a setting the scheduler does not take; a bad
+    value is the scheduler's own ConfigError.
+    """
+    factory = SCHEDULERS.get(name)
+    if factory is None:
+        raise ConfigError(field, f"unknown scheduler {name!r}; choose one of {', '.join(sorted(SCHEDULERS))}")
     try:
-        return SCHEDULERS[name]()
-    except KeyError:
-        raise ConfigError(field, f"unknown scheduler {name!r}; choose one of {', '.join(sorted(SCHEDULERS))}") from None
+        inspect.signature(factory).bind(**settings)
+    except TypeError as exc:
+        raise ConfigError(field, f"{name}: {exc}") from None
+    return factory(**settings)

@@ -13,7 +13,8 @@
         fps: 30
         endpoint: tcp/127.0.0.1:7447              # merged into zenoh.listen
         actions_per_chunk: 50
-        scheduler: round_robin                    # or fifo, wait_ratio (docs/scheduling.md)
+        scheduler: round_robin                    # or fifo, wait_ratio (docs/scheduling.md), or a mapping:
+                                                  # {type: wait_ratio, buckets: 10, aging: 1, first_request: highest}
         horizon: {type: diffusion_confidence, threshold: 0.4, h_min: 5}   # or none (default), static
         max_batch_size: 1                         # clients per forward pass, or auto (profiled)
         accept_unknown_clients: false
@@ -38,7 +39,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from lerobot_zenoh.errors import ConfigError, KeyExprError
 from lerobot_zenoh.protocol.keys import AppKey, validate_chunk, validate_client_id
 from lerobot_zenoh.scheduling.horizon import DiffusionConfidenceHorizon, HorizonPolicy, StaticHorizon
-from lerobot_zenoh.scheduling.request_schedulers import SCHEDULERS
+from lerobot_zenoh.scheduling.request_schedulers import SCHEDULERS, RequestScheduler, make_scheduler
+from lerobot_zenoh.scheduling.wait_ratio import FIRST_REQUEST_RULES
 from lerobot_zenoh.transport.settings import ZenohSettings
 
 
@@ -98,6 +100,51 @@ class HorizonEntry(_Strict):
         return None
 
 
+#: The manifest settings each scheduler type takes (keyword arguments of its constructor).
+SCHEDULER_SETTINGS: dict[str, tuple[str, ...]] = {"wait_ratio": ("buckets", "aging", "first_request")}
+
+
+class SchedulerEntry(_Strict):
+    """The request scheduler of one model and its settings (docs/scheduling.md).
+
+    Written as a name (`scheduler: wait_ratio`, the scheduler's defaults) or a mapping
+    (`scheduler: {type: wait_ratio, buckets: 10, aging: 1, first_request: highest}`). A setting left
+    out takes the scheduler's default; one that does not apply to the type is an error.
+    """
+
+    type: str = "round_robin"
+    buckets: int | None = Field(None, ge=1, strict=True)  # strict: `true` or "3" is not a count
+    aging: int | None = Field(None, ge=1, strict=True)
+    first_request: str | None = None
+
+    @field_validator("type")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        return _scheduler_name(v)
+
+    @field_validator("first_request")
+    @classmethod
+    def _first_request(cls, v: str | None) -> str | None:
+        if v is not None and v not in FIRST_REQUEST_RULES:
+            raise ValueError(f"{v!r}; choose one of {', '.join(FIRST_REQUEST_RULES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _settings_fit_type(self):
+        allowed = set(SCHEDULER_SETTINGS.get(self.type, ()))
+        extra = set(self.settings()) - allowed
+        if extra:
+            raise ValueError(f"{', '.join(sorted(extra))} does not apply to scheduler type {self.type!r}")
+        return self
+
+    def settings(self) -> dict[str, int | str]:
+        """The settings given (the scheduler's defaults stand for the others)."""
+        return {k: getattr(self, k) for k in ("buckets", "aging", "first_request") if getattr(self, k) is not None}
+
+    def build(self, field: str = "scheduler") -> RequestScheduler:
+        return make_scheduler(self.type, field, **self.settings())
+
+
 class ZenohEntry(_Strict):
     mode: Literal["peer", "client", "router"] = "peer"
     listen: list[str] = Field(default_factory=list)
@@ -125,7 +172,8 @@ class ModelEntry(_Strict):
     endpoint: str | None = None
     endpoints: list[str] = Field(default_factory=list)
     actions_per_chunk: int | None = Field(None, ge=1)
-    scheduler: str = "round_robin"
+    # Whom to serve next: a name, or a mapping with the scheduler's settings (SchedulerEntry).
+    scheduler: SchedulerEntry = Field(default_factory=SchedulerEntry)
     # Most clients served in one forward pass (1 = no cross-client batching): a number, or `auto` to
     # measure the latency-vs-batch profile on the serving hardware at start-up (sizes 1, 2, 4, ... up
     # to `profile_max_batch`, within `profile_budget_s`) and take its saturation point
@@ -144,11 +192,15 @@ class ModelEntry(_Strict):
     def _chunks(cls, v: str, info) -> str:
         return _key_chunk(validate_chunk, info.field_name, v)
 
-    @field_validator("scheduler")
+    @field_validator("scheduler", mode="before")
     @classmethod
-    def _scheduler(cls, v: str) -> str:
-        if v not in SCHEDULERS:
-            raise ValueError(f"unknown scheduler {v!r}; choose one of {', '.join(sorted(SCHEDULERS))}")
+    def _scheduler(cls, v):
+        # The name alone is the mapping with that type and its defaults; an unknown name is
+        # reported on `scheduler` itself (in a mapping, on `scheduler.type`).
+        if isinstance(v, str):
+            return {"type": _scheduler_name(v)}
+        if not isinstance(v, (dict, SchedulerEntry)):
+            raise ValueError(f"a scheduler name or a mapping {{type: ..., <settings>}}, got {v!r}")
         return v
 
     @field_validator("device")
@@ -242,6 +294,12 @@ class Manifest(_Strict):
 
     def _resolve_file(self, value: str | None) -> str | None:
         return None if not value else str(self._resolve(value))
+
+
+def _scheduler_name(name: str) -> str:
+    if name not in SCHEDULERS:
+        raise ValueError(f"unknown scheduler {name!r}; choose one of {', '.join(sorted(SCHEDULERS))}")
+    return name
 
 
 def _key_chunk(check, field: str, value: str) -> str:

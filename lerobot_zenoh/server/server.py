@@ -31,7 +31,7 @@ from lerobot_zenoh.protocol.keys import AppKey, Topic, parse_client_key
 from lerobot_zenoh.protocol.messages import ActionChunk, Observation, Status
 from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
 from lerobot_zenoh.scheduling.horizon import HorizonPolicy
-from lerobot_zenoh.scheduling.request_schedulers import RequestScheduler, make_scheduler
+from lerobot_zenoh.scheduling.request_schedulers import RequestScheduler
 from lerobot_zenoh.server.failover import ServingRole
 from lerobot_zenoh.server.manifest import Manifest, ModelEntry
 from lerobot_zenoh.server.batch_profiling import can_batch, measure_batch_profile
@@ -85,7 +85,7 @@ class ServedModel:
         self.entry = entry
         self.app: AppKey = manifest.app_key(entry)
         self.runner = runner
-        self.scheduler: RequestScheduler = make_scheduler(entry.scheduler, f"server.{entry.model_id}.scheduler")
+        self.scheduler: RequestScheduler = entry.scheduler.build(f"server.{entry.model_id}.scheduler")
         # Runners without `infer_batch` serve one client per call whatever the manifest says.
         # `max_batch_size: auto`: the saturation point of the profile measured at start-up
         # (`batch_profile_s`, {batch size: seconds per pass}); 1 without a profile.
