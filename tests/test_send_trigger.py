@@ -75,6 +75,20 @@ def test_rtt_percentiles_over_a_rolling_window():
     assert 0.18 < rtt.p99_s <= 0.19
 
 
+def test_rtt_percentiles_are_cached_until_the_next_sample():
+    """The send rule reads p90 every control period; it is recomputed only when a sample arrives."""
+    rtt = RttTracker(window=10)
+    for i in range(5):
+        rtt.on_send(i, 0.0)
+        rtt.on_receive(i, 0.1 * (i + 1))
+    p90 = rtt.p90_s
+    assert rtt.p90_s == p90 == pytest.approx(np.quantile([0.1, 0.2, 0.3, 0.4, 0.5], 0.9))
+    rtt.on_send(9, 0.0)
+    rtt.on_receive(9, 5.0)
+    assert rtt.p90_s == pytest.approx(np.quantile([0.1, 0.2, 0.3, 0.4, 0.5, 5.0], 0.9))
+    assert rtt.p50_s == pytest.approx(0.35)
+
+
 def test_rtt_rejects_mixed_clocks_and_bad_settings():
     rtt = RttTracker()
     rtt.on_send(1, 5.0)

@@ -96,6 +96,9 @@ class RttTracker:
         self._max_in_flight = max_in_flight
         self._sent_s: OrderedDict[int, float] = OrderedDict()
         self._samples_s: deque[float] = deque(maxlen=window)
+        # Quantiles of the window by q, valid until the next sample: the send rule asks for p90 twice
+        # per control period, and np.quantile costs tens of microseconds, far more than the rule itself.
+        self._quantiles_s: dict[float, float] = {}
         self._last_rtt_s: float | None = None
         self.evicted = 0  # send times dropped because the table was full
         self.unknown_responses = 0  # replies to a seq_id not in the table (evicted, duplicate, never sent)
@@ -127,6 +130,7 @@ class RttTracker:
                     f"reply to seq {response_to_seq_id} at {now_s} precedes its send at {sent_s}: mixed clocks?"
                 )
             self._samples_s.append(rtt_s)
+            self._quantiles_s.clear()
             self._last_rtt_s = rtt_s
             self.measured += 1
             return rtt_s
@@ -158,8 +162,16 @@ class RttTracker:
         with self._lock:
             if not self._samples_s:
                 return None
+            cached = self._quantiles_s.get(q)
+            if cached is not None:
+                return cached
+            measured_then = self.measured
             samples = np.fromiter(self._samples_s, dtype=np.float64, count=len(self._samples_s))
-        return float(np.quantile(samples, q))
+        value = float(np.quantile(samples, q))
+        with self._lock:
+            if self.measured == measured_then:  # no sample came in meanwhile
+                self._quantiles_s[q] = value
+        return value
 
     @property
     def p50_s(self) -> float | None:
