@@ -1,5 +1,6 @@
 """The dynamic execution horizon end to end (Kairos 3.1): manifest, Diffusion's captured denoising
-updates, the server's `ActionChunk.execution_horizon`, the client cutting chunks at it.
+updates (and the synthetic policy's simulated ones, batched), the server's
+`ActionChunk.execution_horizon`, the client cutting chunks at it.
 
 The pure policies are tested in test_horizon.py.
 """
@@ -7,6 +8,7 @@ The pure policies are tested in test_horizon.py.
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -21,7 +23,14 @@ from lerobot_zenoh.scheduling.action_buffer import ActionBuffer  # noqa: E402
 from lerobot_zenoh.scheduling.horizon import DiffusionConfidenceHorizon  # noqa: E402
 from lerobot_zenoh.server.manifest import parse_manifest  # noqa: E402
 from lerobot_zenoh.server.policies import InfoPolicyRunner, load_policy_runner  # noqa: E402
-from lerobot_zenoh.server.server import PolicyServer  # noqa: E402
+from lerobot_zenoh.server.policies import InferenceInfo, InferenceRequest  # noqa: E402
+from lerobot_zenoh.server.server import PolicyServer, ServedModel  # noqa: E402
+from lerobot_zenoh.server.synthetic import (  # noqa: E402
+    SyntheticPolicy,
+    SyntheticPolicyConfig,
+    synthetic_actions,
+    synthetic_denoise_updates,
+)
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession  # noqa: E402
 from lerobot_zenoh.transport.settings import loopback_settings  # noqa: E402
 from lz_testing import CAMS, make_config, wait_for  # noqa: E402
@@ -182,6 +191,145 @@ def test_server_sends_the_horizon_the_policy_computes_from_the_captured_updates(
         np.testing.assert_array_equal(chunk.actions, info.actions)
         assert chunk.execution_horizon is not None and h_min <= chunk.execution_horizon <= CHUNK
         assert chunk.execution_horizon == policy.horizon(CHUNK, info.denoise_updates)
+
+
+# -- the synthetic policy's simulated confidence ---------------------------------------------------
+
+
+def expected_h(value, chunk, h_min):
+    return min(chunk, max(h_min, 1, round(value)))  # k = clip(round(state), 1, chunk), then h_min, then the chunk
+
+
+@pytest.mark.parametrize("value", [-3.0, 0.0, 0.4, 1.0, 2.6, 5.0, 7.49, 8.0, 50.0])
+@pytest.mark.parametrize("threshold, h_min", [(0.0, 1), (0.4, 2), (2.9, 1), (0.4, 9)])
+def test_synthetic_updates_trust_round_state_actions(value, threshold, h_min):
+    state = np.array([0.5, value, -1.0], np.float32)
+    updates = synthetic_denoise_updates(state, 1, CHUNK, 3)
+    assert updates.shape == (4, CHUNK, 3) and updates.dtype == np.float32
+    h = DiffusionConfidenceHorizon(threshold, h_min).horizon(CHUNK, updates)
+    assert h == expected_h(value, CHUNK, h_min)
+
+
+def test_synthetic_policy_reports_updates_only_with_confidence_from_state():
+    names = dict(state_names=("a", "b"), cameras={}, action_names=("x",), chunk_size=CHUNK)
+    plain = SyntheticPolicy(SyntheticPolicyConfig(**names))
+    assert isinstance(plain, InfoPolicyRunner)
+    state = np.array([3.0, 0.0], np.float32)
+    info = plain.infer_with_info("c", state, {}, "", seed=0)
+    assert info.denoise_updates is None
+    np.testing.assert_array_equal(info.actions, plain.infer("c", state, {}, "", seed=0))
+    policy = SyntheticPolicy(SyntheticPolicyConfig(**names, confidence_from_state=0))
+    info = policy.infer_with_info("c", state, {}, "", seed=0)
+    np.testing.assert_array_equal(info.actions, synthetic_actions(state, {}, CHUNK, 1))
+    assert DiffusionConfidenceHorizon(0.4).horizon(CHUNK, info.denoise_updates) == 3
+    with pytest.raises(ConfigError) as err:
+        SyntheticPolicyConfig(**names, confidence_from_state=2)
+    assert err.value.field == "confidence_from_state"
+
+
+def test_synthetic_batch_with_info_sleeps_once(monkeypatch):
+    slept = []
+    monkeypatch.setattr("lerobot_zenoh.server.synthetic.time.sleep", slept.append)
+    policy = SyntheticPolicy(SyntheticPolicyConfig(("a",), {}, ("x",), CHUNK, batch_latency_ms={1: 10, 4: 16},
+                                                   confidence_from_state=0))
+    reqs = [InferenceRequest(f"c{i}", np.array([float(i + 1)], np.float32), {}, "", i) for i in range(3)]
+    infos = policy.infer_batch_with_info(reqs)
+    assert slept == [pytest.approx(policy.latency_s(3))]
+    assert [DiffusionConfidenceHorizon(0.4).horizon(CHUNK, i.denoise_updates) for i in infos] == [1, 2, 3]
+
+
+def test_manifest_confidence_from_state_must_be_a_state_index():
+    ok = parse_manifest(entry_dict(synthetic={"state_dim": 3, "confidence_from_state": 2}))
+    assert ok.server[0].synthetic.confidence_from_state == 2
+    for bad in (3, -1, True):
+        with pytest.raises(ConfigError) as info:
+            parse_manifest(entry_dict(synthetic={"state_dim": 3, "confidence_from_state": bad}))
+        assert info.value.field.startswith("server.0.synthetic")
+
+
+class _FailsWithBad(SyntheticPolicy):
+    def infer_batch_with_info(self, requests):
+        if any(r.client_id == "bad" for r in requests):
+            raise RuntimeError("bad is in this batch")
+        return super().infer_batch_with_info(requests)
+
+    def infer_with_info(self, client_id, state, images, task, *, seed):
+        if client_id == "bad":
+            raise RuntimeError("bad")
+        return super().infer_with_info(client_id, state, images, task, seed=seed)
+
+
+def test_a_failing_batch_with_info_is_served_again_one_by_one():
+    manifest = parse_manifest(entry_dict(horizon={"type": "diffusion_confidence", "h_min": 1}, max_batch_size=4))
+    runner = _FailsWithBad(SyntheticPolicyConfig(("a",), {}, ("x",), CHUNK, confidence_from_state=0))
+    model = ServedModel(manifest, manifest.server[0], runner, "gpu0")
+    assert model.capture_updates and model.max_batch_size == 4
+    reqs = [InferenceRequest(c, np.array([v], np.float32), {}, "", 0) for c, v in (("r1", 2), ("bad", 3), ("r2", 6))]
+    server = PolicyServer(manifest)
+    out = server._infer(model, reqs)
+    assert model.batch_fallbacks == 1 and isinstance(out[1], RuntimeError)
+    assert [model.horizon.horizon(CHUNK, out[i].denoise_updates) for i in (0, 2)] == [2, 6]
+    out = server._infer(model, [reqs[0], reqs[2]])  # a good batch: one call, no fallback
+    assert model.batch_fallbacks == 1 and all(isinstance(o, InferenceInfo) for o in out)
+
+
+SYN_CHUNK = 10
+SYN_CAMS = {"front": (24, 32)}
+
+
+def test_server_batches_clients_and_sends_each_the_horizon_its_state_asks_for(port, app_key, monkeypatch):
+    """confidence_from_state: 0 on the synthetic model: each client's H = round(state[0]) (clipped, >= h_min),
+    computed from the updates of one `infer_batch_with_info` call shared by several clients."""
+    calls: list[list[str]] = []
+    batch_with_info = SyntheticPolicy.infer_batch_with_info
+
+    def recording(self, requests):
+        calls.append([r.client_id for r in requests])
+        return batch_with_info(self, requests)
+
+    monkeypatch.setattr(SyntheticPolicy, "infer_batch_with_info", recording)
+    h_min = 2
+    manifest = parse_manifest({
+        "cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": "gpu0",
+        "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False}, "telemetry_period_s": 0,
+        "server": [{"model_id": app_key.model, "model_version": app_key.version, "application_tag": app_key.app,
+                    "synthetic": {"state_dim": 3, "action_dim": 2, "chunk_size": SYN_CHUNK, "cameras": SYN_CAMS,
+                                  "latency_ms": 40, "confidence_from_state": 0},
+                    "accept_unknown_clients": True, "max_batch_size": 4,
+                    "horizon": {"type": "diffusion_confidence", "threshold": 0.4, "h_min": h_min}}],
+    })
+    trust = {"r1": 0.0, "r2": 3.0, "r3": 5.4, "r4": 30.0}  # H: h_min, 3, 5, the whole chunk
+    chunks: dict[str, list] = {c: [] for c in trust}
+    rng = np.random.default_rng(2)
+    with PolicyServer(manifest) as server, \
+            ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as session:
+        pubs = {}
+        for cid in trust:
+            key = app_key.client(cid)
+            session.subscribe(key.action, lambda k, b, c=cid: chunks[c].append(codec.decode_action_chunk(b)))
+            pubs[cid] = session.publisher(key.obs, OBSERVATION_QOS)
+        assert wait_for(lambda: session.query(app_key.status, 0.3))
+        for seq_id in range(3):  # each round, every client asks at once (resending until answered)
+            def answered(s=seq_id):
+                return all(any(c.response_to_seq_id == s for c in chunks[cid]) for cid in trust)
+
+            deadline = time.monotonic() + 10
+            while not answered():
+                assert time.monotonic() < deadline, {cid: len(c) for cid, c in chunks.items()}
+                for cid, value in trust.items():
+                    state = np.array([value, *rng.normal(size=2)], np.float32)
+                    jpegs = {n: codec.encode_jpeg(rng.integers(0, 255, (*hw, 3), dtype=np.uint8))
+                             for n, hw in SYN_CAMS.items()}
+                    pubs[cid].put(codec.encode(Observation(seq_id, cid, state, jpegs, "task")))
+                wait_for(answered, 1.0)
+        model = server.models[0]
+        assert model.capture_updates and model.batch_fallbacks == 0
+    assert any(len(call) > 1 for call in calls), calls  # several clients in one pass
+    for cid, value in trust.items():
+        assert chunks[cid]
+        for chunk in chunks[cid]:
+            assert len(chunk.actions) == SYN_CHUNK
+            assert chunk.execution_horizon == expected_h(value, SYN_CHUNK, h_min), (cid, chunk.execution_horizon)
 
 
 # -- the client obeys H ----------------------------------------------------------------------------

@@ -66,6 +66,16 @@ class SyntheticEntry(_Strict):
     cameras: dict[str, tuple[int, int]] = Field(default_factory=lambda: {"front": (96, 128)})
     latency_ms: float = Field(0.0, ge=0)
     batch_latency_ms: dict[int, float] | None = None
+    # Simulation knob for the diffusion_confidence horizon: the model trusts the first
+    # round(state[i]) actions of its chunk (SyntheticPolicy, docs/scheduling.md). None: no updates.
+    confidence_from_state: int | None = Field(None, ge=0, strict=True)
+
+    @model_validator(mode="after")
+    def _state_index(self):
+        if self.confidence_from_state is not None and self.confidence_from_state >= self.state_dim:
+            raise ValueError(f"confidence_from_state {self.confidence_from_state} is not a state index "
+                             f"(state_dim is {self.state_dim})")
+        return self
 
 
 class HorizonEntry(_Strict):

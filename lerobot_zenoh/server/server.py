@@ -109,8 +109,9 @@ class ServedModel:
                 source=manifest.source,
             )
         # Execution horizon sent with each chunk (None: not sent). Updates are captured only when the
-        # policy reads them and the runner can report them (`infer_with_info`); otherwise the policy
-        # gets none (diffusion_confidence then vouches for the whole chunk).
+        # policy reads them and the runner can report them (`infer_with_info`, and for a batch
+        # `infer_batch_with_info` if it has one); otherwise the policy gets none (diffusion_confidence
+        # then vouches for the whole chunk).
         self.horizon: HorizonPolicy | None = entry.horizon.build()
         self.capture_updates = bool(getattr(self.horizon, "needs_updates", False)) and callable(
             getattr(runner, "infer_with_info", None))
@@ -408,9 +409,10 @@ class PolicyServer:
         """One result per request: its chunk (with its denoising updates when the horizon policy needs
         them), or the exception its inference raised.
 
-        Several requests go through `runner.infer_batch` in one call; if that call fails, each request
-        is run again on its own, so that only the bad one fails. Capturing updates serves one request
-        at a time (`infer_with_info`; the only runner that has it, Diffusion, loops anyway).
+        Several requests go through the runner's batch call (`infer_batch`, or `infer_batch_with_info`
+        when capturing updates) in one call; if that call fails, each request is run again on its own,
+        so that only the bad one fails. A runner that captures updates but has no
+        `infer_batch_with_info` is served one request at a time (`infer_with_info`).
         """
         def one_by_one(infer) -> list[np.ndarray | InferenceInfo | Exception]:
             out: list[np.ndarray | InferenceInfo | Exception] = []
@@ -422,19 +424,22 @@ class PolicyServer:
             return out
 
         if model.capture_updates:
-            return one_by_one(model.runner.infer_with_info)
-        if len(requests) > 1:
+            infer_one, infer_many = model.runner.infer_with_info, getattr(model.runner, "infer_batch_with_info", None)
+        else:
+            infer_one, infer_many = model.runner.infer, getattr(model.runner, "infer_batch", None)
+        if len(requests) > 1 and callable(infer_many):
             try:
-                results = list(model.runner.infer_batch(requests))
+                results = list(infer_many(requests))
                 if len(results) != len(requests):
-                    raise PolicyError(f"infer_batch returned {len(results)} chunks for {len(requests)} requests")
+                    raise PolicyError(f"{getattr(infer_many, '__name__', 'the batch call')} returned {len(results)} "
+                                      f"results for {len(requests)} requests")
                 return results
             except Exception as exc:
                 model.batch_fallbacks += 1
                 if model.batch_fallbacks in (1, 10, 100) or model.batch_fallbacks % 1000 == 0:
                     log.warning("%s: batch of %d failed (%s: %s); serving it one request at a time [%d so far]",
                                 model.app.prefix, len(requests), type(exc).__name__, exc, model.batch_fallbacks)
-        return one_by_one(model.runner.infer)
+        return one_by_one(infer_one)
 
     def _publish(self, model: ServedModel, client_id: str, slot: _Slot, result: np.ndarray | InferenceInfo,
                  inference_ms: float, queue_ms: float) -> None:
@@ -614,6 +619,7 @@ def load_runner(manifest: Manifest, entry: ModelEntry):
             fps=entry.fps,
             latency_ms=syn.latency_ms,
             batch_latency_ms=syn.batch_latency_ms,
+            confidence_from_state=syn.confidence_from_state,
         ))
     from lerobot_zenoh.server.policies import load_policy_runner
 

@@ -3,6 +3,11 @@
 It stands in for a model wherever weights or a GPU are missing (tests, benchmarks of the transport and
 of the schedulers). Its chunk is `synthetic_actions(...)`, a pure function that tests can evaluate on
 their own to check, end to end, that a chunk answers the observation it was computed from.
+
+With `confidence_from_state` it also fakes the denoising updates a diffusion model exposes
+(`synthetic_denoise_updates`), so that the `diffusion_confidence` execution horizon can be driven end
+to end without torch. This is a simulation knob: the robot (or benchmark) says in its own state how far
+the chunk can be trusted; a real model derives that from its own sampling.
 """
 
 from __future__ import annotations
@@ -14,8 +19,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lerobot_zenoh.errors import ConfigError
-from lerobot_zenoh.server.policies import InferenceRequest, PolicySpec, check_observation, dummy_observation
+from lerobot_zenoh.errors import ConfigError, PolicyError
+from lerobot_zenoh.server.policies import (
+    InferenceInfo,
+    InferenceRequest,
+    PolicySpec,
+    check_observation,
+    dummy_observation,
+)
+
+#: Denoising steps of the faked updates (`synthetic_denoise_updates`).
+SYNTHETIC_DENOISE_STEPS = 4
 
 
 def synthetic_actions(
@@ -41,12 +55,35 @@ def synthetic_actions(
     return (per_step[:, None] + per_dim[None, :] + image_term).astype(np.float32)
 
 
+def synthetic_denoise_updates(
+    state: np.ndarray, index: int, chunk_size: int, action_dim: int, steps: int = SYNTHETIC_DENOISE_STEPS
+) -> np.ndarray:
+    """Fake denoising updates saying that the first ``k = clip(round(state[index]), 1, chunk_size)``
+    actions are settled and the rest are not.
+
+    ``(steps, chunk_size, action_dim)`` float32: 1.0 everywhere, except the final step's update of
+    actions ``i >= k``, which is 4.0. An action's final update is then 1x the mean of its earlier ones
+    when settled and 4x when not, so `DiffusionConfidenceHorizon` with any threshold below 3 gives
+    ``H = max(k, h_min)`` (capped at the chunk).
+    """
+    state = np.asarray(state).reshape(-1)
+    value = float(state[index])
+    if not np.isfinite(value):
+        raise PolicyError(f"state[{index}] (confidence_from_state) must be finite, got {value}")
+    k = int(np.clip(round(value), 1, chunk_size))
+    updates = np.ones((steps, chunk_size, action_dim), dtype=np.float32)
+    updates[-1, k:] = 4.0
+    return updates
+
+
 @dataclass
 class SyntheticPolicyConfig:
     """Shape of the synthetic policy and its simulated inference time.
 
     `latency_ms` is the time one `infer` sleeps. `batch_latency_ms` optionally profiles batched
-    inference ({batch size: ms per batch}); see `SyntheticPolicy.latency_s`.
+    inference ({batch size: ms per batch}); see `SyntheticPolicy.latency_s`. `confidence_from_state`
+    (a state index, or None) makes `infer_with_info` report denoising updates that trust the first
+    ``round(state[index])`` actions (`synthetic_denoise_updates`).
     """
 
     state_names: tuple[str, ...]
@@ -56,8 +93,14 @@ class SyntheticPolicyConfig:
     fps: int | None = None
     latency_ms: float = 0.0
     batch_latency_ms: dict[int, float] | None = field(default=None)
+    confidence_from_state: int | None = None
 
     def __post_init__(self) -> None:
+        index = self.confidence_from_state
+        if index is not None and (not isinstance(index, int) or isinstance(index, bool)
+                                  or not 0 <= index < len(self.state_names)):
+            raise ConfigError("confidence_from_state",
+                              f"must be a state index in [0, {len(self.state_names)}), got {index!r}")
         if not isinstance(self.latency_ms, (int, float)) or not self.latency_ms >= 0:
             raise ConfigError("latency_ms", f"must be a number >= 0, got {self.latency_ms!r}")
         if self.batch_latency_ms is not None:
@@ -73,7 +116,9 @@ class SyntheticPolicyConfig:
 class SyntheticPolicy:
     """A `PolicyRunner` returning `synthetic_actions` after sleeping the configured latency.
 
-    Stateless across calls, hence pure across clients; `seed` is accepted and ignored.
+    Stateless across calls, hence pure across clients; `seed` is accepted and ignored. Also a
+    `BatchPolicyRunner` and an `InfoPolicyRunner`; the `*_with_info` calls carry denoising updates
+    only with `config.confidence_from_state` (otherwise ``None``).
     """
 
     def __init__(self, config: SyntheticPolicyConfig):
@@ -123,11 +168,21 @@ class SyntheticPolicy:
         *,
         seed: int,
     ) -> np.ndarray:
-        check_observation(self.spec, state, images)
-        delay_s = self.latency_s(1)
-        if delay_s > 0:
-            time.sleep(delay_s)
+        self._simulate([(state, images)])
         return synthetic_actions(state, images, self.spec.chunk_size, self.spec.action_dim)
+
+    def infer_with_info(
+        self,
+        client_id: str,
+        state: np.ndarray,
+        images: dict[str, np.ndarray],
+        task: str,
+        *,
+        seed: int,
+    ) -> InferenceInfo:
+        """`infer`'s chunk with the faked denoising updates (None without `confidence_from_state`)."""
+        self._simulate([(state, images)])
+        return self._info(state, images)
 
     def infer_batch(self, requests: Sequence[InferenceRequest]) -> list[np.ndarray]:
         """Every request's `synthetic_actions`, after one sleep of `latency_s(len(requests))`.
@@ -135,12 +190,27 @@ class SyntheticPolicy:
         This is what makes the latency profile a batching model: a batch of 16 costs what the profile
         says, not 16 single calls.
         """
-        for r in requests:
-            check_observation(self.spec, r.state, r.images)
-        delay_s = self.latency_s(len(requests)) if requests else 0.0
+        self._simulate([(r.state, r.images) for r in requests])
+        return [synthetic_actions(r.state, r.images, self.spec.chunk_size, self.spec.action_dim) for r in requests]
+
+    def infer_batch_with_info(self, requests: Sequence[InferenceRequest]) -> list[InferenceInfo]:
+        """`infer_with_info` for every request, after one sleep of `latency_s(len(requests))`."""
+        self._simulate([(r.state, r.images) for r in requests])
+        return [self._info(r.state, r.images) for r in requests]
+
+    def _simulate(self, observations: list[tuple[np.ndarray, dict[str, np.ndarray]]]) -> None:
+        """Check every observation (PolicyError), then sleep once for the whole call."""
+        for state, images in observations:
+            check_observation(self.spec, state, images)
+        delay_s = self.latency_s(len(observations)) if observations else 0.0
         if delay_s > 0:
             time.sleep(delay_s)
-        return [synthetic_actions(r.state, r.images, self.spec.chunk_size, self.spec.action_dim) for r in requests]
+
+    def _info(self, state: np.ndarray, images: dict[str, np.ndarray]) -> InferenceInfo:
+        chunk, dim = self.spec.chunk_size, self.spec.action_dim
+        index = self.config.confidence_from_state
+        updates = None if index is None else synthetic_denoise_updates(state, index, chunk, dim)
+        return InferenceInfo(synthetic_actions(state, images, chunk, dim), updates)
 
     def forget(self, client_id: str) -> None:
         """Nothing to forget."""
