@@ -7,6 +7,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 # The venv is rebuilt only when its inputs change.
 STAMP  := $(VENV)/.installed-stamp
+# `make bench*` also need LeRobot's gRPC stack (to compare against) and matplotlib (the figures).
+BENCH_STAMP := $(VENV)/.bench-stamp
+BENCH_ARGS ?=
 
 # A Hugging Face hub lookup otherwise hangs ~80 s on machines without network access.
 export HF_HUB_OFFLINE ?= 1
@@ -59,10 +62,16 @@ demo: $(STAMP) checkpoint
 clean:
 	rm -rf $(VENV) checkpoints .pytest_cache
 
-# Fleet scheduling study (discrete-event simulation over the real schedulers, ~5 min on 2 cores);
-# rewrites only the generated block of the "Fleet scheduling" section of docs/benchmarks.md.
-.PHONY: bench-fleet
-bench-fleet: $(STAMP)
+# Fleet study over real Zenoh and a real server (virtual robots in one process; about an hour on
+# 2 cores; cached per run in outputs/fleet_zenoh/): rewrites the generated block of "Fleet over real
+# Zenoh" in docs/benchmarks.md and its figures in docs/img/. FLEET_ARGS=--fresh re-runs everything.
+# bench-fleet-sim: the discrete-event model of the same fleet (a few minutes), "Fleet scheduling".
+FLEET_ARGS ?=
+.PHONY: bench-fleet bench-fleet-sim
+bench-fleet: $(BENCH_STAMP)
+	$(PY) benchmarks/fleet_zenoh.py study --write-docs docs/benchmarks.md $(FLEET_ARGS)
+
+bench-fleet-sim: $(STAMP)
 	$(PY) benchmarks/fleet.py --write-docs docs/benchmarks.md
 
 # Fault tests in network namespaces (root; part of `make test` too) and a soak run.
@@ -77,8 +86,6 @@ soak: $(STAMP)
 
 # Benchmarks against LeRobot's gRPC async inference and the physical floor (docs/benchmarks.md): a few
 # minutes on 2 cores; BENCH_ARGS=--full for the long runs. Shaped links need root (network namespaces).
-BENCH_STAMP := $(VENV)/.bench-stamp
-BENCH_ARGS ?=
 
 $(BENCH_STAMP): pyproject.toml $(STAMP)
 	$(PY) -m pip install --quiet -e '.[test,bench]'

@@ -1,5 +1,9 @@
 """Fleet scheduling benchmark: a discrete-event simulation of N robots sharing one policy server.
 
+The model counterpart of `benchmarks/fleet_zenoh.py` (the same traces over real Zenoh and a real
+server, in real time): it runs minutes of fleet time in seconds, so it can afford many seeds and
+wide sweeps of the schedulers' settings.
+
 What is real and what is simulated:
 
 - REAL: the request schedulers (`RoundRobinScheduler`, `FifoScheduler`, `WaitRatioScheduler`), driven
@@ -19,7 +23,9 @@ N robots) or tasks arrive by a Poisson process, each on its own robot (``online`
 trace of rounds; round j executes ``H_j`` actions at 30 Hz from chunk j (the execution horizon), and
 the request for round j+1 leaves while round j executes, when the send rule says so. If chunk j+1 is
 not there when round j's last action is done, the robot stands still: those control steps are
-*stalled*. Traces come from `generate_traces` (documented there) or a JSON file.
+*stalled* (the wait for a task's first chunk is not: the robot has not started moving; it counts in
+the task's latency). Traces come from `benchmarks/fleet_traces.py` (documented there; ``--horizon`` picks each
+task's static or dynamic horizons) or a JSON file.
 
 Metrics, over the measurement window (after a warm-up):
 
@@ -40,7 +46,6 @@ from __future__ import annotations
 import argparse
 import heapq
 import itertools
-import json
 import math
 import statistics
 import sys
@@ -51,12 +56,16 @@ from pathlib import Path
 
 import numpy as np
 
-from lerobot_zenoh.protocol.messages import ExecutionInfo
-from lerobot_zenoh.scheduling.batch_profile import profile_batch_sizes, saturation_batch_size
-from lerobot_zenoh.scheduling.request_schedulers import FifoScheduler, RoundRobinScheduler
-from lerobot_zenoh.scheduling.send_trigger import RttTracker
-from lerobot_zenoh.scheduling.wait_ratio import WaitRatioScheduler
-from lerobot_zenoh.server.synthetic import SyntheticPolicy, SyntheticPolicyConfig
+if str(Path(__file__).resolve().parents[1]) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import fleet_traces  # noqa: E402
+from lerobot_zenoh.protocol.messages import ExecutionInfo  # noqa: E402
+from lerobot_zenoh.scheduling.batch_profile import profile_batch_sizes, saturation_batch_size  # noqa: E402
+from lerobot_zenoh.scheduling.request_schedulers import FifoScheduler, RoundRobinScheduler  # noqa: E402
+from lerobot_zenoh.scheduling.send_trigger import RttTracker  # noqa: E402
+from lerobot_zenoh.scheduling.wait_ratio import WaitRatioScheduler  # noqa: E402
+from lerobot_zenoh.server.synthetic import SyntheticPolicy, SyntheticPolicyConfig  # noqa: E402
 
 FPS = 30
 DT_S = 1.0 / FPS
@@ -68,33 +77,6 @@ ONE_WAY_S = 0.0025  # Kairos' Wi-Fi 7 base latency robot <-> edge server
 # ------------------------------------------------------------------------------------ traces
 
 
-def generate_traces(n_tasks: int, seed: int, *, min_rounds: int = 8, max_rounds: int = 30,
-                    min_h: int = 9, max_h: int = 48, stay: float = 0.8, jitter: float = 0.1) -> list[list[int]]:
-    """`n_tasks` task traces, each a list of per-round execution horizons (actions at 30 Hz).
-
-    Follows Kairos section 2.2: an execution phase lasts 0.3-1.6 s at 30 Hz (H in [9, 48]);
-    tasks are heterogeneous: each has its own typical phase length, drawn log-uniformly in
-    [min_h, max_h] so that short- and long-horizon tasks are equally common; phases persist across
-    rounds: with probability `stay` a round keeps the current phase's horizon up to +/- `jitter`
-    (Kairos Fig. 10: 52-85 % of consecutive rounds differ by less than 10 %), otherwise a new phase
-    starts with a horizon drawn around the task's typical one (x0.5 to x2, clipped). The number of
-    rounds per task is uniform in [min_rounds, max_rounds].
-    """
-    rng = np.random.default_rng(seed)
-    traces = []
-    for _ in range(n_tasks):
-        typical = math.exp(rng.uniform(math.log(min_h), math.log(max_h)))
-        phase = typical
-        rounds = []
-        for _ in range(int(rng.integers(min_rounds, max_rounds + 1))):
-            if rounds and rng.random() >= stay:
-                phase = typical * math.exp(rng.uniform(math.log(0.5), math.log(2.0)))
-            h = phase * (1 + rng.uniform(-jitter, jitter))
-            rounds.append(int(min(max_h, max(min_h, round(h)))))
-        traces.append(rounds)
-    return traces
-
-
 # ------------------------------------------------------------------------------------ simulation
 
 
@@ -103,7 +85,7 @@ class Config:
     scheduler: str = "fifo"  # fifo | round_robin | wait_ratio
     max_batch: int = 1
     buckets: int = 10
-    aging: int = 4
+    aging: int = 1
     first_request: str = "highest"
     mode: str = "fleet"  # fleet: N robots, tasks back to back; online: Poisson task arrivals
     robots: int = 20
@@ -243,7 +225,7 @@ class FleetSim:
 
     def _deliver(self, t: float, robot: _Robot, seq: int) -> None:
         robot.rtt.on_receive(seq, t)
-        if t > robot.free_at_s:  # the robot ran dry before this chunk came
+        if t > robot.free_at_s and robot.round > 0:  # ran dry mid-task (the first chunk's wait is not a stall)
             self.stalled += self._count(robot.free_at_s, t)
         start = max(t, robot.free_at_s)
         horizon = robot.trace[robot.round]
@@ -427,10 +409,9 @@ def study(args) -> str:
 
 
 def load_traces(args) -> list[list[int]]:
-    if args.traces:
-        data = json.loads(Path(args.traces).read_text())
-        return [list(map(int, t)) for t in data["tasks"]]
-    return generate_traces(args.tasks, args.trace_seed)
+    """Each task as the horizons of its rounds, static or dynamic (`benchmarks/fleet_traces.py`)."""
+    tasks = fleet_traces.load_traces(args.traces) if args.traces else fleet_traces.generate_traces(args.tasks, args.trace_seed)
+    return [t.executed_rounds(args.horizon == "dynamic") for t in tasks]
 
 
 BEGIN, END = "<!-- fleet:begin (generated by benchmarks/fleet.py) -->", "<!-- fleet:end -->"
@@ -455,8 +436,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--warmup-s", type=float, default=30.0)
     p.add_argument("--tasks", type=int, default=200, help="generated traces")
     p.add_argument("--trace-seed", type=int, default=1)
-    p.add_argument("--traces", help="JSON file {\"tasks\": [[H_0, H_1, ...], ...]} instead of generated traces")
-    p.add_argument("--write-traces", help="write the generated traces to this JSON file and exit")
+    p.add_argument("--traces", help="a JSON trace file (benchmarks/fleet_traces.py) instead of generated traces")
+    p.add_argument("--horizon", choices=("static", "dynamic"), default="static",
+                   help="run each task at its static horizon or at the trace's dynamic one")
     p.add_argument("--buckets", type=int, default=WaitRatioScheduler().buckets)
     p.add_argument("--aging", type=int, default=WaitRatioScheduler().aging)
     p.add_argument("--first-request", default=WaitRatioScheduler().first_request)
@@ -470,10 +452,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rates", type=float, nargs="+", default=[3.0, 3.5, 4.0, 4.2])
     p.add_argument("--write-docs", help="rewrite the generated block of this markdown file (docs/benchmarks.md)")
     args = p.parse_args(argv)
-    if args.write_traces:
-        traces = generate_traces(args.tasks, args.trace_seed)
-        Path(args.write_traces).write_text(json.dumps({"fps": FPS, "tasks": traces}))
-        return 0
     t0 = time.perf_counter()
     body = study(args)
     print(body)

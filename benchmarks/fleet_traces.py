@@ -59,6 +59,16 @@ class Task:
         i = bisect.bisect_right(self._ends, progress)
         return self.rounds[min(i, len(self.rounds) - 1)]
 
+    def executed_rounds(self, dynamic: bool) -> list[int]:
+        """The horizons of the rounds that run this task in isolation, back to back: ``static_h``
+        every round, or the trusted horizon at each round's start; the last round is cut at the end."""
+        done, out = 0, []
+        while done < self.length:
+            h = min(self.trusted_actions(done) if dynamic else self.static_h, self.length - done)
+            out.append(h)
+            done += h
+        return out
+
     def to_json(self) -> dict:
         return {"static_h": self.static_h, "length": self.length, "rounds": list(self.rounds)}
 
@@ -105,13 +115,5 @@ def describe(tasks: list[Task]) -> str:
     return (f"{len(tasks)} tasks; length {lengths.mean():.1f} s mean ({lengths.min():.1f}-{lengths.max():.1f} s); "
             f"static H {static.mean():.1f} mean ({static.min()}-{static.max()}); dynamic H {dyn.mean():.1f} mean, "
             f"{100 * (ratios >= 2).mean():.0f} % of rounds >= 2x static; "
-            f"inferences per task at the ideal: static {np.mean([math.ceil(t.length / t.static_h) for t in tasks]):.1f}, "
-            f"dynamic {np.mean([_rounds_needed(t) for t in tasks]):.1f}")
-
-
-def _rounds_needed(task: Task) -> int:
-    done, n = 0, 0
-    while done < task.length:
-        done += task.trusted_actions(done)
-        n += 1
-    return n
+            f"inferences per task in isolation: static {np.mean([len(t.executed_rounds(False)) for t in tasks]):.1f}, "
+            f"dynamic {np.mean([len(t.executed_rounds(True)) for t in tasks]):.1f}")

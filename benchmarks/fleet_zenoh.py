@@ -492,39 +492,40 @@ def study(args) -> tuple[str, dict]:
         f"warm-up, {args.measure_s:g} s measured; latency runs follow the tasks that start in the window to their end.\n")
 
     if "ladder" in args.parts:
+        fleets = args.fixed_fleet
         say("### Ablation ladder\n")
         say(f"Each rung adds one lever to the one before. Largest fleet: the most robots (doing tasks back to back) "
-            f"with at most 1 % of control steps stalled, searched by runs of {args.measure_s:g} s. Latency: "
-            f"{args.fixed_fleet} robots for every rung (task mean / P25 / P95).\n")
-        say("| rung | largest fleet at <= 1 % stalled | vs first rung | stalled % at that fleet | "
-            f"task mean s @{args.fixed_fleet} | task p25 s | task p95 s | stalled % @{args.fixed_fleet} |")
-        say("|---|---|---|---|---|---|---|---|")
+            f"with at most 1 % of control steps stalled, searched by runs of {args.measure_s:g} s. Task latency: "
+            f"mean / P25 / P95 (stalled %) with {' and '.join(map(str, fleets))} robots on every rung.\n")
+        say("| rung | largest fleet at <= 1 % stalled | vs first rung | " +
+            " | ".join(f"task latency s @ {n} robots" for n in fleets) + " |")
+        say("|---|---|---|" + "---|" * len(fleets))
         searches, fixed = [], []
         first_n = None
-        for (name, levers), guess in zip(LADDER, args.guesses):
+        for rung, ((name, levers), guess) in enumerate(zip(LADDER, args.guesses), 1):
             cfg = replace(base, **levers)
-            n, points = st.largest_fleet(cfg, guess)
-            at_fixed = st.run(replace(cfg, robots=args.fixed_fleet, drain_s=args.drain_s))
+            n, points = st.largest_fleet(cfg, guess, limit=args.max_fleet)
+            at_fixed = [st.run(replace(cfg, robots=k, drain_s=args.drain_s)) for k in fleets]
             searches.append(points)
             fixed.append(at_fixed)
-            first_n = first_n or n
-            at_n = next((p for p in points if p["config"]["robots"] == n), None)
-            say(f"| {name} | {n} | {n / first_n:.1f}x | {at_n['stalled_pct']:.2f} |" if at_n else f"| {name} | {n} | | |"
-                f" {at_fixed['latency_mean_s']:.2f} | {at_fixed['latency_p25_s']:.2f} | {at_fixed['latency_p95_s']:.2f} | "
-                f"{at_fixed['stalled_pct']:.2f} |")
+            first_n = first_n or max(n, 1)
+            cells = [f"{r['latency_mean_s']:.2f} / {r['latency_p25_s']:.2f} / {r['latency_p95_s']:.2f} "
+                     f"({r['stalled_pct']:.1f} %)" for r in at_fixed]
+            say(f"| {rung}. {name} | {n} | {n / first_n:.1f}x | " + " | ".join(cells) + " |")
             data["ladder"].append({"name": name, "largest_fleet": n, "points": points, "fixed": at_fixed})
         say("")
-        say("Every run of the search, by rung:\n")
+        say("Every run of the searches:\n")
         say(HEADER.format(first="rung / robots"))
-        for (name, _), points in zip(LADDER, searches):
+        for i, points in enumerate(searches):
             for p in points:
-                say(fmt_row(p, f"{name.split(',')[0].split('(')[0].strip()} / {p['config']['robots']}"))
+                say(fmt_row(p, f"{i + 1} / {p['config']['robots']}"))
         say("")
-        say(f"At {args.fixed_fleet} robots:\n")
-        say(HEADER.format(first="rung"))
-        for (name, _), r in zip(LADDER, fixed):
-            say(fmt_row(r, name))
-        say("")
+        for j, k in enumerate(fleets):
+            say(f"With {k} robots:\n")
+            say(HEADER.format(first="rung"))
+            for i, runs in enumerate(fixed):
+                say(fmt_row(runs[j], str(i + 1)))
+            say("")
 
     if "online" in args.parts:
         say("### Schedulers across arrival rates (online, Poisson task arrivals)\n")
@@ -650,7 +651,8 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.choices["study"]
     s.add_argument("--parts", nargs="+", default=["ladder", "online", "sensitivity"])
     s.add_argument("--guesses", type=int, nargs=5, default=[6, 20, 40, 40, 60], help="first fleet tried per rung")
-    s.add_argument("--fixed-fleet", type=int, default=40, help="the fleet every rung's latency is measured at")
+    s.add_argument("--fixed-fleet", type=int, nargs="+", default=[20, 45], help="fleets every rung's latency is measured at")
+    s.add_argument("--max-fleet", type=int, default=160, help="the capacity search stops here")
     s.add_argument("--pool", type=int, default=160)
     s.add_argument("--online-measure-s", type=float, default=40.0)
     s.add_argument("--drain-s", type=float, default=30.0)
