@@ -470,15 +470,21 @@ SCHEDULERS = ("fifo", "round_robin", "wait_ratio")
 
 
 def fmt_row(r: dict, first: str) -> str:
-    return (f"| {first} | {r['actions_per_s']:.0f} | {r['stalled_pct']:.2f} | {r['requests_per_s']:.1f} | "
+    cfg = r["config"]
+    served = r["server_inferences"] / cfg["measure_s"] if r.get("server_inferences") is not None else math.nan
+    if cfg["drain_s"] > 0:
+        latency = (f"{r['latency_mean_s']:.2f} | {r['latency_p25_s']:.2f} | {r['latency_p95_s']:.2f} | "
+                   f"{r['tasks_measured']} ({r['tasks_unfinished']})")
+    else:  # tasks not followed past the window: a latency would favour the short ones
+        latency = "- | - | - | -"
+    return (f"| {first} | {r['actions_per_s']:.0f} | {r['stalled_pct']:.2f} | {r['requests_per_s']:.1f} | {served:.1f} | "
             f"{r['mean_kept_rows']:.1f} | {r['server_batch_mean']:.1f} | {r['rtt_p50_ms']:.0f} | {r['rtt_p99_ms']:.0f} | "
-            f"{r['latency_mean_s']:.2f} | {r['latency_p25_s']:.2f} | {r['latency_p95_s']:.2f} | "
-            f"{r['tasks_measured']} ({r['tasks_unfinished']}) | {r['driver_lateness_p99_ms']:.1f} |")
+            f"{latency} | {r['driver_lateness_p99_ms']:.1f} |")
 
 
-HEADER = ("| {first} | actions/s | stalled % | requests/s | rows kept per chunk | batch | RTT p50 ms | RTT p99 ms | "
-          "task mean s | task p25 s | task p95 s | tasks (unfinished) | driver late p99 ms |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| {first} | actions/s | stalled % | sent/s | served/s | rows kept per chunk | batch | RTT p50 ms | "
+          "RTT p99 ms | task mean s | task p25 s | task p95 s | tasks (unfinished) | driver late p99 ms |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def study(args) -> tuple[str, dict]:
@@ -490,6 +496,11 @@ def study(args) -> tuple[str, dict]:
     say(f"Profile (ms per forward pass): {GPU_PROFILE_MS}: {1000 / GPU_PROFILE_MS[1]:.1f} req/s at batch 1, "
         f"{16000 / GPU_PROFILE_MS[16]:.1f} at 16 (4.8x). Traces: {describe(tasks)}. Fleet runs: {args.warmup_s:g} s "
         f"warm-up, {args.measure_s:g} s measured; latency runs follow the tasks that start in the window to their end.\n")
+    say("Columns: *sent/s* observations the robots published, *served/s* chunks the server computed (a robot "
+        "whose request timed out sends again, and a newer observation replaces an unserved one in its slot); "
+        "*rows kept per chunk* the execution horizon a robot took from each chunk (its rows for steps already "
+        "executed are then dropped); *batch* the server's mean batch size over its last 256 passes; latency "
+        "columns only for runs that followed their tasks to the end.\n")
 
     if "ladder" in args.parts:
         fleets = args.fixed_fleet
