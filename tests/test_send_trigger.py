@@ -89,6 +89,19 @@ def test_rtt_percentiles_are_cached_until_the_next_sample():
     assert rtt.p50_s == pytest.approx(0.35)
 
 
+def test_automatic_buffer_time_follows_the_configured_rtt_quantile():
+    p90 = SendTrigger(dt_s=DT)
+    p99 = SendTrigger(SendTriggerConfig(rtt_quantile=0.99), dt_s=DT)
+    for trigger in (p90, p99):
+        for seq in range(100):  # RTTs 10 ms .. 1 s
+            trigger.on_send(seq, 0.0)
+            trigger.on_receive(seq, (seq + 1) / 100)
+    assert p90.buffer_time_s() == pytest.approx(np.quantile(np.arange(1, 101) / 100, 0.9) + DT)
+    assert p99.buffer_time_s() == pytest.approx(np.quantile(np.arange(1, 101) / 100, 0.99) + DT)
+    with pytest.raises(ConfigError, match="rtt_quantile"):
+        SendTriggerConfig(rtt_quantile=0.2)
+
+
 def test_rtt_rejects_mixed_clocks_and_bad_settings():
     rtt = RttTracker()
     rtt.on_send(1, 5.0)

@@ -28,11 +28,13 @@ The send rule (:class:`SendTrigger`)
     ``buffer_time_s``
         fixed when ``SendTriggerConfig.buffer_time_s`` is set; otherwise automatic::
 
-            buffer_time_s = p90(RTT over the last `window` replies) + margin_steps * dt_s
+            buffer_time_s = quantile(RTT over the last `window` replies, rtt_quantile) + margin_steps * dt_s
 
-        and ``initial_buffer_time_s`` until the first reply. p90 rather than the mean so that
-        ordinary jitter does not run the buffer dry; the margin covers the control period in
-        which the send decision is taken.
+        and ``initial_buffer_time_s`` until the first reply. ``rtt_quantile`` is 0.9 by default:
+        p90 rather than the mean so that ordinary jitter does not run the buffer dry; 0.99 asks
+        earlier, for a fleet whose stall budget is tighter than its RTT tail (docs/benchmarks.md,
+        "Fleet over real Zenoh"). The margin covers the control period in which the send decision
+        is taken.
 
     A request is outstanding from ``on_send`` until its reply (``on_receive``) or until it is
     presumed lost, ``request_timeout_s`` after it was sent. The timeout is fixed when
@@ -210,7 +212,11 @@ class SendTriggerConfig:
         default=0.5, metadata={"help": "Automatic buffer_time_s before the first RTT is measured."}
     )
     margin_steps: float = field(
-        default=1.0, metadata={"help": "Automatic buffer_time_s adds this many control periods to p90 RTT."}
+        default=1.0, metadata={"help": "Automatic buffer_time_s adds this many control periods to the RTT quantile."}
+    )
+    rtt_quantile: float = field(
+        default=0.9,
+        metadata={"help": "Automatic buffer_time_s follows this quantile of recent RTTs (0.9: p90; 0.99 for a tighter stall budget)."},
     )
     timeout_rtt_factor: float = field(
         default=3.0, metadata={"help": "Automatic request_timeout_s: this many p90 RTTs, at least min_request_timeout_s."}
@@ -230,6 +236,8 @@ class SendTriggerConfig:
             raise ConfigError("send_trigger.max_in_flight", f"must be at least 1, got {self.max_in_flight}")
         if not (math.isfinite(self.margin_steps) and self.margin_steps >= 0):
             raise ConfigError("send_trigger.margin_steps", f"must be >= 0, got {self.margin_steps}")
+        if not (math.isfinite(self.rtt_quantile) and 0.5 <= self.rtt_quantile <= 1.0):
+            raise ConfigError("send_trigger.rtt_quantile", f"must be within [0.5, 1], got {self.rtt_quantile}")
         if self.rtt_window < 1:
             raise ConfigError("send_trigger.rtt_window", f"must be at least 1, got {self.rtt_window}")
 
@@ -289,14 +297,14 @@ class SendTrigger:
     # -- calibrated thresholds
 
     def buffer_time_s(self) -> float:
-        """The current threshold: fixed, or p90 RTT + margin (``initial_buffer_time_s`` before any RTT)."""
+        """The current threshold: fixed, or the RTT quantile + margin (``initial_buffer_time_s`` before any RTT)."""
         cfg = self.config
         if cfg.buffer_time_s is not None:
             return cfg.buffer_time_s
-        p90_s = self.rtt.p90_s
-        if p90_s is None:
+        rtt_s = self.rtt.quantile_s(cfg.rtt_quantile)
+        if rtt_s is None:
             return cfg.initial_buffer_time_s
-        return p90_s + cfg.margin_steps * self.dt_s
+        return rtt_s + cfg.margin_steps * self.dt_s
 
     def request_timeout_s(self) -> float:
         """The current timeout: fixed, or max(factor * p90 RTT, minimum)."""
