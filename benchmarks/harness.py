@@ -1,4 +1,5 @@
-"""Where a benchmark run puts things, and the command-line flags every benchmark shares."""
+"""Where a benchmark run puts things, the command-line flags every benchmark shares, and the
+generated blocks that benchmarks write into docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -66,3 +67,16 @@ def machine() -> dict:
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "kernel": platform.release(),
             "load_avg_at_start": load, "versions": versions, "git_commit": commit,
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+
+def write_docs_block(path: Path, begin: str, end: str, heading: str, content: str) -> None:
+    """Replace what lies between the `begin` and `end` markers of a markdown file with `content`
+    (the prose around them is the author's); when the markers are missing, append them under `heading`."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    block = f"{begin}\n\n{content}\n{end}"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip("\n") + f"\n\n## {heading}\n\n" + block + "\n"
+    path.write_text(text)
