@@ -547,6 +547,14 @@ def study(args) -> tuple[str, dict]:
             for i, runs in enumerate(fixed):
                 say(fmt_row(runs[j], str(i + 1)))
             say("")
+        if args.scale_fleet:
+            say(f"The full system (rung 5) with {args.scale_fleet} robots, past what one server sustains: the driver "
+                "keeps its 30 Hz ticks (lateness in the last column) and the server its throughput.\n")
+            say(HEADER.format(first="robots"))
+            big = st.run(replace(base, **LADDER[-1][1], robots=args.scale_fleet, drain_s=args.drain_s))
+            say(fmt_row(big, str(args.scale_fleet)))
+            say("")
+            data["scale"] = big
 
     if "online" in args.parts:
         say("### Schedulers across arrival rates (online, Poisson task arrivals)\n")
@@ -667,6 +675,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--guesses", type=int, nargs="+", default=[6, 20, 40, 40, 60, 60], help="first fleet tried per rung")
     s.add_argument("--fixed-fleet", type=int, nargs="+", default=[20, 45], help="fleets every rung's latency is measured at")
     s.add_argument("--max-fleet", type=int, default=160, help="the capacity search stops here")
+    s.add_argument("--scale-fleet", type=int, default=100, help="one run of the full system with this many robots")
     s.add_argument("--pool", type=int, default=160)
     s.add_argument("--online-measure-s", type=float, default=40.0)
     s.add_argument("--drain-s", type=float, default=30.0)
