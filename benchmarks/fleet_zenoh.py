@@ -366,8 +366,10 @@ def run(cfg: RunConfig, tasks: list[Task], out: Path = OUT, port: int = 7521, ve
 
 
 def summarize(cfg: RunConfig, c: Counters, lateness, server_figures, w0, w1, unfinished, backlog, elapsed, verbose) -> dict:
-    lat = np.array(c.latencies_s) if c.latencies_s else np.array([math.nan])
-    rtt = np.array(c.rtts_s) * 1000 if c.rtts_s else np.array([math.nan])
+    def stat(values, fn, *args) -> float:  # NaN (not a warning) when nothing was measured
+        return float(fn(np.asarray(values, dtype=np.float64), *args)) if len(values) else math.nan
+
+    lat, rtt = c.latencies_s, [x * 1000 for x in c.rtts_s]
     steps = c.executed + c.stalled
     inside = [m for t, m in server_figures if w0 <= t <= w1 + 1.5]
     first = next((m for t, m in server_figures if t >= w0), {})
@@ -380,20 +382,20 @@ def summarize(cfg: RunConfig, c: Counters, lateness, server_figures, w0, w1, unf
         "requests_per_s": c.sent / cfg.measure_s if cfg.measure_s else 0.0,
         "chunks": c.received,
         "mean_kept_rows": c.horizon_sum / c.received if c.received else 0.0,
-        "tasks_measured": int(np.isfinite(lat).sum()),
+        "tasks_measured": len(lat),
         "tasks_unfinished": unfinished,
         "online_backlog_at_end": backlog,
-        "latency_mean_s": float(np.nanmean(lat)),
-        "latency_p25_s": float(np.nanpercentile(lat, 25)),
-        "latency_p95_s": float(np.nanpercentile(lat, 95)),
-        "rtt_p50_ms": float(np.nanpercentile(rtt, 50)),
-        "rtt_p99_ms": float(np.nanpercentile(rtt, 99)),
+        "latency_mean_s": stat(lat, np.mean),
+        "latency_p25_s": stat(lat, np.percentile, 25),
+        "latency_p95_s": stat(lat, np.percentile, 95),
+        "rtt_p50_ms": stat(rtt, np.percentile, 50),
+        "rtt_p99_ms": stat(rtt, np.percentile, 99),
         "server_batch_mean": float(last.get("batch_size_mean", math.nan)),
         "server_max_batch": last.get("max_batch_size"),
         "server_queue_p50_ms": float(last.get("queue_ms_p50", math.nan) or math.nan),
         "server_queue_p99_ms": float(last.get("queue_ms_p99", math.nan) or math.nan),
         "server_inferences": (last.get("inferences", 0) - first.get("inferences", 0)) if first else None,
-        "driver_lateness_p99_ms": float(np.percentile(lateness, 99) * 1000) if lateness else math.nan,
+        "driver_lateness_p99_ms": stat(lateness, np.percentile, 99) * 1000,
         "wall_s": elapsed,
     }
     if verbose:
