@@ -60,9 +60,9 @@ demo: $(STAMP) checkpoint
 	$(PY) -m lerobot_zenoh.demo --checkpoint $(DEMO_CHECKPOINT) --robots $(DEMO_ROBOTS) --seconds $(DEMO_SECONDS)
 
 clean:
-	rm -rf $(VENV) checkpoints .pytest_cache
+	rm -rf $(VENV) checkpoints outputs .pytest_cache
 
-# Fleet study over real Zenoh and a real server (virtual robots in one process; about an hour on
+# Fleet study over real Zenoh and a real server (virtual robots in one process; about 70 min on
 # 2 cores; cached per run in outputs/fleet_zenoh/): rewrites the generated block of "Fleet over real
 # Zenoh" in docs/benchmarks.md and its figures in docs/img/. FLEET_ARGS=--fresh re-runs everything.
 # bench-fleet-sim: the discrete-event model of the same fleet (a few minutes), "Fleet scheduling".

@@ -52,6 +52,7 @@ import json
 import math
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -143,8 +144,8 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> ServerProcess:
-        folder = Path(tempfile.mkdtemp(prefix="fleet-"))
-        path = folder / "manifest.yaml"
+        self._folder = Path(tempfile.mkdtemp(prefix="fleet-"))
+        path = self._folder / "manifest.yaml"
         path.write_text(yaml.safe_dump(manifest(self.cfg, self.port)))
         exe = Path(sys.executable).parent / "lerobot-policy-server"
         self._log = open(self.log_path, "w")
@@ -161,6 +162,7 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+        shutil.rmtree(self._folder, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------ robots
@@ -381,6 +383,7 @@ def summarize(cfg: RunConfig, c: Counters, lateness, server_figures, w0, w1, unf
         "stalled_pct": 100.0 * c.stalled / steps if steps else 0.0,
         "requests_per_s": c.sent / cfg.measure_s if cfg.measure_s else 0.0,
         "chunks": c.received,
+        "chunks_rejected": c.rejected,
         "mean_kept_rows": c.horizon_sum / c.received if c.received else 0.0,
         "tasks_measured": len(lat),
         "tasks_unfinished": unfinished,
