@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 
+from benchmarks import fleet as fleet_model
 from benchmarks.fleet_traces import CHUNK_SIZE, Task, generate_traces, load_traces, write_traces
 from benchmarks.fleet_zenoh import RunConfig, Study, manifest, run
 from lerobot_zenoh.server.manifest import Manifest
@@ -62,6 +63,17 @@ def test_largest_fleet_search_brackets_the_stall_budget(tmp_path):
         n, points = study.largest_fleet(RunConfig(), guess)
         assert 0.92 * 23 <= n <= 23 and n in tried, (guess, n, tried)  # within the search's 8 % resolution
         assert len(tried) <= 12
+
+
+def test_the_model_runs_the_shared_traces_static_and_dynamic():
+    tasks = generate_traces(30, seed=2)
+    static = [t.executed_rounds(False) for t in tasks]
+    dynamic = [t.executed_rounds(True) for t in tasks]
+    assert all(sum(s) == sum(d) == t.length for s, d, t in zip(static, dynamic, tasks))  # same motion
+    assert sum(map(len, dynamic)) < sum(map(len, static))  # in fewer rounds
+    cfg = fleet_model.Config(robots=4, duration_s=40.0, warmup_s=5.0)
+    result = fleet_model.FleetSim(cfg, static, fleet_model.gpu_latency()).run()
+    assert result.actions_per_s > 0 and result.tasks_done > 0 and result.stalled_pct < 5
 
 
 @pytest.mark.slow
