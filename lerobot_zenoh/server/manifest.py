@@ -28,6 +28,7 @@ current directory when only that one exists).
 
 from __future__ import annotations
 
+import inspect
 import os
 import socket
 from pathlib import Path
@@ -110,10 +111,6 @@ class HorizonEntry(_Strict):
         return None
 
 
-#: The manifest settings each scheduler type takes (keyword arguments of its constructor).
-SCHEDULER_SETTINGS: dict[str, tuple[str, ...]] = {"wait_ratio": ("buckets", "aging", "first_request")}
-
-
 class SchedulerEntry(_Strict):
     """The request scheduler of one model and its settings (docs/scheduling.md).
 
@@ -141,7 +138,8 @@ class SchedulerEntry(_Strict):
 
     @model_validator(mode="after")
     def _settings_fit_type(self):
-        allowed = set(SCHEDULER_SETTINGS.get(self.type, ()))
+        # The settings a type takes are its constructor's keyword arguments (what make_scheduler binds).
+        allowed = set(inspect.signature(SCHEDULERS[self.type]).parameters)
         extra = set(self.settings()) - allowed
         if extra:
             raise ValueError(f"{', '.join(sorted(extra))} does not apply to scheduler type {self.type!r}")
