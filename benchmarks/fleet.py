@@ -68,10 +68,9 @@ from lerobot_zenoh.scheduling.send_trigger import RttTracker  # noqa: E402
 from lerobot_zenoh.scheduling.wait_ratio import WaitRatioScheduler  # noqa: E402
 from lerobot_zenoh.server.synthetic import SyntheticPolicy, SyntheticPolicyConfig  # noqa: E402
 
-FPS = 30
+FPS = fleet_traces.FPS
 DT_S = 1.0 / FPS
-#: ms per dispatch by batch size; linear interpolation in between (SyntheticPolicy.latency_s).
-GPU_PROFILE_MS = {1: 60.0, 2: 66.0, 4: 80.0, 8: 120.0, 16: 200.0}
+GPU_PROFILE_MS = fleet_traces.GPU_PROFILE_MS
 ONE_WAY_S = 0.0025  # Kairos' Wi-Fi 7 base latency robot <-> edge server
 
 

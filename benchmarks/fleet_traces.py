@@ -1,4 +1,5 @@
-"""Task traces for the fleet benchmarks: how long each task is and how far each chunk can be trusted.
+"""The fleet benchmarks' workload: task traces (how long each task is and how far each chunk can be
+trusted), the control rate and the served model's latency profile.
 
 A trace stands for one task recorded in isolation (Kairos, seed 001, section 5.1: tasks are run
 alone, recorded, then replayed many at a time against the server). For the replay what matters is
@@ -40,6 +41,9 @@ import numpy as np
 
 FPS = 30
 CHUNK_SIZE = 50  # actions per chunk the model produces (the cap of every horizon)
+#: The model both fleet studies serve: ms per forward pass by batch size, a GPU-like profile (the
+#: synthetic policy interpolates linearly in between; 4.8x peak-to-single throughput).
+GPU_PROFILE_MS = {1: 60.0, 2: 66.0, 4: 80.0, 8: 120.0, 16: 200.0}
 
 
 @dataclass(frozen=True)

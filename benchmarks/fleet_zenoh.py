@@ -68,7 +68,16 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.fleet_traces import CHUNK_SIZE, FPS, Task, describe, generate_traces, load_traces, write_traces  # noqa: E402
+from benchmarks.fleet_traces import (  # noqa: E402
+    CHUNK_SIZE,
+    FPS,
+    GPU_PROFILE_MS,
+    Task,
+    describe,
+    generate_traces,
+    load_traces,
+    write_traces,
+)
 from benchmarks.harness import write_docs_block  # noqa: E402
 from lerobot_zenoh.errors import ProtocolError  # noqa: E402
 from lerobot_zenoh.protocol import codec  # noqa: E402
@@ -81,8 +90,6 @@ from lerobot_zenoh.transport.settings import loopback_settings  # noqa: E402
 
 DT_S = 1.0 / FPS
 PHASES = 10  # control loops are spread over this many offsets within one period
-#: ms per forward pass by batch size (the synthetic policy interpolates linearly in between).
-GPU_PROFILE_MS = {1: 60.0, 2: 66.0, 4: 80.0, 8: 120.0, 16: 200.0}
 APP = AppKey("fleet", "bench", "synthetic", "v1", "fleet")
 SERVER_ID = "fleet-server"
 OUT = ROOT / "outputs" / "fleet_zenoh"
@@ -218,7 +225,7 @@ class VirtualRobot:
             config = SendTriggerConfig(rtt_quantile=float(trigger.split(":", 1)[1]) if ":" in trigger else 0.9)
         self.trigger = SendTrigger(config, dt_s=DT_S, rtt=self.rtt)
 
-    def tick(self, now: float, counting: bool, c: Counters) -> bool:
+    def tick(self, now: float, c: Counters) -> bool:
         """One control period. Returns True when the task has just finished."""
         task = self.task
         if task is None:
@@ -229,15 +236,14 @@ class VirtualRobot:
         if self.buffer.pop() is not None:
             self.moving = True
             self.progress += 1
-            if counting:
-                c.executed += 1
+            c.executed += c.counting
             if self.progress >= task.length:
                 if self.measured and self.first_request_s is not None:
                     c.latencies_s.append(now + DT_S - self.first_request_s)
                 self.task = None
                 return True
-        elif self.moving and counting:
-            c.stalled += 1
+        elif self.moving:
+            c.stalled += c.counting
         return False
 
     def _send(self, now: float, c: Counters) -> None:
@@ -282,7 +288,7 @@ def run(cfg: RunConfig, tasks: list[Task], out: Path = OUT, port: int = 7521, ve
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(cfg.seed)
     inbox: queue.SimpleQueue = queue.SimpleQueue()
-    server_figures: list[tuple[float, dict]] = []
+    telemetry: list[tuple[float, bytes]] = []  # (arrival, payload), decoded after the run
     started = time.perf_counter()
     with ServerProcess(cfg, port, out / "server.log") as server, \
             ZenohSession(loopback_settings(connect_ports=(port,))).open() as session:
@@ -293,13 +299,8 @@ def run(cfg: RunConfig, tasks: list[Task], out: Path = OUT, port: int = 7521, ve
             time.sleep(0.3)
         session.subscribe(f"{APP.prefix}/*/action", lambda key, payload: inbox.put((key, payload, time.perf_counter())))
 
-        def on_metrics(key: str, payload: bytes) -> None:
-            try:
-                server_figures.append((time.perf_counter(), dict(codec.decode_telemetry(payload).metrics)))
-            except ProtocolError:
-                pass
-
-        session.subscribe(APP.server_metrics(SERVER_ID), on_metrics)
+        session.subscribe(APP.server_metrics(SERVER_ID),
+                          lambda key, payload: telemetry.append((time.perf_counter(), payload)))
         robots = [VirtualRobot(f"r{i:03d}", cfg, session.publisher(APP.client(f"r{i:03d}").obs, OBSERVATION_QOS),
                                phase=i % PHASES) for i in range(cfg.robots)]
         by_id = {r.client_id: r for r in robots}
@@ -331,8 +332,8 @@ def run(cfg: RunConfig, tasks: list[Task], out: Path = OUT, port: int = 7521, ve
             if due > now:
                 time.sleep(due - now)
                 now = time.perf_counter()
-            counting = c.counting = w0 <= now < w1
-            if counting:
+            c.counting = w0 <= now < w1
+            if c.counting:
                 lateness.append(now - due)
             while True:
                 try:
@@ -342,20 +343,19 @@ def run(cfg: RunConfig, tasks: list[Task], out: Path = OUT, port: int = 7521, ve
                 robot = by_id.get(key.rsplit("/", 2)[-2])
                 if robot is not None:
                     robot.on_chunk(payload, arrived, c)
-            measured_start = counting
             if cfg.mode == "fleet":
                 while pending and now >= t0 + pending[-1][0]:
-                    robots[pending.pop()[1]].start_task(next_task(), now, measured_start)
+                    robots[pending.pop()[1]].start_task(next_task(), now, c.counting)
             else:
                 while arrivals and arrivals[-1] <= now:
                     backlog.append(arrivals.pop())
                 while backlog and idle:
                     backlog.pop(0)
-                    idle.pop().start_task(next_task(), now, measured_start)
+                    idle.pop().start_task(next_task(), now, c.counting)
             for robot in groups[i % PHASES]:
-                if robot.tick(now, counting, c):
+                if robot.tick(now, c):
                     if cfg.mode == "fleet" and now < hard_end:
-                        robot.start_task(next_task(), now + DT_S, measured_start)
+                        robot.start_task(next_task(), now + DT_S, c.counting)
                     elif cfg.mode == "online":
                         idle.append(robot)
             i += 1
@@ -364,6 +364,12 @@ def run(cfg: RunConfig, tasks: list[Task], out: Path = OUT, port: int = 7521, ve
         elapsed = time.perf_counter() - started
         unfinished = sum(1 for r in robots if r.task is not None and r.measured)
         time.sleep(1.2)  # one more telemetry period
+    server_figures = []
+    for t, payload in telemetry:
+        try:
+            server_figures.append((t, dict(codec.decode_telemetry(payload).metrics)))
+        except ProtocolError:
+            pass
     return summarize(cfg, c, lateness, server_figures, w0, w1, unfinished, len(backlog), elapsed, verbose)
 
 
