@@ -238,6 +238,10 @@ def _to_map(msg: Message) -> dict[str, Any]:
             "images": {str(k): bytes(v) for k, v in msg.images.items()},
             "task": msg.task,
         }
+        if msg.episode_id is not None:
+            out["episode_id"] = msg.episode_id
+        if msg.session_nonce is not None:
+            out["session_nonce"] = int(msg.session_nonce)
         if msg.execution is not None:
             out["execution"] = _drop_none({f.name: getattr(msg.execution, f.name) for f in fields(ExecutionInfo)})
         return out
@@ -305,6 +309,8 @@ def _observation(d: dict, limits: CodecLimits) -> Observation:
         images=images,
         task=_optional(d, "task", str) or "",
         execution=execution,
+        episode_id=_optional(d, "episode_id", str),
+        session_nonce=_uint(d, "session_nonce", required=False),
     )
 
 

@@ -14,7 +14,7 @@ from enum import StrEnum
 import numpy as np
 
 #: (major, minor). A peer rejects a message whose major differs from its own; minors are additive.
-PROTOCOL_VERSION: tuple[int, int] = (1, 0)
+PROTOCOL_VERSION: tuple[int, int] = (1, 1)
 
 
 class MessageType(StrEnum):
@@ -49,6 +49,12 @@ class Observation:
     images: dict[str, bytes]  # camera name -> JPEG bytes
     task: str = ""
     execution: ExecutionInfo | None = None
+    # 1.1: the server keeps one session per client (docs/protocol.md, "Sessions"). A new `episode_id`
+    # resets the session's per-episode state (observation history, scheduler task) before this
+    # observation is served; a new `session_nonce` (random, drawn once per client process) marks a
+    # restarted client, whose seq_ids start again.
+    episode_id: str | None = None
+    session_nonce: int | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
