@@ -134,7 +134,7 @@ def manifest(cfg: RunConfig, port: int) -> dict:
     entry = {"model_id": APP.model, "model_version": APP.version, "application_tag": APP.app, "fps": FPS,
              "synthetic": synthetic, "scheduler": scheduler,
              "max_batch_size": cfg.max_batch if cfg.max_batch == "auto" else int(cfg.max_batch),
-             "accept_unknown_clients": True, "max_clients": 512}
+             "accept_unknown_clients": True, "max_unknown_clients": 512}
     if cfg.horizon == "dynamic":
         synthetic["confidence_from_state"] = 0
         entry["horizon"] = {"type": "diffusion_confidence", "threshold": cfg.threshold, "h_min": 1}

@@ -50,7 +50,7 @@ def run(args, run_dir: Run, net: Network, log=print) -> dict:
     try:
         servers["ours"].create("OursServer", listen=[f"tcp/127.0.0.1:{ports['ours']}"],
                                models=[{"app": APP, "workload": wl, "latency_ms": args.policy_ms,
-                                        "max_clients": max(counts) + 16}])
+                                        "max_unknown_clients": max(counts) + 16}])
         servers["floor"].create("FloorServer", listen=[f"tcp/127.0.0.1:{ports['floor']}"])
         servers["lerobot"].create("LeRobotServer", addresses=[f"127.0.0.1:{ports['lerobot']}"])
         payload = {}

@@ -137,7 +137,7 @@ def profile_ingest(args, out_dir: str) -> None:
     try:
         server.create("OursServer", listen=[f"tcp/127.0.0.1:{port}"],
                       models=[{"app": "ingest", "workload": MAIN_WORKLOAD, "latency_ms": args.policy_ms,
-                               "max_clients": args.clients + 16}])
+                               "max_unknown_clients": args.clients + 16}])
         pub.create("IngestPublisher", system="ours", endpoint=f"tcp/127.0.0.1:{port}", workload=MAIN_WORKLOAD,
                    max_clients=args.clients, app="ingest")
         pub.send("publish", n_clients=args.clients, duration_s=args.seconds + 2)

@@ -89,7 +89,7 @@ class OursServer:
             wl = WORKLOADS[m["workload"]]
             entries.append({
                 "model_id": MODEL, "model_version": VERSION, "application_tag": m["app"], "fps": FPS,
-                "accept_unknown_clients": True, "max_clients": m.get("max_clients", 64),
+                "accept_unknown_clients": True, "max_unknown_clients": m.get("max_unknown_clients", 64),
                 "synthetic": {"state_dim": 6, "action_dim": ACTION_DIM, "chunk_size": CHUNK_SIZE,
                               "cameras": {n: [h, w] for n, h, w in wl.cameras}, "latency_ms": m.get("latency_ms", 0.0)},
             })

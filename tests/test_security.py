@@ -391,7 +391,7 @@ def test_an_oversize_observation_is_rejected_before_it_takes_a_slot(port, app_ke
 
 
 def test_distinct_client_ids_are_bounded_by_max_clients_and_counted(port, app_key):
-    manifest = plain_manifest(port, app_key, clients=[], accept_unknown_clients=True, max_clients=2)
+    manifest = plain_manifest(port, app_key, clients=[], accept_unknown_clients=True, max_unknown_clients=2)
     with PolicyServer(parse_manifest(manifest)) as server, \
             ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as session:
         wait_status(session, app_key)

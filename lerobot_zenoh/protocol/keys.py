@@ -90,6 +90,11 @@ class AppKey:
         return f"{self.prefix}/**/{Topic.METRICS}"
 
     @property
+    def all_client_tokens(self) -> str:
+        """Liveliness selector for every client of this app (a client's token is its metrics key)."""
+        return f"{self.prefix}/*/{Topic.METRICS}"
+
+    @property
     def all_servers(self) -> str:
         """Liveliness selector for every server of this app."""
         return f"{self.prefix}/{SERVER}/*"

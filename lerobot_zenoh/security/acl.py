@@ -24,11 +24,11 @@ Grants, per identity, from the enforcing node's point of view (`P` = an app pref
                     ingress  put                            P/*/action, P/server/s/metrics
                     ingress  declare_queryable, reply       P/status
                     ingress  liveliness_token               P/server/s
-                    ingress  declare_liveliness_subscriber  P/server/*          (hot standby, handover)
-                    ingress  liveliness_query               P/server/*
+                    ingress  declare_liveliness_subscriber  P/server/*, P/*/metrics  (hot standby, handover;
+                    ingress  liveliness_query               P/server/*, P/*/metrics   client sessions)
                     egress   put                            P/*/obs
                     egress   query                          P/status
-                    egress   liveliness_token               P/server/*
+                    egress   liveliness_token               P/server/*, P/*/metrics
                     egress   declare_subscriber             P/*/action, **/metrics, P/server/s/metrics
     monitor m       ingress  declare_subscriber             **/metrics
                     ingress  declare_liveliness_subscriber, liveliness_query   **
@@ -158,8 +158,9 @@ def access_control(deployment: Deployment) -> dict:
             b.allow(s, f"{rid}/put", INGRESS, ["put"], [f"{p}/*/action", app.server_metrics(s)])
             b.allow(s, f"{rid}/status", INGRESS, ["declare_queryable", "reply"], [app.status])
             b.allow(s, f"{rid}/token", INGRESS, ["liveliness_token"], [app.server_token(s)])
-            b.allow(s, f"{rid}/watch", INGRESS, ["declare_liveliness_subscriber", "liveliness_query"], [app.all_servers])
-            b.allow(s, f"{rid}/tokens", EGRESS, ["liveliness_token"], [app.all_servers])
+            b.allow(s, f"{rid}/watch", INGRESS, ["declare_liveliness_subscriber", "liveliness_query"],
+                    [app.all_servers, app.all_client_tokens])
+            b.allow(s, f"{rid}/tokens", EGRESS, ["liveliness_token"], [app.all_servers, app.all_client_tokens])
             b.allow(s, f"{rid}/receive", EGRESS, ["put"], [app.all_observations])
             b.allow(s, f"{rid}/query", EGRESS, ["query"], [app.status])
             b.allow(s, f"{rid}/routes", EGRESS, ["declare_subscriber"],

@@ -4,6 +4,7 @@
     experiment_tag: fabio2
     server_id: gpu0                       # optional; default <hostname>-<pid>
     zenoh: {mode: peer, listen: [tcp/127.0.0.1:7447], multicast_scouting: false}
+    sessions: {liveliness_grace_s: 3, idle_timeout_s: 60}
     server:
       - model_id: act
         model_version: v1
@@ -18,6 +19,7 @@
         horizon: {type: diffusion_confidence, threshold: 0.4, h_min: 5}   # or none (default), static
         max_batch_size: 1                         # clients per forward pass, or auto (profiled)
         accept_unknown_clients: false
+        max_unknown_clients: 64                   # places shared by unlisted clients (when accepted)
         clients:
           - client_uuid: cookie-worker-4269
 
@@ -169,6 +171,19 @@ class ZenohEntry(_Strict):
     access_control_file: str | None = None
 
 
+class SessionsEntry(_Strict):
+    """When the server closes a client's session (docs/server.md, "Sessions").
+
+    A session closes `liveliness_grace_s` after the client's liveliness token vanished (the client
+    stopped, crashed or lost its link), or after `idle_timeout_s` without an observation (clients
+    that declare no token, invented ids). Closing drops the client's observation history and
+    scheduler state and frees its place.
+    """
+
+    liveliness_grace_s: float = Field(3.0, ge=0, le=3600, allow_inf_nan=False)
+    idle_timeout_s: float = Field(60.0, gt=0, le=86400, allow_inf_nan=False)
+
+
 class ModelEntry(_Strict):
     model_id: str
     model_version: str
@@ -192,7 +207,9 @@ class ModelEntry(_Strict):
     # Execution horizon sent with each chunk (none = not sent; docs/scheduling.md).
     horizon: HorizonEntry = Field(default_factory=HorizonEntry)
     accept_unknown_clients: bool = False
-    max_clients: int = Field(64, ge=1)
+    # Sessions of clients not listed in `clients` (when accepted) share this many places; listed
+    # clients always have their own. A place is freed when its session closes (see `sessions`).
+    max_unknown_clients: int = Field(64, ge=1)
     clients: list[ClientEntry] = Field(default_factory=list)
 
     @field_validator("model_id", "model_version", "application_tag")
@@ -246,6 +263,7 @@ class Manifest(_Strict):
     handover_grace_s: float = Field(0.5, ge=0, le=30)
     # Period of the telemetry published on .../<app>/server/<server_id>/metrics; 0 turns it off.
     telemetry_period_s: float = Field(1.0, ge=0)
+    sessions: SessionsEntry = Field(default_factory=SessionsEntry)
     source: str = Field("<memory>", exclude=True)
 
     @field_validator("cluster_uuid", "experiment_tag", "server_id")

@@ -1,0 +1,127 @@
+"""The executor of one model: turns a batch the engine picked into encoded action chunks.
+
+    prepare(session_id, observation)  check it against the model's spec, decode its JPEG frames
+                                      (cameras in parallel), build the runner's request
+    infer(requests)                   one `runner.run` call for the whole batch; if it fails, each
+                                      request again on its own so that only the bad one fails
+    chunk(observation, result, ...)   cut to actions_per_chunk, execution horizon, ActionChunk bytes
+
+Runs on the inference thread only and holds no lock: the engine's bookkeeping is the shell's job.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from lerobot_zenoh.errors import PolicyError, ProtocolError
+from lerobot_zenoh.protocol import codec
+from lerobot_zenoh.protocol.messages import ActionChunk, Observation
+from lerobot_zenoh.scheduling.horizon import HorizonPolicy
+from lerobot_zenoh.server.runners.base import InferenceRequest, InferenceResult, PolicyRunner
+
+log = logging.getLogger(__name__)
+
+
+def request_seed(client_id: str, seq_id: int) -> int:
+    """The sampling seed of one request: a function of who asked and which observation, nothing else."""
+    return (zlib.crc32(client_id.encode()) << 32) ^ (seq_id & 0xFFFFFFFF)
+
+
+class Executor:
+    def __init__(self, name: str, runner: PolicyRunner, *, actions_per_chunk: int, server_id: str,
+                 horizon: HorizonPolicy | None = None, limits: codec.CodecLimits = codec.DEFAULT_LIMITS):
+        self.name = name
+        self.runner = runner
+        self.spec = runner.spec
+        self.actions_per_chunk = actions_per_chunk
+        self.server_id = server_id
+        self.horizon = horizon
+        self.limits = limits
+        # Refinement updates are captured only when the horizon policy reads them and the runner
+        # reports them; otherwise the policy gets none (diffusion_confidence then vouches for the
+        # whole chunk, with a warning at start-up).
+        wants = bool(getattr(horizon, "needs_updates", False))
+        self.capture_updates = wants and self.spec.capabilities.refinement_updates
+        if wants and not self.capture_updates:
+            log.warning("%s: %s reports no refinement updates; horizon %s will send the whole chunk",
+                        name, self.spec.policy_type, horizon.name)
+        self.batch_fallbacks = 0  # batches that failed and were served one request at a time
+        cameras = len(self.spec.cameras)
+        self._jpeg = (ThreadPoolExecutor(max_workers=cameras - 1, thread_name_prefix="jpeg")
+                      if cameras > 1 else None)
+
+    def close(self) -> None:
+        if self._jpeg is not None:
+            self._jpeg.shutdown(wait=False)
+
+    def prepare(self, client_id: str, obs: Observation) -> InferenceRequest:
+        """Check the observation against the model's features and decode its images; ProtocolError if not."""
+        spec = self.spec
+        if obs.client_uuid != client_id:
+            raise ProtocolError("client_mismatch", f"client_uuid {obs.client_uuid!r} published on {client_id!r}'s key")
+        if obs.state.shape != (spec.state_dim,):
+            raise ProtocolError("wrong_state_dim", f"state has shape {obs.state.shape}, expected ({spec.state_dim},)")
+        state = obs.state.astype(np.float32)
+        if not np.all(np.isfinite(state)):
+            raise ProtocolError("bad_state", "state has NaN or infinite values")
+        if set(obs.images) != set(spec.cameras):
+            raise ProtocolError("wrong_cameras", f"cameras {sorted(obs.images)}, expected {sorted(spec.cameras)}")
+        # The first camera is decoded on this thread and the others at the same time on helper threads:
+        # OpenCV releases the GIL while it decodes, so two cameras cost one decode of wall time when a
+        # core is free.
+        cameras = list(spec.cameras.items())
+        others = [(name, self._jpeg.submit(codec.decode_jpeg, obs.images[name], hw, self.limits))
+                  for name, hw in cameras[1:]]
+        images = {name: codec.decode_jpeg(obs.images[name], hw, self.limits) for name, hw in cameras[:1]}
+        for name, decoded in others:
+            images[name] = decoded.result()
+        return InferenceRequest(session_id=client_id, state=state, images=images, task=obs.task,
+                                seed=request_seed(client_id, obs.seq_id), episode_id=obs.episode_id)
+
+    def infer(self, requests: Sequence[InferenceRequest]) -> list[InferenceResult | Exception]:
+        """One result per request: its result, or the exception its inference raised."""
+        if len(requests) > 1:
+            try:
+                results = self.runner.run(requests, capture_updates=self.capture_updates)
+                if len(results) != len(requests):
+                    raise PolicyError(f"run returned {len(results)} results for {len(requests)} requests")
+                return list(results)
+            except Exception as exc:
+                self.batch_fallbacks += 1
+                if self.batch_fallbacks in (1, 10, 100) or self.batch_fallbacks % 1000 == 0:
+                    log.warning("%s: batch of %d failed (%s: %s); serving it one request at a time [%d so far]",
+                                self.name, len(requests), type(exc).__name__, exc, self.batch_fallbacks)
+        out: list[InferenceResult | Exception] = []
+        for request in requests:
+            try:
+                (result,) = self.runner.run([request], capture_updates=self.capture_updates)
+                out.append(result)
+            except Exception as exc:
+                out.append(exc)
+        return out
+
+    def chunk(self, obs: Observation, result: InferenceResult, inference_ms: float, queue_ms: float) -> bytes:
+        """The encoded ActionChunk answering `obs`; ProtocolError/ValueError if the result is not a chunk."""
+        actions = np.asarray(result.actions)
+        if actions.ndim != 2 or actions.shape[1] != self.spec.action_dim:
+            raise PolicyError(f"the runner returned actions of shape {actions.shape}, "
+                              f"expected (chunk, {self.spec.action_dim})")
+        actions = np.ascontiguousarray(actions[: self.actions_per_chunk], dtype=np.float32)
+        horizon = None
+        if self.horizon is not None:
+            updates = result.refinement_updates
+            sent = updates[:, : len(actions)] if updates is not None else None
+            horizon = int(self.horizon.horizon(len(actions), sent))
+        return codec.encode(ActionChunk(
+            response_to_seq_id=obs.seq_id,
+            inference_time_ms=inference_ms,
+            actions=actions,
+            server_id=self.server_id,
+            queue_time_ms=queue_ms,
+            execution_horizon=horizon,
+        ))
