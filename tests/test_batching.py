@@ -153,10 +153,10 @@ def test_clients_are_batched_and_each_gets_exactly_its_own_chunk(port, app_key, 
         for robot in robots:
             robot.check()
         model = server.models[0]
-        assert max(model.batch_sizes) > 1 and max(model.batch_sizes) <= 4
+        assert max(model.engine.batch_sizes) > 1 and max(model.engine.batch_sizes) <= 4
         metrics, _ = server.telemetry_figures(model)
         assert metrics["batch_size_mean"] > 1.0
-        assert metrics["inferences"] == sum(model.batch_sizes)
+        assert metrics["inferences"] == sum(model.engine.batch_sizes)
 
 
 def test_a_failing_batch_is_served_again_one_by_one(port, app_key, session):
@@ -184,7 +184,7 @@ def test_a_failing_batch_is_served_again_one_by_one(port, app_key, session):
             robot.check()
         assert bad.chunks == []
         assert any("bad" in b and len(b) > 1 for b in runner.batches)
-        assert server.models[0].batch_fallbacks >= 1
+        assert server.models[0].executor.batch_fallbacks >= 1
         clients = server.stats()[app_key.prefix]["clients"]
         assert clients["bad"]["rejected"].get("inference_error", 0) >= 1
         assert all(clients[c]["rejected"] == {} for c in ("r1", "r2", "r3"))
@@ -216,7 +216,7 @@ def test_a_runner_that_cannot_batch_serves_one_at_a_time(port, app_key, session)
         run_rounds(server, session, app_key, robots, 2)
         for robot in robots:
             robot.check()
-        assert set(server.models[0].batch_sizes) == {1}
+        assert set(server.models[0].engine.batch_sizes) == {1}
 
 
 def test_max_batch_size_defaults_to_one_and_is_validated(port, app_key):

@@ -163,10 +163,10 @@ def test_unknown_clients_are_rejected_and_counted(served, app_key):
     wait_discovered(session, app_key)
     stranger = FakeClient(session, app_key, "stranger")
     rng = np.random.default_rng(2)
-    assert wait_for(lambda: (stranger.send(1, rng), server.models[0].unknown_rejected_total > 2)[1])
+    assert wait_for(lambda: (stranger.send(1, rng), server.models[0].engine.dropped["unknown_client"] > 2)[1])
     time.sleep(0.2)
     assert stranger.chunks == []
-    assert server.models[0].unknown_rejected["stranger"] >= 3
+    assert server.models[0].engine.unknown_refused["stranger"] >= 3
     assert "stranger" not in server.stats()[app_key.prefix]["clients"]
 
 

@@ -1,0 +1,215 @@
+"""Client sessions over real Zenoh: reserved places under a forged-id flood, expiry by liveliness,
+replays, restarts and episodes (docs/architecture.md, "Sessions")."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from lerobot_zenoh.protocol import codec
+from lerobot_zenoh.protocol.messages import Observation
+from lerobot_zenoh.server.executor import request_seed
+from lerobot_zenoh.server.manifest import parse_manifest
+from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
+from lerobot_zenoh.transport.settings import loopback_settings
+from lz_testing import wait_for
+
+TINY_CAMS = {"front": (16, 16)}
+
+
+def manifest(port, app_key, *, sessions=None, **entry):
+    base = {
+        "model_id": app_key.model, "model_version": app_key.version, "application_tag": app_key.app,
+        "synthetic": {"state_dim": 6, "action_dim": 6, "chunk_size": 10, "cameras": TINY_CAMS, "latency_ms": 2},
+        "fps": 30, "clients": [{"client_uuid": "robot"}],
+    }
+    base.update(entry)
+    out = {
+        "cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": "gpu0",
+        "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False},
+        "server": [base],
+    }
+    if sessions:
+        out["sessions"] = sessions
+    return out
+
+
+def connect(port) -> ZenohSession:
+    return ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))).open()
+
+
+class Robot:
+    """The wire side of a client: one observation at a time, waits for its chunk."""
+
+    def __init__(self, session: ZenohSession, app_key, client_id: str, *, nonce: int = 1, token: bool = False,
+                 cameras=TINY_CAMS):
+        self.key = app_key.client(client_id)
+        self.client_id, self.nonce, self.cameras = client_id, nonce, cameras
+        self.chunks: dict[int, object] = {}
+        self.arrived = threading.Condition()
+        session.subscribe(self.key.action, self._on_chunk)
+        self.pub = session.publisher(self.key.obs, OBSERVATION_QOS)
+        self.token = session.declare_token(self.key.metrics) if token else None
+        self.rng = np.random.default_rng(abs(hash(client_id)) % 2**32)
+
+    def _on_chunk(self, key, payload):
+        chunk = codec.decode_action_chunk(payload)
+        with self.arrived:
+            self.chunks[chunk.response_to_seq_id] = chunk
+            self.arrived.notify_all()
+
+    def payload(self, seq_id: int, episode: str = "0", state=None, images=None) -> bytes:
+        state = self.rng.normal(size=6).astype(np.float32) if state is None else state
+        images = images or {n: codec.encode_jpeg(self.rng.integers(0, 255, (*hw, 3), dtype=np.uint8), 90)
+                            for n, hw in self.cameras.items()}
+        return codec.encode(Observation(seq_id, self.client_id, state, images, "task",
+                                        episode_id=episode, session_nonce=self.nonce))
+
+    def request(self, seq_id: int, timeout_s: float = 2.0, **kw) -> float | None:
+        """Send (resending while unanswered: best effort) and wait; the round trip in seconds, or None."""
+        payload = self.payload(seq_id, **kw)
+        t0 = time.monotonic()
+        deadline = t0 + timeout_s
+        while time.monotonic() < deadline:
+            self.pub.put(payload)
+            with self.arrived:
+                if self.arrived.wait_for(lambda: seq_id in self.chunks, timeout=0.3):
+                    return time.monotonic() - t0
+        return None
+
+
+def wait_serving(session, app_key):
+    assert wait_for(lambda: session.query(app_key.status, 0.3)), "status never answered"
+
+
+def test_forged_id_flood_does_not_starve_a_listed_robot(port, app_key):
+    """200 invented ids flood the server; the listed robot still gets a chunk for every request."""
+    server = PolicyServer(parse_manifest(manifest(port, app_key, accept_unknown_clients=True,
+                                                  max_unknown_clients=40))).start()
+    robot_session, attacker = connect(port), connect(port)
+    try:
+        wait_serving(robot_session, app_key)
+        robot = Robot(robot_session, app_key, "robot")
+        quiet = [robot.request(seq) for seq in range(1, 11)]
+        assert all(q is not None for q in quiet)
+
+        stop = threading.Event()
+        forged = [Robot(attacker, app_key, f"forged{i:03d}") for i in range(200)]
+        payloads = [f.payload(1) for f in forged]
+
+        def flood():
+            seq = 0
+            while not stop.is_set():
+                seq += 1
+                for f, p in zip(forged, payloads, strict=True):
+                    f.pub.put(p)
+                stop.wait(0.01)
+
+        flooder = threading.Thread(target=flood, daemon=True)
+        flooder.start()
+        try:
+            assert wait_for(lambda: server.stats()[app_key.prefix]["dropped"].get("too_many_clients", 0) > 200, 10)
+            loaded = [robot.request(seq) for seq in range(11, 41)]
+        finally:
+            stop.set()
+            flooder.join(5)
+        assert all(rt is not None for rt in loaded), f"{sum(rt is None for rt in loaded)} of 30 requests unanswered"
+        stats = server.stats()[app_key.prefix]
+        unknown = [c for c in stats["clients"] if c != "robot"]
+        assert len(unknown) == 40  # the pool is full, and bounded
+        print(f"robot RTT p50 quiet {statistics.median(quiet) * 1000:.1f} ms, "
+              f"under the flood {statistics.median(loaded) * 1000:.1f} ms")
+    finally:
+        robot_session.close()
+        attacker.close()
+        server.stop()
+
+
+def test_unknown_place_is_reusable_after_the_clients_token_goes(port, app_key):
+    server = PolicyServer(parse_manifest(manifest(
+        port, app_key, accept_unknown_clients=True, max_unknown_clients=1,
+        sessions={"liveliness_grace_s": 0.3, "idle_timeout_s": 600}))).start()
+    first, second = connect(port), connect(port)
+    try:
+        wait_serving(first, app_key)
+        a = Robot(first, app_key, "visitor_a", token=True)
+        assert a.request(1) is not None
+        b = Robot(second, app_key, "visitor_b", token=True)
+        assert b.request(1, timeout_s=1.0) is None  # no place left
+        assert server.stats()[app_key.prefix]["dropped"]["too_many_clients"] >= 1
+        first.close()  # visitor_a's token goes with its session
+        assert wait_for(lambda: "visitor_a" not in server.stats()[app_key.prefix]["clients"], 5)
+        assert b.request(2) is not None
+        assert server.stats()[app_key.prefix]["sessions_closed"] == {"liveliness": 1}
+    finally:
+        second.close()
+        server.stop()
+
+
+def test_replays_are_dropped_and_a_restarted_client_is_served(port, app_key):
+    server = PolicyServer(parse_manifest(manifest(port, app_key))).start()
+    session = connect(port)
+    try:
+        wait_serving(session, app_key)
+        robot = Robot(session, app_key, "robot", nonce=11)
+        for seq in (1, 2, 3):
+            assert robot.request(seq) is not None
+        served = server.stats()[app_key.prefix]["clients"]["robot"]["served"]
+        old = [robot.payload(seq) for seq in (1, 2, 3)]
+        for _ in range(100):
+            for p in old:
+                robot.pub.put(p)
+        assert wait_for(lambda: server.stats()[app_key.prefix]["clients"]["robot"]["rejected"].get("replayed", 0) >= 3, 5)
+        assert server.stats()[app_key.prefix]["clients"]["robot"]["served"] == served  # no extra inference
+        # The robot's process restarts: a new nonce, seq_ids from 1 again. Served from its first one.
+        restarted = Robot(session, app_key, "robot", nonce=12)
+        assert restarted.request(1) is not None
+        assert restarted.request(2) is not None
+    finally:
+        session.close()
+        server.stop()
+
+
+TINY_DIFFUSION = {"down_dims": (32, 64), "num_inference_steps": 3, "spatial_softmax_num_keypoints": 8,
+                  "diffusion_step_embed_dim": 32, "crop_shape": (28, 28), "n_obs_steps": 2}
+
+
+@pytest.mark.slow
+def test_diffusion_history_is_empty_at_the_start_of_the_second_episode(port, app_key, tmp_path):
+    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.server.runners import load_policy_runner
+
+    cams = {"front": (32, 32)}
+    path = build_checkpoint(tmp_path / "diffusion", policy_type="diffusion",
+                            state_names=[f"j{i}" for i in range(6)], action_names=[f"a{i}" for i in range(6)],
+                            cameras=cams, chunk_size=8, fps=30, overrides=TINY_DIFFUSION, seed=3)
+    entry = {"pretrained_path": str(path), "synthetic": None, "actions_per_chunk": None}
+    server = PolicyServer(parse_manifest(manifest(port, app_key, **entry))).start()
+    session = connect(port)
+    try:
+        wait_serving(session, app_key)
+        robot = Robot(session, app_key, "robot", cameras=cams)
+        rng = np.random.default_rng(0)
+        frames = [({"front": codec.encode_jpeg(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8), 95)},
+                   rng.normal(size=6).astype(np.float32)) for _ in range(2)]
+        (img_a, state_a), (img_b, state_b) = frames
+        assert robot.request(1, episode="0", state=state_a, images=img_a) is not None
+        assert robot.request(2, episode="0", state=state_b, images=img_b) is not None
+        assert robot.request(3, episode="1", state=state_b, images=img_b) is not None
+
+        fresh = load_policy_runner(path)
+        decoded_b = {n: codec.decode_jpeg(j) for n, j in img_b.items()}
+        alone_2 = fresh.infer("other", state_b, decoded_b, "task", seed=request_seed("robot", 2))
+        alone_3 = fresh.infer("other3", state_b, decoded_b, "task", seed=request_seed("robot", 3))
+        # Within an episode the history counts (seq 2 saw frame a before b) ...
+        assert not np.allclose(robot.chunks[2].actions, alone_2, atol=1e-5)
+        # ... and a new episode starts with none: seq 3 is what frame b alone gives.
+        np.testing.assert_allclose(robot.chunks[3].actions, alone_3, rtol=0, atol=1e-5)
+    finally:
+        session.close()
+        server.stop()
