@@ -35,7 +35,7 @@ from lerobot_zenoh.scheduling.request_schedulers import RequestScheduler
 from lerobot_zenoh.server.failover import ServingRole
 from lerobot_zenoh.server.manifest import Manifest, ModelEntry
 from lerobot_zenoh.server.batch_profiling import can_batch, measure_batch_profile
-from lerobot_zenoh.server.policies import InferenceInfo, InferenceRequest
+from lerobot_zenoh.server.runners import InferenceRequest, InferenceResult, PolicyRunner, load_runner
 from lerobot_zenoh.server.rate_limit import RejectionRateLimit
 from lerobot_zenoh.telemetry.publisher import TelemetryPublisher, percentile, process_memory
 from lerobot_zenoh.transport.session import ACTION_QOS, Publisher, ZenohSession
@@ -80,13 +80,13 @@ class _Work:
 class ServedModel:
     """One manifest entry: its runner, scheduler, client slots, publishers and counters."""
 
-    def __init__(self, manifest: Manifest, entry: ModelEntry, runner, server_id: str,
+    def __init__(self, manifest: Manifest, entry: ModelEntry, runner: PolicyRunner, server_id: str,
                  batch_profile_s: dict[int, float] | None = None):
         self.entry = entry
         self.app: AppKey = manifest.app_key(entry)
         self.runner = runner
         self.scheduler: RequestScheduler = entry.scheduler.build(f"server.{entry.model_id}.scheduler")
-        # Runners without `infer_batch` serve one client per call whatever the manifest says.
+        # A runner serves at most `spec.capabilities.max_batch` clients per call whatever the manifest says.
         # `max_batch_size: auto`: the saturation point of the profile measured at start-up
         # (`batch_profile_s`, {batch size: seconds per pass}); 1 without a profile.
         self.batch_profile_s = dict(batch_profile_s or {})
@@ -94,10 +94,11 @@ class ServedModel:
             wanted = saturation_batch_size(self.batch_profile_s) if self.batch_profile_s else 1
         else:
             wanted = entry.max_batch_size
-        self.max_batch_size = wanted if can_batch(runner) else 1
+        runner_max = runner.spec.capabilities.max_batch
+        self.max_batch_size = wanted if runner_max is None else min(wanted, runner_max)
         if self.max_batch_size < wanted:
-            log.warning("%s: runner %s cannot batch; max_batch_size %d -> 1", entry.model_id,
-                        type(runner).__name__, wanted)
+            log.warning("%s: runner %s takes at most %d per call; max_batch_size %d -> %d", entry.model_id,
+                        type(runner).__name__, runner_max, wanted, self.max_batch_size)
         self.batch_sizes: deque = deque(maxlen=256)  # requests per forward pass, recent ones
         self.batch_fallbacks = 0  # batches that failed and were served one request at a time
         spec = runner.spec
@@ -109,14 +110,13 @@ class ServedModel:
                 source=manifest.source,
             )
         # Execution horizon sent with each chunk (None: not sent). Updates are captured only when the
-        # policy reads them and the runner can report them (`infer_with_info`, and for a batch
-        # `infer_batch_with_info` if it has one); otherwise the policy gets none (diffusion_confidence
-        # then vouches for the whole chunk).
+        # policy reads them and the runner can report them (`capabilities.refinement_updates`);
+        # otherwise the policy gets none (diffusion_confidence then vouches for the whole chunk).
         self.horizon: HorizonPolicy | None = entry.horizon.build()
-        self.capture_updates = bool(getattr(self.horizon, "needs_updates", False)) and callable(
-            getattr(runner, "infer_with_info", None))
+        self.capture_updates = bool(getattr(self.horizon, "needs_updates", False)) and \
+            spec.capabilities.refinement_updates
         if self.horizon is not None and getattr(self.horizon, "needs_updates", False) and not self.capture_updates:
-            log.warning("%s: runner %s exposes no denoising updates; horizon %s will send the whole chunk",
+            log.warning("%s: runner %s reports no refinement updates; horizon %s will send the whole chunk",
                         entry.model_id, type(runner).__name__, self.horizon.name)
         self.allowed: frozenset[str] | None = (
             None if entry.accept_unknown_clients else frozenset(c.client_uuid for c in entry.clients)
@@ -209,7 +209,7 @@ class PolicyServer:
         return self
 
     @staticmethod
-    def _profile(entry: ModelEntry, runner) -> dict[int, float] | None:
+    def _profile(entry: ModelEntry, runner: PolicyRunner) -> dict[int, float] | None:
         """The latency-vs-batch profile for `max_batch_size: auto` (None for a runner that cannot batch)."""
         if not can_batch(runner):
             log.warning("%s: runner %s cannot batch; max_batch_size auto -> 1", entry.model_id,
@@ -391,7 +391,8 @@ class PolicyServer:
                 self._reject(model, client_id, exc.reason, str(exc))
                 continue
             seed = (zlib.crc32(client_id.encode()) << 32) ^ (obs.seq_id & 0xFFFFFFFF)
-            requests.append((slot, InferenceRequest(client_id, state, images, obs.task, seed)))
+            request = InferenceRequest(client_id, state, images, obs.task, seed, episode_id=obs.episode_id)
+            requests.append((slot, request))
         results = self._infer(model, [r for _, r in requests])
         t_done = time.monotonic()
         with self._lock:
@@ -401,53 +402,45 @@ class PolicyServer:
         inference_ms = (t_done - t_start) * 1000
         for (slot, request), result in zip(requests, results, strict=True):
             if isinstance(result, Exception):  # a failing inference is this client's problem, not the loop's
-                self._reject(model, request.client_id, "inference_error", f"{type(result).__name__}: {result}")
+                self._reject(model, request.session_id, "inference_error", f"{type(result).__name__}: {result}")
                 continue
-            self._publish(model, request.client_id, slot, result, inference_ms, (t_start - slot.arrival_s) * 1000)
+            self._publish(model, request.session_id, slot, result, inference_ms, (t_start - slot.arrival_s) * 1000)
 
-    def _infer(self, model: ServedModel, requests: list[InferenceRequest]) -> list[np.ndarray | InferenceInfo | Exception]:
-        """One result per request: its chunk (with its denoising updates when the horizon policy needs
+    def _infer(self, model: ServedModel, requests: list[InferenceRequest]) -> list[InferenceResult | Exception]:
+        """One result per request: its chunk (with its refinement updates when the horizon policy needs
         them), or the exception its inference raised.
 
-        Several requests go through the runner's batch call (`infer_batch`, or `infer_batch_with_info`
-        when capturing updates) in one call; if that call fails, each request is run again on its own,
-        so that only the bad one fails. A runner that captures updates but has no
-        `infer_batch_with_info` is served one request at a time (`infer_with_info`).
+        Several requests go to the runner's `run` in one call; if that call fails, each request is run
+        again on its own, so that only the bad one fails.
         """
-        def one_by_one(infer) -> list[np.ndarray | InferenceInfo | Exception]:
-            out: list[np.ndarray | InferenceInfo | Exception] = []
-            for r in requests:
-                try:
-                    out.append(infer(r.client_id, r.state, r.images, r.task, seed=r.seed))
-                except Exception as exc:
-                    out.append(exc)
-            return out
+        def run(batch: list[InferenceRequest]) -> list[InferenceResult]:
+            results = list(model.runner.run(batch, capture_updates=model.capture_updates))
+            if len(results) != len(batch):
+                raise PolicyError(f"run returned {len(results)} results for {len(batch)} requests")
+            return results
 
-        if model.capture_updates:
-            infer_one, infer_many = model.runner.infer_with_info, getattr(model.runner, "infer_batch_with_info", None)
-        else:
-            infer_one, infer_many = model.runner.infer, getattr(model.runner, "infer_batch", None)
-        if len(requests) > 1 and callable(infer_many):
+        if len(requests) > 1:
             try:
-                results = list(infer_many(requests))
-                if len(results) != len(requests):
-                    raise PolicyError(f"{getattr(infer_many, '__name__', 'the batch call')} returned {len(results)} "
-                                      f"results for {len(requests)} requests")
-                return results
+                return run(requests)
             except Exception as exc:
                 model.batch_fallbacks += 1
                 if model.batch_fallbacks in (1, 10, 100) or model.batch_fallbacks % 1000 == 0:
                     log.warning("%s: batch of %d failed (%s: %s); serving it one request at a time [%d so far]",
                                 model.app.prefix, len(requests), type(exc).__name__, exc, model.batch_fallbacks)
-        return one_by_one(infer_one)
+        out: list[InferenceResult | Exception] = []
+        for r in requests:
+            try:
+                out.append(run([r])[0])
+            except Exception as exc:
+                out.append(exc)
+        return out
 
-    def _publish(self, model: ServedModel, client_id: str, slot: _Slot, result: np.ndarray | InferenceInfo,
+    def _publish(self, model: ServedModel, client_id: str, slot: _Slot, result: InferenceResult,
                  inference_ms: float, queue_ms: float) -> None:
         obs = slot.observation
         try:
-            updates = result.denoise_updates if isinstance(result, InferenceInfo) else None
-            actions = result.actions if isinstance(result, InferenceInfo) else result
-            actions = np.ascontiguousarray(np.asarray(actions)[: model.actions_per_chunk], dtype=np.float32)
+            updates = result.refinement_updates
+            actions = np.ascontiguousarray(np.asarray(result.actions)[: model.actions_per_chunk], dtype=np.float32)
             horizon = None
             if model.horizon is not None:
                 sent = updates[:, : len(actions)] if updates is not None else None
@@ -604,27 +597,3 @@ class PolicyServer:
                 for model in self.models
             }
 
-
-def load_runner(manifest: Manifest, entry: ModelEntry):
-    """Build the runner an entry asks for. Raises PolicyError/ConfigError naming the entry."""
-    if entry.synthetic is not None:
-        from lerobot_zenoh.server.synthetic import SyntheticPolicy, SyntheticPolicyConfig
-
-        syn = entry.synthetic
-        return SyntheticPolicy(SyntheticPolicyConfig(
-            state_names=tuple(f"state_{i}" for i in range(syn.state_dim)),
-            cameras={k: tuple(v) for k, v in syn.cameras.items()},
-            action_names=tuple(f"action_{i}" for i in range(syn.action_dim)),
-            chunk_size=syn.chunk_size,
-            fps=entry.fps,
-            latency_ms=syn.latency_ms,
-            batch_latency_ms=syn.batch_latency_ms,
-            confidence_from_state=syn.confidence_from_state,
-        ))
-    from lerobot_zenoh.server.policies import load_policy_runner
-
-    path = manifest.resolve_path(entry)
-    if not path.exists():
-        raise PolicyError(f"{manifest.source}: server[{entry.model_id}].pretrained_path: {path} does not exist "
-                          "(build one offline with lerobot-zenoh-build-checkpoint)")
-    return load_policy_runner(path, entry.device)
