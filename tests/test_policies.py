@@ -17,6 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from lerobot_zenoh.errors import ConfigError, PolicyError  # noqa: E402
 from lerobot_zenoh.server.runners import (  # noqa: E402
     RUNNERS,
+    BaseRunner,
     InferenceRequest,
     PolicyRunner,
     PolicySpec,
@@ -105,7 +106,7 @@ def _requests():
     return requests, streams
 
 
-def _infer(runner: PolicyRunner, req) -> np.ndarray:
+def _infer(runner: BaseRunner, req) -> np.ndarray:
     client, state, images, task, seed = req
     return runner.infer(client, state, images, task, seed=seed)
 
