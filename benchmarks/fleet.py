@@ -66,7 +66,7 @@ from lerobot_zenoh.scheduling.batch_profile import profile_batch_sizes, saturati
 from lerobot_zenoh.scheduling.request_schedulers import FifoScheduler, RoundRobinScheduler  # noqa: E402
 from lerobot_zenoh.scheduling.send_trigger import RttTracker  # noqa: E402
 from lerobot_zenoh.scheduling.wait_ratio import WaitRatioScheduler  # noqa: E402
-from lerobot_zenoh.server.synthetic import SyntheticPolicy, SyntheticPolicyConfig  # noqa: E402
+from lerobot_zenoh.server.runners.synthetic import SyntheticPolicy, SyntheticPolicyConfig  # noqa: E402
 
 FPS = fleet_traces.FPS
 DT_S = 1.0 / FPS

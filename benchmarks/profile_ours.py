@@ -47,7 +47,7 @@ MARKERS = [
     ("server: admission (_on_observation)", _fn("_on_observation")),
     ("server: _take (announce + msgpack decode of fresh slots)", _fn("_take")),
     ("server: _prepare (checks + JPEG decode)", _fn("_prepare")),
-    ("server: policy (runner.infer, subtracted from RTT)", _fn("infer")),
+    ("server: policy (runner.run, subtracted from RTT)", _fn("run", "lerobot_zenoh/server/runners")),
     ("server: publish chunk (_publish)", _fn("_publish")),
     ("server: status responder polling (Responder._run)", _fn("_run", "lerobot_zenoh/transport/session")),
     ("client: control step (_step)", _fn("_step")),

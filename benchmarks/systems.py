@@ -67,7 +67,8 @@ class OursServer:
     """`PolicyServer` from a manifest: one synthetic model per entry (app, workload, latency_ms, max_clients).
 
     Counts how many observations it msgpack-decodes and how many JPEG frames it decodes (by wrapping
-    the codec functions the server calls), and times each `runner.infer` (the policy's own time).
+    the codec functions the server calls), and times each `runner.run` (the policy's own time, given to
+    every request of the call).
     """
 
     def __init__(self, listen: list[str], models: list[dict]):
@@ -114,15 +115,17 @@ class OursServer:
         codec.decode_jpeg = counting_decode_jpeg
         self.server = PolicyServer(manifest).start()
         for model in self.server.models:
-            infer = model.runner.infer
+            run = model.runner.run
 
-            def timed(client_id, state, images, task, *, seed, _infer=infer):
+            def timed(requests, *, capture_updates=False, _run=run):
                 t0 = time.perf_counter()
-                out = _infer(client_id, state, images, task, seed=seed)
-                self.policy_ms[f"{client_id}:{seed & 0xFFFFFFFF}"] = (time.perf_counter() - t0) * 1000
+                out = _run(requests, capture_updates=capture_updates)
+                elapsed_ms = (time.perf_counter() - t0) * 1000
+                for r in requests:
+                    self.policy_ms[f"{r.session_id}:{r.seed & 0xFFFFFFFF}"] = elapsed_ms
                 return out
 
-            model.runner.infer = timed
+            model.runner.run = timed
         return {"listen": self.listen}
 
     def take_policy_ms(self) -> dict[str, float]:

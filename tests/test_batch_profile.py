@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -9,8 +11,9 @@ from lerobot_zenoh.errors import ConfigError, PolicyError
 from lerobot_zenoh.scheduling.batch_profile import profile_batch_sizes, saturation_batch_size
 from lerobot_zenoh.server.batch_profiling import measure_batch_profile
 from lerobot_zenoh.server.manifest import parse_manifest
-from lerobot_zenoh.server.server import PolicyServer
-from lerobot_zenoh.server.synthetic import SyntheticPolicy, SyntheticPolicyConfig
+from lerobot_zenoh.server.runners import InferenceResult, RunnerCapabilities
+from lerobot_zenoh.server.runners.synthetic import SyntheticPolicy, SyntheticPolicyConfig
+from lerobot_zenoh.server.server import PolicyServer, ServedModel
 from lerobot_zenoh.transport.session import ZenohSession
 from lerobot_zenoh.transport.settings import loopback_settings
 from lz_testing import wait_for
@@ -67,7 +70,7 @@ def synthetic_config(**kw):
 
 
 class FakeClockRunner(SyntheticPolicy):
-    """Each `infer_batch` advances a fake clock by the profile's latency; may fail above a size."""
+    """Each `run` advances a fake clock by the profile's latency; may fail above a size."""
 
     def __init__(self, config, fail_above: int | None = None):
         super().__init__(config)
@@ -79,13 +82,13 @@ class FakeClockRunner(SyntheticPolicy):
     def clock(self):
         return self.now_s
 
-    def infer_batch(self, requests):
+    def run(self, requests, *, capture_updates=False):
         self.calls.append(len(requests))
-        assert len({r.client_id for r in requests}) == len(requests)  # distinct clients, as the server does
+        assert len({r.session_id for r in requests}) == len(requests)  # distinct sessions, as the server does
         if self.fail_above is not None and len(requests) > self.fail_above:
             raise PolicyError("out of memory")
         self.now_s += self.latency_s(len(requests))
-        return [np.zeros((5, 2), np.float32) for _ in requests]
+        return [InferenceResult(np.zeros((5, 2), np.float32)) for _ in requests]
 
     def forget(self, client_id):
         self.forgotten.add(client_id)
@@ -109,6 +112,13 @@ def test_profile_stops_within_its_time_budget_and_at_the_first_failing_size():
     assert list(measure_batch_profile(runner, 16, clock=runner.clock)) == [1, 2, 4]
     runner = FakeClockRunner(synthetic_config(latency_ms=10), fail_above=0)
     assert measure_batch_profile(runner, 16, clock=runner.clock) == {}
+
+
+def test_profile_keeps_to_the_runners_max_batch():
+    runner = FakeClockRunner(synthetic_config(batch_latency_ms={1: 10, 16: 40}))
+    runner.spec = dataclasses.replace(runner.spec, capabilities=RunnerCapabilities(max_batch=4))
+    assert list(measure_batch_profile(runner, 16, clock=runner.clock)) == [1, 2, 4]
+    assert set(runner.calls) == {1, 2, 4}
 
 
 # -- the server ---------------------------------------------------------------------------------
@@ -154,9 +164,15 @@ def test_auto_is_bounded_by_profile_max_batch(port, app_key):
 
 
 class LoopOnlyPolicy(SyntheticPolicy):
-    """A runner without `infer_batch` (as third-party runners may be)."""
+    """A runner that takes one request per call (`capabilities.max_batch` 1), as third-party runners may."""
 
-    infer_batch = None
+    def __init__(self, config):
+        super().__init__(config)
+        self.spec = dataclasses.replace(self.spec, capabilities=RunnerCapabilities(max_batch=1))
+
+    def run(self, requests, *, capture_updates=False):
+        assert len(requests) == 1, len(requests)  # the server keeps to the declared max_batch
+        return super().run(requests, capture_updates=capture_updates)
 
 
 def test_auto_gives_one_to_a_runner_that_cannot_batch(port, app_key):
@@ -167,6 +183,13 @@ def test_auto_gives_one_to_a_runner_that_cannot_batch(port, app_key):
         metrics, _ = server.telemetry_figures(model)
         assert metrics["max_batch_size"] == 1
         assert not any(k.startswith("batch_profile.") for k in metrics)
+
+
+def test_max_batch_size_is_capped_by_the_runners_max_batch(port, app_key):
+    m = manifest(port, app_key, max_batch_size=8)
+    runner = SyntheticPolicy(synthetic_config(latency_ms=2))
+    runner.spec = dataclasses.replace(runner.spec, capabilities=RunnerCapabilities(max_batch=3))
+    assert ServedModel(m, m.server[0], runner, "gpu0").max_batch_size == 3
 
 
 def test_a_fixed_max_batch_size_is_not_profiled(port, app_key):

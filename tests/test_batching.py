@@ -1,7 +1,8 @@
-"""Cross-client batching: runners' `infer_batch`, and the server serving several clients per pass."""
+"""Cross-client batching: runners' `run` on several requests, and the server serving several clients per pass."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -12,9 +13,9 @@ from lerobot_zenoh.errors import ConfigError, PolicyError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation
 from lerobot_zenoh.server.manifest import parse_manifest
-from lerobot_zenoh.server.policies import BatchPolicyRunner, InferenceRequest
+from lerobot_zenoh.server.runners import InferenceRequest, RunnerCapabilities
+from lerobot_zenoh.server.runners.synthetic import SyntheticPolicy, SyntheticPolicyConfig, synthetic_actions
 from lerobot_zenoh.server.server import PolicyServer
-from lerobot_zenoh.server.synthetic import SyntheticPolicy, SyntheticPolicyConfig, synthetic_actions
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
 from lerobot_zenoh.transport.settings import loopback_settings
 from lz_testing import wait_for
@@ -39,15 +40,15 @@ def request(client_id, seed, rng, cameras=CAMS):
 
 def test_synthetic_batch_sleeps_once_for_the_batch_and_answers_each_request(monkeypatch):
     slept = []
-    monkeypatch.setattr("lerobot_zenoh.server.synthetic.time.sleep", slept.append)
+    monkeypatch.setattr("lerobot_zenoh.server.runners.synthetic.time.sleep", slept.append)
     policy = SyntheticPolicy(synthetic_config(batch_latency_ms={1: 60, 16: 200}))
-    assert isinstance(policy, BatchPolicyRunner)
+    assert policy.spec.capabilities.max_batch is None
     rng = np.random.default_rng(0)
     reqs = [request(f"c{i}", i, rng) for i in range(4)]
-    out = policy.infer_batch(reqs)
+    out = policy.run(reqs)
     assert slept == [pytest.approx(policy.latency_s(4))]
-    for r, chunk in zip(reqs, out, strict=True):
-        np.testing.assert_array_equal(chunk, synthetic_actions(r.state, r.images, 10, 4))
+    for r, result in zip(reqs, out, strict=True):
+        np.testing.assert_array_equal(result.actions, synthetic_actions(r.state, r.images, 10, 4))
 
 
 class FlakyPolicy(SyntheticPolicy):
@@ -57,22 +58,23 @@ class FlakyPolicy(SyntheticPolicy):
         super().__init__(config)
         self.batches: list[list[str]] = []
 
-    def infer_batch(self, requests):
-        self.batches.append([r.client_id for r in requests])
-        if any(r.client_id == "bad" for r in requests):
-            raise PolicyError("bad is in this batch")
-        return super().infer_batch(requests)
-
-    def infer(self, client_id, state, images, task, *, seed):
-        if client_id == "bad":
-            raise PolicyError("bad")
-        return super().infer(client_id, state, images, task, seed=seed)
+    def run(self, requests, *, capture_updates=False):
+        self.batches.append([r.session_id for r in requests])
+        if any(r.session_id == "bad" for r in requests):
+            raise PolicyError("bad is in this batch" if len(requests) > 1 else "bad")
+        return super().run(requests, capture_updates=capture_updates)
 
 
 class LoopOnlyPolicy(SyntheticPolicy):
-    """A runner without `infer_batch` (as third-party runners may be)."""
+    """A runner that takes one request per call (`capabilities.max_batch` 1), as third-party runners may."""
 
-    infer_batch = None
+    def __init__(self, config):
+        super().__init__(config)
+        self.spec = dataclasses.replace(self.spec, capabilities=RunnerCapabilities(max_batch=1))
+
+    def run(self, requests, *, capture_updates=False):
+        assert len(requests) == 1, len(requests)  # the server keeps to the declared max_batch
+        return super().run(requests, capture_updates=capture_updates)
 
 
 # -- the server ---------------------------------------------------------------------------------
@@ -244,7 +246,7 @@ MODEL_CAMS = {"front": (48, 64)}
 @pytest.mark.parametrize("policy_type", ["act", "diffusion"])
 def test_lerobot_batched_inference_equals_per_request(tmp_path, policy_type):
     from lerobot_zenoh.server.checkpoint import build_checkpoint
-    from lerobot_zenoh.server.policies import load_policy_runner
+    from lerobot_zenoh.server.runners import load_policy_runner
 
     path = build_checkpoint(tmp_path / policy_type, policy_type=policy_type, state_names=("s0", "s1", "s2", "s3"),
                             action_names=("a0", "a1", "a2", "a3"), cameras=MODEL_CAMS, chunk_size=8, fps=30,
@@ -255,12 +257,12 @@ def test_lerobot_batched_inference_equals_per_request(tmp_path, policy_type):
     rng = np.random.default_rng(11)
     for step in range(2):  # twice, so that Diffusion's per-client history is exercised
         reqs = [request(f"c{i}", 100 * step + i, rng, MODEL_CAMS) for i in range(5)]
-        out = batched.infer_batch(reqs)
+        out = [result.actions for result in batched.run(reqs)]
         assert len(out) == 5
         for r, chunk in zip(reqs, out, strict=True):
-            expected = alone.infer(r.client_id, r.state, r.images, r.task, seed=r.seed)
+            expected = alone.infer(r.session_id, r.state, r.images, r.task, seed=r.seed)
             assert chunk.shape == expected.shape == (8, 4) and chunk.dtype == np.float32
             np.testing.assert_allclose(chunk, expected, rtol=1e-4, atol=1e-5)
     with pytest.raises(PolicyError):
         bad = request("x", 0, rng, MODEL_CAMS)
-        batched.infer_batch([reqs[0], InferenceRequest("x", bad.state[:2], bad.images, "", 0)])
+        batched.run([reqs[0], InferenceRequest("x", bad.state[:2], bad.images, "", 0)])

@@ -14,7 +14,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from lerobot_zenoh.cli.build_checkpoint import main as cli_main  # noqa: E402
 from lerobot_zenoh.errors import ConfigError  # noqa: E402
 from lerobot_zenoh.server.checkpoint import build_checkpoint  # noqa: E402
-from lerobot_zenoh.server.policies import FEATURES_SIDECAR_NAME, PolicySpec, load_policy_runner  # noqa: E402
+from lerobot_zenoh.server.runners import PolicySpec, RunnerCapabilities, load_policy_runner  # noqa: E402
+from lerobot_zenoh.server.runners.lerobot import FEATURES_SIDECAR_NAME  # noqa: E402
 
 # Every test here builds or loads a torch model.
 pytestmark = pytest.mark.slow
@@ -62,7 +63,8 @@ def test_act_checkpoint_is_a_lerobot_checkpoint(act_checkpoint):
     assert config.type == "act" and config.pretrained_backbone_weights is None
     assert (config.chunk_size, config.n_action_steps, config.dim_model) == (10, 10, 32)
     runner = load_policy_runner(act_checkpoint)
-    assert runner.spec == PolicySpec("act", ("a", "b", "c"), CAMERAS, ("a", "b", "c"), chunk_size=10, fps=25)
+    assert runner.spec == PolicySpec("act", ("a", "b", "c"), CAMERAS, ("a", "b", "c"), chunk_size=10, fps=25,
+                                     capabilities=RunnerCapabilities(max_batch=None))
     runner.warmup()
 
 
@@ -158,7 +160,8 @@ def test_cli_builds_and_prints_path(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == str(out)
     spec = load_policy_runner(out).spec
     actions = ("action_0", "action_1", "action_2")
-    assert spec == PolicySpec("act", ("j0", "j1"), {"top": (32, 40)}, actions, chunk_size=5, fps=15)
+    assert spec == PolicySpec("act", ("j0", "j1"), {"top": (32, 40)}, actions, chunk_size=5, fps=15,
+                              capabilities=RunnerCapabilities(max_batch=None))
 
 
 @pytest.mark.parametrize(

@@ -22,10 +22,9 @@ from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation  # noqa: 
 from lerobot_zenoh.scheduling.action_buffer import ActionBuffer  # noqa: E402
 from lerobot_zenoh.scheduling.horizon import DiffusionConfidenceHorizon  # noqa: E402
 from lerobot_zenoh.server.manifest import parse_manifest  # noqa: E402
-from lerobot_zenoh.server.policies import InfoPolicyRunner, load_policy_runner  # noqa: E402
-from lerobot_zenoh.server.policies import InferenceInfo, InferenceRequest  # noqa: E402
+from lerobot_zenoh.server.runners import InferenceRequest, InferenceResult, load_policy_runner  # noqa: E402
 from lerobot_zenoh.server.server import PolicyServer, ServedModel  # noqa: E402
-from lerobot_zenoh.server.synthetic import (  # noqa: E402
+from lerobot_zenoh.server.runners.synthetic import (  # noqa: E402
     SyntheticPolicy,
     SyntheticPolicyConfig,
     synthetic_actions,
@@ -102,28 +101,28 @@ def test_diffusion_updates_come_from_the_real_loop_and_leave_the_sample_unchange
     import torch
 
     runner = load_policy_runner(diffusion_checkpoint)
-    assert isinstance(runner, InfoPolicyRunner)
+    assert runner.spec.capabilities.refinement_updates
     rng = np.random.default_rng(3)
     stream = [observation(rng) for _ in range(3)]
     for i, (state, images) in enumerate(stream):
         seed = 100 + i
         plain = runner.infer("plain", state, images, "t", seed=seed)
-        info = runner.infer_with_info("captured", state, images, "t", seed=seed)
+        [info] = runner.run([InferenceRequest("captured", state, images, "t", seed)], capture_updates=True)
         np.testing.assert_array_equal(info.actions, plain)  # bit for bit: capturing changes nothing
-        assert info.denoise_updates.shape == (STEPS, CHUNK, len(ACTION_NAMES))
-        assert np.isfinite(info.denoise_updates).all() and np.abs(info.denoise_updates).sum() > 0
+        assert info.refinement_updates.shape == (STEPS, CHUNK, len(ACTION_NAMES))
+        assert np.isfinite(info.refinement_updates).all() and np.abs(info.refinement_updates).sum() > 0
         # The updates are the loop's own: initial noise + all updates = the final (normalized) sample.
         cfg = runner.policy.config
         noise = torch.randn((1, cfg.horizon, len(ACTION_NAMES)), generator=torch.Generator().manual_seed(seed))
         start = cfg.n_obs_steps - 1
-        final = noise[0, start:start + CHUNK].numpy() + info.denoise_updates.sum(axis=0)
+        final = noise[0, start:start + CHUNK].numpy() + info.refinement_updates.sum(axis=0)
         with torch.inference_mode():
             unnormalized = runner.postprocessor(torch.from_numpy(final)[None]).numpy()[0]
         np.testing.assert_allclose(unnormalized, plain, rtol=1e-4, atol=1e-4)
         assert "step" not in vars(runner.policy.diffusion.noise_scheduler)  # the wrapper is gone afterwards
         # H as the pure policy computes it from these updates, within [h_min, chunk].
         for threshold, h_min in ((0.0, 1), (0.4, 2), (10.0, 3)):
-            h = DiffusionConfidenceHorizon(threshold, h_min).horizon(CHUNK, info.denoise_updates)
+            h = DiffusionConfidenceHorizon(threshold, h_min).horizon(CHUNK, info.refinement_updates)
             assert h_min <= h <= CHUNK
 
 
@@ -131,26 +130,24 @@ def test_diffusion_updates_come_from_the_real_loop_and_leave_the_sample_unchange
 
 
 class RecordingRunner:
-    """The real runner, keeping what each `infer_with_info` returned (by seed)."""
+    """The real runner, keeping what each `run` that captured updates returned (by seed)."""
 
     def __init__(self, runner):
         self._runner = runner
         self.spec = runner.spec
-        self.infos: dict[int, object] = {}
+        self.infos: dict[int, InferenceResult] = {}
 
     def warmup(self):
         self._runner.warmup()
 
-    def forget(self, client_id):
-        self._runner.forget(client_id)
+    def forget(self, session_id):
+        self._runner.forget(session_id)
 
-    def infer(self, *a, **kw):
-        return self._runner.infer(*a, **kw)
-
-    def infer_with_info(self, client_id, state, images, task, *, seed):
-        info = self._runner.infer_with_info(client_id, state, images, task, seed=seed)
-        self.infos[seed] = info
-        return info
+    def run(self, requests, *, capture_updates=False):
+        results = self._runner.run(requests, capture_updates=capture_updates)
+        if capture_updates:
+            self.infos.update((r.seed, result) for r, result in zip(requests, results, strict=True))
+        return results
 
 
 def test_server_sends_the_horizon_the_policy_computes_from_the_captured_updates(
@@ -190,7 +187,7 @@ def test_server_sends_the_horizon_the_policy_computes_from_the_captured_updates(
         info = runner.infos[seed]
         np.testing.assert_array_equal(chunk.actions, info.actions)
         assert chunk.execution_horizon is not None and h_min <= chunk.execution_horizon <= CHUNK
-        assert chunk.execution_horizon == policy.horizon(CHUNK, info.denoise_updates)
+        assert chunk.execution_horizon == policy.horizon(CHUNK, info.refinement_updates)
 
 
 # -- the synthetic policy's simulated confidence ---------------------------------------------------
@@ -213,15 +210,16 @@ def test_synthetic_updates_trust_round_state_actions(value, threshold, h_min):
 def test_synthetic_policy_reports_updates_only_with_confidence_from_state():
     names = dict(state_names=("a", "b"), cameras={}, action_names=("x",), chunk_size=CHUNK)
     plain = SyntheticPolicy(SyntheticPolicyConfig(**names))
-    assert isinstance(plain, InfoPolicyRunner)
+    assert not plain.spec.capabilities.refinement_updates
     state = np.array([3.0, 0.0], np.float32)
-    info = plain.infer_with_info("c", state, {}, "", seed=0)
-    assert info.denoise_updates is None
+    [info] = plain.run([InferenceRequest("c", state, {}, "", 0)], capture_updates=True)  # ignored: cannot
+    assert info.refinement_updates is None
     np.testing.assert_array_equal(info.actions, plain.infer("c", state, {}, "", seed=0))
     policy = SyntheticPolicy(SyntheticPolicyConfig(**names, confidence_from_state=0))
-    info = policy.infer_with_info("c", state, {}, "", seed=0)
+    assert policy.spec.capabilities.refinement_updates
+    [info] = policy.run([InferenceRequest("c", state, {}, "", 0)], capture_updates=True)
     np.testing.assert_array_equal(info.actions, synthetic_actions(state, {}, CHUNK, 1))
-    assert DiffusionConfidenceHorizon(0.4).horizon(CHUNK, info.denoise_updates) == 3
+    assert DiffusionConfidenceHorizon(0.4).horizon(CHUNK, info.refinement_updates) == 3
     with pytest.raises(ConfigError) as err:
         SyntheticPolicyConfig(**names, confidence_from_state=2)
     assert err.value.field == "confidence_from_state"
@@ -229,13 +227,13 @@ def test_synthetic_policy_reports_updates_only_with_confidence_from_state():
 
 def test_synthetic_batch_with_info_sleeps_once(monkeypatch):
     slept = []
-    monkeypatch.setattr("lerobot_zenoh.server.synthetic.time.sleep", slept.append)
+    monkeypatch.setattr("lerobot_zenoh.server.runners.synthetic.time.sleep", slept.append)
     policy = SyntheticPolicy(SyntheticPolicyConfig(("a",), {}, ("x",), CHUNK, batch_latency_ms={1: 10, 4: 16},
                                                    confidence_from_state=0))
     reqs = [InferenceRequest(f"c{i}", np.array([float(i + 1)], np.float32), {}, "", i) for i in range(3)]
-    infos = policy.infer_batch_with_info(reqs)
+    infos = policy.run(reqs, capture_updates=True)
     assert slept == [pytest.approx(policy.latency_s(3))]
-    assert [DiffusionConfidenceHorizon(0.4).horizon(CHUNK, i.denoise_updates) for i in infos] == [1, 2, 3]
+    assert [DiffusionConfidenceHorizon(0.4).horizon(CHUNK, i.refinement_updates) for i in infos] == [1, 2, 3]
 
 
 def test_manifest_confidence_from_state_must_be_a_state_index():
@@ -248,29 +246,24 @@ def test_manifest_confidence_from_state_must_be_a_state_index():
 
 
 class _FailsWithBad(SyntheticPolicy):
-    def infer_batch_with_info(self, requests):
-        if any(r.client_id == "bad" for r in requests):
-            raise RuntimeError("bad is in this batch")
-        return super().infer_batch_with_info(requests)
-
-    def infer_with_info(self, client_id, state, images, task, *, seed):
-        if client_id == "bad":
-            raise RuntimeError("bad")
-        return super().infer_with_info(client_id, state, images, task, seed=seed)
+    def run(self, requests, *, capture_updates=False):
+        if any(r.session_id == "bad" for r in requests):
+            raise RuntimeError("bad is in this batch" if len(requests) > 1 else "bad")
+        return super().run(requests, capture_updates=capture_updates)
 
 
 def test_a_failing_batch_with_info_is_served_again_one_by_one():
     manifest = parse_manifest(entry_dict(horizon={"type": "diffusion_confidence", "h_min": 1}, max_batch_size=4))
     runner = _FailsWithBad(SyntheticPolicyConfig(("a",), {}, ("x",), CHUNK, confidence_from_state=0))
     model = ServedModel(manifest, manifest.server[0], runner, "gpu0")
-    assert model.capture_updates and model.max_batch_size == 4
+    executor = model.executor
+    assert executor.capture_updates and model.max_batch_size == 4
     reqs = [InferenceRequest(c, np.array([v], np.float32), {}, "", 0) for c, v in (("r1", 2), ("bad", 3), ("r2", 6))]
-    server = PolicyServer(manifest)
-    out = server._infer(model, reqs)
-    assert model.batch_fallbacks == 1 and isinstance(out[1], RuntimeError)
-    assert [model.horizon.horizon(CHUNK, out[i].denoise_updates) for i in (0, 2)] == [2, 6]
-    out = server._infer(model, [reqs[0], reqs[2]])  # a good batch: one call, no fallback
-    assert model.batch_fallbacks == 1 and all(isinstance(o, InferenceInfo) for o in out)
+    out = executor.infer(reqs)
+    assert executor.batch_fallbacks == 1 and isinstance(out[1], RuntimeError)
+    assert [executor.horizon.horizon(CHUNK, out[i].refinement_updates) for i in (0, 2)] == [2, 6]
+    out = executor.infer([reqs[0], reqs[2]])  # a good batch: one call, no fallback
+    assert executor.batch_fallbacks == 1 and all(isinstance(o, InferenceResult) for o in out)
 
 
 SYN_CHUNK = 10
@@ -279,15 +272,16 @@ SYN_CAMS = {"front": (24, 32)}
 
 def test_server_batches_clients_and_sends_each_the_horizon_its_state_asks_for(port, app_key, monkeypatch):
     """confidence_from_state: 0 on the synthetic model: each client's H = round(state[0]) (clipped, >= h_min),
-    computed from the updates of one `infer_batch_with_info` call shared by several clients."""
+    computed from the updates of one capturing `run` call shared by several clients."""
     calls: list[list[str]] = []
-    batch_with_info = SyntheticPolicy.infer_batch_with_info
+    run = SyntheticPolicy.run
 
-    def recording(self, requests):
-        calls.append([r.client_id for r in requests])
-        return batch_with_info(self, requests)
+    def recording(self, requests, *, capture_updates=False):
+        if capture_updates:
+            calls.append([r.session_id for r in requests])
+        return run(self, requests, capture_updates=capture_updates)
 
-    monkeypatch.setattr(SyntheticPolicy, "infer_batch_with_info", recording)
+    monkeypatch.setattr(SyntheticPolicy, "run", recording)
     h_min = 2
     manifest = parse_manifest({
         "cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": "gpu0",
@@ -323,7 +317,7 @@ def test_server_batches_clients_and_sends_each_the_horizon_its_state_asks_for(po
                     pubs[cid].put(codec.encode(Observation(seq_id, cid, state, jpegs, "task")))
                 wait_for(answered, 1.0)
         model = server.models[0]
-        assert model.capture_updates and model.batch_fallbacks == 0
+        assert model.executor.capture_updates and model.executor.batch_fallbacks == 0
     assert any(len(call) > 1 for call in calls), calls  # several clients in one pass
     for cid, value in trust.items():
         assert chunks[cid]

@@ -15,13 +15,17 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from lerobot_zenoh.errors import ConfigError, PolicyError  # noqa: E402
-from lerobot_zenoh.server.policies import (  # noqa: E402
-    FEATURES_SIDECAR_NAME,
+from lerobot_zenoh.server.runners import (  # noqa: E402
+    RUNNERS,
+    BaseRunner,
+    InferenceRequest,
     PolicyRunner,
     PolicySpec,
+    RunnerCapabilities,
     load_policy_runner,
 )
-from lerobot_zenoh.server.synthetic import (  # noqa: E402
+from lerobot_zenoh.server.runners.lerobot import FEATURES_SIDECAR_NAME  # noqa: E402
+from lerobot_zenoh.server.runners.synthetic import (  # noqa: E402
     SyntheticPolicy,
     SyntheticPolicyConfig,
     synthetic_actions,
@@ -102,7 +106,7 @@ def _requests():
     return requests, streams
 
 
-def _infer(runner: PolicyRunner, req) -> np.ndarray:
+def _infer(runner: BaseRunner, req) -> np.ndarray:
     client, state, images, task, seed = req
     return runner.infer(client, state, images, task, seed=seed)
 
@@ -175,6 +179,18 @@ def test_synthetic_without_cameras_and_bad_inputs():
         policy.infer("A", np.zeros(1, np.float32), {"front": np.zeros((2, 2, 3), np.uint8)}, "", seed=0)
 
 
+def test_synthetic_declares_what_it_can_do_and_runs_one_result_per_request():
+    plain = SyntheticPolicy(SyntheticPolicyConfig(("x",), {}, ("a",), 2))
+    assert plain.spec.capabilities == RunnerCapabilities(max_batch=None)
+    policy = SyntheticPolicy(SyntheticPolicyConfig(("x",), {}, ("a",), 2, confidence_from_state=0))
+    assert policy.spec.capabilities == RunnerCapabilities(max_batch=None, refinement_updates=True)
+    reqs = [InferenceRequest(f"s{i}", np.array([float(i)], np.float32), {}, "", i) for i in range(3)]
+    results = policy.run(reqs)  # without capture_updates: no updates
+    assert len(results) == 3 and all(r.refinement_updates is None for r in results)
+    for req, result in zip(reqs, results, strict=True):
+        assert np.array_equal(result.actions, policy.infer(req.session_id, req.state, {}, "", seed=req.seed))
+
+
 def test_synthetic_latency_profile():
     base = (("x",), {}, ("a",), 1)
     assert SyntheticPolicy(SyntheticPolicyConfig(*base, latency_ms=20)).latency_s(8) == pytest.approx(0.02)
@@ -195,7 +211,7 @@ def test_synthetic_latency_profile():
 def test_synthetic_module_does_not_import_torch():
     code = (
         "import sys, numpy as np\n"
-        "from lerobot_zenoh.server.synthetic import SyntheticPolicy, SyntheticPolicyConfig\n"
+        "from lerobot_zenoh.server.runners.synthetic import SyntheticPolicy, SyntheticPolicyConfig\n"
         "p = SyntheticPolicy(SyntheticPolicyConfig(('x',), {'c': (2, 2)}, ('a',), 3))\n"
         "p.warmup(); p.spec.observation_features()\n"
         "assert 'torch' not in sys.modules and 'lerobot' not in sys.modules, 'torch imported'\n"
@@ -207,10 +223,15 @@ def test_synthetic_module_does_not_import_torch():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("policy_type", "chunk"), [("act", ACT_CHUNK), ("diffusion", DIFFUSION_CHUNK)])
-def test_load_gives_spec_from_config_and_sidecar(checkpoints, policy_type, chunk):
+@pytest.mark.parametrize(("policy_type", "chunk", "capabilities"), [
+    ("act", ACT_CHUNK, RunnerCapabilities(max_batch=None)),
+    ("diffusion", DIFFUSION_CHUNK, RunnerCapabilities(max_batch=None, history_length=2, refinement_updates=True)),
+])
+def test_load_gives_spec_from_config_and_sidecar(checkpoints, policy_type, chunk, capabilities):
     runner = load_policy_runner(checkpoints[policy_type])
-    expected = PolicySpec(policy_type, STATE_NAMES, CAMERAS, ACTION_NAMES, chunk_size=chunk, fps=30)
+    assert type(runner) is RUNNERS[policy_type]
+    expected = PolicySpec(policy_type, STATE_NAMES, CAMERAS, ACTION_NAMES, chunk_size=chunk, fps=30,
+                          capabilities=capabilities)
     assert runner.spec == expected
     runner.warmup()
 
@@ -333,6 +354,15 @@ def test_missing_path_raises_policy_error(tmp_path):
         load_policy_runner(missing)
     with pytest.raises(PolicyError, match="config.json"):
         load_policy_runner(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_policy_type_without_a_runner_is_refused_naming_path_type_and_supported(checkpoints, monkeypatch):
+    monkeypatch.delitem(RUNNERS, "act")
+    with pytest.raises(PolicyError) as info:
+        load_policy_runner(checkpoints["act"])
+    message = str(info.value)
+    assert str(checkpoints["act"]) in message and "'act'" in message and "supported: diffusion" in message
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import Observation
 from lerobot_zenoh.server.manifest import load_manifest, parse_manifest
 from lerobot_zenoh.server.server import PolicyServer
-from lerobot_zenoh.server.synthetic import synthetic_actions
+from lerobot_zenoh.server.runners.synthetic import synthetic_actions
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
 from lerobot_zenoh.transport.settings import loopback_settings
 from lz_testing import wait_for

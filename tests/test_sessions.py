@@ -176,7 +176,7 @@ def test_replays_are_dropped_and_a_restarted_client_is_served(port, app_key):
 
 
 TINY_DIFFUSION = {"down_dims": (32, 64), "num_inference_steps": 3, "spatial_softmax_num_keypoints": 8,
-                  "diffusion_step_embed_dim": 32, "crop_shape": (28, 28), "n_obs_steps": 2}
+                  "diffusion_step_embed_dim": 32, "crop_shape": (40, 56), "n_obs_steps": 2}
 
 
 @pytest.mark.slow
@@ -184,7 +184,7 @@ def test_diffusion_history_is_empty_at_the_start_of_the_second_episode(port, app
     from lerobot_zenoh.server.checkpoint import build_checkpoint
     from lerobot_zenoh.server.runners import load_policy_runner
 
-    cams = {"front": (32, 32)}
+    cams = {"front": (48, 64)}
     path = build_checkpoint(tmp_path / "diffusion", policy_type="diffusion",
                             state_names=[f"j{i}" for i in range(6)], action_names=[f"a{i}" for i in range(6)],
                             cameras=cams, chunk_size=8, fps=30, overrides=TINY_DIFFUSION, seed=3)
@@ -195,7 +195,7 @@ def test_diffusion_history_is_empty_at_the_start_of_the_second_episode(port, app
         wait_serving(session, app_key)
         robot = Robot(session, app_key, "robot", cameras=cams)
         rng = np.random.default_rng(0)
-        frames = [({"front": codec.encode_jpeg(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8), 95)},
+        frames = [({"front": codec.encode_jpeg(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8), 95)},
                    rng.normal(size=6).astype(np.float32)) for _ in range(2)]
         (img_a, state_a), (img_b, state_b) = frames
         assert robot.request(1, episode="0", state=state_a, images=img_a) is not None

@@ -13,7 +13,8 @@ about one chunk to ``H``; the server sends it as ``ActionChunk.execution_horizon
   dropped: the robot executes in order), and at least ``h_min``.
 
 Pure functions of their inputs (numpy only). Wiring: the manifest's ``horizon`` entry picks the
-policy, the Diffusion runner's `infer_with_info` captures the updates, the server sends ``H`` in
+policy, the Diffusion runner captures the updates (``run(..., capture_updates=True)``, returned as
+``InferenceResult.refinement_updates``), the server sends ``H`` in
 ``ActionChunk.execution_horizon``, and the client executes at most ``H`` actions of the chunk
 (docs/scheduling.md, "Execution horizon").
 """

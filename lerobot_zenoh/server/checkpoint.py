@@ -20,15 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from lerobot_zenoh.errors import ConfigError
-from lerobot_zenoh.server.policies import (
-    ACTION_KEY,
-    FEATURES_SIDECAR_NAME,
-    FEATURES_SIDECAR_VERSION,
-    OBS_IMAGES_PREFIX,
-    OBS_STATE_KEY,
-    SUPPORTED_POLICY_TYPES,
-    PolicySpec,
-)
+from lerobot_zenoh.server.runners.base import OBS_IMAGES_PREFIX, OBS_STATE_KEY, PolicySpec
+from lerobot_zenoh.server.runners.lerobot import ACTION_KEY, FEATURES_SIDECAR_NAME, FEATURES_SIDECAR_VERSION
 
 # Architecture defaults on top of LeRobot's config defaults, chosen so that a 2-core CPU answers a
 # chunk for 2 cameras of 96x128 in roughly 50-150 ms (see docs/policies.md for measurements).
@@ -75,8 +68,8 @@ def build_checkpoint(
     replaced when it holds a checkpoint (``config.json``). Bad arguments raise `ConfigError` naming
     the argument.
     """
-    if policy_type not in SUPPORTED_POLICY_TYPES:
-        choices = ", ".join(SUPPORTED_POLICY_TYPES)
+    if policy_type not in DEMO_OVERRIDES:
+        choices = ", ".join(DEMO_OVERRIDES)
         raise ConfigError("policy_type", f"{policy_type!r} is not supported (choose from {choices})")
     spec = PolicySpec(
         policy_type=policy_type,

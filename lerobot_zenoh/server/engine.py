@@ -341,6 +341,8 @@ class Engine:
 
     def _count_rejection(self, session: Session, reason: str, now_s: float) -> int:
         session.stats.rejected[reason] += 1
-        if reason != "publish_error":
+        # Neither a failed publish nor a replay is the client's bad input: a duplicate costs one
+        # MessagePack decode, and a client restarting after one must not find itself cooled down.
+        if reason not in ("publish_error", REPLAYED):
             self.rate_limit.on_rejection(session.client_id, now_s)
         return sum(session.stats.rejected.values())

@@ -200,7 +200,7 @@ class ModelEntry(_Strict):
     # Most clients served in one forward pass (1 = no cross-client batching): a number, or `auto` to
     # measure the latency-vs-batch profile on the serving hardware at start-up (sizes 1, 2, 4, ... up
     # to `profile_max_batch`, within `profile_budget_s`) and take its saturation point
-    # (docs/scheduling.md). Runners without `infer_batch` serve one at a time either way.
+    # (docs/scheduling.md). A runner never gets more than its `capabilities.max_batch` either way.
     max_batch_size: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = 1
     profile_max_batch: int = Field(16, ge=1, le=256)
     profile_budget_s: float = Field(10.0, gt=0)

@@ -4,7 +4,7 @@ It stands in for a model wherever weights or a GPU are missing (tests, benchmark
 of the schedulers). Its chunk is `synthetic_actions(...)`, a pure function that tests can evaluate on
 their own to check, end to end, that a chunk answers the observation it was computed from.
 
-With `confidence_from_state` it also fakes the denoising updates a diffusion model exposes
+With `confidence_from_state` it also fakes the refinement (denoising) updates a diffusion model exposes
 (`synthetic_denoise_updates`), so that the `diffusion_confidence` execution horizon can be driven end
 to end without torch. This is a simulation knob: the robot (or benchmark) says in its own state how far
 the chunk can be trusted; a real model derives that from its own sampling.
@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lerobot_zenoh.errors import ConfigError, PolicyError
-from lerobot_zenoh.server.policies import (
-    InferenceInfo,
+from lerobot_zenoh.server.runners.base import (
+    BaseRunner,
     InferenceRequest,
+    InferenceResult,
     PolicySpec,
+    RunnerCapabilities,
     check_observation,
-    dummy_observation,
 )
 
 #: Denoising steps of the faked updates (`synthetic_denoise_updates`).
@@ -80,9 +81,10 @@ def synthetic_denoise_updates(
 class SyntheticPolicyConfig:
     """Shape of the synthetic policy and its simulated inference time.
 
-    `latency_ms` is the time one `infer` sleeps. `batch_latency_ms` optionally profiles batched
-    inference ({batch size: ms per batch}); see `SyntheticPolicy.latency_s`. `confidence_from_state`
-    (a state index, or None) makes `infer_with_info` report denoising updates that trust the first
+    `latency_ms` is the time one `run` on one request sleeps. `batch_latency_ms` optionally profiles
+    batched inference ({batch size: ms per batch}); see `SyntheticPolicy.latency_s`.
+    `confidence_from_state` (a state index, or None) makes the policy declare refinement updates and
+    report, when asked (``run(..., capture_updates=True)``), updates that trust the first
     ``round(state[index])`` actions (`synthetic_denoise_updates`).
     """
 
@@ -113,12 +115,12 @@ class SyntheticPolicyConfig:
                     raise ConfigError(f"batch_latency_ms.{size}", f"must be a number >= 0, got {ms!r}")
 
 
-class SyntheticPolicy:
+class SyntheticPolicy(BaseRunner):
     """A `PolicyRunner` returning `synthetic_actions` after sleeping the configured latency.
 
-    Stateless across calls, hence pure across clients; `seed` is accepted and ignored. Also a
-    `BatchPolicyRunner` and an `InfoPolicyRunner`; the `*_with_info` calls carry denoising updates
-    only with `config.confidence_from_state` (otherwise ``None``).
+    Stateless across calls, hence pure across sessions; `seed` and the task are accepted and ignored.
+    Takes any number of requests per `run` (one sleep of `latency_s(n)` for the call). Declares
+    refinement updates only with `config.confidence_from_state`, and reports them only when asked.
     """
 
     def __init__(self, config: SyntheticPolicyConfig):
@@ -130,6 +132,8 @@ class SyntheticPolicy:
             action_names=config.action_names,
             chunk_size=config.chunk_size,
             fps=config.fps,
+            capabilities=RunnerCapabilities(
+                max_batch=None, refinement_updates=config.confidence_from_state is not None),
         )
         profile = sorted((config.batch_latency_ms or {}).items())
         self._profile_sizes = [size for size, _ in profile]
@@ -155,62 +159,27 @@ class SyntheticPolicy:
         x0, x1, y0, y1 = sizes[i - 1], sizes[i], ms[i - 1], ms[i]
         return max(0.0, y0 + (y1 - y0) * (batch_size - x0) / (x1 - x0)) / 1000.0
 
-    def warmup(self) -> None:
-        state, images = dummy_observation(self.spec)
-        self.infer("", state, images, "", seed=0)
+    def run(
+        self, requests: Sequence[InferenceRequest], *, capture_updates: bool = False
+    ) -> list[InferenceResult]:
+        """Every request's `synthetic_actions` (and, when capturing with `confidence_from_state`, its
+        faked updates), after checking them all and one sleep of `latency_s(len(requests))`.
 
-    def infer(
-        self,
-        client_id: str,
-        state: np.ndarray,
-        images: dict[str, np.ndarray],
-        task: str,
-        *,
-        seed: int,
-    ) -> np.ndarray:
-        self._simulate([(state, images)])
-        return synthetic_actions(state, images, self.spec.chunk_size, self.spec.action_dim)
-
-    def infer_with_info(
-        self,
-        client_id: str,
-        state: np.ndarray,
-        images: dict[str, np.ndarray],
-        task: str,
-        *,
-        seed: int,
-    ) -> InferenceInfo:
-        """`infer`'s chunk with the faked denoising updates (None without `confidence_from_state`)."""
-        self._simulate([(state, images)])
-        return self._info(state, images)
-
-    def infer_batch(self, requests: Sequence[InferenceRequest]) -> list[np.ndarray]:
-        """Every request's `synthetic_actions`, after one sleep of `latency_s(len(requests))`.
-
-        This is what makes the latency profile a batching model: a batch of 16 costs what the profile
-        says, not 16 single calls.
+        The single sleep is what makes the latency profile a batching model: a batch of 16 costs what
+        the profile says, not 16 single calls.
         """
-        self._simulate([(r.state, r.images) for r in requests])
-        return [synthetic_actions(r.state, r.images, self.spec.chunk_size, self.spec.action_dim) for r in requests]
-
-    def infer_batch_with_info(self, requests: Sequence[InferenceRequest]) -> list[InferenceInfo]:
-        """`infer_with_info` for every request, after one sleep of `latency_s(len(requests))`."""
-        self._simulate([(r.state, r.images) for r in requests])
-        return [self._info(r.state, r.images) for r in requests]
-
-    def _simulate(self, observations: list[tuple[np.ndarray, dict[str, np.ndarray]]]) -> None:
-        """Check every observation (PolicyError), then sleep once for the whole call."""
-        for state, images in observations:
-            check_observation(self.spec, state, images)
-        delay_s = self.latency_s(len(observations)) if observations else 0.0
-        if delay_s > 0:
-            time.sleep(delay_s)
-
-    def _info(self, state: np.ndarray, images: dict[str, np.ndarray]) -> InferenceInfo:
+        for r in requests:
+            check_observation(self.spec, r.state, r.images)
+        if requests:
+            delay_s = self.latency_s(len(requests))
+            if delay_s > 0:
+                time.sleep(delay_s)
         chunk, dim = self.spec.chunk_size, self.spec.action_dim
-        index = self.config.confidence_from_state
-        updates = None if index is None else synthetic_denoise_updates(state, index, chunk, dim)
-        return InferenceInfo(synthetic_actions(state, images, chunk, dim), updates)
-
-    def forget(self, client_id: str) -> None:
-        """Nothing to forget."""
+        index = self.config.confidence_from_state if capture_updates else None
+        return [
+            InferenceResult(
+                synthetic_actions(r.state, r.images, chunk, dim),
+                None if index is None else synthetic_denoise_updates(r.state, index, chunk, dim),
+            )
+            for r in requests
+        ]

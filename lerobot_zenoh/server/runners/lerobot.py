@@ -1,0 +1,284 @@
+"""What every LeRobot policy family shares: reading a checkpoint folder, deriving the spec, and
+feeding an observation through the checkpoint's own pre- and post-processors.
+
+A family (act.py, diffusion.py, ...) is a `LeRobotRunner` subclass that says how long its chunk is
+and what it can do (`chunk_size_for`, `capabilities_for`) and implements `_chunk` (a preprocessed
+batch in, a normalized chunk out); `runners/__init__.py` maps LeRobot's policy type to it.
+
+Checkpoints are served exactly as LeRobot's own rollout feeds them (`SyncInferenceEngine`):
+``build_dataset_frame`` -> ``prepare_observation_for_inference`` -> saved preprocessor -> model ->
+saved postprocessor, except that the model is asked for a whole chunk (``predict_action_chunk``),
+never for one action (``select_action`` keeps per-episode queues inside the shared model).
+
+torch and lerobot are imported on first use, not at import time: importing the runner registry (as
+the torch-free synthetic policy does) must not pay for them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from lerobot_zenoh.errors import ConfigError, PolicyError
+from lerobot_zenoh.server.runners.base import (
+    OBS_IMAGES_PREFIX,
+    OBS_STATE_KEY,
+    BaseRunner,
+    InferenceRequest,
+    InferenceResult,
+    PolicySpec,
+    RunnerCapabilities,
+    check_observation,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+# Written next to a checkpoint by `lerobot_zenoh.server.checkpoint.build_checkpoint`; a LeRobot
+# config stores feature shapes but not the joint names or the control rate.
+FEATURES_SIDECAR_NAME = "lerobot_zenoh_features.json"
+FEATURES_SIDECAR_VERSION = 1
+
+ACTION_KEY = "action"
+
+
+def read_config(path: Path) -> Any:
+    """The LeRobot config (``PreTrainedConfig``) of a local checkpoint folder; `PolicyError` naming
+    the path when the folder or its ``config.json`` is missing or unreadable."""
+    if not path.is_dir():
+        raise PolicyError(f"{path}: checkpoint folder does not exist (download hub checkpoints first)")
+    if not (path / "config.json").is_file():
+        raise PolicyError(f"{path}: no config.json; not a LeRobot policy checkpoint")
+    try:
+        from lerobot.configs import PreTrainedConfig
+    except ImportError as exc:  # pragma: no cover - depends on the installation
+        raise PolicyError(f"cannot import lerobot to load {path}: {exc}") from exc
+    try:
+        return PreTrainedConfig.from_pretrained(path, local_files_only=True)
+    except Exception as exc:  # draccus/json/type errors: all mean "unreadable config"
+        raise PolicyError(f"{path}: cannot read policy config: {exc}") from exc
+
+
+class LeRobotRunner(BaseRunner):
+    """A LeRobot checkpoint behind the runner seam: shared loading and pre/post-processing.
+
+    Subclasses implement `_chunk` (normalized in, ``(1, T, action_dim)`` normalized out) and may
+    override `chunk_size_for`, `capabilities_for`, `forget` and `run` (to share a forward pass).
+    The default `run` serves its requests one after another; when ``capture_updates`` is set and the
+    family declares ``refinement_updates``, `_chunk` is handed a list to append each refinement step's
+    ``(T, action_dim)`` update to.
+    """
+
+    def __init__(self, spec: PolicySpec, policy: Any, preprocessor: Any, postprocessor: Any,
+                 device: torch.device, path: Path):
+        self.spec = spec
+        self.policy = policy
+        self.preprocessor = preprocessor
+        self.postprocessor = postprocessor
+        self.device = device
+        self.path = path
+        self._features = spec.observation_features()
+
+    # -- what a family declares ------------------------------------------------------------------
+
+    @classmethod
+    def chunk_size_for(cls, config: Any) -> int:
+        """Actions per chunk for this config (LeRobot's ``n_action_steps`` by default)."""
+        return int(config.n_action_steps)
+
+    @classmethod
+    def capabilities_for(cls, config: Any) -> RunnerCapabilities:
+        """What this family's runner can do with this config (one request at a time by default)."""
+        return RunnerCapabilities()
+
+    # -- loading -----------------------------------------------------------------------------------
+
+    @classmethod
+    def from_checkpoint(cls, path: Path, config: Any, device: str = "cpu") -> LeRobotRunner:
+        """Load the checkpoint folder `path` whose config `read_config` returned, on `device`.
+
+        The folder must hold what ``policy.save_pretrained`` + ``preprocessor/postprocessor.save_pretrained``
+        write (``config.json``, ``model.safetensors``, ``policy_preprocessor.json``,
+        ``policy_postprocessor.json`` and their normalizer stats). Raises `PolicyError` naming the path.
+        """
+        try:
+            import torch
+
+            from lerobot.policies import get_policy_class, make_pre_post_processors
+        except ImportError as exc:  # pragma: no cover - depends on the installation
+            raise PolicyError(f"cannot import torch/lerobot to load {path}: {exc}") from exc
+        try:
+            torch_device = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise PolicyError(f"{path}: invalid device {device!r}: {exc}") from exc
+        config.device = torch_device.type
+        spec = _spec_from_config(path, config, cls.chunk_size_for(config), cls.capabilities_for(config))
+        try:
+            policy_cls = get_policy_class(config.type)
+            policy = policy_cls.from_pretrained(path, config=config, local_files_only=True)
+            policy.to(torch_device).eval()
+            preprocessor, postprocessor = make_pre_post_processors(
+                config,
+                pretrained_path=str(path),
+                preprocessor_overrides={"device_processor": {"device": str(torch_device)}},
+            )
+        except Exception as exc:  # safetensors/torch/processor errors: the checkpoint is unusable
+            raise PolicyError(f"{path}: cannot load {config.type} checkpoint: {exc}") from exc
+        return cls(spec, policy, preprocessor, postprocessor, torch_device, path)
+
+    # -- serving -----------------------------------------------------------------------------------
+
+    def run(
+        self, requests: Sequence[InferenceRequest], *, capture_updates: bool = False
+    ) -> list[InferenceResult]:
+        """One request after another: the default for models whose forward pass cannot be shared."""
+        capture = capture_updates and self.spec.capabilities.refinement_updates
+        return [self._run_one(r, capture) for r in requests]
+
+    def _run_one(self, request: InferenceRequest, capture: bool) -> InferenceResult:
+        if not capture:
+            return InferenceResult(self._infer_one(request, None))
+        import torch
+
+        steps: list[torch.Tensor] = []
+        actions = self._infer_one(request, steps)
+        if not steps:
+            raise PolicyError(f"{self.path}: the model reported no refinement steps")
+        updates = torch.stack(steps).to("cpu", torch.float32).numpy()  # (steps, T, action_dim)
+        return InferenceResult(actions, refinement_updates=updates)
+
+    def _infer_one(self, request: InferenceRequest, updates: list | None) -> np.ndarray:
+        """One request's unnormalized chunk; `updates` (a list, or None) goes to `_chunk`."""
+        import torch
+
+        check_observation(self.spec, request.state, request.images)
+        try:
+            with torch.inference_mode():
+                batch = self._preprocess(request.state, request.images, request.task)
+                chunk = self._chunk(request, batch, updates)  # (1, T, action_dim), normalized
+                actions = self.postprocessor(chunk)
+        except PolicyError:
+            raise
+        except Exception as exc:  # torch/lerobot runtime failure: report, never return "no actions"
+            raise PolicyError(f"{self.path}: inference failed: {exc}") from exc
+        out = actions.detach().to("cpu", torch.float32).numpy()[0]
+        expected = (self.spec.chunk_size, self.spec.action_dim)
+        if out.shape != expected:
+            raise PolicyError(f"{self.path}: model returned actions {out.shape}, expected {expected}")
+        return out
+
+    def _preprocess(self, state: np.ndarray, images: dict[str, np.ndarray], task: str) -> dict[str, Any]:
+        """Exactly LeRobot's rollout path: dataset frame -> tensors -> saved preprocessor."""
+        from lerobot.policies import prepare_observation_for_inference
+        from lerobot.utils.feature_utils import build_dataset_frame
+
+        values: dict[str, Any] = {name: float(state[i]) for i, name in enumerate(self.spec.state_names)}
+        for cam, img in images.items():
+            # torch.from_numpy needs a writable, contiguous array (decoded frames may be read-only).
+            values[cam] = img if img.flags.writeable and img.flags.c_contiguous else np.array(img)
+        frame = build_dataset_frame(self._features, values, prefix="observation")
+        observation = prepare_observation_for_inference(frame, self.device, task, None)
+        return self.preprocessor(observation)
+
+    def _chunk(self, request: InferenceRequest, batch: dict[str, Any], updates: list | None) -> torch.Tensor:
+        """The preprocessed `batch` of one request -> its normalized ``(1, T, action_dim)`` chunk."""
+        raise NotImplementedError
+
+
+def concat_batches(batches: list[dict[str, Any]]) -> dict[str, Any]:
+    """Preprocessed single-observation batches -> one batch: tensors along dim 0, lists joined.
+
+    Anything else (the transition's scalar placeholders such as ``next.reward``) is the same for every
+    observation and is taken from the first.
+    """
+    import torch
+
+    out: dict[str, Any] = {}
+    for key, first in batches[0].items():
+        if isinstance(first, torch.Tensor):
+            out[key] = torch.cat([b[key] for b in batches], dim=0)
+        elif isinstance(first, list):
+            out[key] = [item for b in batches for item in b[key]]
+        else:
+            out[key] = first
+    return out
+
+
+def _spec_from_config(
+    path: Path, config: Any, chunk_size: int, capabilities: RunnerCapabilities
+) -> PolicySpec:
+    """Derive the robot-facing spec from a LeRobot config (+ our sidecar when present)."""
+    from lerobot.configs import FeatureType
+
+    inputs = dict(config.input_features or {})
+    outputs = dict(config.output_features or {})
+    state_ft = inputs.get(OBS_STATE_KEY)
+    if state_ft is None or state_ft.type is not FeatureType.STATE or len(state_ft.shape) != 1:
+        raise PolicyError(f"{path}: config has no 1-D {OBS_STATE_KEY!r} input feature")
+    action_ft = outputs.get(ACTION_KEY)
+    if action_ft is None or action_ft.type is not FeatureType.ACTION or len(action_ft.shape) != 1:
+        raise PolicyError(f"{path}: config has no 1-D {ACTION_KEY!r} output feature")
+
+    cameras: dict[str, tuple[int, int]] = {}
+    for key, ft in inputs.items():
+        if key == OBS_STATE_KEY:
+            continue
+        if ft.type is not FeatureType.VISUAL:
+            raise PolicyError(f"{path}: input feature {key!r} ({ft.type.value}) is not supported")
+        if not key.startswith(OBS_IMAGES_PREFIX) or len(ft.shape) != 3 or ft.shape[0] != 3:
+            raise PolicyError(
+                f"{path}: image feature {key!r} must be named '{OBS_IMAGES_PREFIX}<camera>' "
+                f"with shape (3, H, W), got {tuple(ft.shape)}"
+            )
+        cameras[key.removeprefix(OBS_IMAGES_PREFIX)] = (int(ft.shape[1]), int(ft.shape[2]))
+
+    state_dim, action_dim = int(state_ft.shape[0]), int(action_ft.shape[0])
+    state_names = tuple(f"state_{i}" for i in range(state_dim))
+    action_names = tuple(f"action_{i}" for i in range(action_dim))
+    fps: int | None = None
+    sidecar = path / FEATURES_SIDECAR_NAME
+    if sidecar.is_file():
+        state_names, action_names, fps = _read_sidecar(sidecar, state_dim, action_dim, cameras)
+
+    try:
+        return PolicySpec(
+            policy_type=config.type,
+            state_names=state_names,
+            cameras=cameras,
+            action_names=action_names,
+            chunk_size=chunk_size,
+            fps=fps,
+            capabilities=capabilities,
+        )
+    except ConfigError as exc:
+        raise PolicyError(f"{path}: inconsistent features: {exc}") from exc
+
+
+def _read_sidecar(
+    sidecar: Path, state_dim: int, action_dim: int, cameras: dict[str, tuple[int, int]]
+) -> tuple[tuple[str, ...], tuple[str, ...], int | None]:
+    try:
+        data = json.loads(sidecar.read_text())
+        version = data.get("version")
+        state_names = tuple(data["state_names"])
+        action_names = tuple(data["action_names"])
+        sidecar_cameras = {str(k): tuple(v) for k, v in data.get("cameras", {}).items()}
+        fps = data.get("fps")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise PolicyError(f"{sidecar}: unreadable features file: {exc}") from exc
+    if version != FEATURES_SIDECAR_VERSION:
+        raise PolicyError(f"{sidecar}: unsupported version {version!r}")
+    if len(state_names) != state_dim or len(action_names) != action_dim:
+        raise PolicyError(
+            f"{sidecar}: {len(state_names)} state / {len(action_names)} action names do not match "
+            f"the config's dims {state_dim} / {action_dim}"
+        )
+    if sidecar_cameras != cameras:
+        raise PolicyError(f"{sidecar}: cameras {sidecar_cameras} do not match the config's {cameras}")
+    if fps is not None and (not isinstance(fps, int) or fps < 1):
+        raise PolicyError(f"{sidecar}: fps must be a positive integer or null, got {fps!r}")
+    return state_names, action_names, fps
