@@ -106,7 +106,9 @@ class Config:
 
 def scheduler_for(cfg: Config) -> RequestScheduler:
     """The scheduler the server would build from a manifest naming these settings."""
-    settings = dict(buckets=cfg.buckets, aging=cfg.aging, first_request=cfg.first_request) if cfg.scheduler == "wait_ratio" else {}
+    settings = {}
+    if cfg.scheduler == "wait_ratio":
+        settings = dict(buckets=cfg.buckets, aging=cfg.aging, first_request=cfg.first_request)
     return make_scheduler(cfg.scheduler, "scheduler", **settings)
 
 

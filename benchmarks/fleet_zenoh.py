@@ -229,7 +229,8 @@ class VirtualRobot:
         self.trigger = SendTrigger(config, dt_s=DT_S, rtt=self.rtt)
         # Static horizon: the task's H is the client's actions_per_chunk. Dynamic: the chunk's
         # execution_horizon cuts it. A new intake remembers no capture step of the last task.
-        self.intake = ChunkIntake(self.trigger, DT_S, max_actions=task.static_h if self.cfg.horizon == "static" else None)
+        max_actions = task.static_h if self.cfg.horizon == "static" else None
+        self.intake = ChunkIntake(self.trigger, DT_S, max_actions=max_actions)
 
     def tick(self, now: float, c: Counters) -> bool:
         """One control period. Returns True when the task has just finished."""
