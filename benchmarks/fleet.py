@@ -6,13 +6,15 @@ wide sweeps of the schedulers' settings.
 
 What is real and what is simulated:
 
-- REAL: the request schedulers (`RoundRobinScheduler`, `FifoScheduler`, `WaitRatioScheduler`), driven
-  through the exact calls the server loop makes (`on_arrival` with the `ExecutionInfo` a robot sends,
-  `pick(ready, now, max_batch)`, `on_served`, `forget`); the batch-latency model
-  (`SyntheticPolicy.latency_s`, a GPU-like profile: 60 ms at batch 1 rising sublinearly to 200 ms at
-  16, a 4.8x peak-to-single throughput ratio); each robot's RTT bookkeeping (`RttTracker`) and its
-  send rule (send when the buffered actions last less than ``p90(RTT) + 1 dt``, 0.5 s before the
-  first reply: the reference client's `SendTrigger` default).
+- REAL: the request schedulers (`RoundRobinScheduler`, `FifoScheduler`, `WaitRatioScheduler`, built
+  by `make_scheduler` as the server builds them), driven through the exact calls the server makes
+  (`on_arrival` with the `ExecutionInfo` a robot sends, `pick(ready, now, max_batch)`, `on_served`,
+  and `forget` when a robot's request carries a new episode, as the server's session does, or the
+  robot leaves); the batch-latency model (`SyntheticPolicy.latency_s`, a GPU-like profile: 60 ms at
+  batch 1 rising sublinearly to 200 ms at 16, a 4.8x peak-to-single throughput ratio); each robot's
+  `SendTrigger` (its RTT bookkeeping and send rule: send when the buffered actions last less than
+  ``buffer_time_s()``, by default ``p90(RTT) + 1 dt`` and 0.5 s before the first reply) and its
+  `ChunkIntake` (seq_id -> step at capture, RTT, horizon cut, stale trim), as in the reference client.
 - SIMULATED: time (a virtual clock, so a 100-robot fleet runs for minutes of robot time in seconds),
   the network (a fixed one-way delay) and the robots. There is no Zenoh, no codec and no inference:
   the server is busy for ``latency_s(batch size)`` per dispatch and idle otherwise, exactly like the
@@ -21,7 +23,9 @@ What is real and what is simulated:
 Workload (Kairos, seed 001, sections 2.2 and 5.1): a robot runs tasks back to back (``fleet`` mode,
 N robots) or tasks arrive by a Poisson process, each on its own robot (``online`` mode). A task is a
 trace of rounds; round j executes ``H_j`` actions at 30 Hz from chunk j (the execution horizon), and
-the request for round j+1 leaves while round j executes, when the send rule says so. If chunk j+1 is
+the request for round j+1 leaves while round j executes, when the send rule says so; its chunk is
+meant for the step after round j (so the intake's stale trim finds nothing executed past it), and the
+intake keeps its first ``H_{j+1}`` rows (the chunk's execution horizon). If chunk j+1 is
 not there when round j's last action is done, the robot stands still: those control steps are
 *stalled* (the wait for a task's first chunk is not: the robot has not started moving; it counts in
 the task's latency). Traces come from `benchmarks/fleet_traces.py` (documented there; ``--horizon`` picks each
@@ -63,8 +67,9 @@ from benchmarks import fleet_traces  # noqa: E402
 from benchmarks.harness import write_docs_block  # noqa: E402
 from lerobot_zenoh.protocol.messages import ExecutionInfo  # noqa: E402
 from lerobot_zenoh.scheduling.batch_profile import profile_batch_sizes, saturation_batch_size  # noqa: E402
-from lerobot_zenoh.scheduling.request_schedulers import FifoScheduler, RoundRobinScheduler  # noqa: E402
-from lerobot_zenoh.scheduling.send_trigger import RttTracker  # noqa: E402
+from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake  # noqa: E402
+from lerobot_zenoh.scheduling.request_schedulers import RequestScheduler, make_scheduler  # noqa: E402
+from lerobot_zenoh.scheduling.send_trigger import SendTrigger, SendTriggerConfig  # noqa: E402
 from lerobot_zenoh.scheduling.wait_ratio import WaitRatioScheduler  # noqa: E402
 from lerobot_zenoh.server.runners.synthetic import SyntheticPolicy, SyntheticPolicyConfig  # noqa: E402
 
@@ -91,7 +96,6 @@ class Config:
     warmup_s: float = 30.0
     one_way_s: float = ONE_WAY_S
     trigger: str = "rtt"  # rtt: p90(RTT) + 1 dt (reference client); fixed:K: when K actions remain
-    phase_elapsed: bool = False  # also report phase_elapsed_s (the reference client does not)
     seed: int = 0
 
     def label(self) -> str:
@@ -100,27 +104,40 @@ class Config:
         return f"wait_ratio(B={self.buckets},A={self.aging},{self.first_request})"
 
 
-def make_scheduler(cfg: Config):
-    if cfg.scheduler == "fifo":
-        return FifoScheduler()
-    if cfg.scheduler == "round_robin":
-        return RoundRobinScheduler()
+def scheduler_for(cfg: Config) -> RequestScheduler:
+    """The scheduler the server would build from a manifest naming these settings."""
+    settings = {}
     if cfg.scheduler == "wait_ratio":
-        return WaitRatioScheduler(buckets=cfg.buckets, aging=cfg.aging, first_request=cfg.first_request)
-    raise SystemExit(f"unknown scheduler {cfg.scheduler!r}")
+        settings = dict(buckets=cfg.buckets, aging=cfg.aging, first_request=cfg.first_request)
+    return make_scheduler(cfg.scheduler, "scheduler", **settings)
+
+
+def send_rule(trigger: str) -> SendTriggerConfig:
+    """``rtt``: the reference client's default; ``fixed:K``: send when K actions remain."""
+    if trigger == "rtt":
+        return SendTriggerConfig()
+    if trigger.startswith("fixed:"):
+        return SendTriggerConfig(buffer_time_s=int(trigger.split(":", 1)[1]) * DT_S)
+    raise SystemExit(f"unknown trigger {trigger!r}")
 
 
 @dataclass
 class _Robot:
     client_id: str
-    rtt: RttTracker = field(default_factory=lambda: RttTracker(window=100))
+    intake: ChunkIntake  # with the robot's SendTrigger: kept across tasks, the robot's link does not change
     trace: list[int] = field(default_factory=list)
     episode: int = 0
     round: int = 0  # index of the round whose chunk is requested / next delivered
     task_start_s: float = 0.0
     free_at_s: float = 0.0  # when the robot runs out of actions
     exec_start_s: float = 0.0  # start of the execution phase in progress
+    end_step: int = 0  # the robot's step count when its buffered actions are done (at free_at_s)
     seq: int = 0
+
+    def next_step(self, t: float) -> int:
+        """The step the robot executes next at `t` (the buffer's ``next_step``)."""
+        left = math.ceil((self.free_at_s - t) / DT_S - 1e-9) if t < self.free_at_s else 0
+        return self.end_step - left
 
 
 @dataclass
@@ -149,11 +166,13 @@ class FleetSim:
         self.cfg = cfg
         self.traces = traces
         self.latency_s = latency_s
-        self.scheduler = make_scheduler(cfg)
+        self.scheduler = scheduler_for(cfg)
+        self.send_rule = send_rule(cfg.trigger)
         self.rng = np.random.default_rng(cfg.seed)
         self._events: list = []
         self._tie = itertools.count()
         self.robots: dict[str, _Robot] = {}
+        self.episodes: dict[str, int] = {}  # the server's view: client -> episode of its last request
         self.ready: dict[str, float] = {}  # client -> first arrival of its waiting request
         self.busy = False
         self._next_trace = int(self.rng.integers(len(traces)))
@@ -163,12 +182,6 @@ class FleetSim:
         self.waits: list[float] = []
         self.latencies: list[float] = []
         self.batches: list[int] = []
-        if cfg.trigger == "rtt":
-            self.fixed_k = None
-        elif cfg.trigger.startswith("fixed:"):
-            self.fixed_k = int(cfg.trigger.split(":", 1)[1])
-        else:
-            raise SystemExit(f"unknown trigger {cfg.trigger!r}")
 
     # -- event plumbing ----------------------------------------------------------------------
 
@@ -179,7 +192,7 @@ class FleetSim:
         cfg = self.cfg
         if cfg.mode == "fleet":
             for i in range(cfg.robots):
-                robot = self.robots[f"r{i}"] = _Robot(f"r{i}")
+                robot = self.robots[f"r{i}"] = self._robot(f"r{i}")
                 self._at(self.rng.uniform(0, 1.0), self._start_task, robot)  # staggered start
         else:
             self._at(self.rng.exponential(1 / cfg.rate_per_s), self._online_arrival, 0)
@@ -196,8 +209,11 @@ class FleetSim:
 
     # -- robots ------------------------------------------------------------------------------
 
+    def _robot(self, client_id: str) -> _Robot:
+        return _Robot(client_id, ChunkIntake(SendTrigger(self.send_rule, dt_s=DT_S), DT_S))
+
     def _online_arrival(self, t: float, n: int) -> None:
-        robot = self.robots[f"t{n}"] = _Robot(f"t{n}")
+        robot = self.robots[f"t{n}"] = self._robot(f"t{n}")
         self._start_task(t, robot)
         self._at(t + self.rng.exponential(1 / self.cfg.rate_per_s), self._online_arrival, n + 1)
 
@@ -213,30 +229,27 @@ class FleetSim:
 
     def _send(self, t: float, robot: _Robot) -> None:
         robot.seq += 1
-        robot.rtt.on_send(robot.seq, t)
+        # The chunk is for the step after the buffered actions (round j+1 follows round j).
+        robot.intake.on_send(robot.seq, robot.end_step, t)
         buffered = max(0, round((robot.free_at_s - t) / DT_S))
-        phase = t - robot.exec_start_s if self.cfg.phase_elapsed and robot.exec_start_s <= t < robot.free_at_s else None
-        info = ExecutionInfo(episode_id=str(robot.episode), round_id=robot.seq, task_elapsed_s=t - robot.task_start_s,
-                             actions_buffered=buffered, control_period_s=DT_S, phase_elapsed_s=phase)
-        self._at(t + self.cfg.one_way_s, self._arrive, robot.client_id, info)
+        info = ExecutionInfo(task_elapsed_s=t - robot.task_start_s, actions_buffered=buffered, control_period_s=DT_S)
+        self._at(t + self.cfg.one_way_s, self._arrive, robot.client_id, robot.episode, info)
 
     def _deliver(self, t: float, robot: _Robot, seq: int) -> None:
-        robot.rtt.on_receive(seq, t)
+        taken = robot.intake.plan(seq, fleet_traces.CHUNK_SIZE, t, robot.next_step(t),
+                                  execution_horizon=robot.trace[robot.round])
         if t > robot.free_at_s and robot.round > 0:  # ran dry mid-task (the first chunk's wait is not a stall)
             self.stalled += self._count(robot.free_at_s, t)
         start = max(t, robot.free_at_s)
-        horizon = robot.trace[robot.round]
-        end = start + horizon * DT_S
+        end = start + taken.rows * DT_S
         self.executed += self._count(start, end)
         robot.exec_start_s, robot.free_at_s = start, end
+        robot.end_step += taken.rows
         robot.round += 1
         if robot.round < len(robot.trace):
-            if self.fixed_k is not None:
-                lead_s = self.fixed_k * DT_S
-            else:
-                p90 = robot.rtt.p90_s
-                lead_s = 0.5 if p90 is None else p90 + DT_S
-            self._at(max(t, end - lead_s), self._send, robot)
+            # The send rule inverted for an event clock: the instant the buffered actions fall to
+            # the trigger's buffer_time_s (the client checks it once per control period).
+            self._at(max(t, end - robot.intake.trigger.buffer_time_s()), self._send, robot)
         else:
             if robot.task_start_s >= self.w0 and end <= self.w1:
                 self.latencies.append(end - robot.task_start_s)
@@ -247,11 +260,15 @@ class FleetSim:
 
     def _leave(self, t: float, robot: _Robot) -> None:
         self.scheduler.forget(robot.client_id)
+        self.episodes.pop(robot.client_id, None)
         del self.robots[robot.client_id]
 
     # -- server ------------------------------------------------------------------------------
 
-    def _arrive(self, t: float, client_id: str, info: ExecutionInfo) -> None:
+    def _arrive(self, t: float, client_id: str, episode: int, info: ExecutionInfo) -> None:
+        if self.episodes.get(client_id) != episode:  # the server's session: a new episode resets the task
+            self.episodes[client_id] = episode
+            self.scheduler.forget(client_id)
         self.scheduler.on_arrival(client_id, t, info)
         self.ready.setdefault(client_id, t)
         self._dispatch(t)
@@ -336,7 +353,7 @@ def study(args) -> str:
     traces = load_traces(args)
     seeds = list(range(args.seeds))
     base = Config(duration_s=args.duration_s, warmup_s=args.warmup_s, buckets=args.buckets, aging=args.aging,
-                  first_request=args.first_request, phase_elapsed=args.phase_elapsed, trigger=args.trigger)
+                  first_request=args.first_request, trigger=args.trigger)
     out = []
     say = out.append
     sat = saturation_batch_size({b: latency_s(b) for b in profile_batch_sizes(16)})
@@ -391,7 +408,6 @@ def study(args) -> str:
             say(row(run(aging=v), f"A={v}"))
         for rule in ("highest", "mean", "lowest"):
             say(row(run(first_request=rule), f"first_request={rule}"))
-        say(row(run(phase_elapsed=True), "defaults, robots also send phase_elapsed_s"))
         say("")
 
     # 3. online: Poisson task arrivals
@@ -432,7 +448,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--buckets", type=int, default=WaitRatioScheduler().buckets)
     p.add_argument("--aging", type=int, default=WaitRatioScheduler().aging)
     p.add_argument("--first-request", default=WaitRatioScheduler().first_request)
-    p.add_argument("--phase-elapsed", action="store_true", help="robots also report phase_elapsed_s")
     p.add_argument("--trigger", default="rtt", help="rtt (reference client) or fixed:K")
     p.add_argument("--fleet-b1", type=int, nargs="+", default=[4, 5, 6, 7, 8, 10, 12])
     p.add_argument("--fleet-bn", type=int, nargs="+", default=[20, 30, 40, 50, 60, 65, 70, 80, 100])

@@ -7,8 +7,9 @@ rising sublinearly to 200 ms at 16). What is real and what is simulated:
 - REAL: the server (manifest, slots, scheduler, cross-client batching with `max_batch_size: auto`
   profiled at start-up, the `diffusion_confidence` horizon policy, reliable chunk publication,
   telemetry), Zenoh on loopback, the codec, and on the robot side the reference client's own
-  `ActionBuffer` (chunks merged by absolute control step, stale rows dropped, overlaps blended) and
-  `SendTrigger` (RTT bookkeeping, send rule, request time-outs). Each robot publishes Observation
+  `ActionBuffer` (chunks merged by absolute control step, stale rows dropped, overlaps blended),
+  `SendTrigger` (RTT bookkeeping, send rule, request time-outs) and `ChunkIntake` (seq_id -> step at
+  capture, horizon cut, stale trim, merge). Each robot publishes Observation
   messages with `ExecutionInfo` on its own key and receives ActionChunks on its own key.
 - SIMULATED: the robots (a 30 Hz tick per robot that executes the next buffered action, or stalls),
   the model (the synthetic policy sleeps the profile's latency; no camera images are sent, so the
@@ -52,6 +53,7 @@ import json
 import math
 import os
 import queue
+import secrets
 import shutil
 import signal
 import subprocess
@@ -84,6 +86,7 @@ from lerobot_zenoh.protocol import codec  # noqa: E402
 from lerobot_zenoh.protocol.keys import AppKey  # noqa: E402
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation  # noqa: E402
 from lerobot_zenoh.scheduling.action_buffer import ActionBuffer  # noqa: E402
+from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake  # noqa: E402
 from lerobot_zenoh.scheduling.send_trigger import RttTracker, SendTrigger, SendTriggerConfig  # noqa: E402
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession  # noqa: E402
 from lerobot_zenoh.transport.settings import loopback_settings  # noqa: E402
@@ -189,7 +192,7 @@ class Counters:
 
 
 class VirtualRobot:
-    """One robot: the reference client's buffer and send trigger around a task trace.
+    """One robot: the reference client's buffer, send trigger and chunk intake around a task trace.
 
     Only the driver thread touches it (chunks reach it through the driver's inbox).
     """
@@ -202,7 +205,8 @@ class VirtualRobot:
         self.rtt = RttTracker(window=100)  # kept across tasks: the robot's link does not change
         self.buffer = ActionBuffer()
         self.trigger = SendTrigger(dt_s=DT_S, rtt=self.rtt)
-        self.capture_steps: dict[int, int] = {}
+        self.intake = ChunkIntake(self.trigger, DT_S)
+        self.session_nonce = secrets.randbits(63)  # one per robot, like one per reference client
         self.seq = 0
         self.episode = 0
         self.task: Task | None = None
@@ -217,13 +221,16 @@ class VirtualRobot:
         self.episode += 1
         self.task_start_s, self.first_request_s, self.measured = now, None, measured
         self.buffer.clear()
-        self.capture_steps.clear()
         trigger = self.cfg.trigger
         if trigger == "fixed":
             config = SendTriggerConfig(buffer_time_s=0.5 * task.static_h * DT_S)
         else:  # "rtt" (the client's default, p90) or "rtt:Q" (another RTT quantile)
             config = SendTriggerConfig(rtt_quantile=float(trigger.split(":", 1)[1]) if ":" in trigger else 0.9)
         self.trigger = SendTrigger(config, dt_s=DT_S, rtt=self.rtt)
+        # Static horizon: the task's H is the client's actions_per_chunk. Dynamic: the chunk's
+        # execution_horizon cuts it. A new intake remembers no capture step of the last task.
+        max_actions = task.static_h if self.cfg.horizon == "static" else None
+        self.intake = ChunkIntake(self.trigger, DT_S, max_actions=max_actions)
 
     def tick(self, now: float, c: Counters) -> bool:
         """One control period. Returns True when the task has just finished."""
@@ -241,6 +248,7 @@ class VirtualRobot:
                 if self.measured and self.first_request_s is not None:
                     c.latencies_s.append(now + DT_S - self.first_request_s)
                 self.task = None
+                self.intake.clear()  # answers still in flight are for a finished task: measured, not merged
                 return True
         elif self.moving:
             c.stalled += c.counting
@@ -248,16 +256,15 @@ class VirtualRobot:
 
     def _send(self, now: float, c: Counters) -> None:
         self.seq += 1
-        step = self.buffer.next_step
-        self.capture_steps[self.seq] = step
         if self.first_request_s is None:
             self.first_request_s = now
         trusted = self.task.trusted_actions(self.progress) if self.cfg.horizon == "dynamic" else 0
         state = np.array([trusted, self.progress], dtype=np.float32)
-        info = ExecutionInfo(episode_id=str(self.episode), round_id=self.seq, task_elapsed_s=now - self.task_start_s,
-                             actions_buffered=self.buffer.depth, control_period_s=DT_S)
-        self.trigger.on_send(self.seq, now)
-        self.publisher.put(codec.encode(Observation(self.seq, self.client_id, state, {}, "", info)))
+        info = ExecutionInfo(task_elapsed_s=now - self.task_start_s, actions_buffered=self.buffer.depth,
+                             control_period_s=DT_S)
+        self.intake.on_send(self.seq, self.buffer.next_step, now)
+        self.publisher.put(codec.encode(Observation(self.seq, self.client_id, state, {}, "", info,
+                                                    episode_id=str(self.episode), session_nonce=self.session_nonce)))
         c.sent += c.counting
 
     def on_chunk(self, payload: bytes, arrived_s: float, c: Counters) -> None:
@@ -266,18 +273,16 @@ class VirtualRobot:
         except ProtocolError:
             c.rejected += 1
             return
-        rtt_s = self.trigger.on_receive(chunk.response_to_seq_id, arrived_s)
-        step = self.capture_steps.pop(chunk.response_to_seq_id, None)
-        if step is None or self.task is None:
-            return  # an answer for a finished task (or never asked): nothing to execute
-        keep = self.task.static_h if self.cfg.horizon == "static" else (chunk.execution_horizon or len(chunk.actions))
-        rows = chunk.actions[: max(1, keep)]
-        self.buffer.merge(rows, step)
+        result = self.intake.on_chunk(chunk.response_to_seq_id, chunk.actions, arrived_s, self.buffer,
+                                      execution_horizon=chunk.execution_horizon)
+        if not result.accepted:
+            c.rejected += result.reason != "unknown_seq"  # unknown: an answer for a finished task
+            return
         if c.counting:
             c.received += 1
-            c.horizon_sum += len(rows)
-            if rtt_s is not None:
-                c.rtts_s.append(rtt_s)
+            c.horizon_sum += result.kept
+            if result.rtt_s is not None:
+                c.rtts_s.append(result.rtt_s)
 
 
 # ------------------------------------------------------------------------------------ one run

@@ -687,8 +687,8 @@ class IngestPublisher:
             pub = self.session.declare_publisher(k_expr, congestion_control=zenoh.CongestionControl.DROP,
                                                  express=True, reliability=zenoh.Reliability.BEST_EFFORT)
             payloads = [codec.encode(Observation(k + 1, cid, state, dict(zip(cams, jpegs[k % len(jpegs)], strict=True)), "bench",
-                                                 ExecutionInfo(episode_id="0", round_id=k + 1, actions_buffered=0,
-                                                               control_period_s=1 / FPS)))
+                                                 ExecutionInfo(actions_buffered=0, control_period_s=1 / FPS),
+                                                 episode_id="0"))
                         for k in range(self.variants)]
             self.clients.append((pub, payloads))
         time.sleep(1.0)  # let the declarations reach the server

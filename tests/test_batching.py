@@ -112,7 +112,7 @@ class Robot:
         state = rng.normal(size=state_dim).astype(np.float32)
         jpegs = {n: codec.encode_jpeg(rng.integers(0, 255, (*hw, 3), dtype=np.uint8)) for n, hw in CAMS.items()}
         self.sent[seq_id] = (state, {n: codec.decode_jpeg(j) for n, j in jpegs.items()})
-        execution = ExecutionInfo(episode_id="e", round_id=seq_id, actions_buffered=buffered, control_period_s=1 / 30)
+        execution = ExecutionInfo(actions_buffered=buffered, control_period_s=1 / 30)
         self.pub.put(codec.encode(Observation(seq_id, self.client_id, state, jpegs, "task", execution)))
 
     def answered(self, seq_id):

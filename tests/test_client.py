@@ -317,3 +317,20 @@ def test_outbox_keeps_the_newest_and_counts_the_rest():
     assert box.take(0.1) == 2 and box.dropped == 2
     box.wake()
     assert box.take(0.1) is None  # a wake-up alone returns nothing
+
+
+def test_observations_carry_the_episode_and_one_session_nonce_per_client(port, app_key):
+    """Protocol 1.1: episode_id follows the client's episodes; session_nonce is fixed per RobotClient."""
+    cfg = make_config(port, app_key, episode_time_s=0.6, num_episodes=3, actions_per_chunk=5)
+    seen = []
+    with make_server(port, app_key, latency_ms=10):
+        with ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as mon:
+            mon.subscribe(app_key.client("r1").obs, lambda k, b: seen.append(codec.decode_observation(b)))
+            client = RobotClient(cfg, make_robot_from_config(cfg.robot))
+            run_client(client, 5.0)
+    assert len(seen) >= 5
+    assert {o.session_nonce for o in seen} == {client.session_nonce}
+    assert 0 <= client.session_nonce < 2**63
+    episodes = [int(o.episode_id) for o in seen]
+    assert episodes == sorted(episodes) and len(set(episodes)) >= 2  # a new id at each episode
+    assert RobotClient(cfg, make_robot_from_config(cfg.robot)).session_nonce != client.session_nonce

@@ -31,12 +31,9 @@ def observations(draw):
     state = draw(hnp.arrays(draw(st.sampled_from(["float32", "float64", "int32"])), draw(st.integers(0, 16))))
     execution = draw(st.none() | st.builds(
         ExecutionInfo,
-        episode_id=st.none() | names,
-        round_id=st.none() | uint64,
         task_elapsed_s=st.none() | finite,
         actions_buffered=st.none() | st.integers(0, 1000),
         control_period_s=st.none() | finite,
-        phase_elapsed_s=st.none() | finite,
     ))
     return Observation(
         seq_id=draw(uint64),
@@ -45,6 +42,8 @@ def observations(draw):
         images=draw(st.dictionaries(names, st.binary(max_size=64), max_size=4)),
         task=draw(st.text(max_size=40)),
         execution=execution,
+        episode_id=draw(st.none() | st.text(max_size=12)),
+        session_nonce=draw(st.none() | uint64),
     )
 
 
@@ -139,6 +138,13 @@ def test_well_formed_msgpack_of_any_shape_only_raises_protocol_error(obj):
             codec.decode(msgpack.packb(payload, use_bin_type=True))
         except ProtocolError:
             pass
+
+
+def test_fields_removed_in_1_1_are_ignored_when_an_older_peer_sends_them():
+    raw = msgpack.unpackb(codec.encode(obs_fixture()), raw=False)
+    raw["protocol_version"] = [1, 0]
+    raw["execution"] |= {"episode_id": "ep1", "round_id": 3, "phase_elapsed_s": 0.25}
+    assert_same(codec.decode(msgpack.packb(raw, use_bin_type=True)), obs_fixture())
 
 
 def test_unknown_optional_fields_are_ignored():
@@ -248,7 +254,8 @@ def obs_fixture():
     return Observation(
         seq_id=42, client_uuid="robot_a4b9", state=np.array([0.5, -1.25, 2.0], dtype=np.float32),
         images={"front": b"\xff\xd8\xff\xd9"}, task="pick the cookie",
-        execution=ExecutionInfo(episode_id="ep1", round_id=3, actions_buffered=7, control_period_s=1 / 32),
+        execution=ExecutionInfo(actions_buffered=7, control_period_s=1 / 32),
+        episode_id="ep1", session_nonce=0x1234_5678_9ABC,
     )
 
 

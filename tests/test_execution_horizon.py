@@ -179,7 +179,7 @@ def test_server_sends_the_horizon_the_policy_computes_from_the_captured_updates(
         for seq_id in range(4):
             state, images = observation(rng)
             jpegs = {c: codec.encode_jpeg(img) for c, img in images.items()}
-            execution = ExecutionInfo(episode_id="e", round_id=seq_id, actions_buffered=0, control_period_s=1 / 30)
+            execution = ExecutionInfo(actions_buffered=0, control_period_s=1 / 30)
             pub.put(codec.encode(Observation(seq_id, "r1", state, jpegs, "task", execution)))
             assert wait_for(lambda s=seq_id: any(c.response_to_seq_id == s for c in chunks), 10.0)
     for chunk in chunks:

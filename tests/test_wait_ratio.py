@@ -12,8 +12,8 @@ from lerobot_zenoh.scheduling.wait_ratio import WaitRatioScheduler, round_wait
 DT = 0.1  # a 10 Hz robot keeps the arithmetic readable
 
 
-def info(buffered=0, episode="e1", **kw):
-    return ExecutionInfo(episode_id=episode, actions_buffered=buffered, control_period_s=DT, **kw)
+def info(buffered=0, **kw):
+    return ExecutionInfo(actions_buffered=buffered, control_period_s=DT, **kw)
 
 
 def serve(s, client, start, end):
@@ -51,19 +51,20 @@ def test_round_wait_is_never_negative_and_without_execution_counts_generation():
     assert round_wait((0, 1), (1, 5), (5, 7)) == 2
 
 
-def test_phase_elapsed_sets_the_start_of_the_execution_interval():
+def test_the_execution_interval_starts_when_its_chunk_was_computed():
+    # Protocol 1.1 removed phase_elapsed_s (no client sent it): E_j.start is G_j.end.
     s = WaitRatioScheduler()
     s.on_arrival("a", 0.0, info(0))
     serve(s, "a", 0.0, 0.1)
-    s.on_arrival("a", 1.0, info(3, phase_elapsed_s=0.4))  # E_0 = [0.6, 1.3], not [0.1, 1.3]
-    assert s.ranking(["a"], 1.0)[0][2] == pytest.approx(0.7)
+    s.on_arrival("a", 1.0, info(3))  # E_0 = [0.1, 1.3]
+    assert s.ranking(["a"], 1.0)[0][2] == pytest.approx(1.2)
 
 
 def test_bad_reported_durations_are_ignored():
     s = WaitRatioScheduler()
     s.on_arrival("a", 0.0, info(0, task_elapsed_s=float("nan")))
     serve(s, "a", 0.0, 0.1)
-    s.on_arrival("a", 0.5, ExecutionInfo(episode_id="e1", actions_buffered=3, control_period_s=-1.0))
+    s.on_arrival("a", 0.5, ExecutionInfo(actions_buffered=3, control_period_s=-1.0))
     serve(s, "a", 0.6, 0.7)
     assert s.total_wait_s("a") == pytest.approx(0.5)  # no execution interval: generation side
 
@@ -163,7 +164,7 @@ def established_and_new(rule):
     s.on_arrival("old", 0.1, info(0))
     serve(s, "old", 0.8, 0.9)  # W = 0.7
     s.on_arrival("old", 1.9, info(0))
-    s.on_arrival("new", 2.0, info(0, episode="n1"))
+    s.on_arrival("new", 2.0, info(0))
     return s
 
 
@@ -220,7 +221,7 @@ def test_hand_worked_timeline_serves_the_task_that_would_stall_first():
     """
     s = WaitRatioScheduler(first_request="highest", aging=1000)
     for c in "ABC":
-        s.on_arrival(c, 0.0, info(0, episode=c))
+        s.on_arrival(c, 0.0, info(0))
     order = []
     for t in (0.0, 1.0, 2.0):
         chosen = s.pick([c for c in "ABC" if c not in order], t)[0]
@@ -228,8 +229,8 @@ def test_hand_worked_timeline_serves_the_task_that_would_stall_first():
         serve(s, chosen, t, t + 1.0)
     assert order == ["A", "B", "C"]
 
-    s.on_arrival("A", 2.5, info(5, episode="A"))
-    s.on_arrival("B", 2.5, info(25, episode="B"))
+    s.on_arrival("A", 2.5, info(5))
+    s.on_arrival("B", 2.5, info(25))
     assert s.pick(["A", "B"], 3.0) == ["B"]
     serve(s, "B", 3.0, 4.0)
     assert s.pick(["A"], 4.0) == ["A"]
@@ -237,9 +238,9 @@ def test_hand_worked_timeline_serves_the_task_that_would_stall_first():
     assert s.total_wait_s("A") == pytest.approx(2.0)
     assert s.total_wait_s("B") == 0.0
 
-    s.on_arrival("C", 5.0, info(0, episode="C"))
-    s.on_arrival("A", 5.0, info(10, episode="A"))
-    s.on_arrival("B", 5.0, info(10, episode="B"))
+    s.on_arrival("C", 5.0, info(0))
+    s.on_arrival("A", 5.0, info(10))
+    s.on_arrival("B", 5.0, info(10))
     ranking = s.ranking(["A", "B", "C"], 5.0)
     assert [(c, b) for c, b, _ in ranking] == [("C", 9), ("A", 4), ("B", 0)]
 
@@ -249,12 +250,13 @@ def test_hand_worked_timeline_serves_the_task_that_would_stall_first():
 
 def test_a_new_episode_starts_a_new_task():
     s = WaitRatioScheduler()
-    s.on_arrival("a", 0.0, info(0, episode="e1"))
+    s.on_arrival("a", 0.0, info(0))
     serve(s, "a", 0.0, 0.1)
-    s.on_arrival("a", 0.1, info(0, episode="e1"))
+    s.on_arrival("a", 0.1, info(0))
     serve(s, "a", 0.5, 0.6)
     assert s.total_wait_s("a") == pytest.approx(0.4)
-    s.on_arrival("a", 1.0, info(0, episode="e2", task_elapsed_s=0.0))
+    s.forget("a")  # the server's session does this when the client's episode_id changes
+    s.on_arrival("a", 1.0, info(0, task_elapsed_s=0.0))
     assert s.total_wait_s("a") == 0.0 and s.wait_ratio("a", 2.0) == 0.0
 
 

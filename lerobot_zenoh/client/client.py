@@ -8,15 +8,20 @@ Threads and what each owns:
     publisher thread                     newest observation from the outbox -> JPEG -> msgpack -> put
                                           (best effort, congestion DROP: never blocks).
     Zenoh callback                       appends (bytes, arrival time) to the inbox and returns.
-    receiver thread                      decode chunk, RTT from its exact seq_id, trim expired steps,
-                                          merge into the action buffer (one lock, whole merge);
+    receiver thread                      decode and check the chunk, hand it to the chunk intake (RTT
+                                          from its exact seq_id, horizon cut, stale trim, merge into
+                                          the action buffer under its lock), count what it did;
                                           also the watchdog and re-validation.
 
 Timing (all from this process's perf_counter): an observation captured when the robot is about to
 execute step s is answered by a chunk whose row 0 is meant for step s. When it arrives after a
 round trip of `rtt`, `expired = int(rtt / dt)` leading rows are already in the past (none before
 the first RTT is known); the rest is merged as steps s + expired, ... and blended with what the
-buffer already holds.
+buffer already holds. The arithmetic is `scheduling/chunk_intake.py`, shared with the benchmarks.
+
+Sessions (protocol 1.1): every observation carries `session_nonce`, drawn once per RobotClient (a
+restarted client has a new one, so the server counts its seq_ids afresh), and `episode_id`, the
+episode number `self._episode` as a string (the server resets per-episode state when it changes).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import secrets
 import threading
 import time
 from collections import deque
@@ -39,7 +45,8 @@ from lerobot_zenoh.errors import CompatibilityError, ProtocolError, TransportErr
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation
 from lerobot_zenoh.scheduling.action_buffer import ActionBuffer
-from lerobot_zenoh.scheduling.send_trigger import SendTrigger, expired_steps
+from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake
+from lerobot_zenoh.scheduling.send_trigger import SendTrigger
 from lerobot_zenoh.telemetry.publisher import TelemetryPublisher, percentile
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
 
@@ -53,6 +60,7 @@ class _Capture:
     captured_s: float
     observation: dict
     execution: ExecutionInfo
+    episode_id: str
 
 
 class Outbox:
@@ -128,6 +136,9 @@ class RobotClient:
         self.dt_s = config.dt_s
         self.buffer = ActionBuffer(config.aggregate)
         self.trigger = SendTrigger(config.send, dt_s=self.dt_s)
+        self.intake = ChunkIntake(self.trigger, self.dt_s, max_actions=config.actions_per_chunk)
+        # Drawn per client, not per process: each RobotClient counts seq_ids from 1 (docs/protocol.md, "Sessions").
+        self.session_nonce = secrets.randbits(63)
         self.counters = ClientCounters()
         self.outbox = Outbox()
         self.status = None
@@ -139,7 +150,6 @@ class RobotClient:
         self._inbox: queue.Queue = queue.Queue(maxsize=256)
         self._threads: list[threading.Thread] = []
         self._seq_id = 0
-        self._capture_steps: dict[int, int] = {}  # seq_id -> step at capture (bounded)
         # When the oldest observation still without any chunk after it was sent (watchdog).
         self._waiting_since_s: float | None = None
         self._server_alive = threading.Event()
@@ -201,7 +211,6 @@ class RobotClient:
         episode_start = t0
         next_deadline = t0
         last_tick = None
-        step_in_episode = 0
         while not self._stop.is_set():
             now = time.perf_counter()
             if duration_s is not None and now - t0 >= duration_s:
@@ -212,12 +221,11 @@ class RobotClient:
                     self.recorder.end_episode()
                 if self._episode >= cfg.num_episodes:
                     break
-                episode_start, step_in_episode = now, 0
+                episode_start = now
             if last_tick is not None:
                 self.counters.period_ms.append((now - last_tick) * 1000)
             last_tick = now
             self._step(now, episode_start)
-            step_in_episode += 1
             # Absolute schedule: deadlines are t0 + k*dt, so a late step does not shift the rest.
             next_deadline += self.dt_s
             remaining = next_deadline - time.perf_counter()
@@ -236,15 +244,12 @@ class RobotClient:
         depth = self.buffer.depth
         if self.state == "running" and self.trigger.should_send(depth, now):
             self._seq_id += 1
-            self._capture_steps[self._seq_id] = step
-            if len(self._capture_steps) > 1024:
-                self._capture_steps.pop(next(iter(self._capture_steps)))
-            self.trigger.on_send(self._seq_id, now)
+            self.intake.on_send(self._seq_id, step, now)
             if self._waiting_since_s is None:
                 self._waiting_since_s = now
             self.outbox.put(_Capture(self._seq_id, step, now, observation, ExecutionInfo(
-                episode_id=str(self._episode), round_id=self._seq_id, task_elapsed_s=now - episode_start,
-                actions_buffered=depth, control_period_s=self.dt_s)))
+                task_elapsed_s=now - episode_start, actions_buffered=depth, control_period_s=self.dt_s),
+                episode_id=str(self._episode)))
         popped = self.buffer.pop()
         if popped is not None:
             _, vector = popped
@@ -305,7 +310,8 @@ class RobotClient:
                     for cam, encoded in others:
                         images[cam] = encoded.result()
                     payload = codec.encode(Observation(item.seq_id, self.config.client_uuid, state, images,
-                                                       self.config.task, item.execution))
+                                                       self.config.task, item.execution, episode_id=item.episode_id,
+                                                       session_nonce=self.session_nonce))
                     self._pub.put(payload)
                     self.counters.observations_published += 1
                 except (ProtocolError, TransportError, KeyError, ValueError) as exc:
@@ -350,35 +356,18 @@ class RobotClient:
             self.counters.chunks_rejected += 1
             log.warning("%s: rejected action chunk: %s", self.config.client_uuid, exc)
             return
-        first_known = self.trigger.rtt.last_rtt_s is not None
-        rtt_s = self.trigger.on_receive(chunk.response_to_seq_id, arrived_s)
-        step = self._capture_steps.pop(chunk.response_to_seq_id, None)
-        if step is None:
-            self.counters.chunks_rejected += 1  # not an answer to anything we asked (or far too old)
-            return
-        actions = chunk.actions[: self.config.actions_per_chunk]
-        # Kairos 3.1: the server vouches for the first `execution_horizon` actions only; the rest are
-        # never executed, so the buffer runs dry H steps after the chunk's start and the send trigger
-        # asks for the next chunk early enough for that (it follows the buffer depth).
-        if chunk.execution_horizon is not None and chunk.execution_horizon < len(actions):
-            h = max(int(chunk.execution_horizon), 1)  # 0 would mean "nothing": keep at least one
-            self.counters.horizon_cut_steps += len(actions) - h
-            actions = actions[:h]
-        # Seed 002 section 8.2: int(rtt / dt) leading steps have expired (none before the first RTT
-        # is known). Capped at the steps the robot actually executed since the capture: a robot that
-        # held still while its buffer was empty has lost nothing, and its chunk still starts at row 0.
-        expired = expired_steps(rtt_s, self.dt_s) if first_known else 0
-        expired = min(expired, max(self.buffer.next_step - step, 0))
-        try:
-            result = self.buffer.merge(actions[expired:], step + expired)
-        except ProtocolError as exc:
+        result = self.intake.on_chunk(chunk.response_to_seq_id, chunk.actions, arrived_s, self.buffer,
+                                      execution_horizon=chunk.execution_horizon)
+        if not result.accepted:
             self.counters.chunks_rejected += 1
-            log.warning("%s: rejected action chunk: %s", self.config.client_uuid, exc)
+            if result.reason != "unknown_seq":  # unknown: an answer to nothing we asked (or far too old)
+                log.warning("%s: rejected action chunk: %s", self.config.client_uuid, result.detail)
             return
         self.counters.chunks_received += 1
-        self.counters.trimmed_steps += min(expired, len(actions)) + result.discarded_stale
-        if rtt_s is not None:
-            self.counters.rtt_ms.append(rtt_s * 1000)
+        self.counters.trimmed_steps += result.trimmed_steps
+        self.counters.horizon_cut_steps += result.horizon_cut
+        if result.rtt_s is not None:
+            self.counters.rtt_ms.append(result.rtt_s * 1000)
         self.counters.inference_ms.append(chunk.inference_time_ms)
         self._waiting_since_s = None
         if chunk.server_id and chunk.server_id != self.serving_server_id:

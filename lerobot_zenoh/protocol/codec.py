@@ -294,13 +294,11 @@ def _observation(d: dict, limits: CodecLimits) -> Observation:
     execution = None
     raw_exec = _optional(d, "execution", dict)
     if raw_exec is not None:
+        # 1.0's episode_id, round_id and phase_elapsed_s are ignored like any unknown field.
         execution = ExecutionInfo(
-            episode_id=_optional(raw_exec, "episode_id", str),
-            round_id=_uint(raw_exec, "round_id", required=False),
             task_elapsed_s=_optional(raw_exec, "task_elapsed_s", (int, float)),
             actions_buffered=_uint(raw_exec, "actions_buffered", required=False),
             control_period_s=_optional(raw_exec, "control_period_s", (int, float)),
-            phase_elapsed_s=_optional(raw_exec, "phase_elapsed_s", (int, float)),
         )
     return Observation(
         seq_id=_uint(d, "seq_id"),

@@ -28,15 +28,14 @@ class MessageType(StrEnum):
 class ExecutionInfo:
     """What an execution-aware scheduler needs to know about the robot's phase (all optional).
 
-    Durations and counts only, measured on the robot's own clock, so no clock is shared.
+    Durations and counts only, measured on the robot's own clock, so no clock is shared. 1.1 removed
+    `episode_id` (superseded by `Observation.episode_id`), `round_id` (never read) and
+    `phase_elapsed_s` (never sent); decoders ignore them when an older peer sends them.
     """
 
-    episode_id: str | None = None
-    round_id: int | None = None
     task_elapsed_s: float | None = None  # time since the episode (task) started
     actions_buffered: int | None = None  # actions still queued on the robot when this was sent
     control_period_s: float | None = None  # the robot's dt
-    phase_elapsed_s: float | None = None  # time since the current execution phase began
 
 
 @dataclass(frozen=True, slots=True, eq=False)

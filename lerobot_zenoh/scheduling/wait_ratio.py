@@ -5,14 +5,18 @@ arrived: one that still has a second of actions buffered can wait, one about to 
 This scheduler keeps, per task (a client's episode), the history Kairos needs to measure how much
 the task has been delayed compared with an ideal schedule, and serves the most delayed first.
 
+A task starts with the first request of a client it holds no state for. The server's session calls
+`forget(client_id)` when the client's episode changes (a new `Observation.episode_id`) or its
+session closes, so the client's next request starts a new task; the scheduler itself does not
+look at episode ids.
+
 Per task, on the server's clock only (no clock is shared with the robot):
 
 - generation intervals ``G_j = [start, end]`` of inference, from `on_served`;
 - execution intervals ``E_j``, reconstructed on the arrival of the request for round ``j+1`` from
   the durations it reports (`ExecutionInfo`): ``E_j.end = arrival + actions_buffered * dt``
-  (the robot runs dry then if nothing new arrives); ``E_j.start = arrival - phase_elapsed_s``
-  when the robot reports it, otherwise ``G_j.end`` (the chunk cannot have started before it was
-  computed; network time is ignored);
+  (the robot runs dry then if nothing new arrives); ``E_j.start = G_j.end`` (the chunk cannot
+  have started before it was computed; network time is ignored);
 - the wait ``W_j`` between rounds ``j`` and ``j+1``, recorded when ``G_{j+1}`` ends, on the
   dominant side of round ``j`` (Kairos Fig. 8): generation-dominated (``|G_j| >= |E_j|``):
   ``G_{j+1}.start - G_j.end``; execution-dominated: ``E_{j+1}.start - E_j.end``, where
@@ -55,7 +59,6 @@ FIRST_REQUEST_RULES = ("highest", "lowest", "mean")
 class _Task:
     """One client's current task (episode) as the server sees it."""
 
-    episode_id: str | None
     start_s: float
     total_wait_s: float = 0.0
     rounds: int = 0  # recorded waits W_j
@@ -94,11 +97,10 @@ class WaitRatioScheduler:
     # -- events -------------------------------------------------------------------------------
 
     def on_arrival(self, client_id: str, now_s: float, execution: ExecutionInfo | None = None) -> None:
-        episode = execution.episode_id if execution is not None else None
         task = self._tasks.get(client_id)
-        if task is None or (episode is not None and episode != task.episode_id):
+        if task is None:  # a new task: first request ever, or after `forget` (new episode, session closed)
             elapsed = _duration(execution.task_elapsed_s) if execution is not None else None
-            task = self._tasks[client_id] = _Task(episode, start_s=now_s - (elapsed or 0.0))
+            task = self._tasks[client_id] = _Task(start_s=now_s - (elapsed or 0.0))
         if task.pending_since_s is None:
             task.pending_since_s = now_s
         if task.gen is None or execution is None:
@@ -109,9 +111,7 @@ class WaitRatioScheduler:
         dt = _duration(execution.control_period_s)
         if buffered is None or not dt:
             return
-        gen_end = task.gen[1]
-        phase = _duration(execution.phase_elapsed_s)
-        start = max(gen_end, now_s - phase) if phase is not None else gen_end
+        start = task.gen[1]
         end = max(start, now_s + buffered * dt)
         task.execution = (start, end)
         task.last_exec_s = end - start
@@ -131,6 +131,7 @@ class WaitRatioScheduler:
             task.skipped = 0
 
     def forget(self, client_id: str) -> None:
+        """Drop the client's task: its next request starts a new one (new episode, or session closed)."""
         self._tasks.pop(client_id, None)
 
     # -- decision -----------------------------------------------------------------------------

@@ -1,0 +1,191 @@
+"""The chunk intake (scheduling/chunk_intake.py) with a fake clock: times are passed in, nothing sleeps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lerobot_zenoh.errors import ConfigError
+from lerobot_zenoh.scheduling.action_buffer import ActionBuffer, LatestOnlyConfig
+from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake, MergeMode
+from lerobot_zenoh.scheduling.send_trigger import SendTrigger
+
+DT = 0.1  # 10 Hz keeps the arithmetic readable
+
+
+def chunk(rows, first_value=0.0, dim=2):
+    """Rows whose first column is first_value, first_value + 1, ... (so a row shows its index)."""
+    values = np.arange(rows, dtype=np.float32) + first_value
+    return np.stack([values] + [np.zeros(rows, np.float32)] * (dim - 1), axis=1)
+
+
+def make(max_actions=None, aggregate=None):
+    trigger = SendTrigger(dt_s=DT)
+    return ChunkIntake(trigger, DT, max_actions=max_actions), ActionBuffer(aggregate or LatestOnlyConfig())
+
+
+def pop(buffer, n):
+    return [buffer.pop() for _ in range(n)]
+
+
+def test_the_first_chunk_is_applied_whole_and_its_rtt_measured():
+    intake, buffer = make()
+    intake.on_send(1, buffer.next_step, 0.0)
+    r = intake.on_chunk(1, chunk(10), 0.35, buffer)
+    assert r.accepted and r.rtt_s == pytest.approx(0.35)
+    assert (r.capture_step, r.first_step, r.expired, r.rows, r.kept) == (0, 0, 0, 10, 10)
+    assert r.merge.appended == 10 and buffer.depth == 10 and r.trimmed_steps == 0
+    assert intake.trigger.stats().answered == 1
+
+
+def test_later_chunks_lose_int_rtt_over_dt_leading_rows():
+    intake, buffer = make()
+    intake.on_send(1, 0, 0.0)
+    intake.on_chunk(1, chunk(10), 0.1, buffer)  # the first RTT is now known
+    pop(buffer, 2)  # steps 0, 1 executed
+    intake.on_send(2, buffer.next_step, 1.0)  # captured at step 2
+    pop(buffer, 3)  # steps 2, 3, 4 executed while it travels
+    r = intake.on_chunk(2, chunk(10, first_value=100), 1.34, buffer)  # rtt 0.34: int(3.4) = 3
+    assert (r.capture_step, r.delay_steps, r.expired, r.first_step, r.rows) == (2, 3, 3, 5, 7)
+    assert buffer.pop() == (5, pytest.approx(np.array([103, 0], np.float32)))
+
+
+def test_the_trim_is_capped_by_the_steps_actually_executed():
+    intake, buffer = make()
+    intake.on_send(1, 0, 0.0)
+    intake.on_chunk(1, chunk(2), 0.1, buffer)
+    pop(buffer, 2)  # the buffer is now empty: the robot holds still
+    intake.on_send(2, buffer.next_step, 1.0)
+    r = intake.on_chunk(2, chunk(10, first_value=100), 1.5, buffer)  # rtt 0.5 s = 5 steps, none executed
+    assert (r.delay_steps, r.expired, r.first_step, r.rows) == (0, 0, 2, 10)
+    assert buffer.pop()[1][0] == 100  # row 0: the robot lost nothing while it held
+
+
+def test_horizon_cut_max_actions_then_execution_horizon():
+    intake, buffer = make(max_actions=8)
+    intake.on_send(1, 0, 0.0)
+    r = intake.on_chunk(1, chunk(20), 0.1, buffer, execution_horizon=5)
+    assert (r.kept, r.horizon_cut, r.rows) == (5, 3, 5)  # 20 -> 8 (client's cap) -> 5 (server's horizon)
+    intake.on_send(2, buffer.next_step, 1.0)
+    r = intake.on_chunk(2, chunk(20), 1.1, buffer, execution_horizon=0)  # 0 would be nothing: keep 1
+    assert (r.kept, r.horizon_cut) == (1, 7)
+    intake.on_send(3, buffer.next_step, 2.0)
+    r = intake.on_chunk(3, chunk(4), 2.1, buffer, execution_horizon=30)  # a horizon past the end cuts nothing
+    assert (r.kept, r.horizon_cut) == (4, 0)
+
+
+def test_unknown_duplicate_and_cleared_answers_are_rejected_but_measured():
+    intake, buffer = make()
+    r = intake.on_chunk(7, chunk(3), 1.0, buffer)
+    assert not r.accepted and r.reason == "unknown_seq" and r.rtt_s is None and buffer.depth == 0
+    intake.on_send(1, 0, 0.0)
+    assert intake.on_chunk(1, chunk(3), 0.2, buffer).accepted
+    assert intake.on_chunk(1, chunk(3), 0.3, buffer).reason == "unknown_seq"  # a duplicate
+    intake.on_send(2, 0, 1.0)
+    assert intake.clear() == 1 and intake.pending == 0  # a new episode
+    r = intake.on_chunk(2, chunk(3), 1.25, buffer)
+    assert r.reason == "unknown_seq" and r.rtt_s == pytest.approx(0.25)  # its round trip was real
+
+
+def test_a_chunk_the_buffer_refuses_is_rejected_with_its_reason_and_changes_nothing():
+    intake, buffer = make()
+    intake.on_send(1, 0, 0.0)
+    bad = chunk(4)
+    bad[2, 0] = np.nan
+    r = intake.on_chunk(1, bad, 0.1, buffer)
+    assert not r.accepted and r.reason == "non_finite" and r.merge is None and buffer.depth == 0
+
+
+def test_pending_capture_steps_are_bounded_oldest_first():
+    trigger = SendTrigger(dt_s=DT)
+    intake = ChunkIntake(trigger, DT, max_pending=3)
+    for seq in range(1, 6):
+        intake.on_send(seq, seq, float(seq))
+    assert intake.pending == 3
+    buffer = ActionBuffer()
+    assert intake.on_chunk(2, chunk(2), 9.0, buffer).reason == "unknown_seq"
+    assert intake.on_chunk(5, chunk(2), 9.0, buffer).accepted
+
+
+def test_plan_without_a_buffer_makes_the_same_decisions():
+    a, buffer = make(max_actions=12)
+    b = ChunkIntake(SendTrigger(dt_s=DT), DT, max_actions=12)
+    for intake in (a, b):
+        intake.on_send(1, 0, 0.0)
+    a.on_chunk(1, chunk(20), 0.1, buffer)
+    b.plan(1, 20, 0.1, next_step=0)
+    pop(buffer, 4)
+    for intake in (a, b):
+        intake.on_send(2, 4, 1.0)
+    pop(buffer, 3)
+    merged = a.on_chunk(2, chunk(20), 1.25, buffer, execution_horizon=9)
+    planned = b.plan(2, 20, 1.25, next_step=7, execution_horizon=9)
+    fields = ("accepted", "rtt_s", "capture_step", "delay_steps", "kept", "horizon_cut", "expired", "first_step", "rows")
+    assert [getattr(merged, f) for f in fields] == [getattr(planned, f) for f in fields]
+    assert planned.merge is None and (planned.expired, planned.first_step, planned.rows) == (2, 6, 7)
+
+
+def test_bad_settings_name_the_field():
+    trigger = SendTrigger(dt_s=DT)
+    with pytest.raises(ConfigError, match="actions_per_chunk"):
+        ChunkIntake(trigger, DT, max_actions=0)
+    with pytest.raises(ConfigError, match="max_pending"):
+        ChunkIntake(trigger, DT, max_pending=0)
+    with pytest.raises(ValueError):
+        ChunkIntake(trigger, DT, mode="telepathy")
+    assert ChunkIntake(trigger, DT, mode="blend").mode is MergeMode.BLEND
+
+
+# -- properties over random timelines -------------------------------------------------------------
+
+
+timelines = st.lists(
+    st.tuples(
+        st.integers(0, 6),  # steps popped before the send
+        st.integers(1, 8),  # steps popped while the chunk travels
+        st.floats(0.0, 1.5),  # round trip, s
+        st.integers(1, 25),  # chunk rows
+        st.none() | st.integers(0, 30),  # execution horizon
+    ),
+    min_size=1, max_size=12,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(timelines, st.none() | st.integers(1, 20))
+def test_rows_are_accounted_for_and_nothing_executed_is_merged(timeline, max_actions):
+    intake, buffer = make(max_actions=max_actions)
+    now, seq, rtt_known = 0.0, 0, False
+    for before, during, rtt_s, rows, horizon in timeline:
+        pop(buffer, before)
+        seq += 1
+        captured = buffer.next_step
+        intake.on_send(seq, captured, now)
+        pop(buffer, during)
+        delay = buffer.next_step - captured
+        now += rtt_s
+        r = intake.on_chunk(seq, chunk(rows), now, buffer, execution_horizon=horizon)
+        assert r.accepted and r.capture_step == captured and r.delay_steps == delay >= 0
+        assert r.rtt_s == pytest.approx(rtt_s)
+        # every row is either cut by a horizon, trimmed as expired, dropped as stale by the buffer, or merged
+        cap = rows if max_actions is None else min(rows, max_actions)
+        assert r.kept + r.horizon_cut == cap and 1 <= r.kept <= cap
+        assert r.expired + r.rows == r.kept
+        assert r.rows == r.merge.discarded_stale + r.merge.blended + r.merge.appended
+        # the trim: int(rtt/dt), none before the first RTT, never more than the robot executed
+        want = 0 if not rtt_known else min(int(r.rtt_s / DT), delay, r.kept)
+        assert r.expired == want and r.first_step == captured + want
+        # with the buffer's own stale rows, exactly the rows for executed steps are dropped
+        assert r.trimmed_steps == min(delay, r.kept)
+        # and the robot's next action is this chunk's row for that step (latest_only: the newest wins)
+        executed_before = buffer.stats().popped_steps
+        popped = buffer.pop()
+        if delay < r.kept:
+            assert popped[0] == captured + delay and popped[1][0] == delay
+        else:  # the whole chunk was in the past: none of it entered the buffer
+            assert r.merge.blended + r.merge.appended == 0
+        assert buffer.stats().popped_steps == executed_before + (popped is not None)
+        rtt_known = True
+        now += 0.01
