@@ -642,6 +642,23 @@ class FloorClient:
 # ============================================================================= ingest publishers
 
 
+#: A seq_id that MessagePack writes as uint64 (0xcf + 8 bytes), so a larger one fits in its place.
+_SEQ_SENTINEL = 0x0100_0000_0000_0000
+
+
+class _SeqStamped:
+    """An encoded observation whose seq_id can be rewritten in place (found once, by its bytes)."""
+
+    def __init__(self, payload: bytes):
+        marker = b"\xcf" + _SEQ_SENTINEL.to_bytes(8, "big")
+        self.offset = payload.index(marker) + 1
+        self.payload = bytearray(payload)
+
+    def with_seq(self, seq_id: int) -> bytes:
+        self.payload[self.offset:self.offset + 8] = seq_id.to_bytes(8, "big")
+        return bytes(self.payload)
+
+
 class IngestPublisher:
     """N simulated clients at 30 Hz each, publishing pre-encoded observations (no per-message work).
 
@@ -686,9 +703,13 @@ class IngestPublisher:
             k_expr = key.client(cid).obs if self.system == "ours" else f"{INGEST_FLOOR_PREFIX}/{cid}/obs"
             pub = self.session.declare_publisher(k_expr, congestion_control=zenoh.CongestionControl.DROP,
                                                  express=True, reliability=zenoh.Reliability.BEST_EFFORT)
-            payloads = [codec.encode(Observation(k + 1, cid, state, dict(zip(cams, jpegs[k % len(jpegs)], strict=True)), "bench",
-                                                 ExecutionInfo(actions_buffered=0, control_period_s=1 / FPS),
-                                                 episode_id="0"))
+            # The server drops a seq_id it has served already (`replayed`), so every message needs a
+            # new one: each payload is encoded once with a sentinel seq_id (8 bytes on the wire), and
+            # `publish` writes the message's own seq_id over it (a copy, no encoding per message).
+            payloads = [_SeqStamped(codec.encode(Observation(_SEQ_SENTINEL, cid, state,
+                                                             dict(zip(cams, jpegs[k % len(jpegs)], strict=True)), "bench",
+                                                             ExecutionInfo(actions_buffered=0, control_period_s=1 / FPS),
+                                                             episode_id="0")))
                         for k in range(self.variants)]
             self.clients.append((pub, payloads))
         time.sleep(1.0)  # let the declarations reach the server
@@ -716,7 +737,7 @@ class IngestPublisher:
                 elif wait < -period:
                     late += 1
                 pub, payloads = self.clients[i]
-                pub.put(payloads[k % self.variants])
+                pub.put(payloads[k % self.variants].with_seq(_SEQ_SENTINEL + 1 + k))
                 published += 1
             k += 1
         elapsed = time.perf_counter() - t0
