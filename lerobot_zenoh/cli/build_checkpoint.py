@@ -36,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="lerobot-zenoh-build-checkpoint",
         description="Build a LeRobot checkpoint with random weights (no hub access needed).",
     )
-    p.add_argument("--policy-type", default="act", choices=("act", "diffusion"))
+    p.add_argument("--policy-type", default="act", choices=("act", "diffusion", "smolvla", "pi0", "pi05"))
     p.add_argument("--output", required=True, help="checkpoint folder to create")
     state = p.add_mutually_exclusive_group(required=True)
     state.add_argument("--state-names", help="comma-separated joint names, in state-vector order")

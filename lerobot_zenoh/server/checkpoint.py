@@ -9,6 +9,7 @@ the actions mean nothing, but shapes, normalization and timing are those of a re
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -31,17 +32,54 @@ DEMO_OVERRIDES: dict[str, dict[str, Any]] = {
     # LeRobot's default Diffusion U-Net (512, 1024, 2048) at 100 DDPM steps takes ~30 s per chunk on
     # such a CPU; a narrower U-Net and 10 steps keep the structure at interactive speed.
     "diffusion": {"down_dims": (64, 128, 256), "num_inference_steps": 10},
+    # The VLAs are built tiny (random weights, a local tokenizer; docs/policies.md "VLAs"): SmolVLA
+    # from a tiny local SmolVLM (4 text layers of 64, 2 vision layers of 32, 64x64 images), pi0/pi05
+    # with the scoped shrink of `tiny_pi` (their Gemma sizes are fixed by variant name in LeRobot).
+    "smolvla": {"num_vlm_layers": 4, "resize_imgs_with_padding": (64, 64)},
+    "pi0": {},
+    "pi05": {},
+}
+
+#: Policy types built with a local tokenizer (and, for SmolVLA, a local VLM config + processor).
+VLA_TYPES = ("smolvla", "pi0", "pi05")
+
+# Where the builder puts a VLA's assets inside the checkpoint folder (recorded in the sidecar's
+# `assets`, relative to the folder).
+TOKENIZER_DIR = "tokenizer"
+VLM_DIR = "vlm"
+
+# pi0/pi05 processors name this tokenizer in code (LeRobot 0.6.1); a real checkpoint's
+# policy_preprocessor.json says so too, and the builder writes the same name.
+PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"
+
+# The few sentences the tiny byte-level BPE tokenizer is trained on (any text still tokenizes: the
+# byte alphabet is always in the vocabulary).
+_TOKENIZER_CORPUS = (
+    "pick up the red cube and place it in the bowl",
+    "open the drawer, then close it",
+    "fold the towel on the table",
+    "push the green block to the left",
+    "Task: stack the cups, State: 12 40 255 0 7 128;\nAction: ",
+)
+# SmolVLM's special tokens (its modeling code reads their ids from the tokenizer).
+_SMOLVLM_SPECIAL = {
+    "fake_image_token": "<fake_token_around_image>",
+    "global_image_token": "<global-img>",
+    "image_token": "<image>",
+    "end_of_utterance_token": "<end_of_utterance>",
 }
 
 # Set by the builder from its own arguments; overriding them would desynchronize config and sidecar.
 _MANAGED_FIELDS = frozenset(
-    {"input_features", "output_features", "device", "pretrained_path", "chunk_size", "n_action_steps"}
+    {"input_features", "output_features", "device", "pretrained_path", "chunk_size", "n_action_steps",
+     "vlm_model_name"}
 )
 
 # ImageNet statistics (what LeRobot's ResNet backbones expect), shaped (C, 1, 1) like compute_stats.
 _IMAGENET_MEAN = (0.485, 0.456, 0.406)
 _IMAGENET_STD = (0.229, 0.224, 0.225)
-_STAT_NAMES = ("mean", "std", "min", "max")
+_QUANTILE_NAMES = ("q01", "q99", "q10", "q90")
+_STAT_NAMES = ("mean", "std", "min", "max", *_QUANTILE_NAMES)
 
 
 def build_checkpoint(
@@ -95,27 +133,44 @@ def build_checkpoint(
     output_features = {ACTION_KEY: PolicyFeature(type=FeatureType.ACTION, shape=(spec.action_dim,))}
 
     kwargs = _config_kwargs(policy_type, spec, overrides)
-    try:
-        config = make_policy_config(
-            policy_type, input_features=input_features, output_features=output_features, **kwargs
-        )
-        policy_cls = get_policy_class(policy_type)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            policy = policy_cls(config)
-        policy.eval()
-    except Exception as exc:  # building a model from a config is pure: any failure means a bad config
-        raise ConfigError("overrides", f"LeRobot rejected the {policy_type} config: {exc}") from exc
-
-    dataset_stats = {
-        key: {name: torch.tensor(values) for name, values in per_key.items()}
-        for key, per_key in _dataset_stats(spec, stats).items()
-    }
-    preprocessor, postprocessor = make_pre_post_processors(config, dataset_stats=dataset_stats)
-
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
+        assets: dict[str, str] = {}
+        tokenizer = None
+        if policy_type in VLA_TYPES:
+            tokenizer = train_tiny_tokenizer(smolvlm=policy_type == "smolvla")
+            tokenizer.save_pretrained(staging / TOKENIZER_DIR)
+            assets["tokenizer"] = TOKENIZER_DIR
+        if policy_type == "smolvla":
+            save_tiny_smolvlm(staging / VLM_DIR, tokenizer)
+            assets["vlm"] = VLM_DIR
+            kwargs["vlm_model_name"] = str(staging / VLM_DIR)  # read while the model is built
+        try:
+            config = make_policy_config(
+                policy_type, input_features=input_features, output_features=output_features, **kwargs
+            )
+            policy_cls = get_policy_class(policy_type)
+            with torch.random.fork_rng(devices=[]), _tiny_architecture(policy_type):
+                torch.manual_seed(seed)
+                policy = policy_cls(config)
+            policy.eval()
+        except Exception as exc:  # building a model from a config is pure: any failure means a bad config
+            raise ConfigError("overrides", f"LeRobot rejected the {policy_type} config: {exc}") from exc
+
+        dataset_stats = {
+            key: {name: torch.tensor(values) for name, values in per_key.items()}
+            for key, per_key in _dataset_stats(spec, stats, quantiles=policy_type in VLA_TYPES).items()
+        }
+        with _tokenizer_named_anything(tokenizer):
+            preprocessor, postprocessor = make_pre_post_processors(config, dataset_stats=dataset_stats)
+        if policy_type == "smolvla":
+            # The saved config and processor name the VLM folder where it will be once in place, so
+            # that LeRobot's own tools load the checkpoint too; the server also finds it through the
+            # sidecar's `assets` if the folder is moved.
+            config.vlm_model_name = str(output.resolve() / VLM_DIR)
+        _rename_tokenizer(preprocessor, config.vlm_model_name if policy_type == "smolvla" else PALIGEMMA_TOKENIZER)
+
         policy.save_pretrained(staging)
         preprocessor.save_pretrained(staging)
         postprocessor.save_pretrained(staging)
@@ -128,6 +183,12 @@ def build_checkpoint(
             "chunk_size": spec.chunk_size,
             "fps": spec.fps,
         }
+        if assets:
+            sidecar["assets"] = assets
+        if policy_type in ("pi0", "pi05"):
+            from lerobot_zenoh.server.tiny_pi import TINY_PI_ARCHITECTURE
+
+            sidecar["test_architecture"] = TINY_PI_ARCHITECTURE
         (staging / FEATURES_SIDECAR_NAME).write_text(json.dumps(sidecar, indent=2) + "\n")
         _check_output(output, force)  # again: the folder may have appeared while building
         if output.exists():
@@ -137,6 +198,100 @@ def build_checkpoint(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return output
+
+
+def train_tiny_tokenizer(*, smolvlm: bool = False) -> Any:
+    """A byte-level BPE tokenizer trained with the `tokenizers` library on a few sentences, wrapped as
+    a transformers fast tokenizer (saved with ``save_pretrained``: tokenizer.json +
+    tokenizer_config.json). With `smolvlm`, it carries SmolVLM's special image tokens, whose ids
+    SmolVLA's model reads from the tokenizer. Any text tokenizes (the byte alphabet is in the vocabulary).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    special = ["<|endoftext|>", "<pad>", *(_SMOLVLM_SPECIAL.values() if smolvlm else ())]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=special, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_TOKENIZER_CORPUS, trainer)
+    extra = {"extra_special_tokens": dict(_SMOLVLM_SPECIAL)} if smolvlm else {}
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+                                   pad_token="<pad>", unk_token="<|endoftext|>", **extra)
+
+
+def save_tiny_smolvlm(folder: Path, tokenizer: Any) -> None:
+    """Write a tiny SmolVLM (config + processor, no weights) to `folder`, as ``save_pretrained`` does.
+
+    SmolVLA reads both with ``AutoConfig``/``AutoProcessor`` on its ``vlm_model_name`` even when it
+    does not load VLM weights: a llama text model (4 layers of 64, vocabulary = the tokenizer's) and a
+    SmolVLM vision tower (2 layers of 32, 64x64 images, 8x8 patches), pixel shuffle 2.
+    """
+    from transformers import SmolVLMConfig, SmolVLMProcessor
+    from transformers.models.smolvlm import SmolVLMImageProcessor, SmolVLMVideoProcessor
+
+    vocab = len(tokenizer)
+    config = SmolVLMConfig(
+        text_config={"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+                     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": vocab,
+                     "max_position_embeddings": 512, "pad_token_id": tokenizer.pad_token_id},
+        vision_config={"model_type": "smolvlm_vision", "hidden_size": 32, "intermediate_size": 64,
+                       "num_hidden_layers": 2, "num_attention_heads": 2, "image_size": 64, "patch_size": 8},
+        scale_factor=2, image_token_id=tokenizer.image_token_id, vocab_size=vocab,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    config.save_pretrained(folder)
+    size = {"longest_edge": 64}
+    SmolVLMProcessor(
+        image_processor=SmolVLMImageProcessor(size=size, max_image_size=size, do_image_splitting=False),
+        video_processor=SmolVLMVideoProcessor(size=size, max_image_size=size),
+        tokenizer=tokenizer, image_seq_len=4,
+    ).save_pretrained(folder)
+
+
+@contextlib.contextmanager
+def _tiny_architecture(policy_type: str):
+    """pi0/pi05: build with `tiny_pi`'s scoped shrink (their Gemma sizes are fixed by LeRobot)."""
+    if policy_type not in ("pi0", "pi05"):
+        yield
+        return
+    from lerobot_zenoh.server.tiny_pi import TINY_PI_ARCHITECTURE, shrunk_pi_architecture
+
+    with shrunk_pi_architecture(policy_type, TINY_PI_ARCHITECTURE):
+        yield
+
+
+@contextlib.contextmanager
+def _tokenizer_named_anything(tokenizer: Any):
+    """While LeRobot builds a VLA's processors, its tokenizer step gets `tokenizer` whatever name it
+    asks the hub for (pi0/pi05 name PaliGemma's in code). Builder only; the step's saved name is set
+    afterwards by `_rename_tokenizer`."""
+    if tokenizer is None:
+        yield
+        return
+    from lerobot.processor import tokenizer_processor
+
+    original = tokenizer_processor.AutoTokenizer
+
+    class _Local:
+        @staticmethod
+        def from_pretrained(*_args: Any, **_kwargs: Any) -> Any:
+            return tokenizer
+
+    tokenizer_processor.AutoTokenizer = _Local
+    try:
+        yield
+    finally:
+        tokenizer_processor.AutoTokenizer = original
+
+
+def _rename_tokenizer(preprocessor: Any, name: str) -> None:
+    from lerobot.processor import TokenizerProcessorStep
+
+    for step in preprocessor.steps:
+        if isinstance(step, TokenizerProcessorStep):
+            step.tokenizer_name = name
 
 
 def _check_output(output: Path, force: bool) -> None:
@@ -172,12 +327,21 @@ def _config_kwargs(policy_type: str, spec: PolicySpec, overrides: Mapping[str, A
             raise ConfigError(f"overrides.{key}", f"{config_cls.__name__} has no such field")
         user[key] = _coerce(key, value, defaults[key])
 
-    kwargs: dict[str, Any] = {"pretrained_backbone_weights": None, "device": "cpu"}
+    kwargs: dict[str, Any] = {"device": "cpu"}
+    if "pretrained_backbone_weights" in defaults:
+        kwargs["pretrained_backbone_weights"] = None
     kwargs.update(DEMO_OVERRIDES[policy_type])
     kwargs.update(user)
-    if not spec.cameras:  # neither policy has an input other than state + images here
+    if not spec.cameras:  # no policy here has an input other than state + images
         raise ConfigError("cameras", f"{policy_type} needs at least one camera")
-    if policy_type == "act":
+    if policy_type in VLA_TYPES:  # the whole chunk is served (the client decides what to execute)
+        kwargs["chunk_size"] = spec.chunk_size
+        kwargs["n_action_steps"] = spec.chunk_size
+        if policy_type in ("pi0", "pi05"):
+            from lerobot_zenoh.server.tiny_pi import TINY_PI_ARCHITECTURE
+
+            kwargs.setdefault("image_resolution", tuple(TINY_PI_ARCHITECTURE["image_resolution"]))
+    elif policy_type == "act":
         kwargs["chunk_size"] = spec.chunk_size
         kwargs["n_action_steps"] = spec.chunk_size
     else:  # diffusion: horizon must hold n_obs_steps - 1 past steps + the chunk, in U-Net multiples
@@ -211,11 +375,13 @@ def _coerce(key: str, value: Any, default: Any) -> Any:
 
 
 def _dataset_stats(
-    spec: PolicySpec, stats: Mapping[str, Mapping[str, Sequence[float]]] | None
+    spec: PolicySpec, stats: Mapping[str, Mapping[str, Sequence[float]]] | None, *, quantiles: bool = False
 ) -> dict[str, dict[str, list]]:
     out: dict[str, dict[str, list]] = {}
     for key, dim in ((OBS_STATE_KEY, spec.state_dim), (ACTION_KEY, spec.action_dim)):
         out[key] = {"mean": [0.0] * dim, "std": [1.0] * dim, "min": [-1.0] * dim, "max": [1.0] * dim}
+        if quantiles:  # pi05 normalizes with quantiles (identity with these)
+            out[key].update({q: [-1.0 if q in ("q01", "q10") else 1.0] * dim for q in _QUANTILE_NAMES})
     for key, given in (stats or {}).items():
         if key not in out:
             raise ConfigError(f"stats.{key}", f"only {OBS_STATE_KEY!r} and {ACTION_KEY!r} can be set")
