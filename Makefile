@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml
 		echo "$(VENV) is not Python 3.12; recreating"; rm -rf $(VENV); fi
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,vla]'
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -88,7 +88,7 @@ soak: $(STAMP)
 # minutes on 2 cores; BENCH_ARGS=--full for the long runs. Shaped links need root (network namespaces).
 
 $(BENCH_STAMP): pyproject.toml $(STAMP)
-	$(PY) -m pip install --quiet -e '.[test,bench]'
+	$(PY) -m pip install --quiet -e '.[test,vla,bench]'
 	@touch $(BENCH_STAMP)
 
 .PHONY: bench
