@@ -143,6 +143,9 @@ class RecordingRunner:
     def forget(self, session_id):
         self._runner.forget(session_id)
 
+    def check_request(self, request):
+        self._runner.check_request(request)
+
     def run(self, requests, *, capture_updates=False):
         results = self._runner.run(requests, capture_updates=capture_updates)
         if capture_updates:

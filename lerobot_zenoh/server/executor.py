@@ -1,7 +1,8 @@
 """The executor of one model: turns a batch the engine picked into encoded action chunks.
 
     prepare(session_id, observation)  check it against the model's spec, decode its JPEG frames
-                                      (cameras in parallel), build the runner's request
+                                      (cameras in parallel), build the runner's request, let the
+                                      runner refuse it (`check_request`, e.g. task_too_long)
     infer(requests)                   one `runner.run` call for the whole batch; if it fails, each
                                       request again on its own so that only the bad one fails
     chunk(observation, result, ...)   cut to actions_per_chunk, execution horizon, ActionChunk bytes
@@ -80,8 +81,10 @@ class Executor:
         images = {name: codec.decode_jpeg(obs.images[name], hw, self.limits) for name, hw in cameras[:1]}
         for name, decoded in others:
             images[name] = decoded.result()
-        return InferenceRequest(session_id=client_id, state=state, images=images, task=obs.task,
-                                seed=request_seed(client_id, obs.seq_id), episode_id=obs.episode_id)
+        request = InferenceRequest(session_id=client_id, state=state, images=images, task=obs.task,
+                                   seed=request_seed(client_id, obs.seq_id), episode_id=obs.episode_id)
+        self.runner.check_request(request)  # e.g. task_too_long, before it can fail a whole batch
+        return request
 
     def infer(self, requests: Sequence[InferenceRequest]) -> list[InferenceResult | Exception]:
         """One result per request: its result, or the exception its inference raised."""

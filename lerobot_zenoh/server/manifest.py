@@ -191,6 +191,13 @@ class ModelEntry(_Strict):
     pretrained_path: str | None = None
     synthetic: SyntheticEntry | None = None
     device: str = "cpu"
+    # Weights and activations: float32 (fp32) or bfloat16 (bf16; VLAs only, refused at start-up by
+    # families that cannot serve it).
+    dtype: Literal["float32", "fp32", "bfloat16", "bf16"] = "float32"
+    # Local folders for assets a checkpoint names but does not hold (VLAs; docs/policies.md): its
+    # tokenizer, and SmolVLA's VLM config + processor. Resolved like pretrained_path.
+    tokenizer_path: str | None = None
+    vlm_path: str | None = None
     fps: int = Field(30, ge=1, le=1000)
     endpoint: str | None = None
     endpoints: list[str] = Field(default_factory=list)
@@ -310,6 +317,9 @@ class Manifest(_Strict):
 
     def resolve_path(self, entry: ModelEntry) -> Path:
         return self._resolve(entry.pretrained_path or "")
+
+    def resolve_asset(self, value: str | None) -> Path | None:
+        return None if not value else self._resolve(value)
 
     def _resolve(self, value: str) -> Path:
         path = Path(value)

@@ -2,9 +2,11 @@
 
     base.py        the seam: PolicySpec + RunnerCapabilities, InferenceRequest, InferenceResult,
                    PolicyRunner, BaseRunner (warm-up, `infer` convenience); no torch
-    lerobot.py     what every LeRobot family shares: reading a checkpoint, the spec, pre/post-processing
+    lerobot.py     what every LeRobot family shares: reading a checkpoint, the spec, pre/post-processing,
+                   load options (device, dtype, local assets), the loaded-weights check
     act.py         ACT (one forward pass per batch)
     diffusion.py   Diffusion (per-session history, seeded noise, denoising updates)
+    flow_matching.py  SmolVLA, pi0, pi0.5 (task-conditioned, one forward pass per batch, per-row noise)
     synthetic.py   a torch-free fake with a set latency (tests, benchmarks)
 
 `RUNNERS` maps LeRobot's policy type (``config.json``'s ``type``) to the runner class serving it. A new
@@ -28,7 +30,8 @@ from lerobot_zenoh.server.runners.base import (
     RunnerCapabilities,
 )
 from lerobot_zenoh.server.runners.diffusion import DiffusionRunner
-from lerobot_zenoh.server.runners.lerobot import LeRobotRunner, read_config
+from lerobot_zenoh.server.runners.flow_matching import FlowMatchingRunner
+from lerobot_zenoh.server.runners.lerobot import LeRobotRunner, LoadOptions, read_config
 
 if TYPE_CHECKING:
     from lerobot_zenoh.server.manifest import Manifest, ModelEntry
@@ -38,6 +41,7 @@ __all__ = [
     "BaseRunner",
     "InferenceRequest",
     "InferenceResult",
+    "LoadOptions",
     "PolicyRunner",
     "PolicySpec",
     "RunnerCapabilities",
@@ -49,11 +53,16 @@ __all__ = [
 RUNNERS: dict[str, type[LeRobotRunner]] = {
     "act": ActRunner,
     "diffusion": DiffusionRunner,
+    "pi0": FlowMatchingRunner,
+    "pi05": FlowMatchingRunner,
+    "smolvla": FlowMatchingRunner,
 }
 
 
-def load_policy_runner(pretrained_path: str | Path, device: str = "cpu") -> PolicyRunner:
-    """Load a local LeRobot checkpoint folder as the runner `RUNNERS` names for its policy type.
+def load_policy_runner(pretrained_path: str | Path, device: str = "cpu", *,
+                       options: LoadOptions | None = None) -> PolicyRunner:
+    """Load a local LeRobot checkpoint folder as the runner `RUNNERS` names for its policy type,
+    on `device` (or as `options` say: device, dtype, local asset folders).
 
     A hub checkpoint must be downloaded first (``hf download REPO --local-dir DIR``). Raises
     `PolicyError` naming the path on any failure, and for a type without a runner, the type and the
@@ -66,7 +75,7 @@ def load_policy_runner(pretrained_path: str | Path, device: str = "cpu") -> Poli
         raise PolicyError(
             f"{path}: policy type {config.type!r} is not supported (supported: {', '.join(sorted(RUNNERS))})"
         )
-    return runner_cls.from_checkpoint(path, config, device)
+    return runner_cls.from_checkpoint(path, config, options or LoadOptions(device=device))
 
 
 def load_runner(manifest: Manifest, entry: ModelEntry) -> PolicyRunner:
@@ -90,4 +99,11 @@ def load_runner(manifest: Manifest, entry: ModelEntry) -> PolicyRunner:
     if not path.exists():
         raise PolicyError(f"{manifest.source}: server[{entry.model_id}].pretrained_path: {path} does not exist "
                           "(build one offline with lerobot-zenoh-build-checkpoint)")
-    return load_policy_runner(path, entry.device)
+    field = f"server[{entry.model_id}]."
+    return load_policy_runner(path, options=LoadOptions(
+        device=entry.device,
+        dtype=entry.dtype,
+        tokenizer_path=manifest.resolve_asset(entry.tokenizer_path),
+        vlm_path=manifest.resolve_asset(entry.vlm_path),
+        field_prefix=field,
+    ))

@@ -193,11 +193,16 @@ class PolicyRunner(Protocol):
     ``spec.capabilities.refinement_updates``; the captured updates must not change the sample (the
     actions equal those of a call without capture bit for bit); a runner without the capability
     ignores it. `forget` drops a session's per-episode state (observation history).
+    `check_request` refuses, before any batching, a request this model cannot take although it has
+    the spec's shapes (e.g. a task longer than the tokenizer reads), with a `ProtocolError` whose
+    `reason` the server counts; it runs on the inference thread and must be cheap.
     """
 
     spec: PolicySpec
 
     def warmup(self) -> None: ...
+
+    def check_request(self, request: InferenceRequest) -> None: ...
 
     def run(
         self, requests: Sequence[InferenceRequest], *, capture_updates: bool = False
@@ -230,6 +235,9 @@ class BaseRunner:
 
     def forget(self, session_id: str) -> None:
         """No per-session state by default."""
+
+    def check_request(self, request: InferenceRequest) -> None:
+        """Every request with the spec's shapes is accepted by default."""
 
     def infer(
         self,

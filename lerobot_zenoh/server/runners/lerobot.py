@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,30 @@ FEATURES_SIDECAR_NAME = "lerobot_zenoh_features.json"
 FEATURES_SIDECAR_VERSION = 1
 
 ACTION_KEY = "action"
+WEIGHTS_FILE = "model.safetensors"
+
+#: Manifest spellings of a dtype -> torch's name.
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How the server loads a checkpoint: the manifest entry's settings for it.
+
+    `device` and `dtype` (``float32``/``bfloat16``) place the model. `tokenizer_path` and `vlm_path`
+    are local folders standing in for assets a checkpoint names but does not hold (a VLA's tokenizer,
+    SmolVLA's VLM config and processor). `field_prefix` (e.g. ``"server[pi0]."``) makes errors name
+    the manifest field to set.
+    """
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    tokenizer_path: Path | None = None
+    vlm_path: Path | None = None
+    field_prefix: str = ""
+
+    def field(self, name: str) -> str:
+        return f"{self.field_prefix}{name}"
 
 
 def read_config(path: Path) -> Any:
@@ -54,6 +79,7 @@ def read_config(path: Path) -> Any:
     if not (path / "config.json").is_file():
         raise PolicyError(f"{path}: no config.json; not a LeRobot policy checkpoint")
     try:
+        import lerobot.policies  # noqa: F401 - registers every policy config type with PreTrainedConfig
         from lerobot.configs import PreTrainedConfig
     except ImportError as exc:  # pragma: no cover - depends on the installation
         raise PolicyError(f"cannot import lerobot to load {path}: {exc}") from exc
@@ -97,38 +123,93 @@ class LeRobotRunner(BaseRunner):
 
     # -- loading -----------------------------------------------------------------------------------
 
+    #: dtypes a family can serve (LoadOptions.dtype); ACT and Diffusion feed float32 inputs.
+    supported_dtypes: tuple[str, ...] = ("float32",)
+
     @classmethod
-    def from_checkpoint(cls, path: Path, config: Any, device: str = "cpu") -> LeRobotRunner:
-        """Load the checkpoint folder `path` whose config `read_config` returned, on `device`.
+    def from_checkpoint(cls, path: Path, config: Any, options: LoadOptions | str = "cpu") -> LeRobotRunner:
+        """Load the checkpoint folder `path` whose config `read_config` returned, as `options` say
+        (a bare string is the device).
 
         The folder must hold what ``policy.save_pretrained`` + ``preprocessor/postprocessor.save_pretrained``
         write (``config.json``, ``model.safetensors``, ``policy_preprocessor.json``,
-        ``policy_postprocessor.json`` and their normalizer stats). Raises `PolicyError` naming the path.
+        ``policy_postprocessor.json`` and their normalizer stats). Every tensor of ``model.safetensors``
+        must have reached the model (`check_weights`): some LeRobot families return random weights
+        without raising when it is missing or its shapes do not match. Raises `PolicyError` naming the
+        path (and the manifest field, for a bad device, dtype or asset).
         """
+        if isinstance(options, str):
+            options = LoadOptions(device=options)
         try:
             import torch
 
-            from lerobot.policies import get_policy_class, make_pre_post_processors
+            from lerobot.policies import make_pre_post_processors
         except ImportError as exc:  # pragma: no cover - depends on the installation
             raise PolicyError(f"cannot import torch/lerobot to load {path}: {exc}") from exc
         try:
-            torch_device = torch.device(device)
+            torch_device = torch.device(options.device)
         except (RuntimeError, TypeError) as exc:
-            raise PolicyError(f"{path}: invalid device {device!r}: {exc}") from exc
+            raise PolicyError(f"{options.field('device')}: invalid device {options.device!r}: {exc}") from exc
+        if torch_device.type == "cuda" and not torch.cuda.is_available():
+            raise PolicyError(f"{options.field('device')}: {options.device!r} but CUDA is not available here")
+        if torch_device.type == "mps" and not torch.backends.mps.is_available():
+            raise PolicyError(f"{options.field('device')}: {options.device!r} but MPS is not available here")
+        dtype = DTYPES.get(options.dtype)
+        if dtype not in cls.supported_dtypes:
+            raise PolicyError(f"{options.field('dtype')}: {options.dtype!r} is not supported for {config.type} "
+                              f"(supported: {', '.join(cls.supported_dtypes)})")
+        weights = path / WEIGHTS_FILE
+        if not weights.is_file():
+            raise PolicyError(f"{weights}: missing; the checkpoint has no weights")
         config.device = torch_device.type
+        cls.prepare_config(path, config, options)
         spec = _spec_from_config(path, config, cls.chunk_size_for(config), cls.capabilities_for(config))
         try:
-            policy_cls = get_policy_class(config.type)
-            policy = policy_cls.from_pretrained(path, config=config, local_files_only=True)
-            policy.to(torch_device).eval()
+            policy = cls.load_policy(path, config, options)
+            policy.to(torch_device)
+            if dtype != "float32":
+                cls.cast_policy(policy, getattr(torch, dtype))
+            policy.eval()
             preprocessor, postprocessor = make_pre_post_processors(
                 config,
                 pretrained_path=str(path),
-                preprocessor_overrides={"device_processor": {"device": str(torch_device)}},
+                preprocessor_overrides={"device_processor": {"device": str(torch_device)},
+                                        **cls.preprocessor_overrides(path, config, options)},
             )
+        except PolicyError:
+            raise
         except Exception as exc:  # safetensors/torch/processor errors: the checkpoint is unusable
             raise PolicyError(f"{path}: cannot load {config.type} checkpoint: {exc}") from exc
+        check_weights(weights, policy, cls.file_key_candidates)
         return cls(spec, policy, preprocessor, postprocessor, torch_device, path)
+
+    # -- loading hooks (a family overrides what it needs) ------------------------------------------
+
+    @classmethod
+    def prepare_config(cls, path: Path, config: Any, options: LoadOptions) -> None:
+        """Adjust the config before the model is built (e.g. point at local assets). Nothing by default."""
+
+    @classmethod
+    def load_policy(cls, path: Path, config: Any, options: LoadOptions) -> Any:
+        """The policy with its weights, through LeRobot's factory and ``from_pretrained``."""
+        from lerobot.policies import get_policy_class
+
+        return get_policy_class(config.type).from_pretrained(path, config=config, local_files_only=True)
+
+    @classmethod
+    def cast_policy(cls, policy: Any, dtype: Any) -> None:
+        """Cast a loaded policy to a non-float32 `dtype` (only for `supported_dtypes`)."""
+        policy.to(dtype)
+
+    @classmethod
+    def preprocessor_overrides(cls, path: Path, config: Any, options: LoadOptions) -> dict[str, Any]:
+        """Per-step overrides of the saved preprocessor (registry name -> settings). None by default."""
+        return {}
+
+    @classmethod
+    def file_key_candidates(cls, key: str) -> tuple[str, ...]:
+        """The model state-dict keys a ``model.safetensors`` key may load into."""
+        return (key, f"model.{key}")
 
     # -- serving -----------------------------------------------------------------------------------
 
@@ -187,6 +268,50 @@ class LeRobotRunner(BaseRunner):
     def _chunk(self, request: InferenceRequest, batch: dict[str, Any], updates: list | None) -> torch.Tensor:
         """The preprocessed `batch` of one request -> its normalized ``(1, T, action_dim)`` chunk."""
         raise NotImplementedError
+
+
+def check_weights(weights: Path, policy: Any, candidates: Any = None) -> None:
+    """`PolicyError` naming `weights` unless every tensor of the model came from that file.
+
+    Each file key must map (`candidates`) to a model key of the same shape whose loaded value equals
+    it (cast to the model's dtype); each model key must have come from the file, or share storage
+    with one that did (tied embeddings are saved once). Reads one tensor at a time.
+    """
+    import torch
+    from safetensors import safe_open
+
+    candidates = candidates or (lambda key: (key, f"model.{key}"))
+    model = policy.state_dict(keep_vars=False)
+    loaded: set[str] = set()
+    problems: list[str] = []
+    try:
+        with safe_open(str(weights), framework="pt", device="cpu") as f:
+            for key in f.keys():  # noqa: SIM118 - safe_open has no __iter__
+                target = next((k for k in candidates(key) if k in model), None)
+                if target is None:
+                    problems.append(f"unexpected {key}")
+                    continue
+                tensor = model[target]
+                saved = f.get_tensor(key)
+                if tuple(saved.shape) != tuple(tensor.shape):
+                    problems.append(f"{key}: shape {tuple(saved.shape)} in the file, {tuple(tensor.shape)} in the model")
+                elif not torch.equal(saved.to(tensor.dtype), tensor.detach().to("cpu")):
+                    problems.append(f"{key}: the model's value is not the file's")
+                else:
+                    loaded.add(target)
+                if len(problems) >= 3:
+                    break
+    except Exception as exc:  # a truncated or corrupt file
+        raise PolicyError(f"{weights}: unreadable weights: {exc}") from exc
+    if not problems:
+        storages = {model[k].untyped_storage().data_ptr() for k in loaded if model[k].numel()}
+        missing = [k for k, t in model.items()
+                   if k not in loaded and not (t.numel() and t.untyped_storage().data_ptr() in storages)]
+        problems = [f"missing {k}" for k in missing[:3]]
+        if len(missing) > 3:
+            problems.append(f"... {len(missing)} tensors missing in all")
+    if problems:
+        raise PolicyError(f"{weights}: the weights did not load into the model: {'; '.join(problems)}")
 
 
 def concat_batches(batches: list[dict[str, Any]]) -> dict[str, Any]:

@@ -1,0 +1,274 @@
+"""Language-conditioned flow-matching VLAs (LeRobot ``smolvla``, ``pi0``, ``pi05``): true batching
+with per-request noise, local assets for offline servers.
+
+One runner serves the three families, which LeRobot exposes the same way: a tokenizer step in the
+saved preprocessor, ``predict_action_chunk(batch, noise=...)`` sampling ``chunk_size`` actions from
+noise of shape ``(B, chunk_size, max_action_dim)`` with ``num_steps`` Euler steps.
+
+Serving (`run`): every request of the call is turned into LeRobot's rollout frame, the frames are
+stacked, and the saved preprocessor runs **once** on the stacked batch with the list of task strings
+(SmolVLA pads tokens to the longest task of the call: preprocessing rows one by one and concatenating
+would not even line up). Each row's noise is drawn from a ``torch.Generator`` seeded with that
+request's `seed` alone, so a row's chunk does not depend on who else is in the batch, and the global
+RNG is never used. One lock covers preprocess -> model -> postprocess: pi0's relative-action steps
+share state between the pre- and the postprocessor, and SmolVLA's ``predict_action_chunk`` writes its
+observation queues (of length ``n_obs_steps`` = 1, so they hold the current batch only).
+``torch.no_grad`` rather than ``inference_mode``: LeRobot's real-time chunking needs autograd.
+
+Assets (`LoadOptions`): a checkpoint names its tokenizer (``policy_preprocessor.json``) and, for
+SmolVLA, its VLM config + processor (``vlm_model_name``) but does not hold them. Each is looked up as
+the manifest's ``tokenizer_path`` / ``vlm_path``, then the checkpoint sidecar's ``assets`` (what
+``lerobot-zenoh-build-checkpoint`` writes), then the named folder or Hugging Face cache entry; the
+server never downloads. Not found: one `PolicyError` naming the asset and the manifest field.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lerobot_zenoh.errors import PolicyError, ProtocolError
+from lerobot_zenoh.server.runners.base import (
+    InferenceRequest,
+    InferenceResult,
+    RunnerCapabilities,
+    check_observation,
+)
+from lerobot_zenoh.server.runners.lerobot import FEATURES_SIDECAR_NAME, LeRobotRunner, LoadOptions
+
+log = logging.getLogger(__name__)
+
+_PREPROCESSOR_JSON = "policy_preprocessor.json"
+_TOKENIZER_STEP = "tokenizer_processor"
+
+
+class FlowMatchingRunner(LeRobotRunner):
+    """SmolVLA, pi0 and pi0.5 behind the runner seam (see the module docstring)."""
+
+    supported_dtypes = ("float32", "bfloat16")
+
+    @classmethod
+    def chunk_size_for(cls, config: Any) -> int:
+        return int(config.chunk_size)
+
+    @classmethod
+    def capabilities_for(cls, config: Any) -> RunnerCapabilities:
+        # rtc: LeRobot's RTC is there (issue #15 wires it through InferenceRequest.extras).
+        return RunnerCapabilities(max_batch=None, history_length=int(config.n_obs_steps), reads_task=True)
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        from lerobot.processor import TokenizerProcessorStep
+
+        steps = [s for s in self.preprocessor.steps if isinstance(s, TokenizerProcessorStep)]
+        if len(steps) != 1:
+            raise PolicyError(f"{self.path}: expected one tokenizer step in {_PREPROCESSOR_JSON}, found {len(steps)}")
+        self._tokenizer = steps[0].input_tokenizer
+        self.max_task_tokens = int(steps[0].max_length)
+        self._max_action_dim = int(self.policy.config.max_action_dim)
+        self._lock = threading.Lock()
+
+    # -- loading -----------------------------------------------------------------------------------
+
+    @classmethod
+    def prepare_config(cls, path: Path, config: Any, options: LoadOptions) -> None:
+        if int(config.n_obs_steps) != 1:
+            # SmolVLA keeps observation queues inside the shared model; longer ones would mix sessions.
+            raise PolicyError(f"{path}: n_obs_steps {config.n_obs_steps} is not supported for {config.type} (1 only)")
+        if config.type in ("pi0", "pi05"):
+            # LeRobot's own mixed precision (vision tower and norms stay float32).
+            from lerobot_zenoh.server.runners.lerobot import DTYPES
+
+            config.dtype = DTYPES[options.dtype]
+        if config.type == "smolvla":
+            extras = _sidecar_extras(path)
+            named = config.vlm_model_name
+            folder = resolve_asset(path, "VLM config and processor", named, "config.json's vlm_model_name",
+                                   options.vlm_path, extras.get("assets", {}).get("vlm"),
+                                   options.field("vlm_path"), "config.json")
+            config.vlm_model_name = str(folder)
+            # The VLM's weights are in the checkpoint's model.safetensors (checked after loading):
+            # never fetch them again from the VLM folder or the hub.
+            config.load_vlm_weights = False
+
+    @classmethod
+    def load_policy(cls, path: Path, config: Any, options: LoadOptions) -> Any:
+        arch = _sidecar_extras(path).get("test_architecture")
+        if arch is None:
+            return super().load_policy(path, config, options)
+        from lerobot_zenoh.server.tiny_pi import shrunk_pi_architecture, validate_architecture
+
+        arch = validate_architecture(config.type, arch, str(path / FEATURES_SIDECAR_NAME))
+        log.warning("%s: building the test architecture its %s declares (tiny Gemma/SigLIP, lerobot_zenoh.server."
+                    "tiny_pi)", path, FEATURES_SIDECAR_NAME)
+        with shrunk_pi_architecture(config.type, arch):
+            return super().load_policy(path, config, options)
+
+    @classmethod
+    def cast_policy(cls, policy: Any, dtype: Any) -> None:
+        if policy.config.type == "smolvla":
+            policy.to(dtype)  # SmolVLA casts its inputs to each layer's dtype
+        # pi0/pi05 were built with config.dtype (LeRobot keeps their vision path in float32)
+
+    @classmethod
+    def preprocessor_overrides(cls, path: Path, config: Any, options: LoadOptions) -> dict[str, Any]:
+        named = _tokenizer_name(path)
+        extras = _sidecar_extras(path)
+        bundled = extras.get("assets", {}).get("tokenizer")
+        if options.tokenizer_path is None and bundled is None and config.type == "smolvla":
+            bundled = config.vlm_model_name  # SmolVLA's tokenizer is its VLM processor's (resolved above)
+        folder = resolve_asset(path, "tokenizer", named, f"{_PREPROCESSOR_JSON}'s {_TOKENIZER_STEP}",
+                               options.tokenizer_path, bundled, options.field("tokenizer_path"),
+                               "tokenizer_config.json")
+        return {_TOKENIZER_STEP: {"tokenizer_name": str(folder)}}
+
+    @classmethod
+    def file_key_candidates(cls, key: str) -> tuple[str, ...]:
+        # pi0's from_pretrained also maps openpi's time_mlp_* names (`_fix_pytorch_state_dict_keys`).
+        out = [key, f"model.{key}"]
+        for old, new in (("time_mlp_in.", "action_time_mlp_in."), ("time_mlp_out.", "action_time_mlp_out.")):
+            if key.startswith(old) or key.startswith(f"model.{old}"):
+                out.append("model." + key.removeprefix("model.").replace(old, new, 1))
+        return tuple(out)
+
+    # -- serving -----------------------------------------------------------------------------------
+
+    def check_request(self, request: InferenceRequest) -> None:
+        """`ProtocolError("task_too_long")` when the task takes more tokens than the model reads.
+
+        LeRobot's tokenizer step would silently truncate it (``truncation=True``); a cut instruction
+        may mean another task, so it is refused instead. Counted as the step tokenizes it (with the
+        newline LeRobot appends and the tokenizer's special tokens). pi0.5 also writes the discretized
+        state into its prompt; those tokens are not counted here (LeRobot truncates them).
+        """
+        task = request.task if request.task.endswith("\n") else f"{request.task}\n"
+        n = len(self._tokenizer(task)["input_ids"])
+        if n > self.max_task_tokens:
+            raise ProtocolError("task_too_long",
+                                f"the task is {n} tokens, {self.spec.policy_type} reads at most {self.max_task_tokens}")
+
+    def run(
+        self, requests: Sequence[InferenceRequest], *, capture_updates: bool = False
+    ) -> list[InferenceResult]:
+        """One forward pass for the whole call (see the module docstring); row `i` equals
+        ``run([requests[i]])`` within float tolerance, and a request alone is bit for bit the same
+        whatever was served before."""
+        import torch
+
+        if not requests:
+            return []
+        for r in requests:
+            check_observation(self.spec, r.state, r.images)
+        try:
+            with self._lock, torch.no_grad():
+                batch = self.preprocessor(self._stack(requests))
+                noise = torch.stack([self._noise(r.seed) for r in requests]).to(self.device)
+                chunk = self.policy.predict_action_chunk(batch, noise=noise)
+                actions = self.postprocessor(chunk)
+        except PolicyError:
+            raise
+        except Exception as exc:  # torch/lerobot runtime failure: report, never return "no actions"
+            raise PolicyError(f"{self.path}: inference of {len(requests)} request(s) failed: {exc}") from exc
+        out = actions.detach().to("cpu", torch.float32).numpy()
+        expected = (len(requests), self.spec.chunk_size, self.spec.action_dim)
+        if out.shape != expected:
+            raise PolicyError(f"{self.path}: model returned actions {out.shape}, expected {expected}")
+        return [InferenceResult(np.ascontiguousarray(chunk)) for chunk in out]
+
+    def _noise(self, seed: int) -> Any:
+        """``(chunk_size, max_action_dim)`` standard normal noise from a generator seeded with `seed`
+        alone, drawn on the CPU (the same numbers on every device)."""
+        import torch
+
+        generator = torch.Generator().manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
+        return torch.randn((self.spec.chunk_size, self._max_action_dim), generator=generator)
+
+    def _stack(self, requests: Sequence[InferenceRequest]) -> dict[str, Any]:
+        """LeRobot's rollout observation for each request, stacked on dim 0, tasks as a list."""
+        import torch
+        from lerobot.policies import prepare_observation_for_inference
+        from lerobot.utils.feature_utils import build_dataset_frame
+
+        rows = []
+        for r in requests:
+            values: dict[str, Any] = {name: float(r.state[i]) for i, name in enumerate(self.spec.state_names)}
+            for cam, img in r.images.items():
+                values[cam] = img if img.flags.writeable and img.flags.c_contiguous else np.array(img)
+            frame = build_dataset_frame(self._features, values, prefix="observation")
+            rows.append(prepare_observation_for_inference(frame, self.device, r.task, None))
+        out: dict[str, Any] = {}
+        for key, first in rows[0].items():
+            if isinstance(first, torch.Tensor):
+                out[key] = torch.cat([row[key] for row in rows], dim=0)
+            elif key == "task":
+                out[key] = [row[key] for row in rows]
+            else:
+                out[key] = first
+        return out
+
+
+def resolve_asset(path: Path, what: str, named: str | None, named_where: str, given: Path | None,
+                  bundled: str | None, field: str, marker: str) -> Path:
+    """The local folder holding an asset a checkpoint names: the manifest's `given` folder, else the
+    checkpoint's `bundled` one (relative to it, or absolute), else `named` as a folder or a Hugging
+    Face cache entry. `marker` is a file the folder must hold. `PolicyError` naming `field` otherwise."""
+    if given is not None:
+        if not (given / marker).is_file():
+            raise PolicyError(f"{field}: {given} does not hold a {what} (no {marker})")
+        return given
+    for candidate in (bundled, named):
+        if candidate and (path / candidate / marker).is_file():
+            return path / candidate  # an absolute candidate stays absolute
+    cached = _hf_cached(named, marker)
+    if cached is not None:
+        return cached
+    raise PolicyError(
+        f"{path}: the {what} {named!r} ({named_where}) is neither a local folder nor in the Hugging Face "
+        f"cache, and the server does not download; set {field} to a local folder holding it "
+        f"(e.g. `hf download {named} --local-dir DIR`)")
+
+
+def _hf_cached(repo_id: str | None, filename: str) -> Path | None:
+    if not repo_id or os.path.isabs(repo_id):
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(repo_id, filename)
+    except Exception:  # an invalid repo id is simply not cached
+        return None
+    return Path(found).parent if isinstance(found, str) else None
+
+
+def _tokenizer_name(path: Path) -> str | None:
+    """The tokenizer name the checkpoint's saved preprocessor asks for."""
+    try:
+        steps = json.loads((path / _PREPROCESSOR_JSON).read_text())["steps"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise PolicyError(f"{path / _PREPROCESSOR_JSON}: unreadable: {exc}") from exc
+    for step in steps:
+        if isinstance(step, dict) and step.get("registry_name") == _TOKENIZER_STEP:
+            return (step.get("config") or {}).get("tokenizer_name")
+    raise PolicyError(f"{path / _PREPROCESSOR_JSON}: no {_TOKENIZER_STEP} step")
+
+
+def _sidecar_extras(path: Path) -> dict[str, Any]:
+    """The builder's optional sidecar keys (``assets``, ``test_architecture``); {} without a sidecar."""
+    sidecar = path / FEATURES_SIDECAR_NAME
+    if not sidecar.is_file():
+        return {}
+    try:
+        data = json.loads(sidecar.read_text())
+    except (OSError, ValueError) as exc:
+        raise PolicyError(f"{sidecar}: unreadable features file: {exc}") from exc
+    assets = data.get("assets", {})
+    if not isinstance(assets, dict) or not all(isinstance(v, str) for v in assets.values()):
+        raise PolicyError(f"{sidecar}: assets must map names to folder paths, got {assets!r}")
+    return {k: data[k] for k in ("assets", "test_architecture") if k in data}
