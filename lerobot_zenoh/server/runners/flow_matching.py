@@ -114,7 +114,10 @@ class FlowMatchingRunner(LeRobotRunner):
     @classmethod
     def cast_policy(cls, policy: Any, dtype: Any) -> None:
         if policy.config.type == "smolvla":
-            policy.to(dtype)  # SmolVLA casts its inputs to each layer's dtype
+            # As LeRobot runs a SmolVLA whose VLM it loads in bfloat16: the VLM and the action expert
+            # in `dtype` (they cast their inputs to each layer's dtype), the state/action projections
+            # in float32 (SmolVLA casts the expert's output back to float32 before them).
+            policy.model.vlm_with_expert.to(dtype)
         # pi0/pi05 were built with config.dtype (LeRobot keeps their vision path in float32)
 
     @classmethod

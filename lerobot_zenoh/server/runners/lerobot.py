@@ -166,6 +166,14 @@ class LeRobotRunner(BaseRunner):
         spec = _spec_from_config(path, config, cls.chunk_size_for(config), cls.capabilities_for(config))
         try:
             policy = cls.load_policy(path, config, options)
+        except PolicyError:
+            raise
+        except RuntimeError as exc:  # torch's load_state_dict: size mismatches, missing/unexpected keys
+            raise PolicyError(f"{weights}: the weights did not load into the model: "
+                              f"{' '.join(str(exc).split())}") from exc
+        except Exception as exc:
+            raise PolicyError(f"{path}: cannot load {config.type} checkpoint: {exc}") from exc
+        try:
             policy.to(torch_device)
             if dtype != "float32":
                 cls.cast_policy(policy, getattr(torch, dtype))
