@@ -270,6 +270,7 @@ def status_fixture():
         max_actions_per_chunk=50,
         observation_features={"observation.state": {"dtype": "float32", "shape": [6], "names": ["j0"]}},
         policy_type="act", fps=30, server_id="gpu0", state_dim=6, action_names=("j0",),
+        chunk_size=100, reads_task=False, history_length=1, rtc=False,
     )
 
 

@@ -268,6 +268,10 @@ def _to_map(msg: Message) -> dict[str, Any]:
             "state_dim": msg.state_dim,
             "action_names": list(msg.action_names),
             "accepts_unknown_clients": bool(msg.accepts_unknown_clients),
+            "chunk_size": msg.chunk_size,
+            "reads_task": msg.reads_task,
+            "history_length": msg.history_length,
+            "rtc": msg.rtc,
         })
     if isinstance(msg, Telemetry):
         return _header(MessageType.TELEMETRY) | {
@@ -349,6 +353,10 @@ def _status(d: dict) -> Status:
         state_dim=_uint(d, "state_dim", required=False),
         action_names=tuple(action_names),
         accepts_unknown_clients=bool(_optional(d, "accepts_unknown_clients", bool)),
+        chunk_size=_uint(d, "chunk_size", required=False),
+        reads_task=_optional(d, "reads_task", bool),
+        history_length=_uint(d, "history_length", required=False),
+        rtc=_optional(d, "rtc", bool),
     )
 
 

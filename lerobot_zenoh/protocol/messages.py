@@ -84,6 +84,11 @@ class Status:
     state_dim: int | None = None
     action_names: tuple[str, ...] = ()
     accepts_unknown_clients: bool = False
+    # 1.1, additive (None: not said, as from an older server). What the model is, beyond shapes:
+    chunk_size: int | None = None  # actions the model predicts per call (>= max_actions_per_chunk)
+    reads_task: bool | None = None  # the task string conditions the model (VLAs)
+    history_length: int | None = None  # consecutive observations the model conditions on
+    rtc: bool | None = None  # accepts real-time-chunking inputs
 
 
 @dataclass(frozen=True, slots=True)
