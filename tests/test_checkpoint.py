@@ -119,7 +119,7 @@ def test_existing_folder_needs_force_and_must_hold_a_checkpoint(tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
-        ({"policy_type": "pi0"}, "policy_type"),
+        ({"policy_type": "vqbet"}, "policy_type"),
         ({"cameras": {}}, "cameras"),
         ({"chunk_size": 0}, "chunk_size"),
         ({"state_names": ("a", "a")}, "state_names"),
@@ -173,7 +173,7 @@ def test_cli_builds_and_prints_path(tmp_path, capsys):
         (["--state-dim", "2", "--set", "nope=1"], "--set"),
         (["--state-names", "a,,b"], "--state-names"),
         (["--state-dim", "2", "--chunk-size", "0"], "--chunk-size"),
-        (["--state-dim", "2", "--policy-type", "pi0"], "--policy-type"),
+        (["--state-dim", "2", "--policy-type", "vqbet"], "--policy-type"),
         (["--cameras", "top:32x40"], "--state-names"),
     ],
 )

@@ -148,7 +148,7 @@ def test_task_longer_than_the_tokenizer_reads_is_refused(vla_runners):
 
 def test_missing_weights_are_refused_naming_the_file(vla_checkpoints, tmp_path):
     folder = copy_checkpoint(vla_checkpoints("pi0"), tmp_path / "pi0", skip={"model.safetensors"})
-    with pytest.raises(PolicyError, match=r"model\.safetensors: missing"):
+    with pytest.raises(PolicyError, match=r"model\.safetensors: missing: cannot load"):
         load_policy_runner(folder)
 
 
@@ -336,3 +336,31 @@ def test_server_serves_a_vla_to_two_robots_with_different_tasks(vla_checkpoints,
     finally:
         session.close()
         server.stop()
+
+
+@pytest.mark.parametrize("policy_type", ["vqbet", "tdmpc"])
+def test_a_refused_lerobot_type_is_refused_with_its_reason(tmp_path, policy_type):
+    from lerobot.configs import FeatureType, PolicyFeature
+    from lerobot.policies import make_policy_config
+
+    from lerobot_zenoh.server.runners import REFUSED
+
+    config = make_policy_config(
+        policy_type, device="cpu",
+        input_features={"observation.state": PolicyFeature(type=FeatureType.STATE, shape=(4,))},
+        output_features={"action": PolicyFeature(type=FeatureType.ACTION, shape=(4,))})
+    config.save_pretrained(tmp_path)
+    with pytest.raises(PolicyError) as info:
+        load_policy_runner(tmp_path)
+    assert f"{policy_type!r} is not served: {REFUSED[policy_type]}" in str(info.value)
+
+
+def test_every_lerobot_policy_type_is_served_or_refused_with_a_reason():
+    import lerobot.policies  # noqa: F401 - registers the config types
+    from lerobot.configs import PreTrainedConfig
+
+    from lerobot_zenoh.server.runners import REFUSED, RUNNERS
+
+    known = set(PreTrainedConfig.get_known_choices())
+    assert known <= set(RUNNERS) | set(REFUSED), sorted(known - set(RUNNERS) - set(REFUSED))
+    assert not set(RUNNERS) & set(REFUSED)

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from lerobot_zenoh.server.manifest import Manifest, ModelEntry
 
 __all__ = [
+    "REFUSED",
     "RUNNERS",
     "BaseRunner",
     "InferenceRequest",
@@ -58,6 +59,36 @@ RUNNERS: dict[str, type[LeRobotRunner]] = {
     "smolvla": FlowMatchingRunner,
 }
 
+#: LeRobot 0.6.1 policy types the server refuses at start-up, and why (docs/policies.md has the table).
+#: A type in neither table is refused as unknown (e.g. a plugin): it needs a runner module first.
+REFUSED: dict[str, str] = {
+    "gaussian_actor": "an RL actor that returns single actions (its predict_action_chunk raises "
+                      "NotImplementedError): there is no chunk to serve",
+    "tdmpc": "an RL planner: predict_action_chunk reads observation queues that select_action fills inside "
+             "the shared model, and its MPPI planner keeps the previous plan in the model (per-robot state)",
+    "vqbet": "predict_action_chunk reads n_obs_steps observation queues that select_action fills inside the "
+             "shared model; it needs a runner keeping that history per session (as Diffusion's does)",
+    "multi_task_dit": "predict_action_chunk reads observation queues filled inside the shared model, and it "
+                      "loads CLIP vision/text encoders from the hub at construction",
+    "lingbot_va": "a streaming world model: its KV cache, first-chunk flag and executed actions live inside "
+                  "the model for one episode of one robot",
+    "pi0_fast": "autoregressive FAST action tokens: its FAST action tokenizer (trust_remote_code) and "
+                "PaliGemma tokenizer are fetched from the hub at construction, with no local override",
+    "groot": "needs the GR00T-N1.7-3B weights and a Cosmos backbone from the hub (trust_remote_code) at "
+             "construction",
+    "xvla": "builds its VLM from hub assets at construction (no local override, no offline test model yet)",
+    "eo1": "builds its Qwen2.5-VL backbone from the hub at construction (no local override, no offline test "
+           "model yet)",
+    "molmoact2": "builds its MolmoAct2 VLM from the hub at construction (no local override, no offline test "
+                 "model yet)",
+    "wall_x": "loads its processor and action tokenizer from the hub (trust_remote_code) at construction",
+    "evo1": "loads its InternVL3 VLM and tokenizer from the hub at construction (no local override yet)",
+    "vla_jepa": "loads its V-JEPA video encoder and processor from the hub at construction (no local "
+                "override yet)",
+    "fastwam": "builds its Wan 2.2 video model, T5 tokenizer and text encoder from hub ids at construction "
+               "(no local override yet)",
+}
+
 
 def load_policy_runner(pretrained_path: str | Path, device: str = "cpu", *,
                        options: LoadOptions | None = None) -> PolicyRunner:
@@ -72,9 +103,9 @@ def load_policy_runner(pretrained_path: str | Path, device: str = "cpu", *,
     config = read_config(path)
     runner_cls = RUNNERS.get(config.type)
     if runner_cls is None:
-        raise PolicyError(
-            f"{path}: policy type {config.type!r} is not supported (supported: {', '.join(sorted(RUNNERS))})"
-        )
+        why = REFUSED.get(config.type, "no runner serves this type")
+        raise PolicyError(f"{path}: policy type {config.type!r} is not served: {why} "
+                          f"(supported: {', '.join(sorted(RUNNERS))})")
     return runner_cls.from_checkpoint(path, config, options or LoadOptions(device=device))
 
 

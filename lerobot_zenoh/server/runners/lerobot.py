@@ -160,7 +160,7 @@ class LeRobotRunner(BaseRunner):
                               f"(supported: {', '.join(cls.supported_dtypes)})")
         weights = path / WEIGHTS_FILE
         if not weights.is_file():
-            raise PolicyError(f"{weights}: missing; the checkpoint has no weights")
+            raise PolicyError(f"{weights}: missing: cannot load a checkpoint without its weights")
         config.device = torch_device.type
         cls.prepare_config(path, config, options)
         spec = _spec_from_config(path, config, cls.chunk_size_for(config), cls.capabilities_for(config))
