@@ -16,7 +16,11 @@ export HF_HUB_OFFLINE ?= 1
 export HF_HUB_DISABLE_TELEMETRY ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-DEMO_CHECKPOINT ?= checkpoints/demo_act
+# `make demo POLICY=smolvla` (or pi0, pi05): the same demo with a tiny random-weight VLA, one task
+# string per robot. Default: ACT.
+POLICY          ?= act
+DEMO_CHECKPOINT ?= checkpoints/demo_$(POLICY)
+DEMO_MANIFEST   ?= $(if $(filter act,$(POLICY)),manifests/demo.yaml,manifests/demo_$(POLICY).yaml)
 DEMO_SECONDS    ?= 20
 DEMO_ROBOTS     ?= 2
 
@@ -53,11 +57,12 @@ test-fast: $(STAMP)
 
 checkpoint: $(STAMP)
 	@test -f $(DEMO_CHECKPOINT)/config.json || $(VENV)/bin/lerobot-zenoh-build-checkpoint \
-		--policy-type act --output $(DEMO_CHECKPOINT) --state-dim 6 \
+		--policy-type $(POLICY) --output $(DEMO_CHECKPOINT) --state-dim 6 \
 		--cameras front:96x128,wrist:96x128 --chunk-size 50 --fps 30
 
 demo: $(STAMP) checkpoint
-	$(PY) -m lerobot_zenoh.demo --checkpoint $(DEMO_CHECKPOINT) --robots $(DEMO_ROBOTS) --seconds $(DEMO_SECONDS)
+	$(PY) -m lerobot_zenoh.demo --manifest $(DEMO_MANIFEST) --checkpoint $(DEMO_CHECKPOINT) \
+		--robots $(DEMO_ROBOTS) --seconds $(DEMO_SECONDS)
 
 clean:
 	rm -rf $(VENV) checkpoints outputs .pytest_cache

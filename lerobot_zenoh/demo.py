@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# One task string per robot (a VLA reads it; ACT ignores it).
+TASKS = ("pick the cube", "open the drawer", "fold the towel", "push the block to the left")
 
 
 def _bin(name: str) -> str:
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                 _bin("lerobot-robot-client"), "--robot.type=zenoh_sim", f"--robot.id={client_id}",
                 f"--robot.seed={i}", *routing_args(manifest.app_key(entry), client_id, f"tcp/127.0.0.1:{port}"),
                 f"--fps={entry.fps}",
-                f"--episode_time_s={args.seconds}", "--task=pick the cube",
+                f"--episode_time_s={args.seconds}", f"--task={TASKS[i % len(TASKS)]}",
                 f"--summary_path={out / (client_id + '.json')}",
             ]
             if args.record and i == 0:
