@@ -24,6 +24,7 @@ from lerobot_zenoh.protocol.messages import (
     PROTOCOL_VERSION,
     ActionChunk,
     ExecutionInfo,
+    HistoryFrame,
     Message,
     MessageType,
     Observation,
@@ -53,6 +54,10 @@ class CodecLimits:
 
 
 DEFAULT_LIMITS = CodecLimits()
+
+# Observation.history frames a message may carry (a model conditioning on more steps than this is
+# not served from client-sent history).
+MAX_HISTORY_FRAMES = 16
 
 
 # ----------------------------------------------------------------------------- arrays
@@ -244,6 +249,9 @@ def _to_map(msg: Message) -> dict[str, Any]:
             out["session_nonce"] = int(msg.session_nonce)
         if msg.execution is not None:
             out["execution"] = _drop_none({f.name: getattr(msg.execution, f.name) for f in fields(ExecutionInfo)})
+        if msg.history:
+            out["history"] = [{"state": pack_array(f.state), "images": {str(k): bytes(v) for k, v in f.images.items()}}
+                              for f in msg.history]
         return out
     if isinstance(msg, ActionChunk):
         return _header(MessageType.ACTION_CHUNK) | _drop_none({
@@ -304,6 +312,17 @@ def _observation(d: dict, limits: CodecLimits) -> Observation:
             actions_buffered=_uint(raw_exec, "actions_buffered", required=False),
             control_period_s=_optional(raw_exec, "control_period_s", (int, float)),
         )
+    history = []
+    raw_history = _optional(d, "history", list) or []
+    if len(raw_history) > MAX_HISTORY_FRAMES:
+        raise ProtocolError("bad_history", f"{len(raw_history)} history frames, at most {MAX_HISTORY_FRAMES}")
+    for i, frame in enumerate(raw_history):
+        if not isinstance(frame, dict):
+            raise ProtocolError("bad_history", f"history[{i}] must be a map")
+        past = unpack_array(_require(frame, "state", dict), f"history[{i}].state", limits)
+        if past.ndim != 1 or past.dtype.kind not in "fiu":
+            raise ProtocolError("bad_history", f"history[{i}].state must be a 1-D numeric vector")
+        history.append(HistoryFrame(past, _str_map(f"history[{i}].images", _require(frame, "images", dict), bytes)))
     return Observation(
         seq_id=_uint(d, "seq_id"),
         client_uuid=_require(d, "client_uuid", str),
@@ -313,6 +332,7 @@ def _observation(d: dict, limits: CodecLimits) -> Observation:
         execution=execution,
         episode_id=_optional(d, "episode_id", str),
         session_nonce=_uint(d, "session_nonce", required=False),
+        history=tuple(history),
     )
 
 

@@ -39,6 +39,14 @@ class ExecutionInfo:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
+class HistoryFrame:
+    """One earlier control step's state and camera frames (`Observation.history`)."""
+
+    state: np.ndarray
+    images: dict[str, bytes]  # camera name -> JPEG bytes, the same cameras as the observation
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class Observation:
     """Client -> server, on `.../<client>/obs`, best effort."""
 
@@ -54,6 +62,11 @@ class Observation:
     # restarted client, whose seq_ids start again.
     episode_id: str | None = None
     session_nonce: int | None = None
+    # 1.1, additive: the robot's frames of the control steps just before this one, oldest first, one
+    # control period (1/fps) apart, for a model that conditions on `Status.history_length` = n > 1
+    # consecutive observations (send the last n - 1; within an episode, fewer at its start). Empty:
+    # the server falls back to the observations it served this session (docs/policies.md).
+    history: tuple[HistoryFrame, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -75,16 +75,37 @@ class Executor:
         # The first camera is decoded on this thread and the others at the same time on helper threads:
         # OpenCV releases the GIL while it decodes, so two cameras cost one decode of wall time when a
         # core is free.
-        cameras = list(spec.cameras.items())
-        others = [(name, self._jpeg.submit(codec.decode_jpeg, obs.images[name], hw, self.limits))
-                  for name, hw in cameras[1:]]
-        images = {name: codec.decode_jpeg(obs.images[name], hw, self.limits) for name, hw in cameras[:1]}
-        for name, decoded in others:
-            images[name] = decoded.result()
+        images = self._decode(obs.images)
+        # A model conditioning on n > 1 steps reads the client's last n - 1 frames (older ones and
+        # any sent to a model without history are ignored, undecoded).
+        wanted = spec.capabilities.history_length - 1
+        history = []
+        for i, frame in enumerate(obs.history[-wanted:] if wanted > 0 else ()):
+            if frame.state.shape != (spec.state_dim,):
+                raise ProtocolError("bad_history", f"history frame state has shape {frame.state.shape}, "
+                                                   f"expected ({spec.state_dim},)")
+            past = frame.state.astype(np.float32)
+            if not np.all(np.isfinite(past)):
+                raise ProtocolError("bad_history", "a history frame's state has NaN or infinite values")
+            if set(frame.images) != set(spec.cameras):
+                raise ProtocolError("bad_history", f"history frame cameras {sorted(frame.images)}, "
+                                                   f"expected {sorted(spec.cameras)}")
+            history.append((past, self._decode(frame.images)))
         request = InferenceRequest(session_id=client_id, state=state, images=images, task=obs.task,
-                                   seed=request_seed(client_id, obs.seq_id), episode_id=obs.episode_id)
+                                   seed=request_seed(client_id, obs.seq_id), episode_id=obs.episode_id,
+                                   history=tuple(history))
         self.runner.check_request(request)  # e.g. task_too_long, before it can fail a whole batch
         return request
+
+    def _decode(self, jpegs: dict[str, bytes]) -> dict[str, np.ndarray]:
+        """Every camera's frame, checked against its expected size (ProtocolError otherwise)."""
+        cameras = list(self.spec.cameras.items())
+        others = [(name, self._jpeg.submit(codec.decode_jpeg, jpegs[name], hw, self.limits))
+                  for name, hw in cameras[1:]]
+        images = {name: codec.decode_jpeg(jpegs[name], hw, self.limits) for name, hw in cameras[:1]}
+        for name, decoded in others:
+            images[name] = decoded.result()
+        return images
 
     def infer(self, requests: Sequence[InferenceRequest]) -> list[InferenceResult | Exception]:
         """One result per request: its result, or the exception its inference raised."""

@@ -152,7 +152,8 @@ class InferenceRequest:
 
     `session_id` is the client id whose session this is (history is kept per session); `seed` fixes
     any sampling noise; `episode_id` is the client's episode, when it sends one; `extras` holds inputs
-    a family needs beyond the observation (e.g. a real-time-chunking prefix), keyed by name.
+    a family needs beyond the observation (e.g. a real-time-chunking prefix), keyed by name;
+    `history` the client's previous frames, when it sends them.
     """
 
     session_id: str
@@ -162,6 +163,11 @@ class InferenceRequest:
     seed: int
     episode_id: str | None = None
     extras: Mapping[str, Any] = field(default_factory=dict)
+    # The robot's own frames of the steps just before this one, oldest first, 1/fps apart, as
+    # (state, images) in this request's form: what a model with history_length n > 1 conditions on
+    # instead of the observations served earlier in the session. At most n - 1; empty when the
+    # client sent none.
+    history: tuple[tuple[np.ndarray, dict[str, np.ndarray]], ...] = ()
 
 
 @dataclass(frozen=True)

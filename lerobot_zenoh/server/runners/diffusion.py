@@ -8,7 +8,12 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from lerobot_zenoh.errors import PolicyError
-from lerobot_zenoh.server.runners.base import OBS_STATE_KEY, InferenceRequest, RunnerCapabilities
+from lerobot_zenoh.server.runners.base import (
+    OBS_STATE_KEY,
+    InferenceRequest,
+    RunnerCapabilities,
+    check_observation,
+)
 from lerobot_zenoh.server.runners.lerobot import LeRobotRunner
 
 if TYPE_CHECKING:
@@ -62,17 +67,24 @@ class DiffusionRunner(LeRobotRunner):
         import torch
         from lerobot.policies.utils import populate_queues
 
-        step = {OBS_STATE_KEY: batch[OBS_STATE_KEY]}
-        if self._image_keys:
-            # Same stacking as DiffusionPolicy.select_action: (B, n_cameras, C, H, W).
-            step["observation.images"] = torch.stack([batch[k] for k in self._image_keys], dim=-4)
-        with self._history_lock:
-            history = self._histories.get(request.session_id)
-            if history is None:
-                history = {k: deque(maxlen=self._n_obs_steps) for k in step}
-                self._histories[request.session_id] = history
+        step = self._step(batch)
+        if request.history:
+            # The client's own frames, 1/fps apart: a pure function of the request; the session's
+            # served observations are neither read nor written.
+            history = {k: deque(maxlen=self._n_obs_steps) for k in step}
+            for past_state, past_images in request.history[-(self._n_obs_steps - 1):]:
+                check_observation(self.spec, past_state, past_images)
+                populate_queues(history, self._step(self._preprocess(past_state, past_images, request.task)))
             populate_queues(history, step)
             stacked = {k: torch.stack(list(q), dim=1) for k, q in history.items()}
+        else:
+            with self._history_lock:
+                history = self._histories.get(request.session_id)
+                if history is None:
+                    history = {k: deque(maxlen=self._n_obs_steps) for k in step}
+                    self._histories[request.session_id] = history
+                populate_queues(history, step)
+                stacked = {k: torch.stack(list(q), dim=1) for k, q in history.items()}
 
         model = self.policy.diffusion
         generator = torch.Generator(device=self.device).manual_seed(int(request.seed))
@@ -86,6 +98,17 @@ class DiffusionRunner(LeRobotRunner):
                 with _recording_steps(model.noise_scheduler, updates, window):
                     sample = model.conditional_sample(1, global_cond=global_cond, generator=generator)
         return sample[:, window]
+
+
+    def _step(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """One preprocessed observation as the history holds it: state + stacked images."""
+        import torch
+
+        step = {OBS_STATE_KEY: batch[OBS_STATE_KEY]}
+        if self._image_keys:
+            # Same stacking as DiffusionPolicy.select_action: (B, n_cameras, C, H, W).
+            step["observation.images"] = torch.stack([batch[k] for k in self._image_keys], dim=-4)
+        return step
 
 
 class _recording_steps:
