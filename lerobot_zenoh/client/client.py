@@ -162,7 +162,16 @@ class RobotClient:
         if cfg.failsafe == "auto":
             velocity = all(n.endswith(".vel") for n in self.features.action_names)
             self.failsafe_mode = "zero_velocity" if velocity else "hold"
-        self._session = ZenohSession(cfg.zenoh_settings()).open()
+        settings = cfg.zenoh_settings()
+        if settings.effective_mode == "client":  # opening waits for an endpoint: part of discovery's budget
+            settings = settings.replace(connect_timeout_s=min(settings.connect_timeout_s, cfg.discovery_timeout_s))
+        try:
+            self._session = ZenohSession(settings).open()
+        except TransportError as exc:
+            if settings.effective_mode != "client":
+                raise
+            raise CompatibilityError(f"no server answered {cfg.app_key.status} within {cfg.discovery_timeout_s:.0f} s: "
+                                     f"none of {settings.connect} could be reached") from exc
         log.info("%s: looking for %s", cfg.client_uuid, cfg.app_key.status)
         status = discover(self._session, cfg.app_key, cfg.discovery_timeout_s, self._stop)
         if status is None:
