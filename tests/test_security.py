@@ -47,8 +47,8 @@ def layout(tmp_path_factory) -> PkiLayout:
     root = tmp_path_factory.mktemp("pki")
     ca = pki.create_ca()
     pki.save_ca(ca, root)
-    for name in ("gpu0", "robA", "robB", "mon"):
-        pki.write_identity(ca, name, root)
+    for name, role in (("gpu0", "server"), ("robA", "client"), ("robB", "client"), ("mon", "monitor")):
+        pki.write_identity(ca, name, root, role=role)
     other = pki.create_ca("some other CA")
     pki.save_ca(other, root / "other")
     pki.write_identity(other, "robA", root / "other")
@@ -141,10 +141,12 @@ def test_issued_certificates_name_the_identity_and_keys_are_private(layout):
     assert pki.common_name(pem) == "robA"
     from cryptography import x509
 
+    server_pem = layout.cert("gpu0").read_bytes()
+    assert pki.host_names(server_pem)[:2] == ["localhost", "127.0.0.1"] and pki.can_serve_tls(server_pem)
+    for client_only in ("robA", "mon"):  # robots and monitors: clientAuth only, no host name
+        assert pki.host_names(layout.cert(client_only).read_bytes()) == []
+        assert not pki.can_serve_tls(layout.cert(client_only).read_bytes())
     cert = x509.load_pem_x509_certificate(pem)
-    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert "localhost" in sans.get_values_for_type(x509.DNSName)
-    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)][:1] == ["127.0.0.1"]
     assert cert.issuer == x509.load_pem_x509_certificate(layout.ca_cert.read_bytes()).subject
     for key in (layout.key("robA"), layout.ca_key):
         assert stat.S_IMODE(key.stat().st_mode) == 0o600
@@ -156,6 +158,10 @@ def test_issued_certificates_name_the_identity_and_keys_are_private(layout):
         pki.load_ca(layout.cert("robA"), layout.key("robA"))
     with pytest.raises(ConfigError, match="common_name"):
         pki.issue(ca, "a/b")
+    with pytest.raises(ConfigError, match="hosts"):
+        pki.issue(ca, "robC", ["robot-host"], role="client")
+    with pytest.raises(ConfigError, match="role"):
+        pki.issue(ca, "robC", role="admin")
 
 
 def test_acl_grants_each_identity_only_its_own_keys(app_key):
@@ -241,6 +247,61 @@ def test_authorised_clients_are_served_over_mutual_tls(secured, app_key):
     assert a.session.alive(app_key.all_servers) == [app_key.server_token("gpu0")]
     stats = server.stats()[app_key.prefix]["clients"]["robA"]
     assert stats["served"] >= 3 and not stats["rejected"]
+
+
+@pytest.mark.parametrize("mode", ["client", "peer"])
+def test_a_robot_certificate_cannot_pose_as_the_server(layout, app_key, port, tmp_path, mode):
+    """robA's certificate listens on the server's address (the server is down), answers status and
+    sends robB forged chunks: robB refuses the listener (0 chunks); the real server is then accepted."""
+    from lerobot_zenoh.protocol.messages import ActionChunk
+
+    rogue_settings = dataclasses.replace(server_settings(layout, "gpu0", [f"tls/127.0.0.1:{port}"]),
+                                         tls_certificate=str(layout.cert("robA")),
+                                         tls_private_key=str(layout.key("robA")),
+                                         access_control_file=None, json5_overrides={})
+    forged: list[int] = []
+    with ZenohSession(rogue_settings) as rogue:
+        chunk_pub = rogue.publisher(app_key.client("robB").action, OBSERVATION_QOS)
+        status = codec.encode(_status(app_key))
+        rogue.serve(app_key.status, lambda: status)
+
+        def answer(key, payload):
+            obs = codec.decode_observation(payload)
+            forged.append(obs.seq_id)
+            chunk_pub.put(codec.encode(ActionChunk(obs.seq_id, 1.0, np.full((10, 6), 5.0, np.float32), "gpu0")))
+
+        rogue.subscribe(app_key.client("robB").obs, answer)
+        b_settings = dataclasses.replace(member_settings(layout, "robB", [f"tls/127.0.0.1:{port}"]), mode=mode,
+                                         connect_timeout_s=2.0)
+        if mode == "client":  # the handshake fails, so the connect-only session never opens
+            with pytest.raises(TransportError, match="could not open"):
+                ZenohSession(b_settings).open()
+        else:
+            with ZenohSession(b_settings) as b_session:
+                b = Robot(b_session, app_key, "robB")
+                rng = np.random.default_rng(9)
+                deadline = time.monotonic() + 2.0
+                seq = 0
+                while time.monotonic() < deadline:
+                    seq += 1
+                    b.put(seq, rng)
+                    assert b_session.query(app_key.status, 0.1) == []
+                assert b.chunks == [] and forged == []
+                assert not b_session.raw.info.peers_zid()
+    # the real server on the same address: robB is served
+    manifest = parse_manifest(secured_manifest(port, app_key, layout, tmp_path / "acl.json5"))
+    write_acl(access_control(Deployment.from_manifests([manifest], monitors=["mon"])), tmp_path / "acl.json5")
+    with PolicyServer(manifest), ZenohSession(member_settings(layout, "robB", [f"tls/127.0.0.1:{port}"])) as bs:
+        b = Robot(bs, app_key, "robB")
+        wait_status(bs, app_key)
+        b.send_until_served(1, np.random.default_rng(10))
+        assert all(not np.any(c.actions == 5.0) for c in b.chunks)
+
+
+def _status(app_key):
+    from lerobot_zenoh.protocol.messages import Status
+
+    return Status(app_key.model, app_key.version, dict(CAMS), 6, 10, {}, "act", 30, "gpu0", 6)
 
 
 def test_a_robot_cannot_forge_another_robots_observations_or_read_its_actions(secured, app_key):
@@ -517,3 +578,23 @@ def _port_open(port: int) -> bool:
 
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.parametrize("extra, named", [
+    (["--host", "robot_1"], "'robot_1'"),              # a server host name that is a robot's id
+    (["--monitor", "localhost"], "'localhost'"),        # a monitor id that is a server host name
+    (["--monitor", "robot_1"], "'robot_1'"),            # one id, two roles
+    (["--monitor", "gpu0"], "'gpu0'"),                  # a monitor id equal to the server id
+    (["--host", "0.0.0.0"], "'0.0.0.0'"),               # a wildcard is no host a client dials
+    (["--host", "*.lab"], "'*.lab'"),
+    (["--router", "robot_2", "--router-endpoint", "tls/127.0.0.1:7447"], "'robot_2'"),
+])
+def test_secure_init_refuses_names_that_collide_with_a_role_in_one_line(tmp_path, app_key, capsys, extra, named):
+    from lerobot_zenoh.cli import secure
+
+    write_plain_manifest(tmp_path / "m.yaml", free_port(), app_key, clients=("robot_1", "robot_2"))
+    out = tmp_path / "pki"
+    assert secure.main(["init", "--manifest", str(tmp_path / "m.yaml"), "--out", str(out), *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and named in err, err
+    assert not out.exists()  # nothing written
