@@ -598,3 +598,82 @@ def test_secure_init_refuses_names_that_collide_with_a_role_in_one_line(tmp_path
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and named in err, err
     assert not out.exists()  # nothing written
+
+
+# -- no stray listeners: a robot and a monitor on a LAN of network namespaces -----------------------
+
+SCOUT_AND_CONNECT = r"""
+import json, socket, sys, time, zenoh
+robot_ip, ports = sys.argv[1], [int(p) for p in sys.argv[2].split(",") if p]
+hellos = []
+config = zenoh.Config()
+scout = zenoh.scout(lambda hello: hellos.append([str(hello.zid), [str(l) for l in hello.locators]]),
+                    what="peer|router", config=config)
+time.sleep(3.0)
+scout.stop()
+reached = []
+for port in ports + [7447]:
+    try:
+        socket.create_connection((robot_ip, port), timeout=1.0).close()
+        reached.append(port)
+    except OSError:
+        pass
+print(json.dumps({"hellos": hellos, "reached": reached}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+@pytest.mark.timeout(180)
+def test_a_robot_and_a_monitor_open_no_listener_and_a_lan_peer_cannot_reach_them(tmp_path, app_key):
+    """Server, robot, monitor and an attacker, each in its own namespace on one LAN. The robot and the
+    monitor run with the default Zenoh settings and only an endpoint given."""
+    from lz_netns import lan, lan_unavailable_reason
+
+    reason = lan_unavailable_reason()
+    if reason:
+        pytest.skip(f"needs network namespaces: {reason}")
+    with lan("server", "robot", "monitor", "attacker") as (server, robot, monitor, attacker):
+        endpoint = f"tcp/{server.ip}:7447"
+        manifest = plain_manifest(7447, app_key, clients=[{"client_uuid": "robot_1"}])
+        manifest["zenoh"] = {"listen": [endpoint]}  # a server on the LAN; scouting at its default (on)
+        (tmp_path / "m.yaml").write_text(yaml.safe_dump(manifest))
+        procs = []
+        try:
+            procs.append(server.popen([sys.executable, "-m", "lerobot_zenoh.cli.server", "--manifest",
+                                       str(tmp_path / "m.yaml")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            summary = tmp_path / "robot.json"
+            procs.append(robot.popen([
+                sys.executable, "-m", "lerobot_zenoh.cli.client", "--robot.type=zenoh_sim",
+                "--robot.cameras={front: [48, 64], wrist: [48, 64]}", "--client_uuid=robot_1",
+                f"--cluster_uuid={app_key.cluster}", f"--experiment_tag={app_key.experiment}",
+                f"--model_id={app_key.model}", f"--model_version={app_key.version}",
+                f"--application_tag={app_key.app}", f"--endpoint={endpoint}", "--episode_time_s=20",
+                "--discovery_timeout_s=60", f"--summary_path={summary}"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            procs.append(monitor.popen([sys.executable, "-m", "lerobot_zenoh.cli.monitor", "--connect", endpoint,
+                                        "--json", "--duration-s", "25"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                       text=True))
+            # running: the robot has its link to the server, the monitor its own
+            assert wait_for(lambda: any(f"{server.ip}:7447" in s for s in robot.sockets("-tn")), 90), "robot never connected"
+            assert wait_for(lambda: any(f"{server.ip}:7447" in s for s in monitor.sockets("-tn")), 30)
+            assert any(":7447" in s for s in server.sockets("-ltnp"))  # `ss` does see a listener where there is one
+            listening = {name: host.sockets("-ltnp") + host.sockets("-lunp") for name, host in
+                         (("robot", robot), ("monitor", monitor))}
+            robot_ports = [s.split()[3].rsplit(":", 1)[1] for s in robot.sockets("-tn")]
+            probe = attacker.run([sys.executable, "-c", SCOUT_AND_CONNECT, robot.ip, ",".join(robot_ports)], timeout=60)
+            seen = json.loads(probe.stdout.strip().splitlines()[-1])
+        finally:
+            for proc in procs:
+                proc.send_signal(signal.SIGINT)
+            for proc in procs:
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    print(json.dumps({"listening": listening, "scout": seen, "robot_ports": robot_ports}))
+    assert listening == {"robot": [], "monitor": []}, listening  # no TCP listener, no UDP socket (no scouting)
+    assert seen["reached"] == [], seen  # not its connection's port, not 7447
+    assert [h for h in seen["hellos"] if any(robot.ip in loc for loc in h[1])] == []
+    assert any(server.ip in loc for h in seen["hellos"] for loc in h[1])  # the scout works: the server answers
+    assert json.loads(summary.read_text())["chunks_received"] > 0  # and the robot was being served
