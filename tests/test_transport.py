@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -179,3 +180,37 @@ def test_defaults_open_no_listener_when_an_endpoint_is_given():
     assert server["mode"] == '"peer"' and server["scouting/multicast/enabled"] == "true"
     with pytest.raises(ConfigError, match="zenoh.listen"):
         ZenohSettings(mode="client", listen=["tcp/127.0.0.1:1"]).validate()
+
+
+def test_a_queued_publisher_never_waits_drops_the_oldest_and_counts(zenoh_pair, app_key):
+    """ACTION_QOS publishers only queue: the caller never waits on Zenoh, a full queue drops its oldest."""
+    from lerobot_zenoh.transport.session import QueuedPublisher
+
+    server, client = zenoh_pair
+    key = app_key.client("robot1").action
+    got: list[bytes] = []
+    client.subscribe(key, lambda k, b: got.append(b))
+    wait_matched(server, key)
+    pub = server.publisher(key, ACTION_QOS)
+    assert isinstance(pub, QueuedPublisher) and ACTION_QOS.queue_depth > 0 and not ACTION_QOS.block_when_congested
+    for i in range(5):
+        pub.put(b"chunk %d" % i)
+    assert wait_for(lambda: len(got) == 5, 5.0) and got == [b"chunk %d" % i for i in range(5)]  # in order
+    assert pub.sent == 5 and pub.dropped == 0
+
+    release = threading.Event()
+    real_send = pub._send
+    pub._send = lambda payload: (release.wait(5.0), real_send(payload))  # a link that takes nothing for now
+    pub.put(b"chunk 5")
+    assert wait_for(lambda: pub.pending == 0, 2.0)  # the thread holds it, stuck in the link
+    t0 = time.perf_counter()
+    for i in range(6, 6 + ACTION_QOS.queue_depth + 2):
+        pub.put(b"chunk %d" % i)
+    assert time.perf_counter() - t0 < 0.1  # never waited on the link
+    release.set()
+    # the one already being sent, then the newest `queue_depth`; the 2 in between were dropped, counted
+    assert wait_for(lambda: pub.pending == 0 and pub.sent == 5 + 1 + ACTION_QOS.queue_depth, 5.0)
+    assert pub.dropped == 2
+    pub.close()
+    with pytest.raises(TransportError):
+        pub.put(b"late")

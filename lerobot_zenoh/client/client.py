@@ -485,6 +485,9 @@ class RobotClient:
             "chunks_rejected": c.chunks_rejected,
             "observations_published": c.observations_published,
             "observations_dropped_in_outbox": self.outbox.dropped,
+            # observations that got no chunk within the request timeout: lost on the way (best effort,
+            # too large for a link, shared memory), dropped by the server, or their chunk dropped
+            "requests_unanswered": self.trigger.stats().presumed_lost,
             "watchdog_events": c.watchdog_events,
             "revalidating": self.state == "revalidating",
             "steps": c.steps,
@@ -517,6 +520,7 @@ class RobotClient:
             "watchdog_events": c.watchdog_events,
             # sent but unanswered when the run ended (lost best-effort observations, or in flight)
             "requests_outstanding_at_exit": self.trigger.stats().outstanding,
+            "requests_unanswered": self.trigger.stats().presumed_lost,
             "dataset_path": str(getattr(self.recorder, "root", "")) or None if self.recorder else None,
             "dataset_frames": getattr(self.recorder, "frames_written", None) if self.recorder else None,
         }

@@ -8,6 +8,7 @@ counted on its `Subscription` and logged (rate-limited); the next sample is deli
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -29,34 +30,119 @@ class QoS:
     block_when_congested: bool
     priority: zenoh.Priority
     express: bool
+    #: 0: `put` calls Zenoh on the caller's thread. N > 0: `put` never waits on the network; the
+    #: message waits in this publisher's queue of N (when full, the oldest is dropped and counted)
+    #: and the publisher's own thread hands it to Zenoh.
+    queue_depth: int = 0
 
 
 #: Seed 002 section 6.2. Observations: a newer one replaces a lost one, never wait for the network.
 OBSERVATION_QOS = QoS(reliable=False, block_when_congested=False, priority=zenoh.Priority.DATA, express=True)
-#: Action chunks: every chunk must arrive; losing one starves the robot.
-ACTION_QOS = QoS(reliable=True, block_when_congested=True, priority=zenoh.Priority.INTERACTIVE_HIGH, express=True)
+#: Action chunks: reliable on the link, but never waited for (congestion control DROP). A robot whose
+#: link stalls must not hold up the thread that serves every robot, nor a router that forwards to
+#: everyone (BLOCK did both, by up to 5 s: tests/test_faults.py, docs/reliability.md); a chunk its
+#: link cannot take now is stale by the time it could. Each client's chunks also go through their own
+#: bounded queue and thread, so the caller never waits on Zenoh at all (with DROP the queue only
+#: fills when that thread gets no CPU: a burst of 32 to one client is kept). Zenoh drops silently;
+#: the client counts what never came back (`requests_unanswered` in its telemetry).
+ACTION_QOS = QoS(reliable=True, block_when_congested=False, priority=zenoh.Priority.INTERACTIVE_HIGH, express=True,
+                 queue_depth=32)
 #: Telemetry: useful, never worth delaying anything else for.
 METRICS_QOS = QoS(reliable=False, block_when_congested=False, priority=zenoh.Priority.DATA_LOW, express=False)
 
-
 class Publisher:
-    """A declared publisher with fixed QoS. `put` never raises zenoh errors, only TransportError."""
+    """A declared publisher with fixed QoS. `put` never raises zenoh errors, only TransportError.
+
+    Counters (read them from any thread): `sent` (handed to Zenoh; with congestion control DROP, Zenoh
+    may still drop it on a congested link, silently), `dropped` (never handed to Zenoh: the
+    publisher's queue was full; only with `QoS.queue_depth`), `errors` (Zenoh refused the put;
+    queued publishers only, a direct `put` raises instead).
+    """
 
     def __init__(self, publisher: zenoh.Publisher, key: str):
         self._publisher = publisher
         self.key = key
+        self.sent = 0
+        self.dropped = 0
+        self.errors = 0
 
     def put(self, payload: bytes) -> None:
+        self._send(payload)
+
+    def _send(self, payload: bytes) -> None:
         try:
             self._publisher.put(payload)
         except zenoh.ZError as exc:
             raise TransportError(f"put on {self.key} failed: {exc}") from exc
+        self.sent += 1
+
+    @property
+    def pending(self) -> int:
+        return 0
 
     def close(self) -> None:
         try:
             self._publisher.undeclare()
         except zenoh.ZError:
             pass
+
+
+class QueuedPublisher(Publisher):
+    """A publisher whose `put` only queues (bounded, oldest dropped) for its own sending thread.
+
+    A slow or stalled link then costs the caller nothing: its messages wait here, the oldest are
+    dropped (counted in `dropped`), and the other keys' publishers are untouched.
+    """
+
+    def __init__(self, publisher: zenoh.Publisher, key: str, depth: int):
+        super().__init__(publisher, key)
+        self._queue: collections.deque[bytes] = collections.deque()
+        self._depth = depth
+        self._ready = threading.Condition()
+        self._closed = False
+        self._last_log_s = 0.0
+        self._thread = threading.Thread(target=self._run, name=f"publisher:{key}", daemon=True)
+        self._thread.start()
+
+    def put(self, payload: bytes) -> None:
+        with self._ready:
+            if self._closed:
+                raise TransportError(f"put on {self.key}: the publisher is closed")
+            if len(self._queue) >= self._depth:
+                self._queue.popleft()
+                self.dropped += 1
+            self._queue.append(payload)
+            self._ready.notify()
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while not self._queue and not self._closed:
+                    self._ready.wait()
+                if not self._queue:  # closed and drained
+                    return
+                payload = self._queue.popleft()
+            try:
+                self._send(payload)
+            except TransportError as exc:
+                self.errors += 1
+                now = time.monotonic()
+                if now - self._last_log_s > 5.0:
+                    self._last_log_s = now
+                    log.warning("%s (%d so far)", exc, self.errors)
+
+    def close(self) -> None:
+        with self._ready:
+            self._closed = True
+            self._ready.notify()
+        self._thread.join(timeout=2.0)
+        if self.dropped or self.errors:
+            log.info("%s: sent %d, dropped %d (queue full), errors %d", self.key, self.sent, self.dropped, self.errors)
+        super().close()
 
 
 class Subscription:
@@ -231,7 +317,7 @@ class ZenohSession:
             )
         except zenoh.ZError as exc:
             raise TransportError(f"could not declare a publisher on {key}: {exc}") from exc
-        pub = Publisher(raw, key)
+        pub = QueuedPublisher(raw, key, qos.queue_depth) if qos.queue_depth > 0 else Publisher(raw, key)
         self._owned.append(pub)
         return pub
 
