@@ -230,8 +230,30 @@ class Responder:
         self._thread.join(timeout=2.0)
 
 
+def memory_lock_available() -> bool:
+    """Whether this process may lock memory without limit (CAP_IPC_LOCK, or an unlimited
+    RLIMIT_MEMLOCK). Zenoh's shared memory needs it: eclipse-zenoh 1.10 delivers the first shared-
+    memory message of a same-host peer to a process without it and then silently loses the rest."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if soft == resource.RLIM_INFINITY:
+        return True
+    try:
+        with open("/proc/self/status") as status:
+            cap_eff = next(int(line.split()[1], 16) for line in status if line.startswith("CapEff:"))
+    except (OSError, StopIteration, ValueError):
+        return False
+    return bool(cap_eff & (1 << 14))  # CAP_IPC_LOCK
+
+
 class ZenohSession:
-    """Owns one zenoh.Session. Construct with settings (no I/O), then `open()` or use `with`."""
+    """Owns one zenoh.Session. Construct with settings (no I/O), then `open()` or use `with`.
+
+    `shared_memory_fallback` is True when `settings.shared_memory` asked for shared memory and this
+    process cannot lock memory (`memory_lock_available`): the session then runs without it (a
+    warning says so) rather than lose messages silently.
+    """
 
     def __init__(self, settings: ZenohSettings, config_file: str | None = None):
         """`config_file`: a complete Zenoh JSON5 config to start from instead of the typed
@@ -242,6 +264,8 @@ class ZenohSession:
         self._session: zenoh.Session | None = None
         self._closed = False
         self._owned: list = []
+        self.shared_memory_fallback = False
+        self.effective_settings = settings  # what the session was opened with (after the fallback)
 
     # -- lifetime -----------------------------------------------------------------------------
 
@@ -259,7 +283,15 @@ class ZenohSession:
 
     def _config(self) -> zenoh.Config:
         if self.config_file is None:
-            return self.settings.to_zenoh_config()
+            settings = self.settings
+            if settings.shared_memory and not memory_lock_available():
+                log.warning("zenoh.shared_memory is on but this process cannot lock memory (no CAP_IPC_LOCK, "
+                            "RLIMIT_MEMLOCK not unlimited): Zenoh would lose same-host messages silently; "
+                            "running without shared memory (docs/security.md)")
+                self.shared_memory_fallback = True
+                settings = settings.replace(shared_memory=False)
+            self.effective_settings = settings
+            return settings.to_zenoh_config()
         try:
             config = zenoh.Config.from_file(self.config_file)
         except Exception as exc:  # zenoh.ZError, or a file that is not JSON5
