@@ -4,8 +4,11 @@
     lerobot-zenoh-monitor --cluster jupiter --experiment fabio2      # narrowed
     lerobot-zenoh-monitor --json                                     # one JSON line per message
     lerobot-zenoh-monitor --prometheus-port 9464                     # also serve /metrics
-    lerobot-zenoh-monitor --mode client --connect tls/gpu-host:7447 \
+    lerobot-zenoh-monitor --connect tls/gpu-host:7447 \
         --tls-ca pki/ca.pem --tls-cert pki/monitor.pem --tls-key pki/monitor.key   # mutual TLS
+
+With --connect the monitor is a connect-only Zenoh client (no listener, no scouting); the
+--zenoh.* options are the same settings as the robot client's (transport/settings.py).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import sys
 import threading
 import time
 from collections import defaultdict
+
+from lerobot_zenoh.transport.settings import add_arguments, settings_from_arguments
 
 
 def selector_prefix(args) -> str:
@@ -59,12 +64,14 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     for name in ("cluster", "experiment", "model", "version", "app"):
         parser.add_argument(f"--{name}", help=f"only this {name}")
-    parser.add_argument("--connect", action="append", default=[], help="Zenoh endpoint to connect to (repeatable)")
-    parser.add_argument("--mode", default="peer", choices=["peer", "client"])
-    parser.add_argument("--no-scouting", action="store_true", help="disable multicast scouting")
-    parser.add_argument("--tls-ca", help="CA certificate (PEM); with --tls-cert/--tls-key, connect over mutual TLS")
-    parser.add_argument("--tls-cert", help="this monitor's certificate (PEM); its common name is its ACL identity")
-    parser.add_argument("--tls-key", help="this monitor's private key (PEM)")
+    # Zenoh: the fields of transport/settings.py (the client's --zenoh.*), older spellings kept.
+    # Defaults: connect-only Zenoh client with scouting off when --connect is given; never a listener.
+    add_arguments(parser, ("connect", "mode", "multicast_scouting", "tls_root_ca", "tls_certificate",
+                           "tls_private_key", "json5_overrides"),
+                  aliases={"connect": ["--connect"], "mode": ["--mode"], "tls_root_ca": ["--tls-ca"],
+                           "tls_certificate": ["--tls-cert"], "tls_private_key": ["--tls-key"]})
+    parser.add_argument("--no-scouting", dest="zenoh_multicast_scouting", action="store_false", default=None,
+                        help="same as --zenoh.multicast_scouting=false")
     parser.add_argument("--json", action="store_true", help="print one JSON line per telemetry message")
     parser.add_argument("--prometheus-port", type=int, help="serve figures at http://127.0.0.1:PORT/metrics")
     parser.add_argument("--prometheus-host", default="127.0.0.1")
@@ -77,7 +84,6 @@ def main(argv: list[str] | None = None) -> int:
     from lerobot_zenoh.protocol import codec
     from lerobot_zenoh.telemetry.fleet import FleetView, format_table
     from lerobot_zenoh.transport.session import ZenohSession
-    from lerobot_zenoh.transport.settings import ZenohSettings
 
     prefix = selector_prefix(args)
     fleet = FleetView(stale_periods=args.stale_periods)
@@ -100,10 +106,8 @@ def main(argv: list[str] | None = None) -> int:
             with out_lock:
                 print(line, flush=True)
 
-    settings = ZenohSettings(mode=args.mode, connect=args.connect, multicast_scouting=not args.no_scouting,
-                             tls_root_ca=args.tls_ca, tls_certificate=args.tls_cert, tls_private_key=args.tls_key)
     try:
-        session = ZenohSession(settings).open()
+        session = ZenohSession(settings_from_arguments(args)).open()
         session.subscribe(f"{prefix}/**/metrics" if prefix != "**" else "**/metrics", on_metrics)
         session.watch_liveliness(f"{prefix}/**" if prefix != "**" else "**",
                                  lambda key, alive: fleet.on_liveliness(key, alive, time.monotonic()))

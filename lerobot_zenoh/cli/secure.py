@@ -104,7 +104,8 @@ def _init(args) -> int:
     from lerobot_zenoh.security import pki
     from lerobot_zenoh.security.acl import access_control, write_acl
     from lerobot_zenoh.security.identities import (
-        PkiLayout, connect_endpoint, host_of, member_settings, router_settings, server_settings,
+        WILDCARD_HOSTS, PkiLayout, check_host_names, connect_endpoint, host_of, member_settings, router_settings,
+        server_settings,
     )
 
     manifests, deployment = _deployment(args)
@@ -134,6 +135,9 @@ def _init(args) -> int:
             raise ConfigError("router", f"{args.router!r} is already a {identities[args.router]}")
         identities[args.router] = "router"
 
+    endpoint_hosts = [host_of(e) for e in [*args.router_endpoint, *sum(server_listen.values(), [])]]
+    check_host_names([*pki.DEFAULT_HOSTS, *args.host, *(h for h in endpoint_hosts if h not in WILDCARD_HOSTS)], identities)
+
     # 3. the CA (nothing is written before the arguments are checked)
     if bool(args.ca_cert) != bool(args.ca_key):
         raise ConfigError("ca_key" if args.ca_cert else "ca_cert", "give both --ca-cert and --ca-key")
@@ -148,11 +152,11 @@ def _init(args) -> int:
         ca = pki.create_ca()
         pki.save_ca(ca, layout.root)
 
-    # 4. one certificate per identity, named by its id
+    # 4. one certificate per identity, named by its id; only servers and the router name hosts
     for name, role in identities.items():
         endpoints = server_listen.get(name, []) if role == "server" else args.router_endpoint if role == "router" else []
-        names = hosts + [h for h in map(host_of, endpoints) if h and h not in ("0.0.0.0", "::")]
-        pki.write_identity(ca, name, layout.root, names, args.valid_days)
+        names = hosts + [h for h in map(host_of, endpoints) if h and h not in WILDCARD_HOSTS] if pki.ROLES[role] else []
+        pki.write_identity(ca, name, layout.root, names, args.valid_days, role=role)
 
     # 5. the ACL, and what each program needs
     write_acl(access_control(deployment), layout.acl)

@@ -172,7 +172,16 @@ class RobotClient:
         if cfg.failsafe == "auto":
             velocity = all(n.endswith(".vel") for n in self.features.action_names)
             self.failsafe_mode = "zero_velocity" if velocity else "hold"
-        self._session = ZenohSession(cfg.zenoh_settings()).open()
+        settings = cfg.zenoh_settings()
+        if settings.effective_mode == "client":  # opening waits for an endpoint: part of discovery's budget
+            settings = settings.replace(connect_timeout_s=min(settings.connect_timeout_s, cfg.discovery_timeout_s))
+        try:
+            self._session = ZenohSession(settings).open()
+        except TransportError as exc:
+            if settings.effective_mode != "client":
+                raise
+            raise CompatibilityError(f"no server answered {cfg.app_key.status} within {cfg.discovery_timeout_s:.0f} s: "
+                                     f"none of {settings.connect} could be reached") from exc
         log.info("%s: looking for %s", cfg.client_uuid, cfg.app_key.status)
         status = discover(self._session, cfg.app_key, cfg.discovery_timeout_s, self._stop)
         if status is None:
@@ -465,6 +474,9 @@ class RobotClient:
             "chunks_rejected": c.chunks_rejected,
             "observations_published": c.observations_published,
             "observations_dropped_in_outbox": self.outbox.dropped,
+            # observations that got no chunk within the request timeout: lost on the way (best effort,
+            # too large for a link, shared memory), dropped by the server, or their chunk dropped
+            "requests_unanswered": self.trigger.stats().presumed_lost,
             "watchdog_events": c.watchdog_events,
             "revalidating": self.state == "revalidating",
             "steps": c.steps,
@@ -497,6 +509,7 @@ class RobotClient:
             "watchdog_events": c.watchdog_events,
             # sent but unanswered when the run ended (lost best-effort observations, or in flight)
             "requests_outstanding_at_exit": self.trigger.stats().outstanding,
+            "requests_unanswered": self.trigger.stats().presumed_lost,
             "dataset_path": str(getattr(self.recorder, "root", "")) or None if self.recorder else None,
             "dataset_frames": getattr(self.recorder, "frames_written", None) if self.recorder else None,
         }
