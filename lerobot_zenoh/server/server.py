@@ -21,7 +21,7 @@ import time
 import zlib
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -136,6 +136,9 @@ class ServedModel:
             accepts_unknown_clients=entry.accept_unknown_clients,
         )
         self.status_bytes = codec.encode(self.status)
+        # A query naming a client (`status?client=<id>`) learns whether this model serves it.
+        self._status_for = {admitted: codec.encode(replace(self.status, client_admitted=admitted))
+                            for admitted in (True, False)}
         self.slots: dict[str, _Slot] = {}
         self.clients: dict[str, ClientStats] = {}
         self.unknown_rejected: Counter = Counter()  # client id -> count, bounded
@@ -146,6 +149,13 @@ class ServedModel:
         self.rejection_limit = RejectionRateLimit()
         self.role: ServingRole | None = None  # set at start(): primary or hot standby
         self.standby_dropped = 0  # observations not admitted while standing by
+
+    def status_reply(self, parameters: dict[str, str]) -> bytes:
+        """The status bytes for a query; with `client=<id>`, `client_admitted` says if it is served."""
+        client = parameters.get("client")
+        if not client:
+            return self.status_bytes
+        return self._status_for[self.allowed is None or client in self.allowed]
 
 
 class PolicyServer:
@@ -195,7 +205,8 @@ class PolicyServer:
         self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
         self._thread.start()
         for model in self.models:
-            self._session.serve(model.app.status, lambda m=model: m.status_bytes if m.role.active.is_set() else None)
+            self._session.serve(model.app.status, lambda params, m=model: m.status_reply(params) if m.role.active.is_set()
+                                else None, with_parameters=True)
             self._session.declare_token(model.app.server_token(self.server_id))
             self._start_role(model)
             if self.manifest.telemetry_period_s > 0:
