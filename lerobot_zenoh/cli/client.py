@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import sys
 
@@ -84,17 +85,19 @@ def make_robot(config):
     from lerobot_zenoh.cli.parsing import fail
 
     kind = config.robot.type
+    port = getattr(config.robot, "port", None)
+    if isinstance(port, str) and port.startswith("/dev/") and not os.path.exists(port):
+        fail(PROG, f"--robot.port: {port} does not exist: is the robot plugged in and powered? "
+                   "(lerobot-find-port lists the serial ports)")
     try:
         robot = make_robot_from_config(config.robot)
     except ImportError as exc:  # e.g. feetech-servo-sdk, dynamixel-sdk
-        fail(PROG, f"--robot.type={kind} needs {exc.name or 'a driver'} that is not installed: "
-                   "pip install 'lerobot-zenoh[hardware]' (LeRobot's motor extras)")
+        m = re.search(r"'([\w.\[\]-]+)' is required", str(exc))
+        missing = m.group(1) if m else (exc.name or "a driver")
+        fail(PROG, f"--robot.type: this robot needs {missing}, which is not installed: "
+                   "pip install 'lerobot-zenoh[hardware]' (LeRobot's feetech and dynamixel motor drivers)")
     except Exception as exc:  # noqa: BLE001 - any robot's own config check
         fail(PROG, f"--robot: {_first_line(exc)}")
-    port = getattr(config.robot, "port", None)
-    if port and not os.path.exists(port):
-        fail(PROG, f"--robot.port: {port} does not exist: is the {kind} plugged in? (ls /dev/ttyACM* /dev/ttyUSB*; "
-                   "lerobot-find-port finds it)")
     try:
         robot.connect()
     except Exception as exc:  # noqa: BLE001 - serial, camera, calibration, network robots: all one line

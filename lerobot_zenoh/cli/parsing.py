@@ -65,6 +65,10 @@ def explain(exc: BaseException) -> str:
             return f"{_flag(e.field)}: {message}"
         if isinstance(e, KeyExprError):
             return f"{_flag(e.field)}: {e}"
+    # draccus nests decoding errors (an Optional field tries each type): the deepest names the flag.
+    for e in reversed(chain):
+        if (m := re.match(r"`([^`]+)`: (.+)", str(e).strip())) and "into any of the given types" not in m.group(2):
+            return f"{_flag(m.group(1))}: {m.group(2)[:1].lower()}{m.group(2)[1:]}"
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if m := re.match(r"Missing required field\(s\) (.+?) for (\w+)", text):
         fields = [f.strip("` ") for f in m.group(1).split(",")]

@@ -249,7 +249,7 @@ class RobotClient:
                     break
                 resetting, phase_start = True, now
                 self._begin_reset()
-                log.info("%s: reset for %.0f s: robot held, nothing recorded", cfg.client_uuid, reset_s)
+                log.info("%s: reset for %g s: robot held, nothing recorded", cfg.client_uuid, reset_s)
             if resetting and now - phase_start >= reset_s:
                 resetting, phase_start = False, now
                 self._episode += 1
@@ -277,7 +277,7 @@ class RobotClient:
     def _log_episode_start(self, episodes: int, episode_s: float | None) -> None:
         if self.config.dataset is None:
             return
-        log.info("%s: episode %d/%d: recording for %.0f s into %s", self.config.client_uuid,
+        log.info("%s: episode %d/%d: recording for %g s into %s", self.config.client_uuid,
                  self._episode + 1, episodes, episode_s, getattr(self.recorder, "root", "(no recorder)"))
 
     def _begin_reset(self) -> None:
