@@ -37,8 +37,15 @@ class UsageError(Exception):
 
 def fail(prog: str, message: str, code: int = EXIT_CONFIG) -> NoReturn:
     """Print `prog: message` (one line) and exit with `code`."""
-    print(f"{prog}: {message}", file=sys.stderr, flush=True)
+    print(f"{prog}: {one_line(message)}", file=sys.stderr, flush=True)
     raise SystemExit(code)
+
+
+def one_line(text: str, limit: int = 400) -> str:
+    """A multi-line message (a YAML parser's, say) folded into one line."""
+    parts = [line.strip() for line in str(text).splitlines()]
+    folded = " ".join(p for p in parts if p and set(p) - {"^"})
+    return folded if len(folded) <= limit else folded[: limit - 3] + "..."
 
 
 def _flag(path: str) -> str:

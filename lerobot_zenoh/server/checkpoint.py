@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import shutil
@@ -29,6 +30,8 @@ from lerobot_zenoh.server.policies import (
     SUPPORTED_POLICY_TYPES,
     PolicySpec,
 )
+
+log = logging.getLogger(__name__)
 
 # Architecture defaults on top of LeRobot's config defaults, chosen so that a 2-core CPU answers a
 # chunk for 2 cameras of 96x128 in roughly 50-150 ms (see docs/policies.md for measurements).
@@ -91,6 +94,7 @@ def build_checkpoint(
     output = Path(output_dir)
     _check_output(output, force)
 
+    log.info("importing torch and LeRobot ...")
     import torch
 
     from lerobot.configs import FeatureType, PolicyFeature
@@ -102,6 +106,7 @@ def build_checkpoint(
     output_features = {ACTION_KEY: PolicyFeature(type=FeatureType.ACTION, shape=(spec.action_dim,))}
 
     kwargs = _config_kwargs(policy_type, spec, overrides)
+    log.info("building a %s policy with random weights (seed %d) ...", policy_type, seed)
     try:
         config = make_policy_config(
             policy_type, input_features=input_features, output_features=output_features, **kwargs
@@ -122,6 +127,8 @@ def build_checkpoint(
 
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    log.info("saving %.1f M parameters and the processors to %s ...",
+             sum(p.numel() for p in policy.parameters()) / 1e6, output)
     try:
         policy.save_pretrained(staging)
         preprocessor.save_pretrained(staging)

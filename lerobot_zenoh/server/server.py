@@ -188,7 +188,10 @@ class PolicyServer:
     def start(self) -> PolicyServer:
         self.started_at_s = time.monotonic()
         for entry in self.manifest.server:
+            if entry.model_id not in self._injected:
+                log.info("loading %s/%s ...", entry.model_id, entry.model_version)  # progress: seconds for a big model
             runner = self._injected.get(entry.model_id) or load_runner(self.manifest, entry)
+            log.info("warming up %s/%s (%s) ...", entry.model_id, entry.model_version, runner.spec.policy_type)
             t0 = time.perf_counter()
             runner.warmup()  # before anything is announced: a client never waits for a cold model
             log.info("pre-warmed %s/%s (%s) in %.0f ms", entry.model_id, entry.model_version,
@@ -226,6 +229,8 @@ class PolicyServer:
             log.warning("%s: runner %s cannot batch; max_batch_size auto -> 1", entry.model_id,
                         type(runner).__name__)
             return None
+        log.info("%s: profiling batch sizes up to %d (at most %.0f s) ...", entry.model_id, entry.profile_max_batch,
+                 entry.profile_budget_s)
         profile_s = measure_batch_profile(runner, entry.profile_max_batch, budget_s=entry.profile_budget_s)
         chosen = saturation_batch_size(profile_s) if profile_s else 1
         log.info("batch profile of %s (ms per pass): %s; max_batch_size auto -> %d", entry.model_id,
