@@ -106,7 +106,7 @@ def build_checkpoint(
     output_features = {ACTION_KEY: PolicyFeature(type=FeatureType.ACTION, shape=(spec.action_dim,))}
 
     kwargs = _config_kwargs(policy_type, spec, overrides)
-    log.info("building a %s policy with random weights (seed %d) ...", policy_type, seed)
+    log.info("building a random-weight %s policy (seed %d) ...", policy_type, seed)
     try:
         config = make_policy_config(
             policy_type, input_features=input_features, output_features=output_features, **kwargs
