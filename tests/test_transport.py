@@ -132,3 +132,50 @@ def test_a_closed_session_cannot_be_reopened(port):
     s.close()
     with pytest.raises(TransportError, match="closed"):
         s.open()
+
+
+def test_one_zenoh_block_for_client_manifest_and_clis():
+    """The client's --zenoh.*, the manifest's zenoh: block and the CLIs' --zenoh.* are one dataclass."""
+    import argparse
+    import dataclasses
+
+    import draccus
+
+    from lerobot_zenoh.server.manifest import parse_manifest
+    from lerobot_zenoh.transport.settings import add_arguments, settings_from_arguments
+
+    names = [f.name for f in dataclasses.fields(ZenohSettings)]
+    assert all(f.metadata.get("help") for f in dataclasses.fields(ZenohSettings))
+
+    @dataclasses.dataclass
+    class Cli:
+        zenoh: ZenohSettings = dataclasses.field(default_factory=ZenohSettings)
+
+    parsed = draccus.parse(Cli, args=["--zenoh.connect=[tcp/127.0.0.1:1]", "--zenoh.shared_memory=true"]).zenoh
+    assert parsed == ZenohSettings(connect=["tcp/127.0.0.1:1"], shared_memory=True)
+    manifest = parse_manifest({"cluster_uuid": "c", "experiment_tag": "e",
+                               "zenoh": {"connect": ["tcp/127.0.0.1:1"], "shared_memory": True},
+                               "server": [{"model_id": "m", "model_version": "v", "application_tag": "a",
+                                           "synthetic": {"state_dim": 2, "action_dim": 2}, "accept_unknown_clients": True}]})
+    assert manifest.zenoh == parsed
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, tuple(names))
+    args = parser.parse_args(["--zenoh.connect", "tcp/127.0.0.1:1", "--zenoh.shared_memory", "true"])
+    assert settings_from_arguments(args) == parsed
+    with pytest.raises(ConfigError, match="zenoh.bogus"):
+        parse_manifest({"cluster_uuid": "c", "experiment_tag": "e", "zenoh": {"bogus": 1},
+                        "server": [{"model_id": "m", "model_version": "v", "application_tag": "a",
+                                    "synthetic": {"state_dim": 2, "action_dim": 2}, "accept_unknown_clients": True}]})
+
+
+def test_defaults_open_no_listener_when_an_endpoint_is_given():
+    connect_only = dict(ZenohSettings(connect=["tcp/127.0.0.1:1"]).json5_entries())
+    assert connect_only["mode"] == '"client"' and connect_only["listen/endpoints"] == "[]"
+    assert connect_only["scouting/multicast/enabled"] == "false"
+    assert connect_only["transport/shared_memory/enabled"] == "false"
+    explicit_peer = dict(ZenohSettings(mode="peer", connect=["tcp/127.0.0.1:1"]).json5_entries())
+    assert explicit_peer["mode"] == '"peer"' and explicit_peer["listen/endpoints"] == "[]"
+    server = dict(ZenohSettings(listen=["tcp/127.0.0.1:1"]).json5_entries())
+    assert server["mode"] == '"peer"' and server["scouting/multicast/enabled"] == "true"
+    with pytest.raises(ConfigError, match="zenoh.listen"):
+        ZenohSettings(mode="client", listen=["tcp/127.0.0.1:1"]).validate()

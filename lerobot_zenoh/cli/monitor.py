@@ -71,12 +71,7 @@ class MonitorConfig:
         self.zenoh.validate("zenoh")
 
     def zenoh_settings(self) -> ZenohSettings:
-        from dataclasses import replace
-
-        connect = list(self.zenoh.connect)
-        if self.endpoint and self.endpoint not in connect:
-            connect.append(self.endpoint)
-        return replace(self.zenoh, connect=connect)
+        return self.zenoh.with_connect(self.endpoint)
 
     def selector_prefix(self) -> str:
         """cluster/experiment/model/version/app with `*` for what was not narrowed."""

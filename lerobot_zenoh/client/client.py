@@ -42,8 +42,12 @@ from lerobot_zenoh.scheduling.action_buffer import ActionBuffer
 from lerobot_zenoh.scheduling.send_trigger import SendTrigger, expired_steps
 from lerobot_zenoh.telemetry.publisher import TelemetryPublisher, percentile
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
+from lerobot_zenoh.transport.settings import ZenohSettings
 
 log = logging.getLogger(__name__)
+
+#: How long start-up waits for a Zenoh link to the endpoint before saying it cannot connect.
+CONNECT_WAIT_S = 2.0
 
 
 @dataclass
@@ -165,14 +169,20 @@ class RobotClient:
             self.failsafe_mode = "zero_velocity" if velocity else "hold"
         settings = cfg.zenoh_settings()
         endpoints = ", ".join(settings.connect)
+        if settings.effective_mode == "client":
+            # Opening waits for an endpoint. A dead one is reported within CONNECT_WAIT_S unless
+            # --zenoh.connect_timeout_s asks to wait longer (say, for a server that is still starting).
+            wait_s = (CONNECT_WAIT_S if settings.connect_timeout_s == ZenohSettings.connect_timeout_s
+                      else settings.connect_timeout_s)
+            settings = settings.replace(connect_timeout_s=min(wait_s, cfg.discovery_timeout_s))
         try:
             self._session = ZenohSession(settings).open()
         except TransportError as exc:
-            if settings.connect and "connect" in str(exc).lower():
-                raise CompatibilityError(f"cannot connect to {endpoints}: nothing answers there (is the server or "
-                                         "router running, and is the address right?)") from exc
-            raise
-        if not wait_connected(self._session, settings.connect, timeout_s=2.0):
+            if not settings.connect:
+                raise
+            raise CompatibilityError(f"cannot connect to {endpoints}: nothing answers there (is the server or "
+                                     "router running, and is the address right?)") from exc
+        if not wait_connected(self._session, settings.connect, timeout_s=CONNECT_WAIT_S):  # peer mode
             raise CompatibilityError(f"cannot connect to {endpoints}: nothing answers there (is the server or router "
                                      "running, and is the address right?)")
         log.info("%s: looking for %s", cfg.client_uuid, cfg.app_key.status)

@@ -62,10 +62,11 @@ class RobotClientConfig:
     model_version: str = "v1"
     # The application (manifest: application_tag).
     application_tag: str = "default"
-    # Where the server (or a Zenoh router) listens, e.g. tcp/192.168.1.50:7447. Unset: find it by
-    # multicast scouting on the local network, or through --zenoh.connect.
+    # Where the server (or a Zenoh router) listens, e.g. tcp/192.168.1.50:7447 (added to
+    # zenoh.connect). Empty: rely on scouting or on zenoh.connect.
     endpoint: str | None = None
-    # The Zenoh session (mode, listen/connect endpoints, scouting, TLS); docs/security.md.
+    # The Zenoh session (transport/settings.py, the same block as a manifest's `zenoh:`). With an
+    # endpoint and the defaults: client mode, no listener, no scouting.
     zenoh: ZenohSettings = field(default_factory=ZenohSettings)
     # Control rate in steps per second; must equal the server's fps.
     fps: int = 30
@@ -184,23 +185,9 @@ class RobotClientConfig:
         return 1.0 / self.fps
 
     def zenoh_settings(self) -> ZenohSettings:
-        connect = list(self.zenoh.connect)
-        if self.endpoint and self.endpoint not in connect:
-            connect.append(self.endpoint)
-        return ZenohSettings(
-            mode=self.zenoh.mode,
-            listen=list(self.zenoh.listen),
-            connect=connect,
-            multicast_scouting=self.zenoh.multicast_scouting,
-            shared_memory=self.zenoh.shared_memory,
-            json5_overrides=dict(self.zenoh.json5_overrides),
-            tls_root_ca=self.zenoh.tls_root_ca,
-            tls_certificate=self.zenoh.tls_certificate,
-            tls_private_key=self.zenoh.tls_private_key,
-            tls_mtls=self.zenoh.tls_mtls,
-            tls_verify_name=self.zenoh.tls_verify_name,
-            access_control_file=self.zenoh.access_control_file,
-        )
+        """The session settings: `zenoh`, with `endpoint` added to its connect list (so, by default,
+        a connect-only Zenoh client with scouting off: transport/settings.py)."""
+        return self.zenoh.with_connect(self.endpoint)
 
 
 def routing_args(app: AppKey, client_uuid: str, endpoint: str | None = None, *, scouting: bool = False) -> list[str]:

@@ -176,7 +176,7 @@ class ZenohSession:
             try:
                 self._session = zenoh.open(config)
             except zenoh.ZError as exc:
-                raise TransportError(f"could not open a Zenoh session ({self.settings.mode}, "
+                raise TransportError(f"could not open a Zenoh session ({self.settings.effective_mode}, "
                                      f"listen={self.settings.listen}, connect={self.settings.connect}): {exc}") from exc
         return self
 
