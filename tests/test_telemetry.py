@@ -148,6 +148,7 @@ def test_monitor_with_its_prometheus_port_busy_says_so_in_one_line():
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_monitor_ends_within_a_second_of_a_signal(port, sig):
+    peer = ZenohSession(loopback_settings(port)).open()  # something to connect to
     proc = subprocess.Popen([sys.executable, "-m", "lerobot_zenoh.cli.monitor", f"--endpoint=tcp/127.0.0.1:{port}",
                              "--zenoh.multicast_scouting=false", f"--prometheus_port={free_port()}", "--refresh_s=5"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -160,6 +161,17 @@ def test_monitor_ends_within_a_second_of_a_signal(port, sig):
         assert proc.returncode == 0, proc.stderr.read()
     finally:
         proc.kill()
+        peer.close()
+
+
+def test_monitor_with_a_dead_endpoint_says_it_cannot_connect(port):
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "lerobot_zenoh.cli.monitor", f"--endpoint=tcp/127.0.0.1:{port}"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"lerobot-zenoh-monitor: cannot connect to tcp/127.0.0.1:{port}: nothing answers there (is the server or "
+        "router running, and is the address right?)"], r.stderr
+    assert time.monotonic() - t0 < 20
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")

@@ -71,7 +71,10 @@ class MonitorConfig:
         self.zenoh.validate("zenoh")
 
     def zenoh_settings(self) -> ZenohSettings:
-        return self.zenoh.with_connect(self.endpoint)
+        settings = self.zenoh.with_connect(self.endpoint)
+        if settings.connect_timeout_s == ZenohSettings.connect_timeout_s:  # not set: report a dead endpoint soon
+            settings = settings.replace(connect_timeout_s=2.0)
+        return settings
 
     def selector_prefix(self) -> str:
         """cluster/experiment/model/version/app with `*` for what was not narrowed."""
@@ -148,8 +151,15 @@ def main(argv: list[str] | None = None) -> int:
             fail(PROG, f"--prometheus_port: cannot listen on {config.prometheus_host}:{config.prometheus_port}: "
                        f"{exc.strerror or exc} (another monitor or exporter? pick another port)")
     session = None
+    settings = config.zenoh_settings()
     try:
-        session = ZenohSession(config.zenoh_settings()).open()
+        try:
+            session = ZenohSession(settings).open()
+        except LeRobotZenohError as exc:
+            if not settings.connect or settings.effective_mode != "client":
+                raise
+            raise LeRobotZenohError(f"cannot connect to {', '.join(settings.connect)}: nothing answers there "
+                                    "(is the server or router running, and is the address right?)") from exc
         session.subscribe(f"{prefix}/**/metrics" if prefix != "**" else "**/metrics", on_metrics)
         session.watch_liveliness(f"{prefix}/**" if prefix != "**" else "**",
                                  lambda key, alive: fleet.on_liveliness(key, alive, time.monotonic()))

@@ -88,12 +88,13 @@ def explain(exc: BaseException) -> str:
         return f"unknown flag {m.group(1)} (--help lists every flag)"
     if m := re.match(r"argument (\S+?)(?:/\S+)?: (.+)", text):  # argparse: invalid choice, expected one argument
         return f"{m.group(1)}: {m.group(2)}"
-    # Anything else a config class raised while being built (e.g. a LeRobot robot config's ValueError).
-    root = chain[-1]
-    where = ""
+    # Anything else a config class raised while being built (e.g. a LeRobot robot config's
+    # ValueError): draccus only says "Couldn't instantiate class X"; the cause says why.
     if m := re.search(r"instantiate class (\w+)", text):
-        where = f"{m.group(1)}: "
-    return f"{where}{str(root).strip().splitlines()[0] if str(root).strip() else type(root).__name__}"
+        root = chain[-1]
+        why = str(root).strip().splitlines()[0] if str(root).strip() else type(root).__name__
+        return f"{m.group(1)}: {why}"
+    return text
 
 
 def parse(config_class: type[T], argv: list[str] | None, prog: str) -> T:
