@@ -65,6 +65,9 @@ MISTAKES = [
     ("lerobot-robot-client", [*CLIENT, "--dataset.repo_id=nouser"], ["--dataset.repo_id", "<user>/<name>"]),
     ("lerobot-robot-client", ["--robot.type=so101_follower", "--robot.port=/dev/ttyACM_not_there"],
      ["--robot.port", "/dev/ttyACM_not_there does not exist"]),  # missing device
+    # a device that is there but is no robot: without LeRobot's feetech driver installed, the missing
+    # driver and the extra that brings it; with it ([hardware]), "cannot connect to the so100_follower at /dev/null"
+    ("lerobot-robot-client", ["--robot.type=so101_follower", "--robot.port=/dev/null"], ["--robot"]),
     ("lerobot-policy-server", ["--manifest=/nonexistent/m.yaml"], ["--manifest", "/nonexistent/m.yaml is not a file"]),
     ("lerobot-policy-server", ["--manifest=manifests/demo.yaml", "--log_level=LOUD"], ["--log_level", "LOUD"]),
     ("lerobot-policy-server", ["--manifest=manifests/demo.yaml", "--server-id=x"], ["unknown flag --server-id=x"]),
@@ -106,7 +109,10 @@ def test_help_lists_every_option():
                  "--dataset.root", "--dataset.episode_time_s", "--dataset.reset_time_s", "--dataset.num_episodes",
                  "--dataset.video", "--dataset.single_task", "--resume", "--duration_s", "--failsafe"):
         assert flag in client.stdout, flag
-    assert "the robot is held, nothing is recorded" in " ".join(client.stdout.split())  # help in a user's words
+    words = " ".join(client.stdout.split())
+    assert "the robot is held, nothing is recorded" in words  # help in a user's words
+    assert "Most observations awaiting their action chunk at once" in words  # field(metadata={"help": ...})
+    assert "Zenoh mode: auto" in words and "Control rate; every send_action" in words
     assert "--manifest" in server.stdout and "--server_id" in server.stdout
     for flag in ("--endpoint", "--zenoh.mode", "--prometheus_port", "--json", "--duration_s", "--cluster_uuid"):
         assert flag in monitor.stdout, flag

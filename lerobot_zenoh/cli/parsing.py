@@ -97,9 +97,36 @@ def explain(exc: BaseException) -> str:
     return text
 
 
+_METADATA_HELP = False
+
+
+def use_metadata_help() -> None:
+    """Let `--help` show `field(metadata={"help": ...})` texts too.
+
+    draccus 0.11 reads a field's help only from the comment above it; our dataclasses shared with
+    pydantic and argparse (ZenohSettings, SendTriggerConfig, the simulated robot, ...) carry it in
+    `metadata["help"]`, as LeRobot's own configs sometimes do. A comment, when present, still wins.
+    """
+    global _METADATA_HELP
+    if _METADATA_HELP:
+        return
+    from draccus.wrappers.field_wrapper import FieldWrapper
+
+    comment_help = FieldWrapper.help.fget
+
+    def help_text(self):
+        text = comment_help(self)
+        return text if text and text.strip() else (self.field.metadata or {}).get("help", text)
+
+    FieldWrapper.help = property(help_text, FieldWrapper.help.fset)
+    _METADATA_HELP = True
+
+
 def parse(config_class: type[T], argv: list[str] | None, prog: str) -> T:
     """draccus.parse with one-line errors (exit 2); `--help` prints every option as usual."""
     import draccus
+
+    use_metadata_help()
 
     args = sys.argv[1:] if argv is None else list(argv)
     try:

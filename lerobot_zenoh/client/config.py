@@ -52,7 +52,8 @@ class RobotClientConfig:
     robot: RobotConfig
     # This robot's id, unique in the fleet; the server's manifest must list it (or accept unknown clients).
     client_uuid: str = "robot_0"
-    # The five parts of the server's address: they must match the server's manifest.
+    # The cluster the server belongs to (manifest: cluster_uuid). This and the next four name the
+    # server's application: they must match its manifest.
     cluster_uuid: str = "local"
     # The experiment the server belongs to (manifest: experiment_tag).
     experiment_tag: str = "default"
