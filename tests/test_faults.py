@@ -242,7 +242,7 @@ def test_loss_and_delay_every_chunk_arrives_and_the_loop_keeps_its_period(tmp_pa
                             "random", "--probability", "0.1", "-j", "DROP"], check=True, capture_output=True)
         client = subprocess.run([*net.prefix("client"), sys.executable, "-m", "lerobot_zenoh.cli.client",
                                  "--robot.type=zenoh_sim", "--robot.cameras={front: [48, 64], wrist: [48, 64]}",
-                                 *routing_args(app_key, "r1", endpoint), "--discovery_timeout_s=60", "--watchdog_timeout_s=2.0", "--episode_time_s=12",
+                                 *routing_args(app_key, "r1", endpoint), "--discovery_timeout_s=60", "--watchdog_timeout_s=2.0", "--duration_s=12",
                                  "--telemetry_period_s=0", f"--summary_path={summary_path}"],
                                 capture_output=True, text=True, timeout=180)
         time.sleep(3)  # chunks still in flight get their retransmissions

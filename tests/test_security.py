@@ -522,7 +522,7 @@ def test_secure_init_writes_a_deployment_that_serves_a_real_client_over_mtls(por
         monitor_flags = (out / "ops.flags").read_text().split()
         handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:  # the monitor installs its own SIGINT/SIGTERM handlers
-            assert monitor_cli.main([*monitor_flags, "--json", "--duration-s", "1.0", "--refresh-s", "0.2"]) == 0
+            assert monitor_cli.main([*monitor_flags, "--json=true", "--duration_s=1.0", "--refresh_s=0.2"]) == 0
         finally:
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
@@ -543,7 +543,7 @@ def test_secure_init_with_a_router_enforces_the_acl_there(app_key, tmp_path):
     write_plain_manifest(tmp_path / "m.yaml", server_port, app_key, clients=("robA", "robB"))
     out = tmp_path / "pki"
     assert secure.main(["init", "--manifest", str(tmp_path / "m.yaml"), "--out", str(out), "--router", "zr",
-                        "--router-endpoint", f"tls/127.0.0.1:{router_port}"]) == 0
+                        "--router_endpoint", f"tls/127.0.0.1:{router_port}"]) == 0
     layout = PkiLayout(out)
     manifest = load_manifest(out / "gpu0.manifest.yaml")
     assert manifest.zenoh_settings().mode == "client" and manifest.zenoh_settings().access_control_file is None

@@ -36,8 +36,12 @@ def _named(args, path: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lerobot-zenoh-router", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from lerobot_zenoh.cli.parsing import OneLineArgumentParser, one_line
+
+    # argparse (Zenoh's own config file is the base here), with the other scripts' --snake_case
+    # spelling and one-line errors (exit 2).
+    parser = OneLineArgumentParser(prog="lerobot-zenoh-router", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="a Zenoh JSON5 config file (e.g. the TLS + ACL router file written by "
                                          "`lerobot-zenoh-secure init --router`); --listen/--connect/--set apply on top")
     # Zenoh: the fields of transport/settings.py, older spellings kept.
@@ -46,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
                   aliases={"listen": ["--listen"], "connect": ["--connect"], "json5_overrides": ["--set"]})
     parser.add_argument("--no-scouting", dest="zenoh_multicast_scouting", action="store_false", default=None,
                         help="same as --zenoh.multicast_scouting=false")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log_level", "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        type=str.upper, help="logging level (default: %(default)s)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), force=True, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("lerobot-zenoh-router")
@@ -57,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = settings_from_arguments(args, mode="router")
     except LeRobotZenohError as exc:
-        print(f"lerobot-zenoh-router: {exc}", file=sys.stderr)
+        print(f"lerobot-zenoh-router: {one_line(str(exc))}", file=sys.stderr)
         return 2
     if args.config:
         # The file is the base; the options only override what they name.
@@ -77,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         session.open()
     except LeRobotZenohError as exc:
-        log.error("%s", exc)
+        print(f"lerobot-zenoh-router: cannot start on {where}: {one_line(str(exc))}", file=sys.stderr)
         return 2
     log.info("router %s started (%s)", session.zid, where)
     try:

@@ -268,6 +268,7 @@ def _to_map(msg: Message) -> dict[str, Any]:
             "state_dim": msg.state_dim,
             "action_names": list(msg.action_names),
             "accepts_unknown_clients": bool(msg.accepts_unknown_clients),
+            "client_admitted": None if msg.client_admitted is None else bool(msg.client_admitted),
         })
     if isinstance(msg, Telemetry):
         return _header(MessageType.TELEMETRY) | {
@@ -349,6 +350,7 @@ def _status(d: dict) -> Status:
         state_dim=_uint(d, "state_dim", required=False),
         action_names=tuple(action_names),
         accepts_unknown_clients=bool(_optional(d, "accepts_unknown_clients", bool)),
+        client_admitted=_optional(d, "client_admitted", bool),
     )
 
 

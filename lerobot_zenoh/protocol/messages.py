@@ -84,6 +84,9 @@ class Status:
     state_dim: int | None = None
     action_names: tuple[str, ...] = ()
     accepts_unknown_clients: bool = False
+    # 1.1: in a reply to a query naming a client (`.../status?client=<id>`), whether this server
+    # serves that client id; None when the query named none (or the server predates 1.1).
+    client_admitted: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import shutil
@@ -22,6 +23,8 @@ from typing import Any
 from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.server.runners.base import OBS_IMAGES_PREFIX, OBS_STATE_KEY, PolicySpec
 from lerobot_zenoh.server.runners.lerobot import ACTION_KEY, FEATURES_SIDECAR_NAME, FEATURES_SIDECAR_VERSION
+
+log = logging.getLogger(__name__)
 
 # Architecture defaults on top of LeRobot's config defaults, chosen so that a 2-core CPU answers a
 # chunk for 2 cameras of 96x128 in roughly 50-150 ms (see docs/policies.md for measurements).
@@ -84,6 +87,7 @@ def build_checkpoint(
     output = Path(output_dir)
     _check_output(output, force)
 
+    log.info("importing torch and LeRobot ...")
     import torch
 
     from lerobot.configs import FeatureType, PolicyFeature
@@ -95,6 +99,7 @@ def build_checkpoint(
     output_features = {ACTION_KEY: PolicyFeature(type=FeatureType.ACTION, shape=(spec.action_dim,))}
 
     kwargs = _config_kwargs(policy_type, spec, overrides)
+    log.info("building a random-weight %s policy (seed %d) ...", policy_type, seed)
     try:
         config = make_policy_config(
             policy_type, input_features=input_features, output_features=output_features, **kwargs
@@ -115,6 +120,8 @@ def build_checkpoint(
 
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    log.info("saving %.1f M parameters and the processors to %s ...",
+             sum(p.numel() for p in policy.parameters()) / 1e6, output)
     try:
         policy.save_pretrained(staging)
         preprocessor.save_pretrained(staging)

@@ -184,9 +184,11 @@ class Responder:
     callback); the thread blocks on that queue, so an idle responder costs nothing.
     """
 
-    def __init__(self, key: str, make_reply: Callable[[], bytes | None], capacity: int = 64):
+    def __init__(self, key: str, make_reply: Callable[..., bytes | None], capacity: int = 64, *,
+                 with_parameters: bool = False):
         self.key = key
         self._make_reply = make_reply
+        self._with_parameters = with_parameters  # make_reply(parameters: dict[str, str]) instead of make_reply()
         self._queue: queue.Queue = queue.Queue(maxsize=capacity)
         self._queryable: zenoh.Queryable | None = None
         self.answered = 0
@@ -202,7 +204,14 @@ class Responder:
     def _run(self) -> None:
         while (query := self._queue.get()) is not None:
             try:
-                reply = self._make_reply()
+                if self._with_parameters:
+                    try:
+                        parameters = dict(query.parameters)
+                    except Exception:  # noqa: BLE001 - malformed parameters from a remote party: ignore them
+                        parameters = {}
+                    reply = self._make_reply(parameters)
+                else:
+                    reply = self._make_reply()
                 if reply is not None:  # None: stay silent (e.g. a standby that is not serving)
                     query.reply(self.key, reply)
                     self.answered += 1
@@ -364,8 +373,9 @@ class ZenohSession:
 
     # -- queries ------------------------------------------------------------------------------
 
-    def serve(self, key: str, make_reply: Callable[[], bytes | None]) -> Responder:
-        responder = Responder(key, make_reply)
+    def serve(self, key: str, make_reply: Callable[..., bytes | None], *, with_parameters: bool = False) -> Responder:
+        """Answer queries on `key`; `with_parameters`: `make_reply` gets the selector parameters as a dict."""
+        responder = Responder(key, make_reply, with_parameters=with_parameters)
         try:
             responder._queryable = self.raw.declare_queryable(key, responder._on_query, complete=True)
         except zenoh.ZError as exc:
@@ -374,12 +384,16 @@ class ZenohSession:
         self._owned.append(responder)
         return responder
 
-    def query(self, key: str, timeout_s: float = 1.0) -> list[tuple[str, bytes]]:
-        """All successful replies to a `get` on `key` within `timeout_s`, as (key, payload)."""
+    def query(self, key: str, timeout_s: float = 1.0, parameters: str | None = None) -> list[tuple[str, bytes]]:
+        """All successful replies to a `get` on `key` within `timeout_s`, as (key, payload).
+
+        `parameters`: selector parameters, e.g. ``"client=robot_1"`` (the queryable reads them).
+        """
         try:
             # ALL, not BEST_MATCHING: with a hot standby two servers hold the status queryable and
             # only the serving one answers; zenoh must not pick the silent one for us.
-            replies = self.raw.get(key, target=zenoh.QueryTarget.ALL, timeout=timeout_s)
+            selector = zenoh.Selector(key, parameters) if parameters else key
+            replies = self.raw.get(selector, target=zenoh.QueryTarget.ALL, timeout=timeout_s)
             out = []
             for reply in replies:
                 sample = reply.ok
