@@ -16,28 +16,33 @@ export HF_HUB_OFFLINE ?= 1
 export HF_HUB_DISABLE_TELEMETRY ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-# `make demo POLICY=smolvla` (or pi0, pi05): the same demo with a tiny random-weight VLA, one task
-# string per robot. Default: ACT.
-POLICY          ?= act
+# `make demo PORT=7450 ROBOTS=4 SECONDS=30 POLICY=diffusion` (or POLICY=smolvla, pi0, pi05: tiny VLAs)
+PORT    ?= 7447
+ROBOTS  ?= 2
+SECONDS ?= 20
+POLICY  ?= act
 DEMO_CHECKPOINT ?= checkpoints/demo_$(POLICY)
-DEMO_MANIFEST   ?= $(if $(filter act,$(POLICY)),manifests/demo.yaml,manifests/demo_$(POLICY).yaml)
-DEMO_SECONDS    ?= 20
-DEMO_ROBOTS     ?= 2
 
 .PHONY: help install test test-fast demo checkpoint clean ci-tools
 
 help:
-	@echo "make demo    one policy server + $(DEMO_ROBOTS) simulated robots on loopback for $(DEMO_SECONDS) s"
+	@echo "make demo    one policy server ($(POLICY)) on port $(PORT) + $(ROBOTS) simulated robots for $(SECONDS) s"
+	@echo "             variables: PORT, ROBOTS, SECONDS, POLICY (act, diffusion, smolvla, pi0, pi05)"
 	@echo "make test    the whole test suite (creates $(VENV) with Python 3.12 on first use)"
 	@echo "make PYTHON=/path/to/python3.12 ...   to pick the interpreter"
 
+# pip prints its own progress: the first install downloads ~5 GB (torch) and takes a few minutes.
+# [hardware]: LeRobot's feetech and dynamixel motor drivers, so SO-100/101 and Koch arms work as is.
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.12 not found; use make PYTHON=..." >&2; exit 1; }
 	@if [ -x $(PY) ] && ! $(PY) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then \
 		echo "$(VENV) is not Python 3.12; recreating"; rm -rf $(VENV); fi
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,vla]'
+	@test -x $(PY) || { echo "== creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
+	@echo "== upgrading pip"
+	$(PY) -m pip install --upgrade pip
+	@echo "== installing lerobot-zenoh with its test, hardware and vla extras (torch and LeRobot: ~5 GB the first time)"
+	$(PY) -m pip install -e '.[test,hardware,vla]'
+	@echo "== installed into $(VENV)"
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -48,6 +53,10 @@ ci-tools:
 	@if [ "$$CI" = "true" ] && [ "$$(id -u)" = 0 ] && ! command -v iptables >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then \
 		apt-get install -y -q iptables >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q iptables >/dev/null 2>&1; } \
 		|| echo "iptables could not be installed: the fault tests will be skipped"; fi
+	@# promtool (Debian's prometheus package, ~19 MB download) checks the monitor's /metrics; without it that check skips.
+	@if [ "$$CI" = "true" ] && [ "$$(id -u)" = 0 ] && ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then \
+		apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 \
+		|| echo "promtool could not be installed: the promtool check of the monitor will be skipped"; fi
 
 test: $(STAMP) ci-tools
 	$(PY) -m pytest
@@ -57,12 +66,12 @@ test-fast: $(STAMP)
 
 checkpoint: $(STAMP)
 	@test -f $(DEMO_CHECKPOINT)/config.json || $(VENV)/bin/lerobot-zenoh-build-checkpoint \
-		--policy-type $(POLICY) --output $(DEMO_CHECKPOINT) --state-dim 6 \
-		--cameras front:96x128,wrist:96x128 --chunk-size 50 --fps 30
+		--policy_type=$(POLICY) --output=$(DEMO_CHECKPOINT) --state_dim=6 \
+		--cameras=front:96x128,wrist:96x128 --chunk_size=50 --fps=30
 
 demo: $(STAMP) checkpoint
-	$(PY) -m lerobot_zenoh.demo --manifest $(DEMO_MANIFEST) --checkpoint $(DEMO_CHECKPOINT) \
-		--robots $(DEMO_ROBOTS) --seconds $(DEMO_SECONDS)
+	$(PY) -m lerobot_zenoh.demo --policy=$(POLICY) --checkpoint=$(DEMO_CHECKPOINT) --port=$(PORT) \
+		--robots=$(ROBOTS) --seconds=$(SECONDS)
 
 clean:
 	rm -rf $(VENV) checkpoints outputs .pytest_cache
@@ -93,7 +102,7 @@ soak: $(STAMP)
 # minutes on 2 cores; BENCH_ARGS=--full for the long runs. Shaped links need root (network namespaces).
 
 $(BENCH_STAMP): pyproject.toml $(STAMP)
-	$(PY) -m pip install --quiet -e '.[test,vla,bench]'
+	$(PY) -m pip install -e '.[test,hardware,vla,bench]'
 	@touch $(BENCH_STAMP)
 
 .PHONY: bench

@@ -4,8 +4,8 @@
 
 The recorder stores the raw observations (not the JPEG-degraded ones sent to the server) and the
 actions actually executed, through LeRobot's own `build_dataset_frame` + `add_frame`, on a writer
-thread that never stalls the control loop. From the CLI the same is `--dataset_repo_id=...
---dataset_root=...` on `lerobot-robot-client`.
+thread that never stalls the control loop. From the CLI the same is `--dataset.repo_id=...
+--dataset.root=...` on `lerobot-robot-client` (LeRobot's own `lerobot-record` flags; docs/client.md).
 """
 
 from __future__ import annotations

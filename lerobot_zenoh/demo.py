@@ -1,29 +1,95 @@
 """`make demo`: one policy server and several simulated robots on loopback, then a summary.
 
+    python -m lerobot_zenoh.demo --port=7447 --robots=2 --seconds=20 --policy=act
+
 Runs the real console scripts as separate processes, as a user would: `lerobot-policy-server`
-with manifests/demo.yaml, and one `lerobot-robot-client --robot.type=zenoh_sim` per robot. After
-`--seconds` every process gets SIGINT, and the per-robot JSON summaries are printed as a table.
+with manifests/demo.yaml (its port, checkpoint and client list adjusted to the flags, written to
+`<out>/manifest.yaml`), and one `lerobot-robot-client --robot.type=zenoh_sim` per robot. While
+they run, a line per second shows every robot's control rate, round trip and chunks (from their
+telemetry, as `lerobot-zenoh-monitor` reads it). After `--seconds` every process gets SIGINT and
+the per-robot JSON summaries are printed as a table.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# One task string per robot (a VLA reads it; ACT ignores it).
+PROG = "python -m lerobot_zenoh.demo"
+DEMO_POLICIES = ("act", "diffusion", "smolvla", "pi0", "pi05")
+VLAS = ("smolvla", "pi0", "pi05")
+# One task string per robot (a VLA reads it; ACT and Diffusion ignore it).
 TASKS = ("pick the cube", "open the drawer", "fold the towel", "push the block to the left")
+
+
+@dataclass
+class DemoConfig:
+    # TCP port on 127.0.0.1 the policy server listens on.
+    port: int = 7447
+    # Simulated robots to run (robot_1, robot_2, ...).
+    robots: int = 2
+    # How long the robots run, in seconds.
+    seconds: float = 20.0
+    # Policy family of the demo checkpoint: act, diffusion, smolvla, pi0 or pi05 (random weights,
+    # built offline; the VLAs tiny, reading one task string per robot).
+    policy: str = "act"
+    # Checkpoint folder to serve. Unset: checkpoints/demo_<policy> (make checkpoint builds it).
+    checkpoint: str | None = None
+    # Manifest to start from; its first model is served.
+    manifest: str = str(ROOT / "manifests" / "demo.yaml")
+    # Folder for the logs, the JSON summaries and the adjusted manifest.
+    out: str = str(ROOT / "outputs" / "demo")
+    # robot_1 also records a LeRobotDataset into <out>/dataset.
+    record: bool = False
+
+    def __post_init__(self) -> None:
+        from lerobot_zenoh.errors import ConfigError
+
+        if not 1 <= self.port <= 65535:
+            raise ConfigError("port", f"must be in 1..65535, got {self.port}")
+        if self.robots < 1:
+            raise ConfigError("robots", f"must be >= 1, got {self.robots}")
+        if self.seconds <= 0:
+            raise ConfigError("seconds", f"must be positive, got {self.seconds}")
+        if self.policy not in DEMO_POLICIES:
+            raise ConfigError("policy", f"{self.policy!r} is not one of {', '.join(DEMO_POLICIES)}")
+        checkpoint = Path(self.checkpoint or ROOT / "checkpoints" / f"demo_{self.policy}")
+        if not (checkpoint / "config.json").is_file():
+            raise ConfigError("checkpoint", f"{checkpoint} holds no checkpoint: build it with `make checkpoint "
+                                            f"POLICY={self.policy}`")
+        self.checkpoint = str(checkpoint.resolve())
 
 
 def _bin(name: str) -> str:
     candidate = Path(sys.executable).parent / name
     return str(candidate) if candidate.exists() else name
+
+
+def demo_manifest(cfg: DemoConfig, out: Path) -> Path:
+    """The manifest with the demo's port, checkpoint, model id and enough clients; written to `out`."""
+    import yaml
+
+    data = yaml.safe_load(Path(cfg.manifest).read_text())
+    entry = data["server"][0]
+    entry["endpoint"] = f"tcp/127.0.0.1:{cfg.port}"
+    entry.pop("endpoints", None)
+    entry["pretrained_path"] = cfg.checkpoint
+    entry["model_id"] = cfg.policy
+    if cfg.policy in VLAS:  # the robots' observations (and their tasks) in one forward pass
+        entry["max_batch_size"] = min(cfg.robots, 4)
+    listed = [c["client_uuid"] for c in entry.get("clients", [])]
+    entry["clients"] = [{"client_uuid": c} for c in listed] + [
+        {"client_uuid": f"robot_{i}"} for i in range(1, cfg.robots + 1) if f"robot_{i}" not in listed]
+    path = out / "manifest.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
 
 
 def _wait_ready(port: int, app_status: str, timeout_s: float, server: subprocess.Popen) -> bool:
@@ -41,56 +107,76 @@ def _wait_ready(port: int, app_status: str, timeout_s: float, server: subprocess
     return False
 
 
+def live_line(fleet, clients: list[str], elapsed_s: float) -> str:
+    """One line: every robot's loop rate, round-trip median and chunks so far (from its telemetry)."""
+    figures = {m.member_id: m.metrics for m in fleet.members() if m.kind == "client"}
+    parts = []
+    for cid in clients:
+        m = figures.get(cid)
+        if not m:
+            parts.append(f"{cid}: starting")
+            continue
+        hz, rtt = m.get("loop_hz"), m.get("rtt_ms_p50")
+        parts.append(f"{cid}: {hz or 0:.0f} Hz, rtt {'-' if rtt is None else f'{rtt:.0f} ms'}, "
+                     f"{int(m.get('chunks_received', 0))} chunks" + (" REVALIDATING" if m.get("revalidating") else ""))
+    return f"[{elapsed_s:4.0f} s] " + " | ".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lerobot_zenoh.demo", description=__doc__)
-    parser.add_argument("--manifest", default=str(ROOT / "manifests" / "demo.yaml"))
-    parser.add_argument("--checkpoint", default=None, help="(informational) checkpoint the manifest points at")
-    parser.add_argument("--robots", type=int, default=2)
-    parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--out", default=str(ROOT / "outputs" / "demo"))
-    parser.add_argument("--record", action="store_true", help="robot_1 also records a LeRobotDataset")
-    args = parser.parse_args(argv)
+    from lerobot_zenoh.cli.parsing import parse
+
+    cfg = parse(DemoConfig, argv, PROG)
 
     from lerobot_zenoh.client.config import routing_args
+    from lerobot_zenoh.protocol import codec
     from lerobot_zenoh.server.manifest import load_manifest
+    from lerobot_zenoh.telemetry.fleet import FleetView
+    from lerobot_zenoh.transport.session import ZenohSession
+    from lerobot_zenoh.transport.settings import loopback_settings
 
-    manifest = load_manifest(args.manifest)
-    entry = manifest.server[0]
-    clients = [c.client_uuid for c in entry.clients][: args.robots]
-    if len(clients) < args.robots:
-        print(f"the manifest lists only {len(clients)} clients", file=sys.stderr)
-        return 2
-    port = int(entry.listen_endpoints[0].rsplit(":", 1)[1])
-    out = Path(args.out)
+    out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
+    manifest_path = demo_manifest(cfg, out)
+    manifest = load_manifest(manifest_path)
+    entry = manifest.server[0]
+    app = manifest.app_key(entry)
+    clients = [f"robot_{i}" for i in range(1, cfg.robots + 1)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
-    print(f"== starting policy server ({args.manifest}), pre-warming {entry.model_id} ...", flush=True)
+    print(f"== starting the policy server on tcp/127.0.0.1:{cfg.port}: loading and warming up {cfg.policy} "
+          f"({cfg.checkpoint}); log in {out / 'server.log'}", flush=True)
+    t_start = time.monotonic()
     server_log = open(out / "server.log", "w")
-    server = subprocess.Popen([_bin("lerobot-policy-server"), "--manifest", args.manifest],
+    server = subprocess.Popen([_bin("lerobot-policy-server"), f"--manifest={manifest_path}"],
                               stdout=server_log, stderr=subprocess.STDOUT, env=env)
     robots: list[subprocess.Popen] = []
     try:
-        app_status = manifest.app_key(entry).status
-        if not _wait_ready(port, app_status, 120, server):
+        if not _wait_ready(cfg.port, app.status, 120, server):
             print(f"server did not come up; see {out / 'server.log'}", file=sys.stderr)
             return 1
-        print(f"== server ready; starting {len(clients)} simulated robots for {args.seconds:.0f} s", flush=True)
+        print(f"== server ready in {time.monotonic() - t_start:.0f} s; starting {len(clients)} simulated robots "
+              f"for {cfg.seconds:g} s", flush=True)
         for i, client_id in enumerate(clients):
             cmd = [
                 _bin("lerobot-robot-client"), "--robot.type=zenoh_sim", f"--robot.id={client_id}",
-                f"--robot.seed={i}", *routing_args(manifest.app_key(entry), client_id, f"tcp/127.0.0.1:{port}"),
-                f"--fps={entry.fps}",
-                f"--episode_time_s={args.seconds}", f"--task={TASKS[i % len(TASKS)]}",
+                f"--robot.seed={i}", *routing_args(app, client_id, f"tcp/127.0.0.1:{cfg.port}"),
+                f"--fps={entry.fps}", f"--duration_s={cfg.seconds}", f"--task={TASKS[i % len(TASKS)]}",
                 f"--summary_path={out / (client_id + '.json')}",
             ]
-            if args.record and i == 0:
-                cmd += [f"--dataset_repo_id=local/demo_{client_id}", f"--dataset_root={out / 'dataset'}"]
+            if cfg.record and i == 0:
+                cmd += [f"--dataset.repo_id=local/demo_{client_id}", f"--dataset.root={out / 'dataset'}",
+                        f"--dataset.episode_time_s={cfg.seconds}", "--dataset.num_episodes=1"]
             log = open(out / f"{client_id}.log", "w")
             robots.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
-        deadline = time.monotonic() + args.seconds + 60
-        for proc in robots:
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        fleet = FleetView()
+        t0 = time.monotonic()
+        deadline = t0 + cfg.seconds + 60
+        with ZenohSession(loopback_settings(None, listen=False, connect_ports=(cfg.port,))) as session:
+            session.subscribe(f"{app.prefix}/*/metrics", lambda key, payload: fleet.on_telemetry(
+                key, codec.decode_telemetry(payload), time.monotonic()))
+            while any(p.poll() is None for p in robots) and time.monotonic() < deadline:
+                time.sleep(1.0)
+                print(live_line(fleet, clients, time.monotonic() - t0), flush=True)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
     finally:

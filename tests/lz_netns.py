@@ -84,3 +84,115 @@ def net_pair():
         yield pair.up()
     finally:
         pair.down()
+
+
+# -- a LAN of namespaces (no address outside the namespaces created here) ------------------------
+
+
+def lan_unavailable_reason() -> str | None:
+    """Why a `Lan` cannot be built here (None: it can). Needs root and iproute2 (ip, tc, ss), not iptables."""
+    for tool in ("ip", "tc", "ss"):
+        if shutil.which(tool) is None:
+            return f"{tool} (iproute2) is not installed"
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    name = f"lzprobe{os.getpid()}"
+    r = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"cannot create a network namespace: {r.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    return None
+
+
+class LanMember:
+    """One host of a `Lan`: namespace `ns` at `ip`, plugged into the switch by `switch_if`."""
+
+    def __init__(self, lan: Lan, name: str, index: int) -> None:
+        self.name = name
+        self.ns = f"{lan.tag}{name}"
+        self.ip = f"10.234.{lan.subnet}.{index}"
+        self.iface = f"{lan.tag}{index}m"
+        self.switch_if = f"{lan.tag}{index}s"
+        self._lan = lan
+
+    def up(self) -> LanMember:
+        sw = self._lan.switch_ns
+        _ip("ip", "netns", "add", self.ns)
+        _ip("ip", "link", "set", "lo", "up", ns=self.ns)
+        _ip("ip", "link", "add", self.iface, "netns", self.ns, "type", "veth", "peer", "name", self.switch_if,
+            "netns", sw, ns=sw)
+        _ip("ip", "link", "set", self.switch_if, "master", "br0", ns=sw)
+        _ip("ip", "link", "set", self.switch_if, "up", ns=sw)
+        _ip("ip", "addr", "add", f"{self.ip}/24", "dev", self.iface, ns=self.ns)
+        _ip("ip", "link", "set", self.iface, "up", ns=self.ns)
+        # multicast scouting (224.0.0.224) needs a route out of the LAN interface
+        _ip("ip", "route", "add", "224.0.0.0/4", "dev", self.iface, ns=self.ns)
+        return self
+
+    def run(self, cmd: list[str], **kw) -> subprocess.CompletedProcess:
+        return subprocess.run(["ip", "netns", "exec", self.ns, *cmd], capture_output=True, text=True, **kw)
+
+    def popen(self, cmd: list[str], **kw) -> subprocess.Popen:
+        return subprocess.Popen(["ip", "netns", "exec", self.ns, *cmd], **kw)
+
+    def freeze(self) -> None:
+        """Every packet to and from this host is lost (a dead radio link); TCP keeps its connections."""
+        for ns, dev in ((self._lan.switch_ns, self.switch_if), (self.ns, self.iface)):
+            # tbf drops any packet larger than its bucket: a 1-byte bucket drops everything
+            _ip("tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", "8bit", "burst", "1", "limit", "1", ns=ns)
+
+    def freeze_downlink(self) -> None:
+        """Data to this host is lost, its own packets and the ACKs for them still flow (a congested
+        downlink): it keeps sending, and whatever is sent to it piles up at the sender."""
+        _ip("tc", "qdisc", "replace", "dev", self.switch_if, "root", "tbf", "rate", "8kbit", "burst", "100",
+            "limit", "100", ns=self._lan.switch_ns)
+
+    def thaw(self) -> None:
+        for ns, dev in ((self._lan.switch_ns, self.switch_if), (self.ns, self.iface)):
+            _ip("tc", "qdisc", "del", "dev", dev, "root", ns=ns, check=False)
+
+    def sockets(self, *flags: str) -> list[str]:
+        """`ss` lines (header dropped) of this namespace, e.g. sockets("-ltnp") for TCP listeners."""
+        out = self.run(["ss", "-H", *flags]).stdout
+        return [line for line in out.splitlines() if line.strip()]
+
+
+class Lan:
+    """Hosts on one Ethernet segment: a bridge in a switch namespace, one namespace per member.
+
+    Addresses (10.234.<n>.x/24) exist only inside the member namespaces; nothing is added to the
+    namespace the tests run in. Multicast flows between members (snooping off).
+    """
+
+    def __init__(self) -> None:
+        self.subnet = random.randint(1, 250)
+        self.tag = f"lz{os.getpid() % 1000}{self.subnet}"
+        self.switch_ns = f"{self.tag}sw"
+        self.members: dict[str, LanMember] = {}
+
+    def up(self) -> Lan:
+        _ip("ip", "netns", "add", self.switch_ns)
+        _ip("ip", "link", "add", "br0", "type", "bridge", "mcast_snooping", "0", ns=self.switch_ns)
+        _ip("ip", "link", "set", "br0", "up", ns=self.switch_ns)
+        return self
+
+    def add(self, name: str) -> LanMember:
+        member = LanMember(self, name, len(self.members) + 1).up()
+        self.members[name] = member
+        return member
+
+    def down(self) -> None:
+        for member in self.members.values():
+            _ip("ip", "netns", "del", member.ns, check=False)
+        _ip("ip", "netns", "del", self.switch_ns, check=False)
+
+
+@contextmanager
+def lan(*names: str):
+    """A LAN with one member per name: `with lan("server", "robot") as (server, robot): ...`."""
+    network = Lan()
+    try:
+        network.up()
+        yield tuple(network.add(n) for n in names)
+    finally:
+        network.down()

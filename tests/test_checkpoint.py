@@ -153,9 +153,9 @@ def test_bad_arguments_name_the_field(tmp_path, kwargs, field):
 
 def test_cli_builds_and_prints_path(tmp_path, capsys):
     out = tmp_path / "cli"
-    argv = ["--output", str(out), "--state-names", "j0,j1", "--action-dim", "3", "--cameras", "top:32x40"]
-    argv += ["--chunk-size", "5", "--fps", "15", "--set", "dim_model=32", "--set", "n_heads=2"]
-    argv += ["--set", "dim_feedforward=64", "--set", "n_encoder_layers=1", "--set", "n_vae_encoder_layers=1"]
+    argv = [f"--output={out}", "--state_names=j0,j1", "--action_dim=3", "--cameras=top:32x40"]
+    argv += ["--chunk_size=5", "--fps=15", "--overrides={dim_model: 32, n_heads: 2, dim_feedforward: 64, "
+             "n_encoder_layers: 1, n_vae_encoder_layers: 1}"]
     assert cli_main(argv) == 0
     assert capsys.readouterr().out.strip() == str(out)
     spec = load_policy_runner(out).spec
@@ -167,19 +167,21 @@ def test_cli_builds_and_prints_path(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("extra", "option"),
     [
-        (["--state-dim", "0"], "--state-dim"),
-        (["--state-dim", "2", "--cameras", "top:32"], "--cameras"),
-        (["--state-dim", "2", "--set", "dim_model"], "--set"),
-        (["--state-dim", "2", "--set", "nope=1"], "--set"),
-        (["--state-names", "a,,b"], "--state-names"),
-        (["--state-dim", "2", "--chunk-size", "0"], "--chunk-size"),
-        (["--state-dim", "2", "--policy-type", "vqbet"], "--policy-type"),
-        (["--cameras", "top:32x40"], "--state-names"),
+        (["--state_dim=0"], "--state_dim"),
+        (["--state_dim=2", "--cameras=top:32"], "--cameras"),
+        (["--state_dim=2", "--overrides=dim_model"], "--overrides"),
+        (["--state_dim=2", "--overrides={nope: 1}"], "--overrides"),
+        (["--state_names=a,,b"], "--state_names"),
+        (["--state_dim=2", "--chunk_size=0"], "--chunk_size"),
+        (["--state_dim=2", "--policy_type=vqbet"], "--policy_type"),
+        (["--cameras=top:32x40"], "--state_names"),
+        (["--state_dim=two"], "--state_dim"),
+        (["--state_dim=2", "--sate_dim=2"], "unknown flag --sate_dim=2"),
     ],
 )
 def test_cli_bad_arguments_exit_2_naming_the_option(tmp_path, capsys, extra, option):
     with pytest.raises(SystemExit) as info:
-        cli_main(["--output", str(tmp_path / "x"), *extra])
+        cli_main([f"--output={tmp_path / 'x'}", *extra])
     assert info.value.code == 2
     assert option in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
@@ -187,6 +189,6 @@ def test_cli_bad_arguments_exit_2_naming_the_option(tmp_path, capsys, extra, opt
 
 def test_cli_refuses_existing_folder_without_force(act_checkpoint, capsys):
     with pytest.raises(SystemExit) as info:
-        cli_main(["--output", str(act_checkpoint), "--state-dim", "3"])
+        cli_main([f"--output={act_checkpoint}", "--state_dim=3"])
     assert info.value.code == 2
     assert "--output" in capsys.readouterr().err

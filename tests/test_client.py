@@ -242,13 +242,54 @@ def test_cli_exits_nonzero_on_mismatch(port, app_key):
 
 
 def test_no_server_at_all_fails_discovery_in_bounded_time(port, app_key):
-    cfg = make_config(port, app_key, discovery_timeout_s=1.0)
+    """A dead endpoint: nothing listens there. Told apart from "no server answers" within ~2 s."""
+    cfg = make_config(port, app_key, discovery_timeout_s=15.0)
     client = RobotClient(cfg, make_robot_from_config(cfg.robot))
     t0 = time.monotonic()
-    with pytest.raises(CompatibilityError, match="no server answered"):
+    with pytest.raises(CompatibilityError, match=f"cannot connect to tcp/127.0.0.1:{port}"):
         client.start()
     client.close()
     assert time.monotonic() - t0 < 5
+
+
+def test_connected_but_no_server_answers_names_the_status_key(port, app_key):
+    """Something listens at the endpoint (a bare Zenoh peer), but no server serves this app."""
+    cfg = make_config(port, app_key, discovery_timeout_s=1.0)
+    with ZenohSession(loopback_settings(port)):
+        client = RobotClient(cfg, make_robot_from_config(cfg.robot))
+        t0 = time.monotonic()
+        with pytest.raises(CompatibilityError) as excinfo:
+            client.start()
+        client.close()
+    assert time.monotonic() - t0 < 5
+    assert f"connected to tcp/127.0.0.1:{port}, but no server answers {app_key.status}" in str(excinfo.value)
+
+
+def test_client_the_server_does_not_serve_is_refused_at_discovery(port, app_key):
+    """The manifest lists only r1: r2 is refused at start-up naming both, and never moves the robot."""
+    from lerobot_zenoh.server.manifest import parse_manifest
+    from lerobot_zenoh.server.server import PolicyServer
+
+    manifest = parse_manifest({
+        "cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": "gpu0",
+        "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False},
+        "server": [{
+            "model_id": app_key.model, "model_version": app_key.version, "application_tag": app_key.app,
+            "synthetic": {"state_dim": 6, "action_dim": 6, "chunk_size": 30, "cameras": {"front": [48, 64], "wrist": [48, 64]}},
+            "fps": 30, "clients": [{"client_uuid": "r1"}],
+        }],
+    })
+    with PolicyServer(manifest):
+        robot = LoggingRobot(make_robot_from_config(make_config(port, app_key).robot))
+        refused = RobotClient(make_config(port, app_key, client_uuid="r2", discovery_timeout_s=10), robot)
+        with pytest.raises(CompatibilityError, match="server gpu0 does not serve client 'r2'"):
+            refused.start()
+        refused.close()
+        admitted = RobotClient(make_config(port, app_key, client_uuid="r1", discovery_timeout_s=10),
+                               make_robot_from_config(make_config(port, app_key).robot))
+        admitted.start()
+        admitted.close()
+    assert robot.sent == []
 
 
 def _load_dataset(repo_id, root):
@@ -279,6 +320,43 @@ def test_recording_frames_equal_steps_executed(port, app_key, tmp_path):
     assert frame["action"].shape == (6,) and frame["task"] == "pick"
 
 
+def test_episodes_are_separated_by_a_reset_phase_that_records_nothing(port, app_key, tmp_path, caplog):
+    """--dataset.*: 2 episodes of 1 s with a 0.5 s reset between them; held frames are marked."""
+    import logging
+
+    from lerobot_zenoh.client.config import ClientDatasetConfig
+    from lerobot_zenoh.client.recorder import FAILSAFE_FEATURE, DatasetRecorder
+
+    caplog.set_level(logging.INFO)
+    dataset = ClientDatasetConfig(repo_id="local/episodes", root=str(tmp_path / "ds"), episode_time_s=1.0,
+                                  reset_time_s=0.5, num_episodes=2, video=False, single_task="pick")
+    cfg = make_config(port, app_key, dataset=dataset)
+    with make_server(port, app_key):
+        robot = LoggingRobot(make_robot_from_config(cfg.robot))
+        recorder = DatasetRecorder.from_config(cfg.dataset, cfg.dataset_root, robot, cfg.task_text)
+        client = RobotClient(cfg, robot, recorder)
+        client.start()
+        recorder.start()
+        try:
+            t0 = time.monotonic()
+            client.run()  # ends by itself after the second episode
+            elapsed = time.monotonic() - t0
+        finally:
+            client.close()
+    assert 2.3 < elapsed < 4.0
+    ds = _load_dataset("local/episodes", tmp_path / "ds")
+    assert ds.num_episodes == 2 and ds.num_frames == client.counters.steps == recorder.frames_written
+    assert 10 <= client.counters.reset_steps <= 20  # 0.5 s at 30 Hz, recorded nowhere
+    # the robot was commanded (held) at every reset step too; close() adds one fail-safe action
+    assert len(robot.sent) == client.counters.steps + client.counters.reset_steps + 1
+    held = [bool(ds.hf_dataset[i][FAILSAFE_FEATURE].reshape(-1)[0]) for i in range(ds.num_frames)]
+    assert sum(held) == client.counters.empty_cycles >= 1  # at least the first step, before any chunk
+    assert held[0] and ds[0]["task"] == "pick"
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("episode 1/2: recording" in m for m in messages) and any("episode 2/2 done" in m for m in messages)
+    assert any("reset for 0.5 s: robot held, nothing recorded" in m for m in messages)
+
+
 def test_interrupted_cli_run_leaves_a_loadable_dataset(port, app_key, tmp_path):
     import json
     import signal
@@ -288,8 +366,8 @@ def test_interrupted_cli_run_leaves_a_loadable_dataset(port, app_key, tmp_path):
         proc = subprocess.Popen([
             sys.executable, "-m", "lerobot_zenoh.cli.client", "--robot.type=zenoh_sim",
             "--robot.cameras={front: [48, 64], wrist: [48, 64]}",
-            *routing_args(app_key, "rec", f"tcp/127.0.0.1:{port}"), "--dataset_repo_id=local/interrupted",
-            f"--dataset_root={tmp_path / 'ds'}", f"--summary_path={summary}", "--task=stack",
+            *routing_args(app_key, "rec", f"tcp/127.0.0.1:{port}"), "--dataset.repo_id=local/interrupted",
+            f"--dataset.root={tmp_path / 'ds'}", "--dataset.video=false", f"--summary_path={summary}", "--task=stack",
         ], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             deadline = time.monotonic() + 60

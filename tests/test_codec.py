@@ -294,6 +294,17 @@ def test_golden_bytes(name):
     assert_same(codec.decode(path.read_bytes()), FIXTURES[name]())
 
 
+def test_status_client_admitted_is_additive():
+    """1.1: `client_admitted` round-trips when set and is absent (1.0 bytes) when None."""
+    from dataclasses import replace
+
+    plain = codec.encode(status_fixture())
+    assert b"client_admitted" not in plain and codec.decode_status(plain).client_admitted is None
+    for admitted in (True, False):
+        data = codec.encode(replace(status_fixture(), client_admitted=admitted))
+        assert codec.decode_status(data).client_admitted is admitted
+
+
 def test_no_pickle_anywhere_in_the_package():
     root = pathlib.Path(codec.__file__).parents[1]
     pattern = re.compile(r"^\s*(import|from)\s+(pickle|cPickle|dill|cloudpickle|joblib)\b|pickle\.loads?\(", re.M)

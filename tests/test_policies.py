@@ -395,3 +395,14 @@ def test_corrupted_checkpoint_raises_policy_error(checkpoints, tmp_path, file, m
     with pytest.raises(PolicyError, match=match) as info:
         load_policy_runner(folder)
     assert str(folder) in str(info.value)
+
+
+@pytest.mark.slow
+def test_a_fresh_process_loads_a_checkpoint(checkpoints):
+    """Nothing else imported first (as in `lerobot-policy-server`): LeRobot's config registry must be filled."""
+    code = ("import sys; from lerobot_zenoh.server.runners import load_policy_runner; "
+            "print(load_policy_runner(sys.argv[1]).spec.policy_type)")
+    out = subprocess.run([sys.executable, "-c", code, str(checkpoints["act"])], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "act"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-from lerobot_zenoh.client.recorder import DatasetRecorder
+from lerobot_zenoh.client.recorder import FAILSAFE_FEATURE, DatasetRecorder
 from lerobot_zenoh.client.sim_robot import SimRobot, SimRobotConfig
 from lerobot_zenoh.errors import ConfigError
 
@@ -24,12 +24,12 @@ def robot():
     robot.disconnect()
 
 
-def run_steps(robot: SimRobot, recorder: DatasetRecorder, n: int, start: int = 0) -> list[dict]:
+def run_steps(robot: SimRobot, recorder: DatasetRecorder, n: int, start: int = 0, held=()) -> list[dict]:
     actions = []
     for k in range(start, start + n):
         obs = robot.get_observation()
         sent = robot.send_action({key: 40.0 * np.sin(k / 10 + i) for i, key in enumerate(robot.action_features)})
-        assert recorder.record(obs, sent)
+        assert recorder.record(obs, sent, failsafe=k in held)
         actions.append(sent)
     return actions
 
@@ -65,7 +65,7 @@ def test_two_episodes_round_trip(tmp_path, robot, use_videos, streaming):
 
 def test_closed_mid_episode_leaves_a_loadable_dataset(tmp_path, robot):
     root = tmp_path / "ds"
-    recorder = DatasetRecorder(REPO_ID, root, FPS, robot, "t")
+    recorder = DatasetRecorder(REPO_ID, root, FPS, robot, "t", use_videos=False)
     recorder.start()
     run_steps(robot, recorder, 10)
     recorder.end_episode()
@@ -80,7 +80,7 @@ def test_closed_mid_episode_leaves_a_loadable_dataset(tmp_path, robot):
 
 def test_empty_episodes_are_not_saved(tmp_path, robot):
     root = tmp_path / "ds"
-    with DatasetRecorder(REPO_ID, root, FPS, robot, "t") as recorder:
+    with DatasetRecorder(REPO_ID, root, FPS, robot, "t", use_videos=False) as recorder:
         recorder.end_episode()
         run_steps(robot, recorder, 5)
         recorder.end_episode()
@@ -91,7 +91,7 @@ def test_empty_episodes_are_not_saved(tmp_path, robot):
 
 def test_stalled_writer_drops_frames_instead_of_blocking(tmp_path, robot):
     root = tmp_path / "ds"
-    recorder = DatasetRecorder(REPO_ID, root, FPS, robot, "t", max_queued_frames=5)
+    recorder = DatasetRecorder(REPO_ID, root, FPS, robot, "t", max_queued_frames=5, use_videos=False)
     recorder.start()
     release, entered = threading.Event(), threading.Event()
     add_frame = recorder.dataset.add_frame
@@ -116,7 +116,7 @@ def test_stalled_writer_drops_frames_instead_of_blocking(tmp_path, robot):
 
 def test_bad_frame_is_skipped_and_counted(tmp_path, robot):
     root = tmp_path / "ds"
-    with DatasetRecorder(REPO_ID, root, FPS, robot, "t") as recorder:
+    with DatasetRecorder(REPO_ID, root, FPS, robot, "t", use_videos=False) as recorder:
         run_steps(robot, recorder, 3)
         recorder.record(robot.get_observation(), {"nope": 1.0})  # missing action keys
         run_steps(robot, recorder, 3)
@@ -136,4 +136,39 @@ def test_existing_root_is_refused(tmp_path, robot):
     (tmp_path / "ds").mkdir()
     with pytest.raises(ConfigError) as excinfo:
         DatasetRecorder(REPO_ID, tmp_path / "ds", FPS, robot, "t").start()
-    assert excinfo.value.field == "dataset.root"
+    assert excinfo.value.field == "dataset.root" and "--resume" in str(excinfo.value)
+
+
+def test_held_frames_are_marked_and_video_is_the_default(tmp_path, robot):
+    """The `failsafe` feature is True exactly where the client held the robot; cameras are videos."""
+    root = tmp_path / "ds"
+    with DatasetRecorder(REPO_ID, root, FPS, robot, "t") as recorder:
+        run_steps(robot, recorder, 12, held={0, 1, 7})
+    dataset = load(root)
+    assert dataset.meta.features[FAILSAFE_FEATURE]["dtype"] == "bool"
+    assert dataset.meta.video_keys == ["observation.images.front", "observation.images.wrist"]
+    held = [bool(dataset[i][FAILSAFE_FEATURE].reshape(-1)[0]) for i in range(dataset.num_frames)]
+    assert [i for i, h in enumerate(held) if h] == [0, 1, 7]
+
+
+def test_resume_appends_episodes_and_refuses_what_does_not_match(tmp_path, robot):
+    from lerobot_zenoh.client.config import ClientDatasetConfig
+
+    root = tmp_path / "ds"
+    cfg = ClientDatasetConfig(repo_id=REPO_ID, fps=FPS, video=False)
+    with DatasetRecorder.from_config(cfg, root, robot, "first") as recorder:
+        run_steps(robot, recorder, 8)
+    with pytest.raises(ConfigError, match="dataset.root"):
+        DatasetRecorder.from_config(cfg, root, robot, "again").start()  # no --resume: refused
+    with DatasetRecorder.from_config(cfg, root, robot, "second", resume=True) as recorder:
+        run_steps(robot, recorder, 5)
+    dataset = load(root)
+    assert dataset.num_episodes == 2 and dataset.num_frames == 13
+    assert dataset[10]["task"] == "second" and int(dataset[10]["episode_index"]) == 1
+
+    other = SimRobot(SimRobotConfig(cameras={"front": (48, 64)}, fps=FPS))
+    with pytest.raises(ConfigError, match="does not match this robot") as excinfo:
+        DatasetRecorder.from_config(cfg, root, other, "t", resume=True).start()
+    assert excinfo.value.field == "resume"
+    with pytest.raises(ConfigError, match="no dataset") as excinfo:
+        DatasetRecorder.from_config(cfg, tmp_path / "none", robot, "t", resume=True).start()

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import shutil
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -74,9 +79,9 @@ def test_monitor_json_and_prometheus(fleet, port, app_key):
     from lerobot_zenoh.protocol import codec
 
     # --json: one line per message, from the real console script.
-    proc = subprocess.run([sys.executable, "-m", "lerobot_zenoh.cli.monitor", "--connect", f"tcp/127.0.0.1:{port}",
-                           "--no-scouting", "--cluster", app_key.cluster, "--json", "--duration-s", "3"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "lerobot_zenoh.cli.monitor", f"--endpoint=tcp/127.0.0.1:{port}",
+                           "--zenoh.multicast_scouting=false", f"--cluster_uuid={app_key.cluster}", "--json=true",
+                           "--duration_s=3"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
     assert {(m["source"], m["source_id"]) for m in lines} >= {("server", "gpu0"), ("client", "r1")}
@@ -97,10 +102,100 @@ def test_monitor_json_and_prometheus(fleet, port, app_key):
 
             REGISTRY.unregister(collector)
     labels = f'app="{app_key.app}",client="r1",cluster="{app_key.cluster}",experiment="{app_key.experiment}"'
-    assert f"lerobot_zenoh_client_chunks_received{{{labels}" in body
-    assert 'lerobot_zenoh_server_inferences{' in body and 'server="gpu0"' in body
-    assert "lerobot_zenoh_server_client_inferences{" in body
-    assert "lerobot_zenoh_client_alive{" in body
+    assert f"lerobot_zenoh_client_chunks_received_total{{{labels}" in body
+    assert 'lerobot_zenoh_server_inferences_total{' in body and 'server="gpu0"' in body
+    assert "lerobot_zenoh_server_client_inferences_total{" in body
+    assert "lerobot_zenoh_client_up{" in body
+    assert "# TYPE lerobot_zenoh_client_chunks_received_total counter" in body
+    assert "# TYPE lerobot_zenoh_client_round_trip_p50_seconds gauge" not in body  # rtt is named rtt
+    _lint_exposition(body)
+    promtool = shutil.which("promtool") or os.environ.get("PROMTOOL")
+    if promtool:  # Debian's `prometheus` package ships it (make ci-tools installs it in CI)
+        check = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True, timeout=60)
+        assert check.returncode == 0 and not check.stdout.strip() and not check.stderr.strip(), check.stdout + check.stderr
+
+
+def _lint_exposition(body: str) -> None:
+    """What `promtool check metrics` checks, so that the rules hold where promtool is absent too."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    names = set()
+    for family in text_string_to_metric_families(body):
+        if not family.name.startswith("lerobot_zenoh_"):
+            continue  # the client library's own process/python metrics
+        names.add(family.name)
+        assert family.documentation and "telemetry figure" not in family.documentation, family.name
+        assert all(s.name.endswith("_total") for s in family.samples) == (family.type == "counter"), family.name
+        assert not any(f"_{unit}" in family.name for unit in ("ms_", "mb_", "_ms", "_mb", "milli", "mega")), family.name
+    assert {"lerobot_zenoh_client_rtt_p50_seconds", "lerobot_zenoh_server_inference_p99_seconds",
+            "lerobot_zenoh_server_resident_memory_bytes", "lerobot_zenoh_client_control_loop_rate_hertz"} <= names
+
+
+def test_monitor_with_its_prometheus_port_busy_says_so_in_one_line():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "lerobot_zenoh.cli.monitor", f"--prometheus_port={taken}",
+                            "--zenoh.multicast_scouting=false"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"lerobot-zenoh-monitor: --prometheus_port: cannot listen on 127.0.0.1:{taken}: Address already in use "
+        "(another monitor or exporter? pick another port)"]
+    assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_monitor_ends_within_a_second_of_a_signal(port, sig):
+    peer = ZenohSession(loopback_settings(port)).open()  # something to connect to
+    proc = subprocess.Popen([sys.executable, "-m", "lerobot_zenoh.cli.monitor", f"--endpoint=tcp/127.0.0.1:{port}",
+                             "--zenoh.multicast_scouting=false", f"--prometheus_port={free_port()}", "--refresh_s=5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "lerobot-zenoh fleet" in proc.stdout.readline() + proc.stdout.readline()  # running: first table drawn
+        t0 = time.monotonic()
+        proc.send_signal(sig)
+        proc.wait(timeout=10)
+        assert time.monotonic() - t0 < 1.0
+        assert proc.returncode == 0, proc.stderr.read()
+    finally:
+        proc.kill()
+        peer.close()
+
+
+def test_monitor_with_a_dead_endpoint_says_it_cannot_connect(port):
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "lerobot_zenoh.cli.monitor", f"--endpoint=tcp/127.0.0.1:{port}"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"lerobot-zenoh-monitor: cannot connect to tcp/127.0.0.1:{port}: nothing answers there (is the server or "
+        "router running, and is the address right?)"], r.stderr
+    assert time.monotonic() - t0 < 20
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_monitor_live_table_in_a_real_terminal(fleet, port, app_key, tmp_path):
+    """The table as a person sees it: run in a tmux pane, read the screen back with capture-pane."""
+    session = f"lz-monitor-{port}"
+    cmd = (f"{shlex.quote(sys.executable)} -m lerobot_zenoh.cli.monitor --endpoint=tcp/127.0.0.1:{port} "
+           f"--zenoh.multicast_scouting=false --cluster_uuid={app_key.cluster} --refresh_s=0.5")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "40", cmd], check=True, env=env)
+    try:
+        screen = ""
+
+        def table_shows_both() -> bool:
+            nonlocal screen
+            screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+            rows = {line.split()[1]: line.split() for line in screen.splitlines()
+                    if line.startswith(app_key.prefix) and len(line.split()) > 3}
+            return rows.get("gpu0", [None] * 3)[2] == "up" and rows.get("r1", [None] * 3)[2] == "up"
+
+        assert wait_for(table_shows_both, timeout_s=30, poll_s=0.3), screen
+        assert "SERVERS" in screen and "CLIENTS" in screen and "rtt p50" in screen
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
 
 
 def test_fleet_view_marks_silent_members():

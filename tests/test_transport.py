@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -132,3 +133,84 @@ def test_a_closed_session_cannot_be_reopened(port):
     s.close()
     with pytest.raises(TransportError, match="closed"):
         s.open()
+
+
+def test_one_zenoh_block_for_client_manifest_and_clis():
+    """The client's --zenoh.*, the manifest's zenoh: block and the CLIs' --zenoh.* are one dataclass."""
+    import argparse
+    import dataclasses
+
+    import draccus
+
+    from lerobot_zenoh.server.manifest import parse_manifest
+    from lerobot_zenoh.transport.settings import add_arguments, settings_from_arguments
+
+    names = [f.name for f in dataclasses.fields(ZenohSettings)]
+    assert all(f.metadata.get("help") for f in dataclasses.fields(ZenohSettings))
+
+    @dataclasses.dataclass
+    class Cli:
+        zenoh: ZenohSettings = dataclasses.field(default_factory=ZenohSettings)
+
+    parsed = draccus.parse(Cli, args=["--zenoh.connect=[tcp/127.0.0.1:1]", "--zenoh.shared_memory=true"]).zenoh
+    assert parsed == ZenohSettings(connect=["tcp/127.0.0.1:1"], shared_memory=True)
+    manifest = parse_manifest({"cluster_uuid": "c", "experiment_tag": "e",
+                               "zenoh": {"connect": ["tcp/127.0.0.1:1"], "shared_memory": True},
+                               "server": [{"model_id": "m", "model_version": "v", "application_tag": "a",
+                                           "synthetic": {"state_dim": 2, "action_dim": 2}, "accept_unknown_clients": True}]})
+    assert manifest.zenoh == parsed
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, tuple(names))
+    args = parser.parse_args(["--zenoh.connect", "tcp/127.0.0.1:1", "--zenoh.shared_memory", "true"])
+    assert settings_from_arguments(args) == parsed
+    with pytest.raises(ConfigError, match="zenoh.bogus"):
+        parse_manifest({"cluster_uuid": "c", "experiment_tag": "e", "zenoh": {"bogus": 1},
+                        "server": [{"model_id": "m", "model_version": "v", "application_tag": "a",
+                                    "synthetic": {"state_dim": 2, "action_dim": 2}, "accept_unknown_clients": True}]})
+
+
+def test_defaults_open_no_listener_when_an_endpoint_is_given():
+    connect_only = dict(ZenohSettings(connect=["tcp/127.0.0.1:1"]).json5_entries())
+    assert connect_only["mode"] == '"client"' and connect_only["listen/endpoints"] == "[]"
+    assert connect_only["scouting/multicast/enabled"] == "false"
+    assert connect_only["transport/shared_memory/enabled"] == "false"
+    explicit_peer = dict(ZenohSettings(mode="peer", connect=["tcp/127.0.0.1:1"]).json5_entries())
+    assert explicit_peer["mode"] == '"peer"' and explicit_peer["listen/endpoints"] == "[]"
+    server = dict(ZenohSettings(listen=["tcp/127.0.0.1:1"]).json5_entries())
+    assert server["mode"] == '"peer"' and server["scouting/multicast/enabled"] == "true"
+    with pytest.raises(ConfigError, match="zenoh.listen"):
+        ZenohSettings(mode="client", listen=["tcp/127.0.0.1:1"]).validate()
+
+
+def test_a_queued_publisher_never_waits_drops_the_oldest_and_counts(zenoh_pair, app_key):
+    """ACTION_QOS publishers only queue: the caller never waits on Zenoh, a full queue drops its oldest."""
+    from lerobot_zenoh.transport.session import QueuedPublisher
+
+    server, client = zenoh_pair
+    key = app_key.client("robot1").action
+    got: list[bytes] = []
+    client.subscribe(key, lambda k, b: got.append(b))
+    wait_matched(server, key)
+    pub = server.publisher(key, ACTION_QOS)
+    assert isinstance(pub, QueuedPublisher) and ACTION_QOS.queue_depth > 0 and not ACTION_QOS.block_when_congested
+    for i in range(5):
+        pub.put(b"chunk %d" % i)
+    assert wait_for(lambda: len(got) == 5, 5.0) and got == [b"chunk %d" % i for i in range(5)]  # in order
+    assert pub.sent == 5 and pub.dropped == 0
+
+    release = threading.Event()
+    real_send = pub._send
+    pub._send = lambda payload: (release.wait(5.0), real_send(payload))  # a link that takes nothing for now
+    pub.put(b"chunk 5")
+    assert wait_for(lambda: pub.pending == 0, 2.0)  # the thread holds it, stuck in the link
+    t0 = time.perf_counter()
+    for i in range(6, 6 + ACTION_QOS.queue_depth + 2):
+        pub.put(b"chunk %d" % i)
+    assert time.perf_counter() - t0 < 0.1  # never waited on the link
+    release.set()
+    # the one already being sent, then the newest `queue_depth`; the 2 in between were dropped, counted
+    assert wait_for(lambda: pub.pending == 0 and pub.sent == 5 + 1 + ACTION_QOS.queue_depth, 5.0)
+    assert pub.dropped == 2
+    pub.close()
+    with pytest.raises(TransportError):
+        pub.put(b"late")

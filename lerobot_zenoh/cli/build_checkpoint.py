@@ -1,68 +1,80 @@
-"""`lerobot-zenoh-build-checkpoint`: write a randomly initialized ACT/Diffusion checkpoint offline.
+"""`lerobot-zenoh-build-checkpoint`: write a randomly initialized ACT/Diffusion checkpoint, or a tiny
+SmolVLA/pi0/pi0.5 with its local tokenizer (and VLM config), offline.
 
-    lerobot-zenoh-build-checkpoint --policy-type act --output checkpoints/demo_act \\
-        --state-dim 6 --cameras front:96x128,wrist:96x128 --chunk-size 50 --fps 30 [--set dim_model=256]
+    lerobot-zenoh-build-checkpoint --policy_type=act --output=checkpoints/demo_act \\
+        --state_dim=6 --cameras=front:96x128,wrist:96x128 --chunk_size=50 --fps=30 \\
+        [--overrides='{dim_model: 256}']
 
-Prints the checkpoint path. Bad arguments exit with status 2 and a message naming the option.
+Logs a line per step (about 10 s for ACT on a 2-core CPU), then prints the checkpoint path.
+A configuration mistake exits with status 2 and one line naming the flag.
 """
 
 from __future__ import annotations
 
-import argparse
+import logging
 import os
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
 
 from lerobot_zenoh.errors import ConfigError
 
-# ConfigError.field of build_checkpoint -> the option a user typed.
+PROG = "lerobot-zenoh-build-checkpoint"
+
+# ConfigError.field of build_checkpoint -> the flag a user typed.
+# What the builder builds (server.checkpoint.DEMO_OVERRIDES; kept here so --help needs no torch).
+POLICY_TYPES = ("act", "diffusion", "smolvla", "pi0", "pi05")
+
 _OPTION_OF_FIELD = {
-    "policy_type": "--policy-type",
+    "policy_type": "--policy_type",
     "output_dir": "--output",
-    "state_names": "--state-names/--state-dim",
-    "action_names": "--action-names/--action-dim",
+    "state_names": "--state_names/--state_dim",
+    "action_names": "--action_names/--action_dim",
     "cameras": "--cameras",
-    "chunk_size": "--chunk-size",
+    "chunk_size": "--chunk_size",
     "fps": "--fps",
-    "overrides": "--set",
+    "overrides": "--overrides",
     "seed": "--seed",
 }
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="lerobot-zenoh-build-checkpoint",
-        description="Build a LeRobot checkpoint with random weights (no hub access needed).",
-    )
-    p.add_argument("--policy-type", default="act", choices=("act", "diffusion", "smolvla", "pi0", "pi05"))
-    p.add_argument("--output", required=True, help="checkpoint folder to create")
-    state = p.add_mutually_exclusive_group(required=True)
-    state.add_argument("--state-names", help="comma-separated joint names, in state-vector order")
-    state.add_argument("--state-dim", type=int, help="number of state values (named state_0..)")
-    action = p.add_mutually_exclusive_group()
-    action.add_argument("--action-names", help="comma-separated action names (default: the state names)")
-    action.add_argument("--action-dim", type=int, help="number of action values (named action_0..)")
-    p.add_argument(
-        "--cameras",
-        default="front:96x128,wrist:96x128",
-        help="comma-separated NAME:HxW RGB cameras (default: %(default)s)",
-    )
-    p.add_argument("--chunk-size", type=int, default=50, help="actions per chunk (default: %(default)s)")
-    p.add_argument(
-        "--fps", type=int, default=30, help="control rate recorded in the checkpoint (default: %(default)s)"
-    )
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a policy config field, value in YAML syntax (e.g. dim_model=256, down_dims=[32,64])",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default: %(default)s)")
-    p.add_argument("--force", action="store_true", help="replace an existing checkpoint folder")
-    return p
+@dataclass
+class BuildCheckpointConfig:
+    # Checkpoint folder to create (it must not exist, unless --force=true).
+    output: str
+    # Policy family: act, diffusion, smolvla, pi0 or pi05 (the VLAs tiny, with a local tokenizer).
+    policy_type: str = "act"
+    # Comma-separated joint names, in the order of the robot's state vector (e.g. shoulder_pan.pos,...).
+    state_names: str | None = None
+    # Number of state values, named state_0, state_1, ... (instead of --state_names).
+    state_dim: int | None = None
+    # Comma-separated action names. Unset: the state names.
+    action_names: str | None = None
+    # Number of action values, named action_0, ... (instead of --action_names).
+    action_dim: int | None = None
+    # Comma-separated NAME:HxW RGB cameras; empty for none.
+    cameras: str = "front:96x128,wrist:96x128"
+    # Actions per chunk the policy predicts.
+    chunk_size: int = 50
+    # Control rate recorded in the checkpoint (a client must run at it).
+    fps: int = 30
+    # Policy config fields to change, as a YAML map, e.g. '{dim_model: 256, down_dims: [32, 64]}'.
+    overrides: dict[str, Any] = field(default_factory=dict)
+    # Seed of the random weights.
+    seed: int = 0
+    # Replace an existing checkpoint folder.
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        if self.policy_type not in POLICY_TYPES:
+            raise ConfigError("policy_type", f"{self.policy_type!r} is not one of {', '.join(POLICY_TYPES)}")
+        if self.state_names is None and self.state_dim is None:
+            raise ConfigError("state_names", "give --state_names=a,b,... or --state_dim=N")
+        if self.state_names is not None and self.state_dim is not None:
+            raise ConfigError("state_names", "give --state_names or --state_dim, not both")
+        if self.action_names is not None and self.action_dim is not None:
+            raise ConfigError("action_names", "give --action_names or --action_dim, not both")
 
 
 def _names(option: str, text: str) -> list[str]:
@@ -87,41 +99,28 @@ def _cameras(text: str) -> dict[str, tuple[int, int]]:
     return cameras
 
 
-def _overrides(items: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ConfigError("--set", f"expected KEY=VALUE, got {item!r}")
-        try:
-            out[key] = yaml.safe_load(raw) if raw.strip() else raw
-        except yaml.YAMLError as exc:
-            raise ConfigError("--set", f"{key}: cannot parse value {raw!r}: {exc}") from exc
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
+    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, fail, parse
+
+    args = parse(BuildCheckpointConfig, argv, PROG)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here needs the hub; avoid its long timeouts
+    logging.basicConfig(level=logging.INFO, format=f"{PROG}: %(message)s", stream=sys.stderr)
     try:
         if args.state_names is not None:
-            state_names = _names("--state-names", args.state_names)
+            state_names = _names("--state_names", args.state_names)
         else:
-            if args.state_dim is None or args.state_dim < 1:
-                raise ConfigError("--state-dim", f"must be >= 1, got {args.state_dim}")
+            if args.state_dim < 1:
+                raise ConfigError("--state_dim", f"must be >= 1, got {args.state_dim}")
             state_names = [f"state_{i}" for i in range(args.state_dim)]
         if args.action_names is not None:
-            action_names = _names("--action-names", args.action_names)
+            action_names = _names("--action_names", args.action_names)
         elif args.action_dim is not None:
             if args.action_dim < 1:
-                raise ConfigError("--action-dim", f"must be >= 1, got {args.action_dim}")
+                raise ConfigError("--action_dim", f"must be >= 1, got {args.action_dim}")
             action_names = [f"action_{i}" for i in range(args.action_dim)]
         else:
             action_names = list(state_names)
         cameras = _cameras(args.cameras)
-        overrides = _overrides(args.set)
 
         from lerobot_zenoh.server.checkpoint import build_checkpoint
 
@@ -133,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             cameras=cameras,
             chunk_size=args.chunk_size,
             fps=args.fps,
-            overrides=overrides,
+            overrides=dict(args.overrides),
             seed=args.seed,
             force=args.force,
         )
@@ -142,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         option = exc.field if exc.field.startswith("--") else _OPTION_OF_FIELD.get(head, exc.field)
         message = str(exc).removeprefix(f"{exc.field}: ")
         detail = f" ({exc.field})" if option != exc.field and "." in exc.field else ""
-        parser.exit(2, f"{parser.prog}: error: {option}{detail}: {message}\n")
+        fail(PROG, f"{option}{detail}: {message}", EXIT_CONFIG)
     print(path)
     return 0
 

@@ -1,7 +1,10 @@
 """`lerobot-robot-client --robot.type=... --client_uuid=...`: drive one robot from a policy server.
 
 Exit codes: 0 after a normal run or SIGINT/SIGTERM (robot left in its fail-safe state, dataset
-saved); 2 for a bad configuration; 3 when no compatible server was found (no action was sent).
+saved); 2 for a configuration mistake, printed in one line naming the flag or the device (a bad
+value, an unknown or missing flag, a robot that cannot be found or opened); 3 when no server
+drives this robot (nothing answers at the endpoint, no server answers the app's status key, the
+server does not serve this client id, or it is incompatible with the robot), and no action was sent.
 
 `--plugins=my_package.my_module` imports modules before parsing, so that choices they register
 (an aggregation function, a robot) can be named on the command line.
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import sys
 
@@ -55,60 +59,95 @@ def register_lerobot_robots() -> None:
             pass
 
 
+PROG = "lerobot-robot-client"
+
+
 def parse_config(argv: list[str] | None = None):
-    import draccus
     from lerobot.utils.import_utils import register_third_party_plugins
 
     import lerobot_zenoh.client.sim_robot  # noqa: F401  (registers --robot.type=zenoh_sim)
+    from lerobot_zenoh.cli.parsing import UsageError, fail, parse
     from lerobot_zenoh.client.config import RobotClientConfig
 
     register_lerobot_robots()
     register_third_party_plugins()  # lerobot_robot_* packages, as LeRobot's own CLIs do
-    argv = import_plugins(sys.argv[1:] if argv is None else list(argv))
-    return draccus.parse(config_class=RobotClientConfig, args=argv)
+    try:
+        argv = import_plugins(sys.argv[1:] if argv is None else list(argv))
+    except ImportError as exc:
+        fail(PROG, str(UsageError("--plugins", f"cannot import {exc.name or exc}: {exc}")))
+    return parse(RobotClientConfig, argv, PROG)
+
+
+def make_robot(config):
+    """The robot of `--robot.*`, connected; a missing driver or device is one line and exit 2."""
+    from lerobot.robots import make_robot_from_config
+
+    from lerobot_zenoh.cli.parsing import fail
+
+    kind = config.robot.type
+    port = getattr(config.robot, "port", None)
+    if isinstance(port, str) and port.startswith("/dev/") and not os.path.exists(port):
+        fail(PROG, f"--robot.port: {port} does not exist: is the robot plugged in and powered? "
+                   "(lerobot-find-port lists the serial ports)")
+    try:
+        robot = make_robot_from_config(config.robot)
+    except ImportError as exc:  # e.g. feetech-servo-sdk, dynamixel-sdk
+        m = re.search(r"'([\w.\[\]-]+)' is required", str(exc))
+        missing = m.group(1) if m else (exc.name or "a driver")
+        fail(PROG, f"--robot.type: this robot needs {missing}, which is not installed: "
+                   "pip install 'lerobot-zenoh[hardware]' (LeRobot's feetech and dynamixel motor drivers)")
+    except Exception as exc:  # noqa: BLE001 - any robot's own config check
+        fail(PROG, f"--robot: {_first_line(exc)}")
+    try:
+        robot.connect()
+    except Exception as exc:  # noqa: BLE001 - serial, camera, calibration, network robots: all one line
+        where = f" at {port}" if port else ""
+        fail(PROG, f"--robot: cannot connect to the {kind}{where}: {_first_line(exc)}")
+    return robot
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lerobot_zenoh.errors import CompatibilityError, ConfigError, LeRobotZenohError
+    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, EXIT_NO_SERVER
+    from lerobot_zenoh.errors import CompatibilityError, LeRobotZenohError
 
-    try:
-        config = parse_config(argv)
-    except ConfigError as exc:
-        print(f"lerobot-robot-client: invalid configuration: {exc}", file=sys.stderr)
-        return 2
+    config = parse_config(argv)
     logging.basicConfig(level=config.log_level.upper(),
                         force=True, format=f"%(asctime)s %(levelname)s [{config.client_uuid}] %(name)s: %(message)s")
-    log = logging.getLogger("lerobot-robot-client")
-
-    from lerobot.robots import make_robot_from_config
+    log = logging.getLogger(PROG)
 
     from lerobot_zenoh.client.client import RobotClient
 
-    robot = make_robot_from_config(config.robot)
+    robot = make_robot(config)
     recorder = None
-    if config.dataset_repo_id:
+    if config.dataset is not None:
         from lerobot_zenoh.client.recorder import DatasetRecorder
 
-        from pathlib import Path
-
-        root = config.dataset_root or Path("outputs/datasets") / config.dataset_repo_id
-        recorder = DatasetRecorder(config.dataset_repo_id, root, config.fps, robot,
-                                   config.task, use_videos=config.dataset_use_videos)
+        recorder = DatasetRecorder.from_config(config.dataset, config.dataset_root, robot, config.task_text,
+                                               resume=config.resume)
     client = RobotClient(config, robot, recorder)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: client.stop())
     code = 0
     try:
+        if recorder is not None:
+            recorder.check_root()  # a mistake to report before waiting for a server
         client.start()
         if recorder is not None:
             recorder.start()
         client.run()
     except CompatibilityError as exc:
         log.error("not starting: %s", exc)
-        code = 3
+        code = EXIT_NO_SERVER
     except LeRobotZenohError as exc:
-        log.error("%s", exc)
-        code = 2
+        from lerobot_zenoh.cli.parsing import explain
+
+        log.error("%s", explain(exc))
+        code = EXIT_CONFIG
     finally:
         client.close()
         if robot.is_connected:

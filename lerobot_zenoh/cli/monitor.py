@@ -1,86 +1,128 @@
 """`lerobot-zenoh-monitor`: a live table of every server and robot, from Zenoh telemetry.
 
-    lerobot-zenoh-monitor --connect tcp/127.0.0.1:7447               # everything it can see
-    lerobot-zenoh-monitor --cluster jupiter --experiment fabio2      # narrowed
-    lerobot-zenoh-monitor --json                                     # one JSON line per message
-    lerobot-zenoh-monitor --prometheus-port 9464                     # also serve /metrics
-    lerobot-zenoh-monitor --mode client --connect tls/gpu-host:7447 \
-        --tls-ca pki/ca.pem --tls-cert pki/monitor.pem --tls-key pki/monitor.key   # mutual TLS
+    lerobot-zenoh-monitor --endpoint=tcp/127.0.0.1:7447                 # everything it can see there
+    lerobot-zenoh-monitor --cluster_uuid=jupiter --experiment_tag=fabio2 # narrowed
+    lerobot-zenoh-monitor --json=true                                    # one JSON line per message
+    lerobot-zenoh-monitor --prometheus_port=9464                         # also serve /metrics
+    lerobot-zenoh-monitor --zenoh.mode=client --endpoint=tls/gpu-host:7447 \\
+        --zenoh.tls_root_ca=pki/ca.pem --zenoh.tls_certificate=pki/ops.pem --zenoh.tls_private_key=pki/ops.key
+
+Exit codes: 0 when stopped (Ctrl-C, SIGTERM, --duration_s), 2 for a configuration mistake (one
+line naming the flag: a bad value, an unknown flag, a Prometheus port already in use).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import signal
 import sys
 import threading
 import time
-from collections import defaultdict
+from dataclasses import dataclass, field
+
+from lerobot_zenoh.transport.settings import ZenohSettings
+
+PROG = "lerobot-zenoh-monitor"
 
 
-def selector_prefix(args) -> str:
-    """cluster/experiment/model/version/app with `*` for what was not narrowed."""
-    parts = [args.cluster, args.experiment, args.model, args.version, args.app]
-    if not any(parts):
-        return "**"
-    return "/".join(p or "*" for p in parts)
+
+@dataclass
+class MonitorConfig:
+    # Where a policy server or Zenoh router listens, e.g. tcp/192.168.1.50:7447. Unset: find them by
+    # multicast scouting on the local network, or through --zenoh.connect.
+    endpoint: str | None = None
+    # The Zenoh session (mode, endpoints, scouting, TLS), as the robot client's --zenoh.*.
+    zenoh: ZenohSettings = field(default_factory=ZenohSettings)
+    # Show only this cluster (a server manifest's cluster_uuid). Unset: every cluster.
+    cluster_uuid: str | None = None
+    # Show only this experiment (experiment_tag). Unset: every experiment.
+    experiment_tag: str | None = None
+    # Show only this model (model_id). Unset: every model.
+    model_id: str | None = None
+    # Show only this model version (model_version). Unset: every version.
+    model_version: str | None = None
+    # Show only this application (application_tag). Unset: every application.
+    application_tag: str | None = None
+    # Print one JSON line per telemetry message instead of the live table.
+    json: bool = False
+    # Also serve every figure at http://<prometheus_host>:<port>/metrics for Prometheus to scrape.
+    prometheus_port: int | None = None
+    # The address the /metrics endpoint listens on (0.0.0.0: every interface).
+    prometheus_host: str = "127.0.0.1"
+    # Seconds between redraws of the table.
+    refresh_s: float = 1.0
+    # A server or robot is shown SILENT after this many telemetry periods without a message.
+    stale_periods: float = 3.0
+    # Exit after this many seconds (scripts, tests). Unset: run until Ctrl-C or SIGTERM.
+    duration_s: float | None = None
+
+    def __post_init__(self) -> None:
+        from lerobot_zenoh.errors import ConfigError
+
+        if self.prometheus_port is not None and not 1 <= self.prometheus_port <= 65535:
+            raise ConfigError("prometheus_port", f"must be in 1..65535, got {self.prometheus_port}")
+        if self.refresh_s <= 0:
+            raise ConfigError("refresh_s", f"must be positive, got {self.refresh_s}")
+        if self.stale_periods <= 0:
+            raise ConfigError("stale_periods", f"must be positive, got {self.stale_periods}")
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise ConfigError("duration_s", f"must be positive, got {self.duration_s}")
+        if self.endpoint is not None and "/" not in self.endpoint:
+            raise ConfigError("endpoint", f"{self.endpoint!r} is not an endpoint like tcp/127.0.0.1:7447")
+        self.zenoh.validate("zenoh")
+
+    def zenoh_settings(self) -> ZenohSettings:
+        settings = self.zenoh.with_connect(self.endpoint)
+        if settings.connect_timeout_s == ZenohSettings.connect_timeout_s:  # not set: report a dead endpoint soon
+            settings = settings.replace(connect_timeout_s=2.0)
+        return settings
+
+    def selector_prefix(self) -> str:
+        """cluster/experiment/model/version/app with `*` for what was not narrowed."""
+        parts = [self.cluster_uuid, self.experiment_tag, self.model_id, self.model_version, self.application_tag]
+        if not any(parts):
+            return "**"
+        return "/".join(p or "*" for p in parts)
 
 
 def serve_prometheus(fleet, port: int, host: str = "127.0.0.1"):
-    """Serve the fleet's figures at http://host:port/metrics. Returns the HTTP server."""
+    """Serve the fleet's figures at http://host:port/metrics. Returns (HTTP server, collector).
+
+    Raises OSError when the port cannot be bound (in use, or a privileged port).
+    """
     from prometheus_client import start_http_server
-    from prometheus_client.core import REGISTRY, GaugeMetricFamily
+    from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily
+
+    from lerobot_zenoh.telemetry.prometheus import families
 
     class FleetCollector:
         def collect(self):
-            grouped: dict[str, list] = defaultdict(list)
-            for name, labels, value in fleet.samples():
-                grouped[_metric_name(name)].append((labels, value))
-            for name, samples in sorted(grouped.items()):
-                label_names = sorted({k for labels, _ in samples for k in labels})
-                family = GaugeMetricFamily(name, f"lerobot-zenoh telemetry figure {name}", labels=label_names)
-                for labels, value in samples:
+            for fam in families(fleet.samples()):
+                label_names = sorted({k for labels, _ in fam.samples for k in labels})
+                cls = CounterMetricFamily if fam.kind == "counter" else GaugeMetricFamily
+                family = cls(fam.name, fam.help, labels=label_names)
+                for labels, value in fam.samples:
                     family.add_metric([labels.get(k, "") for k in label_names], value)
                 yield family
 
+    server, _thread = start_http_server(port, addr=host)  # bind first: a busy port registers nothing
     collector = FleetCollector()
     REGISTRY.register(collector)
-    server, thread = start_http_server(port, addr=host)
     return server, collector
 
 
-def _metric_name(name: str) -> str:
-    return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lerobot-zenoh-monitor", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    for name in ("cluster", "experiment", "model", "version", "app"):
-        parser.add_argument(f"--{name}", help=f"only this {name}")
-    parser.add_argument("--connect", action="append", default=[], help="Zenoh endpoint to connect to (repeatable)")
-    parser.add_argument("--mode", default="peer", choices=["peer", "client"])
-    parser.add_argument("--no-scouting", action="store_true", help="disable multicast scouting")
-    parser.add_argument("--tls-ca", help="CA certificate (PEM); with --tls-cert/--tls-key, connect over mutual TLS")
-    parser.add_argument("--tls-cert", help="this monitor's certificate (PEM); its common name is its ACL identity")
-    parser.add_argument("--tls-key", help="this monitor's private key (PEM)")
-    parser.add_argument("--json", action="store_true", help="print one JSON line per telemetry message")
-    parser.add_argument("--prometheus-port", type=int, help="serve figures at http://127.0.0.1:PORT/metrics")
-    parser.add_argument("--prometheus-host", default="127.0.0.1")
-    parser.add_argument("--refresh-s", type=float, default=1.0)
-    parser.add_argument("--stale-periods", type=float, default=3.0, help="silent after this many missed periods")
-    parser.add_argument("--duration-s", type=float, help="exit after this long (scripts, tests)")
-    args = parser.parse_args(argv)
+    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, explain, fail, parse
+
+    config = parse(MonitorConfig, argv, PROG)
 
     from lerobot_zenoh.errors import LeRobotZenohError, ProtocolError
     from lerobot_zenoh.protocol import codec
     from lerobot_zenoh.telemetry.fleet import FleetView, format_table
     from lerobot_zenoh.transport.session import ZenohSession
-    from lerobot_zenoh.transport.settings import ZenohSettings
 
-    prefix = selector_prefix(args)
-    fleet = FleetView(stale_periods=args.stale_periods)
+    prefix = config.selector_prefix()
+    fleet = FleetView(stale_periods=config.stale_periods)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -93,39 +135,58 @@ def main(argv: list[str] | None = None) -> int:
             fleet.rejected += 1
             return
         fleet.on_telemetry(key, msg, time.monotonic())
-        if args.json:
+        if config.json:
             line = json.dumps({"key": key, "source": msg.source, "source_id": msg.source_id, "seq": msg.seq,
                                "uptime_s": msg.uptime_s, "metrics": msg.metrics, "per_client": msg.per_client,
                                "labels": msg.labels})
             with out_lock:
                 print(line, flush=True)
 
-    settings = ZenohSettings(mode=args.mode, connect=args.connect, multicast_scouting=not args.no_scouting,
-                             tls_root_ca=args.tls_ca, tls_certificate=args.tls_cert, tls_private_key=args.tls_key)
+    # The HTTP port first: a port in use is a configuration mistake reported before anything else
+    # runs (with a Zenoh session already open, an exception here used to leave the process hanging).
+    http = None
+    if config.prometheus_port:
+        try:
+            http, _ = serve_prometheus(fleet, config.prometheus_port, config.prometheus_host)
+        except OSError as exc:
+            fail(PROG, f"--prometheus_port: cannot listen on {config.prometheus_host}:{config.prometheus_port}: "
+                       f"{exc.strerror or exc} (another monitor or exporter? pick another port)")
+    session = None
+    settings = config.zenoh_settings()
     try:
-        session = ZenohSession(settings).open()
+        try:
+            session = ZenohSession(settings).open()
+        except LeRobotZenohError as exc:
+            if not settings.connect or settings.effective_mode != "client":
+                raise
+            raise LeRobotZenohError(f"cannot connect to {', '.join(settings.connect)}: nothing answers there "
+                                    "(is the server or router running, and is the address right?)") from exc
         session.subscribe(f"{prefix}/**/metrics" if prefix != "**" else "**/metrics", on_metrics)
         session.watch_liveliness(f"{prefix}/**" if prefix != "**" else "**",
                                  lambda key, alive: fleet.on_liveliness(key, alive, time.monotonic()))
     except LeRobotZenohError as exc:
-        print(f"lerobot-zenoh-monitor: {exc}", file=sys.stderr)
-        return 2
-    http = None
-    if args.prometheus_port:
-        http, _ = serve_prometheus(fleet, args.prometheus_port, args.prometheus_host)
-    t_end = None if args.duration_s is None else time.monotonic() + args.duration_s
+        if http is not None:
+            http.shutdown()
+        if session is not None:
+            session.close()
+        fail(PROG, explain(exc), EXIT_CONFIG)
+    t_end = None if config.duration_s is None else time.monotonic() + config.duration_s
+    next_draw = time.monotonic()
     try:
-        while not stop.wait(args.refresh_s):
-            if not args.json:
-                table = format_table(fleet.rows(time.monotonic()))
+        # Wake at least every 0.2 s whatever --refresh_s is, so that a signal ends the monitor at once.
+        while not stop.wait(0.2):
+            now = time.monotonic()
+            if not config.json and now >= next_draw:
+                next_draw = now + config.refresh_s
+                table = format_table(fleet.rows(now))
                 with out_lock:
                     print("\033[2J\033[H" + f"lerobot-zenoh fleet ({prefix})  {time.strftime('%H:%M:%S')}\n\n" + table,
                           flush=True)
-            if t_end is not None and time.monotonic() >= t_end:
+            if t_end is not None and now >= t_end:
                 break
     finally:
         if http is not None:
-            http.shutdown()
+            threading.Thread(target=http.shutdown, daemon=True).start()  # up to 0.5 s poll: not waited for
         session.close()
     return 0
 

@@ -2,11 +2,11 @@
 
     lerobot-zenoh-secure init --manifest manifests/demo.yaml --out pki --monitor ops
     lerobot-zenoh-secure init --manifest a.yaml --manifest b.yaml --out pki --router zrouter \\
-        --router-endpoint tls/10.0.0.2:7447 --host 10.0.0.2
-    lerobot-zenoh-secure init ... --ca-cert corp-ca.pem --ca-key corp-ca.key    # sign with your CA
+        --router_endpoint tls/10.0.0.2:7447 --host 10.0.0.2
+    lerobot-zenoh-secure init ... --ca_cert corp-ca.pem --ca_key corp-ca.key    # sign with your CA
     lerobot-zenoh-secure acl --manifest manifests/demo.yaml --monitor ops --certs pki --out pki/acl.json5
 
-`init` writes into --out: ca.pem/ca.key (a new development CA, unless --ca-cert/--ca-key), one
+`init` writes into --out: ca.pem/ca.key (a new development CA, unless --ca_cert/--ca_key), one
 <id>.pem/<id>.key per server id, client uuid, monitor (and router), acl.json5, and what each
 program needs to use them: <server_id>.manifest.yaml (the manifest, secured), <id>.flags for each
 client and monitor, <router>.zenoh.json5 for a router; README.md says which is which.
@@ -24,9 +24,13 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lerobot-zenoh-secure", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    from lerobot_zenoh.cli.parsing import OneLineArgumentParser
+
+    # Sub-commands (init, acl) are not natural in draccus; the flags follow the same --snake_case
+    # style as the other console scripts, and mistakes are one line with exit 2 as there.
+    parser = OneLineArgumentParser(prog="lerobot-zenoh-secure", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineArgumentParser)
     init = sub.add_parser("init", help="a CA (or yours), one certificate per identity, the ACL and settings")
     acl = sub.add_parser("acl", help="only the ACL (acl.json5), for certificates you already have")
     for p in (init, acl):
@@ -40,10 +44,10 @@ def main(argv: list[str] | None = None) -> int:
                       help="extra host name or IP in every certificate (repeatable); the first one replaces a "
                            "wildcard listen address (0.0.0.0) in the endpoints given to clients")
     init.add_argument("--router", help="issue a certificate for this router and enforce the ACL there")
-    init.add_argument("--router-endpoint", action="append", default=[], help="where the router listens (tls/host:port)")
-    init.add_argument("--ca-cert", help="sign with this CA certificate (PEM) instead of a new development CA")
-    init.add_argument("--ca-key", help="the private key of --ca-cert (unencrypted PEM)")
-    init.add_argument("--valid-days", type=int, default=365, help="validity of the issued certificates")
+    init.add_argument("--router_endpoint", action="append", default=[], help="where the router listens (tls/host:port)")
+    init.add_argument("--ca_cert", help="sign with this CA certificate (PEM) instead of a new development CA")
+    init.add_argument("--ca_key", help="the private key of --ca_cert (unencrypted PEM)")
+    init.add_argument("--valid_days", type=int, default=365, help="validity of the issued certificates")
     init.add_argument("--force", action="store_true", help="overwrite an existing CA key in --out")
     acl.add_argument("--certs", help="folder of <id>.pem certificates: check each identity has one with that common name")
     acl.add_argument("--out", required=True, help="file to write (acl.json5)")
@@ -104,15 +108,16 @@ def _init(args) -> int:
     from lerobot_zenoh.security import pki
     from lerobot_zenoh.security.acl import access_control, write_acl
     from lerobot_zenoh.security.identities import (
-        PkiLayout, connect_endpoint, host_of, member_settings, router_settings, server_settings,
+        WILDCARD_HOSTS, PkiLayout, check_host_names, connect_endpoint, host_of, member_settings, router_settings,
+        server_settings,
     )
 
     manifests, deployment = _deployment(args)
     layout = PkiLayout(Path(args.out).resolve())
     if args.router and not args.router_endpoint:
-        raise ConfigError("router_endpoint", "--router needs --router-endpoint tls/host:port")
+        raise ConfigError("router_endpoint", "--router needs --router_endpoint tls/host:port")
     if not args.router and len(manifests) > 1:
-        raise ConfigError("manifest", "several servers need a router (--router, --router-endpoint): in a "
+        raise ConfigError("manifest", "several servers need a router (--router, --router_endpoint): in a "
                                       "peer-to-peer deployment clients talk to exactly one server")
 
     # 1. where servers (or the router) listen, and where everyone else connects
@@ -134,9 +139,12 @@ def _init(args) -> int:
             raise ConfigError("router", f"{args.router!r} is already a {identities[args.router]}")
         identities[args.router] = "router"
 
+    endpoint_hosts = [host_of(e) for e in [*args.router_endpoint, *sum(server_listen.values(), [])]]
+    check_host_names([*pki.DEFAULT_HOSTS, *args.host, *(h for h in endpoint_hosts if h not in WILDCARD_HOSTS)], identities)
+
     # 3. the CA (nothing is written before the arguments are checked)
     if bool(args.ca_cert) != bool(args.ca_key):
-        raise ConfigError("ca_key" if args.ca_cert else "ca_cert", "give both --ca-cert and --ca-key")
+        raise ConfigError("ca_key" if args.ca_cert else "ca_cert", "give both --ca_cert and --ca_key")
     layout.root.mkdir(parents=True, exist_ok=True)
     if args.ca_cert:
         ca = pki.load_ca(args.ca_cert, args.ca_key)
@@ -144,15 +152,15 @@ def _init(args) -> int:
             shutil.copyfile(args.ca_cert, layout.ca_cert)
     else:
         if layout.ca_key.exists() and not args.force:
-            raise ConfigError("out", f"{layout.ca_key} exists; pass --ca-cert/--ca-key to reuse it, or --force")
+            raise ConfigError("out", f"{layout.ca_key} exists; pass --ca_cert/--ca_key to reuse it, or --force")
         ca = pki.create_ca()
         pki.save_ca(ca, layout.root)
 
-    # 4. one certificate per identity, named by its id
+    # 4. one certificate per identity, named by its id; only servers and the router name hosts
     for name, role in identities.items():
         endpoints = server_listen.get(name, []) if role == "server" else args.router_endpoint if role == "router" else []
-        names = hosts + [h for h in map(host_of, endpoints) if h and h not in ("0.0.0.0", "::")]
-        pki.write_identity(ca, name, layout.root, names, args.valid_days)
+        names = hosts + [h for h in map(host_of, endpoints) if h and h not in WILDCARD_HOSTS] if pki.ROLES[role] else []
+        pki.write_identity(ca, name, layout.root, names, args.valid_days, role=role)
 
     # 5. the ACL, and what each program needs
     write_acl(access_control(deployment), layout.acl)
@@ -220,9 +228,7 @@ def _client_flags(settings) -> list[str]:
 
 
 def _monitor_flags(settings) -> list[str]:
-    return [f"--mode={settings.mode}", "--no-scouting", *(f"--connect={e}" for e in settings.connect),
-            f"--tls-ca={settings.tls_root_ca}", f"--tls-cert={settings.tls_certificate}",
-            f"--tls-key={settings.tls_private_key}"]
+    return _client_flags(settings)  # the monitor takes the robot client's --endpoint and --zenoh.* flags
 
 
 def _zenoh_json(settings) -> dict:

@@ -1,4 +1,4 @@
-"""The robot client: a control loop that never waits on the network (seed 002 section 5.1).
+"""The robot client: a control loop that never waits on the network.
 
 Threads and what each owns:
 
@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from lerobot_zenoh.client.config import RobotClientConfig
-from lerobot_zenoh.client.discovery import RobotFeatures, compare, discover, query_status
+from lerobot_zenoh.client.discovery import RobotFeatures, compare, discover, query_status, wait_connected
 from lerobot_zenoh.errors import CompatibilityError, ProtocolError, TransportError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation
@@ -49,8 +49,12 @@ from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake
 from lerobot_zenoh.scheduling.send_trigger import SendTrigger
 from lerobot_zenoh.telemetry.publisher import TelemetryPublisher, percentile
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
+from lerobot_zenoh.transport.settings import ZenohSettings
 
 log = logging.getLogger(__name__)
+
+#: How long start-up waits for a Zenoh link to the endpoint before saying it cannot connect.
+CONNECT_WAIT_S = 2.0
 
 
 @dataclass
@@ -115,6 +119,7 @@ class ClientCounters:
     trimmed_steps: int = 0
     horizon_cut_steps: int = 0  # trailing actions dropped because the chunk's execution_horizon said so
     watchdog_events: int = 0
+    reset_steps: int = 0  # steps of the reset phases between episodes (robot held, nothing recorded)
     revalidations: int = 0
     server_changes: int = 0
     rtt_ms: deque = field(default_factory=lambda: deque(maxlen=2048))
@@ -172,16 +177,40 @@ class RobotClient:
         if cfg.failsafe == "auto":
             velocity = all(n.endswith(".vel") for n in self.features.action_names)
             self.failsafe_mode = "zero_velocity" if velocity else "hold"
-        self._session = ZenohSession(cfg.zenoh_settings()).open()
+        settings = cfg.zenoh_settings()
+        endpoints = ", ".join(settings.connect)
+        if settings.effective_mode == "client":
+            # Opening waits for an endpoint. A dead one is reported within CONNECT_WAIT_S unless
+            # --zenoh.connect_timeout_s asks to wait longer (say, for a server that is still starting).
+            wait_s = (CONNECT_WAIT_S if settings.connect_timeout_s == ZenohSettings.connect_timeout_s
+                      else settings.connect_timeout_s)
+            settings = settings.replace(connect_timeout_s=min(wait_s, cfg.discovery_timeout_s))
+        try:
+            self._session = ZenohSession(settings).open()
+        except TransportError as exc:
+            if not settings.connect:
+                raise
+            raise CompatibilityError(f"cannot connect to {endpoints}: nothing answers there (is the server or "
+                                     "router running, and is the address right?)") from exc
+        if not wait_connected(self._session, settings.connect, timeout_s=CONNECT_WAIT_S):  # peer mode
+            raise CompatibilityError(f"cannot connect to {endpoints}: nothing answers there (is the server or router "
+                                     "running, and is the address right?)")
         log.info("%s: looking for %s", cfg.client_uuid, cfg.app_key.status)
-        status = discover(self._session, cfg.app_key, cfg.discovery_timeout_s, self._stop)
+        status = discover(self._session, cfg.app_key, cfg.discovery_timeout_s, self._stop, client_uuid=cfg.client_uuid)
         if status is None:
-            raise CompatibilityError(f"no server answered {cfg.app_key.status} within {cfg.discovery_timeout_s:.0f} s")
+            where = f"connected to {endpoints}, but" if endpoints else ""
+            raise CompatibilityError(f"{where} no server answers {cfg.app_key.status} within "
+                                     f"{cfg.discovery_timeout_s:.0f} s (check --cluster_uuid, --experiment_tag, "
+                                     "--model_id, --model_version, --application_tag against the server's manifest)"
+                                     .strip())
+        if status.client_admitted is False:
+            raise CompatibilityError(f"server {status.server_id} does not serve client {cfg.client_uuid!r}: list it "
+                                     "under the model's `clients` in the server's manifest (or set accept_unknown_clients)")
         problems = compare(status, self.features, cfg.fps)
         if problems:
             for p in problems:
                 log.error("%s: incompatible server %s: %s", cfg.client_uuid, status.server_id, p)
-            raise CompatibilityError("; ".join(problems))
+            raise CompatibilityError(f"server {status.server_id} is incompatible: " + "; ".join(problems))
         self.status = status
         self.serving_server_id = status.server_id
         log.info("%s: server %s serves %s %s (%s), chunks of up to %d", cfg.client_uuid, status.server_id,
@@ -205,27 +234,54 @@ class RobotClient:
     # -- control loop (main thread) -----------------------------------------------------------
 
     def run(self, duration_s: float | None = None) -> ClientCounters:
-        """Run the control loop until `stop()`, `duration_s`, or the configured episodes are done."""
+        """Run the control loop until `stop()`, `duration_s` (default `--duration_s`), or the last episode.
+
+        Recording (`--dataset.*`): `num_episodes` episodes of `episode_time_s`, each followed (but the
+        last) by a reset phase of `reset_time_s` in which the robot is held, no observation is sent
+        and nothing is recorded, as lerobot-record. Without a dataset: one episode, until stopped.
+        """
         cfg = self.config
+        ds = cfg.dataset
+        limit_s = duration_s if duration_s is not None else cfg.duration_s
+        episode_s = float(ds.episode_time_s) if ds is not None else None
+        episodes = ds.num_episodes if ds is not None else 1
+        reset_s = float(ds.reset_time_s) if ds is not None else 0.0
         t0 = time.perf_counter()
-        episode_start = t0
+        phase_start = t0
+        resetting = False
+        episodes_done = 0
+        steps_at_start, held_at_start = self.counters.steps, self.counters.empty_cycles
+        self._log_episode_start(episodes, episode_s)
         next_deadline = t0
         last_tick = None
         while not self._stop.is_set():
             now = time.perf_counter()
-            if duration_s is not None and now - t0 >= duration_s:
+            if limit_s is not None and now - t0 >= limit_s:
                 break
-            if cfg.episode_time_s is not None and now - episode_start >= cfg.episode_time_s:
-                self._episode += 1
+            if not resetting and episode_s is not None and now - phase_start >= episode_s:
+                episodes_done += 1
                 if self.recorder is not None:
                     self.recorder.end_episode()
-                if self._episode >= cfg.num_episodes:
+                log.info("%s: episode %d/%d done: %d steps, %d held for want of an action", cfg.client_uuid,
+                         episodes_done, episodes, self.counters.steps - steps_at_start,
+                         self.counters.empty_cycles - held_at_start)
+                if episodes_done >= episodes:
                     break
-                episode_start = now
+                resetting, phase_start = True, now
+                self._begin_reset()
+                log.info("%s: reset for %g s: robot held, nothing recorded", cfg.client_uuid, reset_s)
+            if resetting and now - phase_start >= reset_s:
+                resetting, phase_start = False, now
+                self._episode += 1
+                steps_at_start, held_at_start = self.counters.steps, self.counters.empty_cycles
+                self._log_episode_start(episodes, episode_s)
             if last_tick is not None:
                 self.counters.period_ms.append((now - last_tick) * 1000)
             last_tick = now
-            self._step(now, episode_start)
+            if resetting:
+                self._hold_step()
+            else:
+                self._step(now, phase_start)
             # Absolute schedule: deadlines are t0 + k*dt, so a late step does not shift the rest.
             next_deadline += self.dt_s
             remaining = next_deadline - time.perf_counter()
@@ -237,6 +293,27 @@ class RobotClient:
                 if -remaining > 5 * self.dt_s:  # far behind: skip missed deadlines rather than burst
                     next_deadline = time.perf_counter()
         return self.counters
+
+    def _log_episode_start(self, episodes: int, episode_s: float | None) -> None:
+        if self.config.dataset is None:
+            return
+        log.info("%s: episode %d/%d: recording for %g s into %s", self.config.client_uuid,
+                 self._episode + 1, episodes, episode_s, getattr(self.recorder, "root", "(no recorder)"))
+
+    def _begin_reset(self) -> None:
+        """Between episodes: drop what the policy planned, forget requests in flight (their answers
+        belong to the episode that ended and are refused when they arrive)."""
+        self.buffer.clear()
+        self.intake.clear()
+        self.trigger.forget_outstanding()
+        self._waiting_since_s = None
+
+    def _hold_step(self) -> None:
+        """One reset-phase step: the robot gets its fail-safe action; nothing is sent or recorded."""
+        observation = self.robot.get_observation()
+        self.buffer.clear()  # a late chunk of the previous episode must not move the robot
+        self.robot.send_action(self._failsafe_action(observation))
+        self.counters.reset_steps += 1
 
     def _step(self, now: float, episode_start: float) -> None:
         observation = self.robot.get_observation()
@@ -262,7 +339,7 @@ class RobotClient:
             sent = self._failsafe(observation)
         self.counters.steps += 1
         if self.recorder is not None:
-            self.recorder.record(observation, sent)
+            self.recorder.record(observation, sent, failsafe=popped is None)
 
     def _failsafe_action(self, observation: dict) -> dict:
         names = self.features.action_names
@@ -399,7 +476,7 @@ class RobotClient:
         while not self._stop.is_set():
             self.counters.revalidations += 1
             self._server_alive.clear()
-            status = query_status(self._session, cfg.app_key, timeout_s=0.3)
+            status = query_status(self._session, cfg.app_key, timeout_s=0.3, client_uuid=cfg.client_uuid)
             if status is not None:
                 problems = compare(status, self.features, cfg.fps)
                 if not problems:
@@ -465,6 +542,9 @@ class RobotClient:
             "chunks_rejected": c.chunks_rejected,
             "observations_published": c.observations_published,
             "observations_dropped_in_outbox": self.outbox.dropped,
+            # observations that got no chunk within the request timeout: lost on the way (best effort,
+            # too large for a link, shared memory), dropped by the server, or their chunk dropped
+            "requests_unanswered": self.trigger.stats().presumed_lost,
             "watchdog_events": c.watchdog_events,
             "revalidating": self.state == "revalidating",
             "steps": c.steps,
@@ -497,6 +577,7 @@ class RobotClient:
             "watchdog_events": c.watchdog_events,
             # sent but unanswered when the run ended (lost best-effort observations, or in flight)
             "requests_outstanding_at_exit": self.trigger.stats().outstanding,
+            "requests_unanswered": self.trigger.stats().presumed_lost,
             "dataset_path": str(getattr(self.recorder, "root", "")) or None if self.recorder else None,
             "dataset_frames": getattr(self.recorder, "frames_written", None) if self.recorder else None,
         }

@@ -1,4 +1,4 @@
-"""The robot client's configuration (seed 002 section 12.2, plus what the behaviour needs).
+"""The robot client's configuration.
 
 A draccus dataclass, so the CLI follows LeRobot's conventions::
 
@@ -10,7 +10,9 @@ A draccus dataclass, so the CLI follows LeRobot's conventions::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from lerobot.configs.dataset import DatasetRecordConfig
 from lerobot.robots import RobotConfig
 
 from lerobot_zenoh.errors import ConfigError, KeyExprError
@@ -21,50 +23,89 @@ from lerobot_zenoh.transport.settings import ZenohSettings
 
 FAILSAFE_MODES = ("auto", "hold", "zero_velocity")
 
+#: The dataset feature that marks frames where the client held the robot because it had no action
+#: from the policy (its fail-safe action was sent and recorded): bool, shape (1,).
+FAILSAFE_FEATURE = "failsafe"
+
+
+@dataclass
+class ClientDatasetConfig(DatasetRecordConfig):
+    """LeRobot's own recording configuration (`lerobot-record --dataset.*`), reused field for field.
+
+    Only these defaults differ from lerobot-record, each for a reason:
+    """
+
+    # Upload to the Hugging Face hub at the end. Off: the client records locally (upload it with
+    # `huggingface-cli upload` or LeRobotDataset.push_to_hub once you have checked it).
+    push_to_hub: bool = False
+    # Encode videos while recording rather than at each episode's end: the recorder's writer thread
+    # keeps up without ever blocking the control loop, and saving an episode is then near-instant.
+    streaming_encoding: bool = True
+    # Use --dataset.repo_id as given, so that LeRobotDataset(repo_id) finds it. lerobot-record appends
+    # a date-time to it unless this is set; set it to false for that behaviour.
+    no_stamp: bool = True
+
 
 @dataclass
 class RobotClientConfig:
-    # The robot, any type LeRobot knows (plugins included): --robot.type=so101_follower ...
+    # The robot, any type LeRobot knows (plugins included): --robot.type=so101_follower --robot.port=...
     robot: RobotConfig
-    # Routing: cluster/experiment/model/version/app/client (seed 002 section 6.1).
+    # This robot's id, unique in the fleet; the server's manifest must list it (or accept unknown clients).
     client_uuid: str = "robot_0"
+    # The cluster the server belongs to (manifest: cluster_uuid). This and the next four name the
+    # server's application: they must match its manifest.
     cluster_uuid: str = "local"
+    # The experiment the server belongs to (manifest: experiment_tag).
     experiment_tag: str = "default"
+    # The model the server serves (manifest: model_id).
     model_id: str = "act"
+    # The model version (manifest: model_version).
     model_version: str = "v1"
+    # The application (manifest: application_tag).
     application_tag: str = "default"
-    # Where the server (or a Zenoh router) listens, e.g. tcp/192.168.1.50:7447. Empty: rely on
-    # scouting or on zenoh.connect.
+    # Where the server (or a Zenoh router) listens, e.g. tcp/192.168.1.50:7447 (added to
+    # zenoh.connect). Empty: rely on scouting or on zenoh.connect.
     endpoint: str | None = None
+    # The Zenoh session (transport/settings.py, the same block as a manifest's `zenoh:`). With an
+    # endpoint and the defaults: client mode, no listener, no scouting.
     zenoh: ZenohSettings = field(default_factory=ZenohSettings)
-    # Control.
+    # Control rate in steps per second; must equal the server's fps.
     fps: int = 30
-    actions_per_chunk: int = 50  # leading actions of each chunk used (the server may send fewer)
+    # How many leading actions of each chunk the robot uses (the server may send fewer).
+    actions_per_chunk: int = 50
+    # How overlapping actions of two chunks are blended: weighted_average, latest_only, average,
+    # conservative, weighted (with --aggregate.new_weight), or your own (--plugins).
     aggregate: AggregateConfig = field(default_factory=WeightedAverageConfig)
+    # JPEG quality (1-100) of the camera images sent to the server.
     jpeg_quality: int = 90
+    # When to send the next observation (docs/client.md, "Timing").
     send: SendTriggerConfig = field(default_factory=SendTriggerConfig)
-    # Fail-safe: what an empty buffer sends. hold: the measured position; zero_velocity: zeros;
-    # auto: zero_velocity when every action is a velocity (`*.vel`), else hold.
+    # What the robot does when it has no action: hold (command its measured position),
+    # zero_velocity (command zeros), or auto (zero_velocity if every action is a *.vel, else hold).
     failsafe: str = "auto"
+    # Warn after this many control steps in a row without an action (then every 10 s).
     max_empty_cycles_before_warning: int = 10
-    # No chunk for this long while requests are out (or the server's token vanished): re-validate.
+    # Seconds without an action chunk (while waiting for one) before the client looks for a server again.
     watchdog_timeout_s: float = 1.0
-    # How long to retry the status query before giving up at start-up.
+    # Seconds to keep asking for a server at start-up before giving up (exit code 3).
     discovery_timeout_s: float = 15.0
-    # Episodes: None runs until SIGINT.
-    episode_time_s: float | None = None
-    num_episodes: int = 1
-    # Dataset recording (G7): None disables it. The root defaults to outputs/datasets/<repo_id>
-    # and must not exist yet. Images as PNG by default: AV1 videos cost less CPU per frame but their
-    # encoders stall a 2-core machine for ~100 ms at each episode boundary (docs/client.md).
-    dataset_repo_id: str | None = None
-    dataset_root: str | None = None
-    dataset_use_videos: bool = False
+    # Stop after this many seconds. Unset: run until Ctrl-C (or, when recording, until the last episode).
+    duration_s: float | None = None
+    # Natural-language task sent with every observation (VLAs read it) and stored in the dataset.
+    # Unset: --dataset.single_task.
     task: str = ""
-    # Telemetry on .../<client>/metrics every this many seconds; 0 turns it off.
+    # Record a LeRobotDataset, as lerobot-record does: --dataset.repo_id=<user>/<name> turns it on;
+    # --dataset.root (default $HF_LEROBOT_HOME/<repo_id>), --dataset.num_episodes,
+    # --dataset.episode_time_s, --dataset.reset_time_s (the robot is held, nothing is recorded),
+    # --dataset.video, --dataset.single_task. The dataset records at --fps.
+    dataset: ClientDatasetConfig | None = None
+    # Append episodes to the existing dataset at --dataset.root instead of creating a new one.
+    resume: bool = False
+    # Publish this client's figures on .../<client>/metrics every this many seconds; 0 turns it off.
     telemetry_period_s: float = 1.0
-    # Write a JSON summary of the run here at exit.
+    # Write a JSON summary of the run (steps, round trips, chunks, ...) to this file at exit.
     summary_path: str | None = None
+    # Logging level: DEBUG, INFO, WARNING or ERROR.
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -83,13 +124,54 @@ class RobotClientConfig:
             raise ConfigError("jpeg_quality", f"must be in 1..100, got {self.jpeg_quality}")
         if self.failsafe not in FAILSAFE_MODES:
             raise ConfigError("failsafe", f"{self.failsafe!r} is not one of {', '.join(FAILSAFE_MODES)}")
-        if self.watchdog_timeout_s <= 0 or self.discovery_timeout_s <= 0:
-            raise ConfigError("watchdog_timeout_s", "timeouts must be positive")
-        if self.episode_time_s is not None and self.episode_time_s <= 0:
-            raise ConfigError("episode_time_s", f"must be positive, got {self.episode_time_s}")
-        if self.num_episodes < 1:
-            raise ConfigError("num_episodes", f"must be >= 1, got {self.num_episodes}")
+        for name in ("watchdog_timeout_s", "discovery_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(name, f"must be positive, got {getattr(self, name)}")
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise ConfigError("duration_s", f"must be positive, got {self.duration_s}")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ConfigError("log_level", f"{self.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR")
+        if self.resume and self.dataset is None:
+            raise ConfigError("resume", "needs --dataset.repo_id (and --dataset.root if not the default)")
+        if self.dataset is not None:
+            self._validate_dataset(self.dataset)
         self.zenoh.validate("zenoh")
+
+    def _validate_dataset(self, ds: ClientDatasetConfig) -> None:
+        if not ds.repo_id or "/" not in ds.repo_id:
+            raise ConfigError("dataset.repo_id", f"expected <user>/<name>, e.g. local/pick_cube, got {ds.repo_id!r}")
+        if ds.fps != self.fps:
+            if ds.fps != ClientDatasetConfig.fps:  # set on purpose to another rate
+                raise ConfigError("dataset.fps", f"the dataset records at the control rate: set --fps={ds.fps} "
+                                                 f"instead (now --fps={self.fps})")
+            ds.fps = self.fps
+        if ds.num_episodes < 1:
+            raise ConfigError("dataset.num_episodes", f"must be >= 1, got {ds.num_episodes}")
+        if ds.episode_time_s <= 0:
+            raise ConfigError("dataset.episode_time_s", f"must be positive, got {ds.episode_time_s}")
+        if ds.reset_time_s < 0:
+            raise ConfigError("dataset.reset_time_s", f"must be >= 0, got {ds.reset_time_s}")
+        if ds.push_to_hub:
+            raise ConfigError("dataset.push_to_hub", "this client records locally; upload the finished dataset "
+                                                      "with LeRobotDataset(...).push_to_hub()")
+        if self.task and ds.single_task and self.task != ds.single_task:
+            raise ConfigError("task", f"differs from --dataset.single_task ({ds.single_task!r}); give one of them")
+
+    @property
+    def task_text(self) -> str:
+        """The task sent with observations and stored with frames."""
+        return self.task or (self.dataset.single_task if self.dataset is not None else "")
+
+    @property
+    def dataset_root(self) -> Path | None:
+        """Where the dataset lives: --dataset.root, or $HF_LEROBOT_HOME/<repo_id> as lerobot-record."""
+        if self.dataset is None:
+            return None
+        if self.dataset.root:
+            return Path(self.dataset.root).expanduser()
+        from lerobot.utils.constants import HF_LEROBOT_HOME
+
+        return HF_LEROBOT_HOME / self.dataset.repo_id
 
     @property
     def app_key(self) -> AppKey:
@@ -104,23 +186,9 @@ class RobotClientConfig:
         return 1.0 / self.fps
 
     def zenoh_settings(self) -> ZenohSettings:
-        connect = list(self.zenoh.connect)
-        if self.endpoint and self.endpoint not in connect:
-            connect.append(self.endpoint)
-        return ZenohSettings(
-            mode=self.zenoh.mode,
-            listen=list(self.zenoh.listen),
-            connect=connect,
-            multicast_scouting=self.zenoh.multicast_scouting,
-            shared_memory=self.zenoh.shared_memory,
-            json5_overrides=dict(self.zenoh.json5_overrides),
-            tls_root_ca=self.zenoh.tls_root_ca,
-            tls_certificate=self.zenoh.tls_certificate,
-            tls_private_key=self.zenoh.tls_private_key,
-            tls_mtls=self.zenoh.tls_mtls,
-            tls_verify_name=self.zenoh.tls_verify_name,
-            access_control_file=self.zenoh.access_control_file,
-        )
+        """The session settings: `zenoh`, with `endpoint` added to its connect list (so, by default,
+        a connect-only Zenoh client with scouting off: transport/settings.py)."""
+        return self.zenoh.with_connect(self.endpoint)
 
 
 def routing_args(app: AppKey, client_uuid: str, endpoint: str | None = None, *, scouting: bool = False) -> list[str]:

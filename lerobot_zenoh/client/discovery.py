@@ -1,6 +1,9 @@
-"""Discovery and validation (seed 002 section 6.3): ask the server what it serves, compare with the robot.
+"""Discovery and validation: reach the network, ask the server what it serves, compare with the robot.
 
-Pure comparison (`compare`) plus one bounded query loop (`discover`).
+Pure comparison (`compare`), a bounded wait for the first Zenoh connection (`wait_connected`), and
+one bounded query loop (`discover`). The status query carries the client's id (selector parameter
+`client=<id>`); a 1.1 server answers with `client_admitted`, so a client the server does not serve
+is refused at start-up instead of holding its robot waiting for chunks that never come.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ class RobotFeatures:
 def compare(status: Status, robot: RobotFeatures, fps: int) -> list[str]:
     """Every difference between what the server expects and what the robot has (empty: compatible)."""
     problems: list[str] = []
+    if status.client_admitted is False:
+        problems.append("it does not serve this client id: list it under the model's `clients` in the "
+                        "server's manifest (or set accept_unknown_clients)")
     if set(status.expected_cameras) != set(robot.cameras):
         problems.append(f"cameras: server expects {sorted(status.expected_cameras)}, robot has {sorted(robot.cameras)}")
     for name in sorted(set(status.expected_cameras) & set(robot.cameras)):
@@ -53,9 +59,24 @@ def compare(status: Status, robot: RobotFeatures, fps: int) -> list[str]:
     return problems
 
 
-def query_status(session: ZenohSession, app: AppKey, timeout_s: float = 0.5) -> Status | None:
-    """One status query; the first decodable reply, or None."""
-    for _, payload in session.query(app.status, timeout_s=timeout_s):
+def wait_connected(session: ZenohSession, endpoints: list[str], timeout_s: float = 2.0) -> bool:
+    """True once the session is linked to some peer or router (at once when no endpoint is given)."""
+    if not endpoints:
+        return True
+    info = session.raw.info
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if any(True for _ in info.peers_zid()) or any(True for _ in info.routers_zid()):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
+def query_status(session: ZenohSession, app: AppKey, timeout_s: float = 0.5, client_uuid: str | None = None) -> Status | None:
+    """One status query (naming the client, if given); the first decodable reply, or None."""
+    parameters = f"client={client_uuid}" if client_uuid else None
+    for _, payload in session.query(app.status, timeout_s=timeout_s, parameters=parameters):
         try:
             return codec.decode_status(payload)
         except ProtocolError as exc:
@@ -63,11 +84,12 @@ def query_status(session: ZenohSession, app: AppKey, timeout_s: float = 0.5) -> 
     return None
 
 
-def discover(session: ZenohSession, app: AppKey, timeout_s: float, stop=None) -> Status | None:
+def discover(session: ZenohSession, app: AppKey, timeout_s: float, stop=None, client_uuid: str | None = None) -> Status | None:
     """Retry the status query until answered, `timeout_s` passes, or `stop` (an Event) is set."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
-        status = query_status(session, app, timeout_s=min(0.5, max(0.05, deadline - time.monotonic())))
+        status = query_status(session, app, timeout_s=min(0.5, max(0.05, deadline - time.monotonic())),
+                              client_uuid=client_uuid)
         if status is not None:
             return status
         time.sleep(0.05)

@@ -1,4 +1,4 @@
-"""Recording what the robot saw and did into a local LeRobotDataset (gap G7, seed 002 section 14).
+"""Recording what the robot saw and did into a local LeRobotDataset.
 
 The control loop must never wait for the disk or a video encoder, so :meth:`DatasetRecorder.record`
 only hands ``(observation, action)`` to a queue and returns; a writer thread builds the frame
@@ -11,22 +11,25 @@ time axis just gets shorter (check ``dropped`` before trusting timing). With str
 LeRobot's encoder can still drop a frame from the video alone if it falls ``2 * fps`` frames
 behind for 0.1 s; it logs a warning when it does.
 
-Images or videos. By default cameras are stored as PNG images (``use_videos=False``), because
-that is the mode that never disturbed the control loop in our measurements on a 2-core CPU
-(30 Hz loop, two 96x128 cameras, 300 frames in 2 episodes): images, 0 overrun periods; AV1
-video encoded while recording (``use_videos=True``, LeRobot's ``streaming_encoding``), about
-1.4 ms of writer time per frame but 5-9 overruns of up to ~140 ms right after each episode
-boundary, when the SVT-AV1 encoders flush and restart and take both cores; AV1 encoded at
-``save_episode`` (``streaming_encoding=False``), 10-12 such overruns. Videos are much smaller
-on disk, so they remain one option away. At 2x480x640 nothing keeps up on 2 cores: PNG costs
-~270 ms per frame (the writer falls behind and frames are dropped once ``max_queued_frames``
-is reached; the loop is not disturbed), streaming AV1 keeps up but starves the loop of CPU.
+Videos or images. Cameras are stored as AV1 videos by default, as ``lerobot-record`` does
+(``use_videos=True``), encoded while recording (``streaming_encoding=True``): about 1.4 ms of writer
+time per frame of two 96x128 cameras on a 2-core CPU, and files far smaller than PNG (a PNG dataset
+also loaded 18x slower for training). On that 2-core CPU the AV1 encoders flush and restart at each
+episode boundary and take both cores for ~100 ms (5-9 overrun periods of up to ~140 ms right after
+the boundary, measured with a 30 Hz loop); the client's reset phase between episodes, in which the
+robot is held and nothing is recorded, absorbs them. PNG images (``use_videos=False``) never
+disturbed the loop at 96x128 but cost ~270 ms per frame at 2x480x640 (the writer falls behind and
+frames are dropped once ``max_queued_frames`` is reached; the loop is not disturbed).
+
+Frames where the client held the robot because it had no action from the policy (the fail-safe
+action) are recorded with the boolean feature ``failsafe`` set (shape (1,)); filter them out
+before training if you want only policy-driven frames (docs/client.md, "Recording").
 
 Episodes are saved and encoded in the writer thread (``parallel_encoding=False``): LeRobot's parallel path forks
 worker processes, which is unsafe in a process that runs Zenoh's threads.
 
 Lifecycle: the constructor does no I/O; :meth:`start` creates the dataset (``root`` must not
-exist yet) and the thread; :meth:`end_episode` closes an episode; :meth:`close` saves the episode
+exist yet) or, with ``resume=True``, opens the existing one to append episodes, and starts the thread; :meth:`end_episode` closes an episode; :meth:`close` saves the episode
 in progress if it has frames, finalizes the dataset (required before it can be read) and joins.
 A closed recorder cannot be restarted.
 """
@@ -40,13 +43,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from lerobot.robots import Robot
 from lerobot.utils.constants import ACTION, OBS_STR
 from lerobot.utils.feature_utils import build_dataset_frame, hw_to_dataset_features
 
 from lerobot_zenoh.errors import ConfigError
 
-__all__ = ["DatasetRecorder", "RecorderStats"]
+__all__ = ["FAILSAFE_FEATURE", "DatasetRecorder", "RecorderStats"]
+
+#: Boolean feature (shape (1,)): True where the robot was held because no policy action was available.
+FAILSAFE_FEATURE = "failsafe"
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +80,10 @@ class DatasetRecorder:
         robot: provides ``observation_features``, ``action_features`` and ``name`` (nothing else
             is called on it).
         task: the task string stored with every frame (can be changed between episodes).
-        use_videos: cameras as AV1 videos, or as PNG images (default; see the module docstring).
+        use_videos: cameras as AV1 videos (default, as lerobot-record), or as PNG images.
         streaming_encoding: with videos, encode while recording (default) rather than at episode end.
+        resume: append episodes to the dataset at ``root`` (it must exist and have the same features).
+        rgb_encoder: LeRobot's video encoder settings (codec, quality, ...); ``None``: LeRobot's defaults.
         max_queued_frames: frames the writer may fall behind before frames are dropped
             (default ``10 * fps``: ten seconds).
         encoder_threads: threads per video encoder (``None``: the codec decides).
@@ -89,8 +98,10 @@ class DatasetRecorder:
         robot: Robot,
         task: str,
         *,
-        use_videos: bool = False,
+        use_videos: bool = True,
         streaming_encoding: bool = True,
+        resume: bool = False,
+        rgb_encoder=None,
         max_queued_frames: int | None = None,
         encoder_threads: int | None = None,
         join_timeout_s: float = 120.0,
@@ -105,6 +116,8 @@ class DatasetRecorder:
         self.task = task
         self.use_videos = use_videos
         self.streaming_encoding = streaming_encoding
+        self.resume = resume
+        self.rgb_encoder = rgb_encoder
         self.max_queued_frames = max_queued_frames if max_queued_frames is not None else 10 * fps
         self.encoder_threads = encoder_threads
         self.join_timeout_s = join_timeout_s
@@ -112,6 +125,7 @@ class DatasetRecorder:
         self.features: dict[str, dict] = {
             **hw_to_dataset_features(robot.observation_features, OBS_STR, use_video=use_videos),
             **hw_to_dataset_features(robot.action_features, ACTION, use_video=use_videos),
+            FAILSAFE_FEATURE: {"dtype": "bool", "shape": (1,), "names": None},
         }
         self._queue: queue.Queue[Any] = queue.Queue()  # unbounded: frames are bounded in record()
         self._queued_frames = 0  # frames in the queue (markers excluded)
@@ -125,6 +139,13 @@ class DatasetRecorder:
         self._dropped = 0
         self._write_errors = 0
 
+    @classmethod
+    def from_config(cls, dataset, root: str | Path, robot: Robot, task: str, *, resume: bool = False) -> DatasetRecorder:
+        """From LeRobot's recording configuration (`DatasetRecordConfig`, the client's `--dataset.*`)."""
+        return cls(dataset.repo_id, root, dataset.fps, robot, task, use_videos=dataset.video,
+                   streaming_encoding=dataset.streaming_encoding, resume=resume, rgb_encoder=dataset.rgb_encoder,
+                   encoder_threads=dataset.encoder_threads)
+
     # -- lifecycle
 
     def start(self) -> None:
@@ -135,23 +156,46 @@ class DatasetRecorder:
             return
         from lerobot.datasets.lerobot_dataset import LeRobotDataset  # heavy: datasets, pyarrow, av
 
-        if self.root.exists():
-            raise ConfigError("dataset.root", f"{self.root} already exists; choose a new folder")
-        self.dataset = LeRobotDataset.create(
-            self.repo_id,
-            self.fps,
-            self.features,
-            root=self.root,
-            robot_type=self._robot_type,
-            use_videos=self.use_videos,
+        common = dict(
             video_backend="pyav",  # torchcodec needs system FFmpeg libraries; PyAV bundles its own
             streaming_encoding=self.streaming_encoding,
             encoder_queue_maxsize=2 * self.fps,
             encoder_threads=self.encoder_threads,
+            rgb_encoder=self.rgb_encoder,
         )
+        self.check_root()
+        if self.resume:
+            self.dataset = LeRobotDataset.resume(self.repo_id, root=self.root, **common)
+            self._check_resumable(self.dataset)
+        else:
+            self.dataset = LeRobotDataset.create(
+                self.repo_id, self.fps, self.features, root=self.root, robot_type=self._robot_type,
+                use_videos=self.use_videos, **common)
         self._thread = threading.Thread(target=self._run, name="dataset-recorder", daemon=True)
         self._accepting = True
         self._thread.start()
+
+    def check_root(self) -> None:
+        """Raise ConfigError unless `root` is free (a new dataset) or holds a dataset (resume)."""
+        if self.resume and not (self.root / "meta" / "info.json").is_file():
+            raise ConfigError("resume", f"no dataset at {self.root} to resume; drop --resume to create one")
+        if not self.resume and self.root.exists():
+            raise ConfigError("dataset.root", f"{self.root} already exists; add --resume to append episodes "
+                                              "to it, or choose another --dataset.root")
+
+    def _check_resumable(self, dataset) -> None:
+        """The existing dataset must record the same features at the same rate as this robot."""
+        problems = []
+        if dataset.fps != self.fps:
+            problems.append(f"it records at {dataset.fps} fps, the client runs at {self.fps}")
+        theirs = {k: (v["dtype"], tuple(v["shape"])) for k, v in dataset.features.items() if k in self.features or
+                  k.startswith(("observation", "action"))}
+        ours = {k: (v["dtype"], tuple(v["shape"])) for k, v in self.features.items()}
+        for key in sorted(set(theirs) | set(ours)):
+            if theirs.get(key) != ours.get(key):
+                problems.append(f"{key}: dataset {theirs.get(key)}, robot {ours.get(key)}")
+        if problems:
+            raise ConfigError("resume", f"{self.root} does not match this robot: " + "; ".join(problems[:3]))
 
     def close(self) -> None:
         """Save the episode in progress (if it has frames), finalize the dataset, join the writer."""
@@ -175,8 +219,11 @@ class DatasetRecorder:
 
     # -- control-loop side (never blocks)
 
-    def record(self, observation: dict[str, Any], action: dict[str, Any]) -> bool:
+    def record(self, observation: dict[str, Any], action: dict[str, Any], failsafe: bool = False) -> bool:
         """Queue one frame: the robot's raw observation and the action it executed.
+
+        `failsafe`: the action was the client's fail-safe (no policy action was available); stored
+        in the ``failsafe`` feature.
 
         Takes ownership of the arrays in `observation` (they must not be modified afterwards;
         the dicts themselves are copied). Returns ``False`` if the frame was dropped.
@@ -192,7 +239,7 @@ class DatasetRecorder:
             if dropped == 1 or dropped % 100 == 0:
                 logger.warning("dataset recorder dropped %d frame(s) (writer behind or not running)", dropped)
             return False
-        self._queue.put((dict(observation), dict(action), self.task))
+        self._queue.put((dict(observation), dict(action), self.task, failsafe))
         return True
 
     def end_episode(self) -> None:
@@ -235,13 +282,14 @@ class DatasetRecorder:
             if item is _END_EPISODE:
                 self._save_episode()
                 continue
-            observation, action, task = item
+            observation, action, task, failsafe = item
             with self._count_lock:
                 self._queued_frames -= 1
             try:
                 frame = {
                     **build_dataset_frame(dataset.features, observation, prefix=OBS_STR),
                     **build_dataset_frame(dataset.features, action, prefix=ACTION),
+                    FAILSAFE_FEATURE: np.array([failsafe], dtype=bool),
                     "task": task,
                 }
                 dataset.add_frame(frame)
@@ -273,3 +321,4 @@ class DatasetRecorder:
                 logger.exception("dataset recorder could not clear the failed episode")
             return
         self._episodes_saved += 1
+        logger.info("saved episode %d (%d frames so far) in %s", dataset.num_episodes - 1, self._frames_written, self.root)

@@ -97,6 +97,9 @@ class Status:
     state_dim: int | None = None
     action_names: tuple[str, ...] = ()
     accepts_unknown_clients: bool = False
+    # 1.1: in a reply to a query naming a client (`.../status?client=<id>`), whether this server
+    # serves that client id; None when the query named none (or the server predates 1.1).
+    client_admitted: bool | None = None
     # 1.1, additive (None: not said, as from an older server). What the model is, beyond shapes:
     chunk_size: int | None = None  # actions the model predicts per call (>= max_actions_per_chunk)
     reads_task: bool | None = None  # the task string conditions the model (VLAs)

@@ -85,6 +85,20 @@ def connect_endpoint(listen_endpoint: str, host: str) -> str:
     return f"tls/{listen_host}:{port}"
 
 
+def check_host_names(hosts: list[str], identities: dict[str, str]) -> None:
+    """Refuse host names a server certificate must not carry: empty, wildcard, or equal to the id of
+    a client or monitor (a TLS stack that falls back to the common name would then take that
+    identity's certificate for the server's)."""
+    by_id = {name.lower(): (name, role) for name, role in identities.items()}
+    for host in hosts:
+        if not host or any(ch.isspace() for ch in host) or "*" in host or host in WILDCARD_HOSTS:
+            raise ConfigError("host", f"{host!r} is not a host name or address a client can dial")
+        name, role = by_id.get(host.lower(), (None, None))
+        if role in ("client", "monitor"):
+            raise ConfigError("host", f"{host!r} is a server host name and also the id of {role} {name!r}: "
+                                      "rename one of them")
+
+
 def server_settings(layout: PkiLayout, server_id: str, listen: list[str], *, router: str | None = None) -> ZenohSettings:
     """The policy server: listens and enforces the ACL, or (with `router`) connects to the router."""
     if router is not None:

@@ -6,9 +6,15 @@ certificate's **common name** against `cert_common_names`. So the common name of
 certificate is the identity the ACL knows it by: a server's `server_id`, a client's
 `client_uuid`, a monitor's name.
 
-Every certificate is valid both as a TLS server and as a TLS client (a peer may listen and
-connect), and carries subject alternative names for the hosts it may be reached at; a
-connecting side with `verify_name_on_connect` checks the listener's name or IP against them.
+Certificates are issued by role, so that only a server can pose as one:
+
+- **server** and **router** certificates carry the host names and addresses the server is
+  reached at (subject alternative names) and both TLS usages (serverAuth, to listen; clientAuth,
+  to connect to a router or to the primary a standby watches);
+- **client** (robot) and **monitor** certificates are client-only: clientAuth alone, no subject
+  alternative name. A connecting side checks the listener's certificate (rustls: serverAuth
+  usage, and with `verify_name_on_connect` a SAN equal to the host it dialled), so a robot's
+  certificate cannot serve as anyone's TLS server identity (tested in tests/test_security.py).
 
 Keys are ECDSA P-256 in unencrypted PKCS#8 PEM (what rustls reads), written with mode 0600.
 This is a development CA: it has no revocation, and its key sits in a file. Production
@@ -32,6 +38,8 @@ from lerobot_zenoh.errors import ConfigError
 
 #: Names every certificate answers to, so loopback deployments verify without extra flags.
 DEFAULT_HOSTS = ("localhost", "127.0.0.1", "::1")
+#: role -> may it act as a TLS server (listen, carry host names)?
+ROLES = {"server": True, "router": True, "client": False, "monitor": False}
 DEFAULT_VALID_DAYS = 365
 CA_COMMON_NAME = "lerobot-zenoh development CA"
 
@@ -91,15 +99,26 @@ def create_ca(common_name: str = CA_COMMON_NAME, valid_days: int = 3650) -> Cert
     return CertificateAuthority(cert, key)
 
 
-def issue(ca: CertificateAuthority, common_name: str, hosts: tuple[str, ...] | list[str] = DEFAULT_HOSTS,
-          valid_days: int = DEFAULT_VALID_DAYS) -> IssuedCertificate:
-    """A certificate for `common_name` signed by `ca`, usable as TLS server and TLS client.
+def issue(ca: CertificateAuthority, common_name: str, hosts: tuple[str, ...] | list[str] = (),
+          valid_days: int = DEFAULT_VALID_DAYS, *, role: str = "client") -> IssuedCertificate:
+    """A certificate for `common_name` with `role`, signed by `ca`.
 
-    `hosts` become subject alternative names: IP addresses as IP entries, anything else as DNS
-    names. The common name is not added as a name: ids such as `robot_a4b9` are not host names.
+    A server or router certificate is usable as TLS server and TLS client and names `hosts`
+    (default: DEFAULT_HOSTS) as subject alternative names: IP addresses as IP entries, anything
+    else as DNS names. A client or monitor certificate is TLS-client only and names no host:
+    giving it `hosts` is an error. The common name is never added as a name (ids such as
+    `robot_a4b9` are not host names).
     """
+    if role not in ROLES:
+        raise ConfigError("role", f"{role!r} is not one of {', '.join(ROLES)}")
     if not common_name or any(ch in common_name for ch in "/*$?#@") or any(ch.isspace() for ch in common_name):
         raise ConfigError("common_name", f"{common_name!r} must be a non-empty id without / * $ ? # @ or whitespace")
+    serves = ROLES[role]
+    if hosts and not serves:
+        raise ConfigError("hosts", f"a {role} certificate names no host: only server and router certificates may "
+                                   f"serve TLS (got {list(hosts)} for {common_name!r})")
+    hosts = (tuple(hosts) or DEFAULT_HOSTS) if serves else ()
+    usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH] if serves else [ExtendedKeyUsageOID.CLIENT_AUTH]
     key = ec.generate_private_key(ec.SECP256R1())
     now = _now()
     builder = (
@@ -114,8 +133,7 @@ def issue(ca: CertificateAuthority, common_name: str, hosts: tuple[str, ...] | l
         .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=False, key_cert_sign=False,
                                      crl_sign=False, content_commitment=False, data_encipherment=False,
                                      key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-                       critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.private_key.public_key()), critical=False)
     )
@@ -124,6 +142,26 @@ def issue(ca: CertificateAuthority, common_name: str, hosts: tuple[str, ...] | l
         builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
     cert = builder.sign(ca.private_key, hashes.SHA256())
     return IssuedCertificate(common_name, cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+
+
+def host_names(cert_pem: bytes) -> list[str]:
+    """The DNS names and IP addresses a certificate names (its subject alternative names)."""
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    return list(sans.get_values_for_type(x509.DNSName)) + [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)]
+
+
+def can_serve_tls(cert_pem: bytes) -> bool:
+    """Whether a certificate allows the TLS server usage (no EKU extension means any usage)."""
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    try:
+        usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return True
+    return ExtendedKeyUsageOID.SERVER_AUTH in usages or ExtendedKeyUsageOID.ANY_EXTENDED_KEY_USAGE in usages
 
 
 def common_name(cert_pem: bytes) -> str:
@@ -169,9 +207,10 @@ def load_ca(cert_path: str | Path, key_path: str | Path) -> CertificateAuthority
 
 
 def write_identity(ca: CertificateAuthority, name: str, out_dir: str | Path,
-                   hosts: tuple[str, ...] | list[str] = DEFAULT_HOSTS, valid_days: int = DEFAULT_VALID_DAYS) -> IdentityFiles:
-    """Issue a certificate for `name` and write `<name>.pem` and `<name>.key` into `out_dir`."""
-    issued = issue(ca, name, hosts, valid_days)
+                   hosts: tuple[str, ...] | list[str] = (), valid_days: int = DEFAULT_VALID_DAYS, *,
+                   role: str = "client") -> IdentityFiles:
+    """Issue a certificate for `name` (see `issue`) and write `<name>.pem` and `<name>.key` into `out_dir`."""
+    issued = issue(ca, name, hosts, valid_days, role=role)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cert_path, key_path = out / f"{name}.pem", out / f"{name}.key"

@@ -68,6 +68,7 @@ def measure_batch_profile(
             log.warning("batch profile stops at size %d: %s", size, exc)
             break
         profile[size] = min(times_s)
+        log.info("batch profile: %d observation(s) per pass: %.1f ms", size, profile[size] * 1000)
     for i in range(max_batch):
         runner.forget(f"profile-{i}")  # stateful runners (Diffusion) keep per-session history
     return profile

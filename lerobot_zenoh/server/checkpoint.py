@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import math
 import os
 import shutil
@@ -23,6 +24,8 @@ from typing import Any
 from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.server.runners.base import OBS_IMAGES_PREFIX, OBS_STATE_KEY, PolicySpec
 from lerobot_zenoh.server.runners.lerobot import ACTION_KEY, FEATURES_SIDECAR_NAME, FEATURES_SIDECAR_VERSION
+
+log = logging.getLogger(__name__)
 
 # Architecture defaults on top of LeRobot's config defaults, chosen so that a 2-core CPU answers a
 # chunk for 2 cameras of 96x128 in roughly 50-150 ms (see docs/policies.md for measurements).
@@ -122,6 +125,7 @@ def build_checkpoint(
     output = Path(output_dir)
     _check_output(output, force)
 
+    log.info("importing torch and LeRobot ...")
     import torch
 
     from lerobot.configs import FeatureType, PolicyFeature
@@ -135,6 +139,7 @@ def build_checkpoint(
     kwargs = _config_kwargs(policy_type, spec, overrides)
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    log.info("building a random-weight %s policy (seed %d) ...", policy_type, seed)
     try:
         assets: dict[str, str] = {}
         tokenizer = None
@@ -171,6 +176,8 @@ def build_checkpoint(
             config.vlm_model_name = str(output.resolve() / VLM_DIR)
         _rename_tokenizer(preprocessor, config.vlm_model_name if policy_type == "smolvla" else PALIGEMMA_TOKENIZER)
 
+        log.info("saving %.1f M parameters and the processors to %s ...",
+                 sum(p.numel() for p in policy.parameters()) / 1e6, output)
         policy.save_pretrained(staging)
         preprocessor.save_pretrained(staging)
         postprocessor.save_pretrained(staging)

@@ -155,22 +155,6 @@ class SchedulerEntry(_Strict):
         return make_scheduler(self.type, field, **self.settings())
 
 
-class ZenohEntry(_Strict):
-    mode: Literal["peer", "client", "router"] = "peer"
-    listen: list[str] = Field(default_factory=list)
-    connect: list[str] = Field(default_factory=list)
-    multicast_scouting: bool = True
-    shared_memory: bool = True
-    json5_overrides: dict[str, str] = Field(default_factory=dict)
-    # TLS and access control (docs/security.md); relative paths are resolved like pretrained_path.
-    tls_root_ca: str | None = None
-    tls_certificate: str | None = None
-    tls_private_key: str | None = None
-    tls_mtls: bool = True
-    tls_verify_name: bool = True
-    access_control_file: str | None = None
-
-
 class SessionsEntry(_Strict):
     """When the server closes a client's session (docs/server.md, "Sessions").
 
@@ -262,7 +246,9 @@ class Manifest(_Strict):
     cluster_uuid: str
     experiment_tag: str
     server_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
-    zenoh: ZenohEntry = Field(default_factory=ZenohEntry)
+    # The same block as the client's --zenoh.* (transport/settings.py); relative file paths are
+    # resolved like pretrained_path.
+    zenoh: ZenohSettings = Field(default_factory=ZenohSettings)
     server: list[ModelEntry] = Field(min_length=1)
     # Hot standby: the server_id of the primary this server stands in for (docs/reliability.md).
     standby_for: str | None = None
@@ -297,23 +283,13 @@ class Manifest(_Strict):
         return AppKey(self.cluster_uuid, self.experiment_tag, entry.model_id, entry.model_version, entry.application_tag)
 
     def zenoh_settings(self) -> ZenohSettings:
+        """The session settings: the `zenoh` block, each entry's endpoints added to its listen list."""
         listen = list(self.zenoh.listen)
         for entry in self.server:
             listen += [e for e in entry.listen_endpoints if e not in listen]
-        return ZenohSettings(
-            mode=self.zenoh.mode,
-            listen=listen,
-            connect=list(self.zenoh.connect),
-            multicast_scouting=self.zenoh.multicast_scouting,
-            shared_memory=self.zenoh.shared_memory,
-            json5_overrides=dict(self.zenoh.json5_overrides),
-            tls_root_ca=self._resolve_file(self.zenoh.tls_root_ca),
-            tls_certificate=self._resolve_file(self.zenoh.tls_certificate),
-            tls_private_key=self._resolve_file(self.zenoh.tls_private_key),
-            tls_mtls=self.zenoh.tls_mtls,
-            tls_verify_name=self.zenoh.tls_verify_name,
-            access_control_file=self._resolve_file(self.zenoh.access_control_file),
-        )
+        return self.zenoh.replace(listen=listen, connect=list(self.zenoh.connect),
+                                  json5_overrides=dict(self.zenoh.json5_overrides)
+                                  ).with_files_resolved(lambda v: str(self._resolve(v)))
 
     def resolve_path(self, entry: ModelEntry) -> Path:
         return self._resolve(entry.pretrained_path or "")
@@ -349,13 +325,20 @@ def parse_manifest(data: dict, source: str = "<memory>") -> Manifest:
     if not isinstance(data, dict):
         raise ConfigError("<top level>", "a manifest must be a mapping", source=source)
     try:
-        return Manifest.model_validate({**data, "source": source})
+        manifest = Manifest.model_validate({**data, "source": source})
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"]) or "<top level>"
         message = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "unexpected_keyword_argument":  # an unknown key in the zenoh block
+            message = "Extra inputs are not permitted"
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise ConfigError(field, message + more, source=source) from None
+    try:  # the zenoh block's own checks (its files are checked once resolved, at start-up)
+        manifest.zenoh_settings().validate("zenoh", check_files=False)
+    except ConfigError as exc:
+        raise ConfigError(exc.field, str(exc).split(": ", 1)[1], source=source) from None
+    return manifest
 
 
 def load_manifest(path: str | Path) -> Manifest:

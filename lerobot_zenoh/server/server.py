@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -115,6 +115,9 @@ class ServedModel:
         )
         self.status_bytes = codec.encode(self.status)
         self.publishers: dict[str, Publisher] = {}  # client id -> action publisher, closed with its session
+        # A query naming a client (`status?client=<id>`) learns whether this model serves it.
+        self._status_for = {admitted: codec.encode(replace(self.status, client_admitted=admitted))
+                            for admitted in (True, False)}
         self.role: ServingRole | None = None  # set at start(): primary or hot standby
         self.standby_dropped = 0  # observations not admitted while standing by
         self.inferences = 0
@@ -122,6 +125,14 @@ class ServedModel:
     @property
     def scheduler(self):
         return self.engine.scheduler
+
+    def status_reply(self, parameters: dict[str, str]) -> bytes:
+        """The status bytes for a query; with `client=<id>`, `client_admitted` says if it is served."""
+        client = parameters.get("client")
+        if not client:
+            return self.status_bytes
+        config = self.engine.config
+        return self._status_for[config.accept_unknown or client in config.listed]
 
 
 class PolicyServer:
@@ -155,7 +166,10 @@ class PolicyServer:
     def start(self) -> PolicyServer:
         self.started_at_s = time.monotonic()
         for entry in self.manifest.server:
+            if entry.model_id not in self._injected:
+                log.info("loading %s/%s ...", entry.model_id, entry.model_version)  # progress: seconds for a big model
             runner = self._injected.get(entry.model_id) or load_runner(self.manifest, entry)
+            log.info("warming up %s/%s (%s) ...", entry.model_id, entry.model_version, runner.spec.policy_type)
             t0 = time.perf_counter()
             runner.warmup()  # before anything is announced: a client never waits for a cold model
             log.info("pre-warmed %s/%s (%s) in %.0f ms", entry.model_id, entry.model_version,
@@ -175,7 +189,8 @@ class PolicyServer:
         self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
         self._thread.start()
         for model in self.models:
-            self._session.serve(model.app.status, lambda m=model: m.status_bytes if m.role.active.is_set() else None)
+            self._session.serve(model.app.status, lambda params, m=model: m.status_reply(params) if m.role.active.is_set()
+                                else None, with_parameters=True)
             self._session.declare_token(model.app.server_token(self.server_id))
             self._start_role(model)
             if self.manifest.telemetry_period_s > 0:
@@ -197,6 +212,8 @@ class PolicyServer:
                         runner.spec.policy_type)
             return None
         largest = entry.profile_max_batch if cap is None else min(entry.profile_max_batch, cap)
+        log.info("%s: profiling batch sizes up to %d (at most %.0f s) ...", entry.model_id, largest,
+                 entry.profile_budget_s)
         profile_s = measure_batch_profile(runner, largest, budget_s=entry.profile_budget_s)
         chosen = saturation_batch_size(profile_s) if profile_s else 1
         log.info("batch profile of %s (ms per pass): %s; max_batch_size auto -> %d", entry.model_id,

@@ -113,20 +113,24 @@ class FleetView:
             })
         return out
 
-    def samples(self) -> list[tuple[str, dict[str, str], float]]:
-        """(metric name, labels, value) for every figure of every member (Prometheus)."""
+    def samples(self) -> list[tuple[str, str, dict[str, str], float]]:
+        """(member kind, figure name, labels, value) for every figure of every member (Prometheus).
+
+        Member kind: "server", "client", or "server_client" for a server's per-client figures;
+        `alive` is the liveliness token (1 present, 0 vanished). telemetry/prometheus.py names them.
+        """
         out = []
         for m in self.members():
             base = {"cluster": m.app.cluster, "experiment": m.app.experiment, "model": m.app.model,
                     "version": m.app.version, "app": m.app.app}
-            own = {**base, m.kind: m.member_id} if m.kind == "server" else {**base, "client": m.member_id}
+            own = {**base, m.kind: m.member_id}
             for name, value in m.metrics.items():
-                out.append((f"lerobot_zenoh_{m.kind}_{name}", own, float(value)))
+                out.append((m.kind, name, own, float(value)))
             for client_id, figures in m.per_client.items():
                 for name, value in figures.items():
-                    out.append((f"lerobot_zenoh_server_client_{name}", {**own, "client": client_id}, float(value)))
+                    out.append(("server_client", name, {**own, "client": client_id}, float(value)))
             if m.alive is not None:
-                out.append((f"lerobot_zenoh_{m.kind}_alive", own, 1.0 if m.alive else 0.0))
+                out.append((m.kind, "alive", own, 1.0 if m.alive else 0.0))
         return out
 
 

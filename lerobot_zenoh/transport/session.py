@@ -8,6 +8,7 @@ counted on its `Subscription` and logged (rate-limited); the next sample is deli
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -29,34 +30,119 @@ class QoS:
     block_when_congested: bool
     priority: zenoh.Priority
     express: bool
+    #: 0: `put` calls Zenoh on the caller's thread. N > 0: `put` never waits on the network; the
+    #: message waits in this publisher's queue of N (when full, the oldest is dropped and counted)
+    #: and the publisher's own thread hands it to Zenoh.
+    queue_depth: int = 0
 
 
 #: Seed 002 section 6.2. Observations: a newer one replaces a lost one, never wait for the network.
 OBSERVATION_QOS = QoS(reliable=False, block_when_congested=False, priority=zenoh.Priority.DATA, express=True)
-#: Action chunks: every chunk must arrive; losing one starves the robot.
-ACTION_QOS = QoS(reliable=True, block_when_congested=True, priority=zenoh.Priority.INTERACTIVE_HIGH, express=True)
+#: Action chunks: reliable on the link, but never waited for (congestion control DROP). A robot whose
+#: link stalls must not hold up the thread that serves every robot, nor a router that forwards to
+#: everyone (BLOCK did both, by up to 5 s: tests/test_faults.py, docs/reliability.md); a chunk its
+#: link cannot take now is stale by the time it could. Each client's chunks also go through their own
+#: bounded queue and thread, so the caller never waits on Zenoh at all (with DROP the queue only
+#: fills when that thread gets no CPU: a burst of 32 to one client is kept). Zenoh drops silently;
+#: the client counts what never came back (`requests_unanswered` in its telemetry).
+ACTION_QOS = QoS(reliable=True, block_when_congested=False, priority=zenoh.Priority.INTERACTIVE_HIGH, express=True,
+                 queue_depth=32)
 #: Telemetry: useful, never worth delaying anything else for.
 METRICS_QOS = QoS(reliable=False, block_when_congested=False, priority=zenoh.Priority.DATA_LOW, express=False)
 
-
 class Publisher:
-    """A declared publisher with fixed QoS. `put` never raises zenoh errors, only TransportError."""
+    """A declared publisher with fixed QoS. `put` never raises zenoh errors, only TransportError.
+
+    Counters (read them from any thread): `sent` (handed to Zenoh; with congestion control DROP, Zenoh
+    may still drop it on a congested link, silently), `dropped` (never handed to Zenoh: the
+    publisher's queue was full; only with `QoS.queue_depth`), `errors` (Zenoh refused the put;
+    queued publishers only, a direct `put` raises instead).
+    """
 
     def __init__(self, publisher: zenoh.Publisher, key: str):
         self._publisher = publisher
         self.key = key
+        self.sent = 0
+        self.dropped = 0
+        self.errors = 0
 
     def put(self, payload: bytes) -> None:
+        self._send(payload)
+
+    def _send(self, payload: bytes) -> None:
         try:
             self._publisher.put(payload)
         except zenoh.ZError as exc:
             raise TransportError(f"put on {self.key} failed: {exc}") from exc
+        self.sent += 1
+
+    @property
+    def pending(self) -> int:
+        return 0
 
     def close(self) -> None:
         try:
             self._publisher.undeclare()
         except zenoh.ZError:
             pass
+
+
+class QueuedPublisher(Publisher):
+    """A publisher whose `put` only queues (bounded, oldest dropped) for its own sending thread.
+
+    A slow or stalled link then costs the caller nothing: its messages wait here, the oldest are
+    dropped (counted in `dropped`), and the other keys' publishers are untouched.
+    """
+
+    def __init__(self, publisher: zenoh.Publisher, key: str, depth: int):
+        super().__init__(publisher, key)
+        self._queue: collections.deque[bytes] = collections.deque()
+        self._depth = depth
+        self._ready = threading.Condition()
+        self._closed = False
+        self._last_log_s = 0.0
+        self._thread = threading.Thread(target=self._run, name=f"publisher:{key}", daemon=True)
+        self._thread.start()
+
+    def put(self, payload: bytes) -> None:
+        with self._ready:
+            if self._closed:
+                raise TransportError(f"put on {self.key}: the publisher is closed")
+            if len(self._queue) >= self._depth:
+                self._queue.popleft()
+                self.dropped += 1
+            self._queue.append(payload)
+            self._ready.notify()
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while not self._queue and not self._closed:
+                    self._ready.wait()
+                if not self._queue:  # closed and drained
+                    return
+                payload = self._queue.popleft()
+            try:
+                self._send(payload)
+            except TransportError as exc:
+                self.errors += 1
+                now = time.monotonic()
+                if now - self._last_log_s > 5.0:
+                    self._last_log_s = now
+                    log.warning("%s (%d so far)", exc, self.errors)
+
+    def close(self) -> None:
+        with self._ready:
+            self._closed = True
+            self._ready.notify()
+        self._thread.join(timeout=2.0)
+        if self.dropped or self.errors:
+            log.info("%s: sent %d, dropped %d (queue full), errors %d", self.key, self.sent, self.dropped, self.errors)
+        super().close()
 
 
 class Subscription:
@@ -98,9 +184,11 @@ class Responder:
     callback); the thread blocks on that queue, so an idle responder costs nothing.
     """
 
-    def __init__(self, key: str, make_reply: Callable[[], bytes | None], capacity: int = 64):
+    def __init__(self, key: str, make_reply: Callable[..., bytes | None], capacity: int = 64, *,
+                 with_parameters: bool = False):
         self.key = key
         self._make_reply = make_reply
+        self._with_parameters = with_parameters  # make_reply(parameters: dict[str, str]) instead of make_reply()
         self._queue: queue.Queue = queue.Queue(maxsize=capacity)
         self._queryable: zenoh.Queryable | None = None
         self.answered = 0
@@ -116,7 +204,14 @@ class Responder:
     def _run(self) -> None:
         while (query := self._queue.get()) is not None:
             try:
-                reply = self._make_reply()
+                if self._with_parameters:
+                    try:
+                        parameters = dict(query.parameters)
+                    except Exception:  # noqa: BLE001 - malformed parameters from a remote party: ignore them
+                        parameters = {}
+                    reply = self._make_reply(parameters)
+                else:
+                    reply = self._make_reply()
                 if reply is not None:  # None: stay silent (e.g. a standby that is not serving)
                     query.reply(self.key, reply)
                     self.answered += 1
@@ -144,8 +239,30 @@ class Responder:
         self._thread.join(timeout=2.0)
 
 
+def memory_lock_available() -> bool:
+    """Whether this process may lock memory without limit (CAP_IPC_LOCK, or an unlimited
+    RLIMIT_MEMLOCK). Zenoh's shared memory needs it: eclipse-zenoh 1.10 delivers the first shared-
+    memory message of a same-host peer to a process without it and then silently loses the rest."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if soft == resource.RLIM_INFINITY:
+        return True
+    try:
+        with open("/proc/self/status") as status:
+            cap_eff = next(int(line.split()[1], 16) for line in status if line.startswith("CapEff:"))
+    except (OSError, StopIteration, ValueError):
+        return False
+    return bool(cap_eff & (1 << 14))  # CAP_IPC_LOCK
+
+
 class ZenohSession:
-    """Owns one zenoh.Session. Construct with settings (no I/O), then `open()` or use `with`."""
+    """Owns one zenoh.Session. Construct with settings (no I/O), then `open()` or use `with`.
+
+    `shared_memory_fallback` is True when `settings.shared_memory` asked for shared memory and this
+    process cannot lock memory (`memory_lock_available`): the session then runs without it (a
+    warning says so) rather than lose messages silently.
+    """
 
     def __init__(self, settings: ZenohSettings, config_file: str | None = None):
         """`config_file`: a complete Zenoh JSON5 config to start from instead of the typed
@@ -156,6 +273,8 @@ class ZenohSession:
         self._session: zenoh.Session | None = None
         self._closed = False
         self._owned: list = []
+        self.shared_memory_fallback = False
+        self.effective_settings = settings  # what the session was opened with (after the fallback)
 
     # -- lifetime -----------------------------------------------------------------------------
 
@@ -167,13 +286,21 @@ class ZenohSession:
             try:
                 self._session = zenoh.open(config)
             except zenoh.ZError as exc:
-                raise TransportError(f"could not open a Zenoh session ({self.settings.mode}, "
+                raise TransportError(f"could not open a Zenoh session ({self.settings.effective_mode}, "
                                      f"listen={self.settings.listen}, connect={self.settings.connect}): {exc}") from exc
         return self
 
     def _config(self) -> zenoh.Config:
         if self.config_file is None:
-            return self.settings.to_zenoh_config()
+            settings = self.settings
+            if settings.shared_memory and not memory_lock_available():
+                log.warning("zenoh.shared_memory is on but this process cannot lock memory (no CAP_IPC_LOCK, "
+                            "RLIMIT_MEMLOCK not unlimited): Zenoh would lose same-host messages silently; "
+                            "running without shared memory (docs/security.md)")
+                self.shared_memory_fallback = True
+                settings = settings.replace(shared_memory=False)
+            self.effective_settings = settings
+            return settings.to_zenoh_config()
         try:
             config = zenoh.Config.from_file(self.config_file)
         except Exception as exc:  # zenoh.ZError, or a file that is not JSON5
@@ -231,7 +358,7 @@ class ZenohSession:
             )
         except zenoh.ZError as exc:
             raise TransportError(f"could not declare a publisher on {key}: {exc}") from exc
-        pub = Publisher(raw, key)
+        pub = QueuedPublisher(raw, key, qos.queue_depth) if qos.queue_depth > 0 else Publisher(raw, key)
         self._owned.append(pub)
         return pub
 
@@ -246,8 +373,9 @@ class ZenohSession:
 
     # -- queries ------------------------------------------------------------------------------
 
-    def serve(self, key: str, make_reply: Callable[[], bytes | None]) -> Responder:
-        responder = Responder(key, make_reply)
+    def serve(self, key: str, make_reply: Callable[..., bytes | None], *, with_parameters: bool = False) -> Responder:
+        """Answer queries on `key`; `with_parameters`: `make_reply` gets the selector parameters as a dict."""
+        responder = Responder(key, make_reply, with_parameters=with_parameters)
         try:
             responder._queryable = self.raw.declare_queryable(key, responder._on_query, complete=True)
         except zenoh.ZError as exc:
@@ -256,12 +384,16 @@ class ZenohSession:
         self._owned.append(responder)
         return responder
 
-    def query(self, key: str, timeout_s: float = 1.0) -> list[tuple[str, bytes]]:
-        """All successful replies to a `get` on `key` within `timeout_s`, as (key, payload)."""
+    def query(self, key: str, timeout_s: float = 1.0, parameters: str | None = None) -> list[tuple[str, bytes]]:
+        """All successful replies to a `get` on `key` within `timeout_s`, as (key, payload).
+
+        `parameters`: selector parameters, e.g. ``"client=robot_1"`` (the queryable reads them).
+        """
         try:
             # ALL, not BEST_MATCHING: with a hot standby two servers hold the status queryable and
             # only the serving one answers; zenoh must not pick the silent one for us.
-            replies = self.raw.get(key, target=zenoh.QueryTarget.ALL, timeout=timeout_s)
+            selector = zenoh.Selector(key, parameters) if parameters else key
+            replies = self.raw.get(selector, target=zenoh.QueryTarget.ALL, timeout=timeout_s)
             out = []
             for reply in replies:
                 sample = reply.ok

@@ -1,63 +1,125 @@
-"""Typed Zenoh settings and their translation into a `zenoh.Config`.
+"""The one Zenoh configuration of the project, and its translation into a `zenoh.Config`.
 
-The few settings people change are typed fields; anything else Zenoh offers goes through
-`json5_overrides` (a Zenoh config path -> a JSON5 literal), applied last.
+`ZenohSettings` is used as is by every program: the robot client (`--zenoh.*`, draccus), the
+server manifest's `zenoh:` block (pydantic validates the same dataclass), the monitor and the
+router. Its fields, defaults and help texts are defined here and nowhere else.
+
+Defaults are chosen so that a program opens nothing it was not asked to (docs/security.md):
+
+- `mode: auto` is Zenoh `client` mode (connect only, no listener) when `connect` endpoints are
+  given and `listen` is empty, `peer` otherwise. A `peer` with connect endpoints and no `listen`
+  listens nowhere; only a peer given no endpoint at all keeps Zenoh's own default (it listens on
+  every interface so that peers found by scouting can reach it).
+- `multicast_scouting` unset is off when `connect` endpoints are given, on otherwise.
+- `shared_memory` is off (eclipse-zenoh 1.10.2 leaks a segment per same-host session and loses
+  messages silently without the memory-lock privilege: docs/security.md).
+
+Anything else Zenoh offers goes through `json5_overrides` (a Zenoh config path -> a JSON5
+literal), applied last.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from lerobot_zenoh.errors import ConfigError
 
-MODES = ("peer", "client", "router")
+MODES = ("auto", "peer", "client", "router")
+
+
+def _help(text: str) -> dict:
+    return {"help": text}
 
 
 @dataclass
 class ZenohSettings:
-    # "peer" talks to other peers directly; "client" goes through a router; "router" routes.
-    mode: str = "peer"
-    # Endpoints to listen on, e.g. ["tcp/127.0.0.1:7447"] or ["tls/0.0.0.0:7447"].
-    listen: list[str] = field(default_factory=list)
-    # Endpoints to connect to, e.g. ["tcp/127.0.0.1:7447"].
-    connect: list[str] = field(default_factory=list)
-    # Multicast scouting finds peers on the LAN without endpoints; turn it off to stay on loopback.
-    multicast_scouting: bool = True
-    # Shared memory between processes of one host (payloads over ~3 KB skip the TCP copy).
-    shared_memory: bool = True
-    # Any other Zenoh setting: config path -> JSON5 literal, e.g. {"transport/link/tx/lease": "10000"}.
-    json5_overrides: dict[str, str] = field(default_factory=dict)
-    # TLS (docs/security.md): PEM files. Setting any of them turns TLS on: every endpoint must then
-    # be tls/..., Zenoh accepts no other protocol, and a peer listens only where `listen` says.
-    tls_root_ca: str | None = None  # the CA that signed the peers' certificates
-    tls_certificate: str | None = None  # this node's certificate; its common name is its ACL identity
-    tls_private_key: str | None = None
-    # Mutual TLS: a listener demands a certificate signed by tls_root_ca from every peer.
-    tls_mtls: bool = True
-    # When connecting, check that the listener's certificate names the host (DNS or IP SAN).
-    tls_verify_name: bool = True
-    # A JSON5 file holding Zenoh's `access_control` section (lerobot-zenoh-secure writes acl.json5).
-    access_control_file: str | None = None
+    mode: str = field(default="auto", metadata=_help(
+        "Zenoh mode: auto (client when only `connect` endpoints are given, else peer), peer (talks to peers "
+        "directly), client (connects to one peer or router, never listens), router (routes for others)."))
+    connect: list[str] = field(default_factory=list, metadata=_help(
+        "Endpoints to connect to, e.g. [tcp/192.168.1.50:7447] or [tls/gpu-host:7447]."))
+    listen: list[str] = field(default_factory=list, metadata=_help(
+        "Endpoints to listen on, e.g. [tcp/127.0.0.1:7447]. Empty: open no listener (unless no endpoint at "
+        "all is given, where a peer keeps Zenoh's default of listening on every interface)."))
+    multicast_scouting: bool | None = field(default=None, metadata=_help(
+        "Find peers on the LAN by multicast (224.0.0.224:7446). Unset: off when `connect` endpoints are "
+        "given, on otherwise."))
+    connect_timeout_s: float = field(default=30.0, metadata=_help(
+        "In client mode, how long opening the session waits for one of the `connect` endpoints to answer "
+        "before failing (Zenoh retries meanwhile). Once connected, a client reconnects by itself."))
+    shared_memory: bool = field(default=False, metadata=_help(
+        "Zenoh shared memory between processes of one host (payloads over ~3 KB skip the TCP copy). Off by "
+        "default: see docs/security.md for what it costs with eclipse-zenoh 1.10."))
+    tls_root_ca: str | None = field(default=None, metadata=_help(
+        "TLS: the CA certificate (PEM) that signed the peers' certificates. Setting any tls_* file turns TLS "
+        "on: every endpoint must then be tls/..."))
+    tls_certificate: str | None = field(default=None, metadata=_help(
+        "TLS: this node's certificate (PEM); its common name is its identity in the access-control list."))
+    tls_private_key: str | None = field(default=None, metadata=_help("TLS: this node's private key (PEM)."))
+    tls_mtls: bool = field(default=True, metadata=_help(
+        "Mutual TLS: a listener demands a certificate signed by tls_root_ca from every peer."))
+    tls_verify_name: bool = field(default=True, metadata=_help(
+        "When connecting, check that the listener's certificate names the host of the endpoint and is a "
+        "server certificate."))
+    access_control_file: str | None = field(default=None, metadata=_help(
+        "A JSON5 file holding Zenoh's access_control section (lerobot-zenoh-secure writes acl.json5)."))
+    json5_overrides: dict[str, str] = field(default_factory=dict, metadata=_help(
+        "Any other Zenoh setting, Zenoh config path -> JSON5 literal, e.g. {transport/link/tx/lease: '10000'}; "
+        "applied last."))
+
+    # -- what the defaults resolve to ---------------------------------------------------------
+
+    @property
+    def effective_mode(self) -> str:
+        if self.mode != "auto":
+            return self.mode
+        return "client" if (self.connect and not self.listen) else "peer"
+
+    @property
+    def effective_scouting(self) -> bool:
+        return (not self.connect) if self.multicast_scouting is None else self.multicast_scouting
 
     @property
     def tls_enabled(self) -> bool:
         return any((self.tls_root_ca, self.tls_certificate, self.tls_private_key))
 
-    def validate(self, prefix: str = "zenoh") -> None:
+    def replace(self, **changes) -> ZenohSettings:
+        return dataclasses.replace(self, **changes)
+
+    def with_connect(self, *endpoints: str | None) -> ZenohSettings:
+        """A copy that also connects to `endpoints` (None and duplicates skipped)."""
+        connect = list(self.connect)
+        connect += [e for e in endpoints if e and e not in connect]
+        return self.replace(connect=connect, listen=list(self.listen), json5_overrides=dict(self.json5_overrides))
+
+    def with_files_resolved(self, resolve: Callable[[str], str]) -> ZenohSettings:
+        """A copy whose file fields went through `resolve` (e.g. relative to a manifest's folder)."""
+        files = ("tls_root_ca", "tls_certificate", "tls_private_key", "access_control_file")
+        return self.replace(**{n: resolve(getattr(self, n)) for n in files if getattr(self, n)})
+
+    # -- checks -------------------------------------------------------------------------------
+
+    def validate(self, prefix: str = "zenoh", *, check_files: bool = True) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"{prefix}.mode", f"{self.mode!r} is not one of {', '.join(MODES)}")
         for name in ("listen", "connect"):
             for endpoint in getattr(self, name):
                 if not isinstance(endpoint, str) or "/" not in endpoint:
                     raise ConfigError(f"{prefix}.{name}", f"{endpoint!r} is not an endpoint like tcp/127.0.0.1:7447")
+        if not 0 < self.connect_timeout_s <= 3600:
+            raise ConfigError(f"{prefix}.connect_timeout_s", f"must be in (0, 3600], got {self.connect_timeout_s}")
+        if self.mode == "client" and self.listen:
+            raise ConfigError(f"{prefix}.listen", "a client never listens: use mode peer (or auto) to listen")
         for path, literal in self.json5_overrides.items():
             if not isinstance(literal, str):
                 raise ConfigError(f"{prefix}.json5_overrides.{path}", "value must be a JSON5 literal given as a string")
-        self._validate_tls(prefix)
+        self._validate_tls(prefix, check_files)
 
-    def _validate_tls(self, prefix: str) -> None:
+    def _validate_tls(self, prefix: str, check_files: bool) -> None:
         files = ["access_control_file"]
         if self.tls_enabled:
             files += ["tls_root_ca", "tls_certificate", "tls_private_key"]
@@ -73,10 +135,34 @@ class ZenohSettings:
                     if not endpoint.startswith("tls/"):
                         raise ConfigError(f"{prefix}.{name}", f"{endpoint!r} is not a tls/ endpoint, and TLS is on: "
                                                               "a plain endpoint would bypass it")
+        if not check_files:
+            return
         for name in files:
             path = getattr(self, name)
             if path and not Path(path).is_file():
                 raise ConfigError(f"{prefix}.{name}", f"{path} is not a readable file")
+
+    # -- the one conversion -------------------------------------------------------------------
+
+    def json5_entries(self) -> list[tuple[str, str]]:
+        """(Zenoh config path, JSON5 literal) pairs, in the order they are applied."""
+        mode = self.effective_mode
+        entries: list[tuple[str, str]] = [
+            ("mode", json.dumps(mode)),
+            ("scouting/multicast/enabled", json.dumps(self.effective_scouting)),
+            ("transport/shared_memory/enabled", json.dumps(self.shared_memory)),
+        ]
+        # Unset, a peer listens on tcp/[::]:0 (every interface) and a router on tcp/[::]:7447: say
+        # "nowhere" explicitly unless no endpoint at all was given (a scouting-only peer).
+        if self.listen or self.tls_enabled or self.connect or mode == "client":
+            entries.append(("listen/endpoints", json.dumps(list(self.listen))))
+        if self.connect:
+            entries.append(("connect/endpoints", json.dumps(list(self.connect))))
+        if mode == "client":  # Zenoh's default (0) fails at once when the server is not up yet
+            entries.append(("connect/timeout_ms", json.dumps(int(self.connect_timeout_s * 1000))))
+        entries.extend(self._tls_entries())
+        entries.extend(self.json5_overrides.items())
+        return entries
 
     def to_zenoh_config(self):
         """Build the zenoh.Config (imports zenoh lazily so settings stay importable anywhere)."""
@@ -84,18 +170,7 @@ class ZenohSettings:
 
         self.validate()
         config = zenoh.Config()
-        entries: list[tuple[str, str]] = [
-            ("mode", json.dumps(self.mode)),
-            ("scouting/multicast/enabled", json.dumps(self.multicast_scouting)),
-            ("transport/shared_memory/enabled", json.dumps(self.shared_memory)),
-        ]
-        if self.listen or self.tls_enabled:  # unset, a peer listens on tcp/[::]:0 (all interfaces)
-            entries.append(("listen/endpoints", json.dumps(list(self.listen))))
-        if self.connect:
-            entries.append(("connect/endpoints", json.dumps(list(self.connect))))
-        entries.extend(self._tls_entries())
-        entries.extend(self.json5_overrides.items())
-        for path, literal in entries:
+        for path, literal in self.json5_entries():
             try:
                 config.insert_json5(path, literal)
             except Exception as exc:  # zenoh.ZError, or a type error from the binding
@@ -126,10 +201,66 @@ class ZenohSettings:
 
 
 def loopback_settings(port: int | None = None, *, listen: bool = True, connect_ports: tuple[int, ...] = ()) -> ZenohSettings:
-    """Peer settings confined to 127.0.0.1 with scouting off (tests, the demo)."""
+    """Peer settings confined to 127.0.0.1 with scouting off (tests, the demo): listening on `port`,
+    or (listen=False) on a random loopback port, so that such peers also meet each other."""
     return ZenohSettings(
         mode="peer",
-        listen=[f"tcp/127.0.0.1:{port}"] if (listen and port is not None) else [],
+        listen=[f"tcp/127.0.0.1:{port if (listen and port is not None) else 0}"],
         connect=[f"tcp/127.0.0.1:{p}" for p in connect_ports],
         multicast_scouting=False,
     )
+
+
+# -- the same fields as argparse options (for the CLIs that do not use draccus) -------------------
+
+def add_arguments(parser, fields: tuple[str, ...], *, aliases: dict[str, list[str]] | None = None,
+                  prefix: str = "zenoh") -> None:
+    """Add `--zenoh.<field>` options for `fields` of ZenohSettings, help text from the dataclass.
+
+    Lists are repeatable options; booleans take true/false; every option defaults to "not given",
+    so `settings_from_arguments` leaves the dataclass's default in place. `aliases` gives older
+    spellings of an option (e.g. {"connect": ["--connect"]}).
+    """
+    by_name = {f.name: f for f in dataclasses.fields(ZenohSettings)}
+    for name in fields:
+        spec = by_name[name]
+        flags = [f"--{prefix}.{name}", *(aliases or {}).get(name, [])]
+        kwargs: dict = {"dest": f"{prefix}_{name}", "default": None, "help": spec.metadata.get("help")}
+        if name in ("listen", "connect"):
+            kwargs.update(action="append", metavar="ENDPOINT")
+        elif name == "json5_overrides":
+            kwargs.update(action="append", metavar="PATH=JSON5")
+        elif name == "mode":
+            kwargs.update(choices=MODES)
+        elif name in ("multicast_scouting", "shared_memory", "tls_mtls", "tls_verify_name"):
+            kwargs.update(type=true_or_false, metavar="true|false")
+        parser.add_argument(*flags, **kwargs)
+
+
+def settings_from_arguments(args, *, prefix: str = "zenoh", **fixed) -> ZenohSettings:
+    """ZenohSettings from options added by `add_arguments`; `fixed` fields override them."""
+    values = {}
+    for spec in dataclasses.fields(ZenohSettings):
+        given = getattr(args, f"{prefix}_{spec.name}", None)
+        if given is None:
+            continue
+        if spec.name == "json5_overrides":
+            overrides = {}
+            for item in given:
+                path, sep, literal = item.partition("=")
+                if not sep or not path:
+                    raise ConfigError(f"{prefix}.json5_overrides", f"{item!r} is not PATH=JSON5")
+                overrides[path] = literal
+            given = overrides
+        values[spec.name] = given
+    values.update(fixed)
+    return ZenohSettings(**values)
+
+
+def true_or_false(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"{text!r} is not true or false")

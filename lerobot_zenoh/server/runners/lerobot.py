@@ -79,7 +79,7 @@ def read_config(path: Path) -> Any:
     if not (path / "config.json").is_file():
         raise PolicyError(f"{path}: no config.json; not a LeRobot policy checkpoint")
     try:
-        import lerobot.policies  # noqa: F401 - registers every policy config type with PreTrainedConfig
+        import lerobot.policies  # noqa: F401  (registers every policy type's config class)
         from lerobot.configs import PreTrainedConfig
     except ImportError as exc:  # pragma: no cover - depends on the installation
         raise PolicyError(f"cannot import lerobot to load {path}: {exc}") from exc

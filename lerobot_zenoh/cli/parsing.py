@@ -1,0 +1,144 @@
+"""Command-line parsing shared by the console scripts: draccus, as LeRobot's own CLIs, with one-line errors.
+
+Every console script takes `--field=value` flags (nested with dots, e.g. `--dataset.repo_id=...`),
+prints its options with `--help`, and turns every configuration mistake into one line on stderr
+naming the flag, then exits with :data:`EXIT_CONFIG` (2). draccus itself would print a 40-line
+traceback (a bad value) or the 150-line usage (an unknown flag) and exit 1.
+
+Exit codes shared by the console scripts (docs/client.md):
+
+    0  done (or stopped by SIGINT/SIGTERM)
+    2  a configuration mistake: bad value, wrong type, unknown or missing flag, a device that
+       cannot be reached or opened (robot port, Prometheus port, Zenoh endpoint)
+    3  the robot client found no server that serves it (nothing was sent to the robot)
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from typing import NoReturn, TypeVar
+
+EXIT_OK = 0
+EXIT_CONFIG = 2
+EXIT_NO_SERVER = 3
+
+T = TypeVar("T")
+
+
+class UsageError(Exception):
+    """A command-line mistake, already phrased for a person: `flag` names what to fix."""
+
+    def __init__(self, flag: str, message: str):
+        self.flag = flag
+        super().__init__(f"{flag}: {message}" if flag else message)
+
+
+def fail(prog: str, message: str, code: int = EXIT_CONFIG) -> NoReturn:
+    """Print `prog: message` (one line) and exit with `code`."""
+    print(f"{prog}: {one_line(message)}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+def one_line(text: str, limit: int = 400) -> str:
+    """A multi-line message (a YAML parser's, say) folded into one line."""
+    parts = [line.strip() for line in str(text).splitlines()]
+    folded = " ".join(p for p in parts if p and set(p) - {"^"})
+    return folded if len(folded) <= limit else folded[: limit - 3] + "..."
+
+
+def _flag(path: str) -> str:
+    path = path.strip("`").strip()
+    return path if path.startswith("--") else f"--{path}"
+
+
+def explain(exc: BaseException) -> str:
+    """One line naming the flag for any error draccus, argparse or a config's validation raises."""
+    from lerobot_zenoh.errors import ConfigError, KeyExprError
+
+    # The innermost cause carries the field: draccus wraps a __post_init__ error in "Couldn't
+    # instantiate class X".
+    chain = []
+    e: BaseException | None = exc
+    while e is not None and len(chain) < 10:
+        chain.append(e)
+        e = e.__cause__ or (e.__context__ if not e.__suppress_context__ else None)
+    for e in chain:
+        if isinstance(e, UsageError):
+            return str(e)
+        if isinstance(e, ConfigError):
+            message = str(e).split(": ", 1)[1] if str(e).startswith(f"{e.field}: ") else str(e)
+            return f"{_flag(e.field)}: {message}"
+        if isinstance(e, KeyExprError):
+            return f"{_flag(e.field)}: {e}"
+    # draccus nests decoding errors (an Optional field tries each type): the deepest names the flag.
+    for e in reversed(chain):
+        if (m := re.match(r"`([^`]+)`: (.+)", str(e).strip())) and "into any of the given types" not in m.group(2):
+            return f"{_flag(m.group(1))}: {m.group(2)[:1].lower()}{m.group(2)[1:]}"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if m := re.match(r"Missing required field\(s\) (.+?) for (\w+)", text):
+        fields = [f.strip("` ") for f in m.group(1).split(",")]
+        hint = " (e.g. --robot.type=so101_follower; --help lists the types)" if fields == ["robot"] else ""
+        return "missing required flag " + ", ".join(
+            _flag(f) + (".type" if f == "robot" else "") for f in fields) + hint
+    if m := re.match(r"`([^`]+)`: (.+)", text):  # DecodingError: `num_episodes`: Couldn't parse 'two' into an int
+        return f"{_flag(m.group(1))}: {m.group(2)[:1].lower()}{m.group(2)[1:]}"
+    if m := re.match(r"unrecognized arguments: (.+)", text):
+        return f"unknown flag {m.group(1)} (--help lists every flag)"
+    if m := re.match(r"argument (\S+?)(?:/\S+)?: (.+)", text):  # argparse: invalid choice, expected one argument
+        return f"{m.group(1)}: {m.group(2)}"
+    # Anything else a config class raised while being built (e.g. a LeRobot robot config's
+    # ValueError): draccus only says "Couldn't instantiate class X"; the cause says why.
+    if m := re.search(r"instantiate class (\w+)", text):
+        root = chain[-1]
+        why = str(root).strip().splitlines()[0] if str(root).strip() else type(root).__name__
+        return f"{m.group(1)}: {why}"
+    return text
+
+
+_METADATA_HELP = False
+
+
+def use_metadata_help() -> None:
+    """Let `--help` show `field(metadata={"help": ...})` texts too.
+
+    draccus 0.11 reads a field's help only from the comment above it; our dataclasses shared with
+    pydantic and argparse (ZenohSettings, SendTriggerConfig, the simulated robot, ...) carry it in
+    `metadata["help"]`, as LeRobot's own configs sometimes do. A comment, when present, still wins.
+    """
+    global _METADATA_HELP
+    if _METADATA_HELP:
+        return
+    from draccus.wrappers.field_wrapper import FieldWrapper
+
+    comment_help = FieldWrapper.help.fget
+
+    def help_text(self):
+        text = comment_help(self)
+        return text if text and text.strip() else (self.field.metadata or {}).get("help", text)
+
+    FieldWrapper.help = property(help_text, FieldWrapper.help.fset)
+    _METADATA_HELP = True
+
+
+def parse(config_class: type[T], argv: list[str] | None, prog: str) -> T:
+    """draccus.parse with one-line errors (exit 2); `--help` prints every option as usual."""
+    import draccus
+
+    use_metadata_help()
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return draccus.parse(config_class=config_class, args=args, prog=prog, exit_on_error=False)
+    except SystemExit:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every parse error becomes one line, none a traceback
+        fail(prog, explain(exc))
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse with the same one-line errors (exit 2), for the scripts with sub-commands."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(self.prog, f"{message} (--help lists every option)")

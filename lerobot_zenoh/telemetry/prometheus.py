@@ -1,0 +1,118 @@
+"""Telemetry figures as Prometheus metric families: names, types, base units and help texts.
+
+Pure: :func:`families` turns `FleetView.samples()` into `(name, type, help, [(labels, value)])`,
+following Prometheus' naming rules (what `promtool check metrics` checks): counts that only grow
+are counters named `..._total`; times are in seconds and memory in bytes, the unit last in the
+name; every family has a HELP text. The monitor serves them (cli/monitor.py); docs/telemetry.md
+lists them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+PREFIX = "lerobot_zenoh"
+
+#: Figures that only grow (reset when their process restarts): exported as counters.
+COUNTERS = {
+    "observations_received": "Observations put into a client slot",
+    "observations_superseded": "Observations replaced in their slot by a newer one before being served",
+    "observations_rejected": "Observations rejected, for any reason",
+    "inferences": "Action chunks published",
+    "takeovers": "Times this standby server took over from its primary",
+    "standby_dropped": "Observations dropped unseen while standing by",
+    "loop_overruns": "Control steps that ended after their deadline",
+    "trimmed_steps": "Leading chunk steps dropped as already expired",
+    "empty_buffer_cycles": "Control steps without an action (the fail-safe action was sent)",
+    "chunks_received": "Action chunks merged into the action buffer",
+    "chunks_rejected": "Action chunks refused (malformed, wrong size, unanswered)",
+    "observations_published": "Observations sent to the server",
+    "observations_dropped_in_outbox": "Observations replaced by a newer one before they could be sent",
+    "watchdog_events": "Times the watchdog started a search for a server",
+    "steps": "Control steps executed",
+    "dataset_frames": "Frames written to the LeRobotDataset",
+}
+
+#: Help texts of the gauges (figures not listed get a generic one).
+GAUGES = {
+    "clients": "Clients with an admitted observation so far",
+    "serving": "1 while this server serves (a hot standby reports 0 while its primary is up)",
+    "batch_size_mean": "Observations per forward pass, mean of the last 256 passes",
+    "max_batch_size": "Most observations per forward pass in use",
+    "buffer_depth": "Actions buffered on the robot now",
+    "revalidating": "1 while the client looks for a valid server",
+    "loop_hz": "Control steps per second over the last telemetry period",
+    "inference_ms": "Server compute time per action chunk",
+    "queue_ms": "Age of an observation in its slot when the inference loop took it",
+    "control_period_ms": "Measured control period",
+    "rtt_ms": "Round trip: observation captured to its action chunk received",
+    "cpu_rss_mb": "Resident memory of the server process",
+    "gpu_allocated_mb": "CUDA memory allocated by the server process",
+    "gpu_reserved_mb": "CUDA memory reserved by the server process",
+    "batch_profile": "One forward pass over batch_size observations, measured at start-up",
+    "alive": "1 while its liveliness token is present, 0 once it vanished",
+}
+
+#: Figure names whose Prometheus name is not the figure name with its unit converted.
+RENAMES = {"loop_hz": "control_loop_rate_hertz", "buffer_depth": "buffered_actions", "alive": "up",
+           "cpu_rss_mb": "resident_memory_bytes"}
+
+
+@dataclass
+class Family:
+    name: str  # counters without the `_total` the exposition adds
+    kind: str  # "counter" | "gauge"
+    help: str
+    samples: list[tuple[dict[str, str], float]]
+
+
+def _sanitize(name: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_]", "_", name)
+
+
+def describe(member_kind: str, figure: str) -> tuple[str, str, str, float, dict[str, str]]:
+    """(family name, type, help, scale to base units, extra labels) of one telemetry figure.
+
+    `member_kind`: "server", "client", or "server_client" (a server's per-client figure).
+    """
+    base = f"{PREFIX}_{member_kind}"
+    extra: dict[str, str] = {}
+    if figure.startswith("rejected."):
+        return (f"{base}_observations_rejected_by_reason", "counter", "Observations rejected, by reason",
+                1.0, {"reason": figure.split(".", 1)[1]})
+    if m := re.fullmatch(r"batch_profile\.(\d+)_ms", figure):
+        return f"{base}_batch_profile_seconds", "gauge", GAUGES["batch_profile"], 1e-3, {"batch_size": m.group(1)}
+    if figure.startswith("scheduler."):
+        key = figure.split(".", 1)[1]
+        return (f"{base}_scheduler_{_sanitize(key)}", "gauge",
+                f"Request scheduler figure {key} (docs/scheduling.md)", 1.0, extra)
+    if figure in COUNTERS:
+        return f"{base}_{figure}", "counter", COUNTERS[figure], 1.0, extra
+    if member_kind == "client" and figure == "inference_ms_p50":
+        return f"{base}_server_inference_p50_seconds", "gauge", "Server compute time per action chunk, as reported to this client, median", 1e-3, extra
+    if figure in RENAMES:
+        return f"{base}_{RENAMES[figure]}", "gauge", GAUGES.get(figure, figure), 2.0**20 if figure.endswith("_mb") else 1.0, extra
+    if m := re.fullmatch(r"(.+)_ms_p(\d+)", figure):
+        stem, q = m.groups()
+        what = GAUGES.get(f"{stem}_ms", f"Figure {stem}")
+        return f"{base}_{_sanitize(stem)}_p{q}_seconds", "gauge", f"{what}, {q}th percentile", 1e-3, extra
+    if m := re.fullmatch(r"(.+)_ms", figure):
+        return f"{base}_{_sanitize(m.group(1))}_seconds", "gauge", GAUGES.get(figure, f"Figure {figure}"), 1e-3, extra
+    if m := re.fullmatch(r"(.+)_mb", figure):
+        return f"{base}_{_sanitize(m.group(1))}_bytes", "gauge", GAUGES.get(figure, f"Figure {figure}"), 2.0**20, extra
+    return f"{base}_{_sanitize(figure)}", "gauge", GAUGES.get(figure, f"Telemetry figure {figure} (docs/telemetry.md)"), 1.0, extra
+
+
+def families(samples: list[tuple[str, str, dict[str, str], float]]) -> list[Family]:
+    """Group `(member kind, figure, labels, value)` samples into metric families, sorted by name."""
+    out: dict[str, Family] = {}
+    for member_kind, figure, labels, value in samples:
+        name, kind, help_text, scale, extra = describe(member_kind, figure)
+        family = out.get(name)
+        if family is None:
+            family = out[name] = Family(name, kind, help_text, [])
+        elif family.kind != kind:  # two figures would share a name with different types: keep the first
+            continue
+        family.samples.append(({**labels, **extra}, float(value) * scale))
+    return [out[k] for k in sorted(out)]
