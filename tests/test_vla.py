@@ -364,3 +364,19 @@ def test_every_lerobot_policy_type_is_served_or_refused_with_a_reason():
     known = set(PreTrainedConfig.get_known_choices())
     assert known <= set(RUNNERS) | set(REFUSED), sorted(known - set(RUNNERS) - set(REFUSED))
     assert not set(RUNNERS) & set(REFUSED)
+
+
+def test_the_status_advertises_what_a_vla_client_must_know(vla_runners):
+    from lerobot_zenoh.protocol import codec
+    from lerobot_zenoh.protocol.messages import Status
+
+    spec = vla_runners("smolvla").spec
+    status = Status(model_id="m", model_version="v", expected_cameras=dict(spec.cameras),
+                    action_dim=spec.action_dim, max_actions_per_chunk=spec.chunk_size,
+                    observation_features=spec.observation_features(), policy_type=spec.policy_type,
+                    action_names=spec.action_names, **spec.status_fields())
+    back = codec.decode_status(codec.encode(status))
+    assert (back.policy_type, back.chunk_size, back.reads_task, back.history_length, back.rtc) == (
+        "smolvla", CHUNK, True, 1, False)
+    assert back.observation_features["observation.state"]["names"] == list(STATE_NAMES)
+    assert back.expected_cameras == CAMERAS and back.action_names == STATE_NAMES

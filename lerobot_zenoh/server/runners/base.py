@@ -108,6 +108,13 @@ class PolicySpec:
     def state_dim(self) -> int:
         return len(self.state_names)
 
+    def status_fields(self) -> dict[str, Any]:
+        """What `protocol.messages.Status` advertises about the model beyond shapes (protocol 1.1):
+        ``Status(..., **spec.status_fields())``."""
+        caps = self.capabilities
+        return {"chunk_size": self.chunk_size, "reads_task": caps.reads_task,
+                "history_length": caps.history_length, "rtc": caps.rtc}
+
     def observation_features(self) -> dict[str, dict[str, Any]]:
         """LeRobotDataset-style observation features, JSON/msgpack friendly (lists, no tuples).
 
