@@ -108,3 +108,67 @@ def test_executor_decodes_the_last_frames_a_model_needs_and_rejects_bad_ones(dif
             executor.prepare("robot", Observation(5, "robot", state, jpegs(images), "t", history=bad))
     finally:
         executor.close()
+
+
+@pytest.mark.slow
+def test_a_robot_sending_its_history_over_zenoh_gets_the_stepwise_chunk(diffusion, port, app_key, tmp_path):
+    """Over real Zenoh: a robot that asks only every few steps but sends its previous frame gets the
+    chunk of a model fed both frames one step apart, not the one of the frames it was served."""
+    import threading
+    import time
+
+    from lerobot_zenoh.server.executor import request_seed
+    from lerobot_zenoh.server.manifest import parse_manifest
+    from lerobot_zenoh.server.server import PolicyServer
+    from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
+    from lerobot_zenoh.transport.settings import loopback_settings
+    from lz_testing import wait_for
+
+    runner = diffusion()
+    manifest = parse_manifest({
+        "cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": "s0",
+        "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False},
+        "server": [{"model_id": app_key.model, "model_version": app_key.version,
+                    "application_tag": app_key.app, "pretrained_path": str(runner.path), "fps": 30,
+                    "clients": [{"client_uuid": "robot"}]}],
+    })
+    server = PolicyServer(manifest).start()
+    session = ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))).open()
+    chunks, arrived = {}, threading.Condition()
+
+    def on_chunk(_key, payload):
+        chunk = codec.decode_action_chunk(payload)
+        with arrived:
+            chunks[chunk.response_to_seq_id] = chunk
+            arrived.notify_all()
+
+    def request(obs):
+        pub.put(codec.encode(obs))
+        deadline = time.monotonic() + 60
+        with arrived:
+            while obs.seq_id not in chunks and time.monotonic() < deadline:
+                if not arrived.wait(timeout=1.0):
+                    pub.put(codec.encode(obs))
+        return chunks.get(obs.seq_id)
+
+    try:
+        key = app_key.client("robot")
+        session.subscribe(key.action, on_chunk)
+        pub = session.publisher(key.obs, OBSERVATION_QOS)
+        assert wait_for(lambda: session.query(app_key.status, 0.3), 20)
+        rng = np.random.default_rng(5)
+        (s_old, i_old), (s0, i0), (s1, i1) = frame(rng), frame(rng), frame(rng)
+        j_old, j0, j1 = jpegs(i_old), jpegs(i0), jpegs(i1)
+        assert request(Observation(1, "robot", s_old, j_old, "t", episode_id="0", session_nonce=1)) is not None
+        got = request(Observation(2, "robot", s1, j1, "t", episode_id="0", session_nonce=1,
+                                  history=(HistoryFrame(s0, j0),)))
+        assert got is not None
+
+        decoded = lambda j: {c: codec.decode_jpeg(b) for c, b in j.items()}  # noqa: E731
+        stepwise = diffusion()
+        stepwise.run([InferenceRequest("x", s0, decoded(j0), "t", seed=0)])
+        expected = stepwise.run([InferenceRequest("x", s1, decoded(j1), "t", seed=request_seed("robot", 2))])[0]
+        np.testing.assert_allclose(got.actions, expected.actions[: len(got.actions)], rtol=0, atol=1e-5)
+    finally:
+        session.close()
+        server.stop()
