@@ -12,7 +12,7 @@ import pytest
 from lerobot.robots import make_robot_from_config
 
 from lerobot_zenoh.client.client import RobotClient
-from lerobot_zenoh.client.config import routing_args
+from lerobot_zenoh.client.config import ClientDatasetConfig, routing_args
 from lerobot_zenoh.client.config_sim_robot import SimRobotConfig
 from lerobot_zenoh.errors import CompatibilityError
 from lerobot_zenoh.protocol import codec
@@ -397,9 +397,11 @@ def test_outbox_keeps_the_newest_and_counts_the_rest():
     assert box.take(0.1) is None  # a wake-up alone returns nothing
 
 
-def test_observations_carry_the_episode_and_one_session_nonce_per_client(port, app_key):
+def test_observations_carry_the_episode_and_one_session_nonce_per_client(port, app_key, tmp_path):
     """Protocol 1.1: episode_id follows the client's episodes; session_nonce is fixed per RobotClient."""
-    cfg = make_config(port, app_key, episode_time_s=0.6, num_episodes=3, actions_per_chunk=5)
+    episodes = ClientDatasetConfig(repo_id="local/nonce", root=str(tmp_path / "ds"), episode_time_s=0.6,
+                                   reset_time_s=0.2, num_episodes=3, video=False, single_task="pick")
+    cfg = make_config(port, app_key, dataset=episodes, actions_per_chunk=5)
     seen = []
     with make_server(port, app_key, latency_ms=10):
         with ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as mon:
