@@ -112,6 +112,7 @@ class ServedModel:
             state_dim=spec.state_dim,
             action_names=tuple(spec.action_names),
             accepts_unknown_clients=entry.accept_unknown_clients,
+            **spec.status_fields(),
         )
         self.status_bytes = codec.encode(self.status)
         self.publishers: dict[str, Publisher] = {}  # client id -> action publisher, closed with its session
