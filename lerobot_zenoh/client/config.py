@@ -23,6 +23,37 @@ FAILSAFE_MODES = ("auto", "hold", "zero_velocity")
 
 
 @dataclass
+class RtcConfig:
+    """Real-time chunking on the client (docs/client.md, "Real-time chunking")."""
+
+    enabled: bool = field(
+        default=True,
+        metadata={"help": "Use real-time chunking when the server's status advertises it (false: always blend)."},
+    )
+    initial_delay_steps: int = field(
+        default=3, metadata={"help": "Inference delay (control steps) predicted before the first RTT is measured."}
+    )
+    delay_quantile: float | None = field(
+        default=None,
+        metadata={"help": "RTT quantile the delay is predicted from, ceil(q / dt). None: --send.rtt_quantile."},
+    )
+    mispredict_steps: int = field(
+        default=2, metadata={"help": "A chunk whose delay differs from the prediction by this many steps is a wrong estimate."}
+    )
+
+    def validate(self, prefix: str = "rtc") -> None:
+        if isinstance(self.initial_delay_steps, bool) or not isinstance(self.initial_delay_steps, int) \
+                or self.initial_delay_steps < 0:
+            raise ConfigError(f"{prefix}.initial_delay_steps", f"must be an integer >= 0, got {self.initial_delay_steps!r}")
+        q = self.delay_quantile
+        if q is not None and not (isinstance(q, (int, float)) and 0.0 <= q <= 1.0):
+            raise ConfigError(f"{prefix}.delay_quantile", f"must be within [0, 1] or None, got {q!r}")
+        if isinstance(self.mispredict_steps, bool) or not isinstance(self.mispredict_steps, int) \
+                or self.mispredict_steps < 1:
+            raise ConfigError(f"{prefix}.mispredict_steps", f"must be an integer >= 1, got {self.mispredict_steps!r}")
+
+
+@dataclass
 class RobotClientConfig:
     # The robot, any type LeRobot knows (plugins included): --robot.type=so101_follower ...
     robot: RobotConfig
@@ -45,6 +76,8 @@ class RobotClientConfig:
     aggregate: AggregateConfig = field(default_factory=WeightedAverageConfig)
     jpeg_quality: int = 90
     send: SendTriggerConfig = field(default_factory=SendTriggerConfig)
+    # Real-time chunking: on when the server advertises it, unless --rtc.enabled=false.
+    rtc: RtcConfig = field(default_factory=RtcConfig)
     # Fail-safe: what an empty buffer sends. hold: the measured position; zero_velocity: zeros;
     # auto: zero_velocity when every action is a velocity (`*.vel`), else hold.
     failsafe: str = "auto"
@@ -91,6 +124,7 @@ class RobotClientConfig:
             raise ConfigError("episode_time_s", f"must be positive, got {self.episode_time_s}")
         if self.num_episodes < 1:
             raise ConfigError("num_episodes", f"must be >= 1, got {self.num_episodes}")
+        self.rtc.validate("rtc")
         self.zenoh.validate("zenoh")
 
     @property
