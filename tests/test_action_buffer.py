@@ -357,3 +357,105 @@ def test_concurrent_stress_with_long_chunks():
     popped += [s for s, _ in drain(buffer)]
     assert popped == list(range(len(popped)))
     assert len(popped) >= length
+
+
+# --------------------------------------------------------------------------- replace_from and leftover (RTC)
+
+
+def test_leftover_is_exactly_what_pop_will_return():
+    buffer = ActionBuffer(LatestOnlyConfig())
+    assert buffer.leftover() == (0, pytest.approx(np.zeros((0, 0), np.float32)))
+    rows = np.random.default_rng(0).standard_normal((6, 3)).astype(np.float32)
+    buffer.merge(rows, 0)
+    buffer.pop()
+    step, left = buffer.leftover()
+    assert step == 1 and left.dtype == np.float32 and left.tobytes() == rows[1:].tobytes()
+    assert buffer.leftover(2)[1].tobytes() == rows[1:3].tobytes()
+    left[:] = 0  # a copy: the buffer is untouched
+    assert [a.tobytes() for _, a in drain(buffer)] == [r.tobytes() for r in rows[1:]]
+    buffer.merge(chunk(0, 2, 3), 10)  # next_step is 6 now; 10, 11 lie past a gap
+    assert buffer.leftover()[1].shape == (0, 3)  # nothing is executed from next_step on before the gap
+
+
+def test_replace_from_drops_the_executed_rows_and_replaces_everything_after():
+    buffer = ActionBuffer(WeightedAverageConfig())
+    buffer.merge(chunk(0, 10), 0)
+    drain_n = [buffer.pop() for _ in range(3)]  # steps 0, 1, 2 executed
+    assert [s for s, _ in drain_n] == [0, 1, 2]
+    r = buffer.replace_from(chunk(100, 5), 1)  # row 0 is step 1: rows 0, 1 are for executed steps
+    assert (r.discarded_stale, r.blended, r.appended, r.replaced, r.next_step) == (2, 0, 3, 7, 3)
+    # steps 3, 4, 5 are the chunk's rows 2, 3, 4 unblended; the old steps 6..9 are gone
+    assert [(s, a[0]) for s, a in drain(buffer)] == [(3, 102.0), (4, 103.0), (5, 104.0)]
+    stats = buffer.stats()
+    assert (stats.replaced_chunks, stats.replaced_steps, stats.blended_steps) == (1, 7, 0)
+
+
+def test_replace_from_with_a_chunk_all_in_the_past_changes_nothing():
+    buffer = ActionBuffer()
+    buffer.merge(chunk(0, 6), 0)
+    [buffer.pop() for _ in range(4)]
+    r = buffer.replace_from(chunk(100, 3), 0)
+    assert (r.discarded_stale, r.appended, r.replaced) == (3, 0, 0)
+    assert [(s, a[0]) for s, a in drain(buffer)] == [(4, 4.0), (5, 5.0)]
+
+
+def test_replace_from_rejects_bad_chunks_and_leaves_the_buffer_unchanged():
+    buffer = ActionBuffer(action_dim=2)
+    buffer.merge(chunk(0, 3), 0)
+    bad = chunk(10, 3)
+    bad[1, 1] = np.inf
+    with pytest.raises(ProtocolError, match="non_finite"):
+        buffer.replace_from(bad, 0)
+    with pytest.raises(ProtocolError, match="action_shape"):
+        buffer.replace_from(chunk(10, 3, dim=3), 0)
+    assert [a[0] for _, a in drain(buffer)] == [0.0, 1.0, 2.0]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plan=merge_plans, seed=st.integers(min_value=0, max_value=2**16))
+def test_concurrent_pops_and_replacements_execute_each_step_once_from_the_newest_chunk(plan, seed):
+    """Real threads, replace_from instead of merge: every step is executed once, in order, and each
+    executed action is the row of the newest chunk replaced in before that step was popped."""
+    chunks, end = _chunks_from_plan(plan, seed=seed)
+    buffer = ActionBuffer()
+    results, popped = [], []
+    start = threading.Barrier(2)
+    replacing_done = threading.Event()
+
+    def control_loop():
+        start.wait()
+        while not replacing_done.is_set():
+            if (item := buffer.pop()) is not None:
+                popped.append(item)
+            time.sleep(0)
+        popped.extend(drain(buffer))
+
+    def reception():
+        start.wait()
+        try:
+            for first, rows in chunks:
+                results.append(buffer.replace_from(rows, first))
+                time.sleep(0)
+        finally:
+            replacing_done.set()
+
+    threads = [threading.Thread(target=control_loop), threading.Thread(target=reception)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    assert not any(t.is_alive() for t in threads)
+    steps = [s for s, _ in popped]
+    assert steps == sorted(set(steps)), "a step was executed twice or out of order"
+    # Replay the replacements in the order the lock imposed (each result's next_step): a step's action
+    # is that of the last replacement that wrote it before it was popped.
+    expected: dict[int, np.ndarray] = {}
+    for (first, rows), r in zip(chunks, results, strict=True):
+        assert r.discarded_stale == min(max(r.next_step - first, 0), len(rows))
+        if r.appended:
+            start_step = first + r.discarded_stale
+            for s in [s for s in expected if s >= start_step]:
+                del expected[s]
+            expected.update({start_step + i: rows[r.discarded_stale + i] for i in range(r.appended)})
+    for step, action in popped:
+        np.testing.assert_array_equal(action, expected[step])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -9,7 +11,7 @@ from hypothesis import strategies as st
 
 from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.scheduling.action_buffer import ActionBuffer, LatestOnlyConfig
-from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake, MergeMode
+from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake, MergeMode, estimate_delay_steps
 from lerobot_zenoh.scheduling.send_trigger import SendTrigger
 
 DT = 0.1  # 10 Hz keeps the arithmetic readable
@@ -188,4 +190,105 @@ def test_rows_are_accounted_for_and_nothing_executed_is_merged(timeline, max_act
             assert r.merge.blended + r.merge.appended == 0
         assert buffer.stats().popped_steps == executed_before + (popped is not None)
         rtt_known = True
+        now += 0.01
+
+
+# -- real-time chunking (mode rtc) ----------------------------------------------------------------
+
+
+def make_rtc(**kw):
+    trigger = SendTrigger(dt_s=DT)
+    return ChunkIntake(trigger, DT, mode=MergeMode.RTC, **kw), ActionBuffer(LatestOnlyConfig())
+
+
+def test_rtc_replaces_from_the_actual_start_without_trim_or_blend():
+    intake, buffer = make_rtc()
+    intake.on_send(1, 0, 0.0, predicted_delay_steps=0)
+    intake.on_chunk(1, chunk(10), 0.1, buffer, rtc_delay_steps=0)  # the RTT is now known (0.1 s)
+    pop(buffer, 2)
+    step, leftover = buffer.leftover()
+    assert step == 2 and leftover[:, 0].tolist() == list(range(2, 10))
+    intake.on_send(2, step, 1.0, predicted_delay_steps=3)
+    pop(buffer, 4)  # one more step than predicted ran while it travelled
+    new = chunk(12, first_value=100)
+    r = intake.on_chunk(2, new, 1.45, buffer, rtc_delay_steps=3)  # rtt 0.45: a blend would trim int(4.5) = 4
+    assert r.accepted and r.mode is MergeMode.RTC and r.expired == 0 and r.first_step == 2
+    assert (r.predicted_delay_steps, r.actual_delay_steps, r.delay_error_steps, r.server_delay_steps) == (3, 4, 1, 3)
+    # rows 0..3 were for steps executed meanwhile; rows 4.. replace everything buffered from step 6
+    assert (r.merge.discarded_stale, r.merge.appended, r.merge.blended, r.merge.replaced) == (4, 8, 0, 4)
+    assert r.trimmed_steps == 4
+    _, after = buffer.leftover()
+    np.testing.assert_array_equal(after, new[4:])  # exactly the chunk's rows, nothing blended, nothing old
+
+
+def test_rtc_without_the_echo_is_blended_and_says_so():
+    intake, buffer = make_rtc()
+    intake.on_send(1, 0, 0.0, predicted_delay_steps=0)
+    intake.on_chunk(1, chunk(10), 0.1, buffer)  # no echo: blend mode (first chunk, whole)
+    pop(buffer, 2)
+    intake.on_send(2, 2, 1.0, predicted_delay_steps=3)
+    pop(buffer, 3)
+    r = intake.on_chunk(2, chunk(10, first_value=100), 1.34, buffer)
+    assert r.mode is MergeMode.BLEND and r.expired == 3 and r.merge.replaced == 0 and r.merge.blended == 5
+    assert r.predicted_delay_steps == 3 and r.actual_delay_steps == 3
+
+
+def test_rtc_an_answer_older_than_the_chunk_in_use_is_superseded():
+    intake, buffer = make_rtc()
+    intake.on_send(1, 0, 0.0, predicted_delay_steps=0)
+    intake.on_send(2, 0, 0.05, predicted_delay_steps=0)
+    assert intake.on_chunk(2, chunk(5, first_value=200), 0.2, buffer, rtc_delay_steps=0).accepted
+    r = intake.on_chunk(1, chunk(5, first_value=100), 0.3, buffer, rtc_delay_steps=0)
+    assert not r.accepted and r.reason == "superseded" and buffer.leftover()[1][0, 0] == 200
+    intake.clear()  # a new episode forgets it
+    intake.on_send(1, 0, 1.0, predicted_delay_steps=0)
+    assert intake.on_chunk(1, chunk(5), 1.1, buffer, rtc_delay_steps=0).accepted
+
+
+def test_the_delay_prediction_is_ceil_of_the_rtt_quantile_in_steps_clamped():
+    intake, _ = make_rtc(initial_delay_steps=4)
+    assert intake.predict_delay_steps(10) == 4 and intake.predict_delay_steps(2) == 2  # before any RTT
+    for seq, rtt_s in enumerate([0.21, 0.22, 0.23, 0.24, 0.25, 0.26, 0.27, 0.28, 0.29, 0.41], start=1):
+        intake.trigger.on_send(seq, 0.0)
+        intake.trigger.on_receive(seq, rtt_s)
+    q90 = intake.trigger.rtt.quantile_s(0.9)  # the send trigger's rtt_quantile
+    assert q90 == pytest.approx(0.302) and intake.predict_delay_steps(50) == math.ceil(q90 / DT) == 4
+    assert intake.predict_delay_steps(1) == 1 and intake.predict_delay_steps(0) == 0
+    assert ChunkIntake(intake.trigger, DT, delay_quantile=1.0).predict_delay_steps(50) == 5  # ceil(0.41 / 0.1)
+    assert estimate_delay_steps(0.2, DT, initial_steps=0, max_steps=9) == 2  # an exact multiple is not rounded up
+    assert estimate_delay_steps(None, DT, initial_steps=7, max_steps=5) == 5
+    with pytest.raises(ConfigError, match="rtc.initial_delay_steps"):
+        ChunkIntake(intake.trigger, DT, initial_delay_steps=-1)
+    with pytest.raises(ConfigError, match="rtc.delay_quantile"):
+        ChunkIntake(intake.trigger, DT, delay_quantile=1.5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(timelines)
+def test_rtc_the_robot_executes_its_leftover_then_the_new_chunk_from_its_actual_start(timeline):
+    """Whatever the timing: the actions executed while a chunk travels are the leftover sent with its
+    observation, and from the merge on the robot executes exactly that chunk's rows from the actual delay."""
+    intake, buffer = make_rtc()
+    now, seq = 0.0, 0
+    for before, during, rtt_s, rows, horizon in timeline:
+        pop(buffer, before)
+        seq += 1
+        captured, leftover = buffer.leftover()
+        predicted = intake.predict_delay_steps(len(leftover))
+        intake.on_send(seq, captured, now, predicted_delay_steps=predicted)
+        executed = [a for _, a in filter(None, pop(buffer, during))]
+        actual = buffer.next_step - captured
+        assert actual == len(executed) <= len(leftover)
+        np.testing.assert_array_equal(np.array(executed, np.float32).reshape(-1, 2), leftover[:actual].reshape(-1, 2))
+        now += rtt_s
+        new = chunk(rows, first_value=1000 * seq)
+        r = intake.on_chunk(seq, new, now, buffer, execution_horizon=horizon, rtc_delay_steps=predicted)
+        assert r.accepted and r.mode is MergeMode.RTC and r.expired == 0
+        assert r.actual_delay_steps == actual and r.delay_error_steps == actual - predicted
+        assert 0 <= predicted <= len(leftover)
+        _, after = buffer.leftover()
+        if actual < r.kept:
+            np.testing.assert_array_equal(after, new[actual:r.kept])  # replaced, not blended
+        else:  # the chunk was all in the past: the buffer is as it was
+            assert r.merge.appended == 0 and r.merge.replaced == 0
         now += 0.01

@@ -414,3 +414,124 @@ def test_observations_carry_the_episode_and_one_session_nonce_per_client(port, a
     episodes = [int(o.episode_id) for o in seen]
     assert episodes == sorted(episodes) and len(set(episodes)) >= 2  # a new id at each episode
     assert RobotClient(cfg, make_robot_from_config(cfg.robot)).session_nonce != client.session_nonce
+
+
+# -- real-time chunking ---------------------------------------------------------------------------
+
+
+class RtcEventBuffer(ActionBuffer):
+    """The real buffer, plus an ordered log of leftovers taken, merges, replacements and pops."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.events: list = []
+        self._order = threading.Lock()
+
+    def leftover(self, max_rows=None):
+        with self._order:
+            out = super().leftover(max_rows)
+            self.events.append(("leftover", out))
+            return out
+
+    def merge(self, chunk, first_step):
+        with self._order:
+            self.events.append(("merge",))
+            return super().merge(chunk, first_step)
+
+    def replace_from(self, chunk, first_step):
+        with self._order:
+            result = super().replace_from(chunk, first_step)
+            self.events.append(("replace", np.array(chunk, np.float32), int(first_step), result))
+            return result
+
+    def pop(self):
+        with self._order:
+            out = super().pop()
+            self.events.append(("pop", out))
+            return out
+
+
+def test_rtc_observations_carry_the_leftover_and_the_buffer_is_replaced_not_blended(port, app_key):
+    from lerobot_zenoh.scheduling.chunk_intake import MergeMode
+
+    cfg = make_config(port, app_key, actions_per_chunk=20)
+    seen_obs, seen_chunks = [], {}
+    with make_server(port, app_key, latency_ms=60, rtc=True):
+        with ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as mon:
+            mon.subscribe(app_key.client("r1").obs, lambda k, b: seen_obs.append(codec.decode_observation(b)))
+            mon.subscribe(app_key.client("r1").action,
+                          lambda k, b: seen_chunks.setdefault((c := codec.decode_action_chunk(b)).response_to_seq_id, c))
+            robot = LoggingRobot(make_robot_from_config(cfg.robot))
+            client = RobotClient(cfg, robot)
+            client.buffer = RtcEventBuffer(cfg.aggregate)
+            run_client(client, 3.0)
+    assert client.status.rtc is not None and client.rtc_active and client.intake.mode is MergeMode.RTC
+    events = client.buffer.events
+    leftovers = [e[1] for e in events if e[0] == "leftover"]
+    replaces = [e for e in events if e[0] == "replace"]
+    assert len(seen_obs) >= 5 and len(replaces) >= 5
+    # 1. each observation carries exactly the buffer's leftover at its capture, and a delay it can hold
+    by_seq = {o.seq_id: o for o in seen_obs}
+    for seq_id, (step, rows) in enumerate(leftovers, start=1):
+        if seq_id not in by_seq:  # superseded in the outbox (not published)
+            continue
+        rtc = by_seq[seq_id].rtc
+        assert rtc is not None and rtc.prefix.dtype == np.float32 and rtc.prefix.shape[1] == 6
+        assert rtc.prefix.tobytes() == rows.reshape(-1, 6).tobytes()
+        assert 0 <= rtc.delay_steps <= len(rows)
+    assert any(len(o.rtc.prefix) > 0 and o.rtc.delay_steps > 0 for o in seen_obs)
+    # 2. every chunk echoed the delay it was asked for and continued the prefix (the synthetic RTC runner)
+    for seq_id, chunk in seen_chunks.items():
+        rtc = by_seq[seq_id].rtc
+        assert chunk.rtc_delay_steps == rtc.delay_steps
+        np.testing.assert_array_equal(chunk.actions[: rtc.delay_steps], rtc.prefix[: rtc.delay_steps])
+    # 3. every chunk replaced the buffer; nothing was ever blended
+    assert not [e for e in events if e[0] == "merge"]
+    stats = client.buffer.stats()
+    assert stats.blended_steps == 0 and stats.replaced_chunks == client.counters.chunks_received == len(replaces)
+    # 4. replay: from each replacement on, the robot executes that chunk's rows from its actual start
+    actions, popped_expected, popped = {}, [], []
+    for e in events:
+        if e[0] == "replace":
+            _, rows, first, result = e
+            start = first + result.discarded_stale
+            assert start == max(first, result.next_step)
+            if result.appended:
+                actions = {s: a for s, a in actions.items() if s < start}
+                actions.update({start + i: rows[result.discarded_stale + i] for i in range(len(rows) - result.discarded_stale)})
+        elif e[0] == "pop":
+            popped.append(e[1])
+            if e[1] is not None:
+                popped_expected.append(actions.pop(e[1][0]))
+    got = [p[1] for p in popped if p is not None]
+    assert len(got) == len(popped_expected) > 30
+    for a, b in zip(got, popped_expected):
+        np.testing.assert_array_equal(a, b)
+    # 5. predicted vs actual delay per chunk, and the wrong estimates among them, are recorded
+    c = client.counters
+    assert c.rtc_chunks == len(replaces) and len(c.rtc_delays) == c.rtc_chunks and c.rtc_fallback_chunks == 0
+    for (_, _, first, result), (predicted, actual) in zip(replaces, c.rtc_delays):
+        assert actual == result.next_step - first
+    assert c.rtc_delay_mispredicted == sum(abs(a - p) >= cfg.rtc.mispredict_steps for p, a in c.rtc_delays)
+    summary = client.summary()["rtc"]
+    assert summary["active"] and summary["chunks"] == c.rtc_chunks
+    assert sum(summary["delay_error_steps_histogram"].values()) == c.rtc_chunks
+    figures, _ = client.telemetry_figures()
+    assert figures["rtc_chunks"] == c.rtc_chunks and figures["rtc_delay_error_steps_p50"] is not None
+
+
+def test_rtc_can_be_turned_off_and_is_off_when_not_offered(port, app_key):
+    from lerobot_zenoh.client.config import RtcConfig
+
+    for server_rtc, client_rtc in ((True, False), (False, True)):
+        cfg = make_config(port, app_key, rtc=RtcConfig(enabled=client_rtc))
+        seen = []
+        with make_server(port, app_key, latency_ms=20, rtc=server_rtc):
+            with ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as mon:
+                mon.subscribe(app_key.client("r1").obs, lambda k, b: seen.append(codec.decode_observation(b)))
+                client = RobotClient(cfg, make_robot_from_config(cfg.robot))
+                run_client(client, 1.5)
+        assert (client.status.rtc is not None) == server_rtc and not client.rtc_active
+        assert len(seen) >= 2 and all(o.rtc is None for o in seen)
+        assert client.buffer.stats().replaced_chunks == 0 and client.counters.rtc_chunks == 0
+        assert client.summary()["rtc"]["active"] is False

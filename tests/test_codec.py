@@ -16,7 +16,15 @@ from hypothesis.extra import numpy as hnp
 from lerobot_zenoh.errors import ProtocolError, VersionError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.codec import CodecLimits
-from lerobot_zenoh.protocol.messages import ActionChunk, ExecutionInfo, Observation, Status, Telemetry
+from lerobot_zenoh.protocol.messages import (
+    ActionChunk,
+    ExecutionInfo,
+    Observation,
+    RtcAdvert,
+    RtcInputs,
+    Status,
+    Telemetry,
+)
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 
@@ -24,6 +32,14 @@ names = st.text(st.characters(categories=("L", "N"), max_codepoint=0x2FF), min_s
 uint64 = st.integers(0, 2**64 - 1)
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
 numeric_dtypes = st.sampled_from(["float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"])
+
+
+@st.composite
+def rtc_inputs(draw):
+    dtype = draw(st.sampled_from(["float32", "float64"]))
+    elements = st.floats(allow_nan=False, allow_infinity=False, width=32 if dtype == "float32" else 64)
+    prefix = draw(hnp.arrays(dtype, (draw(st.integers(0, 12)), draw(st.integers(0, 8))), elements=elements))
+    return RtcInputs(prefix=prefix, delay_steps=draw(st.integers(0, len(prefix))))
 
 
 @st.composite
@@ -44,6 +60,7 @@ def observations(draw):
         execution=execution,
         episode_id=draw(st.none() | st.text(max_size=12)),
         session_nonce=draw(st.none() | uint64),
+        rtc=draw(st.none() | rtc_inputs()),
     )
 
 
@@ -57,6 +74,7 @@ def chunks(draw):
         server_id=draw(st.none() | names),
         queue_time_ms=draw(st.none() | finite),
         execution_horizon=draw(st.none() | st.integers(0, 100)),
+        rtc_delay_steps=draw(st.none() | st.integers(0, 100)),
     )
 
 
@@ -69,6 +87,7 @@ statuses = st.builds(
     policy_type=names, fps=st.none() | st.integers(1, 1000), server_id=names,
     state_dim=st.none() | st.integers(0, 64), action_names=st.lists(names, max_size=8).map(tuple),
     accepts_unknown_clients=st.booleans(),
+    rtc=st.none() | st.builds(RtcAdvert, execution_horizon=st.none() | st.integers(1, 1000)),
 )
 numbers = st.integers(-(2**63), 2**63 - 1) | finite
 telemetries = st.builds(
@@ -85,7 +104,9 @@ def assert_same(a, b):
     assert type(a) is type(b)
     for name in a.__slots__ if hasattr(a, "__slots__") else a.__dataclass_fields__:
         x, y = getattr(a, name), getattr(b, name)
-        if isinstance(x, np.ndarray):
+        if isinstance(x, RtcInputs):
+            assert_same(x, y)
+        elif isinstance(x, np.ndarray):
             assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes(), name
         else:
             assert x == y, name
@@ -270,7 +291,7 @@ def status_fixture():
         max_actions_per_chunk=50,
         observation_features={"observation.state": {"dtype": "float32", "shape": [6], "names": ["j0"]}},
         policy_type="act", fps=30, server_id="gpu0", state_dim=6, action_names=("j0",),
-        chunk_size=100, reads_task=False, history_length=1, rtc=False,
+        chunk_size=100, reads_task=False, history_length=1, rtc=None,
     )
 
 
@@ -279,7 +300,31 @@ def telemetry_fixture():
                      metrics={"rtt_p50_ms": 3.5, "steps": 60}, labels={"cluster": "jupiter"})
 
 
-FIXTURES = {"observation": obs_fixture, "action_chunk": chunk_fixture, "status": status_fixture, "telemetry": telemetry_fixture}
+def obs_rtc_fixture():
+    """The observation fixture with real-time-chunking inputs: 2 leftover actions of 2 dims, delay 1."""
+    return Observation(
+        seq_id=43, client_uuid="robot_a4b9", state=np.array([0.5], dtype=np.float32), images={},
+        episode_id="ep1", session_nonce=7,
+        rtc=RtcInputs(prefix=np.array([[0.25, -0.5], [1.0, 2.0]], dtype=np.float32), delay_steps=1),
+    )
+
+
+def chunk_rtc_fixture():
+    return ActionChunk(response_to_seq_id=43, inference_time_ms=12.5,
+                       actions=np.array([[0.25, -0.5], [1.0, 2.0], [1.5, 2.5]], dtype=np.float32),
+                       server_id="gpu0", rtc_delay_steps=1)
+
+
+def status_rtc_fixture():
+    return Status(
+        model_id="smolvla", model_version="v1", expected_cameras={}, action_dim=2, max_actions_per_chunk=50,
+        observation_features={}, policy_type="smolvla", fps=30, server_id="gpu0", state_dim=1,
+        rtc=RtcAdvert(execution_horizon=10),
+    )
+
+
+FIXTURES = {"observation": obs_fixture, "action_chunk": chunk_fixture, "status": status_fixture, "telemetry": telemetry_fixture,
+            "observation_rtc": obs_rtc_fixture, "action_chunk_rtc": chunk_rtc_fixture, "status_rtc": status_rtc_fixture}
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURES))
@@ -318,3 +363,64 @@ def test_frame_header_after_large_metadata_segments_is_found():
     padded = data[:2] + app + app + data[2:]
     assert codec.jpeg_shape(padded) == (96, 128, 3)
     assert codec.decode_jpeg(padded, (96, 128)).shape == (96, 128, 3)
+
+
+# ----------------------------------------------------------------------------- real-time chunking inputs
+
+
+def _obs_map_with_rtc(rtc):
+    raw = msgpack.unpackb(codec.encode(obs_fixture()), raw=False)
+    raw["rtc"] = rtc
+    return msgpack.packb(raw, use_bin_type=True)
+
+
+def _prefix(rows, dtype="float32"):
+    return codec.pack_array(np.asarray(rows, dtype=dtype))
+
+
+@pytest.mark.parametrize(("rtc", "reason", "detail"), [
+    ({"prefix": _prefix([[0.0, np.nan]]), "delay_steps": 0}, "bad_rtc_prefix", "NaN"),
+    ({"prefix": _prefix([[np.inf, 0.0]]), "delay_steps": 0}, "bad_rtc_prefix", "NaN or infinity"),
+    ({"prefix": _prefix([1.0, 2.0]), "delay_steps": 0}, "bad_rtc_prefix", "2-D"),
+    ({"prefix": _prefix([[1, 2]], "int32"), "delay_steps": 0}, "bad_rtc_prefix", "float"),
+    ({"prefix": {"dtype": "float32", "shape": [1, 2], "data": b"\0" * 4}, "delay_steps": 0}, "bad_rtc_prefix", "size_mismatch"),
+    ({"delay_steps": 0}, "bad_rtc_prefix", "missing"),
+    ({"prefix": _prefix([[1.0, 2.0]]), "delay_steps": -1}, "bad_rtc_delay", "outside 0..1"),
+    ({"prefix": _prefix([[1.0, 2.0]]), "delay_steps": 2}, "bad_rtc_delay", "outside 0..1"),
+    ({"prefix": _prefix(np.zeros((0, 2))), "delay_steps": 1}, "bad_rtc_delay", "outside 0..0"),
+    ({"prefix": _prefix([[1.0, 2.0]]), "delay_steps": True}, "bad_rtc_delay", "integer"),
+    ({"prefix": _prefix([[1.0, 2.0]]), "delay_steps": 1.0}, "bad_rtc_delay", "integer"),
+    ({"prefix": _prefix([[1.0, 2.0]])}, "bad_rtc_delay", "integer"),
+    ([1, 2], "bad_field", "rtc"),
+])
+def test_bad_rtc_inputs_are_rejected_with_a_reason(rtc, reason, detail):
+    with pytest.raises(ProtocolError, match=detail) as exc:
+        codec.decode_observation(_obs_map_with_rtc(rtc))
+    assert exc.value.reason == reason
+
+
+def test_rtc_inputs_at_the_bounds_are_accepted():
+    obs = codec.decode_observation(_obs_map_with_rtc({"prefix": _prefix(np.zeros((0, 2))), "delay_steps": 0}))
+    assert obs.rtc.prefix.shape == (0, 2) and obs.rtc.delay_steps == 0
+    obs = codec.decode_observation(_obs_map_with_rtc({"prefix": _prefix(np.ones((3, 2)), "float64"), "delay_steps": 3}))
+    assert obs.rtc.prefix.dtype == np.float64 and obs.rtc.delay_steps == 3
+
+
+def test_a_bad_rtc_advert_or_echo_is_rejected():
+    raw = msgpack.unpackb(codec.encode(status_rtc_fixture()), raw=False)
+    for horizon in (0, -3, "10", True):
+        raw["rtc"] = {"execution_horizon": horizon}
+        with pytest.raises(ProtocolError, match="rtc.execution_horizon") as exc:
+            codec.decode_status(msgpack.packb(raw, use_bin_type=True))
+        assert exc.value.reason == "bad_field"
+    raw = msgpack.unpackb(codec.encode(chunk_rtc_fixture()), raw=False)
+    raw["rtc_delay_steps"] = -1
+    with pytest.raises(ProtocolError, match="rtc_delay_steps"):
+        codec.decode_action_chunk(msgpack.packb(raw, use_bin_type=True))
+
+
+def test_messages_without_rtc_encode_as_before_and_an_advert_may_be_empty():
+    assert b"rtc" not in codec.encode(obs_fixture()) + codec.encode(chunk_fixture()) + codec.encode(status_fixture())
+    raw = msgpack.unpackb(codec.encode(status_fixture()), raw=False)
+    raw["rtc"] = {}
+    assert codec.decode_status(msgpack.packb(raw, use_bin_type=True)).rtc == RtcAdvert(None)

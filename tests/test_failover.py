@@ -19,14 +19,15 @@ from lz_testing import CAMS, free_port, make_config, wait_for
 import pytest
 
 
-def manifest(app_key, port, server_id, standby_for=None, connect=()):
+def manifest(app_key, port, server_id, standby_for=None, connect=(), rtc=False, chunk_size=30):
     return parse_manifest({
         "cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": server_id,
         "standby_for": standby_for, "handover_grace_s": 0.3, "telemetry_period_s": 0,
         "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "connect": list(connect), "multicast_scouting": False},
         "server": [{
             "model_id": app_key.model, "model_version": app_key.version, "application_tag": app_key.app,
-            "synthetic": {"state_dim": 6, "action_dim": 6, "chunk_size": 30, "cameras": CAMS, "latency_ms": 10},
+            "synthetic": {"state_dim": 6, "action_dim": 6, "chunk_size": chunk_size, "cameras": CAMS,
+                          "latency_ms": 10, "rtc": rtc},
             "fps": 30, "accept_unknown_clients": True,
         }],
     })
@@ -97,3 +98,49 @@ def test_standby_alone_serves_and_stays_silent_while_primary_is_up(app_key):
 def test_standby_for_itself_is_a_config_error(app_key):
     with pytest.raises(ConfigError, match="standby_for"):
         manifest(app_key, 1, "gpu0", standby_for="gpu0")
+
+
+def test_a_standby_continues_the_robots_motion_from_the_first_rtc_observation_it_serves(app_key):
+    """Real-time chunking keeps no state on the server: the standby, which never saw the primary's
+    chunks, answers its first observation with a chunk that continues the leftover that observation
+    carries, and the client replaces its buffer with it (RTC stays on across the failover)."""
+    import numpy as np
+
+    from lerobot_zenoh.scheduling.send_trigger import SendTriggerConfig
+
+    p1, p2 = free_port(), free_port()
+    primary = PolicyServer(manifest(app_key, p1, "gpu0", rtc=True, chunk_size=60)).start()
+    standby = PolicyServer(manifest(app_key, p2, "gpu1", standby_for="gpu0", connect=[f"tcp/127.0.0.1:{p1}"],
+                                    rtc=True, chunk_size=60)).start()
+    # Ask early (a long buffer) so that the robot still has actions left when the standby answers.
+    cfg = make_config(p1, app_key, watchdog_timeout_s=0.3, actions_per_chunk=60,
+                      send=SendTriggerConfig(buffer_time_s=1.5, request_timeout_s=0.3))
+    cfg.zenoh = ZenohSettings(multicast_scouting=False, connect=[f"tcp/127.0.0.1:{p2}"])
+    obs, chunks = {}, []  # seq -> observation; chunks in arrival order
+    mon = ZenohSession(loopback_settings(None, listen=False, connect_ports=(p2,))).open()
+    mon.subscribe(app_key.client("r1").obs, lambda k, b: obs.setdefault((o := codec.decode_observation(b)).seq_id, o))
+    mon.subscribe(app_key.client("r1").action, lambda k, b: chunks.append(codec.decode_action_chunk(b)))
+    client = RobotClient(cfg, make_robot_from_config(cfg.robot)).start()
+    runner = threading.Thread(target=client.run)
+    runner.start()
+    try:
+        assert client.rtc_active
+        assert wait_for(lambda: sum(1 for c in chunks if c.server_id == "gpu0") >= 3, 10)
+        primary.stop()
+        assert wait_for(lambda: any(c.server_id == "gpu1" for c in chunks), 10), "standby never served"
+        assert wait_for(lambda: client.counters.rtc_chunks >= 5 and client.serving_server_id == "gpu1", 10)
+    finally:
+        client.stop()
+        runner.join(5)
+        client.close()
+        mon.close()
+        standby.stop()
+        primary.stop()
+    first = next(c for c in chunks if c.server_id == "gpu1")
+    rtc = obs[first.response_to_seq_id].rtc
+    print(f"standby's first RTC observation: {len(rtc.prefix)} leftover actions, delay {rtc.delay_steps}")
+    assert len(rtc.prefix) > rtc.delay_steps > 0  # the robot was mid-motion
+    assert first.rtc_delay_steps == rtc.delay_steps
+    np.testing.assert_array_equal(first.actions[: rtc.delay_steps], rtc.prefix[: rtc.delay_steps])
+    assert client.rtc_active and client.counters.rtc_fallback_chunks == 0
+    assert client.counters.rtc_chunks == client.counters.chunks_received

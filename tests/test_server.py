@@ -329,3 +329,106 @@ def test_status_and_chunks_of_a_real_act_checkpoint(port, app_key, tmp_path):
         send_until_served(client, 1, np.random.default_rng(0))
         chunk = next(c for _, c in client.chunks if c.response_to_seq_id == 1)
         assert chunk.actions.shape == (10, 6) and np.all(np.isfinite(chunk.actions))
+
+
+def test_executor_passes_rtc_inputs_per_request_rejects_bad_ones_alone_and_echoes_the_delay():
+    from lerobot_zenoh.errors import ProtocolError
+    from lerobot_zenoh.protocol.messages import RtcInputs
+    from lerobot_zenoh.server.executor import Executor
+    from lerobot_zenoh.server.runners.base import RTC_EXTRA
+    from lerobot_zenoh.server.runners.synthetic import SyntheticPolicy, SyntheticPolicyConfig
+
+    def policy(rtc):
+        return SyntheticPolicy(SyntheticPolicyConfig(state_names=tuple(f"s{i}" for i in range(3)), cameras={},
+                                                     action_names=("a0", "a1"), chunk_size=12, rtc=rtc))
+
+    rng = np.random.default_rng(0)
+
+    def obs(client, seq, rows, delay, cols=2):
+        prefix = rng.normal(size=(rows, cols)).astype(np.float32)
+        return Observation(seq, client, rng.normal(size=3).astype(np.float32), {}, rtc=RtcInputs(prefix, delay))
+
+    ex = Executor("m", policy(rtc=True), actions_per_chunk=8, server_id="gpu0")
+    good = [obs(f"r{i}", i + 1, rows=2 + i, delay=i) for i in range(4)]  # four delays in one batch
+    requests = [ex.prepare(o.client_uuid, o) for o in good]
+    assert all(r.extras[RTC_EXTRA].prefix.dtype == np.float32 for r in requests)
+    for bad, detail in ((obs("r9", 1, rows=3, delay=1, cols=3), r"shape \(3, 3\)"),
+                        (obs("r9", 2, rows=9, delay=1), "9 rows")):
+        with pytest.raises(ProtocolError, match=detail) as exc:  # this request only: the others are prepared
+            ex.prepare("r9", bad)
+        assert exc.value.reason == "bad_rtc_prefix"
+    results = ex.infer(requests)
+    for o, result in zip(good, results, strict=True):
+        chunk = codec.decode_action_chunk(ex.chunk(o, result, 1.0, 0.0))
+        d = o.rtc.delay_steps
+        assert chunk.rtc_delay_steps == d and chunk.actions.shape == (8, 2)
+        np.testing.assert_array_equal(chunk.actions[:d], o.rtc.prefix[:d])  # continues its own prefix
+        plain = synthetic_actions(o.state, {}, 12, 2)[:8]
+        np.testing.assert_allclose(chunk.actions[d:], plain[d:])
+    # A runner without RTC ignores the inputs (no check, no extras) and its chunks carry no echo.
+    plain_ex = Executor("m", policy(rtc=False), actions_per_chunk=8, server_id="gpu0")
+    odd = obs("r1", 5, rows=3, delay=1, cols=3)
+    request = plain_ex.prepare("r1", odd)
+    assert RTC_EXTRA not in request.extras
+    (result,) = plain_ex.infer([request])
+    assert codec.decode_action_chunk(plain_ex.chunk(odd, result, 1.0, 0.0)).rtc_delay_steps is None
+
+
+def test_status_advertises_rtc_only_for_a_runner_that_takes_it(port, app_key):
+    from lerobot_zenoh.server.runners import load_runner
+    from lerobot_zenoh.server.server import ServedModel
+
+    for rtc in (False, True):
+        entry = {"synthetic": {"state_dim": 6, "action_dim": 6, "chunk_size": 20, "cameras": CAMS, "rtc": rtc}}
+        manifest = parse_manifest(manifest_dict(port, app_key, **entry))
+        model = ServedModel(manifest, manifest.server[0], load_runner(manifest, manifest.server[0]), "gpu0")
+        model.executor.close()
+        assert (model.status.rtc is not None) == rtc
+        assert (b"rtc" in model.status_bytes) == rtc
+
+
+def test_bad_rtc_inputs_are_counted_for_that_client_and_the_others_are_served(port, app_key):
+    import msgpack
+
+    from lerobot_zenoh.protocol.messages import RtcInputs
+
+    entry = {"synthetic": {"state_dim": 6, "action_dim": 6, "chunk_size": 20, "cameras": {}, "latency_ms": 5, "rtc": True},
+             "max_batch_size": 4}
+    server = PolicyServer(parse_manifest(manifest_dict(port, app_key, **entry))).start()
+    session = ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))).open()
+    try:
+        wait_discovered(session, app_key)
+        good, bad = FakeClient(session, app_key, "r1"), FakeClient(session, app_key, "bad")
+        prefix = np.arange(12, dtype=np.float32).reshape(2, 6)
+
+        def bad_payloads(seq):
+            wrong_dim = Observation(seq, "bad", np.zeros(6, np.float32), {}, rtc=RtcInputs(prefix[:, :4], 1))
+            yield codec.encode(wrong_dim)
+            for rtc in ({"prefix": codec.pack_array(prefix * np.nan), "delay_steps": 1},
+                        {"prefix": codec.pack_array(prefix), "delay_steps": 3},
+                        {"prefix": codec.pack_array(prefix), "delay_steps": -1}):
+                raw = msgpack.unpackb(codec.encode(wrong_dim), raw=False)
+                raw["rtc"] = rtc
+                yield msgpack.packb(raw, use_bin_type=True)
+
+        def rejected():
+            return server.stats()[app_key.prefix]["clients"].get("bad", {}).get("rejected", {})
+
+        seq = 0
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not {"bad_rtc_prefix", "bad_rtc_delay"} <= set(rejected()):
+            for payload in bad_payloads(seq := seq + 1):
+                bad.pub.put(payload)
+                time.sleep(0.01)
+            good.pub.put(codec.encode(Observation(seq, "r1", np.ones(6, np.float32), {},
+                                                  rtc=RtcInputs(prefix, 2))))
+            wait_for(lambda s=seq: any(c.response_to_seq_id == s for _, c in good.chunks), 0.3)
+        assert {"bad_rtc_prefix", "bad_rtc_delay"} <= set(rejected()), rejected()
+        assert bad.chunks == [] and good.chunks
+        for _, chunk in good.chunks:
+            assert chunk.rtc_delay_steps == 2
+            np.testing.assert_array_equal(chunk.actions[:2], prefix)
+        assert server.stats()[app_key.prefix]["clients"]["r1"]["rejected"] == {}
+    finally:
+        session.close()
+        server.stop()

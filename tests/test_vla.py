@@ -377,6 +377,6 @@ def test_the_status_advertises_what_a_vla_client_must_know(vla_runners):
                     action_names=spec.action_names, **spec.status_fields())
     back = codec.decode_status(codec.encode(status))
     assert (back.policy_type, back.chunk_size, back.reads_task, back.history_length, back.rtc) == (
-        "smolvla", CHUNK, True, 1, False)
+        "smolvla", CHUNK, True, 1, None)
     assert back.observation_features["observation.state"]["names"] == list(STATE_NAMES)
     assert back.expected_cameras == CAMERAS and back.action_names == STATE_NAMES

@@ -19,6 +19,13 @@ round trip of `rtt`, `expired = int(rtt / dt)` leading rows are already in the p
 the first RTT is known); the rest is merged as steps s + expired, ... and blended with what the
 buffer already holds. The arithmetic is `scheduling/chunk_intake.py`, shared with the benchmarks.
 
+Real-time chunking (protocol 1.1, when the server's status advertises `rtc` and `config.rtc.enabled`):
+each observation also carries the buffer's leftover from the capture step on (exactly the actions the
+robot will still execute) and the predicted delay, ceil(RTT quantile / dt) steps; a chunk that echoes
+`rtc_delay_steps` replaces the buffer from the step it actually starts at (no trim, no blending). Per
+chunk the predicted and the actual delay are recorded; a wrong estimate is counted and logged at a
+bounded rate (docs/client.md, "Real-time chunking").
+
 Sessions (protocol 1.1): every observation carries `session_nonce`, drawn once per RobotClient (a
 restarted client has a new one, so the server counts its seq_ids afresh), and `episode_id`, the
 episode number `self._episode` as a string (the server resets per-episode state when it changes).
@@ -32,7 +39,7 @@ import queue
 import secrets
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,9 +50,9 @@ from lerobot_zenoh.client.config import RobotClientConfig
 from lerobot_zenoh.client.discovery import RobotFeatures, compare, discover, query_status, wait_connected
 from lerobot_zenoh.errors import CompatibilityError, ProtocolError, TransportError
 from lerobot_zenoh.protocol import codec
-from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation
+from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation, RtcInputs
 from lerobot_zenoh.scheduling.action_buffer import ActionBuffer
-from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake
+from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake, IntakeResult, MergeMode
 from lerobot_zenoh.scheduling.send_trigger import SendTrigger
 from lerobot_zenoh.telemetry.publisher import TelemetryPublisher, percentile
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
@@ -65,6 +72,7 @@ class _Capture:
     observation: dict
     execution: ExecutionInfo
     episode_id: str
+    rtc: RtcInputs | None = None
 
 
 class Outbox:
@@ -118,6 +126,14 @@ class ClientCounters:
     chunks_rejected: int = 0
     trimmed_steps: int = 0
     horizon_cut_steps: int = 0  # trailing actions dropped because the chunk's execution_horizon said so
+    # Real-time chunking: chunks that replaced the buffer, wrong delay estimates among them
+    # (|actual - predicted| >= rtc.mispredict_steps), chunks the server echoed another delay for, and
+    # chunks answering an RTC observation without the echo (blended instead).
+    rtc_chunks: int = 0
+    rtc_delay_mispredicted: int = 0
+    rtc_delay_overridden: int = 0
+    rtc_fallback_chunks: int = 0
+    rtc_delays: deque = field(default_factory=lambda: deque(maxlen=2048))  # (predicted, actual) steps per RTC chunk
     watchdog_events: int = 0
     reset_steps: int = 0  # steps of the reset phases between episodes (robot held, nothing recorded)
     revalidations: int = 0
@@ -141,7 +157,10 @@ class RobotClient:
         self.dt_s = config.dt_s
         self.buffer = ActionBuffer(config.aggregate)
         self.trigger = SendTrigger(config.send, dt_s=self.dt_s)
-        self.intake = ChunkIntake(self.trigger, self.dt_s, max_actions=config.actions_per_chunk)
+        self.intake = ChunkIntake(self.trigger, self.dt_s, max_actions=config.actions_per_chunk,
+                                  initial_delay_steps=config.rtc.initial_delay_steps,
+                                  delay_quantile=config.rtc.delay_quantile)
+        self.rtc_active = False  # the server advertises RTC and config.rtc.enabled: set from each status
         # Drawn per client, not per process: each RobotClient counts seq_ids from 1 (docs/protocol.md, "Sessions").
         self.session_nonce = secrets.randbits(63)
         self.counters = ClientCounters()
@@ -213,8 +232,11 @@ class RobotClient:
             raise CompatibilityError(f"server {status.server_id} is incompatible: " + "; ".join(problems))
         self.status = status
         self.serving_server_id = status.server_id
-        log.info("%s: server %s serves %s %s (%s), chunks of up to %d", cfg.client_uuid, status.server_id,
-                 status.model_id, status.model_version, status.policy_type, status.max_actions_per_chunk)
+        self._use_status(status)
+        log.info("%s: server %s serves %s %s (%s), chunks of up to %d, real-time chunking %s", cfg.client_uuid,
+                 status.server_id, status.model_id, status.model_version, status.policy_type,
+                 status.max_actions_per_chunk, "on" if self.rtc_active else
+                 ("off (--rtc.enabled=false)" if status.rtc is not None else "not offered"))
         self._pub = self._session.publisher(cfg.client_key.obs, OBSERVATION_QOS)
         self._session.subscribe(cfg.client_key.action, self._on_chunk)
         self._session.watch_liveliness(cfg.app_key.all_servers, self._on_liveliness)
@@ -230,6 +252,11 @@ class RobotClient:
             self._threads.append(t)
         self.state = "running"
         return self
+
+    def _use_status(self, status) -> None:
+        """Real-time chunking follows the server that answers (a replacement may not offer it)."""
+        self.rtc_active = self.config.rtc.enabled and status.rtc is not None
+        self.intake.mode = MergeMode.RTC if self.rtc_active else MergeMode.BLEND
 
     # -- control loop (main thread) -----------------------------------------------------------
 
@@ -321,12 +348,19 @@ class RobotClient:
         depth = self.buffer.depth
         if self.state == "running" and self.trigger.should_send(depth, now):
             self._seq_id += 1
-            self.intake.on_send(self._seq_id, step, now)
+            rtc = None
+            if self.rtc_active:
+                # The capture step and the actions left from it, read together under the buffer's lock.
+                step, prefix = self.buffer.leftover(self.status.max_actions_per_chunk)
+                if len(prefix) == 0:
+                    prefix = np.zeros((0, len(self.features.action_names)), dtype=np.float32)
+                rtc = RtcInputs(prefix, self.intake.predict_delay_steps(len(prefix)))
+            self.intake.on_send(self._seq_id, step, now, predicted_delay_steps=None if rtc is None else rtc.delay_steps)
             if self._waiting_since_s is None:
                 self._waiting_since_s = now
             self.outbox.put(_Capture(self._seq_id, step, now, observation, ExecutionInfo(
                 task_elapsed_s=now - episode_start, actions_buffered=depth, control_period_s=self.dt_s),
-                episode_id=str(self._episode)))
+                episode_id=str(self._episode), rtc=rtc))
         popped = self.buffer.pop()
         if popped is not None:
             _, vector = popped
@@ -388,7 +422,7 @@ class RobotClient:
                         images[cam] = encoded.result()
                     payload = codec.encode(Observation(item.seq_id, self.config.client_uuid, state, images,
                                                        self.config.task, item.execution, episode_id=item.episode_id,
-                                                       session_nonce=self.session_nonce))
+                                                       session_nonce=self.session_nonce, rtc=item.rtc))
                     self._pub.put(payload)
                     self.counters.observations_published += 1
                 except (ProtocolError, TransportError, KeyError, ValueError) as exc:
@@ -434,13 +468,15 @@ class RobotClient:
             log.warning("%s: rejected action chunk: %s", self.config.client_uuid, exc)
             return
         result = self.intake.on_chunk(chunk.response_to_seq_id, chunk.actions, arrived_s, self.buffer,
-                                      execution_horizon=chunk.execution_horizon)
+                                      execution_horizon=chunk.execution_horizon,
+                                      rtc_delay_steps=chunk.rtc_delay_steps)
         if not result.accepted:
             self.counters.chunks_rejected += 1
             if result.reason != "unknown_seq":  # unknown: an answer to nothing we asked (or far too old)
                 log.warning("%s: rejected action chunk: %s", self.config.client_uuid, result.detail)
             return
         self.counters.chunks_received += 1
+        self._count_rtc(result)
         self.counters.trimmed_steps += result.trimmed_steps
         self.counters.horizon_cut_steps += result.horizon_cut
         if result.rtt_s is not None:
@@ -452,6 +488,32 @@ class RobotClient:
             log.info("%s: now served by %s (was %s)", self.config.client_uuid, chunk.server_id, self.serving_server_id)
             self.serving_server_id = chunk.server_id
             self.counters.server_changes += 1
+
+    def _count_rtc(self, result: IntakeResult) -> None:
+        """Predicted vs actual delay of a chunk that answered a real-time-chunking observation."""
+        c = self.counters
+        if result.predicted_delay_steps is None:
+            return
+        if result.mode is not MergeMode.RTC:
+            c.rtc_fallback_chunks += 1
+            if c.rtc_fallback_chunks in (1, 10, 100) or c.rtc_fallback_chunks % 1000 == 0:
+                log.warning("%s: chunk %d answers a real-time-chunking observation without rtc_delay_steps; "
+                            "blended instead [%d so far]", self.config.client_uuid, result.seq_id, c.rtc_fallback_chunks)
+            return
+        c.rtc_chunks += 1
+        c.rtc_delays.append((result.predicted_delay_steps, result.actual_delay_steps))
+        if result.server_delay_steps is not None and result.server_delay_steps != result.predicted_delay_steps:
+            c.rtc_delay_overridden += 1
+        error = result.delay_error_steps
+        if error is not None and abs(error) >= self.config.rtc.mispredict_steps:
+            c.rtc_delay_mispredicted += 1
+            n = c.rtc_delay_mispredicted
+            if n in (1, 10, 100) or n % 1000 == 0:
+                log.warning("%s: inference delay mispredicted: chunk %d started %d steps after its capture, "
+                            "predicted %d (RTT %s ms) [%d wrong estimates in %d RTC chunks]",
+                            self.config.client_uuid, result.seq_id, result.actual_delay_steps,
+                            result.predicted_delay_steps,
+                            "?" if result.rtt_s is None else f"{result.rtt_s * 1000:.0f}", n, c.rtc_chunks)
 
     # -- watchdog (receiver thread) -----------------------------------------------------------
 
@@ -484,6 +546,7 @@ class RobotClient:
                         log.info("%s: now served by %s", cfg.client_uuid, status.server_id)
                     self.status = status
                     self.serving_server_id = status.server_id
+                    self._use_status(status)
                     self._server_lost.clear()
                     self._waiting_since_s = None
                     self.trigger.forget_outstanding()  # requests to a dead server will never be answered
@@ -549,8 +612,25 @@ class RobotClient:
             "revalidating": self.state == "revalidating",
             "steps": c.steps,
             "dataset_frames": getattr(self.recorder, "frames_written", None),
+            **self._rtc_figures(list(c.rtc_delays)[-512:]),
         }
         return figures, {}
+
+    def _rtc_figures(self, delays: list[tuple[int, int]]) -> dict:
+        c = self.counters
+        errors = [actual - predicted for predicted, actual in delays]
+        return {
+            "rtc_active": self.rtc_active,
+            "rtc_chunks": c.rtc_chunks,
+            "rtc_delay_mispredicted": c.rtc_delay_mispredicted,
+            "rtc_delay_overridden": c.rtc_delay_overridden,
+            "rtc_fallback_chunks": c.rtc_fallback_chunks,
+            "rtc_delay_predicted_steps_p50": percentile([p for p, _ in delays], 50),
+            "rtc_delay_actual_steps_p50": percentile([a for _, a in delays], 50),
+            "rtc_delay_error_steps_p10": percentile(errors, 10),
+            "rtc_delay_error_steps_p50": percentile(errors, 50),
+            "rtc_delay_error_steps_p90": percentile(errors, 90),
+        }
 
     def summary(self) -> dict:
         c = self.counters
@@ -580,6 +660,24 @@ class RobotClient:
             "requests_unanswered": self.trigger.stats().presumed_lost,
             "dataset_path": str(getattr(self.recorder, "root", "")) or None if self.recorder else None,
             "dataset_frames": getattr(self.recorder, "frames_written", None) if self.recorder else None,
+            "rtc": self._rtc_summary(),
+        }
+
+    def _rtc_summary(self) -> dict:
+        """Real-time chunking over the run: the delay error's histogram (actual - predicted, steps)."""
+        c = self.counters
+        delays = list(c.rtc_delays)
+        errors = Counter(actual - predicted for predicted, actual in delays)
+        return {
+            "active": self.rtc_active,
+            "chunks": c.rtc_chunks,
+            "delay_mispredicted": c.rtc_delay_mispredicted,
+            "delay_overridden": c.rtc_delay_overridden,
+            "fallback_chunks": c.rtc_fallback_chunks,
+            "replaced_steps": self.buffer.stats().replaced_steps,
+            "delay_predicted_steps_p50": percentile([p for p, _ in delays], 50),
+            "delay_actual_steps_p50": percentile([a for _, a in delays], 50),
+            "delay_error_steps_histogram": {str(k): errors[k] for k in sorted(errors)},
         }
 
     def write_summary(self, path: str | Path) -> None:

@@ -47,6 +47,37 @@ class ClientDatasetConfig(DatasetRecordConfig):
 
 
 @dataclass
+class RtcConfig:
+    """Real-time chunking on the client (docs/client.md, "Real-time chunking")."""
+
+    enabled: bool = field(
+        default=True,
+        metadata={"help": "Use real-time chunking when the server's status advertises it (false: always blend)."},
+    )
+    initial_delay_steps: int = field(
+        default=3, metadata={"help": "Inference delay (control steps) predicted before the first RTT is measured."}
+    )
+    delay_quantile: float | None = field(
+        default=None,
+        metadata={"help": "RTT quantile the delay is predicted from, ceil(q / dt). None: --send.rtt_quantile."},
+    )
+    mispredict_steps: int = field(
+        default=2, metadata={"help": "A chunk whose delay differs from the prediction by this many steps is a wrong estimate."}
+    )
+
+    def validate(self, prefix: str = "rtc") -> None:
+        if isinstance(self.initial_delay_steps, bool) or not isinstance(self.initial_delay_steps, int) \
+                or self.initial_delay_steps < 0:
+            raise ConfigError(f"{prefix}.initial_delay_steps", f"must be an integer >= 0, got {self.initial_delay_steps!r}")
+        q = self.delay_quantile
+        if q is not None and not (isinstance(q, (int, float)) and 0.0 <= q <= 1.0):
+            raise ConfigError(f"{prefix}.delay_quantile", f"must be within [0, 1] or None, got {q!r}")
+        if isinstance(self.mispredict_steps, bool) or not isinstance(self.mispredict_steps, int) \
+                or self.mispredict_steps < 1:
+            raise ConfigError(f"{prefix}.mispredict_steps", f"must be an integer >= 1, got {self.mispredict_steps!r}")
+
+
+@dataclass
 class RobotClientConfig:
     # The robot, any type LeRobot knows (plugins included): --robot.type=so101_follower --robot.port=...
     robot: RobotConfig
@@ -80,6 +111,8 @@ class RobotClientConfig:
     jpeg_quality: int = 90
     # When to send the next observation (docs/client.md, "Timing").
     send: SendTriggerConfig = field(default_factory=SendTriggerConfig)
+    # Real-time chunking: on when the server advertises it, unless --rtc.enabled=false.
+    rtc: RtcConfig = field(default_factory=RtcConfig)
     # What the robot does when it has no action: hold (command its measured position),
     # zero_velocity (command zeros), or auto (zero_velocity if every action is a *.vel, else hold).
     failsafe: str = "auto"
@@ -135,6 +168,7 @@ class RobotClientConfig:
             raise ConfigError("resume", "needs --dataset.repo_id (and --dataset.root if not the default)")
         if self.dataset is not None:
             self._validate_dataset(self.dataset)
+        self.rtc.validate("rtc")
         self.zenoh.validate("zenoh")
 
     def _validate_dataset(self, ds: ClientDatasetConfig) -> None:

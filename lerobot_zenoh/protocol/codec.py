@@ -28,6 +28,8 @@ from lerobot_zenoh.protocol.messages import (
     Message,
     MessageType,
     Observation,
+    RtcAdvert,
+    RtcInputs,
     Status,
     Telemetry,
 )
@@ -252,6 +254,8 @@ def _to_map(msg: Message) -> dict[str, Any]:
         if msg.history:
             out["history"] = [{"state": pack_array(f.state), "images": {str(k): bytes(v) for k, v in f.images.items()}}
                               for f in msg.history]
+        if msg.rtc is not None:
+            out["rtc"] = {"prefix": pack_array(msg.rtc.prefix), "delay_steps": int(msg.rtc.delay_steps)}
         return out
     if isinstance(msg, ActionChunk):
         return _header(MessageType.ACTION_CHUNK) | _drop_none({
@@ -261,6 +265,7 @@ def _to_map(msg: Message) -> dict[str, Any]:
             "server_id": msg.server_id,
             "queue_time_ms": None if msg.queue_time_ms is None else float(msg.queue_time_ms),
             "execution_horizon": msg.execution_horizon,
+            "rtc_delay_steps": None if msg.rtc_delay_steps is None else int(msg.rtc_delay_steps),
         })
     if isinstance(msg, Status):
         return _header(MessageType.STATUS) | _drop_none({
@@ -280,7 +285,7 @@ def _to_map(msg: Message) -> dict[str, Any]:
             "chunk_size": msg.chunk_size,
             "reads_task": msg.reads_task,
             "history_length": msg.history_length,
-            "rtc": msg.rtc,
+            "rtc": None if msg.rtc is None else _drop_none({"execution_horizon": msg.rtc.execution_horizon}),
         })
     if isinstance(msg, Telemetry):
         return _header(MessageType.TELEMETRY) | {
@@ -324,6 +329,7 @@ def _observation(d: dict, limits: CodecLimits) -> Observation:
         if past.ndim != 1 or past.dtype.kind not in "fiu":
             raise ProtocolError("bad_history", f"history[{i}].state must be a 1-D numeric vector")
         history.append(HistoryFrame(past, _str_map(f"history[{i}].images", _require(frame, "images", dict), bytes)))
+    raw_rtc = _optional(d, "rtc", dict)
     return Observation(
         seq_id=_uint(d, "seq_id"),
         client_uuid=_require(d, "client_uuid", str),
@@ -334,7 +340,31 @@ def _observation(d: dict, limits: CodecLimits) -> Observation:
         episode_id=_optional(d, "episode_id", str),
         session_nonce=_uint(d, "session_nonce", required=False),
         history=tuple(history),
+        rtc=None if raw_rtc is None else _rtc_inputs(raw_rtc, limits),
     )
+
+
+def _rtc_inputs(d: dict, limits: CodecLimits) -> RtcInputs:
+    """The `rtc` map of an observation. Every fault of the prefix is `bad_rtc_prefix`, of the delay
+    `bad_rtc_delay`, so that the server counts it as such (its action dimension is checked by the
+    server, which knows it)."""
+    if "prefix" not in d:
+        raise ProtocolError("bad_rtc_prefix", "rtc.prefix is missing")
+    try:
+        prefix = unpack_array(d["prefix"], "rtc.prefix", limits)
+    except ProtocolError as exc:
+        raise ProtocolError("bad_rtc_prefix", str(exc)) from None
+    if prefix.ndim != 2 or prefix.dtype.kind != "f":
+        raise ProtocolError("bad_rtc_prefix", f"rtc.prefix must be a 2-D float array, got {prefix.dtype} {prefix.shape}")
+    if not np.all(np.isfinite(prefix)):
+        raise ProtocolError("bad_rtc_prefix", "rtc.prefix contains NaN or infinity")
+    delay = d.get("delay_steps")
+    if type(delay) is not int:  # bool, float, nil, absent: not a step count
+        raise ProtocolError("bad_rtc_delay", f"rtc.delay_steps must be an integer, got {type(delay).__name__}")
+    if not 0 <= delay <= len(prefix):
+        raise ProtocolError("bad_rtc_delay",
+                            f"rtc.delay_steps={delay} outside 0..{len(prefix)} (the rows of rtc.prefix)")
+    return RtcInputs(prefix=prefix, delay_steps=delay)
 
 
 def _action_chunk(d: dict, limits: CodecLimits) -> ActionChunk:
@@ -348,6 +378,7 @@ def _action_chunk(d: dict, limits: CodecLimits) -> ActionChunk:
         server_id=_optional(d, "server_id", str),
         queue_time_ms=_optional(d, "queue_time_ms", (int, float)),
         execution_horizon=_uint(d, "execution_horizon", required=False),
+        rtc_delay_steps=_uint(d, "rtc_delay_steps", required=False),
     )
 
 
@@ -359,6 +390,7 @@ def _status(d: dict) -> Status:
             raise ProtocolError("bad_field", f"expected_cameras[{name!r}] must be [height, width]")
         expected_cameras[name] = (hw[0], hw[1])
     action_names = _optional(d, "action_names", list) or []
+    raw_rtc = _optional(d, "rtc", dict)
     if not all(isinstance(n, str) for n in action_names):
         raise ProtocolError("bad_field", "action_names must be strings")
     return Status(
@@ -378,8 +410,15 @@ def _status(d: dict) -> Status:
         chunk_size=_uint(d, "chunk_size", required=False),
         reads_task=_optional(d, "reads_task", bool),
         history_length=_uint(d, "history_length", required=False),
-        rtc=_optional(d, "rtc", bool),
+        rtc=None if raw_rtc is None else _rtc_advert(raw_rtc),
     )
+
+
+def _rtc_advert(d: dict) -> RtcAdvert:
+    horizon = d.get("execution_horizon")
+    if horizon is not None and (type(horizon) is not int or not 1 <= horizon <= UINT64_MAX):
+        raise ProtocolError("bad_field", f"rtc.execution_horizon must be a positive integer, got {horizon!r}"[:200])
+    return RtcAdvert(execution_horizon=horizon)
 
 
 def _telemetry(d: dict) -> Telemetry:

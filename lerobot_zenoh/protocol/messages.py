@@ -47,6 +47,37 @@ class HistoryFrame:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
+class RtcInputs:
+    """What a real-time-chunking policy needs to continue the robot's motion (1.1, optional).
+
+    Carried by the observation itself, so that any server (a hot standby included) can answer it
+    without having seen the earlier chunks.
+
+    - `prefix`: float ``(n, action_dim)``, robot (unnormalized) units: the actions the robot will
+      still execute from the step at which the observation was captured, in order. Row ``k`` is the
+      action for capture step + ``k`` (row ``k`` of the chunk that answers). ``n`` may be 0 (nothing
+      left: plain sampling).
+    - `delay_steps`: the client's estimate of how many control steps pass between the capture and
+      the chunk's arrival (queueing and inference included), ``0 <= delay_steps <= n``: the first
+      `delay_steps` rows of the answer are executed from `prefix` anyway.
+    """
+
+    prefix: np.ndarray
+    delay_steps: int
+
+
+@dataclass(frozen=True, slots=True)
+class RtcAdvert:
+    """A server's real-time-chunking capability, in its status (1.1, optional; absent: no RTC).
+
+    `execution_horizon`: the leading chunk rows the server's RTC guidance draws from the prefix
+    (LeRobot's ``execution_horizon``); prefix rows beyond it are not used. None: not stated.
+    """
+
+    execution_horizon: int | None = None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class Observation:
     """Client -> server, on `.../<client>/obs`, best effort."""
 
@@ -67,6 +98,8 @@ class Observation:
     # consecutive observations (send the last n - 1; within an episode, fewer at its start). Empty:
     # the server falls back to the observations it served this session (docs/policies.md).
     history: tuple[HistoryFrame, ...] = ()
+    # 1.1, optional: real-time-chunking inputs, sent only to a server whose status has `rtc`.
+    rtc: RtcInputs | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -79,6 +112,9 @@ class ActionChunk:
     server_id: str | None = None
     queue_time_ms: float | None = None  # time the observation waited in the server's slot
     execution_horizon: int | None = None  # how many leading actions the model vouches for
+    # 1.1, optional: the inference delay (steps) the server's RTC guidance assumed; present exactly
+    # when the chunk was conditioned on the observation's `rtc` inputs.
+    rtc_delay_steps: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +140,7 @@ class Status:
     chunk_size: int | None = None  # actions the model predicts per call (>= max_actions_per_chunk)
     reads_task: bool | None = None  # the task string conditions the model (VLAs)
     history_length: int | None = None  # consecutive observations the model conditions on
-    rtc: bool | None = None  # accepts real-time-chunking inputs
+    rtc: RtcAdvert | None = None  # present when observations may carry `rtc` inputs
 
 
 @dataclass(frozen=True, slots=True)

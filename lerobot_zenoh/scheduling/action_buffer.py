@@ -24,6 +24,19 @@ Merging a chunk ``(T, D)`` whose row 0 is ``first_step``
     a live reference to the queue outside its lock, so actions popped meanwhile were lost or
     replayed). Hence: no step is executed twice, and no buffered step is lost.
 
+Replacing from a step (real-time chunking)
+    :meth:`ActionBuffer.replace_from` takes a chunk computed *for* the actions the robot executes
+    meanwhile (the server conditioned it on the buffer's :meth:`~ActionBuffer.leftover` sent with
+    the observation), so nothing is blended: rows for steps already executed are discarded as in
+    ``merge``, and every buffered action from the first remaining row's step on (``next_step`` at
+    that instant, read under the lock) is dropped and replaced by the chunk's rows, old steps past
+    the chunk's end included. A chunk entirely in the past changes nothing.
+
+Leftover
+    :meth:`ActionBuffer.leftover` returns, under the same lock, ``next_step`` and the actions the
+    robot will execute from it on (the consecutive buffered steps), exactly as stored: what an
+    observation captured now carries for real-time chunking.
+
 Gaps
     If a chunk starts after the last buffered step (or after ``next_step`` on an empty buffer),
     the steps in between have no action. ``pop`` then jumps over them to the next buffered step
@@ -165,7 +178,9 @@ class MergeResult:
 
     discarded_stale: int  # rows for steps already executed
     blended: int  # rows blended into buffered steps
-    appended: int  # rows for steps that were not buffered
+    appended: int  # rows stored for steps that were not buffered (replace_from: every row stored)
+    replaced: int = 0  # replace_from: buffered actions dropped (overwritten or past the chunk's end)
+    next_step: int | None = None  # the buffer's next_step when the chunk went in (under the lock)
 
 
 @dataclass(frozen=True)
@@ -181,6 +196,8 @@ class ActionBufferStats:
     popped_steps: int
     empty_pops: int
     skipped_steps: int
+    replaced_chunks: int = 0  # chunks taken by replace_from (real-time chunking)
+    replaced_steps: int = 0  # buffered actions those chunks dropped
 
 
 class ActionBuffer:
@@ -214,6 +231,8 @@ class ActionBuffer:
         self._popped_steps = 0
         self._empty_pops = 0
         self._skipped_steps = 0
+        self._replaced_chunks = 0
+        self._replaced_steps = 0
 
     # -- control-loop side
 
@@ -247,20 +266,11 @@ class ActionBuffer:
         Raises :class:`ProtocolError` (reason ``action_shape`` or ``non_finite``) for a chunk
         that must not reach the robot; the buffer is left unchanged.
         """
-        rows = np.array(chunk, dtype=np.float32, copy=True)  # ours: the caller may reuse theirs
-        if rows.ndim != 2 or rows.shape[1] == 0:
-            raise ProtocolError("action_shape", f"chunk must be (T, D) with D > 0, got {rows.shape}")
-        if not np.all(np.isfinite(rows)):
-            raise ProtocolError("non_finite", "action chunk contains NaN or infinity")
+        rows = self._checked(chunk)
         first_step = int(first_step)
 
         with self._lock:
-            if self._action_dim is None:
-                self._action_dim = rows.shape[1]
-            elif rows.shape[1] != self._action_dim:
-                raise ProtocolError(
-                    "action_shape", f"chunk has {rows.shape[1]} action dims, buffer holds {self._action_dim}"
-                )
+            self._check_dim(rows)
             # 1. discard rows for steps already executed.
             stale = min(max(self._next_step - first_step, 0), len(rows))
             rows = rows[stale:]
@@ -283,7 +293,68 @@ class ActionBuffer:
             self._discarded_stale_rows += stale
             self._blended_steps += len(overlap)
             self._appended_steps += len(rows) - len(overlap)
-            return MergeResult(discarded_stale=stale, blended=len(overlap), appended=len(rows) - len(overlap))
+            return MergeResult(discarded_stale=stale, blended=len(overlap), appended=len(rows) - len(overlap),
+                               next_step=self._next_step)
+
+    def replace_from(self, chunk: np.ndarray, first_step: int) -> MergeResult:
+        """Replace the buffer, from the first not-yet-executed step of a chunk ``(T, D)`` whose row 0
+        is step `first_step`, by the chunk's rows (real-time chunking: no blending, see the module
+        docstring). Raises :class:`ProtocolError` like :meth:`merge`; the buffer is then unchanged.
+        """
+        rows = self._checked(chunk)
+        first_step = int(first_step)
+        with self._lock:
+            self._check_dim(rows)
+            stale = min(max(self._next_step - first_step, 0), len(rows))
+            rows = rows[stale:]
+            start = first_step + stale
+            replaced = 0
+            if len(rows):
+                dropped = [step for step in self._actions if step >= start]
+                for step in dropped:
+                    del self._actions[step]
+                replaced = len(dropped)
+                for i in range(len(rows)):
+                    self._actions[start + i] = rows[i]
+            self._merged_chunks += 1
+            self._replaced_chunks += 1
+            self._replaced_steps += replaced
+            self._discarded_stale_rows += stale
+            self._appended_steps += len(rows)
+            return MergeResult(discarded_stale=stale, blended=0, appended=len(rows), replaced=replaced,
+                               next_step=self._next_step)
+
+    def leftover(self, max_rows: int | None = None) -> tuple[int, np.ndarray]:
+        """``(next_step, actions)``: the actions the robot will execute from ``next_step`` on, in order
+        (the run of consecutive buffered steps starting there, at most `max_rows`), float32 ``(n, D)``,
+        copied exactly as stored, read under the lock. ``n`` is 0 when ``next_step`` is not buffered;
+        ``D`` is 0 while the action dimension is unknown.
+        """
+        with self._lock:
+            step = self._next_step
+            rows = []
+            while (max_rows is None or len(rows) < max_rows) and (step + len(rows)) in self._actions:
+                rows.append(self._actions[step + len(rows)])
+            dim = self._action_dim or 0
+        return step, (np.stack(rows) if rows else np.zeros((0, dim), dtype=np.float32))
+
+    @staticmethod
+    def _checked(chunk: np.ndarray) -> np.ndarray:
+        rows = np.array(chunk, dtype=np.float32, copy=True)  # ours: the caller may reuse theirs
+        if rows.ndim != 2 or rows.shape[1] == 0:
+            raise ProtocolError("action_shape", f"chunk must be (T, D) with D > 0, got {rows.shape}")
+        if not np.all(np.isfinite(rows)):
+            raise ProtocolError("non_finite", "action chunk contains NaN or infinity")
+        return rows
+
+    def _check_dim(self, rows: np.ndarray) -> None:
+        # Caller holds the lock. The first chunk fixes the dimension.
+        if self._action_dim is None:
+            self._action_dim = rows.shape[1]
+        elif rows.shape[1] != self._action_dim:
+            raise ProtocolError(
+                "action_shape", f"chunk has {rows.shape[1]} action dims, buffer holds {self._action_dim}"
+            )
 
     # -- shared
 
@@ -326,4 +397,6 @@ class ActionBuffer:
                 popped_steps=self._popped_steps,
                 empty_pops=self._empty_pops,
                 skipped_steps=self._skipped_steps,
+                replaced_chunks=self._replaced_chunks,
+                replaced_steps=self._replaced_steps,
             )

@@ -6,9 +6,10 @@ The reference client (`client/client.py`) and both fleet benchmarks run the same
 benchmark measures is what the client does.
 
 Sending (:meth:`ChunkIntake.on_send`)
-    Remembers ``seq_id -> step at capture`` (the buffer's ``next_step`` when the observation was
-    taken: the step row 0 of its chunk is meant for) in a bounded table (the oldest is dropped
-    beyond ``max_pending``), and tells the `SendTrigger` (RTT send time, in-flight slot).
+    Remembers ``seq_id -> (step at capture, predicted delay)`` (the step is the buffer's ``next_step``
+    when the observation was taken: the step row 0 of its chunk is meant for; the predicted delay is
+    what a real-time-chunking observation carried, else None) in a bounded table (the oldest is
+    dropped beyond ``max_pending``), and tells the `SendTrigger` (RTT send time, in-flight slot).
 
 Receiving (:meth:`ChunkIntake.on_chunk`, or :meth:`ChunkIntake.plan` without a buffer), in order:
 
@@ -25,16 +26,27 @@ Receiving (:meth:`ChunkIntake.on_chunk`, or :meth:`ChunkIntake.plan` without a b
 5. Merge: the remaining rows go to ``ActionBuffer.merge(rows, capture_step + expired)``, which
    also drops rows for steps executed meanwhile and blends the overlap.
 
-Merge modes
-    :class:`MergeMode` names how step 4 and 5 are done. Only ``blend`` exists now. Real-time
-    chunking (the next issue) is another mode: no RTT trim (the server already conditioned the
-    chunk on the actions the robot executes meanwhile), the buffer replaced from the step the chunk
-    actually starts, no blending; the pending record gains the predicted delay sent with the
-    observation, which the result compares with ``delay_steps``.
+Merge modes (:class:`MergeMode`)
+    ``blend``: steps 4 and 5 above. ``rtc`` (real-time chunking): a chunk that echoes
+    ``rtc_delay_steps`` was computed by the server as the continuation of the leftover the
+    observation carried, so there is no RTT trim and no blending: ``ActionBuffer.replace_from(rows,
+    capture_step)`` drops the rows for the steps executed meanwhile and replaces the buffer from the
+    step the chunk actually starts at (``next_step`` under the buffer's lock). The delay that
+    happened, ``actual_delay_steps``, is that step minus the capture step, and is compared with the
+    delay predicted when the observation left (:meth:`ChunkIntake.predict_delay_steps`). In ``rtc``
+    mode a chunk without the echo (a server that did not apply RTC, e.g. an older standby) is
+    blended as in ``blend`` mode, and a chunk answering an observation older than the last one
+    replaced from is rejected, ``superseded`` (it continues a plan that was since replaced).
+
+Delay estimate (:func:`estimate_delay_steps`)
+    ``ceil(q / dt)`` with ``q`` the RTT quantile the send trigger keeps (capture to arrival: encoding,
+    network, the server's queue and inference), clamped to ``[0, max_steps]``; before the first RTT,
+    ``initial_delay_steps`` (clamped the same way).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
@@ -46,13 +58,26 @@ from lerobot_zenoh.errors import ConfigError, ProtocolError
 from lerobot_zenoh.scheduling.action_buffer import ActionBuffer, MergeResult
 from lerobot_zenoh.scheduling.send_trigger import SendTrigger, expired_steps
 
-__all__ = ["ChunkIntake", "IntakeResult", "MergeMode"]
+__all__ = ["ChunkIntake", "IntakeResult", "MergeMode", "estimate_delay_steps"]
 
 
 class MergeMode(StrEnum):
     """How a chunk's rows enter the buffer."""
 
     BLEND = "blend"  # trim int(rtt/dt) expired rows, blend the overlap (ActionBuffer.merge)
+    RTC = "rtc"  # real-time chunking: replace the buffer from the chunk's actual start (replace_from)
+
+
+def estimate_delay_steps(rtt_s: float | None, dt_s: float, *, initial_steps: int, max_steps: int) -> int:
+    """Control steps expected between an observation's capture and its chunk's arrival.
+
+    ``ceil(rtt_s / dt_s)`` (the steps the robot starts meanwhile), or `initial_steps` when no RTT is
+    known yet; clamped to ``[0, max_steps]``.
+    """
+    if not dt_s > 0:
+        raise ValueError(f"dt_s must be positive, got {dt_s}")
+    steps = initial_steps if rtt_s is None else math.ceil(max(rtt_s, 0.0) / dt_s - 1e-9)
+    return max(0, min(int(steps), int(max_steps)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +101,23 @@ class IntakeResult:
     first_step: int | None = None  # the step of the first row handed to the merge
     rows: int = 0  # rows handed to the merge
     merge: MergeResult | None = None  # what the buffer did with them (None from `plan`)
+    mode: MergeMode = MergeMode.BLEND  # how the rows went in (rtc: replace_from, no trim, no blend)
+    predicted_delay_steps: int | None = None  # the delay the observation carried (rtc), else None
+    # Steps executed between capture and merge, read under the buffer's lock (from `plan`: delay_steps).
+    actual_delay_steps: int | None = None
+    server_delay_steps: int | None = None  # the chunk's rtc_delay_steps echo: the delay the server assumed
 
     @property
     def trimmed_steps(self) -> int:
         """Leading rows not executed because they were in the past: RTT trim + the buffer's stale rows."""
         return self.expired + (self.merge.discarded_stale if self.merge is not None else 0)
+
+    @property
+    def delay_error_steps(self) -> int | None:
+        """``actual - predicted`` delay (positive: the chunk came later than predicted), or None."""
+        if self.predicted_delay_steps is None or self.actual_delay_steps is None:
+            return None
+        return self.actual_delay_steps - self.predicted_delay_steps
 
 
 class ChunkIntake:
@@ -90,36 +127,58 @@ class ChunkIntake:
         trigger: the client's send trigger; its RTT tracker measures every round trip.
         dt_s: the control period.
         max_actions: most rows taken from a chunk (the client's ``actions_per_chunk``); None: all.
-        mode: how rows are merged (:class:`MergeMode`).
+        mode: how rows are merged (:class:`MergeMode`); may be changed later (the client switches
+            to ``rtc`` when its server advertises it).
         max_pending: most capture steps remembered; the oldest is dropped beyond it.
+        initial_delay_steps: the delay predicted before the first RTT is measured.
+        delay_quantile: the RTT quantile the delay is predicted from; None: the send trigger's
+            ``rtt_quantile``.
 
     `on_send` and `on_chunk` may run on different threads: the table is guarded by a lock held
     for a dictionary operation only (the buffer has its own).
     """
 
     def __init__(self, trigger: SendTrigger, dt_s: float, *, max_actions: int | None = None,
-                 mode: MergeMode | str = MergeMode.BLEND, max_pending: int = 1024) -> None:
+                 mode: MergeMode | str = MergeMode.BLEND, max_pending: int = 1024,
+                 initial_delay_steps: int = 3, delay_quantile: float | None = None) -> None:
         if not dt_s > 0:
             raise ConfigError("fps", f"control period must be positive, got dt_s={dt_s}")
         if max_actions is not None and max_actions < 1:
             raise ConfigError("actions_per_chunk", f"must be at least 1, got {max_actions}")
         if max_pending < 1:
             raise ConfigError("chunk_intake.max_pending", f"must be at least 1, got {max_pending}")
+        if isinstance(initial_delay_steps, bool) or not isinstance(initial_delay_steps, int) or initial_delay_steps < 0:
+            raise ConfigError("rtc.initial_delay_steps", f"must be an integer >= 0, got {initial_delay_steps!r}")
+        if delay_quantile is not None and not (math.isfinite(delay_quantile) and 0.0 <= delay_quantile <= 1.0):
+            raise ConfigError("rtc.delay_quantile", f"must be within [0, 1] or None, got {delay_quantile}")
         self.trigger = trigger
         self.dt_s = dt_s
         self.max_actions = max_actions
         self.mode = MergeMode(mode)
         self._max_pending = max_pending
+        self.initial_delay_steps = initial_delay_steps
+        self.delay_quantile = delay_quantile
         self._lock = threading.Lock()
-        self._capture_steps: OrderedDict[int, int] = OrderedDict()  # seq_id -> step at capture
+        # seq_id -> (step at capture, predicted delay or None)
+        self._capture_steps: OrderedDict[int, tuple[int, int | None]] = OrderedDict()
+        self._last_replaced_seq: int | None = None  # rtc: the newest observation whose chunk replaced the buffer
 
     # -- sending
 
-    def on_send(self, seq_id: int, step: int, now_s: float) -> None:
-        """Observation `seq_id`, captured when the robot was about to execute `step`, leaves at `now_s`."""
+    def predict_delay_steps(self, max_steps: int) -> int:
+        """The delay (control steps) an observation captured now will see: :func:`estimate_delay_steps`
+        from the RTT quantile, at most `max_steps` (the rows of the leftover it carries)."""
+        q = self.delay_quantile if self.delay_quantile is not None else self.trigger.config.rtt_quantile
+        return estimate_delay_steps(self.trigger.rtt.quantile_s(q), self.dt_s,
+                                    initial_steps=self.initial_delay_steps, max_steps=max_steps)
+
+    def on_send(self, seq_id: int, step: int, now_s: float, *, predicted_delay_steps: int | None = None) -> None:
+        """Observation `seq_id`, captured when the robot was about to execute `step`, leaves at `now_s`
+        (carrying `predicted_delay_steps` when it has real-time-chunking inputs)."""
+        predicted = None if predicted_delay_steps is None else int(predicted_delay_steps)
         with self._lock:
             self._capture_steps.pop(seq_id, None)
-            self._capture_steps[seq_id] = int(step)
+            self._capture_steps[seq_id] = (int(step), predicted)
             while len(self._capture_steps) > self._max_pending:
                 self._capture_steps.popitem(last=False)
         self.trigger.on_send(seq_id, now_s)
@@ -129,6 +188,7 @@ class ChunkIntake:
         with self._lock:
             n = len(self._capture_steps)
             self._capture_steps.clear()
+            self._last_replaced_seq = None
             return n
 
     @property
@@ -139,47 +199,66 @@ class ChunkIntake:
     # -- receiving
 
     def on_chunk(self, seq_id: int, actions: np.ndarray, now_s: float, buffer: ActionBuffer, *,
-                 execution_horizon: int | None = None) -> IntakeResult:
+                 execution_horizon: int | None = None, rtc_delay_steps: int | None = None) -> IntakeResult:
         """Take the chunk `actions` ``(T, D)`` answering `seq_id`, arrived at `now_s`, into `buffer`.
 
-        Never raises for a bad chunk: a rejection is a result with ``accepted=False`` and a reason,
-        and the buffer is left unchanged.
+        `rtc_delay_steps` is the chunk's echo of the delay the server assumed (None: it did not apply
+        real-time chunking). Never raises for a bad chunk: a rejection is a result with
+        ``accepted=False`` and a reason, and the buffer is left unchanged.
         """
-        planned = self._plan(seq_id, len(actions), now_s, buffer.next_step, execution_horizon)
+        planned = self._plan(seq_id, len(actions), now_s, buffer.next_step, execution_horizon, rtc_delay_steps)
         if not planned.accepted:
             return planned
         start = planned.expired
+        rows = actions[start: start + planned.rows]
         try:
-            merged = buffer.merge(actions[start: start + planned.rows], planned.first_step)
+            if planned.mode is MergeMode.RTC:
+                with self._lock:
+                    last = self._last_replaced_seq
+                if last is not None and seq_id < last:
+                    return replace(planned, accepted=False, reason="superseded",
+                                   detail=f"answers observation {seq_id}, older than {last} whose chunk is in use")
+                merged = buffer.replace_from(rows, planned.first_step)
+                with self._lock:
+                    if self._last_replaced_seq is None or seq_id > self._last_replaced_seq:
+                        self._last_replaced_seq = seq_id
+            else:
+                merged = buffer.merge(rows, planned.first_step)
         except ProtocolError as exc:
             return replace(planned, accepted=False, reason=exc.reason, detail=str(exc))
-        return replace(planned, merge=merged)
+        return replace(planned, merge=merged, actual_delay_steps=max(merged.next_step - planned.capture_step, 0))
 
     def plan(self, seq_id: int, rows: int, now_s: float, next_step: int, *,
-             execution_horizon: int | None = None) -> IntakeResult:
+             execution_horizon: int | None = None, rtc_delay_steps: int | None = None) -> IntakeResult:
         """The same decisions for a chunk of `rows` rows when there is no buffer to merge into.
 
         `next_step` is the step the robot executes next (a model's stand-in for ``buffer.next_step``).
-        The caller applies the result: rows ``expired .. expired + rows`` as steps from ``first_step``.
+        The caller applies the result: rows ``expired .. expired + rows`` as steps from ``first_step``
+        (blended, or with ``mode`` rtc replacing everything from the first step not yet executed).
         """
-        return self._plan(seq_id, rows, now_s, next_step, execution_horizon)
+        return self._plan(seq_id, rows, now_s, next_step, execution_horizon, rtc_delay_steps)
 
     def _plan(self, seq_id: int, rows: int, now_s: float, next_step: int,
-              execution_horizon: int | None) -> IntakeResult:
+              execution_horizon: int | None, rtc_delay_steps: int | None) -> IntakeResult:
         first_known = self.trigger.rtt.last_rtt_s is not None  # before this chunk's own sample
         rtt_s = self.trigger.on_receive(seq_id, now_s)
         with self._lock:
-            step = self._capture_steps.pop(seq_id, None)
-        if step is None:
+            pending = self._capture_steps.pop(seq_id, None)
+        if pending is None:
             return IntakeResult(seq_id, False, "unknown_seq", "not an answer to a remembered observation", rtt_s)
+        step, predicted = pending
         delay = max(int(next_step) - step, 0)
+        # Replace only a chunk the server says it conditioned on our leftover; any other is blended.
+        mode = MergeMode.RTC if self.mode is MergeMode.RTC and rtc_delay_steps is not None else MergeMode.BLEND
         kept = rows if self.max_actions is None else min(rows, self.max_actions)
         horizon_cut = 0
         if execution_horizon is not None and execution_horizon < kept:
             h = max(int(execution_horizon), 1)  # 0 would mean "nothing": keep at least one
             horizon_cut, kept = kept - h, h
         expired = 0
-        if self.mode is MergeMode.BLEND and first_known:
+        if mode is MergeMode.BLEND and first_known:
             expired = min(expired_steps(rtt_s, self.dt_s), delay, kept)
         return IntakeResult(seq_id, True, rtt_s=rtt_s, capture_step=step, delay_steps=delay, kept=kept,
-                            horizon_cut=horizon_cut, expired=expired, first_step=step + expired, rows=kept - expired)
+                            horizon_cut=horizon_cut, expired=expired, first_step=step + expired, rows=kept - expired,
+                            mode=mode, predicted_delay_steps=predicted, actual_delay_steps=delay,
+                            server_delay_steps=rtc_delay_steps)

@@ -1,8 +1,10 @@
 """The executor of one model: turns a batch the engine picked into encoded action chunks.
 
     prepare(session_id, observation)  check it against the model's spec, decode its JPEG frames
-                                      (cameras in parallel), build the runner's request, let the
-                                      runner refuse it (`check_request`, e.g. task_too_long)
+                                      (cameras in parallel), build the runner's request (with the
+                                      observation's real-time-chunking inputs in its extras when the
+                                      runner takes them), let the runner refuse it (`check_request`,
+                                      e.g. task_too_long)
     infer(requests)                   one `runner.run` call for the whole batch; if it fails, each
                                       request again on its own so that only the bad one fails
     chunk(observation, result, ...)   cut to actions_per_chunk, execution horizon, ActionChunk bytes
@@ -21,9 +23,15 @@ import numpy as np
 
 from lerobot_zenoh.errors import PolicyError, ProtocolError
 from lerobot_zenoh.protocol import codec
-from lerobot_zenoh.protocol.messages import ActionChunk, Observation
+from lerobot_zenoh.protocol.messages import ActionChunk, Observation, RtcInputs
 from lerobot_zenoh.scheduling.horizon import HorizonPolicy
-from lerobot_zenoh.server.runners.base import InferenceRequest, InferenceResult, PolicyRunner
+from lerobot_zenoh.server.runners.base import (
+    RTC_EXTRA,
+    RTC_EXTRA_DELAY,
+    InferenceRequest,
+    InferenceResult,
+    PolicyRunner,
+)
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +99,10 @@ class Executor:
                 raise ProtocolError("bad_history", f"history frame cameras {sorted(frame.images)}, "
                                                    f"expected {sorted(spec.cameras)}")
             history.append((past, self._decode(frame.images)))
+        rtc = self._rtc(obs)
         request = InferenceRequest(session_id=client_id, state=state, images=images, task=obs.task,
                                    seed=request_seed(client_id, obs.seq_id), episode_id=obs.episode_id,
-                                   history=tuple(history))
+                                   history=tuple(history), extras={RTC_EXTRA: rtc} if rtc is not None else {})
         self.runner.check_request(request)  # e.g. task_too_long, before it can fail a whole batch
         return request
 
@@ -106,6 +115,23 @@ class Executor:
         for name, decoded in others:
             images[name] = decoded.result()
         return images
+
+    def _rtc(self, obs: Observation) -> RtcInputs | None:
+        """The observation's RTC inputs as the runner takes them (float32), checked against the model.
+
+        None when the runner takes none (a client should not send them then; they are ignored). The
+        codec already checked finiteness and ``0 <= delay_steps <= rows``.
+        """
+        if obs.rtc is None or not self.spec.capabilities.rtc:
+            return None
+        prefix = obs.rtc.prefix
+        if prefix.ndim != 2 or prefix.shape[1] != self.spec.action_dim:
+            raise ProtocolError("bad_rtc_prefix",
+                                f"rtc.prefix has shape {prefix.shape}, expected (n, {self.spec.action_dim})")
+        if len(prefix) > self.actions_per_chunk:
+            raise ProtocolError("bad_rtc_prefix",
+                                f"rtc.prefix has {len(prefix)} rows, more than a chunk ({self.actions_per_chunk})")
+        return RtcInputs(np.ascontiguousarray(prefix, dtype=np.float32), int(obs.rtc.delay_steps))
 
     def infer(self, requests: Sequence[InferenceRequest]) -> list[InferenceResult | Exception]:
         """One result per request: its result, or the exception its inference raised."""
@@ -141,6 +167,9 @@ class Executor:
             updates = result.refinement_updates
             sent = updates[:, : len(actions)] if updates is not None else None
             horizon = int(self.horizon.horizon(len(actions), sent))
+        rtc_delay = None
+        if obs.rtc is not None and self.spec.capabilities.rtc:  # the request carried it (prepare)
+            rtc_delay = int(result.extras.get(RTC_EXTRA_DELAY, obs.rtc.delay_steps))
         return codec.encode(ActionChunk(
             response_to_seq_id=obs.seq_id,
             inference_time_ms=inference_ms,
@@ -148,4 +177,5 @@ class Executor:
             server_id=self.server_id,
             queue_time_ms=queue_ms,
             execution_horizon=horizon,
+            rtc_delay_steps=rtc_delay,
         ))

@@ -72,6 +72,9 @@ class SyntheticEntry(_Strict):
     # Simulation knob for the diffusion_confidence horizon: the model trusts the first
     # round(state[i]) actions of its chunk (SyntheticPolicy, docs/scheduling.md). None: no updates.
     confidence_from_state: int | None = Field(None, ge=0, strict=True)
+    # Declare real-time chunking: the chunk's first delay_steps rows are the observation's prefix
+    # (SyntheticPolicy; the status then advertises rtc).
+    rtc: bool = Field(False, strict=True)
 
     @model_validator(mode="after")
     def _state_index(self):

@@ -30,7 +30,7 @@ import numpy as np
 from lerobot_zenoh.errors import ConfigError, KeyExprError, ProtocolError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.keys import AppKey, Topic, parse_client_key
-from lerobot_zenoh.protocol.messages import Status
+from lerobot_zenoh.protocol.messages import RtcAdvert, Status
 from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
 from lerobot_zenoh.server.batch_profiling import measure_batch_profile
 from lerobot_zenoh.server.engine import REPLAYED, Batch, Engine, EngineConfig, Session
@@ -113,6 +113,8 @@ class ServedModel:
             action_names=tuple(spec.action_names),
             accepts_unknown_clients=entry.accept_unknown_clients,
             **spec.status_fields(),
+            # Real-time chunking: observations may carry a prefix and a delay (docs/protocol.md §5.1).
+            rtc=RtcAdvert() if spec.capabilities.rtc else None,
         )
         self.status_bytes = codec.encode(self.status)
         self.publishers: dict[str, Publisher] = {}  # client id -> action publisher, closed with its session

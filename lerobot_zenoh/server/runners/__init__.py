@@ -125,6 +125,7 @@ def load_runner(manifest: Manifest, entry: ModelEntry) -> PolicyRunner:
             latency_ms=syn.latency_ms,
             batch_latency_ms=syn.batch_latency_ms,
             confidence_from_state=syn.confidence_from_state,
+            rtc=syn.rtc,
         ))
     path = manifest.resolve_path(entry)
     if not path.exists():

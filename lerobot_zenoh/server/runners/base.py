@@ -26,6 +26,16 @@ from lerobot_zenoh.errors import ConfigError, PolicyError
 OBS_STATE_KEY = "observation.state"
 OBS_IMAGES_PREFIX = "observation.images."
 
+#: `InferenceRequest.extras` key of a request's real-time-chunking inputs, present only when the runner
+#: declares `capabilities.rtc` and the observation carried them: a `protocol.messages.RtcInputs` whose
+#: ``prefix`` is float32 ``(n, action_dim)`` in robot (unnormalized) units (row k: the action the robot
+#: executes at capture step + k, i.e. row k of the chunk to compute; ``n`` may be 0, n <= the chunk
+#: sent) and whose ``delay_steps`` (0..n) is the number of leading rows executed from the prefix
+#: anyway. A runner may report the delay it actually assumed as ``InferenceResult.extras[RTC_EXTRA_DELAY]``
+#: (int); the server echoes it (else the request's) as the chunk's ``rtc_delay_steps``.
+RTC_EXTRA = "rtc"
+RTC_EXTRA_DELAY = "rtc_delay_steps"
+
 # Session id under which `BaseRunner.warmup` runs; forgotten right after.
 _WARMUP_SESSION_ID = "\x00warmup"
 
@@ -41,7 +51,8 @@ class RunnerCapabilities:
       (``n_obs_steps``); 1 for a policy without history.
     - `refinement_updates`: `run(..., capture_updates=True)` reports per-step refinement (denoising)
       updates (`InferenceResult.refinement_updates`).
-    - `rtc`: accepts real-time-chunking inputs in `InferenceRequest.extras` (no runner does yet).
+    - `rtc`: accepts real-time-chunking inputs, ``extras[RTC_EXTRA]`` of a request (see `RTC_EXTRA`);
+      the server then advertises `rtc` in its status.
     - `reads_task`: the task string conditions the model (language-conditioned policies).
     """
 
@@ -113,7 +124,7 @@ class PolicySpec:
         ``Status(..., **spec.status_fields())``."""
         caps = self.capabilities
         return {"chunk_size": self.chunk_size, "reads_task": caps.reads_task,
-                "history_length": caps.history_length, "rtc": caps.rtc}
+                "history_length": caps.history_length}
 
     def observation_features(self) -> dict[str, dict[str, Any]]:
         """LeRobotDataset-style observation features, JSON/msgpack friendly (lists, no tuples).

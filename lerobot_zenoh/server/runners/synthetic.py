@@ -8,6 +8,10 @@ With `confidence_from_state` it also fakes the refinement (denoising) updates a 
 (`synthetic_denoise_updates`), so that the `diffusion_confidence` execution horizon can be driven end
 to end without torch. This is a simulation knob: the robot (or benchmark) says in its own state how far
 the chunk can be trusted; a real model derives that from its own sampling.
+
+With `rtc` it declares real-time chunking and continues the prefix it is given (`rtc_continue`): the
+first ``delay_steps`` rows are the prefix's, the rest is `synthetic_actions`, so a test can see that a
+chunk continues exactly what the robot was executing.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import numpy as np
 
 from lerobot_zenoh.errors import ConfigError, PolicyError
 from lerobot_zenoh.server.runners.base import (
+    RTC_EXTRA,
+    RTC_EXTRA_DELAY,
     BaseRunner,
     InferenceRequest,
     InferenceResult,
@@ -77,6 +83,15 @@ def synthetic_denoise_updates(
     return updates
 
 
+def rtc_continue(actions: np.ndarray, prefix: np.ndarray, delay_steps: int) -> np.ndarray:
+    """The synthetic stand-in for RTC guidance: rows ``0 .. delay_steps - 1`` of `actions` become the
+    prefix's (the robot executes those from its leftover anyway), the others are kept."""
+    out = np.array(actions, dtype=np.float32, copy=True)
+    d = min(int(delay_steps), len(prefix), len(out))
+    out[:d] = prefix[:d]
+    return out
+
+
 @dataclass
 class SyntheticPolicyConfig:
     """Shape of the synthetic policy and its simulated inference time.
@@ -96,6 +111,7 @@ class SyntheticPolicyConfig:
     latency_ms: float = 0.0
     batch_latency_ms: dict[int, float] | None = field(default=None)
     confidence_from_state: int | None = None
+    rtc: bool = False  # declare real-time chunking and continue the prefix (`rtc_continue`)
 
     def __post_init__(self) -> None:
         index = self.confidence_from_state
@@ -133,7 +149,7 @@ class SyntheticPolicy(BaseRunner):
             chunk_size=config.chunk_size,
             fps=config.fps,
             capabilities=RunnerCapabilities(
-                max_batch=None, refinement_updates=config.confidence_from_state is not None),
+                max_batch=None, refinement_updates=config.confidence_from_state is not None, rtc=bool(config.rtc)),
         )
         profile = sorted((config.batch_latency_ms or {}).items())
         self._profile_sizes = [size for size, _ in profile]
@@ -176,10 +192,14 @@ class SyntheticPolicy(BaseRunner):
                 time.sleep(delay_s)
         chunk, dim = self.spec.chunk_size, self.spec.action_dim
         index = self.config.confidence_from_state if capture_updates else None
-        return [
-            InferenceResult(
-                synthetic_actions(r.state, r.images, chunk, dim),
-                None if index is None else synthetic_denoise_updates(r.state, index, chunk, dim),
-            )
-            for r in requests
-        ]
+        results = []
+        for r in requests:
+            actions = synthetic_actions(r.state, r.images, chunk, dim)
+            extras = {}
+            rtc = r.extras.get(RTC_EXTRA) if self.config.rtc else None
+            if rtc is not None:
+                actions = rtc_continue(actions, rtc.prefix, rtc.delay_steps)
+                extras[RTC_EXTRA_DELAY] = int(rtc.delay_steps)
+            updates = None if index is None else synthetic_denoise_updates(r.state, index, chunk, dim)
+            results.append(InferenceResult(actions, updates, extras))
+        return results
