@@ -747,14 +747,12 @@ def test_a_server_that_cannot_lock_memory_serves_every_same_host_observation(tmp
     """The failure upstream: shared memory on, a server without CAP_IPC_LOCK served the first
     observation of a same-host client and silently lost the rest. Here it falls back, warns, and
     serves all of them (the client keeps shared memory on)."""
-    import shutil
-
     import os
+    import resource
+    import shutil
 
     if shutil.which("capsh") is None or os.geteuid() != 0:
         pytest.skip("needs root and capsh to start a server without CAP_IPC_LOCK")
-    import resource
-
     if resource.getrlimit(resource.RLIMIT_MEMLOCK)[0] == resource.RLIM_INFINITY:
         pytest.skip("RLIMIT_MEMLOCK is unlimited here: dropping CAP_IPC_LOCK does not take the privilege away")
     inner = " ".join([sys.executable, "-m", "lerobot_zenoh.cli.server", "--manifest", str(tmp_path / "m.yaml")])
