@@ -748,14 +748,12 @@ def test_a_server_that_cannot_lock_memory_serves_every_same_host_observation(tmp
     """The failure upstream: shared memory on, a server without CAP_IPC_LOCK served the first
     observation of a same-host client and silently lost the rest. Here it falls back, warns, and
     serves all of them (the client keeps shared memory on)."""
-    import shutil
-
     import os
+    import resource
+    import shutil
 
     if shutil.which("capsh") is None or os.geteuid() != 0:
         pytest.skip("needs root and capsh to start a server without CAP_IPC_LOCK")
-    import resource
-
     if resource.getrlimit(resource.RLIMIT_MEMLOCK)[0] == resource.RLIM_INFINITY:
         pytest.skip("RLIMIT_MEMLOCK is unlimited here: dropping CAP_IPC_LOCK does not take the privilege away")
     inner = " ".join([sys.executable, "-m", "lerobot_zenoh.cli.server", "--manifest", str(tmp_path / "m.yaml")])
@@ -779,3 +777,28 @@ def test_a_server_that_cannot_lock_memory_serves_every_same_host_observation(tmp
         proc.send_signal(signal.SIGINT)
         proc.wait(20)
     assert "cannot lock memory" in log.read_text()
+
+
+# -- what an independent client found (docs/protocol.md says so now) -------------------------------
+
+
+def _with_exif_orientation(jpeg: bytes, orientation: int) -> bytes:
+    import struct
+
+    tiff = (b"II*\x00" + struct.pack("<I", 8) + struct.pack("<H", 1)
+            + struct.pack("<HHIHH", 0x0112, 3, 1, orientation, 0) + struct.pack("<I", 0))
+    app1 = b"Exif\x00\x00" + tiff
+    return jpeg[:2] + b"\xff\xe1" + struct.pack(">H", len(app1) + 2) + app1 + jpeg[2:]
+
+
+@pytest.mark.parametrize("orientation", [1, 3, 6, 8])
+def test_an_exif_orientation_is_ignored_the_pixels_are_used_as_stored(orientation):
+    import cv2
+
+    image = np.zeros((48, 64, 3), np.uint8)
+    image[:8, :16] = 255  # a bright top-left corner
+    jpeg = _with_exif_orientation(codec.encode_jpeg(image), orientation)
+    if orientation in (6, 8):  # a decoder that applies the tag would swap H and W
+        assert cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR).shape[:2] == (64, 48)
+    decoded = codec.decode_jpeg(jpeg, (48, 64))
+    assert decoded.shape == (48, 64, 3) and decoded[:8, :16].mean() > 200 and decoded[-8:, -16:].mean() < 50
