@@ -463,7 +463,7 @@ def test_kill9_of_the_primary_a_connect_only_robot_fails_over_to_the_standby(tmp
         summary = tmp_path / "robot.json"
         client = robot.popen([sys.executable, "-m", "lerobot_zenoh.cli.client", "--robot.type=zenoh_sim",
                               "--robot.cameras={front: [48, 64], wrist: [48, 64]}", *routing_args(app_key, "r1", ep1),
-                              f"--zenoh.connect=[{ep2}]", "--episode_time_s=14", "--watchdog_timeout_s=0.5",
+                              f"--zenoh.connect=[{ep2}]", "--duration_s=14", "--watchdog_timeout_s=0.5",
                               "--discovery_timeout_s=60", "--telemetry_period_s=0", f"--summary_path={summary}"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         ServerProcess.started.append(client)

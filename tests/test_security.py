@@ -588,7 +588,7 @@ def _port_open(port: int) -> bool:
     (["--monitor", "gpu0"], "'gpu0'"),                  # a monitor id equal to the server id
     (["--host", "0.0.0.0"], "'0.0.0.0'"),               # a wildcard is no host a client dials
     (["--host", "*.lab"], "'*.lab'"),
-    (["--router", "robot_2", "--router-endpoint", "tls/127.0.0.1:7447"], "'robot_2'"),
+    (["--router", "robot_2", "--router_endpoint", "tls/127.0.0.1:7447"], "'robot_2'"),
 ])
 def test_secure_init_refuses_names_that_collide_with_a_role_in_one_line(tmp_path, app_key, capsys, extra, named):
     from lerobot_zenoh.cli import secure
@@ -649,11 +649,11 @@ def test_a_robot_and_a_monitor_open_no_listener_and_a_lan_peer_cannot_reach_them
                 "--robot.cameras={front: [48, 64], wrist: [48, 64]}", "--client_uuid=robot_1",
                 f"--cluster_uuid={app_key.cluster}", f"--experiment_tag={app_key.experiment}",
                 f"--model_id={app_key.model}", f"--model_version={app_key.version}",
-                f"--application_tag={app_key.app}", f"--endpoint={endpoint}", "--episode_time_s=20",
+                f"--application_tag={app_key.app}", f"--endpoint={endpoint}", "--duration_s=20",
                 "--discovery_timeout_s=60", f"--summary_path={summary}"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            procs.append(monitor.popen([sys.executable, "-m", "lerobot_zenoh.cli.monitor", "--connect", endpoint,
-                                        "--json", "--duration-s", "25"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            procs.append(monitor.popen([sys.executable, "-m", "lerobot_zenoh.cli.monitor", f"--endpoint={endpoint}",
+                                        "--json=true", "--duration_s=25"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                        text=True))
             # running: the robot has its link to the server, the monitor its own
             assert wait_for(lambda: any(f"{server.ip}:7447" in s for s in robot.sockets("-tn")), 90), "robot never connected"
