@@ -75,6 +75,9 @@ class SyntheticEntry(_Strict):
     # Declare real-time chunking: the chunk's first delay_steps rows are the observation's prefix
     # (SyntheticPolicy; the status then advertises rtc).
     rtc: bool = Field(False, strict=True)
+    # Declare a model that conditions on this many consecutive observations (the status then asks
+    # clients for their last history_length - 1 frames; the synthetic actions ignore them).
+    history_length: int = Field(1, ge=1, le=17, strict=True)
 
     @model_validator(mode="after")
     def _state_index(self):

@@ -126,6 +126,7 @@ def load_runner(manifest: Manifest, entry: ModelEntry) -> PolicyRunner:
             batch_latency_ms=syn.batch_latency_ms,
             confidence_from_state=syn.confidence_from_state,
             rtc=syn.rtc,
+            history_length=syn.history_length,
         ))
     path = manifest.resolve_path(entry)
     if not path.exists():
