@@ -244,13 +244,9 @@ class PolicyServer:
             if stuck:
                 log.warning("inference thread did not finish within %.1f s", timeout_s)
         for model in self.models:
-            snapshot = model.engine.snapshot()
-            for cid, s in snapshot["sessions"].items():
-                log.info("%s %s: received %d, superseded %d, served %d, rejected %s", model.app.prefix, cid,
-                         s["received"], s["superseded"], s["served"], s["rejected"] or 0)
             if not stuck:  # (a stuck inference thread may still be inside the runner)
                 for session in model.engine.close_all():
-                    self._forget(model, session)
+                    self._forget(model, session)  # (logs each session's counts)
                 model.executor.close()
         if self._session is not None:
             self._session.close()
@@ -342,7 +338,10 @@ class PolicyServer:
         if pub is not None:
             model.actions_dropped_closed += pub.dropped
             pub.close()
-        log.debug("%s: session of %s closed", model.app.prefix, session.client_id)
+        st = session.stats
+        log.info("%s %s: received %d, superseded %d, served %d, rejected %s (session closed: %s)", model.app.prefix,
+                 session.client_id, st.received, st.superseded, st.served, dict(st.rejected) or 0,
+                 session.closed_reason)
 
     def _serve(self, model: ServedModel, batch: Batch) -> None:
         """Check each picked observation on its own, infer the valid ones together, publish each chunk.
