@@ -187,7 +187,8 @@ def test_a_batch_of_four_delays_and_prefixes_equals_each_request_alone(rtc_runne
     print(f"{policy_type}: batch of 4 with RTC vs each alone: max |diff| {worst:.2e} (robot units)")
 
     # A request without a prefix (and one with an empty prefix) in a guided batch: its plain chunk.
-    mixed = [requests[0], request("p", TASKS[1], seed=7, rng_seed=3), request("z", TASKS[2], seed=8, rng_seed=4, rows=0)]
+    mixed = [requests[0], request("p", TASKS[1], seed=7, rng_seed=3),
+             request("z", TASKS[2], seed=8, rng_seed=4, rows=0)]
     out = runner.run(mixed)
     for r, result in zip(mixed[1:], out[1:], strict=True):
         np.testing.assert_allclose(result.actions, runner.run([plain(r)])[0].actions, rtol=1e-4, atol=1e-4)
@@ -218,7 +219,8 @@ def test_one_request_equals_lerobots_own_rtc_call(rtc_checkpoints, policy_type):
                 theirs = runner.postprocessor(chunk).numpy()[0]
         finally:
             policy.rtc_processor = policy.model.rtc_processor = ours
-        print(f"{policy_type} n={n} d={d}: served vs LeRobot's RTC max |diff| {np.abs(served.actions - theirs).max():.2e}")
+        diff = np.abs(served.actions - theirs).max()
+        print(f"{policy_type} n={n} d={d}: served vs LeRobot's RTC max |diff| {diff:.2e}")
         np.testing.assert_allclose(served.actions, theirs, rtol=1e-5, atol=1e-5)
 
 
