@@ -114,7 +114,8 @@ class ServedModel:
             accepts_unknown_clients=entry.accept_unknown_clients,
             **spec.status_fields(),
             # Real-time chunking: observations may carry a prefix and a delay (docs/protocol.md §5.1).
-            rtc=RtcAdvert() if spec.capabilities.rtc else None,
+            rtc=(RtcAdvert(entry.rtc.execution_horizon if entry.rtc.enabled else None) if spec.capabilities.rtc
+                 else None),
         )
         self.status_bytes = codec.encode(self.status)
         self.publishers: dict[str, Publisher] = {}  # client id -> action publisher, closed with its session
