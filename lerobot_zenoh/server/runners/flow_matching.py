@@ -236,12 +236,8 @@ class FlowMatchingRunner(LeRobotRunner):
             raise
         except Exception as exc:  # torch/lerobot runtime failure: report, never return "no actions"
             raise PolicyError(f"{self.path}: inference of {len(requests)} request(s) failed: {exc}") from exc
-        out = actions.detach().to("cpu", torch.float32).numpy()
-        expected = (len(requests), self.spec.chunk_size, self.spec.action_dim)
-        if out.shape != expected:
-            raise PolicyError(f"{self.path}: model returned actions {out.shape}, expected {expected}")
         results = []
-        for chunk, rtc, d in zip(out, rtc_rows, delays, strict=True):
+        for chunk, rtc, d in zip(self._chunks(actions, len(requests)), rtc_rows, delays, strict=True):
             # The delay the guidance assumed: LeRobot's weights force min(d, horizon) rows.
             extras = {} if rtc is None else {RTC_EXTRA_DELAY: min(d, self._rtc_horizon)}
             results.append(InferenceResult(np.ascontiguousarray(chunk), extras=extras))

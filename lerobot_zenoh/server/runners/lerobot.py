@@ -299,6 +299,17 @@ class LeRobotRunner(BaseRunner):
             raise PolicyError(f"{self.path}: model returned actions {out.shape}, expected {expected}")
         return out
 
+    def _chunks(self, actions: Any, n: int) -> np.ndarray:
+        """A batched forward pass's unnormalized actions as float32 ``(n, chunk_size, action_dim)``;
+        `PolicyError` when the model returned another shape."""
+        import torch
+
+        out = actions.detach().to("cpu", torch.float32).numpy()
+        expected = (n, self.spec.chunk_size, self.spec.action_dim)
+        if out.shape != expected:
+            raise PolicyError(f"{self.path}: model returned actions {out.shape}, expected {expected}")
+        return out
+
     def _preprocess(self, state: np.ndarray, images: dict[str, np.ndarray], task: str) -> dict[str, Any]:
         """Exactly LeRobot's rollout path: dataset frame -> tensors -> saved preprocessor."""
         from lerobot.policies import prepare_observation_for_inference
