@@ -108,3 +108,8 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 .PHONY: bench
 bench: $(BENCH_STAMP)
 	$(PY) benchmarks/run_all.py $(BENCH_ARGS)
+
+# The JPEG codecs side by side (OpenCV, simplejpeg, PyTurboJPEG if its system library is there).
+.PHONY: bench-codec
+bench-codec: $(STAMP)
+	$(PY) benchmarks/codec.py
