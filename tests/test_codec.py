@@ -22,6 +22,8 @@ from lerobot_zenoh.protocol.messages import (
     Observation,
     RtcAdvert,
     RtcInputs,
+    SameHostAdvert,
+    SharedFrames,
     Status,
     Telemetry,
 )
@@ -323,8 +325,28 @@ def status_rtc_fixture():
     )
 
 
+def obs_shared_fixture():
+    """1.2: one camera raw through same-host shared memory, one as JPEG."""
+    return Observation(
+        seq_id=44, client_uuid="robot_a4b9", state=np.array([0.5], dtype=np.float32), images={"wrist": b"\xff\xd8\xff\xd9"},
+        session_nonce=7,
+        shared_frames=SharedFrames(segment="lz-0123456789abcdef0123456789abcdef-2", generation=9,
+                                   frames={"front": (16, 2, 4)}),
+    )
+
+
+def status_same_host_fixture():
+    return Status(
+        model_id="act", model_version="v1", expected_cameras={"front": (2, 4)}, action_dim=2, max_actions_per_chunk=50,
+        observation_features={}, policy_type="act", fps=30, server_id="gpu0", state_dim=1,
+        same_host=SameHostAdvert(probe="lz-probe-00112233445566778899aabbccddeeff",
+                                 token="ffeeddccbbaa99887766554433221100"),
+    )
+
+
 FIXTURES = {"observation": obs_fixture, "action_chunk": chunk_fixture, "status": status_fixture, "telemetry": telemetry_fixture,
-            "observation_rtc": obs_rtc_fixture, "action_chunk_rtc": chunk_rtc_fixture, "status_rtc": status_rtc_fixture}
+            "observation_rtc": obs_rtc_fixture, "action_chunk_rtc": chunk_rtc_fixture, "status_rtc": status_rtc_fixture,
+            "observation_shared": obs_shared_fixture, "status_same_host": status_same_host_fixture}
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURES))

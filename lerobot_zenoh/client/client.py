@@ -55,6 +55,7 @@ from lerobot_zenoh.scheduling.action_buffer import ActionBuffer
 from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake, IntakeResult, MergeMode
 from lerobot_zenoh.scheduling.send_trigger import SendTrigger
 from lerobot_zenoh.telemetry.publisher import TelemetryPublisher, percentile
+from lerobot_zenoh.transport import same_host
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
 from lerobot_zenoh.transport.settings import ZenohSettings
 
@@ -124,6 +125,7 @@ class ClientCounters:
     overruns: int = 0
     max_lateness_ms: float = 0.0
     observations_published: int = 0
+    observations_same_host: int = 0  # of those, sent as raw frames through /dev/shm
     publish_errors: int = 0
     chunks_received: int = 0
     chunks_rejected: int = 0
@@ -164,6 +166,10 @@ class RobotClient:
                                   initial_delay_steps=config.rtc.initial_delay_steps,
                                   delay_quantile=config.rtc.delay_quantile)
         self.rtc_active = False  # the server advertises RTC and config.rtc.enabled: set from each status
+        # Raw frames through /dev/shm (the server's probe proved one host and user): set from each
+        # status, and off for good once shared memory failed here (`_same_host_failed`).
+        self.same_host_active = False
+        self._same_host_failed = False
         # The last Status.history_length - 1 raw observations, one per control step (the control loop's).
         self._history: deque = deque(maxlen=0)
         # Drawn per client, not per process: each RobotClient counts seq_ids from 1 (docs/protocol.md, "Sessions").
@@ -242,6 +248,8 @@ class RobotClient:
                  status.server_id, status.model_id, status.model_version, status.policy_type,
                  status.max_actions_per_chunk, "on" if self.rtc_active else
                  ("off (--rtc.enabled=false)" if status.rtc is not None else "not offered"))
+        log.info("%s: frames travel %s", cfg.client_uuid, "raw through /dev/shm (same host)" if self.same_host_active
+                 else "as JPEG" + (" (--same_host=false)" if status.same_host is not None and not cfg.same_host else ""))
         self._pub = self._session.publisher(cfg.client_key.obs, OBSERVATION_QOS)
         self._session.subscribe(cfg.client_key.action, self._on_chunk)
         self._session.watch_liveliness(cfg.app_key.all_servers, self._on_liveliness)
@@ -262,6 +270,8 @@ class RobotClient:
         """Real-time chunking and the observation history follow the server that answers (a
         replacement may not offer RTC, or may serve a model with another history length)."""
         self.rtc_active = self.config.rtc.enabled and status.rtc is not None
+        self.same_host_active = (self.config.same_host and not self._same_host_failed
+                                 and same_host.probe_ok(status.same_host))
         self.intake.mode = MergeMode.RTC if self.rtc_active else MergeMode.BLEND
         wanted = max((status.history_length or 1) - 1, 0)
         if self._history.maxlen != wanted:
@@ -430,6 +440,26 @@ class RobotClient:
                 images[cam] = encoded.result()
             return state, images
 
+        ring: same_host.FrameRing | None = None  # this loop's shared-memory files, removed when it ends
+
+        def shared_frame(obs: dict):
+            """(state, {}, SharedFrames) through /dev/shm, or None when shared memory just failed."""
+            nonlocal ring
+            try:
+                if ring is None:
+                    ring = same_host.FrameRing()
+                shared = ring.write({cam: np.asarray(obs[cam]) for cam in cameras})
+            except OSError as exc:
+                self._same_host_failed, self.same_host_active = True, False
+                log.warning("%s: shared memory failed (%s); sending JPEG over the network from now on",
+                            self.config.client_uuid, exc)
+                if ring is not None:
+                    ring.close()
+                    ring = None
+                return None
+            state = np.fromiter((obs[n] for n in names.state_names), dtype=np.float32, count=len(names.state_names))
+            return state, {}, shared
+
         try:
             while not self._stop.is_set():
                 item = self.outbox.take(0.1)
@@ -437,19 +467,24 @@ class RobotClient:
                     continue
                 obs = item.observation
                 try:
-                    state, images = encode_frame(obs)
+                    framed = shared_frame(obs) if self.same_host_active and cameras else None
+                    state, images, shared = framed or (*encode_frame(obs), None)
                     history = tuple(HistoryFrame(*encode_frame(past)) for past in item.history)
                     payload = codec.encode(Observation(item.seq_id, self.config.client_uuid, state, images,
                                                        self.config.task_text, item.execution, episode_id=item.episode_id,
-                                                       session_nonce=self.session_nonce, rtc=item.rtc, history=history))
+                                                       session_nonce=self.session_nonce, rtc=item.rtc, history=history,
+                                                       shared_frames=shared))
                     self._pub.put(payload)
                     self.counters.observations_published += 1
+                    self.counters.observations_same_host += shared is not None
                 except (ProtocolError, TransportError, KeyError, ValueError) as exc:
                     self.counters.publish_errors += 1
                     log.warning("%s: could not publish observation %d: %s", self.config.client_uuid, item.seq_id, exc)
         finally:
             if helpers is not None:
                 helpers.shutdown(wait=True)
+            if ring is not None:
+                ring.close()
 
     # -- reception ----------------------------------------------------------------------------
 

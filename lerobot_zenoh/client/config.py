@@ -109,6 +109,10 @@ class RobotClientConfig:
     aggregate: AggregateConfig = field(default_factory=WeightedAverageConfig)
     # JPEG quality (1-100) of the camera images sent to the server.
     jpeg_quality: int = 90
+    # Send raw frames through /dev/shm instead of JPEG when the server runs on this machine as the
+    # same user and offers it (its status has `same_host`); falls back to JPEG with one warning if
+    # shared memory stops working (docs/protocol.md §7.1).
+    same_host: bool = True
     # When to send the next observation (docs/client.md, "Timing").
     send: SendTriggerConfig = field(default_factory=SendTriggerConfig)
     # Real-time chunking: on when the server advertises it, unless --rtc.enabled=false.

@@ -32,6 +32,8 @@ from lerobot_zenoh.protocol.messages import (
     Observation,
     RtcAdvert,
     RtcInputs,
+    SameHostAdvert,
+    SharedFrames,
     Status,
     Telemetry,
 )
@@ -266,6 +268,10 @@ def _to_map(msg: Message) -> dict[str, Any]:
                               for f in msg.history]
         if msg.rtc is not None:
             out["rtc"] = {"prefix": pack_array(msg.rtc.prefix), "delay_steps": int(msg.rtc.delay_steps)}
+        if msg.shared_frames is not None:
+            sf = msg.shared_frames
+            out["shared_frames"] = {"segment": sf.segment, "generation": int(sf.generation),
+                                    "frames": {str(k): [int(x) for x in v] for k, v in sf.frames.items()}}
         return out
     if isinstance(msg, ActionChunk):
         return _header(MessageType.ACTION_CHUNK) | _drop_none({
@@ -296,6 +302,7 @@ def _to_map(msg: Message) -> dict[str, Any]:
             "reads_task": msg.reads_task,
             "history_length": msg.history_length,
             "rtc": None if msg.rtc is None else _drop_none({"execution_horizon": msg.rtc.execution_horizon}),
+            "same_host": None if msg.same_host is None else {"probe": msg.same_host.probe, "token": msg.same_host.token},
         })
     if isinstance(msg, Telemetry):
         return _header(MessageType.TELEMETRY) | {
@@ -340,6 +347,7 @@ def _observation(d: dict, limits: CodecLimits) -> Observation:
             raise ProtocolError("bad_history", f"history[{i}].state must be a 1-D numeric vector")
         history.append(HistoryFrame(past, _str_map(f"history[{i}].images", _require(frame, "images", dict), bytes)))
     raw_rtc = _optional(d, "rtc", dict)
+    raw_shared = _optional(d, "shared_frames", dict)
     return Observation(
         seq_id=_uint(d, "seq_id"),
         client_uuid=_require(d, "client_uuid", str),
@@ -351,7 +359,36 @@ def _observation(d: dict, limits: CodecLimits) -> Observation:
         session_nonce=_uint(d, "session_nonce", required=False),
         history=tuple(history),
         rtc=None if raw_rtc is None else _rtc_inputs(raw_rtc, limits),
+        shared_frames=None if raw_shared is None else _shared_frames(raw_shared, limits),
     )
+
+
+_SEGMENT_CHARS = frozenset("0123456789abcdef-lz")
+
+
+def _shared_frames(d: dict, limits: CodecLimits) -> SharedFrames:
+    """1.2 `shared_frames`; every fault is `bad_shared_frames` (the file itself is read by the server)."""
+    def bad(detail: str) -> ProtocolError:
+        return ProtocolError("bad_shared_frames", detail)
+
+    segment = d.get("segment")
+    if not isinstance(segment, str) or not 1 <= len(segment) <= 64 or not set(segment) <= _SEGMENT_CHARS:
+        raise bad("segment must be a client's frame-file name")
+    generation = d.get("generation")
+    if type(generation) is not int or not 1 <= generation <= UINT64_MAX:
+        raise bad("generation must be a positive integer")
+    raw = d.get("frames")
+    if not isinstance(raw, dict) or not 1 <= len(raw) <= 64:
+        raise bad("frames must map 1..64 camera names to [offset, height, width]")
+    frames = {}
+    for name, v in raw.items():
+        if not isinstance(name, str) or not isinstance(v, list) or len(v) != 3 or not all(type(x) is int for x in v):
+            raise bad("frames must map camera names to [offset, height, width]")
+        offset, h, w = v
+        if offset < 16 or h <= 0 or w <= 0 or h * w > limits.max_image_pixels or offset > 2**40:
+            raise bad(f"{name}: offset {offset}, {h}x{w} out of bounds"[:200])
+        frames[name] = (offset, h, w)
+    return SharedFrames(segment=segment, generation=generation, frames=frames)
 
 
 def _rtc_inputs(d: dict, limits: CodecLimits) -> RtcInputs:
@@ -421,7 +458,17 @@ def _status(d: dict) -> Status:
         reads_task=_optional(d, "reads_task", bool),
         history_length=_uint(d, "history_length", required=False),
         rtc=None if raw_rtc is None else _rtc_advert(raw_rtc),
+        same_host=_same_host(_optional(d, "same_host", dict)),
     )
+
+
+def _same_host(d: dict | None) -> SameHostAdvert | None:
+    if d is None:
+        return None
+    probe, token = d.get("probe"), d.get("token")
+    if not (isinstance(probe, str) and isinstance(token, str) and len(probe) <= 64 and len(token) <= 64):
+        raise ProtocolError("bad_field", "same_host must be {probe, token} strings")
+    return SameHostAdvert(probe=probe, token=token)
 
 
 def _rtc_advert(d: dict) -> RtcAdvert:

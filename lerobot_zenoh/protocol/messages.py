@@ -14,7 +14,7 @@ from enum import StrEnum
 import numpy as np
 
 #: (major, minor). A peer rejects a message whose major differs from its own; minors are additive.
-PROTOCOL_VERSION: tuple[int, int] = (1, 1)
+PROTOCOL_VERSION: tuple[int, int] = (1, 2)
 
 
 class MessageType(StrEnum):
@@ -77,6 +77,23 @@ class RtcAdvert:
     execution_horizon: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class SharedFrames:
+    """1.2: an observation's raw frames in a same-host shared-memory file (docs/protocol.md §7.1)."""
+
+    segment: str  # file name in /dev/shm, lz-<32 hex>-<slot>
+    generation: int  # the file's generation when these frames were written (>= 1)
+    frames: dict[str, tuple[int, int, int]]  # camera name -> (byte offset, height, width), RGB uint8
+
+
+@dataclass(frozen=True, slots=True)
+class SameHostAdvert:
+    """1.2: a server's offer of the same-host path: a file in /dev/shm holding `token`."""
+
+    probe: str  # lz-probe-<32 hex>
+    token: str  # 32 hex
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Observation:
     """Client -> server, on `.../<client>/obs`, best effort."""
@@ -100,6 +117,9 @@ class Observation:
     history: tuple[HistoryFrame, ...] = ()
     # 1.1, optional: real-time-chunking inputs, sent only to a server whose status has `rtc`.
     rtc: RtcInputs | None = None
+    # 1.2, optional: cameras sent raw through same-host shared memory (sent only to a server whose
+    # status has `same_host`); those cameras are then absent from `images`.
+    shared_frames: SharedFrames | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -141,6 +161,7 @@ class Status:
     reads_task: bool | None = None  # the task string conditions the model (VLAs)
     history_length: int | None = None  # consecutive observations the model conditions on
     rtc: RtcAdvert | None = None  # present when observations may carry `rtc` inputs
+    same_host: SameHostAdvert | None = None  # 1.2: present when observations may carry `shared_frames`
 
 
 @dataclass(frozen=True, slots=True)

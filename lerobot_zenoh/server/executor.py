@@ -23,6 +23,7 @@ import numpy as np
 
 from lerobot_zenoh.errors import PolicyError, ProtocolError
 from lerobot_zenoh.protocol import codec
+from lerobot_zenoh.transport import same_host
 from lerobot_zenoh.protocol.messages import ActionChunk, Observation, RtcInputs
 from lerobot_zenoh.scheduling.horizon import HorizonPolicy
 from lerobot_zenoh.server.runners.base import (
@@ -78,12 +79,20 @@ class Executor:
         state = obs.state.astype(np.float32)
         if not np.all(np.isfinite(state)):
             raise ProtocolError("bad_state", "state has NaN or infinite values")
-        if set(obs.images) != set(spec.cameras):
-            raise ProtocolError("wrong_cameras", f"cameras {sorted(obs.images)}, expected {sorted(spec.cameras)}")
-        # The first camera is decoded on this thread and the others at the same time on helper threads:
-        # OpenCV releases the GIL while it decodes, so two cameras cost one decode of wall time when a
-        # core is free.
-        images = self._decode(obs.images)
+        shared = obs.shared_frames
+        sent = [*obs.images, *(shared.frames if shared is not None else ())]
+        if len(sent) != len(set(sent)) or set(sent) != set(spec.cameras):
+            raise ProtocolError("wrong_cameras", f"cameras {sorted(sent)}, expected {sorted(spec.cameras)}")
+        # Same-host frames are copied out of the client's file here, once, and the file is closed
+        # (transport/same_host.py); JPEG cameras are decoded, the first on this thread and the others
+        # at the same time on helper threads (libjpeg-turbo releases the GIL), so two cameras cost one
+        # decode of wall time when a core is free.
+        images = {}
+        if shared is not None:
+            images = same_host.read_frames(shared, {c: spec.cameras[c] for c in shared.frames})
+        if obs.images:
+            images |= self._decode(obs.images)
+        images = {c: images[c] for c in spec.cameras}
         # A model conditioning on n > 1 steps reads the client's last n - 1 frames (older ones and
         # any sent to a model without history are ignored, undecoded).
         wanted = spec.capabilities.history_length - 1
@@ -107,8 +116,8 @@ class Executor:
         return request
 
     def _decode(self, jpegs: dict[str, bytes]) -> dict[str, np.ndarray]:
-        """Every camera's frame, checked against its expected size (ProtocolError otherwise)."""
-        cameras = list(self.spec.cameras.items())
+        """The frame of every camera in `jpegs` (all of them: checked by the caller), checked against its expected size (ProtocolError otherwise)."""
+        cameras = [(name, hw) for name, hw in self.spec.cameras.items() if name in jpegs]
         others = [(name, self._jpeg.submit(codec.decode_jpeg, jpegs[name], hw, self.limits))
                   for name, hw in cameras[1:]]
         images = {name: codec.decode_jpeg(jpegs[name], hw, self.limits) for name, hw in cameras[:1]}

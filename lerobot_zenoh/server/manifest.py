@@ -284,6 +284,9 @@ class Manifest(_Strict):
     # Period of the telemetry published on .../<app>/server/<server_id>/metrics; 0 turns it off.
     telemetry_period_s: float = Field(1.0, ge=0)
     sessions: SessionsEntry = Field(default_factory=SessionsEntry)
+    # Offer the same-host path (raw frames through /dev/shm, no JPEG) to clients on this machine
+    # that run as the same user (docs/protocol.md §7.1); off: every client sends JPEG.
+    same_host: bool = Field(True, strict=True)
     source: str = Field("<memory>", exclude=True)
 
     @field_validator("cluster_uuid", "experiment_tag", "server_id")

@@ -30,7 +30,7 @@ import numpy as np
 from lerobot_zenoh.errors import ConfigError, KeyExprError, ProtocolError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.keys import AppKey, Topic, parse_client_key
-from lerobot_zenoh.protocol.messages import RtcAdvert, Status
+from lerobot_zenoh.protocol.messages import RtcAdvert, SameHostAdvert, Status
 from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
 from lerobot_zenoh.server.batch_profiling import measure_batch_profile
 from lerobot_zenoh.server.engine import REPLAYED, Batch, Engine, EngineConfig, Session
@@ -40,7 +40,8 @@ from lerobot_zenoh.server.manifest import Manifest, ModelEntry
 from lerobot_zenoh.server.runners import load_runner
 from lerobot_zenoh.server.runners.base import PolicyRunner
 from lerobot_zenoh.telemetry.publisher import TelemetryPublisher, percentile, process_memory
-from lerobot_zenoh.transport.session import ACTION_QOS, Publisher, ZenohSession
+from lerobot_zenoh.transport import same_host
+from lerobot_zenoh.transport.session import ACTION_QOS, Payload, Publisher, ZenohSession
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class ServedModel:
 
     def __init__(self, manifest: Manifest, entry: ModelEntry, runner: PolicyRunner, server_id: str,
                  batch_profile_s: dict[int, float] | None = None,
-                 codec_limits: codec.CodecLimits = codec.DEFAULT_LIMITS):
+                 codec_limits: codec.CodecLimits = codec.DEFAULT_LIMITS, same_host: SameHostAdvert | None = None):
         self.entry = entry
         self.app: AppKey = manifest.app_key(entry)
         self.runner = runner
@@ -116,6 +117,7 @@ class ServedModel:
             # Real-time chunking: observations may carry a prefix and a delay (docs/protocol.md §5.1).
             rtc=(RtcAdvert(entry.rtc.execution_horizon if entry.rtc.enabled else None) if spec.capabilities.rtc
                  else None),
+            same_host=same_host,  # clients on this host and user send raw frames through /dev/shm
         )
         self.status_bytes = codec.encode(self.status)
         self.publishers: dict[str, Publisher] = {}  # client id -> action publisher, closed with its session
@@ -161,6 +163,7 @@ class PolicyServer:
         self._telemetry: list[TelemetryPublisher] = []
         self.started = threading.Event()
         self.started_at_s = 0.0
+        self._probe = same_host.Probe() if manifest.same_host else None
 
     @property
     def inferences(self) -> int:
@@ -170,6 +173,7 @@ class PolicyServer:
 
     def start(self) -> PolicyServer:
         self.started_at_s = time.monotonic()
+        advert = self._probe.advert if self._probe is not None and self._probe.create() else None
         for entry in self.manifest.server:
             if entry.model_id not in self._injected:
                 log.info("loading %s/%s ...", entry.model_id, entry.model_version)  # progress: seconds for a big model
@@ -180,14 +184,16 @@ class PolicyServer:
             log.info("pre-warmed %s/%s (%s) in %.0f ms", entry.model_id, entry.model_version,
                      runner.spec.policy_type, (time.perf_counter() - t0) * 1000)
             profile_s = self._profile(entry, runner) if entry.max_batch_size == "auto" else None
-            self.models.append(ServedModel(self.manifest, entry, runner, self.server_id, profile_s, self._limits))
+            self.models.append(ServedModel(self.manifest, entry, runner, self.server_id, profile_s, self._limits,
+                                           same_host=advert))
 
         self._session = ZenohSession(self.manifest.zenoh_settings()).open()
         for model in self.models:
             model.role = ServingRole(f"{self.server_id}:{model.app.prefix}", self.manifest.standby_for,
                                      on_deactivate=model.engine.drop_slots)
             self._subscriptions.append(self._session.subscribe(
-                model.app.all_observations, lambda key, payload, m=model: self._on_observation(m, key, payload)))
+                model.app.all_observations, lambda key, payload, m=model: self._on_observation(m, key, payload),
+                copy=False))  # kept in Zenoh's buffer: copied once when decoded, never if superseded
             # Each client declares a token on its metrics key: its session closes when the token goes.
             self._subscriptions.append(self._session.watch_liveliness(
                 model.app.all_client_tokens, lambda key, alive, m=model: self._on_client_token(m, key, alive)))
@@ -251,6 +257,8 @@ class PolicyServer:
                 model.executor.close()
         if self._session is not None:
             self._session.close()
+        if self._probe is not None:
+            self._probe.close()
 
     def __enter__(self) -> PolicyServer:
         return self.start()
@@ -274,7 +282,7 @@ class PolicyServer:
 
     # -- Zenoh callbacks: hand over only ------------------------------------------------------
 
-    def _on_observation(self, model: ServedModel, key: str, payload: bytes) -> None:
+    def _on_observation(self, model: ServedModel, key: str, payload: Payload) -> None:
         if not model.role.active.is_set():  # a standby drops observations unseen
             model.standby_dropped += 1
             return
@@ -329,8 +337,8 @@ class PolicyServer:
             if not served:
                 self._wake.wait(EXPIRY_PERIOD_S)
 
-    def _peek(self, payload: bytes):
-        return codec.decode_observation(payload, self._limits)
+    def _peek(self, payload: Payload | bytes):
+        return codec.decode_observation(bytes(payload), self._limits)  # the one copy out of Zenoh's buffer
 
     def _forget(self, model: ServedModel, session: Session) -> None:
         """A closed session: drop its runner state and its action publisher (inference thread only)."""
@@ -359,7 +367,7 @@ class PolicyServer:
         ready = []  # (session, slot, observation, request)
         for session, slot in batch.items:
             try:
-                obs = slot.observation or codec.decode_observation(slot.payload, self._limits)
+                obs = slot.observation or self._peek(slot.payload)
                 if slot.observation is None and engine.check(session, obs) == REPLAYED:
                     self._reject(model, session, REPLAYED, f"seq_id {obs.seq_id} already served")
                     continue

@@ -362,8 +362,11 @@ class ZenohSession:
         self._owned.append(pub)
         return pub
 
-    def subscribe(self, key: str, handler: Callable[[str, bytes], None]) -> Subscription:
-        sub = Subscription(key, handler, _key_and_payload)
+    def subscribe(self, key: str, handler: Callable[[str, bytes], None], *, copy: bool = True) -> Subscription:
+        """`handler(key, payload)` on Zenoh's callback thread. `copy=False`: `payload` is a `Payload`,
+        Zenoh's own buffer kept without copying; `bytes(payload)` copies it out once, when (and if)
+        it is read, so a sample that is dropped or superseded unread is never copied."""
+        sub = Subscription(key, handler, _key_and_payload if copy else _key_and_kept_payload)
         try:
             sub._subscriber = self.raw.declare_subscriber(key, sub._on_sample)
         except zenoh.ZError as exc:
@@ -434,6 +437,28 @@ class ZenohSession:
 
 def _key_and_payload(sample: zenoh.Sample) -> tuple[str, bytes]:
     return str(sample.key_expr), sample.payload.to_bytes()
+
+
+class Payload:
+    """A received payload still in Zenoh's buffer (a `ZBytes`, which owns a reference to it: the
+    buffer lives as long as this object, so keeping it in a slot is safe). eclipse-zenoh 1.10.2's
+    `ZBytes` exposes no buffer protocol, so no memoryview of it can be taken: `bytes(payload)` is
+    the one copy, made by whoever reads it."""
+
+    __slots__ = ("_zbytes",)
+
+    def __init__(self, zbytes: zenoh.ZBytes):
+        self._zbytes = zbytes
+
+    def __len__(self) -> int:
+        return len(self._zbytes)
+
+    def __bytes__(self) -> bytes:
+        return self._zbytes.to_bytes()
+
+
+def _key_and_kept_payload(sample: zenoh.Sample) -> tuple[str, Payload]:
+    return str(sample.key_expr), Payload(sample.payload)
 
 
 def _key_and_presence(sample: zenoh.Sample) -> tuple[str, bool]:
