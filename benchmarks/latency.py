@@ -28,8 +28,16 @@ from benchmarks.harness import Run, add_common_args, machine
 from benchmarks.netns import LINKS, SERVER_ADDR, Network, link_bytes
 from benchmarks.worker import Worker
 
-SYSTEMS = ("ours", "lerobot", "floor")
+# ours: the network path (JPEG), what a robot on another machine gets; ours_shm: the same server
+# and client on one host with the same-host path (raw frames through /dev/shm, loopback cases
+# only: in the link cases client and server are on one host too, but the point there is the link).
+SYSTEMS = ("ours", "ours_shm", "lerobot", "floor")
+SERVERS = ("ours", "lerobot", "floor")  # ours_shm talks to ours's server
 PORTS = {"ours": 7447, "lerobot": 8080, "floor": 7448}
+
+
+def _server_of(system: str) -> str:
+    return "ours" if system == "ours_shm" else system
 
 
 def cases(full: bool, round_trips: int) -> list[tuple[str, str, int]]:
@@ -46,8 +54,9 @@ def cases(full: bool, round_trips: int) -> list[tuple[str, str, int]]:
 
 
 def _client_spec(system: str, workload: str, host: str, port_of: dict) -> tuple[str, dict]:
-    if system == "ours":
-        return "OursClient", {"workload": workload, "endpoint": f"tcp/{host}:{port_of['ours']}"}
+    if system in ("ours", "ours_shm"):
+        return "OursClient", {"workload": workload, "endpoint": f"tcp/{host}:{port_of['ours']}",
+                              "same_host": system == "ours_shm"}
     if system == "lerobot":
         return "LeRobotClient", {"workload": workload, "address": f"{host}:{port_of['lerobot']}"}
     return "FloorClient", {"workload": workload, "endpoint": f"tcp/{host}:{port_of['floor']}"}
@@ -61,11 +70,11 @@ def run(args, run_dir: Run, net: Network, log=print) -> dict:
     if not net.in_namespaces:  # the host's loopback is shared with everything else: take free ports
         from benchmarks.common import free_port
 
-        port_of = {s: free_port() for s in SYSTEMS}
+        port_of = {s: free_port() for s in SERVERS}
     hosts = ["127.0.0.1"] + ([SERVER_ADDR] if net.has_link else [])
     workloads = sorted({wl for wl, _, _ in selected})
     t_start = time.monotonic()
-    servers = {s: Worker(f"latency-server-{s}", net.prefix("server"), str(run_dir.logs), str(run_dir.work)) for s in SYSTEMS}
+    servers = {s: Worker(f"latency-server-{s}", net.prefix("server"), str(run_dir.logs), str(run_dir.work)) for s in SERVERS}
     clients: dict[tuple[str, str], Worker] = {}
     results = []
     try:
@@ -80,36 +89,38 @@ def run(args, run_dir: Run, net: Network, log=print) -> dict:
             host = net.server_host(link)
             iface = net.server_iface(link)
             case_id = f"{wl}-{link_name}"
+            systems = SYSTEMS if link_name == "loopback" else tuple(s for s in SYSTEMS if s != "ours_shm")
             log(f"latency: {WORKLOADS[wl].label} on {link.label}: {n} round trips per system")
-            for s in SYSTEMS:
+            for s in systems:
                 if (s, topo) not in clients:
                     clients[(s, topo)] = Worker(f"latency-client-{s}-{topo}", net.prefix("client", link),
                                                 str(run_dir.logs), str(run_dir.work))
                 kind, kwargs = _client_spec(s, wl, host, port_of)
                 clients[(s, topo)].create(kind, name=case_id, **kwargs)
             jpeg_raw: dict[str, list] = {}
-            for s in SYSTEMS:  # warm-up: connections, caches, first-RTT effects
+            for s in systems:  # warm-up: connections, caches, first-RTT effects
                 clients[(s, topo)].call("round_trips", target=case_id, n=5)
-                servers[s].call("take_policy_ms")
+                servers[_server_of(s)].call("take_policy_ms")
             acc = {s: {"rtt": [], "added": [], "handover": [], "ccpu": 0.0, "scpu": 0.0, "bytes": 0, "n": 0,
-                       "lost": 0, "obs_bytes": None, "reply_bytes": None, "bytes_ok": True} for s in SYSTEMS}
+                       "lost": 0, "obs_bytes": None, "reply_bytes": None, "bytes_ok": True} for s in systems}
             dl0 = net.delay_line_stats() if link_name != "loopback" else None
             turns = math.ceil(n / args.batch)
             for turn in range(turns):
                 # JPEG alone, in the same rotation, so that it sees the same machine as the round trips
                 for k, v in clients[("floor", topo)].call("jpeg_costs", target=case_id, frames=4).items():
                     jpeg_raw.setdefault(k, []).extend(v)
-                order = SYSTEMS[turn % 3:] + SYSTEMS[: turn % 3]
+                order = systems[turn % len(systems):] + systems[: turn % len(systems)]
                 for s in order:
                     batch = min(args.batch, n - turn * args.batch)
                     a = acc[s]
                     # (the host's own loopback carries everyone's traffic: bytes counted in namespaces only)
-                    b0 = link_bytes(servers[s].pid, iface) if net.in_namespaces else None
-                    c0 = servers[s].cpu_s()
+                    server = servers[_server_of(s)]
+                    b0 = link_bytes(server.pid, iface) if net.in_namespaces else None
+                    c0 = server.cpu_s()
                     r = clients[(s, topo)].call("round_trips", target=case_id, n=batch)
-                    c1 = servers[s].cpu_s()
-                    b1 = link_bytes(servers[s].pid, iface) if net.in_namespaces else None
-                    policy = servers[s].call("take_policy_ms")
+                    c1 = server.cpu_s()
+                    b1 = link_bytes(server.pid, iface) if net.in_namespaces else None
+                    policy = server.call("take_policy_ms")
                     a["rtt"] += r["rtt_ms"]
                     keys = r["keys"] or [None] * len(r["rtt_ms"])
                     a["added"] += [x - policy.get(k, 0.0) for x, k in zip(r["rtt_ms"], keys, strict=True)]
@@ -125,7 +136,7 @@ def run(args, run_dir: Run, net: Network, log=print) -> dict:
                     a["obs_bytes"] = r.get("obs_bytes") or a["obs_bytes"]
                     a["reply_bytes"] = r.get("reply_bytes") or a["reply_bytes"]
             dl1 = net.delay_line_stats() if link_name != "loopback" else None
-            for s in SYSTEMS:
+            for s in systems:
                 clients[(s, "loopback" if link_name == "loopback" else "link")].close_target(case_id)
             jpeg = {k: float(np.median(v)) for k, v in jpeg_raw.items() if k != "jpeg_bytes"}
             jpeg["jpeg_kb"] = float(np.mean(jpeg_raw["jpeg_bytes"])) / 1000
@@ -133,7 +144,7 @@ def run(args, run_dir: Run, net: Network, log=print) -> dict:
             if dl0 and dl1:
                 row["delay_line"] = {"packets": dl1["packets"] - dl0["packets"], "dropped": dl1["dropped"] - dl0["dropped"],
                                      "cpu_s": dl1["cpu_s"] - dl0["cpu_s"]}
-            for s in SYSTEMS:
+            for s in systems:
                 a = acc[s]
                 row["systems"][s] = {
                     "rtt_ms": summary(a["rtt"]),
@@ -176,10 +187,14 @@ def format_case(row: dict) -> str:
     lines.append(f"  floor + JPEG alone (median RTT + encode + decode): {floor + j['encode_obs_par_ms'] + j['decode_obs_par_ms']:.2f} ms "
                  f"with cameras in parallel, {floor + j['encode_obs_seq_ms'] + j['decode_obs_seq_ms']:.2f} ms one after the other")
     lines.append(f"  LeRobot / ours, median added latency: {ratio:.1f}x")
+    if "ours_shm" in row["systems"]:
+        shm = row["systems"]["ours_shm"]["added_ms"]["p50"]
+        lines.append(f"  same-host path (ours_shm): {fmt(shm)} ms median added, LeRobot / ours_shm "
+                     f"{ler / shm if shm and ler else float('nan'):.1f}x")
     if row.get("delay_line"):
         d = row["delay_line"]
         lines.append(f"  delay line (all three systems): {d['packets']} packets, {d['dropped']} dropped, "
-                     f"{1000 * d['cpu_s'] / (3 * row['round_trips']):.2f} ms CPU per round trip")
+                     f"{1000 * d['cpu_s'] / (len(row['systems']) * row['round_trips']):.2f} ms CPU per round trip")
     return "\n".join(lines)
 
 
@@ -197,21 +212,22 @@ def plot(result: dict, path) -> None:
 
     rows = result["cases"]
     fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(rows)), 4.8))
-    width = 0.27
-    colors = {"ours": "#1f77b4", "lerobot": "#d62728", "floor": "#7f7f7f"}
+    width = 0.2
+    colors = {"ours": "#1f77b4", "ours_shm": "#2ca02c", "lerobot": "#d62728", "floor": "#7f7f7f"}
     x = np.arange(len(rows))
     for i, s in enumerate(SYSTEMS):
-        p50 = [r["systems"][s]["added_ms"]["p50"] or np.nan for r in rows]
-        p90 = [r["systems"][s]["added_ms"]["p90"] or np.nan for r in rows]
-        p99 = [r["systems"][s]["added_ms"]["p99"] or np.nan for r in rows]
-        xs = x + (i - 1) * width
+        got = [r["systems"].get(s, {}).get("added_ms", {}) for r in rows]
+        p50 = [g.get("p50") or np.nan for g in got]
+        p90 = [g.get("p90") or np.nan for g in got]
+        p99 = [g.get("p99") or np.nan for g in got]
+        xs = x + (i - 1.5) * width
         ax.bar(xs, p50, width, label=f"{s} (median)", color=colors[s])
         ax.errorbar(xs, p50, yerr=[np.zeros(len(rows)), np.subtract(p99, p50)], fmt="none", ecolor="black",
                     capsize=3, lw=1)
         ax.scatter(xs, p90, marker="_", color="black", s=60, zorder=3)
     floor_jpeg = [r["systems"]["floor"]["added_ms"]["p50"] + r["jpeg"]["encode_obs_par_ms"] + r["jpeg"]["decode_obs_par_ms"]
                   for r in rows]
-    ax.scatter(x - width, floor_jpeg, marker="D", color="white", edgecolors="black", s=30, zorder=4,
+    ax.scatter(x + 1.5 * width, floor_jpeg, marker="D", color="white", edgecolors="black", s=30, zorder=4,
                label="floor + JPEG encode/decode alone")
     ax.set_xticks(x, [f"{WORKLOADS[r['workload']].label}\n{r['link']}" for r in rows], fontsize=8)
     ax.set_yscale("log")

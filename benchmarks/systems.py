@@ -156,9 +156,13 @@ class OursClient:
     every control step unless one is already in flight (the heaviest setting for the loop).
     """
 
-    def __init__(self, workload: str, endpoint: str, client_uuid: str = "robot_1", app: str | None = None):
+    def __init__(self, workload: str, endpoint: str, client_uuid: str = "robot_1", app: str | None = None,
+                 same_host: bool = False):
         self.workload = WORKLOADS[workload]
         self.endpoint = endpoint
+        # False: JPEG over the network even when the server is on this host (the network path);
+        # True: the same-host path (raw frames through /dev/shm) when the server offers it.
+        self.same_host = same_host
         self.client_uuid = client_uuid
         self.app = app or workload
         self.client = None
@@ -182,9 +186,11 @@ class OursClient:
             robot=SimRobotConfig(cameras=dict(wl.camera_shapes), fps=FPS), client_uuid=self.client_uuid,
             cluster_uuid=key.cluster, experiment_tag=key.experiment, model_id=key.model, model_version=key.version,
             application_tag=key.app, endpoint=self.endpoint, zenoh=_zenoh_settings(), fps=FPS,
-            actions_per_chunk=CHUNK_SIZE, jpeg_quality=JPEG_QUALITY,
+            actions_per_chunk=CHUNK_SIZE, jpeg_quality=JPEG_QUALITY, same_host=self.same_host,
             send=SendTriggerConfig(buffer_time_s=1000.0, max_in_flight=1))
         self.client = client = RobotClient(config, robot).start()
+        if self.same_host and not client.same_host_active:
+            raise RuntimeError("the same-host path was asked for but not chosen (server offers it? /dev/shm?)")
 
         # Observe, do not replace: the hand-over and the merge keep their own code.
         put = client.outbox.put
