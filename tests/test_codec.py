@@ -63,7 +63,18 @@ def observations(draw):
         episode_id=draw(st.none() | st.text(max_size=12)),
         session_nonce=draw(st.none() | uint64),
         rtc=draw(st.none() | rtc_inputs()),
+        shared_frames=draw(st.none() | shared_frames),
     )
+
+
+shared_frames = st.builds(
+    SharedFrames,
+    segment=st.from_regex(r"lz-[0-9a-f]{32}-[0-9]{1,2}", fullmatch=True),
+    generation=st.integers(1, 2**64 - 1),
+    frames=st.dictionaries(st.text(min_size=1, max_size=8),
+                           st.tuples(st.integers(16, 2**40), st.integers(1, 4096), st.integers(1, 4096)),
+                           min_size=1, max_size=4),
+)
 
 
 @st.composite
@@ -90,6 +101,7 @@ statuses = st.builds(
     state_dim=st.none() | st.integers(0, 64), action_names=st.lists(names, max_size=8).map(tuple),
     accepts_unknown_clients=st.booleans(),
     rtc=st.none() | st.builds(RtcAdvert, execution_horizon=st.none() | st.integers(1, 1000)),
+    same_host=st.none() | st.builds(SameHostAdvert, probe=st.text(max_size=64), token=st.text(max_size=64)),
 )
 numbers = st.integers(-(2**63), 2**63 - 1) | finite
 telemetries = st.builds(
@@ -446,3 +458,23 @@ def test_messages_without_rtc_encode_as_before_and_an_advert_may_be_empty():
     raw = msgpack.unpackb(codec.encode(status_fixture()), raw=False)
     raw["rtc"] = {}
     assert codec.decode_status(msgpack.packb(raw, use_bin_type=True)).rtc == RtcAdvert(None)
+
+
+@pytest.mark.parametrize("bad", [
+    {"segment": "../../etc/passwd", "generation": 1, "frames": {"front": [16, 2, 4]}},
+    {"segment": "lz-ab-1", "generation": 0, "frames": {"front": [16, 2, 4]}},
+    {"segment": "lz-ab-1", "generation": True, "frames": {"front": [16, 2, 4]}},
+    {"segment": "lz-ab-1", "generation": 1, "frames": {}},
+    {"segment": "lz-ab-1", "generation": 1, "frames": {"front": [8, 2, 4]}},  # inside the header
+    {"segment": "lz-ab-1", "generation": 1, "frames": {"front": [16, 0, 4]}},
+    {"segment": "lz-ab-1", "generation": 1, "frames": {"front": [16, 5000, 5000]}},  # pixel limit
+    {"segment": "lz-ab-1", "generation": 1, "frames": {"front": [16, 2]}},
+    {"segment": "lz-ab-1", "frames": {"front": [16, 2, 4]}},
+])
+def test_malformed_shared_frames_are_rejected(bad):
+    """1.2: every fault of `shared_frames` is `bad_shared_frames`, before any file is touched."""
+    m = msgpack.unpackb(codec.encode(obs_shared_fixture()))
+    m["shared_frames"] = bad
+    with pytest.raises(ProtocolError) as e:
+        codec.decode(msgpack.packb(m))
+    assert e.value.reason == "bad_shared_frames"

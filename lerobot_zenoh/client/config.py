@@ -111,7 +111,7 @@ class RobotClientConfig:
     jpeg_quality: int = 90
     # Send raw frames through /dev/shm instead of JPEG when the server runs on this machine as the
     # same user and offers it (its status has `same_host`); falls back to JPEG with one warning if
-    # shared memory stops working (docs/protocol.md §7.1).
+    # shared memory stops working (docs/protocol.md, "The same-host path").
     same_host: bool = True
     # When to send the next observation (docs/client.md, "Timing").
     send: SendTriggerConfig = field(default_factory=SendTriggerConfig)

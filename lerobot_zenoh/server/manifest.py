@@ -285,7 +285,7 @@ class Manifest(_Strict):
     telemetry_period_s: float = Field(1.0, ge=0)
     sessions: SessionsEntry = Field(default_factory=SessionsEntry)
     # Offer the same-host path (raw frames through /dev/shm, no JPEG) to clients on this machine
-    # that run as the same user (docs/protocol.md §7.1); off: every client sends JPEG.
+    # that run as the same user (docs/protocol.md, "The same-host path"); off: every client sends JPEG.
     same_host: bool = Field(True, strict=True)
     source: str = Field("<memory>", exclude=True)
 
