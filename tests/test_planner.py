@@ -170,3 +170,13 @@ def test_cli_writes_a_deployment_and_refuses_an_infeasible_fleet(tmp_path, capsy
     assert main([f"--factory={bad}", f"--profiles={profiles}"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("lerobot-zenoh-plan: infeasible: server count") and "\n" not in err
+
+
+def test_the_benchmark_model_ranks_the_plan_above_both_baselines_on_p4():
+    from benchmarks.pipelines_plan import dedicated_per_model, dedicated_per_robot, make_factory, planned, shared
+
+    f = make_factory("P4", 32, 8)
+    tp, _ = planned(f, PROFILES)
+    assert tp > 80
+    assert shared(f, PROFILES) == 0.0  # uncapped robots queue past the System 1 SLO
+    assert dedicated_per_model(f, PROFILES) < tp / 10 and dedicated_per_robot(f, PROFILES) == 0.0
