@@ -34,9 +34,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from lerobot_zenoh.pipelines.descriptor import OBLIGATION_KINDS, Factory, parse_factory  # noqa: E402
-from lerobot_zenoh.pipelines.planner import Infeasible, plan  # noqa: E402
-from lerobot_zenoh.pipelines.profiles import ModelProfile, Profiles, rosa_profiles, stat_of  # noqa: E402
+from lerobot_zenoh.pipelines.descriptor import OBLIGATION_KINDS, Factory, parse_factory
+from lerobot_zenoh.pipelines.planner import Infeasible, plan
+from lerobot_zenoh.pipelines.profiles import ModelProfile, Profiles, rosa_profiles, stat_of
 
 S1, VLM7, VLM3 = "gr00t-n1.6-3b", "qwen2.5-vl-7b", "qwen2.5-vl-3b"
 
@@ -61,7 +61,8 @@ TASKS = {
            "safe": _comp("safety", VLM3, 500, rate_hz=2), "mon": _comp("monitor", VLM7, 2000, rate_hz=0.5)},
 }
 #: Table 2.
-WORKLOADS = {"P1": ["P1"], "P2": ["P2"], "P3": ["P3"], "P4": ["P4"], "Mix2": ["P2", "P4"], "Mix4": ["P1", "P2", "P3", "P4"]}
+WORKLOADS = {"P1": ["P1"], "P2": ["P2"], "P3": ["P3"], "P4": ["P4"],
+             "Mix2": ["P2", "P4"], "Mix4": ["P1", "P2", "P3", "P4"]}
 
 
 def make_factory(workload: str, robots: int, servers: int) -> Factory:
@@ -128,7 +129,7 @@ def shared(factory: Factory, profiles: Profiles) -> float:
     total = 0.0
     for t, k in classes:
         ok = True
-        for cname, comp in t.components.items():
+        for comp in t.components.values():
             prof = profiles.get(comp.model)
             users = [(u, ku) for u, ku in classes if u.component(comp.kind)]
             if comp.kind in OBLIGATION_KINDS:
@@ -137,7 +138,8 @@ def shared(factory: Factory, profiles: Profiles) -> float:
                 rate = sum(ku * f[u.name] for u, ku in users)
             else:
                 rate = sum(ku * f[u.name] / u.system2_horizon for u, ku in users)
-            if _lat(prof, batch(comp.kind, prof), rate / share[comp.kind], stat_of(comp.slo.percentile)) > comp.slo.deadline_ms:
+            latency = _lat(prof, batch(comp.kind, prof), rate / share[comp.kind], stat_of(comp.slo.percentile))
+            if latency > comp.slo.deadline_ms:
                 ok = False
         total += k * f[t.name] if ok else 0.0
     return total
@@ -170,9 +172,13 @@ def dedicated_per_model(factory: Factory, profiles: Profiles) -> float:
             if h:
                 s2 = t.component("system2")[1]
                 l2 = _lat(profiles.get(s2.model), batch("system2", profiles.get(s2.model)), fr / h, "mean")
-        ok = all(_lat(profiles.get(c.model), batch(c.kind, profiles.get(c.model)), (fr if c.kind == "system1" else fr / t.system2_horizon
-                      if c.kind == "system2" else c.invocation.rate_hz), stat_of(c.slo.percentile)) <= c.slo.deadline_ms
-                 for c in t.components.values())
+        def rate_of(c, fr=fr, t=t):
+            if c.kind == "system1":
+                return fr
+            return fr / t.system2_horizon if c.kind == "system2" else c.invocation.rate_hz
+
+        ok = all(_lat(profiles.get(c.model), batch(c.kind, profiles.get(c.model)), rate_of(c),
+                      stat_of(c.slo.percentile)) <= c.slo.deadline_ms for c in t.components.values())
         total += fr if ok else 0.0
     return total
 
@@ -183,7 +189,7 @@ def dedicated_per_robot(factory: Factory, profiles: Profiles) -> float:
     total = 0.0
     for t in _robot_order(factory)[: factory.servers.count]:
         svc = {n: _service_ms(profiles.get(c.model)) for n, c in t.components.items()}
-        s1name, s1 = t.component("system1")
+        s1name = t.component("system1")[0]
         fr = 1000.0 / (t.action_period_ms + svc[s1name])
         for _ in range(100):
             rates = {n: (fr if c.kind == "system1" else fr / c.invocation.every_n_chunks if c.kind == "system2"
@@ -214,18 +220,18 @@ def run(sizes=(8, 16, 32, 64), servers=8) -> str:
     from ortools.sat.python import cp_model  # noqa: F401  (imported once, outside the timed solves)
 
     peaks: dict[str, list[float]] = {}
-    lines = ["| workload | robots | planned | shared (equal split) | ded/model | ded/robot | planned / shared | planned / best dedicated | plan solve (s) |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for wl in WORKLOADS:
+    lines = [("| workload | robots | planned | shared (equal split) | ded/model | ded/robot | planned / shared "
+              "| planned / best dedicated | plan solve (s) |"), "|---|---|---|---|---|---|---|---|---|"]
+    for wl, classes in WORKLOADS.items():
         for k in sizes:
-            if k % len(WORKLOADS[wl]):
+            if k % len(classes):
                 continue
             f = make_factory(wl, k, servers)
             tp, solve = planned(f, profiles)
             sh, dm, dr = shared(f, profiles), dedicated_per_model(f, profiles), dedicated_per_robot(f, profiles)
             peak = peaks.setdefault(wl, [0.0, 0.0, 0.0])
             peak[0], peak[1], peak[2] = max(peak[0], tp), max(peak[1], sh), max(peak[2], dm, dr)
-            ratio = lambda a, b: f"{a / b:.2f}x" if b > 0 else ("inf" if a > 0 else "-")  # noqa: E731
+            ratio = lambda a, b: f"{a / b:.2f}x" if b > 0 else ("inf" if a > 0 else "-")
             lines.append(f"| {wl} | {k} | {tp:.1f} | {sh:.1f} | {dm:.1f} | {dr:.1f} | {ratio(tp, sh)} | "
                          f"{ratio(tp, max(dm, dr))} | {solve:.2f} |")
     lines += ["", "| workload | peak planned | peak shared | peak dedicated | planned / shared (peaks) | planned / dedicated (peaks) |",
@@ -256,7 +262,7 @@ def main() -> int:
         text = path.read_text()
         block = f"{BEGIN}\n{table}\n{END}"
         if BEGIN in text:
-            text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S)
+            text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, text, flags=re.DOTALL)
         else:
             text += "\n" + block + "\n"
         path.write_text(text)

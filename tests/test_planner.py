@@ -34,8 +34,8 @@ def factory(fleet: list[dict], servers: int, tasks=None) -> dict:
 
 def p1() -> dict:
     """Rosa's P1: System 1 only."""
-    return {"action_period_ms": 200, "components": {"act": copy.deepcopy(MIX2["tasks"]["assemble_kit"]["components"]["act"])}} | {
-        "components": {"act": {**MIX2["tasks"]["assemble_kit"]["components"]["act"], "inputs": []}}}
+    act = copy.deepcopy(MIX2["tasks"]["assemble_kit"]["components"]["act"])
+    return {"action_period_ms": 200, "components": {"act": {**act, "inputs": []}}}
 
 
 def check_plan(data: dict, result) -> None:

@@ -1,7 +1,6 @@
 """lerobot-zenoh-profile against a real server over loopback Zenoh (synthetic policy, set latency)."""
 
 import pytest
-
 from lz_testing import free_port, make_server
 
 from lerobot_zenoh.pipelines.profiles import load_profiles

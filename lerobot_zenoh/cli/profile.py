@@ -73,12 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(ProfileConfig, argv, PROG)
     try:
         app = AppKey(args.cluster_uuid, args.experiment_tag, args.model_id, args.model_version, args.application_tag)
-        app.status  # validates every chunk
+        _ = app.status  # validates every chunk
         existing = load_profiles(args.output) if Path(args.output).exists() else None
         settings = ZenohSettings(mode="peer", connect=[args.endpoint], multicast_scouting=False)
         with ZenohSession(settings).open() as session:
             run = ProfileRun(app, args.batch_size, clients=args.clients, saturation_s=args.saturation_s,
-                             seconds_per_rate=args.seconds_per_rate, timeout_s=args.timeout_s, fractions=tuple(args.fractions))
+                             seconds_per_rate=args.seconds_per_rate, timeout_s=args.timeout_s,
+                             fractions=tuple(args.fractions))
             points = Profiler(session, run).measure(log=lambda m: print(f"{PROG}: {m}", file=sys.stderr))
     except (ConfigError, KeyExprError) as exc:
         print(f"{PROG}: {one_line(str(exc))}", file=sys.stderr)

@@ -228,7 +228,7 @@ def _pack_ilp(options: list[dict[int, tuple[int, float]]], streams: list[Stream]
         m.Add(sum(k * v for k, v in ys.items()) == st.robots)
         y.append(ys)
         servers += list(ys.values())
-        latency += [v * k * int(round(opts[k][1] * 10)) for k, v in ys.items()]
+        latency += [v * k * round(opts[k][1] * 10) for k, v in ys.items()]
     n_servers = sum(servers)
     if budget is not None:
         m.Add(n_servers <= budget)
@@ -303,7 +303,6 @@ def pack_goal(factory: Factory, profiles: Profiles, rates: dict[str, float], bud
     for st, opts, chosen in zip(streams, options, packed):
         for k, count in chosen:
             for _ in range(count):
-                b, mean = opts[k]
                 found = evaluate_server(profiles.get(st.model), [Share(st, k)])
                 servers.append(ServerPlan(-1, st.model, "goal", found[0], [Share(st, k)], found[1], found[2]))
     if len(servers) > budget:

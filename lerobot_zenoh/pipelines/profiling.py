@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import queue
 import secrets
-import threading
 import time
 from dataclasses import dataclass
 
@@ -89,7 +88,8 @@ class Profiler:
         state = np.zeros(status.state_dim or 1, dtype=np.float32)
         ids = [f"profile-{i}" for i in range(self.run.clients)]
         pubs = {cid: self.session.publisher(app.client(cid).obs, OBSERVATION_QOS) for cid in ids}
-        sub = self.session.subscribe(f"{app.prefix}/*/action", lambda key, payload: self._inbox.put((key, payload, time.perf_counter())))
+        sub = self.session.subscribe(f"{app.prefix}/*/action",
+                                     lambda key, payload: self._inbox.put((key, payload, time.perf_counter())))
         try:
             def send(cid: str) -> None:
                 self._seq += 1
