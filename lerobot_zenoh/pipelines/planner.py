@@ -238,6 +238,8 @@ def _pack_ilp(options: list[dict[int, tuple[int, float]]], streams: list[Stream]
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = 10.0
     solver.parameters.num_workers = 1
+    # Proving the latency tie-break optimal took ~5x the time at 1,000 robots for the same plans.
+    solver.parameters.relative_gap_limit = 1e-4
     status = solver.Solve(m)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
