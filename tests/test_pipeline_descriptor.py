@@ -105,6 +105,9 @@ def test_factory_level_mistakes_are_refused():
     data["fleet"][0]["task"] = "paint"
     assert "fleet.0.task" in refused(copy.deepcopy(data))
     data = example()
+    data["fleet"][0]["client_args"] = ["robot.port=/dev/ttyACM0"]
+    assert "fleet.0.client_args" in refused(data) and "not a --flag=value" in refused(data)
+    data = example()
     data["servers"]["count"] = 0
     assert "servers.count" in refused(data)
     data = example()

@@ -180,3 +180,35 @@ def test_the_benchmark_model_ranks_the_plan_above_both_baselines_on_p4():
     assert tp > 80
     assert shared(f, PROFILES) == 0.0  # uncapped robots queue past the System 1 SLO
     assert dedicated_per_model(f, PROFILES) < tp / 10 and dedicated_per_robot(f, PROFILES) == 0.0
+
+
+@pytest.mark.slow  # starts the robot client in a process of its own (it imports LeRobot)
+def test_a_generated_server_and_client_run_as_written(tmp_path):
+    """The manifest and the client line of one robot, used as written: the client finds its server
+    through the planned route and runs (exit 0)."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    from lz_testing import free_port
+
+    from lerobot_zenoh.server.server import PolicyServer
+
+    data = copy.deepcopy(MIX2)
+    data["servers"]["port_base"] = free_port()
+    f = parse_factory(data)
+    result = plan(f, PROFILES)
+    out = write_deployment(f, result, tmp_path / "deploy")
+    line = (out / "clients.sh").read_text().splitlines()[2]
+    argv = shlex.split(line.removesuffix(" &"))
+    assert argv[0] == "lerobot-robot-client"
+    robot = next(a.split("=", 1)[1] for a in argv if a.startswith("--client_uuid="))
+    s1 = result.routing[robot]["act"]
+    server = PolicyServer(load_manifest(out / "manifests" / f"srv{s1}.yaml")).start()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "lerobot_zenoh.cli.client", *argv[1:], "--duration_s=2"],
+                              capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    finally:
+        server.stop()
+    assert proc.returncode == 0, proc.stderr[-2000:]

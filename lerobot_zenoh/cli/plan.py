@@ -22,8 +22,6 @@ class PlanConfig:
     profiles: str
     # Folder for plan.json, manifests/, servers.sh and clients.sh; none: print the summary only.
     output: str | None = None
-    # --robot.type of the generated client commands.
-    robot_type: str = "zenoh_sim"
     # Stop the rate search after this many seconds (the best plan so far is kept).
     time_budget_s: float = 60.0
 
@@ -48,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: infeasible: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_CONFIG
     if args.output:
-        write_deployment(factory, result, args.output, args.robot_type)
+        write_deployment(factory, result, args.output)
     print(json.dumps(result.summary(), indent=1))
     return 0
 

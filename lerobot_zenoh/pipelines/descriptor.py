@@ -232,6 +232,18 @@ class FleetClass(_Strict):
     weight: float = Field(1.0, gt=0, allow_inf_nan=False)
     # F_c^min: the class's total action rate (actions/s = chunks/s) must reach this.
     min_throughput_hz: float = Field(0.0, ge=0, allow_inf_nan=False)
+    # The robots' --robot.type and any further client flags they need (ports, cameras), appended
+    # as given to every generated client command of this class.
+    robot_type: str = "zenoh_sim"
+    client_args: list[str] = Field(default_factory=list)
+
+    @field_validator("client_args")
+    @classmethod
+    def _flags(cls, v: list[str]) -> list[str]:
+        for arg in v:
+            if not arg.startswith("--") or "=" not in arg:
+                raise ValueError(f"{arg!r} is not a --flag=value")
+        return v
 
 
 class ServedModel(_Strict):
