@@ -69,7 +69,7 @@ def observations(draw):
 
 shared_frames = st.builds(
     SharedFrames,
-    segment=st.from_regex(r"lz-[0-9a-f]{32}-[0-9]{1,2}", fullmatch=True),
+    segment=st.from_regex(r"lz-[0-9]{1,10}-[0-9a-f]{32}-[0-9]{1,2}", fullmatch=True),
     generation=st.integers(1, 2**64 - 1),
     frames=st.dictionaries(st.text(min_size=1, max_size=8),
                            st.tuples(st.integers(16, 2**40), st.integers(1, 4096), st.integers(1, 4096)),
@@ -342,7 +342,7 @@ def obs_shared_fixture():
     return Observation(
         seq_id=44, client_uuid="robot_a4b9", state=np.array([0.5], dtype=np.float32), images={"wrist": b"\xff\xd8\xff\xd9"},
         session_nonce=7,
-        shared_frames=SharedFrames(segment="lz-0123456789abcdef0123456789abcdef-2", generation=9,
+        shared_frames=SharedFrames(segment="lz-4242-0123456789abcdef0123456789abcdef-2", generation=9,
                                    frames={"front": (16, 2, 4)}),
     )
 
@@ -351,7 +351,7 @@ def status_same_host_fixture():
     return Status(
         model_id="act", model_version="v1", expected_cameras={"front": (2, 4)}, action_dim=2, max_actions_per_chunk=50,
         observation_features={}, policy_type="act", fps=30, server_id="gpu0", state_dim=1,
-        same_host=SameHostAdvert(probe="lz-probe-00112233445566778899aabbccddeeff",
+        same_host=SameHostAdvert(probe="lz-probe-4242-00112233445566778899aabbccddeeff",
                                  token="ffeeddccbbaa99887766554433221100"),
     )
 

@@ -257,3 +257,22 @@ def test_many_short_same_host_sessions_leave_no_file_and_no_memory(port, app_key
         assert sum(m.engine.sessions_opened for m in server.models) == 100
     assert lz_files() == before_files
     assert rss[1] - rss[0] < 32, f"RSS grew {rss[1] - rss[0]:.1f} MiB over 80 sessions"
+
+
+def test_files_of_dead_processes_are_removed_when_a_server_starts():
+    """A killed server's probe and a crashed client's frame files carry their pid: the next server removes them."""
+    with open("/proc/sys/kernel/pid_max") as f:
+        dead = int(f.read())  # pids are below pid_max: this one never runs
+    names = [f"lz-probe-{dead}-{'a' * 32}", f"lz-{dead}-{'b' * 32}-0"]
+    mine = f"lz-{os.getpid()}-{'c' * 32}-0"  # a live process's file stays
+    for n in [*names, mine]:
+        with open(os.path.join(same_host.SHM_DIR, n), "wb") as f:
+            f.write(b"x")
+    probe = same_host.Probe()
+    try:
+        assert probe.create()
+        assert not any(os.path.exists(os.path.join(same_host.SHM_DIR, n)) for n in names)
+        assert os.path.exists(os.path.join(same_host.SHM_DIR, mine))
+    finally:
+        probe.close()
+        os.unlink(os.path.join(same_host.SHM_DIR, mine))

@@ -81,7 +81,7 @@ class RtcAdvert:
 class SharedFrames:
     """1.2: an observation's raw frames in a same-host shared-memory file (docs/protocol.md §7.1)."""
 
-    segment: str  # file name in /dev/shm, lz-<32 hex>-<slot>
+    segment: str  # file name in /dev/shm, lz-<pid>-<32 hex>-<slot>
     generation: int  # the file's generation when these frames were written (>= 1)
     frames: dict[str, tuple[int, int, int]]  # camera name -> (byte offset, height, width), RGB uint8
 
@@ -90,7 +90,7 @@ class SharedFrames:
 class SameHostAdvert:
     """1.2: a server's offer of the same-host path: a file in /dev/shm holding `token`."""
 
-    probe: str  # lz-probe-<32 hex>
+    probe: str  # lz-probe-<pid>-<32 hex>
     token: str  # 32 hex
 
 

@@ -174,6 +174,14 @@ class PolicyServer:
     def start(self) -> PolicyServer:
         self.started_at_s = time.monotonic()
         advert = self._probe.advert if self._probe is not None and self._probe.create() else None
+        try:
+            return self._start(advert)
+        except BaseException:
+            if self._probe is not None:
+                self._probe.close()  # a server that failed to start leaves no probe file behind
+            raise
+
+    def _start(self, advert: SameHostAdvert | None) -> PolicyServer:
         for entry in self.manifest.server:
             if entry.model_id not in self._injected:
                 log.info("loading %s/%s ...", entry.model_id, entry.model_version)  # progress: seconds for a big model

@@ -40,8 +40,8 @@ from lerobot_zenoh.protocol.messages import SameHostAdvert, SharedFrames
 log = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
-SEGMENT_RE = re.compile(r"lz-[0-9a-f]{32}-[0-9]{1,2}")
-PROBE_RE = re.compile(r"lz-probe-[0-9a-f]{32}")
+SEGMENT_RE = re.compile(r"lz-([0-9]{1,10})-[0-9a-f]{32}-[0-9]{1,2}")  # lz-<pid>-<random>-<slot>
+PROBE_RE = re.compile(r"lz-probe-([0-9]{1,10})-[0-9a-f]{32}")  # lz-probe-<pid>-<random>
 MAGIC = b"LZF1"
 HEADER = struct.Struct("<4s4xQ")
 MAX_SLOTS = 16
@@ -57,12 +57,17 @@ class Probe:
 
     def __init__(self, directory: str = SHM_DIR):
         self.directory = directory
-        self.advert = SameHostAdvert(probe=f"lz-probe-{secrets.token_hex(16)}", token=secrets.token_hex(16))
+        self.advert = SameHostAdvert(probe=f"lz-probe-{os.getpid()}-{secrets.token_hex(16)}", token=secrets.token_hex(16))
         self.path = os.path.join(directory, self.advert.probe)
         self.created = False
 
     def create(self) -> bool:
-        """Write the probe file; False (and a log line) if this host's shared memory is not usable."""
+        """Write the probe file; False (and a log line) if this host's shared memory is not usable.
+
+        Also removes the files that processes of this user which died without cleaning up left
+        behind (a killed server's probe, a crashed client's frame files): their names carry the pid.
+        """
+        remove_orphans(self.directory)
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
@@ -82,6 +87,27 @@ class Probe:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
+
+
+def remove_orphans(directory: str = SHM_DIR) -> int:
+    """Remove probe and frame files of this user whose process (the pid in the name) is gone; how many."""
+    removed = 0
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return 0
+    for name in names:
+        m = PROBE_RE.fullmatch(name) or SEGMENT_RE.fullmatch(name)
+        if m is None or os.path.exists(f"/proc/{m.group(1)}"):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            if os.lstat(path).st_uid == os.getuid():
+                os.unlink(path)
+                removed += 1
+        except OSError:
+            pass
+    return removed
 
 
 def read_frames(ref: SharedFrames, expected: Mapping[str, tuple[int, int]], directory: str = SHM_DIR) -> dict[str, np.ndarray]:
@@ -172,7 +198,7 @@ class FrameRing:
             raise ValueError(f"slots must be in 2..{MAX_SLOTS}, got {slots}")
         self.directory = directory
         self.slots = slots
-        self._stem = f"lz-{secrets.token_hex(16)}"
+        self._stem = f"lz-{os.getpid()}-{secrets.token_hex(16)}"
         self._fds: list[int | None] = [None] * slots
         self._sizes = [0] * slots
         self._next = 0
