@@ -76,6 +76,12 @@ from lerobot_zenoh.server.runners.synthetic import SyntheticPolicy, SyntheticPol
 FPS = fleet_traces.FPS
 DT_S = 1.0 / FPS
 GPU_PROFILE_MS = fleet_traces.GPU_PROFILE_MS
+#: A VLA-shaped profile: the tiny SmolVLA's measured CPU medians by batch size (docs/benchmarks.md,
+#: "VLAs: chunk latency by batch size": 42.5, 46.0, 51.8, 80.5 ms at 1, 2, 4, 8) scaled so that
+#: batch 1 takes 60 ms like the GPU-like profile; 16 extrapolated on the 4 -> 8 slope (7.2 ms per row).
+VLA_PROFILE_MS = {b: round(60.0 * ms / 42.5, 1)
+                  for b, ms in {1: 42.5, 2: 46.0, 4: 51.8, 8: 80.5, 16: 80.5 + 8 * (80.5 - 51.8) / 4}.items()}
+PROFILES = {"gpu": GPU_PROFILE_MS, "vla": VLA_PROFILE_MS}
 ONE_WAY_S = 0.0025  # Kairos' Wi-Fi 7 base latency robot <-> edge server
 
 
@@ -84,11 +90,11 @@ ONE_WAY_S = 0.0025  # Kairos' Wi-Fi 7 base latency robot <-> edge server
 
 @dataclass
 class Config:
-    scheduler: str = "fifo"  # fifo | round_robin | wait_ratio
+    scheduler: str = "fifo"  # fifo | fifo_running_first | round_robin | wait_ratio
     max_batch: int = 1
     buckets: int = 10
     aging: int = 1
-    first_request: str = "highest"
+    first_request: str = WaitRatioScheduler().first_request
     mode: str = "fleet"  # fleet: N robots, tasks back to back; online: Poisson task arrivals
     robots: int = 20
     rate_per_s: float = 1.0  # online mode
@@ -104,8 +110,39 @@ class Config:
         return f"wait_ratio(B={self.buckets},A={self.aging},{self.first_request})"
 
 
+class FifoRunningFirst:
+    """A model-only rung: FIFO, but requests of running tasks (served before in this episode) go
+    before the first request of a new task. What ordering alone buys, without wait ratios."""
+
+    name = "fifo_running_first"
+
+    def __init__(self) -> None:
+        self._fifo = make_scheduler("fifo")
+        self._running: set[str] = set()
+
+    def on_arrival(self, client_id, now_s, execution=None):
+        self._fifo.on_arrival(client_id, now_s, execution)
+
+    def pick(self, ready, now_s, max_batch=1):
+        order = self._fifo.pick(ready, now_s, len(ready))
+        return sorted(order, key=lambda c: c not in self._running)[:max_batch]  # stable: FIFO inside
+
+    def on_served(self, client_ids, now_s, duration_s):
+        self._fifo.on_served(client_ids, now_s, duration_s)
+        self._running.update(client_ids)
+
+    def forget(self, client_id):
+        self._fifo.forget(client_id)
+        self._running.discard(client_id)
+
+    def stats(self):
+        return self._fifo.stats()
+
+
 def scheduler_for(cfg: Config) -> RequestScheduler:
     """The scheduler the server would build from a manifest naming these settings."""
+    if cfg.scheduler == FifoRunningFirst.name:
+        return FifoRunningFirst()
     settings = {}
     if cfg.scheduler == "wait_ratio":
         settings = dict(buckets=cfg.buckets, aging=cfg.aging, first_request=cfg.first_request)
@@ -144,7 +181,8 @@ class _Robot:
 class Result:
     cfg: Config
     actions_per_s: float
-    stalled_pct: float
+    stalled_pct: float  # mid-task only (the old definition)
+    stalled_arrival_pct: float  # counted from the task's arrival: the wait for its first chunk too
     wait_mean_ms: float
     wait_p99_ms: float
     latency_mean_s: float
@@ -153,6 +191,8 @@ class Result:
     tasks_done: int
     batch_mean: float
     requests: int
+    sd: dict[str, float] = field(default_factory=dict)  # sample standard deviation over seeds
+    runs: list[Result] = field(default_factory=list, repr=False)  # one per seed
 
     @property
     def slo_pct(self) -> float:
@@ -179,6 +219,7 @@ class FleetSim:
         self.w0, self.w1 = cfg.warmup_s, cfg.duration_s
         self.executed = 0.0
         self.stalled = 0.0
+        self.first_wait = 0.0  # control steps between a task's arrival and its first action
         self.waits: list[float] = []
         self.latencies: list[float] = []
         self.batches: list[int] = []
@@ -238,8 +279,10 @@ class FleetSim:
     def _deliver(self, t: float, robot: _Robot, seq: int) -> None:
         taken = robot.intake.plan(seq, fleet_traces.CHUNK_SIZE, t, robot.next_step(t),
                                   execution_horizon=robot.trace[robot.round])
-        if t > robot.free_at_s and robot.round > 0:  # ran dry mid-task (the first chunk's wait is not a stall)
+        if t > robot.free_at_s and robot.round > 0:  # ran dry mid-task
             self.stalled += self._count(robot.free_at_s, t)
+        elif robot.round == 0:  # the wait for a task's first chunk: a stall counted from arrival
+            self.first_wait += self._count(robot.task_start_s, t)
         start = max(t, robot.free_at_s)
         end = start + taken.rows * DT_S
         self.executed += self._count(start, end)
@@ -306,6 +349,8 @@ class FleetSim:
             cfg=self.cfg,
             actions_per_s=self.executed / window,
             stalled_pct=100.0 * self.stalled / total if total else 0.0,
+            stalled_arrival_pct=(100.0 * (self.stalled + self.first_wait) / (total + self.first_wait)
+                                 if total + self.first_wait else 0.0),
             wait_mean_ms=float(waits.mean()),
             wait_p99_ms=float(np.percentile(waits, 99)),
             latency_mean_s=float(np.mean(lat)),
@@ -317,107 +362,167 @@ class FleetSim:
         )
 
 
-def gpu_latency() -> Callable[[int], float]:
-    """The synthetic policy's batch-latency model with the GPU-like profile."""
+def gpu_latency(profile: str = "gpu") -> Callable[[int], float]:
+    """The synthetic policy's batch-latency model with a profile of PROFILES (default GPU-like)."""
     policy = SyntheticPolicy(SyntheticPolicyConfig(state_names=("s",), cameras={}, action_names=("a",), chunk_size=1,
-                                                   batch_latency_ms=dict(GPU_PROFILE_MS)))
+                                                   batch_latency_ms=dict(PROFILES[profile])))
     return policy.latency_s
 
 
+METRICS = ("actions_per_s", "stalled_pct", "stalled_arrival_pct", "wait_mean_ms", "wait_p99_ms", "latency_mean_s",
+           "latency_p25_s", "latency_p95_s", "batch_mean")
+
+
 def simulate(cfg: Config, traces, latency_s, seeds: Sequence[int]) -> Result:
-    """Mean of the metrics over `seeds` (each seed: other robot start times and task order)."""
+    """Mean (and sample sd) of the metrics over `seeds` (each seed: other robot start times and task order)."""
     runs = [FleetSim(Config(**{**cfg.__dict__, "seed": s}), traces, latency_s).run() for s in seeds]
-    mean = {k: statistics.fmean(getattr(r, k) for r in runs)
-            for k in ("actions_per_s", "stalled_pct", "wait_mean_ms", "wait_p99_ms", "latency_mean_s",
-                      "latency_p25_s", "latency_p95_s", "batch_mean")}
-    return Result(cfg=cfg, tasks_done=sum(r.tasks_done for r in runs), requests=sum(r.requests for r in runs), **mean)
+    mean = {k: statistics.fmean(getattr(r, k) for r in runs) for k in METRICS}
+    sd = {k: statistics.stdev([getattr(r, k) for r in runs]) if len(runs) > 1 else 0.0 for k in METRICS}
+    return Result(cfg=cfg, tasks_done=sum(r.tasks_done for r in runs), requests=sum(r.requests for r in runs),
+                  sd=sd, runs=runs, **mean)
 
 
 # ------------------------------------------------------------------------------------ study
 
 
-SCHEDULERS = [("fifo", {}), ("round_robin", {}), ("wait_ratio", {})]
+SCHEDULERS = [("fifo", {}), ("fifo_running_first", {}), ("round_robin", {}), ("wait_ratio", {})]
 
 
-def row(r: Result, first: str) -> str:
-    return (f"| {first} | {r.actions_per_s:.0f} | {r.slo_pct:.2f} | {r.wait_mean_ms:.0f} | {r.wait_p99_ms:.0f} | "
-            f"{r.latency_mean_s:.2f} | {r.latency_p25_s:.2f} | {r.latency_p95_s:.2f} | {r.batch_mean:.1f} |")
+def pm(r: Result, key: str, fmt: str = ".2f") -> str:
+    return f"{getattr(r, key):{fmt}} ± {r.sd.get(key, 0.0):{fmt}}"
 
 
-HEADER = ("| {first} | actions/s | SLO % | wait mean ms | wait p99 ms | task mean s | task p25 s | task p95 s | batch |\n"
-          "|---|---|---|---|---|---|---|---|---|")
+def row(r: Result, first: str, ref: Result | None = None) -> str:
+    def delta(key: str) -> str:
+        """Relative to the reference run of the same seed (paired): mean ± sd over seeds."""
+        if ref is None or r is ref:
+            return ""
+        d = [100 * (getattr(a, key) / getattr(b, key) - 1) for a, b in zip(r.runs, ref.runs)]
+        return f"{statistics.fmean(d):+.1f} ± {statistics.stdev(d) if len(d) > 1 else 0.0:.1f} %"
+
+    return (f"| {first} | {pm(r, 'latency_mean_s')} | {delta('latency_mean_s')} | {r.latency_p25_s:.2f} | "
+            f"{pm(r, 'latency_p95_s')} | {delta('latency_p95_s')} | {pm(r, 'stalled_arrival_pct')} | "
+            f"{r.stalled_pct:.2f} | {r.actions_per_s:.0f} | {r.wait_p99_ms:.0f} | {r.batch_mean:.1f} |")
+
+
+HEADER = ("| {first} | task mean s | vs FIFO, same seed | task p25 s | task p95 s | vs FIFO, same seed | stalled % from arrival | "
+          "stalled % mid-task (old) | actions/s | wait p99 ms | batch |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def rate_for_load(load: float, latency_s, max_batch: int, traces) -> float:
+    """Task arrivals per second that ask for `load` x the server's throughput at `max_batch`
+    (``max_batch / latency(max_batch)`` requests/s), each task asking one request per round."""
+    rounds = statistics.fmean(len(t) for t in traces)
+    return load * max_batch / latency_s(max_batch) / rounds
+
+
+def largest_fleet(run: Callable[[int], Result], key: str, budget_pct: float = 1.0, limit: int = 400) -> int:
+    """The largest N with `key` (a stall %) <= budget, to one robot: double up from 1, then bisect.
+    Assumes stalls grow with N (checked at the bracket only)."""
+    good, bad = 0, None
+    n = 1
+    while n <= limit:
+        if getattr(run(n), key) <= budget_pct:
+            good, n = n, n * 2
+        else:
+            bad = n
+            break
+    if bad is None:
+        return good
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if getattr(run(mid), key) <= budget_pct:
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+RUNGS = [
+    ("FIFO, one at a time", dict(scheduler="fifo", max_batch=1)),
+    ("FIFO, running tasks before new ones, one at a time", dict(scheduler="fifo_running_first", max_batch=1)),
+    ("wait ratio, one at a time", dict(scheduler="wait_ratio", max_batch=1)),
+    ("FIFO, batched", dict(scheduler="fifo", max_batch=None)),
+    ("FIFO, running tasks before new ones, batched", dict(scheduler="fifo_running_first", max_batch=None)),
+    ("wait ratio, batched", dict(scheduler="wait_ratio", max_batch=None)),
+]
 
 
 def study(args) -> str:
-    latency_s = gpu_latency()
     traces = load_traces(args)
     seeds = list(range(args.seeds))
     base = Config(duration_s=args.duration_s, warmup_s=args.warmup_s, buckets=args.buckets, aging=args.aging,
                   first_request=args.first_request, trigger=args.trigger)
     out = []
     say = out.append
-    sat = saturation_batch_size({b: latency_s(b) for b in profile_batch_sizes(16)})
-    say(f"Profile (ms per dispatch): {GPU_PROFILE_MS}; throughput at 1 = {1 / latency_s(1):.1f} req/s, "
-        f"at 16 = {16 / latency_s(16):.1f} req/s; saturation batch size (within 10 % of peak) = {sat}.\n")
     mean_h = statistics.fmean(h for t in traces for h in t)
-    say(f"Traces: {len(traces)} tasks, {sum(map(len, traces))} rounds, mean H = {mean_h:.1f} actions "
-        f"({mean_h * DT_S:.2f} s); one-way network {ONE_WAY_S * 1000:.1f} ms; {args.seeds} seeds x "
-        f"{args.duration_s - args.warmup_s:.0f} s measured after {args.warmup_s:.0f} s warm-up.\n")
+    say(f"Traces: {len(traces)} tasks, {sum(map(len, traces))} rounds ({statistics.fmean(map(len, traces)):.1f} "
+        f"per task), mean H = {mean_h:.1f} actions ({mean_h * DT_S:.2f} s); one-way network {ONE_WAY_S * 1000:.1f} ms; "
+        f"every figure is the mean ± sample sd over {args.seeds} seeds (robot start times, task order) of "
+        f"{args.duration_s - args.warmup_s:.0f} s measured after {args.warmup_s:.0f} s warm-up. \"stalled % from "
+        f"arrival\" counts the wait for a task's first chunk as stalled steps; \"mid-task (old)\" does not.\n")
 
     def cfg(**kw) -> Config:
         return Config(**{**base.__dict__, **kw})
 
-    # 1. fleet sweep: largest fleet at <= 1 % stalled, per scheduler, with and without batching
-    sweeps = {1: args.fleet_b1, sat: args.fleet_bn}
-    say("### Largest fleet with at most 1 % of control steps stalled\n")
-    say("| scheduler | " + " | ".join(f"max batch {b}" for b in sweeps) + " |")
-    say("|---|" + "---|" * len(sweeps))
-    detail: dict[int, dict[str, list[Result]]] = {b: {} for b in sweeps}
-    for name, extra in SCHEDULERS:
-        cells = []
-        for b, fleet in sweeps.items():
-            results = [simulate(cfg(scheduler=name, max_batch=b, robots=n, **extra), traces, latency_s, seeds) for n in fleet]
-            detail[b][name] = results
-            ok = [r.cfg.robots for r in results if r.stalled_pct <= 1.0]
-            cells.append(str(max(ok)) if ok else f"< {fleet[0]}")
-        say(f"| {results[0].cfg.label()} | " + " | ".join(cells) + " |")
-    say("")
-    for b, fleet in sweeps.items():
-        say(f"### Fleet sweep, max batch {b}\n")
-        say(HEADER.format(first="robots / scheduler"))
-        for i, n in enumerate(fleet):
-            for name, _ in SCHEDULERS:
-                say(row(detail[b][name][i], f"{n} / {name}"))
+    for profile in args.profiles:
+        latency_s = gpu_latency(profile)
+        sat = saturation_batch_size({b: latency_s(b) for b in profile_batch_sizes(16)})
+        say(f"### Profile `{profile}`\n")
+        say(f"ms per dispatch by batch size: {PROFILES[profile]}; throughput at 1 = {1 / latency_s(1):.1f} req/s, "
+            f"at 16 = {16 / latency_s(16):.1f} req/s; saturation batch size (within 10 % of peak) = {sat}.\n")
+
+        # 1. order where it matters: online arrivals at the highest stable load and just past it
+        for b in (1, sat):
+            for load in args.loads:
+                rate = rate_for_load(load, latency_s, b, traces)
+                say(f"#### Online, load {load:g} at max batch {b} ({rate:.2f} tasks/s)\n")
+                say(HEADER.format(first="scheduler / setting"))
+
+                def run(**kw) -> Result:
+                    return simulate(cfg(mode="online", rate_per_s=rate, max_batch=b,
+                                        **{"scheduler": "wait_ratio", **kw}), traces, latency_s, seeds)
+
+                fifo = run(scheduler="fifo")
+                say(row(fifo, "fifo", fifo))
+                say(row(run(scheduler="fifo_running_first"), "fifo, running tasks first", fifo))
+                say(row(run(scheduler="round_robin"), "round_robin", fifo))
+                say(row(run(), f"wait_ratio defaults (B={base.buckets}, A={base.aging}, {base.first_request})", fifo))
+                if profile == args.profiles[0]:  # the settings sweep, one setting varies per row
+                    for v in args.sweep_aging:
+                        say(row(run(aging=v), f"A={v}", fifo))
+                    for v in args.sweep_buckets:
+                        say(row(run(buckets=v), f"B={v}", fifo))
+                    for rule in ("literal", "lowest", "mean", "highest"):
+                        say(row(run(first_request=rule), f"first_request={rule}", fifo))
+                say("")
+
+        # 2. capacity: robots running tasks back to back, largest fleet within a 1 % stall budget
+        say(f"#### Largest fleet, tasks back to back, at most 1 % of control steps stalled ({profile})\n")
+        say("A dedicated server per robot (what a LeRobot user runs today: LeRobot's policy server serves one "
+            "robot) carries 1 robot per server by construction; \"servers for the same fleet\" is the shared "
+            "server's fleet in dedicated servers. Task latency and actions/s at that fleet size.\n")
+        say("| rung | robots (stalls from arrival) | robots (mid-task stalls, old) | servers for the same fleet, "
+            "dedicated | actions/s | task mean s | task p25 s | task p95 s |\n|---|---|---|---|---|---|---|---|")
+        alone = simulate(cfg(scheduler="fifo", max_batch=1, robots=1), traces, latency_s, seeds)
+        say(f"| dedicated server per robot (1 robot) | 1 | 1 | 1 | {alone.actions_per_s:.0f} | "
+            f"{pm(alone, 'latency_mean_s')} | {alone.latency_p25_s:.2f} | {pm(alone, 'latency_p95_s')} |")
+        for name, kw in RUNGS:
+            kw = {**kw, "max_batch": kw["max_batch"] or sat}
+            cache: dict[int, Result] = {}
+
+            def at(n: int) -> Result:
+                if n not in cache:
+                    cache[n] = simulate(cfg(robots=n, **kw), traces, latency_s, seeds)
+                return cache[n]
+
+            n_new = largest_fleet(at, "stalled_arrival_pct")
+            n_old = largest_fleet(at, "stalled_pct")
+            r = at(max(n_new, 1))
+            say(f"| {name} | {n_new} | {n_old} | {n_new} | {r.actions_per_s:.0f} | {pm(r, 'latency_mean_s')} | "
+                f"{r.latency_p25_s:.2f} | {pm(r, 'latency_p95_s')} |")
         say("")
-
-    # 2. sensitivity of wait_ratio at loaded points; one setting varies, the others at their defaults
-    for point in args.sensitivity:
-        n, b = (int(x) for x in point.split(":"))
-        say(f"### wait_ratio settings, {n} robots, max batch {b}\n")
-        say(f"Defaults B={base.buckets}, A={base.aging}, first_request={base.first_request}; one setting varies per row.\n")
-        say(HEADER.format(first="setting"))
-
-        def run(**kw) -> Result:
-            return simulate(cfg(max_batch=b, robots=n, **{"scheduler": "wait_ratio", **kw}), traces, latency_s, seeds)
-
-        say(row(run(scheduler="fifo"), "fifo (reference)"))
-        say(row(run(scheduler="round_robin"), "round_robin (reference)"))
-        for v in args.sweep_buckets:
-            say(row(run(buckets=v), f"B={v}"))
-        for v in args.sweep_aging:
-            say(row(run(aging=v), f"A={v}"))
-        for rule in ("highest", "mean", "lowest"):
-            say(row(run(first_request=rule), f"first_request={rule}"))
-        say("")
-
-    # 3. online: Poisson task arrivals
-    say(f"### Online, Poisson task arrivals, max batch {sat}\n")
-    say(HEADER.format(first="tasks/s / scheduler"))
-    for rate in args.rates:
-        for name, _ in SCHEDULERS:
-            say(row(simulate(cfg(scheduler=name, max_batch=sat, mode="online", rate_per_s=rate), traces, latency_s,
-                             seeds), f"{rate:g} / {name}"))
-    say("")
     return "\n".join(out)
 
 
@@ -449,12 +554,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--aging", type=int, default=WaitRatioScheduler().aging)
     p.add_argument("--first-request", default=WaitRatioScheduler().first_request)
     p.add_argument("--trigger", default="rtt", help="rtt (reference client) or fixed:K")
-    p.add_argument("--fleet-b1", type=int, nargs="+", default=[4, 5, 6, 7, 8, 10, 12])
-    p.add_argument("--fleet-bn", type=int, nargs="+", default=[20, 30, 40, 50, 60, 65, 70, 80, 100])
-    p.add_argument("--sensitivity", nargs="+", default=["12:1", "70:16"], help="ROBOTS:MAX_BATCH points")
+    p.add_argument("--profiles", nargs="+", choices=sorted(PROFILES), default=["gpu", "vla"])
+    p.add_argument("--loads", type=float, nargs="+", default=[0.95, 1.0],
+                   help="online loads (offered requests / throughput at the max batch) for the settings sweep")
     p.add_argument("--sweep-buckets", type=int, nargs="+", default=[1, 2, 5, 10, 20, 100])
     p.add_argument("--sweep-aging", type=int, nargs="+", default=[1, 2, 4, 8, 16, 1000])
-    p.add_argument("--rates", type=float, nargs="+", default=[3.0, 4.0, 5.0, 6.0])
     p.add_argument("--write-docs", help="rewrite the generated block of this markdown file (docs/benchmarks.md)")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
