@@ -377,7 +377,7 @@ def simulate(cfg: Config, traces, latency_s, seeds: Sequence[int]) -> Result:
     """Mean (and sample sd) of the metrics over `seeds` (each seed: other robot start times and task order)."""
     runs = [FleetSim(Config(**{**cfg.__dict__, "seed": s}), traces, latency_s).run() for s in seeds]
     mean = {k: statistics.fmean(getattr(r, k) for r in runs) for k in METRICS}
-    sd = {k: statistics.stdev([getattr(r, k) for r in runs]) if len(runs) > 1 else 0.0 for k in METRICS}
+    sd = {k: float(np.std([getattr(r, k) for r in runs], ddof=1)) if len(runs) > 1 else 0.0 for k in METRICS}
     return Result(cfg=cfg, tasks_done=sum(r.tasks_done for r in runs), requests=sum(r.requests for r in runs),
                   sd=sd, runs=runs, **mean)
 
@@ -398,7 +398,7 @@ def row(r: Result, first: str, ref: Result | None = None) -> str:
         if ref is None or r is ref:
             return ""
         d = [100 * (getattr(a, key) / getattr(b, key) - 1) for a, b in zip(r.runs, ref.runs)]
-        return f"{statistics.fmean(d):+.1f} ± {statistics.stdev(d) if len(d) > 1 else 0.0:.1f} %"
+        return f"{np.mean(d):+.1f} ± {np.std(d, ddof=1) if len(d) > 1 else 0.0:.1f} %"
 
     return (f"| {first} | {pm(r, 'latency_mean_s')} | {delta('latency_mean_s')} | {r.latency_p25_s:.2f} | "
             f"{pm(r, 'latency_p95_s')} | {delta('latency_p95_s')} | {pm(r, 'stalled_arrival_pct')} | "
@@ -417,9 +417,9 @@ def rate_for_load(load: float, latency_s, max_batch: int, traces) -> float:
     return load * max_batch / latency_s(max_batch) / rounds
 
 
-def largest_fleet(run: Callable[[int], Result], key: str, budget_pct: float = 1.0, limit: int = 400) -> int:
-    """The largest N with `key` (a stall %) <= budget, to one robot: double up from 1, then bisect.
-    Assumes stalls grow with N (checked at the bracket only)."""
+def largest_fleet(run: Callable[[int], Result], key: str, budget_pct: float = 1.0, limit: int = 256) -> str:
+    """The largest N with `key` (a stall %) <= budget, to one robot: double up from 1, then bisect
+    (assumes stalls grow with N). ">= limit" when the search reached its limit."""
     good, bad = 0, None
     n = 1
     while n <= limit:
@@ -429,14 +429,14 @@ def largest_fleet(run: Callable[[int], Result], key: str, budget_pct: float = 1.
             bad = n
             break
     if bad is None:
-        return good
+        return f">= {good}"
     while bad - good > 1:
         mid = (good + bad) // 2
         if getattr(run(mid), key) <= budget_pct:
             good = mid
         else:
             bad = mid
-    return good
+    return str(good)
 
 
 RUNGS = [
@@ -500,12 +500,16 @@ def study(args) -> str:
 
         # 2. capacity: robots running tasks back to back, largest fleet within a 1 % stall budget
         say(f"#### Largest fleet, tasks back to back, at most 1 % of control steps stalled ({profile})\n")
-        say("A dedicated server per robot (what a LeRobot user runs today: LeRobot's policy server serves one "
-            "robot) carries 1 robot per server by construction; \"servers for the same fleet\" is the shared "
-            "server's fleet in dedicated servers. Task latency and actions/s at that fleet size.\n")
-        say("| rung | robots (stalls from arrival) | robots (mid-task stalls, old) | servers for the same fleet, "
-            "dedicated | actions/s | task mean s | task p25 s | task p95 s |\n|---|---|---|---|---|---|---|---|")
         alone = simulate(cfg(scheduler="fifo", max_batch=1, robots=1), traces, latency_s, seeds)
+        budget_arrival = alone.stalled_arrival_pct + 1.0
+        say("A dedicated server per robot (what a LeRobot user runs today: LeRobot's policy server serves one "
+            "robot) carries 1 robot per server by construction, so \"dedicated servers for the same fleet\" is "
+            "the shared server's fleet size. Counted from arrival, even a robot alone stalls "
+            f"{alone.stalled_arrival_pct:.2f} % of its steps (each task waits one inference for its first chunk), "
+            f"so that budget is 1 % above it ({budget_arrival:.2f} %); the old definition keeps 1 %. Task latency "
+            "and actions/s at the from-arrival fleet size.\n")
+        say("| rung | robots (stalls from arrival) | robots (mid-task stalls, old) | dedicated servers for the "
+            "same fleet | actions/s | task mean s | task p25 s | task p95 s |\n|---|---|---|---|---|---|---|---|")
         say(f"| dedicated server per robot (1 robot) | 1 | 1 | 1 | {alone.actions_per_s:.0f} | "
             f"{pm(alone, 'latency_mean_s')} | {alone.latency_p25_s:.2f} | {pm(alone, 'latency_p95_s')} |")
         for name, kw in RUNGS:
@@ -517,9 +521,9 @@ def study(args) -> str:
                     cache[n] = simulate(cfg(robots=n, **kw), traces, latency_s, seeds)
                 return cache[n]
 
-            n_new = largest_fleet(at, "stalled_arrival_pct")
+            n_new = largest_fleet(at, "stalled_arrival_pct", budget_arrival)
             n_old = largest_fleet(at, "stalled_pct")
-            r = at(max(n_new, 1))
+            r = at(max(1, int(n_new.removeprefix(">= "))))
             say(f"| {name} | {n_new} | {n_old} | {n_new} | {r.actions_per_s:.0f} | {pm(r, 'latency_mean_s')} | "
                 f"{r.latency_p25_s:.2f} | {pm(r, 'latency_p95_s')} |")
         say("")
@@ -557,8 +561,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--profiles", nargs="+", choices=sorted(PROFILES), default=["gpu", "vla"])
     p.add_argument("--loads", type=float, nargs="+", default=[0.95, 1.0],
                    help="online loads (offered requests / throughput at the max batch) for the settings sweep")
-    p.add_argument("--sweep-buckets", type=int, nargs="+", default=[1, 2, 5, 10, 20, 100])
-    p.add_argument("--sweep-aging", type=int, nargs="+", default=[1, 2, 4, 8, 16, 1000])
+    p.add_argument("--sweep-buckets", type=int, nargs="+", default=[2, 5, 10, 20])
+    p.add_argument("--sweep-aging", type=int, nargs="+", default=[1, 2, 4, 1000])
     p.add_argument("--write-docs", help="rewrite the generated block of this markdown file (docs/benchmarks.md)")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
