@@ -102,6 +102,7 @@ class Config:
     warmup_s: float = 30.0
     one_way_s: float = ONE_WAY_S
     trigger: str = "rtt"  # rtt: p90(RTT) + 1 dt (reference client); fixed:K: when K actions remain
+    refresh_s: float = 0.0  # > 0: a robot whose request waits this long publishes a fresh capture (re-fetch)
     seed: int = 0
 
     def label(self) -> str:
@@ -170,6 +171,7 @@ class _Robot:
     exec_start_s: float = 0.0  # start of the execution phase in progress
     end_step: int = 0  # the robot's step count when its buffered actions are done (at free_at_s)
     seq: int = 0
+    answered: int = 0  # the seq whose chunk arrived last
 
     def next_step(self, t: float) -> int:
         """The step the robot executes next at `t` (the buffer's ``next_step``)."""
@@ -191,6 +193,9 @@ class Result:
     tasks_done: int
     batch_mean: float
     requests: int
+    age_p50_ms: float = 0.0  # capture-to-inference age of served observations
+    age_p99_ms: float = 0.0
+    refreshes_per_request: float = 0.0  # re-fetch: fresh captures published per served request
     sd: dict[str, float] = field(default_factory=dict)  # sample standard deviation over seeds
     runs: list[Result] = field(default_factory=list, repr=False)  # one per seed
 
@@ -214,6 +219,10 @@ class FleetSim:
         self.robots: dict[str, _Robot] = {}
         self.episodes: dict[str, int] = {}  # the server's view: client -> episode of its last request
         self.ready: dict[str, float] = {}  # client -> first arrival of its waiting request
+        self.captured: dict[str, float] = {}  # client -> capture time of the observation in its slot
+        self.ages: list[float] = []  # capture-to-inference age of each served observation
+        self.refreshes = 0  # fresh captures published by waiting robots
+        self.refreshes_late = 0  # of those, landing after their request was dispatched (dropped)
         self.busy = False
         self._next_trace = int(self.rng.integers(len(traces)))
         self.w0, self.w1 = cfg.warmup_s, cfg.duration_s
@@ -274,9 +283,33 @@ class FleetSim:
         robot.intake.on_send(robot.seq, robot.end_step, t)
         buffered = max(0, round((robot.free_at_s - t) / DT_S))
         info = ExecutionInfo(task_elapsed_s=t - robot.task_start_s, actions_buffered=buffered, control_period_s=DT_S)
-        self._at(t + self.cfg.one_way_s, self._arrive, robot.client_id, robot.episode, info)
+        self._at(t + self.cfg.one_way_s, self._arrive, robot.client_id, robot.episode, info, t)
+        if self.cfg.refresh_s > 0:
+            self._at(t + self.cfg.refresh_s, self._refresh, robot, robot.seq)
+
+    def _refresh(self, t: float, robot: _Robot, seq: int) -> None:
+        """Re-fetch, client side: a request still unanswered after `refresh_s` is published again
+        with a fresh capture, every `refresh_s`, until its chunk arrives. The server keeps it only
+        while the request still waits (it carries the request's seq_id); later it is dropped."""
+        if robot.seq != seq or robot.client_id not in self.robots or robot.answered == seq:
+            return
+        if t >= self.w0:
+            self.refreshes += 1
+        buffered = max(0, round((robot.free_at_s - t) / DT_S))
+        info = ExecutionInfo(task_elapsed_s=t - robot.task_start_s, actions_buffered=buffered, control_period_s=DT_S)
+        self._at(t + self.cfg.one_way_s, self._arrive_refresh, robot.client_id, info, t)
+        self._at(t + self.cfg.refresh_s, self._refresh, robot, seq)
+
+    def _arrive_refresh(self, t: float, client_id: str, info: ExecutionInfo, captured_s: float) -> None:
+        if client_id not in self.ready:  # dispatched meanwhile (or gone): the refresh is dropped
+            if t >= self.w0:
+                self.refreshes_late += 1
+            return
+        self.scheduler.on_arrival(client_id, t, info)  # a newer observation in the slot, as on the server
+        self.captured[client_id] = captured_s
 
     def _deliver(self, t: float, robot: _Robot, seq: int) -> None:
+        robot.answered = seq
         taken = robot.intake.plan(seq, fleet_traces.CHUNK_SIZE, t, robot.next_step(t),
                                   execution_horizon=robot.trace[robot.round])
         if t > robot.free_at_s and robot.round > 0:  # ran dry mid-task
@@ -308,12 +341,13 @@ class FleetSim:
 
     # -- server ------------------------------------------------------------------------------
 
-    def _arrive(self, t: float, client_id: str, episode: int, info: ExecutionInfo) -> None:
+    def _arrive(self, t: float, client_id: str, episode: int, info: ExecutionInfo, captured_s: float) -> None:
         if self.episodes.get(client_id) != episode:  # the server's session: a new episode resets the task
             self.episodes[client_id] = episode
             self.scheduler.forget(client_id)
         self.scheduler.on_arrival(client_id, t, info)
         self.ready.setdefault(client_id, t)
+        self.captured[client_id] = captured_s
         self._dispatch(t)
 
     def _dispatch(self, t: float) -> None:
@@ -324,8 +358,10 @@ class FleetSim:
             return
         for client_id in chosen:
             arrival = self.ready.pop(client_id)
+            captured = self.captured.pop(client_id)
             if t >= self.w0:
                 self.waits.append(t - arrival)
+                self.ages.append(t - captured)
         self.busy = True
         if t >= self.w0:
             self.batches.append(len(chosen))
@@ -345,6 +381,7 @@ class FleetSim:
         total = self.executed + self.stalled
         waits = np.array(self.waits or [0.0]) * 1000
         lat = np.array(self.latencies or [math.nan])
+        ages = np.array(self.ages or [0.0]) * 1000
         return Result(
             cfg=self.cfg,
             actions_per_s=self.executed / window,
@@ -359,6 +396,9 @@ class FleetSim:
             tasks_done=len(self.latencies),
             batch_mean=float(np.mean(self.batches)) if self.batches else 0.0,
             requests=len(self.waits),
+            age_p50_ms=float(np.percentile(ages, 50)),
+            age_p99_ms=float(np.percentile(ages, 99)),
+            refreshes_per_request=self.refreshes / max(1, len(self.waits)),
         )
 
 
@@ -370,7 +410,7 @@ def gpu_latency(profile: str = "gpu") -> Callable[[int], float]:
 
 
 METRICS = ("actions_per_s", "stalled_pct", "stalled_arrival_pct", "wait_mean_ms", "wait_p99_ms", "latency_mean_s",
-           "latency_p25_s", "latency_p95_s", "batch_mean")
+           "latency_p25_s", "latency_p95_s", "batch_mean", "age_p50_ms", "age_p99_ms", "refreshes_per_request")
 
 
 def simulate(cfg: Config, traces, latency_s, seeds: Sequence[int]) -> Result:
@@ -530,6 +570,29 @@ def study(args) -> str:
     return "\n".join(out)
 
 
+def refetch_study(args) -> str:
+    """Capture-to-inference age of served observations with and without the client-side re-fetch."""
+    traces = load_traces(args)
+    latency_s = gpu_latency(args.profiles[0])
+    sat = saturation_batch_size({b: latency_s(b) for b in profile_batch_sizes(16)})
+    out = [f"Re-fetch: online, profile `{args.profiles[0]}`, mean ± sd over {args.seeds} seeds.\n",
+           "| max batch / load / scheduler | re-fetch after | age p50 ms | age p99 ms | fresh captures per served "
+           "request | task mean s |\n|---|---|---|---|---|---|"]
+    for b in (1, sat):
+        for load in args.loads:
+            rate = rate_for_load(load, latency_s, b, traces)
+            for name in ("fifo", "wait_ratio"):
+                for refresh in args.refresh_s:
+                    r = simulate(Config(scheduler=name, max_batch=b, mode="online", rate_per_s=rate, refresh_s=refresh,
+                                        duration_s=args.duration_s, warmup_s=args.warmup_s, buckets=args.buckets,
+                                        aging=args.aging, first_request=args.first_request, trigger=args.trigger),
+                                 traces, latency_s, list(range(args.seeds)))
+                    out.append(f"| {b} / {load:g} / {name} | {f'{refresh * 1000:.0f} ms' if refresh else 'off'} | "
+                               f"{pm(r, 'age_p50_ms', '.0f')} | {pm(r, 'age_p99_ms', '.0f')} | "
+                               f"{r.refreshes_per_request:.2f} | {pm(r, 'latency_mean_s')} |")
+    return "\n".join(out)
+
+
 def load_traces(args) -> list[list[int]]:
     """Each task as the horizons of its rounds, static or dynamic (`benchmarks/fleet_traces.py`)."""
     tasks = fleet_traces.load_traces(args.traces) if args.traces else fleet_traces.generate_traces(args.tasks, args.trace_seed)
@@ -563,9 +626,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="online loads (offered requests / throughput at the max batch) for the settings sweep")
     p.add_argument("--sweep-buckets", type=int, nargs="+", default=[2, 5, 10, 20])
     p.add_argument("--sweep-aging", type=int, nargs="+", default=[1, 2, 4, 1000])
+    p.add_argument("--refetch", action="store_true",
+                   help="only the re-fetch table (capture-to-inference age with and without), printed")
+    p.add_argument("--refresh-s", type=float, nargs="+", default=[0.0, 0.1, 0.2],
+                   help="re-fetch thresholds for --refetch (0 = off)")
     p.add_argument("--write-docs", help="rewrite the generated block of this markdown file (docs/benchmarks.md)")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
+    if args.refetch:
+        print(refetch_study(args))
+        return 0
     body = study(args)
     print(body)
     print(f"({time.perf_counter() - t0:.0f} s of computer time)", file=sys.stderr)
