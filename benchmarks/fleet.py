@@ -31,18 +31,22 @@ not there when round j's last action is done, the robot stands still: those cont
 the task's latency). Traces come from `benchmarks/fleet_traces.py` (documented there; ``--horizon`` picks each
 task's static or dynamic horizons) or a JSON file.
 
-Metrics, over the measurement window (after a warm-up):
+Metrics, over the measurement window (after a warm-up), each the mean ± sample sd over seeds:
 
 - actions/s: actions executed by the whole fleet per second of robot time (throughput);
-- SLO attainment: executed / (executed + stalled) control steps (a step meets the SLO when the robot's
-  buffer is not dry); "stalled %" is its complement;
+- stalled %: control steps a robot in a task had no action, counted from the task's arrival (the
+  wait for its first chunk included) or, the old definition, only after its first chunk (mid-task);
 - wait mean / p99: per request, from its arrival at the server to the start of its inference;
+- capture-to-inference age p50 / p99 of the served observations (with ``refresh_s``, the
+  client-side re-fetch of protocol.md §10.7: a waiting robot publishes a fresh capture every
+  ``refresh_s``, kept only while its request still waits);
 - task latency mean / p25 / p95: first request to last action executed, for tasks that start after
-  the warm-up and finish before the end;
-- largest fleet with at most 1 % of control steps stalled (``fleet`` mode sweeps).
+  the warm-up and finish before the end; against FIFO as the paired change on the same seed;
+- largest fleet (tasks back to back) within the stall budget, to one robot (doubling, then bisection).
 
-Run ``python benchmarks/fleet.py --help``; ``make bench-fleet`` runs the full study and rewrites the
-generated part of the "Fleet scheduling" section of docs/benchmarks.md.
+Run ``python benchmarks/fleet.py --help``; ``make bench-fleet-sim`` runs the full study and rewrites the
+generated part of the "Fleet scheduling" section of docs/benchmarks.md; ``--refetch`` prints the
+re-fetch table of protocol.md §10.7.
 """
 
 from __future__ import annotations
