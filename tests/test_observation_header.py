@@ -23,7 +23,10 @@ from lz_testing import wait_for
 GOLDEN = pathlib.Path(__file__).parent / "golden" / "observation_header_v1.bin"
 
 
-def obs(seq=7, *, episode="ep-3", nonce=42, execution=ExecutionInfo(1.5, 12, 0.025), client="r1"):
+EXECUTION = ExecutionInfo(1.5, 12, 0.025)
+
+
+def obs(seq=7, *, episode="ep-3", nonce=42, execution=EXECUTION, client="r1"):
     return Observation(seq, client, np.zeros(4, np.float32), {}, "task", execution, episode_id=episode,
                        session_nonce=nonce)
 
