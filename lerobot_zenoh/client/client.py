@@ -470,11 +470,12 @@ class RobotClient:
                     framed = shared_frame(obs) if self.same_host_active and cameras else None
                     state, images, shared = framed or (*encode_frame(obs), None)
                     history = tuple(HistoryFrame(*encode_frame(past)) for past in item.history)
-                    payload = codec.encode(Observation(item.seq_id, self.config.client_uuid, state, images,
-                                                       self.config.task_text, item.execution, episode_id=item.episode_id,
-                                                       session_nonce=self.session_nonce, rtc=item.rtc, history=history,
-                                                       shared_frames=shared))
-                    self._pub.put(payload)
+                    message = Observation(item.seq_id, self.config.client_uuid, state, images, self.config.task_text,
+                                          item.execution, episode_id=item.episode_id,
+                                          session_nonce=self.session_nonce, rtc=item.rtc, history=history,
+                                          shared_frames=shared)
+                    # The header lets the server rank it without decoding it (protocol.md §5.1.1).
+                    self._pub.put(codec.encode(message), attachment=codec.encode_observation_header(message))
                     self.counters.observations_published += 1
                     self.counters.observations_same_host += shared is not None
                 except (ProtocolError, TransportError, KeyError, ValueError) as exc:
