@@ -26,8 +26,10 @@ from lerobot_zenoh.server.runners import (  # noqa: E402
 )
 from lerobot_zenoh.server.runners.lerobot import FEATURES_SIDECAR_NAME  # noqa: E402
 from lerobot_zenoh.server.runners.synthetic import (  # noqa: E402
+    CircleMotion,
     SyntheticPolicy,
     SyntheticPolicyConfig,
+    circle_actions,
     synthetic_actions,
 )
 
@@ -206,6 +208,24 @@ def test_synthetic_latency_profile():
     with pytest.raises(ConfigError) as info:
         SyntheticPolicyConfig(*base, latency_ms=-1)
     assert info.value.field == "latency_ms"
+
+
+def test_synthetic_circle_goes_round_smoothly_from_where_the_state_is():
+    motion = CircleMotion(period_s=4.0, amplitude=40.0, lead_steps=0.0)
+    policy = SyntheticPolicy(SyntheticPolicyConfig(("x", "y", "z"), {}, ("a", "b", "c"), 8, fps=30, circle=motion))
+    out = policy.infer("A", np.array([0.0, 25.0, 7.0], np.float32), {}, "", seed=0)  # phase pi/2
+    assert out.shape == (8, 3) and np.array_equal(out, circle_actions(np.array([0.0, 25.0, 7.0]), 8, 3, motion, 1 / 30))
+    step = 2 * np.pi / 120
+    phases = np.pi / 2 + step * np.arange(8)
+    assert np.allclose(out[:, 0], 40 * np.cos(phases), atol=1e-4)
+    assert np.allclose(out[:, 1], 40 * np.sin(phases), atol=1e-4)
+    assert np.abs(np.diff(out, axis=0)).max() <= 40 * step + 1e-4  # smooth: at most A * w * dt per row
+    with pytest.raises(ConfigError) as info:
+        SyntheticPolicyConfig(("x",), {}, ("a",), 2, fps=30, circle=motion)
+    assert info.value.field == "circle"
+    with pytest.raises(ConfigError) as info:
+        CircleMotion(period_s=0.0)
+    assert info.value.field == "circle.period_s"
 
 
 def test_synthetic_module_does_not_import_torch():

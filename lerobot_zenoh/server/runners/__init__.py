@@ -113,7 +113,7 @@ def load_runner(manifest: Manifest, entry: ModelEntry) -> PolicyRunner:
     """Build the runner a manifest entry asks for: its `synthetic` policy, or its checkpoint folder.
     Raises `PolicyError` (or `ConfigError` for bad synthetic settings) naming the entry or the path."""
     if entry.synthetic is not None:
-        from lerobot_zenoh.server.runners.synthetic import SyntheticPolicy, SyntheticPolicyConfig
+        from lerobot_zenoh.server.runners.synthetic import CircleMotion, SyntheticPolicy, SyntheticPolicyConfig
 
         syn = entry.synthetic
         return SyntheticPolicy(SyntheticPolicyConfig(
@@ -126,6 +126,7 @@ def load_runner(manifest: Manifest, entry: ModelEntry) -> PolicyRunner:
             batch_latency_ms=syn.batch_latency_ms,
             confidence_from_state=syn.confidence_from_state,
             rtc=syn.rtc,
+            circle=None if syn.circle is None else CircleMotion(**syn.circle.model_dump()),
         ))
     path = manifest.resolve_path(entry)
     if not path.exists():
