@@ -140,6 +140,11 @@ class PrepareSettings:
     def key(self) -> str:
         return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
 
+    def data_key(self) -> str:
+        """What the base checkpoint and the dataset depend on (not the training settings)."""
+        data = {k: v for k, v in asdict(self).items() if k not in ("train_steps", "batch_size", "lr")}
+        return hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
 
 def start_position(motion: CircleMotion, phase: float) -> dict[str, float]:
     """Joint positions on the scripted circle at `phase` (so a robot starts on its path)."""
@@ -193,10 +198,11 @@ class ServerProcess:
 
 def prepare(s: PrepareSettings, out: Path = OUT) -> Path:
     """The trained checkpoint for `s`, built, recorded and trained unless cached. Returns its folder."""
-    folder = out / s.key()
-    folder.mkdir(parents=True, exist_ok=True)
+    folder, data = out / f"train-{s.key()}", out / f"data-{s.data_key()}"
+    for f in (folder, data):
+        f.mkdir(parents=True, exist_ok=True)
     (folder / "settings.json").write_text(json.dumps(asdict(s), indent=1))
-    base, dataset, train = folder / "base_smolvla", folder / "dataset", folder / "train"
+    base, dataset, train = data / "base_smolvla", data / "dataset", folder / "train"
     trained = train / "checkpoints" / "last" / "pretrained_model"
     if trained.exists():
         print(f"rtc: cached checkpoint {trained}", flush=True)
@@ -208,8 +214,8 @@ def prepare(s: PrepareSettings, out: Path = OUT) -> Path:
               f"--state_names={','.join(j + '.pos' for j in SO101_JOINTS)}",
               f"--action_names={','.join(j + '.pos' for j in SO101_JOINTS)}",
               f"--cameras=front:{h}x{w}", f"--chunk_size={s.chunk_size}", f"--fps={FPS}", f"--seed={s.seed}"],
-             folder / "build.log", "building the tiny SmolVLA")
-    if not (dataset / "meta" / "info.json").exists() or not (folder / "recorded").exists():
+             data / "build.log", "building the tiny SmolVLA")
+    if not (dataset / "meta" / "info.json").exists() or not (data / "recorded").exists():
         shutil.rmtree(dataset, ignore_errors=True)
         port = free_port()
         app = AppKey(CLUSTER, EXPERIMENT, "circle", "v1", "record")
@@ -222,19 +228,19 @@ def prepare(s: PrepareSettings, out: Path = OUT) -> Path:
                                               "circle": {"period_s": s.period_s, "amplitude": s.amplitude,
                                                          "lead_steps": s.lead_steps}}}]}
         start = start_position(s.motion, 0.0)
-        with ServerProcess(manifest, port, folder / "record_server.log", app):
+        with ServerProcess(manifest, port, data / "record_server.log", app):
             _run([str(BIN / "lerobot-robot-client"), "--robot.type=zenoh_sim", f"--robot.cameras={{front: [{h}, {w}]}}",
                   "--robot.initial_positions={" + ", ".join(f"{k}: {v:.4f}" for k, v in start.items()) + "}",
                   "--client_uuid=recorder", f"--cluster_uuid={CLUSTER}", f"--experiment_tag={EXPERIMENT}",
                   f"--model_id={app.model}", f"--model_version={app.version}", f"--application_tag={app.app}",
                   f"--endpoint=tcp/127.0.0.1:{port}", "--zenoh.multicast_scouting=false",
-                  f"--dataset.repo_id=local/rtc_circle_{s.key()}", f"--dataset.root={dataset}",
+                  f"--dataset.repo_id=local/rtc_circle_{s.data_key()}", f"--dataset.root={dataset}",
                   f"--dataset.single_task={TASK}", f"--dataset.num_episodes={s.episodes}",
                   f"--dataset.episode_time_s={s.episode_s}", "--dataset.reset_time_s=0.5", "--dataset.video=false"],
-                 folder / "record.log", f"recording {s.episodes} episodes of {s.episode_s:g} s")
-        (folder / "recorded").write_text("ok\n")
+                 data / "record.log", f"recording {s.episodes} episodes of {s.episode_s:g} s")
+        (data / "recorded").write_text("ok\n")
     shutil.rmtree(train, ignore_errors=True)
-    _run([str(BIN / "lerobot-train"), f"--dataset.repo_id=local/rtc_circle_{s.key()}", f"--dataset.root={dataset}",
+    _run([str(BIN / "lerobot-train"), f"--dataset.repo_id=local/rtc_circle_{s.data_key()}", f"--dataset.root={dataset}",
           f"--policy.path={base}", "--policy.device=cpu", "--policy.push_to_hub=false",
           f"--policy.optimizer_lr={s.lr}", "--policy.scheduler_warmup_steps=30",
           f"--policy.scheduler_decay_steps={s.train_steps}", f"--output_dir={train}", f"--steps={s.train_steps}",
@@ -272,7 +278,7 @@ def serve_manifest(checkpoint: Path, prep: PrepareSettings, cfg: ServeConfig, po
                                 "circle": {"period_s": prep.period_s, "amplitude": prep.amplitude,
                                            "lead_steps": prep.lead_steps}}}
     else:
-        base = checkpoint.parents[3] / "base_smolvla"
+        base = OUT / f"data-{prep.data_key()}" / "base_smolvla"
         source = {"pretrained_path": str(checkpoint), "vlm_path": str(base / "vlm"),
                   "tokenizer_path": str(base / "tokenizer"), "device": "cpu"}
         if rtc_manifest_supported():
