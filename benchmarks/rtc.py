@@ -308,6 +308,8 @@ class Trace:
     chunks: int = 0
     fallback: int = 0  # rtc observations answered without rtc_delay_steps (blended)
     rejected: int = 0
+    reasons: dict = field(default_factory=dict)  # rejected chunks by reason
+    presumed_lost: int = 0  # requests the send trigger gave up on (timed out), whole run
     delays: list = field(default_factory=list)  # (predicted, actual) steps per RTC chunk
 
 
@@ -387,7 +389,8 @@ class VirtualRobot:
                                           execution_horizon=chunk.execution_horizon,
                                           rtc_delay_steps=chunk.rtc_delay_steps)
         if not result.accepted:
-            t.rejected += result.reason != "unknown_seq"
+            t.rejected += 1
+            t.reasons[result.reason] = t.reasons.get(result.reason, 0) + 1
             return
         first, depth = before
         if self.mode == "rtc" and result.merge is not None and result.merge.next_step is not None:
@@ -447,6 +450,8 @@ def smoothness(t: Trace) -> dict:
         "chunks": t.chunks,
         "fallback": t.fallback,
         "rejected": t.rejected,
+        "rejected_reasons": t.reasons,
+        "presumed_lost": t.presumed_lost,
         "delay_error_p50": float(np.median(errors)) if errors else nan,
         "delay_actual_p50": float(np.median([x for _, x in t.delays])) if t.delays else nan,
     }
@@ -504,6 +509,8 @@ def drive(port: int, app: AppKey, robots_modes: list[str], prep: PrepareSettings
             if now >= w1:
                 break
         time.sleep(1.2)
+        for robot in robots:
+            robot.t.presumed_lost = robot.trigger.stats().presumed_lost
     figures = []
     for t, payload in telemetry:
         try:
@@ -528,7 +535,7 @@ def pooled(runs: list[dict], mode: str | None = None) -> dict:
         rows = [r for r in run["robots"] if mode is None or r["mode"] == mode]
         if not rows:
             continue
-        keys = [k for k in rows[0] if k != "mode"]
+        keys = [k for k in rows[0] if k not in ("mode", "rejected_reasons")]
         combined = {}
         for k in keys:
             vals = [r.get(k, math.nan) for r in rows]
@@ -576,7 +583,9 @@ def measure(args, checkpoint: Path, prep: PrepareSettings) -> tuple[str, dict]:
                               f"p95 {p['boundary_jump_p95']:6.2f} inner {p['inner_step_p50']:.2f} chunk-step "
                               f"{p['chunk_step_p50']:.2f} jerk {p['jerk_mean']:.3f} track {p['track_mean']:.2f} "
                               f"stalled {p['stalled_pct']:.1f} % rtt {p['rtt_p50_ms']:.0f} ms "
-                              f"fallback {p['fallback']:.0f} d-err {p['delay_error_p50']}", flush=True)
+                              f"fallback {p['fallback']:.0f} d-err {p['delay_error_p50']} rejected "
+                              f"{[r['rejected_reasons'] for r in run['robots'] if r['mode'] == mode]} lost {p['presumed_lost']:.0f}",
+                              flush=True)
                 data["smoothness"][str(extra)] = runs
                 (out / "rtc.json").write_text(json.dumps(data, indent=1, default=float))
     if "batching" in args.parts:
