@@ -82,8 +82,9 @@ def demo_manifest(cfg: DemoConfig, out: Path) -> Path:
     entry.pop("endpoints", None)
     entry["pretrained_path"] = cfg.checkpoint
     entry["model_id"] = cfg.policy
-    if cfg.policy in VLAS:  # the robots' observations (and their tasks) in one forward pass
-        entry["max_batch_size"] = min(cfg.robots, 4)
+    if cfg.policy in VLAS:  # the robots' observations (and their tasks) in one forward pass, each
+        entry["max_batch_size"] = min(cfg.robots, 4)  # robot's chunk continuing what it executes (RTC)
+        entry["rtc"] = {"enabled": True}
     listed = [c["client_uuid"] for c in entry.get("clients", [])]
     entry["clients"] = [{"client_uuid": c} for c in listed] + [
         {"client_uuid": f"robot_{i}"} for i in range(1, cfg.robots + 1) if f"robot_{i}" not in listed]
@@ -198,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_summary(out: Path, clients: list[str], codes: list[int | None], server_code: int | None) -> int:
     cols = [("robot", 10), ("exit", 5), ("steps", 6), ("actions", 8), ("chunks", 7), ("rtt p50", 8),
-            ("rtt p99", 8), ("infer p50", 10), ("period p99", 11), ("empty", 6), ("trimmed", 8), ("overruns", 9)]
+            ("rtt p99", 8), ("infer p50", 10), ("period p99", 11), ("empty", 6), ("trimmed", 8), ("overruns", 9),
+            ("rtc delay", 10)]
     print()
     print("  ".join(name.rjust(width) for name, width in cols))
     ok = server_code == 0
@@ -210,11 +212,20 @@ def print_summary(out: Path, clients: list[str], codes: list[int | None], server
         row = [client_id, str(code), str(s.get("steps", "-")), str(s.get("actions_executed", "-")),
                str(s.get("chunks_received", "-")), ms(s.get("rtt_ms_p50")), ms(s.get("rtt_ms_p99")),
                ms(s.get("inference_ms_p50")), ms(s.get("control_period_ms_p99")),
-               str(s.get("empty_buffer_cycles", "-")), str(s.get("trimmed_steps", "-")), str(s.get("loop_overruns", "-"))]
+               str(s.get("empty_buffer_cycles", "-")), str(s.get("trimmed_steps", "-")), str(s.get("loop_overruns", "-")),
+               _rtc_cell(s.get("rtc") or {})]
         print("  ".join(v.rjust(width) for v, (_, width) in zip(row, cols)))
     print(f"\nserver exit code {server_code}; logs and JSON summaries in {out}")
     print("demo OK" if ok else "demo FAILED: see the logs above")
     return 0 if ok else 1
+
+
+def _rtc_cell(rtc: dict) -> str:
+    """Real-time chunking in the table: `predicted/actual` delay p50 in control steps, or `off`."""
+    if not rtc.get("active"):
+        return "off"
+    p, a = rtc.get("delay_predicted_steps_p50"), rtc.get("delay_actual_steps_p50")
+    return "-" if p is None or a is None else f"{p:.0f}/{a:.0f}"
 
 
 if __name__ == "__main__":

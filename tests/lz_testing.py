@@ -30,14 +30,16 @@ def wait_for(predicate, timeout_s: float = 10.0, poll_s: float = 0.02) -> bool:
 CAMS = {"front": (48, 64), "wrist": (48, 64)}
 
 
-def make_server(port, app_key, latency_ms=10.0, cameras=CAMS, action_dim=6, chunk_size=30, rtc=False):
+def make_server(port, app_key, latency_ms=10.0, cameras=CAMS, action_dim=6, chunk_size=30, rtc=False,
+                history_length=1):
     return PolicyServer(parse_manifest({
         "cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": "gpu0",
         "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False},
         "server": [{
             "model_id": app_key.model, "model_version": app_key.version, "application_tag": app_key.app,
             "synthetic": {"state_dim": 6, "action_dim": action_dim, "chunk_size": chunk_size,
-                          "cameras": cameras, "latency_ms": latency_ms, "rtc": rtc},
+                          "cameras": cameras, "latency_ms": latency_ms, "rtc": rtc,
+                          "history_length": history_length},
             "fps": 30, "accept_unknown_clients": True,
         }],
     }))

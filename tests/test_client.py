@@ -410,6 +410,7 @@ def test_observations_carry_the_episode_and_one_session_nonce_per_client(port, a
             run_client(client, 5.0)
     assert len(seen) >= 5
     assert {o.session_nonce for o in seen} == {client.session_nonce}
+    assert {o.task for o in seen} == {"pick"}  # --dataset.single_task is the task when --task is not given
     assert 0 <= client.session_nonce < 2**63
     episodes = [int(o.episode_id) for o in seen]
     assert episodes == sorted(episodes) and len(set(episodes)) >= 2  # a new id at each episode
@@ -535,3 +536,41 @@ def test_rtc_can_be_turned_off_and_is_off_when_not_offered(port, app_key):
         assert len(seen) >= 2 and all(o.rtc is None for o in seen)
         assert client.buffer.stats().replaced_chunks == 0 and client.counters.rtc_chunks == 0
         assert client.summary()["rtc"]["active"] is False
+
+
+def test_observations_carry_the_frames_of_the_steps_before_them_when_the_model_asks(port, app_key):
+    """Status.history_length = 3: each observation carries the robot's last 2 frames, one control
+    period apart (what the robot saw at the 2 steps before the capture), JPEG-encoded like its own."""
+    cfg = make_config(port, app_key, actions_per_chunk=5)
+    robot = make_robot_from_config(cfg.robot)
+    seen_states: list[np.ndarray] = []  # every state the control loop read, in order
+    read = robot.get_observation
+
+    def get_observation():
+        obs = read()
+        seen_states.append(np.array([obs[n] for n in robot.observation_features if not isinstance(
+            robot.observation_features[n], tuple)], dtype=np.float32))
+        return obs
+
+    robot.get_observation = get_observation
+    sent = []
+    with make_server(port, app_key, latency_ms=10, history_length=3):
+        with ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as mon:
+            mon.subscribe(app_key.client("r1").obs, lambda k, b: sent.append(codec.decode_observation(b)))
+            client = RobotClient(cfg, robot)
+            run_client(client, 2.5)
+    assert client.status.history_length == 3 and len(sent) >= 5
+    keys = [s.tobytes() for s in seen_states]
+    unique = {k: i for i, k in enumerate(keys) if keys.count(k) == 1}  # (the robot holds still at first)
+    checked = 0
+    for obs in sent:
+        i = unique.get(obs.state.tobytes())
+        if i is None or i < 4:
+            continue
+        assert len(obs.history) == 2
+        for k, frame in enumerate(obs.history):
+            np.testing.assert_array_equal(frame.state, seen_states[i - 2 + k])
+            assert set(frame.images) == set(cfg.robot.cameras)
+            assert all(jpeg[:2] == b"\xff\xd8" for jpeg in frame.images.values())
+        checked += 1
+    assert checked >= 3

@@ -85,7 +85,7 @@ def test_standby_takes_over_and_steps_back_without_duplicates(app_key):
 def test_standby_alone_serves_and_stays_silent_while_primary_is_up(app_key):
     p1, p2 = free_port(), free_port()
     with PolicyServer(manifest(app_key, p1, "gpu0")) as primary, \
-            PolicyServer(manifest(app_key, p2, "gpu1", standby_for="gpu0", connect=[f"tcp/127.0.0.1:{p1}"])) as standby, \
+            PolicyServer(manifest(app_key, p2, "gpu1", standby_for="gpu0", connect=[f"tcp/127.0.0.1:{p1}"])), \
             ZenohSession(loopback_settings(None, listen=False, connect_ports=(p1, p2))) as s:
         assert wait_for(lambda: s.query(app_key.status, 0.3), 10)
         time.sleep(0.5)

@@ -421,9 +421,11 @@ def test_a_stalled_robot_delays_no_other_robot_and_recovers(tmp_path, app_key, s
     b_before_sent, b_before = _latencies(tmp_path / "rb.json", t_stall - 5, t_stall)
     b_stall_sent, b_stall = _latencies(tmp_path / "rb.json", t_stall, t_back)
     a_stall_sent, a_stall = _latencies(tmp_path / "ra.json", t_stall, t_back)
-    a_after_sent, a_after = _latencies(tmp_path / "ra.json", t_back + 2, t_back + 6)
     a_chunks = json.loads((tmp_path / "ra.json").read_text())["chunks"]
     first_after = min((t for t, _ in a_chunks if t > t_back), default=None)
+    # after a full freeze TCP's retransmission back-off decides when A's link carries data again
+    # (0.6 to 3.2 s measured); from then on A is served as before
+    a_after_sent, a_after = _latencies(tmp_path / "ra.json", (first_after or t_back) + 0.5, (first_after or t_back) + 3.5)
     assert b_before and len(b_before) >= 0.95 * b_before_sent, "B was not served before the stall"
     allowed_ms = float(np.percentile(b_before, 99)) + PERIOD_S * 1000
     late = [ms for ms in b_stall if ms > allowed_ms]
@@ -443,3 +445,40 @@ def test_a_stalled_robot_delays_no_other_robot_and_recovers(tmp_path, app_key, s
     assert len(late) <= 0.01 * b_stall_sent, figures  # ... no later than one control period beyond its usual p99
     assert first_after is not None and first_after - t_back < 5.0, figures  # A is served again
     assert len(a_after) >= 0.9 * a_after_sent, figures
+
+
+@needs_lan
+@pytest.mark.timeout(180)
+def test_kill9_of_the_primary_a_connect_only_robot_fails_over_to_the_standby(tmp_path, app_key):
+    """The robot with the default settings (a Zenoh client: one link, to the first endpoint that
+    answers) given both servers' endpoints, server and robot in their own namespaces: the primary
+    is killed, the standby serves, the robot follows without restarting."""
+    with lan("server", "robot") as (server, robot):
+        ep1, ep2 = f"tcp/{server.ip}:{PORT}", f"tcp/{server.ip}:{PORT + 1}"
+        primary = ServerProcess(server, server_manifest(tmp_path, app_key, ep1, "gpu0", latency_ms=5), tmp_path / "p.log")
+        assert wait_for(lambda: "ready" in (tmp_path / "p.log").read_text(), 60)
+        standby = ServerProcess(server, server_manifest(tmp_path, app_key, ep2, "gpu1", standby_for="gpu0",
+                                                        connect=[ep1], latency_ms=5), tmp_path / "s.log")
+        assert wait_for(lambda: "ready" in (tmp_path / "s.log").read_text(), 60)
+        summary = tmp_path / "robot.json"
+        client = robot.popen([sys.executable, "-m", "lerobot_zenoh.cli.client", "--robot.type=zenoh_sim",
+                              "--robot.cameras={front: [48, 64], wrist: [48, 64]}", *routing_args(app_key, "r1", ep1),
+                              f"--zenoh.connect=[{ep2}]", "--duration_s=14", "--watchdog_timeout_s=0.5",
+                              "--discovery_timeout_s=60", "--telemetry_period_s=0", f"--summary_path={summary}"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        ServerProcess.started.append(client)
+        try:
+            assert wait_for(lambda: any(f":{PORT}" in s or f":{PORT + 1}" in s for s in robot.sockets("-tn")), 60)
+            time.sleep(5)
+            assert robot.sockets("-ltn") == []  # connect-only
+            primary.kill9()
+            assert client.wait(90) == 0
+        finally:
+            standby_log = standby.stop()
+            primary.stop()
+    result = json.loads(summary.read_text())
+    record("kill9_standby_connect_only", {k: result[k] for k in ("server_id", "chunks_received", "empty_buffer_cycles",
+                                                                  "watchdog_events", "loop_overruns")})
+    assert "taking over" in standby_log
+    assert result["server_id"] == "gpu1" and result["chunks_received"] > 5
+    assert result["empty_buffer_cycles"] < 60  # under 2 s without actions

@@ -588,7 +588,7 @@ def _port_open(port: int) -> bool:
     (["--monitor", "gpu0"], "'gpu0'"),                  # a monitor id equal to the server id
     (["--host", "0.0.0.0"], "'0.0.0.0'"),               # a wildcard is no host a client dials
     (["--host", "*.lab"], "'*.lab'"),
-    (["--router", "robot_2", "--router-endpoint", "tls/127.0.0.1:7447"], "'robot_2'"),
+    (["--router", "robot_2", "--router_endpoint", "tls/127.0.0.1:7447"], "'robot_2'"),
 ])
 def test_secure_init_refuses_names_that_collide_with_a_role_in_one_line(tmp_path, app_key, capsys, extra, named):
     from lerobot_zenoh.cli import secure
@@ -649,11 +649,11 @@ def test_a_robot_and_a_monitor_open_no_listener_and_a_lan_peer_cannot_reach_them
                 "--robot.cameras={front: [48, 64], wrist: [48, 64]}", "--client_uuid=robot_1",
                 f"--cluster_uuid={app_key.cluster}", f"--experiment_tag={app_key.experiment}",
                 f"--model_id={app_key.model}", f"--model_version={app_key.version}",
-                f"--application_tag={app_key.app}", f"--endpoint={endpoint}", "--episode_time_s=20",
+                f"--application_tag={app_key.app}", f"--endpoint={endpoint}", "--duration_s=20",
                 "--discovery_timeout_s=60", f"--summary_path={summary}"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            procs.append(monitor.popen([sys.executable, "-m", "lerobot_zenoh.cli.monitor", "--connect", endpoint,
-                                        "--json", "--duration-s", "25"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            procs.append(monitor.popen([sys.executable, "-m", "lerobot_zenoh.cli.monitor", f"--endpoint={endpoint}",
+                                        "--json=true", "--duration_s=25"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                        text=True))
             # running: the robot has its link to the server, the monitor its own
             assert wait_for(lambda: any(f"{server.ip}:7447" in s for s in robot.sockets("-tn")), 90), "robot never connected"
@@ -748,14 +748,12 @@ def test_a_server_that_cannot_lock_memory_serves_every_same_host_observation(tmp
     """The failure upstream: shared memory on, a server without CAP_IPC_LOCK served the first
     observation of a same-host client and silently lost the rest. Here it falls back, warns, and
     serves all of them (the client keeps shared memory on)."""
-    import shutil
-
     import os
+    import resource
+    import shutil
 
     if shutil.which("capsh") is None or os.geteuid() != 0:
         pytest.skip("needs root and capsh to start a server without CAP_IPC_LOCK")
-    import resource
-
     if resource.getrlimit(resource.RLIMIT_MEMLOCK)[0] == resource.RLIM_INFINITY:
         pytest.skip("RLIMIT_MEMLOCK is unlimited here: dropping CAP_IPC_LOCK does not take the privilege away")
     inner = " ".join([sys.executable, "-m", "lerobot_zenoh.cli.server", "--manifest", str(tmp_path / "m.yaml")])
@@ -779,3 +777,28 @@ def test_a_server_that_cannot_lock_memory_serves_every_same_host_observation(tmp
         proc.send_signal(signal.SIGINT)
         proc.wait(20)
     assert "cannot lock memory" in log.read_text()
+
+
+# -- what an independent client found (docs/protocol.md says so now) -------------------------------
+
+
+def _with_exif_orientation(jpeg: bytes, orientation: int) -> bytes:
+    import struct
+
+    tiff = (b"II*\x00" + struct.pack("<I", 8) + struct.pack("<H", 1)
+            + struct.pack("<HHIHH", 0x0112, 3, 1, orientation, 0) + struct.pack("<I", 0))
+    app1 = b"Exif\x00\x00" + tiff
+    return jpeg[:2] + b"\xff\xe1" + struct.pack(">H", len(app1) + 2) + app1 + jpeg[2:]
+
+
+@pytest.mark.parametrize("orientation", [1, 3, 6, 8])
+def test_an_exif_orientation_is_ignored_the_pixels_are_used_as_stored(orientation):
+    import cv2
+
+    image = np.zeros((48, 64, 3), np.uint8)
+    image[:8, :16] = 255  # a bright top-left corner
+    jpeg = _with_exif_orientation(codec.encode_jpeg(image), orientation)
+    if orientation in (6, 8):  # a decoder that applies the tag would swap H and W
+        assert cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR).shape[:2] == (64, 48)
+    decoded = codec.decode_jpeg(jpeg, (48, 64))
+    assert decoded.shape == (48, 64, 3) and decoded[:8, :16].mean() > 200 and decoded[-8:, -16:].mean() < 50

@@ -214,3 +214,19 @@ def test_a_queued_publisher_never_waits_drops_the_oldest_and_counts(zenoh_pair, 
     pub.close()
     with pytest.raises(TransportError):
         pub.put(b"late")
+
+
+def test_status_query_reaches_the_serving_server_when_a_silent_standby_holds_the_same_key(port, app_key):
+    """A hot standby declares the status queryable and stays silent; `query` targets ALL queryables,
+    so the serving one answers every time (Zenoh's default target may pick the silent one: reported
+    in issue #16, 0 of 10; this topology does not reproduce that, it checks the contract)."""
+    from lerobot_zenoh.transport.settings import loopback_settings
+
+    with ZenohSession(loopback_settings(port)) as primary, \
+            ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as standby, \
+            ZenohSession(ZenohSettings(connect=[f"tcp/127.0.0.1:{port}"])) as client:
+        standby.serve(app_key.status, lambda: None)  # standing by: no answer
+        primary.serve(app_key.status, lambda: b"primary")
+        assert wait_for(lambda: client.query(app_key.status, 0.3), 5.0)
+        answers = [client.query(app_key.status, 0.5) for _ in range(10)]
+        assert all(a == [(app_key.status, b"primary")] for a in answers), answers

@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
                             "or <cluster>/<experiment>/<model>/<version>/<app>/ID for one (repeatable)")
     init.add_argument("--out", required=True, help="folder to write into")
     init.add_argument("--host", action="append", default=[],
-                      help="extra host name or IP in every certificate (repeatable); the first one replaces a "
+                      help="extra host name or IP the server and router certificates carry (robot and monitor "
+                           "certificates name no host) (repeatable); the first one replaces a "
                            "wildcard listen address (0.0.0.0) in the endpoints given to clients")
     init.add_argument("--router", help="issue a certificate for this router and enforce the ACL there")
     init.add_argument("--router_endpoint", action="append", default=[], help="where the router listens (tls/host:port)")

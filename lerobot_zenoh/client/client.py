@@ -50,7 +50,7 @@ from lerobot_zenoh.client.config import RobotClientConfig
 from lerobot_zenoh.client.discovery import RobotFeatures, compare, discover, query_status, wait_connected
 from lerobot_zenoh.errors import CompatibilityError, ProtocolError, TransportError
 from lerobot_zenoh.protocol import codec
-from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation, RtcInputs
+from lerobot_zenoh.protocol.messages import ExecutionInfo, HistoryFrame, Observation, RtcInputs
 from lerobot_zenoh.scheduling.action_buffer import ActionBuffer
 from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake, IntakeResult, MergeMode
 from lerobot_zenoh.scheduling.send_trigger import SendTrigger
@@ -73,6 +73,9 @@ class _Capture:
     execution: ExecutionInfo
     episode_id: str
     rtc: RtcInputs | None = None
+    # The robot's raw observations of the control steps just before this one, oldest first (for a
+    # model that conditions on several consecutive observations: Status.history_length > 1).
+    history: tuple[dict, ...] = ()
 
 
 class Outbox:
@@ -161,6 +164,8 @@ class RobotClient:
                                   initial_delay_steps=config.rtc.initial_delay_steps,
                                   delay_quantile=config.rtc.delay_quantile)
         self.rtc_active = False  # the server advertises RTC and config.rtc.enabled: set from each status
+        # The last Status.history_length - 1 raw observations, one per control step (the control loop's).
+        self._history: deque = deque(maxlen=0)
         # Drawn per client, not per process: each RobotClient counts seq_ids from 1 (docs/protocol.md, "Sessions").
         self.session_nonce = secrets.randbits(63)
         self.counters = ClientCounters()
@@ -254,9 +259,13 @@ class RobotClient:
         return self
 
     def _use_status(self, status) -> None:
-        """Real-time chunking follows the server that answers (a replacement may not offer it)."""
+        """Real-time chunking and the observation history follow the server that answers (a
+        replacement may not offer RTC, or may serve a model with another history length)."""
         self.rtc_active = self.config.rtc.enabled and status.rtc is not None
         self.intake.mode = MergeMode.RTC if self.rtc_active else MergeMode.BLEND
+        wanted = max((status.history_length or 1) - 1, 0)
+        if self._history.maxlen != wanted:
+            self._history = deque(maxlen=wanted)  # (one assignment: the control loop sees old or new)
 
     # -- control loop (main thread) -----------------------------------------------------------
 
@@ -329,8 +338,10 @@ class RobotClient:
 
     def _begin_reset(self) -> None:
         """Between episodes: drop what the policy planned, forget requests in flight (their answers
-        belong to the episode that ended and are refused when they arrive)."""
+        belong to the episode that ended and are refused when they arrive) and the frames of the
+        episode that ended (a new episode's history starts with it)."""
         self.buffer.clear()
+        self._history.clear()
         self.intake.clear()
         self.trigger.forget_outstanding()
         self._waiting_since_s = None
@@ -360,7 +371,9 @@ class RobotClient:
                 self._waiting_since_s = now
             self.outbox.put(_Capture(self._seq_id, step, now, observation, ExecutionInfo(
                 task_elapsed_s=now - episode_start, actions_buffered=depth, control_period_s=self.dt_s),
-                episode_id=str(self._episode), rtc=rtc))
+                episode_id=str(self._episode), rtc=rtc, history=tuple(self._history)))
+        if self._history.maxlen:
+            self._history.append(observation)  # one control period apart: every step is kept
         popped = self.buffer.pop()
         if popped is not None:
             _, vector = popped
@@ -408,6 +421,15 @@ class RobotClient:
         # cost one encode of wall time instead of two (docs/benchmarks.md).
         helpers = (ThreadPoolExecutor(max_workers=len(cameras) - 1, thread_name_prefix=f"{self.config.client_uuid}:jpeg")
                    if len(cameras) > 1 else None)
+
+        def encode_frame(obs: dict) -> tuple[np.ndarray, dict[str, bytes]]:
+            state = np.fromiter((obs[n] for n in names.state_names), dtype=np.float32, count=len(names.state_names))
+            others = [(cam, helpers.submit(codec.encode_jpeg, np.asarray(obs[cam]), quality)) for cam in cameras[1:]]
+            images = {cameras[0]: codec.encode_jpeg(np.asarray(obs[cameras[0]]), quality)} if cameras else {}
+            for cam, encoded in others:
+                images[cam] = encoded.result()
+            return state, images
+
         try:
             while not self._stop.is_set():
                 item = self.outbox.take(0.1)
@@ -415,14 +437,11 @@ class RobotClient:
                     continue
                 obs = item.observation
                 try:
-                    state = np.fromiter((obs[n] for n in names.state_names), dtype=np.float32, count=len(names.state_names))
-                    others = [(cam, helpers.submit(codec.encode_jpeg, np.asarray(obs[cam]), quality)) for cam in cameras[1:]]
-                    images = {cameras[0]: codec.encode_jpeg(np.asarray(obs[cameras[0]]), quality)} if cameras else {}
-                    for cam, encoded in others:
-                        images[cam] = encoded.result()
+                    state, images = encode_frame(obs)
+                    history = tuple(HistoryFrame(*encode_frame(past)) for past in item.history)
                     payload = codec.encode(Observation(item.seq_id, self.config.client_uuid, state, images,
-                                                       self.config.task, item.execution, episode_id=item.episode_id,
-                                                       session_nonce=self.session_nonce, rtc=item.rtc))
+                                                       self.config.task_text, item.execution, episode_id=item.episode_id,
+                                                       session_nonce=self.session_nonce, rtc=item.rtc, history=history))
                     self._pub.put(payload)
                     self.counters.observations_published += 1
                 except (ProtocolError, TransportError, KeyError, ValueError) as exc:

@@ -11,7 +11,9 @@ Two deployments, and where the ACL is enforced in each (docs/security.md):
   several servers, or to keep the ACL off the GPU host.
 
 Every node uses mutual TLS with the same CA, has multicast scouting off, and lists its endpoints
-explicitly (an unset `listen` would make a peer listen on every interface).
+explicitly (an unset `listen` would make a peer listen on every interface). Only the server and
+the router hold certificates that may serve TLS and name hosts (security/pki.py); robots and
+monitors hold client-only certificates and verify the listener they connect to.
 """
 
 from __future__ import annotations

@@ -88,6 +88,7 @@ class Session:
     last_served_seq: int | None = None
     token_lost_s: float | None = None  # when its liveliness token vanished (None: present or never seen)
     needs_reset: bool = False  # per-episode state to drop in the runner before its next inference
+    closed_reason: str | None = None  # liveliness | idle | server_stop, once closed
     slot: Slot | None = None
     stats: SessionStats = field(default_factory=SessionStats)
 
@@ -319,6 +320,7 @@ class Engine:
         self.totals.update({f"rejected.{k}": v for k, v in st.rejected.items()})
         self.totals.update({f"dropped.{k}": v for k, v in st.dropped.items()})
         self.sessions_closed[reason] += 1
+        session.closed_reason = reason
         self.scheduler.forget(session.client_id)
         self.rate_limit.forget(session.client_id)
         session.slot = None

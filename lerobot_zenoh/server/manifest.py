@@ -17,6 +17,8 @@
         scheduler: round_robin                    # or fifo, wait_ratio (docs/scheduling.md), or a mapping:
                                                   # {type: wait_ratio, buckets: 10, aging: 1, first_request: highest}
         horizon: {type: diffusion_confidence, threshold: 0.4, h_min: 5}   # or none (default), static
+        rtc: {enabled: false, execution_horizon: 10, max_guidance_weight: 10.0, prefix_attention_schedule: linear}
+                                                  # real-time chunking (smolvla, pi0, pi05; docs/policies.md)
         max_batch_size: 1                         # clients per forward pass, or auto (profiled)
         accept_unknown_clients: false
         max_unknown_clients: 64                   # places shared by unlisted clients (when accepted)
@@ -44,6 +46,7 @@ from lerobot_zenoh.protocol.keys import AppKey, validate_chunk, validate_client_
 from lerobot_zenoh.scheduling.horizon import DiffusionConfidenceHorizon, HorizonPolicy, StaticHorizon
 from lerobot_zenoh.scheduling.request_schedulers import SCHEDULERS, RequestScheduler, make_scheduler
 from lerobot_zenoh.scheduling.wait_ratio import FIRST_REQUEST_RULES
+from lerobot_zenoh.server.runners.lerobot import RtcSettings
 from lerobot_zenoh.transport.settings import ZenohSettings
 
 
@@ -83,6 +86,9 @@ class SyntheticEntry(_Strict):
     # Declare real-time chunking: the chunk's first delay_steps rows are the observation's prefix
     # (SyntheticPolicy; the status then advertises rtc).
     rtc: bool = Field(False, strict=True)
+    # Declare a model that conditions on this many consecutive observations (the status then asks
+    # clients for their last history_length - 1 frames; the synthetic actions ignore them).
+    history_length: int = Field(1, ge=1, le=17, strict=True)
     # A scripted smooth motion instead of the default chunk: every joint follows a sinusoid whose phase
     # is read from state[0:2] (SyntheticPolicy's `circle_actions`; benchmarks/rtc.py records from it).
     circle: CircleEntry | None = None
@@ -127,6 +133,22 @@ class HorizonEntry(_Strict):
             kwargs = {k: getattr(self, k) for k in ("threshold", "h_min") if getattr(self, k) is not None}
             return DiffusionConfidenceHorizon(**kwargs)
         return None
+
+
+class RtcEntry(_Strict):
+    """Real-time chunking of one model (docs/policies.md, "Real-time chunking"); defaults are LeRobot's
+    `RTCConfig`'s. Only the flow-matching VLAs (smolvla, pi0, pi05) can enable it; any other family
+    refuses ``enabled: true`` at start-up."""
+
+    enabled: bool = Field(False, strict=True)
+    execution_horizon: int = Field(10, ge=1, strict=True)
+    max_guidance_weight: float = Field(10.0, gt=0, allow_inf_nan=False)
+    prefix_attention_schedule: Literal["zeros", "ones", "linear", "exp"] = "linear"
+
+    def settings(self) -> RtcSettings:
+        return RtcSettings(enabled=self.enabled, execution_horizon=self.execution_horizon,
+                           max_guidance_weight=float(self.max_guidance_weight),
+                           prefix_attention_schedule=self.prefix_attention_schedule)
 
 
 class SchedulerEntry(_Strict):
@@ -213,6 +235,8 @@ class ModelEntry(_Strict):
     profile_budget_s: float = Field(10.0, gt=0)
     # Execution horizon sent with each chunk (none = not sent; docs/scheduling.md).
     horizon: HorizonEntry = Field(default_factory=HorizonEntry)
+    # Real-time chunking (RtcEntry): off by default.
+    rtc: RtcEntry = Field(default_factory=RtcEntry)
     accept_unknown_clients: bool = False
     # Sessions of clients not listed in `clients` (when accepted) share this many places; listed
     # clients always have their own. A place is freed when its session closes (see `sessions`).

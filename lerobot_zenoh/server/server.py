@@ -114,10 +114,12 @@ class ServedModel:
             accepts_unknown_clients=entry.accept_unknown_clients,
             **spec.status_fields(),
             # Real-time chunking: observations may carry a prefix and a delay (docs/protocol.md §5.1).
-            rtc=RtcAdvert() if spec.capabilities.rtc else None,
+            rtc=(RtcAdvert(entry.rtc.execution_horizon if entry.rtc.enabled else None) if spec.capabilities.rtc
+                 else None),
         )
         self.status_bytes = codec.encode(self.status)
         self.publishers: dict[str, Publisher] = {}  # client id -> action publisher, closed with its session
+        self.actions_dropped_closed = 0  # chunks dropped by publishers of sessions since closed
         # A query naming a client (`status?client=<id>`) learns whether this model serves it.
         self._status_for = {admitted: codec.encode(replace(self.status, client_admitted=admitted))
                             for admitted in (True, False)}
@@ -243,13 +245,9 @@ class PolicyServer:
             if stuck:
                 log.warning("inference thread did not finish within %.1f s", timeout_s)
         for model in self.models:
-            snapshot = model.engine.snapshot()
-            for cid, s in snapshot["sessions"].items():
-                log.info("%s %s: received %d, superseded %d, served %d, rejected %s", model.app.prefix, cid,
-                         s["received"], s["superseded"], s["served"], s["rejected"] or 0)
             if not stuck:  # (a stuck inference thread may still be inside the runner)
                 for session in model.engine.close_all():
-                    self._forget(model, session)
+                    self._forget(model, session)  # (logs each session's counts)
                 model.executor.close()
         if self._session is not None:
             self._session.close()
@@ -339,8 +337,12 @@ class PolicyServer:
         model.runner.forget(session.client_id)
         pub = model.publishers.pop(session.client_id, None)
         if pub is not None:
+            model.actions_dropped_closed += pub.dropped
             pub.close()
-        log.debug("%s: session of %s closed", model.app.prefix, session.client_id)
+        st = session.stats
+        log.info("%s %s: received %d, superseded %d, served %d, rejected %s (session closed: %s)", model.app.prefix,
+                 session.client_id, st.received, st.superseded, st.served, dict(st.rejected) or 0,
+                 session.closed_reason)
 
     def _serve(self, model: ServedModel, batch: Batch) -> None:
         """Check each picked observation on its own, infer the valid ones together, publish each chunk.
@@ -433,6 +435,11 @@ class PolicyServer:
                 "queue_ms_p99": percentile(s["queue_ms"], 99),
                 **{f"rejected.{reason}": n for reason, n in s["rejected"].items()},
             }
+        # Chunks a client's stalled link made its publisher drop (transport/session.py QueuedPublisher).
+        publishers = dict(model.publishers)
+        for cid, figures in per_client.items():
+            pub = publishers.get(cid)
+            figures["actions_dropped"] = pub.dropped if pub is not None else 0
         dropped = snap["dropped"]
         batch_sizes = snap["batch_sizes"]
         rate_limited = totals.get("dropped.rate_limited", 0) + sum(
@@ -450,6 +457,7 @@ class PolicyServer:
             **{f"rejected.{reason}": n for reason, n in dropped.items()},
             **{f"rejected.{reason}": n for reason, n in rejected_by_reason.items()},
             "inferences": totals.get("served", 0),
+            "actions_dropped": model.actions_dropped_closed + sum(p.dropped for p in publishers.values()),
             "inference_ms_p50": percentile(inference_ms, 50),
             "inference_ms_p99": percentile(inference_ms, 99),
             "queue_ms_p50": percentile(queue_ms, 50),

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lerobot_zenoh.errors import PolicyError
+from lerobot_zenoh.errors import ConfigError, PolicyError
 from lerobot_zenoh.server.runners.act import ActRunner
 from lerobot_zenoh.server.runners.base import (
     BaseRunner,
@@ -31,7 +31,7 @@ from lerobot_zenoh.server.runners.base import (
 )
 from lerobot_zenoh.server.runners.diffusion import DiffusionRunner
 from lerobot_zenoh.server.runners.flow_matching import FlowMatchingRunner
-from lerobot_zenoh.server.runners.lerobot import LeRobotRunner, LoadOptions, read_config
+from lerobot_zenoh.server.runners.lerobot import LeRobotRunner, LoadOptions, RtcSettings, read_config
 
 if TYPE_CHECKING:
     from lerobot_zenoh.server.manifest import Manifest, ModelEntry
@@ -45,6 +45,7 @@ __all__ = [
     "LoadOptions",
     "PolicyRunner",
     "PolicySpec",
+    "RtcSettings",
     "RunnerCapabilities",
     "load_policy_runner",
     "load_runner",
@@ -112,7 +113,11 @@ def load_policy_runner(pretrained_path: str | Path, device: str = "cpu", *,
 def load_runner(manifest: Manifest, entry: ModelEntry) -> PolicyRunner:
     """Build the runner a manifest entry asks for: its `synthetic` policy, or its checkpoint folder.
     Raises `PolicyError` (or `ConfigError` for bad synthetic settings) naming the entry or the path."""
+    field = f"server[{entry.model_id}]."
     if entry.synthetic is not None:
+        if entry.rtc.enabled:
+            raise ConfigError(f"{field}rtc.enabled", "the synthetic policy has no RTC guidance to configure; "
+                                                     "declare RTC with synthetic.rtc instead")
         from lerobot_zenoh.server.runners.synthetic import CircleMotion, SyntheticPolicy, SyntheticPolicyConfig
 
         syn = entry.synthetic
@@ -126,17 +131,18 @@ def load_runner(manifest: Manifest, entry: ModelEntry) -> PolicyRunner:
             batch_latency_ms=syn.batch_latency_ms,
             confidence_from_state=syn.confidence_from_state,
             rtc=syn.rtc,
+            history_length=syn.history_length,
             circle=None if syn.circle is None else CircleMotion(**syn.circle.model_dump()),
         ))
     path = manifest.resolve_path(entry)
     if not path.exists():
         raise PolicyError(f"{manifest.source}: server[{entry.model_id}].pretrained_path: {path} does not exist "
                           "(build one offline with lerobot-zenoh-build-checkpoint)")
-    field = f"server[{entry.model_id}]."
     return load_policy_runner(path, options=LoadOptions(
         device=entry.device,
         dtype=entry.dtype,
         tokenizer_path=manifest.resolve_asset(entry.tokenizer_path),
         vlm_path=manifest.resolve_asset(entry.vlm_path),
+        rtc=entry.rtc.settings(),
         field_prefix=field,
     ))

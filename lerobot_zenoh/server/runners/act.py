@@ -62,8 +62,4 @@ class ActRunner(LeRobotRunner):
             raise
         except Exception as exc:  # torch/lerobot runtime failure: report, never return "no actions"
             raise PolicyError(f"{self.path}: batched inference of {len(requests)} failed: {exc}") from exc
-        out = actions.detach().to("cpu", torch.float32).numpy()
-        expected = (len(requests), self.spec.chunk_size, self.spec.action_dim)
-        if out.shape != expected:
-            raise PolicyError(f"{self.path}: model returned actions {out.shape}, expected {expected}")
-        return [InferenceResult(np.ascontiguousarray(chunk)) for chunk in out]
+        return [InferenceResult(np.ascontiguousarray(chunk)) for chunk in self._chunks(actions, len(requests))]

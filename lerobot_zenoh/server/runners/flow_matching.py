@@ -15,6 +15,14 @@ share state between the pre- and the postprocessor, and SmolVLA's ``predict_acti
 observation queues (of length ``n_obs_steps`` = 1, so they hold the current batch only).
 ``torch.no_grad`` rather than ``inference_mode``: LeRobot's real-time chunking needs autograd.
 
+Real-time chunking (`LoadOptions.rtc` enabled; docs/policies.md, "Real-time chunking"): per row,
+inside the one forward pass. A request's prefix (``extras[RTC_EXTRA]``, robot units) goes through
+the same preprocessor call as the observations, as the batch's ``action`` (zero rows pad it to the
+chunk): the checkpoint's own relative-action and normalizer steps turn it into model space, exactly
+as they turn a training action. Each row then gets its own delay and its own execution horizon
+(clamped to its prefix length) from `runners.rtc.RowwiseRTCProcessor`, installed on the policy in
+place of LeRobot's one-delay processor. A call in which no request has a prefix is plain sampling.
+
 Assets (`LoadOptions`): a checkpoint names its tokenizer (``policy_preprocessor.json``) and, for
 SmolVLA, its VLM config + processor (``vlm_model_name``) but does not hold them. Each is looked up as
 the manifest's ``tokenizer_path`` / ``vlm_path``, then the checkpoint sidecar's ``assets`` (what
@@ -36,12 +44,14 @@ import numpy as np
 
 from lerobot_zenoh.errors import PolicyError, ProtocolError
 from lerobot_zenoh.server.runners.base import (
+    RTC_EXTRA,
+    RTC_EXTRA_DELAY,
     InferenceRequest,
     InferenceResult,
     RunnerCapabilities,
     check_observation,
 )
-from lerobot_zenoh.server.runners.lerobot import FEATURES_SIDECAR_NAME, LeRobotRunner, LoadOptions
+from lerobot_zenoh.server.runners.lerobot import ACTION_KEY, FEATURES_SIDECAR_NAME, LeRobotRunner, LoadOptions
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +63,7 @@ class FlowMatchingRunner(LeRobotRunner):
     """SmolVLA, pi0 and pi0.5 behind the runner seam (see the module docstring)."""
 
     supported_dtypes = ("float32", "bfloat16")
+    supports_rtc = True
 
     @classmethod
     def chunk_size_for(cls, config: Any) -> int:
@@ -60,8 +71,8 @@ class FlowMatchingRunner(LeRobotRunner):
 
     @classmethod
     def capabilities_for(cls, config: Any) -> RunnerCapabilities:
-        # rtc: LeRobot's RTC is there (issue #15 wires it through InferenceRequest.extras).
-        return RunnerCapabilities(max_batch=None, history_length=int(config.n_obs_steps), reads_task=True)
+        rtc = config.rtc_config is not None and bool(config.rtc_config.enabled)  # set by prepare_config
+        return RunnerCapabilities(max_batch=None, history_length=int(config.n_obs_steps), reads_task=True, rtc=rtc)
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -74,6 +85,12 @@ class FlowMatchingRunner(LeRobotRunner):
         self.max_task_tokens = int(steps[0].max_length)
         self._max_action_dim = int(self.policy.config.max_action_dim)
         self._lock = threading.Lock()
+        self._rtc_horizon: int | None = None
+        if self.spec.capabilities.rtc:
+            from lerobot_zenoh.server.runners import rtc
+
+            rtc.install(self.policy)
+            self._rtc_horizon = int(self.policy.config.rtc_config.execution_horizon)
 
     # -- loading -----------------------------------------------------------------------------------
 
@@ -82,6 +99,7 @@ class FlowMatchingRunner(LeRobotRunner):
         if int(config.n_obs_steps) != 1:
             # SmolVLA keeps observation queues inside the shared model; longer ones would mix sessions.
             raise PolicyError(f"{path}: n_obs_steps {config.n_obs_steps} is not supported for {config.type} (1 only)")
+        _configure_rtc(path, config, options)
         if config.type in ("pi0", "pi05"):
             # LeRobot's own mixed precision (vision tower and norms stay float32).
             from lerobot_zenoh.server.runners.lerobot import DTYPES
@@ -156,6 +174,25 @@ class FlowMatchingRunner(LeRobotRunner):
         if n > self.max_task_tokens:
             raise ProtocolError("task_too_long",
                                 f"the task is {n} tokens, {self.spec.policy_type} reads at most {self.max_task_tokens}")
+        self._rtc_inputs(request)
+
+    def _rtc_inputs(self, request: InferenceRequest) -> Any:
+        """The request's RTC inputs (None without), checked against the model: `ProtocolError`
+        (``bad_rtc_prefix``/``bad_rtc_delay``) for what the executor and the codec also refuse, so
+        that a request built elsewhere cannot fail a whole batch either."""
+        rtc = request.extras.get(RTC_EXTRA) if self._rtc_horizon is not None else None
+        if rtc is None:
+            return None
+        prefix = np.asarray(rtc.prefix)
+        if prefix.ndim != 2 or prefix.shape[1] != self.spec.action_dim or len(prefix) > self.spec.chunk_size:
+            raise ProtocolError("bad_rtc_prefix", f"rtc.prefix has shape {prefix.shape}, expected (n <= "
+                                                  f"{self.spec.chunk_size}, {self.spec.action_dim})")
+        if prefix.dtype.kind != "f" or not np.all(np.isfinite(prefix)):
+            raise ProtocolError("bad_rtc_prefix", "rtc.prefix must hold finite floats")
+        delay = rtc.delay_steps
+        if isinstance(delay, bool) or not isinstance(delay, (int, np.integer)) or not 0 <= delay <= len(prefix):
+            raise ProtocolError("bad_rtc_delay", f"rtc.delay_steps={delay!r} outside 0..{len(prefix)}")
+        return rtc
 
     def run(
         self, requests: Sequence[InferenceRequest], *, capture_updates: bool = False
@@ -167,23 +204,55 @@ class FlowMatchingRunner(LeRobotRunner):
 
         if not requests:
             return []
+        rtc_rows = []
         for r in requests:
             check_observation(self.spec, r.state, r.images)
+            try:
+                rtc_rows.append(self._rtc_inputs(r))
+            except ProtocolError as exc:
+                raise PolicyError(f"session {r.session_id}: {exc}") from exc
+        rows = [0 if rtc is None else len(rtc.prefix) for rtc in rtc_rows]
+        delays = [0 if rtc is None else int(rtc.delay_steps) for rtc in rtc_rows]
+        guided = any(rows)  # no prefix anywhere: plain sampling, bit for bit
         try:
-            with self._lock, torch.no_grad():
-                batch = self.preprocessor(self._stack(requests))
+            with self._lock, torch.no_grad():  # not inference_mode: RTC guidance runs autograd
+                observation = self._stack(requests)
+                if guided:
+                    observation[ACTION_KEY] = self._prefix_batch(rtc_rows)
+                batch = self.preprocessor(observation)
                 noise = torch.stack([self._noise(r.seed) for r in requests]).to(self.device)
-                chunk = self.policy.predict_action_chunk(batch, noise=noise)
+                kwargs: dict[str, Any] = {}
+                if guided:
+                    from lerobot_zenoh.server.runners.rtc import row_horizons
+
+                    prefix = batch.pop(ACTION_KEY)
+                    for i, n in enumerate(rows):
+                        prefix[i, n:] = 0.0  # LeRobot pads a leftover with zeros in model space
+                    kwargs = {"prev_chunk_left_over": prefix, "inference_delay": tuple(delays),
+                              "execution_horizon": row_horizons(rows, self._rtc_horizon)}
+                chunk = self.policy.predict_action_chunk(batch, noise=noise, **kwargs)
                 actions = self.postprocessor(chunk)
         except PolicyError:
             raise
         except Exception as exc:  # torch/lerobot runtime failure: report, never return "no actions"
             raise PolicyError(f"{self.path}: inference of {len(requests)} request(s) failed: {exc}") from exc
-        out = actions.detach().to("cpu", torch.float32).numpy()
-        expected = (len(requests), self.spec.chunk_size, self.spec.action_dim)
-        if out.shape != expected:
-            raise PolicyError(f"{self.path}: model returned actions {out.shape}, expected {expected}")
-        return [InferenceResult(np.ascontiguousarray(chunk)) for chunk in out]
+        results = []
+        for chunk, rtc, d in zip(self._chunks(actions, len(requests)), rtc_rows, delays, strict=True):
+            # The delay the guidance assumed: LeRobot's weights force min(d, horizon) rows.
+            extras = {} if rtc is None else {RTC_EXTRA_DELAY: min(d, self._rtc_horizon)}
+            results.append(InferenceResult(np.ascontiguousarray(chunk), extras=extras))
+        return results
+
+    def _prefix_batch(self, rtc_rows: Sequence[Any]) -> Any:
+        """The prefixes as the batch's ``(B, chunk_size, action_dim)`` float32 action, robot units,
+        zero rows after each row's own (and for a request without one)."""
+        import torch
+
+        out = np.zeros((len(rtc_rows), self.spec.chunk_size, self.spec.action_dim), dtype=np.float32)
+        for i, rtc in enumerate(rtc_rows):
+            if rtc is not None and len(rtc.prefix):
+                out[i, : len(rtc.prefix)] = rtc.prefix
+        return torch.from_numpy(out).to(self.device)
 
     def _noise(self, seed: int) -> Any:
         """``(chunk_size, max_action_dim)`` standard normal noise from a generator seeded with `seed`
@@ -215,6 +284,26 @@ class FlowMatchingRunner(LeRobotRunner):
             else:
                 out[key] = first
         return out
+
+
+def _configure_rtc(path: Path, config: Any, options: LoadOptions) -> None:
+    """LeRobot's ``rtc_config`` from the manifest's settings (None when off, whatever the checkpoint
+    saved: RTC is the server's decision). `PolicyError` naming the field for a horizon longer than
+    the chunk."""
+    settings = options.rtc
+    if not settings.enabled:
+        config.rtc_config = None
+        return
+    if settings.execution_horizon > int(config.chunk_size):
+        raise PolicyError(f"{options.field('rtc.execution_horizon')}: {settings.execution_horizon} is longer "
+                          f"than {path}'s chunk ({config.chunk_size} actions)")
+    from lerobot.configs import RTCAttentionSchedule
+    from lerobot.policies.rtc.configuration_rtc import RTCConfig
+
+    config.rtc_config = RTCConfig(
+        enabled=True, execution_horizon=settings.execution_horizon,
+        max_guidance_weight=float(settings.max_guidance_weight),
+        prefix_attention_schedule=RTCAttentionSchedule(settings.prefix_attention_schedule.upper()))
 
 
 def resolve_asset(path: Path, what: str, named: str | None, named_where: str, given: Path | None,

@@ -50,6 +50,37 @@ WEIGHTS_FILE = "model.safetensors"
 #: Manifest spellings of a dtype -> torch's name.
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
+#: LeRobot's RTC prefix attention schedules (``RTCAttentionSchedule``), as the manifest spells them.
+RTC_SCHEDULES = ("zeros", "ones", "linear", "exp")
+
+
+@dataclass(frozen=True)
+class RtcSettings:
+    """Real-time chunking of one model (the manifest entry's ``rtc`` block; docs/policies.md).
+
+    The defaults are LeRobot's `RTCConfig`'s. `execution_horizon`: the leading chunk rows the guidance
+    draws from the prefix; `max_guidance_weight`: the clamp of the guidance weight;
+    `prefix_attention_schedule`: how the prefix weights decay from the delay to the horizon.
+    """
+
+    enabled: bool = False
+    execution_horizon: int = 10
+    max_guidance_weight: float = 10.0
+    prefix_attention_schedule: str = "linear"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ConfigError("rtc.enabled", f"must be true or false, got {self.enabled!r}")
+        if isinstance(self.execution_horizon, bool) or not isinstance(self.execution_horizon, int) \
+                or self.execution_horizon < 1:
+            raise ConfigError("rtc.execution_horizon", f"must be an integer >= 1, got {self.execution_horizon!r}")
+        weight = self.max_guidance_weight
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < float("inf"):
+            raise ConfigError("rtc.max_guidance_weight", f"must be a finite number > 0, got {weight!r}")
+        if self.prefix_attention_schedule not in RTC_SCHEDULES:
+            raise ConfigError("rtc.prefix_attention_schedule",
+                              f"{self.prefix_attention_schedule!r}; choose one of {', '.join(RTC_SCHEDULES)}")
+
 
 @dataclass(frozen=True)
 class LoadOptions:
@@ -57,14 +88,16 @@ class LoadOptions:
 
     `device` and `dtype` (``float32``/``bfloat16``) place the model. `tokenizer_path` and `vlm_path`
     are local folders standing in for assets a checkpoint names but does not hold (a VLA's tokenizer,
-    SmolVLA's VLM config and processor). `field_prefix` (e.g. ``"server[pi0]."``) makes errors name
-    the manifest field to set.
+    SmolVLA's VLM config and processor). `rtc`: real-time chunking (refused at load by a family
+    that cannot do it). `field_prefix` (e.g. ``"server[pi0]."``) makes errors name the manifest
+    field to set.
     """
 
     device: str = "cpu"
     dtype: str = "float32"
     tokenizer_path: Path | None = None
     vlm_path: Path | None = None
+    rtc: RtcSettings = RtcSettings()
     field_prefix: str = ""
 
     def field(self, name: str) -> str:
@@ -126,6 +159,9 @@ class LeRobotRunner(BaseRunner):
     #: dtypes a family can serve (LoadOptions.dtype); ACT and Diffusion feed float32 inputs.
     supported_dtypes: tuple[str, ...] = ("float32",)
 
+    #: The family can apply real-time-chunking guidance (LoadOptions.rtc); ACT and Diffusion cannot.
+    supports_rtc: bool = False
+
     @classmethod
     def from_checkpoint(cls, path: Path, config: Any, options: LoadOptions | str = "cpu") -> LeRobotRunner:
         """Load the checkpoint folder `path` whose config `read_config` returned, as `options` say
@@ -158,6 +194,9 @@ class LeRobotRunner(BaseRunner):
         if dtype not in cls.supported_dtypes:
             raise PolicyError(f"{options.field('dtype')}: {options.dtype!r} is not supported for {config.type} "
                               f"(supported: {', '.join(cls.supported_dtypes)})")
+        if options.rtc.enabled and not cls.supports_rtc:
+            raise PolicyError(f"{options.field('rtc.enabled')}: {config.type} cannot do real-time chunking "
+                              "(only the flow-matching VLAs can: smolvla, pi0, pi05)")
         weights = path / WEIGHTS_FILE
         if not weights.is_file():
             raise PolicyError(f"{weights}: missing: cannot load a checkpoint without its weights")
@@ -256,6 +295,17 @@ class LeRobotRunner(BaseRunner):
             raise PolicyError(f"{self.path}: inference failed: {exc}") from exc
         out = actions.detach().to("cpu", torch.float32).numpy()[0]
         expected = (self.spec.chunk_size, self.spec.action_dim)
+        if out.shape != expected:
+            raise PolicyError(f"{self.path}: model returned actions {out.shape}, expected {expected}")
+        return out
+
+    def _chunks(self, actions: Any, n: int) -> np.ndarray:
+        """A batched forward pass's unnormalized actions as float32 ``(n, chunk_size, action_dim)``;
+        `PolicyError` when the model returned another shape."""
+        import torch
+
+        out = actions.detach().to("cpu", torch.float32).numpy()
+        expected = (n, self.spec.chunk_size, self.spec.action_dim)
         if out.shape != expected:
             raise PolicyError(f"{self.path}: model returned actions {out.shape}, expected {expected}")
         return out

@@ -155,6 +155,7 @@ class SyntheticPolicyConfig:
     batch_latency_ms: dict[int, float] | None = field(default=None)
     confidence_from_state: int | None = None
     rtc: bool = False  # declare real-time chunking and continue the prefix (`rtc_continue`)
+    history_length: int = 1  # declare this many consecutive observations (its actions ignore the history)
     circle: CircleMotion | None = None  # a scripted smooth motion instead of `synthetic_actions`
 
     def __post_init__(self) -> None:
@@ -198,7 +199,8 @@ class SyntheticPolicy(BaseRunner):
             chunk_size=config.chunk_size,
             fps=config.fps,
             capabilities=RunnerCapabilities(
-                max_batch=None, refinement_updates=config.confidence_from_state is not None, rtc=bool(config.rtc)),
+                max_batch=None, refinement_updates=config.confidence_from_state is not None, rtc=bool(config.rtc),
+                history_length=config.history_length),
         )
         profile = sorted((config.batch_latency_ms or {}).items())
         self._profile_sizes = [size for size, _ in profile]

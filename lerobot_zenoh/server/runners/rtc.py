@@ -1,0 +1,97 @@
+"""Real-time chunking with one delay per row: LeRobot's RTC guidance, weights built per request.
+
+LeRobot's `RTCProcessor.denoise_step` takes one scalar ``inference_delay`` and one
+``execution_horizon`` for the whole batch, and clamps the horizon to the prefix tensor's length. A
+server batching robots with different delays and different leftovers needs both per row: here
+``inference_delay`` and ``execution_horizon`` may be sequences of ints, one per row (the horizon
+already clamped to that row's own prefix length, as LeRobot clamps it for a single call). The
+prefix weights are then built per row with LeRobot's own `get_prefix_weights`, stacked to
+``(B, T, 1)``; everything else (padding, the guidance "gradient", the guidance weight and its clamp)
+is LeRobot's math, copied line for line. Scalar arguments go to LeRobot's method unchanged.
+
+A row whose weights are all zero (no prefix: ``d = 0``, horizon 0) gets exactly the unguided
+velocity plus ``0 * correction`` = its plain velocity.
+
+Imported lazily by `flow_matching` (it imports lerobot and torch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from lerobot.policies.rtc.modeling_rtc import RTCProcessor
+
+
+class RowwiseRTCProcessor(RTCProcessor):
+    """`RTCProcessor` whose `denoise_step` also takes one delay and one horizon per row."""
+
+    def denoise_step(self, x_t, prev_chunk_left_over, inference_delay, time, original_denoise_step_partial,
+                     execution_horizon=None) -> torch.Tensor:
+        if not isinstance(inference_delay, Sequence):
+            return super().denoise_step(x_t, prev_chunk_left_over, inference_delay, time,
+                                        original_denoise_step_partial, execution_horizon)
+        if prev_chunk_left_over is None:
+            return original_denoise_step_partial(x_t)
+        delays, horizons = tuple(inference_delay), tuple(execution_horizon)
+        if x_t.ndim != 3 or prev_chunk_left_over.ndim != 3:
+            raise ValueError(f"per-row RTC needs (B, T, A) tensors, got {tuple(x_t.shape)} and "
+                             f"{tuple(prev_chunk_left_over.shape)}")
+        batch_size, action_chunk_size, action_dim = x_t.shape
+        if len(delays) != batch_size or len(horizons) != batch_size:
+            raise ValueError(f"{len(delays)} delays and {len(horizons)} horizons for a batch of {batch_size}")
+
+        tau = 1 - time
+        x_t = x_t.clone().detach()
+        if prev_chunk_left_over.shape[1] < action_chunk_size or prev_chunk_left_over.shape[2] < action_dim:
+            padded = torch.zeros(batch_size, action_chunk_size, action_dim).to(x_t.device)
+            padded[:, : prev_chunk_left_over.shape[1], : prev_chunk_left_over.shape[2]] = prev_chunk_left_over
+            prev_chunk_left_over = padded
+        assert prev_chunk_left_over.shape == x_t.shape, (
+            "The padded previous chunk must be the same size as the input tensor"
+        )
+        # The one change: (B, T, 1) weights, row i from its own delay and horizon.
+        weights = torch.stack([self.get_prefix_weights(int(d), int(h), action_chunk_size)
+                               for d, h in zip(delays, horizons, strict=True)]).to(x_t.device).unsqueeze(-1)
+
+        with torch.enable_grad():
+            v_t = original_denoise_step_partial(x_t)
+            x_t.requires_grad_(True)
+
+            x1_t = x_t - time * v_t  # noqa: N806
+            err = (prev_chunk_left_over - x1_t) * weights
+            grad_outputs = err.clone().detach()
+            correction = torch.autograd.grad(x1_t, x_t, grad_outputs, retain_graph=False)[0]
+
+        max_guidance_weight = torch.as_tensor(self.rtc_config.max_guidance_weight)
+        tau_tensor = torch.as_tensor(tau)
+        squared_one_minus_tau = (1 - tau_tensor) ** 2
+        inv_r2 = (squared_one_minus_tau + tau_tensor**2) / (squared_one_minus_tau)
+        c = torch.nan_to_num((1 - tau_tensor) / tau_tensor, posinf=max_guidance_weight)
+        guidance_weight = torch.nan_to_num(c * inv_r2, posinf=max_guidance_weight)
+        guidance_weight = torch.minimum(guidance_weight, max_guidance_weight)
+
+        result = v_t - guidance_weight * correction
+        self.track(time=time, x1_t=x1_t, correction=correction, err=err, weights=weights,
+                   guidance_weight=guidance_weight, inference_delay=delays, execution_horizon=horizons)
+        return result
+
+
+def install(policy: Any) -> RowwiseRTCProcessor:
+    """Replace the RTC processor LeRobot built from ``policy.config.rtc_config`` (SmolVLA, pi0, pi0.5:
+    ``policy.init_rtc_processor()`` at construction, shared with ``policy.model``) by a
+    `RowwiseRTCProcessor` with the same config, where both read it."""
+    config = policy.config.rtc_config
+    if config is None or not config.enabled:
+        raise ValueError("the policy's config has no enabled rtc_config")
+    processor = RowwiseRTCProcessor(config)
+    policy.rtc_processor = processor
+    policy.model.rtc_processor = processor  # sample_actions reads the model's
+    return processor
+
+
+def row_horizons(prefix_rows: Sequence[int], execution_horizon: int) -> tuple[int, ...]:
+    """Each row's execution horizon: the configured one, clamped to that row's prefix length (what
+    LeRobot's `denoise_step` does for a single call with an unpadded prefix)."""
+    return tuple(min(int(execution_horizon), int(n)) for n in prefix_rows)
