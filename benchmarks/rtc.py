@@ -129,7 +129,7 @@ class PrepareSettings:
     lead_steps: float = 3.0
     episodes: int = 8
     episode_s: float = 12.0
-    train_steps: int = 1200
+    train_steps: int = 600
     batch_size: int = 16
     lr: float = 1e-3
     seed: int = 0
