@@ -228,6 +228,29 @@ def test_synthetic_circle_goes_round_smoothly_from_where_the_state_is():
     assert info.value.field == "circle.period_s"
 
 
+def test_manifest_synthetic_circle_builds_the_scripted_runner_and_names_a_bad_field():
+    from lerobot_zenoh.server.manifest import parse_manifest
+    from lerobot_zenoh.server.runners import load_runner
+
+    def manifest(synthetic):
+        return {"cluster_uuid": "c", "experiment_tag": "e", "server": [{
+            "model_id": "m", "model_version": "v", "application_tag": "a", "fps": 30, "synthetic": synthetic,
+            "accept_unknown_clients": True}]}
+
+    parsed = parse_manifest(manifest({"state_dim": 2, "action_dim": 2, "chunk_size": 4, "cameras": {},
+                                      "circle": {"period_s": 2.0, "amplitude": 10.0}}))
+    runner = load_runner(parsed, parsed.server[0])
+    assert runner.config.circle == CircleMotion(period_s=2.0, amplitude=10.0, lead_steps=3.0)
+    state = np.array([10.0, 0.0], np.float32)
+    assert np.array_equal(runner.infer("A", state, {}, "", seed=0),
+                          circle_actions(state, 4, 2, runner.config.circle, 1 / 30))
+    for bad, field in (({"state_dim": 1, "circle": {}}, "server.0.synthetic"),
+                       ({"circle": {"period_s": 0}}, "server.0.synthetic.circle.period_s")):
+        with pytest.raises(ConfigError) as info:
+            parse_manifest(manifest(bad))
+        assert info.value.field.startswith(field)
+
+
 def test_synthetic_module_does_not_import_torch():
     code = (
         "import sys, numpy as np\n"
