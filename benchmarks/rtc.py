@@ -129,7 +129,7 @@ class PrepareSettings:
     lead_steps: float = 3.0
     episodes: int = 8
     episode_s: float = 12.0
-    train_steps: int = 600
+    train_steps: int = 1200
     batch_size: int = 16
     lr: float = 1e-3
     seed: int = 0
@@ -705,7 +705,7 @@ def main(argv: list[str] | None = None) -> int:
         command = "python benchmarks/rtc.py " + " ".join(argv if argv is not None else sys.argv[1:])
         head = (f"Command: `{command.strip()}` ({m['date']}, commit {m['git_commit']}, {m['cores']} cores "
                 f"{m['cpu']}, load average at start {', '.join(f'{x:.2f}' for x in m['load_avg_at_start'] or [])}; "
-                f"policy: {data['policy']}; server-side RTC settings in the manifest: "
+                f"policy: {data['policy']} ({data['prepare']['train_steps']} training steps); server-side RTC settings in the manifest: "
                 f"{'yes' if data['server_rtc_settings'] else 'no (this tree has none: every rtc chunk fell back to blending)'})\n")
         write_docs_block(Path(args.write_docs), BEGIN, END, "Real-time chunking", head + "\n" + body)
     return 0
