@@ -42,7 +42,9 @@ arrive by a Poisson process and each takes an idle robot of a pool (Kairos' onli
     python benchmarks/fleet_zenoh.py run --robots 20 --scheduler fifo --max-batch auto --trigger rtt
     python benchmarks/fleet_zenoh.py study --write-docs docs/benchmarks.md     # make bench-fleet
 
-The study caches every run's result in ``outputs/fleet_zenoh/runs/`` (``--fresh`` to ignore it).
+The study caches every run's result in ``outputs/fleet_zenoh/runs/``, keyed by the run's configuration
+and the code version (a hash of the package's and these benchmarks' sources), so a change to the
+server, client or scheduler never reuses a result measured on older code (``--fresh`` re-runs all).
 """
 
 from __future__ import annotations
@@ -121,7 +123,23 @@ class RunConfig:
         return f"{sched}, batch {self.max_batch}, {self.trigger} trigger, {self.horizon} horizon"
 
     def key(self) -> str:
-        return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+        """The cache key: this configuration on this version of the code."""
+        text = json.dumps({"config": asdict(self), "code": code_version()}, sort_keys=True)
+        return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def code_version() -> str:
+    """A hash of every Python source of the package and of the benchmarks (what a run's figures depend on)."""
+    if not _CODE_VERSION:
+        root = Path(__file__).resolve().parents[1]
+        digest = hashlib.sha1()
+        for path in sorted([*(root / "lerobot_zenoh").rglob("*.py"), *(root / "benchmarks").glob("*.py")]):
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+        _CODE_VERSION.append(digest.hexdigest()[:16])
+    return _CODE_VERSION[0]
+
+
+_CODE_VERSION: list[str] = []
 
 
 # ------------------------------------------------------------------------------------ server
@@ -480,7 +498,7 @@ class Study:
 
 
 LADDER = [
-    ("FIFO, one at a time, fixed send threshold (LeRobot async)", dict(scheduler="fifo", max_batch="1", trigger="fixed")),
+    ("LeRobot's send rule on this server: FIFO, one at a time, fixed threshold (LeRobot's own server serves one robot)", dict(scheduler="fifo", max_batch="1", trigger="fixed")),
     ("+ cross-client batching", dict(scheduler="fifo", max_batch="auto", trigger="fixed")),
     ("+ send trigger from measured RTT", dict(scheduler="fifo", max_batch="auto", trigger="rtt")),
     ("+ wait-ratio scheduler", dict(scheduler="wait_ratio", max_batch="auto", trigger="rtt")),
@@ -619,7 +637,7 @@ def plots(data: dict, folder: Path) -> list[str]:
     written = []
     if data.get("ladder"):
         fig, ax = plt.subplots(figsize=(8, 3.6))
-        names = [s["name"].replace(" (LeRobot async)", "\n(LeRobot async)") for s in data["ladder"]]
+        names = [s["name"].replace(": ", ":\n").replace(" (LeRobot's own", "\n(LeRobot's own") for s in data["ladder"]]
         values = [s["largest_fleet"] for s in data["ladder"]]
         ax.barh(range(len(values)), values, color="#4c72b0")
         ax.set_yticks(range(len(values)), names, fontsize=8)

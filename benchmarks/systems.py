@@ -713,7 +713,7 @@ class IngestPublisher:
                         for k in range(self.variants)]
             self.clients.append((pub, payloads))
         time.sleep(1.0)  # let the declarations reach the server
-        return {"payload_bytes": len(self.clients[0][1][0])}
+        return {"payload_bytes": len(self.clients[0][1][0].payload)}
 
     def publish(self, n_clients: int, duration_s: float) -> dict:
         """Publish for `duration_s`; client i at t0 + k/30 + i/(30 n): evenly spread, like independent robots."""

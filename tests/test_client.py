@@ -162,7 +162,7 @@ def test_control_period_holds_while_publishing_is_slow_and_without_a_server(port
     client = RobotClient(cfg, make_robot_from_config(cfg.robot))
     client.start()
     real_put = client._pub.put
-    client._pub.put = lambda payload: (time.sleep(0.3), real_put(payload))  # a congested link
+    client._pub.put = lambda payload, attachment=None: (time.sleep(0.3), real_put(payload, attachment))  # a congested link
     try:
         client.run(duration_s=2.0)
         with_server = list(client.counters.period_ms)

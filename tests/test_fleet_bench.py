@@ -92,3 +92,36 @@ def test_a_short_fleet_run_over_real_zenoh(tmp_path):
     # the server's diffusion_confidence horizon (from the synthetic model's updates) is what the robots
     # keep: longer than the static horizon on these traces
     assert dynamic["mean_kept_rows"] > static["mean_kept_rows"]
+
+
+def test_the_model_counts_stalls_from_arrival_and_its_refetch_bounds_the_age():
+    traces = [t.executed_rounds(False) for t in generate_traces(30, seed=2)]
+    latency = fleet_model.gpu_latency()
+    rate = fleet_model.rate_for_load(1.0, latency, 1, traces)
+    base = fleet_model.Config(mode="online", rate_per_s=rate, duration_s=60.0, warmup_s=10.0)
+    off = fleet_model.FleetSim(base, traces, latency).run()
+    on = fleet_model.FleetSim(replace(base, refresh_s=0.1), traces, latency).run()
+    assert off.stalled_arrival_pct > off.stalled_pct  # the wait for the first chunk counts too
+    # at most the threshold plus the one-way time of the refresh then on its way
+    assert off.age_p99_ms > 300 and on.age_p99_ms <= (0.1 + base.one_way_s) * 1000 + 1e-6 and on.refreshes_per_request > 0
+    assert on.latency_mean_s == pytest.approx(off.latency_mean_s)  # FIFO: a refresh keeps its place
+
+
+def test_fifo_running_first_serves_a_running_task_before_a_new_one():
+    s = fleet_model.FifoRunningFirst()
+    s.on_arrival("new", 0.0)
+    s.on_arrival("old", 0.0)
+    s.on_served(["old"], 0.1, 0.1)
+    s.on_arrival("old", 0.2)
+    assert s.pick(["new", "old"], 0.3) == ["old"]  # although "new" has waited longer
+    s.forget("old")
+    s.on_arrival("old", 0.4)
+    assert s.pick(["new", "old"], 0.5) == ["new"]
+
+
+def test_largest_fleet_is_exact_to_one_robot():
+    def fake(n):
+        return replace(fleet_model.Result(fleet_model.Config(), 0, 0.5 if n <= 23 else 2.0, 0, 0, 0, 0, 0, 0, 0, 0, 0))
+
+    assert fleet_model.largest_fleet(fake, "stalled_pct") == "23"
+    assert fleet_model.largest_fleet(lambda n: fake(1), "stalled_pct", limit=64) == ">= 64"

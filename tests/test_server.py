@@ -231,7 +231,7 @@ def test_scheduler_is_a_name_or_a_mapping_with_its_settings(app_key):
 
     assert scheduler("wait_ratio") == scheduler({"type": "wait_ratio"})  # the name = the defaults
     built = scheduler("wait_ratio").build()
-    assert (built.buckets, built.aging, built.first_request) == (10, 1, "highest")
+    assert (built.buckets, built.aging, built.first_request) == (10, 1, "literal")
     entry = scheduler({"type": "wait_ratio", "buckets": 4, "aging": 3, "first_request": "mean"})
     built = entry.build()
     assert (built.name, built.buckets, built.aging, built.first_request) == ("wait_ratio", 4, 3, "mean")

@@ -200,7 +200,7 @@ def test_a_queued_publisher_never_waits_drops_the_oldest_and_counts(zenoh_pair, 
 
     release = threading.Event()
     real_send = pub._send
-    pub._send = lambda payload: (release.wait(5.0), real_send(payload))  # a link that takes nothing for now
+    pub._send = lambda payload, attachment=None: (release.wait(5.0), real_send(payload, attachment))  # a link that takes nothing for now
     pub.put(b"chunk 5")
     assert wait_for(lambda: pub.pending == 0, 2.0)  # the thread holds it, stuck in the link
     t0 = time.perf_counter()

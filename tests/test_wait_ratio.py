@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from lerobot_zenoh.errors import ConfigError
@@ -133,7 +135,7 @@ def test_a_request_skipped_A_times_moves_up_a_bucket():
 
 
 def test_no_request_starves_behind_a_stream_of_urgent_ones():
-    s = WaitRatioScheduler(buckets=10, aging=2)
+    s = WaitRatioScheduler(buckets=10, aging=2, first_request="highest")
     s.on_arrival("slow", 0.0, info(0))
     serve(s, "slow", 0.0, 0.1)
     s.on_arrival("slow", 0.1, info(0))
@@ -284,3 +286,124 @@ def test_bad_settings_name_the_field(kwargs, field):
 def test_registered_for_the_manifest():
     assert "wait_ratio" in SCHEDULERS
     assert make_scheduler("wait_ratio").name == "wait_ratio"
+
+
+# -- Algorithm 1 read literally, as an independent reference ----------------------------------
+
+
+class Algorithm1:
+    """Kairos Algorithm 1, phases 1, 2 and the skip update, written from the paper over recorded
+    histories (lists of G and E intervals), for one edge server. Two readings the paper leaves open
+    are the implementation's documented ones: aging promotes floor(s/A) buckets (the text; the
+    pseudo-code's ceil jumps two at s = A + 1), and ties go to the oldest request, then the client id.
+    A task with no recorded W has sum(W) = 0 (bucket 0) and, with no E yet, |E_last| = 0."""
+
+    def __init__(self, buckets, aging, dt):
+        self.B, self.A, self.dt = buckets, aging, dt
+        self.tasks = {}
+
+    def arrive(self, c, t, buffered):
+        task = self.tasks.setdefault(c, {"start": t, "G": [], "E": [], "skipped": 0, "since": None})
+        if task["since"] is None:
+            task["since"] = t
+        if task["G"]:  # the request for round j+1 tells E_j (a newer one for the same round refines it)
+            g_end = task["G"][-1][1]
+            e = (g_end, max(g_end, t + buffered * self.dt))
+            j = len(task["G"]) - 1
+            task["E"] = task["E"][:j] + [e]
+
+    def waits(self, task):
+        G, E = task["G"], task["E"]
+        total = 0.0
+        for j in range(len(G) - 1):
+            e = E[j] if j < len(E) else None
+            if e is None or G[j][1] - G[j][0] >= e[1] - e[0]:
+                total += max(0.0, G[j + 1][0] - G[j][1])
+            else:  # E_{j+1}.start = max(E_j.end, G_{j+1}.end)
+                total += max(0.0, max(e[1], G[j + 1][1]) - e[1])
+        return total
+
+    def pick(self, ready, now, max_batch):
+        rows = []
+        for c in ready:
+            task = self.tasks[c]
+            w = self.waits(task) / (now - task["start"]) if now > task["start"] else 0.0
+            b = min(self.B - 1, math.floor(w * self.B))
+            s = task["skipped"]
+            if s >= self.A:
+                b = min(self.B - 1, b + s // self.A)
+            e_last = task["E"][-1] if task["E"] else None
+            estimate = (e_last[1] - e_last[0] if e_last else 0.0) * (1 + s)
+            rows.append((-b, -estimate, task["since"], c))
+        order = [r[3] for r in sorted(rows)]
+        chosen = order[:max_batch]
+        for c in ready:
+            self.tasks[c]["skipped"] = 0 if c in chosen else self.tasks[c]["skipped"] + 1
+        return chosen
+
+    def served(self, clients, start, end):
+        for c in clients:
+            task = self.tasks[c]
+            task["G"].append((start, end))
+            task["since"] = None
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("max_batch", [1, 3])
+def test_configured_literally_it_takes_algorithm_1s_decisions(seed, max_batch):
+    """Random multi-task timelines on a fake clock: every dispatch of the scheduler with
+    ``first_request="literal"`` equals the reference's (arrivals, superseding resends, new tasks)."""
+    import random
+
+    rng = random.Random(seed)
+    buckets, aging = rng.choice([(10, 2), (5, 1), (10, 4), (3, 1000)])
+    s = WaitRatioScheduler(buckets=buckets, aging=aging, first_request="literal")
+    ref = Algorithm1(buckets, aging, DT)
+    clients = [f"c{i}" for i in range(rng.randint(3, 7))]
+    next_arrival = {c: rng.uniform(0, 2) for c in clients}
+    pending: set[str] = set()
+    t, decisions = 0.0, 0
+    while decisions < 80:
+        for c in clients:
+            if next_arrival[c] <= t:
+                buffered = rng.randint(0, 30)
+                s.on_arrival(c, next_arrival[c], info(buffered))
+                ref.arrive(c, next_arrival[c], buffered)
+                pending.add(c)
+                # a client whose request waits may send a newer observation that supersedes it
+                next_arrival[c] = next_arrival[c] + rng.uniform(0.1, 1.0) if rng.random() < 0.2 else math.inf
+        if not pending:
+            t = min(next_arrival.values())
+            continue
+        ready = sorted(pending)
+        chosen = s.pick(ready, t, max_batch)
+        assert chosen == ref.pick(ready, t, max_batch), (decisions, t)
+        decisions += 1
+        gen = 0.3 + 0.1 * len(chosen)
+        s.on_served(chosen, t + gen, gen)
+        ref.served(chosen, t, t + gen)
+        t += gen
+        for c in chosen:
+            pending.discard(c)
+            if rng.random() < 0.08:  # the client's episode ends: its next request starts a new task
+                s.forget(c)
+                del ref.tasks[c]
+            next_arrival[c] = t + rng.uniform(0.0, 2.0)
+
+
+def test_literal_first_request_goes_after_running_tasks_of_its_bucket():
+    s = WaitRatioScheduler(first_request="literal", aging=1000)
+    s.on_arrival("old", 0.0, info(0))
+    serve(s, "old", 0.0, 0.1)
+    s.on_arrival("old", 0.1, info(5))  # E_0 = [0.1, 0.6]: estimate 0.5
+    s.on_arrival("new", 0.05, info(0))  # older request, but no recorded E: estimate 0
+    assert [(c, b, e) for c, b, e in s.ranking(["new", "old"], 0.2)] == [("old", 0, pytest.approx(0.5)),
+                                                                         ("new", 0, 0.0)]
+    # "lowest" ranks the same bucket but estimates a new task's execution as the fleet's mean
+    s2 = WaitRatioScheduler(first_request="lowest", aging=1000)
+    for c, t, b in (("old", 0.0, 0),):
+        s2.on_arrival(c, t, info(b))
+    serve(s2, "old", 0.0, 0.1)
+    s2.on_arrival("old", 0.1, info(5))
+    s2.on_arrival("new", 0.05, info(0))
+    assert s2.pick(["new", "old"], 0.2) == ["new"]  # same estimate, older request

@@ -14,6 +14,7 @@ line naming the flag: a bad value, an unknown flag, a Prometheus port already in
 from __future__ import annotations
 
 import json
+import queue
 import signal
 import sys
 import threading
@@ -127,14 +128,23 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     out_lock = threading.Lock()
+    # The Zenoh callback only hands the bytes over; this thread decodes them (a full inbox drops and
+    # counts, it never blocks Zenoh).
+    inbox: queue.Queue = queue.Queue(maxsize=4096)
 
     def on_metrics(key: str, payload: bytes) -> None:
+        try:
+            inbox.put_nowait((key, payload, time.monotonic()))
+        except queue.Full:
+            fleet.rejected += 1
+
+    def handle(key: str, payload: bytes, arrived_s: float) -> None:
         try:
             msg = codec.decode_telemetry(payload)
         except ProtocolError:
             fleet.rejected += 1
             return
-        fleet.on_telemetry(key, msg, time.monotonic())
+        fleet.on_telemetry(key, msg, arrived_s)
         if config.json:
             line = json.dumps({"key": key, "source": msg.source, "source_id": msg.source_id, "seq": msg.seq,
                                "uptime_s": msg.uptime_s, "metrics": msg.metrics, "per_client": msg.per_client,
@@ -174,7 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     next_draw = time.monotonic()
     try:
         # Wake at least every 0.2 s whatever --refresh_s is, so that a signal ends the monitor at once.
-        while not stop.wait(0.2):
+        while not stop.is_set():
+            try:
+                handle(*inbox.get(timeout=0.2))
+                for _ in range(1000):  # bounded: a flood must not keep the table and the signals waiting
+                    handle(*inbox.get_nowait())
+            except queue.Empty:
+                pass
             now = time.monotonic()
             if not config.json and now >= next_draw:
                 next_draw = now + config.refresh_s

@@ -439,10 +439,11 @@ class RobotClient:
                 try:
                     state, images = encode_frame(obs)
                     history = tuple(HistoryFrame(*encode_frame(past)) for past in item.history)
-                    payload = codec.encode(Observation(item.seq_id, self.config.client_uuid, state, images,
-                                                       self.config.task_text, item.execution, episode_id=item.episode_id,
-                                                       session_nonce=self.session_nonce, rtc=item.rtc, history=history))
-                    self._pub.put(payload)
+                    message = Observation(item.seq_id, self.config.client_uuid, state, images, self.config.task_text,
+                                          item.execution, episode_id=item.episode_id,
+                                          session_nonce=self.session_nonce, rtc=item.rtc, history=history)
+                    # The header lets the server rank it without decoding it (protocol.md §5.1.1).
+                    self._pub.put(codec.encode(message), attachment=codec.encode_observation_header(message))
                     self.counters.observations_published += 1
                 except (ProtocolError, TransportError, KeyError, ValueError) as exc:
                     self.counters.publish_errors += 1

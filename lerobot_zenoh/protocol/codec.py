@@ -12,6 +12,7 @@ The byte layout is specified in docs/protocol.md; golden tests pin it.
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -28,6 +29,7 @@ from lerobot_zenoh.protocol.messages import (
     Message,
     MessageType,
     Observation,
+    ObservationHeader,
     RtcAdvert,
     RtcInputs,
     Status,
@@ -532,3 +534,63 @@ def decode_status(data: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> Status:
 
 def decode_telemetry(data: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> Telemetry:
     return decode(data, Telemetry, limits)  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------ observation header (attachment)
+
+#: Version byte of the observation header (docs/protocol.md §5.1.1). A decoder that meets another
+#: version returns None: the server then decodes the observation itself, as for a header-less put.
+OBS_HEADER_VERSION = 1
+_OBS_HEADER = struct.Struct("<BBQQdQdH")  # version, flags, seq_id, nonce, elapsed, buffered, dt, len(episode_id)
+_H_NONCE, _H_EPISODE, _H_ELAPSED, _H_BUFFERED, _H_PERIOD = 1, 2, 4, 8, 16
+_H_KNOWN = _H_NONCE | _H_EPISODE | _H_ELAPSED | _H_BUFFERED | _H_PERIOD
+
+
+def encode_observation_header(obs: Observation) -> bytes:
+    """The header of an observation (its Zenoh attachment): 44 bytes + the episode id's UTF-8."""
+    execution = obs.execution or ExecutionInfo()
+    episode = obs.episode_id.encode() if obs.episode_id is not None else b""
+    if len(episode) > 0xFFFF:
+        raise ProtocolError("bad_field", "episode_id longer than 65535 bytes")
+    for name, value in (("seq_id", obs.seq_id), ("session_nonce", obs.session_nonce),
+                        ("actions_buffered", execution.actions_buffered)):
+        if value is not None and not 0 <= value <= UINT64_MAX:
+            raise ProtocolError("bad_field", f"{name}={value} is not a uint64")
+    flags = ((_H_NONCE if obs.session_nonce is not None else 0) | (_H_EPISODE if obs.episode_id is not None else 0)
+             | (_H_ELAPSED if execution.task_elapsed_s is not None else 0)
+             | (_H_BUFFERED if execution.actions_buffered is not None else 0)
+             | (_H_PERIOD if execution.control_period_s is not None else 0))
+    return _OBS_HEADER.pack(OBS_HEADER_VERSION, flags, obs.seq_id, obs.session_nonce or 0,
+                            float(execution.task_elapsed_s or 0.0), execution.actions_buffered or 0,
+                            float(execution.control_period_s or 0.0), len(episode)) + episode
+
+
+def decode_observation_header(data: bytes) -> ObservationHeader | None:
+    """Bytes -> header; None for another header version; ProtocolError("bad_header") if malformed."""
+    if not isinstance(data, bytes | bytearray | memoryview) or len(data) < 1:
+        raise ProtocolError("bad_header", "empty or not bytes")
+    if data[0] != OBS_HEADER_VERSION:
+        return None
+    if len(data) < _OBS_HEADER.size:
+        raise ProtocolError("bad_header", f"{len(data)} B, a version-1 header has at least {_OBS_HEADER.size}")
+    _, flags, seq_id, nonce, elapsed, buffered, period, n = _OBS_HEADER.unpack_from(data)
+    if flags & ~_H_KNOWN:
+        raise ProtocolError("bad_header", f"unknown flags {flags:#04x}")
+    if len(data) != _OBS_HEADER.size + n:
+        raise ProtocolError("bad_header", f"{len(data)} B for an episode id of {n} B")
+    try:
+        episode = bytes(data[_OBS_HEADER.size:]).decode() if flags & _H_EPISODE else None
+    except UnicodeDecodeError as exc:
+        raise ProtocolError("bad_header", f"episode_id is not UTF-8: {exc}") from None
+    execution = None
+    if flags & (_H_ELAPSED | _H_BUFFERED | _H_PERIOD):
+        execution = ExecutionInfo(task_elapsed_s=elapsed if flags & _H_ELAPSED else None,
+                                  actions_buffered=buffered if flags & _H_BUFFERED else None,
+                                  control_period_s=period if flags & _H_PERIOD else None)
+    return ObservationHeader(seq_id, episode, nonce if flags & _H_NONCE else None, execution)
+
+
+def header_matches(header: ObservationHeader, obs: Observation) -> bool:
+    """Whether a header says what its observation says about the session (seq_id, episode, nonce)."""
+    return (header.seq_id, header.episode_id, header.session_nonce) == (obs.seq_id, obs.episode_id,
+                                                                       obs.session_nonce)

@@ -77,6 +77,19 @@ class RtcAdvert:
     execution_horizon: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ObservationHeader:
+    """What the server's engine reads from an observation without decoding it (docs/protocol.md §5.1.1):
+    the session fields of the replay and episode checks and the `ExecutionInfo` an execution-aware
+    scheduler ranks by. Carried as the Zenoh attachment of the observation's put; the observation
+    itself stays authoritative (a header that disagrees with it is rejected when it is served)."""
+
+    seq_id: int
+    episode_id: str | None = None
+    session_nonce: int | None = None
+    execution: ExecutionInfo | None = None
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Observation:
     """Client -> server, on `.../<client>/obs`, best effort."""

@@ -33,10 +33,13 @@ Decision (`pick`), for every ready request:
 4. the first ``max_batch`` are dispatched (skip counter reset), every other ready request's skip
    counter grows by one. `pick` therefore records a decision: call it once per dispatch.
 
-A task with no recorded wait yet (its first two requests: ``W_0`` needs ``G_1``) has no meaningful
-ratio; `first_request` says where it ranks: ``"highest"`` (top bucket), ``"lowest"`` (bucket 0) or
-``"mean"`` (the mean ratio of the tasks that have one). Its execution estimate is the mean
-``|E_last|`` of the other tasks when it has none of its own. Requests from clients that send no
+A task with no recorded wait yet (its first two requests: ``W_0`` needs ``G_1``) has ``sum(W) = 0``;
+`first_request` says where it ranks. ``"literal"`` (the default) is Algorithm 1 read as written:
+ratio 0 (bucket 0), and before the task has an ``E`` its execution estimate is 0 (there is no
+``|E_last|`` to scale), so a new task goes after every running task of its bucket. The other rules
+are kept for comparison (docs/scheduling.md): ``"lowest"`` (bucket 0, but the estimate is the mean
+``|E_last|`` of the other tasks), ``"mean"`` (the mean ratio of the tasks that have one, same
+estimate) and ``"highest"`` (top bucket, same estimate). Requests from clients that send no
 `ExecutionInfo` are ranked with ``|E| = 0``: every round counts as generation-dominated.
 
 Pure: no I/O, no clock; `now_s` is passed in. Defaults were chosen by `benchmarks/fleet.py`
@@ -52,7 +55,9 @@ from dataclasses import dataclass
 from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.protocol.messages import ExecutionInfo
 
-FIRST_REQUEST_RULES = ("highest", "lowest", "mean")
+#: Aging interval A: chosen by the model sweep (docs/scheduling.md, "Settings and defaults").
+AGING_DEFAULT = 1
+FIRST_REQUEST_RULES = ("literal", "lowest", "mean", "highest")
 
 
 @dataclass
@@ -80,7 +85,7 @@ class WaitRatioScheduler:
 
     name = "wait_ratio"
 
-    def __init__(self, buckets: int = 10, aging: int = 1, first_request: str = "highest"):
+    def __init__(self, buckets: int = 10, aging: int = AGING_DEFAULT, first_request: str = "literal"):
         if not isinstance(buckets, int) or isinstance(buckets, bool) or buckets < 1:
             raise ConfigError("wait_ratio.buckets", f"must be an integer >= 1, got {buckets!r}")
         if not isinstance(aging, int) or isinstance(aging, bool) or aging < 1:
@@ -141,12 +146,14 @@ class WaitRatioScheduler:
         ratios = [self.wait_ratio(c, now_s) for c, t in self._tasks.items() if t.rounds > 0]
         mean_ratio = sum(ratios) / len(ratios) if ratios else 0.0
         known = [t.last_exec_s for t in self._tasks.values() if t.last_exec_s is not None]
-        prior_exec_s = sum(known) / len(known) if known else 0.0
+        prior_exec_s = 0.0
+        if known and self.first_request != "literal":
+            prior_exec_s = sum(known) / len(known)
         rows = []
         for client_id in dict.fromkeys(ready):
             task = self._tasks[client_id]
             if task.rounds == 0:
-                ratio = {"highest": 1.0, "lowest": 0.0, "mean": mean_ratio}[self.first_request]
+                ratio = {"highest": 1.0, "lowest": 0.0, "literal": 0.0, "mean": mean_ratio}[self.first_request]
             else:
                 ratio = self.wait_ratio(client_id, now_s)
             bucket = min(self.buckets - 1, int(ratio * self.buckets))

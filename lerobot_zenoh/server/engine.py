@@ -3,16 +3,16 @@
 Pure decisions: no Zenoh, no torch, no decoding of its own and no clock (every call takes `now_s`,
 seconds of one process's monotonic clock). The shell (`server/server.py`) calls it from two threads:
 
-    Zenoh callback thread    admit(client, payload, now)      -> None (kept) or the reason it was dropped
+    Zenoh callback thread    admit(client, payload, now, attachment) -> None (kept) or why it was dropped
                              on_token(client, alive, now)        (the client's liveliness token)
     inference thread         expire(now) -> closed sessions      (the shell forgets their runner state)
-                             schedule(now, peek) -> Batch        (whom to serve in one forward pass)
+                             schedule(now, peek, read_header) -> Batch  (whom to serve in one forward pass)
                              check(session, observation, now)    (session rules once an observation is decoded)
                              finish(batch, outcomes, ...)        (bookkeeping after the pass)
     telemetry thread         snapshot()                          (a copy of the counters; no percentiles)
 
 One lock guards all of it and is held only for dictionary work: never across decoding (`schedule`
-calls `peek` outside it), inference, publishing or percentile computation.
+calls `read_header` and `peek` outside it), inference, publishing or percentile computation.
 
 Sessions (docs/architecture.md, "Sessions"): one per client id, opened by its first accepted
 observation, closed when the client's liveliness token has been gone for `liveliness_grace_s`,
@@ -29,7 +29,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation
+from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation, ObservationHeader
 from lerobot_zenoh.scheduling.request_schedulers import RequestScheduler
 from lerobot_zenoh.server.rate_limit import RejectionRateLimit
 
@@ -61,7 +61,9 @@ class Slot:
 
     payload: bytes
     arrival_s: float
+    attachment: bytes | None = None  # the observation's header (protocol.md §5.1.1), still bytes
     announced: bool = False  # the scheduler has been told (`on_arrival`)
+    header: ObservationHeader | None = None  # set on the inference thread once read
     observation: Observation | None = None  # set on the inference thread once decoded
     error: Exception | None = None  # the decoding error, when it could not be decoded
 
@@ -103,6 +105,7 @@ class Batch:
 
 
 Peek = Callable[[bytes], Observation]  # decode an observation (raises on bad bytes)
+ReadHeader = Callable[[bytes], ObservationHeader | None]  # None: a header version this server does not read
 
 
 class Engine:
@@ -122,10 +125,12 @@ class Engine:
         self.batch_sizes: deque = deque(maxlen=256)
         self.sessions_opened = 0
         self.sessions_closed: Counter = Counter()  # reason -> count
+        self.decoded_on_arrival = 0  # observations `peek`-decoded to read their ExecutionInfo
+        self.headers_read = 0  # observations whose header told it instead
 
     # -- Zenoh callback thread ----------------------------------------------------------------
 
-    def admit(self, client_id: str, payload: bytes, now_s: float) -> str | None:
+    def admit(self, client_id: str, payload: bytes, now_s: float, attachment: bytes | None = None) -> str | None:
         """Put an observation in its session's slot; None if kept, else why it was dropped (counted)."""
         listed = client_id in self.config.listed
         with self._lock:
@@ -151,7 +156,7 @@ class Engine:
             stats.received += 1
             if session.slot is not None:
                 stats.superseded += 1
-            session.slot = Slot(payload, now_s)
+            session.slot = Slot(payload, now_s, attachment)
         return None
 
     def on_token(self, client_id: str, alive: bool, now_s: float) -> None:
@@ -189,13 +194,15 @@ class Engine:
             for session in self.sessions.values():
                 session.slot = None
 
-    def schedule(self, now_s: float, peek: Peek | None = None) -> Batch | None:
+    def schedule(self, now_s: float, peek: Peek | None = None, read_header: ReadHeader | None = None) -> Batch | None:
         """Announce new observations to the scheduler and let it pick up to `max_batch_size` sessions.
 
         Schedulers that rank by the robot's execution phase (`needs_execution_info`) need each new
-        observation decoded on arrival: `peek` does it, outside the lock, and the session rules
-        (`check`) are applied to it then. Other schedulers never cost a decode for an observation
-        that is superseded before it is served.
+        observation's `ExecutionInfo` on arrival: `read_header` reads it from the observation's
+        header (its Zenoh attachment, 44 bytes and the episode id), or, for an observation sent
+        without one (or with a header version this server does not read), `peek` decodes the
+        observation; both outside the lock, and the session rules (`check`) are applied then. Other
+        schedulers never cost a decode for an observation that is superseded before it is served.
         """
         with self._lock:
             fresh = [s for s in self.sessions.values() if s.slot is not None and not s.slot.announced]
@@ -205,7 +212,13 @@ class Engine:
         if self.needs_execution_info and peek is not None:
             for _, slot in fresh_slots:
                 try:
-                    slot.observation = peek(slot.payload)
+                    if slot.attachment is not None and read_header is not None:
+                        slot.header = read_header(slot.attachment)
+                    if slot.header is not None:
+                        self.headers_read += 1
+                    else:
+                        slot.observation = peek(slot.payload)
+                        self.decoded_on_arrival += 1
                 except Exception as exc:  # a ProtocolError, counted by the executor with its reason
                     slot.error = exc
         rejected: list[tuple[Session, Slot, str, str]] = []
@@ -218,13 +231,14 @@ class Engine:
                     session.slot = None
                     continue
                 execution: ExecutionInfo | None = None
-                if slot.observation is not None:
-                    why = self._check(session, slot.observation)
+                known = slot.observation or slot.header  # both carry seq_id, episode_id, session_nonce
+                if known is not None:
+                    why = self._check(session, known)
                     if why is not None:
-                        rejected.append((session, slot, why, f"seq_id {slot.observation.seq_id} already served"))
+                        rejected.append((session, slot, why, f"seq_id {known.seq_id} already served"))
                         session.slot = None
                         continue
-                    execution = slot.observation.execution
+                    execution = known.execution
                 self.scheduler.on_arrival(session.client_id, slot.arrival_s, execution)
             ready = [cid for cid, s in self.sessions.items() if s.slot is not None and s.slot.announced]
             chosen = self.scheduler.pick(ready, now_s, self.config.max_batch_size) if ready else []
@@ -298,6 +312,8 @@ class Engine:
                 "sessions_opened": self.sessions_opened,
                 "sessions_closed": dict(self.sessions_closed),
                 "batch_sizes": list(self.batch_sizes),
+                "decoded_on_arrival": self.decoded_on_arrival,
+                "headers_read": self.headers_read,
                 "scheduler": self.scheduler.stats(),
             }
 
@@ -325,7 +341,7 @@ class Engine:
         self.rate_limit.forget(session.client_id)
         session.slot = None
 
-    def _check(self, session: Session, obs: Observation) -> str | None:
+    def _check(self, session: Session, obs: Observation | ObservationHeader) -> str | None:
         # The replay check comes first: an old observation of this process must not reset anything.
         restarted = obs.session_nonce is not None and session.nonce is not None and obs.session_nonce != session.nonce
         if not restarted and session.last_served_seq is not None and obs.seq_id <= session.last_served_seq:

@@ -15,7 +15,7 @@
         endpoint: tcp/127.0.0.1:7447              # merged into zenoh.listen
         actions_per_chunk: 50
         scheduler: round_robin                    # or fifo, wait_ratio (docs/scheduling.md), or a mapping:
-                                                  # {type: wait_ratio, buckets: 10, aging: 1, first_request: highest}
+                                                  # {type: wait_ratio, buckets: 10, aging: 1, first_request: literal}
         horizon: {type: diffusion_confidence, threshold: 0.4, h_min: 5}   # or none (default), static
         rtc: {enabled: false, execution_horizon: 10, max_guidance_weight: 10.0, prefix_attention_schedule: linear}
                                                   # real-time chunking (smolvla, pi0, pi05; docs/policies.md)
@@ -155,7 +155,7 @@ class SchedulerEntry(_Strict):
     """The request scheduler of one model and its settings (docs/scheduling.md).
 
     Written as a name (`scheduler: wait_ratio`, the scheduler's defaults) or a mapping
-    (`scheduler: {type: wait_ratio, buckets: 10, aging: 1, first_request: highest}`). A setting left
+    (`scheduler: {type: wait_ratio, buckets: 10, aging: 1, first_request: literal}`). A setting left
     out takes the scheduler's default; one that does not apply to the type is an error.
     """
 

@@ -187,7 +187,9 @@ class PolicyServer:
             model.role = ServingRole(f"{self.server_id}:{model.app.prefix}", self.manifest.standby_for,
                                      on_deactivate=model.engine.drop_slots)
             self._subscriptions.append(self._session.subscribe(
-                model.app.all_observations, lambda key, payload, m=model: self._on_observation(m, key, payload)))
+                model.app.all_observations,
+                lambda key, payload, attachment, m=model: self._on_observation(m, key, payload, attachment),
+                with_attachment=True))
             # Each client declares a token on its metrics key: its session closes when the token goes.
             self._subscriptions.append(self._session.watch_liveliness(
                 model.app.all_client_tokens, lambda key, alive, m=model: self._on_client_token(m, key, alive)))
@@ -274,7 +276,7 @@ class PolicyServer:
 
     # -- Zenoh callbacks: hand over only ------------------------------------------------------
 
-    def _on_observation(self, model: ServedModel, key: str, payload: bytes) -> None:
+    def _on_observation(self, model: ServedModel, key: str, payload: bytes, attachment: bytes | None = None) -> None:
         if not model.role.active.is_set():  # a standby drops observations unseen
             model.standby_dropped += 1
             return
@@ -282,7 +284,7 @@ class PolicyServer:
             _, client_id = parse_client_key(key, Topic.OBS)
         except KeyExprError:
             return  # the wildcard only matches .../*/obs; a reserved id like "server" ends here
-        dropped = model.engine.admit(client_id, payload, time.monotonic())
+        dropped = model.engine.admit(client_id, payload, time.monotonic(), attachment)
         if dropped is None:
             self._wake.set()
         elif dropped == "unknown_client":
@@ -320,7 +322,7 @@ class PolicyServer:
             served = False
             for i in range(len(self.models)):
                 model = self.models[(turn + i) % len(self.models)]
-                batch = model.engine.schedule(time.monotonic(), self._peek)
+                batch = model.engine.schedule(time.monotonic(), self._peek, codec.decode_observation_header)
                 if batch is not None:
                     turn = (turn + i + 1) % len(self.models)
                     self._serve(model, batch)
@@ -360,6 +362,9 @@ class PolicyServer:
         for session, slot in batch.items:
             try:
                 obs = slot.observation or codec.decode_observation(slot.payload, self._limits)
+                if slot.header is not None and not codec.header_matches(slot.header, obs):
+                    raise ProtocolError("header_mismatch", f"the header says seq_id {slot.header.seq_id}, episode "
+                                        f"{slot.header.episode_id!r}; the observation {obs.seq_id}, {obs.episode_id!r}")
                 if slot.observation is None and engine.check(session, obs) == REPLAYED:
                     self._reject(model, session, REPLAYED, f"seq_id {obs.seq_id} already served")
                     continue

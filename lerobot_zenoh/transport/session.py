@@ -66,12 +66,14 @@ class Publisher:
         self.dropped = 0
         self.errors = 0
 
-    def put(self, payload: bytes) -> None:
-        self._send(payload)
+    def put(self, payload: bytes, attachment: bytes | None = None) -> None:
+        """Publish `payload`; `attachment`: bytes carried beside it (Zenoh attachment), e.g. an
+        observation's header (docs/protocol.md §5.1.1)."""
+        self._send(payload, attachment)
 
-    def _send(self, payload: bytes) -> None:
+    def _send(self, payload: bytes, attachment: bytes | None = None) -> None:
         try:
-            self._publisher.put(payload)
+            self._publisher.put(payload, attachment=attachment)
         except zenoh.ZError as exc:
             raise TransportError(f"put on {self.key} failed: {exc}") from exc
         self.sent += 1
@@ -96,7 +98,7 @@ class QueuedPublisher(Publisher):
 
     def __init__(self, publisher: zenoh.Publisher, key: str, depth: int):
         super().__init__(publisher, key)
-        self._queue: collections.deque[bytes] = collections.deque()
+        self._queue: collections.deque[tuple[bytes, bytes | None]] = collections.deque()
         self._depth = depth
         self._ready = threading.Condition()
         self._closed = False
@@ -104,14 +106,14 @@ class QueuedPublisher(Publisher):
         self._thread = threading.Thread(target=self._run, name=f"publisher:{key}", daemon=True)
         self._thread.start()
 
-    def put(self, payload: bytes) -> None:
+    def put(self, payload: bytes, attachment: bytes | None = None) -> None:
         with self._ready:
             if self._closed:
                 raise TransportError(f"put on {self.key}: the publisher is closed")
             if len(self._queue) >= self._depth:
                 self._queue.popleft()
                 self.dropped += 1
-            self._queue.append(payload)
+            self._queue.append((payload, attachment))
             self._ready.notify()
 
     @property
@@ -125,9 +127,9 @@ class QueuedPublisher(Publisher):
                     self._ready.wait()
                 if not self._queue:  # closed and drained
                     return
-                payload = self._queue.popleft()
+                payload, attachment = self._queue.popleft()
             try:
-                self._send(payload)
+                self._send(payload, attachment)
             except TransportError as exc:
                 self.errors += 1
                 now = time.monotonic()
@@ -362,8 +364,9 @@ class ZenohSession:
         self._owned.append(pub)
         return pub
 
-    def subscribe(self, key: str, handler: Callable[[str, bytes], None]) -> Subscription:
-        sub = Subscription(key, handler, _key_and_payload)
+    def subscribe(self, key: str, handler: Callable[..., None], *, with_attachment: bool = False) -> Subscription:
+        """`handler(key, payload)`, or `handler(key, payload, attachment)` (bytes or None) with `with_attachment`."""
+        sub = Subscription(key, handler, _key_payload_and_attachment if with_attachment else _key_and_payload)
         try:
             sub._subscriber = self.raw.declare_subscriber(key, sub._on_sample)
         except zenoh.ZError as exc:
@@ -434,6 +437,11 @@ class ZenohSession:
 
 def _key_and_payload(sample: zenoh.Sample) -> tuple[str, bytes]:
     return str(sample.key_expr), sample.payload.to_bytes()
+
+
+def _key_payload_and_attachment(sample: zenoh.Sample) -> tuple[str, bytes, bytes | None]:
+    attachment = sample.attachment
+    return str(sample.key_expr), sample.payload.to_bytes(), attachment.to_bytes() if attachment is not None else None
 
 
 def _key_and_presence(sample: zenoh.Sample) -> tuple[str, bool]:

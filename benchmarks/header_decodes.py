@@ -1,0 +1,107 @@
+"""Decodes per served observation with the wait-ratio scheduler, with and without the observation header.
+
+    PYTHONPATH=. python benchmarks/header_decodes.py [--clients 100] [--seconds 5] [--policy-ms 50]
+
+One real `PolicyServer` (synthetic policy, `--policy-ms` per pass, `wait_ratio`, max batch 1) and N
+robots in this process publishing 30 Hz observations (4-D state, one 96x128 JPEG camera) over real
+Zenoh on loopback, first without the header (as protocol 1.1 clients before §5.1.1 did), then with
+it. Counted by wrapping `codec.decode_observation`: every msgpack decode of an observation in the
+process (the robots decode none). Most observations are superseded before they are served; the
+figure that matters is decodes per served observation (1.0 = only what is served is decoded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+if str(Path(__file__).resolve().parents[1]) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import free_port  # noqa: E402
+from lerobot_zenoh.protocol import codec  # noqa: E402
+from lerobot_zenoh.protocol.keys import AppKey  # noqa: E402
+from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation  # noqa: E402
+from lerobot_zenoh.server.manifest import parse_manifest  # noqa: E402
+from lerobot_zenoh.server.server import PolicyServer  # noqa: E402
+from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession  # noqa: E402
+from lerobot_zenoh.transport.settings import loopback_settings  # noqa: E402
+
+FPS = 30
+
+
+def run(n: int, seconds: float, policy_ms: float, with_header: bool, port: int) -> dict:
+    key = AppKey("bench", f"hdr{int(with_header)}{port}", "m", "v1", "app")
+    manifest = parse_manifest({
+        "cluster_uuid": key.cluster, "experiment_tag": key.experiment, "server_id": "gpu0",
+        "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False}, "telemetry_period_s": 0,
+        "server": [{"model_id": key.model, "model_version": key.version, "application_tag": key.app,
+                    "synthetic": {"state_dim": 4, "action_dim": 4, "chunk_size": 10,
+                                  "cameras": {"front": [96, 128]}, "latency_ms": policy_ms},
+                    "fps": FPS, "scheduler": "wait_ratio", "max_batch_size": 1,
+                    "clients": [{"client_uuid": f"r{i}"} for i in range(n)]}],
+    })
+    decodes = [0]
+    real = codec.decode_observation
+
+    def counting(*a, **kw):
+        decodes[0] += 1
+        return real(*a, **kw)
+
+    codec.decode_observation = counting
+    rng = np.random.default_rng(0)
+    jpeg = codec.encode_jpeg(rng.integers(0, 255, (96, 128, 3), dtype=np.uint8))
+    try:
+        with PolicyServer(manifest) as server, \
+                ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as session:
+            pubs = [session.publisher(key.client(f"r{i}").obs, OBSERVATION_QOS) for i in range(n)]
+            deadline = time.monotonic() + 10
+            while not session.query(key.status, 0.3) and time.monotonic() < deadline:
+                pass
+            engine = server.models[0].engine
+            t0 = time.monotonic()
+            step = 0
+            while time.monotonic() - t0 < seconds:
+                step += 1
+                for i, pub in enumerate(pubs):
+                    obs = Observation(step, f"r{i}", rng.normal(size=4).astype(np.float32), {"front": jpeg}, "task",
+                                      ExecutionInfo(step / FPS, int(rng.integers(0, 30)), 1 / FPS),
+                                      episode_id="0", session_nonce=1)
+                    pub.put(codec.encode(obs), attachment=codec.encode_observation_header(obs) if with_header else None)
+                sleep = t0 + step / FPS - time.monotonic()
+                if sleep > 0:
+                    time.sleep(sleep)  # the robots' control period
+            time.sleep(0.5)  # the last pass
+            snap = engine.snapshot()
+            served = sum(s["served"] for s in snap["sessions"].values())
+            received = sum(s["received"] for s in snap["sessions"].values())
+            return {"header": with_header, "received": received, "served": served, "decodes": decodes[0],
+                    "decoded_on_arrival": snap["decoded_on_arrival"], "headers_read": snap["headers_read"],
+                    "offered": step * n}
+    finally:
+        codec.decode_observation = real
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--clients", type=int, default=100)
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--policy-ms", type=float, default=50.0)
+    args = p.parse_args(argv)
+    print(f"{args.clients} robots x {FPS} Hz, {args.seconds:g} s, policy {args.policy_ms:g} ms, wait_ratio, max batch 1")
+    print("| observations | offered | received | served | msgpack decodes | decodes per served | "
+          "decoded on arrival | headers read |\n|---|---|---|---|---|---|---|---|")
+    for with_header in (False, True):
+        r = run(args.clients, args.seconds, args.policy_ms, with_header, free_port())
+        print(f"| {'with header' if with_header else 'without header'} | {r['offered']} | {r['received']} | "
+              f"{r['served']} | {r['decodes']} | {r['decodes'] / max(1, r['served']):.2f} | "
+              f"{r['decoded_on_arrival']} | {r['headers_read']} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,100 @@
+"""`lerobot-zenoh-profile --endpoint=tcp/HOST:PORT --model_id=... --profile_name=... --output=profiles.yaml`:
+measure a running server's latency against request rate and add the rows to a profile file
+(docs/pipelines.md, "Serving profiles"). Run it once per batch size (restart the server with that
+`max_batch_size`). Exit codes: 0 measured; 2 a configuration mistake (one line naming the flag);
+3 no server answers.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+PROG = "lerobot-zenoh-profile"
+
+
+@dataclass
+class ProfileConfig:
+    # The server's endpoint (e.g. tcp/127.0.0.1:7500).
+    endpoint: str
+    # Profile file to create or extend (rows of the same model and batch size are replaced).
+    output: str
+    # The model's name in the profile file (the key task descriptors use).
+    profile_name: str
+    # The served app's key chunks.
+    model_id: str = "act"
+    cluster_uuid: str = "local"
+    experiment_tag: str = "default"
+    model_version: str = "v1"
+    application_tag: str = "default"
+    # The server's max_batch_size (the status does not carry it).
+    batch_size: int = 1
+    # discrete (action models) or continuous (autoregressive VLMs), for a new model entry.
+    batching: str = "discrete"
+    # Virtual clients (ids profile-0..N-1; the server must accept them).
+    clients: int = 32
+    saturation_s: float = 3.0
+    seconds_per_rate: float = 3.0
+    # An answer not back this long after its observation counts as lost.
+    timeout_s: float = 10.0
+    # Fractions of the measured maximum throughput to offer (Rosa: 0.1 .. 1.0).
+    fractions: list[float] = field(default_factory=lambda: [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0])
+
+    def __post_init__(self) -> None:
+        from lerobot_zenoh.errors import ConfigError
+
+        if self.batch_size < 1:
+            raise ConfigError("batch_size", f"must be >= 1, got {self.batch_size}")
+        if self.clients < 1:
+            raise ConfigError("clients", f"must be >= 1, got {self.clients}")
+        if self.batching not in ("discrete", "continuous"):
+            raise ConfigError("batching", f"{self.batching!r} is not discrete or continuous")
+        for name in ("saturation_s", "seconds_per_rate", "timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(name, f"must be positive, got {getattr(self, name)}")
+        if not self.fractions or any(not 0 < f <= 2 for f in self.fractions):
+            raise ConfigError("fractions", f"each must be in (0, 2], got {self.fractions}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pathlib import Path
+
+    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, one_line, parse
+    from lerobot_zenoh.errors import ConfigError, KeyExprError, TransportError
+    from lerobot_zenoh.pipelines.profiles import dump_profiles, load_profiles
+    from lerobot_zenoh.pipelines.profiling import Profiler, ProfileRun, add_points
+    from lerobot_zenoh.protocol.keys import AppKey
+    from lerobot_zenoh.transport.session import ZenohSession
+    from lerobot_zenoh.transport.settings import ZenohSettings
+
+    args = parse(ProfileConfig, argv, PROG)
+    try:
+        app = AppKey(args.cluster_uuid, args.experiment_tag, args.model_id, args.model_version, args.application_tag)
+        _ = app.status  # validates every chunk
+        existing = load_profiles(args.output) if Path(args.output).exists() else None
+        settings = ZenohSettings(mode="peer", connect=[args.endpoint], multicast_scouting=False)
+        with ZenohSession(settings).open() as session:
+            run = ProfileRun(app, args.batch_size, clients=args.clients, saturation_s=args.saturation_s,
+                             seconds_per_rate=args.seconds_per_rate, timeout_s=args.timeout_s,
+                             fractions=tuple(args.fractions))
+            points = Profiler(session, run).measure(log=lambda m: print(f"{PROG}: {m}", file=sys.stderr))
+    except (ConfigError, KeyExprError) as exc:
+        print(f"{PROG}: {one_line(str(exc))}", file=sys.stderr)
+        return EXIT_CONFIG
+    except TransportError as exc:
+        print(f"{PROG}: {one_line(str(exc))}", file=sys.stderr)
+        return 3
+    if not points:
+        print(f"{PROG}: nothing was measured", file=sys.stderr)
+        return 3
+    profiles = add_points(existing, args.profile_name, points, batching=args.batching)
+    Path(args.output).write_text(dump_profiles(profiles))
+    print(f"{PROG}: {len(points)} rows for {args.profile_name} at batch size {args.batch_size} -> {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""A plan as files that start it: one server manifest per server, one client command per robot.
+
+    <output>/plan.json            rates, placement, batching, routing (every component) and the summary
+    <output>/manifests/srvN.yaml  `lerobot-policy-server --manifest=...` for server N
+    <output>/servers.sh           one line per server
+    <output>/clients.sh           one `lerobot-robot-client` line per robot (its System 1 server)
+
+Routing is enforced by the manifests: each server lists exactly the robots routed to it (no unknown
+clients) under an application tag of its own (`<kind>-srvN`), and each robot connects to its server's
+endpoint. The robot client drives System 1 only so far; the System 2 / safety / monitor routes are in
+plan.json for the pipeline client still to come (docs/pipelines.md, "Not yet built").
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import yaml
+
+from lerobot_zenoh.pipelines.descriptor import Factory
+from lerobot_zenoh.pipelines.planner import Plan, ServerPlan
+
+
+def server_endpoint(factory: Factory, index: int) -> str:
+    return f"tcp/{factory.servers.host}:{factory.servers.port_base + index}"
+
+
+def application_tag(server: ServerPlan) -> str:
+    kinds = sorted({sh.stream.kind for sh in server.shares})
+    return f"{'+'.join(kinds)}-srv{server.index}"
+
+
+def server_manifest(factory: Factory, plan: Plan, server: ServerPlan) -> dict:
+    served = factory.models[server.model]
+    entry: dict = {"model_id": served.model_id, "model_version": served.model_version,
+                   "application_tag": application_tag(server), "device": factory.servers.device,
+                   "fps": served.fps, "max_batch_size": server.batch_size,
+                   "accept_unknown_clients": False,
+                   "clients": [{"client_uuid": rid} for sh in server.shares for rid in sh.robot_ids]}
+    if served.pretrained_path is not None:
+        entry["pretrained_path"] = served.pretrained_path
+    else:
+        entry["synthetic"] = dict(served.synthetic)
+    if served.actions_per_chunk is not None:
+        entry["actions_per_chunk"] = served.actions_per_chunk
+    return {"cluster_uuid": factory.cluster_uuid, "experiment_tag": factory.experiment_tag,
+            "server_id": f"srv{server.index}",
+            "zenoh": {"mode": "peer", "listen": [server_endpoint(factory, server.index)], "multicast_scouting": False},
+            "server": [entry]}
+
+
+def client_args(factory: Factory, plan: Plan, robot: str) -> list[str]:
+    """The System 1 client of one robot: its server, app key, control rate, chunk length, and the
+    robot flags of its fleet class."""
+    task = factory.tasks[plan.robot_task[robot]]
+    fleet_class = factory.fleet_class(task.name)
+    s1_name, s1 = task.component("system1")
+    server = plan.servers[plan.routing[robot][s1_name]]
+    served = factory.models[s1.model]
+    actions = max(1, round(task.action_period_ms * served.fps / 1000.0))
+    args = [f"--robot.type={fleet_class.robot_type}", f"--client_uuid={robot}", f"--cluster_uuid={factory.cluster_uuid}",
+            f"--experiment_tag={factory.experiment_tag}", f"--model_id={served.model_id}",
+            f"--model_version={served.model_version}", f"--application_tag={application_tag(server)}",
+            f"--endpoint={server_endpoint(factory, server.index)}", f"--fps={served.fps}",
+            f"--actions_per_chunk={actions}", "--send.max_in_flight=1"]
+    if s1.prompt:
+        args.append(f"--task={s1.prompt}")
+    return args + list(fleet_class.client_args)
+
+
+def plan_document(factory: Factory, plan: Plan) -> dict:
+    doc = plan.summary()
+    doc["robots"] = {rid: {"task": plan.robot_task[rid], "routes": {
+        comp: {"server": idx, "endpoint": server_endpoint(factory, idx),
+               "application_tag": application_tag(plan.servers[idx]),
+               "rate_hz": round(_rate(factory, plan, rid, comp), 6)} for comp, idx in routes.items()}}
+        for rid, routes in plan.routing.items()}
+    return doc
+
+
+def _rate(factory: Factory, plan: Plan, robot: str, component: str) -> float:
+    task = factory.tasks[plan.robot_task[robot]]
+    comp = task.components[component]
+    f = plan.rates_hz[task.name]
+    if comp.kind == "system1":
+        return f
+    if comp.kind == "system2":
+        return f / comp.invocation.every_n_chunks
+    return comp.invocation.rate_hz
+
+
+def write_deployment(factory: Factory, plan: Plan, output: str | Path) -> Path:
+    out = Path(output)
+    (out / "manifests").mkdir(parents=True, exist_ok=True)
+    server_lines, client_lines = [], []
+    for s in plan.servers:
+        path = out / "manifests" / f"srv{s.index}.yaml"
+        path.write_text(yaml.safe_dump(server_manifest(factory, plan, s), sort_keys=False))
+        server_lines.append(f"lerobot-policy-server --manifest={shlex.quote(str(path))} &")
+    for rid in plan.routing:
+        client_lines.append(shlex.join(["lerobot-robot-client", *client_args(factory, plan, rid)]) + " &")
+    head = "#!/bin/sh\n# generated by lerobot-zenoh-plan\n"
+    (out / "servers.sh").write_text(head + "\n".join(server_lines) + "\nwait\n")
+    (out / "clients.sh").write_text(head + "\n".join(client_lines) + "\nwait\n")
+    (out / "plan.json").write_text(json.dumps(plan_document(factory, plan), indent=1) + "\n")
+    return out

@@ -1,0 +1,214 @@
+"""The fleet planner on synthetic profiles: pure and fast (docs/pipelines.md).
+
+Every plan is re-checked here against the profiles (each server meets every SLO it carries, every
+robot is routed for every component, the budget holds, the closed-loop bound holds), and its files
+are parsed by the same code that starts servers and clients.
+"""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lerobot_zenoh.pipelines.deployment import client_args, server_manifest, write_deployment
+from lerobot_zenoh.pipelines.descriptor import parse_factory
+from lerobot_zenoh.pipelines.planner import Infeasible, evaluate_server, plan
+from lerobot_zenoh.pipelines.profiles import rosa_profiles
+from lerobot_zenoh.server.manifest import load_manifest
+
+ROOT = Path(__file__).resolve().parent.parent
+MIX2 = yaml.safe_load((ROOT / "factories" / "mix2.yaml").read_text())
+PROFILES = rosa_profiles()
+
+
+def factory(fleet: list[dict], servers: int, tasks=None) -> dict:
+    data = copy.deepcopy(MIX2)
+    data["servers"]["count"] = servers
+    data["fleet"] = fleet
+    if tasks:
+        data["tasks"].update(tasks)
+    return data
+
+
+def p1() -> dict:
+    """Rosa's P1: System 1 only."""
+    act = copy.deepcopy(MIX2["tasks"]["assemble_kit"]["components"]["act"])
+    return {"action_period_ms": 200, "components": {"act": {**act, "inputs": []}}}
+
+
+def check_plan(data: dict, result) -> None:
+    f = parse_factory(data)
+    assert len(result.servers) <= f.servers.count
+    for s in result.servers:
+        found = evaluate_server(PROFILES.get(s.model), s.shares)
+        assert found is not None, f"server {s.index} breaks an SLO"
+        assert {sh.stream.model for sh in s.shares} == {s.model}
+    for cls_ in f.fleet:
+        task = f.tasks[cls_.task]
+        assert result.rates_hz[cls_.task] * cls_.robots >= cls_.min_throughput_hz - 1e-9
+        assert result.rates_hz[cls_.task] <= 1000 / task.action_period_ms
+    for rid, routes in result.routing.items():
+        assert set(routes) == set(f.tasks[result.robot_task[rid]].components)
+    assert len(result.routing) == sum(c.robots for c in f.fleet)
+
+
+def test_one_class_binary_search_uses_batching_and_obeys_the_closed_loop():
+    data = factory([{"task": "p1", "robots": 32}], servers=4, tasks={"p1": p1()})
+    result = plan(parse_factory(data), PROFILES)
+    check_plan(data, result)
+    f = result.rates_hz["p1"]
+    l1 = max(s.mean_ms for s in result.servers)
+    assert f <= 1000 / (200 + l1) * (1 + 1e-9)
+    assert f > 0.9 * 1000 / (200 + l1)  # the search reaches the bound within its tolerance
+    assert max(s.batch_size for s in result.servers) > 1  # 8 robots per server need batching
+
+
+def test_more_servers_never_plan_less_throughput():
+    tp = []
+    for n in (1, 2, 4, 8):
+        data = factory([{"task": "p1", "robots": 32}], servers=n, tasks={"p1": p1()})
+        tp.append(plan(parse_factory(data), PROFILES).throughput_hz)
+    assert tp == sorted(tp) and tp[-1] > tp[0]
+
+
+def test_obligations_get_the_fewest_servers():
+    # The synthetic safety model meets 500 ms p99 up to ~64 requests/s on one server.
+    def safety_servers(robots: int) -> int:
+        data = factory([{"task": "assemble_kit", "robots": robots}], servers=12)
+        result = plan(parse_factory(data), PROFILES)
+        check_plan(data, result)
+        return sum(1 for s in result.servers if s.model == "qwen2.5-vl-3b")
+    assert safety_servers(16) == 1
+    assert safety_servers(48) == 2
+
+
+def test_mix2_plan_meets_every_constraint_and_weights_the_heavier_class():
+    result = plan(parse_factory(MIX2), PROFILES)
+    check_plan(MIX2, result)
+    assert {s.role for s in result.servers} == {"obligation", "goal"}
+    assert result.objective == pytest.approx(sum(
+        c["weight"] * c["robots"] * result.rates_hz[c["task"]] for c in MIX2["fleet"]))
+
+
+def test_compaction_merges_classes_onto_a_shared_server():
+    # Two classes of one robot each, one server: isolated packing needs two System 1 servers.
+    tasks = {"a": p1(), "b": {**p1(), "action_period_ms": 400}}
+    data = factory([{"task": "a", "robots": 1}, {"task": "b", "robots": 1}], servers=1, tasks=tasks)
+    result = plan(parse_factory(data), PROFILES)
+    check_plan(data, result)
+    assert len(result.servers) == 1 and len(result.servers[0].shares) == 2
+
+
+@pytest.mark.parametrize("fleet, servers, words", [
+    ([{"task": "assemble_kit", "robots": 200}], 3, "server count: the obligation models alone need"),
+    ([{"task": "assemble_kit", "robots": 16}], 3, "goal models .* need at least one server each"),
+    ([{"task": "assemble_kit", "robots": 16, "min_throughput_hz": 100}], 8, "min_throughput_hz: task 'assemble_kit'"),
+    ([{"task": "assemble_kit", "robots": 64, "min_throughput_hz": 300}], 6,
+     r"goal streams need \d+ servers after compaction .*at the minimum throughputs assemble_kit: 300"),
+])
+def test_an_infeasible_fleet_names_the_binding_constraint(fleet, servers, words):
+    with pytest.raises(Infeasible, match=words) as info:
+        plan(parse_factory(factory(fleet, servers)), PROFILES)
+    assert "\n" not in str(info.value)
+
+
+def test_a_closed_loop_bound_binds_and_is_named():
+    # 4 robots asking 4.5 chunks/s each: above 1/(t_act + l_S1) whatever the placement.
+    data = factory([{"task": "p1", "robots": 4, "min_throughput_hz": 18}], servers=4, tasks={"p1": p1()})
+    with pytest.raises(Infeasible, match=r"closed loop: task 'p1'"):
+        plan(parse_factory(data), PROFILES)
+
+
+def test_written_deployment_starts_as_is(tmp_path):
+    f = parse_factory(MIX2)
+    result = plan(f, PROFILES)
+    out = write_deployment(f, result, tmp_path / "deploy")
+    doc = json.loads((out / "plan.json").read_text())
+    assert set(doc["robots"]) == set(result.routing)
+    routed = {}
+    for s in result.servers:
+        manifest = load_manifest(out / "manifests" / f"srv{s.index}.yaml")  # what lerobot-policy-server reads
+        (entry,) = manifest.server
+        assert entry.max_batch_size == s.batch_size and not entry.accept_unknown_clients
+        assert manifest.zenoh_settings().listen == [f"tcp/127.0.0.1:{7500 + s.index}"]
+        for c in entry.clients:
+            routed.setdefault(c.client_uuid, set()).add(s.index)
+    assert all(set(routes.values()) == routed[rid] for rid, routes in result.routing.items())
+    assert len((out / "clients.sh").read_text().splitlines()) == 2 + 32 + 1
+    # The client arguments name the robot's System 1 server and its app key.
+    rid = "assemble_kit-r0"
+    args = dict(a.split("=", 1) for a in client_args(f, result, rid))
+    s1 = result.servers[result.routing[rid]["act"]]
+    manifest = server_manifest(f, result, s1)
+    assert args["--application_tag"] == manifest["server"][0]["application_tag"]
+    assert args["--endpoint"] == manifest["zenoh"]["listen"][0]
+    assert args["--actions_per_chunk"] == "6"  # 200 ms at 30 fps
+
+
+def test_client_arguments_parse_with_the_robot_client(tmp_path):
+    from lerobot_zenoh.cli.client import parse_config
+
+    f = parse_factory(MIX2)
+    result = plan(f, PROFILES)
+    config = parse_config(client_args(f, result, "pick_and_place_simple-r3"))
+    assert config.client_uuid == "pick_and_place_simple-r3" and config.actions_per_chunk == 6
+    assert config.task == "pick package and place in bin"
+
+
+def test_cli_writes_a_deployment_and_refuses_an_infeasible_fleet(tmp_path, capsys):
+    from lerobot_zenoh.cli.plan import main
+
+    profiles = ROOT / "factories" / "rosa_profiles.yaml"
+    assert main([f"--factory={ROOT / 'factories' / 'mix2.yaml'}", f"--profiles={profiles}",
+                 f"--output={tmp_path / 'd'}"]) == 0
+    assert (tmp_path / "d" / "manifests" / "srv0.yaml").is_file()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(factory([{"task": "assemble_kit", "robots": 200}], 3)))
+    capsys.readouterr()
+    assert main([f"--factory={bad}", f"--profiles={profiles}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("lerobot-zenoh-plan: infeasible: server count") and "\n" not in err
+
+
+def test_the_benchmark_model_ranks_the_plan_above_both_baselines_on_p4():
+    from benchmarks.pipelines_plan import dedicated_per_model, dedicated_per_robot, make_factory, planned, shared
+
+    f = make_factory("P4", 32, 8)
+    tp, _ = planned(f, PROFILES)
+    assert tp > 80
+    assert shared(f, PROFILES) == 0.0  # uncapped robots queue past the System 1 SLO
+    assert dedicated_per_model(f, PROFILES) < tp / 10 and dedicated_per_robot(f, PROFILES) == 0.0
+
+
+@pytest.mark.slow  # starts the robot client in a process of its own (it imports LeRobot)
+def test_a_generated_server_and_client_run_as_written(tmp_path):
+    """The manifest and the client line of one robot, used as written: the client finds its server
+    through the planned route and runs (exit 0)."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    from lz_testing import free_port
+
+    from lerobot_zenoh.server.server import PolicyServer
+
+    data = copy.deepcopy(MIX2)
+    data["servers"]["port_base"] = free_port()
+    f = parse_factory(data)
+    result = plan(f, PROFILES)
+    out = write_deployment(f, result, tmp_path / "deploy")
+    line = (out / "clients.sh").read_text().splitlines()[2]
+    argv = shlex.split(line.removesuffix(" &"))
+    assert argv[0] == "lerobot-robot-client"
+    robot = next(a.split("=", 1)[1] for a in argv if a.startswith("--client_uuid="))
+    s1 = result.routing[robot]["act"]
+    server = PolicyServer(load_manifest(out / "manifests" / f"srv{s1}.yaml")).start()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "lerobot_zenoh.cli.client", *argv[1:], "--duration_s=2"],
+                              capture_output=True, text=True, timeout=120, check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    finally:
+        server.stop()
+    assert proc.returncode == 0, proc.stderr[-2000:]
