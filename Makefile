@@ -88,6 +88,19 @@ bench-fleet: $(BENCH_STAMP)
 bench-fleet-sim: $(STAMP)
 	$(PY) benchmarks/fleet.py --write-docs docs/benchmarks.md
 
+# Real-time chunking against blending (docs/benchmarks.md, "Real-time chunking"): records a dataset
+# with the client, trains a tiny SmolVLA on it with lerobot-train (once, ~10-15 min on 2 cores; cached
+# in outputs/rtc/<settings>/), then about 15 min of measurements over real Zenoh. RTC_ARGS=--seeds 1 ...
+RTC_STAMP := $(VENV)/.rtc-stamp
+RTC_ARGS ?=
+.PHONY: bench-rtc
+$(RTC_STAMP): $(STAMP)
+	$(PY) -m pip install -e '.[vla,training]'
+	@touch $@
+
+bench-rtc: $(RTC_STAMP)
+	$(PY) benchmarks/rtc.py all --write-docs docs/benchmarks.md $(RTC_ARGS)
+
 # Fault tests in network namespaces (root; part of `make test` too) and a soak run.
 SOAK_MINUTES ?= 30
 SOAK_ROBOTS  ?= 4

@@ -26,8 +26,10 @@ from lerobot_zenoh.server.runners import (  # noqa: E402
 )
 from lerobot_zenoh.server.runners.lerobot import FEATURES_SIDECAR_NAME  # noqa: E402
 from lerobot_zenoh.server.runners.synthetic import (  # noqa: E402
+    CircleMotion,
     SyntheticPolicy,
     SyntheticPolicyConfig,
+    circle_actions,
     synthetic_actions,
 )
 
@@ -206,6 +208,47 @@ def test_synthetic_latency_profile():
     with pytest.raises(ConfigError) as info:
         SyntheticPolicyConfig(*base, latency_ms=-1)
     assert info.value.field == "latency_ms"
+
+
+def test_synthetic_circle_goes_round_smoothly_from_where_the_state_is():
+    motion = CircleMotion(period_s=4.0, amplitude=40.0, lead_steps=0.0)
+    policy = SyntheticPolicy(SyntheticPolicyConfig(("x", "y", "z"), {}, ("a", "b", "c"), 8, fps=30, circle=motion))
+    out = policy.infer("A", np.array([0.0, 25.0, 7.0], np.float32), {}, "", seed=0)  # phase pi/2
+    assert out.shape == (8, 3) and np.array_equal(out, circle_actions(np.array([0.0, 25.0, 7.0]), 8, 3, motion, 1 / 30))
+    step = 2 * np.pi / 120
+    phases = np.pi / 2 + step * np.arange(8)
+    assert np.allclose(out[:, 0], 40 * np.cos(phases), atol=1e-4)
+    assert np.allclose(out[:, 1], 40 * np.sin(phases), atol=1e-4)
+    assert np.abs(np.diff(out, axis=0)).max() <= 40 * step + 1e-4  # smooth: at most A * w * dt per row
+    with pytest.raises(ConfigError) as info:
+        SyntheticPolicyConfig(("x",), {}, ("a",), 2, fps=30, circle=motion)
+    assert info.value.field == "circle"
+    with pytest.raises(ConfigError) as info:
+        CircleMotion(period_s=0.0)
+    assert info.value.field == "circle.period_s"
+
+
+def test_manifest_synthetic_circle_builds_the_scripted_runner_and_names_a_bad_field():
+    from lerobot_zenoh.server.manifest import parse_manifest
+    from lerobot_zenoh.server.runners import load_runner
+
+    def manifest(synthetic):
+        return {"cluster_uuid": "c", "experiment_tag": "e", "server": [{
+            "model_id": "m", "model_version": "v", "application_tag": "a", "fps": 30, "synthetic": synthetic,
+            "accept_unknown_clients": True}]}
+
+    parsed = parse_manifest(manifest({"state_dim": 2, "action_dim": 2, "chunk_size": 4, "cameras": {},
+                                      "circle": {"period_s": 2.0, "amplitude": 10.0}}))
+    runner = load_runner(parsed, parsed.server[0])
+    assert runner.config.circle == CircleMotion(period_s=2.0, amplitude=10.0, lead_steps=3.0)
+    state = np.array([10.0, 0.0], np.float32)
+    assert np.array_equal(runner.infer("A", state, {}, "", seed=0),
+                          circle_actions(state, 4, 2, runner.config.circle, 1 / 30))
+    for bad, field in (({"state_dim": 1, "circle": {}}, "server.0.synthetic"),
+                       ({"circle": {"period_s": 0}}, "server.0.synthetic.circle.period_s")):
+        with pytest.raises(ConfigError) as info:
+            parse_manifest(manifest(bad))
+        assert info.value.field.startswith(field)
 
 
 def test_synthetic_module_does_not_import_torch():

@@ -63,6 +63,14 @@ class ClientEntry(_Strict):
         return _key_chunk(validate_client_id, "client_uuid", v)
 
 
+class CircleEntry(_Strict):
+    """`synthetic.circle`: one turn every `period_s`, joints at `amplitude`, `lead_steps` ahead."""
+
+    period_s: float = Field(4.0, gt=0, allow_inf_nan=False)
+    amplitude: float = Field(40.0, gt=0, allow_inf_nan=False)
+    lead_steps: float = Field(3.0, allow_inf_nan=False)
+
+
 class SyntheticEntry(_Strict):
     """A torch-free policy with a set latency, for tests, benchmarks and dry runs."""
 
@@ -81,9 +89,14 @@ class SyntheticEntry(_Strict):
     # Declare a model that conditions on this many consecutive observations (the status then asks
     # clients for their last history_length - 1 frames; the synthetic actions ignore them).
     history_length: int = Field(1, ge=1, le=17, strict=True)
+    # A scripted smooth motion instead of the default chunk: every joint follows a sinusoid whose phase
+    # is read from state[0:2] (SyntheticPolicy's `circle_actions`; benchmarks/rtc.py records from it).
+    circle: CircleEntry | None = None
 
     @model_validator(mode="after")
     def _state_index(self):
+        if self.circle is not None and self.state_dim < 2:
+            raise ValueError(f"circle needs state_dim >= 2, got {self.state_dim}")
         if self.confidence_from_state is not None and self.confidence_from_state >= self.state_dim:
             raise ValueError(f"confidence_from_state {self.confidence_from_state} is not a state index "
                              f"(state_dim is {self.state_dim})")

@@ -118,7 +118,7 @@ def load_runner(manifest: Manifest, entry: ModelEntry) -> PolicyRunner:
         if entry.rtc.enabled:
             raise ConfigError(f"{field}rtc.enabled", "the synthetic policy has no RTC guidance to configure; "
                                                      "declare RTC with synthetic.rtc instead")
-        from lerobot_zenoh.server.runners.synthetic import SyntheticPolicy, SyntheticPolicyConfig
+        from lerobot_zenoh.server.runners.synthetic import CircleMotion, SyntheticPolicy, SyntheticPolicyConfig
 
         syn = entry.synthetic
         return SyntheticPolicy(SyntheticPolicyConfig(
@@ -132,6 +132,7 @@ def load_runner(manifest: Manifest, entry: ModelEntry) -> PolicyRunner:
             confidence_from_state=syn.confidence_from_state,
             rtc=syn.rtc,
             history_length=syn.history_length,
+            circle=None if syn.circle is None else CircleMotion(**syn.circle.model_dump()),
         ))
     path = manifest.resolve_path(entry)
     if not path.exists():

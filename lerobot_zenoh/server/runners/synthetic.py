@@ -12,11 +12,17 @@ the chunk can be trusted; a real model derives that from its own sampling.
 With `rtc` it declares real-time chunking and continues the prefix it is given (`rtc_continue`): the
 first ``delay_steps`` rows are the prefix's, the rest is `synthetic_actions`, so a test can see that a
 chunk continues exactly what the robot was executing.
+
+With `circle` its chunk is a scripted smooth motion instead (`circle_actions`): every joint follows a
+sinusoid whose phase is read from the first two state values, so a robot driven by it goes round a
+circle. It is what the real-time-chunking benchmark records a dataset from and measures tracking
+against (benchmarks/rtc.py).
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -60,6 +66,43 @@ def synthetic_actions(
     per_dim = state[np.arange(action_dim) % state.size]
     per_step = 0.01 * np.arange(1, chunk_size + 1, dtype=np.float64)
     return (per_step[:, None] + per_dim[None, :] + image_term).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class CircleMotion:
+    """A scripted smooth motion (`circle_actions`): one turn every `period_s`, joints at `amplitude`,
+    commands `lead_steps` control periods ahead of the phase the state shows (a first-order joint lags
+    its target: with time constant tau, by about ``atan(2 pi tau / period_s)`` radians)."""
+
+    period_s: float = 4.0
+    amplitude: float = 40.0
+    lead_steps: float = 3.0
+
+    def __post_init__(self) -> None:
+        for name in ("period_s", "amplitude"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ConfigError(f"circle.{name}", f"must be a number > 0, got {value!r}")
+        if not (isinstance(self.lead_steps, (int, float)) and math.isfinite(self.lead_steps)):
+            raise ConfigError("circle.lead_steps", f"must be a finite number, got {self.lead_steps!r}")
+
+
+def circle_actions(state: np.ndarray, chunk_size: int, action_dim: int, motion: CircleMotion, dt_s: float) -> np.ndarray:
+    """The scripted chunk: ``actions[t, j] = A * cos(phi + w * dt * (t + lead) - j * pi / 2)``.
+
+    ``phi = atan2(state[1], state[0])`` is where the robot is on its circle, ``w = 2 pi / period_s``:
+    joints 0 and 1 go round a circle of radius ``A`` (cos, sin), the others follow the same sinusoid a
+    quarter turn apart. Row ``t`` is for the ``t``-th step after the observation. Smooth: consecutive
+    rows differ by at most ``A * w * dt``. float32 ``(chunk_size, action_dim)``.
+    """
+    state = np.asarray(state, dtype=np.float64).reshape(-1)
+    if state.size < 2:
+        raise ValueError(f"circle needs at least 2 state values, got {state.size}")
+    phi = math.atan2(state[1], state[0])
+    step = 2 * math.pi * dt_s / motion.period_s
+    phase = phi + step * (np.arange(chunk_size, dtype=np.float64) + motion.lead_steps)
+    joints = np.arange(action_dim, dtype=np.float64) * (math.pi / 2)
+    return (motion.amplitude * np.cos(phase[:, None] - joints[None, :])).astype(np.float32)
 
 
 def synthetic_denoise_updates(
@@ -113,6 +156,7 @@ class SyntheticPolicyConfig:
     confidence_from_state: int | None = None
     rtc: bool = False  # declare real-time chunking and continue the prefix (`rtc_continue`)
     history_length: int = 1  # declare this many consecutive observations (its actions ignore the history)
+    circle: CircleMotion | None = None  # a scripted smooth motion instead of `synthetic_actions`
 
     def __post_init__(self) -> None:
         index = self.confidence_from_state
@@ -130,6 +174,11 @@ class SyntheticPolicyConfig:
                     raise ConfigError("batch_latency_ms", f"batch sizes must be integers >= 1, got {size!r}")
                 if not isinstance(ms, (int, float)) or not ms >= 0:
                     raise ConfigError(f"batch_latency_ms.{size}", f"must be a number >= 0, got {ms!r}")
+        if self.circle is not None:
+            if len(self.state_names) < 2:
+                raise ConfigError("circle", f"needs a state of at least 2 values, got {len(self.state_names)}")
+            if not self.fps:
+                raise ConfigError("circle", "needs the control rate (fps)")
 
 
 class SyntheticPolicy(BaseRunner):
@@ -196,7 +245,10 @@ class SyntheticPolicy(BaseRunner):
         index = self.config.confidence_from_state if capture_updates else None
         results = []
         for r in requests:
-            actions = synthetic_actions(r.state, r.images, chunk, dim)
+            if self.config.circle is not None:
+                actions = circle_actions(r.state, chunk, dim, self.config.circle, 1.0 / self.config.fps)
+            else:
+                actions = synthetic_actions(r.state, r.images, chunk, dim)
             extras = {}
             rtc = r.extras.get(RTC_EXTRA) if self.config.rtc else None
             if rtc is not None:
