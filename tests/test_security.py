@@ -344,8 +344,8 @@ def test_a_peer_without_a_valid_certificate_cannot_connect(secured, app_key, lay
                           connect=[f"tcp/127.0.0.1:{port}"], json5_overrides={"listen/endpoints": "[]"}),
     }[who]
     if mode == "client":  # a client must reach its router/peer at open: the TLS handshake fails, so does open
-        with pytest.raises(TransportError, match="could not open"):
-            connect("robA", mode="client", **changes)
+        with pytest.raises(TransportError, match="could not open"):  # (after 2 s, not the 30 s default)
+            connect("robA", mode="client", connect_timeout_s=2.0, **changes)
         return
     # A peer opens without any connection; it then never gets through to the server.
     session = connect("robA", mode="peer", **changes)
