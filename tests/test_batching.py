@@ -115,8 +115,8 @@ class Robot:
         execution = ExecutionInfo(actions_buffered=buffered, control_period_s=1 / 30)
         self.pub.put(codec.encode(Observation(seq_id, self.client_id, state, jpegs, "task", execution)))
 
-    def answered(self, seq_id):
-        return any(c.response_to_seq_id == seq_id for c in self.chunks)
+    def answered_round(self, rnd):
+        return any(c.response_to_seq_id // ATTEMPTS == rnd for c in self.chunks)
 
     def check(self):
         for chunk in self.chunks:
@@ -126,18 +126,26 @@ class Robot:
 
 
 
+ATTEMPTS = 100  # seq_id = round * ATTEMPTS + attempt
+
+
 def run_rounds(server, session, app_key, robots, rounds, sender=None):
-    """Each round, every robot sends one observation (resending until answered, best effort)."""
+    """Each round, every robot sends one observation, resending until answered (best effort). A
+    resend is a new observation with a new seq_id, as a client's is: the server drops a seq_id it
+    has served already (`replayed`), so resending the same one after a late chunk would never be
+    answered."""
     assert wait_for(lambda: session.query(app_key.status, 0.3))
     rng = np.random.default_rng(7)
     for rnd in range(rounds):
         deadline = time.monotonic() + 10
         pending = list(robots)
-        while pending and time.monotonic() < deadline:
+        attempt = 0
+        while pending and time.monotonic() < deadline and attempt < ATTEMPTS:
             for robot in pending:
-                (sender or Robot.send)(robot, rnd, rng)
-            wait_for(lambda: all(r.answered(rnd) for r in pending), 1.0)
-            pending = [r for r in pending if not r.answered(rnd)]
+                (sender or Robot.send)(robot, rnd * ATTEMPTS + attempt, rng)
+            attempt += 1
+            wait_for(lambda: all(r.answered_round(rnd) for r in pending), 1.0)
+            pending = [r for r in pending if not r.answered_round(rnd)]
         assert not pending, [r.client_id for r in pending]
 
 
