@@ -219,9 +219,9 @@ class OursClient:
         client.buffer.merge = timed_merge
         pub_put = client._pub.put
 
-        def counting_put(payload):
+        def counting_put(payload, attachment=None):
             self.payload_bytes.append(len(payload))
-            return pub_put(payload)
+            return pub_put(payload, attachment=attachment)
 
         client._pub.put = counting_put
         return {"server_id": client.status.server_id}

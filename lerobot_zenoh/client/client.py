@@ -478,9 +478,12 @@ class RobotClient:
                     self._pub.put(codec.encode(message), attachment=codec.encode_observation_header(message))
                     self.counters.observations_published += 1
                     self.counters.observations_same_host += shared is not None
-                except (ProtocolError, TransportError, KeyError, ValueError) as exc:
+                except Exception as exc:  # one observation's failure must not end publishing for good
                     self.counters.publish_errors += 1
-                    log.warning("%s: could not publish observation %d: %s", self.config.client_uuid, item.seq_id, exc)
+                    n = self.counters.publish_errors
+                    if n in (1, 10, 100) or n % 1000 == 0:
+                        log.warning("%s: could not publish observation %d (%s: %s) [%d so far]", self.config.client_uuid,
+                                    item.seq_id, type(exc).__name__, exc, n)
         finally:
             if helpers is not None:
                 helpers.shutdown(wait=True)
