@@ -122,3 +122,15 @@ def test_help_lists_every_option():
     for result in (client, server, monitor, build, router, secure):
         for citation in ("seed 002", "G7", "G14", "§"):
             assert citation not in result.stdout, (result.args, citation)
+
+
+def test_a_listen_port_in_use_is_one_line_and_exit_2():
+    """The device here is a TCP port: the router cannot listen where something else already does."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        (result,) = run_all([("lerobot-zenoh-router", [f"--zenoh.listen=tcp/127.0.0.1:{taken}"])])
+    assert_one_line_error(result, f"cannot start on tcp/127.0.0.1:{taken}", "Address already in use")

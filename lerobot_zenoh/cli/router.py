@@ -1,9 +1,10 @@
 """`lerobot-zenoh-router`: a Zenoh router with the project's settings, for multi-host deployments.
 
-    lerobot-zenoh-router --listen tcp/0.0.0.0:7447 [--connect tcp/other-router:7447]
+    lerobot-zenoh-router --zenoh.listen=tcp/0.0.0.0:7447 [--zenoh.connect=tcp/other-router:7447]
 
 Options are the --zenoh.* settings of transport/settings.py (the robot client's); --listen,
---connect, --set PATH=JSON5 and --no-scouting are older spellings.
+--connect, --set PATH=JSON5 and --no-scouting are older spellings, still accepted. Exit codes: 0
+when stopped by SIGINT/SIGTERM, 2 for a configuration mistake (one line).
 
 Robots and servers then run in Zenoh client mode and connect to a router
 (`--zenoh.mode=client --endpoint=tcp/<router>:7447` for clients, `zenoh: {mode: client,

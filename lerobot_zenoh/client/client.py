@@ -227,6 +227,8 @@ class RobotClient:
                                      "running, and is the address right?)")
         log.info("%s: looking for %s", cfg.client_uuid, cfg.app_key.status)
         status = discover(self._session, cfg.app_key, cfg.discovery_timeout_s, self._stop, client_uuid=cfg.client_uuid)
+        if status is None and self._stop.is_set():
+            raise CompatibilityError("stopped (SIGINT/SIGTERM) before a server answered")
         if status is None:
             where = f"connected to {endpoints}, but" if endpoints else ""
             raise CompatibilityError(f"{where} no server answers {cfg.app_key.status} within "
