@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.scheduling.action_buffer import ActionBuffer, LatestOnlyConfig
 from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake, MergeMode, estimate_delay_steps
-from lerobot_zenoh.scheduling.send_trigger import SendTrigger
+from lerobot_zenoh.scheduling.send_trigger import SendTrigger, SendTriggerConfig
 
 DT = 0.1  # 10 Hz keeps the arithmetic readable
 
@@ -127,6 +127,39 @@ def test_plan_without_a_buffer_makes_the_same_decisions():
     fields = ("accepted", "rtt_s", "capture_step", "delay_steps", "kept", "horizon_cut", "expired", "first_step", "rows")
     assert [getattr(merged, f) for f in fields] == [getattr(planned, f) for f in fields]
     assert planned.merge is None and (planned.expired, planned.first_step, planned.rows) == (2, 6, 7)
+
+
+def test_a_chunk_answering_a_refresh_is_aligned_to_the_refresh_and_timed_from_the_first_send():
+    trigger = SendTrigger(SendTriggerConfig(refetch_after_s=0.25, request_timeout_s=5.0), dt_s=DT)
+    intake, buffer = ChunkIntake(trigger, DT), ActionBuffer(LatestOnlyConfig())
+    intake.on_send(1, 0, 0.0)
+    intake.on_chunk(1, chunk(20), 0.1, buffer)  # the first RTT is known
+    pop(buffer, 2)
+    intake.on_send(2, buffer.next_step, 1.0)  # request 2, captured at step 2
+    pop(buffer, 2)
+    assert trigger.refresh_due(1.25) == 2
+    assert intake.on_refresh(3, 2, buffer.next_step, 1.25)  # refresh 3, captured at step 4
+    pop(buffer, 1)  # step 4 executed while it waits
+    r = intake.on_chunk(3, chunk(10, first_value=100), 1.375, buffer)
+    # RTT from the request's first send (0.375 s: int(3.75) = 3 rows), capped by the one step
+    # executed since the refresh's capture: row 1 of the chunk is step 5.
+    assert r.accepted and r.rtt_s == pytest.approx(0.375) and r.request_seq == 2
+    assert (r.capture_step, r.delay_steps, r.expired, r.first_step) == (4, 1, 1, 5)
+    assert r.capture_age_s == pytest.approx(0.125)
+    assert buffer.pop() == (5, pytest.approx(np.array([101, 0], np.float32)))
+    # The request is answered: an answer to the request itself (a second inference) is unknown.
+    assert intake.on_chunk(2, chunk(10), 1.5, buffer).reason == "unknown_seq"
+    assert intake.pending == 0
+
+
+def test_a_refresh_of_an_answered_request_is_not_remembered():
+    trigger = SendTrigger(SendTriggerConfig(refetch_after_s=0.1, request_timeout_s=5.0), dt_s=DT)
+    intake, buffer = ChunkIntake(trigger, DT), ActionBuffer(LatestOnlyConfig())
+    intake.on_send(1, 0, 0.0)
+    assert trigger.refresh_due(0.1) == 1
+    intake.on_chunk(1, chunk(5), 0.1, buffer)  # answered between refresh_due and the capture
+    assert not intake.on_refresh(2, 1, 0, 0.1)
+    assert intake.pending == 0 and trigger.stats().refreshes == 0
 
 
 def test_bad_settings_name_the_field():

@@ -217,6 +217,45 @@ def test_automatic_buffer_time_follows_rtt_p90_plus_one_period():
     assert stats.sent == stats.answered == 20
 
 
+# --------------------------------------------------------------------------- re-fetch (protocol.md §10.7)
+
+
+def test_refetch_is_off_by_default():
+    trigger = SendTrigger(SendTriggerConfig(buffer_time_s=1.0), dt_s=DT)
+    trigger.on_send(1, 0.0)
+    assert trigger.refresh_due(0.9) is None
+
+
+def test_a_waiting_request_is_due_every_refetch_after_s_until_answered():
+    trigger = SendTrigger(SendTriggerConfig(buffer_time_s=1.0, refetch_after_s=0.1, request_timeout_s=1.0), dt_s=DT)
+    trigger.on_send(1, 0.0)
+    assert trigger.refresh_due(0.09) is None
+    assert trigger.refresh_due(0.1) == 1
+    assert trigger.on_refresh(2, 1, 0.1)
+    assert trigger.refresh_due(0.15) is None  # counted from the last publication, not the first send
+    assert trigger.refresh_due(0.2) == 1 and trigger.on_refresh(3, 1, 0.2)
+    assert not trigger.should_send(0, 0.25)  # a refresh holds no slot of its own: still one in flight
+    assert trigger.request_of(3) == 1 and trigger.request_of(1) == 1
+    # The chunk answers the refresh 2: the request is answered, the RTT runs from its first send.
+    assert trigger.on_receive(2, 0.3) == pytest.approx(0.3)
+    assert trigger.refresh_due(0.5) is None and trigger.should_send(0, 0.3)
+    assert not trigger.on_refresh(4, 1, 0.5)  # answered meanwhile: nothing to refresh
+    assert trigger.on_receive(3, 0.31) is None  # a second answer to the same request is not measured
+    stats = trigger.stats()
+    assert (stats.sent, stats.answered, stats.refreshes, stats.rtt_last_s) == (1, 1, 2, pytest.approx(0.3))
+
+
+def test_refreshes_stop_when_the_request_times_out_from_its_first_send():
+    trigger = SendTrigger(SendTriggerConfig(buffer_time_s=1.0, refetch_after_s=0.25, request_timeout_s=0.875), dt_s=DT)
+    trigger.on_send(1, 0.0)
+    for k, now in enumerate((0.25, 0.5, 0.75)):
+        assert trigger.refresh_due(now) == 1 and trigger.on_refresh(10 + k, 1, now)
+    assert trigger.refresh_due(1.0) is None  # 1 s after the first send: presumed lost
+    assert trigger.stats().presumed_lost == 1
+    assert trigger.on_receive(12, 1.25) == pytest.approx(1.25)  # a late answer to a refresh: its request's RTT
+    assert trigger.stats().late_replies == 1
+
+
 @pytest.mark.parametrize(
     ("field", "kwargs"),
     [
@@ -224,6 +263,7 @@ def test_automatic_buffer_time_follows_rtt_p90_plus_one_period():
         ("send_trigger.max_in_flight", {"max_in_flight": 0}),
         ("send_trigger.request_timeout_s", {"request_timeout_s": -1.0}),
         ("send_trigger.margin_steps", {"margin_steps": -1.0}),
+        ("send_trigger.refetch_after_s", {"refetch_after_s": 0.0}),
     ],
 )
 def test_bad_settings_name_the_field(field, kwargs):

@@ -11,6 +11,14 @@ Sending (:meth:`ChunkIntake.on_send`)
     what a real-time-chunking observation carried, else None) in a bounded table (the oldest is
     dropped beyond ``max_pending``), and tells the `SendTrigger` (RTT send time, in-flight slot).
 
+Re-fetch (:meth:`ChunkIntake.on_refresh`, docs/protocol.md §10.7)
+    A refresh (a fresh capture of a request still waiting, with its own ``seq_id``) is remembered
+    like a send, with its own capture step, but it holds no slot and starts no RTT: the trigger
+    maps it to its request. The chunk that answers it is aligned to the refresh's capture step (the
+    observation the server actually served), its RTT runs from the request's first send, and once
+    one publication of a request is answered the others are forgotten (a second answer to the same
+    request is rejected, ``unknown_seq``).
+
 Receiving (:meth:`ChunkIntake.on_chunk`, or :meth:`ChunkIntake.plan` without a buffer), in order:
 
 1. RTT: ``SendTrigger.on_receive(seq_id)`` from the exact ``seq_id`` (also for a chunk that is then
@@ -106,6 +114,8 @@ class IntakeResult:
     # Steps executed between capture and merge, read under the buffer's lock (from `plan`: delay_steps).
     actual_delay_steps: int | None = None
     server_delay_steps: int | None = None  # the chunk's rtc_delay_steps echo: the delay the server assumed
+    request_seq: int | None = None  # the request answered: seq_id itself, or the one this refresh stood for
+    capture_age_s: float | None = None  # arrival minus the capture of the observation answered
 
     @property
     def trimmed_steps(self) -> int:
@@ -159,8 +169,9 @@ class ChunkIntake:
         self.initial_delay_steps = initial_delay_steps
         self.delay_quantile = delay_quantile
         self._lock = threading.Lock()
-        # seq_id -> (step at capture, predicted delay or None)
-        self._capture_steps: OrderedDict[int, tuple[int, int | None]] = OrderedDict()
+        # seq_id -> (step at capture, predicted delay or None, captured at, request seq_id)
+        self._capture_steps: OrderedDict[int, tuple[int, int | None, float, int]] = OrderedDict()
+        self._refreshes_of: OrderedDict[int, list[int]] = OrderedDict()  # request -> its refreshes' seq_ids
         self._last_replaced_seq: int | None = None  # rtc: the newest observation whose chunk replaced the buffer
 
     # -- sending
@@ -175,19 +186,38 @@ class ChunkIntake:
     def on_send(self, seq_id: int, step: int, now_s: float, *, predicted_delay_steps: int | None = None) -> None:
         """Observation `seq_id`, captured when the robot was about to execute `step`, leaves at `now_s`
         (carrying `predicted_delay_steps` when it has real-time-chunking inputs)."""
+        self._remember(seq_id, step, now_s, predicted_delay_steps, seq_id)
+        self.trigger.on_send(seq_id, now_s)
+
+    def on_refresh(self, seq_id: int, request_seq_id: int, step: int, now_s: float, *,
+                   predicted_delay_steps: int | None = None) -> bool:
+        """Re-fetch: observation `seq_id`, a fresh capture at `step` of the outstanding request
+        `request_seq_id`, leaves at `now_s`. False (nothing remembered: do not publish it) when the
+        request was answered or timed out meanwhile."""
+        if not self.trigger.on_refresh(seq_id, request_seq_id, now_s):
+            return False
+        self._remember(seq_id, step, now_s, predicted_delay_steps, request_seq_id)
+        return True
+
+    def _remember(self, seq_id: int, step: int, now_s: float, predicted_delay_steps: int | None, request: int) -> None:
         predicted = None if predicted_delay_steps is None else int(predicted_delay_steps)
         with self._lock:
             self._capture_steps.pop(seq_id, None)
-            self._capture_steps[seq_id] = (int(step), predicted)
+            self._capture_steps[seq_id] = (int(step), predicted, float(now_s), int(request))
             while len(self._capture_steps) > self._max_pending:
                 self._capture_steps.popitem(last=False)
-        self.trigger.on_send(seq_id, now_s)
+            if request != seq_id:
+                self._refreshes_of.setdefault(int(request), []).append(seq_id)
+                self._refreshes_of.move_to_end(int(request))
+                while len(self._refreshes_of) > self._max_pending:
+                    self._refreshes_of.popitem(last=False)
 
     def clear(self) -> int:
         """Forget every capture step (a new episode): later answers are rejected, still measured."""
         with self._lock:
             n = len(self._capture_steps)
             self._capture_steps.clear()
+            self._refreshes_of.clear()
             self._last_replaced_seq = None
             return n
 
@@ -244,9 +274,13 @@ class ChunkIntake:
         rtt_s = self.trigger.on_receive(seq_id, now_s)
         with self._lock:
             pending = self._capture_steps.pop(seq_id, None)
+            if pending is not None:  # the request is answered: forget its other publications
+                request = pending[3]
+                for other in (request, *self._refreshes_of.pop(request, ())):
+                    self._capture_steps.pop(other, None)
         if pending is None:
             return IntakeResult(seq_id, False, "unknown_seq", "not an answer to a remembered observation", rtt_s)
-        step, predicted = pending
+        step, predicted, captured_s, request = pending
         delay = max(int(next_step) - step, 0)
         # Replace only a chunk the server says it conditioned on our leftover; any other is blended.
         mode = MergeMode.RTC if self.mode is MergeMode.RTC and rtc_delay_steps is not None else MergeMode.BLEND
@@ -261,4 +295,5 @@ class ChunkIntake:
         return IntakeResult(seq_id, True, rtt_s=rtt_s, capture_step=step, delay_steps=delay, kept=kept,
                             horizon_cut=horizon_cut, expired=expired, first_step=step + expired, rows=kept - expired,
                             mode=mode, predicted_delay_steps=predicted, actual_delay_steps=delay,
-                            server_delay_steps=rtc_delay_steps)
+                            server_delay_steps=rtc_delay_steps, request_seq=request,
+                            capture_age_s=now_s - captured_s)

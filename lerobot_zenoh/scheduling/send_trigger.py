@@ -46,6 +46,16 @@ The send rule (:class:`SendTrigger`)
     delays sending by at most one timeout instead of stalling it forever. A reply that comes
     after its request was presumed lost still yields an RTT sample and its actions are still
     merged (the action buffer discards what is stale); it just no longer holds a slot.
+
+Re-fetch (docs/protocol.md §10.7; ``SendTriggerConfig.refetch_after_s``, off when None)
+    A request still unanswered ``refetch_after_s`` after it was last published is due for a refresh
+    (:meth:`SendTrigger.refresh_due`): the client captures again and publishes the capture as a new
+    observation that names the request (``refreshes_seq_id``), :meth:`SendTrigger.on_refresh`; then
+    again every ``refetch_after_s`` until a chunk answers one of them or the request times out (the
+    time-out still counts from the first send). A refresh holds no slot of its own and starts no
+    RTT: a chunk answering a refresh (``response_to_seq_id`` = the refresh's seq_id) answers its
+    request, and the round trip is measured from the request's first send, so the send rule keeps
+    seeing the whole wait.
 """
 
 from __future__ import annotations
@@ -225,9 +235,15 @@ class SendTriggerConfig:
         default=1.0, metadata={"help": "Lower bound of automatic request_timeout_s, and its value before any RTT."}
     )
     rtt_window: int = field(default=100, metadata={"help": "RTT samples the percentiles are taken over."})
+    refetch_after_s: float | None = field(
+        default=None,
+        metadata={"help": "Re-fetch: a request unanswered this long is refreshed with a new capture, every this "
+                          "many seconds until answered or timed out (docs/protocol.md §10.7). None: off."},
+    )
 
     def __post_init__(self) -> None:
         _optional_positive("buffer_time_s", self.buffer_time_s)
+        _optional_positive("refetch_after_s", self.refetch_after_s)
         _optional_positive("request_timeout_s", self.request_timeout_s)
         _optional_positive("initial_buffer_time_s", self.initial_buffer_time_s)
         _optional_positive("timeout_rtt_factor", self.timeout_rtt_factor)
@@ -269,6 +285,11 @@ class SendTriggerStats:
     rtt_p50_s: float | None
     rtt_p90_s: float | None
     rtt_p99_s: float | None
+    refreshes: int = 0  # fresh captures published for requests still waiting (re-fetch)
+
+
+#: Refresh seq_ids remembered (refresh -> its request), oldest dropped beyond this.
+MAX_REFRESHES_REMEMBERED = 256
 
 
 class SendTrigger:
@@ -293,6 +314,12 @@ class SendTrigger:
         self._presumed_lost = 0
         self._late_replies = 0
         self._lost_ids: deque[int] = deque(maxlen=256)  # to tell a late reply from an unknown one
+        # Re-fetch: when each outstanding request was last published (first send or refresh), and
+        # which request each refresh stands for (bounded; kept past the answer so that a second
+        # answer resolves to its request and is counted as a duplicate, not measured).
+        self._published_s: dict[int, float] = {}
+        self._request_of: OrderedDict[int, int] = OrderedDict()
+        self._refreshes = 0
 
     # -- calibrated thresholds
 
@@ -346,15 +373,55 @@ class SendTrigger:
         with self._lock:
             self._outstanding.pop(seq_id, None)
             self._outstanding[seq_id] = now_s
+            self._published_s[seq_id] = now_s
             self._sent += 1
 
-    def on_receive(self, response_to_seq_id: int, now_s: float) -> float | None:
-        """A chunk answering `response_to_seq_id` arrived: free its slot and return its RTT (or ``None``)."""
-        rtt_s = self.rtt.on_receive(response_to_seq_id, now_s)
+    def refresh_due(self, now_s: float) -> int | None:
+        """Re-fetch: the seq_id of the oldest outstanding request last published at least
+        ``refetch_after_s`` ago (after presuming timed-out ones lost), or None (also when re-fetch is off)."""
+        after_s = self.config.refetch_after_s
+        if after_s is None:
+            return None
+        timeout_s = self.request_timeout_s()
         with self._lock:
-            if self._outstanding.pop(response_to_seq_id, None) is not None:
+            self._expire(now_s, timeout_s)
+            for seq_id, sent_s in self._outstanding.items():
+                if now_s - self._published_s.get(seq_id, sent_s) >= after_s:
+                    return seq_id
+        return None
+
+    def on_refresh(self, refresh_seq_id: int, request_seq_id: int, now_s: float) -> bool:
+        """A fresh capture `refresh_seq_id` of the outstanding request `request_seq_id` leaves at `now_s`.
+
+        False (nothing recorded: do not publish it) when the request is no longer outstanding, i.e.
+        it was answered or timed out since :meth:`refresh_due` named it.
+        """
+        with self._lock:
+            if request_seq_id not in self._outstanding:
+                return False
+            self._published_s[request_seq_id] = now_s
+            self._request_of.pop(refresh_seq_id, None)
+            self._request_of[refresh_seq_id] = request_seq_id
+            while len(self._request_of) > MAX_REFRESHES_REMEMBERED:
+                self._request_of.popitem(last=False)
+            self._refreshes += 1
+            return True
+
+    def request_of(self, seq_id: int) -> int:
+        """The request an observation stands for: the one it refreshes, else itself."""
+        with self._lock:
+            return self._request_of.get(seq_id, seq_id)
+
+    def on_receive(self, response_to_seq_id: int, now_s: float) -> float | None:
+        """A chunk answering `response_to_seq_id` arrived: free its request's slot and return the RTT
+        from the request's first send (or ``None``). A chunk answering a refresh answers its request."""
+        request = self.request_of(response_to_seq_id)
+        rtt_s = self.rtt.on_receive(request, now_s)
+        with self._lock:
+            self._published_s.pop(request, None)
+            if self._outstanding.pop(request, None) is not None:
                 self._answered += 1
-            elif response_to_seq_id in self._lost_ids:
+            elif request in self._lost_ids:
                 self._late_replies += 1
         return rtt_s
 
@@ -376,6 +443,7 @@ class SendTrigger:
             self._presumed_lost += forgotten
             self._lost_ids.extend(self._outstanding)
             self._outstanding.clear()
+            self._published_s.clear()
             return forgotten
 
     def stats(self) -> SendTriggerStats:
@@ -395,6 +463,7 @@ class SendTrigger:
                 rtt_p50_s=rtt_p50_s,
                 rtt_p90_s=rtt_p90_s,
                 rtt_p99_s=rtt_p99_s,
+                refreshes=self._refreshes,
             )
 
     def _expire(self, now_s: float, timeout_s: float) -> None:
@@ -404,5 +473,6 @@ class SendTrigger:
             if now_s - sent_s < timeout_s:
                 break
             self._outstanding.popitem(last=False)
+            self._published_s.pop(seq_id, None)
             self._presumed_lost += 1
             self._lost_ids.append(seq_id)
