@@ -366,6 +366,13 @@ def obs_pipeline_fixture():
                        session_nonce=7, refreshes_seq_id=44, component_mask=0b101)
 
 
+def status_verdict_fixture():
+    """1.3: a safety component's server says it answers with verdicts."""
+    return Status(model_id="qwen3b", model_version="v1", expected_cameras={"front": (2, 4)}, action_dim=0,
+                  max_actions_per_chunk=0, observation_features={}, policy_type="vlm", server_id="safety0",
+                  output="verdict")
+
+
 def text_result_fixture():
     return TextResult(response_to_seq_id=45, text="pick up the red cube", inference_time_ms=612.5, server_id="vlm0",
                       queue_time_ms=3.25)
@@ -378,7 +385,8 @@ def verdict_fixture():
 FIXTURES = {"observation": obs_fixture, "action_chunk": chunk_fixture, "status": status_fixture, "telemetry": telemetry_fixture,
             "observation_rtc": obs_rtc_fixture, "action_chunk_rtc": chunk_rtc_fixture, "status_rtc": status_rtc_fixture,
             "observation_shared": obs_shared_fixture, "status_same_host": status_same_host_fixture,
-            "observation_pipeline": obs_pipeline_fixture, "text_result": text_result_fixture, "verdict": verdict_fixture}
+            "observation_pipeline": obs_pipeline_fixture, "text_result": text_result_fixture, "verdict": verdict_fixture,
+            "status_verdict": status_verdict_fixture}
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURES))

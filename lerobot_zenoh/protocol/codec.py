@@ -25,6 +25,7 @@ import simplejpeg
 from lerobot_zenoh.errors import ProtocolError, VersionError
 from lerobot_zenoh.protocol.messages import (
     MAX_COMPONENTS,
+    OUTPUT_KINDS,
     PROTOCOL_VERSION,
     VERDICT_LABELS,
     ActionChunk,
@@ -313,6 +314,7 @@ def _to_map(msg: Message) -> dict[str, Any]:
             "history_length": msg.history_length,
             "rtc": None if msg.rtc is None else _drop_none({"execution_horizon": msg.rtc.execution_horizon}),
             "same_host": None if msg.same_host is None else {"probe": msg.same_host.probe, "token": msg.same_host.token},
+            "output": msg.output,
         })
     if isinstance(msg, TextResult):
         return _header(MessageType.TEXT_RESULT) | _drop_none({
@@ -497,7 +499,14 @@ def _status(d: dict) -> Status:
         history_length=_uint(d, "history_length", required=False),
         rtc=None if raw_rtc is None else _rtc_advert(raw_rtc),
         same_host=_same_host(_optional(d, "same_host", dict)),
+        output=_output(_optional(d, "output", str)),
     )
+
+
+def _output(kind: str | None) -> str | None:
+    if kind is not None and kind not in OUTPUT_KINDS:
+        raise ProtocolError("bad_field", f"output {kind!r} is not one of {list(OUTPUT_KINDS)}"[:200])
+    return kind
 
 
 def _same_host(d: dict | None) -> SameHostAdvert | None:

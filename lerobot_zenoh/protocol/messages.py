@@ -30,6 +30,8 @@ class MessageType(StrEnum):
 SAFETY_LABELS = ("safe", "unsafe")
 MONITOR_LABELS = ("ongoing", "done", "failed")
 VERDICT_LABELS = frozenset(SAFETY_LABELS + MONITOR_LABELS)
+#: 1.3: `Status.output`, what a server answers an observation with.
+OUTPUT_KINDS = ("actions", "text", "verdict")
 #: 1.3: `Observation.component_mask` has one bit per component of a task, so a task has at most 32.
 MAX_COMPONENTS = 32
 
@@ -196,6 +198,9 @@ class Status:
     history_length: int | None = None  # consecutive observations the model conditions on
     rtc: RtcAdvert | None = None  # present when observations may carry `rtc` inputs
     same_host: SameHostAdvert | None = None  # 1.2: present when observations may carry `shared_frames`
+    # 1.3: what the server answers: "actions" (ActionChunk), "text" (TextResult) or "verdict"
+    # (Verdict). None: not said (an older server), i.e. actions.
+    output: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
