@@ -26,6 +26,8 @@ from lerobot_zenoh.protocol.messages import (
     SharedFrames,
     Status,
     Telemetry,
+    TextResult,
+    Verdict,
 )
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
@@ -64,6 +66,8 @@ def observations(draw):
         session_nonce=draw(st.none() | uint64),
         rtc=draw(st.none() | rtc_inputs()),
         shared_frames=draw(st.none() | shared_frames),
+        refreshes_seq_id=draw(st.none() | uint64),
+        component_mask=draw(st.none() | st.integers(1, 2**32 - 1)),
     )
 
 
@@ -356,9 +360,33 @@ def status_same_host_fixture():
     )
 
 
+def obs_pipeline_fixture():
+    """1.3: a refresh of request 44, asking components 0 and 2 of a task."""
+    return Observation(seq_id=45, client_uuid="robot_a4b9", state=np.array([0.5], dtype=np.float32), images={},
+                       session_nonce=7, refreshes_seq_id=44, component_mask=0b101)
+
+
+def status_verdict_fixture():
+    """1.3: a safety component's server says it answers with verdicts."""
+    return Status(model_id="qwen3b", model_version="v1", expected_cameras={"front": (2, 4)}, action_dim=0,
+                  max_actions_per_chunk=0, observation_features={}, policy_type="vlm", server_id="safety0",
+                  output="verdict")
+
+
+def text_result_fixture():
+    return TextResult(response_to_seq_id=45, text="pick up the red cube", inference_time_ms=612.5, server_id="vlm0",
+                      queue_time_ms=3.25)
+
+
+def verdict_fixture():
+    return Verdict(response_to_seq_id=45, label="unsafe", inference_time_ms=150.0, score=0.875, server_id="safety0")
+
+
 FIXTURES = {"observation": obs_fixture, "action_chunk": chunk_fixture, "status": status_fixture, "telemetry": telemetry_fixture,
             "observation_rtc": obs_rtc_fixture, "action_chunk_rtc": chunk_rtc_fixture, "status_rtc": status_rtc_fixture,
-            "observation_shared": obs_shared_fixture, "status_same_host": status_same_host_fixture}
+            "observation_shared": obs_shared_fixture, "status_same_host": status_same_host_fixture,
+            "observation_pipeline": obs_pipeline_fixture, "text_result": text_result_fixture, "verdict": verdict_fixture,
+            "status_verdict": status_verdict_fixture}
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURES))
@@ -371,6 +399,31 @@ def test_golden_bytes(name):
         path.write_bytes(data)
     assert data == path.read_bytes()
     assert_same(codec.decode(path.read_bytes()), FIXTURES[name]())
+
+
+@pytest.mark.parametrize("patch, reason", [
+    ({"label": "maybe"}, "bad_verdict"), ({"label": 3}, "bad_field"), ({"score": 1.5}, "bad_verdict"),
+    ({"score": float("nan")}, "bad_verdict"), ({"response_to_seq_id": -1}, "bad_field"),
+])
+def test_hostile_verdicts_are_rejected_with_a_reason(patch, reason):
+    raw = msgpack.unpackb(codec.encode(verdict_fixture()), raw=False) | patch
+    with pytest.raises(ProtocolError) as exc:
+        codec.decode_verdict(msgpack.packb(raw, use_bin_type=True))
+    assert exc.value.reason == reason
+
+
+@pytest.mark.parametrize("mask", [0, -1, 2**32, 1.5, True])
+def test_a_bad_component_mask_is_rejected(mask):
+    raw = msgpack.unpackb(codec.encode(obs_pipeline_fixture()), raw=False) | {"component_mask": mask}
+    with pytest.raises(ProtocolError) as exc:
+        codec.decode_observation(msgpack.packb(raw, use_bin_type=True))
+    assert exc.value.reason == "bad_field"
+
+
+def test_a_text_result_is_not_an_action_chunk():
+    with pytest.raises(ProtocolError) as exc:
+        codec.decode_action_chunk(codec.encode(text_result_fixture()))
+    assert exc.value.reason == "wrong_type"
 
 
 def test_status_client_admitted_is_additive():

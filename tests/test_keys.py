@@ -59,3 +59,15 @@ def test_parse_rejects_foreign_keys(key):
 def test_parse_client_key_checks_topic():
     with pytest.raises(KeyExprError, match="expected obs"):
         parse_client_key(APP.client("r1").action, Topic.OBS)
+
+
+def test_pipeline_keys_and_result_topics():
+    """1.3: a task's observation stream and the text / verdict topics parse like any client key."""
+    from lerobot_zenoh.protocol.keys import ClientKey, parse_client_key, pipeline_app
+
+    app = pipeline_app("factory", "mix2", "assemble_kit")
+    assert app.client("robot-3").obs == "factory/mix2/_pipeline/1/assemble_kit/robot-3/obs"
+    assert parse_client_key(app.client("robot-3").obs, "obs") == (app, "robot-3")
+    ck = ClientKey(AppKey("factory", "mix2", "qwen7b", "v1", "system2-srv1"), "robot-3")
+    assert ck.text.endswith("/robot-3/text") and ck.verdict.endswith("/robot-3/verdict")
+    assert parse_client_key(ck.verdict, "verdict")[1] == "robot-3"

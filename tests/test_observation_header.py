@@ -53,12 +53,40 @@ def test_round_trip_and_absent_fields_stay_absent(o):
 
 def test_another_version_is_not_read_and_malformed_ones_are_rejected():
     good = codec.encode_observation_header(obs())
-    assert codec.decode_observation_header(b"\x02" + good[1:]) is None  # the server decodes the body instead
+    assert codec.decode_observation_header(b"\x03" + good[1:]) is None  # the server decodes the body instead
     for bad in (b"", good[:20], good[:-1], good + b"x", good[:1] + b"\xff" + good[2:],
                 good[:-4] + b"\xff\xfe\xfd\xfc"):
         with pytest.raises(ProtocolError) as exc:
             codec.decode_observation_header(bad)
         assert exc.value.reason == "bad_header"
+
+
+GOLDEN_V2 = GOLDEN.with_name("observation_header_v2.bin")
+
+
+def test_version_2_golden_bytes_and_only_when_needed():
+    """1.3: a refresh or a component mask makes a version-2 header (56 B + episode); without them the
+    header stays version 1, byte for byte, so a 1.2 server still reads it."""
+    from dataclasses import replace
+
+    o = replace(obs(), refreshes_seq_id=5, component_mask=0b101)
+    header = codec.encode_observation_header(o)
+    if __import__("os").environ.get("LZ_REGEN_GOLDEN"):
+        GOLDEN_V2.write_bytes(header)
+    assert header == GOLDEN_V2.read_bytes() and header[0] == 2 and len(header) == 56 + 4
+    h = codec.decode_observation_header(header)
+    assert (h.refreshes_seq_id, h.component_mask, h.seq_id, h.episode_id) == (5, 0b101, 7, "ep-3")
+    assert codec.header_matches(h, o) and not codec.header_matches(h, obs())
+    for only in (replace(obs(), refreshes_seq_id=1), replace(obs(), component_mask=1)):
+        h = codec.decode_observation_header(codec.encode_observation_header(only))
+        assert (h.refreshes_seq_id, h.component_mask) == (only.refreshes_seq_id, only.component_mask)
+    assert codec.encode_observation_header(obs()) == GOLDEN.read_bytes()
+    for bad in (header[:50], header + b"x", header[:1] + b"\x80" + header[2:]):
+        with pytest.raises(ProtocolError) as exc:
+            codec.decode_observation_header(bad)
+        assert exc.value.reason == "bad_header"
+    with pytest.raises(ProtocolError):
+        codec.encode_observation_header(replace(obs(), component_mask=0))
 
 
 # -- the engine --------------------------------------------------------------------------------

@@ -24,7 +24,10 @@ import simplejpeg
 
 from lerobot_zenoh.errors import ProtocolError, VersionError
 from lerobot_zenoh.protocol.messages import (
+    MAX_COMPONENTS,
+    OUTPUT_KINDS,
     PROTOCOL_VERSION,
+    VERDICT_LABELS,
     ActionChunk,
     ExecutionInfo,
     HistoryFrame,
@@ -38,6 +41,8 @@ from lerobot_zenoh.protocol.messages import (
     SharedFrames,
     Status,
     Telemetry,
+    TextResult,
+    Verdict,
 )
 
 #: dtypes accepted on the wire (numeric and bool only; always little-endian).
@@ -274,6 +279,10 @@ def _to_map(msg: Message) -> dict[str, Any]:
             sf = msg.shared_frames
             out["shared_frames"] = {"segment": sf.segment, "generation": int(sf.generation),
                                     "frames": {str(k): [int(x) for x in v] for k, v in sf.frames.items()}}
+        if msg.refreshes_seq_id is not None:
+            out["refreshes_seq_id"] = int(msg.refreshes_seq_id)
+        if msg.component_mask is not None:
+            out["component_mask"] = _component_mask(msg.component_mask)
         return out
     if isinstance(msg, ActionChunk):
         return _header(MessageType.ACTION_CHUNK) | _drop_none({
@@ -305,6 +314,26 @@ def _to_map(msg: Message) -> dict[str, Any]:
             "history_length": msg.history_length,
             "rtc": None if msg.rtc is None else _drop_none({"execution_horizon": msg.rtc.execution_horizon}),
             "same_host": None if msg.same_host is None else {"probe": msg.same_host.probe, "token": msg.same_host.token},
+            "output": msg.output,
+        })
+    if isinstance(msg, TextResult):
+        return _header(MessageType.TEXT_RESULT) | _drop_none({
+            "response_to_seq_id": int(msg.response_to_seq_id),
+            "text": str(msg.text),
+            "inference_time_ms": float(msg.inference_time_ms),
+            "server_id": msg.server_id,
+            "queue_time_ms": None if msg.queue_time_ms is None else float(msg.queue_time_ms),
+        })
+    if isinstance(msg, Verdict):
+        if msg.label not in VERDICT_LABELS:
+            raise ProtocolError("bad_verdict", f"label {msg.label!r} is not one of {sorted(VERDICT_LABELS)}"[:200])
+        return _header(MessageType.VERDICT) | _drop_none({
+            "response_to_seq_id": int(msg.response_to_seq_id),
+            "label": msg.label,
+            "inference_time_ms": float(msg.inference_time_ms),
+            "score": None if msg.score is None else float(msg.score),
+            "server_id": msg.server_id,
+            "queue_time_ms": None if msg.queue_time_ms is None else float(msg.queue_time_ms),
         })
     if isinstance(msg, Telemetry):
         return _header(MessageType.TELEMETRY) | {
@@ -362,7 +391,16 @@ def _observation(d: dict, limits: CodecLimits) -> Observation:
         history=tuple(history),
         rtc=None if raw_rtc is None else _rtc_inputs(raw_rtc, limits),
         shared_frames=None if raw_shared is None else _shared_frames(raw_shared, limits),
+        refreshes_seq_id=_uint(d, "refreshes_seq_id", required=False),
+        component_mask=None if d.get("component_mask") is None else _component_mask(d["component_mask"]),
     )
+
+
+def _component_mask(mask: Any) -> int:
+    """1.3 `component_mask`: a non-zero bit set over at most MAX_COMPONENTS components."""
+    if type(mask) is not int or not 0 < mask < 2**MAX_COMPONENTS:
+        raise ProtocolError("bad_field", f"component_mask must be an integer in 1..2**{MAX_COMPONENTS}-1, got {mask!r}"[:200])
+    return mask
 
 
 _SEGMENT_CHARS = frozenset("0123456789abcdef-lz")
@@ -461,7 +499,14 @@ def _status(d: dict) -> Status:
         history_length=_uint(d, "history_length", required=False),
         rtc=None if raw_rtc is None else _rtc_advert(raw_rtc),
         same_host=_same_host(_optional(d, "same_host", dict)),
+        output=_output(_optional(d, "output", str)),
     )
+
+
+def _output(kind: str | None) -> str | None:
+    if kind is not None and kind not in OUTPUT_KINDS:
+        raise ProtocolError("bad_field", f"output {kind!r} is not one of {list(OUTPUT_KINDS)}"[:200])
+    return kind
 
 
 def _same_host(d: dict | None) -> SameHostAdvert | None:
@@ -478,6 +523,33 @@ def _rtc_advert(d: dict) -> RtcAdvert:
     if horizon is not None and (type(horizon) is not int or not 1 <= horizon <= UINT64_MAX):
         raise ProtocolError("bad_field", f"rtc.execution_horizon must be a positive integer, got {horizon!r}"[:200])
     return RtcAdvert(execution_horizon=horizon)
+
+
+def _text_result(d: dict, limits: CodecLimits) -> TextResult:
+    return TextResult(
+        response_to_seq_id=_uint(d, "response_to_seq_id"),
+        text=_require(d, "text", str),
+        inference_time_ms=_require(d, "inference_time_ms", (int, float)),
+        server_id=_optional(d, "server_id", str),
+        queue_time_ms=_optional(d, "queue_time_ms", (int, float)),
+    )
+
+
+def _verdict(d: dict, limits: CodecLimits) -> Verdict:
+    label = _require(d, "label", str)
+    if label not in VERDICT_LABELS:
+        raise ProtocolError("bad_verdict", f"label {label!r} is not one of {sorted(VERDICT_LABELS)}"[:200])
+    score = _optional(d, "score", (int, float))
+    if score is not None and not (math.isfinite(score) and 0.0 <= score <= 1.0):
+        raise ProtocolError("bad_verdict", f"score {score!r} is not in 0..1"[:200])
+    return Verdict(
+        response_to_seq_id=_uint(d, "response_to_seq_id"),
+        label=label,
+        inference_time_ms=_require(d, "inference_time_ms", (int, float)),
+        score=score,
+        server_id=_optional(d, "server_id", str),
+        queue_time_ms=_optional(d, "queue_time_ms", (int, float)),
+    )
 
 
 def _telemetry(d: dict) -> Telemetry:
@@ -502,12 +574,16 @@ _DECODERS = {
     MessageType.ACTION_CHUNK: _action_chunk,
     MessageType.STATUS: lambda d, limits: _status(d),
     MessageType.TELEMETRY: lambda d, limits: _telemetry(d),
+    MessageType.TEXT_RESULT: _text_result,
+    MessageType.VERDICT: _verdict,
 }
 _TYPES = {
     Observation: MessageType.OBSERVATION,
     ActionChunk: MessageType.ACTION_CHUNK,
     Status: MessageType.STATUS,
     Telemetry: MessageType.TELEMETRY,
+    TextResult: MessageType.TEXT_RESULT,
+    Verdict: MessageType.VERDICT,
 }
 
 
@@ -593,50 +669,77 @@ def decode_telemetry(data: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> Telem
     return decode(data, Telemetry, limits)  # type: ignore[return-value]
 
 
+def decode_text_result(data: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> TextResult:
+    return decode(data, TextResult, limits)  # type: ignore[return-value]
+
+
+def decode_verdict(data: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> Verdict:
+    return decode(data, Verdict, limits)  # type: ignore[return-value]
+
+
 # ------------------------------------------------------------------ observation header (attachment)
 
-#: Version byte of the observation header (docs/protocol.md §5.1.1). A decoder that meets another
+#: Version bytes of the observation header (docs/protocol.md §5.1.1). A decoder that meets another
 #: version returns None: the server then decodes the observation itself, as for a header-less put.
+#: The encoder writes version 1 unless a version-2 field is set, so a 1.2 server still reads the
+#: header of every observation that does not use them.
 OBS_HEADER_VERSION = 1
+OBS_HEADER_VERSION_2 = 2
 _OBS_HEADER = struct.Struct("<BBQQdQdH")  # version, flags, seq_id, nonce, elapsed, buffered, dt, len(episode_id)
+_OBS_HEADER_2 = struct.Struct("<BBQQdQdHQI")  # version 2: + refreshes_seq_id, component_mask
 _H_NONCE, _H_EPISODE, _H_ELAPSED, _H_BUFFERED, _H_PERIOD = 1, 2, 4, 8, 16
+_H_REFRESHES, _H_COMPONENTS = 32, 64  # version 2
 _H_KNOWN = _H_NONCE | _H_EPISODE | _H_ELAPSED | _H_BUFFERED | _H_PERIOD
+_H_KNOWN_2 = _H_KNOWN | _H_REFRESHES | _H_COMPONENTS
 
 
 def encode_observation_header(obs: Observation) -> bytes:
-    """The header of an observation (its Zenoh attachment): 44 bytes + the episode id's UTF-8."""
+    """The header of an observation (its Zenoh attachment): 44 bytes (version 2: 56) + the episode id's UTF-8."""
     execution = obs.execution or ExecutionInfo()
     episode = obs.episode_id.encode() if obs.episode_id is not None else b""
     if len(episode) > 0xFFFF:
         raise ProtocolError("bad_field", "episode_id longer than 65535 bytes")
     for name, value in (("seq_id", obs.seq_id), ("session_nonce", obs.session_nonce),
-                        ("actions_buffered", execution.actions_buffered)):
+                        ("actions_buffered", execution.actions_buffered), ("refreshes_seq_id", obs.refreshes_seq_id)):
         if value is not None and not 0 <= value <= UINT64_MAX:
             raise ProtocolError("bad_field", f"{name}={value} is not a uint64")
     flags = ((_H_NONCE if obs.session_nonce is not None else 0) | (_H_EPISODE if obs.episode_id is not None else 0)
              | (_H_ELAPSED if execution.task_elapsed_s is not None else 0)
              | (_H_BUFFERED if execution.actions_buffered is not None else 0)
              | (_H_PERIOD if execution.control_period_s is not None else 0))
-    return _OBS_HEADER.pack(OBS_HEADER_VERSION, flags, obs.seq_id, obs.session_nonce or 0,
-                            float(execution.task_elapsed_s or 0.0), execution.actions_buffered or 0,
-                            float(execution.control_period_s or 0.0), len(episode)) + episode
+    common = (obs.seq_id, obs.session_nonce or 0, float(execution.task_elapsed_s or 0.0),
+              execution.actions_buffered or 0, float(execution.control_period_s or 0.0), len(episode))
+    if obs.refreshes_seq_id is None and obs.component_mask is None:
+        return _OBS_HEADER.pack(OBS_HEADER_VERSION, flags, *common) + episode
+    flags |= (_H_REFRESHES if obs.refreshes_seq_id is not None else 0) | (_H_COMPONENTS if obs.component_mask is not None else 0)
+    mask = 0 if obs.component_mask is None else _component_mask(obs.component_mask)
+    return _OBS_HEADER_2.pack(OBS_HEADER_VERSION_2, flags, *common, obs.refreshes_seq_id or 0, mask) + episode
 
 
 def decode_observation_header(data: bytes) -> ObservationHeader | None:
     """Bytes -> header; None for another header version; ProtocolError("bad_header") if malformed."""
     if not isinstance(data, bytes | bytearray | memoryview) or len(data) < 1:
         raise ProtocolError("bad_header", "empty or not bytes")
-    if data[0] != OBS_HEADER_VERSION:
+    version = data[0]
+    if version == OBS_HEADER_VERSION:
+        layout, known = _OBS_HEADER, _H_KNOWN
+    elif version == OBS_HEADER_VERSION_2:
+        layout, known = _OBS_HEADER_2, _H_KNOWN_2
+    else:
         return None
-    if len(data) < _OBS_HEADER.size:
-        raise ProtocolError("bad_header", f"{len(data)} B, a version-1 header has at least {_OBS_HEADER.size}")
-    _, flags, seq_id, nonce, elapsed, buffered, period, n = _OBS_HEADER.unpack_from(data)
-    if flags & ~_H_KNOWN:
+    if len(data) < layout.size:
+        raise ProtocolError("bad_header", f"{len(data)} B, a version-{version} header has at least {layout.size}")
+    fields_ = layout.unpack_from(data)
+    _, flags, seq_id, nonce, elapsed, buffered, period, n = fields_[:8]
+    refreshes, mask = fields_[8:] if version == OBS_HEADER_VERSION_2 else (0, 0)
+    if flags & ~known:
         raise ProtocolError("bad_header", f"unknown flags {flags:#04x}")
-    if len(data) != _OBS_HEADER.size + n:
+    if len(data) != layout.size + n:
         raise ProtocolError("bad_header", f"{len(data)} B for an episode id of {n} B")
+    if flags & _H_COMPONENTS and mask == 0:
+        raise ProtocolError("bad_header", "component_mask flagged but empty")
     try:
-        episode = bytes(data[_OBS_HEADER.size:]).decode() if flags & _H_EPISODE else None
+        episode = bytes(data[layout.size:]).decode() if flags & _H_EPISODE else None
     except UnicodeDecodeError as exc:
         raise ProtocolError("bad_header", f"episode_id is not UTF-8: {exc}") from None
     execution = None
@@ -644,10 +747,11 @@ def decode_observation_header(data: bytes) -> ObservationHeader | None:
         execution = ExecutionInfo(task_elapsed_s=elapsed if flags & _H_ELAPSED else None,
                                   actions_buffered=buffered if flags & _H_BUFFERED else None,
                                   control_period_s=period if flags & _H_PERIOD else None)
-    return ObservationHeader(seq_id, episode, nonce if flags & _H_NONCE else None, execution)
+    return ObservationHeader(seq_id, episode, nonce if flags & _H_NONCE else None, execution,
+                             refreshes if flags & _H_REFRESHES else None, mask if flags & _H_COMPONENTS else None)
 
 
 def header_matches(header: ObservationHeader, obs: Observation) -> bool:
-    """Whether a header says what its observation says about the session (seq_id, episode, nonce)."""
-    return (header.seq_id, header.episode_id, header.session_nonce) == (obs.seq_id, obs.episode_id,
-                                                                       obs.session_nonce)
+    """Whether a header says what its observation says (seq_id, episode, nonce, refresh, components)."""
+    return ((header.seq_id, header.episode_id, header.session_nonce, header.refreshes_seq_id, header.component_mask)
+            == (obs.seq_id, obs.episode_id, obs.session_nonce, obs.refreshes_seq_id, obs.component_mask))

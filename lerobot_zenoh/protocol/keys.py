@@ -2,7 +2,7 @@
 
 Schema (seed 002 section 6.1)::
 
-    <cluster>/<experiment>/<model>/<version>/<app>/<client>/<topic>     topic in {obs, action, metrics}
+    <cluster>/<experiment>/<model>/<version>/<app>/<client>/<topic>     topic in {obs, action, metrics, text, verdict}
     <cluster>/<experiment>/<model>/<version>/<app>/status               queryable: Status
     <cluster>/<experiment>/<model>/<version>/<app>/*/obs                the server's subscription
     <cluster>/<experiment>/<model>/<version>/<app>/server/<id>/metrics  server telemetry
@@ -34,6 +34,8 @@ class Topic(StrEnum):
     OBS = "obs"
     ACTION = "action"
     METRICS = "metrics"
+    TEXT = "text"  # 1.3: a System 2 component's TextResult
+    VERDICT = "verdict"  # 1.3: a safety or monitor component's Verdict
 
 
 def validate_chunk(field: str, value: str) -> str:
@@ -135,6 +137,14 @@ class ClientKey:
     def metrics(self) -> str:
         return self.topic(Topic.METRICS)
 
+    @property
+    def text(self) -> str:
+        return self.topic(Topic.TEXT)
+
+    @property
+    def verdict(self) -> str:
+        return self.topic(Topic.VERDICT)
+
 
 @dataclass(frozen=True)
 class ParsedKey:
@@ -142,6 +152,18 @@ class ParsedKey:
     client_id: str | None  # None for status and server keys
     server_id: str | None
     topic: str  # "obs" | "action" | "metrics" | "status" | "server"
+
+
+#: 1.3: the model and version chunks of a multi-model task's observation stream (docs/pipelines.md).
+PIPELINE_MODEL = "_pipeline"
+PIPELINE_VERSION = "1"
+
+
+def pipeline_app(cluster: str, experiment: str, task: str) -> AppKey:
+    """Where the robots of a multi-model task publish each observation once, for every component:
+    ``<cluster>/<experiment>/_pipeline/1/<task>/<robot>/obs`` (their liveliness tokens at
+    ``.../<robot>/metrics``). Each component's server subscribes here and answers on its own app key."""
+    return AppKey(cluster, experiment, PIPELINE_MODEL, PIPELINE_VERSION, task)
 
 
 def parse_key(key: str) -> ParsedKey:

@@ -14,7 +14,7 @@ from enum import StrEnum
 import numpy as np
 
 #: (major, minor). A peer rejects a message whose major differs from its own; minors are additive.
-PROTOCOL_VERSION: tuple[int, int] = (1, 2)
+PROTOCOL_VERSION: tuple[int, int] = (1, 3)
 
 
 class MessageType(StrEnum):
@@ -22,6 +22,18 @@ class MessageType(StrEnum):
     ACTION_CHUNK = "action_chunk"
     STATUS = "status"
     TELEMETRY = "telemetry"
+    TEXT_RESULT = "text_result"  # 1.3
+    VERDICT = "verdict"  # 1.3
+
+
+#: 1.3: the labels a `Verdict` may carry: a safety component's and a task monitor's.
+SAFETY_LABELS = ("safe", "unsafe")
+MONITOR_LABELS = ("ongoing", "done", "failed")
+VERDICT_LABELS = frozenset(SAFETY_LABELS + MONITOR_LABELS)
+#: 1.3: `Status.output`, what a server answers an observation with.
+OUTPUT_KINDS = ("actions", "text", "verdict")
+#: 1.3: `Observation.component_mask` has one bit per component of a task, so a task has at most 32.
+MAX_COMPONENTS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +117,8 @@ class ObservationHeader:
     episode_id: str | None = None
     session_nonce: int | None = None
     execution: ExecutionInfo | None = None
+    refreshes_seq_id: int | None = None  # header version 2 (1.3)
+    component_mask: int | None = None  # header version 2 (1.3)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -133,6 +147,15 @@ class Observation:
     # 1.2, optional: cameras sent raw through same-host shared memory (sent only to a server whose
     # status has `same_host`); those cameras are then absent from `images`.
     shared_frames: SharedFrames | None = None
+    # 1.3, optional: a fresh capture of a request still waiting for its answer, the request being
+    # this client's observation `refreshes_seq_id` (docs/protocol.md §10.7). The server puts it in
+    # the request's place in line while that request waits, and drops it (counted) otherwise.
+    refreshes_seq_id: int | None = None
+    # 1.3, optional: for a multi-model task (docs/pipelines.md), which of the task's components this
+    # observation asks to answer: bit i = the i-th component in the task descriptor's order. The
+    # observation is published once and every component's server receives it; a server whose bit is
+    # clear drops it unread (from the header). None: every component that receives it.
+    component_mask: int | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -175,6 +198,9 @@ class Status:
     history_length: int | None = None  # consecutive observations the model conditions on
     rtc: RtcAdvert | None = None  # present when observations may carry `rtc` inputs
     same_host: SameHostAdvert | None = None  # 1.2: present when observations may carry `shared_frames`
+    # 1.3: what the server answers: "actions" (ActionChunk), "text" (TextResult) or "verdict"
+    # (Verdict). None: not said (an older server), i.e. actions.
+    output: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,4 +217,29 @@ class Telemetry:
     labels: dict[str, str] = field(default_factory=dict)
 
 
-Message = Observation | ActionChunk | Status | Telemetry
+@dataclass(frozen=True, slots=True)
+class TextResult:
+    """1.3: a System 2 component's answer (the next subtask, in words), on `.../<client>/text`, reliable."""
+
+    response_to_seq_id: int
+    text: str
+    inference_time_ms: float
+    server_id: str | None = None
+    queue_time_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """1.3: a safety component's (`safe` | `unsafe`) or a task monitor's (`ongoing` | `done` |
+    `failed`) answer, on `.../<client>/verdict`, reliable. `score`: the model's confidence in the
+    label, 0..1, when it gives one."""
+
+    response_to_seq_id: int
+    label: str
+    inference_time_ms: float
+    score: float | None = None
+    server_id: str | None = None
+    queue_time_ms: float | None = None
+
+
+Message = Observation | ActionChunk | Status | Telemetry | TextResult | Verdict
