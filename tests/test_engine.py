@@ -7,8 +7,9 @@ import pytest
 
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation
-from lerobot_zenoh.scheduling.request_schedulers import make_scheduler
+from lerobot_zenoh.scheduling.request_schedulers import FifoScheduler, make_scheduler
 from lerobot_zenoh.server.engine import (
+    REFRESH_LATE,
     REPLAYED,
     TOO_LARGE,
     TOO_MANY_CLIENTS,
@@ -18,9 +19,16 @@ from lerobot_zenoh.server.engine import (
 )
 
 
-def obs(client: str, seq: int, *, episode: str | None = "0", nonce: int | None = 7, buffered: int = 0) -> Observation:
+def obs(client: str, seq: int, *, episode: str | None = "0", nonce: int | None = 7, buffered: int = 0,
+        refreshes: int | None = None) -> Observation:
     return Observation(seq, client, np.zeros(2, np.float32), {}, "", ExecutionInfo(actions_buffered=buffered,
-                       control_period_s=1 / 30), episode_id=episode, session_nonce=nonce)
+                       control_period_s=1 / 30), episode_id=episode, session_nonce=nonce, refreshes_seq_id=refreshes)
+
+
+def admit(e: Engine, o: Observation, now: float) -> str | None:
+    """Admit with its header, as the server's callback does."""
+    return e.admit(o.client_uuid, codec.encode(o), now, codec.encode_observation_header(o),
+                   codec.decode_observation_header)
 
 
 def engine(listed=("robot",), *, scheduler="round_robin", **kw) -> Engine:
@@ -174,3 +182,110 @@ def test_close_all_frees_everything():
     e.admit("u", b"x", 0.0)
     assert {s.client_id for s in e.close_all()} == {"robot", "u"}
     assert e.sessions == {} and e.snapshot()["unknown_open"] == 0
+
+
+# -- re-fetch: refreshes of waiting requests (docs/protocol.md §10.7) ----------------------------------
+
+
+def served_seq(batch) -> list[tuple[str, int]]:
+    return [(s.client_id, codec.decode_observation(slot.payload).seq_id) for s, slot in batch.items]
+
+
+@pytest.mark.parametrize("scheduler", ["fifo", "wait_ratio"])
+def test_a_refresh_replaces_its_waiting_request_and_keeps_its_place_in_line(scheduler):
+    e = engine(listed=("a", "b"), scheduler=scheduler)
+    assert admit(e, obs("b", 1, buffered=30), 0.0) is None  # b's request waits first...
+    assert e.schedule(0.0, codec.decode_observation, codec.decode_observation_header) is not None  # (b served: busy)
+    e.finish([], ["b"], 0.05, 0.05)
+    assert admit(e, obs("b", 2, buffered=3), 0.1) is None  # b's next request
+    assert admit(e, obs("a", 1, buffered=3), 0.2) is None  # a asks after it
+    # b's fresh capture, refreshing 2, arrives before the inference thread has even seen 2 (busy).
+    assert admit(e, obs("b", 3, buffered=2, refreshes=2), 0.3) is None
+    batch = e.schedule(0.35, codec.decode_observation, codec.decode_observation_header)
+    # b still goes first (it waits since 0.1), and is served with the fresher capture.
+    assert served_seq(batch) == [("b", 3)]
+    snap = e.snapshot()["sessions"]["b"]
+    assert (snap["refreshes"], snap["refreshes_late"], snap["superseded"]) == (1, 0, 1)
+
+
+class Recording(FifoScheduler):
+    """FIFO that records what it hears and serves nobody while `hold` is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.heard, self.hold = [], True
+
+    def on_arrival(self, client_id, now_s, execution=None):
+        self.heard.append((client_id, now_s, None if execution is None else execution.actions_buffered))
+        super().on_arrival(client_id, now_s, execution)
+
+    def pick(self, ready, now_s, max_batch=1):
+        return [] if self.hold else super().pick(ready, now_s, max_batch)
+
+
+@pytest.mark.parametrize("announced_first", [True, False])
+def test_the_scheduler_hears_a_refresh_as_a_newer_observation_after_its_request(announced_first):
+    e = Engine(EngineConfig(listed=frozenset({"b"})), Recording())
+    admit(e, obs("b", 2, buffered=30), 0.2)
+    if announced_first:
+        e.schedule(0.25)  # the inference thread saw the request before its refresh replaced it
+    admit(e, obs("b", 3, buffered=6, refreshes=2), 0.5)
+    e.scheduler.hold = False
+    assert served_seq(e.schedule(0.5)) == [("b", 3)]
+    # Either way: the request's arrival (its place in line), then the refresh's newer execution report.
+    assert e.scheduler.heard == [("b", 0.2, 30), ("b", 0.5, 6)]
+
+
+def test_a_refresh_arriving_after_its_request_was_picked_is_dropped_and_counted():
+    e = engine(scheduler="fifo")
+    admit(e, obs("robot", 1), 0.0)
+    batch = e.schedule(0.0, codec.decode_observation, codec.decode_observation_header)
+    assert served_seq(batch) == [("robot", 1)]
+    # During the inference and after it: never in the slot, never served.
+    assert admit(e, obs("robot", 2, refreshes=1), 0.01) == REFRESH_LATE
+    e.finish([(batch.items[0][0], 1, 1.0, 0.0)], ["robot"], 0.05, 0.05)
+    assert admit(e, obs("robot", 3, refreshes=1), 0.06) == REFRESH_LATE
+    assert e.sessions["robot"].slot is None
+    assert e.schedule(0.1, codec.decode_observation, codec.decode_observation_header) is None
+    snap = e.snapshot()["sessions"]["robot"]
+    assert (snap["refreshes_late"], snap["refreshes"], snap["received"], snap["served"]) == (2, 0, 1, 1)
+    assert snap["rejected"] == {}  # not a rejection: the client did nothing wrong
+    # The next request is served as usual, and refreshes of it are welcome.
+    assert admit(e, obs("robot", 4), 0.2) is None
+    assert admit(e, obs("robot", 5, refreshes=4), 0.3) is None
+    assert served_seq(e.schedule(0.3, codec.decode_observation, codec.decode_observation_header)) == [("robot", 5)]
+
+
+def test_a_refresh_of_an_older_request_than_the_one_waiting_is_dropped():
+    e = engine()
+    admit(e, obs("robot", 5), 0.0)
+    assert admit(e, obs("robot", 6, refreshes=3), 0.1) == REFRESH_LATE
+    assert served_seq(e.schedule(0.1, codec.decode_observation, codec.decode_observation_header)) == [("robot", 5)]
+
+
+def test_a_refresh_of_a_request_never_received_stands_in_for_it():
+    e = engine()
+    assert admit(e, obs("robot", 2, refreshes=1), 0.0) is None  # request 1 was lost on the way
+    assert served_seq(e.schedule(0.0, codec.decode_observation, codec.decode_observation_header)) == [("robot", 2)]
+
+
+def test_a_restarted_client_is_not_judged_by_its_previous_process_seq_ids():
+    e = engine()
+    admit(e, obs("robot", 50, nonce=1), 0.0)
+    serve(e, 0.0)
+    assert admit(e, obs("robot", 2, nonce=2, refreshes=1), 1.0) is None
+    assert served_seq(e.schedule(1.0, codec.decode_observation, codec.decode_observation_header)) == [("robot", 2)]
+
+
+def test_a_header_less_observation_picked_makes_later_refreshes_of_it_late():
+    e = engine()
+    e.admit("robot", codec.encode(obs("robot", 1)), 0.0)  # no header: known only once served
+    assert serve(e, 0.0) == ["robot"]
+    assert admit(e, obs("robot", 2, refreshes=1), 0.1) == REFRESH_LATE
+
+
+def test_a_malformed_header_is_rejected_with_its_reason_whatever_the_scheduler():
+    e = engine()
+    e.admit("robot", codec.encode(obs("robot", 1)), 0.0, b"\x01garbage", codec.decode_observation_header)
+    batch = e.schedule(0.0)
+    assert batch.items == [] and [r[2] for r in batch.rejected] == ["bad_header"]

@@ -19,6 +19,13 @@ round trip of `rtt`, `expired = int(rtt / dt)` leading rows are already in the p
 the first RTT is known); the rest is merged as steps s + expired, ... and blended with what the
 buffer already holds. The arithmetic is `scheduling/chunk_intake.py`, shared with the benchmarks.
 
+Re-fetch (protocol 1.3, `--send.refetch_after_s`, docs/protocol.md §10.7): while a request waits
+unanswered, the control loop publishes a fresh capture of the robot every `refetch_after_s` as a
+refresh of it (a new seq_id, `refreshes_seq_id` = the request's), at the point of the loop where
+captures happen anyway, through the same newest-only outbox; the server serves the newest of them
+in the request's place in line. The chunk is aligned to the capture step of the observation it
+answers; the RTT runs from the request's first send (`scheduling/send_trigger.py`).
+
 Real-time chunking (protocol 1.1, when the server's status advertises `rtc` and `config.rtc.enabled`):
 each observation also carries the buffer's leftover from the capture step on (exactly the actions the
 robot will still execute) and the predicted delay, ceil(RTT quantile / dt) steps; a chunk that echoes
@@ -77,6 +84,7 @@ class _Capture:
     # The robot's raw observations of the control steps just before this one, oldest first (for a
     # model that conditions on several consecutive observations: Status.history_length > 1).
     history: tuple[dict, ...] = ()
+    refreshes_seq_id: int | None = None  # re-fetch: the waiting request this capture refreshes
 
 
 class Outbox:
@@ -144,6 +152,9 @@ class ClientCounters:
     revalidations: int = 0
     server_changes: int = 0
     rtt_ms: deque = field(default_factory=lambda: deque(maxlen=2048))
+    # Capture-to-inference age of each answered observation: (chunk arrival - its capture) minus the
+    # server's inference time; it includes the chunk's way back (docs/client.md, "Re-fetch").
+    observation_age_ms: deque = field(default_factory=lambda: deque(maxlen=2048))
     inference_ms: deque = field(default_factory=lambda: deque(maxlen=2048))
     period_ms: deque = field(default_factory=lambda: deque(maxlen=4096))
 
@@ -369,21 +380,11 @@ class RobotClient:
         observation = self.robot.get_observation()
         step = self.buffer.next_step
         depth = self.buffer.depth
-        if self.state == "running" and self.trigger.should_send(depth, now):
-            self._seq_id += 1
-            rtc = None
-            if self.rtc_active:
-                # The capture step and the actions left from it, read together under the buffer's lock.
-                step, prefix = self.buffer.leftover(self.status.max_actions_per_chunk)
-                if len(prefix) == 0:
-                    prefix = np.zeros((0, len(self.features.action_names)), dtype=np.float32)
-                rtc = RtcInputs(prefix, self.intake.predict_delay_steps(len(prefix)))
-            self.intake.on_send(self._seq_id, step, now, predicted_delay_steps=None if rtc is None else rtc.delay_steps)
-            if self._waiting_since_s is None:
-                self._waiting_since_s = now
-            self.outbox.put(_Capture(self._seq_id, step, now, observation, ExecutionInfo(
-                task_elapsed_s=now - episode_start, actions_buffered=depth, control_period_s=self.dt_s),
-                episode_id=str(self._episode), rtc=rtc, history=tuple(self._history)))
+        if self.state == "running":
+            if self.trigger.should_send(depth, now):
+                self._capture(observation, now, episode_start, step, depth)
+            elif (request := self.trigger.refresh_due(now)) is not None:  # None at once when re-fetch is off
+                self._capture(observation, now, episode_start, step, depth, refreshes=request)
         if self._history.maxlen:
             self._history.append(observation)  # one control period apart: every step is kept
         popped = self.buffer.pop()
@@ -399,6 +400,30 @@ class RobotClient:
         self.counters.steps += 1
         if self.recorder is not None:
             self.recorder.record(observation, sent, failsafe=popped is None)
+
+    def _capture(self, observation: dict, now: float, episode_start: float, step: int, depth: int,
+                 refreshes: int | None = None) -> None:
+        """Hand this step's observation to the publisher as a new request, or as a refresh of the
+        waiting request `refreshes` (re-fetch). Bookkeeping and a queue put only: never blocks."""
+        seq_id = self._seq_id + 1
+        rtc = None
+        if self.rtc_active:
+            # The capture step and the actions left from it, read together under the buffer's lock.
+            step, prefix = self.buffer.leftover(self.status.max_actions_per_chunk)
+            if len(prefix) == 0:
+                prefix = np.zeros((0, len(self.features.action_names)), dtype=np.float32)
+            rtc = RtcInputs(prefix, self.intake.predict_delay_steps(len(prefix)))
+        predicted = None if rtc is None else rtc.delay_steps
+        if refreshes is None:
+            self.intake.on_send(seq_id, step, now, predicted_delay_steps=predicted)
+            if self._waiting_since_s is None:
+                self._waiting_since_s = now
+        elif not self.intake.on_refresh(seq_id, refreshes, step, now, predicted_delay_steps=predicted):
+            return  # answered (or timed out) since refresh_due named it: nothing to refresh
+        self._seq_id = seq_id
+        self.outbox.put(_Capture(seq_id, step, now, observation, ExecutionInfo(
+            task_elapsed_s=now - episode_start, actions_buffered=depth, control_period_s=self.dt_s),
+            episode_id=str(self._episode), rtc=rtc, history=tuple(self._history), refreshes_seq_id=refreshes))
 
     def _failsafe_action(self, observation: dict) -> dict:
         names = self.features.action_names
@@ -475,7 +500,7 @@ class RobotClient:
                     message = Observation(item.seq_id, self.config.client_uuid, state, images, self.config.task_text,
                                           item.execution, episode_id=item.episode_id,
                                           session_nonce=self.session_nonce, rtc=item.rtc, history=history,
-                                          shared_frames=shared)
+                                          shared_frames=shared, refreshes_seq_id=item.refreshes_seq_id)
                     # The header lets the server rank it without decoding it (protocol.md §5.1.1).
                     self._pub.put(codec.encode(message), attachment=codec.encode_observation_header(message))
                     self.counters.observations_published += 1
@@ -541,6 +566,8 @@ class RobotClient:
         self.counters.horizon_cut_steps += result.horizon_cut
         if result.rtt_s is not None:
             self.counters.rtt_ms.append(result.rtt_s * 1000)
+        if result.capture_age_s is not None:
+            self.counters.observation_age_ms.append(max(result.capture_age_s * 1000 - chunk.inference_time_ms, 0.0))
         self.counters.inference_ms.append(chunk.inference_time_ms)
         self._waiting_since_s = None
         if chunk.server_id and chunk.server_id != self.serving_server_id:
@@ -650,6 +677,7 @@ class RobotClient:
         self._last_figures = (now, c.steps)
         periods = list(c.period_ms)[-512:]
         rtts = list(c.rtt_ms)[-512:]
+        ages = list(c.observation_age_ms)[-512:]
         figures = {
             "loop_hz": (c.steps - steps_prev) / (now - t_prev) if now > t_prev else None,
             "control_period_ms_p50": percentile(periods, 50),
@@ -658,6 +686,9 @@ class RobotClient:
             "rtt_ms_p50": percentile(rtts, 50),
             "rtt_ms_p99": percentile(rtts, 99),
             "inference_ms_p50": percentile(list(c.inference_ms)[-512:], 50),
+            "observation_age_ms_p50": percentile(ages, 50),
+            "observation_age_ms_p99": percentile(ages, 99),
+            "refreshes_sent": self.trigger.stats().refreshes,
             "trimmed_steps": c.trimmed_steps,
             "buffer_depth": self.buffer.depth,
             "empty_buffer_cycles": c.empty_cycles,
@@ -710,6 +741,9 @@ class RobotClient:
             "rtt_ms_p50": pct(c.rtt_ms, 50),
             "rtt_ms_p99": pct(c.rtt_ms, 99),
             "inference_ms_p50": pct(c.inference_ms, 50),
+            "observation_age_ms_p50": pct(c.observation_age_ms, 50),
+            "observation_age_ms_p99": pct(c.observation_age_ms, 99),
+            "refreshes_sent": self.trigger.stats().refreshes,
             "control_period_ms_p50": pct(c.period_ms, 50),
             "control_period_ms_p99": pct(c.period_ms, 99),
             "empty_buffer_cycles": c.empty_cycles,

@@ -3,7 +3,7 @@
 Pure decisions: no Zenoh, no torch, no decoding of its own and no clock (every call takes `now_s`,
 seconds of one process's monotonic clock). The shell (`server/server.py`) calls it from two threads:
 
-    Zenoh callback thread    admit(client, payload, now, attachment) -> None (kept) or why it was dropped
+    Zenoh callback thread    admit(client, payload, now, attachment, read_header) -> None (kept) or why it was dropped
                              on_token(client, alive, now)        (the client's liveliness token)
     inference thread         expire(now) -> closed sessions      (the shell forgets their runner state)
                              schedule(now, peek, read_header) -> Batch  (whom to serve in one forward pass)
@@ -11,8 +11,19 @@ seconds of one process's monotonic clock). The shell (`server/server.py`) calls 
                              finish(batch, outcomes, ...)        (bookkeeping after the pass)
     telemetry thread         snapshot()                          (a copy of the counters; no percentiles)
 
-One lock guards all of it and is held only for dictionary work: never across decoding (`schedule`
-calls `read_header` and `peek` outside it), inference, publishing or percentile computation.
+One lock guards all of it and is held only for dictionary work: never across decoding (`admit`
+reads the observation's header and `schedule` calls `peek` outside it), inference, publishing or
+percentile computation.
+
+Re-fetch (docs/protocol.md §10.7): an observation whose header says it refreshes request `s` (a
+fresh capture the client publishes while `s` waits) goes into the slot only while `s` still waits:
+it replaces `s` (or an earlier refresh of it) and keeps its place in line, since the scheduler
+hears it as one more newer observation of a client it already counts as waiting. A refresh that
+arrives once `s` or a later observation of the client was picked, or while a newer request waits,
+is dropped at once and counted (`refreshes_late`): it never costs an inference. A refresh of a
+request the server never received (lost on the way, or sent to a server that has since failed
+over to this one) stands in for it. A refresh sent without a header is indistinguishable from an
+ordinary observation on arrival and is served as one.
 
 Sessions (docs/architecture.md, "Sessions"): one per client id, opened by its first accepted
 observation, closed when the client's liveliness token has been gone for `liveliness_grace_s`,
@@ -42,6 +53,7 @@ TOO_MANY_CLIENTS = "too_many_clients"
 RATE_LIMITED = "rate_limited"
 TOO_LARGE = "too_large"
 REPLAYED = "replayed"
+REFRESH_LATE = "refresh_late"  # a re-fetch refresh whose request no longer waits (counted, not a rejection)
 
 
 @dataclass(frozen=True)
@@ -63,9 +75,20 @@ class Slot:
     arrival_s: float
     attachment: bytes | None = None  # the observation's header (protocol.md §5.1.1), still bytes
     announced: bool = False  # the scheduler has been told (`on_arrival`)
-    header: ObservationHeader | None = None  # set on the inference thread once read
+    header: ObservationHeader | None = None  # set once read (by `admit` when given `read_header`)
     observation: Observation | None = None  # set on the inference thread once decoded
     error: Exception | None = None  # the decoding error, when it could not be decoded
+    # A refresh that replaced its request before the scheduler heard of it carries the request's
+    # first arrival (and its ExecutionInfo), so that the request keeps its place in line.
+    first_arrival: tuple[float, ExecutionInfo | None] | None = None
+
+    @property
+    def request_seq(self) -> int | None:
+        """The request this observation stands for: the one it refreshes, else its own seq_id (None: no header read)."""
+        if self.header is None:
+            return None
+        refreshes = self.header.refreshes_seq_id
+        return self.header.seq_id if refreshes is None else refreshes
 
 
 @dataclass
@@ -73,6 +96,8 @@ class SessionStats:
     received: int = 0
     superseded: int = 0
     served: int = 0
+    refreshes: int = 0  # re-fetch refreshes that took the slot (their request still waited); also in `received`
+    refreshes_late: int = 0  # refreshes dropped on arrival: their request no longer waited
     rejected: Counter = field(default_factory=Counter)  # reason -> count ("replayed" included)
     dropped: Counter = field(default_factory=Counter)  # dropped before a slot: rate_limited (not a rejection)
     inference_ms: deque = field(default_factory=lambda: deque(maxlen=256))
@@ -88,6 +113,9 @@ class Session:
     nonce: int | None = None  # the client process's session_nonce, once one was seen
     episode_id: str | None = None
     last_served_seq: int | None = None
+    # (session_nonce, seq_id) of the newest observation picked for inference: a refresh of a request
+    # at or below it is late (set when picked, from the header; for a header-less one when served).
+    last_picked: tuple[int | None, int] | None = None
     token_lost_s: float | None = None  # when its liveliness token vanished (None: present or never seen)
     needs_reset: bool = False  # per-episode state to drop in the runner before its next inference
     closed_reason: str | None = None  # liveliness | idle | server_stop, once closed
@@ -130,9 +158,22 @@ class Engine:
 
     # -- Zenoh callback thread ----------------------------------------------------------------
 
-    def admit(self, client_id: str, payload: bytes, now_s: float, attachment: bytes | None = None) -> str | None:
-        """Put an observation in its session's slot; None if kept, else why it was dropped (counted)."""
+    def admit(self, client_id: str, payload: bytes, now_s: float, attachment: bytes | None = None,
+              read_header: ReadHeader | None = None) -> str | None:
+        """Put an observation in its session's slot; None if kept, else why it was dropped (counted).
+
+        With `read_header`, the header (`attachment`, 44 or 56 bytes and the episode id: a struct
+        unpack, no decode) is read here, outside the lock, so that a late re-fetch refresh is dropped
+        before it takes a slot; a malformed header is kept with the slot and rejected by `schedule`.
+        """
         listed = client_id in self.config.listed
+        header: ObservationHeader | None = None
+        header_error: Exception | None = None
+        if attachment is not None and read_header is not None:
+            try:
+                header = read_header(attachment)
+            except Exception as exc:  # a ProtocolError: rejected with its reason by `schedule`
+                header_error = exc
         with self._lock:
             session = self.sessions.get(client_id)
             if session is None:
@@ -153,10 +194,20 @@ class Engine:
             if len(payload) > self.config.max_message_bytes:  # before it takes a slot
                 self._count_rejection(session, TOO_LARGE, now_s)
                 return TOO_LARGE
+            if header is not None and header.refreshes_seq_id is not None:
+                if self._refresh_is_late(session, header):
+                    stats.refreshes_late += 1
+                    return REFRESH_LATE
+                stats.refreshes += 1
             stats.received += 1
-            if session.slot is not None:
+            old = session.slot
+            first = None
+            if old is not None:
                 stats.superseded += 1
-            session.slot = Slot(payload, now_s, attachment)
+                if (not old.announced and header is not None and header.refreshes_seq_id is not None
+                        and old.request_seq == header.refreshes_seq_id):
+                    first = old.first_arrival or (old.arrival_s, old.header.execution)
+            session.slot = Slot(payload, now_s, attachment, header=header, error=header_error, first_arrival=first)
         return None
 
     def on_token(self, client_id: str, alive: bool, now_s: float) -> None:
@@ -211,8 +262,10 @@ class Engine:
             fresh_slots = [(s, s.slot) for s in fresh]
         if self.needs_execution_info and peek is not None:
             for _, slot in fresh_slots:
+                if slot.error is not None:
+                    continue  # a malformed header, found by `admit`: rejected below
                 try:
-                    if slot.attachment is not None and read_header is not None:
+                    if slot.header is None and slot.attachment is not None and read_header is not None:
                         slot.header = read_header(slot.attachment)
                     if slot.header is not None:
                         self.headers_read += 1
@@ -239,6 +292,8 @@ class Engine:
                         session.slot = None
                         continue
                     execution = known.execution
+                if slot.first_arrival is not None:  # a refresh: its request arrived first
+                    self.scheduler.on_arrival(session.client_id, *slot.first_arrival)
                 self.scheduler.on_arrival(session.client_id, slot.arrival_s, execution)
             ready = [cid for cid, s in self.sessions.items() if s.slot is not None and s.slot.announced]
             chosen = self.scheduler.pick(ready, now_s, self.config.max_batch_size) if ready else []
@@ -247,6 +302,8 @@ class Engine:
                 session = self.sessions.get(cid)
                 if session is not None and session.slot is not None:
                     items.append((session, session.slot))
+                    if session.slot.header is not None:
+                        self._picked(session, session.slot.header.session_nonce, session.slot.header.seq_id)
                     session.slot = None
         if not items and not rejected:
             return None
@@ -283,6 +340,7 @@ class Engine:
                 stats.served += 1
                 if session.last_served_seq is None or seq_id > session.last_served_seq:
                     session.last_served_seq = seq_id
+                self._picked(session, session.nonce, seq_id)  # (a header-less observation: now)
                 stats.inference_ms.append(inference_ms)
                 stats.queue_ms.append(queue_ms)
 
@@ -298,6 +356,8 @@ class Engine:
                         "received": s.stats.received,
                         "superseded": s.stats.superseded,
                         "served": s.stats.served,
+                        "refreshes": s.stats.refreshes,
+                        "refreshes_late": s.stats.refreshes_late,
                         "rejected": dict(s.stats.rejected),
                         "dropped": dict(s.stats.dropped),
                         "inference_ms": list(s.stats.inference_ms),
@@ -332,7 +392,8 @@ class Engine:
         if not session.listed:
             self._unknown_open -= 1
         st = session.stats
-        self.totals.update(received=st.received, superseded=st.superseded)
+        self.totals.update(received=st.received, superseded=st.superseded, refreshes=st.refreshes,
+                           refreshes_late=st.refreshes_late)
         self.totals.update({f"rejected.{k}": v for k, v in st.rejected.items()})
         self.totals.update({f"dropped.{k}": v for k, v in st.dropped.items()})
         self.sessions_closed[reason] += 1
@@ -340,6 +401,24 @@ class Engine:
         self.scheduler.forget(session.client_id)
         self.rate_limit.forget(session.client_id)
         session.slot = None
+
+    @staticmethod
+    def _picked(session: Session, nonce: int | None, seq_id: int) -> None:
+        last = session.last_picked
+        if last is None or last[0] != nonce or seq_id > last[1]:
+            session.last_picked = (nonce, seq_id)
+
+    @staticmethod
+    def _refresh_is_late(session: Session, header: ObservationHeader) -> bool:
+        """Whether a refresh's request no longer waits: it (or a later observation of this client
+        process) was picked, or a newer request of this process waits in the slot."""
+        request = header.refreshes_seq_id
+        last = session.last_picked
+        if last is not None and last[0] == header.session_nonce and request <= last[1]:
+            return True
+        waiting = session.slot
+        return (waiting is not None and waiting.header is not None and waiting.request_seq is not None
+                and waiting.header.session_nonce == header.session_nonce and waiting.request_seq > request)
 
     def _check(self, session: Session, obs: Observation | ObservationHeader) -> str | None:
         # The replay check comes first: an old observation of this process must not reset anything.

@@ -4,7 +4,9 @@ decode, infer, encode).
 
 Threads, and what each may touch:
 - Zenoh's callback threads: `_on_observation` parses the key and calls `engine.admit` (the raw bytes
-  go into the session's newest-only slot; nothing is decoded); `_on_client_token` tells the engine
+  go into the session's newest-only slot; only the observation's small header is read, a struct
+  unpack, so that a late re-fetch refresh is dropped before it takes a slot; nothing is decoded);
+  `_on_client_token` tells the engine
   a client's liveliness token appeared or vanished. Both take only the engine's short lock.
 - One inference thread (`_run`): closes expired sessions (and forgets their runner state and
   action publisher), asks each model's engine for a batch, decodes and checks it, runs it in one
@@ -300,7 +302,7 @@ class PolicyServer:
             _, client_id = parse_client_key(key, Topic.OBS)
         except KeyExprError:
             return  # the wildcard only matches .../*/obs; a reserved id like "server" ends here
-        dropped = model.engine.admit(client_id, payload, time.monotonic(), attachment)
+        dropped = model.engine.admit(client_id, payload, time.monotonic(), attachment, codec.decode_observation_header)
         if dropped is None:
             self._wake.set()
         elif dropped == "unknown_client":
@@ -450,6 +452,8 @@ class PolicyServer:
                 "observations_rejected": sum(s["rejected"].values()),
                 "observations_rate_limited": s["dropped"].get("rate_limited", 0),
                 "inferences": s["served"],
+                "observations_refreshes": s["refreshes"],
+                "refreshes_late": s["refreshes_late"],
                 "inference_ms_p50": percentile(s["inference_ms"], 50),
                 "inference_ms_p99": percentile(s["inference_ms"], 99),
                 "queue_ms_p50": percentile(s["queue_ms"], 50),
@@ -474,6 +478,10 @@ class PolicyServer:
             "observations_received": totals.get("received", 0) + sum(c["observations_received"] for c in per_client.values()),
             "observations_superseded": totals.get("superseded", 0) + sum(c["observations_superseded"] for c in per_client.values()),
             "observations_rejected": sum(rejected_by_reason.values()) + sum(dropped.values()),
+            # re-fetch (protocol.md §10.7): refreshes that took their request's slot, and those dropped
+            # on arrival because their request no longer waited (never served: no inference spent)
+            "observations_refreshes": totals.get("refreshes", 0) + sum(c["observations_refreshes"] for c in per_client.values()),
+            "refreshes_late": totals.get("refreshes_late", 0) + sum(c["refreshes_late"] for c in per_client.values()),
             "observations_rate_limited": rate_limited,
             **{f"rejected.{reason}": n for reason, n in dropped.items()},
             **{f"rejected.{reason}": n for reason, n in rejected_by_reason.items()},
@@ -511,6 +519,8 @@ class PolicyServer:
                         "received": s["received"],
                         "superseded": s["superseded"],
                         "served": s["served"],
+                        "refreshes": s["refreshes"],
+                        "refreshes_late": s["refreshes_late"],
                         "rejected": s["rejected"],
                         "dropped": s["dropped"],
                         "inference_ms_p50": percentile(s["inference_ms"], 50),
