@@ -138,6 +138,8 @@ class Counters:
     stalled: int = 0
     requests: int = 0
     refreshes: int = 0
+    requests_total: int = 0  # the whole run, warm-up included (the server's totals cover it too)
+    refreshes_total: int = 0
     answered: int = 0
     answered_by_refresh: int = 0
     ages_s: list = field(default_factory=list)
@@ -178,10 +180,12 @@ class Robot:
         if refreshes is None:
             self.intake.on_send(seq, step, now)
             c.requests += c.counting
+            c.requests_total += 1
         elif not self.intake.on_refresh(seq, refreshes, step, now):
             return
         else:
             c.refreshes += c.counting
+            c.refreshes_total += 1
         self.seq = seq
         obs = Observation(seq, self.client_id, np.array([now - self.start_s, step], np.float32), {}, "",
                           ExecutionInfo(task_elapsed_s=now - self.start_s, actions_buffered=depth, control_period_s=DT_S),
@@ -281,7 +285,11 @@ def summarize(cfg: RunConfig, c: Counters, lateness, figures, w0, w1, verbose) -
         "refreshes_per_request": c.refreshes / max(c.requests, 1),
         "server_refreshes": delta("observations_refreshes"),
         "server_refreshes_late": delta("refreshes_late"),
-        "server_inferences": delta("inferences"),
+        # Whole run: every request costs at most one inference, a refresh none.
+        "inferences_per_request": figures[-1][1].get("inferences", 0) / max(c.requests_total, 1) if figures else float("nan"),
+        "refreshes_taken_or_late_per_sent": (figures[-1][1].get("observations_refreshes", 0)
+                                             + figures[-1][1].get("refreshes_late", 0)) / c.refreshes_total
+                                            if figures and c.refreshes_total else float("nan"),
         "server_queue_ms_p50": end.get("queue_ms_p50", float("nan")),
         "load": cfg.robots * FPS / cfg.actions_per_chunk * GPU_PROFILE_MS[1] / 1000 if cfg.max_batch == 1 else None,
         "driver_lateness_p99_ms": pct(lateness, 99),
@@ -290,8 +298,8 @@ def summarize(cfg: RunConfig, c: Counters, lateness, figures, w0, w1, verbose) -
         print(f"  {cfg.scheduler} refetch {cfg.refetch_after_s or 'off'} seed {cfg.seed}: age p50/p99 "
               f"{r['age_p50_ms']:.0f}/{r['age_p99_ms']:.0f} ms, RTT p50 {r['rtt_p50_ms']:.0f} ms, stalled "
               f"{r['stalled_pct']:.1f} %, {r['actions_per_s']:.0f} actions/s, refreshes/request "
-              f"{r['refreshes_per_request']:.2f} (server: {r['server_refreshes']} taken, {r['server_refreshes_late']} late, "
-              f"{r['server_inferences']} inferences for {c.answered} answers), driver lateness p99 "
+              f"{r['refreshes_per_request']:.2f} (server: {r['server_refreshes']} taken, {r['server_refreshes_late']} late; "
+              f"{r['inferences_per_request']:.3f} inferences per request), driver lateness p99 "
               f"{r['driver_lateness_p99_ms']:.1f} ms", flush=True)
     return r
 
@@ -308,17 +316,18 @@ def table(results: list[dict]) -> str:
         return f"{fmt.format(xs.mean())} ± {fmt.format(xs.std(ddof=1) if len(xs) > 1 else 0.0)}"
 
     lines = ["| scheduler, batch, robots | re-fetch after | age p50 ms | age p99 ms | RTT p50 ms | stalled % | "
-             "actions/s | refreshes per request | answered by a refresh % | late refreshes per request | "
-             "inferences per answer | seeds |",
+             "actions/s | refreshes per request | answered by a refresh % | refreshes late % | "
+             "inferences per request | seeds |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (sched, batch, robots, after), rs in sorted(groups.items()):
-        late = np.mean([x["server_refreshes_late"] / max(x["answered"], 1) for x in rs])
-        inf = np.mean([x["server_inferences"] / max(x["answered"], 1) for x in rs])
+        late = np.mean([x["server_refreshes_late"] / max(x["server_refreshes"] + x["server_refreshes_late"], 1) * 100
+                        for x in rs])
+        inf = np.mean([x["inferences_per_request"] for x in rs])
         lines.append(f"| {sched}, {batch}, {robots} | {f'{after * 1000:.0f} ms' if after else 'off'} | "
                      f"{pm(rs, 'age_p50_ms')} | {pm(rs, 'age_p99_ms')} | {pm(rs, 'rtt_p50_ms')} | "
                      f"{pm(rs, 'stalled_pct', '{:.1f}')} | {pm(rs, 'actions_per_s')} | "
                      f"{pm(rs, 'refreshes_per_request', '{:.2f}')} | {pm(rs, 'answered_by_refresh_pct')} | "
-                     f"{late:.2f} | {inf:.2f} | {len(rs)} |")
+                     f"{late:.0f} | {inf:.3f} | {len(rs)} |")
     return "\n".join(lines)
 
 
