@@ -238,7 +238,8 @@ class SendTriggerConfig:
     refetch_after_s: float | None = field(
         default=None,
         metadata={"help": "Re-fetch: a request unanswered this long is refreshed with a new capture, every this "
-                          "many seconds until answered or timed out (docs/protocol.md §10.7). None: off."},
+                          "many seconds until answered or timed out (docs/protocol.md §10.7). None (default): off, "
+                          "since a 1.2 server would serve each late refresh as a new request."},
     )
 
     def __post_init__(self) -> None:
