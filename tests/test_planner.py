@@ -184,8 +184,8 @@ def test_the_benchmark_model_ranks_the_plan_above_both_baselines_on_p4():
 
 @pytest.mark.slow  # starts the robot client in a process of its own (it imports LeRobot)
 def test_a_generated_server_and_client_run_as_written(tmp_path):
-    """The manifest and the client line of one robot, used as written: the client finds its server
-    through the planned route and runs (exit 0)."""
+    """The manifests and the client line of one robot, used as written: the pipeline client finds
+    every component's server through the planned routes and runs its task (exit 0)."""
     import os
     import shlex
     import subprocess
@@ -204,11 +204,17 @@ def test_a_generated_server_and_client_run_as_written(tmp_path):
     argv = shlex.split(line.removesuffix(" &"))
     assert argv[0] == "lerobot-robot-client"
     robot = next(a.split("=", 1)[1] for a in argv if a.startswith("--client_uuid="))
-    s1 = result.routing[robot]["act"]
-    server = PolicyServer(load_manifest(out / "manifests" / f"srv{s1}.yaml")).start()
+    assert argv[1] == f"--pipeline.plan={out / 'plan.json'}"
+    servers = [PolicyServer(load_manifest(out / "manifests" / f"srv{i}.yaml")).start()
+               for i in sorted(set(result.routing[robot].values()))]
+    summary = tmp_path / "summary.json"
     try:
-        proc = subprocess.run([sys.executable, "-m", "lerobot_zenoh.cli.client", *argv[1:], "--duration_s=2"],
+        proc = subprocess.run([sys.executable, "-m", "lerobot_zenoh.cli.client", *argv[1:], "--duration_s=2",
+                               f"--summary_path={summary}"],
                               capture_output=True, text=True, timeout=120, check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     finally:
-        server.stop()
+        for server in servers:
+            server.stop()
     assert proc.returncode == 0, proc.stderr[-2000:]
+    done = json.loads(summary.read_text())
+    assert done["chunks_received"] > 0 and done["pipeline"]["task"] == result.robot_task[robot]

@@ -155,6 +155,7 @@ class PipelineRuntime:
         self._system1_requests = 0
         self._force: set[str] = set()
         self.outcome: Outcome | None = None
+        self.concluded = False  # the task retry policy has decided about `outcome`
         self.attempt = 0
         self.failures = 0
         self.halted: Mode | None = None  # the task retry budget is spent: this mode for the rest of the run
@@ -184,6 +185,7 @@ class PipelineRuntime:
         requests in flight are forgotten (their answers belong to the attempt that ended)."""
         self.attempt += 1
         self.outcome = None
+        self.concluded = False
         self.task_text = self.base_task
         self._text_seq = -1
         self._system1_requests = 0
@@ -200,8 +202,9 @@ class PipelineRuntime:
         """Apply the task retry policy to the ended attempt: ``done`` (it succeeded), ``retry`` (start
         another with `begin_attempt`), ``stop`` (the budget is spent and `retry.then` is stop_episode:
         the run ends) or ``halt`` (the budget is spent: `halted` is the robot's mode from now on)."""
-        if self.outcome is None:
-            raise RuntimeError("conclude() without an ended attempt")
+        if self.outcome is None or self.concluded:
+            raise RuntimeError("conclude() without an ended attempt, or twice")
+        self.concluded = True
         if self.outcome.kind == "done":
             return "done"
         self.failures += 1
