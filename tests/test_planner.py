@@ -157,6 +157,44 @@ def test_client_arguments_parse_with_the_robot_client(tmp_path):
     assert config.task == "pick package and place in bin"
 
 
+def test_plan_json_gives_each_robot_its_pipeline_and_the_client_reads_it(tmp_path, capsys):
+    from lerobot_zenoh.cli.client import main as client_main
+    from lerobot_zenoh.cli.client import parse_config
+    from lerobot_zenoh.client.pipeline import configure
+    from lerobot_zenoh.errors import ConfigError
+    from lerobot_zenoh.pipelines.robot_plan import load_robot_plan
+
+    f = parse_factory(MIX2)
+    result = plan(f, PROFILES)
+    out = write_deployment(f, result, tmp_path / "deploy")
+    rid = "assemble_kit-r0"
+    rp = load_robot_plan(out / "plan.json", rid)
+    assert rp.task == f.tasks["assemble_kit"]            # the descriptor survives the round trip
+    assert set(rp.routes) == {"act", "plan", "safety", "progress"}
+    for comp, route in rp.routes.items():
+        manifest = server_manifest(f, result, result.servers[result.routing[rid][comp]])
+        entry = manifest["server"][0]
+        assert (route.app.model, route.app.app) == (entry["model_id"], entry["application_tag"])
+        assert route.endpoint == manifest["zenoh"]["listen"][0] and route.kind == f.tasks["assemble_kit"].components[comp].kind
+    assert rp.stream.prefix == "factory/mix2/_pipeline/1/assemble_kit"
+    assert rp.rates_hz["safety"] == 2.0 and rp.system1.rate_hz == pytest.approx(result.rates_hz["assemble_kit"], rel=1e-3)
+    # the generated line parses, and the plan sets routing, fps, chunk length and the System 1 rate cap
+    line = next(ln for ln in (out / "clients.sh").read_text().splitlines() if f"--client_uuid={rid} " in ln)
+    import shlex
+
+    config = configure(parse_config(shlex.split(line.removesuffix(" &"))[1:]), rp)
+    assert config.application_tag == rp.system1.app.app and config.endpoint == rp.system1.endpoint
+    assert config.actions_per_chunk == 6 and config.send.max_in_flight == 1
+    assert config.send.max_rate_hz == pytest.approx(rp.system1.rate_hz)
+    with pytest.raises(ConfigError, match="client_uuid: 'nobody' is not a robot of this plan"):
+        load_robot_plan(out / "plan.json", "nobody")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        client_main([f"--pipeline.plan={out / 'plan.json'}", "--client_uuid=nobody", "--robot.type=zenoh_sim"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "\n" not in err and "is not a robot of this plan" in err
+
+
 def test_cli_writes_a_deployment_and_refuses_an_infeasible_fleet(tmp_path, capsys):
     from lerobot_zenoh.cli.plan import main
 
