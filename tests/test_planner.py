@@ -135,6 +135,15 @@ def test_written_deployment_starts_as_is(tmp_path):
         assert manifest.zenoh_settings().listen == [f"tcp/127.0.0.1:{7500 + s.index}"]
         for c in entry.clients:
             routed.setdefault(c.client_uuid, set()).add(s.index)
+        # Every component's server takes its robots' observations from their task's stream, at the
+        # component's bit, and answers what its kind needs.
+        assert {(p.task, p.component) for p in entry.pipeline} == {(sh.stream.task, sh.stream.component)
+                                                                   for sh in s.shares}
+        for p in entry.pipeline:
+            assert p.bit == list(f.tasks[p.task].components).index(p.component)
+            kind = f.tasks[p.task].components[p.component].kind
+            assert entry.synthetic.output == {"system1": "actions", "system2": "text"}.get(kind, "verdict")
+            assert p.labels == {"safety": ["safe", "unsafe"], "monitor": ["ongoing", "done", "failed"]}.get(kind, [])
     assert all(set(routes.values()) == routed[rid] for rid, routes in result.routing.items())
     assert len((out / "clients.sh").read_text().splitlines()) == 2 + 32 + 1
     # The client arguments name the robot's System 1 server and its app key.

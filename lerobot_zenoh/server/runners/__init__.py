@@ -133,6 +133,15 @@ def load_runner(manifest: Manifest, entry: ModelEntry) -> PolicyRunner:
             rtc=syn.rtc,
             history_length=syn.history_length,
             circle=None if syn.circle is None else CircleMotion(**syn.circle.model_dump()),
+            output=syn.output,
+            subtasks=tuple(syn.subtasks),
+            advance_every=syn.advance_every,
+            cycle=syn.cycle,
+            verdicts=tuple(syn.verdicts),
+            verdict_at=dict(syn.verdict_at),
+            score=syn.score,
+            silent_after=syn.silent_after,
+            echo_task=syn.echo_task,
         ))
     path = manifest.resolve_path(entry)
     if not path.exists():
