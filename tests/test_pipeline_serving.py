@@ -136,9 +136,10 @@ def test_each_component_answers_on_its_own_topic_and_advertises_it(served):
 
 def test_one_observation_for_every_component_and_masked_ones_are_dropped_unread(served):
     server, session, robot, apps = served
-    # No mask: every component answers the one observation.
+    # No mask: every component answers the one observation (sent once: a resend would race the counts below).
+    robot.send(1, None)
     for name in apps:
-        assert robot.ask(name, 1, None) is not None, name
+        assert robot.wait(name, 1, 5.0) is not None, name
     # Only System 2 asked, from the header: System 1 and safety drop it without taking it in.
     received = {n: stats(server, a)["clients"][robot_id()]["received"] for n, a in apps.items()}
     rejected = {n: sum(stats(server, a)["clients"][robot_id()]["rejected"].values()) for n, a in apps.items()}
@@ -211,3 +212,96 @@ def test_a_single_pipeline_mapping_is_a_list_of_one(app_key):
     (item,) = m.server[0].pipeline
     assert (item.task, item.component, item.bit) == (TASK, "plan", 1)
     assert m.pipeline_key(item).all_observations == f"{app_key.cluster}/{app_key.experiment}/_pipeline/1/kit/*/obs"
+
+
+# -- the tiny VLM component (transformers, CPU) -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_vlm(tmp_path_factory):
+    from lerobot_zenoh.cli.build_checkpoint import main
+
+    folder = tmp_path_factory.mktemp("vlm") / "smolvlm"
+    assert main([f"--output={folder}", "--policy_type=smolvlm"]) == 0  # what `make checkpoint POLICY=smolvlm` runs
+    return folder
+
+
+def vlm_entry(folder, **vlm):
+    return {"model_id": "vlm", "model_version": "v1", "application_tag": "comp", "pretrained_path": str(folder),
+            "vlm": {"state_dim": 6, "cameras": {"front": [48, 64], "wrist": [48, 64]}, **vlm},
+            "fps": 30, "accept_unknown_clients": True}
+
+
+def test_the_tiny_vlm_generates_text_and_picks_a_verdict_with_a_score(tiny_vlm, app_key):
+    from lerobot_zenoh.server.runners import load_runner
+    from lerobot_zenoh.server.runners.base import COMPONENT_EXTRA, ComponentQuery, InferenceRequest
+
+    m = parse_manifest(manifest(7447, app_key, [
+        vlm_entry(tiny_vlm, output="text", prompt="next subtask?", max_new_tokens=6),
+        {**vlm_entry(tiny_vlm, output="verdict", labels=["safe", "unsafe"]), "model_id": "guard"}]))
+    text_runner, verdict_runner = (load_runner(m, e) for e in m.server)
+    assert (text_runner.spec.capabilities.output, verdict_runner.spec.capabilities.output) == ("text", "verdict")
+    rng = np.random.default_rng(0)
+    images = {c: rng.integers(0, 255, (48, 64, 3), dtype=np.uint8) for c in ("front", "wrist")}
+    request = InferenceRequest("r", np.zeros(6, np.float32), images, "", 0)
+    (text,) = text_runner.run([request])
+    assert isinstance(text.text, str) and text.text == text_runner.run([request])[0].text  # greedy: pure
+    ids = text_runner.processor.tokenizer(text.text, add_special_tokens=False)["input_ids"]
+    assert len(ids) <= 6 + 2  # at most max_new_tokens (decoding and re-encoding may re-split a few bytes)
+    (verdict,) = verdict_runner.run([request])
+    assert verdict.label in ("safe", "unsafe") and 0.5 <= verdict.score <= 1.0
+    # The component's labels (its task descriptor's) replace the configured ones; one label is certain.
+    asked = InferenceRequest("r", request.state, images, "", 0, extras={
+        COMPONENT_EXTRA: ComponentQuery("kit", "progress", "ongoing, done or failed?", ("ongoing", "done", "failed"))})
+    assert verdict_runner.run([asked])[0].label in ("ongoing", "done", "failed")
+    only = InferenceRequest("r", request.state, images, "", 0, extras={
+        COMPONENT_EXTRA: ComponentQuery("kit", "safety", "", ("unsafe",))})
+    assert verdict_runner.run([only])[0].label == "unsafe" and verdict_runner.run([only])[0].score == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("vlm, field, words", [
+    ({"output": "verdict"}, "server.0", "vlm.labels: a verdict VLM needs labels"),
+    ({"output": "text", "labels": ["safe"]}, "server.0.vlm", "labels apply to output 'verdict' only"),
+    ({"output": "verdict", "labels": ["maybe"]}, "server.0.vlm.labels", "'maybe' is not a verdict label"),
+    ({"output": "actions"}, "server.0.vlm.output", "'text' or 'verdict'"),
+    ({"output": "text", "max_new_tokens": 0}, "server.0.vlm.max_new_tokens", "greater than or equal to 1"),
+])
+def test_bad_vlm_settings_fail_at_start_up_naming_the_field(app_key, vlm, field, words):
+    with pytest.raises(ConfigError) as info:
+        parse_manifest(manifest(7447, app_key, [vlm_entry("somewhere", **vlm)]))
+    message = str(info.value)
+    assert f"{field}:" in message and words in message and "\n" not in message, message
+
+
+def test_a_vlm_folder_without_weights_is_refused_naming_it(tiny_vlm, app_key, tmp_path):
+    import shutil
+
+    from lerobot_zenoh.errors import PolicyError
+    from lerobot_zenoh.server.runners import load_runner
+
+    broken = tmp_path / "noweights"
+    shutil.copytree(tiny_vlm, broken)
+    (broken / "model.safetensors").unlink()
+    m = parse_manifest(manifest(7447, app_key, [vlm_entry(broken, output="text")]))
+    with pytest.raises(PolicyError, match="noweights"):
+        load_runner(m, m.server[0])
+
+
+def test_a_vlm_verdict_server_answers_the_task_stream(tiny_vlm, port, app_key):
+    e = {**vlm_entry(tiny_vlm, output="verdict"), "vlm": {"output": "verdict", "state_dim": 6, "cameras": CAMS},
+         "accept_unknown_clients": False, "clients": [{"client_uuid": ROBOT}],
+         "pipeline": [{"task": TASK, "component": "safety", "bit": 2, "prompt": "is it safe?",
+                       "labels": ["safe", "unsafe"]}]}
+    m = parse_manifest(manifest(port, app_key, [e], telemetry_period_s=0))
+    with PolicyServer(m) as server:
+        session = ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))).open()
+        try:
+            app = m.app_key(m.server[0])
+            assert wait_for(lambda: session.query(app.status, 0.3))
+            assert codec.decode_status(session.query(app.status, 1.0)[0][1]).output == "verdict"
+            robot = PipelineRobot(session, app_key, {"guard": app})
+            verdict = robot.ask("guard", 1, 0b100, timeout_s=20.0)
+            assert verdict.label in ("safe", "unsafe") and 0.5 <= verdict.score <= 1.0
+            assert verdict.inference_time_ms > 0 and stats(server, app)["answers"] == {f"verdict.{verdict.label}": 1}
+        finally:
+            session.close()

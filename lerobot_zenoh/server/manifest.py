@@ -142,6 +142,38 @@ class SyntheticEntry(_Strict):
         return self
 
 
+class VlmEntry(_Strict):
+    """A vision-language model serving a task component (runners/vlm.py; docs/policies.md): its
+    `pretrained_path` is a transformers image-text-to-text folder (e.g. SmolVLM), not a LeRobot policy.
+
+    ``output: text`` (System 2) generates up to `max_new_tokens`; ``output: verdict`` (safety, monitor)
+    answers the most likely of `labels` (or of the pipeline item's labels) with its probability.
+    `prompt` is used when the pipeline item gives none. `state_dim` and `cameras` are the robot's
+    observation the server checks (the state is ignored; each camera is one image of the prompt)."""
+
+    output: Literal["text", "verdict"]
+    prompt: str = ""
+    max_new_tokens: int = Field(16, ge=1, le=1024, strict=True)
+    labels: list[str] = Field(default_factory=list)
+    state_dim: int = Field(6, ge=1)
+    cameras: dict[str, tuple[int, int]] = Field(default_factory=lambda: {"front": (96, 128)}, min_length=1)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: list[str]) -> list[str]:
+        for label in v:
+            _verdict_label(label)
+        if len(v) != len(set(v)):
+            raise ValueError(f"duplicate labels in {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _labels_fit_output(self):
+        if self.labels and self.output != "verdict":
+            raise ValueError("labels apply to output 'verdict' only")
+        return self
+
+
 class HorizonEntry(_Strict):
     """The execution-horizon policy of one model (Kairos 3.1; docs/scheduling.md).
 
@@ -281,6 +313,8 @@ class ModelEntry(_Strict):
     application_tag: str
     pretrained_path: str | None = None
     synthetic: SyntheticEntry | None = None
+    # A VLM task component (VlmEntry): `pretrained_path` is then a transformers VLM folder.
+    vlm: VlmEntry | None = None
     device: str = "cpu"
     # Weights and activations: float32 (fp32) or bfloat16 (bf16; VLAs only, refused at start-up by
     # families that cannot serve it).
@@ -347,6 +381,11 @@ class ModelEntry(_Strict):
     def _policy_source(self):
         if (self.pretrained_path is None) == (self.synthetic is None):
             raise ValueError("give exactly one of pretrained_path or synthetic")
+        if self.vlm is not None and self.pretrained_path is None:
+            raise ValueError("vlm needs pretrained_path (the VLM's folder)")
+        if (self.vlm is not None and self.vlm.output == "verdict" and not self.vlm.labels
+                and (not self.pipeline or any(not p.labels for p in self.pipeline))):
+            raise ValueError("vlm.labels: a verdict VLM needs labels (here, or on every pipeline item)")
         if not self.clients and not self.accept_unknown_clients:
             raise ValueError("no clients listed and accept_unknown_clients is false: nobody could be served")
         ids = [c.client_uuid for c in self.clients]
