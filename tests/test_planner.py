@@ -221,3 +221,19 @@ def test_a_generated_server_and_client_run_as_written(tmp_path):
     finally:
         server.stop()
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_a_vlm_model_is_written_with_the_output_its_components_need(tmp_path):
+    data = copy.deepcopy(MIX2)
+    data["models"]["qwen2.5-vl-7b"] = {"model_id": "qwen7b", "pretrained_path": "checkpoints/demo_smolvlm",
+                                       "vlm": {"max_new_tokens": 8, "cameras": {"front": [96, 128]}}}
+    f = parse_factory(data)
+    result = plan(f, PROFILES)
+    out = write_deployment(f, result, tmp_path / "deploy")
+    outputs = set()
+    for s in result.servers:
+        (entry,) = load_manifest(out / "manifests" / f"srv{s.index}.yaml").server
+        if s.model == "qwen2.5-vl-7b":
+            outputs.add(entry.vlm.output)
+            assert entry.vlm.max_new_tokens == 8 and entry.pipeline
+    assert outputs == {"text", "verdict"}  # System 2 (plan) and the monitors (progress) on servers of their own

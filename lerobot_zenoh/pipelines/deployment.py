@@ -11,8 +11,8 @@ endpoint. Every server entry also has a `pipeline` block naming, for each task i
 of, the task, the component, its bit in an observation's `component_mask` (its position in the task
 descriptor) and what the descriptor asks of it (prompt; labels for safety and monitor): the server
 then takes the task's robots' observations from the task's observation stream (docs/pipelines.md).
-A synthetic model that does not say its `output` answers what its component kind needs (system1:
-actions, system2: text, safety and monitor: verdict).
+A synthetic or VLM model that does not say its `output` answers what its component kind needs
+(system1: actions, system2: text, safety and monitor: verdict).
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ def server_manifest(factory: Factory, plan: Plan, server: ServerPlan) -> dict:
                           "a server answers one kind: give each its own model entry in the factory")
     if served.pretrained_path is not None:
         entry["pretrained_path"] = served.pretrained_path
+        if served.vlm is not None:
+            entry["vlm"] = {"output": outputs.pop(), **served.vlm} if outputs else dict(served.vlm)
     else:
         entry["synthetic"] = {"output": outputs.pop(), **served.synthetic} if outputs else dict(served.synthetic)
     entry["pipeline"] = pipeline
