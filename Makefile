@@ -28,6 +28,7 @@ DEMO_CHECKPOINT ?= checkpoints/demo_$(POLICY)
 help:
 	@echo "make demo    one policy server ($(POLICY)) on port $(PORT) + $(ROBOTS) simulated robots for $(SECONDS) s"
 	@echo "             variables: PORT, ROBOTS, SECONDS, POLICY (act, diffusion, smolvla, pi0, pi05)"
+	@echo "make checkpoint POLICY=smolvlm   a tiny VLM for task components (checkpoints/demo_smolvlm; docs/policies.md)"
 	@echo "make test    the whole test suite (creates $(VENV) with Python 3.12 on first use)"
 	@echo "make PYTHON=/path/to/python3.12 ...   to pick the interpreter"
 

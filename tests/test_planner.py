@@ -135,6 +135,15 @@ def test_written_deployment_starts_as_is(tmp_path):
         assert manifest.zenoh_settings().listen == [f"tcp/127.0.0.1:{7500 + s.index}"]
         for c in entry.clients:
             routed.setdefault(c.client_uuid, set()).add(s.index)
+        # Every component's server takes its robots' observations from their task's stream, at the
+        # component's bit, and answers what its kind needs.
+        assert {(p.task, p.component) for p in entry.pipeline} == {(sh.stream.task, sh.stream.component)
+                                                                   for sh in s.shares}
+        for p in entry.pipeline:
+            assert p.bit == list(f.tasks[p.task].components).index(p.component)
+            kind = f.tasks[p.task].components[p.component].kind
+            assert entry.synthetic.output == {"system1": "actions", "system2": "text"}.get(kind, "verdict")
+            assert p.labels == {"safety": ["safe", "unsafe"], "monitor": ["ongoing", "done", "failed"]}.get(kind, [])
     assert all(set(routes.values()) == routed[rid] for rid, routes in result.routing.items())
     assert len((out / "clients.sh").read_text().splitlines()) == 2 + 32 + 1
     # The client arguments name the robot's System 1 server and its app key.
@@ -256,3 +265,19 @@ def test_a_generated_server_and_client_run_as_written(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     done = json.loads(summary.read_text())
     assert done["chunks_received"] > 0 and done["pipeline"]["task"] == result.robot_task[robot]
+
+
+def test_a_vlm_model_is_written_with_the_output_its_components_need(tmp_path):
+    data = copy.deepcopy(MIX2)
+    data["models"]["qwen2.5-vl-7b"] = {"model_id": "qwen7b", "pretrained_path": "checkpoints/demo_smolvlm",
+                                       "vlm": {"max_new_tokens": 8, "cameras": {"front": [96, 128]}}}
+    f = parse_factory(data)
+    result = plan(f, PROFILES)
+    out = write_deployment(f, result, tmp_path / "deploy")
+    outputs = set()
+    for s in result.servers:
+        (entry,) = load_manifest(out / "manifests" / f"srv{s.index}.yaml").server
+        if s.model == "qwen2.5-vl-7b":
+            outputs.add(entry.vlm.output)
+            assert entry.vlm.max_new_tokens == 8 and entry.pipeline
+    assert outputs == {"text", "verdict"}  # System 2 (plan) and the monitors (progress) on servers of their own

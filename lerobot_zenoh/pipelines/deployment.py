@@ -6,10 +6,15 @@
     <output>/clients.sh           one `lerobot-robot-client --pipeline.plan=plan.json` line per robot
 
 Routing is enforced by the manifests: each server lists exactly the robots routed to it (no unknown
-clients) under an application tag of its own (`<kind>-srvN`). plan.json also carries what a robot's
-pipeline client needs (`pipelines/robot_plan.py` reads it): the key prefix, every task descriptor, and
-per robot its control rate, chunk length and one route per component (endpoint, app key, kind,
-planned request rate).
+clients) under an application tag of its own (`<kind>-srvN`). Every server entry also has a `pipeline`
+block naming, for each task it serves a component of, the task, the component, its bit in an
+observation's `component_mask` (its position in the task descriptor) and what the descriptor asks of
+it (prompt; labels for safety and monitor): the server then takes the task's robots' observations from
+the task's observation stream (docs/pipelines.md). A synthetic or VLM model that does not say its
+`output` answers what its component kind needs (system1: actions, system2: text, safety and monitor:
+verdict). plan.json also carries what a robot's pipeline client needs (`pipelines/robot_plan.py` reads
+it): the key prefix, every task descriptor, and per robot its control rate, chunk length and one route
+per component (endpoint, app key, kind, planned request rate).
 """
 
 from __future__ import annotations
@@ -20,8 +25,15 @@ from pathlib import Path
 
 import yaml
 
+from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.pipelines.descriptor import Factory
 from lerobot_zenoh.pipelines.planner import Plan, ServerPlan
+from lerobot_zenoh.protocol.messages import MONITOR_LABELS, SAFETY_LABELS
+
+#: What a component of each kind answers (`RunnerCapabilities.output`, `Status.output`).
+KIND_OUTPUT = {"system1": "actions", "system2": "text", "safety": "verdict", "monitor": "verdict"}
+#: The labels a verdict component of each kind may answer.
+KIND_LABELS = {"safety": list(SAFETY_LABELS), "monitor": list(MONITOR_LABELS)}
 
 
 def server_endpoint(factory: Factory, index: int) -> str:
@@ -40,16 +52,46 @@ def server_manifest(factory: Factory, plan: Plan, server: ServerPlan) -> dict:
                    "fps": served.fps, "max_batch_size": server.batch_size,
                    "accept_unknown_clients": False,
                    "clients": [{"client_uuid": rid} for sh in server.shares for rid in sh.robot_ids]}
+    pipeline = pipeline_block(factory, server)
+    outputs = {KIND_OUTPUT[factory.tasks[p["task"]].components[p["component"]].kind] for p in pipeline}
+    if len(outputs) > 1:
+        raise ConfigError(f"server {server.index} ({server.model})",
+                          f"serves components that answer different things ({', '.join(sorted(outputs))}); "
+                          "a server answers one kind: give each its own model entry in the factory")
     if served.pretrained_path is not None:
         entry["pretrained_path"] = served.pretrained_path
+        if served.vlm is not None:
+            entry["vlm"] = {"output": outputs.pop(), **served.vlm} if outputs else dict(served.vlm)
     else:
-        entry["synthetic"] = dict(served.synthetic)
+        entry["synthetic"] = {"output": outputs.pop(), **served.synthetic} if outputs else dict(served.synthetic)
+    entry["pipeline"] = pipeline
     if served.actions_per_chunk is not None:
         entry["actions_per_chunk"] = served.actions_per_chunk
     return {"cluster_uuid": factory.cluster_uuid, "experiment_tag": factory.experiment_tag,
             "server_id": f"srv{server.index}",
             "zenoh": {"mode": "peer", "listen": [server_endpoint(factory, server.index)], "multicast_scouting": False},
             "server": [entry]}
+
+
+def pipeline_block(factory: Factory, server: ServerPlan) -> list[dict]:
+    """The manifest's `pipeline` items of one server: one per task it serves a component of, with the
+    component's bit (its position in the task descriptor), prompt and (safety, monitor) labels."""
+    items: dict[str, dict] = {}
+    for sh in server.shares:
+        task = factory.tasks[sh.stream.task]
+        comp = task.components[sh.stream.component]
+        item = {"task": task.name, "component": sh.stream.component,
+                "bit": list(task.components).index(sh.stream.component)}
+        if comp.prompt:
+            item["prompt"] = comp.prompt
+        if comp.kind in KIND_LABELS:
+            item["labels"] = KIND_LABELS[comp.kind]
+        known = items.setdefault(task.name, item)
+        if known["component"] != item["component"]:
+            raise ConfigError(f"server {server.index} ({server.model})",
+                              f"serves two components of task {task.name!r} ({known['component']}, "
+                              f"{item['component']}); a server serves one component per task")
+    return list(items.values())
 
 
 def client_args(factory: Factory, plan: Plan, robot: str) -> list[str]:

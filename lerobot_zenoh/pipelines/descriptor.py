@@ -254,6 +254,9 @@ class ServedModel(_Strict):
     model_version: str = "v1"
     pretrained_path: str | None = None
     synthetic: dict | None = None
+    # A VLM component (the manifest's `vlm` block, docs/server.md): pretrained_path is its folder. Its
+    # `output` may be left out: the deployment sets it from the component kind it serves.
+    vlm: dict | None = None
     fps: int = Field(30, ge=1, le=1000)
     actions_per_chunk: int | None = Field(None, ge=1)
 
@@ -261,6 +264,8 @@ class ServedModel(_Strict):
     def _source(self):
         if (self.pretrained_path is None) == (self.synthetic is None):
             raise ValueError("give exactly one of pretrained_path or synthetic")
+        if self.vlm is not None and self.pretrained_path is None:
+            raise ValueError("vlm needs pretrained_path (the VLM's folder)")
         _key_chunk("model_id", self.model_id)
         _key_chunk("model_version", self.model_version)
         return self

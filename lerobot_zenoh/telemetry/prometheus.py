@@ -22,6 +22,8 @@ COUNTERS = {
     "inferences": "Action chunks published",
     "takeovers": "Times this standby server took over from its primary",
     "standby_dropped": "Observations dropped unseen while standing by",
+    "observations_for_other_components": "Task-stream observations whose component_mask does not ask this model (dropped unread)",
+    "answers_withheld": "Answers a fault-injecting runner withheld (synthetic silent_after)",
     "loop_overruns": "Control steps that ended after their deadline",
     "trimmed_steps": "Leading chunk steps dropped as already expired",
     "empty_buffer_cycles": "Control steps without an action (the fail-safe action was sent)",
@@ -81,6 +83,10 @@ def describe(member_kind: str, figure: str) -> tuple[str, str, str, float, dict[
     if figure.startswith("rejected."):
         return (f"{base}_observations_rejected_by_reason", "counter", "Observations rejected, by reason",
                 1.0, {"reason": figure.split(".", 1)[1]})
+    if figure.startswith("answers."):  # answers.actions, answers.text, answers.verdict.<label>
+        output, _, label = figure.split(".", 1)[1].partition(".")
+        return (f"{base}_answers", "counter", "Answers published, by output (and verdict label)", 1.0,
+                {"output": output, **({"label": label} if label else {})})
     if m := re.fullmatch(r"batch_profile\.(\d+)_ms", figure):
         return f"{base}_batch_profile_seconds", "gauge", GAUGES["batch_profile"], 1e-3, {"batch_size": m.group(1)}
     if figure.startswith("scheduler."):
