@@ -25,7 +25,7 @@
         clients:
           - client_uuid: cookie-worker-4269
         pipeline:                                 # optional: serve components of multi-model tasks
-          - {task: assemble_kit, component: safety, bit: 2, prompt: is the workcell safe?, labels: [safe, unsafe]}
+          - {task: assemble_kit, component: safety, bit: 2, prompt: "is the workcell safe?", labels: [safe, unsafe]}
 
 Validated at start-up; any problem raises ConfigError naming the file, the field and the issue.
 A relative `pretrained_path` is resolved against the manifest file's folder (falling back to the
