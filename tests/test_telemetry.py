@@ -213,3 +213,16 @@ def test_fleet_view_marks_silent_members():
     assert states == {"r1": "up", "g": "SILENT"}
     table = format_table(view.rows(104.5))
     assert "SERVERS" in table and "CLIENTS" in table and "loop Hz" in table
+
+
+def test_the_monitor_shows_a_pipeline_clients_slo_attainment_in_one_cell():
+    fleet = FleetView()
+    msg = Telemetry("client", "r1", 0, 1.0, 1.0, metrics={
+        "loop_hz": 30.0, "slo.act.requests": 10, "slo.act.missed": 0, "slo.act.attainment": 1.0,
+        "slo.progress.requests": 7, "slo.progress.missed": 2, "slo.progress.attainment": 0.714})
+    fleet.on_telemetry("f/e/_pipeline/1/kit/r1/metrics", msg, 0.0)
+    fleet.on_telemetry("f/e/m/v1/app/r2/metrics", Telemetry("client", "r2", 0, 1.0, 1.0, metrics={"loop_hz": 30.0}), 0.0)
+    rows = {r["id"]: r for r in fleet.rows(0.0)}
+    assert rows["r1"]["slo"] == "act 100% progress 71% (2 missed)" and rows["r2"]["slo"] is None
+    table = format_table(fleet.rows(0.0))
+    assert "act 100% progress 71% (2 missed)" in table and "f/e/_pipeline/1/kit" in table
