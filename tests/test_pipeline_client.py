@@ -55,12 +55,12 @@ class Pipeline:
     """Two policy servers on two ports (System 1 + System 2; safety + monitor), each component on an app
     key of its own and subscribed to the task's stream (a manifest `pipeline` item), and the robot's plan."""
 
-    def __init__(self, app_key, synthetic=None, task_over=None, robot="r1"):
+    def __init__(self, app_key, synthetic=None, task_over=None, robot="r1", retry=None):
         comps = {k: dict(v) for k, v in TASK.items()}
         for k, v in (task_over or {}).items():
             comps[k].update(v)
         self.task = parse_task({"name": "kit", "action_period_ms": 200,
-                                "retry": {"max_retries": 0, "then": "stop_episode"}, "components": comps})
+                                "retry": retry or {"max_retries": 0, "then": "stop_episode"}, "components": comps})
         self.cluster, self.experiment, self.robot = app_key.cluster, app_key.experiment, robot
         synthetic = {k: {**COMPONENTS[k], **(synthetic or {}).get(k, {})} for k in COMPONENTS}
         self.entries, self.where = {}, {}
@@ -252,3 +252,30 @@ def test_a_component_server_answering_the_wrong_output_is_refused(app_key):
         with pytest.raises(CompatibilityError, match="component 'safety' .*verdict.* answers text"):
             client.start()
         client.close()
+
+
+def test_failed_retries_the_task_then_stops_and_done_ends_the_run(app_key):
+    from lerobot_zenoh.client.config import PipelineConfig
+
+    # The monitor says `failed` at its 2nd request of every episode: attempt 1 fails, the robot holds for
+    # the reset, attempt 2 (a new episode: the server's script starts again) fails too, and the retry
+    # budget (1) is spent: the run ends long before its 20 s.
+    with Pipeline(app_key, synthetic={"progress": {"verdict_at": {2: "failed"}}},
+                  task_over={"progress": {"on_danger": "hold"}},
+                  retry={"max_retries": 1, "then": "stop_episode"}) as p:
+        robot = sim_robot()
+        client = p.client(robot, pipeline=PipelineConfig(reset_s=0.3))
+        t0 = time.perf_counter()
+        run(client, 20.0)
+        elapsed = time.perf_counter() - t0
+    assert elapsed < 8.0
+    assert client.runtime.attempt == 2 and client.runtime.failures == 2 and client._episode == 1
+    assert client.counters.reset_steps >= 5                  # the reset between the attempts
+    # `done` ends the run as a success after one attempt
+    with Pipeline(app_key, synthetic={"progress": {"verdict_at": {3: "done"}}}) as p:
+        robot = sim_robot()
+        client = p.client(robot)
+        t0 = time.perf_counter()
+        run(client, 20.0)
+        assert time.perf_counter() - t0 < 6.0
+    assert client.runtime.outcome.kind == "done" and client.runtime.attempt == 1 and client.runtime.failures == 0
