@@ -208,6 +208,8 @@ def test_unsafe_verdict_stops_the_robot_within_one_control_period(app_key):
     first = next(t for t, a in robot.sent if t >= t_unsafe and a == pose)
     assert first - t_unsafe <= dt, f"{(first - t_unsafe) * 1000:.1f} ms > one period {dt * 1000:.1f} ms"
     assert max(client.danger_reactions_ms) <= dt * 1000
+    print(f"unsafe verdict -> safe pose: {(first - t_unsafe) * 1000:.2f} ms (listener), "
+          f"{max(client.danger_reactions_ms):.2f} ms (client's own arrival), period {dt * 1000:.1f} ms")
     # until a later `safe` (request 7 on), every action is the safe pose: no policy action got through
     t_safe = next(t for t, label in verdicts if t > t_unsafe and label == "safe")
     assert all(a == pose for t, a in robot.sent if first <= t < t_safe)

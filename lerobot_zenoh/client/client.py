@@ -26,6 +26,11 @@ robot will still execute) and the predicted delay, ceil(RTT quantile / dt) steps
 chunk the predicted and the actual delay are recorded; a wrong estimate is counted and logged at a
 bounded rate (docs/client.md, "Real-time chunking").
 
+A multi-model task (client/pipeline.py, `PipelineClient`) plugs into the control loop's hooks: `_send`
+(which components an observation asks), `_override_action` (a fallback or danger mode replaces the
+policy's action), `_attempt_outcome` / `_on_episode_start` (the task ends, is retried, starts again) and
+`wake` / `_react_now` (a verdict interrupts the wait between steps). The plain client's hooks do nothing.
+
 Sessions (protocol 1.1): every observation carries `session_nonce`, drawn once per RobotClient (a
 restarted client has a new one, so the server counts its seq_ids afresh), and `episode_id`, the
 episode number `self._episode` as a string (the server resets per-episode state when it changes).
