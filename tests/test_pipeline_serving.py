@@ -314,3 +314,14 @@ def test_answer_counts_are_one_prometheus_family_labelled_by_output_and_label():
     assert describe("server", "answers.verdict.unsafe")[4] == {"output": "verdict", "label": "unsafe"}
     assert describe("server", "answers.text")[4] == {"output": "text"}
     assert describe("server", "observations_for_other_components")[1] == "counter"
+
+
+def test_the_example_manifest_serves_four_components_of_one_task():
+    from pathlib import Path
+
+    from lerobot_zenoh.server.manifest import load_manifest
+
+    m = load_manifest(Path(__file__).resolve().parent.parent / "manifests" / "pipeline.yaml")
+    assert [(e.pipeline[0].component, e.pipeline[0].bit, e.synthetic.output) for e in m.server] == [
+        ("act", 0, "actions"), ("plan", 1, "text"), ("safety", 2, "verdict"), ("progress", 3, "verdict")]
+    assert {m.pipeline_key(e.pipeline[0]).prefix for e in m.server} == {"local/dryrun/_pipeline/1/assemble_kit"}
