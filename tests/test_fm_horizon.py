@@ -57,6 +57,23 @@ def runners(checkpoint):
     return get
 
 
+def test_diffusion_confidence_defaults_to_the_threshold_of_the_models_kind_of_steps():
+    from lerobot_zenoh.scheduling.horizon import DEFAULT_THRESHOLDS
+    from lerobot_zenoh.server.manifest import parse_manifest
+
+    def built(horizon, kind):
+        manifest = parse_manifest({"cluster_uuid": "c", "experiment_tag": "e", "server": [
+            {"model_id": "m", "model_version": "v", "application_tag": "a", "pretrained_path": "x",
+             "accept_unknown_clients": True, "horizon": horizon}]})
+        return manifest.server[0].horizon.build(kind)
+
+    assert DEFAULT_THRESHOLDS == {"denoising": 0.4, "flow_matching": 0.6}
+    assert built({"type": "diffusion_confidence"}, "denoising").threshold == 0.4
+    assert built({"type": "diffusion_confidence"}, "flow_matching").threshold == 0.6
+    explicit = built({"type": "diffusion_confidence", "threshold": 0.25, "h_min": 3}, "flow_matching")
+    assert (explicit.threshold, explicit.h_min) == (0.25, 3)  # a set threshold wins
+
+
 def request(session: str, task: str, seed: int, rows: int | None = None, delay: int = 0) -> InferenceRequest:
     rng = np.random.default_rng(seed)
     state = (ACTION_MEAN + ACTION_STD * rng.normal(size=len(STATE_NAMES))).astype(np.float32)
@@ -80,7 +97,8 @@ def final_sample(runner, seed: int, updates: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("rtc", [False, True], ids=["plain", "rtc"])
 def test_capture_leaves_a_batch_bit_for_bit_and_gives_each_row_its_own_steps(runners, rtc):
     runner = runners(rtc)
-    assert runner.spec.capabilities.refinement_updates and runner.spec.capabilities.rtc == rtc
+    caps = runner.spec.capabilities
+    assert caps.refinement_updates and caps.refinement_kind == "flow_matching" and caps.rtc == rtc
     # Two rows with different tasks, noise and (with RTC) different prefixes and delays.
     rs = [request("a", TASKS[0], seed=11, rows=9 if rtc else None, delay=2),
           request("b", TASKS[1], seed=12, rows=6 if rtc else None, delay=5)]
@@ -145,7 +163,8 @@ def test_the_server_sends_the_horizon_of_a_vlas_captured_steps(checkpoint, port,
     chunks = []
     with PolicyServer(manifest, runners={app_key.model: runner}) as server, \
             ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as session:
-        assert server.models[0].executor.capture_updates
+        executor = server.models[0].executor
+        assert executor.capture_updates and executor.horizon.threshold == threshold
         key = app_key.client("r1")
         session.subscribe(key.action, lambda _k, payload: chunks.append(codec.decode_action_chunk(payload)))
         pub = session.publisher(key.obs, OBSERVATION_QOS)

@@ -74,7 +74,7 @@ class FlowMatchingRunner(LeRobotRunner):
     def capabilities_for(cls, config: Any) -> RunnerCapabilities:
         rtc = config.rtc_config is not None and bool(config.rtc_config.enabled)  # set by prepare_config
         return RunnerCapabilities(max_batch=None, history_length=int(config.n_obs_steps), reads_task=True, rtc=rtc,
-                                  refinement_updates=True)
+                                  refinement_updates=True, refinement_kind="flow_matching")
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
