@@ -21,7 +21,7 @@ default threshold therefore depends on the kind of steps (`DEFAULT_THRESHOLDS`, 
 "Execution horizon"; the flow-matching value is measured in docs/benchmarks.md).
 
 Pure functions of their inputs (numpy only). Wiring: the manifest's ``horizon`` entry picks the
-policy, the Diffusion runner captures the updates (``run(..., capture_updates=True)``, returned as
+policy, the Diffusion and flow-matching runners capture the updates (``run(..., capture_updates=True)``, returned as
 ``InferenceResult.refinement_updates``), the server sends ``H`` in
 ``ActionChunk.execution_horizon``, and the client executes at most ``H`` actions of the chunk
 (docs/scheduling.md, "Execution horizon").

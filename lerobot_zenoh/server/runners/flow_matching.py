@@ -23,6 +23,11 @@ as they turn a training action. Each row then gets its own delay and its own exe
 (clamped to its prefix length) from `runners.rtc.RowwiseRTCProcessor`, installed on the policy in
 place of LeRobot's one-delay processor. A call in which no request has a prefix is plain sampling.
 
+Refinement updates (``run(..., capture_updates=True)``, for the execution horizon): the change each
+Euler step made to each row's sample, recorded through LeRobot's per-step hook by the processor
+`runners.rtc` installs on the model (with RTC off, one for the hook alone); the chunk is bit for bit
+the uncaptured one (docs/policies.md, "Refinement (denoising) updates").
+
 Assets (`LoadOptions`): a checkpoint names its tokenizer (``policy_preprocessor.json``) and, for
 SmolVLA, its VLM config + processor (``vlm_model_name``) but does not hold them. Each is looked up as
 the manifest's ``tokenizer_path`` / ``vlm_path``, then the checkpoint sidecar's ``assets`` (what
