@@ -16,7 +16,8 @@ what the server's `DiffusionConfidenceHorizon(threshold, h_min=1)` computes from
 updates, for each threshold of ``--thresholds``. Per phase: H's mean and p10/p50/p90 over
 observations x seeds, and the share of chunks kept whole. Phase effect: the share of the variance of
 the per-observation mean H (over seeds) that the on-path phase (octant of ``phi``) explains (eta^2)
-with a permutation p-value, and the share of H's variance that is sampling noise (between seeds of
+with a permutation p-value, the difference between the octants where joints reverse and those where
+all sweep, and the share of H's variance that is sampling noise (between seeds of
 one observation). ``--rtc``: the same with real-time chunking on (the recorded next actions of the
 episode as the leftover, ``--rtc-rows`` rows, delay ``--rtc-delay``): the guided steps as taken.
 
@@ -177,6 +178,22 @@ def phase_effect(h: np.ndarray, phases: np.ndarray, permutations: int, rng: np.r
     return observed, float((1 + sum(v >= observed for v in null)) / (1 + permutations))
 
 
+def reversal_minus_sweep(h: np.ndarray, phases: np.ndarray, permutations: int,
+                         rng: np.random.Generator) -> tuple[float, float]:
+    """Mean H at the octants where half of the joints reverse (phi at multiples of pi/2) minus the mean
+    H where all of them sweep (odd multiples of pi/4), per observation (mean over seeds); two-sided
+    permutation p-value. `phases` are octants only."""
+    y = h.mean(0)
+    reversal = np.isin(phases, OCTANTS[0::2])
+
+    def diff(mask: np.ndarray) -> float:
+        return float(y[mask].mean() - y[~mask].mean())
+
+    observed = diff(reversal)
+    null = [abs(diff(rng.permutation(reversal))) for _ in range(permutations)]
+    return observed, float((1 + sum(v >= abs(observed) for v in null)) / (1 + permutations))
+
+
 def seed_share(h: np.ndarray) -> float:
     """Share of H's variance that lies between seeds of one observation (sampling noise)."""
     total = h.var()
@@ -252,19 +269,20 @@ def main() -> None:
         chunk = norms.shape[-1]
         for threshold in args.thresholds:
             h = horizons(norms, threshold)
-            eta2, p = phase_effect(h[:, on & (phases != "start")], phases[on & (phases != "start")],
-                                   args.permutations, rng)
+            circle = on & (phases != "start")
+            eta2, p = phase_effect(h[:, circle], phases[circle], args.permutations, rng)
+            turn, turn_p = reversal_minus_sweep(h[:, circle], phases[circle], args.permutations, rng)
             known = on & np.isfinite(late)
             rho = float(spearmanr(h[:, known].mean(0), late[known]).statistic)
             row = {"name": name, "threshold": threshold, "eta2": eta2, "p": p, "seed_share": seed_share(h[:, on]),
-                   "all": cell(h[:, on], chunk), "n": int(on.sum()), "rho": rho}
+                   "all": cell(h[:, on], chunk), "n": int(on.sum()), "rho": rho, "turn": turn, "turn_p": turn_p}
             for phase in (*on_path, "off path x0.5", "off path x1.5"):
                 sel = phases == phase
                 row[phase] = cell(h[:, sel], chunk) if sel.any() else "-"
                 row[f"n {phase}"] = int(sel.sum())
             summary.append(row)
             print(f"  threshold {threshold:g}: all {row['all']}; phase eta2 {eta2:.3f} (p {p:.4f}); "
-                  f"seed share {row['seed_share']:.2f}; rho(H, error) {rho:.2f}; " + "; ".join(f"{k} {row[k]}" for k in on_path), flush=True)
+                  f"seed share {row['seed_share']:.2f}; rho(H, error) {rho:.2f}; reversal - sweep {turn:+.1f} (p {turn_p:.4f}); " + "; ".join(f"{k} {row[k]}" for k in on_path), flush=True)
     np.savez_compressed(args.out / "norms.npz", **{k.replace(" ", "_").replace(",", ""): v for k, v in raw.items()})
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     counts = {k: summary[0][f"n {k}"] for k in (*on_path, "off path x0.5", "off path x1.5")}
@@ -278,12 +296,13 @@ def main() -> None:
           "Each cell: mean H (p10/p50/p90) and the share of chunks kept whole (H = 50), over observations "
           "x seeds; observations per phase: " + ", ".join(f"{k} {v}" for k, v in counts.items()) + ".", "",
           "| model | threshold | all on path | " + " | ".join(on_path) + " | off path x0.5 | off path x1.5 "
-          "| phase eta² (p) | seed share | ρ(H, error) |",
-          "|---|---|---|" + "---|" * len(on_path) + "---|---|---|---|---|"]
+          "| phase eta² (p) | reversal − sweep (p) | seed share | ρ(H, error) |",
+          "|---|---|---|" + "---|" * len(on_path) + "---|---|---|---|---|---|"]
     for row in summary:
         md.append(f"| {row['name']} | {row['threshold']:g} | {row['all']} | "
                   + " | ".join(row[k] for k in on_path)
                   + f" | {row['off path x0.5']} | {row['off path x1.5']} | {row['eta2']:.3f} ({row['p']:.4f}) "
+                  f"| {row['turn']:+.1f} ({row['turn_p']:.4f}) "
                   f"| {row['seed_share']:.2f} | {row['rho']:.2f} |")
     md += ["", *lines, ""]
     text = "\n".join(md)
