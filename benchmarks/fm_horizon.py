@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import math
 import os
@@ -179,10 +180,11 @@ def phase_effect(h: np.ndarray, phases: np.ndarray, permutations: int, rng: np.r
 
 
 def reversal_minus_sweep(h: np.ndarray, phases: np.ndarray, permutations: int,
-                         rng: np.random.Generator) -> tuple[float, float]:
+                         rng: np.random.Generator) -> tuple[float, float, float]:
     """Mean H at the octants where half of the joints reverse (phi at multiples of pi/2) minus the mean
     H where all of them sweep (odd multiples of pi/4), per observation (mean over seeds); two-sided
-    permutation p-value. `phases` are octants only."""
+    p-values: over observations (shuffled labels) and over octants (the share of the 70 ways to split
+    the 8 octants into two halves whose octant means differ as much). `phases` are octants only."""
     y = h.mean(0)
     reversal = np.isin(phases, OCTANTS[0::2])
 
@@ -191,7 +193,13 @@ def reversal_minus_sweep(h: np.ndarray, phases: np.ndarray, permutations: int,
 
     observed = diff(reversal)
     null = [abs(diff(rng.permutation(reversal))) for _ in range(permutations)]
-    return observed, float((1 + sum(v >= abs(observed) for v in null)) / (1 + permutations))
+    p_obs = float((1 + sum(v >= abs(observed) for v in null)) / (1 + permutations))
+    means = np.array([y[phases == o].mean() for o in OCTANTS])
+    splits = [means[list(half)].mean() - np.delete(means, list(half)).mean()
+              for half in itertools.combinations(range(len(OCTANTS)), len(OCTANTS) // 2)]
+    observed_octants = means[0::2].mean() - means[1::2].mean()
+    p_octants = float(np.mean([abs(d) >= abs(observed_octants) - 1e-9 for d in splits]))
+    return observed, p_obs, p_octants
 
 
 def seed_share(h: np.ndarray) -> float:
@@ -271,18 +279,20 @@ def main() -> None:
             h = horizons(norms, threshold)
             circle = on & (phases != "start")
             eta2, p = phase_effect(h[:, circle], phases[circle], args.permutations, rng)
-            turn, turn_p = reversal_minus_sweep(h[:, circle], phases[circle], args.permutations, rng)
+            turn, turn_p, turn_split_p = reversal_minus_sweep(h[:, circle], phases[circle], args.permutations, rng)
             known = on & np.isfinite(late)
             rho = float(spearmanr(h[:, known].mean(0), late[known]).statistic)
             row = {"name": name, "threshold": threshold, "eta2": eta2, "p": p, "seed_share": seed_share(h[:, on]),
-                   "all": cell(h[:, on], chunk), "n": int(on.sum()), "rho": rho, "turn": turn, "turn_p": turn_p}
+                   "all": cell(h[:, on], chunk), "n": int(on.sum()), "rho": rho, "turn": turn, "turn_p": turn_p,
+                   "turn_split_p": turn_split_p}
             for phase in (*on_path, "off path x0.5", "off path x1.5"):
                 sel = phases == phase
                 row[phase] = cell(h[:, sel], chunk) if sel.any() else "-"
                 row[f"n {phase}"] = int(sel.sum())
             summary.append(row)
             print(f"  threshold {threshold:g}: all {row['all']}; phase eta2 {eta2:.3f} (p {p:.4f}); "
-                  f"seed share {row['seed_share']:.2f}; rho(H, error) {rho:.2f}; reversal - sweep {turn:+.1f} (p {turn_p:.4f}); " + "; ".join(f"{k} {row[k]}" for k in on_path), flush=True)
+                  f"seed share {row['seed_share']:.2f}; rho(H, error) {rho:.2f}; reversal - sweep {turn:+.1f} (p {turn_p:.4f}, "
+                  f"octants {turn_split_p:.2f}); " + "; ".join(f"{k} {row[k]}" for k in on_path), flush=True)
     np.savez_compressed(args.out / "norms.npz", **{k.replace(" ", "_").replace(",", ""): v for k, v in raw.items()})
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     counts = {k: summary[0][f"n {k}"] for k in (*on_path, "off path x0.5", "off path x1.5")}
@@ -296,13 +306,13 @@ def main() -> None:
           "Each cell: mean H (p10/p50/p90) and the share of chunks kept whole (H = 50), over observations "
           "x seeds; observations per phase: " + ", ".join(f"{k} {v}" for k, v in counts.items()) + ".", "",
           "| model | threshold | all on path | " + " | ".join(on_path) + " | off path x0.5 | off path x1.5 "
-          "| phase eta² (p) | reversal − sweep (p) | seed share | ρ(H, error) |",
+          "| phase eta² (p) | reversal − sweep (p; p over octants) | seed share | ρ(H, error) |",
           "|---|---|---|" + "---|" * len(on_path) + "---|---|---|---|---|---|"]
     for row in summary:
         md.append(f"| {row['name']} | {row['threshold']:g} | {row['all']} | "
                   + " | ".join(row[k] for k in on_path)
                   + f" | {row['off path x0.5']} | {row['off path x1.5']} | {row['eta2']:.3f} ({row['p']:.4f}) "
-                  f"| {row['turn']:+.1f} ({row['turn_p']:.4f}) "
+                  f"| {row['turn']:+.1f} ({row['turn_p']:.4f}; {row['turn_split_p']:.2f}) "
                   f"| {row['seed_share']:.2f} | {row['rho']:.2f} |")
     md += ["", *lines, ""]
     text = "\n".join(md)
