@@ -3,7 +3,8 @@ LeRobot's per-step hook (bit for bit the same chunk, per row in a batch, RTC-gui
 and the server turns them into `ActionChunk.execution_horizon` (docs/policies.md, "Refinement
 (denoising) updates"; docs/scheduling.md, "Execution horizon").
 
-Tiny SmolVLA checkpoints built offline like tests/test_rtc_server.py's, with fewer flow steps."""
+Tiny SmolVLA / pi0 / pi0.5 checkpoints built offline like tests/test_rtc_server.py's, with fewer flow
+steps."""
 
 from __future__ import annotations
 
@@ -34,25 +35,40 @@ TASKS = ("pick up the red cube", "open the drawer")
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
+def checkpoints(tmp_path_factory):
+    """Tiny smolvla / pi0 / pi05 checkpoints, built once per module, lazily."""
     from lerobot_zenoh.server.checkpoint import build_checkpoint
 
-    return build_checkpoint(
-        tmp_path_factory.mktemp("fm_horizon") / "smolvla", policy_type="smolvla", state_names=STATE_NAMES,
-        action_names=STATE_NAMES, cameras=CAMERAS, chunk_size=CHUNK, fps=30, overrides={"num_steps": STEPS},
-        stats={"action": {"mean": ACTION_MEAN.tolist(), "std": ACTION_STD.tolist()}})
+    root, lock, built = tmp_path_factory.mktemp("fm_horizon"), threading.Lock(), {}
+
+    def get(policy_type: str) -> Path:
+        with lock:
+            if policy_type not in built:
+                steps = {"num_steps": STEPS} if policy_type == "smolvla" else {"num_inference_steps": STEPS}
+                built[policy_type] = build_checkpoint(
+                    root / policy_type, policy_type=policy_type, state_names=STATE_NAMES, action_names=STATE_NAMES,
+                    cameras=CAMERAS, chunk_size=CHUNK, fps=30, overrides=steps,
+                    stats={"action": {"mean": ACTION_MEAN.tolist(), "std": ACTION_STD.tolist()}})
+            return built[policy_type]
+
+    return get
 
 
 @pytest.fixture(scope="module")
-def runners(checkpoint):
+def checkpoint(checkpoints) -> Path:
+    return checkpoints("smolvla")
+
+
+@pytest.fixture(scope="module")
+def runners(checkpoints):
     lock, loaded = threading.Lock(), {}
 
-    def get(rtc: bool):
+    def get(rtc: bool, policy_type: str = "smolvla"):
         with lock:
-            if rtc not in loaded:
+            if (policy_type, rtc) not in loaded:
                 options = LoadOptions(rtc=RtcSettings(enabled=True, execution_horizon=8) if rtc else RtcSettings())
-                loaded[rtc] = load_policy_runner(checkpoint, options=options)
-            return loaded[rtc]
+                loaded[policy_type, rtc] = load_policy_runner(checkpoints(policy_type), options=options)
+            return loaded[policy_type, rtc]
 
     return get
 
@@ -94,9 +110,10 @@ def final_sample(runner, seed: int, updates: np.ndarray) -> np.ndarray:
         return runner.postprocessor(torch.from_numpy(noise + updates.sum(axis=0))[None]).numpy()[0]
 
 
+@pytest.mark.parametrize("policy_type", ["smolvla", "pi0", "pi05"])
 @pytest.mark.parametrize("rtc", [False, True], ids=["plain", "rtc"])
-def test_capture_leaves_a_batch_bit_for_bit_and_gives_each_row_its_own_steps(runners, rtc):
-    runner = runners(rtc)
+def test_capture_leaves_a_batch_bit_for_bit_and_gives_each_row_its_own_steps(runners, rtc, policy_type):
+    runner = runners(rtc, policy_type)
     caps = runner.spec.capabilities
     assert caps.refinement_updates and caps.refinement_kind == "flow_matching" and caps.rtc == rtc
     # Two rows with different tasks, noise and (with RTC) different prefixes and delays.
