@@ -150,6 +150,16 @@ def test_one_observation_for_every_component_and_masked_ones_are_dropped_unread(
         assert figures["clients"][robot_id()]["received"] == received[name]  # never in a slot: never decoded
         assert sum(figures["clients"][robot_id()]["rejected"].values()) == rejected[name]  # not an error either
         assert robot.wait(name, 2, 0.1) is None
+    # Proof that it is not decoded: a body that cannot be decoded, under a header asking System 2 only,
+    # is a rejection for System 2 (which decodes it) and nothing at all for the others.
+    junk = Observation(50, ROBOT, np.zeros(6, np.float32), {}, "", episode_id="e0", session_nonce=1,
+                       component_mask=0b010)
+    others = {n: stats(server, apps[n])["observations_for_other_components"] for n in ("s1", "guard")}
+    robot.pub.put(b"\xc1 not msgpack", codec.encode_observation_header(junk))
+    assert wait_for(lambda: stats(server, apps["s2"])["clients"][ROBOT]["rejected"].get("bad_msgpack", 0) >= 1, 5.0)
+    for name in ("s1", "guard"):
+        assert wait_for(lambda n=name: stats(server, apps[n])["observations_for_other_components"] == others[n] + 1, 5.0)
+        assert "bad_msgpack" not in stats(server, apps[name])["clients"][ROBOT]["rejected"]
     # Without a header the mask is read from the observation itself when it is served: still not answered.
     before = stats(server, apps["s1"])["observations_for_other_components"]
     robot.send(3, 0b010, header=False)
@@ -314,3 +324,14 @@ def test_answer_counts_are_one_prometheus_family_labelled_by_output_and_label():
     assert describe("server", "answers.verdict.unsafe")[4] == {"output": "verdict", "label": "unsafe"}
     assert describe("server", "answers.text")[4] == {"output": "text"}
     assert describe("server", "observations_for_other_components")[1] == "counter"
+
+
+def test_the_example_manifest_serves_four_components_of_one_task():
+    from pathlib import Path
+
+    from lerobot_zenoh.server.manifest import load_manifest
+
+    m = load_manifest(Path(__file__).resolve().parent.parent / "manifests" / "pipeline.yaml")
+    assert [(e.pipeline[0].component, e.pipeline[0].bit, e.synthetic.output) for e in m.server] == [
+        ("act", 0, "actions"), ("plan", 1, "text"), ("safety", 2, "verdict"), ("progress", 3, "verdict")]
+    assert {m.pipeline_key(e.pipeline[0]).prefix for e in m.server} == {"local/dryrun/_pipeline/1/assemble_kit"}

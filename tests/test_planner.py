@@ -121,6 +121,23 @@ def test_a_closed_loop_bound_binds_and_is_named():
         plan(parse_factory(data), PROFILES)
 
 
+def test_profiles_of_other_hardware_and_a_model_too_big_for_a_server_are_refused():
+    from lerobot_zenoh.errors import ConfigError
+
+    data = factory([{"task": "assemble_kit", "robots": 8}], 8)
+    data["servers"]["hardware"] = "L4"
+    with pytest.raises(ConfigError, match=r"servers.hardware.*'L4'.*'synthetic-H200'"):
+        plan(parse_factory(data), PROFILES)
+    data = factory([{"task": "assemble_kit", "robots": 8}], 8)
+    data["servers"]["memory_gb"] = 16
+    big = PROFILES.model_copy(deep=True)
+    big.models["qwen2.5-vl-7b"] = big.models["qwen2.5-vl-7b"].model_copy(update={"memory_gb": 20})
+    with pytest.raises(ConfigError, match=r"component 'progress': model 'qwen2.5-vl-7b' needs 20 GB, a server has 16 GB"):
+        plan(parse_factory(data), big)
+    data["servers"]["memory_gb"] = 24
+    assert plan(parse_factory(data), big).throughput_hz > 0
+
+
 def test_written_deployment_starts_as_is(tmp_path):
     f = parse_factory(MIX2)
     result = plan(f, PROFILES)

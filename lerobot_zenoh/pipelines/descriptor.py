@@ -219,7 +219,11 @@ def _find_cycle(edges: dict[str, list[str]]) -> list[str] | None:
 
 class ServersEntry(_Strict):
     count: int = Field(ge=1, le=100_000, strict=True)
+    # The accelerator type of every server; the serving profiles must have been measured on it.
     hardware: str = "gpu"
+    # Accelerator memory of one server (GB); a model whose profile states more does not fit. None:
+    # not checked.
+    memory_gb: float | None = Field(None, gt=0, allow_inf_nan=False)
     # Where server i listens: tcp/<host>:<port_base + i>.
     host: str = "127.0.0.1"
     port_base: int = Field(7500, ge=1, le=65535, strict=True)

@@ -51,14 +51,16 @@ def latency_point(batch_size: int, rate_hz: float, samples_ms: list[float]) -> P
 
 
 def add_points(profiles: Profiles | None, model: str, points: list[ProfilePoint], batching: str = "discrete",
-               hardware: str = "gpu") -> Profiles:
-    """`profiles` with `points` added to `model` (replacing rows of the same batch size)."""
+               hardware: str = "gpu", memory_gb: float | None = None) -> Profiles:
+    """`profiles` with `points` added to `model` (replacing rows of the same batch size); `memory_gb`,
+    when given, replaces the model's."""
     models = dict(profiles.models) if profiles else {}
     sizes = {p.batch_size for p in points}
     old = models.get(model)
     kept = [p for p in old.points if p.batch_size not in sizes] if old else []
     models[model] = ModelProfile(batching=old.batching if old else batching,
-                                 memory_gb=old.memory_gb if old else None, points=kept + list(points))
+                                 memory_gb=memory_gb if memory_gb is not None else (old.memory_gb if old else None),
+                                 points=kept + list(points))
     return Profiles(hardware=profiles.hardware if profiles else hardware, models=models)
 
 

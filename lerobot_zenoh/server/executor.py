@@ -64,6 +64,8 @@ class Executor:
         if wants and not self.capture_updates:
             log.warning("%s: %s reports no refinement updates; horizon %s will send the whole chunk",
                         name, self.spec.policy_type, horizon.name)
+        elif horizon is not None:
+            log.info("%s: execution horizon %r", name, horizon)  # shows the threshold a default picked
         self.batch_fallbacks = 0  # batches that failed and were served one request at a time
         cameras = len(self.spec.cameras)
         self._jpeg = (ThreadPoolExecutor(max_workers=cameras - 1, thread_name_prefix="jpeg")

@@ -46,7 +46,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from lerobot_zenoh.errors import ConfigError, KeyExprError
 from lerobot_zenoh.protocol.keys import AppKey, pipeline_app, validate_chunk, validate_client_id
 from lerobot_zenoh.protocol.messages import MAX_COMPONENTS, VERDICT_LABELS
-from lerobot_zenoh.scheduling.horizon import DiffusionConfidenceHorizon, HorizonPolicy, StaticHorizon
+from lerobot_zenoh.scheduling.horizon import (
+    DEFAULT_THRESHOLDS,
+    DiffusionConfidenceHorizon,
+    HorizonPolicy,
+    StaticHorizon,
+)
 from lerobot_zenoh.scheduling.request_schedulers import SCHEDULERS, RequestScheduler, make_scheduler
 from lerobot_zenoh.scheduling.wait_ratio import FIRST_REQUEST_RULES
 from lerobot_zenoh.server.runners.lerobot import RtcSettings
@@ -179,7 +184,8 @@ class HorizonEntry(_Strict):
 
     ``none``: no horizon is sent (the client uses the whole chunk). ``static``: ``h`` every round.
     ``diffusion_confidence``: ``H`` from the denoising updates (``threshold`` = Kairos' t, ``h_min``);
-    a runner that does not expose them gets ``H`` = the whole chunk.
+    a runner that does not expose them gets ``H`` = the whole chunk. Without ``threshold``, the
+    default for the model's kind of refinement steps (`horizon.DEFAULT_THRESHOLDS`).
     """
 
     type: Literal["none", "static", "diffusion_confidence"] = "none"
@@ -197,12 +203,14 @@ class HorizonEntry(_Strict):
             raise ValueError("horizon type 'static' needs h (an integer >= 1)")
         return self
 
-    def build(self) -> HorizonPolicy | None:
+    def build(self, refinement_kind: str = "denoising") -> HorizonPolicy | None:
+        """The policy; `refinement_kind` (the runner's ``capabilities.refinement_kind``) picks the
+        default threshold when none is set."""
         if self.type == "static":
             return StaticHorizon(self.h)
         if self.type == "diffusion_confidence":
-            kwargs = {k: getattr(self, k) for k in ("threshold", "h_min") if getattr(self, k) is not None}
-            return DiffusionConfidenceHorizon(**kwargs)
+            threshold = DEFAULT_THRESHOLDS[refinement_kind] if self.threshold is None else self.threshold
+            return DiffusionConfidenceHorizon(threshold, **({} if self.h_min is None else {"h_min": self.h_min}))
         return None
 
 

@@ -47,6 +47,9 @@ COMPONENT_EXTRA = "component"
 #: What a runner answers an observation with (`RunnerCapabilities.output`; protocol 1.3 `Status.output`).
 OUTPUTS = ("actions", "text", "verdict")
 
+#: What a runner's refinement steps can be (`RunnerCapabilities.refinement_kind`).
+REFINEMENT_KINDS = ("denoising", "flow_matching")
+
 # Session id under which `BaseRunner.warmup` runs; forgotten right after.
 _WARMUP_SESSION_ID = "\x00warmup"
 
@@ -62,6 +65,10 @@ class RunnerCapabilities:
       (``n_obs_steps``); 1 for a policy without history.
     - `refinement_updates`: `run(..., capture_updates=True)` reports per-step refinement (denoising)
       updates (`InferenceResult.refinement_updates`).
+    - `refinement_kind`: what those steps are, which sets the horizon policy's default threshold
+      (`scheduling.horizon.DEFAULT_THRESHOLDS`): ``"denoising"`` (a noise schedule that shrinks the
+      last steps: Diffusion) or ``"flow_matching"`` (equal Euler steps along a near-straight path:
+      SmolVLA, pi0, pi0.5).
     - `rtc`: accepts real-time-chunking inputs, ``extras[RTC_EXTRA]`` of a request (see `RTC_EXTRA`);
       the server then advertises `rtc` in its status.
     - `reads_task`: the task string conditions the model (language-conditioned policies).
@@ -74,6 +81,7 @@ class RunnerCapabilities:
     max_batch: int | None = 1
     history_length: int = 1
     refinement_updates: bool = False
+    refinement_kind: str = "denoising"
     rtc: bool = False
     reads_task: bool = False
     output: str = "actions"
@@ -81,6 +89,9 @@ class RunnerCapabilities:
     def __post_init__(self) -> None:
         if self.max_batch is not None and (not isinstance(self.max_batch, int) or self.max_batch < 1):
             raise ConfigError("capabilities.max_batch", f"must be a positive integer or None, got {self.max_batch!r}")
+        if self.refinement_kind not in REFINEMENT_KINDS:
+            raise ConfigError("capabilities.refinement_kind",
+                              f"must be one of {', '.join(REFINEMENT_KINDS)}, got {self.refinement_kind!r}")
         if not isinstance(self.history_length, int) or self.history_length < 1:
             raise ConfigError("capabilities.history_length",
                               f"must be a positive integer, got {self.history_length!r}")
