@@ -98,6 +98,9 @@ class PipelineClient(RobotClient):
         settings = settings.with_connect(*(r.endpoint for r in self.plan.routes.values()))
         if settings.mode == "auto" and len(settings.connect) > 1 and not settings.listen:
             settings = settings.replace(mode="peer")
+        elif settings.mode == "client" and len(settings.connect) > 1:
+            log.warning("%s: --zenoh.mode=client links to one of %d endpoints: the components behind the others "
+                        "are reachable only through a router", self.config.client_uuid, len(settings.connect))
         return settings
 
     def _discover_components(self, endpoints: str) -> None:
