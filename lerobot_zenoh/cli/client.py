@@ -174,7 +174,27 @@ def main(argv: list[str] | None = None) -> int:
             robot.disconnect()
         if config.summary_path:
             client.write_summary(config.summary_path)
+        try:
+            log.info("%s", summary_line(client.summary()))
+        except Exception:  # a summary is never worth a traceback at exit
+            log.debug("no summary", exc_info=True)
     return code
+
+
+def summary_line(summary: dict) -> str:
+    """One line at exit: what the robot did, and for a multi-model task each component's SLO."""
+    line = (f"{summary['client_uuid']}: {summary['steps']} steps, {summary['actions_executed']} actions executed, "
+            f"{summary['chunks_received']} chunks, {summary['empty_buffer_cycles']} steps with an empty buffer, "
+            f"{summary['requests_unanswered']} requests unanswered")
+    if summary.get("rtt_ms_p50") is not None:
+        line += f", RTT p50 {summary['rtt_ms_p50']:.1f} ms"
+    pipeline = summary.get("pipeline") or {}
+    comps = sorted({k.split(".")[1] for k in pipeline if k.startswith("slo.")})
+    if comps:
+        slo = ", ".join(f"{c} {pipeline.get(f'slo.{c}.met', 0)}/{pipeline.get(f'slo.{c}.requests', 0)}"
+                        for c in comps)
+        line += f"; in SLO (met/asked): {slo}; attempts {pipeline.get('attempts', 0)}"
+    return line
 
 
 if __name__ == "__main__":
