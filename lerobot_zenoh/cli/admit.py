@@ -16,6 +16,7 @@ Exit codes: 0 admitted (and taken by every running server); 1 refused; 2 a confi
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import sys
@@ -41,12 +42,28 @@ class AdmitConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, one_line, parse
+    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, parse
+
+    args = parse(AdmitConfig, argv, PROG)
+    if not Path(args.deployment).is_dir():
+        print(f"{PROG}: deployment: {args.deployment} is not a folder", file=sys.stderr)
+        return EXIT_CONFIG
+    # One admission at a time per deployment (each reads the plan the previous one wrote): a lock on
+    # the folder itself, so that a refusal leaves no file behind.
+    folder = os.open(args.deployment, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        return _admit(args)
+    finally:
+        os.close(folder)
+
+
+def _admit(args: AdmitConfig) -> int:
+    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, one_line
     from lerobot_zenoh.errors import ConfigError
     from lerobot_zenoh.pipelines.admission import admit
     from lerobot_zenoh.pipelines.deployment import apply_admission, client_command, load_deployment
 
-    args = parse(AdmitConfig, argv, PROG)
     try:
         factory, profiles, plan = load_deployment(args.deployment)
     except ConfigError as exc:
