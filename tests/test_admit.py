@@ -122,3 +122,25 @@ def test_a_deployment_written_before_admission_existed_is_a_one_line_config_erro
     assert admit_main([f"--deployment={deployment}", "--task=pick_and_place_simple"]) == 2
     err = capsys.readouterr().err.strip()
     assert "plan_state.json is missing" in err and "lerobot-zenoh-plan" in err and "\n" not in err
+
+
+def test_a_pid_file_of_another_process_or_of_a_gone_one_is_not_signalled(deployment, capsys):
+    """A stale pid file (its id reused by another process, or by none) never gets a process SIGHUP."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (deployment / "run").mkdir()
+        for i in range(3):
+            (deployment / "run" / f"srv{i}.pid").write_text(f"{other.pid}\n")
+        capsys.readouterr()
+        assert admit_main([f"--deployment={deployment}", "--task=pick_and_place_simple"]) == 0
+        states = [line for line in capsys.readouterr().out.splitlines() if line.startswith("srv")]
+        assert states and all("is not its server: not signalled" in s for s in states)
+        assert other.poll() is None  # still sleeping: never signalled
+    finally:
+        other.kill()
+        other.wait(10)
+    for i in range(3):
+        (deployment / "run" / f"srv{i}.pid").write_text(f"{other.pid}\n")
+    assert admit_main([f"--deployment={deployment}", "--task=pick_and_place_simple"]) == 0
+    states = [line for line in capsys.readouterr().out.splitlines() if line.startswith("srv")]
+    assert states and all("is gone" in s for s in states)

@@ -106,7 +106,7 @@ def _signal(deployment: Path, index: int) -> str:
         return "manifest updated (not running: it reads it at start)"
     cmdline = Path(f"/proc/{pid}/cmdline")
     try:  # a stale pid file whose id went to another process must not be signalled
-        if cmdline.exists() and f"srv{index}.yaml".encode() not in cmdline.read_bytes():
+        if cmdline.exists() and f"/srv{index}.yaml".encode() not in cmdline.read_bytes():
             return f"manifest updated (pid {pid} in {path} is not its server: not signalled)"
         os.kill(pid, signal.SIGHUP)
     except (ProcessLookupError, FileNotFoundError):
