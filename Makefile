@@ -127,3 +127,9 @@ bench: $(BENCH_STAMP)
 .PHONY: bench-codec
 bench-codec: $(STAMP)
 	$(PY) benchmarks/codec.py
+
+# A multi-model task's bytes on the link per control decision: published once vs once per component
+# (docs/benchmarks.md, "Multi-model pipelines: bytes on the link"; iptables counters need root).
+.PHONY: bench-pipeline-bytes
+bench-pipeline-bytes: $(STAMP)
+	$(PY) benchmarks/pipeline_bytes.py

@@ -19,6 +19,7 @@ from lerobot_zenoh.cli.admit import main as admit_main
 from lerobot_zenoh.cli.plan import main as plan_main
 from lerobot_zenoh.pipelines.deployment import client_command, load_deployment
 from lerobot_zenoh.pipelines.profiles import dump_profiles, rosa_profiles
+from lerobot_zenoh.pipelines.robot_plan import load_robot_plan
 from lerobot_zenoh.server.manifest import load_manifest
 from lz_testing import free_port, wait_for
 
@@ -90,13 +91,15 @@ def test_an_admitted_robot_is_written_into_the_deployment_and_taken_by_its_runni
             assert robot in {c.client_uuid for c in entry.clients}
         doc = json.loads((deployment / "plan.json").read_text())
         assert doc["robots"][robot]["routes"]["act"]["server"] == routes["act"]
+        # What the robot's pipeline client reads at start: its routes, from the updated plan.json.
+        assert set(load_robot_plan(deployment / "plan.json", robot).routes) == {"act", "progress"}
 
         # The client command: printed, appended to admitted.sh, built like clients.sh's lines.
-        command = client_command(factory, plan, robot)
+        command = client_command(factory, plan, robot, deployment / "plan.json")
         assert out[-1] == command and command.startswith("lerobot-robot-client ")
         assert "--robot.control_mode=position" in command and f"--client_uuid={robot}" in command
         assert (deployment / "admitted.sh").read_text().splitlines()[-2:] == [command + " &", "wait"]
-        mate = client_command(factory, plan, "pick_and_place_simple-r0")
+        mate = client_command(factory, plan, "pick_and_place_simple-r0", deployment / "plan.json")
         assert mate + " &" in (deployment / "clients.sh").read_text().splitlines()
 
         # A second one is appended after the first.

@@ -183,6 +183,44 @@ def test_client_arguments_parse_with_the_robot_client(tmp_path):
     assert config.task == "pick package and place in bin"
 
 
+def test_plan_json_gives_each_robot_its_pipeline_and_the_client_reads_it(tmp_path, capsys):
+    from lerobot_zenoh.cli.client import main as client_main
+    from lerobot_zenoh.cli.client import parse_config
+    from lerobot_zenoh.client.pipeline import configure
+    from lerobot_zenoh.errors import ConfigError
+    from lerobot_zenoh.pipelines.robot_plan import load_robot_plan
+
+    f = parse_factory(MIX2)
+    result = plan(f, PROFILES)
+    out = write_deployment(f, result, tmp_path / "deploy")
+    rid = "assemble_kit-r0"
+    rp = load_robot_plan(out / "plan.json", rid)
+    assert rp.task == f.tasks["assemble_kit"]            # the descriptor survives the round trip
+    assert set(rp.routes) == {"act", "plan", "safety", "progress"}
+    for comp, route in rp.routes.items():
+        manifest = server_manifest(f, result, result.servers[result.routing[rid][comp]])
+        entry = manifest["server"][0]
+        assert (route.app.model, route.app.app) == (entry["model_id"], entry["application_tag"])
+        assert route.endpoint == manifest["zenoh"]["listen"][0] and route.kind == f.tasks["assemble_kit"].components[comp].kind
+    assert rp.stream.prefix == "factory/mix2/_pipeline/1/assemble_kit"
+    assert rp.rates_hz["safety"] == 2.0 and rp.system1.rate_hz == pytest.approx(result.rates_hz["assemble_kit"], rel=1e-3)
+    # the generated line parses, and the plan sets routing, fps, chunk length and the System 1 rate cap
+    line = next(ln for ln in (out / "clients.sh").read_text().splitlines() if f"--client_uuid={rid} " in ln)
+    import shlex
+
+    config = configure(parse_config(shlex.split(line.removesuffix(" &"))[1:]), rp)
+    assert config.application_tag == rp.system1.app.app and config.endpoint == rp.system1.endpoint
+    assert config.actions_per_chunk == 6 and config.send.max_in_flight == 1
+    assert config.send.max_rate_hz == pytest.approx(rp.system1.rate_hz)
+    with pytest.raises(ConfigError, match="client_uuid: 'nobody' is not a robot of this plan"):
+        load_robot_plan(out / "plan.json", "nobody")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        client_main([f"--pipeline.plan={out / 'plan.json'}", "--client_uuid=nobody", "--robot.type=zenoh_sim"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "\n" not in err and "is not a robot of this plan" in err
+
+
 def test_cli_writes_a_deployment_and_refuses_an_infeasible_fleet(tmp_path, capsys):
     from lerobot_zenoh.cli.plan import main
 
@@ -210,8 +248,8 @@ def test_the_benchmark_model_ranks_the_plan_above_both_baselines_on_p4():
 
 @pytest.mark.slow  # starts the robot client in a process of its own (it imports LeRobot)
 def test_a_generated_server_and_client_run_as_written(tmp_path):
-    """The manifest and the client line of one robot, used as written: the client finds its server
-    through the planned route and runs (exit 0)."""
+    """The manifests and the client line of one robot, used as written: the pipeline client finds
+    every component's server through the planned routes and runs its task (exit 0)."""
     import os
     import shlex
     import subprocess
@@ -230,14 +268,20 @@ def test_a_generated_server_and_client_run_as_written(tmp_path):
     argv = shlex.split(line.removesuffix(" &"))
     assert argv[0] == "lerobot-robot-client"
     robot = next(a.split("=", 1)[1] for a in argv if a.startswith("--client_uuid="))
-    s1 = result.routing[robot]["act"]
-    server = PolicyServer(load_manifest(out / "manifests" / f"srv{s1}.yaml")).start()
+    assert argv[1] == f"--pipeline.plan={out / 'plan.json'}"
+    servers = [PolicyServer(load_manifest(out / "manifests" / f"srv{i}.yaml")).start()
+               for i in sorted(set(result.routing[robot].values()))]
+    summary = tmp_path / "summary.json"
     try:
-        proc = subprocess.run([sys.executable, "-m", "lerobot_zenoh.cli.client", *argv[1:], "--duration_s=2"],
+        proc = subprocess.run([sys.executable, "-m", "lerobot_zenoh.cli.client", *argv[1:], "--duration_s=2",
+                               f"--summary_path={summary}"],
                               capture_output=True, text=True, timeout=120, check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     finally:
-        server.stop()
+        for server in servers:
+            server.stop()
     assert proc.returncode == 0, proc.stderr[-2000:]
+    done = json.loads(summary.read_text())
+    assert done["chunks_received"] > 0 and done["pipeline"]["task"] == result.robot_task[robot]
 
 
 def test_a_vlm_model_is_written_with_the_output_its_components_need(tmp_path):

@@ -84,7 +84,7 @@ def _admit(args: AdmitConfig) -> int:
             if state != "reloaded":
                 not_taken.append(f"srv{index}")
         print(f"srv{index}: {state}")
-    print(client_command(factory, decision.plan, decision.robot))
+    print(client_command(factory, decision.plan, decision.robot, Path(args.deployment) / "plan.json"))
     if not_taken:
         print(f"{PROG}: admitted and written, but not taken by {', '.join(not_taken)}", file=sys.stderr)
         return EXIT_NOT_TAKEN

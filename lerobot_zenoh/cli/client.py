@@ -6,6 +6,9 @@ value, an unknown or missing flag, a robot that cannot be found or opened); 3 wh
 drives this robot (nothing answers at the endpoint, no server answers the app's status key, the
 server does not serve this client id, or it is incompatible with the robot), and no action was sent.
 
+`--pipeline.plan=plan.json` runs this robot's multi-model task as planned by lerobot-zenoh-plan
+(client/pipeline.py, docs/pipelines.md).
+
 `--plugins=my_package.my_module` imports modules before parsing, so that choices they register
 (an aggregation function, a robot) can be named on the command line.
 """
@@ -116,6 +119,18 @@ def main(argv: list[str] | None = None) -> int:
     from lerobot_zenoh.errors import CompatibilityError, LeRobotZenohError
 
     config = parse_config(argv)
+    plan = None
+    if config.pipeline.plan:  # a multi-model task: the plan names the servers, rates and fps
+        from lerobot_zenoh.cli.parsing import fail
+        from lerobot_zenoh.client.pipeline import configure
+        from lerobot_zenoh.errors import ConfigError
+        from lerobot_zenoh.pipelines.robot_plan import load_robot_plan
+
+        try:
+            plan = load_robot_plan(config.pipeline.plan, config.client_uuid)
+            config = configure(config, plan)
+        except ConfigError as exc:
+            fail(PROG, str(exc).replace("\n", " "))
     logging.basicConfig(level=config.log_level.upper(),
                         force=True, format=f"%(asctime)s %(levelname)s [{config.client_uuid}] %(name)s: %(message)s")
     log = logging.getLogger(PROG)
@@ -129,7 +144,12 @@ def main(argv: list[str] | None = None) -> int:
 
         recorder = DatasetRecorder.from_config(config.dataset, config.dataset_root, robot, config.task_text,
                                                resume=config.resume)
-    client = RobotClient(config, robot, recorder)
+    if plan is not None:
+        from lerobot_zenoh.client.pipeline import PipelineClient
+
+        client = PipelineClient(config, robot, plan, recorder)
+    else:
+        client = RobotClient(config, robot, recorder)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: client.stop())
     code = 0

@@ -3,19 +3,21 @@
     <output>/plan.json            rates, placement, batching, routing (every component) and the summary
     <output>/manifests/srvN.yaml  `lerobot-policy-server --manifest=...` for server N
     <output>/servers.sh           one line per server (each writes its id to run/srvN.pid once serving)
-    <output>/clients.sh           one `lerobot-robot-client` line per robot (its System 1 server)
+    <output>/clients.sh           one `lerobot-robot-client --pipeline.plan=plan.json` line per robot
     <output>/factory.yaml, profiles.yaml, plan_state.json
                                   what was planned from, and the exact plan: what lerobot-zenoh-admit
                                   reads to admit a robot into the running fleet (`apply_admission`)
 
 Routing is enforced by the manifests: each server lists exactly the robots routed to it (no unknown
-clients) under an application tag of its own (`<kind>-srvN`), and each robot connects to its server's
-endpoint. Every server entry also has a `pipeline` block naming, for each task it serves a component
-of, the task, the component, its bit in an observation's `component_mask` (its position in the task
-descriptor) and what the descriptor asks of it (prompt; labels for safety and monitor): the server
-then takes the task's robots' observations from the task's observation stream (docs/pipelines.md).
-A synthetic or VLM model that does not say its `output` answers what its component kind needs
-(system1: actions, system2: text, safety and monitor: verdict).
+clients) under an application tag of its own (`<kind>-srvN`). Every server entry also has a `pipeline`
+block naming, for each task it serves a component of, the task, the component, its bit in an
+observation's `component_mask` (its position in the task descriptor) and what the descriptor asks of
+it (prompt; labels for safety and monitor): the server then takes the task's robots' observations from
+the task's observation stream (docs/pipelines.md). A synthetic or VLM model that does not say its
+`output` answers what its component kind needs (system1: actions, system2: text, safety and monitor:
+verdict). plan.json also carries what a robot's pipeline client needs (`pipelines/robot_plan.py` reads
+it): the key prefix, every task descriptor, and per robot its control rate, chunk length and one route
+per component (endpoint, app key, kind, planned request rate).
 """
 
 from __future__ import annotations
@@ -102,8 +104,7 @@ def client_args(factory: Factory, plan: Plan, robot: str) -> list[str]:
     """The System 1 client of one robot: its server, app key, control rate, chunk length, and the
     robot flags of its fleet class (the defaults for a task admitted without one)."""
     task = factory.tasks[plan.robot_task[robot]]
-    fleet_class = (factory.fleet_class(task.name) if any(c.task == task.name for c in factory.fleet)
-                   else FleetClass(task=task.name, robots=1))
+    fleet_class = _fleet_class(factory, task.name)
     s1_name, s1 = task.component("system1")
     server = plan.servers[plan.routing[robot][s1_name]]
     served = factory.models[s1.model]
@@ -118,19 +119,46 @@ def client_args(factory: Factory, plan: Plan, robot: str) -> list[str]:
     return args + list(fleet_class.client_args)
 
 
-def client_command(factory: Factory, plan: Plan, robot: str) -> str:
-    """One robot's line of clients.sh (and of admitted.sh): `lerobot-robot-client` and its `client_args`."""
-    return shlex.join(["lerobot-robot-client", *client_args(factory, plan, robot)])
+def _fleet_class(factory: Factory, task: str) -> FleetClass:
+    """The task's fleet class; the defaults for a task admitted into the fleet without one."""
+    return next((c for c in factory.fleet if c.task == task), None) or FleetClass(task=task, robots=1)
+
+
+def client_command(factory: Factory, plan: Plan, robot: str, plan_path: str | Path) -> str:
+    """One robot's line of clients.sh (and of admitted.sh): `lerobot-robot-client` and its
+    `pipeline_client_args`, reading the deployment's plan.json at `plan_path`."""
+    return shlex.join(["lerobot-robot-client", *pipeline_client_args(factory, plan, robot, plan_path)])
 
 
 def plan_document(factory: Factory, plan: Plan) -> dict:
     doc = plan.summary()
-    doc["robots"] = {rid: {"task": plan.robot_task[rid], "routes": {
+    doc["cluster_uuid"], doc["experiment_tag"] = factory.cluster_uuid, factory.experiment_tag
+    doc["tasks"] = {name: factory.tasks[name].model_dump(mode="json", exclude_none=True, exclude={"name"})
+                    for name in sorted(set(plan.robot_task.values()))}
+    doc["robots"] = {rid: {"task": plan.robot_task[rid], **_robot_timing(factory, plan, rid), "routes": {
         comp: {"server": idx, "endpoint": server_endpoint(factory, idx),
+               "kind": factory.tasks[plan.robot_task[rid]].components[comp].kind,
+               "model_id": factory.models[plan.servers[idx].model].model_id,
+               "model_version": factory.models[plan.servers[idx].model].model_version,
                "application_tag": application_tag(plan.servers[idx]),
                "rate_hz": round(_rate(factory, plan, rid, comp), 6)} for comp, idx in routes.items()}}
         for rid, routes in plan.routing.items()}
     return doc
+
+
+def _robot_timing(factory: Factory, plan: Plan, robot: str) -> dict:
+    """The robot's control rate (its System 1 model's fps) and chunk length (t_act x fps)."""
+    task = factory.tasks[plan.robot_task[robot]]
+    served = factory.models[task.component("system1")[1].model]
+    return {"fps": served.fps, "actions_per_chunk": max(1, round(task.action_period_ms * served.fps / 1000.0))}
+
+
+def pipeline_client_args(factory: Factory, plan: Plan, robot: str, plan_path: str | Path) -> list[str]:
+    """The pipeline client of one robot: the plan gives its task, routes, rates, fps and chunk length;
+    the command adds the robot flags of its fleet class."""
+    fleet_class = _fleet_class(factory, plan.robot_task[robot])
+    return [f"--pipeline.plan={plan_path}", f"--client_uuid={robot}", f"--robot.type={fleet_class.robot_type}",
+            "--send.max_in_flight=1", *fleet_class.client_args]
 
 
 def _rate(factory: Factory, plan: Plan, robot: str, component: str) -> float:
@@ -163,7 +191,7 @@ def write_deployment(factory: Factory, plan: Plan, output: str | Path, profiles:
         server_lines.append(shlex.join(["lerobot-policy-server", f"--manifest={path}",
                                         f"--pid_file={pid_path(out, s.index)}"]) + " &")
     for rid in plan.routing:
-        client_lines.append(client_command(factory, plan, rid) + " &")
+        client_lines.append(client_command(factory, plan, rid, out / "plan.json") + " &")
     head = "#!/bin/sh\n# generated by lerobot-zenoh-plan\n"
     (out / "servers.sh").write_text(head + "\n".join(server_lines) + "\nwait\n")
     (out / "clients.sh").write_text(head + "\n".join(client_lines) + "\nwait\n")
@@ -224,7 +252,8 @@ def apply_admission(factory: Factory, before: Plan, after: Plan, robot: str, out
              else ["#!/bin/sh", "# robots admitted by lerobot-zenoh-admit into the running fleet", "wait"])
     if lines and lines[-1] == "wait":
         lines.pop()
-    _replace(script, "\n".join([*lines, client_command(factory, after, robot) + " &", "wait"]) + "\n")
+    _replace(script, "\n".join([*lines, client_command(factory, after, robot, out / "plan.json") + " &", "wait"])
+             + "\n")
     return changed
 
 
