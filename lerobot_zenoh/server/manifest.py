@@ -533,3 +533,25 @@ def load_manifest(path: str | Path) -> Manifest:
     except yaml.YAMLError as exc:
         raise ConfigError("<yaml>", f"not valid YAML: {exc}", source=str(path)) from None
     return parse_manifest(data, source=str(path))
+
+
+#: What a running server takes from a re-read manifest (`PolicyServer.reload`, SIGHUP): each entry's
+#: client list and the batch size the planner derives from it (an integer on both sides).
+RELOADABLE = ("clients", "max_batch_size")
+
+
+def reload_refusal(old: Manifest, new: Manifest) -> str | None:
+    """Why a running server cannot take `new` in place of `old` (the first other field that changed,
+    named like a start-up error), or None when only what is `RELOADABLE` differs."""
+    for name in Manifest.model_fields:
+        if name not in ("server", "source") and getattr(old, name) != getattr(new, name):
+            return f"{name} changed"
+    if len(old.server) != len(new.server):
+        return f"server: {len(old.server)} entries became {len(new.server)}"
+    for i, (a, b) in enumerate(zip(old.server, new.server)):
+        for name in ModelEntry.model_fields:
+            if name not in RELOADABLE and getattr(a, name) != getattr(b, name):
+                return f"server.{i}.{name} changed"
+        if a.max_batch_size != b.max_batch_size and "auto" in (a.max_batch_size, b.max_batch_size):
+            return f"server.{i}.max_batch_size: 'auto' is measured at start-up ({a.max_batch_size} -> {b.max_batch_size})"
+    return None

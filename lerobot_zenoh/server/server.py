@@ -40,7 +40,7 @@ from lerobot_zenoh.server.batch_profiling import measure_batch_profile
 from lerobot_zenoh.server.engine import REPLAYED, Batch, Engine, EngineConfig, Session
 from lerobot_zenoh.server.executor import Executor
 from lerobot_zenoh.server.failover import ServingRole
-from lerobot_zenoh.server.manifest import Manifest, ModelEntry, PipelineEntry
+from lerobot_zenoh.server.manifest import Manifest, ModelEntry, PipelineEntry, reload_refusal
 from lerobot_zenoh.server.runners import load_runner
 from lerobot_zenoh.server.runners.base import ComponentQuery, PolicyRunner
 from lerobot_zenoh.telemetry.publisher import TelemetryPublisher, percentile, process_memory
@@ -185,11 +185,37 @@ class PolicyServer:
         self._telemetry: list[TelemetryPublisher] = []
         self.started = threading.Event()
         self.started_at_s = 0.0
+        self._reload_lock = threading.Lock()
         self._probe = same_host.Probe() if manifest.same_host else None
 
     @property
     def inferences(self) -> int:
         return sum(m.inferences for m in self.models)
+
+    def reload(self, manifest: Manifest) -> str | None:
+        """Take a re-read manifest's client lists (and planned batch sizes) without a restart (SIGHUP;
+        docs/server.md, "Reloading the client list"); None when applied, else why it was refused (logged
+        in one line; the running manifest stays in force). A client no longer listed has its session
+        closed like an expired one (`delisted`); the inference thread forgets its state."""
+        with self._reload_lock:
+            why = reload_refusal(self.manifest, manifest)
+            if why is not None:
+                log.error("manifest reload refused: %s (only clients and max_batch_size are reloaded; restart "
+                          "the server for the rest); the running manifest stays in force", why)
+                return why
+            for model, entry in zip(self.models, manifest.server, strict=True):
+                cap = model.runner.spec.capabilities.max_batch
+                batch = entry.max_batch_size if entry.max_batch_size != "auto" else model.max_batch_size
+                before = model.engine.config.listed
+                listed = frozenset(c.client_uuid for c in entry.clients)
+                model.entry, model.max_batch_size = entry, batch if cap is None else min(batch, cap)
+                closed = model.engine.update_clients(listed, model.max_batch_size)
+                log.info("%s: clients reloaded: +%s -%s (sessions closed: %s), max_batch_size %d", model.app.prefix,
+                         sorted(listed - before) or "none", sorted(before - listed) or "none", closed or "none",
+                         model.max_batch_size)
+            self.manifest = manifest
+        self._wake.set()  # the inference thread forgets closed sessions at its next expiry pass
+        return None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
