@@ -28,6 +28,7 @@ DEMO_CHECKPOINT ?= checkpoints/demo_$(POLICY)
 help:
 	@echo "make demo    one policy server ($(POLICY)) on port $(PORT) + $(ROBOTS) simulated robots for $(SECONDS) s"
 	@echo "             variables: PORT, ROBOTS, SECONDS, POLICY (act, diffusion, smolvla, pi0, pi05)"
+	@echo "make checkpoint POLICY=smolvlm   a tiny VLM for task components (checkpoints/demo_smolvlm; docs/policies.md)"
 	@echo "make test    the whole test suite (creates $(VENV) with Python 3.12 on first use)"
 	@echo "make PYTHON=/path/to/python3.12 ...   to pick the interpreter"
 
@@ -126,3 +127,9 @@ bench: $(BENCH_STAMP)
 .PHONY: bench-codec
 bench-codec: $(STAMP)
 	$(PY) benchmarks/codec.py
+
+# A multi-model task's bytes on the link per control decision: published once vs once per component
+# (docs/benchmarks.md, "Multi-model pipelines: bytes on the link"; iptables counters need root).
+.PHONY: bench-pipeline-bytes
+bench-pipeline-bytes: $(STAMP)
+	$(PY) benchmarks/pipeline_bytes.py

@@ -69,7 +69,7 @@ def make_factory(workload: str, robots: int, servers: int) -> Factory:
     classes = WORKLOADS[workload]
     per = robots // len(classes)
     return parse_factory({
-        "servers": {"count": servers},
+        "servers": {"count": servers, "hardware": "synthetic-H200"},
         "models": {m: {"model_id": m.split("-")[0].replace(".", ""), "synthetic": {}} for m in (S1, VLM7, VLM3)},
         "tasks": {t: {"action_period_ms": 200, "components": copy.deepcopy(TASKS[t])} for t in classes},
         "fleet": [{"task": t, "robots": per} for t in classes]})

@@ -134,3 +134,15 @@ def test_a_listen_port_in_use_is_one_line_and_exit_2():
         taken = busy.getsockname()[1]
         (result,) = run_all([("lerobot-zenoh-router", [f"--zenoh.listen=tcp/127.0.0.1:{taken}"])])
     assert_one_line_error(result, f"cannot start on tcp/127.0.0.1:{taken}", "Address already in use")
+
+
+def test_the_client_says_what_it_did_in_one_line_at_exit():
+    from lerobot_zenoh.cli.client import summary_line
+
+    base = {"client_uuid": "r0", "steps": 300, "actions_executed": 163, "chunks_received": 28,
+            "empty_buffer_cycles": 137, "requests_unanswered": 0, "rtt_ms_p50": 46.83}
+    assert summary_line(base) == ("r0: 300 steps, 163 actions executed, 28 chunks, 137 steps with an empty buffer, "
+                                  "0 requests unanswered, RTT p50 46.8 ms")
+    piped = base | {"rtt_ms_p50": None, "pipeline": {"attempts": 1, "slo.act.met": 28, "slo.act.requests": 28,
+                                                     "slo.safety.met": 19, "slo.safety.requests": 20}}
+    assert summary_line(piped).endswith("requests unanswered; in SLO (met/asked): act 28/28, safety 19/20; attempts 1")

@@ -121,6 +121,23 @@ def test_a_closed_loop_bound_binds_and_is_named():
         plan(parse_factory(data), PROFILES)
 
 
+def test_profiles_of_other_hardware_and_a_model_too_big_for_a_server_are_refused():
+    from lerobot_zenoh.errors import ConfigError
+
+    data = factory([{"task": "assemble_kit", "robots": 8}], 8)
+    data["servers"]["hardware"] = "L4"
+    with pytest.raises(ConfigError, match=r"servers.hardware.*'L4'.*'synthetic-H200'"):
+        plan(parse_factory(data), PROFILES)
+    data = factory([{"task": "assemble_kit", "robots": 8}], 8)
+    data["servers"]["memory_gb"] = 16
+    big = PROFILES.model_copy(deep=True)
+    big.models["qwen2.5-vl-7b"] = big.models["qwen2.5-vl-7b"].model_copy(update={"memory_gb": 20})
+    with pytest.raises(ConfigError, match=r"component 'progress': model 'qwen2.5-vl-7b' needs 20 GB, a server has 16 GB"):
+        plan(parse_factory(data), big)
+    data["servers"]["memory_gb"] = 24
+    assert plan(parse_factory(data), big).throughput_hz > 0
+
+
 def test_written_deployment_starts_as_is(tmp_path):
     f = parse_factory(MIX2)
     result = plan(f, PROFILES)
@@ -135,6 +152,15 @@ def test_written_deployment_starts_as_is(tmp_path):
         assert manifest.zenoh_settings().listen == [f"tcp/127.0.0.1:{7500 + s.index}"]
         for c in entry.clients:
             routed.setdefault(c.client_uuid, set()).add(s.index)
+        # Every component's server takes its robots' observations from their task's stream, at the
+        # component's bit, and answers what its kind needs.
+        assert {(p.task, p.component) for p in entry.pipeline} == {(sh.stream.task, sh.stream.component)
+                                                                   for sh in s.shares}
+        for p in entry.pipeline:
+            assert p.bit == list(f.tasks[p.task].components).index(p.component)
+            kind = f.tasks[p.task].components[p.component].kind
+            assert entry.synthetic.output == {"system1": "actions", "system2": "text"}.get(kind, "verdict")
+            assert p.labels == {"safety": ["safe", "unsafe"], "monitor": ["ongoing", "done", "failed"]}.get(kind, [])
     assert all(set(routes.values()) == routed[rid] for rid, routes in result.routing.items())
     assert len((out / "clients.sh").read_text().splitlines()) == 2 + 32 + 1
     # The client arguments name the robot's System 1 server and its app key.
@@ -155,6 +181,44 @@ def test_client_arguments_parse_with_the_robot_client(tmp_path):
     config = parse_config(client_args(f, result, "pick_and_place_simple-r3"))
     assert config.client_uuid == "pick_and_place_simple-r3" and config.actions_per_chunk == 6
     assert config.task == "pick package and place in bin"
+
+
+def test_plan_json_gives_each_robot_its_pipeline_and_the_client_reads_it(tmp_path, capsys):
+    from lerobot_zenoh.cli.client import main as client_main
+    from lerobot_zenoh.cli.client import parse_config
+    from lerobot_zenoh.client.pipeline import configure
+    from lerobot_zenoh.errors import ConfigError
+    from lerobot_zenoh.pipelines.robot_plan import load_robot_plan
+
+    f = parse_factory(MIX2)
+    result = plan(f, PROFILES)
+    out = write_deployment(f, result, tmp_path / "deploy")
+    rid = "assemble_kit-r0"
+    rp = load_robot_plan(out / "plan.json", rid)
+    assert rp.task == f.tasks["assemble_kit"]            # the descriptor survives the round trip
+    assert set(rp.routes) == {"act", "plan", "safety", "progress"}
+    for comp, route in rp.routes.items():
+        manifest = server_manifest(f, result, result.servers[result.routing[rid][comp]])
+        entry = manifest["server"][0]
+        assert (route.app.model, route.app.app) == (entry["model_id"], entry["application_tag"])
+        assert route.endpoint == manifest["zenoh"]["listen"][0] and route.kind == f.tasks["assemble_kit"].components[comp].kind
+    assert rp.stream.prefix == "factory/mix2/_pipeline/1/assemble_kit"
+    assert rp.rates_hz["safety"] == 2.0 and rp.system1.rate_hz == pytest.approx(result.rates_hz["assemble_kit"], rel=1e-3)
+    # the generated line parses, and the plan sets routing, fps, chunk length and the System 1 rate cap
+    line = next(ln for ln in (out / "clients.sh").read_text().splitlines() if f"--client_uuid={rid} " in ln)
+    import shlex
+
+    config = configure(parse_config(shlex.split(line.removesuffix(" &"))[1:]), rp)
+    assert config.application_tag == rp.system1.app.app and config.endpoint == rp.system1.endpoint
+    assert config.actions_per_chunk == 6 and config.send.max_in_flight == 1
+    assert config.send.max_rate_hz == pytest.approx(rp.system1.rate_hz)
+    with pytest.raises(ConfigError, match="client_uuid: 'nobody' is not a robot of this plan"):
+        load_robot_plan(out / "plan.json", "nobody")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        client_main([f"--pipeline.plan={out / 'plan.json'}", "--client_uuid=nobody", "--robot.type=zenoh_sim"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "\n" not in err and "is not a robot of this plan" in err
 
 
 def test_cli_writes_a_deployment_and_refuses_an_infeasible_fleet(tmp_path, capsys):
@@ -184,8 +248,8 @@ def test_the_benchmark_model_ranks_the_plan_above_both_baselines_on_p4():
 
 @pytest.mark.slow  # starts the robot client in a process of its own (it imports LeRobot)
 def test_a_generated_server_and_client_run_as_written(tmp_path):
-    """The manifest and the client line of one robot, used as written: the client finds its server
-    through the planned route and runs (exit 0)."""
+    """The manifests and the client line of one robot, used as written: the pipeline client finds
+    every component's server through the planned routes and runs its task (exit 0)."""
     import os
     import shlex
     import subprocess
@@ -204,11 +268,33 @@ def test_a_generated_server_and_client_run_as_written(tmp_path):
     argv = shlex.split(line.removesuffix(" &"))
     assert argv[0] == "lerobot-robot-client"
     robot = next(a.split("=", 1)[1] for a in argv if a.startswith("--client_uuid="))
-    s1 = result.routing[robot]["act"]
-    server = PolicyServer(load_manifest(out / "manifests" / f"srv{s1}.yaml")).start()
+    assert argv[1] == f"--pipeline.plan={out / 'plan.json'}"
+    servers = [PolicyServer(load_manifest(out / "manifests" / f"srv{i}.yaml")).start()
+               for i in sorted(set(result.routing[robot].values()))]
+    summary = tmp_path / "summary.json"
     try:
-        proc = subprocess.run([sys.executable, "-m", "lerobot_zenoh.cli.client", *argv[1:], "--duration_s=2"],
+        proc = subprocess.run([sys.executable, "-m", "lerobot_zenoh.cli.client", *argv[1:], "--duration_s=2",
+                               f"--summary_path={summary}"],
                               capture_output=True, text=True, timeout=120, check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     finally:
-        server.stop()
+        for server in servers:
+            server.stop()
     assert proc.returncode == 0, proc.stderr[-2000:]
+    done = json.loads(summary.read_text())
+    assert done["chunks_received"] > 0 and done["pipeline"]["task"] == result.robot_task[robot]
+
+
+def test_a_vlm_model_is_written_with_the_output_its_components_need(tmp_path):
+    data = copy.deepcopy(MIX2)
+    data["models"]["qwen2.5-vl-7b"] = {"model_id": "qwen7b", "pretrained_path": "checkpoints/demo_smolvlm",
+                                       "vlm": {"max_new_tokens": 8, "cameras": {"front": [96, 128]}}}
+    f = parse_factory(data)
+    result = plan(f, PROFILES)
+    out = write_deployment(f, result, tmp_path / "deploy")
+    outputs = set()
+    for s in result.servers:
+        (entry,) = load_manifest(out / "manifests" / f"srv{s.index}.yaml").server
+        if s.model == "qwen2.5-vl-7b":
+            outputs.add(entry.vlm.output)
+            assert entry.vlm.max_new_tokens == 8 and entry.pipeline
+    assert outputs == {"text", "verdict"}  # System 2 (plan) and the monitors (progress) on servers of their own

@@ -45,3 +45,33 @@ def test_no_server_is_exit_3(tmp_path, capsys):
     rc = main([f"--endpoint=tcp/127.0.0.1:{free_port()}", f"--output={tmp_path / 'p.yaml'}", "--profile_name=x",
                "--saturation_s=0.5"])
     assert rc == 3 and "no server answers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("output", ["text", "verdict"])
+def test_a_text_or_verdict_component_is_profiled_by_its_answers(tmp_path, capsys, output):
+    """A System 2 / safety server answers TextResults / Verdicts: the latency is measured to them."""
+    from lerobot_zenoh.cli.profile import main
+    from lerobot_zenoh.server.manifest import parse_manifest
+    from lerobot_zenoh.server.server import PolicyServer
+
+    port = free_port()
+    app = AppKey("prof", f"t{port}", "vlm", "v1", "comp")
+    server = PolicyServer(parse_manifest({
+        "cluster_uuid": app.cluster, "experiment_tag": app.experiment, "server_id": "gpu0",
+        "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False},
+        "server": [{"model_id": "vlm", "model_version": "v1", "application_tag": "comp", "accept_unknown_clients": True,
+                    "synthetic": {"output": output, "chunk_size": 1, "latency_ms": 30.0,
+                                  "cameras": {"front": [16, 16]}},
+                    "pipeline": {"task": "kit", "component": "c", "bit": 1}}],
+    })).start()
+    try:
+        out = tmp_path / "profiles.yaml"
+        rc = main([f"--endpoint=tcp/127.0.0.1:{port}", f"--output={out}", "--profile_name=qwen",
+                   f"--cluster_uuid={app.cluster}", f"--experiment_tag={app.experiment}", "--model_id=vlm",
+                   "--application_tag=comp", "--clients=4", "--saturation_s=1", "--seconds_per_rate=1",
+                   "--timeout_s=2", "--fractions=[0.5]", "--batching=continuous"])
+    finally:
+        server.stop()
+    assert rc == 0, capsys.readouterr().err
+    prof = load_profiles(out).models["qwen"]
+    assert prof.batching == "continuous" and len(prof.points) == 1 and prof.points[0].mean_ms >= 30.0

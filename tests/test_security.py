@@ -802,3 +802,47 @@ def test_an_exif_orientation_is_ignored_the_pixels_are_used_as_stored(orientatio
         assert cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR).shape[:2] == (64, 48)
     decoded = codec.decode_jpeg(jpeg, (48, 64))
     assert decoded.shape == (48, 64, 3) and decoded[:8, :16].mean() > 200 and decoded[-8:, -16:].mean() < 50
+
+
+def test_a_task_component_over_mutual_tls_answers_each_robot_on_its_own_stream_only(port, app_key, layout, tmp_path):
+    """The ACL of a System 2 server that serves a task's observation stream (docs/pipelines.md): each
+    robot publishes on its own stream key and reads its own text; one robot's certificate cannot
+    publish on another's stream key."""
+    from lerobot_zenoh.protocol.keys import pipeline_app
+
+    acl_path = tmp_path / "acl.json5"
+    manifest = parse_manifest(secured_manifest(
+        port, app_key, layout, acl_path,
+        synthetic={"state_dim": 6, "action_dim": 6, "chunk_size": 1, "cameras": CAMS, "latency_ms": 2,
+                   "output": "text", "subtasks": ["reach", "grasp"]},
+        pipeline={"task": "kit", "component": "plan", "bit": 1}))
+    write_acl(access_control(Deployment.from_manifests([manifest])), acl_path)
+    stream = pipeline_app(app_key.cluster, app_key.experiment, "kit")
+    sessions = []
+    with PolicyServer(manifest) as server:
+        try:
+            texts: dict[str, list] = {"robA": [], "robB": []}
+            pubs = {}
+            for name in texts:
+                session = ZenohSession(member_settings(layout, name, [f"tls/127.0.0.1:{port}"])).open()
+                sessions.append(session)
+                session.subscribe(app_key.client(name).text,
+                                  lambda k, b, n=name: texts[n].append(codec.decode_text_result(b)))
+                session.declare_token(stream.client(name).metrics)
+                pubs[name] = session.publisher(stream.client(name).obs, OBSERVATION_QOS)
+            wait_status(sessions[0], app_key)
+            rng = np.random.default_rng(3)
+            forged = sessions[0].publisher(stream.client("robB").obs, OBSERVATION_QOS)  # robA's certificate
+            for seq in range(1, 4):
+                forged.put(observation(900 + seq, "robB", rng))
+            for name in ("robA", "robB"):
+                deadline = time.monotonic() + 8.0
+                while not texts[name] and time.monotonic() < deadline:
+                    pubs[name].put(observation(1, name, rng))
+                    wait_for(lambda n=name: bool(texts[n]), 0.3)
+                assert [t.text for t in texts[name]][:1] == ["reach"], name
+            clients = server.stats()[app_key.prefix]["clients"]
+            assert not clients["robB"]["rejected"] and all(t.response_to_seq_id == 1 for t in texts["robB"])
+        finally:
+            for session in sessions:
+                session.close()

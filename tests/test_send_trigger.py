@@ -353,3 +353,14 @@ def test_outstanding_never_exceeds_max_in_flight(max_in_flight, events):
     # Every request older than the timeout has been released.
     timeout = trigger.request_timeout_s()
     assert trigger.outstanding(now + timeout + 1e-9) == 0
+
+
+def test_max_rate_hz_caps_sends_even_with_an_empty_buffer():
+    trig = SendTrigger(SendTriggerConfig(buffer_time_s=0.5, max_in_flight=4, max_rate_hz=5.0), dt_s=1 / 30)
+    assert trig.decide(0, 0.0).send
+    trig.on_send(1, 0.0)
+    assert trig.decide(0, 0.1).reason == "rate_cap"
+    assert trig.decide(0, 0.199).reason == "rate_cap"
+    assert trig.decide(0, 0.2).send
+    with pytest.raises(ConfigError, match="max_rate_hz"):
+        SendTriggerConfig(max_rate_hz=0.0)

@@ -213,3 +213,59 @@ def test_fleet_view_marks_silent_members():
     assert states == {"r1": "up", "g": "SILENT"}
     table = format_table(view.rows(104.5))
     assert "SERVERS" in table and "CLIENTS" in table and "loop Hz" in table
+
+
+def test_the_monitor_shows_a_pipeline_clients_slo_attainment_in_one_cell():
+    fleet = FleetView()
+    msg = Telemetry("client", "r1", 0, 1.0, 1.0, metrics={
+        "loop_hz": 30.0, "slo.act.requests": 10, "slo.act.missed": 0, "slo.act.attainment": 1.0,
+        "slo.progress.requests": 7, "slo.progress.missed": 2, "slo.progress.attainment": 0.714})
+    fleet.on_telemetry("f/e/_pipeline/1/kit/r1/metrics", msg, 0.0)
+    fleet.on_telemetry("f/e/m/v1/app/r2/metrics", Telemetry("client", "r2", 0, 1.0, 1.0, metrics={"loop_hz": 30.0}), 0.0)
+    rows = {r["id"]: r for r in fleet.rows(0.0)}
+    assert rows["r1"]["slo"] == "act 100% progress 71% (2 missed)" and rows["r2"]["slo"] is None
+    table = format_table(fleet.rows(0.0))
+    assert "act 100% progress 71% (2 missed)" in table and "f/e/_pipeline/1/kit" in table
+
+
+def test_a_pipeline_clients_slo_figures_export_as_prometheus_families_labelled_by_component():
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    from lerobot_zenoh.telemetry.prometheus import families
+
+    fleet = FleetView()
+    metrics = {"loop_hz": 30.0, "pipeline.attempt": 1, "pipeline.failures": 0, "pipeline.mode": 3,
+               "pipeline.override_steps": 12, "pipeline.results_dropped": 0, "pipeline.results_rejected": 0,
+               "pipeline.danger_reaction_ms_max": 0.8}
+    for comp in ("act", "safety"):
+        metrics.update({f"slo.{comp}.{k}": 3 for k in ("requests", "answered", "met", "missed", "late", "fallbacks",
+                                                       "rejected", "slo_violated")})
+        metrics.update({f"slo.{comp}.latency_ms_p50": 12.0, f"slo.{comp}.latency_ms_p99": 20.0,
+                        f"slo.{comp}.attainment": 0.5})
+    fleet.on_telemetry("f/e/_pipeline/1/kit/r1/metrics", Telemetry("client", "r1", 0, 1.0, 1.0, metrics=metrics), 0.0)
+
+    class Collector:
+        def collect(self):
+            for fam in families(fleet.samples()):
+                names = sorted({k for labels, _ in fam.samples for k in labels})
+                family = (CounterMetricFamily if fam.kind == "counter" else GaugeMetricFamily)(fam.name, fam.help, labels=names)
+                for labels, value in fam.samples:
+                    family.add_metric([labels.get(k, "") for k in names], value)
+                yield family
+
+    registry = CollectorRegistry()
+    registry.register(Collector())
+    body = generate_latest(registry).decode()
+    assert 'lerobot_zenoh_client_slo_missed_total{' in body and 'component="safety"' in body
+    assert "lerobot_zenoh_client_slo_latency_p99_seconds{" in body and "lerobot_zenoh_client_slo_attainment_ratio{" in body
+    assert "lerobot_zenoh_client_pipeline_danger_reaction_max_seconds{" in body
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(body):
+        assert family.documentation and "telemetry figure" not in family.documentation.lower(), family.name
+        assert all(s.name.endswith("_total") for s in family.samples) == (family.type == "counter"), family.name
+    promtool = shutil.which("promtool") or os.environ.get("PROMTOOL")
+    if promtool:
+        check = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True, timeout=60)
+        assert check.returncode == 0 and not check.stdout.strip() and not check.stderr.strip(), check.stdout + check.stderr

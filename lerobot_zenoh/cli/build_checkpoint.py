@@ -1,5 +1,6 @@
 """`lerobot-zenoh-build-checkpoint`: write a randomly initialized ACT/Diffusion checkpoint, or a tiny
-SmolVLA/pi0/pi0.5 with its local tokenizer (and VLM config), offline.
+SmolVLA/pi0/pi0.5 with its local tokenizer (and VLM config), or (`--policy_type=smolvlm`) a tiny
+SmolVLM for the VLM task components (System 2 text, safety / monitor verdicts), offline.
 
     lerobot-zenoh-build-checkpoint --policy_type=act --output=checkpoints/demo_act \\
         --state_dim=6 --cameras=front:96x128,wrist:96x128 --chunk_size=50 --fps=30 \\
@@ -24,7 +25,9 @@ PROG = "lerobot-zenoh-build-checkpoint"
 
 # ConfigError.field of build_checkpoint -> the flag a user typed.
 # What the builder builds (server.checkpoint.DEMO_OVERRIDES; kept here so --help needs no torch).
-POLICY_TYPES = ("act", "diffusion", "smolvla", "pi0", "pi05")
+POLICY_TYPES = ("act", "diffusion", "smolvla", "pi0", "pi05", "smolvlm")
+#: Not a LeRobot policy: a transformers VLM folder for `vlm:` manifest entries (server.checkpoint.build_tiny_vlm).
+VLM_TYPE = "smolvlm"
 
 _OPTION_OF_FIELD = {
     "policy_type": "--policy_type",
@@ -43,7 +46,8 @@ _OPTION_OF_FIELD = {
 class BuildCheckpointConfig:
     # Checkpoint folder to create (it must not exist, unless --force=true).
     output: str
-    # Policy family: act, diffusion, smolvla, pi0 or pi05 (the VLAs tiny, with a local tokenizer).
+    # Policy family: act, diffusion, smolvla, pi0 or pi05 (the VLAs tiny, with a local tokenizer), or
+    # smolvlm: a tiny VLM for task components (the state, camera, chunk and override flags do not apply).
     policy_type: str = "act"
     # Comma-separated joint names, in the order of the robot's state vector (e.g. shoulder_pan.pos,...).
     state_names: str | None = None
@@ -69,6 +73,8 @@ class BuildCheckpointConfig:
     def __post_init__(self) -> None:
         if self.policy_type not in POLICY_TYPES:
             raise ConfigError("policy_type", f"{self.policy_type!r} is not one of {', '.join(POLICY_TYPES)}")
+        if self.policy_type == VLM_TYPE:
+            return
         if self.state_names is None and self.state_dim is None:
             raise ConfigError("state_names", "give --state_names=a,b,... or --state_dim=N")
         if self.state_names is not None and self.state_dim is not None:
@@ -106,6 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here needs the hub; avoid its long timeouts
     logging.basicConfig(level=logging.INFO, format=f"{PROG}: %(message)s", stream=sys.stderr)
     try:
+        if args.policy_type == VLM_TYPE:
+            from lerobot_zenoh.server.checkpoint import build_tiny_vlm
+
+            print(build_tiny_vlm(args.output, seed=args.seed, force=args.force))
+            return 0
         if args.state_names is not None:
             state_names = _names("--state_names", args.state_names)
         else:

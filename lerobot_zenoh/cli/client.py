@@ -6,6 +6,9 @@ value, an unknown or missing flag, a robot that cannot be found or opened); 3 wh
 drives this robot (nothing answers at the endpoint, no server answers the app's status key, the
 server does not serve this client id, or it is incompatible with the robot), and no action was sent.
 
+`--pipeline.plan=plan.json` runs this robot's multi-model task as planned by lerobot-zenoh-plan
+(client/pipeline.py, docs/pipelines.md).
+
 `--plugins=my_package.my_module` imports modules before parsing, so that choices they register
 (an aggregation function, a robot) can be named on the command line.
 """
@@ -116,6 +119,18 @@ def main(argv: list[str] | None = None) -> int:
     from lerobot_zenoh.errors import CompatibilityError, LeRobotZenohError
 
     config = parse_config(argv)
+    plan = None
+    if config.pipeline.plan:  # a multi-model task: the plan names the servers, rates and fps
+        from lerobot_zenoh.cli.parsing import fail
+        from lerobot_zenoh.client.pipeline import configure
+        from lerobot_zenoh.errors import ConfigError
+        from lerobot_zenoh.pipelines.robot_plan import load_robot_plan
+
+        try:
+            plan = load_robot_plan(config.pipeline.plan, config.client_uuid)
+            config = configure(config, plan)
+        except ConfigError as exc:
+            fail(PROG, str(exc).replace("\n", " "))
     logging.basicConfig(level=config.log_level.upper(),
                         force=True, format=f"%(asctime)s %(levelname)s [{config.client_uuid}] %(name)s: %(message)s")
     log = logging.getLogger(PROG)
@@ -129,7 +144,12 @@ def main(argv: list[str] | None = None) -> int:
 
         recorder = DatasetRecorder.from_config(config.dataset, config.dataset_root, robot, config.task_text,
                                                resume=config.resume)
-    client = RobotClient(config, robot, recorder)
+    if plan is not None:
+        from lerobot_zenoh.client.pipeline import PipelineClient
+
+        client = PipelineClient(config, robot, plan, recorder)
+    else:
+        client = RobotClient(config, robot, recorder)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: client.stop())
     code = 0
@@ -154,7 +174,27 @@ def main(argv: list[str] | None = None) -> int:
             robot.disconnect()
         if config.summary_path:
             client.write_summary(config.summary_path)
+        try:
+            log.info("%s", summary_line(client.summary()))
+        except Exception:  # a summary is never worth a traceback at exit
+            log.debug("no summary", exc_info=True)
     return code
+
+
+def summary_line(summary: dict) -> str:
+    """One line at exit: what the robot did, and for a multi-model task each component's SLO."""
+    line = (f"{summary['client_uuid']}: {summary['steps']} steps, {summary['actions_executed']} actions executed, "
+            f"{summary['chunks_received']} chunks, {summary['empty_buffer_cycles']} steps with an empty buffer, "
+            f"{summary['requests_unanswered']} requests unanswered")
+    if summary.get("rtt_ms_p50") is not None:
+        line += f", RTT p50 {summary['rtt_ms_p50']:.1f} ms"
+    pipeline = summary.get("pipeline") or {}
+    comps = sorted({k.split(".")[1] for k in pipeline if k.startswith("slo.")})
+    if comps:
+        slo = ", ".join(f"{c} {pipeline.get(f'slo.{c}.met', 0)}/{pipeline.get(f'slo.{c}.requests', 0)}"
+                        for c in comps)
+        line += f"; in SLO (met/asked): {slo}; attempts {pipeline.get('attempts', 0)}"
+    return line
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """`lerobot-zenoh-plan --factory=F.yaml --profiles=P.yaml --output=DIR`: plan a fleet (docs/pipelines.md).
 
-Writes DIR/plan.json, DIR/manifests/srvN.yaml, DIR/servers.sh and DIR/clients.sh, and prints the
+Writes DIR/plan.json, DIR/manifests/srvN.yaml, DIR/servers.sh and DIR/clients.sh (and what
+lerobot-zenoh-admit reads: factory.yaml, profiles.yaml, plan_state.json), and prints the
 summary. Exit codes: 0 planned; 2 a configuration mistake (one line naming the field) or an
 infeasible fleet (one line naming the constraint that binds).
 """
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: infeasible: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_CONFIG
     if args.output:
-        write_deployment(factory, result, args.output)
+        write_deployment(factory, result, args.output, profiles)
     print(json.dumps(result.summary(), indent=1))
     return 0
 

@@ -34,6 +34,12 @@ class ProfileConfig:
     batch_size: int = 1
     # discrete (action models) or continuous (autoregressive VLMs), for a new model entry.
     batching: str = "discrete"
+    # The accelerator the server runs on (the factory's `servers.hardware` must match it). An existing
+    # file of another hardware is refused: profiles of different hardware go to different files.
+    hardware: str = "gpu"
+    # The model's accelerator memory (GB), for a new model entry (the planner checks it against
+    # `servers.memory_gb`). None: not stated.
+    memory_gb: float | None = None
     # Virtual clients (ids profile-0..N-1; the server must accept them).
     clients: int = 32
     saturation_s: float = 3.0
@@ -55,6 +61,8 @@ class ProfileConfig:
         for name in ("saturation_s", "seconds_per_rate", "timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, f"must be positive, got {getattr(self, name)}")
+        if self.memory_gb is not None and not self.memory_gb > 0:
+            raise ConfigError("memory_gb", f"must be positive, got {self.memory_gb}")
         if not self.fractions or any(not 0 < f <= 2 for f in self.fractions):
             raise ConfigError("fractions", f"each must be in (0, 2], got {self.fractions}")
 
@@ -75,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         app = AppKey(args.cluster_uuid, args.experiment_tag, args.model_id, args.model_version, args.application_tag)
         _ = app.status  # validates every chunk
         existing = load_profiles(args.output) if Path(args.output).exists() else None
+        if existing is not None and existing.hardware != args.hardware:
+            raise ConfigError("hardware", f"{args.output} holds profiles measured on {existing.hardware!r}, not "
+                              f"{args.hardware!r}: write this hardware's profiles to another file")
         settings = ZenohSettings(mode="peer", connect=[args.endpoint], multicast_scouting=False)
         with ZenohSession(settings).open() as session:
             run = ProfileRun(app, args.batch_size, clients=args.clients, saturation_s=args.saturation_s,
@@ -90,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     if not points:
         print(f"{PROG}: nothing was measured", file=sys.stderr)
         return 3
-    profiles = add_points(existing, args.profile_name, points, batching=args.batching)
+    profiles = add_points(existing, args.profile_name, points, batching=args.batching, hardware=args.hardware,
+                          memory_gb=args.memory_gb)
     Path(args.output).write_text(dump_profiles(profiles))
     print(f"{PROG}: {len(points)} rows for {args.profile_name} at batch size {args.batch_size} -> {args.output}")
     return 0

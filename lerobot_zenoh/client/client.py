@@ -33,6 +33,11 @@ robot will still execute) and the predicted delay, ceil(RTT quantile / dt) steps
 chunk the predicted and the actual delay are recorded; a wrong estimate is counted and logged at a
 bounded rate (docs/client.md, "Real-time chunking").
 
+A multi-model task (client/pipeline.py, `PipelineClient`) plugs into the control loop's hooks: `_send`
+(which components an observation asks), `_override_action` (a fallback or danger mode replaces the
+policy's action), `_attempt_outcome` / `_on_episode_start` (the task ends, is retried, starts again) and
+`wake` / `_react_now` (a verdict interrupts the wait between steps). The plain client's hooks do nothing.
+
 Sessions (protocol 1.1): every observation carries `session_nonce`, drawn once per RobotClient (a
 restarted client has a new one, so the server counts its seq_ids afresh), and `episode_id`, the
 episode number `self._episode` as a string (the server resets per-episode state when it changes).
@@ -85,6 +90,9 @@ class _Capture:
     # model that conditions on several consecutive observations: Status.history_length > 1).
     history: tuple[dict, ...] = ()
     refreshes_seq_id: int | None = None  # re-fetch: the waiting request this capture refreshes
+    # A multi-model task (client/pipeline.py): the components asked, and System 1's task string now.
+    component_mask: int | None = None
+    task: str | None = None
 
 
 class Outbox:
@@ -149,6 +157,7 @@ class ClientCounters:
     rtc_delays: deque = field(default_factory=lambda: deque(maxlen=2048))  # (predicted, actual) steps per RTC chunk
     watchdog_events: int = 0
     reset_steps: int = 0  # steps of the reset phases between episodes (robot held, nothing recorded)
+    override_steps: int = 0  # steps whose action came from a fallback or danger mode (multi-model task)
     revalidations: int = 0
     server_changes: int = 0
     rtt_ms: deque = field(default_factory=lambda: deque(maxlen=2048))
@@ -205,6 +214,7 @@ class RobotClient:
         self._empty_streak = 0
         self._telemetry: TelemetryPublisher | None = None
         self._last_figures = (time.perf_counter(), 0)
+        self._wake = threading.Event()
 
     # -- start-up -----------------------------------------------------------------------------
 
@@ -218,7 +228,7 @@ class RobotClient:
         if cfg.failsafe == "auto":
             velocity = all(n.endswith(".vel") for n in self.features.action_names)
             self.failsafe_mode = "zero_velocity" if velocity else "hold"
-        settings = cfg.zenoh_settings()
+        settings = self._session_settings(cfg.zenoh_settings())
         endpoints = ", ".join(settings.connect)
         if settings.effective_mode == "client":
             # Opening waits for an endpoint. A dead one is reported within CONNECT_WAIT_S unless
@@ -236,6 +246,22 @@ class RobotClient:
         if not wait_connected(self._session, settings.connect, timeout_s=CONNECT_WAIT_S):  # peer mode
             raise CompatibilityError(f"cannot connect to {endpoints}: nothing answers there (is the server or router "
                                      "running, and is the address right?)")
+        self._discover_components(endpoints)
+        self._declare()
+        for target, name in self._thread_targets():
+            t = threading.Thread(target=target, name=f"{cfg.client_uuid}:{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        self.state = "running"
+        return self
+
+    def _session_settings(self, settings: ZenohSettings) -> ZenohSettings:
+        """The Zenoh settings the session opens with (a pipeline client connects to several servers)."""
+        return settings
+
+    def _discover_components(self, endpoints: str) -> None:
+        """Find and validate the server (System 1); raises CompatibilityError."""
+        cfg = self.config
         log.info("%s: looking for %s", cfg.client_uuid, cfg.app_key.status)
         status = discover(self._session, cfg.app_key, cfg.discovery_timeout_s, self._stop, client_uuid=cfg.client_uuid)
         if status is None and self._stop.is_set():
@@ -263,6 +289,13 @@ class RobotClient:
                  ("off (--rtc.enabled=false)" if status.rtc is not None else "not offered"))
         log.info("%s: frames travel %s", cfg.client_uuid, "raw through /dev/shm (same host)" if self.same_host_active
                  else "as JPEG" + (" (--same_host=false)" if status.same_host is not None and not cfg.same_host else ""))
+
+    def _thread_targets(self) -> list:
+        return [(self._publish_loop, "publisher"), (self._receive_loop, "receiver")]
+
+    def _declare(self) -> None:
+        """Publisher, subscriptions, liveliness token and telemetry."""
+        cfg = self.config
         self._pub = self._session.publisher(cfg.client_key.obs, OBSERVATION_QOS)
         self._session.subscribe(cfg.client_key.action, self._on_chunk)
         self._session.watch_liveliness(cfg.app_key.all_servers, self._on_liveliness)
@@ -272,12 +305,6 @@ class RobotClient:
             self._telemetry = TelemetryPublisher(self._session, cfg.client_key.metrics, "client", cfg.client_uuid,
                                                  self.telemetry_figures, cfg.telemetry_period_s,
                                                  labels={"robot_type": getattr(self.robot, "name", "")}).start()
-        for target, name in ((self._publish_loop, "publisher"), (self._receive_loop, "receiver")):
-            t = threading.Thread(target=target, name=f"{cfg.client_uuid}:{name}", daemon=True)
-            t.start()
-            self._threads.append(t)
-        self.state = "running"
-        return self
 
     def _use_status(self, status) -> None:
         """Real-time chunking and the observation history follow the server that answers (a
@@ -313,11 +340,22 @@ class RobotClient:
         self._log_episode_start(episodes, episode_s)
         next_deadline = t0
         last_tick = None
+        self._on_episode_start(t0)
         while not self._stop.is_set():
             now = time.perf_counter()
             if limit_s is not None and now - t0 >= limit_s:
                 break
-            if not resetting and episode_s is not None and now - phase_start >= episode_s:
+            # A multi-model task may end its attempt early (done, failed, a fallback): client/pipeline.py.
+            outcome = None if resetting else self._attempt_outcome(now)
+            if outcome == "stop" or (outcome == "done" and ds is None):
+                break
+            if outcome == "retry" and ds is None:  # no dataset: a reset phase, then the task again
+                resetting, phase_start = True, now
+                self._begin_reset()
+                reset_s = self._retry_reset_s()
+                log.info("%s: task reset for %g s, then attempt %d", cfg.client_uuid, reset_s, self._episode + 2)
+            elif outcome in ("retry", "done") or (
+                    not resetting and episode_s is not None and now - phase_start >= episode_s):
                 episodes_done += 1
                 if self.recorder is not None:
                     self.recorder.end_episode()
@@ -334,6 +372,7 @@ class RobotClient:
                 self._episode += 1
                 steps_at_start, held_at_start = self.counters.steps, self.counters.empty_cycles
                 self._log_episode_start(episodes, episode_s)
+                self._on_episode_start(now)
             if last_tick is not None:
                 self.counters.period_ms.append((now - last_tick) * 1000)
             last_tick = now
@@ -345,13 +384,45 @@ class RobotClient:
             next_deadline += self.dt_s
             remaining = next_deadline - time.perf_counter()
             if remaining > 0:
-                self._stop.wait(remaining)
+                self._wait_until(next_deadline)
             else:
                 self.counters.overruns += 1
                 self.counters.max_lateness_ms = max(self.counters.max_lateness_ms, -remaining * 1000)
                 if -remaining > 5 * self.dt_s:  # far behind: skip missed deadlines rather than burst
                     next_deadline = time.perf_counter()
         return self.counters
+
+    def _wait_until(self, deadline_s: float) -> None:
+        """Sleep until the step's deadline; `wake()` (a danger verdict) interrupts it for `_react_now`."""
+        while not self._stop.is_set():
+            remaining = deadline_s - time.perf_counter()
+            if remaining <= 0 or not self._wake.wait(remaining):
+                return
+            self._wake.clear()
+            if not self._stop.is_set():
+                self._react_now()
+
+    def wake(self) -> None:
+        """Interrupt the control loop's wait (any thread): it calls `_react_now` at once."""
+        self._wake.set()
+
+    # Hooks for a multi-model task (client/pipeline.py); the plain client has none of these.
+    def _on_episode_start(self, now_s: float) -> None:
+        """An episode (an attempt at the task) starts."""
+
+    def _attempt_outcome(self, now_s: float) -> str | None:
+        """None (go on), or how the attempt ended: done, retry, stop."""
+        return None
+
+    def _retry_reset_s(self) -> float:
+        return 0.0
+
+    def _override_action(self, observation: dict) -> dict | None:
+        """An action that replaces the policy's this step (a fallback or a danger mode), or None."""
+        return None
+
+    def _react_now(self) -> None:
+        """Woken between steps (`wake`): act at once rather than at the next step."""
 
     def _log_episode_start(self, episodes: int, episode_s: float | None) -> None:
         if self.config.dataset is None:
@@ -373,11 +444,37 @@ class RobotClient:
         """One reset-phase step: the robot gets its fail-safe action; nothing is sent or recorded."""
         observation = self.robot.get_observation()
         self.buffer.clear()  # a late chunk of the previous episode must not move the robot
-        self.robot.send_action(self._failsafe_action(observation))
+        self.robot.send_action(self._override_action(observation) or self._failsafe_action(observation))
         self.counters.reset_steps += 1
 
     def _step(self, now: float, episode_start: float) -> None:
         observation = self.robot.get_observation()
+        self._send(observation, now, episode_start)
+        if self._history.maxlen:
+            self._history.append(observation)  # one control period apart: every step is kept
+        override = self._override_action(observation)
+        if override is not None:
+            self.buffer.clear()  # the robot does not follow the policy now: its plan goes stale
+            sent = self.robot.send_action(override)
+            self.counters.override_steps += 1
+            popped = None
+        else:
+            popped = self.buffer.pop()
+            if popped is not None:
+                _, vector = popped
+                action = dict(zip(self.features.action_names, (float(x) for x in vector)))
+                sent = self.robot.send_action(action)
+                self._last_action = action
+                self.counters.actions_executed += 1
+                self._empty_streak = 0
+            else:
+                sent = self._failsafe(observation)
+        self.counters.steps += 1
+        if self.recorder is not None:
+            self.recorder.record(observation, sent, failsafe=popped is None)
+
+    def _send(self, observation: dict, now: float, episode_start: float) -> None:
+        """Hand the observation to the publisher when the send rule says so."""
         step = self.buffer.next_step
         depth = self.buffer.depth
         if self.state == "running":
@@ -385,21 +482,6 @@ class RobotClient:
                 self._capture(observation, now, episode_start, step, depth)
             elif (request := self.trigger.refresh_due(now)) is not None:  # None at once when re-fetch is off
                 self._capture(observation, now, episode_start, step, depth, refreshes=request)
-        if self._history.maxlen:
-            self._history.append(observation)  # one control period apart: every step is kept
-        popped = self.buffer.pop()
-        if popped is not None:
-            _, vector = popped
-            action = dict(zip(self.features.action_names, (float(x) for x in vector)))
-            sent = self.robot.send_action(action)
-            self._last_action = action
-            self.counters.actions_executed += 1
-            self._empty_streak = 0
-        else:
-            sent = self._failsafe(observation)
-        self.counters.steps += 1
-        if self.recorder is not None:
-            self.recorder.record(observation, sent, failsafe=popped is None)
 
     def _capture(self, observation: dict, now: float, episode_start: float, step: int, depth: int,
                  refreshes: int | None = None) -> None:
@@ -497,10 +579,12 @@ class RobotClient:
                     framed = shared_frame(obs) if self.same_host_active and cameras else None
                     state, images, shared = framed or (*encode_frame(obs), None)
                     history = tuple(HistoryFrame(*encode_frame(past)) for past in item.history)
-                    message = Observation(item.seq_id, self.config.client_uuid, state, images, self.config.task_text,
+                    message = Observation(item.seq_id, self.config.client_uuid, state, images,
+                                          self.config.task_text if item.task is None else item.task,
                                           item.execution, episode_id=item.episode_id,
                                           session_nonce=self.session_nonce, rtc=item.rtc, history=history,
-                                          shared_frames=shared, refreshes_seq_id=item.refreshes_seq_id)
+                                          shared_frames=shared, refreshes_seq_id=item.refreshes_seq_id,
+                                          component_mask=item.component_mask)
                     # The header lets the server rank it without decoding it (protocol.md §5.1.1).
                     self._pub.put(codec.encode(message), attachment=codec.encode_observation_header(message))
                     self.counters.observations_published += 1
@@ -575,6 +659,10 @@ class RobotClient:
             log.info("%s: now served by %s (was %s)", self.config.client_uuid, chunk.server_id, self.serving_server_id)
             self.serving_server_id = chunk.server_id
             self.counters.server_changes += 1
+        self._on_chunk_accepted(chunk.response_to_seq_id, arrived_s)
+
+    def _on_chunk_accepted(self, seq_id: int, arrived_s: float) -> None:
+        """A chunk answering `seq_id` went into the buffer (a pipeline client books it against its SLO)."""
 
     def _count_rtc(self, result: IntakeResult) -> None:
         """Predicted vs actual delay of a chunk that answered a real-time-chunking observation."""
@@ -647,6 +735,7 @@ class RobotClient:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         self.outbox.wake()
 
     def close(self) -> None:

@@ -78,6 +78,25 @@ class RtcConfig:
 
 
 @dataclass
+class PipelineConfig:
+    """Run a multi-model task (docs/pipelines.md, "Running a task over Zenoh")."""
+
+    plan: str | None = field(
+        default=None,
+        metadata={"help": "plan.json written by lerobot-zenoh-plan: this robot (--client_uuid) runs its planned task, "
+                          "routes and rates (the routing flags, --fps and --actions_per_chunk come from the plan)."},
+    )
+    reset_s: float = field(
+        default=1.0,
+        metadata={"help": "Without --dataset: how long the robot stays in its reset mode before retrying a failed task."},
+    )
+
+    def validate(self, prefix: str = "pipeline") -> None:
+        if not (isinstance(self.reset_s, (int, float)) and 0 <= self.reset_s <= 3600):
+            raise ConfigError(f"{prefix}.reset_s", f"must be within [0, 3600] s, got {self.reset_s!r}")
+
+
+@dataclass
 class RobotClientConfig:
     # The robot, any type LeRobot knows (plugins included): --robot.type=so101_follower --robot.port=...
     robot: RobotConfig
@@ -117,6 +136,8 @@ class RobotClientConfig:
     send: SendTriggerConfig = field(default_factory=SendTriggerConfig)
     # Real-time chunking: on when the server advertises it, unless --rtc.enabled=false.
     rtc: RtcConfig = field(default_factory=RtcConfig)
+    # A multi-model task: --pipeline.plan=<plan.json> (docs/pipelines.md).
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     # What the robot does when it has no action: hold (command its measured position),
     # zero_velocity (command zeros), or auto (zero_velocity if every action is a *.vel, else hold).
     failsafe: str = "auto"
@@ -173,6 +194,7 @@ class RobotClientConfig:
         if self.dataset is not None:
             self._validate_dataset(self.dataset)
         self.rtc.validate("rtc")
+        self.pipeline.validate("pipeline")
         self.zenoh.validate("zenoh")
 
     def _validate_dataset(self, ds: ClientDatasetConfig) -> None:

@@ -219,7 +219,11 @@ def _find_cycle(edges: dict[str, list[str]]) -> list[str] | None:
 
 class ServersEntry(_Strict):
     count: int = Field(ge=1, le=100_000, strict=True)
+    # The accelerator type of every server; the serving profiles must have been measured on it.
     hardware: str = "gpu"
+    # Accelerator memory of one server (GB); a model whose profile states more does not fit. None:
+    # not checked.
+    memory_gb: float | None = Field(None, gt=0, allow_inf_nan=False)
     # Where server i listens: tcp/<host>:<port_base + i>.
     host: str = "127.0.0.1"
     port_base: int = Field(7500, ge=1, le=65535, strict=True)
@@ -254,6 +258,9 @@ class ServedModel(_Strict):
     model_version: str = "v1"
     pretrained_path: str | None = None
     synthetic: dict | None = None
+    # A VLM component (the manifest's `vlm` block, docs/server.md): pretrained_path is its folder. Its
+    # `output` may be left out: the deployment sets it from the component kind it serves.
+    vlm: dict | None = None
     fps: int = Field(30, ge=1, le=1000)
     actions_per_chunk: int | None = Field(None, ge=1)
 
@@ -261,6 +268,8 @@ class ServedModel(_Strict):
     def _source(self):
         if (self.pretrained_path is None) == (self.synthetic is None):
             raise ValueError("give exactly one of pretrained_path or synthetic")
+        if self.vlm is not None and self.pretrained_path is None:
+            raise ValueError("vlm needs pretrained_path (the VLM's folder)")
         _key_chunk("model_id", self.model_id)
         _key_chunk("model_version", self.model_version)
         return self

@@ -212,7 +212,13 @@ def rosa_profiles() -> Profiles:
 
 def check_against_profiles(factory, profiles: Profiles) -> None:
     """Refuse a factory whose tasks name a model without a profile, an SLO percentile the profile does
-    not hold, or a deadline below the model's measured minimum latency (naming task and component)."""
+    not hold, or a deadline below the model's measured minimum latency (naming task and component);
+    profiles measured on another hardware than the factory's servers; a model that does not fit in a
+    server's memory (each server hosts one model)."""
+    if profiles.hardware != factory.servers.hardware:
+        raise ConfigError("servers.hardware", f"the factory's servers are {factory.servers.hardware!r} but the "
+                          f"profiles ({profiles.source}) were measured on {profiles.hardware!r}: profile the "
+                          "models on the servers' hardware", source=factory.source)
     for tname, task in factory.tasks.items():
         for cname, comp in task.components.items():
             where = f"tasks.{tname}.components.{cname}"
@@ -221,6 +227,11 @@ def check_against_profiles(factory, profiles: Profiles) -> None:
                                   f"model {comp.model!r} (profiled: {', '.join(sorted(profiles.models))})",
                                   source=factory.source)
             prof = profiles.models[comp.model]
+            capacity = factory.servers.memory_gb
+            if capacity is not None and prof.memory_gb is not None and prof.memory_gb > capacity:
+                raise ConfigError(f"{where}.model", f"task {tname!r}, component {cname!r}: model {comp.model!r} "
+                                  f"needs {prof.memory_gb:g} GB, a server has {capacity:g} GB (servers.memory_gb)",
+                                  source=factory.source)
             stat = stat_of(comp.slo.percentile)
             if not prof.has_stat(stat):
                 raise ConfigError(f"{where}.slo.percentile", f"task {tname!r}, component {cname!r}: the profile "

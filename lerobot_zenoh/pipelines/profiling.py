@@ -7,7 +7,11 @@ server's expected observation (zeros, JPEG-encoded cameras) over Zenoh:
    server's maximum throughput at its configured batch size;
 2. for each fraction (Rosa: 10% .. 100%), Poisson arrivals at that fraction of the maximum for
    `seconds_per_rate`, each on a client with nothing in flight (an arrival that finds none is counted
-   as dropped); latency = chunk arrival - observation send, on this process's clock.
+   as dropped); latency = answer arrival - observation send, on this process's clock.
+
+The answer is what the server's status says it answers (`Status.output`, protocol 1.3): an action
+chunk, a TextResult (System 2) or a Verdict (safety, monitor), each on its own topic; a multi-model
+component's server is measured through its own app key, which it serves besides its tasks' streams.
 
 Each rate gives one `ProfilePoint` (mean, p50, p90, p95, p99) labelled with the server's batch size
 (`--batch_size`: the manifest's `max_batch_size`, which the status does not carry). A rate where more
@@ -29,6 +33,13 @@ from lerobot_zenoh.pipelines.profiles import ModelProfile, ProfilePoint, Profile
 FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
+def _answers() -> dict:
+    from lerobot_zenoh.protocol import codec
+
+    return {"actions": ("action", codec.decode_action_chunk), "text": ("text", codec.decode_text_result),
+            "verdict": ("verdict", codec.decode_verdict)}
+
+
 def latency_point(batch_size: int, rate_hz: float, samples_ms: list[float]) -> ProfilePoint:
     """One profile row from the latencies measured at one offered rate (pure)."""
     a = np.asarray(samples_ms, dtype=np.float64)
@@ -40,14 +51,16 @@ def latency_point(batch_size: int, rate_hz: float, samples_ms: list[float]) -> P
 
 
 def add_points(profiles: Profiles | None, model: str, points: list[ProfilePoint], batching: str = "discrete",
-               hardware: str = "gpu") -> Profiles:
-    """`profiles` with `points` added to `model` (replacing rows of the same batch size)."""
+               hardware: str = "gpu", memory_gb: float | None = None) -> Profiles:
+    """`profiles` with `points` added to `model` (replacing rows of the same batch size); `memory_gb`,
+    when given, replaces the model's."""
     models = dict(profiles.models) if profiles else {}
     sizes = {p.batch_size for p in points}
     old = models.get(model)
     kept = [p for p in old.points if p.batch_size not in sizes] if old else []
     models[model] = ModelProfile(batching=old.batching if old else batching,
-                                 memory_gb=old.memory_gb if old else None, points=kept + list(points))
+                                 memory_gb=memory_gb if memory_gb is not None else (old.memory_gb if old else None),
+                                 points=kept + list(points))
     return Profiles(hardware=profiles.hardware if profiles else hardware, models=models)
 
 
@@ -83,12 +96,13 @@ class Profiler:
         if not replies:
             raise TransportError(f"no server answers {app.status}")
         status = codec.decode_status(replies[0][1])
+        topic, decode = _answers()[status.output or "actions"]  # Status.output: what the server answers
         images = {name: codec.encode_jpeg(np.zeros((h, w, 3), dtype=np.uint8))
                   for name, (h, w) in status.expected_cameras.items()}
         state = np.zeros(status.state_dim or 1, dtype=np.float32)
         ids = [f"profile-{i}" for i in range(self.run.clients)]
         pubs = {cid: self.session.publisher(app.client(cid).obs, OBSERVATION_QOS) for cid in ids}
-        sub = self.session.subscribe(f"{app.prefix}/*/action",
+        sub = self.session.subscribe(f"{app.prefix}/*/{topic}",
                                      lambda key, payload: self._inbox.put((key, payload, time.perf_counter())))
         try:
             def send(cid: str) -> None:
@@ -111,11 +125,11 @@ class Profiler:
                     except queue.Empty:
                         continue
                     try:
-                        chunk = codec.decode_action_chunk(payload)
+                        answer = decode(payload)
                     except ProtocolError:
                         continue
                     cid = key.rsplit("/", 2)[-2]
-                    t0 = self._sent.pop((cid, chunk.response_to_seq_id), None)
+                    t0 = self._sent.pop((cid, answer.response_to_seq_id), None)
                     if t0 is None:
                         continue
                     busy.pop(cid, None)

@@ -21,7 +21,8 @@ Stale steps (:func:`expired_steps`)
 
 The send rule (:class:`SendTrigger`)
     Send when ``queue_size * dt_s < buffer_time_s`` and fewer than ``max_in_flight`` requests
-    are outstanding. ``queue_size * dt_s`` is how long the buffered actions last; the next chunk
+    are outstanding (and, with ``max_rate_hz``, at least ``1 / max_rate_hz`` after the last send: a
+    planned request rate the robot keeps even when its server is faster than planned). ``queue_size * dt_s`` is how long the buffered actions last; the next chunk
     needs one round trip to arrive, so the buffer must still hold about one RTT of actions when
     the observation leaves.
 
@@ -241,6 +242,10 @@ class SendTriggerConfig:
                           "many seconds until answered or timed out (docs/protocol.md §10.7). None (default): off, "
                           "since a 1.2 server would serve each late refresh as a new request."},
     )
+    max_rate_hz: float | None = field(
+        default=None,
+        metadata={"help": "Send at most this many observations per second (a planned request rate). None: no cap."},
+    )
 
     def __post_init__(self) -> None:
         _optional_positive("buffer_time_s", self.buffer_time_s)
@@ -249,6 +254,7 @@ class SendTriggerConfig:
         _optional_positive("initial_buffer_time_s", self.initial_buffer_time_s)
         _optional_positive("timeout_rtt_factor", self.timeout_rtt_factor)
         _optional_positive("min_request_timeout_s", self.min_request_timeout_s)
+        _optional_positive("max_rate_hz", self.max_rate_hz)
         if self.max_in_flight < 1:
             raise ConfigError("send_trigger.max_in_flight", f"must be at least 1, got {self.max_in_flight}")
         if not (math.isfinite(self.margin_steps) and self.margin_steps >= 0):
@@ -261,7 +267,7 @@ class SendTriggerConfig:
 
 @dataclass(frozen=True)
 class SendDecision:
-    """Whether to send now, and why (``buffer_low``, ``buffer_ok`` or ``in_flight_full``)."""
+    """Whether to send now, and why (``buffer_low``, ``buffer_ok``, ``in_flight_full`` or ``rate_cap``)."""
 
     send: bool
     reason: str
@@ -321,6 +327,7 @@ class SendTrigger:
         self._published_s: dict[int, float] = {}
         self._request_of: OrderedDict[int, int] = OrderedDict()
         self._refreshes = 0
+        self._last_send_s: float | None = None  # for max_rate_hz
 
     # -- calibrated thresholds
 
@@ -361,6 +368,9 @@ class SendTrigger:
                 send, reason = False, "buffer_ok"
             elif outstanding >= self.config.max_in_flight:
                 send, reason = False, "in_flight_full"
+            elif (self.config.max_rate_hz is not None and self._last_send_s is not None
+                  and now_s - self._last_send_s < 1.0 / self.config.max_rate_hz):
+                send, reason = False, "rate_cap"
             else:
                 send, reason = True, "buffer_low"
         return SendDecision(send, reason, buffered_s, threshold_s, outstanding)
@@ -376,6 +386,7 @@ class SendTrigger:
             self._outstanding[seq_id] = now_s
             self._published_s[seq_id] = now_s
             self._sent += 1
+            self._last_send_s = now_s
 
     def refresh_due(self, now_s: float) -> int | None:
         """Re-fetch: the seq_id of the oldest outstanding request last published at least

@@ -46,6 +46,13 @@ deployment the server's own session enforces it and its own entities are local.
 Clients are named one by one (ACL subjects are certificate common names; Zenoh cannot derive a
 key from a name), so a client accepted through `accept_unknown_clients` must still be listed
 here (`extra_clients`) to get through an ACL.
+
+A model that answers text or verdicts (a task component, docs/pipelines.md) has `P/c/text` or
+`P/c/verdict` where the table says `action`. One serving components of multi-model tasks (a
+`pipeline` block) also gets, for each task stream `T` = `<cluster>/<experiment>/_pipeline/1/<task>`:
+its client c may put `T/c/obs` and `T/c/metrics` and declare its token `T/c/metrics` (egress: the
+routes `T/*/obs`, `T/c/obs`); its server may subscribe to `T/*/obs` and watch `T/*/metrics` (egress:
+`T/*/obs` puts and `T/*/metrics` tokens). A robot can still only publish its own observations.
 """
 
 from __future__ import annotations
@@ -71,6 +78,8 @@ class AppGrant:
     app: AppKey
     clients: tuple[str, ...]
     servers: tuple[str, ...]
+    topic: str = "action"  # what the app answers on: action, text (System 2) or verdict (safety, monitor)
+    streams: tuple[AppKey, ...] = ()  # the task observation streams its model also serves (pipeline)
 
 
 @dataclass(frozen=True)
@@ -106,9 +115,12 @@ class Deployment:
         """
         extra = {k: list(v) for k, v in (extra_clients or {}).items()}
         merged: dict[AppKey, tuple[list[str], list[str]]] = {}
+        answers: dict[AppKey, tuple[str, list[AppKey]]] = {}
         for manifest in manifests:
             for entry in manifest.server:
                 app = manifest.app_key(entry)
+                topic, streams = answers.setdefault(app, (_answer_topic(entry), []))
+                streams += [k for k in (manifest.pipeline_key(i) for i in entry.pipeline) if k not in streams]
                 clients, servers = merged.setdefault(app, ([], []))
                 for cid in [c.client_uuid for c in entry.clients] + extra.get(app.prefix, []) + extra.get("*", []):
                     if cid not in clients:
@@ -118,7 +130,8 @@ class Deployment:
         unknown = set(extra) - {"*"} - {app.prefix for app in merged}
         if unknown:
             raise ConfigError("extra_clients", f"no manifest serves {sorted(unknown)}")
-        apps = tuple(AppGrant(app, tuple(c), tuple(s)) for app, (c, s) in merged.items())
+        apps = tuple(AppGrant(app, tuple(c), tuple(s), answers[app][0], tuple(answers[app][1]))
+                     for app, (c, s) in merged.items())
         return cls(apps, tuple(dict.fromkeys(monitors)))
 
 
@@ -137,34 +150,38 @@ def access_control(deployment: Deployment) -> dict:
     """The value of Zenoh's `access_control` config section for `deployment` (deny by default)."""
     b = _Builder()
     for grant in deployment.apps:
-        p, app = grant.app.prefix, grant.app
+        p, app, topic, streams = grant.app.prefix, grant.app, grant.topic, grant.streams
         for c in grant.clients:
             key = app.client(c)
+            own = [stream.client(c) for stream in streams]  # its keys on the task streams
             rid = f"client/{c}@{p}"
-            b.allow(c, f"{rid}/put", INGRESS, ["put"], [key.obs, key.metrics])
-            b.allow(c, f"{rid}/subscribe", INGRESS, ["declare_subscriber"], [key.action])
+            b.allow(c, f"{rid}/put", INGRESS, ["put"], [key.obs, key.metrics, *(k for o in own for k in (o.obs, o.metrics))])
+            b.allow(c, f"{rid}/subscribe", INGRESS, ["declare_subscriber"], [key.topic(topic)])
             b.allow(c, f"{rid}/query", INGRESS, ["query"], [app.status])
-            b.allow(c, f"{rid}/token", INGRESS, ["liveliness_token"], [key.metrics])
+            b.allow(c, f"{rid}/token", INGRESS, ["liveliness_token"], [key.metrics, *(o.metrics for o in own)])
             b.allow(c, f"{rid}/watch", INGRESS, ["declare_liveliness_subscriber", "liveliness_query"], [app.all_servers])
-            b.allow(c, f"{rid}/receive", EGRESS, ["put"], [key.action])
+            b.allow(c, f"{rid}/receive", EGRESS, ["put"], [key.topic(topic)])
             b.allow(c, f"{rid}/reply", EGRESS, ["reply"], [app.status])
             b.allow(c, f"{rid}/tokens", EGRESS, ["liveliness_token"], [app.all_servers])
             b.allow(c, f"{rid}/routes", EGRESS, ["declare_subscriber"],
-                    [app.all_observations, key.obs, ALL_METRICS, key.metrics])
+                    [app.all_observations, key.obs, ALL_METRICS, key.metrics,
+                     *(k for stream, o in zip(streams, own) for k in (stream.all_observations, o.obs))])
             b.allow(c, f"{rid}/routes-status", EGRESS, ["declare_queryable"], [app.status])
         for s in grant.servers:
             rid = f"server/{s}@{p}"
-            b.allow(s, f"{rid}/subscribe", INGRESS, ["declare_subscriber"], [app.all_observations])
-            b.allow(s, f"{rid}/put", INGRESS, ["put"], [f"{p}/*/action", app.server_metrics(s)])
+            observations = [app.all_observations, *(stream.all_observations for stream in streams)]
+            tokens = [app.all_client_tokens, *(stream.all_client_tokens for stream in streams)]
+            b.allow(s, f"{rid}/subscribe", INGRESS, ["declare_subscriber"], observations)
+            b.allow(s, f"{rid}/put", INGRESS, ["put"], [f"{p}/*/{topic}", app.server_metrics(s)])
             b.allow(s, f"{rid}/status", INGRESS, ["declare_queryable", "reply"], [app.status])
             b.allow(s, f"{rid}/token", INGRESS, ["liveliness_token"], [app.server_token(s)])
             b.allow(s, f"{rid}/watch", INGRESS, ["declare_liveliness_subscriber", "liveliness_query"],
-                    [app.all_servers, app.all_client_tokens])
-            b.allow(s, f"{rid}/tokens", EGRESS, ["liveliness_token"], [app.all_servers, app.all_client_tokens])
-            b.allow(s, f"{rid}/receive", EGRESS, ["put"], [app.all_observations])
+                    [app.all_servers, *tokens])
+            b.allow(s, f"{rid}/tokens", EGRESS, ["liveliness_token"], [app.all_servers, *tokens])
+            b.allow(s, f"{rid}/receive", EGRESS, ["put"], observations)
             b.allow(s, f"{rid}/query", EGRESS, ["query"], [app.status])
             b.allow(s, f"{rid}/routes", EGRESS, ["declare_subscriber"],
-                    [f"{p}/*/action", ALL_METRICS, app.server_metrics(s)])
+                    [f"{p}/*/{topic}", ALL_METRICS, app.server_metrics(s)])
     for m in deployment.monitors:
         rid = f"monitor/{m}"
         b.allow(m, f"{rid}/subscribe", INGRESS, ["declare_subscriber"], [ALL_METRICS])
@@ -176,6 +193,14 @@ def access_control(deployment: Deployment) -> dict:
                 for name in deployment.identities if b.policies.get(name)]
     return {"enabled": True, "default_permission": "deny", "rules": b.rules, "subjects": subjects,
             "policies": policies}
+
+
+def _answer_topic(entry) -> str:
+    """The client topic a manifest entry answers on, from its declared output (a LeRobot checkpoint
+    answers actions)."""
+    declared = entry.synthetic or entry.vlm
+    output = declared.output if declared is not None else "actions"
+    return {"actions": "action", "text": "text", "verdict": "verdict"}[output]
 
 
 def write_acl(acl: dict, path: str | Path) -> Path:

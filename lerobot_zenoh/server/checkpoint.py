@@ -257,6 +257,61 @@ def save_tiny_smolvlm(folder: Path, tokenizer: Any) -> None:
     ).save_pretrained(folder)
 
 
+#: `build_tiny_vlm`'s vision tower: 64x64 images in 8x8 patches, pixel shuffle 2 -> 16 tokens per image.
+_TINY_VLM_IMAGE = 64
+_TINY_VLM_PATCH = 8
+_TINY_VLM_SCALE = 2
+
+
+def build_tiny_vlm(output_dir: str | Path, *, seed: int = 0, force: bool = False) -> Path:
+    """Write a tiny SmolVLM (Idefics3 family) with random weights to `output_dir`, as a user's VLM
+    checkpoint is laid out (``save_pretrained`` of the model and of its processor: config.json,
+    model.safetensors, generation_config.json, processor and tokenizer files), for the VLM runner
+    (System 2 text, safety / monitor verdicts; docs/policies.md "VLM components").
+
+    The architecture is `save_tiny_smolvlm`'s (a llama text model of 4 layers of 64, a vision tower of
+    2 layers of 32 on 64x64 images, a byte-level BPE tokenizer trained on a few sentences) with a
+    processor that expands each ``<image>`` into the 16 tokens the model produces per image. About
+    0.23 M parameters; its text is random tokens (the weights are random), its timing and code path
+    those of a real SmolVLM. An existing non-empty `output_dir` is refused unless `force` (and then
+    only replaced when it holds a config.json)."""
+    if not isinstance(seed, int):
+        raise ConfigError("seed", f"must be an integer, got {seed!r}")
+    output = Path(output_dir)
+    _check_output(output, force)
+    import torch
+    from transformers import AutoModelForImageTextToText, SmolVLMConfig, SmolVLMProcessor
+    from transformers.models.smolvlm import SmolVLMImageProcessor, SmolVLMVideoProcessor
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        tokenizer = train_tiny_tokenizer(smolvlm=True)
+        save_tiny_smolvlm(staging, tokenizer)  # the config (the processor is replaced below)
+        size = {"longest_edge": _TINY_VLM_IMAGE}
+        tokens_per_image = (_TINY_VLM_IMAGE // _TINY_VLM_PATCH) ** 2 // _TINY_VLM_SCALE ** 2
+        SmolVLMProcessor(
+            image_processor=SmolVLMImageProcessor(size=size, max_image_size=size, do_image_splitting=False),
+            video_processor=SmolVLMVideoProcessor(size=size, max_image_size=size),
+            tokenizer=tokenizer, image_seq_len=tokens_per_image,
+        ).save_pretrained(staging)
+        config = SmolVLMConfig.from_pretrained(staging)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = AutoModelForImageTextToText.from_config(config)
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        model.save_pretrained(staging)
+        _check_output(output, force)
+        if output.exists():
+            shutil.rmtree(output) if any(output.iterdir()) else output.rmdir()
+        os.replace(staging, output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return output
+
+
 @contextlib.contextmanager
 def _tiny_architecture(policy_type: str):
     """pi0/pi05: build with `tiny_pi`'s scoped shrink (their Gemma sizes are fixed by LeRobot)."""

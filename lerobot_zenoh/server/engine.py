@@ -38,7 +38,7 @@ from __future__ import annotations
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation, ObservationHeader
 from lerobot_zenoh.scheduling.request_schedulers import RequestScheduler
@@ -155,6 +155,7 @@ class Engine:
         self.sessions_closed: Counter = Counter()  # reason -> count
         self.decoded_on_arrival = 0  # observations `peek`-decoded to read their ExecutionInfo
         self.headers_read = 0  # observations whose header told it instead
+        self._delisted: list[Session] = []  # closed by update_clients; handed out by the next expire()
 
     # -- Zenoh callback thread ----------------------------------------------------------------
 
@@ -230,7 +231,32 @@ class Engine:
                    or now_s - s.last_seen_s >= cfg.idle_timeout_s]
             for session, reason in due:
                 self._close(session, reason)
-        return [s for s, _ in due]
+            delisted, self._delisted = self._delisted, []
+        return delisted + [s for s, _ in due]
+
+    # -- any thread -----------------------------------------------------------------------------
+
+    def update_clients(self, listed: frozenset[str], max_batch_size: int | None = None) -> list[str]:
+        """Take a new list of clients (a manifest reload; docs/server.md, "Reloading the client list").
+
+        A newly listed client that has an unknown session keeps it, now on a reserved place; the
+        session of a client no longer listed closes (reason `delisted`) and is handed to the shell by
+        the next `expire()`, on the inference thread, like an expired one. Returns the ids closed.
+        """
+        listed = frozenset(listed)
+        with self._lock:
+            self.config = replace(self.config, listed=listed, max_batch_size=max_batch_size or self.config.max_batch_size)
+            closing = []
+            for session in list(self.sessions.values()):
+                if session.client_id in listed and not session.listed:
+                    session.listed = True
+                    self._unknown_open -= 1
+                elif session.listed and session.client_id not in listed:
+                    closing.append(session)
+            for session in closing:
+                self._close(session, "delisted")
+            self._delisted += closing
+        return [s.client_id for s in closing]
 
     def close_all(self) -> list[Session]:
         with self._lock:

@@ -1,4 +1,4 @@
-"""The executor of one model: turns a batch the engine picked into encoded action chunks.
+"""The executor of one model: turns a batch the engine picked into encoded answers.
 
     prepare(session_id, observation)  check it against the model's spec, decode its JPEG frames
                                       (cameras in parallel), build the runner's request (with the
@@ -8,6 +8,8 @@
     infer(requests)                   one `runner.run` call for the whole batch; if it fails, each
                                       request again on its own so that only the bad one fails
     chunk(observation, result, ...)   cut to actions_per_chunk, execution horizon, ActionChunk bytes
+    answer(observation, result, ...)  the bytes of what the runner's `capabilities.output` says it
+                                      answers: an ActionChunk (`chunk`), a TextResult or a Verdict
 
 Runs on the inference thread only and holds no lock: the engine's bookkeeping is the shell's job.
 """
@@ -24,12 +26,14 @@ import numpy as np
 from lerobot_zenoh.errors import PolicyError, ProtocolError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.transport import same_host
-from lerobot_zenoh.protocol.messages import ActionChunk, Observation, RtcInputs
+from lerobot_zenoh.protocol.messages import VERDICT_LABELS, ActionChunk, Observation, RtcInputs, TextResult, Verdict
 from lerobot_zenoh.scheduling.horizon import HorizonPolicy
 from lerobot_zenoh.server.runners.base import (
+    COMPONENT_EXTRA,
     RTC_EXTRA,
     RTC_EXTRA_DELAY,
     InferenceRequest,
+    ComponentQuery,
     InferenceResult,
     PolicyRunner,
 )
@@ -60,6 +64,8 @@ class Executor:
         if wants and not self.capture_updates:
             log.warning("%s: %s reports no refinement updates; horizon %s will send the whole chunk",
                         name, self.spec.policy_type, horizon.name)
+        elif horizon is not None:
+            log.info("%s: execution horizon %r", name, horizon)  # shows the threshold a default picked
         self.batch_fallbacks = 0  # batches that failed and were served one request at a time
         cameras = len(self.spec.cameras)
         self._jpeg = (ThreadPoolExecutor(max_workers=cameras - 1, thread_name_prefix="jpeg")
@@ -69,8 +75,11 @@ class Executor:
         if self._jpeg is not None:
             self._jpeg.shutdown(wait=False)
 
-    def prepare(self, client_id: str, obs: Observation) -> InferenceRequest:
-        """Check the observation against the model's features and decode its images; ProtocolError if not."""
+    def prepare(self, client_id: str, obs: Observation, component: ComponentQuery | None = None) -> InferenceRequest:
+        """Check the observation against the model's features and decode its images; ProtocolError if not.
+
+        `component`: what a multi-model task asks of this component (its prompt, its labels), for an
+        observation that came through the task's observation stream; it goes into the request's extras."""
         spec = self.spec
         if obs.client_uuid != client_id:
             raise ProtocolError("client_mismatch", f"client_uuid {obs.client_uuid!r} published on {client_id!r}'s key")
@@ -81,7 +90,12 @@ class Executor:
             raise ProtocolError("bad_state", "state has NaN or infinite values")
         shared = obs.shared_frames
         sent = [*obs.images, *(shared.frames if shared is not None else ())]
-        if len(sent) != len(set(sent)) or set(sent) != set(spec.cameras):
+        jpegs = obs.images
+        if component is not None and shared is None and set(sent) > set(spec.cameras):
+            # A component of a multi-model task reads its own cameras of the robot's (a VLM may look
+            # through one of them); the others are never decoded.
+            jpegs = {c: obs.images[c] for c in spec.cameras}
+        elif len(sent) != len(set(sent)) or set(sent) != set(spec.cameras):
             raise ProtocolError("wrong_cameras", f"cameras {sorted(sent)}, expected {sorted(spec.cameras)}")
         # Same-host frames are copied out of the client's file here, once, and the file is closed
         # (transport/same_host.py); JPEG cameras are decoded, the first on this thread and the others
@@ -90,8 +104,8 @@ class Executor:
         images = {}
         if shared is not None:
             images = same_host.read_frames(shared, {c: spec.cameras[c] for c in shared.frames})
-        if obs.images:
-            images |= self._decode(obs.images)
+        if jpegs:
+            images |= self._decode(jpegs)
         images = {c: images[c] for c in spec.cameras}
         # A model conditioning on n > 1 steps reads the client's last n - 1 frames (older ones and
         # any sent to a model without history are ignored, undecoded).
@@ -109,9 +123,14 @@ class Executor:
                                                    f"expected {sorted(spec.cameras)}")
             history.append((past, self._decode(frame.images)))
         rtc = self._rtc(obs)
+        extras = {}
+        if rtc is not None:
+            extras[RTC_EXTRA] = rtc
+        if component is not None:
+            extras[COMPONENT_EXTRA] = component
         request = InferenceRequest(session_id=client_id, state=state, images=images, task=obs.task,
                                    seed=request_seed(client_id, obs.seq_id), episode_id=obs.episode_id,
-                                   history=tuple(history), extras={RTC_EXTRA: rtc} if rtc is not None else {})
+                                   history=tuple(history), extras=extras)
         self.runner.check_request(request)  # e.g. task_too_long, before it can fail a whole batch
         return request
 
@@ -164,8 +183,32 @@ class Executor:
                 out.append(exc)
         return out
 
+    def answer(self, obs: Observation, result: InferenceResult, inference_ms: float, queue_ms: float) -> bytes:
+        """The encoded answer to `obs` of the kind the runner declares (`capabilities.output`);
+        PolicyError if the result does not hold one."""
+        output = self.spec.capabilities.output
+        if output == "text":
+            if not isinstance(result.text, str):
+                raise PolicyError(f"a text runner returned text {type(result.text).__name__}, expected str")
+            return codec.encode(TextResult(response_to_seq_id=obs.seq_id, text=result.text,
+                                           inference_time_ms=inference_ms, server_id=self.server_id,
+                                           queue_time_ms=queue_ms))
+        if output == "verdict":
+            if result.label not in VERDICT_LABELS:
+                raise PolicyError(f"a verdict runner returned label {result.label!r}, "
+                                  f"expected one of {', '.join(sorted(VERDICT_LABELS))}")
+            score = None if result.score is None else float(result.score)
+            if score is not None and not 0.0 <= score <= 1.0:
+                raise PolicyError(f"a verdict runner returned score {score}, expected 0..1")
+            return codec.encode(Verdict(response_to_seq_id=obs.seq_id, label=result.label,
+                                        inference_time_ms=inference_ms, score=score, server_id=self.server_id,
+                                        queue_time_ms=queue_ms))
+        return self.chunk(obs, result, inference_ms, queue_ms)
+
     def chunk(self, obs: Observation, result: InferenceResult, inference_ms: float, queue_ms: float) -> bytes:
         """The encoded ActionChunk answering `obs`; ProtocolError/ValueError if the result is not a chunk."""
+        if result.actions is None:
+            raise PolicyError("the runner returned no actions")
         actions = np.asarray(result.actions)
         if actions.ndim != 2 or actions.shape[1] != self.spec.action_dim:
             raise PolicyError(f"the runner returned actions of shape {actions.shape}, "

@@ -24,6 +24,8 @@
         max_unknown_clients: 64                   # places shared by unlisted clients (when accepted)
         clients:
           - client_uuid: cookie-worker-4269
+        pipeline:                                 # optional: serve components of multi-model tasks
+          - {task: assemble_kit, component: safety, bit: 2, prompt: "is the workcell safe?", labels: [safe, unsafe]}
 
 Validated at start-up; any problem raises ConfigError naming the file, the field and the issue.
 A relative `pretrained_path` is resolved against the manifest file's folder (falling back to the
@@ -42,8 +44,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lerobot_zenoh.errors import ConfigError, KeyExprError
-from lerobot_zenoh.protocol.keys import AppKey, validate_chunk, validate_client_id
-from lerobot_zenoh.scheduling.horizon import DiffusionConfidenceHorizon, HorizonPolicy, StaticHorizon
+from lerobot_zenoh.protocol.keys import AppKey, pipeline_app, validate_chunk, validate_client_id
+from lerobot_zenoh.protocol.messages import MAX_COMPONENTS, VERDICT_LABELS
+from lerobot_zenoh.scheduling.horizon import (
+    DEFAULT_THRESHOLDS,
+    DiffusionConfidenceHorizon,
+    HorizonPolicy,
+    StaticHorizon,
+)
 from lerobot_zenoh.scheduling.request_schedulers import SCHEDULERS, RequestScheduler, make_scheduler
 from lerobot_zenoh.scheduling.wait_ratio import FIRST_REQUEST_RULES
 from lerobot_zenoh.server.runners.lerobot import RtcSettings
@@ -92,6 +100,42 @@ class SyntheticEntry(_Strict):
     # A scripted smooth motion instead of the default chunk: every joint follows a sinusoid whose phase
     # is read from state[0:2] (SyntheticPolicy's `circle_actions`; benchmarks/rtc.py records from it).
     circle: CircleEntry | None = None
+    # Multi-model components (docs/pipelines.md; SyntheticPolicy): what it answers and its script.
+    output: Literal["actions", "text", "verdict"] = "actions"
+    subtasks: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)  # text, per session
+    advance_every: int = Field(1, ge=1, strict=True)  # requests per subtask / verdict entry
+    cycle: bool = Field(True, strict=True)  # after the last entry: start again, else keep the last
+    verdicts: list[str] = Field(default_factory=list)  # verdict: label sequence
+    verdict_at: dict[int, str] = Field(default_factory=dict)  # verdict: request k (1-based) -> label
+    score: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    silent_after: int | None = Field(None, ge=0, strict=True)  # answer a session's first N requests only
+    echo_task: bool = Field(False, strict=True)  # actions: last dimension = task_code(task)
+
+    @field_validator("verdicts")
+    @classmethod
+    def _labels(cls, v: list[str]) -> list[str]:
+        for label in v:
+            _verdict_label(label)
+        return v
+
+    @field_validator("verdict_at")
+    @classmethod
+    def _at(cls, v: dict[int, str]) -> dict[int, str]:
+        for k, label in v.items():
+            if k < 1:
+                raise ValueError(f"request numbers start at 1, got {k}")
+            _verdict_label(label)
+        return v
+
+    @model_validator(mode="after")
+    def _output_settings(self):
+        wants = {"subtasks": "text", "verdicts": "verdict", "verdict_at": "verdict", "score": "verdict",
+                 "echo_task": "actions", "circle": "actions", "rtc": "actions", "confidence_from_state": "actions"}
+        for name, output in wants.items():
+            value = getattr(self, name)
+            if value not in (None, False, [], {}) and self.output != output:
+                raise ValueError(f"{name} does not apply to output {self.output!r} (only to {output!r})")
+        return self
 
     @model_validator(mode="after")
     def _state_index(self):
@@ -103,12 +147,45 @@ class SyntheticEntry(_Strict):
         return self
 
 
+class VlmEntry(_Strict):
+    """A vision-language model serving a task component (runners/vlm.py; docs/policies.md): its
+    `pretrained_path` is a transformers image-text-to-text folder (e.g. SmolVLM), not a LeRobot policy.
+
+    ``output: text`` (System 2) generates up to `max_new_tokens`; ``output: verdict`` (safety, monitor)
+    answers the most likely of `labels` (or of the pipeline item's labels) with its probability.
+    `prompt` is used when the pipeline item gives none. `state_dim` and `cameras` are the robot's
+    observation the server checks (the state is ignored; each camera is one image of the prompt)."""
+
+    output: Literal["text", "verdict"]
+    prompt: str = ""
+    max_new_tokens: int = Field(16, ge=1, le=1024, strict=True)
+    labels: list[str] = Field(default_factory=list)
+    state_dim: int = Field(6, ge=1)
+    cameras: dict[str, tuple[int, int]] = Field(default_factory=lambda: {"front": (96, 128)}, min_length=1)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: list[str]) -> list[str]:
+        for label in v:
+            _verdict_label(label)
+        if len(v) != len(set(v)):
+            raise ValueError(f"duplicate labels in {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _labels_fit_output(self):
+        if self.labels and self.output != "verdict":
+            raise ValueError("labels apply to output 'verdict' only")
+        return self
+
+
 class HorizonEntry(_Strict):
     """The execution-horizon policy of one model (Kairos 3.1; docs/scheduling.md).
 
     ``none``: no horizon is sent (the client uses the whole chunk). ``static``: ``h`` every round.
     ``diffusion_confidence``: ``H`` from the denoising updates (``threshold`` = Kairos' t, ``h_min``);
-    a runner that does not expose them gets ``H`` = the whole chunk.
+    a runner that does not expose them gets ``H`` = the whole chunk. Without ``threshold``, the
+    default for the model's kind of refinement steps (`horizon.DEFAULT_THRESHOLDS`).
     """
 
     type: Literal["none", "static", "diffusion_confidence"] = "none"
@@ -126,12 +203,14 @@ class HorizonEntry(_Strict):
             raise ValueError("horizon type 'static' needs h (an integer >= 1)")
         return self
 
-    def build(self) -> HorizonPolicy | None:
+    def build(self, refinement_kind: str = "denoising") -> HorizonPolicy | None:
+        """The policy; `refinement_kind` (the runner's ``capabilities.refinement_kind``) picks the
+        default threshold when none is set."""
         if self.type == "static":
             return StaticHorizon(self.h)
         if self.type == "diffusion_confidence":
-            kwargs = {k: getattr(self, k) for k in ("threshold", "h_min") if getattr(self, k) is not None}
-            return DiffusionConfidenceHorizon(**kwargs)
+            threshold = DEFAULT_THRESHOLDS[refinement_kind] if self.threshold is None else self.threshold
+            return DiffusionConfidenceHorizon(threshold, **({} if self.h_min is None else {"h_min": self.h_min}))
         return None
 
 
@@ -206,12 +285,44 @@ class SessionsEntry(_Strict):
     idle_timeout_s: float = Field(60.0, gt=0, le=86400, allow_inf_nan=False)
 
 
+class PipelineEntry(_Strict):
+    """One multi-model task whose observation stream this entry serves (docs/pipelines.md).
+
+    The server subscribes to the task's stream ``<cluster>/<experiment>/_pipeline/1/<task>/*/obs``
+    (and its robots' liveliness tokens there) besides its own app's ``*/obs``, serves the observations
+    whose `component_mask` has bit `bit` set (or no mask), and answers on its own app key. `prompt` and
+    `labels` are what the task descriptor asks of this component; a runner that reads them (the VLM,
+    the synthetic verdict default) prefers them to its own."""
+
+    task: str
+    component: str
+    bit: int = Field(ge=0, lt=MAX_COMPONENTS, strict=True)
+    prompt: str = ""
+    labels: list[str] = Field(default_factory=list)
+
+    @field_validator("task", "component")
+    @classmethod
+    def _chunks(cls, v: str, info) -> str:
+        return _key_chunk(validate_chunk, info.field_name, v)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: list[str]) -> list[str]:
+        for label in v:
+            _verdict_label(label)
+        if len(v) != len(set(v)):
+            raise ValueError(f"duplicate labels in {v}")
+        return v
+
+
 class ModelEntry(_Strict):
     model_id: str
     model_version: str
     application_tag: str
     pretrained_path: str | None = None
     synthetic: SyntheticEntry | None = None
+    # A VLM task component (VlmEntry): `pretrained_path` is then a transformers VLM folder.
+    vlm: VlmEntry | None = None
     device: str = "cpu"
     # Weights and activations: float32 (fp32) or bfloat16 (bf16; VLAs only, refused at start-up by
     # families that cannot serve it).
@@ -242,6 +353,14 @@ class ModelEntry(_Strict):
     # clients always have their own. A place is freed when its session closes (see `sessions`).
     max_unknown_clients: int = Field(64, ge=1)
     clients: list[ClientEntry] = Field(default_factory=list)
+    # Serve components of multi-model tasks from their observation streams too (PipelineEntry), besides
+    # this app's own `*/obs`; a mapping is a list of one. Answers go to this app's client keys.
+    pipeline: list[PipelineEntry] = Field(default_factory=list)
+
+    @field_validator("pipeline", mode="before")
+    @classmethod
+    def _pipeline(cls, v):
+        return [v] if isinstance(v, dict) else v
 
     @field_validator("model_id", "model_version", "application_tag")
     @classmethod
@@ -270,11 +389,20 @@ class ModelEntry(_Strict):
     def _policy_source(self):
         if (self.pretrained_path is None) == (self.synthetic is None):
             raise ValueError("give exactly one of pretrained_path or synthetic")
+        if self.vlm is not None and self.pretrained_path is None:
+            raise ValueError("vlm needs pretrained_path (the VLM's folder)")
+        if (self.vlm is not None and self.vlm.output == "verdict" and not self.vlm.labels
+                and (not self.pipeline or any(not p.labels for p in self.pipeline))):
+            raise ValueError("vlm.labels: a verdict VLM needs labels (here, or on every pipeline item)")
         if not self.clients and not self.accept_unknown_clients:
             raise ValueError("no clients listed and accept_unknown_clients is false: nobody could be served")
         ids = [c.client_uuid for c in self.clients]
         if len(ids) != len(set(ids)):
             raise ValueError(f"duplicate client_uuid in clients: {sorted({i for i in ids if ids.count(i) > 1})}")
+        tasks = [p.task for p in self.pipeline]
+        if len(tasks) != len(set(tasks)):
+            raise ValueError(f"pipeline: task {next(t for t in tasks if tasks.count(t) > 1)!r} is listed twice "
+                             "(one entry serves one component per task)")
         return self
 
     @property
@@ -325,6 +453,10 @@ class Manifest(_Strict):
     def app_key(self, entry: ModelEntry) -> AppKey:
         return AppKey(self.cluster_uuid, self.experiment_tag, entry.model_id, entry.model_version, entry.application_tag)
 
+    def pipeline_key(self, item: PipelineEntry) -> AppKey:
+        """The observation stream of a multi-model task (`keys.pipeline_app`)."""
+        return pipeline_app(self.cluster_uuid, self.experiment_tag, item.task)
+
     def zenoh_settings(self) -> ZenohSettings:
         """The session settings: the `zenoh` block, each entry's endpoints added to its listen list."""
         listen = list(self.zenoh.listen)
@@ -349,6 +481,12 @@ class Manifest(_Strict):
 
     def _resolve_file(self, value: str | None) -> str | None:
         return None if not value else str(self._resolve(value))
+
+
+def _verdict_label(label: str) -> str:
+    if label not in VERDICT_LABELS:
+        raise ValueError(f"{label!r} is not a verdict label ({', '.join(sorted(VERDICT_LABELS))})")
+    return label
 
 
 def _scheduler_name(name: str) -> str:
@@ -395,3 +533,25 @@ def load_manifest(path: str | Path) -> Manifest:
     except yaml.YAMLError as exc:
         raise ConfigError("<yaml>", f"not valid YAML: {exc}", source=str(path)) from None
     return parse_manifest(data, source=str(path))
+
+
+#: What a running server takes from a re-read manifest (`PolicyServer.reload`, SIGHUP): each entry's
+#: client list and the batch size the planner derives from it (an integer on both sides).
+RELOADABLE = ("clients", "max_batch_size")
+
+
+def reload_refusal(old: Manifest, new: Manifest) -> str | None:
+    """Why a running server cannot take `new` in place of `old` (the first other field that changed,
+    named like a start-up error), or None when only what is `RELOADABLE` differs."""
+    for name in Manifest.model_fields:
+        if name not in ("server", "source") and getattr(old, name) != getattr(new, name):
+            return f"{name} changed"
+    if len(old.server) != len(new.server):
+        return f"server: {len(old.server)} entries became {len(new.server)}"
+    for i, (a, b) in enumerate(zip(old.server, new.server)):
+        for name in ModelEntry.model_fields:
+            if name not in RELOADABLE and getattr(a, name) != getattr(b, name):
+                return f"server.{i}.{name} changed"
+        if a.max_batch_size != b.max_batch_size and "auto" in (a.max_batch_size, b.max_batch_size):
+            return f"server.{i}.max_batch_size: 'auto' is measured at start-up ({a.max_batch_size} -> {b.max_batch_size})"
+    return None

@@ -6,11 +6,15 @@ Threads, and what each may touch:
 - Zenoh's callback threads: `_on_observation` parses the key and calls `engine.admit` (the raw bytes
   go into the session's newest-only slot; only the observation's small header is read, a struct
   unpack, so that a late re-fetch refresh is dropped before it takes a slot; nothing is decoded);
-  `_on_client_token` tells the engine
-  a client's liveliness token appeared or vanished. Both take only the engine's short lock.
+  `_on_client_token` tells the engine a client's liveliness token appeared or vanished. Both take
+  only the engine's short lock. A model
+  serving a component of multi-model tasks (`pipeline` in its manifest entry) also subscribes to
+  each task's observation stream (and its robots' tokens there), and drops there, from the header
+  alone, an observation whose `component_mask` does not ask it (`observations_for_other_components`).
 - One inference thread (`_run`): closes expired sessions (and forgets their runner state and
   action publisher), asks each model's engine for a batch, decodes and checks it, runs it in one
-  forward pass, publishes each chunk reliably on its client's action key, reports to the engine.
+  forward pass, publishes each answer reliably on its client's key of the runner's output (`action`
+  for a chunk, `text` for a TextResult, `verdict` for a Verdict), reports to the engine.
   Nothing else calls the runner, so sessions are never closed under a running inference.
 - A responder thread per model answers status queries (transport/session.py); a telemetry thread
   per model copies the engine's counters (`Engine.snapshot`) and computes percentiles outside any lock.
@@ -38,9 +42,9 @@ from lerobot_zenoh.server.batch_profiling import measure_batch_profile
 from lerobot_zenoh.server.engine import REPLAYED, Batch, Engine, EngineConfig, Session
 from lerobot_zenoh.server.executor import Executor
 from lerobot_zenoh.server.failover import ServingRole
-from lerobot_zenoh.server.manifest import Manifest, ModelEntry
+from lerobot_zenoh.server.manifest import Manifest, ModelEntry, PipelineEntry, reload_refusal
 from lerobot_zenoh.server.runners import load_runner
-from lerobot_zenoh.server.runners.base import PolicyRunner
+from lerobot_zenoh.server.runners.base import ComponentQuery, PolicyRunner
 from lerobot_zenoh.telemetry.publisher import TelemetryPublisher, percentile, process_memory
 from lerobot_zenoh.transport import same_host
 from lerobot_zenoh.transport.session import ACTION_QOS, Payload, Publisher, ZenohSession
@@ -49,6 +53,9 @@ log = logging.getLogger(__name__)
 
 #: How often the inference loop looks for sessions to close.
 EXPIRY_PERIOD_S = 0.25
+
+#: The client topic each runner output is published on (docs/protocol.md §2.2).
+OUTPUT_TOPICS = {"actions": Topic.ACTION, "text": Topic.TEXT, "verdict": Topic.VERDICT}
 
 
 @dataclass
@@ -101,7 +108,8 @@ class ServedModel:
             max_batch_size=self.max_batch_size,
         ), entry.scheduler.build(f"server.{entry.model_id}.scheduler"))
         self.executor = Executor(self.app.prefix, runner, actions_per_chunk=actions_per_chunk,
-                                 server_id=server_id, horizon=entry.horizon.build(), limits=codec_limits)
+                                 server_id=server_id, horizon=entry.horizon.build(spec.capabilities.refinement_kind),
+                                 limits=codec_limits)
         self.status = Status(
             model_id=entry.model_id,
             model_version=entry.model_version,
@@ -130,6 +138,20 @@ class ServedModel:
         self.role: ServingRole | None = None  # set at start(): primary or hot standby
         self.standby_dropped = 0  # observations not admitted while standing by
         self.inferences = 0
+        # What the model answers, on which topic (the runner's declared output, never probed).
+        self.output = spec.capabilities.output
+        self.topic = OUTPUT_TOPICS[self.output]
+        self.answers: Counter = Counter()  # answers published: "actions", "text", "verdict.<label>"
+        self.answers_withheld = 0  # results the runner marked silent (fault injection)
+        # Multi-model tasks (`entry.pipeline`): the stream of each task, and what each asks of this model.
+        self.pipeline: list[tuple[AppKey, PipelineEntry, ComponentQuery]] = [
+            (manifest.pipeline_key(item), item,
+             ComponentQuery(item.task, item.component, item.prompt, tuple(item.labels)))
+            for item in entry.pipeline]
+        # client id -> the task stream it publishes on (set on the callback thread at its first
+        # observation: one dict store; read on the inference thread).
+        self.component_of: dict[str, tuple[PipelineEntry, ComponentQuery]] = {}
+        self.for_other_components = 0  # pipeline observations whose component_mask does not ask this model
 
     @property
     def scheduler(self):
@@ -165,11 +187,37 @@ class PolicyServer:
         self._telemetry: list[TelemetryPublisher] = []
         self.started = threading.Event()
         self.started_at_s = 0.0
+        self._reload_lock = threading.Lock()
         self._probe = same_host.Probe() if manifest.same_host else None
 
     @property
     def inferences(self) -> int:
         return sum(m.inferences for m in self.models)
+
+    def reload(self, manifest: Manifest) -> str | None:
+        """Take a re-read manifest's client lists (and planned batch sizes) without a restart (SIGHUP;
+        docs/server.md, "Reloading the client list"); None when applied, else why it was refused (logged
+        in one line; the running manifest stays in force). A client no longer listed has its session
+        closed like an expired one (`delisted`); the inference thread forgets its state."""
+        with self._reload_lock:
+            why = reload_refusal(self.manifest, manifest)
+            if why is not None:
+                log.error("manifest reload refused: %s (only clients and max_batch_size are reloaded; restart "
+                          "the server for the rest); the running manifest stays in force", why)
+                return why
+            for model, entry in zip(self.models, manifest.server, strict=True):
+                cap = model.runner.spec.capabilities.max_batch
+                batch = entry.max_batch_size if entry.max_batch_size != "auto" else model.max_batch_size
+                before = model.engine.config.listed
+                listed = frozenset(c.client_uuid for c in entry.clients)
+                model.entry, model.max_batch_size = entry, batch if cap is None else min(batch, cap)
+                closed = model.engine.update_clients(listed, model.max_batch_size)
+                log.info("%s: clients reloaded: +%s -%s (sessions closed: %s), max_batch_size %d", model.app.prefix,
+                         sorted(listed - before) or "none", sorted(before - listed) or "none", closed or "none",
+                         model.max_batch_size)
+            self.manifest = manifest
+        self._wake.set()  # the inference thread forgets closed sessions at its next expiry pass
+        return None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -201,13 +249,18 @@ class PolicyServer:
         for model in self.models:
             model.role = ServingRole(f"{self.server_id}:{model.app.prefix}", self.manifest.standby_for,
                                      on_deactivate=model.engine.drop_slots)
-            self._subscriptions.append(self._session.subscribe(
-                model.app.all_observations,
-                lambda key, payload, attachment, m=model: self._on_observation(m, key, payload, attachment),
-                with_attachment=True, copy=False))  # kept in Zenoh's buffer: copied once when decoded, never if superseded
-            # Each client declares a token on its metrics key: its session closes when the token goes.
-            self._subscriptions.append(self._session.watch_liveliness(
-                model.app.all_client_tokens, lambda key, alive, m=model: self._on_client_token(m, key, alive)))
+            # Its own app's observations (a plain robot client routed here) and, for a component of
+            # multi-model tasks, each task's observation stream.
+            sources = [(model.app, None), *((key, (item, query)) for key, item, query in model.pipeline)]
+            for source, component in sources:
+                self._subscriptions.append(self._session.subscribe(
+                    source.all_observations,
+                    lambda key, payload, attachment, m=model, c=component: self._on_observation(m, key, payload,
+                                                                                                attachment, c),
+                    with_attachment=True, copy=False))  # kept in Zenoh's buffer: copied once when decoded, never if superseded
+                # Each client declares a token on its metrics key: its session closes when the token goes.
+                self._subscriptions.append(self._session.watch_liveliness(
+                    source.all_client_tokens, lambda key, alive, m=model: self._on_client_token(m, key, alive)))
         self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
         self._thread.start()
         for model in self.models:
@@ -221,7 +274,9 @@ class PolicyServer:
                     lambda m=model: self.telemetry_figures(m), self.manifest.telemetry_period_s,
                     labels={"model_id": model.entry.model_id, "policy_type": model.runner.spec.policy_type,
                             "device": model.entry.device}).start())
-            log.info("serving %s (status: %s)", model.app.all_observations, model.app.status)
+            log.info("serving %s (%s; status: %s)", ", ".join(
+                [model.app.all_observations, *(k.all_observations for k, *_ in model.pipeline)]), model.output,
+                model.app.status)
         self.started.set()
         return self
 
@@ -294,7 +349,8 @@ class PolicyServer:
     # -- Zenoh callbacks: hand over only ------------------------------------------------------
 
     def _on_observation(self, model: ServedModel, key: str, payload: Payload | bytes,
-                        attachment: bytes | None = None) -> None:
+                        attachment: bytes | None = None,
+                        component: tuple[PipelineEntry, ComponentQuery] | None = None) -> None:
         if not model.role.active.is_set():  # a standby drops observations unseen
             model.standby_dropped += 1
             return
@@ -302,6 +358,12 @@ class PolicyServer:
             _, client_id = parse_client_key(key, Topic.OBS)
         except KeyExprError:
             return  # the wildcard only matches .../*/obs; a reserved id like "server" ends here
+        if component is not None:
+            if not _asks(component[0].bit, attachment):
+                model.for_other_components += 1  # not for this component: never decoded, never in a slot
+                return
+            if client_id not in model.component_of:
+                model.component_of[client_id] = component
         dropped = model.engine.admit(client_id, payload, time.monotonic(), attachment, codec.decode_observation_header)
         if dropped is None:
             self._wake.set()
@@ -355,6 +417,7 @@ class PolicyServer:
     def _forget(self, model: ServedModel, session: Session) -> None:
         """A closed session: drop its runner state and its action publisher (inference thread only)."""
         model.runner.forget(session.client_id)
+        model.component_of.pop(session.client_id, None)
         pub = model.publishers.pop(session.client_id, None)
         if pub is not None:
             model.actions_dropped_closed += pub.dropped
@@ -378,15 +441,20 @@ class PolicyServer:
         t_start = time.monotonic()
         ready = []  # (session, slot, observation, request)
         for session, slot in batch.items:
+            component = model.component_of.get(session.client_id) if model.pipeline else None
             try:
                 obs = slot.observation or self._peek(slot.payload)
                 if slot.header is not None and not codec.header_matches(slot.header, obs):
                     raise ProtocolError("header_mismatch", f"the header says seq_id {slot.header.seq_id}, episode "
                                         f"{slot.header.episode_id!r}; the observation {obs.seq_id}, {obs.episode_id!r}")
+                if (component is not None and obs.component_mask is not None
+                        and not obs.component_mask >> component[0].bit & 1):
+                    model.for_other_components += 1  # sent without a header: found out only now
+                    continue
                 if slot.observation is None and engine.check(session, obs) == REPLAYED:
                     self._reject(model, session, REPLAYED, f"seq_id {obs.seq_id} already served")
                     continue
-                request = executor.prepare(session.client_id, obs)
+                request = executor.prepare(session.client_id, obs, component[1] if component is not None else None)
             except ProtocolError as exc:
                 self._reject(model, session, exc.reason, str(exc))
                 continue
@@ -402,9 +470,12 @@ class PolicyServer:
                 self._reject(model, session, "inference_error", f"{type(result).__name__}: {result}")
                 continue
             queue_ms = (t_start - slot.arrival_s) * 1000
+            if result.silent:  # a fault-injecting runner withholds this answer
+                model.answers_withheld += 1
+                continue
             try:
-                payload = executor.chunk(obs, result, inference_ms, queue_ms)
-            except Exception as exc:  # the runner returned something that is not a chunk of numbers
+                payload = executor.answer(obs, result, inference_ms, queue_ms)
+            except Exception as exc:  # the runner returned something that is not an answer of its kind
                 self._reject(model, session, "inference_error", f"{type(exc).__name__}: {exc}")
                 continue
             try:
@@ -413,6 +484,7 @@ class PolicyServer:
                 self._reject(model, session, "publish_error", str(exc))
                 continue
             model.inferences += 1
+            model.answers[model.output if model.output != "verdict" else f"verdict.{result.label}"] += 1
             published.append((session, obs.seq_id, inference_ms, queue_ms))
         engine.finish(published, [s.client_id for s, *_ in ready], time.monotonic(), t_done - t_start)
 
@@ -425,7 +497,9 @@ class PolicyServer:
     def _publisher(self, model: ServedModel, client_id: str) -> Publisher:
         pub = model.publishers.get(client_id)
         if pub is None:
-            pub = model.publishers[client_id] = self._session.publisher(model.app.client(client_id).action, ACTION_QOS)
+            # Chunks, texts and verdicts alike: reliable, never waited for (ACTION_QOS).
+            pub = model.publishers[client_id] = self._session.publisher(
+                model.app.client(client_id).topic(model.topic), ACTION_QOS)
         return pub
 
     # -- introspection ------------------------------------------------------------------------
@@ -494,6 +568,9 @@ class PolicyServer:
             "serving": int(model.role is not None and model.role.active.is_set()),
             "takeovers": model.role.takeovers if model.role is not None else 0,
             "standby_dropped": model.standby_dropped,
+            "observations_for_other_components": model.for_other_components,
+            "answers_withheld": model.answers_withheld,
+            **{f"answers.{kind}": n for kind, n in model.answers.items()},
             "batch_size_mean": float(np.mean(batch_sizes)) if batch_sizes else 1.0,
             "batch_fallbacks": model.executor.batch_fallbacks,
             "max_batch_size": model.max_batch_size,
@@ -514,6 +591,9 @@ class PolicyServer:
                 "sessions_opened": snap["sessions_opened"],
                 "sessions_closed": snap["sessions_closed"],
                 "totals": snap["totals"],
+                "observations_for_other_components": model.for_other_components,
+                "answers": dict(model.answers),
+                "answers_withheld": model.answers_withheld,
                 "clients": {
                     cid: {
                         "received": s["received"],
@@ -529,3 +609,15 @@ class PolicyServer:
                 },
             }
         return out
+
+
+def _asks(bit: int, attachment: bytes | None) -> bool:
+    """Whether an observation's header asks component `bit` to answer: its `component_mask` has the bit,
+    or it has no mask (every component), or no readable header (the body is checked when served)."""
+    if attachment is None:
+        return True
+    try:
+        header = codec.decode_observation_header(attachment)
+    except ProtocolError:
+        return True  # a bad header is rejected, counted, when the observation is served
+    return header is None or header.component_mask is None or bool(header.component_mask >> bit & 1)

@@ -106,11 +106,14 @@ class FleetView:
             if m.kind == "client" and m.metrics.get("revalidating"):
                 state = "REVALIDATING"
             age = m.age_s(now_s)
-            out.append({
+            row = {
                 "app": m.app.prefix, "kind": m.kind, "id": m.member_id, "state": state,
                 "age_s": None if age is None else round(age, 1),
                 **{title: m.metrics.get(name) for name, title in columns},
-            })
+            }
+            if m.kind == "client":
+                row["slo"] = slo_summary(m.metrics)
+            out.append(row)
         return out
 
     def samples(self) -> list[tuple[str, str, dict[str, str], float]]:
@@ -132,6 +135,19 @@ class FleetView:
             if m.alive is not None:
                 out.append((m.kind, "alive", own, 1.0 if m.alive else 0.0))
         return out
+
+
+def slo_summary(metrics: dict) -> str | None:
+    """A multi-model task's per-component SLO attainment (`slo.<component>.*` figures of a pipeline
+    client, docs/pipelines.md) in one cell: `act 100% safety 97% (3 missed)`; None for other clients."""
+    parts = []
+    for key in sorted(k for k in metrics if k.startswith("slo.") and k.endswith(".requests")):
+        comp = key[len("slo."):-len(".requests")]
+        attainment = metrics.get(f"slo.{comp}.attainment")
+        missed = metrics.get(f"slo.{comp}.missed") or 0
+        cell = f"{comp} {'-' if attainment is None else f'{100 * attainment:.0f}%'}"
+        parts.append(cell + (f" ({missed:.0f} missed)" if missed else ""))
+    return " ".join(parts) or None
 
 
 def format_table(rows: list[dict]) -> str:

@@ -22,6 +22,8 @@ COUNTERS = {
     "inferences": "Action chunks published",
     "takeovers": "Times this standby server took over from its primary",
     "standby_dropped": "Observations dropped unseen while standing by",
+    "observations_for_other_components": "Task-stream observations whose component_mask does not ask this model (dropped unread)",
+    "answers_withheld": "Answers a fault-injecting runner withheld (synthetic silent_after)",
     "loop_overruns": "Control steps that ended after their deadline",
     "trimmed_steps": "Leading chunk steps dropped as already expired",
     "empty_buffer_cycles": "Control steps without an action (the fail-safe action was sent)",
@@ -32,6 +34,27 @@ COUNTERS = {
     "watchdog_events": "Times the watchdog started a search for a server",
     "steps": "Control steps executed",
     "dataset_frames": "Frames written to the LeRobotDataset",
+}
+
+#: A pipeline client's per-component SLO counts (`slo.<component>.<figure>`, label `component`).
+SLO_COUNTERS = {
+    "requests": "Observations that asked the task component",
+    "answered": "Answers of the task component to them, in time or late",
+    "met": "Task component answers within the SLO deadline",
+    "missed": "Task component requests not answered by their SLO deadline",
+    "late": "Task component answers after their deadline",
+    "fallbacks": "Fallbacks taken for the task component (on_slo_miss, on_danger)",
+    "rejected": "Task component answers to nothing asked or with a label that does not fit",
+}
+
+#: A pipeline client's own figures: (type, help).
+PIPELINE = {
+    "pipeline.attempt": ("gauge", "Attempts at the task so far"),
+    "pipeline.failures": ("counter", "Failed attempts at the task"),
+    "pipeline.mode": ("gauge", "The robot's mode: 0 the policy's actions, 1 hold, 2 zero velocity, 3 safe pose"),
+    "pipeline.override_steps": ("counter", "Control steps whose action came from a fallback or danger mode"),
+    "pipeline.results_dropped": ("counter", "Text and verdict answers dropped for a full inbox"),
+    "pipeline.results_rejected": ("counter", "Undecodable text and verdict answers"),
 }
 
 #: Help texts of the gauges (figures not listed get a generic one).
@@ -81,6 +104,30 @@ def describe(member_kind: str, figure: str) -> tuple[str, str, str, float, dict[
     if figure.startswith("rejected."):
         return (f"{base}_observations_rejected_by_reason", "counter", "Observations rejected, by reason",
                 1.0, {"reason": figure.split(".", 1)[1]})
+    if figure.startswith("answers."):  # answers.actions, answers.text, answers.verdict.<label>
+        output, _, label = figure.split(".", 1)[1].partition(".")
+        return (f"{base}_answers", "counter", "Answers published, by output (and verdict label)", 1.0,
+                {"output": output, **({"label": label} if label else {})})
+    if m := re.fullmatch(r"slo\.([^.]+)\.(.+)", figure):  # a pipeline client's per-component SLO figures
+        component, what = m.groups()
+        labels = {"component": component}
+        if what in SLO_COUNTERS:
+            return f"{base}_slo_{what}", "counter", SLO_COUNTERS[what], 1.0, labels
+        if q := re.fullmatch(r"latency_ms_p(\d+)", what):
+            return (f"{base}_slo_latency_p{q.group(1)}_seconds", "gauge",
+                    f"Task component latency, capture to answer, {q.group(1)}th percentile", 1e-3, labels)
+        if what == "slo_violated":
+            return (f"{base}_slo_violated", "gauge", "1 when fewer than the SLO's percentile of the task component's "
+                    "last 200 decided requests were answered in time", 1.0, labels)
+        if what == "attainment":
+            return f"{base}_slo_attainment_ratio", "gauge", "Task component requests answered within the SLO deadline, of those decided", 1.0, labels
+        return f"{base}_slo_{_sanitize(what)}", "gauge", f"Task component figure {what} (docs/telemetry.md)", 1.0, labels
+    if figure == "pipeline.danger_reaction_ms_max":
+        return (f"{base}_pipeline_danger_reaction_max_seconds", "gauge",
+                "Longest time from a verdict's arrival to the robot's first command in the mode it set", 1e-3, extra)
+    if figure in PIPELINE:
+        kind, help_text = PIPELINE[figure]
+        return f"{base}_{_sanitize(figure)}", kind, help_text, 1.0, extra
     if m := re.fullmatch(r"batch_profile\.(\d+)_ms", figure):
         return f"{base}_batch_profile_seconds", "gauge", GAUGES["batch_profile"], 1e-3, {"batch_size": m.group(1)}
     if figure.startswith("scheduler."):

@@ -7,7 +7,9 @@
     act.py         ACT (one forward pass per batch)
     diffusion.py   Diffusion (per-session history, seeded noise, denoising updates)
     flow_matching.py  SmolVLA, pi0, pi0.5 (task-conditioned, one forward pass per batch, per-row noise)
-    synthetic.py   a torch-free fake with a set latency (tests, benchmarks)
+    synthetic.py   a torch-free fake with a set latency (tests, benchmarks), and scripted task
+                   components (text, verdicts, silence)
+    vlm.py         a transformers VLM as a task component: System 2 text, safety / monitor verdicts
 
 `RUNNERS` maps LeRobot's policy type (``config.json``'s ``type``) to the runner class serving it. A new
 family is one module with a `LeRobotRunner` subclass plus one entry here (docs/policies.md). Importing
@@ -111,7 +113,8 @@ def load_policy_runner(pretrained_path: str | Path, device: str = "cpu", *,
 
 
 def load_runner(manifest: Manifest, entry: ModelEntry) -> PolicyRunner:
-    """Build the runner a manifest entry asks for: its `synthetic` policy, or its checkpoint folder.
+    """Build the runner a manifest entry asks for: its `synthetic` policy, its VLM folder (`vlm`), or its
+    checkpoint folder.
     Raises `PolicyError` (or `ConfigError` for bad synthetic settings) naming the entry or the path."""
     field = f"server[{entry.model_id}]."
     if entry.synthetic is not None:
@@ -133,11 +136,29 @@ def load_runner(manifest: Manifest, entry: ModelEntry) -> PolicyRunner:
             rtc=syn.rtc,
             history_length=syn.history_length,
             circle=None if syn.circle is None else CircleMotion(**syn.circle.model_dump()),
+            output=syn.output,
+            subtasks=tuple(syn.subtasks),
+            advance_every=syn.advance_every,
+            cycle=syn.cycle,
+            verdicts=tuple(syn.verdicts),
+            verdict_at=dict(syn.verdict_at),
+            score=syn.score,
+            silent_after=syn.silent_after,
+            echo_task=syn.echo_task,
         ))
     path = manifest.resolve_path(entry)
     if not path.exists():
         raise PolicyError(f"{manifest.source}: server[{entry.model_id}].pretrained_path: {path} does not exist "
                           "(build one offline with lerobot-zenoh-build-checkpoint)")
+    if entry.vlm is not None:
+        from lerobot_zenoh.server.runners.vlm import VlmRunner, VlmSettings
+
+        vlm = entry.vlm
+        settings = VlmSettings(output=vlm.output, prompt=vlm.prompt, max_new_tokens=vlm.max_new_tokens,
+                               labels=tuple(vlm.labels), state_dim=vlm.state_dim,
+                               cameras={k: tuple(v) for k, v in vlm.cameras.items()})
+        return VlmRunner.from_pretrained(path, settings, fps=entry.fps, device=entry.device, dtype=entry.dtype,
+                                         field_prefix=field)
     return load_policy_runner(path, options=LoadOptions(
         device=entry.device,
         dtype=entry.dtype,

@@ -1,8 +1,10 @@
 """The runner seam: what the server hands a policy, what it gets back, and what a runner can do.
 
 Every runner implements `PolicyRunner`: ``run(requests)`` takes one observation per client session
-(state vector, RGB uint8 images, task, seed) and returns one `InferenceResult` per request, in order,
-whose ``actions`` are a float32 ``(chunk_size, action_dim)`` chunk of *unnormalized* actions. One
+(state vector, RGB uint8 images, task, seed) and returns one `InferenceResult` per request, in order.
+What a result carries is the runner's declared `RunnerCapabilities.output`: ``actions`` (a float32
+``(chunk_size, action_dim)`` chunk of *unnormalized* actions; every policy), ``text`` (a System 2
+component's next subtask) or ``verdict`` (a safety / monitor component's label and score). One
 runner instance serves every session, so a result may depend only on its request and on the earlier
 requests of *that* session (``session_id``), never on who was served before or in the same call:
 this is the purity invariant the whole system relies on.
@@ -36,6 +38,18 @@ OBS_IMAGES_PREFIX = "observation.images."
 RTC_EXTRA = "rtc"
 RTC_EXTRA_DELAY = "rtc_delay_steps"
 
+#: `InferenceRequest.extras` key of the component query of a request that came through a multi-model
+#: task's observation stream (docs/pipelines.md): a `ComponentQuery` with the prompt and the label set
+#: the task descriptor gives this component. Present only for a server entry with a `pipeline` block
+#: that says them; a runner then prefers them to its own defaults.
+COMPONENT_EXTRA = "component"
+
+#: What a runner answers an observation with (`RunnerCapabilities.output`; protocol 1.3 `Status.output`).
+OUTPUTS = ("actions", "text", "verdict")
+
+#: What a runner's refinement steps can be (`RunnerCapabilities.refinement_kind`).
+REFINEMENT_KINDS = ("denoising", "flow_matching")
+
 # Session id under which `BaseRunner.warmup` runs; forgotten right after.
 _WARMUP_SESSION_ID = "\x00warmup"
 
@@ -51,23 +65,38 @@ class RunnerCapabilities:
       (``n_obs_steps``); 1 for a policy without history.
     - `refinement_updates`: `run(..., capture_updates=True)` reports per-step refinement (denoising)
       updates (`InferenceResult.refinement_updates`).
+    - `refinement_kind`: what those steps are, which sets the horizon policy's default threshold
+      (`scheduling.horizon.DEFAULT_THRESHOLDS`): ``"denoising"`` (a noise schedule that shrinks the
+      last steps: Diffusion) or ``"flow_matching"`` (equal Euler steps along a near-straight path:
+      SmolVLA, pi0, pi0.5).
     - `rtc`: accepts real-time-chunking inputs, ``extras[RTC_EXTRA]`` of a request (see `RTC_EXTRA`);
       the server then advertises `rtc` in its status.
     - `reads_task`: the task string conditions the model (language-conditioned policies).
+    - `output`: what each result carries, and so which message the server publishes on which topic:
+      ``actions`` (`InferenceResult.actions`, an ActionChunk on ``.../<client>/action``), ``text``
+      (`InferenceResult.text`, a TextResult on ``.../text``) or ``verdict`` (`InferenceResult.label`
+      and `score`, a Verdict on ``.../verdict``).
     """
 
     max_batch: int | None = 1
     history_length: int = 1
     refinement_updates: bool = False
+    refinement_kind: str = "denoising"
     rtc: bool = False
     reads_task: bool = False
+    output: str = "actions"
 
     def __post_init__(self) -> None:
         if self.max_batch is not None and (not isinstance(self.max_batch, int) or self.max_batch < 1):
             raise ConfigError("capabilities.max_batch", f"must be a positive integer or None, got {self.max_batch!r}")
+        if self.refinement_kind not in REFINEMENT_KINDS:
+            raise ConfigError("capabilities.refinement_kind",
+                              f"must be one of {', '.join(REFINEMENT_KINDS)}, got {self.refinement_kind!r}")
         if not isinstance(self.history_length, int) or self.history_length < 1:
             raise ConfigError("capabilities.history_length",
                               f"must be a positive integer, got {self.history_length!r}")
+        if self.output not in OUTPUTS:
+            raise ConfigError("capabilities.output", f"must be one of {', '.join(OUTPUTS)}, got {self.output!r}")
 
 
 @dataclass(frozen=True)
@@ -124,7 +153,7 @@ class PolicySpec:
         ``Status(..., **spec.status_fields())``."""
         caps = self.capabilities
         return {"chunk_size": self.chunk_size, "reads_task": caps.reads_task,
-                "history_length": caps.history_length}
+                "history_length": caps.history_length, "output": caps.output}
 
     def observation_features(self) -> dict[str, dict[str, Any]]:
         """LeRobotDataset-style observation features, JSON/msgpack friendly (lists, no tuples).
@@ -189,19 +218,52 @@ class InferenceRequest:
 
 
 @dataclass(frozen=True)
-class InferenceResult:
-    """One request's chunk, plus what the model exposes about it.
+class ComponentQuery:
+    """What a multi-model task asks of this component (`COMPONENT_EXTRA`): the task descriptor's prompt
+    for it (empty: the runner's own) and, for a verdict, the labels it may answer (empty: the runner's)."""
 
-    `actions` is float32 ``(chunk_size, action_dim)``, unnormalized. `refinement_updates` is
-    ``(steps, chunk_size, action_dim)`` float32 when the call captured them: for each refinement
-    (denoising) step, in order, the change it made to each action (``prev_sample - sample``), in the
-    model's normalized action space; horizon policies (`scheduling.horizon`) read it. ``None``
-    otherwise. `extras`: other per-request outputs a family reports, keyed by name.
+    task: str
+    component: str
+    prompt: str = ""
+    labels: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class InferenceResult:
+    """One request's answer, plus what the model exposes about it.
+
+    Which fields are set is the runner's `capabilities.output`:
+
+    - ``actions``: `actions` is float32 ``(chunk_size, action_dim)``, unnormalized. `refinement_updates`
+      is ``(steps, chunk_size, action_dim)`` float32 when the call captured them: for each refinement
+      (denoising) step, in order, the change it made to each action (``prev_sample - sample``), in the
+      model's normalized action space; horizon policies (`scheduling.horizon`) read it. ``None``
+      otherwise.
+    - ``text``: `text`, the next subtask in words (`InferenceResult.of_text`).
+    - ``verdict``: `label` (one of `protocol.messages.VERDICT_LABELS`) and optionally `score`, the
+      model's confidence in it, 0..1 (`InferenceResult.of_verdict`).
+
+    `silent`: the runner withholds this answer (nothing is published; the server counts it). Only a
+    fault-injection runner sets it (the synthetic one's `silent_after`), so that a client's fallback
+    for a component that stops answering can be tested. `extras`: other per-request outputs a family
+    reports, keyed by name.
     """
 
-    actions: np.ndarray
+    actions: np.ndarray | None = None
     refinement_updates: np.ndarray | None = None
     extras: Mapping[str, Any] = field(default_factory=dict)
+    text: str | None = None
+    label: str | None = None
+    score: float | None = None
+    silent: bool = False
+
+    @classmethod
+    def of_text(cls, text: str) -> InferenceResult:
+        return cls(text=text)
+
+    @classmethod
+    def of_verdict(cls, label: str, score: float | None = None) -> InferenceResult:
+        return cls(label=label, score=score)
 
 
 @runtime_checkable

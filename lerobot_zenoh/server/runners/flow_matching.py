@@ -23,6 +23,11 @@ as they turn a training action. Each row then gets its own delay and its own exe
 (clamped to its prefix length) from `runners.rtc.RowwiseRTCProcessor`, installed on the policy in
 place of LeRobot's one-delay processor. A call in which no request has a prefix is plain sampling.
 
+Refinement updates (``run(..., capture_updates=True)``, for the execution horizon): the change each
+Euler step made to each row's sample, recorded through LeRobot's per-step hook by the processor
+`runners.rtc` installs on the model (with RTC off, one for the hook alone); the chunk is bit for bit
+the uncaptured one (docs/policies.md, "Refinement (denoising) updates").
+
 Assets (`LoadOptions`): a checkpoint names its tokenizer (``policy_preprocessor.json``) and, for
 SmolVLA, its VLM config + processor (``vlm_model_name``) but does not hold them. Each is looked up as
 the manifest's ``tokenizer_path`` / ``vlm_path``, then the checkpoint sidecar's ``assets`` (what
@@ -37,6 +42,7 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +78,8 @@ class FlowMatchingRunner(LeRobotRunner):
     @classmethod
     def capabilities_for(cls, config: Any) -> RunnerCapabilities:
         rtc = config.rtc_config is not None and bool(config.rtc_config.enabled)  # set by prepare_config
-        return RunnerCapabilities(max_batch=None, history_length=int(config.n_obs_steps), reads_task=True, rtc=rtc)
+        return RunnerCapabilities(max_batch=None, history_length=int(config.n_obs_steps), reads_task=True, rtc=rtc,
+                                  refinement_updates=True, refinement_kind="flow_matching")
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -86,11 +93,13 @@ class FlowMatchingRunner(LeRobotRunner):
         self._max_action_dim = int(self.policy.config.max_action_dim)
         self._lock = threading.Lock()
         self._rtc_horizon: int | None = None
-        if self.spec.capabilities.rtc:
-            from lerobot_zenoh.server.runners import rtc
+        from lerobot_zenoh.server.runners import rtc
 
-            rtc.install(self.policy)
+        if self.spec.capabilities.rtc:
+            self._step_recorder = rtc.install(self.policy)
             self._rtc_horizon = int(self.policy.config.rtc_config.execution_horizon)
+        else:
+            self._step_recorder = rtc.install_step_recorder(self.policy)
 
     # -- loading -----------------------------------------------------------------------------------
 
@@ -230,18 +239,34 @@ class FlowMatchingRunner(LeRobotRunner):
                         prefix[i, n:] = 0.0  # LeRobot pads a leftover with zeros in model space
                     kwargs = {"prev_chunk_left_over": prefix, "inference_delay": tuple(delays),
                               "execution_horizon": row_horizons(rows, self._rtc_horizon)}
-                chunk = self.policy.predict_action_chunk(batch, noise=noise, **kwargs)
+                steps: list | None = [] if capture_updates else None
+                with self._step_recorder.recording_steps(steps) if steps is not None else nullcontext():
+                    chunk = self.policy.predict_action_chunk(batch, noise=noise, **kwargs)
                 actions = self.postprocessor(chunk)
+                updates = self._updates(noise, steps) if steps is not None else None
         except PolicyError:
             raise
         except Exception as exc:  # torch/lerobot runtime failure: report, never return "no actions"
             raise PolicyError(f"{self.path}: inference of {len(requests)} request(s) failed: {exc}") from exc
         results = []
-        for chunk, rtc, d in zip(self._chunks(actions, len(requests)), rtc_rows, delays, strict=True):
+        for i, (chunk, rtc, d) in enumerate(zip(self._chunks(actions, len(requests)), rtc_rows, delays, strict=True)):
             # The delay the guidance assumed: LeRobot's weights force min(d, horizon) rows.
             extras = {} if rtc is None else {RTC_EXTRA_DELAY: min(d, self._rtc_horizon)}
-            results.append(InferenceResult(np.ascontiguousarray(chunk), extras=extras))
+            row_updates = None if updates is None else np.ascontiguousarray(updates[:, i])
+            results.append(InferenceResult(np.ascontiguousarray(chunk), refinement_updates=row_updates, extras=extras))
         return results
+
+    def _updates(self, noise: Any, steps: list) -> np.ndarray:
+        """``(num_steps, B, chunk_size, action_dim)`` float32: the change each Euler step made to the
+        sample (``x_after - x_before``, the first from the noise the loop started from; guided steps
+        as the loop took them), model space, the padding dimensions beyond the action dropped."""
+        import torch
+
+        if not steps:
+            raise PolicyError(f"{self.path}: the sampling loop reported no Euler steps (LeRobot's step hook "
+                              "was not called: see runners/rtc.py)")
+        samples = torch.stack([noise.float(), *(x.float() for x in steps)])
+        return (samples[1:] - samples[:-1])[..., : self.spec.action_dim].cpu().numpy()
 
     def _prefix_batch(self, rtc_rows: Sequence[Any]) -> Any:
         """The prefixes as the batch's ``(B, chunk_size, action_dim)`` float32 action, robot units,

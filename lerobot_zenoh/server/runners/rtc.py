@@ -12,12 +12,24 @@ is LeRobot's math, copied line for line. Scalar arguments go to LeRobot's method
 A row whose weights are all zero (no prefix: ``d = 0``, horizon 0) gets exactly the unguided
 velocity plus ``0 * correction`` = its plain velocity.
 
+The same processor also records the sampling's Euler steps on request (`recording_steps`), for the
+flow-matching execution horizon. LeRobot's sampling loop (``lerobot.policies.common.flow_matching.
+euler_integrate``, shared by SmolVLA, pi0 and pi0.5) calls ``rtc_processor.track(time=, x_t=, v_t=)``
+after every step, with the sample *after* the step, whenever the model's processor reports
+``is_debug_enabled()`` -- with or without RTC guidance. That debug hook is the only per-step seam
+LeRobot offers (the loop is a local function: wrapping ``denoise_step`` would see the unguided
+velocity only, and copying the loop would drift from LeRobot's); it only reads tensors, so the sample
+is bit for bit the same. With RTC off the runner installs a processor on the model for that hook
+alone (`install_step_recorder`): the model decides guidance from ``config.rtc_config`` (None then),
+so its ``denoise_step`` is never called.
+
 Imported lazily by `flow_matching` (it imports lerobot and torch).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -25,7 +37,32 @@ from lerobot.policies.rtc.modeling_rtc import RTCProcessor
 
 
 class RowwiseRTCProcessor(RTCProcessor):
-    """`RTCProcessor` whose `denoise_step` also takes one delay and one horizon per row."""
+    """`RTCProcessor` whose `denoise_step` also takes one delay and one horizon per row, and which
+    records the Euler steps' samples within `recording_steps` (module docstring)."""
+
+    def __init__(self, rtc_config: Any):
+        super().__init__(rtc_config)
+        self._steps: list | None = None
+
+    @contextmanager
+    def recording_steps(self, steps: list) -> Iterator[None]:
+        """Within the block, append the sample after each Euler step (a detached copy) to `steps`.
+
+        The caller serializes sampling (one call at a time on this model: the runner's lock)."""
+        self._steps = steps
+        try:
+            yield
+        finally:
+            self._steps = None
+
+    def is_debug_enabled(self) -> bool:
+        return self._steps is not None or super().is_debug_enabled()
+
+    def track(self, time, x_t=None, v_t=None, **kwargs) -> None:
+        # The sampling loop's call carries x_t and v_t; the guidance's own call (below) neither.
+        if self._steps is not None and x_t is not None and v_t is not None:
+            self._steps.append(x_t.detach().clone())
+        super().track(time, x_t=x_t, v_t=v_t, **kwargs)  # LeRobot's debug tracker, when configured
 
     def denoise_step(self, x_t, prev_chunk_left_over, inference_delay, time, original_denoise_step_partial,
                      execution_horizon=None) -> torch.Tensor:
@@ -88,6 +125,19 @@ def install(policy: Any) -> RowwiseRTCProcessor:
     processor = RowwiseRTCProcessor(config)
     policy.rtc_processor = processor
     policy.model.rtc_processor = processor  # sample_actions reads the model's
+    return processor
+
+
+def install_step_recorder(policy: Any) -> RowwiseRTCProcessor:
+    """With RTC off (``policy.config.rtc_config`` None): a processor on the model only, for the
+    Euler-step hook (`RowwiseRTCProcessor.recording_steps`). Guidance stays off: the model reads
+    ``config.rtc_config``, not the processor, to decide it."""
+    from lerobot.policies.rtc.configuration_rtc import RTCConfig
+
+    if policy.config.rtc_config is not None and policy.config.rtc_config.enabled:
+        raise ValueError("RTC is enabled: use install(), whose processor records steps too")
+    processor = RowwiseRTCProcessor(RTCConfig(enabled=False))
+    policy.model.rtc_processor = processor  # sample_actions passes the model's to euler_integrate
     return processor
 
 

@@ -17,6 +17,19 @@ With `circle` its chunk is a scripted smooth motion instead (`circle_actions`): 
 sinusoid whose phase is read from the first two state values, so a robot driven by it goes round a
 circle. It is what the real-time-chunking benchmark records a dataset from and measures tracking
 against (benchmarks/rtc.py).
+
+For multi-model tasks (docs/pipelines.md) it also stands in for the other components, with scripted
+answers counted per session (request k = the k-th request of that session since it opened or its
+episode began, so the purity invariant holds):
+
+- `output: text` (System 2): the next subtask from `subtasks`, advancing every `advance_every`
+  requests, cycling (or holding the last one);
+- `output: verdict` (safety, monitor): a label sequence (`verdicts`) and single overrides
+  (`verdict_at`, e.g. ``{7: unsafe}``), with an optional `score`;
+- `silent_after: N`: answer the first N requests of a session, then withhold every answer (a component
+  that stops answering, for fallback tests);
+- `echo_task` (System 1): the chunk's last action dimension is `task_code(task)`, so a test can read
+  off a chunk which task string conditioned it (System 2's text reaching System 1).
 """
 
 from __future__ import annotations
@@ -24,13 +37,17 @@ from __future__ import annotations
 import bisect
 import math
 import time
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from lerobot_zenoh.errors import ConfigError, PolicyError
+from lerobot_zenoh.protocol.messages import VERDICT_LABELS
 from lerobot_zenoh.server.runners.base import (
+    COMPONENT_EXTRA,
+    OUTPUTS,
     RTC_EXTRA,
     RTC_EXTRA_DELAY,
     BaseRunner,
@@ -43,6 +60,14 @@ from lerobot_zenoh.server.runners.base import (
 
 #: Denoising steps of the faked updates (`synthetic_denoise_updates`).
 SYNTHETIC_DENOISE_STEPS = 4
+#: Distinct values of `task_code` (a power of two: each is exact in float32).
+TASK_CODES = 1 << 16
+
+
+def task_code(task: str) -> float:
+    """What `echo_task` writes into the last action dimension of every row: ``crc32(task) mod 2**16``
+    divided by ``2**16``, in [0, 1), exact in float32 (compare with ``==``)."""
+    return (zlib.crc32(task.encode()) % TASK_CODES) / TASK_CODES
 
 
 def synthetic_actions(
@@ -157,6 +182,16 @@ class SyntheticPolicyConfig:
     rtc: bool = False  # declare real-time chunking and continue the prefix (`rtc_continue`)
     history_length: int = 1  # declare this many consecutive observations (its actions ignore the history)
     circle: CircleMotion | None = None  # a scripted smooth motion instead of `synthetic_actions`
+    # Multi-model components (module docstring): what the policy answers, and its script.
+    output: str = "actions"  # actions | text | verdict
+    subtasks: tuple[str, ...] = ()  # text: the script (empty: "subtask <i>")
+    advance_every: int = 1  # requests per entry of `subtasks` / `verdicts`
+    cycle: bool = True  # after the last entry: start again (True) or keep the last (False)
+    verdicts: tuple[str, ...] = ()  # verdict: one label per `advance_every` requests (empty: the first label asked)
+    verdict_at: dict[int, str] = field(default_factory=dict)  # request k (1-based) -> label, overriding
+    score: float | None = None  # verdict: the score sent with every label (None: none)
+    silent_after: int | None = None  # withhold every answer after a session's first N requests
+    echo_task: bool = False  # actions: the last dimension is task_code(task)
 
     def __post_init__(self) -> None:
         index = self.confidence_from_state
@@ -179,6 +214,32 @@ class SyntheticPolicyConfig:
                 raise ConfigError("circle", f"needs a state of at least 2 values, got {len(self.state_names)}")
             if not self.fps:
                 raise ConfigError("circle", "needs the control rate (fps)")
+        if self.output not in OUTPUTS:
+            raise ConfigError("output", f"must be one of {', '.join(OUTPUTS)}, got {self.output!r}")
+        if not isinstance(self.advance_every, int) or isinstance(self.advance_every, bool) or self.advance_every < 1:
+            raise ConfigError("advance_every", f"must be an integer >= 1, got {self.advance_every!r}")
+        for i, text in enumerate(self.subtasks):
+            if not isinstance(text, str) or not text:
+                raise ConfigError(f"subtasks.{i}", f"must be a non-empty string, got {text!r}")
+        for name, labels in (("verdicts", dict(enumerate(self.verdicts))), ("verdict_at", self.verdict_at)):
+            for k, label in labels.items():
+                if label not in VERDICT_LABELS:
+                    raise ConfigError(f"{name}.{k}", f"{label!r} is not a verdict label "
+                                                     f"({', '.join(sorted(VERDICT_LABELS))})")
+                if name == "verdict_at" and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+                    raise ConfigError("verdict_at", f"keys are request numbers >= 1, got {k!r}")
+        if self.score is not None and not (isinstance(self.score, (int, float)) and 0 <= self.score <= 1):
+            raise ConfigError("score", f"must be a number in 0..1, got {self.score!r}")
+        if self.silent_after is not None and (not isinstance(self.silent_after, int) or self.silent_after < 0):
+            raise ConfigError("silent_after", f"must be an integer >= 0, got {self.silent_after!r}")
+        misplaced = [name for name, given, wants in (
+            ("subtasks", bool(self.subtasks), "text"), ("verdicts", bool(self.verdicts), "verdict"),
+            ("verdict_at", bool(self.verdict_at), "verdict"), ("score", self.score is not None, "verdict"),
+            ("echo_task", self.echo_task, "actions"), ("circle", self.circle is not None, "actions"),
+            ("rtc", self.rtc, "actions"), ("confidence_from_state", self.confidence_from_state is not None, "actions"),
+        ) if given and self.output != wants]
+        if misplaced:
+            raise ConfigError(misplaced[0], f"does not apply to output {self.output!r}")
 
 
 class SyntheticPolicy(BaseRunner):
@@ -200,8 +261,9 @@ class SyntheticPolicy(BaseRunner):
             fps=config.fps,
             capabilities=RunnerCapabilities(
                 max_batch=None, refinement_updates=config.confidence_from_state is not None, rtc=bool(config.rtc),
-                history_length=config.history_length),
+                history_length=config.history_length, reads_task=bool(config.echo_task), output=config.output),
         )
+        self._requests: dict[str, int] = {}  # session -> requests seen (the script's position)
         profile = sorted((config.batch_latency_ms or {}).items())
         self._profile_sizes = [size for size, _ in profile]
         self._profile_ms = [float(ms) for _, ms in profile]
@@ -245,6 +307,17 @@ class SyntheticPolicy(BaseRunner):
         index = self.config.confidence_from_state if capture_updates else None
         results = []
         for r in requests:
+            k = self._requests[r.session_id] = self._requests.get(r.session_id, 0) + 1
+            if self.config.silent_after is not None and k > self.config.silent_after:
+                results.append(InferenceResult(silent=True))
+                continue
+            if self.config.output == "text":
+                results.append(InferenceResult.of_text(self.subtask(k)))
+                continue
+            if self.config.output == "verdict":
+                results.append(InferenceResult.of_verdict(self.verdict(k, r.extras.get(COMPONENT_EXTRA)),
+                                                          self.config.score))
+                continue
             if self.config.circle is not None:
                 actions = circle_actions(r.state, chunk, dim, self.config.circle, 1.0 / self.config.fps)
             else:
@@ -254,6 +327,33 @@ class SyntheticPolicy(BaseRunner):
             if rtc is not None:
                 actions = rtc_continue(actions, rtc.prefix, rtc.delay_steps)
                 extras[RTC_EXTRA_DELAY] = int(rtc.delay_steps)
+            if self.config.echo_task:
+                actions[:, -1] = task_code(r.task)
             updates = None if index is None else synthetic_denoise_updates(r.state, index, chunk, dim)
             results.append(InferenceResult(actions, updates, extras))
         return results
+
+    def forget(self, session_id: str) -> None:
+        """A closed session or a new episode: its script starts again."""
+        self._requests.pop(session_id, None)
+
+    def _entry(self, script: Sequence[str], k: int) -> str:
+        i = (k - 1) // self.config.advance_every
+        return script[i % len(script)] if self.config.cycle else script[min(i, len(script) - 1)]
+
+    def subtask(self, k: int) -> str:
+        """The text answer to a session's k-th request (1-based)."""
+        if self.config.subtasks:
+            return self._entry(self.config.subtasks, k)
+        i = (k - 1) // self.config.advance_every
+        return f"subtask {i}"
+
+    def verdict(self, k: int, component=None) -> str:
+        """The label answering a session's k-th request (1-based): `verdict_at`, else `verdicts`, else the
+        first label the component asks for (its task's label set), else ``safe``."""
+        if k in self.config.verdict_at:
+            return self.config.verdict_at[k]
+        if self.config.verdicts:
+            return self._entry(self.config.verdicts, k)
+        labels = component.labels if component is not None else ()
+        return labels[0] if labels else "safe"

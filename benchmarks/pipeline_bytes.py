@@ -1,0 +1,259 @@
+"""Bytes a robot sends per control decision for a multi-model task: published once vs once per component.
+
+    PYTHONPATH=. python benchmarks/pipeline_bytes.py [--seconds 8] [--cameras 96x128]
+
+Side by side in one run, for each task below: the real `PipelineClient` (the sim robot, 2 cameras,
+30 Hz) connected in Zenoh client mode to a Zenoh router on loopback, its component servers (stand-ins
+in this process: they answer status with the right `output`, System 1 with a chunk, System 2 with a
+text, safety and monitor with `safe` / `ongoing`, at once) connected to the same router on a second
+port, so that the robot's port carries only the robot's traffic.
+
+- **pipeline**: each observation is published once on the task's stream with its component mask;
+- **naive**: the same client and decisions, but each observation is put once per component it asks,
+  on that component's own key (`<app>/<robot>/obs`), as a deployment without the shared stream would.
+
+Measured: the robot's bytes on the link, from iptables byte counters on the router's robot port
+(`-o lo --dport`, IP and TCP headers included; root needed, else skipped), and the observation bytes
+handed to Zenoh (payload + header attachment). A *decision* is one capture that asks at least one
+component (one put with the pipeline). Tasks: `assemble_kit` (Rosa's P4 as in factories/mix2.yaml:
+System 1 per 200 ms chunk, System 2 every 10 chunks, safety 2 Hz, monitor 0.5 Hz) and `dense` (the
+same four components, safety and monitor at 5 Hz, i.e. at System 1's rate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+
+if str(Path(__file__).resolve().parents[1]) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import free_port  # noqa: E402
+from lerobot_zenoh.protocol import codec  # noqa: E402
+from lerobot_zenoh.protocol.keys import AppKey, pipeline_app  # noqa: E402
+from lerobot_zenoh.protocol.messages import ActionChunk, Status, TextResult, Verdict  # noqa: E402
+from lerobot_zenoh.transport.session import ACTION_QOS, OBSERVATION_QOS, ZenohSession  # noqa: E402
+from lerobot_zenoh.transport.settings import ZenohSettings  # noqa: E402
+
+FACTORY = Path(__file__).resolve().parents[1] / "factories" / "mix2.yaml"
+OUTPUT = {"system1": "actions", "system2": "text", "safety": "verdict", "monitor": "verdict"}
+TOPIC = {"system1": "action", "system2": "text", "safety": "verdict", "monitor": "verdict"}
+
+
+def tasks():
+    import yaml
+
+    from lerobot_zenoh.pipelines.descriptor import parse_task
+
+    kit = yaml.safe_load(FACTORY.read_text())["tasks"]["assemble_kit"]
+    dense = {**kit, "components": {k: dict(v) for k, v in kit["components"].items()}}
+    for name in ("safety", "progress"):
+        dense["components"][name]["invocation"] = {"rate_hz": 5}
+    return {"assemble_kit": parse_task({**kit, "name": "assemble_kit"}),
+            "dense": parse_task({**dense, "name": "dense"})}
+
+
+class StandInServers:
+    """Every component's server of one task in one Zenoh session (client of the router): status on its
+    app key, answers on its topic; reads the shared stream and every per-component key."""
+
+    def __init__(self, task, cluster, experiment, router_port, cameras):
+        self.task, self.cameras = task, cameras
+        self.apps = {name: AppKey(cluster, experiment, f"m-{name}", "v1", f"{c.kind}-srv{i}")
+                     for i, (name, c) in enumerate(task.components.items())}
+        self.bits = {name: i for i, name in enumerate(task.components)}
+        self.stream = pipeline_app(cluster, experiment, task.name)
+        self.settings = ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{router_port}"], multicast_scouting=False)
+        self._inbox: queue.Queue = queue.Queue()
+
+    def __enter__(self):
+        self.session = ZenohSession(self.settings).open()
+        for name, app in self.apps.items():
+            kind = self.task.components[name].kind
+            status = Status(model_id=app.model, model_version=app.version, expected_cameras=dict(self.cameras),
+                            action_dim=6, max_actions_per_chunk=50, observation_features={}, server_id=name,
+                            state_dim=6, fps=30, accepts_unknown_clients=True, client_admitted=True,
+                            output=OUTPUT[kind])
+            self.session.serve(app.status, lambda params, s=status: codec.encode(s), with_parameters=True)
+            self.session.subscribe(app.all_observations, lambda k, b, a, n=name: self._inbox.put((n, b)),
+                                   with_attachment=True)
+        self.session.subscribe(self.stream.all_observations, self._on_stream, with_attachment=True)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _on_stream(self, key, payload, attachment):
+        header = codec.decode_observation_header(attachment)
+        for name, bit in self.bits.items():
+            if header is None or header.component_mask is None or header.component_mask >> bit & 1:
+                self._inbox.put((name, payload))
+
+    def _run(self):
+        pubs = {}
+        while (item := self._inbox.get()) is not None:
+            name, payload = item
+            obs = codec.decode_observation(payload)
+            kind = self.task.components[name].kind
+            msg = (ActionChunk(obs.seq_id, 1.0, np.zeros((50, 6), np.float32)) if kind == "system1" else
+                   TextResult(obs.seq_id, "next subtask", 1.0) if kind == "system2" else
+                   Verdict(obs.seq_id, "safe" if kind == "safety" else "ongoing", 1.0))
+            key = f"{self.apps[name].prefix}/{obs.client_uuid}/{TOPIC[kind]}"
+            if key not in pubs:
+                pubs[key] = self.session.publisher(key, ACTION_QOS)
+            pubs[key].put(codec.encode(msg))
+
+    def __exit__(self, *exc):
+        self._inbox.put(None)
+        self._thread.join(2)
+        self.session.close()
+
+
+class CountingPublisher:
+    """What the client's publisher thread puts, counted (observation payload + header attachment); in
+    `naive` mode each put becomes one put per asked component on that component's own key."""
+
+    def __init__(self, session, stream_pub, component_keys: list[str] | None):
+        self.stream_pub = stream_pub
+        self.fanout = None if component_keys is None else [session.publisher(k, OBSERVATION_QOS) for k in component_keys]
+        self.decisions = 0
+        self.puts = 0
+        self.bytes = 0
+
+    def put(self, payload: bytes, attachment: bytes | None = None) -> None:
+        self.decisions += 1
+        size = len(payload) + len(attachment or b"")
+        if self.fanout is None:
+            targets = [self.stream_pub]
+        else:
+            mask = codec.decode_observation_header(attachment).component_mask
+            targets = [p for i, p in enumerate(self.fanout) if mask >> i & 1]
+        for pub in targets:
+            pub.put(payload, attachment)
+            self.puts += 1
+            self.bytes += size
+
+
+class IptablesCounter:
+    """Bytes sent to one loopback TCP port (the router's robot port), from an iptables OUTPUT rule."""
+
+    def __init__(self, port: int):
+        self.rule = ["OUTPUT", "-o", "lo", "-p", "tcp", "--dport", str(port), "-m", "comment", "--comment",
+                     f"lz-pipeline-bytes-{os.getpid()}-{port}", "-j", "ACCEPT"]
+
+    @staticmethod
+    def available() -> bool:
+        return os.geteuid() == 0 and shutil.which("iptables") is not None
+
+    def __enter__(self):
+        subprocess.run(["iptables", "-I", *self.rule], check=True)
+        return self
+
+    def bytes(self) -> int:
+        out = subprocess.run(["iptables", "-L", "OUTPUT", "-v", "-x", "-n"], check=True, capture_output=True,
+                             text=True).stdout
+        comment = self.rule[self.rule.index("--comment") + 1]
+        line = next(ln for ln in out.splitlines() if comment in ln)
+        return int(line.split()[1])
+
+    def __exit__(self, *exc):
+        subprocess.run(["iptables", "-D", *self.rule], check=False)
+
+
+def run_once(task, mode: str, seconds: float, cameras: dict, use_iptables: bool) -> dict:
+    from lerobot.robots import make_robot_from_config
+
+    from lerobot_zenoh.client.config import RobotClientConfig
+    from lerobot_zenoh.client.config_sim_robot import SimRobotConfig
+    from lerobot_zenoh.client.pipeline import PipelineClient
+    from lerobot_zenoh.pipelines.robot_plan import RobotPlan, Route
+
+    robot_port, server_port = free_port(), free_port()
+    router = ZenohSession(ZenohSettings(mode="router", listen=[f"tcp/127.0.0.1:{robot_port}",
+                                                                f"tcp/127.0.0.1:{server_port}"],
+                                        multicast_scouting=False)).open()
+    cluster, experiment = "bench", f"bytes{os.getpid()}{robot_port}"
+    try:
+        with StandInServers(task, cluster, experiment, server_port, cameras) as servers:
+            endpoint = f"tcp/127.0.0.1:{robot_port}"
+            routes = {n: Route(n, c.kind, servers.apps[n], endpoint, None) for n, c in task.components.items()}
+            plan = RobotPlan("r1", task, cluster, experiment, routes, fps=30, actions_per_chunk=6)
+            s1 = plan.system1.app
+            config = RobotClientConfig(robot=SimRobotConfig(cameras=dict(cameras), fps=30), client_uuid="r1",
+                                       cluster_uuid=cluster, experiment_tag=experiment, model_id=s1.model,
+                                       model_version=s1.version, application_tag=s1.app, endpoint=endpoint,
+                                       zenoh=ZenohSettings(multicast_scouting=False), fps=30, actions_per_chunk=6,
+                                       telemetry_period_s=0, log_level="WARNING")
+            client = PipelineClient(config, make_robot_from_config(config.robot), plan)
+            client.start()
+            counter = IptablesCounter(robot_port) if use_iptables else None
+            try:
+                keys = None if mode == "pipeline" else [servers.apps[n].client("r1").obs for n in task.components]
+                counting = CountingPublisher(client._session, client._pub, keys)
+                client._pub = counting  # the publisher thread reads it at each put
+                if counter is not None:
+                    counter.__enter__()
+                client.run(duration_s=seconds)
+                link = counter.bytes() if counter is not None else None
+            finally:
+                if counter is not None:
+                    counter.__exit__()
+                client.close()
+            figures = client.pipeline_figures()
+    finally:
+        router.close()
+    d = max(counting.decisions, 1)
+    return {"task": task.name, "mode": mode, "seconds": seconds, "decisions": counting.decisions,
+            "puts": counting.puts, "observation_bytes": counting.bytes,
+            "observation_bytes_per_decision": round(counting.bytes / d),
+            "link_bytes": link, "link_bytes_per_decision": None if link is None else round(link / d),
+            "link_bytes_per_s": None if link is None else round(link / seconds),
+            "requests": {n: figures[f"slo.{n}.requests"] for n in task.components},
+            "missed": {n: figures[f"slo.{n}.missed"] for n in task.components}}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--cameras", default="96x128", help="HxW of each of the two cameras")
+    parser.add_argument("--no-iptables", action="store_true", help="count Zenoh-level bytes only")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    h, w = (int(x) for x in args.cameras.split("x"))
+    cameras = {"front": (h, w), "wrist": (h, w)}
+    use_iptables = not args.no_iptables and IptablesCounter.available()
+    if not use_iptables:
+        print("iptables byte counters unavailable (needs root and iptables): Zenoh-level bytes only", file=sys.stderr)
+    rows = []
+    for task in tasks().values():
+        for mode in ("pipeline", "naive"):
+            rows.append(run_once(task, mode, args.seconds, cameras, use_iptables))
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"cameras 2 x {h}x{w}, {args.seconds:g} s per run, 30 Hz control")
+    print(f"{'task':<14}{'mode':<10}{'decisions':>10}{'puts':>7}{'obs B/decision':>16}{'link B/decision':>17}"
+          f"{'link kB/s':>11}  requests (missed)")
+    for r in rows:
+        reqs = " ".join(f"{n}:{r['requests'][n]}({r['missed'][n]})" for n in r["requests"])
+        link = "-" if r["link_bytes"] is None else f"{r['link_bytes_per_decision']:,}"
+        rate = "-" if r["link_bytes"] is None else f"{r['link_bytes_per_s'] / 1000:,.1f}"
+        print(f"{r['task']:<14}{r['mode']:<10}{r['decisions']:>10}{r['puts']:>7}"
+              f"{r['observation_bytes_per_decision']:>16,}{link:>17}{rate:>11}  {reqs}")
+    for name in tasks():
+        p, n = (next(r for r in rows if r["task"] == name and r["mode"] == m) for m in ("pipeline", "naive"))
+        key = "link_bytes_per_decision" if p["link_bytes"] is not None else "observation_bytes_per_decision"
+        print(f"{name}: naive / pipeline bytes per decision = {n[key] / max(p[key], 1):.2f} ({key})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

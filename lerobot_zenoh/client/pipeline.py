@@ -1,0 +1,343 @@
+"""The robot client of a multi-model task: System 1, System 2, safety and monitor (docs/pipelines.md).
+
+A thin layer over `RobotClient`: the same control loop, publisher, action buffer and chunk intake,
+with the decisions of `pipelines/runtime.py` (pure) plugged into its hooks.
+
+    control loop   each step: System 1 due (the send trigger) -> the runtime's component mask -> one
+                   capture in the outbox (nothing when no component is due); expired deadlines
+                   (`poll`); the runtime's mode replaces the policy's action (hold, zero velocity,
+                   safe pose); an ended attempt -> the task retry policy (client.run)
+    publisher      publishes each observation ONCE on the task's stream
+                   `<cluster>/<experiment>/_pipeline/1/<task>/<robot>/obs` with `component_mask`
+                   (and System 1's task string: System 2's latest plan)
+    receiver       System 1's action chunks, as the plain client (then booked against the SLO)
+    pipeline       TextResult / Verdict from the other components' servers (each on its own app key,
+                   `.../<robot>/text|verdict`) -> the runtime; a verdict that puts the robot in a
+                   danger mode wakes the control loop, which applies it at once (well within one
+                   control period of the verdict's arrival) instead of at its next step
+
+One lock (`_lock`) guards the runtime; it is held for a few dictionary operations, never across I/O.
+At start-up every component's server is found on its own app key (a status query naming this robot)
+and checked: it serves this robot, answers with what the component needs (`Status.output`: actions,
+text or verdict), and reads the robot's cameras and state (action dimension and fps are System 1's
+business only).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+
+import numpy as np
+
+from lerobot_zenoh.client.client import RobotClient, _Capture
+from lerobot_zenoh.client.config import RobotClientConfig
+from lerobot_zenoh.client.discovery import compare, discover
+from lerobot_zenoh.errors import CompatibilityError, ConfigError, ProtocolError
+from lerobot_zenoh.pipelines.robot_plan import RobotPlan
+from lerobot_zenoh.pipelines.runtime import OUTPUT_OF_KIND, PipelineRuntime
+from lerobot_zenoh.protocol import codec
+from lerobot_zenoh.protocol.messages import ExecutionInfo, RtcInputs
+from lerobot_zenoh.telemetry.publisher import TelemetryPublisher
+from lerobot_zenoh.transport.session import OBSERVATION_QOS
+from lerobot_zenoh.transport.settings import ZenohSettings
+
+log = logging.getLogger(__name__)
+
+
+def configure(config: RobotClientConfig, plan: RobotPlan) -> RobotClientConfig:
+    """The client configuration for a planned robot: System 1's app key and endpoint, the plan's fps
+    and chunk length, and System 1's planned rate as the send cap (unless --send.max_rate_hz is set)."""
+    s1 = plan.system1
+    config.cluster_uuid, config.experiment_tag = plan.cluster, plan.experiment
+    config.model_id, config.model_version, config.application_tag = s1.app.model, s1.app.version, s1.app.app
+    if s1.endpoint:
+        config.endpoint = s1.endpoint
+    if plan.fps is not None:
+        config.fps = plan.fps
+        if config.dataset is not None:
+            config.dataset.fps = plan.fps
+    if plan.actions_per_chunk is not None:
+        config.actions_per_chunk = plan.actions_per_chunk
+    if config.send.max_rate_hz is None and s1.rate_hz:
+        config.send.max_rate_hz = s1.rate_hz
+    config.validate()
+    return config
+
+
+class PipelineClient(RobotClient):
+    """Runs the task of `plan` for this robot. Construct with no I/O; `start()`, `run()`, `close()`."""
+
+    def __init__(self, config: RobotClientConfig, robot, plan: RobotPlan, recorder=None):
+        super().__init__(config, robot, recorder)
+        if config.client_uuid != plan.robot:
+            raise ConfigError("client_uuid", f"{config.client_uuid!r} but the plan is {plan.robot!r}'s")
+        self.plan = plan
+        self.runtime = PipelineRuntime(plan.task, rates_hz=plan.rates_hz, base_task=config.task_text)
+        self._lock = threading.Lock()
+        self._s1_bit = self.runtime.bit(self.runtime.system1)
+        self._results: queue.Queue = queue.Queue(maxsize=256)
+        self.statuses: dict[str, object] = {}
+        self.stream_key = plan.stream.client(config.client_uuid)
+        self.results_dropped = 0  # a full results inbox (the pipeline thread got no CPU)
+        self.results_rejected = 0  # undecodable TextResult / Verdict
+        # Danger: when the verdict that put the robot in a danger mode arrived, and how long after it
+        # the mode's first action went to the robot (ms), for telemetry and the tests.
+        self._danger_arrived_s: float | None = None
+        self.danger_reactions_ms: deque = deque(maxlen=256)
+        self._last_observation: dict | None = None
+        self._mode_action_names: tuple[str, ...] = ()
+
+    # -- start-up -------------------------------------------------------------------------------
+
+    def _session_settings(self, settings: ZenohSettings) -> ZenohSettings:
+        """Connect to every component's server; with several, as a peer (a Zenoh client has one link)."""
+        settings = settings.with_connect(*(r.endpoint for r in self.plan.routes.values()))
+        if settings.mode == "auto" and len(settings.connect) > 1 and not settings.listen:
+            settings = settings.replace(mode="peer")
+        elif settings.mode == "client" and len(settings.connect) > 1:
+            log.warning("%s: --zenoh.mode=client links to one of %d endpoints: the components behind the others "
+                        "are reachable only through a router", self.config.client_uuid, len(settings.connect))
+        return settings
+
+    def _discover_components(self, endpoints: str) -> None:
+        super()._discover_components(endpoints)  # System 1: the plain client's checks
+        cfg = self.config
+        s1 = self.plan.system1
+        self._check_output(s1.component, "system1", self.status)
+        self.statuses[s1.component] = self.status
+        for name, route in self.plan.routes.items():
+            if route.kind == "system1":
+                continue
+            status = discover(self._session, route.app, cfg.discovery_timeout_s, self._stop, client_uuid=cfg.client_uuid)
+            if status is None:
+                raise CompatibilityError(f"component {name!r} ({route.kind}): no server answers {route.app.status} "
+                                         f"within {cfg.discovery_timeout_s:.0f} s (is its server up at {route.endpoint}?)")
+            if status.client_admitted is False:
+                raise CompatibilityError(f"component {name!r}: server {status.server_id} does not serve client "
+                                         f"{cfg.client_uuid!r}")
+            self._check_output(name, route.kind, status)
+            # It reads the same observation: cameras and state must fit; actions and fps are System 1's.
+            problems = [p for p in compare(status, self.features, cfg.fps)
+                        if not p.startswith(("action_dim", "fps"))]
+            if problems:
+                raise CompatibilityError(f"component {name!r}: server {status.server_id} is incompatible: "
+                                         + "; ".join(problems))
+            self.statuses[name] = status
+            log.info("%s: component %s (%s) served by %s (%s %s)", cfg.client_uuid, name, route.kind,
+                     status.server_id, status.model_id, status.model_version)
+        names = self.features.action_names
+        for comp in self.plan.task.components.values():
+            for fb in (comp.on_danger, comp.on_slo_miss):
+                if fb is not None and fb.pose is not None and len(fb.pose) != len(names):
+                    raise CompatibilityError(f"task {self.plan.task.name!r}: a safe_pose has {len(fb.pose)} joints, "
+                                             f"the robot takes {len(names)} actions")
+        self._mode_action_names = names
+
+    @staticmethod
+    def _check_output(name: str, kind: str, status) -> None:
+        expected = OUTPUT_OF_KIND[kind]
+        got = status.output or "actions"
+        if got != expected:
+            raise CompatibilityError(f"component {name!r} ({kind}) needs a server answering {expected}, but server "
+                                     f"{status.server_id} answers {got}")
+
+    def _use_status(self, status) -> None:
+        super()._use_status(status)
+        # The observation goes to every component's server: no same-host frames (each would need its probe).
+        self.same_host_active = False
+
+    def _declare(self) -> None:
+        cfg = self.config
+        session = self._session
+        self._pub = session.publisher(self.stream_key.obs, OBSERVATION_QOS)
+        session.subscribe(cfg.client_key.action, self._on_chunk)
+        session.watch_liveliness(cfg.app_key.all_servers, self._on_liveliness)
+        for name, route in self.plan.routes.items():
+            if route.kind == "system2":
+                session.subscribe(route.app.client(cfg.client_uuid).text, self._result_handler(name))
+            elif route.kind in ("safety", "monitor"):
+                session.subscribe(route.app.client(cfg.client_uuid).verdict, self._result_handler(name))
+        # The robot's token and telemetry live on the task's stream (docs/protocol.md §2.2).
+        session.declare_token(self.stream_key.metrics)
+        if cfg.telemetry_period_s > 0:
+            self._telemetry = TelemetryPublisher(session, self.stream_key.metrics, "client", cfg.client_uuid,
+                                                 self.telemetry_figures, cfg.telemetry_period_s,
+                                                 labels={"robot_type": getattr(self.robot, "name", ""),
+                                                         "task": self.plan.task.name}).start()
+
+    def _thread_targets(self) -> list:
+        return super()._thread_targets() + [(self._result_loop, "pipeline")]
+
+    # -- results (Zenoh callbacks, then the pipeline thread) ------------------------------------
+
+    def _result_handler(self, component: str):
+        def on_result(key: str, payload: bytes) -> None:  # Zenoh callback: hand over, nothing else
+            try:
+                self._results.put_nowait((component, payload, time.perf_counter()))
+            except queue.Full:
+                self.results_dropped += 1
+        return on_result
+
+    def _result_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                component, payload, arrived_s = self._results.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            self._handle_result(component, payload, arrived_s)
+
+    def _handle_result(self, component: str, payload: bytes, arrived_s: float) -> None:
+        kind = self.runtime.kind(component)
+        try:
+            msg = codec.decode_text_result(payload) if kind == "system2" else codec.decode_verdict(payload)
+        except ProtocolError as exc:
+            self.results_rejected += 1
+            if self.results_rejected in (1, 10, 100) or self.results_rejected % 1000 == 0:
+                log.warning("%s: rejected a %s answer: %s", self.config.client_uuid, component, exc)
+            return
+        with self._lock:
+            before = self.runtime.mode
+            if kind == "system2":
+                self.runtime.on_text(component, msg.response_to_seq_id, msg.text, arrived_s)
+                return
+            self.runtime.on_verdict(component, msg.response_to_seq_id, msg.label, arrived_s)
+            after = self.runtime.mode
+            ended = self.runtime.outcome is not None
+        if msg.label in ("unsafe", "failed", "done"):
+            log.warning("%s: %s says %s about observation %d", self.config.client_uuid, component, msg.label,
+                        msg.response_to_seq_id)
+        if after is not None and after != before:
+            self._danger_arrived_s = arrived_s
+            self.wake()  # the control loop applies it now, not at its next step
+        elif ended:
+            self.wake()
+
+    # -- control loop hooks ---------------------------------------------------------------------
+
+    def _send(self, observation: dict, now: float, episode_start: float) -> None:
+        self._last_observation = observation
+        step = self.buffer.next_step
+        depth = self.buffer.depth
+        s1_due = self.state == "running" and self.trigger.should_send(depth, now)
+        with self._lock:
+            mask = self.runtime.due_mask(now, s1_due)
+            if not mask:
+                return
+            self._seq_id += 1
+            seq_id = self._seq_id
+            self.runtime.on_sent(seq_id, mask, now)
+            task = self.runtime.task_text
+        rtc = None
+        if mask & self._s1_bit:
+            if self.rtc_active:
+                step, prefix = self.buffer.leftover(self.status.max_actions_per_chunk)
+                if len(prefix) == 0:
+                    prefix = np.zeros((0, len(self.features.action_names)), dtype=np.float32)
+                rtc = RtcInputs(prefix, self.intake.predict_delay_steps(len(prefix)))
+            self.intake.on_send(seq_id, step, now, predicted_delay_steps=None if rtc is None else rtc.delay_steps)
+            if self._waiting_since_s is None:
+                self._waiting_since_s = now
+        self.outbox.put(_Capture(seq_id, step, now, observation, ExecutionInfo(
+            task_elapsed_s=now - episode_start, actions_buffered=depth, control_period_s=self.dt_s),
+            episode_id=str(self._episode), rtc=rtc, history=tuple(self._history), component_mask=mask, task=task))
+
+    def _on_chunk_accepted(self, seq_id: int, arrived_s: float) -> None:
+        with self._lock:
+            self.runtime.on_chunk(seq_id, arrived_s)
+
+    def _override_action(self, observation: dict) -> dict | None:
+        now = time.perf_counter()
+        with self._lock:
+            self.runtime.poll(now)
+            mode = self.runtime.mode
+        if mode is None:
+            return None
+        self._note_reaction(now)
+        return self._mode_action(mode, observation)
+
+    def _mode_action(self, mode, observation: dict | None) -> dict:
+        names = self.features.action_names
+        if mode.action == "zero_velocity":
+            return dict.fromkeys(names, 0.0)
+        if mode.action == "safe_pose":
+            return dict(zip(names, (float(x) for x in mode.pose)))
+        if observation is not None and all(n in observation for n in names):  # hold: the measured position
+            return {n: float(observation[n]) for n in names}
+        return dict(self._last_action) if self._last_action else dict.fromkeys(names, 0.0)
+
+    def _failsafe_action(self, observation: dict) -> dict:
+        """At exit and between attempts, too, the robot keeps a danger or fallback mode."""
+        with self._lock:
+            mode = self.runtime.mode
+        return super()._failsafe_action(observation) if mode is None else self._mode_action(mode, observation)
+
+    def _react_now(self) -> None:
+        """Woken by a verdict: the robot takes its mode now (the next step would be up to a period away)."""
+        with self._lock:
+            mode = self.runtime.mode
+        if mode is None:
+            return
+        self.buffer.clear()
+        self.robot.send_action(self._mode_action(mode, self._last_observation))
+        self.counters.override_steps += 1
+        self._note_reaction(time.perf_counter())
+
+    def _note_reaction(self, now: float) -> None:
+        arrived = self._danger_arrived_s
+        if arrived is not None:
+            self._danger_arrived_s = None
+            self.danger_reactions_ms.append((now - arrived) * 1000.0)
+
+    def _on_episode_start(self, now_s: float) -> None:
+        with self._lock:
+            self.runtime.begin_attempt(now_s)
+        log.info("%s: task %s, attempt %d", self.config.client_uuid, self.plan.task.name, self.runtime.attempt)
+
+    def _attempt_outcome(self, now_s: float) -> str | None:
+        with self._lock:
+            outcome = self.runtime.outcome
+            if outcome is None or self.runtime.concluded:
+                return None
+            decision = self.runtime.conclude()
+            halted = self.runtime.halted
+        log.log(logging.INFO if decision == "done" else logging.WARNING, "%s: attempt %d ended (%s): %s",
+                self.config.client_uuid, self.runtime.attempt, outcome.reason,
+                {"done": "task done", "retry": "retrying the task", "stop": "task retries spent: stopping",
+                 "halt": f"task retries spent: {halted.action if halted else ''} until stopped"}[decision])
+        if decision == "done":
+            with self._lock:
+                self.runtime.failures = 0
+        return None if decision == "halt" else decision
+
+    def _retry_reset_s(self) -> float:
+        return self.config.pipeline.reset_s
+
+    # -- telemetry and summary ------------------------------------------------------------------
+
+    def pipeline_figures(self) -> dict:
+        with self._lock:
+            figures = self.runtime.figures()
+        reactions = list(self.danger_reactions_ms)
+        figures.update({
+            "pipeline.results_dropped": self.results_dropped,
+            "pipeline.results_rejected": self.results_rejected,
+            "pipeline.override_steps": self.counters.override_steps,
+            "pipeline.danger_reaction_ms_max": max(reactions) if reactions else None,
+        })
+        return figures
+
+    def telemetry_figures(self) -> tuple[dict, dict]:
+        figures, per_client = super().telemetry_figures()
+        figures.update(self.pipeline_figures())
+        return figures, per_client
+
+    def summary(self) -> dict:
+        out = super().summary()
+        out["pipeline"] = {"task": self.plan.task.name, "attempts": self.runtime.attempt,
+                           "failures": self.runtime.failures, "task_text": self.runtime.task_text,
+                           **self.pipeline_figures()}
+        return out

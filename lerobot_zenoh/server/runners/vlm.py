@@ -1,0 +1,169 @@
+"""A vision-language model as a task component: System 2 text, or a safety / monitor verdict.
+
+Loads a Hugging Face image-text-to-text checkpoint folder (SmolVLM / Idefics3 family, or any model
+`AutoModelForImageTextToText` and `AutoProcessor` load, with an ``<image>`` token in its processor)
+with ``from_pretrained``, as a user's fine-tuned VLM is loaded; `checkpoint.build_tiny_vlm` writes a
+tiny random-weight one offline for tests. One request's input is the prompt after one ``<image>`` per
+camera (the spec's camera order); the robot's state is checked and ignored.
+
+- ``output: text``: greedy generation of up to `max_new_tokens` tokens; the text is the new tokens,
+  decoded without special tokens and stripped.
+- ``output: verdict``: the label whose tokens are the most likely continuation of image + prompt
+  (the sum of the label tokens' log-probabilities, each label after one space), among the labels the
+  component asks for (its task descriptor's, `ComponentQuery.labels`) or else the configured ones;
+  `score` is that label's softmax probability over the candidates' log-likelihoods.
+
+The prompt is the component's (`ComponentQuery.prompt`, from the task descriptor) when it gives one,
+else the configured one. Greedy and no dropout: a result depends on its request only (pure). Requests
+are run one at a time (`max_batch` None: a call may take several, each costs one generation).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lerobot_zenoh.errors import ConfigError, PolicyError
+from lerobot_zenoh.protocol.messages import SAFETY_LABELS, VERDICT_LABELS
+from lerobot_zenoh.server.runners.base import (
+    COMPONENT_EXTRA,
+    BaseRunner,
+    ComponentQuery,
+    InferenceRequest,
+    InferenceResult,
+    PolicySpec,
+    RunnerCapabilities,
+    check_observation,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VlmSettings:
+    """What a VLM component answers and how (the manifest's `vlm` block)."""
+
+    output: str  # text | verdict
+    prompt: str = ""
+    max_new_tokens: int = 16
+    labels: tuple[str, ...] = ()
+    state_dim: int = 6
+    cameras: dict[str, tuple[int, int]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.output not in ("text", "verdict"):
+            raise ConfigError("vlm.output", f"must be text or verdict, got {self.output!r}")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ConfigError("vlm.max_new_tokens", f"must be an integer >= 1, got {self.max_new_tokens!r}")
+        for label in self.labels:
+            if label not in VERDICT_LABELS:
+                raise ConfigError("vlm.labels", f"{label!r} is not a verdict label ({', '.join(sorted(VERDICT_LABELS))})")
+
+
+class VlmRunner(BaseRunner):
+    """A `PolicyRunner` answering text or verdicts with a transformers VLM (module docstring)."""
+
+    def __init__(self, model, processor, settings: VlmSettings, *, fps: int | None = None, device: str = "cpu"):
+        self.model = model
+        self.processor = processor
+        self.settings = settings
+        self.device = device
+        cameras = dict(settings.cameras or {"front": (96, 128)})
+        if not cameras:
+            raise ConfigError("vlm.cameras", "a VLM component needs at least one camera")
+        self.spec = PolicySpec(
+            policy_type="vlm",
+            state_names=tuple(f"state_{i}" for i in range(settings.state_dim)),
+            cameras=cameras,
+            action_names=("none",),  # no actions: the status' action fields are placeholders
+            chunk_size=1,
+            fps=fps,
+            capabilities=RunnerCapabilities(max_batch=None, output=settings.output),
+        )
+        self.image_token = getattr(processor, "image_token", None) or "<image>"
+        self._label_ids: dict[str, list[int]] = {}
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, settings: VlmSettings, *, fps: int | None = None,
+                        device: str = "cpu", dtype: str = "float32", field_prefix: str = "") -> VlmRunner:
+        """Load the VLM folder `path` (model + processor, as ``save_pretrained`` wrote them); PolicyError
+        naming the path when it cannot be loaded or lacks weights."""
+        path = Path(path)
+        try:
+            import torch
+            from transformers import AutoModelForImageTextToText, AutoProcessor
+
+            torch_dtype = torch.bfloat16 if dtype in ("bfloat16", "bf16") else torch.float32
+            model, info = AutoModelForImageTextToText.from_pretrained(
+                path, dtype=torch_dtype, output_loading_info=True)
+            processor = AutoProcessor.from_pretrained(path)
+        except Exception as exc:  # a folder transformers cannot read as an image-text-to-text model
+            raise PolicyError(f"{path}: not a loadable VLM folder ({field_prefix}pretrained_path): "
+                              f"{type(exc).__name__}: {exc}") from exc
+        missing = list(info.get("missing_keys") or ())
+        if missing:  # transformers warns and initialises them at random: refuse instead
+            raise PolicyError(f"{path}: the VLM's weights lack {len(missing)} tensors (e.g. {missing[0]}); "
+                              "is model.safetensors there?")
+        model.to(device).eval()
+        return cls(model, processor, settings, fps=fps, device=device)
+
+    # -- the seam -------------------------------------------------------------------------------
+
+    def warmup(self) -> None:
+        """One dummy inference; a verdict VLM whose labels come from its pipeline items only is warmed
+        up on the safety labels (the cost is the same per label)."""
+        from lerobot_zenoh.server.runners.base import dummy_observation
+
+        state, images = dummy_observation(self.spec)
+        extras = {}
+        if self.settings.output == "verdict" and not self.settings.labels:
+            extras[COMPONENT_EXTRA] = ComponentQuery("", "", "", SAFETY_LABELS)
+        self.run([InferenceRequest("\x00warmup", state, images, "", 0, extras=extras)])
+
+    def run(self, requests: Sequence[InferenceRequest], *, capture_updates: bool = False) -> list[InferenceResult]:
+        for r in requests:
+            check_observation(self.spec, r.state, r.images)
+        return [self._one(r) for r in requests]
+
+    def _one(self, request: InferenceRequest) -> InferenceResult:
+        import torch
+
+        component = request.extras.get(COMPONENT_EXTRA)
+        prompt = (component.prompt if component is not None and component.prompt else self.settings.prompt)
+        images = [request.images[cam] for cam in self.spec.cameras]
+        inputs = self.processor(text=[self.image_token * len(images) + prompt], images=[images], return_tensors="pt")
+        inputs = {k: v.to(self.device) for k, v in inputs.items()}
+        with torch.no_grad():
+            if self.settings.output == "text":
+                out = self.model.generate(**inputs, max_new_tokens=self.settings.max_new_tokens, do_sample=False)
+                new = out[0, inputs["input_ids"].shape[1]:]
+                return InferenceResult.of_text(self.processor.tokenizer.decode(new, skip_special_tokens=True).strip())
+            labels = (component.labels if component is not None and component.labels else self.settings.labels)
+            if not labels:
+                raise PolicyError("no labels to choose from (vlm.labels, or the pipeline item's labels)")
+            scores = [self._log_likelihood(inputs, label) for label in labels]
+        best = int(np.argmax(scores))
+        top = max(scores)
+        probs = [math.exp(s - top) for s in scores]
+        return InferenceResult.of_verdict(labels[best], probs[best] / sum(probs))
+
+    def _log_likelihood(self, inputs: dict, label: str) -> float:
+        """log P(label tokens | image + prompt): one forward pass over the prompt followed by the label."""
+        import torch
+
+        ids = self._label_ids.get(label)
+        if ids is None:
+            ids = self._label_ids[label] = self.processor.tokenizer(" " + label, add_special_tokens=False)["input_ids"]
+        label_ids = torch.tensor([ids], dtype=inputs["input_ids"].dtype, device=self.device)
+        full = dict(inputs)
+        full["input_ids"] = torch.cat([inputs["input_ids"], label_ids], dim=1)
+        full["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(label_ids)], dim=1)
+        logits = self.model(**full).logits[0].float()
+        n = inputs["input_ids"].shape[1]
+        logp = torch.log_softmax(logits[n - 1: n - 1 + len(ids)], dim=-1)
+        return float(logp[torch.arange(len(ids)), label_ids[0]].sum())
