@@ -281,3 +281,12 @@ def test_failed_retries_the_task_then_stops_and_done_ends_the_run(app_key):
         run(client, 20.0)
         assert time.perf_counter() - t0 < 6.0
     assert client.runtime.outcome.kind == "done" and client.runtime.attempt == 1 and client.runtime.failures == 0
+
+
+def test_re_fetch_is_refused_at_start_up_for_a_multi_model_task(app_key):
+    from lerobot_zenoh.errors import ConfigError
+    from lerobot_zenoh.scheduling.send_trigger import SendTriggerConfig
+
+    with Pipeline(app_key) as p:
+        with pytest.raises(ConfigError, match="send.refetch_after_s"):
+            p.client(sim_robot(), send=SendTriggerConfig(refetch_after_s=0.1))
