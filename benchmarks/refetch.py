@@ -309,21 +309,22 @@ def table(results: list[dict]) -> str:
     groups: dict[tuple, list[dict]] = {}
     for r in results:
         cfg = r["config"]
-        groups.setdefault((cfg["scheduler"], cfg["max_batch"], cfg["robots"], cfg["refetch_after_s"]), []).append(r)
+        key = (cfg["scheduler"], cfg["max_batch"], cfg["actions_per_chunk"], cfg["robots"], cfg["refetch_after_s"])
+        groups.setdefault(key, []).append(r)
 
     def pm(rs, key, fmt="{:.0f}"):
         xs = np.array([x[key] for x in rs], dtype=float)
         return f"{fmt.format(xs.mean())} ± {fmt.format(xs.std(ddof=1) if len(xs) > 1 else 0.0)}"
 
-    lines = ["| scheduler, batch, robots | re-fetch after | age p50 ms | age p99 ms | RTT p50 ms | stalled % | "
+    lines = ["| scheduler, batch, actions per chunk, robots | re-fetch after | age p50 ms | age p99 ms | RTT p50 ms | stalled % | "
              "actions/s | refreshes per request | answered by a refresh % | refreshes late % | "
              "inferences per request | seeds |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for (sched, batch, robots, after), rs in sorted(groups.items()):
+    for (sched, batch, per_chunk, robots, after), rs in sorted(groups.items()):
         late = np.mean([x["server_refreshes_late"] / max(x["server_refreshes"] + x["server_refreshes_late"], 1) * 100
                         for x in rs])
         inf = np.mean([x["inferences_per_request"] for x in rs])
-        lines.append(f"| {sched}, {batch}, {robots} | {f'{after * 1000:.0f} ms' if after else 'off'} | "
+        lines.append(f"| {sched}, {batch}, {per_chunk}, {robots} | {f'{after * 1000:.0f} ms' if after else 'off'} | "
                      f"{pm(rs, 'age_p50_ms')} | {pm(rs, 'age_p99_ms')} | {pm(rs, 'rtt_p50_ms')} | "
                      f"{pm(rs, 'stalled_pct', '{:.1f}')} | {pm(rs, 'actions_per_s')} | "
                      f"{pm(rs, 'refreshes_per_request', '{:.2f}')} | {pm(rs, 'answered_by_refresh_pct')} | "
