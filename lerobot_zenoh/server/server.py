@@ -652,8 +652,8 @@ class PolicyServer:
 def _stream_changes(before: dict[str, TaskStream], after: dict[str, TaskStream]) -> str:
     """The task streams a reload added, removed or changed, for its log line ('' when none)."""
     changed = sorted(t for t in before.keys() & after.keys() if before[t].item != after[t].item)
-    parts = [f"{sign}{sorted(tasks)}" for sign, tasks in (("+", after.keys() - before.keys()),
-                                                           ("-", before.keys() - after.keys()), ("~", changed)) if tasks]
+    diffs = (("+", after.keys() - before.keys()), ("-", before.keys() - after.keys()), ("~", changed))
+    parts = [f"{sign}{sorted(tasks)}" for sign, tasks in diffs if tasks]
     return f", task streams {' '.join(parts)}" if parts else ""
 
 
