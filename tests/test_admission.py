@@ -72,3 +72,20 @@ def test_unknown_task_and_duplicate_robot_are_refused():
     f, p = planned([{"task": "pick_and_place_simple", "robots": 2}], servers=3)
     assert "unknown task 'paint'" in admit(f, PROFILES, p, "paint").reason
     assert "already in the fleet" in admit(f, PROFILES, p, "pick_and_place_simple", robot="pick_and_place_simple-r0").reason
+
+
+def test_only_a_rate_change_that_shows_is_reported_and_every_lowering_is_kept_in_the_plan():
+    """Mix2 (16 + 16 robots): an assemble_kit robot slows its System 1 server by a hair, 2.8232 ->
+    2.8228 Hz. The plan takes the exact bound; the reason does not claim '2.823 -> 2.823 Hz'."""
+    f, p = planned(MIX2["fleet"])
+    a = admit(f, PROFILES, p, "assemble_kit")
+    assert a.admitted, a.reason
+    assert a.plan.rates_hz["assemble_kit"] < p.rates_hz["assemble_kit"]  # lowered, exactly
+    assert f"{a.plan.rates_hz['assemble_kit']:.3f}" == f"{p.rates_hz['assemble_kit']:.3f}"
+    assert "rates lowered" not in a.reason
+    # A lowering that shows is reported, old and new rate differing.
+    f, p = planned([{"task": "pick_and_place_simple", "robots": 1}, {"task": "assemble_kit", "robots": 3}], servers=5)
+    a = admit(f, PROFILES, p, "assemble_kit")
+    assert a.admitted and "; rates lowered to the closed-loop bound: pick_and_place_simple " in a.reason
+    old, new = a.reason.rsplit("pick_and_place_simple ", 1)[1].removesuffix(" Hz").split(" -> ")
+    assert float(new) < float(old)

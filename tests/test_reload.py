@@ -1,5 +1,5 @@
-"""A running server takes a changed client list without a restart (docs/server.md, "Reloading the
-client list"): over real Zenoh in-process (`PolicyServer.reload`) and through SIGHUP to
+"""A running server takes a changed client list (and task streams) without a restart (docs/server.md,
+"Reloading the client list"): over real Zenoh in-process (`PolicyServer.reload`) and through SIGHUP to
 `lerobot-policy-server` (the path lerobot-zenoh-admit uses)."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import yaml
 
 from lerobot_zenoh.client.discovery import query_status
 from lerobot_zenoh.protocol import codec
+from lerobot_zenoh.protocol.keys import pipeline_app
 from lerobot_zenoh.protocol.messages import Observation
 from lerobot_zenoh.server.manifest import parse_manifest
 from lerobot_zenoh.server.server import PolicyServer
@@ -42,16 +43,23 @@ def connect(port) -> ZenohSession:
 
 
 class Robot:
-    """The wire side of one client: sends an observation (resent while unanswered) and waits for its chunk."""
+    """The wire side of one client: sends an observation (resent while unanswered) and waits for its chunk.
 
-    def __init__(self, session: ZenohSession, app_key, client_id: str):
+    With `task`, it is a robot of that multi-model task: it publishes on the task's stream (with its
+    header, asking the components of `mask`) and declares its token there; the chunk still comes on
+    the server's own app key."""
+
+    def __init__(self, session: ZenohSession, app_key, client_id: str, task: str | None = None, mask: int = 1):
         self.key = app_key.client(client_id)
         self.client_id = client_id
         self.seq = 0
+        self.mask = mask if task is not None else None
         self.answered: set[int] = set()
         self.arrived = threading.Condition()
         session.subscribe(self.key.action, self._on_chunk)
-        self.pub = session.publisher(self.key.obs, OBSERVATION_QOS)
+        source = pipeline_app(app_key.cluster, app_key.experiment, task).client(client_id) if task else self.key
+        self.pub = session.publisher(source.obs, OBSERVATION_QOS)
+        self.token = session.declare_token(source.metrics) if task else None
         self.rng = np.random.default_rng(7)
 
     def _on_chunk(self, key, payload):
@@ -64,11 +72,13 @@ class Robot:
         self.seq += 1
         seq = self.seq
         images = {n: codec.encode_jpeg(self.rng.integers(0, 255, (*hw, 3), dtype=np.uint8), 90) for n, hw in CAMS.items()}
-        payload = codec.encode(Observation(seq, self.client_id, self.rng.normal(size=6).astype(np.float32), images,
-                                           "task", episode_id="0", session_nonce=1))
+        obs = Observation(seq, self.client_id, self.rng.normal(size=6).astype(np.float32), images, "task",
+                          episode_id="0", session_nonce=1, component_mask=self.mask)
+        payload = codec.encode(obs)
+        header = codec.encode_observation_header(obs) if self.mask is not None else None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            self.pub.put(payload)
+            self.pub.put(payload, header)
             with self.arrived:
                 if self.arrived.wait_for(lambda: seq in self.answered, timeout=0.2):
                     return True
@@ -153,6 +163,54 @@ def test_a_reload_that_changes_another_field_is_refused_and_logged(port, app_key
         assert server.reload(parse_manifest(manifest_data(port, app_key, ["a", "b"], max_batch_size=2))) is None
         assert server.models[0].engine.config.max_batch_size == 2 and admitted(session, app_key, "b") is True
         assert "auto" in server.reload(parse_manifest(manifest_data(port, app_key, ["a"], max_batch_size="auto")))
+    finally:
+        session.close()
+        server.stop()
+
+
+def test_a_reload_adding_a_task_stream_serves_a_robot_publishing_on_it(port, app_key, caplog):
+    """Placement-preserving admission gives a System 1 server that serves task `pick` a robot of task
+    `kit`: the reload subscribes to kit's stream (and its robots' tokens), so the robot is served there;
+    a changed bit takes effect; a stream no longer listed is unsubscribed and its robot's session closed."""
+    pick = [{"task": "pick", "component": "act", "bit": 0}]
+    server = PolicyServer(parse_manifest(manifest_data(port, app_key, ["pick-r0"], pipeline=pick))).start()
+    session = connect(port)
+    try:
+        assert wait_for(lambda: admitted(session, app_key, "pick-r0") is True), "status never answered"
+        picker, kitter = Robot(session, app_key, "pick-r0", task="pick"), Robot(session, app_key, "kit-r0", task="kit")
+        assert picker.served()
+        assert not kitter.served(timeout_s=0.5)  # neither listed nor heard
+        assert server.stats()[app_key.prefix]["unknown_rejected"] == 0  # never reached the server
+
+        kit = {"task": "kit", "component": "act", "bit": 0, "prompt": "assemble the kit"}
+        with caplog.at_level(logging.INFO, logger="lerobot_zenoh.server.server"):
+            assert server.reload(parse_manifest(manifest_data(port, app_key, ["pick-r0", "kit-r0"],
+                                                              pipeline=[*pick, kit]))) is None
+        assert any("task streams +['kit']" in r.getMessage() for r in caplog.records)
+        assert admitted(session, app_key, "kit-r0") is True
+        assert kitter.served() and picker.served()
+        assert server.models[0].component_of["kit-r0"] == "kit"
+        assert server.models[0].pipeline["kit"].query.prompt == "assemble the kit"
+
+        # The task now asks this model as its component 1: an observation asking component 0 only is
+        # dropped from its header; one asking component 1 is served.
+        moved = {**kit, "bit": 1}
+        assert server.reload(parse_manifest(manifest_data(port, app_key, ["pick-r0", "kit-r0"],
+                                                          pipeline=[*pick, moved]))) is None
+        other = server.models[0].for_other_components
+        assert not kitter.served(timeout_s=0.5) and server.models[0].for_other_components > other
+        kitter.mask = 0b10
+        assert kitter.served()
+
+        # kit is no longer listed: its stream is unsubscribed and kit-r0's session closes.
+        assert server.reload(parse_manifest(manifest_data(port, app_key, ["pick-r0", "kit-r0"], pipeline=pick))) is None
+        assert wait_for(lambda: snapshot(server, app_key)["sessions_closed"].get("delisted") == 1, 5)
+        assert "kit-r0" not in snapshot(server, app_key)["sessions"] and "kit" not in server.models[0].pipeline
+        received = server.stats()[app_key.prefix]["totals"].get("received", 0)
+        assert not kitter.served(timeout_s=0.5) and picker.served()
+        assert "kit-r0" not in snapshot(server, app_key)["sessions"]  # not heard: no session reopened
+        assert server.stats()[app_key.prefix]["totals"].get("received", 0) == received
+        assert len(server.models[0].subscriptions) == 2 and set(server.models[0].subscriptions) == {None, "pick"}
     finally:
         session.close()
         server.stop()

@@ -5,13 +5,13 @@ DIR is what `lerobot-zenoh-plan --output=DIR` wrote. Placement-preserving admiss
 and exact plan stored there. Refused: the reason in one line on stderr, exit 1, no file touched.
 Admitted: plan.json, plan_state.json and the manifests of the servers that changed are rewritten,
 each running server among them (its `run/srvN.pid`, written by servers.sh) is sent SIGHUP and re-reads
-its client list (docs/server.md, "Reloading the client list"), the robot's client command is printed
-and appended to DIR/admitted.sh. With `--confirm_s` > 0 each signalled server is then asked, over
-Zenoh at its planned endpoint, whether it serves the robot (`status?client=<id>`).
+its client list and task streams (docs/server.md, "Reloading the client list"), the robot's client
+command is printed and appended to DIR/admitted.sh. With `--confirm_s` > 0 each signalled server is
+then asked, over Zenoh at its planned endpoint, whether it serves the robot (`status?client=<id>`).
 
-Exit codes: 0 admitted (and taken by every running server); 1 refused; 2 a configuration mistake
-(one line naming the field); 3 admitted and written, but a signalled server did not take it within
-`--confirm_s` (named: see its log).
+Exit codes: 0 admitted (and taken by every running server); 1 refused; 2 a configuration mistake in
+one line naming the field (a deployment that cannot be read, a task its factory does not have); 3
+admitted and written, but a signalled server did not take it within `--confirm_s` (named: see its log).
 """
 
 from __future__ import annotations
@@ -70,6 +70,9 @@ def _admit(args: AdmitConfig) -> int:
         print(f"{PROG}: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_CONFIG
     decision = admit(factory, profiles, plan, args.task, args.robot)
+    if args.task not in factory.tasks:  # a user's mistake, not a refusal
+        print(f"{PROG}: task: {one_line(decision.reason)}", file=sys.stderr)
+        return EXIT_CONFIG
     if not decision.admitted:
         print(f"{PROG}: refused {decision.robot or args.task}: {one_line(decision.reason)}", file=sys.stderr)
         return EXIT_REFUSED

@@ -1,8 +1,8 @@
 """`lerobot-policy-server --manifest=manifests/<file>.yaml`: pre-warm and serve until SIGINT/SIGTERM.
 
-SIGHUP re-reads the manifest and takes its client lists (and integer `max_batch_size`) without a
-restart; a manifest that fails to load or that changes any other field is refused in one log line,
-and the running one stays in force (docs/server.md, "Reloading the client list").
+SIGHUP re-reads the manifest and takes its client lists (with integer `max_batch_size` and the task
+streams of `pipeline`) without a restart; a manifest that fails to load or that changes any other
+field is refused in one log line, and the running one stays in force (docs/server.md, "Reloading the client list").
 
 Exit codes: 0 when stopped by SIGINT/SIGTERM; 2 for a configuration mistake, in one line naming the
 flag or the manifest field (a bad manifest, a checkpoint that cannot be loaded, an unknown flag).
@@ -31,7 +31,7 @@ class ServerConfig:
     # Logging level: DEBUG, INFO, WARNING or ERROR.
     log_level: str = "INFO"
     # Write this process's id here once serving (removed at exit): what `kill -HUP $(cat FILE)` and
-    # lerobot-zenoh-admit signal to reload the manifest's client list.
+    # lerobot-zenoh-admit signal to reload the manifest's client lists and task streams.
     pid_file: str | None = None
 
     def __post_init__(self) -> None:

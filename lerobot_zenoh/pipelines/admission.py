@@ -128,7 +128,8 @@ def _try(factory: Factory, profiles: Profiles, plan: Plan, task: Task, robot: st
             if bound * robots < floor - 1e-9:
                 return Admission(False, f"min_throughput_hz: task {cls_name!r} would drop to {bound * robots:.3g} "
                                         f"actions/s, below its minimum {floor:g}", robot, {}, 0.0, None)
-            changed.append(f"{cls_name} {rates[cls_name]:.3f} -> {bound:.3f} Hz")
+            if f"{rates[cls_name]:.3f}" != f"{bound:.3f}":  # told only where it shows (the plan keeps it exact)
+                changed.append(f"{cls_name} {rates[cls_name]:.3f} -> {bound:.3f} Hz")
             rates[cls_name] = bound
     routing = {**copy.deepcopy(plan.routing), robot: routes}
     robot_task = {**plan.robot_task, robot: task.name}

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation, ObservationHeader
@@ -236,23 +236,25 @@ class Engine:
 
     # -- any thread -----------------------------------------------------------------------------
 
-    def update_clients(self, listed: frozenset[str], max_batch_size: int | None = None) -> list[str]:
+    def update_clients(self, listed: frozenset[str], max_batch_size: int | None = None,
+                       close: Collection[str] = ()) -> list[str]:
         """Take a new list of clients (a manifest reload; docs/server.md, "Reloading the client list").
 
         A newly listed client that has an unknown session keeps it, now on a reserved place; the
-        session of a client no longer listed closes (reason `delisted`) and is handed to the shell by
-        the next `expire()`, on the inference thread, like an expired one. Returns the ids closed.
+        session of a client no longer listed, or named in `close` (a robot of a task stream the server
+        no longer hears), closes (reason `delisted`) and is handed to the shell by the next `expire()`,
+        on the inference thread, like an expired one. Returns the ids closed.
         """
         listed = frozenset(listed)
         with self._lock:
             self.config = replace(self.config, listed=listed, max_batch_size=max_batch_size or self.config.max_batch_size)
             closing = []
             for session in list(self.sessions.values()):
-                if session.client_id in listed and not session.listed:
+                if session.client_id in close or (session.listed and session.client_id not in listed):
+                    closing.append(session)
+                elif session.client_id in listed and not session.listed:
                     session.listed = True
                     self._unknown_open -= 1
-                elif session.listed and session.client_id not in listed:
-                    closing.append(session)
             for session in closing:
                 self._close(session, "delisted")
             self._delisted += closing

@@ -536,8 +536,9 @@ def load_manifest(path: str | Path) -> Manifest:
 
 
 #: What a running server takes from a re-read manifest (`PolicyServer.reload`, SIGHUP): each entry's
-#: client list and the batch size the planner derives from it (an integer on both sides).
-RELOADABLE = ("clients", "max_batch_size")
+#: client list, the batch size the planner derives from it (an integer on both sides) and its task
+#: streams (`pipeline`: placement-preserving admission may give a model a robot of another task).
+RELOADABLE = ("clients", "max_batch_size", "pipeline")
 
 
 def reload_refusal(old: Manifest, new: Manifest) -> str | None:

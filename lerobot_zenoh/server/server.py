@@ -11,6 +11,9 @@ Threads, and what each may touch:
   serving a component of multi-model tasks (`pipeline` in its manifest entry) also subscribes to
   each task's observation stream (and its robots' tokens there), and drops there, from the header
   alone, an observation whose `component_mask` does not ask it (`observations_for_other_components`).
+- Whoever calls `reload` (the CLI's main thread on SIGHUP): takes a re-read manifest's client lists,
+  batch sizes and task streams under `_reload_lock`; a model's streams are one dict replaced whole,
+  so the callbacks and the inference thread read either the old map or the new one.
 - One inference thread (`_run`): closes expired sessions (and forgets their runner state and
   action publisher), asks each model's engine for a batch, decodes and checks it, runs it in one
   forward pass, publishes each answer reliably on its client's key of the runner's output (`action`
@@ -33,7 +36,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from lerobot_zenoh.errors import ConfigError, KeyExprError, ProtocolError
+from lerobot_zenoh.errors import ConfigError, KeyExprError, ProtocolError, TransportError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.keys import AppKey, Topic, parse_client_key
 from lerobot_zenoh.protocol.messages import RtcAdvert, SameHostAdvert, Status
@@ -56,6 +59,22 @@ EXPIRY_PERIOD_S = 0.25
 
 #: The client topic each runner output is published on (docs/protocol.md §2.2).
 OUTPUT_TOPICS = {"actions": Topic.ACTION, "text": Topic.TEXT, "verdict": Topic.VERDICT}
+
+
+@dataclass(frozen=True)
+class TaskStream:
+    """A multi-model task's observation stream that a model serves, and what the task asks of it."""
+
+    key: AppKey  # the stream's app key (`keys.pipeline_app`)
+    item: PipelineEntry
+    query: ComponentQuery
+
+
+def task_streams(manifest: Manifest, entry: ModelEntry) -> dict[str, TaskStream]:
+    """The entry's `pipeline` items by task."""
+    return {item.task: TaskStream(manifest.pipeline_key(item), item,
+                                  ComponentQuery(item.task, item.component, item.prompt, tuple(item.labels)))
+            for item in entry.pipeline}
 
 
 @dataclass
@@ -143,14 +162,14 @@ class ServedModel:
         self.topic = OUTPUT_TOPICS[self.output]
         self.answers: Counter = Counter()  # answers published: "actions", "text", "verdict.<label>"
         self.answers_withheld = 0  # results the runner marked silent (fault injection)
-        # Multi-model tasks (`entry.pipeline`): the stream of each task, and what each asks of this model.
-        self.pipeline: list[tuple[AppKey, PipelineEntry, ComponentQuery]] = [
-            (manifest.pipeline_key(item), item,
-             ComponentQuery(item.task, item.component, item.prompt, tuple(item.labels)))
-            for item in entry.pipeline]
-        # client id -> the task stream it publishes on (set on the callback thread at its first
+        # Multi-model tasks (`entry.pipeline`): task -> its stream and what it asks of this model.
+        # Replaced whole by a reload, never changed in place (read by callbacks and the inference thread).
+        self.pipeline: dict[str, TaskStream] = task_streams(manifest, entry)
+        # client id -> the task whose stream it publishes on (set on the callback thread at its first
         # observation: one dict store; read on the inference thread).
-        self.component_of: dict[str, tuple[PipelineEntry, ComponentQuery]] = {}
+        self.component_of: dict[str, str] = {}
+        # The subscriptions (observations, client tokens) of its own app (None) and of each task stream.
+        self.subscriptions: dict[str | None, list] = {}
         self.for_other_components = 0  # pipeline observations whose component_mask does not ask this model
 
     @property
@@ -183,7 +202,6 @@ class PolicyServer:
         self._stop = threading.Event()
         self._session: ZenohSession | None = None
         self._thread: threading.Thread | None = None
-        self._subscriptions: list = []
         self._telemetry: list[TelemetryPublisher] = []
         self.started = threading.Event()
         self.started_at_s = 0.0
@@ -195,26 +213,49 @@ class PolicyServer:
         return sum(m.inferences for m in self.models)
 
     def reload(self, manifest: Manifest) -> str | None:
-        """Take a re-read manifest's client lists (and planned batch sizes) without a restart (SIGHUP;
-        docs/server.md, "Reloading the client list"); None when applied, else why it was refused (logged
-        in one line; the running manifest stays in force). A client no longer listed has its session
-        closed like an expired one (`delisted`); the inference thread forgets its state."""
+        """Take a re-read manifest's client lists, planned batch sizes and task streams (`pipeline`)
+        without a restart (SIGHUP; docs/server.md, "Reloading the client list"); None when applied, else
+        why it was refused (logged in one line; the running manifest stays in force). A client no longer
+        listed, or a robot of a task stream no longer listed, has its session closed like an expired one
+        (`delisted`); the inference thread forgets its state."""
         with self._reload_lock:
             why = reload_refusal(self.manifest, manifest)
+            if why is None:
+                # New task streams are subscribed before any client is listed, so a robot that the
+                # status query says is served is heard on its stream; none applied if one fails.
+                streams = [task_streams(manifest, entry) for entry in manifest.server]
+                opened: list[tuple[ServedModel, str, list]] = []
+                try:
+                    for model, new in zip(self.models, streams, strict=True):
+                        for task in sorted(new.keys() - model.pipeline.keys()):
+                            opened.append((model, task, []))
+                            self._subscribe(model, new[task].key, task, opened[-1][2])
+                except TransportError as exc:
+                    for *_, subscriptions in opened:
+                        for sub in subscriptions:
+                            sub.close()
+                    why = f"a task stream could not be subscribed: {exc}"
             if why is not None:
-                log.error("manifest reload refused: %s (only clients and max_batch_size are reloaded; restart "
-                          "the server for the rest); the running manifest stays in force", why)
+                log.error("manifest reload refused: %s (only clients, max_batch_size and pipeline are reloaded; "
+                          "restart the server for the rest); the running manifest stays in force", why)
                 return why
-            for model, entry in zip(self.models, manifest.server, strict=True):
+            for model, task, subscriptions in opened:
+                model.subscriptions[task] = subscriptions
+            for model, entry, new in zip(self.models, manifest.server, streams, strict=True):
+                before_streams, model.pipeline = model.pipeline, new  # one store: old map or new, never half
+                for task in before_streams.keys() - new.keys():
+                    for sub in model.subscriptions.pop(task, []):
+                        sub.close()
+                unheard = {cid for cid, task in dict(model.component_of).items() if task not in new}
                 cap = model.runner.spec.capabilities.max_batch
                 batch = entry.max_batch_size if entry.max_batch_size != "auto" else model.max_batch_size
                 before = model.engine.config.listed
                 listed = frozenset(c.client_uuid for c in entry.clients)
                 model.entry, model.max_batch_size = entry, batch if cap is None else min(batch, cap)
-                closed = model.engine.update_clients(listed, model.max_batch_size)
-                log.info("%s: clients reloaded: +%s -%s (sessions closed: %s), max_batch_size %d", model.app.prefix,
+                closed = model.engine.update_clients(listed, model.max_batch_size, close=unheard)
+                log.info("%s: clients reloaded: +%s -%s (sessions closed: %s), max_batch_size %d%s", model.app.prefix,
                          sorted(listed - before) or "none", sorted(before - listed) or "none", closed or "none",
-                         model.max_batch_size)
+                         model.max_batch_size, _stream_changes(before_streams, new))
             self.manifest = manifest
         self._wake.set()  # the inference thread forgets closed sessions at its next expiry pass
         return None
@@ -251,16 +292,8 @@ class PolicyServer:
                                      on_deactivate=model.engine.drop_slots)
             # Its own app's observations (a plain robot client routed here) and, for a component of
             # multi-model tasks, each task's observation stream.
-            sources = [(model.app, None), *((key, (item, query)) for key, item, query in model.pipeline)]
-            for source, component in sources:
-                self._subscriptions.append(self._session.subscribe(
-                    source.all_observations,
-                    lambda key, payload, attachment, m=model, c=component: self._on_observation(m, key, payload,
-                                                                                                attachment, c),
-                    with_attachment=True, copy=False))  # kept in Zenoh's buffer: copied once when decoded, never if superseded
-                # Each client declares a token on its metrics key: its session closes when the token goes.
-                self._subscriptions.append(self._session.watch_liveliness(
-                    source.all_client_tokens, lambda key, alive, m=model: self._on_client_token(m, key, alive)))
+            for task, source in [(None, model.app), *((task, s.key) for task, s in model.pipeline.items())]:
+                self._subscribe(model, source, task, model.subscriptions.setdefault(task, []))
         self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
         self._thread.start()
         for model in self.models:
@@ -275,10 +308,21 @@ class PolicyServer:
                     labels={"model_id": model.entry.model_id, "policy_type": model.runner.spec.policy_type,
                             "device": model.entry.device}).start())
             log.info("serving %s (%s; status: %s)", ", ".join(
-                [model.app.all_observations, *(k.all_observations for k, *_ in model.pipeline)]), model.output,
-                model.app.status)
+                [model.app.all_observations, *(s.key.all_observations for s in model.pipeline.values())]),
+                model.output, model.app.status)
         self.started.set()
         return self
+
+    def _subscribe(self, model: ServedModel, source: AppKey, task: str | None, into: list) -> None:
+        """Subscribe `model` to the observations of `source` (its own app, or the stream of `task`) and
+        to the liveliness tokens of the clients there; each subscription is appended to `into`."""
+        into.append(self._session.subscribe(
+            source.all_observations,
+            lambda key, payload, attachment, m=model, t=task: self._on_observation(m, key, payload, attachment, t),
+            with_attachment=True, copy=False))  # kept in Zenoh's buffer: copied once when decoded, never if superseded
+        # Each client declares a token on its metrics key: its session closes when the token goes.
+        into.append(self._session.watch_liveliness(
+            source.all_client_tokens, lambda key, alive, m=model: self._on_client_token(m, key, alive)))
 
     @staticmethod
     def _profile(entry: ModelEntry, runner: PolicyRunner) -> dict[int, float] | None:
@@ -300,9 +344,11 @@ class PolicyServer:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop taking observations, finish the inference in flight, close every session, undeclare."""
-        for sub in self._subscriptions:
-            sub.close()
-        self._subscriptions.clear()
+        for model in self.models:
+            for subscriptions in model.subscriptions.values():
+                for sub in subscriptions:
+                    sub.close()
+            model.subscriptions.clear()
         for pub in self._telemetry:
             pub.close()
         for model in self.models:
@@ -349,8 +395,7 @@ class PolicyServer:
     # -- Zenoh callbacks: hand over only ------------------------------------------------------
 
     def _on_observation(self, model: ServedModel, key: str, payload: Payload | bytes,
-                        attachment: bytes | None = None,
-                        component: tuple[PipelineEntry, ComponentQuery] | None = None) -> None:
+                        attachment: bytes | None = None, task: str | None = None) -> None:
         if not model.role.active.is_set():  # a standby drops observations unseen
             model.standby_dropped += 1
             return
@@ -358,12 +403,15 @@ class PolicyServer:
             _, client_id = parse_client_key(key, Topic.OBS)
         except KeyExprError:
             return  # the wildcard only matches .../*/obs; a reserved id like "server" ends here
-        if component is not None:
-            if not _asks(component[0].bit, attachment):
+        if task is not None:
+            stream = model.pipeline.get(task)
+            if stream is None:
+                return  # in flight while a reload unsubscribed the task's stream
+            if not _asks(stream.item.bit, attachment):
                 model.for_other_components += 1  # not for this component: never decoded, never in a slot
                 return
             if client_id not in model.component_of:
-                model.component_of[client_id] = component
+                model.component_of[client_id] = task
         dropped = model.engine.admit(client_id, payload, time.monotonic(), attachment, codec.decode_observation_header)
         if dropped is None:
             self._wake.set()
@@ -441,20 +489,20 @@ class PolicyServer:
         t_start = time.monotonic()
         ready = []  # (session, slot, observation, request)
         for session, slot in batch.items:
-            component = model.component_of.get(session.client_id) if model.pipeline else None
+            stream = model.pipeline.get(model.component_of.get(session.client_id)) if model.pipeline else None
             try:
                 obs = slot.observation or self._peek(slot.payload)
                 if slot.header is not None and not codec.header_matches(slot.header, obs):
                     raise ProtocolError("header_mismatch", f"the header says seq_id {slot.header.seq_id}, episode "
                                         f"{slot.header.episode_id!r}; the observation {obs.seq_id}, {obs.episode_id!r}")
-                if (component is not None and obs.component_mask is not None
-                        and not obs.component_mask >> component[0].bit & 1):
+                if (stream is not None and obs.component_mask is not None
+                        and not obs.component_mask >> stream.item.bit & 1):
                     model.for_other_components += 1  # sent without a header: found out only now
                     continue
                 if slot.observation is None and engine.check(session, obs) == REPLAYED:
                     self._reject(model, session, REPLAYED, f"seq_id {obs.seq_id} already served")
                     continue
-                request = executor.prepare(session.client_id, obs, component[1] if component is not None else None)
+                request = executor.prepare(session.client_id, obs, stream.query if stream is not None else None)
             except ProtocolError as exc:
                 self._reject(model, session, exc.reason, str(exc))
                 continue
@@ -609,6 +657,14 @@ class PolicyServer:
                 },
             }
         return out
+
+
+def _stream_changes(before: dict[str, TaskStream], after: dict[str, TaskStream]) -> str:
+    """The task streams a reload added, removed or changed, for its log line ('' when none)."""
+    changed = sorted(t for t in before.keys() & after.keys() if before[t].item != after[t].item)
+    diffs = (("+", after.keys() - before.keys()), ("-", before.keys() - after.keys()), ("~", changed))
+    parts = [f"{sign}{sorted(tasks)}" for sign, tasks in diffs if tasks]
+    return f", task streams {' '.join(parts)}" if parts else ""
 
 
 def _asks(bit: int, attachment: bytes | None) -> bool:
