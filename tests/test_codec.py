@@ -370,7 +370,7 @@ def status_verdict_fixture():
     """1.3: a safety component's server says it answers with verdicts."""
     return Status(model_id="qwen3b", model_version="v1", expected_cameras={"front": (2, 4)}, action_dim=0,
                   max_actions_per_chunk=0, observation_features={}, policy_type="vlm", server_id="safety0",
-                  output="verdict")
+                  output="verdict", refreshes=True)
 
 
 def text_result_fixture():

@@ -114,3 +114,28 @@ def test_reference_clients_refresh_waiting_requests_without_an_inference_per_ref
         assert 0 < summary["observation_age_ms_p50"] < summary["rtt_ms_p50"]
         print(client.config.client_uuid, stats[client.config.client_uuid], {k: summary[k] for k in (
             "chunks_received", "refreshes_sent", "observation_age_ms_p50", "rtt_ms_p50")})
+
+
+def test_no_refresh_goes_to_a_server_that_does_not_say_it_takes_them(port, app_key):
+    """A server before 1.3 would serve each refresh as a new request: toward one whose status lacks
+    `refreshes`, the client sends none, whatever --send.refetch_after_s says."""
+    from dataclasses import replace
+
+    with make_server(port, app_key, latency_ms=250) as server:
+        from lerobot_zenoh.protocol import codec
+
+        for model in server.models:  # answer status queries as a 1.2 server does
+            model.status = replace(model.status, refreshes=None)
+            model.status_bytes = codec.encode(model.status)
+            model._status_for = {a: codec.encode(replace(model.status, client_admitted=a)) for a in (True, False)}
+        cfg = make_config(port, app_key, client_uuid="r1", actions_per_chunk=10,
+                          send=SendTriggerConfig(refetch_after_s=0.1))
+        client = RobotClient(cfg, make_robot_from_config(cfg.robot))
+        client.start()
+        try:
+            client.run(duration_s=1.5)
+        finally:
+            client.close()
+        assert client.summary()["chunks_received"] > 0
+        assert client.summary()["refreshes_sent"] == 0
+        assert server.stats()[app_key.prefix]["clients"]["r1"]["refreshes"] == 0

@@ -189,6 +189,7 @@ class RobotClient:
         # Raw frames through /dev/shm (the server's probe proved one host and user): set from each
         # status, and off for good once shared memory failed here (`_same_host_failed`).
         self.same_host_active = False
+        self._refetch_ok = False  # the server takes re-fetch refreshes (Status.refreshes): set from each status
         self._same_host_failed = False
         # The last Status.history_length - 1 raw observations, one per control step (the control loop's).
         self._history: deque = deque(maxlen=0)
@@ -310,6 +311,12 @@ class RobotClient:
         """Real-time chunking and the observation history follow the server that answers (a
         replacement may not offer RTC, or may serve a model with another history length)."""
         self.rtc_active = self.config.rtc.enabled and status.rtc is not None
+        # Re-fetch only toward a server that drops late refreshes (1.3): an older one would serve each
+        # refresh as a new request, an inference apiece, exactly when it is overloaded.
+        self._refetch_ok = bool(status.refreshes)
+        if self.config.send.refetch_after_s is not None and not status.refreshes:
+            log.warning("%s: server %s does not take re-fetch refreshes (protocol before 1.3): --send.refetch_after_s "
+                        "is off while it serves", self.config.client_uuid, status.server_id)
         self.same_host_active = (self.config.same_host and not self._same_host_failed
                                  and same_host.probe_ok(status.same_host))
         self.intake.mode = MergeMode.RTC if self.rtc_active else MergeMode.BLEND
@@ -480,7 +487,7 @@ class RobotClient:
         if self.state == "running":
             if self.trigger.should_send(depth, now):
                 self._capture(observation, now, episode_start, step, depth)
-            elif (request := self.trigger.refresh_due(now)) is not None:  # None at once when re-fetch is off
+            elif self._refetch_ok and (request := self.trigger.refresh_due(now)) is not None:  # None when off
                 self._capture(observation, now, episode_start, step, depth, refreshes=request)
 
     def _capture(self, observation: dict, now: float, episode_start: float, step: int, depth: int,

@@ -315,6 +315,7 @@ def _to_map(msg: Message) -> dict[str, Any]:
             "rtc": None if msg.rtc is None else _drop_none({"execution_horizon": msg.rtc.execution_horizon}),
             "same_host": None if msg.same_host is None else {"probe": msg.same_host.probe, "token": msg.same_host.token},
             "output": msg.output,
+            "refreshes": None if msg.refreshes is None else bool(msg.refreshes),
         })
     if isinstance(msg, TextResult):
         return _header(MessageType.TEXT_RESULT) | _drop_none({
@@ -500,6 +501,7 @@ def _status(d: dict) -> Status:
         rtc=None if raw_rtc is None else _rtc_advert(raw_rtc),
         same_host=_same_host(_optional(d, "same_host", dict)),
         output=_output(_optional(d, "output", str)),
+        refreshes=_optional(d, "refreshes", bool),
     )
 
 

@@ -201,6 +201,10 @@ class Status:
     # 1.3: what the server answers: "actions" (ActionChunk), "text" (TextResult) or "verdict"
     # (Verdict). None: not said (an older server), i.e. actions.
     output: str | None = None
+    # 1.3: the server takes re-fetch refreshes (`Observation.refreshes_seq_id`, docs/protocol.md
+    # §10.7): it puts one in its request's place and drops a late one unserved. None/False: an older
+    # server would serve every refresh as a new request, so a client sends none to it.
+    refreshes: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

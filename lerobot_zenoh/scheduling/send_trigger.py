@@ -239,8 +239,9 @@ class SendTriggerConfig:
     refetch_after_s: float | None = field(
         default=None,
         metadata={"help": "Re-fetch: a request unanswered this long is refreshed with a new capture, every this "
-                          "many seconds until answered or timed out (docs/protocol.md §10.7). None (default): off, "
-                          "since a 1.2 server would serve each late refresh as a new request."},
+                          "many seconds until answered or timed out (docs/protocol.md §10.7), only toward a server whose "
+                          "status says it takes refreshes. None (default): off (a refresh costs the robot a capture "
+                          "and a JPEG encode and pays only where requests queue)."},
     )
     max_rate_hz: float | None = field(
         default=None,

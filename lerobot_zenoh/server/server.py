@@ -147,6 +147,7 @@ class ServedModel:
             rtc=(RtcAdvert(entry.rtc.execution_horizon if entry.rtc.enabled else None) if spec.capabilities.rtc
                  else None),
             same_host=same_host,  # clients on this host and user send raw frames through /dev/shm
+            refreshes=True,  # the engine keeps a refresh's place and drops a late one (protocol.md §10.7)
         )
         self.status_bytes = codec.encode(self.status)
         self.publishers: dict[str, Publisher] = {}  # client id -> action publisher, closed with its session
