@@ -1,7 +1,7 @@
-"""The same-host path (protocol 1.2): raw frames through bounded /dev/shm files, chosen by a probe.
+"""The same-host path (protocol 1.2): raw frames through a sealed, pre-mapped memfd ring, chosen by a probe.
 
-The file ring and the reader alone; then over real Zenoh on loopback: the path is chosen, frames
-arrive bit-exact, a vanished file is a counted rejection, a client whose shared memory fails falls
+The ring and the reader alone; then over real Zenoh on loopback: the path is chosen, frames
+arrive bit-exact, a vanished ring is a counted rejection, a client whose shared memory fails falls
 back to JPEG with one warning, and many short sessions leave no file and no memory behind.
 """
 
@@ -43,16 +43,56 @@ def our_files(ring):
 def test_frames_round_trip_bit_exact_and_the_ring_removes_its_files():
     rng = np.random.default_rng(0)
     ring = same_host.FrameRing(slots=3)
+    names = []
     try:
         for _ in range(7):  # more writes than slots: the ring wraps
             sent = frames(rng)
             ref = ring.write(sent)
             got = same_host.read_frames(ref, CAMS)
             assert set(got) == set(sent) and all(np.array_equal(got[n], sent[n]) for n in sent)
-        assert len(our_files(ring)) == 3  # bounded: one file per slot, reused
+        names = ring.names()
+        assert len(our_files(ring)) == 1  # bounded: one ring of 3 slots, reused
+        one = sum(h * w * 3 for h, w in CAMS.values()) + same_host.HEADER.size
+        assert ring.ring_bytes == 3 * (-(-one // same_host.SLOT_ALIGN) * same_host.SLOT_ALIGN)
     finally:
         ring.close()
-    assert our_files(ring) == []
+    assert our_files(ring) == [] and not any(os.path.exists(os.path.join(same_host.SHM_DIR, n)) for n in names)
+
+
+def test_the_server_reads_views_of_the_ring_mapped_once():
+    rng = np.random.default_rng(5)
+    ring, reader = same_host.FrameRing(slots=2), same_host.FrameReader()
+    try:
+        for _ in range(5):
+            sent = frames(rng)
+            ref = ring.write(sent)
+            views = reader.read(ref, CAMS)
+            assert all(not v.flags.writeable and np.array_equal(v, sent[n]) for n, v in views.items())
+            assert reader.current(ref)
+        assert reader.mapped_total == 1 and len(reader) == 1  # one mapping, reused for every frame
+        ring.write(frames(rng))
+        ring.write(frames(rng))  # the slot of `ref` again
+        assert not reader.current(ref)  # the executor's check after the model read the views
+    finally:
+        ring.close()
+        reader.close()
+
+
+def test_the_ring_cannot_shrink_under_a_reader():
+    """Sealed before anyone maps it: a truncate fails, so a mapping can never SIGBUS."""
+    ring = same_host.FrameRing(slots=2)
+    try:
+        ref = ring.write(frames(np.random.default_rng(6)))
+        pid = ref.segment.split("-")[1]
+        fd = os.open(f"/proc/{pid}/fd/{ring._fd}", os.O_RDWR)
+        try:
+            with pytest.raises(PermissionError):
+                os.ftruncate(fd, 100)
+        finally:
+            os.close(fd)
+        assert np.array_equal(same_host.read_frames(ref, CAMS)["front"], same_host.read_frames(ref, CAMS)["front"])
+    finally:
+        ring.close()
 
 
 def test_an_overwritten_truncated_or_vanished_file_is_a_rejection_not_a_crash():
@@ -66,10 +106,19 @@ def test_an_overwritten_truncated_or_vanished_file_is_a_rejection_not_a_crash():
             same_host.read_frames(old, CAMS)
         assert e.value.reason == "shm_stale"
 
+        # The ring itself cannot shrink (sealed, test above); its pointer file can.
         ref = ring.write(frames(rng))
-        os.truncate(os.path.join(same_host.SHM_DIR, ref.segment), 100)
+        os.truncate(os.path.join(same_host.SHM_DIR, ref.segment), 10)
         with pytest.raises(ProtocolError) as e:
             same_host.read_frames(ref, CAMS)
+        assert e.value.reason == "shm_truncated"
+        ring.close()  # a new ring for the cases below
+
+        # Frames said to lie beyond the ring's end.
+        ref = ring.write(frames(rng))
+        far = SharedFrames(ref.segment, ref.generation, {n: (o + 2**30, h, w) for n, (o, h, w) in ref.frames.items()})
+        with pytest.raises(ProtocolError) as e:
+            same_host.read_frames(far, CAMS)
         assert e.value.reason == "shm_truncated"
 
         ref = ring.write(frames(rng))

@@ -396,6 +396,9 @@ class PolicyServer:
         inference_ms = (t_done - t_start) * 1000
         published: list[tuple[Session, int, float, float]] = []
         for (session, slot, obs, _), result in zip(ready, results, strict=True):
+            if isinstance(result, ProtocolError):  # e.g. shm_stale: its same-host frames changed under the model
+                self._reject(model, session, result.reason, str(result))
+                continue
             if isinstance(result, Exception):  # a failing inference is this client's problem, not the loop's
                 self._reject(model, session, "inference_error", f"{type(result).__name__}: {result}")
                 continue
