@@ -191,11 +191,12 @@ def format_case(row: dict) -> str:
     floor = p50["floor"]
     lines.append(f"  floor + JPEG alone (median RTT + encode + decode): {floor + j['encode_obs_par_ms'] + j['decode_obs_par_ms']:.2f} ms "
                  f"with cameras in parallel, {floor + j['encode_obs_seq_ms'] + j['decode_obs_seq_ms']:.2f} ms one after the other")
-    lines.append(f"  LeRobot / ours, median added latency: {ratio:.1f}x")
+    if ler:
+        lines.append(f"  LeRobot / ours, median added latency: {ratio:.1f}x")
     if "ours_shm" in row["systems"]:
         shm = row["systems"]["ours_shm"]["added_ms"]["p50"]
-        lines.append(f"  same-host path (ours_shm): {fmt(shm)} ms median added, LeRobot / ours_shm "
-                     f"{ler / shm if shm and ler else float('nan'):.1f}x")
+        lines.append(f"  same-host path (ours_shm): {fmt(shm)} ms median added"
+                     + (f", LeRobot / ours_shm {ler / shm:.1f}x" if shm and ler else ""))
     if row.get("delay_line"):
         d = row["delay_line"]
         lines.append(f"  delay line (all three systems): {d['packets']} packets, {d['dropped']} dropped, "
