@@ -273,8 +273,8 @@ def test_a_vanished_shared_frame_is_a_counted_rejection_and_the_server_goes_on(p
 
 def test_many_short_same_host_sessions_leave_no_file_and_no_memory(port, app_key):
     """100 clients come and go, each sending raw frames: no frame file is left and RSS stays flat."""
-    def lz_files():
-        return {n for n in os.listdir(same_host.SHM_DIR) if n.startswith("lz-") and not n.startswith("lz-probe-")}
+    def lz_files():  # this process's (the rings' names carry the pid: other jobs on the host may make theirs)
+        return {n for n in os.listdir(same_host.SHM_DIR) if n.startswith(f"lz-{os.getpid()}-")}
 
     before_files = lz_files()
     rss = []
