@@ -325,3 +325,38 @@ def test_files_of_dead_processes_are_removed_when_a_server_starts():
     finally:
         probe.close()
         os.unlink(os.path.join(same_host.SHM_DIR, mine))
+
+
+def test_a_slot_rewritten_while_the_model_reads_its_views_is_a_stale_rejection_not_a_result():
+    """The executor hands the model views of the client's ring; if the client reuses that slot before
+    the model is done (the server a ring's length behind), the result is dropped as `shm_stale`."""
+    from lerobot_zenoh.server.runners.synthetic import SyntheticPolicy, SyntheticPolicyConfig
+
+    policy = SyntheticPolicy(SyntheticPolicyConfig(state_names=tuple(f"s{i}" for i in range(6)), cameras=dict(CAMS),
+                                                   action_names=tuple(f"a{i}" for i in range(6)), chunk_size=8))
+    executor = Executor("m", policy, actions_per_chunk=8, server_id="gpu0")
+    ring = same_host.FrameRing(slots=2)
+    rng = np.random.default_rng(7)
+    state = np.zeros(6, np.float32)
+    try:
+        sent = frames(rng)
+        request = executor.prepare("r1", Observation(1, "r1", state, {}, shared_frames=ring.write(sent)))
+        assert all(np.array_equal(request.images[n], sent[n]) for n in sent)  # views of the ring, not copies
+        assert not any(v.flags.owndata or v.flags.writeable for v in request.images.values())
+        (result,) = executor.infer([request])
+        assert not isinstance(result, Exception)  # nothing rewritten: served
+
+        request = executor.prepare("r1", Observation(2, "r1", state, {}, shared_frames=ring.write(frames(rng))))
+        run = policy.run
+
+        def client_overtakes(requests, **kw):  # the client writes two more observations meanwhile
+            ring.write(frames(rng))
+            ring.write(frames(rng))
+            return run(requests, **kw)
+
+        policy.run = client_overtakes
+        (result,) = executor.infer([request])
+        assert isinstance(result, ProtocolError) and result.reason == "shm_stale"
+    finally:
+        ring.close()
+        executor.close()
