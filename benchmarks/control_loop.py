@@ -56,7 +56,7 @@ def run(args, run_dir: Run, net: Network, log=print) -> dict:
     wl = MAIN_WORKLOAD
     t_start = time.monotonic()
     results = {}
-    for s in SYSTEMS:
+    for s in (getattr(args, "systems", None) or SYSTEMS):
         port = free_port() if not net.in_namespaces else (7457 if s == "ours" else 8090)
         log(f"control loop: {s}: {args.seconds:.0f} s with the server up, then {args.seconds:.0f} s after SIGKILL")
         server = Worker(f"control-server-{s}", prefix, str(run_dir.logs), str(run_dir.work))
@@ -137,6 +137,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(parser)
     parser.add_argument("--seconds", type=float, default=None, help="per phase (default 20, --full 60)")
+    parser.add_argument("--systems", type=lambda s: [x for x in s.split(",") if x in SYSTEMS], default=None,
+                        help=f"a subset of {','.join(SYSTEMS)} (default both)")
     args = parser.parse_args(argv)
     if args.seconds is None:
         args.seconds = 60.0 if args.full else 20.0

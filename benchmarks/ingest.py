@@ -40,26 +40,30 @@ APP = "ingest"
 def run(args, run_dir: Run, net: Network, log=print) -> dict:
     wl = MAIN_WORKLOAD
     counts = sorted(args.clients)
+    systems = tuple(s for s in SYSTEMS if s in (getattr(args, "systems", None) or SYSTEMS))
     prefix = net.prefix("server")
     ports = {"ours": 7467, "floor": 7468, "lerobot": 8091} if net.in_namespaces else {s: free_port() for s in SYSTEMS}
     t_start = time.monotonic()
-    servers = {s: Worker(f"ingest-server-{s}", prefix, str(run_dir.logs), str(run_dir.work)) for s in SYSTEMS}
-    pubs = {s: Worker(f"ingest-publisher-{s}", prefix, str(run_dir.logs), str(run_dir.work)) for s in SYSTEMS}
+    servers = {s: Worker(f"ingest-server-{s}", prefix, str(run_dir.logs), str(run_dir.work)) for s in systems}
+    pubs = {s: Worker(f"ingest-publisher-{s}", prefix, str(run_dir.logs), str(run_dir.work)) for s in systems}
     stages = []
     saturated: dict[str, int] = {}
     try:
-        servers["ours"].create("OursServer", listen=[f"tcp/127.0.0.1:{ports['ours']}"],
-                               models=[{"app": APP, "workload": wl, "latency_ms": args.policy_ms,
-                                        "max_unknown_clients": max(counts) + 16}])
-        servers["floor"].create("FloorServer", listen=[f"tcp/127.0.0.1:{ports['floor']}"])
-        servers["lerobot"].create("LeRobotServer", addresses=[f"127.0.0.1:{ports['lerobot']}"])
+        if "ours" in servers:
+            servers["ours"].create("OursServer", listen=[f"tcp/127.0.0.1:{ports['ours']}"],
+                                   models=[{"app": APP, "workload": wl, "latency_ms": args.policy_ms,
+                                            "max_unknown_clients": max(counts) + 16}])
+        if "floor" in servers:
+            servers["floor"].create("FloorServer", listen=[f"tcp/127.0.0.1:{ports['floor']}"])
+        if "lerobot" in servers:
+            servers["lerobot"].create("LeRobotServer", addresses=[f"127.0.0.1:{ports['lerobot']}"])
         payload = {}
-        for s in SYSTEMS:
+        for s in systems:
             endpoint = f"127.0.0.1:{ports[s]}" if s == "lerobot" else f"tcp/127.0.0.1:{ports[s]}"
             payload[s] = pubs[s].create("IngestPublisher", system=s, endpoint=endpoint, workload=wl,
                                         max_clients=max(counts), app=APP)["payload_bytes"]
         for i, n in enumerate(counts):
-            order = SYSTEMS[i % 3:] + SYSTEMS[: i % 3]
+            order = systems[i % len(systems):] + systems[: i % len(systems)]
             for s in order:
                 if s in saturated:
                     stages.append({"clients": n, "system": s, "skipped": f"did not keep up with {saturated[s]} clients"})
@@ -156,6 +160,8 @@ def plot(result: dict, path) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(parser)
+    parser.add_argument("--systems", type=lambda s: s.split(","), default=None,
+                        help=f"a subset of {','.join(SYSTEMS)} (default all)")
     parser.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default=None,
                         help="comma-separated N (default 10,50,100; --full adds 200)")
     parser.add_argument("--seconds", type=float, default=None, help="per stage (default 5, --full 15)")

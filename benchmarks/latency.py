@@ -64,6 +64,8 @@ def _client_spec(system: str, workload: str, host: str, port_of: dict) -> tuple[
 
 def run(args, run_dir: Run, net: Network, log=print) -> dict:
     selected = cases(args.full, args.round_trips)
+    if getattr(args, "workloads", None):
+        selected = [c for c in selected if c[0] in args.workloads]
     if not net.has_link:
         selected = [c for c in selected if c[1] == "loopback"]
     port_of = dict(PORTS)
@@ -80,7 +82,8 @@ def run(args, run_dir: Run, net: Network, log=print) -> dict:
     try:
         servers["ours"].create("OursServer", listen=[f"tcp/{h}:{port_of['ours']}" for h in hosts],
                                models=[{"app": wl, "workload": wl} for wl in workloads])
-        servers["lerobot"].create("LeRobotServer", addresses=[f"{h}:{port_of['lerobot']}" for h in hosts])
+        if "lerobot" in (getattr(args, "systems", None) or SYSTEMS):
+            servers["lerobot"].create("LeRobotServer", addresses=[f"{h}:{port_of['lerobot']}" for h in hosts])
         servers["floor"].create("FloorServer", listen=[f"tcp/{h}:{port_of['floor']}" for h in hosts])
         for wl, link_name, n in selected:
             link = LINKS[link_name]
@@ -90,6 +93,7 @@ def run(args, run_dir: Run, net: Network, log=print) -> dict:
             iface = net.server_iface(link)
             case_id = f"{wl}-{link_name}"
             systems = SYSTEMS if link_name == "loopback" else tuple(s for s in SYSTEMS if s != "ours_shm")
+            systems = tuple(s for s in systems if s == "floor" or s in (getattr(args, "systems", None) or SYSTEMS))
             log(f"latency: {WORKLOADS[wl].label} on {link.label}: {n} round trips per system")
             for s in systems:
                 if (s, topo) not in clients:
@@ -178,19 +182,21 @@ def format_case(row: dict) -> str:
                      f"{fmt(h['p99'], 0):>8} {fmt(r['link_kb_per_rt'], 0):>10} {fmt(r['client_cpu_ms_per_rt']):>13} "
                      f"{fmt(r['server_cpu_ms_per_rt']):>13} {r['lost']:>5}")
     j = row["jpeg"]
-    ours, ler = row["systems"]["ours"]["added_ms"]["p50"], row["systems"]["lerobot"]["added_ms"]["p50"]
+    p50 = {s: r["added_ms"]["p50"] for s, r in row["systems"].items()}
+    ours, ler = p50.get("ours"), p50.get("lerobot")
     ratio = ler / ours if ours and ler else float("nan")
     lines.append(f"  JPEG alone per observation: encode {j['encode_obs_seq_ms']:.2f} ms one camera after the other, "
                  f"{j['encode_obs_par_ms']:.2f} ms in parallel; decode {j['decode_obs_seq_ms']:.2f} / "
                  f"{j['decode_obs_par_ms']:.2f} ms; {j['jpeg_kb']:.0f} KB per frame")
-    floor = row["systems"]["floor"]["added_ms"]["p50"]
+    floor = p50["floor"]
     lines.append(f"  floor + JPEG alone (median RTT + encode + decode): {floor + j['encode_obs_par_ms'] + j['decode_obs_par_ms']:.2f} ms "
                  f"with cameras in parallel, {floor + j['encode_obs_seq_ms'] + j['decode_obs_seq_ms']:.2f} ms one after the other")
-    lines.append(f"  LeRobot / ours, median added latency: {ratio:.1f}x")
+    if ler:
+        lines.append(f"  LeRobot / ours, median added latency: {ratio:.1f}x")
     if "ours_shm" in row["systems"]:
         shm = row["systems"]["ours_shm"]["added_ms"]["p50"]
-        lines.append(f"  same-host path (ours_shm): {fmt(shm)} ms median added, LeRobot / ours_shm "
-                     f"{ler / shm if shm and ler else float('nan'):.1f}x")
+        lines.append(f"  same-host path (ours_shm): {fmt(shm)} ms median added"
+                     + (f", LeRobot / ours_shm {ler / shm:.1f}x" if shm and ler else ""))
     if row.get("delay_line"):
         d = row["delay_line"]
         lines.append(f"  delay line (all three systems): {d['packets']} packets, {d['dropped']} dropped, "
@@ -245,6 +251,10 @@ def main(argv=None) -> None:
     add_common_args(parser)
     parser.add_argument("--round-trips", type=int, default=None, help="per system per case (default 200, --full 500)")
     parser.add_argument("--batch", type=int, default=25, help="round trips per turn before the next system")
+    parser.add_argument("--systems", type=lambda s: s.split(","), default=None,
+                        help=f"a subset of {','.join(SYSTEMS)} (floor always runs: JPEG alone is timed there)")
+    parser.add_argument("--workloads", type=lambda s: s.split(","), default=None,
+                        help=f"a subset of {','.join(WORKLOADS)}")
     args = parser.parse_args(argv)
     if args.round_trips is None:
         args.round_trips = 500 if args.full else 200

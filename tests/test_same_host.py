@@ -1,7 +1,7 @@
-"""The same-host path (protocol 1.2): raw frames through bounded /dev/shm files, chosen by a probe.
+"""The same-host path (protocol 1.2): raw frames through a sealed, pre-mapped memfd ring, chosen by a probe.
 
-The file ring and the reader alone; then over real Zenoh on loopback: the path is chosen, frames
-arrive bit-exact, a vanished file is a counted rejection, a client whose shared memory fails falls
+The ring and the reader alone; then over real Zenoh on loopback: the path is chosen, frames
+arrive bit-exact, a vanished ring is a counted rejection, a client whose shared memory fails falls
 back to JPEG with one warning, and many short sessions leave no file and no memory behind.
 """
 
@@ -43,16 +43,56 @@ def our_files(ring):
 def test_frames_round_trip_bit_exact_and_the_ring_removes_its_files():
     rng = np.random.default_rng(0)
     ring = same_host.FrameRing(slots=3)
+    names = []
     try:
         for _ in range(7):  # more writes than slots: the ring wraps
             sent = frames(rng)
             ref = ring.write(sent)
             got = same_host.read_frames(ref, CAMS)
             assert set(got) == set(sent) and all(np.array_equal(got[n], sent[n]) for n in sent)
-        assert len(our_files(ring)) == 3  # bounded: one file per slot, reused
+        names = ring.names()
+        assert len(our_files(ring)) == 1  # bounded: one ring of 3 slots, reused
+        one = sum(h * w * 3 for h, w in CAMS.values()) + same_host.HEADER.size
+        assert ring.ring_bytes == 3 * (-(-one // same_host.SLOT_ALIGN) * same_host.SLOT_ALIGN)
     finally:
         ring.close()
-    assert our_files(ring) == []
+    assert our_files(ring) == [] and not any(os.path.exists(os.path.join(same_host.SHM_DIR, n)) for n in names)
+
+
+def test_the_server_reads_views_of_the_ring_mapped_once():
+    rng = np.random.default_rng(5)
+    ring, reader = same_host.FrameRing(slots=2), same_host.FrameReader()
+    try:
+        for _ in range(5):
+            sent = frames(rng)
+            ref = ring.write(sent)
+            views = reader.read(ref, CAMS)
+            assert all(not v.flags.writeable and np.array_equal(v, sent[n]) for n, v in views.items())
+            assert reader.current(ref)
+        assert reader.mapped_total == 1 and len(reader) == 1  # one mapping, reused for every frame
+        ring.write(frames(rng))
+        ring.write(frames(rng))  # the slot of `ref` again
+        assert not reader.current(ref)  # the executor's check after the model read the views
+    finally:
+        ring.close()
+        reader.close()
+
+
+def test_the_ring_cannot_shrink_under_a_reader():
+    """Sealed before anyone maps it: a truncate fails, so a mapping can never SIGBUS."""
+    ring = same_host.FrameRing(slots=2)
+    try:
+        ref = ring.write(frames(np.random.default_rng(6)))
+        pid = ref.segment.split("-")[1]
+        fd = os.open(f"/proc/{pid}/fd/{ring._fd}", os.O_RDWR)
+        try:
+            with pytest.raises(PermissionError):
+                os.ftruncate(fd, 100)
+        finally:
+            os.close(fd)
+        assert np.array_equal(same_host.read_frames(ref, CAMS)["front"], same_host.read_frames(ref, CAMS)["front"])
+    finally:
+        ring.close()
 
 
 def test_an_overwritten_truncated_or_vanished_file_is_a_rejection_not_a_crash():
@@ -66,10 +106,19 @@ def test_an_overwritten_truncated_or_vanished_file_is_a_rejection_not_a_crash():
             same_host.read_frames(old, CAMS)
         assert e.value.reason == "shm_stale"
 
+        # The ring itself cannot shrink (sealed, test above); its pointer file can.
         ref = ring.write(frames(rng))
-        os.truncate(os.path.join(same_host.SHM_DIR, ref.segment), 100)
+        os.truncate(os.path.join(same_host.SHM_DIR, ref.segment), 10)
         with pytest.raises(ProtocolError) as e:
             same_host.read_frames(ref, CAMS)
+        assert e.value.reason == "shm_truncated"
+        ring.close()  # a new ring for the cases below
+
+        # Frames said to lie beyond the ring's end.
+        ref = ring.write(frames(rng))
+        far = SharedFrames(ref.segment, ref.generation, {n: (o + 2**30, h, w) for n, (o, h, w) in ref.frames.items()})
+        with pytest.raises(ProtocolError) as e:
+            same_host.read_frames(far, CAMS)
         assert e.value.reason == "shm_truncated"
 
         ref = ring.write(frames(rng))
@@ -224,8 +273,8 @@ def test_a_vanished_shared_frame_is_a_counted_rejection_and_the_server_goes_on(p
 
 def test_many_short_same_host_sessions_leave_no_file_and_no_memory(port, app_key):
     """100 clients come and go, each sending raw frames: no frame file is left and RSS stays flat."""
-    def lz_files():
-        return {n for n in os.listdir(same_host.SHM_DIR) if n.startswith("lz-") and not n.startswith("lz-probe-")}
+    def lz_files():  # this process's (the rings' names carry the pid: other jobs on the host may make theirs)
+        return {n for n in os.listdir(same_host.SHM_DIR) if n.startswith(f"lz-{os.getpid()}-")}
 
     before_files = lz_files()
     rss = []
@@ -276,3 +325,38 @@ def test_files_of_dead_processes_are_removed_when_a_server_starts():
     finally:
         probe.close()
         os.unlink(os.path.join(same_host.SHM_DIR, mine))
+
+
+def test_a_slot_rewritten_while_the_model_reads_its_views_is_a_stale_rejection_not_a_result():
+    """The executor hands the model views of the client's ring; if the client reuses that slot before
+    the model is done (the server a ring's length behind), the result is dropped as `shm_stale`."""
+    from lerobot_zenoh.server.runners.synthetic import SyntheticPolicy, SyntheticPolicyConfig
+
+    policy = SyntheticPolicy(SyntheticPolicyConfig(state_names=tuple(f"s{i}" for i in range(6)), cameras=dict(CAMS),
+                                                   action_names=tuple(f"a{i}" for i in range(6)), chunk_size=8))
+    executor = Executor("m", policy, actions_per_chunk=8, server_id="gpu0")
+    ring = same_host.FrameRing(slots=2)
+    rng = np.random.default_rng(7)
+    state = np.zeros(6, np.float32)
+    try:
+        sent = frames(rng)
+        request = executor.prepare("r1", Observation(1, "r1", state, {}, shared_frames=ring.write(sent)))
+        assert all(np.array_equal(request.images[n], sent[n]) for n in sent)  # views of the ring, not copies
+        assert not any(v.flags.owndata or v.flags.writeable for v in request.images.values())
+        (result,) = executor.infer([request])
+        assert not isinstance(result, Exception)  # nothing rewritten: served
+
+        request = executor.prepare("r1", Observation(2, "r1", state, {}, shared_frames=ring.write(frames(rng))))
+        run = policy.run
+
+        def client_overtakes(requests, **kw):  # the client writes two more observations meanwhile
+            ring.write(frames(rng))
+            ring.write(frames(rng))
+            return run(requests, **kw)
+
+        policy.run = client_overtakes
+        (result,) = executor.infer([request])
+        assert isinstance(result, ProtocolError) and result.reason == "shm_stale"
+    finally:
+        ring.close()
+        executor.close()

@@ -1,12 +1,15 @@
 """The executor of one model: turns a batch the engine picked into encoded answers.
 
     prepare(session_id, observation)  check it against the model's spec, decode its JPEG frames
-                                      (cameras in parallel), build the runner's request (with the
+                                      (cameras in parallel) or take views of its same-host frames
+                                      (no copy, transport/same_host.py), build the runner's request (with the
                                       observation's real-time-chunking inputs in its extras when the
                                       runner takes them), let the runner refuse it (`check_request`,
                                       e.g. task_too_long)
     infer(requests)                   one `runner.run` call for the whole batch; if it fails, each
-                                      request again on its own so that only the bad one fails
+                                      request again on its own so that only the bad one fails; a
+                                      request whose same-host frames were rewritten while the model
+                                      read them gets ProtocolError("shm_stale") instead of its result
     chunk(observation, result, ...)   cut to actions_per_chunk, execution horizon, ActionChunk bytes
     answer(observation, result, ...)  the bytes of what the runner's `capabilities.output` says it
                                       answers: an ActionChunk (`chunk`), a TextResult or a Verdict
@@ -70,10 +73,13 @@ class Executor:
         cameras = len(self.spec.cameras)
         self._jpeg = (ThreadPoolExecutor(max_workers=cameras - 1, thread_name_prefix="jpeg")
                       if cameras > 1 else None)
+        self._frames = same_host.FrameReader()  # same-host rings, mapped once each
+        self._shared: dict[int, object] = {}  # id(request) -> its SharedFrames, until `infer` checks them
 
     def close(self) -> None:
         if self._jpeg is not None:
             self._jpeg.shutdown(wait=False)
+        self._frames.close()
 
     def prepare(self, client_id: str, obs: Observation, component: ComponentQuery | None = None) -> InferenceRequest:
         """Check the observation against the model's features and decode its images; ProtocolError if not.
@@ -97,13 +103,14 @@ class Executor:
             jpegs = {c: obs.images[c] for c in spec.cameras}
         elif len(sent) != len(set(sent)) or set(sent) != set(spec.cameras):
             raise ProtocolError("wrong_cameras", f"cameras {sorted(sent)}, expected {sorted(spec.cameras)}")
-        # Same-host frames are copied out of the client's file here, once, and the file is closed
-        # (transport/same_host.py); JPEG cameras are decoded, the first on this thread and the others
-        # at the same time on helper threads (libjpeg-turbo releases the GIL), so two cameras cost one
-        # decode of wall time when a core is free.
+        # Same-host frames are read in place: read-only views of the client's ring, mapped once per
+        # client (transport/same_host.py), checked again in `infer` after the model has read them.
+        # JPEG cameras are decoded, the first on this thread and the others at the same time on
+        # helper threads (libjpeg-turbo releases the GIL), so two cameras cost one decode of wall
+        # time when a core is free.
         images = {}
         if shared is not None:
-            images = same_host.read_frames(shared, {c: spec.cameras[c] for c in shared.frames})
+            images = self._frames.read(shared, {c: spec.cameras[c] for c in shared.frames})
         if jpegs:
             images |= self._decode(jpegs)
         images = {c: images[c] for c in spec.cameras}
@@ -132,6 +139,8 @@ class Executor:
                                    seed=request_seed(client_id, obs.seq_id), episode_id=obs.episode_id,
                                    history=tuple(history), extras=extras)
         self.runner.check_request(request)  # e.g. task_too_long, before it can fail a whole batch
+        if shared is not None:
+            self._shared[id(request)] = shared
         return request
 
     def _decode(self, jpegs: dict[str, bytes]) -> dict[str, np.ndarray]:
@@ -162,7 +171,18 @@ class Executor:
         return RtcInputs(np.ascontiguousarray(prefix, dtype=np.float32), int(obs.rtc.delay_steps))
 
     def infer(self, requests: Sequence[InferenceRequest]) -> list[InferenceResult | Exception]:
-        """One result per request: its result, or the exception its inference raised."""
+        """One result per request: its result, or the exception its inference raised (ProtocolError
+        ``shm_stale`` for a request whose same-host frames the client rewrote while the model read them)."""
+        shared = [self._shared.get(id(r)) for r in requests]
+        self._shared.clear()  # only this batch's requests were prepared since the last call
+        results = self._infer(requests)
+        for i, ref in enumerate(shared):
+            if ref is not None and not isinstance(results[i], Exception) and not self._frames.current(ref):
+                results[i] = ProtocolError("shm_stale", f"{ref.segment} was rewritten while the model read it "
+                                                        "(the server was a ring's length of observations behind)")
+        return results
+
+    def _infer(self, requests: Sequence[InferenceRequest]) -> list[InferenceResult | Exception]:
         if len(requests) > 1:
             try:
                 results = self.runner.run(requests, capture_updates=self.capture_updates)
