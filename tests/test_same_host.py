@@ -170,8 +170,8 @@ class Recorded:
                 self.written[ref.generation] = {n: np.array(a) for n, a in fr.items()}
             return ref
 
-        def recording_prepare(executor, client_id, obs):
-            request = prepare(executor, client_id, obs)
+        def recording_prepare(executor, client_id, obs, *args, **kwargs):
+            request = prepare(executor, client_id, obs, *args, **kwargs)
             if obs.shared_frames is not None:
                 with self.lock:
                     self.served[obs.shared_frames.generation] = {n: np.array(a) for n, a in request.images.items()}
