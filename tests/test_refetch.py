@@ -139,3 +139,33 @@ def test_no_refresh_goes_to_a_server_that_does_not_say_it_takes_them(port, app_k
         assert client.summary()["chunks_received"] > 0
         assert client.summary()["refreshes_sent"] == 0
         assert server.stats()[app_key.prefix]["clients"]["r1"]["refreshes"] == 0
+
+
+def test_re_fetch_defaults_to_100_ms_toward_a_server_that_takes_refreshes_and_0_turns_it_off(port, app_key):
+    from lerobot_zenoh.scheduling.send_trigger import DEFAULT_REFETCH_AFTER_S
+
+    with make_server(port, app_key, latency_ms=5) as server:
+        assert server.models[0].status.refreshes is True
+        for cid, send, expected in (("d", SendTriggerConfig(), DEFAULT_REFETCH_AFTER_S),
+                                    ("off", SendTriggerConfig(refetch_after_s=0), None),
+                                    ("set", SendTriggerConfig(refetch_after_s=0.25), 0.25)):
+            cfg = make_config(port, app_key, client_uuid=cid, send=send)
+            client = RobotClient(cfg, make_robot_from_config(cfg.robot)).start()
+            try:
+                assert client.trigger.refetch_after_s == expected, cid
+            finally:
+                client.close()
+
+
+def test_the_default_threshold_is_never_below_the_models_own_time(port, app_key):
+    """A 250 ms model: a request younger than that may be in inference, so the default waits at least
+    the model's median time before refreshing (an explicit setting is kept as given)."""
+    with make_server(port, app_key, latency_ms=250):
+        cfg = make_config(port, app_key, client_uuid="slow", actions_per_chunk=10)
+        client = RobotClient(cfg, make_robot_from_config(cfg.robot)).start()
+        try:
+            client.run(duration_s=1.5)
+            assert client.summary()["chunks_received"] > 0
+            assert client.trigger.refetch_after_s >= 0.25
+        finally:
+            client.close()

@@ -263,7 +263,7 @@ def test_refreshes_stop_when_the_request_times_out_from_its_first_send():
         ("send_trigger.max_in_flight", {"max_in_flight": 0}),
         ("send_trigger.request_timeout_s", {"request_timeout_s": -1.0}),
         ("send_trigger.margin_steps", {"margin_steps": -1.0}),
-        ("send_trigger.refetch_after_s", {"refetch_after_s": 0.0}),
+        ("send_trigger.refetch_after_s", {"refetch_after_s": -0.1}),
     ],
 )
 def test_bad_settings_name_the_field(field, kwargs):

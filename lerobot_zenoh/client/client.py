@@ -65,7 +65,7 @@ from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import ExecutionInfo, HistoryFrame, Observation, RtcInputs
 from lerobot_zenoh.scheduling.action_buffer import ActionBuffer
 from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake, IntakeResult, MergeMode
-from lerobot_zenoh.scheduling.send_trigger import SendTrigger
+from lerobot_zenoh.scheduling.send_trigger import DEFAULT_REFETCH_AFTER_S, SendTrigger
 from lerobot_zenoh.telemetry.publisher import TelemetryPublisher, percentile
 from lerobot_zenoh.transport import same_host
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
@@ -190,6 +190,7 @@ class RobotClient:
         # status, and off for good once shared memory failed here (`_same_host_failed`).
         self.same_host_active = False
         self._refetch_ok = False  # the server takes re-fetch refreshes (Status.refreshes): set from each status
+        self._refetch_auto = False  # the default threshold: 100 ms, or the model's median time if longer
         self._same_host_failed = False
         # The last Status.history_length - 1 raw observations, one per control step (the control loop's).
         self._history: deque = deque(maxlen=0)
@@ -312,9 +313,15 @@ class RobotClient:
         replacement may not offer RTC, or may serve a model with another history length)."""
         self.rtc_active = self.config.rtc.enabled and status.rtc is not None
         # Re-fetch only toward a server that drops late refreshes (1.3): an older one would serve each
-        # refresh as a new request, an inference apiece, exactly when it is overloaded.
-        self._refetch_ok = bool(status.refreshes)
-        if self.config.send.refetch_after_s is not None and not status.refreshes:
+        # refresh as a new request, an inference apiece, exactly when it is overloaded. By default
+        # not with RTC either: a refresh's delay is predicted from first-send RTTs, an overestimate.
+        wanted = self.config.send.refetch_after_s
+        if wanted is None:
+            wanted = None if self.rtc_active else DEFAULT_REFETCH_AFTER_S
+        self._refetch_ok = bool(status.refreshes) and bool(wanted)
+        self._refetch_auto = self._refetch_ok and self.config.send.refetch_after_s is None
+        self.trigger.refetch_after_s = wanted if self._refetch_ok else None
+        if self.config.send.refetch_after_s and not status.refreshes:
             log.warning("%s: server %s does not take re-fetch refreshes (protocol before 1.3): --send.refetch_after_s "
                         "is off while it serves", self.config.client_uuid, status.server_id)
         self.same_host_active = (self.config.same_host and not self._same_host_failed
@@ -660,6 +667,12 @@ class RobotClient:
         if result.capture_age_s is not None:
             self.counters.observation_age_ms.append(max(result.capture_age_s * 1000 - chunk.inference_time_ms, 0.0))
         self.counters.inference_ms.append(chunk.inference_time_ms)
+        if self._refetch_auto:
+            # The default threshold is never below the model's own time (median of the last 16): a
+            # request younger than that may be in inference rather than waiting, and a refresh of it
+            # would be late (a capture and an encode for nothing).
+            recent = sorted(list(self.counters.inference_ms)[-16:])
+            self.trigger.refetch_after_s = max(DEFAULT_REFETCH_AFTER_S, recent[len(recent) // 2] / 1000)
         self._waiting_since_s = None
         if chunk.server_id and chunk.server_id != self.serving_server_id:
             # A standby took over, or the primary came back: follow whoever answers.

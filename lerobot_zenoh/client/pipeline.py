@@ -75,7 +75,7 @@ class PipelineClient(RobotClient):
         super().__init__(config, robot, recorder)
         if config.client_uuid != plan.robot:
             raise ConfigError("client_uuid", f"{config.client_uuid!r} but the plan is {plan.robot!r}'s")
-        if config.send.refetch_after_s is not None:  # one observation asks several components: not designed yet
+        if config.send.refetch_after_s:  # one observation asks several components: not designed yet
             raise ConfigError("send.refetch_after_s", "re-fetch is not supported for a multi-model task (--pipeline.plan)")
         self.plan = plan
         self.runtime = PipelineRuntime(plan.task, rates_hz=plan.rates_hz, base_task=config.task_text)
@@ -151,6 +151,8 @@ class PipelineClient(RobotClient):
         super()._use_status(status)
         # The observation goes to every component's server: no same-host frames (each would need its probe).
         self.same_host_active = False
+        self._refetch_ok = self._refetch_auto = False  # not designed for several components
+        self.trigger.refetch_after_s = None
 
     def _declare(self) -> None:
         cfg = self.config
