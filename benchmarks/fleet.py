@@ -461,22 +461,47 @@ def rate_for_load(load: float, latency_s, max_batch: int, traces) -> float:
     return load * max_batch / latency_s(max_batch) / rounds
 
 
-def largest_fleet(run: Callable[[int], Result], key: str, budget_pct: float = 1.0, limit: int = 256) -> str:
-    """The largest N with `key` (a stall %) <= budget, to one robot: double up from 1, then bisect
-    (assumes stalls grow with N). ">= limit" when the search reached its limit."""
+def largest_fleet(run: Callable[[int], Result], key: str, budget_pct: float = 1.0, limit: int = 256,
+                  start: int | None = None) -> str:
+    """The largest N with `key` (a stall %) <= budget, to one robot (assumes stalls grow with N).
+
+    Without `start`: double up from 1, then bisect. With `start` (a guess, e.g. the model's answer
+    for a real run): gallop from it by 1, 2, 4, ... robots up or down until the budget is crossed,
+    then bisect, so a good guess costs two or three points. ">= limit" when the search reached its
+    limit, "0" when even one robot is over the budget."""
+    def ok(n: int) -> bool:
+        return getattr(run(n), key) <= budget_pct
+
     good, bad = 0, None
-    n = 1
-    while n <= limit:
-        if getattr(run(n), key) <= budget_pct:
-            good, n = n, n * 2
-        else:
-            bad = n
-            break
+    if start is None:
+        n = 1
+        while n <= limit:
+            if ok(n):
+                good, n = n, n * 2
+            else:
+                bad = n
+                break
+    elif ok(n := max(1, min(start, limit))):
+        good, step = n, 1
+        while bad is None and good < limit:
+            n = min(limit, good + step)
+            if ok(n):
+                good, step = n, step * 2
+            else:
+                bad = n
+    else:
+        bad, step = n, 1
+        while good == 0 and bad > 1:
+            n = max(1, bad - step)
+            if ok(n):
+                good = n
+            else:
+                bad, step = n, step * 2
     if bad is None:
         return f">= {good}"
     while bad - good > 1:
         mid = (good + bad) // 2
-        if getattr(run(mid), key) <= budget_pct:
+        if ok(mid):
             good = mid
         else:
             bad = mid
@@ -616,8 +641,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--duration-s", type=float, default=240.0)
     p.add_argument("--warmup-s", type=float, default=30.0)
-    p.add_argument("--tasks", type=int, default=200, help="generated traces")
-    p.add_argument("--trace-seed", type=int, default=1)
+    p.add_argument("--tasks", type=int, default=fleet_traces.TASKS, help="generated traces")
+    p.add_argument("--trace-seed", type=int, default=fleet_traces.TRACE_SEED)
     p.add_argument("--traces", help="a JSON trace file (benchmarks/fleet_traces.py) instead of generated traces")
     p.add_argument("--horizon", choices=("static", "dynamic"), default="static",
                    help="run each task at its static horizon or at the trace's dynamic one")
