@@ -476,9 +476,9 @@ def summarize(cfg: RunConfig, c: Counters, lateness, server_figures, w0, w1, unf
 
 #: What a run's figures depend on besides the package: these objects' source (the driver; the study
 #: and report code below can change without invalidating a measured run).
-DRIVER = (RunConfig, manifest, ServerProcess, Counters, VirtualRobot, free_port, run, summarize)
-#: ... and these files (the shared traces, the model module the server imports its rung from, the launcher).
-DRIVER_FILES = ("benchmarks/fleet_traces.py", "benchmarks/fleet.py", "benchmarks/fleet_server.py")
+DRIVER = (RunConfig, manifest, ServerProcess, Counters, VirtualRobot, free_port, run, summarize, model.FifoRunningFirst)
+#: ... and these files (the shared traces, the server launcher).
+DRIVER_FILES = ("benchmarks/fleet_traces.py", "benchmarks/fleet_server.py")
 
 
 def code_version() -> str:
