@@ -745,6 +745,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1))
         return 0
+    # SIGTERM unwinds like Ctrl-C: the server process of the run in progress is stopped, not orphaned
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     t0 = time.perf_counter()
     body, _ = study(args)
     print(body)
