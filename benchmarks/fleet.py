@@ -107,6 +107,12 @@ class Config:
     one_way_s: float = ONE_WAY_S
     trigger: str = "rtt"  # rtt: p90(RTT) + 1 dt (reference client); fixed:K: when K actions remain
     refresh_s: float = 0.0  # > 0: a robot whose request waits this long publishes a fresh capture (re-fetch)
+    # after_buffer: a round's chunk starts at the step after the buffered actions (nothing is lost by
+    # asking ahead); capture: at the step the robot was about to execute when it sent, as the reference
+    # client aligns it (the rows for steps executed meanwhile are dropped, the overlap with the buffer
+    # blended: a request buys H minus the actions buffered at its send), rounds repeat until the task's
+    # length is executed (`benchmarks/fleet_zenoh.py` sets the model so beside the real stack).
+    chunk_start: str = "after_buffer"
     seed: int = 0
 
     def label(self) -> str:
@@ -176,6 +182,7 @@ class _Robot:
     end_step: int = 0  # the robot's step count when its buffered actions are done (at free_at_s)
     seq: int = 0
     answered: int = 0  # the seq whose chunk arrived last
+    buffered_total: int = 0  # chunk_start=capture: actions of the task put in the buffer so far
 
     def next_step(self, t: float) -> int:
         """The step the robot executes next at `t` (the buffer's ``next_step``)."""
@@ -276,6 +283,7 @@ class FleetSim:
         self._next_trace += 1
         robot.episode += 1
         robot.round = 0
+        robot.buffered_total = 0
         robot.task_start_s = t
         robot.free_at_s = t  # nothing buffered: the robot waits from now on
         robot.exec_start_s = t
@@ -283,8 +291,10 @@ class FleetSim:
 
     def _send(self, t: float, robot: _Robot) -> None:
         robot.seq += 1
-        # The chunk is for the step after the buffered actions (round j+1 follows round j).
-        robot.intake.on_send(robot.seq, robot.end_step, t)
+        # The chunk is for the step after the buffered actions (round j+1 follows round j), or for the
+        # step about to be executed now (chunk_start=capture, the reference client's alignment).
+        capture = self.cfg.chunk_start == "capture"
+        robot.intake.on_send(robot.seq, robot.next_step(t) if capture else robot.end_step, t)
         buffered = max(0, round((robot.free_at_s - t) / DT_S))
         info = ExecutionInfo(task_elapsed_s=t - robot.task_start_s, actions_buffered=buffered, control_period_s=DT_S)
         self._at(t + self.cfg.one_way_s, self._arrive, robot.client_id, robot.episode, info, t)
@@ -314,6 +324,9 @@ class FleetSim:
 
     def _deliver(self, t: float, robot: _Robot, seq: int) -> None:
         robot.answered = seq
+        if self.cfg.chunk_start == "capture":
+            self._deliver_at_capture(t, robot, seq)
+            return
         taken = robot.intake.plan(seq, fleet_traces.CHUNK_SIZE, t, robot.next_step(t),
                                   execution_horizon=robot.trace[robot.round])
         if t > robot.free_at_s and robot.round > 0:  # ran dry mid-task
@@ -337,6 +350,35 @@ class FleetSim:
                 self._at(end, self._start_task, robot)
             else:
                 self._at(end, self._leave, robot)
+
+    def _deliver_at_capture(self, t: float, robot: _Robot, seq: int) -> None:
+        """chunk_start=capture: the chunk's rows are for the steps from the capture on; the intake trims
+        the expired ones, the buffer drops those executed meanwhile and blends those still buffered, so
+        only the rows past the buffer's end are new. Round j keeps the trace's H_j rows (the rounds past
+        the trace's, needed because each buys fewer new actions, its last uncut H)."""
+        trace = robot.trace
+        h = trace[min(robot.round, max(0, len(trace) - 2))] if robot.round >= len(trace) - 1 else trace[robot.round]
+        taken = robot.intake.plan(seq, fleet_traces.CHUNK_SIZE, t, robot.next_step(t), execution_horizon=h)
+        new = max(0, taken.first_step + taken.rows - robot.end_step) if taken.accepted and taken.rows else 0
+        new = min(new, sum(trace) - robot.buffered_total)  # past the task's end: never executed
+        if t > robot.free_at_s and robot.round > 0:  # ran dry mid-task
+            self.stalled += self._count(robot.free_at_s, t)
+        elif robot.round == 0:
+            self.first_wait += self._count(robot.task_start_s, t)
+        start = max(t, robot.free_at_s)
+        end = start + new * DT_S
+        self.executed += self._count(start, end)
+        if new:
+            robot.exec_start_s, robot.free_at_s = start, end
+        robot.end_step += new
+        robot.buffered_total += new
+        robot.round += 1
+        if robot.buffered_total < sum(trace):
+            self._at(max(t, robot.free_at_s - robot.intake.trigger.buffer_time_s()), self._send, robot)
+        else:
+            if robot.task_start_s >= self.w0 and end <= self.w1:
+                self.latencies.append(end - robot.task_start_s)
+            self._at(end, self._start_task if self.cfg.mode == "fleet" else self._leave, robot)
 
     def _leave(self, t: float, robot: _Robot) -> None:
         self.scheduler.forget(robot.client_id)

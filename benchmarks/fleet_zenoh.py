@@ -594,11 +594,11 @@ def study(args) -> tuple[str, dict]:
     def real_at(n: int, scheduler: str, max_batch: int):
         return st.point(replace(base, robots=n, scheduler=scheduler, max_batch=str(max_batch)), seeds)
 
-    def sim_at(n: int, scheduler: str, max_batch: int) -> model.Result:
-        key = (n, scheduler, max_batch)
+    def sim_at(n: int, scheduler: str, max_batch: int, chunk_start: str = "after_buffer") -> model.Result:
+        key = (n, scheduler, max_batch, chunk_start)
         if key not in sims:
-            sims[key] = model.simulate(replace(sim_base, robots=n, scheduler=scheduler, max_batch=max_batch), rounds,
-                                       latency_s, seeds)
+            sims[key] = model.simulate(replace(sim_base, robots=n, scheduler=scheduler, max_batch=max_batch,
+                                               chunk_start=chunk_start), rounds, latency_s, seeds)
         return sims[key]
 
     out, data = [], {"rungs": []}
@@ -608,23 +608,28 @@ def study(args) -> tuple[str, dict]:
         f"horizons. Wait ratio: B = {base.buckets}, A = {base.aging}, first request `{base.first_request}` (the "
         f"package's defaults). Send rule `{base.trigger}`. Every figure is the mean ± sample sd over {args.seeds} "
         f"seeds (robot start offsets, task order) of {args.measure_s:g} s measured after {args.warmup_s:g} s "
-        f"warm-up; the model (`benchmarks/fleet.py`) runs the same traces, settings, window and seeds. Task "
-        f"latency over the tasks that start in the window and end before it closes, in both.\n")
+        f"warm-up; the model (`benchmarks/fleet.py`) runs the same traces, settings, window and seeds, with the "
+        f"chunk alignment of `make bench-fleet-sim` (*model*: a chunk starts after the buffered actions) and with "
+        f"the reference client's (*model, capture-aligned*: `chunk_start=capture`, a chunk starts at the step its "
+        f"observation was captured at). Task latency over the tasks that start in the window and end before it "
+        f"closes, in all three.\n")
 
     alone = real_at(1, "fifo", 1)
     alone_sim = sim_at(1, "fifo", 1)
     budget, budget_sim = alone.stalled_arrival_pct + 1.0, alone_sim.stalled_arrival_pct + 1.0
     say(f"Capacity: the largest fleet (tasks back to back) with at most {budget:.2f} % of control steps stalled "
         f"counted from arrival: 1 % above a robot alone on a dedicated server ({alone.stalled_arrival_pct:.2f} % "
-        f"real, {alone_sim.stalled_arrival_pct:.2f} % model, whose budget is {budget_sim:.2f} %), searched to one "
-        f"robot (the real search gallops from the model's answer, then bisects). A dedicated server per robot "
-        f"(LeRobot's policy server serves one robot) carries one robot, so a shared server's fleet is the number of "
-        f"dedicated servers it replaces.\n")
+        f"real; {alone_sim.stalled_arrival_pct:.2f} % in the model, whose budget is {budget_sim:.2f} %), searched to "
+        f"one robot (the real search gallops from the capture-aligned model's answer, then bisects). A dedicated "
+        f"server per robot (LeRobot's policy server serves one robot) carries one robot, so a shared server's fleet "
+        f"is the number of dedicated servers it replaces. The old stall definition (mid-task only) is reported "
+        f"beside, not searched.\n")
     rows = []
     for name, kw in model.RUNGS:
         sched, mb = kw["scheduler"], kw["max_batch"] or sat
         n_sim = model.largest_fleet(lambda n: sim_at(n, sched, mb), "stalled_arrival_pct", budget_sim, args.max_fleet)
-        guess = max(1, int(n_sim.removeprefix(">= ")))
+        n_cap = model.largest_fleet(lambda n: sim_at(n, sched, mb, "capture"), "stalled_arrival_pct", budget_sim,
+                                    args.max_fleet)
         points: dict[int, SimpleNamespace] = {}
 
         def at(n: int):
@@ -632,43 +637,48 @@ def study(args) -> tuple[str, dict]:
                 points[n] = real_at(n, sched, mb)
             return points[n]
 
-        n_real = model.largest_fleet(at, "stalled_arrival_pct", budget, args.max_fleet, start=guess)
+        n_real = model.largest_fleet(at, "stalled_arrival_pct", budget, args.max_fleet,
+                                     start=max(1, int(n_cap.removeprefix(">= "))))
         n = max(1, int(n_real.removeprefix(">= ")))
-        rows.append((name, n_sim, n_real, at(n), sim_at(n, sched, mb), at(guess), sim_at(guess, sched, mb), points))
-        data["rungs"].append({"name": name, "real": n_real, "model": n_sim,
+        rows.append((name, n_real, n_sim, n_cap, at(n), sim_at(n, sched, mb), sim_at(n, sched, mb, "capture"), points))
+        data["rungs"].append({"name": name, "real": n_real, "model": n_sim, "model_capture": n_cap,
                               "points": {k: v.runs for k, v in sorted(points.items())}})
 
     say("#### Real stack: capacity and figures at it\n")
-    say("| rung | robots (real) | dedicated servers for the same fleet | actions/s | task mean s | task p25 s | "
+    say("| rung | robots | dedicated servers for the same fleet | actions/s | task mean s | task p25 s | "
         "task p95 s | stalled % mid-task (old) | driver late p99 ms |\n|---|---|---|---|---|---|---|---|---|")
     say(f"| dedicated server per robot (1 robot) | 1 | 1 | {pm(alone, 'actions_per_s', '.0f')} | "
         f"{pm(alone, 'latency_mean_s')} | {alone.latency_p25_s:.2f} | {pm(alone, 'latency_p95_s')} | "
         f"{pm(alone, 'stalled_pct')} | {alone.driver_lateness_p99_ms:.1f} |")
-    for name, n_sim, n_real, r, *_ in rows:
+    for name, n_real, _, _, r, *_ in rows:
         say(f"| {name} | {n_real} | {n_real} | {pm(r, 'actions_per_s', '.0f')} | {pm(r, 'latency_mean_s')} | "
             f"{r.latency_p25_s:.2f} | {pm(r, 'latency_p95_s')} | {pm(r, 'stalled_pct')} | "
             f"{r.driver_lateness_p99_ms:.1f} |")
     say("")
 
+    def trio(key: str, r, m, c, fmt: str = ".2f") -> str:
+        a, b, d = getattr(r, key), getattr(m, key), getattr(c, key)
+        return f"{a:{fmt}} / {b:{fmt}} / {d:{fmt}} ({ratio(a, b)}, {ratio(a, d)})"
+
+    def requests(m) -> SimpleNamespace:  # the model counts served requests; per second of window
+        return SimpleNamespace(requests_per_s=m.requests / args.seeds / args.measure_s)
+
     say("#### Real against the model, same traces, settings, window and seeds\n")
-    say("Capacity by each one's own search and budget; the other columns at the model's capacity N (the first point "
-        "of the real search), real / model and their ratio.\n")
-    say("| rung | capacity real / model (ratio) | N | actions/s real / model (ratio) | task mean s real / model (ratio) "
-        "| task p95 s real / model (ratio) | stalled % from arrival real / model | requests/s real / model |\n"
-        "|---|---|---|---|---|---|---|---|")
-    say(f"| dedicated server per robot | 1 / 1 | 1 | {alone.actions_per_s:.0f} / {alone_sim.actions_per_s:.0f} "
-        f"({ratio(alone.actions_per_s, alone_sim.actions_per_s)}) | {alone.latency_mean_s:.2f} / "
-        f"{alone_sim.latency_mean_s:.2f} ({ratio(alone.latency_mean_s, alone_sim.latency_mean_s)}) | "
-        f"{alone.latency_p95_s:.2f} / {alone_sim.latency_p95_s:.2f} ({ratio(alone.latency_p95_s, alone_sim.latency_p95_s)}) "
-        f"| {alone.stalled_arrival_pct:.2f} / {alone_sim.stalled_arrival_pct:.2f} | {alone.requests_per_s:.1f} / "
-        f"{alone_sim.requests / args.seeds / args.measure_s:.1f} |")
-    for name, n_sim, n_real, _, _, r, m, _ in rows:
-        cap = ratio(float(n_real.removeprefix(">= ")), float(n_sim.removeprefix(">= ")))
-        say(f"| {name} | {n_real} / {n_sim} ({cap}) | {r.robots} | {r.actions_per_s:.0f} / {m.actions_per_s:.0f} "
-            f"({ratio(r.actions_per_s, m.actions_per_s)}) | {r.latency_mean_s:.2f} / {m.latency_mean_s:.2f} "
-            f"({ratio(r.latency_mean_s, m.latency_mean_s)}) | {r.latency_p95_s:.2f} / {m.latency_p95_s:.2f} "
-            f"({ratio(r.latency_p95_s, m.latency_p95_s)}) | {r.stalled_arrival_pct:.2f} / {m.stalled_arrival_pct:.2f} | "
-            f"{r.requests_per_s:.1f} / {m.requests / args.seeds / args.measure_s:.1f} |")
+    say("Capacity by each one's own search and budget. The other columns at the real capacity N: real / model / "
+        "model, capture-aligned (real ÷ model, real ÷ capture-aligned model).\n")
+    say("| rung | capacity real / model / capture-aligned (ratios) | N | actions/s | task mean s | task p95 s | "
+        "stalled % from arrival | requests/s |\n|---|---|---|---|---|---|---|---|")
+    alone_cap = sim_at(1, "fifo", 1, "capture")
+    say(f"| dedicated server per robot | 1 / 1 / 1 | 1 | {trio('actions_per_s', alone, alone_sim, alone_cap, '.0f')} | "
+        f"{trio('latency_mean_s', alone, alone_sim, alone_cap)} | {trio('latency_p95_s', alone, alone_sim, alone_cap)} | "
+        f"{trio('stalled_arrival_pct', alone, alone_sim, alone_cap)} | "
+        f"{trio('requests_per_s', alone, requests(alone_sim), requests(alone_cap), '.1f')} |")
+    for name, n_real, n_sim, n_cap, r, m, c, _ in rows:
+        real_n, sim_n, cap_n = (float(x.removeprefix(">= ")) for x in (n_real, n_sim, n_cap))
+        say(f"| {name} | {n_real} / {n_sim} / {n_cap} ({ratio(real_n, sim_n)}, {ratio(real_n, cap_n)}) | {r.robots} | "
+            f"{trio('actions_per_s', r, m, c, '.0f')} | {trio('latency_mean_s', r, m, c)} | "
+            f"{trio('latency_p95_s', r, m, c)} | {trio('stalled_arrival_pct', r, m, c)} | "
+            f"{trio('requests_per_s', r, requests(m), requests(c), '.1f')} |")
     say("")
 
     say("#### Every point of the real searches\n")

@@ -178,7 +178,8 @@ def test_the_study_searches_every_rung_and_sets_it_beside_the_model(monkeypatch,
     body, data = fleet_zenoh.study(args)
     assert [r["name"] for r in data["rungs"]] == [name for name, _ in fleet_model.RUNGS]
     assert {r["real"] for r in data["rungs"]} == {"5", "11"}  # exact to one robot on every rung
+    assert all(r["model"] and r["model_capture"] for r in data["rungs"])
     for name, _ in fleet_model.RUNGS:
         assert body.count(f"| {name} |") == 2  # the real table and the real-vs-model table
-    assert "dedicated server per robot" in body and "(ratio)" in body
+    assert "dedicated server per robot" in body and "capture-aligned (ratios)" in body
     assert all(len(runs) == 3 for r in data["rungs"] for runs in r["points"].values())  # 3 seeds per point
