@@ -25,7 +25,11 @@ N robots) or tasks arrive by a Poisson process, each on its own robot (``online`
 trace of rounds; round j executes ``H_j`` actions at 30 Hz from chunk j (the execution horizon), and
 the request for round j+1 leaves while round j executes, when the send rule says so; its chunk is
 meant for the step after round j (so the intake's stale trim finds nothing executed past it), and the
-intake keeps its first ``H_{j+1}`` rows (the chunk's execution horizon). If chunk j+1 is
+intake keeps its first ``H_{j+1}`` rows (the chunk's execution horizon). That alignment is the
+model's idealisation: the reference client aligns a chunk to the step its observation was captured
+at, so a request sent L actions ahead buys only H - L new ones; ``--chunk-start capture`` models
+that (rounds then repeat until the task's length is executed), and it is what matches the real
+stack (docs/benchmarks.md, "Fleet over real Zenoh"). If chunk j+1 is
 not there when round j's last action is done, the robot stands still: those control steps are
 *stalled* (the wait for a task's first chunk is not: the robot has not started moving; it counts in
 the task's latency). Traces come from `benchmarks/fleet_traces.py` (documented there; ``--horizon`` picks each
@@ -564,7 +568,7 @@ def study(args) -> str:
     traces = load_traces(args)
     seeds = list(range(args.seeds))
     base = Config(duration_s=args.duration_s, warmup_s=args.warmup_s, buckets=args.buckets, aging=args.aging,
-                  first_request=args.first_request, trigger=args.trigger)
+                  first_request=args.first_request, trigger=args.trigger, chunk_start=args.chunk_start)
     out = []
     say = out.append
     mean_h = statistics.fmean(h for t in traces for h in t)
@@ -692,6 +696,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--aging", type=int, default=WaitRatioScheduler().aging)
     p.add_argument("--first-request", default=WaitRatioScheduler().first_request)
     p.add_argument("--trigger", default="rtt", help="rtt (reference client) or fixed:K")
+    p.add_argument("--chunk-start", choices=("after_buffer", "capture"), default="after_buffer",
+                   help="where a round's chunk starts: after the buffered actions, or at its capture step as the "
+                        "reference client aligns it (Config.chunk_start)")
     p.add_argument("--profiles", nargs="+", choices=sorted(PROFILES), default=["gpu", "vla"])
     p.add_argument("--loads", type=float, nargs="+", default=[0.95, 1.0],
                    help="online loads (offered requests / throughput at the max batch) for the settings sweep")
