@@ -183,3 +183,19 @@ def test_the_study_searches_every_rung_and_sets_it_beside_the_model(monkeypatch,
         assert body.count(f"| {name} |") == 2  # the real table and the real-vs-model table
     assert "dedicated server per robot" in body and "capture-aligned (ratios)" in body
     assert all(len(runs) == 3 for r in data["rungs"] for runs in r["points"].values())  # 3 seeds per point
+
+
+def test_the_model_aligned_at_capture_buys_fewer_actions_per_request():
+    """chunk_start=capture (the reference client's alignment): a request sent L actions ahead buys H - L new
+    ones, so the same tasks take more requests and finish later, and nothing else changes for a robot alone."""
+    traces = [t.executed_rounds(False) for t in generate_traces(30, seed=2)]
+    latency = fleet_model.gpu_latency()
+    base = fleet_model.Config(robots=1, duration_s=120.0, warmup_s=5.0)
+    after = fleet_model.FleetSim(base, traces, latency).run()
+    capture = fleet_model.FleetSim(replace(base, chunk_start="capture"), traces, latency).run()
+    assert capture.requests > 1.1 * after.requests
+    assert capture.tasks_done >= after.tasks_done - 1 and capture.stalled_pct < 1.0  # alone, still no mid-task stall
+    assert capture.actions_per_s == pytest.approx(after.actions_per_s, rel=0.05)
+    loaded = replace(base, robots=10)  # one at a time: the extra requests saturate the server
+    assert (fleet_model.FleetSim(replace(loaded, chunk_start="capture"), traces, latency).run().stalled_arrival_pct
+            > fleet_model.FleetSim(loaded, traces, latency).run().stalled_arrival_pct + 5)
