@@ -526,12 +526,16 @@ def aggregate(runs: list[dict]) -> SimpleNamespace:
                            tasks_measured=sum(r["tasks_measured"] for r in runs))
 
 
+class NotCached(Exception):
+    """A point the study would have to run, with ``--cached-only``."""
+
+
 class Study:
     """Runs, cached by configuration and code version; points (a configuration over seeds), each taken
     under the bench lock when one is given, so that other benchmarks of the machine wait for it."""
 
-    def __init__(self, tasks: list[Task], out: Path, fresh: bool, lock: str | None = None):
-        self.tasks, self.out, self.fresh, self.lock = tasks, out, fresh, lock
+    def __init__(self, tasks: list[Task], out: Path, fresh: bool, lock: str | None = None, cached_only: bool = False):
+        self.tasks, self.out, self.fresh, self.lock, self.cached_only = tasks, out, fresh, lock, cached_only
         (out / "runs").mkdir(parents=True, exist_ok=True)
 
     def cached(self, cfg: RunConfig) -> dict | None:
@@ -551,6 +555,8 @@ class Study:
 
     def point(self, cfg: RunConfig, seeds: list[int]) -> SimpleNamespace:
         cfgs = [replace(cfg, seed=s) for s in seeds]
+        if self.cached_only and any(self.cached(c) is None for c in cfgs):
+            raise NotCached(cfg.label())
         needs_lock = self.lock and any(self.cached(c) is None for c in cfgs)
         with open(self.lock, "a") if needs_lock else contextlib.nullcontext() as lock:
             if lock is not None:
@@ -585,7 +591,7 @@ def study(args) -> tuple[str, dict]:
     seeds = list(range(args.seeds))
     latency_s = model.gpu_latency(args.profile)
     sat = saturation_batch_size({b: latency_s(b) for b in profile_batch_sizes(16)})
-    st = Study(tasks, Path(args.out), args.fresh, args.lock)
+    st = Study(tasks, Path(args.out), args.fresh, args.lock, getattr(args, "cached_only", False))
     base = RunConfig(warmup_s=args.warmup_s, measure_s=args.measure_s, profile=args.profile)
     sim_base = model.Config(duration_s=args.warmup_s + args.measure_s, warmup_s=args.warmup_s, buckets=base.buckets,
                             aging=base.aging, first_request=base.first_request, trigger=base.trigger)
@@ -625,7 +631,7 @@ def study(args) -> tuple[str, dict]:
         f"server per robot (LeRobot's policy server serves one robot) carries one robot, so a shared server's fleet "
         f"is the number of dedicated servers it replaces. The old stall definition (mid-task only) is reported "
         f"beside, not searched.\n")
-    rows, answers = [], {}  # answers: max batch -> the last real capacity found with it
+    rows, answers, missing = [], {}, []  # answers: max batch -> the last real capacity found with it
     for name, kw in model.RUNGS:
         sched, mb = kw["scheduler"], kw["max_batch"] or sat
         n_sim = model.largest_fleet(lambda n: sim_at(n, sched, mb), "stalled_arrival_pct", budget_sim, args.max_fleet)
@@ -641,7 +647,11 @@ def study(args) -> tuple[str, dict]:
         # The search starts from the previous rung's real answer at the same max batch (the model finds the
         # orders within a robot of each other), else from the capture-aligned model's: a guess only saves points.
         guess = answers.get(mb, max(1, int(n_cap.removeprefix(">= "))))
-        n_real = model.largest_fleet(at, "stalled_arrival_pct", budget, args.max_fleet, start=guess)
+        try:
+            n_real = model.largest_fleet(at, "stalled_arrival_pct", budget, args.max_fleet, start=guess)
+        except NotCached:  # --cached-only: this rung's search is not finished
+            missing.append(name)
+            continue
         n = answers[mb] = max(1, int(n_real.removeprefix(">= ")))
         rows.append((name, n_real, n_sim, n_cap, at(n), sim_at(n, sched, mb), sim_at(n, sched, mb, "capture"), points))
         data["rungs"].append({"name": name, "real": n_real, "model": n_sim, "model_capture": n_cap,
@@ -684,6 +694,8 @@ def study(args) -> tuple[str, dict]:
             f"{trio('requests_per_s', r, requests(m), requests(c), '.1f')} |")
     say("")
 
+    if missing:
+        say(f"Not measured yet (their searches were cut short; `--cached-only` report): {'; '.join(missing)}.\n")
     say("#### Every point of the real searches\n")
     say(REAL_HEADER)
     say(real_row("dedicated / 1", alone))
@@ -735,6 +747,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--lock", help="take this file's lock (flock) for each point that needs runs, e.g. "
                                   "/work/notes/bench.lock, so that other benchmarks of the machine do not overlap")
     s.add_argument("--fresh", action="store_true", help="re-run configurations that have a cached result")
+    s.add_argument("--cached-only", action="store_true",
+                   help="run nothing: report the rungs whose searches the cache completes, list the others")
     s.add_argument("--write-docs", help="rewrite the generated block of this markdown file")
     w = sub.add_parser("traces", help="write the generated traces to a JSON file")
     w.add_argument("path")
