@@ -184,6 +184,18 @@ def test_the_study_searches_every_rung_and_sets_it_beside_the_model(monkeypatch,
     assert "dedicated server per robot" in body and "capture-aligned (ratios)" in body
     assert all(len(runs) == 3 for r in data["rungs"] for runs in r["points"].values())  # 3 seeds per point
 
+    def no_run(*_):
+        raise AssertionError("--cached-only ran something")
+
+    monkeypatch.setattr(fleet_zenoh, "run", no_run)
+    again, _ = fleet_zenoh.study(SimpleNamespace(**{**vars(args), "cached_only": True}))
+    assert again == body  # a report from the cache alone
+    batched = replace(RunConfig(warmup_s=2.0, measure_s=6.0), scheduler="wait_ratio", max_batch="16", robots=11, seed=1)
+    (tmp_path / "runs" / f"{batched.key()}.json").unlink()  # an interrupted search
+    partial, data = fleet_zenoh.study(SimpleNamespace(**{**vars(args), "cached_only": True}))
+    assert "Not measured yet" in partial and "wait ratio, batched" in partial.split("Not measured yet")[1]
+    assert [r["name"] for r in data["rungs"]] == [name for name, _ in fleet_model.RUNGS[:-1]]
+
 
 def test_the_model_aligned_at_capture_buys_fewer_actions_per_request():
     """chunk_start=capture (the reference client's alignment): a request sent L actions ahead buys H - L new
