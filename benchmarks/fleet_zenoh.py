@@ -536,6 +536,8 @@ class Study:
 
     def __init__(self, tasks: list[Task], out: Path, fresh: bool, lock: str | None = None, cached_only: bool = False):
         self.tasks, self.out, self.fresh, self.lock, self.cached_only = tasks, out, fresh, lock, cached_only
+        self._held = None  # the lock file while it is held
+        self._sticky = False  # inside `turn`: a lock taken is kept to the turn's end
         (out / "runs").mkdir(parents=True, exist_ok=True)
 
     def cached(self, cfg: RunConfig) -> dict | None:
@@ -557,11 +559,30 @@ class Study:
         cfgs = [replace(cfg, seed=s) for s in seeds]
         if self.cached_only and any(self.cached(c) is None for c in cfgs):
             raise NotCached(cfg.label())
-        needs_lock = self.lock and any(self.cached(c) is None for c in cfgs)
-        with open(self.lock, "a") if needs_lock else contextlib.nullcontext() as lock:
-            if lock is not None:
-                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if self.lock and self._held is None and any(self.cached(c) is None for c in cfgs):
+            self._held = open(self.lock, "a")
+            fcntl.flock(self._held, fcntl.LOCK_EX)  # released when the file closes
+        try:
             return aggregate([self.run(c) for c in cfgs])
+        finally:
+            if not self._sticky:
+                self._release()
+
+    def _release(self) -> None:
+        if self._held is not None:
+            self._held.close()
+            self._held = None
+
+    @contextlib.contextmanager
+    def turn(self):
+        """Inside, a bench lock taken for a point is kept until the end: one rung's search (a few
+        minutes) in one turn, instead of queueing again behind other benchmarks for every point."""
+        self._sticky = True
+        try:
+            yield
+        finally:
+            self._sticky = False
+            self._release()
 
 
 def pm(r, key: str, fmt: str = ".2f") -> str:
@@ -648,7 +669,8 @@ def study(args) -> tuple[str, dict]:
         # orders within a robot of each other), else from the capture-aligned model's: a guess only saves points.
         guess = answers.get(mb, max(1, int(n_cap.removeprefix(">= "))))
         try:
-            n_real = model.largest_fleet(at, "stalled_arrival_pct", budget, args.max_fleet, start=guess)
+            with st.turn():  # one rung's search in one turn of the bench lock
+                n_real = model.largest_fleet(at, "stalled_arrival_pct", budget, args.max_fleet, start=guess)
         except NotCached:  # --cached-only: this rung's search is not finished
             missing.append(name)
             continue
