@@ -672,7 +672,8 @@ def study(args) -> tuple[str, dict]:
             with st.turn():  # one rung's search in one turn of the bench lock
                 n_real = model.largest_fleet(at, "stalled_arrival_pct", budget, args.max_fleet, start=guess)
         except NotCached:  # --cached-only: this rung's search is not finished
-            missing.append(name)
+            fit = [k for k, v in points.items() if v.stalled_arrival_pct <= budget]
+            missing.append((name, points, f">= {max(fit)}" if fit else "?"))
             continue
         n = answers[mb] = max(1, int(n_real.removeprefix(">= ")))
         rows.append((name, n_real, n_sim, n_cap, at(n), sim_at(n, sched, mb), sim_at(n, sched, mb, "capture"), points))
@@ -717,11 +718,12 @@ def study(args) -> tuple[str, dict]:
     say("")
 
     if missing:
-        say(f"Not measured yet (their searches were cut short; `--cached-only` report): {'; '.join(missing)}.\n")
+        say("Searches not finished (cut short; a `--cached-only` report), with the largest fleet measured within "
+            "the budget so far: " + "; ".join(f"{name}: {low}" for name, _, low in missing) + ".\n")
     say("#### Every point of the real searches\n")
     say(REAL_HEADER)
     say(real_row("dedicated / 1", alone))
-    for name, *_, points in rows:
+    for name, points in [(row[0], row[-1]) for row in rows] + [(name, points) for name, points, _ in missing]:
         for n, r in sorted(points.items()):
             say(real_row(f"{name} / {n}", r))
     say("")
