@@ -77,9 +77,11 @@ demo: $(STAMP) checkpoint
 clean:
 	rm -rf $(VENV) checkpoints outputs .pytest_cache
 
-# Fleet study over real Zenoh and a real server (virtual robots in one process; about 70 min on
-# 2 cores; cached per run in outputs/fleet_zenoh/): rewrites the generated block of "Fleet over real
-# Zenoh" in docs/benchmarks.md and its figures in docs/img/. FLEET_ARGS=--fresh re-runs everything.
+# Fleet study over real Zenoh and a real server (virtual robots in one process), the model's rungs
+# and metrics, 3 seeds per point, capacity to one robot, set beside the model at the same scale
+# (about 35 min on 2 cores; cached per run and code version in outputs/fleet_zenoh/): rewrites the
+# generated block of "Fleet over real Zenoh" in docs/benchmarks.md. FLEET_ARGS=--fresh re-runs
+# everything; FLEET_ARGS="--lock /work/notes/bench.lock" serialises it with other benchmarks.
 # bench-fleet-sim: the discrete-event model of the same fleet (a few minutes), "Fleet scheduling".
 FLEET_ARGS ?=
 .PHONY: bench-fleet bench-fleet-sim

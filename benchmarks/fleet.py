@@ -25,7 +25,11 @@ N robots) or tasks arrive by a Poisson process, each on its own robot (``online`
 trace of rounds; round j executes ``H_j`` actions at 30 Hz from chunk j (the execution horizon), and
 the request for round j+1 leaves while round j executes, when the send rule says so; its chunk is
 meant for the step after round j (so the intake's stale trim finds nothing executed past it), and the
-intake keeps its first ``H_{j+1}`` rows (the chunk's execution horizon). If chunk j+1 is
+intake keeps its first ``H_{j+1}`` rows (the chunk's execution horizon). That alignment is the
+model's idealisation: the reference client aligns a chunk to the step its observation was captured
+at, so a request sent L actions ahead buys only H - L new ones; ``--chunk-start capture`` models
+that (rounds then repeat until the task's length is executed), and it is what matches the real
+stack (docs/benchmarks.md, "Fleet over real Zenoh"). If chunk j+1 is
 not there when round j's last action is done, the robot stands still: those control steps are
 *stalled* (the wait for a task's first chunk is not: the robot has not started moving; it counts in
 the task's latency). Traces come from `benchmarks/fleet_traces.py` (documented there; ``--horizon`` picks each
@@ -107,6 +111,12 @@ class Config:
     one_way_s: float = ONE_WAY_S
     trigger: str = "rtt"  # rtt: p90(RTT) + 1 dt (reference client); fixed:K: when K actions remain
     refresh_s: float = 0.0  # > 0: a robot whose request waits this long publishes a fresh capture (re-fetch)
+    # after_buffer: a round's chunk starts at the step after the buffered actions (nothing is lost by
+    # asking ahead); capture: at the step the robot was about to execute when it sent, as the reference
+    # client aligns it (the rows for steps executed meanwhile are dropped, the overlap with the buffer
+    # blended: a request buys H minus the actions buffered at its send), rounds repeat until the task's
+    # length is executed (`benchmarks/fleet_zenoh.py` sets the model so beside the real stack).
+    chunk_start: str = "after_buffer"
     seed: int = 0
 
     def label(self) -> str:
@@ -176,6 +186,7 @@ class _Robot:
     end_step: int = 0  # the robot's step count when its buffered actions are done (at free_at_s)
     seq: int = 0
     answered: int = 0  # the seq whose chunk arrived last
+    buffered_total: int = 0  # chunk_start=capture: actions of the task put in the buffer so far
 
     def next_step(self, t: float) -> int:
         """The step the robot executes next at `t` (the buffer's ``next_step``)."""
@@ -276,6 +287,7 @@ class FleetSim:
         self._next_trace += 1
         robot.episode += 1
         robot.round = 0
+        robot.buffered_total = 0
         robot.task_start_s = t
         robot.free_at_s = t  # nothing buffered: the robot waits from now on
         robot.exec_start_s = t
@@ -283,8 +295,10 @@ class FleetSim:
 
     def _send(self, t: float, robot: _Robot) -> None:
         robot.seq += 1
-        # The chunk is for the step after the buffered actions (round j+1 follows round j).
-        robot.intake.on_send(robot.seq, robot.end_step, t)
+        # The chunk is for the step after the buffered actions (round j+1 follows round j), or for the
+        # step about to be executed now (chunk_start=capture, the reference client's alignment).
+        capture = self.cfg.chunk_start == "capture"
+        robot.intake.on_send(robot.seq, robot.next_step(t) if capture else robot.end_step, t)
         buffered = max(0, round((robot.free_at_s - t) / DT_S))
         info = ExecutionInfo(task_elapsed_s=t - robot.task_start_s, actions_buffered=buffered, control_period_s=DT_S)
         self._at(t + self.cfg.one_way_s, self._arrive, robot.client_id, robot.episode, info, t)
@@ -314,6 +328,9 @@ class FleetSim:
 
     def _deliver(self, t: float, robot: _Robot, seq: int) -> None:
         robot.answered = seq
+        if self.cfg.chunk_start == "capture":
+            self._deliver_at_capture(t, robot, seq)
+            return
         taken = robot.intake.plan(seq, fleet_traces.CHUNK_SIZE, t, robot.next_step(t),
                                   execution_horizon=robot.trace[robot.round])
         if t > robot.free_at_s and robot.round > 0:  # ran dry mid-task
@@ -337,6 +354,35 @@ class FleetSim:
                 self._at(end, self._start_task, robot)
             else:
                 self._at(end, self._leave, robot)
+
+    def _deliver_at_capture(self, t: float, robot: _Robot, seq: int) -> None:
+        """chunk_start=capture: the chunk's rows are for the steps from the capture on; the intake trims
+        the expired ones, the buffer drops those executed meanwhile and blends those still buffered, so
+        only the rows past the buffer's end are new. Round j keeps the trace's H_j rows (the rounds past
+        the trace's, needed because each buys fewer new actions, its last uncut H)."""
+        trace = robot.trace
+        h = trace[min(robot.round, max(0, len(trace) - 2))] if robot.round >= len(trace) - 1 else trace[robot.round]
+        taken = robot.intake.plan(seq, fleet_traces.CHUNK_SIZE, t, robot.next_step(t), execution_horizon=h)
+        new = max(0, taken.first_step + taken.rows - robot.end_step) if taken.accepted and taken.rows else 0
+        new = min(new, sum(trace) - robot.buffered_total)  # past the task's end: never executed
+        if t > robot.free_at_s and robot.round > 0:  # ran dry mid-task
+            self.stalled += self._count(robot.free_at_s, t)
+        elif robot.round == 0:
+            self.first_wait += self._count(robot.task_start_s, t)
+        start = max(t, robot.free_at_s)
+        end = start + new * DT_S
+        self.executed += self._count(start, end)
+        if new:
+            robot.exec_start_s, robot.free_at_s = start, end
+        robot.end_step += new
+        robot.buffered_total += new
+        robot.round += 1
+        if robot.buffered_total < sum(trace):
+            self._at(max(t, robot.free_at_s - robot.intake.trigger.buffer_time_s()), self._send, robot)
+        else:
+            if robot.task_start_s >= self.w0 and end <= self.w1:
+                self.latencies.append(end - robot.task_start_s)
+            self._at(end, self._start_task if self.cfg.mode == "fleet" else self._leave, robot)
 
     def _leave(self, t: float, robot: _Robot) -> None:
         self.scheduler.forget(robot.client_id)
@@ -461,22 +507,47 @@ def rate_for_load(load: float, latency_s, max_batch: int, traces) -> float:
     return load * max_batch / latency_s(max_batch) / rounds
 
 
-def largest_fleet(run: Callable[[int], Result], key: str, budget_pct: float = 1.0, limit: int = 256) -> str:
-    """The largest N with `key` (a stall %) <= budget, to one robot: double up from 1, then bisect
-    (assumes stalls grow with N). ">= limit" when the search reached its limit."""
+def largest_fleet(run: Callable[[int], Result], key: str, budget_pct: float = 1.0, limit: int = 256,
+                  start: int | None = None) -> str:
+    """The largest N with `key` (a stall %) <= budget, to one robot (assumes stalls grow with N).
+
+    Without `start`: double up from 1, then bisect. With `start` (a guess, e.g. the model's answer
+    for a real run): gallop from it by 1, 2, 4, ... robots up or down until the budget is crossed,
+    then bisect, so a good guess costs two or three points. ">= limit" when the search reached its
+    limit, "0" when even one robot is over the budget."""
+    def ok(n: int) -> bool:
+        return getattr(run(n), key) <= budget_pct
+
     good, bad = 0, None
-    n = 1
-    while n <= limit:
-        if getattr(run(n), key) <= budget_pct:
-            good, n = n, n * 2
-        else:
-            bad = n
-            break
+    if start is None:
+        n = 1
+        while n <= limit:
+            if ok(n):
+                good, n = n, n * 2
+            else:
+                bad = n
+                break
+    elif ok(n := max(1, min(start, limit))):
+        good, step = n, 1
+        while bad is None and good < limit:
+            n = min(limit, good + step)
+            if ok(n):
+                good, step = n, step * 2
+            else:
+                bad = n
+    else:
+        bad, step = n, 1
+        while good == 0 and bad > 1:
+            n = max(1, bad - step)
+            if ok(n):
+                good = n
+            else:
+                bad, step = n, step * 2
     if bad is None:
         return f">= {good}"
     while bad - good > 1:
         mid = (good + bad) // 2
-        if getattr(run(mid), key) <= budget_pct:
+        if ok(mid):
             good = mid
         else:
             bad = mid
@@ -497,7 +568,7 @@ def study(args) -> str:
     traces = load_traces(args)
     seeds = list(range(args.seeds))
     base = Config(duration_s=args.duration_s, warmup_s=args.warmup_s, buckets=args.buckets, aging=args.aging,
-                  first_request=args.first_request, trigger=args.trigger)
+                  first_request=args.first_request, trigger=args.trigger, chunk_start=args.chunk_start)
     out = []
     say = out.append
     mean_h = statistics.fmean(h for t in traces for h in t)
@@ -616,8 +687,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--duration-s", type=float, default=240.0)
     p.add_argument("--warmup-s", type=float, default=30.0)
-    p.add_argument("--tasks", type=int, default=200, help="generated traces")
-    p.add_argument("--trace-seed", type=int, default=1)
+    p.add_argument("--tasks", type=int, default=fleet_traces.TASKS, help="generated traces")
+    p.add_argument("--trace-seed", type=int, default=fleet_traces.TRACE_SEED)
     p.add_argument("--traces", help="a JSON trace file (benchmarks/fleet_traces.py) instead of generated traces")
     p.add_argument("--horizon", choices=("static", "dynamic"), default="static",
                    help="run each task at its static horizon or at the trace's dynamic one")
@@ -625,6 +696,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--aging", type=int, default=WaitRatioScheduler().aging)
     p.add_argument("--first-request", default=WaitRatioScheduler().first_request)
     p.add_argument("--trigger", default="rtt", help="rtt (reference client) or fixed:K")
+    p.add_argument("--chunk-start", choices=("after_buffer", "capture"), default="after_buffer",
+                   help="where a round's chunk starts: after the buffered actions, or at its capture step as the "
+                        "reference client aligns it (Config.chunk_start)")
     p.add_argument("--profiles", nargs="+", choices=sorted(PROFILES), default=["gpu", "vla"])
     p.add_argument("--loads", type=float, nargs="+", default=[0.95, 1.0],
                    help="online loads (offered requests / throughput at the max batch) for the settings sweep")

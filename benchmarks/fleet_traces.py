@@ -44,6 +44,9 @@ CHUNK_SIZE = 50  # actions per chunk the model produces (the cap of every horizo
 #: The model both fleet studies serve: ms per forward pass by batch size, a GPU-like profile (the
 #: synthetic policy interpolates linearly in between; 4.8x peak-to-single throughput).
 GPU_PROFILE_MS = {1: 60.0, 2: 66.0, 4: 80.0, 8: 120.0, 16: 200.0}
+#: The generated trace set both fleet studies replay by default (`generate_traces(TASKS, TRACE_SEED)`).
+TASKS = 200
+TRACE_SEED = 1
 
 
 @dataclass(frozen=True)

@@ -1,24 +1,27 @@
 """Fleet benchmark over the real stack: N virtual robots, real Zenoh, a real policy server.
 
-One process drives every robot of the fleet; the server is `lerobot-policy-server` in its own
-process, serving the synthetic policy with a GPU-like latency-vs-batch profile (60 ms at batch 1
-rising sublinearly to 200 ms at 16). What is real and what is simulated:
+The real-time counterpart of the discrete-event model `benchmarks/fleet.py`: the same traces
+(`benchmarks/fleet_traces.py`), latency profile, send rule, wait-ratio settings, rungs
+(`fleet.RUNGS`), metrics and capacity search (`fleet.largest_fleet`), run on the real server over
+real Zenoh, and set beside the model run at the same scale. What is real and what is simulated:
 
-- REAL: the server (manifest, slots, scheduler, cross-client batching with `max_batch_size: auto`
-  profiled at start-up, the `diffusion_confidence` horizon policy, reliable chunk publication,
-  telemetry), Zenoh on loopback, the codec, and on the robot side the reference client's own
-  `ActionBuffer` (chunks merged by absolute control step, stale rows dropped, overlaps blended),
-  `SendTrigger` (RTT bookkeeping, send rule, request time-outs) and `ChunkIntake` (seq_id -> step at
-  capture, horizon cut, stale trim, merge). Each robot publishes Observation
-  messages with `ExecutionInfo` on its own key and receives ActionChunks on its own key.
-- SIMULATED: the robots (a 30 Hz tick per robot that executes the next buffered action, or stalls),
-  the model (the synthetic policy sleeps the profile's latency; no camera images are sent, so the
-  benchmark measures scheduling, not JPEG), and the tasks (`benchmarks/fleet_traces.py`).
+- REAL: the server (`benchmarks/fleet_server.py`: `lerobot-policy-server` with the benchmarks'
+  "FIFO, running tasks before new ones" scheduler registered; manifest, slots, the scheduler under
+  test, cross-client batching, reliable chunk publication, telemetry), Zenoh on loopback, the codec,
+  and on the robot side the reference client's own `ActionBuffer` (chunks merged by absolute control
+  step, stale rows dropped, overlaps blended), `SendTrigger` (RTT bookkeeping, send rule, request
+  time-outs) and `ChunkIntake` (seq_id -> step at capture, horizon cut, stale trim, merge). Each
+  robot publishes Observation messages with `ExecutionInfo` on its own key and receives ActionChunks
+  on its own key.
+- SIMULATED: the robots (a 30 Hz tick per robot that executes the next buffered action, or stands
+  still), the model (the synthetic policy sleeps the profile's latency; no camera images are sent, so
+  the benchmark measures scheduling, not JPEG), and the tasks.
 
-Control loops are staggered over 10 phases of the 33 ms period, like robots that were not started
-together. A robot in a task sends its next observation when its `SendTrigger` says so and its
-buffer does not already cover the rest of the task (a replayed trace issues no request past its
-end, as in Kairos 5.1), and keeps from each chunk at most its execution horizon:
+One process drives every robot; control loops are staggered over 10 phases of the 33 ms period, and
+robots start their first task at uniform offsets within the first second, as in the model. A robot
+in a task sends its next observation when its `SendTrigger` says so and its buffer does not already
+cover the rest of the task (a replayed trace issues no request past its end, as in Kairos 5.1), and
+keeps from each chunk at most its execution horizon:
 
 - static horizon: the task's ``static_h`` (the client's `actions_per_chunk`); the server sends none;
 - dynamic horizon: the server's `diffusion_confidence` policy reads the synthetic model's denoising
@@ -26,31 +29,43 @@ end, as in Kairos 5.1), and keeps from each chunk at most its execution horizon:
   trace says the model can vouch for at this point of the task: `Task.trusted_actions`), and sends
   ``H`` in the chunk; the robot keeps ``H`` rows.
 
-Send rules: ``fixed``: LeRobot's async-inference client (``chunk_size_threshold`` 0.5: ask when
-half of the chunk's executed part is left, i.e. ``buffer_time_s = 0.5 * static_h * dt``); ``rtt``:
-the reference client's default, ``p90(RTT) + 1 dt`` (queueing included, since RTT is measured).
+Send rules: ``rtt``: the reference client's default, ``p90(RTT) + 1 dt`` (the model's default);
+``rtt:Q``: another RTT quantile; ``fixed``: LeRobot's async-inference client (``chunk_size_threshold``
+0.5: ask when half of the chunk's executed part is left).
 
-Metrics over the measurement window (after a warm-up): actions/s; stalled %, the share of control
-steps of robots in a task (after its first action) whose buffer was empty; task latency (first
-request to last action executed; tasks that start in the window, followed until they end or the
-drain limit); RTT; the server's mean batch size and queueing (from its telemetry); the driver's own
-tick lateness (a loaded driver would distort the results, so it is reported).
+Metrics over the measurement window (after a warm-up), the model's definitions:
 
-Modes: ``fleet``: N robots doing tasks back to back (Kairos' offline setting); ``online``: tasks
-arrive by a Poisson process and each takes an idle robot of a pool (Kairos' online setting).
+- actions/s executed by the fleet;
+- stalled %: control steps of robots in a task with nothing to execute, counted from the task's
+  arrival (the wait for its first chunk included; ``stalled_arrival_pct``) and, the old definition,
+  only after its first action (``stalled_pct``);
+- task latency mean / P25 / P95: a task's arrival (its first request leaves on the robot's next
+  tick) to its last action executed, for tasks that start in the window and end before it closes
+  (``--drain-s`` follows them past it instead);
+- RTT, requests/s, chunks served/s, rows kept and rows new per chunk, the server's mean batch size
+  (its telemetry), and the driver's own tick lateness: a loaded driver would distort everything
+  else, so it is reported beside every figure.
 
-    python benchmarks/fleet_zenoh.py run --robots 20 --scheduler fifo --max-batch auto --trigger rtt
+Modes: ``fleet``: N robots doing tasks back to back (Kairos' offline setting; what the study runs);
+``online``: tasks arrive by a Poisson process and each takes an idle robot of a pool.
+
+    python benchmarks/fleet_zenoh.py run --robots 20 --scheduler fifo --max-batch 16
     python benchmarks/fleet_zenoh.py study --write-docs docs/benchmarks.md     # make bench-fleet
 
-The study caches every run's result in ``outputs/fleet_zenoh/runs/``, keyed by the run's configuration
-and the code version (a hash of the package's and these benchmarks' sources), so a change to the
-server, client or scheduler never reuses a result measured on older code (``--fresh`` re-runs all).
+The study caches every run's result in ``outputs/fleet_zenoh/runs/``, keyed by the run's
+configuration and the code version (`code_version`: a hash of the package's sources, the shared
+traces and model modules, the server launcher and the driver's own source), so a change to the
+server, client, scheduler or driver never reuses a result measured on older code, and an interrupted
+study resumes (``--fresh`` re-runs all). Each result also records ``git describe --dirty``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -58,12 +73,15 @@ import queue
 import secrets
 import shutil
 import signal
+import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import yaml
@@ -72,10 +90,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks import fleet as model  # noqa: E402
+from benchmarks import fleet_traces  # noqa: E402
 from benchmarks.fleet_traces import (  # noqa: E402
     CHUNK_SIZE,
     FPS,
-    GPU_PROFILE_MS,
     Task,
     describe,
     generate_traces,
@@ -88,8 +107,10 @@ from lerobot_zenoh.protocol import codec  # noqa: E402
 from lerobot_zenoh.protocol.keys import AppKey  # noqa: E402
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation  # noqa: E402
 from lerobot_zenoh.scheduling.action_buffer import ActionBuffer  # noqa: E402
+from lerobot_zenoh.scheduling.batch_profile import profile_batch_sizes, saturation_batch_size  # noqa: E402
 from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake  # noqa: E402
 from lerobot_zenoh.scheduling.send_trigger import RttTracker, SendTrigger, SendTriggerConfig  # noqa: E402
+from lerobot_zenoh.scheduling.wait_ratio import WaitRatioScheduler  # noqa: E402
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession  # noqa: E402
 from lerobot_zenoh.transport.settings import loopback_settings  # noqa: E402
 
@@ -98,48 +119,37 @@ PHASES = 10  # control loops are spread over this many offsets within one period
 APP = AppKey("fleet", "bench", "synthetic", "v1", "fleet")
 SERVER_ID = "fleet-server"
 OUT = ROOT / "outputs" / "fleet_zenoh"
+_LITERAL = WaitRatioScheduler()  # the package's wait-ratio defaults, as the model takes them
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    scheduler: str = "fifo"  # fifo | round_robin | wait_ratio
-    buckets: int = 10
-    aging: int = 1
-    first_request: str = "highest"
+    scheduler: str = "fifo"  # fifo | fifo_running_first | round_robin | wait_ratio
+    buckets: int = _LITERAL.buckets
+    aging: int = _LITERAL.aging
+    first_request: str = _LITERAL.first_request
     max_batch: str = "1"  # an integer or "auto" (profiled by the server at start-up)
     trigger: str = "rtt"  # rtt (p90 RTT + 1 dt) | rtt:Q (quantile Q instead of 0.9) | fixed
     horizon: str = "static"  # static | dynamic
     threshold: float = 0.4  # Kairos' t for the dynamic horizon
+    profile: str = "gpu"  # a latency profile of fleet.PROFILES
     mode: str = "fleet"  # fleet | online
     robots: int = 10  # fleet mode: the fleet; online mode: the pool of robots tasks can take
     rate_per_s: float = 1.0  # online mode
     warmup_s: float = 8.0
-    measure_s: float = 30.0
+    measure_s: float = 20.0
     drain_s: float = 0.0  # after the window: follow the tasks that started in it for up to this long
     seed: int = 0
 
     def label(self) -> str:
-        sched = self.scheduler if self.scheduler != "wait_ratio" else f"wait_ratio(B={self.buckets},A={self.aging})"
+        sched = self.scheduler if self.scheduler != "wait_ratio" else \
+            f"wait_ratio(B={self.buckets},A={self.aging},{self.first_request})"
         return f"{sched}, batch {self.max_batch}, {self.trigger} trigger, {self.horizon} horizon"
 
     def key(self) -> str:
         """The cache key: this configuration on this version of the code."""
         text = json.dumps({"config": asdict(self), "code": code_version()}, sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()[:16]
-
-
-def code_version() -> str:
-    """A hash of every Python source of the package and of the benchmarks (what a run's figures depend on)."""
-    if not _CODE_VERSION:
-        root = Path(__file__).resolve().parents[1]
-        digest = hashlib.sha1()
-        for path in sorted([*(root / "lerobot_zenoh").rglob("*.py"), *(root / "benchmarks").glob("*.py")]):
-            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-        _CODE_VERSION.append(digest.hexdigest()[:16])
-    return _CODE_VERSION[0]
-
-
-_CODE_VERSION: list[str] = []
 
 
 # ------------------------------------------------------------------------------------ server
@@ -151,7 +161,7 @@ def manifest(cfg: RunConfig, port: int) -> dict:
         scheduler = {"type": "wait_ratio", "buckets": cfg.buckets, "aging": cfg.aging,
                      "first_request": cfg.first_request}
     synthetic = {"state_dim": 2, "action_dim": 2, "chunk_size": CHUNK_SIZE, "cameras": {},
-                 "batch_latency_ms": dict(GPU_PROFILE_MS)}
+                 "batch_latency_ms": dict(model.PROFILES[cfg.profile])}
     entry = {"model_id": APP.model, "model_version": APP.version, "application_tag": APP.app, "fps": FPS,
              "synthetic": synthetic, "scheduler": scheduler,
              "max_batch_size": cfg.max_batch if cfg.max_batch == "auto" else int(cfg.max_batch),
@@ -165,7 +175,8 @@ def manifest(cfg: RunConfig, port: int) -> dict:
 
 
 class ServerProcess:
-    """`lerobot-policy-server` on a generated manifest, in its own process."""
+    """`lerobot-policy-server` on a generated manifest, in its own process (`benchmarks/fleet_server.py`:
+    the server with the benchmarks' scheduler registered)."""
 
     def __init__(self, cfg: RunConfig, port: int, log_path: Path):
         self.cfg, self.port, self.log_path = cfg, port, log_path
@@ -175,10 +186,9 @@ class ServerProcess:
         self._folder = Path(tempfile.mkdtemp(prefix="fleet-"))
         path = self._folder / "manifest.yaml"
         path.write_text(yaml.safe_dump(manifest(self.cfg, self.port)))
-        exe = Path(sys.executable).parent / "lerobot-policy-server"
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([str(exe), "--manifest", str(path)], stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "fleet_server.py"), "--manifest", str(path)],
+                                     stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -200,11 +210,13 @@ class ServerProcess:
 class Counters:
     counting: bool = False  # inside the measurement window (set by the driver every iteration)
     executed: int = 0
-    stalled: int = 0
+    stalled: int = 0  # mid-task: after the task's first action (the old definition)
+    first_wait: int = 0  # from a task's arrival to its first action (stalled, counted from arrival)
     sent: int = 0
     received: int = 0
     rejected: int = 0
     horizon_sum: int = 0  # rows kept per chunk, summed (mean execution horizon)
+    appended_sum: int = 0  # rows per chunk for steps not yet buffered, summed (new actions per request)
     rtts_s: list = field(default_factory=list)
     latencies_s: list = field(default_factory=list)
 
@@ -230,14 +242,13 @@ class VirtualRobot:
         self.task: Task | None = None
         self.progress = 0
         self.task_start_s = 0.0
-        self.first_request_s: float | None = None
         self.moving = False
         self.measured = False  # the task started inside the measurement window
 
     def start_task(self, task: Task, now: float, measured: bool) -> None:
         self.task, self.progress, self.moving = task, 0, False
         self.episode += 1
-        self.task_start_s, self.first_request_s, self.measured = now, None, measured
+        self.task_start_s, self.measured = now, measured
         self.buffer.clear()
         trigger = self.cfg.trigger
         if trigger == "fixed":
@@ -263,19 +274,19 @@ class VirtualRobot:
             self.progress += 1
             c.executed += c.counting
             if self.progress >= task.length:
-                if self.measured and self.first_request_s is not None:
-                    c.latencies_s.append(now + DT_S - self.first_request_s)
+                if self.measured:  # arrival to the end of the last action, as in the model
+                    c.latencies_s.append(now + DT_S - self.task_start_s)
                 self.task = None
                 self.intake.clear()  # answers still in flight are for a finished task: measured, not merged
                 return True
         elif self.moving:
             c.stalled += c.counting
+        else:
+            c.first_wait += c.counting
         return False
 
     def _send(self, now: float, c: Counters) -> None:
         self.seq += 1
-        if self.first_request_s is None:
-            self.first_request_s = now
         trusted = self.task.trusted_actions(self.progress) if self.cfg.horizon == "dynamic" else 0
         state = np.array([trusted, self.progress], dtype=np.float32)
         info = ExecutionInfo(task_elapsed_s=now - self.task_start_s, actions_buffered=self.buffer.depth,
@@ -299,6 +310,7 @@ class VirtualRobot:
         if c.counting:
             c.received += 1
             c.horizon_sum += result.kept
+            c.appended_sum += result.merge.appended if result.merge is not None else 0
             if result.rtt_s is not None:
                 c.rtts_s.append(result.rtt_s)
 
@@ -306,9 +318,16 @@ class VirtualRobot:
 # ------------------------------------------------------------------------------------ one run
 
 
-def run(cfg: RunConfig, tasks: list[Task], out: Path = OUT, port: int = 7521, verbose: bool = True) -> dict:
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(cfg: RunConfig, tasks: list[Task], out: Path = OUT, port: int | None = None, verbose: bool = True) -> dict:
     """One measured run; returns its figures (see the module docstring)."""
     out.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
     rng = np.random.default_rng(cfg.seed)
     inbox: queue.SimpleQueue = queue.SimpleQueue()
     telemetry: list[tuple[float, bytes]] = []  # (arrival, payload), decoded after the run
@@ -334,7 +353,12 @@ def run(cfg: RunConfig, tasks: list[Task], out: Path = OUT, port: int = 7521, ve
         t0 = time.perf_counter()
         w0, w1 = t0 + cfg.warmup_s, t0 + cfg.warmup_s + cfg.measure_s
         hard_end = w1 + cfg.drain_s
-        next_task = lambda: tasks[int(rng.integers(len(tasks)))]  # noqa: E731
+        order = [int(rng.integers(len(tasks)))]  # as the model: one random start, then the traces in order
+
+        def next_task() -> Task:
+            order[0] += 1
+            return tasks[(order[0] - 1) % len(tasks)]
+
         backlog: list[float] = []  # online: arrivals waiting for an idle robot
         arrivals: list[float] = []
         if cfg.mode == "online":
@@ -402,6 +426,7 @@ def summarize(cfg: RunConfig, c: Counters, lateness, server_figures, w0, w1, unf
 
     lat, rtt = c.latencies_s, [x * 1000 for x in c.rtts_s]
     steps = c.executed + c.stalled
+    arrival_steps = steps + c.first_wait
     inside = [m for t, m in server_figures if w0 <= t <= w1 + 1.5]
     first = next((m for t, m in server_figures if t >= w0), {})
     last = inside[-1] if inside else (server_figures[-1][1] if server_figures else {})
@@ -410,10 +435,12 @@ def summarize(cfg: RunConfig, c: Counters, lateness, server_figures, w0, w1, unf
         "label": cfg.label(),
         "actions_per_s": c.executed / cfg.measure_s,
         "stalled_pct": 100.0 * c.stalled / steps if steps else 0.0,
+        "stalled_arrival_pct": 100.0 * (c.stalled + c.first_wait) / arrival_steps if arrival_steps else 0.0,
         "requests_per_s": c.sent / cfg.measure_s if cfg.measure_s else 0.0,
         "chunks": c.received,
         "chunks_rejected": c.rejected,
         "mean_kept_rows": c.horizon_sum / c.received if c.received else 0.0,
+        "mean_new_rows": c.appended_sum / c.received if c.received else 0.0,
         "tasks_measured": len(lat),
         "tasks_unfinished": unfinished,
         "online_backlog_at_end": backlog,
@@ -427,12 +454,16 @@ def summarize(cfg: RunConfig, c: Counters, lateness, server_figures, w0, w1, unf
         "server_queue_p50_ms": float(last.get("queue_ms_p50", math.nan) or math.nan),
         "server_queue_p99_ms": float(last.get("queue_ms_p99", math.nan) or math.nan),
         "server_inferences": (last.get("inferences", 0) - first.get("inferences", 0)) if first else None,
+        "served_per_s": ((last.get("inferences", 0) - first.get("inferences", 0)) / cfg.measure_s
+                         if first and cfg.measure_s else math.nan),
+        "driver_lateness_mean_ms": stat(lateness, np.mean) * 1000,
         "driver_lateness_p99_ms": stat(lateness, np.percentile, 99) * 1000,
         "wall_s": elapsed,
     }
     if verbose:
         print(f"{cfg.label():60s} {cfg.mode} n={cfg.robots} rate={cfg.rate_per_s:g}: "
-              f"{result['actions_per_s']:.0f} act/s, stalled {result['stalled_pct']:.2f} %, "
+              f"{result['actions_per_s']:.0f} act/s, stalled {result['stalled_arrival_pct']:.2f} % from arrival "
+              f"({result['stalled_pct']:.2f} % mid-task), "
               f"lat {result['latency_mean_s']:.2f}/{result['latency_p25_s']:.2f}/{result['latency_p95_s']:.2f} s "
               f"({result['tasks_measured']} tasks, {unfinished} unfinished), rtt p50 {result['rtt_p50_ms']:.0f} ms, "
               f"batch {result['server_batch_mean']:.1f}, {result['requests_per_s']:.1f} req/s, "
@@ -440,243 +471,271 @@ def summarize(cfg: RunConfig, c: Counters, lateness, server_figures, w0, w1, unf
     return result
 
 
+# ------------------------------------------------------------------------------------ code version
+
+
+#: What a run's figures depend on besides the package: these objects' source (the driver; the study
+#: and report code below can change without invalidating a measured run).
+DRIVER = (RunConfig, manifest, ServerProcess, Counters, VirtualRobot, free_port, run, summarize, model.FifoRunningFirst)
+#: ... and these files (the shared traces, the server launcher).
+DRIVER_FILES = ("benchmarks/fleet_traces.py", "benchmarks/fleet_server.py")
+
+
+def code_version() -> str:
+    """A hash of every Python source of the package, of `DRIVER_FILES` and of the `DRIVER` objects."""
+    if not _CODE_VERSION:
+        digest = hashlib.sha1()
+        for path in sorted([*(ROOT / "lerobot_zenoh").rglob("*.py"), *(ROOT / f for f in DRIVER_FILES)]):
+            digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+        for obj in DRIVER:
+            digest.update(inspect.getsource(obj).encode() + b"\0")
+        _CODE_VERSION.append(digest.hexdigest()[:16])
+    return _CODE_VERSION[0]
+
+
+_CODE_VERSION: list[str] = []
+
+
+def git_describe() -> str:
+    """``git describe --always --dirty`` of the checkout, recorded beside each result (not part of the key)."""
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True,
+                              text=True, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
 # ------------------------------------------------------------------------------------ study
 
 
-class Study:
-    """Runs (cached by configuration) and the search for the largest fleet within the stall budget."""
+#: Aggregated over seeds (mean and sample sd), the model's names where the model has the metric.
+METRICS = ("actions_per_s", "stalled_pct", "stalled_arrival_pct", "latency_mean_s", "latency_p25_s", "latency_p95_s",
+           "requests_per_s", "served_per_s", "mean_kept_rows", "mean_new_rows", "server_batch_mean", "rtt_p50_ms",
+           "rtt_p99_ms", "driver_lateness_mean_ms", "driver_lateness_p99_ms")
 
-    def __init__(self, tasks: list[Task], out: Path, fresh: bool, stall_budget_pct: float = 1.0):
-        self.tasks, self.out, self.fresh, self.budget = tasks, out, fresh, stall_budget_pct
+
+def aggregate(runs: list[dict]) -> SimpleNamespace:
+    """Mean and sample sd over seeds of every metric (NaN-free seeds only), as `fleet.simulate` does:
+    attributes are the means, ``sd`` the spreads, ``runs`` the seeds' results; `fleet.pm` prints it."""
+    mean, sd = {}, {}
+    for k in METRICS:
+        values = [r[k] for r in runs if r.get(k) is not None and not math.isnan(r[k])]
+        mean[k] = statistics.fmean(values) if values else math.nan
+        sd[k] = statistics.stdev(values) if len(values) > 1 else 0.0
+    return SimpleNamespace(**mean, sd=sd, runs=runs, robots=runs[0]["config"]["robots"],
+                           tasks_measured=sum(r["tasks_measured"] for r in runs))
+
+
+class NotCached(Exception):
+    """A point the study would have to run, with ``--cached-only``."""
+
+
+class Study:
+    """Runs, cached by configuration and code version; points (a configuration over seeds), each taken
+    under the bench lock when one is given, so that other benchmarks of the machine wait for it."""
+
+    def __init__(self, tasks: list[Task], out: Path, fresh: bool, lock: str | None = None, cached_only: bool = False):
+        self.tasks, self.out, self.fresh, self.lock, self.cached_only = tasks, out, fresh, lock, cached_only
+        self._held = None  # the lock file while it is held
+        self._sticky = False  # inside `turn`: a lock taken is kept to the turn's end
         (out / "runs").mkdir(parents=True, exist_ok=True)
 
-    def run(self, cfg: RunConfig) -> dict:
+    def cached(self, cfg: RunConfig) -> dict | None:
         path = self.out / "runs" / f"{cfg.key()}.json"
-        if path.exists() and not self.fresh:
-            result = json.loads(path.read_text())
-            print(f"(cached) {cfg.label()} {cfg.mode} n={cfg.robots} rate={cfg.rate_per_s:g}: "
-                  f"stalled {result['stalled_pct']:.2f} %", flush=True)
+        return None if self.fresh or not path.exists() else json.loads(path.read_text())
+
+    def run(self, cfg: RunConfig) -> dict:
+        result = self.cached(cfg)
+        if result is not None:
+            print(f"(cached) {cfg.label()} n={cfg.robots} seed {cfg.seed}: "
+                  f"stalled {result['stalled_arrival_pct']:.2f} % from arrival", flush=True)
             return result
         result = run(cfg, self.tasks, self.out)
-        path.write_text(json.dumps(result, indent=1))
+        result.update(code_version=code_version(), git=git_describe())
+        (self.out / "runs" / f"{cfg.key()}.json").write_text(json.dumps(result, indent=1))
         return result
 
-    def largest_fleet(self, cfg: RunConfig, guess: int, limit: int = 160) -> tuple[int, list[dict]]:
-        """The largest N with stalled % <= budget: grow or shrink by 1.25x from `guess`, then bisect."""
-        results: dict[int, dict] = {}
+    def point(self, cfg: RunConfig, seeds: list[int]) -> SimpleNamespace:
+        cfgs = [replace(cfg, seed=s) for s in seeds]
+        if self.cached_only and any(self.cached(c) is None for c in cfgs):
+            raise NotCached(cfg.label())
+        if self.lock and self._held is None and any(self.cached(c) is None for c in cfgs):
+            self._held = open(self.lock, "a")
+            fcntl.flock(self._held, fcntl.LOCK_EX)  # released when the file closes
+        try:
+            return aggregate([self.run(c) for c in cfgs])
+        finally:
+            if not self._sticky:
+                self._release()
 
-        def ok(n: int) -> bool:
-            if n not in results:
-                results[n] = self.run(replace(cfg, robots=n))
-            return results[n]["stalled_pct"] <= self.budget
+    def _release(self) -> None:
+        if self._held is not None:
+            self._held.close()
+            self._held = None
 
-        good, bad = 0, None
-        n = guess
-        if ok(n):
-            good = n
-            while bad is None and n < limit:
-                n = min(limit, max(n + 1, round(n * 1.25)))
-                if ok(n):
-                    good = n
-                else:
-                    bad = n
-        else:
-            bad = n
-            while good == 0 and n > 1:
-                n = max(1, min(n - 1, round(n / 1.25)))
-                if ok(n):
-                    good = n
-                else:
-                    bad = n
-        while bad is not None and bad - good > max(1, round(0.08 * good)):
-            mid = (good + bad) // 2
-            if ok(mid):
-                good = mid
-            else:
-                bad = mid
-        return good, [results[k] for k in sorted(results)]
+    @contextlib.contextmanager
+    def turn(self):
+        """Inside, a bench lock taken for a point is kept until the end: one rung's search (a few
+        minutes) in one turn, instead of queueing again behind other benchmarks for every point."""
+        self._sticky = True
+        try:
+            yield
+        finally:
+            self._sticky = False
+            self._release()
 
 
-LADDER = [
-    ("LeRobot's send rule on this server: FIFO, one at a time, fixed threshold (LeRobot's own server serves one robot)", dict(scheduler="fifo", max_batch="1", trigger="fixed")),
-    ("+ cross-client batching", dict(scheduler="fifo", max_batch="auto", trigger="fixed")),
-    ("+ send trigger from measured RTT", dict(scheduler="fifo", max_batch="auto", trigger="rtt")),
-    ("+ wait-ratio scheduler", dict(scheduler="wait_ratio", max_batch="auto", trigger="rtt")),
-    ("+ dynamic execution horizon", dict(scheduler="wait_ratio", max_batch="auto", trigger="rtt", horizon="dynamic")),
-]
-#: Not a lever of the issue's ladder: the full system with the send trigger at p99 RTT instead of p90
-#: (a 1 % stall budget is tighter than the 10 % RTT tail the default rule covers).
-EXTRA_RUNGS = [
-    ("(extra) 5 with the send trigger at p99 RTT",
-     dict(scheduler="wait_ratio", max_batch="auto", trigger="rtt:0.99", horizon="dynamic")),
-]
-SCHEDULERS = ("fifo", "round_robin", "wait_ratio")
+def pm(r, key: str, fmt: str = ".2f") -> str:
+    return model.pm(r, key, fmt)
 
 
-def fmt_row(r: dict, first: str) -> str:
-    cfg = r["config"]
-    served = r["server_inferences"] / cfg["measure_s"] if r.get("server_inferences") is not None else math.nan
-    if cfg["drain_s"] > 0:
-        latency = (f"{r['latency_mean_s']:.2f} | {r['latency_p25_s']:.2f} | {r['latency_p95_s']:.2f} | "
-                   f"{r['tasks_measured']} ({r['tasks_unfinished']})")
-    else:  # tasks not followed past the window: a latency would favour the short ones
-        latency = "- | - | - | -"
-    return (f"| {first} | {r['actions_per_s']:.0f} | {r['stalled_pct']:.2f} | {r['requests_per_s']:.1f} | {served:.1f} | "
-            f"{r['mean_kept_rows']:.1f} | {r['server_batch_mean']:.1f} | {r['rtt_p50_ms']:.0f} | {r['rtt_p99_ms']:.0f} | "
-            f"{latency} | {r['driver_lateness_p99_ms']:.1f} |")
+def ratio(real: float, sim: float) -> str:
+    return f"{real / sim:.2f}" if sim and not (math.isnan(real) or math.isnan(sim)) else "-"
 
 
-HEADER = ("| {first} | actions/s | stalled % | sent/s | served/s | rows kept per chunk | batch | RTT p50 ms | "
-          "RTT p99 ms | task mean s | task p25 s | task p95 s | tasks (unfinished) | driver late p99 ms |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+REAL_HEADER = ("| rung / robots | stalled % from arrival | stalled % mid-task (old) | actions/s | task mean s | task p25 s | "
+               "task p95 s | tasks | requests/s | served/s | rows kept / new per chunk | batch | RTT p50 / p99 ms | "
+               "driver late mean / p99 ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def real_row(first: str, r) -> str:
+    return (f"| {first} | {pm(r, 'stalled_arrival_pct')} | {pm(r, 'stalled_pct')} | {pm(r, 'actions_per_s', '.0f')} | "
+            f"{pm(r, 'latency_mean_s')} | {r.latency_p25_s:.2f} | {pm(r, 'latency_p95_s')} | {r.tasks_measured} | "
+            f"{r.requests_per_s:.1f} | {r.served_per_s:.1f} | {r.mean_kept_rows:.1f} / {r.mean_new_rows:.1f} | "
+            f"{r.server_batch_mean:.1f} | {r.rtt_p50_ms:.0f} / {r.rtt_p99_ms:.0f} | "
+            f"{r.driver_lateness_mean_ms:.1f} / {r.driver_lateness_p99_ms:.1f} |")
 
 
 def study(args) -> tuple[str, dict]:
     tasks = load_traces(args.traces) if args.traces else generate_traces(args.tasks, args.trace_seed)
-    st = Study(tasks, Path(args.out), args.fresh)
-    base = RunConfig(warmup_s=args.warmup_s, measure_s=args.measure_s)
-    out, data = [], {"ladder": [], "online": {}, "sensitivity": []}
+    rounds = [t.executed_rounds(False) for t in tasks]  # what the model replays: static horizons
+    seeds = list(range(args.seeds))
+    latency_s = model.gpu_latency(args.profile)
+    sat = saturation_batch_size({b: latency_s(b) for b in profile_batch_sizes(16)})
+    st = Study(tasks, Path(args.out), args.fresh, args.lock, getattr(args, "cached_only", False))
+    base = RunConfig(warmup_s=args.warmup_s, measure_s=args.measure_s, profile=args.profile)
+    sim_base = model.Config(duration_s=args.warmup_s + args.measure_s, warmup_s=args.warmup_s, buckets=base.buckets,
+                            aging=base.aging, first_request=base.first_request, trigger=base.trigger)
+    sims: dict = {}
+
+    def real_at(n: int, scheduler: str, max_batch: int):
+        return st.point(replace(base, robots=n, scheduler=scheduler, max_batch=str(max_batch)), seeds)
+
+    def sim_at(n: int, scheduler: str, max_batch: int, chunk_start: str = "after_buffer") -> model.Result:
+        key = (n, scheduler, max_batch, chunk_start)
+        if key not in sims:
+            sims[key] = model.simulate(replace(sim_base, robots=n, scheduler=scheduler, max_batch=max_batch,
+                                               chunk_start=chunk_start), rounds, latency_s, seeds)
+        return sims[key]
+
+    out, data = [], {"rungs": []}
     say = out.append
-    say(f"Profile (ms per forward pass): {GPU_PROFILE_MS}: {1000 / GPU_PROFILE_MS[1]:.1f} req/s at batch 1, "
-        f"{16000 / GPU_PROFILE_MS[16]:.1f} at 16 (4.8x). Traces: {describe(tasks)}. Fleet runs: {args.warmup_s:g} s "
-        f"warm-up, {args.measure_s:g} s measured; latency runs follow the tasks that start in the window to their end.\n")
-    say("Columns: *sent/s* observations the robots published, *served/s* chunks the server computed (a robot "
-        "whose request timed out sends again, and a newer observation replaces an unserved one in its slot); "
-        "*rows kept per chunk* the execution horizon a robot took from each chunk (its rows for steps already "
-        "executed are then dropped); *batch* the server's mean batch size over its last 256 passes; latency "
-        "columns only for runs that followed their tasks to the end.\n")
+    say(f"Profile `{args.profile}` (ms per forward pass by batch size): {model.PROFILES[args.profile]}; max batch of "
+        f"the batched rungs {sat} (its saturation batch size, as in the model). Traces: {describe(tasks)}; static "
+        f"horizons. Wait ratio: B = {base.buckets}, A = {base.aging}, first request `{base.first_request}` (the "
+        f"package's defaults). Send rule `{base.trigger}`. Every figure is the mean ± sample sd over {args.seeds} "
+        f"seeds (robot start offsets, task order) of {args.measure_s:g} s measured after {args.warmup_s:g} s "
+        f"warm-up; the model (`benchmarks/fleet.py`) runs the same traces, settings, window and seeds, with the "
+        f"chunk alignment of `make bench-fleet-sim` (*model*: a chunk starts after the buffered actions) and with "
+        f"the reference client's (*model, capture-aligned*: `chunk_start=capture`, a chunk starts at the step its "
+        f"observation was captured at). Task latency over the tasks that start in the window and end before it "
+        f"closes, in all three.\n")
 
-    if "ladder" in args.parts:
-        fleets = args.fixed_fleet
-        say("### Ablation ladder\n")
-        say(f"Each rung adds one lever to the one before. Largest fleet: the most robots (doing tasks back to back) "
-            f"with at most 1 % of control steps stalled, searched by runs of {args.measure_s:g} s. Task latency: "
-            f"mean / P25 / P95 (stalled %) with {' and '.join(map(str, fleets))} robots on every rung.\n")
-        say("| rung | largest fleet at <= 1 % stalled | vs first rung | " +
-            " | ".join(f"task latency s @ {n} robots" for n in fleets) + " |")
-        say("|---|---|---|" + "---|" * len(fleets))
-        searches, fixed = [], []
-        first_n = None
-        for rung, ((name, levers), guess) in enumerate(zip(LADDER + EXTRA_RUNGS, args.guesses), 1):
-            cfg = replace(base, **levers)
-            n, points = st.largest_fleet(cfg, guess, limit=args.max_fleet)
-            at_fixed = [st.run(replace(cfg, robots=k, drain_s=args.drain_s)) for k in fleets]
-            searches.append(points)
-            fixed.append(at_fixed)
-            first_n = first_n or max(n, 1)
-            cells = [f"{r['latency_mean_s']:.2f} / {r['latency_p25_s']:.2f} / {r['latency_p95_s']:.2f} "
-                     f"({r['stalled_pct']:.1f} %)" for r in at_fixed]
-            say(f"| {rung}. {name} | {n} | {n / first_n:.1f}x | " + " | ".join(cells) + " |")
-            data["ladder"].append({"name": name, "largest_fleet": n, "points": points, "fixed": at_fixed})
-        say("")
-        say("Every run of the searches:\n")
-        say(HEADER.format(first="rung / robots"))
-        for i, points in enumerate(searches):
-            for p in points:
-                say(fmt_row(p, f"{i + 1} / {p['config']['robots']}"))
-        say("")
-        for j, k in enumerate(fleets):
-            say(f"With {k} robots:\n")
-            say(HEADER.format(first="rung"))
-            for i, runs in enumerate(fixed):
-                say(fmt_row(runs[j], str(i + 1)))
-            say("")
-        if args.scale_fleet:
-            say(f"The full system (rung 5) with {args.scale_fleet} robots, past what one server sustains: the driver "
-                "keeps its 30 Hz ticks (lateness in the last column) and the server its throughput.\n")
-            say(HEADER.format(first="robots"))
-            big = st.run(replace(base, **LADDER[-1][1], robots=args.scale_fleet, drain_s=args.drain_s))
-            say(fmt_row(big, str(args.scale_fleet)))
-            say("")
-            data["scale"] = big
+    alone = real_at(1, "fifo", 1)
+    alone_sim = sim_at(1, "fifo", 1)
+    budget, budget_sim = alone.stalled_arrival_pct + 1.0, alone_sim.stalled_arrival_pct + 1.0
+    say(f"Capacity: the largest fleet (tasks back to back) with at most {budget:.2f} % of control steps stalled "
+        f"counted from arrival: 1 % above a robot alone on a dedicated server ({alone.stalled_arrival_pct:.2f} % "
+        f"real; {alone_sim.stalled_arrival_pct:.2f} % in the model, whose budget is {budget_sim:.2f} %), searched to "
+        f"one robot (the real search gallops from the capture-aligned model's answer, or the previous rung's real one "
+        f"at the same max batch, then bisects). A dedicated "
+        f"server per robot (LeRobot's policy server serves one robot) carries one robot, so a shared server's fleet "
+        f"is the number of dedicated servers it replaces. The old stall definition (mid-task only) is reported "
+        f"beside, not searched.\n")
+    rows, answers, missing = [], {}, []  # answers: max batch -> the last real capacity found with it
+    for name, kw in model.RUNGS:
+        sched, mb = kw["scheduler"], kw["max_batch"] or sat
+        n_sim = model.largest_fleet(lambda n: sim_at(n, sched, mb), "stalled_arrival_pct", budget_sim, args.max_fleet)
+        n_cap = model.largest_fleet(lambda n: sim_at(n, sched, mb, "capture"), "stalled_arrival_pct", budget_sim,
+                                    args.max_fleet)
+        points: dict[int, SimpleNamespace] = {}
 
-    if "online" in args.parts:
-        say("### Schedulers across arrival rates (online, Poisson task arrivals)\n")
-        say(f"Send trigger from RTT, static horizon; a pool of {args.pool} robots takes the arriving tasks; "
-            f"{args.warmup_s:g} s warm-up, tasks arriving in the next {args.online_measure_s:g} s followed to their end "
-            f"(at most {args.drain_s:g} s more).\n")
-        for batch, rates in (("1", args.rates_b1), ("auto", args.rates_bn)):
-            say(f"Max batch {batch}:\n")
-            say(HEADER.format(first="tasks/s / scheduler"))
-            rows = data["online"][batch] = []
-            for rate in rates:
-                for sched in SCHEDULERS:
-                    r = st.run(replace(base, scheduler=sched, max_batch=batch, mode="online", robots=args.pool,
-                                       rate_per_s=rate, measure_s=args.online_measure_s, drain_s=args.drain_s))
-                    rows.append(r)
-                    say(fmt_row(r, f"{rate:g} / {sched}"))
-            say("")
+        def at(n: int):
+            if n not in points:
+                points[n] = real_at(n, sched, mb)
+            return points[n]
 
-    if "sensitivity" in args.parts:
-        rate = args.sensitivity_rate
-        say(f"### wait_ratio settings at {rate:g} tasks/s, max batch auto\n")
-        say("Defaults B=10, A=1, first request ranked highest; one setting varies per row.\n")
-        say(HEADER.format(first="setting"))
-        online = replace(base, mode="online", robots=args.pool, rate_per_s=rate, max_batch="auto",
-                         measure_s=args.online_measure_s, drain_s=args.drain_s)
-        variants = [("fifo (reference)", dict(scheduler="fifo"))]
-        variants += [(f"B={b}", dict(scheduler="wait_ratio", buckets=b)) for b in args.sweep_buckets]
-        variants += [(f"A={a}", dict(scheduler="wait_ratio", aging=a)) for a in args.sweep_aging if a != 1]
-        variants += [(f"first request {f}", dict(scheduler="wait_ratio", first_request=f)) for f in ("mean", "lowest")]
-        for name, kw in variants:
-            r = st.run(replace(online, **kw))
-            data["sensitivity"].append({"name": name, **r})
-            say(fmt_row(r, name))
-        say("")
+        # The search starts from the previous rung's real answer at the same max batch (the model finds the
+        # orders within a robot of each other), else from the capture-aligned model's: a guess only saves points.
+        guess = answers.get(mb, max(1, int(n_cap.removeprefix(">= "))))
+        try:
+            with st.turn():  # one rung's search in one turn of the bench lock
+                n_real = model.largest_fleet(at, "stalled_arrival_pct", budget, args.max_fleet, start=guess)
+        except NotCached:  # --cached-only: this rung's search is not finished
+            fit = [k for k, v in points.items() if v.stalled_arrival_pct <= budget]
+            missing.append((name, points, f">= {max(fit)}" if fit else "?"))
+            continue
+        n = answers[mb] = max(1, int(n_real.removeprefix(">= ")))
+        rows.append((name, n_real, n_sim, n_cap, at(n), sim_at(n, sched, mb), sim_at(n, sched, mb, "capture"), points))
+        data["rungs"].append({"name": name, "real": n_real, "model": n_sim, "model_capture": n_cap,
+                              "points": {k: v.runs for k, v in sorted(points.items())}})
+
+    say("#### Real stack: capacity and figures at it\n")
+    say("| rung | robots | dedicated servers for the same fleet | actions/s | task mean s | task p25 s | "
+        "task p95 s | stalled % mid-task (old) | driver late p99 ms |\n|---|---|---|---|---|---|---|---|---|")
+    say(f"| dedicated server per robot (1 robot) | 1 | 1 | {pm(alone, 'actions_per_s', '.0f')} | "
+        f"{pm(alone, 'latency_mean_s')} | {alone.latency_p25_s:.2f} | {pm(alone, 'latency_p95_s')} | "
+        f"{pm(alone, 'stalled_pct')} | {alone.driver_lateness_p99_ms:.1f} |")
+    for name, n_real, _, _, r, *_ in rows:
+        say(f"| {name} | {n_real} | {n_real} | {pm(r, 'actions_per_s', '.0f')} | {pm(r, 'latency_mean_s')} | "
+            f"{r.latency_p25_s:.2f} | {pm(r, 'latency_p95_s')} | {pm(r, 'stalled_pct')} | "
+            f"{r.driver_lateness_p99_ms:.1f} |")
+    say("")
+
+    def trio(key: str, r, m, c, fmt: str = ".2f") -> str:
+        a, b, d = getattr(r, key), getattr(m, key), getattr(c, key)
+        return f"{a:{fmt}} / {b:{fmt}} / {d:{fmt}} ({ratio(a, b)}, {ratio(a, d)})"
+
+    def requests(m) -> SimpleNamespace:  # the model counts served requests; per second of window
+        return SimpleNamespace(requests_per_s=m.requests / args.seeds / args.measure_s)
+
+    say("#### Real against the model, same traces, settings, window and seeds\n")
+    say("Capacity by each one's own search and budget. The other columns at the real capacity N: real / model / "
+        "model, capture-aligned (real ÷ model, real ÷ capture-aligned model).\n")
+    say("| rung | capacity real / model / capture-aligned (ratios) | N | actions/s | task mean s | task p95 s | "
+        "stalled % from arrival | requests/s |\n|---|---|---|---|---|---|---|---|")
+    alone_cap = sim_at(1, "fifo", 1, "capture")
+    say(f"| dedicated server per robot | 1 / 1 / 1 | 1 | {trio('actions_per_s', alone, alone_sim, alone_cap, '.0f')} | "
+        f"{trio('latency_mean_s', alone, alone_sim, alone_cap)} | {trio('latency_p95_s', alone, alone_sim, alone_cap)} | "
+        f"{trio('stalled_arrival_pct', alone, alone_sim, alone_cap)} | "
+        f"{trio('requests_per_s', alone, requests(alone_sim), requests(alone_cap), '.1f')} |")
+    for name, n_real, n_sim, n_cap, r, m, c, _ in rows:
+        real_n, sim_n, cap_n = (float(x.removeprefix(">= ")) for x in (n_real, n_sim, n_cap))
+        say(f"| {name} | {n_real} / {n_sim} / {n_cap} ({ratio(real_n, sim_n)}, {ratio(real_n, cap_n)}) | {r.robots} | "
+            f"{trio('actions_per_s', r, m, c, '.0f')} | {trio('latency_mean_s', r, m, c)} | "
+            f"{trio('latency_p95_s', r, m, c)} | {trio('stalled_arrival_pct', r, m, c)} | "
+            f"{trio('requests_per_s', r, requests(m), requests(c), '.1f')} |")
+    say("")
+
+    if missing:
+        say("Searches not finished (cut short; a `--cached-only` report), with the largest fleet measured within "
+            "the budget so far: " + "; ".join(f"{name}: {low}" for name, _, low in missing) + ".\n")
+    say("#### Every point of the real searches\n")
+    say(REAL_HEADER)
+    say(real_row("dedicated / 1", alone))
+    for name, points in [(row[0], row[-1]) for row in rows] + [(name, points) for name, points, _ in missing]:
+        for n, r in sorted(points.items()):
+            say(real_row(f"{name} / {n}", r))
+    say("")
     return "\n".join(out), data
-
-
-def plots(data: dict, folder: Path) -> list[str]:
-    """PNG figures of the study; returns the written files' names."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    folder.mkdir(parents=True, exist_ok=True)
-    written = []
-    if data.get("ladder"):
-        fig, ax = plt.subplots(figsize=(8, 3.6))
-        names = [s["name"].replace(": ", ":\n").replace(" (LeRobot's own", "\n(LeRobot's own") for s in data["ladder"]]
-        values = [s["largest_fleet"] for s in data["ladder"]]
-        ax.barh(range(len(values)), values, color="#4c72b0")
-        ax.set_yticks(range(len(values)), names, fontsize=8)
-        ax.invert_yaxis()
-        for i, v in enumerate(values):
-            ax.text(v, i, f" {v}", va="center", fontsize=8)
-        ax.set_xlabel("largest fleet with <= 1 % of control steps stalled (robots)")
-        ax.set_title("Ablation ladder: one server, real Zenoh, GPU-like batch profile", fontsize=9)
-        fig.tight_layout()
-        fig.savefig(folder / "fleet_ladder.png", dpi=110)
-        plt.close(fig)
-        written.append("fleet_ladder.png")
-    if data.get("online"):
-        fig, axes = plt.subplots(1, len(data["online"]), figsize=(10, 3.6), squeeze=False)
-        for ax, (batch, rows) in zip(axes[0], data["online"].items()):
-            for sched, color in zip(SCHEDULERS, ("#4c72b0", "#55a868", "#c44e52")):
-                pts = sorted((r["config"]["rate_per_s"], r["latency_mean_s"], r["latency_p95_s"])
-                             for r in rows if r["config"]["scheduler"] == sched)
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=color, label=f"{sched} mean")
-                ax.plot([p[0] for p in pts], [p[2] for p in pts], "x--", color=color, alpha=0.6, label=f"{sched} P95")
-            ax.set_title(f"max batch {batch}", fontsize=9)
-            ax.set_xlabel("task arrivals per second")
-            ax.set_ylabel("task latency (s)")
-            ax.grid(alpha=0.3)
-        axes[0][0].legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(folder / "fleet_online.png", dpi=110)
-        plt.close(fig)
-        written.append("fleet_online.png")
-    return written
 
 
 BEGIN, END = "<!-- fleet-zenoh:begin (generated by benchmarks/fleet_zenoh.py) -->", "<!-- fleet-zenoh:end -->"
 
 
-def write_docs(path: Path, body: str, command: str, images: list[str]) -> None:
+def write_docs(path: Path, body: str, command: str) -> None:
     """Replace the generated block of the "Fleet over real Zenoh" section."""
-    pictures = "".join(f"![{name}](img/{name})\n\n" for name in images)
-    write_docs_block(path, BEGIN, END, "Fleet over real Zenoh", f"Command: `{command}`\n\n{pictures}{body}")
+    write_docs_block(path, BEGIN, END, "Fleet over real Zenoh", f"Command: `{command}`\n\n{body}")
 
 
 # ------------------------------------------------------------------------------------ CLI
@@ -688,12 +747,13 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     for name in ("run", "study"):
         s = sub.add_parser(name)
-        s.add_argument("--tasks", type=int, default=300, help="generated traces")
-        s.add_argument("--trace-seed", type=int, default=1)
+        s.add_argument("--tasks", type=int, default=fleet_traces.TASKS, help="generated traces")
+        s.add_argument("--trace-seed", type=int, default=fleet_traces.TRACE_SEED)
         s.add_argument("--traces", help="a JSON trace file (benchmarks/fleet_traces.py) instead of generated ones")
         s.add_argument("--out", default=str(OUT))
-        s.add_argument("--warmup-s", type=float, default=8.0)
-        s.add_argument("--measure-s", type=float, default=30.0)
+        s.add_argument("--warmup-s", type=float, default=RunConfig.warmup_s)
+        s.add_argument("--measure-s", type=float, default=RunConfig.measure_s)
+        s.add_argument("--profile", choices=sorted(model.PROFILES), default=RunConfig.profile)
     r = sub.choices["run"]
     for f in ("scheduler", "first_request", "trigger", "horizon", "mode", "max_batch"):
         r.add_argument("--" + f.replace("_", "-"), default=getattr(RunConfig, f))
@@ -702,28 +762,22 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--robots", type=int, default=RunConfig.robots)
     r.add_argument("--rate-per-s", type=float, default=RunConfig.rate_per_s)
     r.add_argument("--drain-s", type=float, default=0.0)
-    r.add_argument("--port", type=int, default=7521)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--port", type=int, default=None, help="the server's port (default: a free one)")
     r.add_argument("--json", help="write the result here")
     s = sub.choices["study"]
-    s.add_argument("--parts", nargs="+", default=["ladder", "online", "sensitivity"])
-    s.add_argument("--guesses", type=int, nargs="+", default=[6, 20, 40, 40, 60, 60], help="first fleet tried per rung")
-    s.add_argument("--fixed-fleet", type=int, nargs="+", default=[20, 45], help="fleets every rung's latency is measured at")
-    s.add_argument("--max-fleet", type=int, default=160, help="the capacity search stops here")
-    s.add_argument("--scale-fleet", type=int, default=100, help="one run of the full system with this many robots")
-    s.add_argument("--pool", type=int, default=160)
-    s.add_argument("--online-measure-s", type=float, default=40.0)
-    s.add_argument("--drain-s", type=float, default=30.0)
-    s.add_argument("--rates-b1", type=float, nargs="+", default=[0.8, 1.0, 1.2, 1.6])
-    s.add_argument("--rates-bn", type=float, nargs="+", default=[4.0, 5.0, 6.0, 8.0])
-    s.add_argument("--sensitivity-rate", type=float, default=5.0, help="tasks/s (max batch auto)")
-    s.add_argument("--sweep-buckets", type=int, nargs="+", default=[1, 10, 100])
-    s.add_argument("--sweep-aging", type=int, nargs="+", default=[1, 4, 1000])
+    s.add_argument("--seeds", type=int, default=3)
+    s.add_argument("--max-fleet", type=int, default=64, help="the capacity searches stop here")
+    s.add_argument("--lock", help="take this file's lock (flock) for each point that needs runs, e.g. "
+                                  "/work/notes/bench.lock, so that other benchmarks of the machine do not overlap")
     s.add_argument("--fresh", action="store_true", help="re-run configurations that have a cached result")
-    s.add_argument("--write-docs", help="rewrite the generated block of this markdown file and its img/ figures")
+    s.add_argument("--cached-only", action="store_true",
+                   help="run nothing: report the rungs whose searches the cache completes, list the others")
+    s.add_argument("--write-docs", help="rewrite the generated block of this markdown file")
     w = sub.add_parser("traces", help="write the generated traces to a JSON file")
     w.add_argument("path")
-    w.add_argument("--tasks", type=int, default=300)
-    w.add_argument("--trace-seed", type=int, default=1)
+    w.add_argument("--tasks", type=int, default=fleet_traces.TASKS)
+    w.add_argument("--trace-seed", type=int, default=fleet_traces.TRACE_SEED)
     args = p.parse_args(argv)
 
     if args.command == "traces":
@@ -735,21 +789,22 @@ def main(argv: list[str] | None = None) -> int:
         tasks = load_traces(args.traces) if args.traces else generate_traces(args.tasks, args.trace_seed)
         cfg = RunConfig(scheduler=args.scheduler, buckets=args.buckets, aging=args.aging,
                         first_request=args.first_request, max_batch=str(args.max_batch), trigger=args.trigger,
-                        horizon=args.horizon, mode=args.mode, robots=args.robots, rate_per_s=args.rate_per_s,
-                        warmup_s=args.warmup_s, measure_s=args.measure_s, drain_s=args.drain_s)
+                        horizon=args.horizon, profile=args.profile, mode=args.mode, robots=args.robots,
+                        rate_per_s=args.rate_per_s, warmup_s=args.warmup_s, measure_s=args.measure_s,
+                        drain_s=args.drain_s, seed=args.seed)
         result = run(cfg, tasks, Path(args.out), port=args.port)
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1))
         return 0
+    # SIGTERM unwinds like Ctrl-C: the server process of the run in progress is stopped, not orphaned
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     t0 = time.perf_counter()
-    body, data = study(args)
+    body, _ = study(args)
     print(body)
     print(f"({(time.perf_counter() - t0) / 60:.1f} min)", file=sys.stderr)
     if args.write_docs:
-        docs = Path(args.write_docs)
-        images = plots(data, docs.parent / "img")
         command = "python benchmarks/fleet_zenoh.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        write_docs(docs, body, command.strip(), images)
+        write_docs(Path(args.write_docs), body, command.strip())
     return 0
 
 

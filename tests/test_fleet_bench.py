@@ -7,13 +7,18 @@ not how fast anything is.
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
 from benchmarks import fleet as fleet_model
 from benchmarks.fleet_traces import CHUNK_SIZE, Task, generate_traces, load_traces, write_traces
-from benchmarks.fleet_zenoh import RunConfig, Study, manifest, run
+from benchmarks import fleet_zenoh
+from benchmarks.fleet_server import register
+from benchmarks.fleet_zenoh import RunConfig, Study, aggregate, manifest, run
 from lerobot_zenoh.server.manifest import Manifest
 
 
@@ -42,27 +47,30 @@ def test_traces_round_trip_through_json(tmp_path):
 
 
 def test_generated_manifests_are_valid_for_every_lever(tmp_path):
+    register()  # what the benchmark's server launcher does: the FIFO-running-first rung is a plugin
     for kw in (dict(), dict(scheduler="wait_ratio", buckets=5, aging=2, first_request="lowest"),
-               dict(max_batch="auto", horizon="dynamic")):
+               dict(max_batch="auto", horizon="dynamic"), dict(scheduler="fifo_running_first", max_batch="16")):
         m = Manifest.model_validate(manifest(RunConfig(**kw), port=7999))
-        assert m.server[0].max_batch_size == ("auto" if kw.get("max_batch") == "auto" else 1)
+        assert m.server[0].max_batch_size == {"auto": "auto", "16": 16}.get(kw.get("max_batch"), 1)
 
 
-def test_largest_fleet_search_brackets_the_stall_budget(tmp_path):
-    """The search with a fake run whose stalls start above 23 robots."""
-    study = Study([], tmp_path, fresh=True)
+def test_largest_fleet_search_from_a_guess_is_exact_to_one_robot():
+    """The real study's search (the model's, started from a guess) with a fake run whose stalls start above 23 robots."""
     tried = []
 
-    def fake(cfg):
-        tried.append(cfg.robots)
-        return {"stalled_pct": 0.2 if cfg.robots <= 23 else 5.0, "config": {"robots": cfg.robots}}
+    def fake(n):
+        tried.append(n)
+        return SimpleNamespace(stalled_arrival_pct=0.2 if n <= 23 else 5.0)
 
-    study.run = fake
-    for guess in (5, 23, 40):
+    for guess in (1, 5, 22, 23, 24, 40):
         tried.clear()
-        n, points = study.largest_fleet(RunConfig(), guess)
-        assert 0.92 * 23 <= n <= 23 and n in tried, (guess, n, tried)  # within the search's 8 % resolution
+        n = fleet_model.largest_fleet(fake, "stalled_arrival_pct", start=guess)
+        assert n == "23" and 23 in tried and 24 in tried, (guess, n, tried)
         assert len(tried) <= 12
+    tried.clear()
+    assert fleet_model.largest_fleet(fake, "stalled_arrival_pct", start=23) == "23" and tried == [23, 24]  # a good guess: 2 points
+    assert fleet_model.largest_fleet(fake, "stalled_arrival_pct", limit=20, start=5) == ">= 20"
+    assert fleet_model.largest_fleet(lambda n: SimpleNamespace(s=9.0), "s", start=4) == "0"
 
 
 def test_the_model_runs_the_shared_traces_static_and_dynamic():
@@ -80,14 +88,14 @@ def test_the_model_runs_the_shared_traces_static_and_dynamic():
 def test_a_short_fleet_run_over_real_zenoh(tmp_path):
     tasks = generate_traces(50, seed=1)
     base = RunConfig(robots=4, max_batch="auto", warmup_s=2.0, measure_s=5.0)
-    static = run(base, tasks, tmp_path / "static", port=7531, verbose=False)
+    static = run(base, tasks, tmp_path / "static", verbose=False)
     assert static["chunks"] > 0 and static["actions_per_s"] > 0
+    assert static["stalled_arrival_pct"] > static["stalled_pct"]  # each task's wait for its first chunk counts too
     assert static["server_inferences"] > 0
     # the robot keeps the task's static horizon: never more than the largest static H
     assert static["mean_kept_rows"] <= max(t.static_h for t in tasks)
 
-    dynamic = run(replace(base, horizon="dynamic", scheduler="wait_ratio"), tasks, tmp_path / "dynamic", port=7532,
-                  verbose=False)
+    dynamic = run(replace(base, horizon="dynamic", scheduler="wait_ratio"), tasks, tmp_path / "dynamic", verbose=False)
     assert dynamic["chunks"] > 0
     # the server's diffusion_confidence horizon (from the synthetic model's updates) is what the robots
     # keep: longer than the static horizon on these traces
@@ -125,3 +133,81 @@ def test_largest_fleet_is_exact_to_one_robot():
 
     assert fleet_model.largest_fleet(fake, "stalled_pct") == "23"
     assert fleet_model.largest_fleet(lambda n: fake(1), "stalled_pct", limit=64) == ">= 64"
+
+
+def fake_result(cfg: RunConfig) -> dict:
+    """A run's result with stalls over 2 % above 5 robots one at a time or 11 batched, and seed-dependent throughput."""
+    over = cfg.robots > (5 if cfg.max_batch == "1" else 11)
+    figures = {k: 1.0 for k in fleet_zenoh.METRICS}
+    figures.update(stalled_arrival_pct=4.0 if over else 1.5 if cfg.robots > 1 else 1.0, stalled_pct=0.0,
+                   actions_per_s=30.0 * cfg.robots + cfg.seed, latency_mean_s=math.nan if cfg.seed == 2 else 5.0 + cfg.seed)
+    return {"config": {"robots": cfg.robots}, "tasks_measured": 3, **figures}
+
+
+def test_the_cache_key_holds_the_configuration_and_the_code_version(monkeypatch, tmp_path):
+    cfg = RunConfig()
+    assert cfg.key() == RunConfig().key() != replace(cfg, seed=1).key() != replace(cfg, robots=11).key()
+    assert len(fleet_zenoh.code_version()) == 16
+    key_now = cfg.key()
+    monkeypatch.setattr(fleet_zenoh, "_CODE_VERSION", ["another version"])
+    assert cfg.key() != key_now  # a result measured on other code is not reused
+
+    calls = []
+    monkeypatch.setattr(fleet_zenoh, "run", lambda c, tasks, out: calls.append(c) or fake_result(c))
+    study = Study([], tmp_path, fresh=False)
+    first = study.run(cfg)
+    assert study.run(cfg) == first and len(calls) == 1  # cached
+    stored = json.loads((tmp_path / "runs" / f"{cfg.key()}.json").read_text())
+    assert stored["code_version"] == "another version" and stored["git"]
+    assert Study([], tmp_path, fresh=True).run(cfg) and len(calls) == 2  # --fresh runs it again
+
+
+def test_seeds_are_aggregated_as_mean_and_sample_sd_nan_seeds_left_out():
+    runs = [fake_result(RunConfig(robots=4, seed=s)) for s in (0, 1, 2)]
+    r = aggregate(runs)
+    assert r.actions_per_s == pytest.approx(121.0) and r.sd["actions_per_s"] == pytest.approx(1.0)
+    assert r.latency_mean_s == pytest.approx(5.5) and r.sd["latency_mean_s"] == pytest.approx(math.sqrt(0.5))
+    assert r.robots == 4 and r.tasks_measured == 9 and r.runs == runs
+    assert fleet_model.pm(r, "actions_per_s", ".0f") == "121 ± 1"
+
+
+def test_the_study_searches_every_rung_and_sets_it_beside_the_model(monkeypatch, tmp_path):
+    monkeypatch.setattr(fleet_zenoh, "run", lambda c, tasks, out: fake_result(c))
+    args = SimpleNamespace(traces=None, tasks=20, trace_seed=1, seeds=3, profile="gpu", out=str(tmp_path), fresh=False,
+                           lock=str(tmp_path / "bench.lock"), warmup_s=2.0, measure_s=6.0, max_fleet=16)
+    body, data = fleet_zenoh.study(args)
+    assert [r["name"] for r in data["rungs"]] == [name for name, _ in fleet_model.RUNGS]
+    assert {r["real"] for r in data["rungs"]} == {"5", "11"}  # exact to one robot on every rung
+    assert all(r["model"] and r["model_capture"] for r in data["rungs"])
+    for name, _ in fleet_model.RUNGS:
+        assert body.count(f"| {name} |") == 2  # the real table and the real-vs-model table
+    assert "dedicated server per robot" in body and "capture-aligned (ratios)" in body
+    assert all(len(runs) == 3 for r in data["rungs"] for runs in r["points"].values())  # 3 seeds per point
+
+    def no_run(*_):
+        raise AssertionError("--cached-only ran something")
+
+    monkeypatch.setattr(fleet_zenoh, "run", no_run)
+    again, _ = fleet_zenoh.study(SimpleNamespace(**{**vars(args), "cached_only": True}))
+    assert again == body  # a report from the cache alone
+    batched = replace(RunConfig(warmup_s=2.0, measure_s=6.0), scheduler="wait_ratio", max_batch="16", robots=12, seed=1)
+    (tmp_path / "runs" / f"{batched.key()}.json").unlink()  # an interrupted search
+    partial, data = fleet_zenoh.study(SimpleNamespace(**{**vars(args), "cached_only": True}))
+    assert "Searches not finished" in partial and "wait ratio, batched: >= 11" in partial.split("Searches not finished")[1]
+    assert [r["name"] for r in data["rungs"]] == [name for name, _ in fleet_model.RUNGS[:-1]]
+
+
+def test_the_model_aligned_at_capture_buys_fewer_actions_per_request():
+    """chunk_start=capture (the reference client's alignment): a request sent L actions ahead buys H - L new
+    ones, so the same tasks take more requests and finish later, and nothing else changes for a robot alone."""
+    traces = [t.executed_rounds(False) for t in generate_traces(30, seed=2)]
+    latency = fleet_model.gpu_latency()
+    base = fleet_model.Config(robots=1, duration_s=120.0, warmup_s=5.0)
+    after = fleet_model.FleetSim(base, traces, latency).run()
+    capture = fleet_model.FleetSim(replace(base, chunk_start="capture"), traces, latency).run()
+    assert capture.requests > 1.1 * after.requests
+    assert capture.tasks_done >= after.tasks_done - 1 and capture.stalled_pct < 1.0  # alone, still no mid-task stall
+    assert capture.actions_per_s == pytest.approx(after.actions_per_s, rel=0.05)
+    loaded = replace(base, robots=10)  # one at a time: the extra requests saturate the server
+    assert (fleet_model.FleetSim(replace(loaded, chunk_start="capture"), traces, latency).run().stalled_arrival_pct
+            > fleet_model.FleetSim(loaded, traces, latency).run().stalled_arrival_pct + 5)
