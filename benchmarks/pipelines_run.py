@@ -17,6 +17,8 @@ and a deployment, every run:
                 with its components taking turns is not a deployment the generator writes): one
                 server per component of a robot while servers last (robots dealt over the task
                 classes in turn), the other robots unserved; no rate cap below 1 / t_act;
+     planned-uncapped  (a diagnostic, `--deployments planned-uncapped`) the planner's placement,
+                batching and routing with the robots capped at 1 / t_act instead of the planned rate;
 2. starts every server of the deployment as written (`python -m lerobot_zenoh.cli.server
    --manifest=manifests/srvN.yaml`, one process each: what servers.sh runs), synthetic components
    sleeping the profile's batch latency (`batch_latency_ms`, linear in the batch size as
@@ -57,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.pipelines_plan import (  # noqa: E402
+from benchmarks.pipelines_plan import (
     S1,
     TASKS,
     VLM3,
@@ -67,8 +69,8 @@ from benchmarks.pipelines_plan import (  # noqa: E402
     dedicated_per_model,
     shared,
 )
-from lerobot_zenoh.pipelines.descriptor import OBLIGATION_KINDS, Factory, parse_factory  # noqa: E402
-from lerobot_zenoh.pipelines.profiles import (  # noqa: E402
+from lerobot_zenoh.pipelines.descriptor import OBLIGATION_KINDS, Factory, parse_factory
+from lerobot_zenoh.pipelines.profiles import (
     ROSA_SERVICE,
     Profiles,
     ServiceModel,
@@ -180,7 +182,13 @@ def shared_plan(factory: Factory, profiles: Profiles):
 
 def dedicated_plan(factory: Factory, profiles: Profiles):
     """Baseline 2 as a Plan: a server per component of each robot while servers last; rate 1 / t_act."""
-    from lerobot_zenoh.pipelines.planner import Plan, ServerPlan, Share, f_upper, robot_ids
+    from lerobot_zenoh.pipelines.planner import (
+        Plan,
+        ServerPlan,
+        Share,
+        f_upper,
+        robot_ids,
+    )
 
     rates = {c.task: f_upper(factory.tasks[c.task]) for c in factory.fleet}
     next_id = {c.task: 0 for c in factory.fleet}
@@ -201,11 +209,19 @@ def dedicated_plan(factory: Factory, profiles: Profiles):
     return Plan(servers, rates, routing, robot_task, total, total, 0.0, 0)
 
 
+def uncapped(the_plan, factory: Factory):
+    """A diagnostic: the planner's placement, batching and routing, its robots capped at 1 / t_act only."""
+    from lerobot_zenoh.pipelines.planner import f_upper
+
+    the_plan.rates_hz = {c.task: f_upper(factory.tasks[c.task]) for c in factory.fleet}
+    return the_plan
+
+
 def predicted(deployment: str, factory: Factory, profiles: Profiles) -> float:
     """benchmarks/pipelines_plan.py's evaluation of the same configuration (chunks/s)."""
     from lerobot_zenoh.pipelines.planner import Infeasible, plan
 
-    if deployment == "planned":
+    if deployment.startswith("planned"):
         try:
             return plan(factory, profiles).throughput_hz
         except Infeasible:
@@ -251,7 +267,8 @@ def run_one(workload: str, robots: int, deployment: str, *, servers: int = 8, sc
     factory = parse_factory(data)
     profiles = scaled_profiles(scale)
     the_plan = {"planned": lambda: plan(factory, profiles), "shared": lambda: shared_plan(factory, profiles),
-                "dedicated": lambda: dedicated_plan(factory, profiles)}[deployment]()
+                "dedicated": lambda: dedicated_plan(factory, profiles),
+                "planned-uncapped": lambda: uncapped(plan(factory, profiles), factory)}[deployment]()
     tmp = tempfile.TemporaryDirectory(prefix="lz-rosa-") if workdir is None else None
     out = write_deployment(factory, the_plan, Path(tmp.name if tmp else workdir) / tag)
     used = sorted({i for routes in the_plan.routing.values() for i in routes.values()})
@@ -311,7 +328,7 @@ def tally(factory: Factory, per_robot: dict, seconds: float) -> dict:
     robots_qualified = overruns = 0
     s1_p99 = []
     misses: dict[str, int] = {}
-    for rid, r in per_robot.items():
+    for r in per_robot.values():
         task = factory.tasks[r["task"]]
         d = r["delta"]
         s1 = task.component("system1")[0]
@@ -407,9 +424,9 @@ def spread(xs: list[float]) -> str:
 
 
 def table(rows: list[dict], scale: float) -> str:
-    lines = [f"| workload | robots | deployment | measured qualified chunks/s (mean ± sd, n) | model | "
+    lines = [("| workload | robots | deployment | measured qualified chunks/s (mean ± sd, n) | model | "
              "System 1 met / asked per s | robots whose other components met their SLOs | System 1 p99 ms (worst robot) | "
-             "misses (component: count, all runs) |", "|---|---|---|---|---|---|---|---|---|"]
+             "misses (component: count, all runs) |"), "|---|---|---|---|---|---|---|---|---|"]
     keyed: dict[tuple, list[dict]] = {}
     for r in rows:
         keyed.setdefault((r["workload"], r["robots"], r["deployment"]), []).append(r)
@@ -425,18 +442,33 @@ def table(rows: list[dict], scale: float) -> str:
                      f"{statistics.mean(r['s1_requests_hz'] for r in rs):.1f} | "
                      f"{statistics.mean(r['robots_qualified'] for r in rs):.1f} of {rs[0]['robots_run']} | "
                      f"{max((r['s1_latency_ms_p99_max'] or 0) for r in rs):.0f} | {miss} |")
-    lines += ["", "| workload | robots | planned / shared measured (model) | planned / dedicated measured (model) | "
-              f"Rosa |", "|---|---|---|---|---|"]
+    lines += ["", ("| workload | robots | planned / shared measured (model) | planned / dedicated measured (model) | "
+              "Rosa |"), "|---|---|---|---|---|"]
     for wl, k in dict.fromkeys((r["workload"], r["robots"]) for r in rows):
-        def mean(dep, field):
+        def mean(dep, field, wl=wl, k=k):
             rs = keyed.get((wl, k, dep)) or next((v for (w, _, d), v in keyed.items() if w == wl and d == dep), None)
             return statistics.mean(r[field] for r in rs) if rs else None
 
         p, s, d = (mean(x, "qualified_hz") for x in ("planned", "shared", "dedicated"))
         pm, sm, dm = (mean(x, "predicted_hz") for x in ("planned", "shared", "dedicated"))
-        ratio = lambda a, b: "-" if a is None or b is None else (f"{a / b:.2f}x" if b > 0 else ("inf" if a > 0 else "-"))  # noqa: E731
+        ratio = lambda a, b: "-" if a is None or b is None else (f"{a / b:.2f}x" if b > 0 else ("inf" if a > 0 else "-"))
         lines.append(f"| {wl} | {k} | {ratio(p, s)} ({ratio(pm, sm)}) | {ratio(p, d)} ({ratio(pm, dm)}) | "
                      f"{ROSA_SHARED}x / {ROSA_DEDICATED}x |")
+    lines += ["", ("| workload | peak planned (robots) | peak shared (robots) | peak dedicated | planned / shared, peaks "
+              "measured (model) | planned / dedicated, peaks measured (model) | Rosa (planned / shared, / dedicated) |"),
+              "|---|---|---|---|---|---|---|"]
+    for wl in dict.fromkeys(r["workload"] for r in rows):
+        peak = {}
+        for dep in ("planned", "shared", "dedicated"):
+            pts = [(statistics.mean(r["qualified_hz"] for r in rs), statistics.mean(r["predicted_hz"] for r in rs), k)
+                   for (w, k, d), rs in keyed.items() if w == wl and d == dep]
+            if pts:
+                peak[dep] = (max(pts)[0], max(p[1] for p in pts), max(pts)[2])
+        if len(peak) < 3:
+            continue
+        (p, pm, pk), (s_, sm, sk), (d, dm, _) = peak["planned"], peak["shared"], peak["dedicated"]
+        lines.append(f"| {wl} | {p:.1f} ({pk}) | {s_:.1f} ({sk}) | {d:.1f} | {p / s_:.2f}x ({pm / sm:.2f}x) | "
+                     f"{p / d:.2f}x ({pm / dm:.2f}x) | {ROSA_SHARED}x, {ROSA_DEDICATED}x |")
     return "\n".join(lines)
 
 

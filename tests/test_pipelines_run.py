@@ -7,7 +7,13 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from benchmarks.pipelines_run import dedicated_plan, factory_doc, scaled_profiles, shared_plan, tally
+from benchmarks.pipelines_run import (
+    dedicated_plan,
+    factory_doc,
+    scaled_profiles,
+    shared_plan,
+    tally,
+)
 from lerobot_zenoh.pipelines.deployment import write_deployment
 from lerobot_zenoh.pipelines.descriptor import parse_factory
 from lerobot_zenoh.pipelines.planner import evaluate_server
