@@ -1,7 +1,8 @@
 """Rosa's workloads run on the real stack: planned fleet vs shared servers vs dedicated servers, measured.
 
     PYTHONPATH=. python benchmarks/pipelines_run.py [--workloads P4 Mix2] [--sizes 8 16] [--seeds 3]
-        [--scale 2] [--seconds 20] [--json outputs/pipelines_run.json]
+        [--scale 2] [--seconds 15] [--json outputs/pipelines_run.jsonl] [--write-docs docs/benchmarks.md]
+    PYTHONPATH=. python benchmarks/pipelines_run.py --report outputs/pipelines_run.jsonl [--write-docs ...]
 
 For one workload (benchmarks/pipelines_plan.py: P1-P4, Mix2, Mix4 of Rosa's Tables 1-2), a fleet size
 and a deployment, every run:
@@ -472,6 +473,21 @@ def table(rows: list[dict], scale: float) -> str:
     return "\n".join(lines)
 
 
+BEGIN, END = "<!-- pipelines_run:begin -->", "<!-- pipelines_run:end -->"
+
+
+def write_block(path: Path, text: str) -> None:
+    import re
+
+    doc = path.read_text()
+    block = f"{BEGIN}\n{text}\n{END}"
+    if BEGIN in doc:
+        doc = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, doc, flags=re.DOTALL)
+    else:
+        doc += "\n" + block + "\n"
+    path.write_text(doc)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd")
@@ -495,12 +511,16 @@ def main(argv=None) -> int:
     ap.add_argument("--robot-procs", type=int, default=2)
     ap.add_argument("--json", help="append each run's result to this JSON-lines file")
     ap.add_argument("--report", help="print the tables of the runs in this JSON-lines file (no run)")
+    ap.add_argument("--write-docs", help="with --report: rewrite the generated block of this markdown file")
     args = ap.parse_args(argv)
     if args.cmd == "robots":
         return robots_main(args)
     if args.report:
         rows = [json.loads(line) for line in Path(args.report).read_text().splitlines() if line.strip()]
-        print(table(rows, rows[0]["scale"] if rows else args.scale))
+        text = table(rows, rows[0]["scale"] if rows else args.scale)
+        print(text)
+        if args.write_docs:
+            write_block(Path(args.write_docs), text)
         return 0
     rows = []
     for wl in args.workloads:
@@ -521,7 +541,10 @@ def main(argv=None) -> int:
                     if args.json:
                         with open(args.json, "a") as fh:
                             fh.write(json.dumps(row) + "\n")
-    print(table(rows, args.scale))
+    text = table(rows, args.scale)
+    print(text)
+    if args.write_docs:
+        write_block(Path(args.write_docs), text)
     return 0
 
 
