@@ -130,6 +130,15 @@ bench: $(BENCH_STAMP)
 bench-codec: $(STAMP)
 	$(PY) benchmarks/codec.py
 
+# Rosa's workloads on the real stack (docs/benchmarks.md, "Multi-model pipelines: planned fleet vs
+# baselines, measured"; rewrites its generated block): planned, shared and dedicated deployments written by the deployment code,
+# server processes from their manifests, the real pipeline clients; ~25 min on 2 cores with the
+# defaults (P4 and Mix2 at 8, 16, 32 robots, 3 runs each). PIPELINES_RUN_ARGS="--sizes 8 --seeds 1" ...
+PIPELINES_RUN_ARGS ?= --workloads P4 Mix2 --sizes 8 16 32 --seeds 3 --seconds 15 --warmup 5
+.PHONY: bench-pipelines-run
+bench-pipelines-run: $(STAMP)
+	$(PY) benchmarks/pipelines_run.py $(PIPELINES_RUN_ARGS) --write-docs docs/benchmarks.md
+
 # A multi-model task's bytes on the link per control decision: published once vs once per component
 # (docs/benchmarks.md, "Multi-model pipelines: bytes on the link"; iptables counters need root).
 .PHONY: bench-pipeline-bytes
