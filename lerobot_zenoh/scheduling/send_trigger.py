@@ -48,7 +48,7 @@ The send rule (:class:`SendTrigger`)
     after its request was presumed lost still yields an RTT sample and its actions are still
     merged (the action buffer discards what is stale); it just no longer holds a slot.
 
-Re-fetch (docs/protocol.md §10.7; ``SendTriggerConfig.refetch_after_s``, off when None)
+Re-fetch (docs/protocol.md §10.7; ``SendTriggerConfig.refetch_after_s``; off here until the client sets it)
     A request still unanswered ``refetch_after_s`` after it was last published is due for a refresh
     (:meth:`SendTrigger.refresh_due`): the client captures again and publishes the capture as a new
     observation that names the request (``refreshes_seq_id``), :meth:`SendTrigger.on_refresh`; then
@@ -239,7 +239,7 @@ class SendTriggerConfig:
     refetch_after_s: float | None = field(
         default=None,
         metadata={"help": "Re-fetch: a request unanswered this long is refreshed with a new capture, every this "
-                          "many seconds until answered or timed out (docs/protocol.md §10.7), only toward a server whose "
+                          "many seconds until answered or timed out (docs/protocol.md, section 10.7), only toward a server whose "
                           "status says it takes refreshes. None (default): 0.1 s or the model's median inference time if "
                           "longer, but off with real-time chunking and for a multi-model task; 0: off."},
     )
