@@ -9,8 +9,16 @@ compress to almost nothing and flatter every JPEG-based path).
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -198,3 +206,48 @@ def cpu_s() -> float:
 def jpeg_sizes(frames: dict[str, list[np.ndarray]], quality: int = JPEG_QUALITY) -> dict[str, float]:
     return {cam: float(np.mean([len(cv2.imencode(".jpg", f, [cv2.IMWRITE_JPEG_QUALITY, quality])[1]) for f in fs]))
             for cam, fs in frames.items()}
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class ServerProcess:
+    """A policy server on `manifest` (a dict written to a temporary YAML file), in its own process
+    running this checkout's code; `ready()`, when given, is polled until true (at most `ready_timeout_s`)
+    before the block starts. Stopped with SIGTERM at exit (killed after `stop_timeout_s`)."""
+
+    def __init__(self, manifest: dict, log_path: Path, *, launcher: Sequence[str] = ("-m", "lerobot_zenoh.cli.server"),
+                 ready: Callable[[], bool] | None = None, ready_timeout_s: float = 180.0, stop_timeout_s: float = 10.0):
+        self.manifest, self.log_path, self.launcher = manifest, Path(log_path), tuple(launcher)
+        self.ready, self.ready_timeout_s, self.stop_timeout_s = ready, ready_timeout_s, stop_timeout_s
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> ServerProcess:
+        import yaml
+
+        self._folder = Path(tempfile.mkdtemp(prefix="lz-bench-"))
+        path = self._folder / "manifest.yaml"
+        path.write_text(yaml.safe_dump(self.manifest))
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in __exit__
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen([sys.executable, *self.launcher, "--manifest", str(path)], stdout=self._log,
+                                     stderr=subprocess.STDOUT, env=env)
+        if self.ready is not None:
+            deadline = time.monotonic() + self.ready_timeout_s
+            while not self.ready():
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.__exit__(None, None, None)
+                    raise RuntimeError(f"the server did not come up; see {self.log_path}")
+                time.sleep(0.3)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        shutil.rmtree(self._folder, ignore_errors=True)

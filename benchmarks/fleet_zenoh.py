@@ -68,23 +68,19 @@ import hashlib
 import inspect
 import json
 import math
-import os
 import queue
 import secrets
-import shutil
 import signal
 import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -101,6 +97,7 @@ from benchmarks.fleet_traces import (  # noqa: E402
     load_traces,
     write_traces,
 )
+from benchmarks.common import ServerProcess  # noqa: E402
 from benchmarks.harness import write_docs_block  # noqa: E402
 from lerobot_zenoh.errors import ProtocolError  # noqa: E402
 from lerobot_zenoh.protocol import codec  # noqa: E402
@@ -172,35 +169,6 @@ def manifest(cfg: RunConfig, port: int) -> dict:
     return {"cluster_uuid": APP.cluster, "experiment_tag": APP.experiment, "server_id": SERVER_ID,
             "telemetry_period_s": 1.0, "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False},
             "server": [entry]}
-
-
-class ServerProcess:
-    """`lerobot-policy-server` on a generated manifest, in its own process (`benchmarks/fleet_server.py`:
-    the server with the benchmarks' scheduler registered)."""
-
-    def __init__(self, cfg: RunConfig, port: int, log_path: Path):
-        self.cfg, self.port, self.log_path = cfg, port, log_path
-        self.proc: subprocess.Popen | None = None
-
-    def __enter__(self) -> ServerProcess:
-        self._folder = Path(tempfile.mkdtemp(prefix="fleet-"))
-        path = self._folder / "manifest.yaml"
-        path.write_text(yaml.safe_dump(manifest(self.cfg, self.port)))
-        self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "fleet_server.py"), "--manifest", str(path)],
-                                     stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        shutil.rmtree(self._folder, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------ robots
@@ -332,7 +300,7 @@ def run(cfg: RunConfig, tasks: list[Task], out: Path = OUT, port: int | None = N
     inbox: queue.SimpleQueue = queue.SimpleQueue()
     telemetry: list[tuple[float, bytes]] = []  # (arrival, payload), decoded after the run
     started = time.perf_counter()
-    with ServerProcess(cfg, port, out / "server.log") as server, \
+    with ServerProcess(manifest(cfg, port), out / "server.log", launcher=(str(ROOT / "benchmarks" / "fleet_server.py"),)) as server, \
             ZenohSession(loopback_settings(connect_ports=(port,))).open() as session:
         deadline = time.monotonic() + 60
         while not session.query(APP.status, 0.5):

@@ -32,26 +32,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import queue
 import secrets
-import shutil
-import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import ServerProcess  # noqa: E402
 from lerobot_zenoh.errors import ProtocolError  # noqa: E402
 from lerobot_zenoh.protocol import codec  # noqa: E402
 from lerobot_zenoh.protocol.keys import AppKey  # noqa: E402
@@ -99,35 +94,6 @@ def manifest(cfg: RunConfig, port: int) -> dict:
     return {"cluster_uuid": APP.cluster, "experiment_tag": APP.experiment, "server_id": SERVER_ID,
             "telemetry_period_s": 0.5, "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False},
             "server": [entry]}
-
-
-class ServerProcess:
-    """The policy server on a generated manifest, in its own process (this checkout's code)."""
-
-    def __init__(self, cfg: RunConfig, port: int, log_path: Path):
-        self.cfg, self.port, self.log_path = cfg, port, log_path
-        self.proc: subprocess.Popen | None = None
-
-    def __enter__(self) -> ServerProcess:
-        self._folder = Path(tempfile.mkdtemp(prefix="refetch-"))
-        path = self._folder / "manifest.yaml"
-        path.write_text(yaml.safe_dump(manifest(self.cfg, self.port)))
-        self._log = open(self.log_path, "w")
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "lerobot_zenoh.cli.server", "--manifest", str(path)],
-                                     stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        shutil.rmtree(self._folder, ignore_errors=True)
 
 
 @dataclass
@@ -213,7 +179,7 @@ def run(cfg: RunConfig, out: Path = OUT, verbose: bool = True) -> dict:
     port = free_port()
     inbox: queue.SimpleQueue = queue.SimpleQueue()
     telemetry: list[tuple[float, bytes]] = []
-    with ServerProcess(cfg, port, out / "server.log") as server, \
+    with ServerProcess(manifest(cfg, port), out / "server.log") as server, \
             ZenohSession(loopback_settings(connect_ports=(port,))).open() as session:
         deadline = time.monotonic() + 60
         while not session.query(APP.status, 0.5):

@@ -65,23 +65,21 @@ import os
 import queue
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import ServerProcess  # noqa: E402
 from benchmarks.harness import machine, write_docs_block  # noqa: E402
 from lerobot_zenoh.client.config_sim_robot import SO101_JOINTS, SimRobotConfig  # noqa: E402
 from lerobot_zenoh.client.sim_robot import SimRobot  # noqa: E402
@@ -162,39 +160,13 @@ def _run(cmd: list[str], log: Path, what: str) -> None:
     print(f"rtc: {what}: {time.perf_counter() - t0:.0f} s", flush=True)
 
 
-class ServerProcess:
-    """`lerobot-policy-server` on a manifest, in its own process; waits for its status."""
+def rtc_server(manifest: dict, port: int, log_path: Path, app: AppKey) -> ServerProcess:
+    """The policy server on `manifest` in its own process, ready once its status answers."""
+    def ready() -> bool:
+        with ZenohSession(loopback_settings(connect_ports=(port,))).open() as probe:
+            return bool(probe.query(app.status, 0.5))
 
-    def __init__(self, manifest: dict, port: int, log_path: Path, app: AppKey):
-        self.manifest, self.port, self.log_path, self.app = manifest, port, log_path, app
-        self.proc: subprocess.Popen | None = None
-
-    def __enter__(self) -> ServerProcess:
-        self._folder = Path(tempfile.mkdtemp(prefix="rtc-bench-"))
-        path = self._folder / "manifest.yaml"
-        path.write_text(yaml.safe_dump(self.manifest))
-        self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([str(BIN / "lerobot-policy-server"), "--manifest", str(path)], stdout=self._log,
-                                     stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        with ZenohSession(loopback_settings(connect_ports=(self.port,))).open() as probe:
-            deadline = time.monotonic() + 180
-            while not probe.query(self.app.status, 0.5):
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.__exit__(None, None, None)
-                    raise RuntimeError(f"the server did not come up; see {self.log_path}")
-                time.sleep(0.3)
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        shutil.rmtree(self._folder, ignore_errors=True)
+    return ServerProcess(manifest, log_path, ready=ready, stop_timeout_s=15)
 
 
 def prepare(s: PrepareSettings, out: Path = OUT) -> Path:
@@ -229,7 +201,7 @@ def prepare(s: PrepareSettings, out: Path = OUT) -> Path:
                                               "circle": {"period_s": s.period_s, "amplitude": s.amplitude,
                                                          "lead_steps": s.lead_steps}}}]}
         start = start_position(s.motion, 0.0)
-        with ServerProcess(manifest, port, data / "record_server.log", app):
+        with rtc_server(manifest, port, data / "record_server.log", app):
             _run([str(BIN / "lerobot-robot-client"), "--robot.type=zenoh_sim", f"--robot.cameras={{front: [{h}, {w}]}}",
                   "--robot.initial_positions={" + ", ".join(f"{k}: {v:.4f}" for k, v in start.items()) + "}",
                   "--client_uuid=recorder", f"--cluster_uuid={CLUSTER}", f"--experiment_tag={EXPERIMENT}",
@@ -569,8 +541,8 @@ def measure(args, checkpoint: Path, prep: PrepareSettings) -> tuple[str, dict]:
                         max_guidance_weight=args.guidance_weight, schedule=args.schedule)
     if "smoothness" in args.parts:
         port = free_port()
-        with ServerProcess(serve_manifest(checkpoint, prep, serve, port, app, args.policy), port,
-                           out / "server_smoothness.log", app):
+        with rtc_server(serve_manifest(checkpoint, prep, serve, port, app, args.policy), port,
+                        out / "server_smoothness.log", app):
             for extra in args.delays_ms:
                 runs = []
                 for seed in range(args.seeds):
@@ -591,7 +563,7 @@ def measure(args, checkpoint: Path, prep: PrepareSettings) -> tuple[str, dict]:
     if "batching" in args.parts:
         for batch in (16, 1):
             port = free_port()
-            with ServerProcess(serve_manifest(checkpoint, prep, ServeConfig(max_batch=batch, execution_horizon=serve.execution_horizon,
+            with rtc_server(serve_manifest(checkpoint, prep, ServeConfig(max_batch=batch, execution_horizon=serve.execution_horizon,
                                                                             max_guidance_weight=serve.max_guidance_weight,
                                                                             schedule=serve.schedule), port, app, args.policy),
                                port, out / f"server_batch{batch}.log", app):
