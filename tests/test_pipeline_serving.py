@@ -191,6 +191,28 @@ def test_a_robot_whose_token_goes_on_the_task_stream_loses_its_session(port, app
             session.close()
 
 
+def test_forged_ids_on_a_task_stream_leave_nothing_behind(port, app_key):
+    """200 unlisted ids publishing on the task stream (no unknown clients accepted): each is dropped
+    and counted, and the server keeps no per-id state for them (bounded by its sessions)."""
+    entries = [entry(app_key, "s2", bit=1, component="plan", output="text")]
+    m = parse_manifest(manifest(port, app_key, entries, telemetry_period_s=0))
+    with PolicyServer(m) as server:
+        session = ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))).open()
+        try:
+            app = m.app_key(m.server[0])
+            assert wait_for(lambda: session.query(app.status, 0.3))
+            stream = pipeline_app(app_key.cluster, app_key.experiment, TASK)
+            pubs = [session.publisher(stream.client(f"forged-{i}").obs, OBSERVATION_QOS) for i in range(200)]
+            for i, pub in enumerate(pubs):
+                obs = Observation(1, f"forged-{i}", np.zeros(6, np.float32), {}, "", session_nonce=1, component_mask=2)
+                pub.put(codec.encode(obs), codec.encode_observation_header(obs))
+            assert wait_for(lambda: server.models[0].engine.dropped["unknown_client"] >= 150, 10.0)
+            assert PipelineRobot(session, app_key, {"s2": app}).ask("s2", 1, None).text == "subtask 0"
+            assert set(server.models[0].component_of) == {ROBOT}
+        finally:
+            session.close()
+
+
 @pytest.mark.parametrize("change, field, words", [
     ({"pipeline": [{"task": TASK, "component": "plan", "bit": 32}]}, "server.0.pipeline.0.bit", "less than 32"),
     ({"pipeline": [{"task": TASK, "component": "plan", "bit": 1, "labels": ["maybe"]}]},

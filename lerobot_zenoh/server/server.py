@@ -423,8 +423,10 @@ class PolicyServer:
                 model.for_other_components += 1  # not for this component: never decoded, never in a slot
                 return
             if client_id not in model.component_of:
-                model.component_of[client_id] = task
+                model.component_of[client_id] = task  # before admit: the inference thread may serve it at once
         dropped = model.engine.admit(client_id, payload, time.monotonic(), attachment, codec.decode_observation_header)
+        if dropped in ("unknown_client", "too_many_clients"):
+            model.component_of.pop(client_id, None)  # no session, so no close to forget it: bounded by sessions
         if dropped is None:
             self._wake.set()
         elif dropped == "unknown_client":
