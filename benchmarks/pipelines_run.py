@@ -468,8 +468,8 @@ def table(rows: list[dict], scale: float) -> str:
         if len(peak) < 3:
             continue
         (p, pm, pk), (s_, sm, sk), (d, dm, _) = peak["planned"], peak["shared"], peak["dedicated"]
-        lines.append(f"| {wl} | {p:.1f} ({pk}) | {s_:.1f} ({sk}) | {d:.1f} | {p / s_:.2f}x ({pm / sm:.2f}x) | "
-                     f"{p / d:.2f}x ({pm / dm:.2f}x) | {ROSA_SHARED}x, {ROSA_DEDICATED}x |")
+        lines.append(f"| {wl} | {p:.1f} ({pk}) | {s_:.1f} ({sk}) | {d:.1f} | {ratio(p, s_)} ({ratio(pm, sm)}) | "
+                     f"{ratio(p, d)} ({ratio(pm, dm)}) | {ROSA_SHARED}x, {ROSA_DEDICATED}x |")
     return "\n".join(lines)
 
 
