@@ -45,6 +45,7 @@ episode number `self._episode` as a string (the server resets per-episode state 
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import queue
@@ -671,7 +672,7 @@ class RobotClient:
             # The default threshold is never below the model's own time (median of the last 16): a
             # request younger than that may be in inference rather than waiting, and a refresh of it
             # would be late (a capture and an encode for nothing).
-            recent = sorted(list(self.counters.inference_ms)[-16:])
+            recent = sorted(itertools.islice(reversed(self.counters.inference_ms), 16))  # no copy of the deque
             self.trigger.refetch_after_s = max(DEFAULT_REFETCH_AFTER_S, recent[len(recent) // 2] / 1000)
         self._waiting_since_s = None
         if chunk.server_id and chunk.server_id != self.serving_server_id:
