@@ -30,7 +30,7 @@ from lerobot_zenoh.protocol.messages import Observation
 from lerobot_zenoh.server.manifest import load_manifest
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
 from lerobot_zenoh.transport.settings import ZenohSettings
-from lz_testing import free_port, wait_for
+from lz_testing import free_port_range, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 MIX2 = yaml.safe_load((ROOT / "factories" / "mix2.yaml").read_text())
@@ -40,7 +40,7 @@ def plan_deployment(tmp_path: Path, fleet: list[dict], count: int) -> Path:
     """mix2's tasks with this fleet planned on `count` servers, ports free for this test."""
     data = copy.deepcopy(MIX2)
     data["fleet"] = fleet
-    data["servers"].update(count=count, port_base=free_port())
+    data["servers"].update(count=count, port_base=free_port_range(count))
     factory, profiles = tmp_path / "factory.yaml", tmp_path / "profiles.yaml"
     factory.write_text(yaml.safe_dump(data))
     profiles.write_text(dump_profiles(rosa_profiles()))

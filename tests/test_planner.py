@@ -255,12 +255,12 @@ def test_a_generated_server_and_client_run_as_written(tmp_path):
     import subprocess
     import sys
 
-    from lz_testing import free_port
+    from lz_testing import free_port_range
 
     from lerobot_zenoh.server.server import PolicyServer
 
     data = copy.deepcopy(MIX2)
-    data["servers"]["port_base"] = free_port()
+    data["servers"]["port_base"] = free_port_range(data["servers"]["count"])
     f = parse_factory(data)
     result = plan(f, PROFILES)
     out = write_deployment(f, result, tmp_path / "deploy")
