@@ -166,11 +166,7 @@ class VlmEntry(_Strict):
     @field_validator("labels")
     @classmethod
     def _labels(cls, v: list[str]) -> list[str]:
-        for label in v:
-            _verdict_label(label)
-        if len(v) != len(set(v)):
-            raise ValueError(f"duplicate labels in {v}")
-        return v
+        return _verdict_labels(v)
 
     @model_validator(mode="after")
     def _labels_fit_output(self):
@@ -308,11 +304,7 @@ class PipelineEntry(_Strict):
     @field_validator("labels")
     @classmethod
     def _labels(cls, v: list[str]) -> list[str]:
-        for label in v:
-            _verdict_label(label)
-        if len(v) != len(set(v)):
-            raise ValueError(f"duplicate labels in {v}")
-        return v
+        return _verdict_labels(v)
 
 
 class ModelEntry(_Strict):
@@ -481,6 +473,15 @@ class Manifest(_Strict):
 
     def _resolve_file(self, value: str | None) -> str | None:
         return None if not value else str(self._resolve(value))
+
+
+def _verdict_labels(v: list[str]) -> list[str]:
+    """A component's label set: verdict labels, each once."""
+    for label in v:
+        _verdict_label(label)
+    if len(v) != len(set(v)):
+        raise ValueError(f"duplicate labels in {v}")
+    return v
 
 
 def _verdict_label(label: str) -> str:
