@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -230,3 +231,14 @@ def test_status_query_reaches_the_serving_server_when_a_silent_standby_holds_the
         assert wait_for(lambda: client.query(app_key.status, 0.3), 5.0)
         answers = [client.query(app_key.status, 0.5) for _ in range(10)]
         assert all(a == [(app_key.status, b"primary")] for a in answers), answers
+
+
+def test_the_action_priority_gets_a_transmit_queue_that_holds_a_batch_of_chunks():
+    """Chunks are express, one Zenoh batch each; a session queues 16 of them per link at their priority."""
+    from lerobot_zenoh.transport.settings import ACTION_TX_PRIORITY, ACTION_TX_QUEUE_BATCHES, loopback_settings
+
+    assert str(ACTION_QOS.priority).split(".")[-1].lower() == ACTION_TX_PRIORITY and ACTION_QOS.express
+    config = loopback_settings(None).to_zenoh_config()
+    assert json.loads(config.get_json(f"transport/link/tx/queue/size/{ACTION_TX_PRIORITY}")) == ACTION_TX_QUEUE_BATCHES
+    override = ZenohSettings(json5_overrides={f"transport/link/tx/queue/size/{ACTION_TX_PRIORITY}": "4"})
+    assert json.loads(override.to_zenoh_config().get_json(f"transport/link/tx/queue/size/{ACTION_TX_PRIORITY}")) == 4

@@ -29,6 +29,10 @@ from pathlib import Path
 from lerobot_zenoh.errors import ConfigError
 
 MODES = ("auto", "peer", "client", "router")
+#: The Zenoh priority action chunks are sent at (session.ACTION_QOS) and the transmit queue, in
+#: batches per link, every session gives it (Zenoh's default is 2; see json5_entries).
+ACTION_TX_PRIORITY = "interactive_high"
+ACTION_TX_QUEUE_BATCHES = 16
 
 
 def _help(text: str) -> dict:
@@ -160,6 +164,12 @@ class ZenohSettings:
             entries.append(("connect/endpoints", json.dumps(list(self.connect))))
         if mode == "client":  # Zenoh's default (0) fails at once when the server is not up yet
             entries.append(("connect/timeout_ms", json.dumps(int(self.connect_timeout_s * 1000))))
+        # Zenoh queues 2 batches per priority per link and drops (congestion control DROP) after
+        # 1 ms when both are taken. Chunks are express (one batch each), so a batch of inferences
+        # answered to robots that share a link (a router, one process) overflowed 2 whenever the
+        # sending thread was short of CPU: 1-6 % of a 16-chunk burst lost silently with 3 busy
+        # processes on 2 cores, none with 16 (docs/reliability.md). Lazily allocated.
+        entries.append((f"transport/link/tx/queue/size/{ACTION_TX_PRIORITY}", json.dumps(ACTION_TX_QUEUE_BATCHES)))
         entries.extend(self._tls_entries())
         entries.extend(self.json5_overrides.items())
         return entries
