@@ -152,7 +152,7 @@ class RunConfig:
 # ------------------------------------------------------------------------------------ server
 
 
-def manifest(cfg: RunConfig, port: int) -> dict:
+def manifest(cfg: RunConfig, port: int, zenoh_overrides: dict[str, str] | None = None) -> dict:
     scheduler: str | dict = cfg.scheduler
     if cfg.scheduler == "wait_ratio":
         scheduler = {"type": "wait_ratio", "buckets": cfg.buckets, "aging": cfg.aging,
@@ -167,7 +167,8 @@ def manifest(cfg: RunConfig, port: int) -> dict:
         synthetic["confidence_from_state"] = 0
         entry["horizon"] = {"type": "diffusion_confidence", "threshold": cfg.threshold, "h_min": 1}
     return {"cluster_uuid": APP.cluster, "experiment_tag": APP.experiment, "server_id": SERVER_ID,
-            "telemetry_period_s": 1.0, "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False},
+            "telemetry_period_s": 1.0, "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False,
+                                                 **({"json5_overrides": zenoh_overrides} if zenoh_overrides else {})},
             "server": [entry]}
 
 
@@ -292,7 +293,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(cfg: RunConfig, tasks: list[Task], out: Path = OUT, port: int | None = None, verbose: bool = True) -> dict:
+def run(cfg: RunConfig, tasks: list[Task], out: Path = OUT, port: int | None = None, verbose: bool = True,
+        zenoh_overrides: dict[str, str] | None = None) -> dict:
     """One measured run; returns its figures (see the module docstring)."""
     out.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
@@ -300,14 +302,24 @@ def run(cfg: RunConfig, tasks: list[Task], out: Path = OUT, port: int | None = N
     inbox: queue.SimpleQueue = queue.SimpleQueue()
     telemetry: list[tuple[float, bytes]] = []  # (arrival, payload), decoded after the run
     started = time.perf_counter()
-    with ServerProcess(manifest(cfg, port), out / "server.log", launcher=(str(ROOT / "benchmarks" / "fleet_server.py"),)) as server, \
-            ZenohSession(loopback_settings(connect_ports=(port,))).open() as session:
+    driver_settings = loopback_settings(connect_ports=(port,))
+    if zenoh_overrides:
+        driver_settings = driver_settings.replace(json5_overrides=dict(zenoh_overrides))
+    with ServerProcess(manifest(cfg, port, zenoh_overrides), out / "server.log",
+                       launcher=(str(ROOT / "benchmarks" / "fleet_server.py"),)) as server, \
+            ZenohSession(driver_settings).open() as session:
         deadline = time.monotonic() + 60
         while not session.query(APP.status, 0.5):
             if server.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the server did not come up; see {out / 'server.log'}")
             time.sleep(0.3)
-        session.subscribe(f"{APP.prefix}/*/action", lambda key, payload: inbox.put((key, payload, time.perf_counter())))
+        chunks_in = [0]  # every chunk that reached this process (the whole run; compared with what was served)
+
+        def on_action(key: str, payload: bytes) -> None:
+            chunks_in[0] += 1
+            inbox.put((key, payload, time.perf_counter()))
+
+        session.subscribe(f"{APP.prefix}/*/action", on_action)
 
         session.subscribe(APP.server_metrics(SERVER_ID),
                           lambda key, payload: telemetry.append((time.perf_counter(), payload)))
@@ -378,14 +390,35 @@ def run(cfg: RunConfig, tasks: list[Task], out: Path = OUT, port: int | None = N
                 break
         elapsed = time.perf_counter() - started
         unfinished = sum(1 for r in robots if r.task is not None and r.measured)
+        # Chunks lost on the way (Zenoh drops under congestion control DROP, silently): wait for a
+        # telemetry period whose served count the arrivals have caught up with, at most 3 s.
+        settle = time.monotonic() + 3.0
         time.sleep(1.2)  # one more telemetry period
+        while time.monotonic() < settle and _served(telemetry) != chunks_in[0]:
+            time.sleep(0.2)
+        lost = (_served(telemetry) or 0) - chunks_in[0]
     server_figures = []
     for t, payload in telemetry:
         try:
             server_figures.append((t, dict(codec.decode_telemetry(payload).metrics)))
         except ProtocolError:
             pass
-    return summarize(cfg, c, lateness, server_figures, w0, w1, unfinished, len(backlog), elapsed, verbose)
+    result = summarize(cfg, c, lateness, server_figures, w0, w1, unfinished, len(backlog), elapsed, verbose)
+    result["chunks_lost"] = lost  # served by the server, never reached the robots (whole run)
+    result["chunks_arrived"] = chunks_in[0]
+    if verbose:
+        print(f"  chunks served {chunks_in[0] + lost}, lost on the way {lost}", flush=True)
+    return result
+
+
+def _served(telemetry: list[tuple[float, bytes]]) -> int | None:
+    """The server's `inferences` (one chunk each) in its latest telemetry."""
+    for _, payload in reversed(telemetry):
+        try:
+            return int(codec.decode_telemetry(payload).metrics.get("inferences", 0))
+        except ProtocolError:
+            continue
+    return None
 
 
 def summarize(cfg: RunConfig, c: Counters, lateness, server_figures, w0, w1, unfinished, backlog, elapsed, verbose) -> dict:
@@ -506,6 +539,7 @@ class Study:
         self.tasks, self.out, self.fresh, self.lock, self.cached_only = tasks, out, fresh, lock, cached_only
         self._held = None  # the lock file while it is held
         self._sticky = False  # inside `turn`: a lock taken is kept to the turn's end
+        self.results: list[dict] = []  # every run's result the report reads (cached or not)
         (out / "runs").mkdir(parents=True, exist_ok=True)
 
     def cached(self, cfg: RunConfig) -> dict | None:
@@ -517,10 +551,11 @@ class Study:
         if result is not None:
             print(f"(cached) {cfg.label()} n={cfg.robots} seed {cfg.seed}: "
                   f"stalled {result['stalled_arrival_pct']:.2f} % from arrival", flush=True)
-            return result
-        result = run(cfg, self.tasks, self.out)
-        result.update(code_version=code_version(), git=git_describe())
-        (self.out / "runs" / f"{cfg.key()}.json").write_text(json.dumps(result, indent=1))
+        else:
+            result = run(cfg, self.tasks, self.out)
+            result.update(code_version=code_version(), git=git_describe())
+            (self.out / "runs" / f"{cfg.key()}.json").write_text(json.dumps(result, indent=1))
+        self.results.append(result)
         return result
 
     def point(self, cfg: RunConfig, seeds: list[int]) -> SimpleNamespace:
@@ -695,6 +730,13 @@ def study(args) -> tuple[str, dict]:
         for n, r in sorted(points.items()):
             say(real_row(f"{name} / {n}", r))
     say("")
+    counted = [r for r in st.results if r.get("chunks_lost") is not None]
+    if counted:
+        lost = sum(max(0, r["chunks_lost"]) for r in counted)
+        served = sum(r["chunks_arrived"] + r["chunks_lost"] for r in counted)
+        say(f"Chunks the server served that never reached the robots (the driver's count against the server's "
+            f"`inferences`, whole runs): {lost} of {served} over {len(counted)} runs "
+            f"(worst run: {max(max(0, r['chunks_lost']) for r in counted)}).\n")
     return "\n".join(out), data
 
 
@@ -733,6 +775,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--port", type=int, default=None, help="the server's port (default: a free one)")
     r.add_argument("--json", help="write the result here")
+    r.add_argument("--zenoh-set", action="append", default=[], metavar="PATH=JSON5",
+                   help="a Zenoh config entry for the server and the driver (repeatable), e.g. "
+                        "transport/link/tx/queue/size/interactive_high=2 (Zenoh's default)")
     s = sub.choices["study"]
     s.add_argument("--seeds", type=int, default=3)
     s.add_argument("--max-fleet", type=int, default=64, help="the capacity searches stop here")
@@ -760,7 +805,8 @@ def main(argv: list[str] | None = None) -> int:
                         horizon=args.horizon, profile=args.profile, mode=args.mode, robots=args.robots,
                         rate_per_s=args.rate_per_s, warmup_s=args.warmup_s, measure_s=args.measure_s,
                         drain_s=args.drain_s, seed=args.seed)
-        result = run(cfg, tasks, Path(args.out), port=args.port)
+        overrides = dict(item.split("=", 1) for item in args.zenoh_set)
+        result = run(cfg, tasks, Path(args.out), port=args.port, zenoh_overrides=overrides or None)
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1))
         return 0

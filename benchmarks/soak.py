@@ -46,22 +46,57 @@ def rss_mb(pid: int) -> float | None:
     return None
 
 
-def synthetic_manifest(port: int, robots: int) -> dict:
+def synthetic_manifest(port: int, robots: int, cameras: dict[str, list[int]]) -> dict:
     return {
         "cluster_uuid": "soak", "experiment_tag": "run", "server_id": "soak-server", "telemetry_period_s": 1.0,
         "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False},
         "server": [{"model_id": "synthetic", "model_version": "v1", "application_tag": "soak", "fps": 30,
                     "synthetic": {"state_dim": 6, "action_dim": 6, "chunk_size": 50,
-                                  "cameras": {"front": [96, 128], "wrist": [96, 128]}, "latency_ms": 30},
+                                  "cameras": cameras, "latency_ms": 30},
                     "clients": [{"client_uuid": f"robot_{i + 1}"} for i in range(robots)]}],
     }
+
+
+def parse_cameras(text: str) -> dict[str, list[int]]:
+    """'96x128,96x128' -> {'front': [96, 128], 'wrist': [96, 128]} (then cam2, cam3, ...)."""
+    names = ["front", "wrist"]
+    out = {}
+    for i, part in enumerate(p for p in text.split(",") if p):
+        h, w = (int(v) for v in part.lower().split("x"))
+        out[names[i] if i < len(names) else f"cam{i}"] = [h, w]
+    return out
+
+
+def shared_memory_figures(server_pid: int | None) -> dict[str, float]:
+    """What the same-host path holds: /dev/shm files of ours, the machine's Shmem (memfd pages count
+    there), and the server's open fds and mapped rings."""
+    figures: dict[str, float] = {}
+    names = [n for n in os.listdir("/dev/shm") if n.startswith("lz-")]
+    figures["shm_files"] = len(names)
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("Shmem:"):
+            figures["machine_shmem_mb"] = int(line.split()[1]) / 1024
+    if server_pid is not None:
+        try:
+            figures["server_fds"] = len(os.listdir(f"/proc/{server_pid}/fd"))
+            maps = Path(f"/proc/{server_pid}/maps").read_text().splitlines()
+            figures["server_mapped_rings"] = len({line.split()[-1] for line in maps if "memfd:lz-" in line})
+        except OSError:
+            pass
+    return figures
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=30.0)
-    parser.add_argument("--robots", type=int, default=4)
+    parser.add_argument("--robots", type=int, default=4, help="robots running at any time")
     parser.add_argument("--manifest", help="a manifest to serve (default: a synthetic policy)")
+    parser.add_argument("--cameras", default="96x128,96x128",
+                        help="synthetic policy and simulated robot: HxW per camera, comma separated")
+    parser.add_argument("--churn-s", type=float, default=0.0,
+                        help="every this many seconds the longest-running robot stops and a robot with a new id "
+                             "starts (0: the same robots all run long); every other stop is a SIGKILL, which "
+                             "leaves the robot's shared memory for the server to clean up")
     parser.add_argument("--port", type=int, default=7460)
     parser.add_argument("--sample-s", type=float, default=10.0)
     parser.add_argument("--warmup-s", type=float, default=30.0, help="memory baseline taken after this")
@@ -69,21 +104,25 @@ def main() -> int:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    # With churn the server serves a pool of ids twice the robots (a stopped id comes back later).
+    pool = args.robots * (2 if args.churn_s > 0 else 1)
 
     if args.manifest:
         manifest_path = Path(args.manifest)
         manifest = yaml.safe_load(manifest_path.read_text())
     else:
-        manifest = synthetic_manifest(args.port, args.robots)
+        manifest = synthetic_manifest(args.port, pool, parse_cameras(args.cameras))
         manifest_path = Path(tempfile.mkdtemp()) / "soak.yaml"
         manifest_path.write_text(yaml.safe_dump(manifest))
     entry = manifest["server"][0]
     endpoint = (entry.get("endpoint") or (manifest.get("zenoh", {}).get("listen") or [f"tcp/127.0.0.1:{args.port}"])[0])
-    clients = [c["client_uuid"] for c in entry.get("clients", [])][: args.robots]
+    ids = [c["client_uuid"] for c in entry.get("clients", [])][:pool]
+    cameras = (entry.get("synthetic") or {}).get("cameras")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     bin_dir = Path(sys.executable).parent
 
     procs: dict[str, subprocess.Popen] = {}
+    started_at: dict[str, float] = {}
     logs = []
     log = open(out / "server.log", "w")
     logs.append(log)
@@ -108,26 +147,58 @@ def main() -> int:
     deadline = time.monotonic() + 120
     while not session.query(status_key, 0.5) and time.monotonic() < deadline:
         time.sleep(0.5)
-    for client_id in clients:
-        log = open(out / f"{client_id}.log", "w")
+
+    def start_robot(client_id: str) -> None:
+        log = open(out / f"{client_id}.log", "a")
         logs.append(log)
+        camera_arg = ([f"--robot.cameras={json.dumps(cameras)}"] if cameras else [])
         procs[client_id] = subprocess.Popen([
-            str(bin_dir / "lerobot-robot-client"), "--robot.type=zenoh_sim", *routing_args(app, client_id, endpoint),
+            str(bin_dir / "lerobot-robot-client"), "--robot.type=zenoh_sim", *camera_arg,
+            *routing_args(app, client_id, endpoint),
             f"--fps={entry.get('fps', 30)}", "--log_level=WARNING",
             f"--summary_path={out / (client_id + '.json')}",
         ], stdout=log, stderr=subprocess.STDOUT, env=env)
+        started_at[client_id] = time.monotonic()
+
+    for client_id in ids[: args.robots]:
+        start_robot(client_id)
+    waiting = list(ids[args.robots:])
+    churn = {"stops": 0, "kills": 0, "starts": len(ids[: args.robots])}
 
     t0 = time.monotonic()
+    next_churn = t0 + args.churn_s if args.churn_s > 0 else float("inf")
     memory: dict[str, list] = {name: [] for name in procs}
+    shared: list[tuple[float, dict]] = []
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    while not stop.wait(args.sample_s) and time.monotonic() - t0 < args.minutes * 60:
+    while not stop.wait(min(args.sample_s, max(0.05, next_churn - time.monotonic()))) \
+            and time.monotonic() - t0 < args.minutes * 60:
+        if time.monotonic() >= next_churn:
+            next_churn += args.churn_s
+            running = sorted((started_at[n], n) for n in procs if n != "server" and procs[n].poll() is None)
+            if running:
+                oldest = running[0][1]
+                kill = churn["stops"] % 2 == 1
+                procs[oldest].send_signal(signal.SIGKILL if kill else signal.SIGINT)
+                try:
+                    procs[oldest].wait(30)
+                except subprocess.TimeoutExpired:
+                    procs[oldest].kill()
+                churn["stops"] += 1
+                churn["kills"] += kill
+                del procs[oldest]
+                waiting.append(oldest)
+                start_robot(waiting.pop(0))
+                churn["starts"] += 1
+            continue
         for name, proc in procs.items():
             value = rss_mb(proc.pid)
             if value is not None:
-                memory[name].append((time.monotonic() - t0, value))
-        print(f"[{(time.monotonic() - t0) / 60:5.1f} min] " +
-              "  ".join(f"{n}={m[-1][1]:.0f}MB" for n, m in memory.items() if m), flush=True)
+                memory.setdefault(name, []).append((time.monotonic() - t0, value))
+        shared.append((time.monotonic() - t0, shared_memory_figures(procs["server"].pid)))
+        print(f"[{(time.monotonic() - t0) / 60:5.1f} min] "
+              + "  ".join(f"{n}={memory[n][-1][1]:.0f}MB" for n in procs if memory.get(n))
+              + "  " + "  ".join(f"{k}={v:.0f}" for k, v in shared[-1][1].items()), flush=True)
 
     for name, proc in reversed(list(procs.items())):
         proc.send_signal(signal.SIGINT)
@@ -139,15 +210,24 @@ def main() -> int:
     session.close()
     for log in logs:
         log.close()
+    after_stop = shared_memory_figures(None)
 
-    report = {"minutes": args.minutes, "robots": len(clients), "processes": {}, "throughput": {}}
+    report = {"minutes": args.minutes, "robots": args.robots, "ids": len(ids), "cameras": cameras,
+              "churn_s": args.churn_s, "churn": churn, "processes": {}, "shared_memory": {}, "throughput": {}}
     for name, samples in memory.items():
         after = [v for t, v in samples if t >= args.warmup_s] or [v for _, v in samples]
-        if not after:
-            continue
+        if not after or name != "server" and args.churn_s > 0:
+            continue  # with churn a robot's RSS samples span several processes
         span_h = max((samples[-1][0] - next(t for t, _ in samples if t >= min(args.warmup_s, samples[-1][0]))) / 3600, 1e-9)
         report["processes"][name] = {"rss_mb_after_warmup": round(after[0], 1), "rss_mb_end": round(after[-1], 1),
+                                     "rss_mb_max": round(max(after), 1),
                                      "growth_mb_per_hour": round((after[-1] - after[0]) / span_h, 1)}
+    kept = [f for t, f in shared if t >= args.warmup_s] or [f for _, f in shared]
+    for key in sorted({k for f in kept for k in f}):
+        values = [f[key] for f in kept if key in f]
+        report["shared_memory"][key] = {"after_warmup": round(values[0], 1), "end": round(values[-1], 1),
+                                        "min": round(min(values), 1), "max": round(max(values), 1)}
+    report["shared_memory"]["after_stop"] = after_stop
     for source, series in figures.items():
         key = "inferences" if source == manifest.get("server_id") else "chunks_received"
         per_min = []
@@ -164,7 +244,11 @@ def main() -> int:
             f"{key}_per_min_min": min(per_min) if per_min else None,
             f"{key}_per_min_max": max(per_min) if per_min else None,
             "loop_overruns": last.get("loop_overruns"), "empty_buffer_cycles": last.get("empty_buffer_cycles"),
+            "observations_same_host": last.get("observations_same_host"),
         }
+        if key == "inferences":
+            report["throughput"][source].update({k: last.get(k) for k in sorted(last)
+                                                 if k.startswith(("shm_", "rejected", "sessions"))})
     (out / "soak.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
     return 0
