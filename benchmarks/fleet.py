@@ -117,6 +117,11 @@ class Config:
     # blended: a request buys H minus the actions buffered at its send), rounds repeat until the task's
     # length is executed (`benchmarks/fleet_zenoh.py` sets the model so beside the real stack).
     chunk_start: str = "after_buffer"
+    # 0: robots act in continuous time (a send the instant the trigger fires, a chunk used the instant
+    # it arrives). N > 0: as the real driver (`benchmarks/fleet_zenoh.py`), each robot acts only on its
+    # 30 Hz tick, the ticks spread over N phases of the period: a send waits for the robot's next tick
+    # after the trigger fires, a chunk's first action for its next tick after arrival.
+    tick_phases: int = 0
     seed: int = 0
 
     def label(self) -> str:
@@ -187,6 +192,13 @@ class _Robot:
     seq: int = 0
     answered: int = 0  # the seq whose chunk arrived last
     buffered_total: int = 0  # chunk_start=capture: actions of the task put in the buffer so far
+    phase_s: float | None = None  # Config.tick_phases: the robot's tick offset in the period (None: no ticks)
+
+    def tick(self, t: float) -> float:
+        """The robot's first tick at or after `t` (`t` itself without ticks)."""
+        if self.phase_s is None:
+            return t
+        return self.phase_s + math.ceil((t - self.phase_s) / DT_S - 1e-9) * DT_S
 
     def next_step(self, t: float) -> int:
         """The step the robot executes next at `t` (the buffer's ``next_step``)."""
@@ -275,7 +287,10 @@ class FleetSim:
     # -- robots ------------------------------------------------------------------------------
 
     def _robot(self, client_id: str) -> _Robot:
-        return _Robot(client_id, ChunkIntake(SendTrigger(self.send_rule, dt_s=DT_S), DT_S))
+        robot = _Robot(client_id, ChunkIntake(SendTrigger(self.send_rule, dt_s=DT_S), DT_S))
+        if self.cfg.tick_phases:  # as the driver: robot i ticks in phase i % N of the period
+            robot.phase_s = (int(client_id[1:]) % self.cfg.tick_phases) * DT_S / self.cfg.tick_phases
+        return robot
 
     def _online_arrival(self, t: float, n: int) -> None:
         robot = self.robots[f"t{n}"] = self._robot(f"t{n}")
@@ -291,7 +306,10 @@ class FleetSim:
         robot.task_start_s = t
         robot.free_at_s = t  # nothing buffered: the robot waits from now on
         robot.exec_start_s = t
-        self._send(t, robot)
+        if robot.phase_s is not None and robot.tick(t) > t:
+            self._at(robot.tick(t), self._send, robot)  # the first request leaves on the robot's next tick
+        else:
+            self._send(t, robot)
 
     def _send(self, t: float, robot: _Robot) -> None:
         robot.seq += 1
@@ -333,11 +351,12 @@ class FleetSim:
             return
         taken = robot.intake.plan(seq, fleet_traces.CHUNK_SIZE, t, robot.next_step(t),
                                   execution_horizon=robot.trace[robot.round])
-        if t > robot.free_at_s and robot.round > 0:  # ran dry mid-task
-            self.stalled += self._count(robot.free_at_s, t)
+        usable = robot.tick(t)  # the chunk's first action can run on the robot's next tick
+        if usable > robot.free_at_s and robot.round > 0:  # ran dry mid-task
+            self.stalled += self._count(robot.free_at_s, usable)
         elif robot.round == 0:  # the wait for a task's first chunk: a stall counted from arrival
-            self.first_wait += self._count(robot.task_start_s, t)
-        start = max(t, robot.free_at_s)
+            self.first_wait += self._count(robot.task_start_s, usable)
+        start = max(usable, robot.free_at_s)
         end = start + taken.rows * DT_S
         self.executed += self._count(start, end)
         robot.exec_start_s, robot.free_at_s = start, end
@@ -346,7 +365,7 @@ class FleetSim:
         if robot.round < len(robot.trace):
             # The send rule inverted for an event clock: the instant the buffered actions fall to
             # the trigger's buffer_time_s (the client checks it once per control period).
-            self._at(max(t, end - robot.intake.trigger.buffer_time_s()), self._send, robot)
+            self._at(robot.tick(max(t, end - robot.intake.trigger.buffer_time_s())), self._send, robot)
         else:
             if robot.task_start_s >= self.w0 and end <= self.w1:
                 self.latencies.append(end - robot.task_start_s)
@@ -365,11 +384,12 @@ class FleetSim:
         taken = robot.intake.plan(seq, fleet_traces.CHUNK_SIZE, t, robot.next_step(t), execution_horizon=h)
         new = max(0, taken.first_step + taken.rows - robot.end_step) if taken.accepted and taken.rows else 0
         new = min(new, sum(trace) - robot.buffered_total)  # past the task's end: never executed
-        if t > robot.free_at_s and robot.round > 0:  # ran dry mid-task
-            self.stalled += self._count(robot.free_at_s, t)
+        usable = robot.tick(t)
+        if usable > robot.free_at_s and robot.round > 0:  # ran dry mid-task
+            self.stalled += self._count(robot.free_at_s, usable)
         elif robot.round == 0:
-            self.first_wait += self._count(robot.task_start_s, t)
-        start = max(t, robot.free_at_s)
+            self.first_wait += self._count(robot.task_start_s, usable)
+        start = max(usable, robot.free_at_s)
         end = start + new * DT_S
         self.executed += self._count(start, end)
         if new:
@@ -378,7 +398,7 @@ class FleetSim:
         robot.buffered_total += new
         robot.round += 1
         if robot.buffered_total < sum(trace):
-            self._at(max(t, robot.free_at_s - robot.intake.trigger.buffer_time_s()), self._send, robot)
+            self._at(robot.tick(max(t, robot.free_at_s - robot.intake.trigger.buffer_time_s())), self._send, robot)
         else:
             if robot.task_start_s >= self.w0 and end <= self.w1:
                 self.latencies.append(end - robot.task_start_s)
@@ -568,7 +588,8 @@ def study(args) -> str:
     traces = load_traces(args)
     seeds = list(range(args.seeds))
     base = Config(duration_s=args.duration_s, warmup_s=args.warmup_s, buckets=args.buckets, aging=args.aging,
-                  first_request=args.first_request, trigger=args.trigger, chunk_start=args.chunk_start)
+                  first_request=args.first_request, trigger=args.trigger, chunk_start=args.chunk_start,
+                  tick_phases=args.tick_phases)
     out = []
     say = out.append
     mean_h = statistics.fmean(h for t in traces for h in t)
@@ -699,6 +720,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--chunk-start", choices=("after_buffer", "capture"), default="after_buffer",
                    help="where a round's chunk starts: after the buffered actions, or at its capture step as the "
                         "reference client aligns it (Config.chunk_start)")
+    p.add_argument("--tick-phases", type=int, default=0,
+                   help="robots act only on their 30 Hz tick, spread over this many phases (the real driver: 10; "
+                        "0: continuous time, Config.tick_phases)")
     p.add_argument("--profiles", nargs="+", choices=sorted(PROFILES), default=["gpu", "vla"])
     p.add_argument("--loads", type=float, nargs="+", default=[0.95, 1.0],
                    help="online loads (offered requests / throughput at the max batch) for the settings sweep")

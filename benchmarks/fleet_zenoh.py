@@ -624,11 +624,12 @@ def study(args) -> tuple[str, dict]:
     def real_at(n: int, scheduler: str, max_batch: int):
         return st.point(replace(base, robots=n, scheduler=scheduler, max_batch=str(max_batch)), seeds)
 
-    def sim_at(n: int, scheduler: str, max_batch: int, chunk_start: str = "after_buffer") -> model.Result:
-        key = (n, scheduler, max_batch, chunk_start)
+    def sim_at(n: int, scheduler: str, max_batch: int, chunk_start: str = "after_buffer",
+               ticks: int = 0) -> model.Result:
+        key = (n, scheduler, max_batch, chunk_start, ticks)
         if key not in sims:
             sims[key] = model.simulate(replace(sim_base, robots=n, scheduler=scheduler, max_batch=max_batch,
-                                               chunk_start=chunk_start), rounds, latency_s, seeds)
+                                               chunk_start=chunk_start, tick_phases=ticks), rounds, latency_s, seeds)
         return sims[key]
 
     out, data = [], {"rungs": []}
@@ -641,11 +642,14 @@ def study(args) -> tuple[str, dict]:
         f"warm-up; the model (`benchmarks/fleet.py`) runs the same traces, settings, window and seeds, with the "
         f"chunk alignment of `make bench-fleet-sim` (*model*: a chunk starts after the buffered actions) and with "
         f"the reference client's (*model, capture-aligned*: `chunk_start=capture`, a chunk starts at the step its "
-        f"observation was captured at). Task latency over the tasks that start in the window and end before it "
-        f"closes, in all three.\n")
+        f"observation was captured at), and capture-aligned *on ticks* (`tick_phases={PHASES}`: each robot "
+        f"sends and starts a chunk only on its 30 Hz tick, the ticks spread over {PHASES} phases of the period, "
+        f"as the driver's robots do). Task latency over the tasks that start in the window and end before it "
+        f"closes, in all four.\n")
 
     alone = real_at(1, "fifo", 1)
     alone_sim = sim_at(1, "fifo", 1)
+    alone_cap, alone_tick = sim_at(1, "fifo", 1, "capture"), sim_at(1, "fifo", 1, "capture", PHASES)
     budget, budget_sim = alone.stalled_arrival_pct + 1.0, alone_sim.stalled_arrival_pct + 1.0
     say(f"Capacity: the largest fleet (tasks back to back) with at most {budget:.2f} % of control steps stalled "
         f"counted from arrival: 1 % above a robot alone on a dedicated server ({alone.stalled_arrival_pct:.2f} % "
@@ -661,6 +665,8 @@ def study(args) -> tuple[str, dict]:
         n_sim = model.largest_fleet(lambda n: sim_at(n, sched, mb), "stalled_arrival_pct", budget_sim, args.max_fleet)
         n_cap = model.largest_fleet(lambda n: sim_at(n, sched, mb, "capture"), "stalled_arrival_pct", budget_sim,
                                     args.max_fleet)
+        n_tick = model.largest_fleet(lambda n: sim_at(n, sched, mb, "capture", PHASES), "stalled_arrival_pct",
+                                     alone_tick.stalled_arrival_pct + 1.0, args.max_fleet)
         points: dict[int, SimpleNamespace] = {}
 
         def at(n: int):
@@ -679,9 +685,11 @@ def study(args) -> tuple[str, dict]:
             missing.append((name, points, f">= {max(fit)}" if fit else "?"))
             continue
         n = answers[mb] = max(1, int(n_real.removeprefix(">= ")))
-        rows.append((name, n_real, n_sim, n_cap, at(n), sim_at(n, sched, mb), sim_at(n, sched, mb, "capture"), points))
+        rows.append((name, n_real, (n_sim, n_cap, n_tick), at(n),
+                     (sim_at(n, sched, mb), sim_at(n, sched, mb, "capture"), sim_at(n, sched, mb, "capture", PHASES)),
+                     points))
         data["rungs"].append({"name": name, "real": n_real, "model": n_sim, "model_capture": n_cap,
-                              "points": {k: v.runs for k, v in sorted(points.items())}})
+                              "model_capture_ticks": n_tick, "points": {k: v.runs for k, v in sorted(points.items())}})
 
     say("#### Real stack: capacity and figures at it\n")
     say("| rung | robots | dedicated servers for the same fleet | actions/s | task mean s | task p25 s | "
@@ -689,35 +697,36 @@ def study(args) -> tuple[str, dict]:
     say(f"| dedicated server per robot (1 robot) | 1 | 1 | {pm(alone, 'actions_per_s', '.0f')} | "
         f"{pm(alone, 'latency_mean_s')} | {alone.latency_p25_s:.2f} | {pm(alone, 'latency_p95_s')} | "
         f"{pm(alone, 'stalled_pct')} | {alone.driver_lateness_p99_ms:.1f} |")
-    for name, n_real, _, _, r, *_ in rows:
+    for name, n_real, _, r, *_ in rows:
         say(f"| {name} | {n_real} | {n_real} | {pm(r, 'actions_per_s', '.0f')} | {pm(r, 'latency_mean_s')} | "
             f"{r.latency_p25_s:.2f} | {pm(r, 'latency_p95_s')} | {pm(r, 'stalled_pct')} | "
             f"{r.driver_lateness_p99_ms:.1f} |")
     say("")
 
-    def trio(key: str, r, m, c, fmt: str = ".2f") -> str:
-        a, b, d = getattr(r, key), getattr(m, key), getattr(c, key)
-        return f"{a:{fmt}} / {b:{fmt}} / {d:{fmt}} ({ratio(a, b)}, {ratio(a, d)})"
+    def cols(key: str, r, models, fmt: str = ".2f") -> str:
+        a, others = getattr(r, key), [getattr(m, key) for m in models]
+        return (f"{a:{fmt}} / " + " / ".join(f"{b:{fmt}}" for b in others)
+                + " (" + ", ".join(ratio(a, b) for b in others) + ")")
 
     def requests(m) -> SimpleNamespace:  # the model counts served requests; per second of window
         return SimpleNamespace(requests_per_s=m.requests / args.seeds / args.measure_s)
 
     say("#### Real against the model, same traces, settings, window and seeds\n")
     say("Capacity by each one's own search and budget. The other columns at the real capacity N: real / model / "
-        "model, capture-aligned (real ÷ model, real ÷ capture-aligned model).\n")
-    say("| rung | capacity real / model / capture-aligned (ratios) | N | actions/s | task mean s | task p95 s | "
-        "stalled % from arrival | requests/s |\n|---|---|---|---|---|---|---|---|")
-    alone_cap = sim_at(1, "fifo", 1, "capture")
-    say(f"| dedicated server per robot | 1 / 1 / 1 | 1 | {trio('actions_per_s', alone, alone_sim, alone_cap, '.0f')} | "
-        f"{trio('latency_mean_s', alone, alone_sim, alone_cap)} | {trio('latency_p95_s', alone, alone_sim, alone_cap)} | "
-        f"{trio('stalled_arrival_pct', alone, alone_sim, alone_cap)} | "
-        f"{trio('requests_per_s', alone, requests(alone_sim), requests(alone_cap), '.1f')} |")
-    for name, n_real, n_sim, n_cap, r, m, c, _ in rows:
-        real_n, sim_n, cap_n = (float(x.removeprefix(">= ")) for x in (n_real, n_sim, n_cap))
-        say(f"| {name} | {n_real} / {n_sim} / {n_cap} ({ratio(real_n, sim_n)}, {ratio(real_n, cap_n)}) | {r.robots} | "
-            f"{trio('actions_per_s', r, m, c, '.0f')} | {trio('latency_mean_s', r, m, c)} | "
-            f"{trio('latency_p95_s', r, m, c)} | {trio('stalled_arrival_pct', r, m, c)} | "
-            f"{trio('requests_per_s', r, requests(m), requests(c), '.1f')} |")
+        "model, capture-aligned / model, capture-aligned on ticks (real ÷ each model).\n")
+    say("| rung | capacity real / model / capture-aligned / on ticks (ratios) | N | actions/s | task mean s | "
+        "task p95 s | stalled % from arrival | requests/s |\n|---|---|---|---|---|---|---|---|")
+    alone_models = (alone_sim, alone_cap, alone_tick)
+    say(f"| dedicated server per robot | 1 / 1 / 1 / 1 | 1 | {cols('actions_per_s', alone, alone_models, '.0f')} | "
+        f"{cols('latency_mean_s', alone, alone_models)} | {cols('latency_p95_s', alone, alone_models)} | "
+        f"{cols('stalled_arrival_pct', alone, alone_models)} | "
+        f"{cols('requests_per_s', alone, [requests(m) for m in alone_models], '.1f')} |")
+    for name, n_real, caps, r, models, _ in rows:
+        real_n, *model_n = (float(x.removeprefix(">= ")) for x in (n_real, *caps))
+        say(f"| {name} | {n_real} / {' / '.join(caps)} ({', '.join(ratio(real_n, m) for m in model_n)}) | "
+            f"{r.robots} | {cols('actions_per_s', r, models, '.0f')} | {cols('latency_mean_s', r, models)} | "
+            f"{cols('latency_p95_s', r, models)} | {cols('stalled_arrival_pct', r, models)} | "
+            f"{cols('requests_per_s', r, [requests(m) for m in models], '.1f')} |")
     say("")
 
     if missing:

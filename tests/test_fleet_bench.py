@@ -178,10 +178,10 @@ def test_the_study_searches_every_rung_and_sets_it_beside_the_model(monkeypatch,
     body, data = fleet_zenoh.study(args)
     assert [r["name"] for r in data["rungs"]] == [name for name, _ in fleet_model.RUNGS]
     assert {r["real"] for r in data["rungs"]} == {"5", "11"}  # exact to one robot on every rung
-    assert all(r["model"] and r["model_capture"] for r in data["rungs"])
+    assert all(r["model"] and r["model_capture"] and r["model_capture_ticks"] for r in data["rungs"])
     for name, _ in fleet_model.RUNGS:
         assert body.count(f"| {name} |") == 2  # the real table and the real-vs-model table
-    assert "dedicated server per robot" in body and "capture-aligned (ratios)" in body
+    assert "dedicated server per robot" in body and "capture-aligned / on ticks (ratios)" in body
     assert all(len(runs) == 3 for r in data["rungs"] for runs in r["points"].values())  # 3 seeds per point
 
     def no_run(*_):
@@ -211,3 +211,20 @@ def test_the_model_aligned_at_capture_buys_fewer_actions_per_request():
     loaded = replace(base, robots=10)  # one at a time: the extra requests saturate the server
     assert (fleet_model.FleetSim(replace(loaded, chunk_start="capture"), traces, latency).run().stalled_arrival_pct
             > fleet_model.FleetSim(loaded, traces, latency).run().stalled_arrival_pct + 5)
+
+
+def test_the_model_on_ticks_sends_and_starts_chunks_only_on_a_robots_tick():
+    """tick_phases=N (the real driver's robots): a robot acts on its own 30 Hz tick, so each chunk waits for
+    the next tick after it arrives; alone that costs stalls (never throughput), and robot i ticks in phase i % N."""
+    traces = [t.executed_rounds(False) for t in generate_traces(30, seed=2)]
+    latency = fleet_model.gpu_latency()
+    base = fleet_model.Config(robots=1, duration_s=120.0, warmup_s=5.0, chunk_start="capture")
+    sim = fleet_model.FleetSim(replace(base, tick_phases=10), traces, latency)
+    robot = sim._robot("r13")
+    assert robot.phase_s == pytest.approx(3 * fleet_model.DT_S / 10)
+    assert robot.tick(robot.phase_s + 2 * fleet_model.DT_S) == pytest.approx(robot.phase_s + 2 * fleet_model.DT_S)
+    assert robot.tick(robot.phase_s + 2.1 * fleet_model.DT_S) == pytest.approx(robot.phase_s + 3 * fleet_model.DT_S)
+    assert fleet_model.FleetSim(base, traces, latency)._robot("r13").phase_s is None  # continuous by default
+    continuous, ticked = fleet_model.FleetSim(base, traces, latency).run(), sim.run()
+    assert ticked.actions_per_s == pytest.approx(continuous.actions_per_s, rel=0.05)
+    assert ticked.stalled_arrival_pct > continuous.stalled_arrival_pct
