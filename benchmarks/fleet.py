@@ -520,11 +520,21 @@ HEADER = ("| {first} | task mean s | vs FIFO, same seed | task p25 s | task p95 
           "|---|---|---|---|---|---|---|---|---|---|---|")
 
 
-def rate_for_load(load: float, latency_s, max_batch: int, traces) -> float:
+def rate_for_load(load: float, latency_s, max_batch: int, traces, requests_per_task: float | None = None) -> float:
     """Task arrivals per second that ask for `load` x the server's throughput at `max_batch`
-    (``max_batch / latency(max_batch)`` requests/s), each task asking one request per round."""
-    rounds = statistics.fmean(len(t) for t in traces)
-    return load * max_batch / latency_s(max_batch) / rounds
+    (``max_batch / latency(max_batch)`` requests/s), each task asking one request per round, or
+    `requests_per_task` (e.g. `requests_per_task_alone`)."""
+    per_task = requests_per_task or statistics.fmean(len(t) for t in traces)
+    return load * max_batch / latency_s(max_batch) / per_task
+
+
+def requests_per_task_alone(cfg: Config, traces, latency_s, seeds: Sequence[int]) -> float:
+    """Requests a task asks of a server that serves its robot alone (tasks back to back): one per round
+    with chunks started after the buffer, more with the client's alignment (a request sent L actions
+    ahead buys H - L new ones). At load, longer RTTs make it more still."""
+    runs = [FleetSim(Config(**{**cfg.__dict__, "mode": "fleet", "robots": 1, "scheduler": "fifo", "max_batch": 1,
+                                "seed": s}), traces, latency_s).run() for s in seeds]
+    return sum(r.requests for r in runs) / max(1, sum(r.tasks_done for r in runs))
 
 
 def largest_fleet(run: Callable[[int], Result], key: str, budget_pct: float = 1.0, limit: int = 256,
@@ -605,6 +615,10 @@ def study(args) -> str:
     for profile in args.profiles:
         latency_s = gpu_latency(profile)
         sat = saturation_batch_size({b: latency_s(b) for b in profile_batch_sizes(16)})
+        per_task = requests_per_task_alone(base, traces, latency_s, seeds) if getattr(args, "load_basis", "rounds") == "alone" else None
+        if per_task is not None:
+            say(f"Loads from the requests a task asks of a server serving its robot alone: {per_task:.2f} per task "
+                f"(`--load-basis alone`; the traces have {statistics.fmean(map(len, traces)):.2f} rounds).\n")
         say(f"### Profile `{profile}`\n")
         say(f"ms per dispatch by batch size: {PROFILES[profile]}; throughput at 1 = {1 / latency_s(1):.1f} req/s, "
             f"at 16 = {16 / latency_s(16):.1f} req/s; saturation batch size (within 10 % of peak) = {sat}.\n")
@@ -612,7 +626,7 @@ def study(args) -> str:
         # 1. order where it matters: online arrivals at the highest stable load and just past it
         for b in (1, sat):
             for load in args.loads:
-                rate = rate_for_load(load, latency_s, b, traces)
+                rate = rate_for_load(load, latency_s, b, traces, per_task)
                 say(f"#### Online, load {load:g} at max batch {b} ({rate:.2f} tasks/s)\n")
                 say(HEADER.format(first="scheduler / setting"))
 
@@ -723,6 +737,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--tick-phases", type=int, default=0,
                    help="robots act only on their 30 Hz tick, spread over this many phases (the real driver: 10; "
                         "0: continuous time, Config.tick_phases)")
+    p.add_argument("--load-basis", choices=("rounds", "alone"), default="rounds",
+                   help="online loads from one request per round of the traces, or from the requests a task asks "
+                        "of a server serving its robot alone (more with --chunk-start capture)")
     p.add_argument("--profiles", nargs="+", choices=sorted(PROFILES), default=["gpu", "vla"])
     p.add_argument("--loads", type=float, nargs="+", default=[0.95, 1.0],
                    help="online loads (offered requests / throughput at the max batch) for the settings sweep")
