@@ -360,3 +360,29 @@ def test_a_slot_rewritten_while_the_model_reads_its_views_is_a_stale_rejection_n
     finally:
         ring.close()
         executor.close()
+
+
+def test_a_reading_server_removes_the_files_of_clients_killed_since_it_started(monkeypatch):
+    """A SIGKILLed client leaves its pointer file; the server's reader removes such files as it goes
+    (every ORPHAN_SWEEP_S), not only at its next start, and keeps the files of live clients."""
+    with open("/proc/sys/kernel/pid_max") as f:
+        dead = int(f.read())
+    orphan = os.path.join(same_host.SHM_DIR, f"lz-{dead}-{'d' * 32}-0")
+    rng = np.random.default_rng(3)
+    ring = same_host.FrameRing(slots=2)
+    reader = same_host.FrameReader()
+    try:
+        ref = ring.write(frames(rng))
+        reader.read(ref, CAMS)  # the first sweep is due at once
+        with open(orphan, "wb") as f:
+            f.write(b"x")  # a client killed after that
+        monkeypatch.setattr(same_host, "ORPHAN_SWEEP_S", 0.0)
+        monkeypatch.setattr(reader, "_swept_s", 0.0)  # the next read sweeps
+        reader.read(ring.write(frames(rng)), CAMS)
+        assert not os.path.exists(orphan) and reader.orphans_removed >= 1
+        assert our_files(ring) == ring.names()  # the live client's ring stays
+    finally:
+        ring.close()
+        reader.close()
+        if os.path.exists(orphan):
+            os.unlink(orphan)

@@ -76,6 +76,12 @@ class Executor:
         self._frames = same_host.FrameReader()  # same-host rings, mapped once each
         self._shared: dict[int, object] = {}  # id(request) -> its SharedFrames, until `infer` checks them
 
+    @property
+    def shared_memory_figures(self) -> dict[str, int]:
+        """Same-host rings mapped now and in all, and files of dead clients removed (telemetry)."""
+        return {"shm_rings_mapped": len(self._frames), "shm_rings_mapped_total": self._frames.mapped_total,
+                "shm_orphans_removed": self._frames.orphans_removed}
+
     def close(self) -> None:
         if self._jpeg is not None:
             self._jpeg.shutdown(wait=False)

@@ -638,6 +638,7 @@ class PolicyServer:
             **{f"answers.{kind}": n for kind, n in model.answers.items()},
             "batch_size_mean": float(np.mean(batch_sizes)) if batch_sizes else 1.0,
             "batch_fallbacks": model.executor.batch_fallbacks,
+            **model.executor.shared_memory_figures,
             "max_batch_size": model.max_batch_size,
             **{f"batch_profile.{b}_ms": t * 1000 for b, t in model.batch_profile_s.items()},
             **{f"scheduler.{k}": v for k, v in snap["scheduler"].items()},

@@ -34,6 +34,8 @@ COUNTERS = {
     "watchdog_events": "Times the watchdog started a search for a server",
     "steps": "Control steps executed",
     "dataset_frames": "Frames written to the LeRobotDataset",
+    "shm_rings_mapped_total": "Same-host frame rings mapped since start",
+    "shm_orphans_removed": "Shared-memory files of dead clients removed",
 }
 
 #: A pipeline client's per-component SLO counts (`slo.<component>.<figure>`, label `component`).
@@ -63,6 +65,7 @@ GAUGES = {
     "serving": "1 while this server serves (a hot standby reports 0 while its primary is up)",
     "batch_size_mean": "Observations per forward pass, mean of the last 256 passes",
     "max_batch_size": "Most observations per forward pass in use",
+    "shm_rings_mapped": "Same-host frame rings mapped now",
     "buffer_depth": "Actions buffered on the robot now",
     "revalidating": "1 while the client looks for a valid server",
     "loop_hz": "Control steps per second over the last telemetry period",

@@ -70,6 +70,7 @@ POINTER_MAGIC = b"LZM1"
 HEADER = struct.Struct("<4s4xQ")  # per slot: b"LZF2", generation
 MAGIC = b"LZF2"
 MAX_SLOTS = 16
+ORPHAN_SWEEP_S = 60.0  # how often a reading server removes the files of dead clients
 SLOT_ALIGN = 4096  # slots start on page boundaries
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -177,7 +178,9 @@ class FrameReader:
         self._maps: OrderedDict[str, _Mapped] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()
         self._swept_s = time.monotonic()
+        self._orphans_swept_s = 0.0  # the first sweep also removes files of dead processes
         self.mapped_total = 0  # rings mapped so far (a mapping is reused for every later observation)
+        self.orphans_removed = 0  # pointer files of clients that died without removing them
 
     def __len__(self) -> int:
         return len(self._maps)
@@ -312,8 +315,13 @@ class FrameReader:
         return _Mapped(segment, pid, pointer, buffer, size)
 
     def _sweep(self, now: float) -> None:
-        """Unmap rings whose pointer file or process is gone, or that were not read for `idle_s`."""
+        """Unmap rings whose pointer file or process is gone, or that were not read for `idle_s`; every
+        `ORPHAN_SWEEP_S`, remove the pointer files of this user's clients that died without removing
+        them (killed: a long-running server would otherwise keep collecting them until it restarts)."""
         self._swept_s = now
+        if now - self._orphans_swept_s > ORPHAN_SWEEP_S:
+            self._orphans_swept_s = now
+            self.orphans_removed += remove_orphans(self.directory)
         for segment, mapped in list(self._maps.items()):
             if (now - mapped.used_s > self.idle_s or not os.path.exists(f"/proc/{mapped.pid}")
                     or not os.path.exists(os.path.join(self.directory, segment))):
