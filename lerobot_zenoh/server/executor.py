@@ -79,7 +79,7 @@ class Executor:
     @property
     def shared_memory_figures(self) -> dict[str, int]:
         """Same-host rings mapped now and in all, and files of dead clients removed (telemetry)."""
-        return {"shm_rings_mapped": len(self._frames), "shm_rings_mapped_total": self._frames.mapped_total,
+        return {"shm_rings_mapped": len(self._frames), "shm_rings_opened": self._frames.mapped_total,
                 "shm_orphans_removed": self._frames.orphans_removed}
 
     def close(self) -> None:

@@ -34,7 +34,7 @@ COUNTERS = {
     "watchdog_events": "Times the watchdog started a search for a server",
     "steps": "Control steps executed",
     "dataset_frames": "Frames written to the LeRobotDataset",
-    "shm_rings_mapped_total": "Same-host frame rings mapped since start",
+    "shm_rings_opened": "Same-host frame rings mapped since start (a ring is mapped once)",
     "shm_orphans_removed": "Shared-memory files of dead clients removed",
 }
 
