@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -80,7 +81,7 @@ def shared_memory_figures(server_pid: int | None) -> dict[str, float]:
         try:
             figures["server_fds"] = len(os.listdir(f"/proc/{server_pid}/fd"))
             maps = Path(f"/proc/{server_pid}/maps").read_text().splitlines()
-            figures["server_mapped_rings"] = len({line.split()[-1] for line in maps if "memfd:lz-" in line})
+            figures["server_mapped_rings"] = len({m.group(0) for line in maps if (m := re.search(r"memfd:lz-[0-9a-f-]+", line))})
         except OSError:
             pass
     return figures
