@@ -107,12 +107,15 @@ bench-rtc: $(RTC_STAMP)
 # Fault tests in network namespaces (root; part of `make test` too) and a soak run.
 SOAK_MINUTES ?= 30
 SOAK_ROBOTS  ?= 4
+# Robots coming and going (one stops every 60 s, every other one killed) with two 480x640 cameras
+# each: on one host they use the same-host path, so its shared memory is soaked too.
+SOAK_ARGS    ?= --cameras 480x640,480x640 --churn-s 60
 .PHONY: test-faults soak
 test-faults: $(STAMP)
 	$(PY) -m pytest tests/test_faults.py -s
 
 soak: $(STAMP)
-	$(PY) benchmarks/soak.py --minutes $(SOAK_MINUTES) --robots $(SOAK_ROBOTS)
+	$(PY) benchmarks/soak.py --minutes $(SOAK_MINUTES) --robots $(SOAK_ROBOTS) $(SOAK_ARGS)
 
 # Benchmarks against LeRobot's gRPC async inference and the physical floor (docs/benchmarks.md): a few
 # minutes on 2 cores; BENCH_ARGS=--full for the long runs. Shaped links need root (network namespaces).

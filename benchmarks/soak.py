@@ -2,6 +2,12 @@
 
     python benchmarks/soak.py --minutes 30 --robots 4                 # synthetic policy (default)
     python benchmarks/soak.py --minutes 30 --robots 2 --manifest manifests/demo.yaml
+    python benchmarks/soak.py --minutes 30 --robots 4 --cameras 480x640,480x640 --churn-s 60   # make soak
+
+With `--churn-s` robots come and go: every that many seconds the longest-running robot stops (SIGINT,
+and every other time SIGKILL, which leaves its shared-memory file behind) and a robot with another id
+starts. On one host the robots use the same-host path, so the run also samples /dev/shm (our files),
+the machine's Shmem (memfd rings count there) and the server's open fds and mapped rings.
 
 Runs the real console scripts as separate processes on loopback, samples every process's resident
 memory from /proc and every component's telemetry (the same figures `lerobot-zenoh-monitor`
