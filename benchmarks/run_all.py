@@ -53,6 +53,27 @@ def targets(results: dict) -> list[tuple[str, str, str, bool | None]]:
             if row["link"] == "wifi":
                 rows.append((">= 5x lower than LeRobot on the Wi-Fi-like link", f"{ler / ours:.1f}x ({ours:.2f} vs {ler:.2f} ms)",
                              f"floor {floor:.2f} ms", ler / ours >= 5.0))
+        for row in lat["cases"]:  # the network path against floor + JPEG (#20), main workload, every link
+            if row["workload"] != MAIN_WORKLOAD or "jpeg" not in row:
+                continue
+            s = row["systems"]
+            floor_jpeg = s["floor"]["added_ms"]["p50"] + row["jpeg"]["encode_obs_par_ms"] + row["jpeg"]["decode_obs_par_ms"]
+            ours = s["ours"]["added_ms"]["p50"]
+            rows.append((f"network path within 0.5 ms of floor + JPEG, {row['link']}", f"{ours:.2f} ms (+{ours - floor_jpeg:.2f})",
+                         f"floor + JPEG {floor_jpeg:.2f} ms", ours - floor_jpeg <= 0.5))
+        def added(row, system):
+            return row["systems"].get(system, {}).get("added_ms", {}).get("p50")
+
+        # ours as a robot gets it: on loopback (one host) the client picks the same-host path by itself
+        ratios = [(added(row, "lerobot") / ours, f"{row['workload']}/{row['link']}")
+                  for row in lat["cases"]
+                  if added(row, "lerobot") and (ours := added(row, "ours_shm") or added(row, "ours"))]
+        network = [(added(row, "lerobot") / added(row, "ours"), f"{row['workload']}/{row['link']}")
+                   for row in lat["cases"] if added(row, "lerobot") and added(row, "ours")]
+        if ratios:
+            worst, worst_net = min(ratios), min(network)
+            rows.append((">= 5x under LeRobot, every workload and link", f"worst {worst[0]:.1f}x ({worst[1]})",
+                         f"JPEG path only: worst {worst_net[0]:.1f}x ({worst_net[1]})", worst[0] >= 5.0))
         for row in lat["cases"]:  # the same-host path (#20), loopback cases only
             shm = row["systems"].get("ours_shm")
             limit_ms = {"cam2_480x640": 1.0, "cam3_720x1280": 3.0}.get(row["workload"])
@@ -68,13 +89,18 @@ def targets(results: dict) -> list[tuple[str, str, str, bool | None]]:
             x = st[0]
             rows.append(("100 clients x 30 Hz on < 1 core", f"{x['server_cores']:.2f} cores, {x['received_per_s']:.0f}/s received",
                          "offered 3000/s", x["server_cores"] < 1.0 and x["keeps_up"]))
+            floor = [f for f in ing["stages"] if f["system"] == "floor" and f["clients"] == 100 and "skipped" not in f]
+            if floor and floor[0]["server_cores"]:
+                ratio = x["server_cores"] / floor[0]["server_cores"]
+                rows.append(("ingest at 100 clients <= 1.2x the floor's cores", f"{ratio:.2f}x",
+                             f"floor {floor[0]['server_cores']:.2f} cores", ratio <= 1.2))
     return rows
 
 
 def targets_table(rows) -> str:
-    out = ["Targets (reported, not asserted)", f"  {'target':<48} {'measured':<36} {'for comparison':<34} met"]
+    out = ["Targets (reported, not asserted)", f"  {'target':<56} {'measured':<36} {'for comparison':<34} met"]
     for t, m, ref, ok in rows:
-        out.append(f"  {t:<48} {m:<36} {ref:<34} {'yes' if ok else 'NO'}")
+        out.append(f"  {t:<56} {m:<36} {ref:<34} {'yes' if ok else 'NO'}")
     return "\n".join(out)
 
 
