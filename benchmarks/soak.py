@@ -244,7 +244,7 @@ def main() -> int:
             if key in m:
                 minute_marks.setdefault(int((t - start) // 60), m[key])
         marks = [minute_marks[k] for k in sorted(minute_marks)]
-        per_min = [b - a for a, b in zip(marks, marks[1:])]
+        per_min = [b - a for a, b in zip(marks, marks[1:]) if b >= a]  # a fall: a new process took the id
         last = series[-1][1]
         report["throughput"][source] = {
             f"{key}_per_min_mean": round(sum(per_min) / len(per_min), 1) if per_min else None,

@@ -805,6 +805,7 @@ class RobotClient:
             "chunks_received": c.chunks_received,
             "chunks_rejected": c.chunks_rejected,
             "observations_published": c.observations_published,
+            "observations_same_host": c.observations_same_host,
             "observations_dropped_in_outbox": self.outbox.dropped,
             # observations that got no chunk within the request timeout: lost on the way (best effort,
             # too large for a link, shared memory), dropped by the server, or their chunk dropped

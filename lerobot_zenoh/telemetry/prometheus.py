@@ -30,6 +30,7 @@ COUNTERS = {
     "chunks_received": "Action chunks merged into the action buffer",
     "chunks_rejected": "Action chunks refused (malformed, wrong size, unanswered)",
     "observations_published": "Observations sent to the server",
+    "observations_same_host": "Observations sent with raw frames in the same-host ring",
     "observations_dropped_in_outbox": "Observations replaced by a newer one before they could be sent",
     "watchdog_events": "Times the watchdog started a search for a server",
     "steps": "Control steps executed",
