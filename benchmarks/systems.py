@@ -142,7 +142,8 @@ class OursServer:
                 rejected += sum(c["rejected"].values())
         return {"received": received, "superseded": superseded, "served": served, "rejected": rejected,
                 "decoded_observations": self.decoded_observations, "decoded_jpegs": self.decoded_jpegs,
-                "samples": sum(s.received for s in self.server._subscriptions)}
+                "samples": sum(getattr(sub, "received", 0) for model in self.server.models  # liveliness watchers count none
+                               for subs in model.subscriptions.values() for sub in subs)}
 
     def close(self) -> None:
         if self.server is not None:
