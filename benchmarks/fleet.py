@@ -717,6 +717,17 @@ def write_section(path: Path, body: str, command: str) -> None:
     write_docs_block(path, BEGIN, END, "Fleet scheduling", f"Command: `{command}`\n\n{body}")
 
 
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0 (a mistake is a one-line usage error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, default=3)
@@ -734,7 +745,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--chunk-start", choices=("after_buffer", "capture"), default="after_buffer",
                    help="where a round's chunk starts: after the buffered actions, or at its capture step as the "
                         "reference client aligns it (Config.chunk_start)")
-    p.add_argument("--tick-phases", type=int, default=0,
+    p.add_argument("--tick-phases", type=non_negative_int, default=0,
                    help="robots act only on their 30 Hz tick, spread over this many phases (the real driver: 10; "
                         "0: continuous time, Config.tick_phases)")
     p.add_argument("--load-basis", choices=("rounds", "alone"), default="rounds",

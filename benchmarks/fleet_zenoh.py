@@ -760,6 +760,15 @@ def write_docs(path: Path, body: str, command: str) -> None:
 # ------------------------------------------------------------------------------------ CLI
 
 
+def zenoh_entry(text: str) -> tuple[str, str]:
+    """``PATH=JSON5`` -> (path, literal), for argparse (a mistake is a one-line usage error)."""
+    path, sep, literal = text.partition("=")
+    if not sep or not path or not literal:
+        raise argparse.ArgumentTypeError(f"expected PATH=JSON5, e.g. transport/link/tx/queue/size/interactive_high=2, "
+                                         f"got {text!r}")
+    return path, literal
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -784,7 +793,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--port", type=int, default=None, help="the server's port (default: a free one)")
     r.add_argument("--json", help="write the result here")
-    r.add_argument("--zenoh-set", action="append", default=[], metavar="PATH=JSON5",
+    r.add_argument("--zenoh-set", action="append", default=[], metavar="PATH=JSON5", type=zenoh_entry,
                    help="a Zenoh config entry for the server and the driver (repeatable), e.g. "
                         "transport/link/tx/queue/size/interactive_high=2 (Zenoh's default)")
     s = sub.choices["study"]
@@ -814,7 +823,7 @@ def main(argv: list[str] | None = None) -> int:
                         horizon=args.horizon, profile=args.profile, mode=args.mode, robots=args.robots,
                         rate_per_s=args.rate_per_s, warmup_s=args.warmup_s, measure_s=args.measure_s,
                         drain_s=args.drain_s, seed=args.seed)
-        overrides = dict(item.split("=", 1) for item in args.zenoh_set)
+        overrides = dict(args.zenoh_set)
         result = run(cfg, tasks, Path(args.out), port=args.port, zenoh_overrides=overrides or None)
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1))

@@ -69,8 +69,15 @@ def parse_cameras(text: str) -> dict[str, list[int]]:
     names = ["front", "wrist"]
     out = {}
     for i, part in enumerate(p for p in text.split(",") if p):
-        h, w = (int(v) for v in part.lower().split("x"))
+        try:
+            h, w = (int(v) for v in part.lower().split("x"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected HxW per camera, e.g. 480x640,480x640; got {part!r}") from None
+        if h <= 0 or w <= 0:
+            raise argparse.ArgumentTypeError(f"a camera needs a positive size, got {part!r}")
         out[names[i] if i < len(names) else f"cam{i}"] = [h, w]
+    if not out:
+        raise argparse.ArgumentTypeError("no camera given")
     return out
 
 
@@ -98,7 +105,7 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--robots", type=int, default=4, help="robots running at any time")
     parser.add_argument("--manifest", help="a manifest to serve (default: a synthetic policy)")
-    parser.add_argument("--cameras", default="96x128,96x128",
+    parser.add_argument("--cameras", default="96x128,96x128", type=parse_cameras,
                         help="synthetic policy and simulated robot: HxW per camera, comma separated")
     parser.add_argument("--churn-s", type=float, default=0.0,
                         help="every this many seconds the longest-running robot stops and a robot with a new id "
@@ -118,7 +125,7 @@ def main() -> int:
         manifest_path = Path(args.manifest)
         manifest = yaml.safe_load(manifest_path.read_text())
     else:
-        manifest = synthetic_manifest(args.port, pool, parse_cameras(args.cameras))
+        manifest = synthetic_manifest(args.port, pool, args.cameras)
         manifest_path = Path(tempfile.mkdtemp()) / "soak.yaml"
         manifest_path.write_text(yaml.safe_dump(manifest))
     entry = manifest["server"][0]
