@@ -228,3 +228,16 @@ def test_the_model_on_ticks_sends_and_starts_chunks_only_on_a_robots_tick():
     continuous, ticked = fleet_model.FleetSim(base, traces, latency).run(), sim.run()
     assert ticked.actions_per_s == pytest.approx(continuous.actions_per_s, rel=0.05)
     assert ticked.stalled_arrival_pct > continuous.stalled_arrival_pct
+
+
+def test_requests_per_task_alone_is_one_per_round_after_the_buffer_and_more_at_capture():
+    """The load basis of `--load-basis alone`: with chunks started after the buffer a robot alone asks one
+    request per round (over a long window: no edge bias), with the client's alignment more."""
+    traces = [t.executed_rounds(False) for t in generate_traces(40, seed=2)]
+    latency = fleet_model.gpu_latency()
+    rounds = sum(map(len, traces)) / len(traces)
+    after = fleet_model.requests_per_task_alone(fleet_model.Config(duration_s=60.0, warmup_s=5.0), traces, latency, [0, 1])
+    capture = fleet_model.requests_per_task_alone(
+        fleet_model.Config(duration_s=60.0, warmup_s=5.0, chunk_start="capture", tick_phases=10), traces, latency, [0, 1])
+    assert after == pytest.approx(rounds, rel=0.03)
+    assert capture > 1.05 * after
