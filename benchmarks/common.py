@@ -198,6 +198,41 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_range(n: int) -> int:
+    """A port p such that p .. p + n - 1 are all free now (servers listening on port_base + i)."""
+    import socket
+
+    for _ in range(100):
+        base = free_port()
+        socks = []
+        try:
+            for i in range(n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
+def stop_processes(procs, timeout_s: float = 10.0, sig: int = signal.SIGINT) -> None:
+    """Ask every process still running to stop (`sig`, all at once), then wait for each up to
+    `timeout_s` and kill what is left."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(sig)
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def cpu_s() -> float:
     """CPU time of this whole process, all threads (ns resolution)."""
     return time.process_time()

@@ -46,8 +46,6 @@ import copy
 import json
 import os
 import random
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -60,6 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import free_port_range, stop_processes  # noqa: E402
 from benchmarks.pipelines_plan import (
     S1,
     TASKS,
@@ -232,24 +231,6 @@ def predicted(deployment: str, factory: Factory, profiles: Profiles) -> float:
 
 # -- one run -----------------------------------------------------------------------------------------
 
-def _free_block(n: int) -> int:
-    for _ in range(200):
-        base = random.randint(20000, 60000 - n)
-        try:
-            socks = []
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no block of free ports")
-
-
 def _env() -> dict:
     return {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
             "HF_HUB_OFFLINE": "1"}
@@ -263,7 +244,7 @@ def run_one(workload: str, robots: int, deployment: str, *, servers: int = 8, sc
 
     random.seed(seed * 7919 + robots)
     tag = f"{workload.lower()}{robots}{deployment[:3]}s{seed}p{os.getpid()}"
-    data = factory_doc(workload, robots, servers, scale, fps=fps, port_base=_free_block(servers), tag=tag,
+    data = factory_doc(workload, robots, servers, scale, fps=fps, port_base=free_port_range(servers), tag=tag,
                        camera=camera)
     factory = parse_factory(data)
     profiles = scaled_profiles(scale)
@@ -305,14 +286,7 @@ def run_one(workload: str, robots: int, deployment: str, *, servers: int = 8, sc
                 raise RuntimeError(f"robot process {g} wrote no result: {(out / f'robots{g}.log').read_text()[-2000:]}")
             per_robot.update(json.loads(path.read_text()))
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGINT)
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(procs, 10)
         for log in logs:
             log.close()
         if tmp is not None:

@@ -36,6 +36,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import stop_processes  # noqa: E402
 from lerobot_zenoh.client.config import routing_args  # noqa: E402
 from lerobot_zenoh.protocol import codec  # noqa: E402
 from lerobot_zenoh.protocol.keys import AppKey  # noqa: E402
@@ -193,11 +194,7 @@ def main() -> int:
             if running:
                 oldest = running[0][1]
                 kill = churn["stops"] % 2 == 1
-                procs[oldest].send_signal(signal.SIGKILL if kill else signal.SIGINT)
-                try:
-                    procs[oldest].wait(30)
-                except subprocess.TimeoutExpired:
-                    procs[oldest].kill()
+                stop_processes([procs[oldest]], 30, signal.SIGKILL if kill else signal.SIGINT)
                 churn["stops"] += 1
                 churn["kills"] += kill
                 del procs[oldest]
@@ -214,13 +211,7 @@ def main() -> int:
               + "  ".join(f"{n}={memory[n][-1][1]:.0f}MB" for n in procs if memory.get(n))
               + "  " + "  ".join(f"{k}={v:.0f}" for k, v in shared[-1][1].items()), flush=True)
 
-    for name, proc in reversed(list(procs.items())):
-        proc.send_signal(signal.SIGINT)
-    for proc in procs.values():
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    stop_processes(list(reversed(procs.values())), 30)  # robots first, the server last
     session.close()
     for log in logs:
         log.close()

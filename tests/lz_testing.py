@@ -2,39 +2,14 @@
 
 from __future__ import annotations
 
-import socket
 import time
 
+from benchmarks.common import free_port, free_port_range  # noqa: F401 (one place for both; tests import them from here)
 from lerobot_zenoh.client.config import RobotClientConfig
 from lerobot_zenoh.client.config_sim_robot import SimRobotConfig
 from lerobot_zenoh.server.manifest import parse_manifest
 from lerobot_zenoh.server.server import PolicyServer
 from lerobot_zenoh.transport.settings import ZenohSettings
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def free_port_range(n: int) -> int:
-    """A port p such that p .. p + n - 1 are all free now (servers listening on port_base + i)."""
-    for _ in range(100):
-        base = free_port()
-        socks = []
-        try:
-            for i in range(n):
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                socks.append(s)
-                s.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no {n} consecutive free ports")
 
 
 def wait_for(predicate, timeout_s: float = 10.0, poll_s: float = 0.02) -> bool:
