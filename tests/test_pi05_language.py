@@ -1,0 +1,261 @@
+"""pi0.5 serving actions and language from one prefill (server/runners/pi05_language.py): actions bit
+for bit LeRobot's with or without text, tokens equal to a fresh prefill's and to one-at-a-time
+decoding, cross-frame batching, the decode budget, stop tokens and limits, refusals, eviction, and the
+builder's presets (docs/policies.md, "pi0.5: actions and language from one prefill")."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from lerobot_zenoh.errors import ConfigError, PolicyError, ProtocolError  # noqa: E402
+from lerobot_zenoh.server.runners.base import COMPONENT_EXTRA, ComponentQuery, InferenceRequest  # noqa: E402
+from lerobot_zenoh.server.runners.pi05_language import (  # noqa: E402
+    LANGUAGE_EXTRA,
+    DecodeBudget,
+    LanguageQuery,
+    LanguageSettings,
+)
+
+pytestmark = pytest.mark.slow
+
+STATE = ("a", "b", "c", "d")
+CAMERAS = {"front": (48, 64), "wrist": (48, 64)}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    from lerobot_zenoh.server.checkpoint import build_checkpoint
+
+    return build_checkpoint(tmp_path_factory.mktemp("pi05") / "tiny", policy_type="pi05", state_names=STATE,
+                            action_names=STATE, cameras=CAMERAS, chunk_size=10, fps=30,
+                            overrides={"num_inference_steps": 3})
+
+
+def _load(path, settings=None):
+    from lerobot_zenoh.server.runners.lerobot import LoadOptions, read_config
+    from lerobot_zenoh.server.runners.pi05_language import Pi05LanguageRunner
+
+    runner = Pi05LanguageRunner.from_checkpoint(path, read_config(path), LoadOptions())
+    if settings is not None:
+        runner.configure_language(settings)
+    return runner
+
+
+@pytest.fixture(scope="module")
+def runner(checkpoint):
+    return _load(checkpoint)
+
+
+def _request(i: int, *, text: bool = True, task: str = "pick up the red cube", **query) -> InferenceRequest:
+    rng = np.random.default_rng(i)
+    state = rng.standard_normal(len(STATE)).astype(np.float32)
+    images = {c: rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for c, (h, w) in CAMERAS.items()}
+    extras = {LANGUAGE_EXTRA: LanguageQuery(tag=i, **query)} if text else {}
+    return InferenceRequest(f"robot{i}", state, images, task, seed=100 + i, extras=extras)
+
+
+def _finish(runner, max_frames: int = 100) -> dict[str, str]:
+    """Advance until no generation is left; the final text of each session."""
+    final = {}
+    for _ in range(max_frames):
+        if not runner.language_active:
+            return final
+        final |= {u.session_id: u.text for u in runner.advance() if u.final}
+    raise AssertionError("generations did not finish")
+
+
+def _fresh_prefill_tokens(runner, request: InferenceRequest, n: int) -> list[int]:
+    """Greedy tokens without any cache: every step re-encodes prefix + prompt + tokens so far with
+    LeRobot's own embedding and masks (prefix bidirectional, the rest causal)."""
+    import torch
+    from lerobot.policies.common.vla_utils import make_att_2d_masks, prepare_attention_masks_4d
+    from lerobot.utils.constants import OBS_LANGUAGE_ATTENTION_MASK, OBS_LANGUAGE_TOKENS
+
+    policy = runner.policy
+    with torch.no_grad():
+        batch = runner.preprocessor(runner._stack([request]))
+        images, img_masks = policy._preprocess_images(batch)
+        prefix, pad, att = policy.model.embed_prefix(images, img_masks, batch[OBS_LANGUAGE_TOKENS],
+                                                     batch[OBS_LANGUAGE_ATTENTION_MASK])
+        seq = list(runner._tokenizer(runner.settings.prompt, add_special_tokens=False)["input_ids"])
+        out: list[int] = []
+        for _ in range(n):
+            ids = torch.tensor([seq + out])
+            embs = torch.cat([prefix, policy.model.paligemma_with_expert.embed_language_tokens(ids)], dim=1)
+            pads = torch.cat([pad, torch.ones_like(ids, dtype=torch.bool)], dim=1)
+            atts = torch.cat([att, torch.ones_like(ids, dtype=torch.bool)], dim=1)
+            mask = prepare_attention_masks_4d(make_att_2d_masks(pads, atts))
+            lm = policy.model.paligemma_with_expert.paligemma.model.language_model
+            hidden = lm.forward(inputs_embeds=embs, attention_mask=mask, position_ids=torch.cumsum(pads, 1) - 1,
+                                use_cache=False).last_hidden_state
+            logits = runner._lm_head(hidden[:, -1])
+            out.append(int(logits[0, : runner._vocab].argmax()))
+    return out
+
+
+def test_actions_bit_identical_with_and_without_language(checkpoint, runner):
+    from lerobot_zenoh.server.runners import load_policy_runner
+
+    plain = load_policy_runner(checkpoint)
+    requests = [_request(i, text=i != 1) for i in range(3)]
+    with_text = runner.run(requests)
+    assert runner.language_active == 2
+    without = plain.run([_request(i, text=False) for i in range(3)])
+    for a, b in zip(with_text, without, strict=True):
+        assert np.array_equal(a.actions, b.actions)
+    _finish(runner)
+    # And the language runner without text asked: the same again.
+    again = runner.run([_request(i, text=False) for i in range(3)])
+    for a, b in zip(again, without, strict=True):
+        assert np.array_equal(a.actions, b.actions)
+
+
+def test_tokens_equal_a_fresh_prefill_and_one_at_a_time(runner):
+    settings = LanguageSettings(max_new_tokens=6, tokens_per_frame=2)
+    runner.configure_language(settings)
+    requests = [_request(i) for i in range(3)]
+    alone = {}
+    for r in requests:
+        runner.run([r])
+        alone |= _finish(runner)
+    runner.run(requests)
+    together = _finish(runner)
+    assert together == alone
+    # Cross-frame: robots joining at different frames decode in one batch with the running ones.
+    runner.run(requests[:1])
+    runner.advance()
+    runner.run(requests[1:2])
+    runner.advance()
+    runner.run(requests[2:])
+    assert _finish(runner) == alone
+    # The shared prefix cache (after the action's denoising) gives a fresh prefill's tokens.
+    runner.run(requests[:1])
+    gen = []
+    while runner.language_active:
+        for u in runner.advance():
+            gen = u
+    expected = _fresh_prefill_tokens(runner, requests[0], 6)
+    assert runner._tokenizer.decode(expected, skip_special_tokens=True).strip() == gen.text
+    runner.configure_language(LanguageSettings())
+
+
+def test_budget_partial_text_then_final(runner):
+    runner.configure_language(LanguageSettings(max_new_tokens=7, tokens_per_frame=3))
+    runner.run([_request(0)])
+    seen = []
+    while runner.language_active:
+        updates = runner.advance()
+        assert len(updates) == 1
+        seen.append(updates[0])
+    # 1 token from the prompt pass + 3 per frame: 4, 7 (the limit).
+    assert [u.tokens for u in seen] == [4, 7]
+    assert [u.final for u in seen] == [False, True] and seen[-1].reason == "limit"
+    assert seen[-1].text.startswith(seen[0].text[:1]) and seen[-1].tag == 0
+    # A per-request limit below the setting.
+    runner.run([_request(1, max_new_tokens=2)])
+    (u,) = runner.advance()
+    assert u.final and u.tokens == 2
+    runner.configure_language(LanguageSettings())
+
+
+def test_stop_token_ends_the_generation(checkpoint):
+    runner = _load(checkpoint, LanguageSettings(max_new_tokens=5, tokens_per_frame=5))
+    ids = _fresh_prefill_tokens(runner, _request(0), 5)
+    # Random weights never say end-of-sequence: make the third token a stop token. (A stop string
+    # is one token of the tokenizer; this one may be a byte that decodes to nothing printable.)
+    runner._stop_ids = runner._stop_ids | {ids[2]}
+    runner.run([_request(0)])
+    (u,) = runner.advance()
+    assert u.final and u.reason == "stop" and u.tokens == ids.index(ids[2])
+    assert runner.counters["finished.stop"] == 1
+    with pytest.raises(ConfigError, match="language.stop"):
+        runner.configure_language(LanguageSettings(stop=("pick up the red cube and place it",)))
+
+
+def test_refusals_are_per_request_with_a_reason(runner):
+    runner.configure_language(LanguageSettings(max_new_tokens=8, max_prompt_tokens=12))
+    with pytest.raises(ProtocolError) as exc:
+        runner.check_request(_request(0, max_new_tokens=9))
+    assert exc.value.reason == "text_over_token_limit"
+    with pytest.raises(ProtocolError) as exc:
+        runner.check_request(_request(0, prompt="describe every object on the table in great detail please"))
+    assert exc.value.reason == "prompt_too_long"
+    verdict = InferenceRequest("r", *(_request(0).state, _request(0).images), "t", 0,
+                               extras={COMPONENT_EXTRA: ComponentQuery("t", "safety", "safe?", ("safe", "unsafe"))})
+    with pytest.raises(ProtocolError) as exc:
+        runner.check_request(verdict)
+    assert exc.value.reason == "component_not_served"
+    runner.check_request(_request(0))  # within the limits
+    # A bad query that reaches run anyway fails the call (the executor then serves one at a time).
+    with pytest.raises(PolicyError):
+        runner.run([_request(0, max_new_tokens=99)])
+    assert runner.language_active == 0
+    runner.configure_language(LanguageSettings())
+
+
+def test_one_generation_per_robot_forget_and_eviction(checkpoint):
+    runner = _load(checkpoint, LanguageSettings(max_new_tokens=20, tokens_per_frame=1, max_requests=2))
+    runner.run([_request(0)])
+    runner.run([_request(0)])  # its text is still being written: that one answers
+    assert runner.counters["busy"] == 1 and runner.language_active == 1
+    runner.forget("robot0")  # session closed / new episode
+    assert runner.language_active == 0 and runner.counters["forgotten"] == 1
+    for i in range(3):  # a third robot over max_requests: the oldest is evicted
+        runner.run([_request(i)])
+        runner.advance()
+    assert runner.counters["evicted"] == 1 and runner.language_active == 2
+    assert {g.session_id for g in runner._running.rows} == {"robot1", "robot2"}
+    # The KV cap: room for one generation only.
+    width = runner._running.width
+    small = _load(checkpoint, LanguageSettings(max_new_tokens=20, tokens_per_frame=1,
+                                               max_cached_tokens=width + 8))
+    small.run([_request(0)])
+    small.advance()
+    small.run([_request(1)])
+    small.advance()
+    assert small.counters["evicted"] >= 1 and small.language_active == 1
+    assert small._running.cached_tokens() <= width + 8
+
+
+def test_decode_budget_shrinks_near_the_action_slo():
+    s = LanguageSettings(tokens_per_frame=8, min_tokens_per_frame=1, action_slo_ms=100)
+    budget = DecodeBudget(s, margin=0.1, alpha=1.0)
+    assert budget.tokens() == 8  # nothing measured yet
+    budget.observe(action_ms=30, step_ms=5)
+    assert budget.tokens() == 8  # (90 - 30) / 5 = 12 -> capped
+    budget.observe(action_ms=60, step_ms=5)
+    assert budget.tokens() == 6
+    budget.observe(action_ms=95, step_ms=5)
+    assert budget.tokens() == 1  # the floor
+    assert DecodeBudget(LanguageSettings(tokens_per_frame=3)).tokens() == 3  # no SLO: fixed
+    with pytest.raises(ConfigError):
+        LanguageSettings(min_tokens_per_frame=5, tokens_per_frame=4)
+    with pytest.raises(ConfigError):
+        LanguageSettings(prompt="")
+
+
+def test_builder_presets_and_usable_lm_head(checkpoint, tmp_path):
+    from safetensors import safe_open
+
+    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.server.tiny_pi import TINY_PI_ARCHITECTURE
+
+    sidecar = json.loads((checkpoint / "lerobot_zenoh_features.json").read_text())
+    assert sidecar["test_architecture"] == TINY_PI_ARCHITECTURE
+    with safe_open(str(checkpoint / "model.safetensors"), "pt") as f:
+        head = f.get_tensor("model.paligemma_with_expert.paligemma.lm_head.weight")
+    vocab = len(json.loads((checkpoint / "tokenizer" / "tokenizer.json").read_text())["model"]["vocab"])
+    assert head.shape[0] == 257152 and float(head[vocab + 10:].abs().sum()) == 0.0
+    assert float(head[:vocab].abs().sum()) > 0
+    with pytest.raises(ConfigError, match="architecture"):
+        build_checkpoint(tmp_path / "x", policy_type="pi05", state_names=STATE, action_names=STATE,
+                         cameras=CAMERAS, chunk_size=10, architecture="huge")
+    with pytest.raises(ConfigError, match="architecture"):
+        build_checkpoint(tmp_path / "y", policy_type="act", state_names=STATE, action_names=STATE,
+                         cameras=CAMERAS, chunk_size=10, architecture="small")
