@@ -13,9 +13,13 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from lerobot_zenoh.errors import ConfigError, PolicyError, ProtocolError  # noqa: E402
-from lerobot_zenoh.server.runners.base import COMPONENT_EXTRA, ComponentQuery, InferenceRequest  # noqa: E402
-from lerobot_zenoh.server.runners.pi05_language import (  # noqa: E402
+from lerobot_zenoh.errors import ConfigError, PolicyError, ProtocolError
+from lerobot_zenoh.server.runners.base import (
+    COMPONENT_EXTRA,
+    ComponentQuery,
+    InferenceRequest,
+)
+from lerobot_zenoh.server.runners.pi05_language import (
     LANGUAGE_EXTRA,
     DecodeBudget,
     LanguageQuery,
@@ -74,7 +78,10 @@ def _fresh_prefill_tokens(runner, request: InferenceRequest, n: int) -> list[int
     """Greedy tokens without any cache: every step re-encodes prefix + prompt + tokens so far with
     LeRobot's own embedding and masks (prefix bidirectional, the rest causal)."""
     import torch
-    from lerobot.policies.common.vla_utils import make_att_2d_masks, prepare_attention_masks_4d
+    from lerobot.policies.common.vla_utils import (
+        make_att_2d_masks,
+        prepare_attention_masks_4d,
+    )
     from lerobot.utils.constants import OBS_LANGUAGE_ATTENTION_MASK, OBS_LANGUAGE_TOKENS
 
     policy = runner.policy
@@ -259,3 +266,14 @@ def test_builder_presets_and_usable_lm_head(checkpoint, tmp_path):
     with pytest.raises(ConfigError, match="architecture"):
         build_checkpoint(tmp_path / "y", policy_type="act", state_names=STATE, action_names=STATE,
                          cameras=CAMERAS, chunk_size=10, architecture="small")
+
+
+def test_text_only_request_runs_the_prefix_pass_alone(runner):
+    runner.configure_language(LanguageSettings(max_new_tokens=5, tokens_per_frame=5))
+    shared = runner.run([_request(0)])
+    (u_shared,) = runner.advance()
+    mixed = runner.run([_request(0, actions=False), _request(1, text=False)])
+    assert mixed[0].actions is None and mixed[1].actions is not None
+    (u_alone,) = runner.advance()
+    assert u_alone.text == u_shared.text and u_alone.final and shared[0].actions is not None
+    runner.configure_language(LanguageSettings())

@@ -47,6 +47,7 @@ from lerobot_zenoh.server.runners.base import (
     COMPONENT_EXTRA,
     InferenceRequest,
     InferenceResult,
+    check_observation,
 )
 from lerobot_zenoh.server.runners.flow_matching import FlowMatchingRunner
 
@@ -101,11 +102,14 @@ class LanguageSettings:
 @dataclass(frozen=True)
 class LanguageQuery:
     """What one observation asks of the language side: the prompt (empty: the settings'), the token
-    limit (None: the settings'), and `tag`, echoed in its `TextUpdate`s (the server's seq id)."""
+    limit (None: the settings'), `tag`, echoed in its `TextUpdate`s (the server's seq id), and
+    whether the same observation also asks for actions (`actions`; False: a text-only request runs
+    LeRobot's prefix pass alone and its result carries no actions)."""
 
     prompt: str = ""
     max_new_tokens: int | None = None
     tag: Any = None
+    actions: bool = True
 
 
 @dataclass(frozen=True)
@@ -333,22 +337,46 @@ class Pi05LanguageRunner(FlowMatchingRunner):
     # -- one frame ------------------------------------------------------------------------------
 
     def run(self, requests: Sequence[InferenceRequest], *, capture_updates: bool = False) -> list[InferenceResult]:
-        """LeRobot's chunk for every request (the plain runner's, bit for bit); the requests asking
-        text start their robot's generation from the same prefix cache (`advance` decodes it)."""
-        asking = [i for i, r in enumerate(requests) if r.extras.get(LANGUAGE_EXTRA) is not None]
-        starting = []
-        for i in asking:
-            r = requests[i]
+        """LeRobot's chunk for every request asking actions (the plain runner's, bit for bit); the
+        requests asking text start their robot's generation from the same prefix cache (`advance`
+        decodes it). A text-only request (``LanguageQuery.actions`` False) runs the prefix pass alone
+        and gets a result without actions."""
+        starting = []  # (index in requests, prompt ids, token limit, tag)
+        for i, r in enumerate(requests):
+            query = r.extras.get(LANGUAGE_EXTRA)
+            if query is None:
+                continue
+            try:
+                prompt_ids, limit = self._prompt_ids(query), self._token_limit(query)
+            except ProtocolError as exc:
+                raise PolicyError(f"session {r.session_id}: {exc}") from exc
             if r.session_id in self._pending or any(g.session_id == r.session_id for g in self._running.rows):
                 self.counters["busy"] += 1  # its robot's text is still being written: that one answers
                 continue
-            query = r.extras[LANGUAGE_EXTRA]
-            try:
-                starting.append((i, self._prompt_ids(query), self._token_limit(query), query.tag))
-            except ProtocolError as exc:
-                raise PolicyError(f"session {r.session_id}: {exc}") from exc
-        if not starting:
-            return super().run(requests, capture_updates=capture_updates)
+            starting.append((i, prompt_ids, limit, query.tag))
+        text_only = {i for i, r in enumerate(requests)
+                     if r.extras.get(LANGUAGE_EXTRA) is not None and not r.extras[LANGUAGE_EXTRA].actions}
+        act = [i for i in range(len(requests)) if i not in text_only]
+        results: list[InferenceResult] = [InferenceResult() for _ in requests]
+        if act:
+            pos = {i: n for n, i in enumerate(act)}
+            sub = [requests[i] for i in act]
+            sharing = [(pos[i], *rest) for i, *rest in starting if i in pos]
+            t0 = time.perf_counter()
+            done = (self._run_sharing(sub, sharing, capture_updates) if sharing
+                    else super().run(sub, capture_updates=capture_updates))
+            self.budget.observe(action_ms=(time.perf_counter() - t0) * 1000)
+            for n, i in enumerate(act):
+                results[i] = done[n]
+        if text_only:
+            only = sorted(text_only)
+            pos = {i: n for n, i in enumerate(only)}
+            self._prefill([requests[i] for i in only], [(pos[i], *rest) for i, *rest in starting if i in pos])
+        return results
+
+    def _run_sharing(self, requests: Sequence[InferenceRequest], starting: list,
+                     capture_updates: bool) -> list[InferenceResult]:
+        """LeRobot's chunks for `requests`, keeping the prefix cache of the rows in `starting`."""
         captured: list = []
 
         def keep_cache(_module: Any, _args: Any, kwargs: dict) -> None:
@@ -356,9 +384,7 @@ class Pi05LanguageRunner(FlowMatchingRunner):
 
         handle = self._language_model.layers[0].register_forward_pre_hook(keep_cache, with_kwargs=True)
         try:
-            t0 = time.perf_counter()
             results = super().run(requests, capture_updates=capture_updates)
-            self.budget.observe(action_ms=(time.perf_counter() - t0) * 1000)
         finally:
             handle.remove()
         if len(captured) != 1 or captured[0][0] is None or captured[0][1] is None:
@@ -366,6 +392,39 @@ class Pi05LanguageRunner(FlowMatchingRunner):
                               "LeRobot's sample_actions changed?")
         self._start(*captured[0], starting, requests)
         return results
+
+    def _prefill(self, requests: Sequence[InferenceRequest], starting: list) -> None:
+        """LeRobot's prefix pass alone (what ``sample_actions`` runs before denoising, with LeRobot's
+        own functions) for text-only requests; their generations start from its cache."""
+        import torch
+        from lerobot.policies.common.vla_utils import (
+            make_att_2d_masks,
+            prepare_attention_masks_4d,
+        )
+        from lerobot.utils.constants import (
+            OBS_LANGUAGE_ATTENTION_MASK,
+            OBS_LANGUAGE_TOKENS,
+        )
+
+        if not starting:
+            return
+        for r in requests:
+            check_observation(self.spec, r.state, r.images)
+        model = self.policy.model
+        try:
+            with self._lock, torch.no_grad():
+                batch = self.preprocessor(self._stack(requests))
+                images, img_masks = self.policy._preprocess_images(batch)
+                embs, pad, att = model.embed_prefix(images, img_masks, batch[OBS_LANGUAGE_TOKENS],
+                                                    batch[OBS_LANGUAGE_ATTENTION_MASK])
+                mask = prepare_attention_masks_4d(make_att_2d_masks(pad, att))
+                self._language_model.config._attn_implementation = "eager"  # as sample_actions sets it
+                _, cache = model.paligemma_with_expert.forward(
+                    attention_mask=mask, position_ids=torch.cumsum(pad, dim=1) - 1, past_key_values=None,
+                    inputs_embeds=[embs, None], use_cache=True)
+        except Exception as exc:
+            raise PolicyError(f"{self.path}: the prefix pass of {len(requests)} request(s) failed: {exc}") from exc
+        self._start(cache, mask, starting, requests)
 
     def _start(self, cache: Any, mask: Any, starting: list, requests: Sequence[InferenceRequest]) -> None:
         """Copy each asking row's prefix cache out of the call's (the call's is freed with it).
