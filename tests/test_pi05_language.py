@@ -277,3 +277,36 @@ def test_text_only_request_runs_the_prefix_pass_alone(runner):
     (u_alone,) = runner.advance()
     assert u_alone.text == u_shared.text and u_alone.final and shared[0].actions is not None
     runner.configure_language(LanguageSettings())
+
+
+def test_vlm_text_batched_equals_one_at_a_time(tmp_path):
+    """The VLM runner's iteration-level batching: rows leave at their last token; the text of each
+    robot equals transformers' generate on it alone (different prompts batch apart)."""
+    from lerobot_zenoh.server.checkpoint import build_tiny_vlm
+    from lerobot_zenoh.server.runners.vlm import VlmRunner, VlmSettings
+
+    cams = {"front": (48, 64)}
+    path = build_tiny_vlm(tmp_path / "vlm")
+    runner = VlmRunner.from_pretrained(path, VlmSettings(output="text", prompt="next subtask?", max_new_tokens=8,
+                                                         state_dim=4, cameras=cams))
+    rng = np.random.default_rng(3)
+    requests = []
+    for j in range(5):
+        extras = {COMPONENT_EXTRA: ComponentQuery("t", "plan", "what now?")} if j == 4 else {}
+        requests.append(InferenceRequest(f"r{j}", np.zeros(4, np.float32),
+                                         {"front": rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)}, "", j,
+                                         extras=extras))
+    together = runner.run(requests)
+    alone = runner.run_one_at_a_time(requests)
+    assert [r.text for r in together] == [r.text for r in alone]
+    assert runner.batches == 2  # two prompt shapes
+    eos = runner.model.generation_config.eos_token_id
+    # A stop token that some rows reach early: the first token of robot 1's text.
+    first = runner.processor.tokenizer(alone[1].text, add_special_tokens=False)["input_ids"][0]
+    runner.model.generation_config.eos_token_id = first
+    try:
+        early = runner.run(requests)
+        assert [r.text for r in early] == [r.text for r in runner.run_one_at_a_time(requests)]
+        assert len(early[1].text) < len(alone[1].text)  # it stopped at its first token
+    finally:
+        runner.model.generation_config.eos_token_id = eos
