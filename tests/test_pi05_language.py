@@ -310,3 +310,100 @@ def test_vlm_text_batched_equals_one_at_a_time(tmp_path):
         assert len(early[1].text) < len(alone[1].text)  # it stopped at its first token
     finally:
         runner.model.generation_config.eos_token_id = eos
+
+
+# -- served over real Zenoh: one pipeline item, System 1 and System 2 of a task ---------------------
+
+def test_served_actions_and_streamed_text_from_one_entry(checkpoint, port, app_key):
+    """A pi05 entry with `language` serving `act` (bit 0) and `plan` (bit 1) of task `kit` from one
+    prefill: a chunk on .../action, partial text then the final one on .../text; text-only and
+    actions-only masks; a bad text request refused per request (counted); the robot's language state
+    freed when its session closes."""
+    import threading
+
+    from lerobot_zenoh.protocol import codec
+    from lerobot_zenoh.protocol.keys import pipeline_app
+    from lerobot_zenoh.protocol.messages import Observation
+    from lerobot_zenoh.server.manifest import parse_manifest
+    from lerobot_zenoh.server.server import PolicyServer
+    from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
+    from lerobot_zenoh.transport.settings import loopback_settings
+    from lz_testing import wait_for
+
+    robot = "kit-r0"
+
+    def entry(model_id, task, **text):
+        return {"model_id": model_id, "model_version": "v1", "application_tag": f"{model_id}-srv",
+                "pretrained_path": str(checkpoint), "fps": 30, "clients": [{"client_uuid": robot}],
+                "language": {"max_new_tokens": 40, "tokens_per_frame": 2, "max_prompt_tokens": 12},
+                "pipeline": [{"task": task, "component": "act", "bit": 0,
+                              "text": {"component": "plan", "bit": 1, **text}}]}
+
+    m = parse_manifest({"cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": "srv0",
+                        "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False},
+                        "telemetry_period_s": 0, "sessions": {"liveliness_grace_s": 0.2},
+                        "server": [entry("pi", "kit", max_new_tokens=6),
+                                   entry("bad", "kit2", prompt="describe every object on the table in great detail")]})
+    server = PolicyServer(m).start()
+    session = ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))).open()
+    got: dict[str, list] = {"action": [], "text": []}
+    lock = threading.Lock()
+    try:
+        apps = {e.model_id: m.app_key(e) for e in m.server}
+        for topic, decode in (("action", codec.decode_action_chunk), ("text", codec.decode_text_result)):
+            session.subscribe(apps["pi"].client(robot).topic(topic),
+                              lambda key, payload, t=topic, d=decode: (lock.acquire(), got[t].append(d(payload)),
+                                                                       lock.release()))
+        for app in apps.values():
+            assert wait_for(lambda a=app: session.query(a.status, 0.3)), "status never answered"
+        streams = {t: pipeline_app(app_key.cluster, app_key.experiment, t).client(robot) for t in ("kit", "kit2")}
+        pubs = {t: session.publisher(s.obs, OBSERVATION_QOS) for t, s in streams.items()}
+        token = session.declare_token(streams["kit"].metrics)
+        rng = np.random.default_rng(0)
+
+        def send(seq_id, mask, task="kit"):
+            images = {c: codec.encode_jpeg(rng.integers(0, 255, (*hw, 3), dtype=np.uint8), 90) for c, hw in CAMERAS.items()}
+            obs = Observation(seq_id, robot, np.zeros(len(STATE), np.float32), images, "pick up the red cube",
+                              episode_id="e0", session_nonce=1, component_mask=mask)
+            pubs[task].put(codec.encode(obs), codec.encode_observation_header(obs))
+
+        def texts(seq_id):
+            with lock:
+                return [t for t in got["text"] if t.response_to_seq_id == seq_id]
+
+        def chunks(seq_id):
+            with lock:
+                return [c for c in got["action"] if c.response_to_seq_id == seq_id]
+
+        send(1, 0b11)
+        assert wait_for(lambda: chunks(1) and any(not t.partial for t in texts(1)), 30)
+        stream = texts(1)
+        assert stream[-1].partial is False and all(t.partial for t in stream[:-1]) and len(stream) >= 2
+        assert all(stream[-1].text.startswith(t.text[:1]) for t in stream)
+        send(2, 0b10)  # System 2 alone: text, no chunk
+        assert wait_for(lambda: any(not t.partial for t in texts(2)), 30)
+        send(3, 0b01)  # System 1 alone: a chunk, no text
+        assert wait_for(lambda: chunks(3), 30)
+        assert not chunks(2) and not texts(3)
+        runner = server.models[0].runner
+        assert runner.counters["started"] == 2 and server.stats()[apps["pi"].prefix]["answers"]["text"] == 2
+        # The other entry's prompt is over its max_prompt_tokens: refused per request, counted.
+        send(4, 0b11, task="kit2")
+        assert wait_for(lambda: server.stats()[apps["bad"].prefix]["clients"].get(robot, {}).get("rejected", {})
+                        .get("prompt_too_long"), 30)
+        # A robot that disappears frees its language state.
+        # (A budget of 0 tokens per frame once actions are over their SLO: the text stays unfinished.)
+        runner.configure_language(dataclasses_replace(runner.settings, min_tokens_per_frame=0, action_slo_ms=0.001))
+        send(5, 0b11)
+        assert wait_for(lambda: texts(5), 30) and runner.language_active == 1
+        token.undeclare()
+        assert wait_for(lambda: runner.language_active == 0 and runner.counters["forgotten"] >= 1, 30)
+    finally:
+        session.close()
+        server.stop()
+
+
+def dataclasses_replace(obj, **changes):
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)

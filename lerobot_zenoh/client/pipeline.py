@@ -206,7 +206,8 @@ class PipelineClient(RobotClient):
         with self._lock:
             before = self.runtime.mode
             if kind == "system2":
-                self.runtime.on_text(component, msg.response_to_seq_id, msg.text, arrived_s)
+                if not msg.partial:  # text still being written is not System 2's answer yet
+                    self.runtime.on_text(component, msg.response_to_seq_id, msg.text, arrived_s)
                 return
             self.runtime.on_verdict(component, msg.response_to_seq_id, msg.label, arrived_s)
             after = self.runtime.mode

@@ -324,6 +324,7 @@ def _to_map(msg: Message) -> dict[str, Any]:
             "inference_time_ms": float(msg.inference_time_ms),
             "server_id": msg.server_id,
             "queue_time_ms": None if msg.queue_time_ms is None else float(msg.queue_time_ms),
+            "partial": True if msg.partial else None,
         })
     if isinstance(msg, Verdict):
         if msg.label not in VERDICT_LABELS:
@@ -534,6 +535,7 @@ def _text_result(d: dict, limits: CodecLimits) -> TextResult:
         inference_time_ms=_require(d, "inference_time_ms", (int, float)),
         server_id=_optional(d, "server_id", str),
         queue_time_ms=_optional(d, "queue_time_ms", (int, float)),
+        partial=bool(_optional(d, "partial", bool)),
     )
 
 

@@ -223,13 +223,18 @@ class Telemetry:
 
 @dataclass(frozen=True, slots=True)
 class TextResult:
-    """1.3: a System 2 component's answer (the next subtask, in words), on `.../<client>/text`, reliable."""
+    """1.3: a System 2 component's answer (the next subtask, in words), on `.../<client>/text`, reliable.
+
+    `partial`: the text so far of an answer still being written (a pi0.5 serving System 1 and 2 from
+    one prefill streams it as it grows, docs/policies.md); the answer is the one without it. Sent only
+    when true (older readers ignore the key)."""
 
     response_to_seq_id: int
     text: str
     inference_time_ms: float
     server_id: str | None = None
     queue_time_ms: float | None = None
+    partial: bool = False
 
 
 @dataclass(frozen=True, slots=True)

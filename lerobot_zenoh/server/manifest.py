@@ -281,6 +281,38 @@ class SessionsEntry(_Strict):
     idle_timeout_s: float = Field(60.0, gt=0, le=86400, allow_inf_nan=False)
 
 
+class PipelineText(_Strict):
+    """The System 2 component a pi0.5 language entry (`ModelEntry.language`) serves from the same
+    prefill as the item's System 1 (docs/policies.md, "pi0.5: actions and language from one prefill"):
+    an observation whose mask has `bit` starts (or continues) the robot's text, published on this
+    app's ``.../<robot>/text`` as it grows."""
+
+    component: str
+    bit: int = Field(ge=0, lt=MAX_COMPONENTS, strict=True)
+    prompt: str = ""
+    max_new_tokens: int | None = Field(None, ge=1, strict=True)
+
+    @field_validator("component")
+    @classmethod
+    def _chunk(cls, v: str, info) -> str:
+        return _key_chunk(validate_chunk, info.field_name, v)
+
+
+class LanguageEntry(_Strict):
+    """A pi0.5 checkpoint serving System 1 and System 2 from one prefill (runners/pi05_language.py):
+    the decode settings (`LanguageSettings`)."""
+
+    prompt: str = "Subtask:"
+    max_new_tokens: int = Field(32, ge=1, le=4096, strict=True)
+    tokens_per_frame: int = Field(4, ge=1, le=1024, strict=True)
+    min_tokens_per_frame: int = Field(1, ge=0, strict=True)
+    max_prompt_tokens: int = Field(32, ge=1, le=4096, strict=True)
+    stop: list[str] = Field(default_factory=list)
+    max_requests: int = Field(16, ge=1, le=4096, strict=True)
+    max_cached_tokens: int = Field(65536, ge=1, strict=True)
+    action_slo_ms: float | None = Field(None, gt=0)
+
+
 class PipelineEntry(_Strict):
     """One multi-model task whose observation stream this entry serves (docs/pipelines.md).
 
@@ -295,6 +327,8 @@ class PipelineEntry(_Strict):
     bit: int = Field(ge=0, lt=MAX_COMPONENTS, strict=True)
     prompt: str = ""
     labels: list[str] = Field(default_factory=list)
+    # A second component of the same task served from the same prefill (a `language` entry only).
+    text: PipelineText | None = None
 
     @field_validator("task", "component")
     @classmethod
@@ -315,6 +349,8 @@ class ModelEntry(_Strict):
     synthetic: SyntheticEntry | None = None
     # A VLM task component (VlmEntry): `pretrained_path` is then a transformers VLM folder.
     vlm: VlmEntry | None = None
+    # A pi0.5 checkpoint answering text too, from the prefill of its actions (LanguageEntry).
+    language: LanguageEntry | None = None
     device: str = "cpu"
     # Weights and activations: float32 (fp32) or bfloat16 (bf16; VLAs only, refused at start-up by
     # families that cannot serve it).
@@ -383,6 +419,14 @@ class ModelEntry(_Strict):
             raise ValueError("give exactly one of pretrained_path or synthetic")
         if self.vlm is not None and self.pretrained_path is None:
             raise ValueError("vlm needs pretrained_path (the VLM's folder)")
+        if self.language is not None and (self.pretrained_path is None or self.vlm is not None):
+            raise ValueError("language needs pretrained_path (a pi05 checkpoint) and no vlm")
+        for p in self.pipeline:
+            if p.text is not None and self.language is None:
+                raise ValueError(f"pipeline: task {p.task!r}: text ({p.text.component}) needs this entry's "
+                                 "language block (a pi05 checkpoint answering text)")
+            if p.text is not None and p.text.bit == p.bit:
+                raise ValueError(f"pipeline: task {p.task!r}: text.bit {p.bit} is the item's own bit")
         if (self.vlm is not None and self.vlm.output == "verdict" and not self.vlm.labels
                 and (not self.pipeline or any(not p.labels for p in self.pipeline))):
             raise ValueError("vlm.labels: a verdict VLM needs labels (here, or on every pipeline item)")

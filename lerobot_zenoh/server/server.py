@@ -48,6 +48,7 @@ from lerobot_zenoh.server.failover import ServingRole
 from lerobot_zenoh.server.manifest import Manifest, ModelEntry, PipelineEntry, reload_refusal
 from lerobot_zenoh.server.runners import load_runner
 from lerobot_zenoh.server.runners.base import ComponentQuery, PolicyRunner
+from lerobot_zenoh.server import text_stream
 from lerobot_zenoh.telemetry.publisher import TelemetryPublisher, percentile, process_memory
 from lerobot_zenoh.transport import same_host
 from lerobot_zenoh.transport.session import ACTION_QOS, Payload, Publisher, ZenohSession
@@ -153,6 +154,7 @@ class ServedModel:
         )
         self.status_bytes = codec.encode(self.status)
         self.publishers: dict[str, Publisher] = {}  # client id -> action publisher, closed with its session
+        self.text_publishers: dict[str, Publisher] = {}  # a language runner's text (server/text_stream.py)
         self.actions_dropped_closed = 0  # chunks dropped by publishers of sessions since closed
         # A query naming a client (`status?client=<id>`) learns whether this model serves it.
         self._status_for = {admitted: codec.encode(replace(self.status, client_admitted=admitted))
@@ -419,7 +421,8 @@ class PolicyServer:
             stream = model.pipeline.get(task)
             if stream is None:
                 return  # in flight while a reload unsubscribed the task's stream
-            if not _asks(stream.item.bit, attachment):
+            text = stream.item.text
+            if not _asks(stream.item.bit, attachment) and not (text is not None and _asks(text.bit, attachment)):
                 model.for_other_components += 1  # not for this component: never decoded, never in a slot
                 return
             if client_id not in model.component_of:
@@ -470,7 +473,7 @@ class PolicyServer:
                     self._serve(model, batch)
                     served = True
                     break
-            if not served:
+            if not served and not sum(self._advance_text(m) for m in self.models):
                 self._wake.wait(EXPIRY_PERIOD_S)
 
     def _peek(self, payload: Payload | bytes):
@@ -480,6 +483,9 @@ class PolicyServer:
         """A closed session: drop its runner state and its action publisher (inference thread only)."""
         model.runner.forget(session.client_id)
         model.component_of.pop(session.client_id, None)
+        text_pub = model.text_publishers.pop(session.client_id, None)
+        if text_pub is not None:
+            text_pub.close()
         pub = model.publishers.pop(session.client_id, None)
         if pub is not None:
             model.actions_dropped_closed += pub.dropped
@@ -509,14 +515,17 @@ class PolicyServer:
                 if slot.header is not None and not codec.header_matches(slot.header, obs):
                     raise ProtocolError("header_mismatch", f"the header says seq_id {slot.header.seq_id}, episode "
                                         f"{slot.header.episode_id!r}; the observation {obs.seq_id}, {obs.episode_id!r}")
-                if (stream is not None and obs.component_mask is not None
-                        and not obs.component_mask >> stream.item.bit & 1):
+                if stream is not None and obs.component_mask is not None and not any(
+                        text_stream.asked(stream.item, obs)):
                     model.for_other_components += 1  # sent without a header: found out only now
                     continue
                 if slot.observation is None and engine.check(session, obs) == REPLAYED:
                     self._reject(model, session, REPLAYED, f"seq_id {obs.seq_id} already served")
                     continue
                 request = executor.prepare(session.client_id, obs, stream.query if stream is not None else None)
+                actions, text = text_stream.asked(stream.item if stream is not None else None, obs)
+                if text:  # System 2 from the same prefill (a pi0.5 language entry)
+                    request = text_stream.with_text(model.runner, request, stream.item, obs, actions)
             except ProtocolError as exc:
                 self._reject(model, session, exc.reason, str(exc))
                 continue
@@ -535,6 +544,9 @@ class PolicyServer:
                 self._reject(model, session, "inference_error", f"{type(result).__name__}: {result}")
                 continue
             queue_ms = (t_start - slot.arrival_s) * 1000
+            if result.actions is None and model.output == "actions" and text_stream.writes_text(model.runner):
+                published.append((session, obs.seq_id, inference_ms, queue_ms))  # text only: it streams
+                continue
             if result.silent:  # a fault-injecting runner withholds this answer
                 model.answers_withheld += 1
                 continue
@@ -552,6 +564,18 @@ class PolicyServer:
             model.answers[model.output if model.output != "verdict" else f"verdict.{result.label}"] += 1
             published.append((session, obs.seq_id, inference_ms, queue_ms))
         engine.finish(published, [s.client_id for s, *_ in ready], time.monotonic(), t_done - t_start)
+        self._advance_text(model)
+
+    def _advance_text(self, model: ServedModel) -> int:
+        """A language runner's text of every robot, one frame's worth (server/text_stream.py)."""
+        def publish(client_id: str, payload: bytes) -> None:
+            pub = model.text_publishers.get(client_id)
+            if pub is None:
+                pub = model.text_publishers[client_id] = self._session.publisher(
+                    model.app.client(client_id).topic(Topic.TEXT), ACTION_QOS)
+            pub.put(payload)
+
+        return text_stream.advance(model, publish, self.server_id)
 
     def _reject(self, model: ServedModel, session: Session, reason: str, detail: str) -> None:
         n = model.engine.reject(session, reason, time.monotonic())
