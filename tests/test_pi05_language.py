@@ -407,3 +407,60 @@ def dataclasses_replace(obj, **changes):
     import dataclasses
 
     return dataclasses.replace(obj, **changes)
+
+
+# -- the planner: a model serving two components from one stream --------------------------------------
+
+def _talk_factory(robots: int) -> dict:
+    cams = {"front": [96, 128]}
+    return {
+        "cluster_uuid": "factory", "experiment_tag": "talk",
+        "servers": {"count": 4, "hardware": "synthetic-H200", "host": "127.0.0.1", "port_base": 8250, "device": "cpu"},
+        "models": {"pi05-lang": {"model_id": "pi05lang", "synthetic": {"latency_ms": 60, "chunk_size": 50,
+                                                                       "cameras": cams}}},
+        "fleet": [{"task": "talk", "robots": robots, "weight": 1.0, "min_throughput_hz": 1}],
+        "tasks": {"talk": {"action_period_ms": 200, "components": {
+            "act": {"kind": "system1", "model": "pi05-lang", "prompt": "", "invocation": "per_chunk",
+                    "slo": {"percentile": 99, "deadline_ms": 300}, "on_slo_miss": "hold", "inputs": ["plan"]},
+            "plan": {"kind": "system2", "model": "pi05-lang", "prompt": "next subtask?",
+                     "invocation": {"every_n_chunks": 4}, "slo": {"percentile": 99, "deadline_ms": 3000},
+                     "on_slo_miss": "use_last"}}}},
+    }
+
+
+def _lang_profiles(two: bool):
+    from lerobot_zenoh.pipelines.profiles import ModelProfile, Profiles, ServiceModel, synthetic_profile
+
+    prof = synthetic_profile(ServiceModel(base_ms=60.0, per_item_ms=8.0), [1, 2, 4, 8])
+    if two:
+        points = [p.model_copy(update={"text_mean_ms": p.mean_ms * 4}) for p in prof.points]
+        prof = ModelProfile(components=["system1", "system2"], points=points)
+    return Profiles(hardware="synthetic-H200", models={"pi05-lang": prof})
+
+
+def test_planner_serves_both_components_of_a_two_component_model_on_one_server():
+    from lerobot_zenoh.pipelines.descriptor import parse_factory
+    from lerobot_zenoh.pipelines.planner import plan
+
+    factory = parse_factory(_talk_factory(8))
+    joint = plan(factory, _lang_profiles(two=True), time_budget_s=10)
+    assert all(r["act"] == r["plan"] for r in joint.routing.values()) and len(joint.routing) == 8
+    kinds = {(sh.stream.kind, sh.stream.text_component) for s in joint.servers for sh in s.shares}
+    assert kinds == {("system1", "plan")}  # one stream: System 2 rides on System 1's prefill
+    # The same model without the two-component profile: System 2 is a stream of its own (its own
+    # prefill per request, possibly on other servers).
+    apart = plan(factory, _lang_profiles(two=False), time_budget_s=10)
+    assert any(sh.stream.kind == "system2" for s in apart.servers for sh in s.shares)
+
+
+def test_two_component_profiles_need_text_latency():
+    from lerobot_zenoh.pipelines.profiles import parse_profiles
+
+    point = {"batch_size": 1, "rate_hz": 1.0, "mean_ms": 50.0, "p99_ms": 60.0}
+    with pytest.raises(ConfigError, match="text_mean_ms"):
+        parse_profiles({"models": {"m": {"components": ["system1", "system2"], "points": [point]}}})
+    with pytest.raises(ConfigError, match="components"):
+        parse_profiles({"models": {"m": {"components": ["system1"], "points": [point]}}})
+    ok = parse_profiles({"models": {"m": {"components": ["system1", "system2"],
+                                          "points": [{**point, "text_mean_ms": 400.0}]}}})
+    assert ok.get("m").serves_both and ok.get("m").latency_ms(1, 1.0, "text_mean") == 400.0
