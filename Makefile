@@ -147,3 +147,16 @@ bench-pipelines-run: $(STAMP)
 .PHONY: bench-pipeline-bytes
 bench-pipeline-bytes: $(STAMP)
 	$(PY) benchmarks/pipeline_bytes.py
+
+# pi0.5 actions + language from one prefill, and the VLM runner's batched text (docs/benchmarks.md,
+# "pi0.5: actions and language from one prefill"); needs lerobot[pi] (the `vla` extra), no Zenoh.
+# LANGUAGE_ARGS="--device cuda --dtype bfloat16" runs the same table on a GPU.
+LANGUAGE_ARGS ?= --threads 1
+LANGUAGE_STAMP := $(VENV)/.language-stamp
+.PHONY: bench-language
+$(LANGUAGE_STAMP): $(STAMP)
+	$(PY) -m pip install -e '.[vla]'
+	@touch $@
+
+bench-language: $(LANGUAGE_STAMP)
+	$(PY) -m benchmarks.language $(LANGUAGE_ARGS)
