@@ -130,6 +130,10 @@ class Mode:
             self.tokens += got
             self.total_s += t1 - t0
 
+    def text_mean_ms(self) -> float:
+        """Ask to final text: the frames a text spans (ceil(N / k)) times the mean frame."""
+        return self.every * statistics.fmean(self.frame_ms)
+
     def figures(self) -> dict:
         c = self.runner.counters
         return {"frame_p50": pct(self.frame_ms, 50), "frame_p99": pct(self.frame_ms, 99),
@@ -165,7 +169,9 @@ def decode_throughput(runner, batch: int, steps: int) -> tuple[float, float]:
 
 def pi05_table(args) -> None:
     root = Path(args.out or tempfile.mkdtemp(prefix="bench_language_"))
+    profile: dict = {"hardware": args.hardware, "models": {}}
     for shape in args.shapes.split(","):
+        points = []
         folder = build(root, shape)
         # Modes 1-3 finish their text within the frame and share a runner; 4 and 4s keep text across
         # frames (and 4s its own budget): a runner each.
@@ -202,6 +208,19 @@ def pi05_table(args) -> None:
                   f"{rows['4']['tokens_s'] / rows['2']['tokens_s']:.2f}x; action p99 4 vs 1 "
                   f"{rows['4']['action_p99'] / rows['1']['action_p99']:.3f}; frame p99 4s vs its SLO ({slo:.0f} ms) "
                   f"{rows['4s']['frame_p99'] / slo:.2f}", flush=True)
+            # The combined runner's profile row at this batch (mode 4, saturated: one frame after the
+            # other): action latencies at its chunk rate, text from ask to final text.
+            r4 = rows["4"]
+            points.append({"batch_size": robots, "rate_hz": round(r4["action_rate"], 4),
+                           "mean_ms": round(statistics.fmean(modes["4"].action_ms), 2),
+                           "p50_ms": round(r4["action_p50"], 2), "p99_ms": round(r4["action_p99"], 2),
+                           "text_mean_ms": round(modes["4"].text_mean_ms(), 2)})
+        profile["models"][f"pi05-{shape}-language"] = {"components": ["system1", "system2"], "points": points}
+        if args.profile_out:
+            import yaml
+
+            Path(args.profile_out).write_text(yaml.safe_dump(profile, sort_keys=False))
+            print(f"profile written to {args.profile_out}", flush=True)
         runner = runners["A"]
         for batch in (int(r) for r in args.robots.split(",")):
             if batch > 1:
@@ -265,6 +284,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--out", default=None, help="checkpoint folder (default: a temporary one)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--profile-out", default=None,
+                        help="write the combined runner's serving profile (pipelines/profiles.py format) here")
+    parser.add_argument("--hardware", default="cpu", help="the profile's hardware name")
     args = parser.parse_args()
     if args.threads:
         import torch

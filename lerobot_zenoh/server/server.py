@@ -663,6 +663,7 @@ class PolicyServer:
             "batch_size_mean": float(np.mean(batch_sizes)) if batch_sizes else 1.0,
             "batch_fallbacks": model.executor.batch_fallbacks,
             **model.executor.shared_memory_figures,
+            **(model.runner.language_figures() if text_stream.writes_text(model.runner) else {}),
             "max_batch_size": model.max_batch_size,
             **{f"batch_profile.{b}_ms": t * 1000 for b, t in model.batch_profile_s.items()},
             **{f"scheduler.{k}": v for k, v in snap["scheduler"].items()},
