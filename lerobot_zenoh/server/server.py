@@ -41,6 +41,7 @@ from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.keys import AppKey, Topic, parse_client_key
 from lerobot_zenoh.protocol.messages import RtcAdvert, SameHostAdvert, Status
 from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
+from lerobot_zenoh.server import text_stream
 from lerobot_zenoh.server.batch_profiling import measure_batch_profile
 from lerobot_zenoh.server.engine import REPLAYED, Batch, Engine, EngineConfig, Session
 from lerobot_zenoh.server.executor import Executor
@@ -48,7 +49,6 @@ from lerobot_zenoh.server.failover import ServingRole
 from lerobot_zenoh.server.manifest import Manifest, ModelEntry, PipelineEntry, reload_refusal
 from lerobot_zenoh.server.runners import load_runner
 from lerobot_zenoh.server.runners.base import ComponentQuery, PolicyRunner
-from lerobot_zenoh.server import text_stream
 from lerobot_zenoh.telemetry.publisher import TelemetryPublisher, percentile, process_memory
 from lerobot_zenoh.transport import same_host
 from lerobot_zenoh.transport.session import ACTION_QOS, Payload, Publisher, ZenohSession
