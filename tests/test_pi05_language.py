@@ -117,6 +117,8 @@ def test_actions_bit_identical_with_and_without_language(checkpoint, runner):
     for a, b in zip(with_text, without, strict=True):
         assert np.array_equal(a.actions, b.actions)
     _finish(runner)
+    # Nothing of LeRobot stays changed: the cache hook lives for the call only.
+    assert not runner._language_model.layers[0]._forward_pre_hooks
     # And the language runner without text asked: the same again.
     again = runner.run([_request(i, text=False) for i in range(3)])
     for a, b in zip(again, without, strict=True):
@@ -464,3 +466,16 @@ def test_two_component_profiles_need_text_latency():
     ok = parse_profiles({"models": {"m": {"components": ["system1", "system2"],
                                           "points": [{**point, "text_mean_ms": 400.0}]}}})
     assert ok.get("m").serves_both and ok.get("m").latency_ms(1, 1.0, "text_mean") == 400.0
+
+
+def test_text_result_partial_round_trips_and_is_sent_only_when_true():
+    import msgpack
+
+    from lerobot_zenoh.protocol import codec
+    from lerobot_zenoh.protocol.messages import TextResult
+
+    partial = TextResult(7, "pick up", 12.5, "srv", partial=True)
+    assert codec.decode_text_result(codec.encode(partial)) == partial
+    final = TextResult(7, "pick up the cube", 12.5, "srv")
+    assert "partial" not in msgpack.unpackb(codec.encode(final))  # as before: older readers see no change
+    assert codec.decode_text_result(codec.encode(final)).partial is False
