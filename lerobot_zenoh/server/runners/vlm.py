@@ -182,7 +182,7 @@ class VlmRunner(BaseRunner):
             out = self.model(**batch, use_cache=True)
             cache, mask = out.past_key_values, batch["attention_mask"]
             logits = out.logits[:, -1]
-            for step in range(self.settings.max_new_tokens):
+            for _ in range(self.settings.max_new_tokens):
                 nxt = logits.argmax(dim=-1)
                 keep = []
                 for row, (i, t) in enumerate(zip(alive, nxt.tolist(), strict=True)):
