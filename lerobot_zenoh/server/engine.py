@@ -63,7 +63,7 @@ TOO_MANY_CLIENTS = "too_many_clients"
 RATE_LIMITED = "rate_limited"
 TOO_LARGE = "too_large"
 REPLAYED = "replayed"
-REFRESH_LATE = "refresh_late"  # a re-fetch refresh whose request no longer waits (counted, not a rejection)
+REFRESH_LATE = "refreshes_late"  # a re-fetch refresh whose request no longer waits (counted, not a rejection)
 # Session rules (`_check`; docs/protocol.md §10.5).
 NONCE_REQUIRED = "nonce_required"  # no session_nonce, in a session that follows a nonce-ful client process
 SEQ_JUMP = "seq_jump"  # seq_id further ahead of the last served one than a client can count
