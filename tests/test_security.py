@@ -347,6 +347,14 @@ def test_a_plain_session_refuses_a_too_large_message_cheaply(port):
 
     settings = loopback_settings(port)
     assert settings.max_message_bytes == MAX_MESSAGE_BYTES and settings.tls_enabled is False
+    # a plain server manifest's session gets it too (not only a secured one's)
+    plain = parse_manifest({"cluster_uuid": "c", "experiment_tag": "e", "server_id": "gpu0",
+                            "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"]},
+                            "server": [{"model_id": "m", "model_version": "v", "application_tag": "a",
+                                        "synthetic": {"state_dim": 6, "action_dim": 6},
+                                        "clients": [{"client_uuid": "r1"}]}]})
+    assert plain.zenoh_settings().to_zenoh_config().get_json("transport/link/rx/max_message_size") == str(
+        MAX_MESSAGE_BYTES)
     assert settings.to_zenoh_config().get_json("transport/link/rx/max_message_size") == str(MAX_MESSAGE_BYTES)
     got: list[int] = []
     with ZenohSession(settings) as receiver:

@@ -404,3 +404,57 @@ def _answers(scrape) -> bool:
         return True
     except OSError:
         return False
+
+
+def test_over_zenoh_a_robot_gone_is_told_from_a_silent_one_and_a_stalled_server_from_both(port, app_key):
+    """Real sessions: robot B's process goes (its session closes, its token with it): GONE; robot A
+    stops publishing but keeps its token: SILENT; then the server stops publishing and keeps its
+    token (a frozen process): STALLED, and silent A becomes UNHEARD."""
+    from lerobot_zenoh.protocol import codec
+    from lerobot_zenoh.transport.session import METRICS_QOS
+
+    view = FleetView(stale_periods=3)
+    period = 0.1
+    with ZenohSession(loopback_settings(port)) as monitor:
+        monitor.subscribe("**/metrics", lambda k, b: view.on_telemetry(k, codec.decode_telemetry(b), time.monotonic()))
+        monitor.watch_liveliness("**", lambda k, alive: view.on_liveliness(k, alive, time.monotonic()))
+        sessions = {n: ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))).open()
+                    for n in ("gpu0", "ra", "rb")}
+        keys = {"gpu0": app_key.server_metrics("gpu0"), "ra": app_key.client("ra").metrics,
+                "rb": app_key.client("rb").metrics}
+        tokens = {"gpu0": app_key.server_token("gpu0"), "ra": keys["ra"], "rb": keys["rb"]}
+        pubs = {}
+        for n, s in sessions.items():
+            s.declare_token(tokens[n])
+            pubs[n] = s.publisher(keys[n], METRICS_QOS)
+        publishing = {"gpu0", "ra", "rb"}
+        stop = threading.Event()
+
+        def publish():
+            seq = 0
+            while not stop.wait(period):
+                seq += 1
+                for n in list(publishing):
+                    kind = "server" if n == "gpu0" else "client"
+                    pubs[n].put(codec.encode(Telemetry(kind, n, seq, seq * period, period, {"x": seq})))
+
+        publisher = threading.Thread(target=publish, daemon=True)
+        publisher.start()
+
+        def states():
+            return {r["id"]: r["state"] for r in view.rows(time.monotonic())}
+
+        try:
+            assert wait_for(lambda: states() == {"gpu0": "up", "ra": "up", "rb": "up"}, 10)
+            publishing.discard("rb")
+            sessions.pop("rb").close()
+            assert wait_for(lambda: states().get("rb") == "GONE", 10)
+            publishing.discard("ra")
+            assert wait_for(lambda: states() == {"gpu0": "up", "ra": "SILENT", "rb": "GONE"}, 10)
+            publishing.discard("gpu0")
+            assert wait_for(lambda: states() == {"gpu0": "STALLED", "ra": "UNHEARD", "rb": "GONE"}, 10)
+        finally:
+            stop.set()
+            publisher.join(2)
+            for s in sessions.values():
+                s.close()
