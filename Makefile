@@ -147,6 +147,12 @@ bench-pipelines-run: $(STAMP)
 .PHONY: bench-pipeline-bytes
 bench-pipeline-bytes: $(STAMP)
 	$(PY) benchmarks/pipeline_bytes.py
+	$(PY) benchmarks/pipeline_bytes.py --links
+
+# Scripted attacks on a robot's session in plain mode (docs/security.md, "Sessions against a forger").
+.PHONY: bench-session-attacks
+bench-session-attacks: $(STAMP)
+	$(PY) benchmarks/session_attacks.py
 
 # pi0.5 actions + language from one prefill, and the VLM runner's batched text (docs/benchmarks.md,
 # "pi0.5: actions and language from one prefill"); needs lerobot[pi] (the `vla` extra), no Zenoh.

@@ -61,7 +61,7 @@ import numpy as np
 
 from lerobot_zenoh.client.config import RobotClientConfig
 from lerobot_zenoh.client.discovery import RobotFeatures, compare, discover, query_status, wait_connected
-from lerobot_zenoh.errors import CompatibilityError, ProtocolError, TransportError
+from lerobot_zenoh.errors import CompatibilityError, ProtocolError, TlsRefusedError, TransportError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import ExecutionInfo, HistoryFrame, Observation, RtcInputs
 from lerobot_zenoh.scheduling.action_buffer import ActionBuffer
@@ -244,6 +244,8 @@ class RobotClient:
         except TransportError as exc:
             if not settings.connect:
                 raise
+            if isinstance(exc, TlsRefusedError):  # something answers, with a certificate we refuse (or it refuses ours)
+                raise CompatibilityError(f"cannot connect to {endpoints}: {exc}") from exc
             raise CompatibilityError(f"cannot connect to {endpoints}: nothing answers there (is the server or "
                                      "router running, and is the address right?)") from exc
         if not wait_connected(self._session, settings.connect, timeout_s=CONNECT_WAIT_S):  # peer mode
