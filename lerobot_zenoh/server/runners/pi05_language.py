@@ -280,6 +280,22 @@ class Pi05LanguageRunner(FlowMatchingRunner):
         self.budget = DecodeBudget(settings)
         self._stop_ids = frozenset(stop)
 
+    def warmup(self) -> None:
+        """The plain warm-up, then one text step (prompt pass + a decode step) under a private session,
+        so that a robot's first text does not pay for the decode path's first call."""
+        from lerobot_zenoh.server.runners.base import dummy_observation
+
+        super().warmup()
+        state, images = dummy_observation(self.spec)
+        session = "\x00warmup-text"
+        try:
+            self.run([InferenceRequest(session, state, images, "", 0,
+                                       extras={LANGUAGE_EXTRA: LanguageQuery(max_new_tokens=2, actions=False)})])
+            self.advance(max_tokens=1)
+        finally:
+            self.forget(session)
+            self.counters = dict.fromkeys(self.counters, 0)
+
     # -- what the server sees ---------------------------------------------------------------------
 
     @property
