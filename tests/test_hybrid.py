@@ -333,3 +333,59 @@ def test_engine_loading_another_model_fails_start(app_key, ports):
 def test_engine_role_manifest_errors(app_key):
     with pytest.raises(ConfigError, match="engine_id"):
         manifest(app_key, 1, role="engine", engine_id=None)
+
+
+# -- security: engines over mutual TLS, the ACL generated from the manifests -----------------------
+
+
+def test_secure_init_covers_engines_and_robots_cannot_reach_engine_keys(app_key, ports, tmp_path):
+    import yaml
+
+    from lerobot_zenoh.cli import secure
+    from lerobot_zenoh.security import pki
+    from lerobot_zenoh.security.acl import Deployment, access_control
+    from lerobot_zenoh.security.identities import PkiLayout, member_settings
+    from lerobot_zenoh.server.manifest import load_manifest
+
+    edge_data = manifest(app_key, ports[0], engines=[LOCAL, cloud("cloud0", ports[1])]).model_dump(
+        mode="json", exclude_none=True)
+    edge_data["server"][0] |= {"accept_unknown_clients": False,
+                               "clients": [{"client_uuid": f"robot_{i}"} for i in range(3)]}
+    edge_data["server_id"] = "edge0"
+    engine_data = manifest(app_key, ports[1], role="engine", engine_id="cloud0", latency_ms=20).model_dump(
+        mode="json", exclude_none=True)
+    (tmp_path / "edge.yaml").write_text(yaml.safe_dump(edge_data))
+    (tmp_path / "engine.yaml").write_text(yaml.safe_dump(engine_data))
+    out = tmp_path / "pki"
+    assert secure.main(["init", "--manifest", str(tmp_path / "edge.yaml"), "--manifest", str(tmp_path / "engine.yaml"),
+                        "--out", str(out)]) == 0
+    layout = PkiLayout(out)
+    assert pki.can_serve_tls((out / "cloud0.pem").read_bytes())  # an engine certificate of its own role
+    acl = access_control(Deployment.from_manifests([load_manifest(tmp_path / "edge.yaml")]))
+    robot_keys = [k for r in acl["rules"] if r["id"].startswith("client/") for k in r["key_exprs"]]
+    assert robot_keys and not any("/engine/" in k for k in robot_keys)
+    engine_keys = [k for r in acl["rules"] if r["id"].startswith("engine/") for k in r["key_exprs"]]
+    assert engine_keys and all("/engine/cloud0" in k for k in engine_keys)
+
+    engine = PolicyServer(load_manifest(out / "cloud0.manifest.yaml")).start()
+    edge = PolicyServer(load_manifest(out / "edge0.manifest.yaml")).start()  # reaches its engine over mTLS
+    sessions = [ZenohSession(member_settings(layout, f"robot_{i}", [f"tls/127.0.0.1:{ports[0]}"])).open()
+                for i in range(3)]
+    session = sessions[1]
+    try:
+        robots = [Robot(s, app_key, f"robot_{i}", np.random.default_rng(i)) for i, s in enumerate(sessions)]
+        run_rounds(robots, 4)
+        assert {c.tier for r in robots for c in r.chunks} == {"edge", "cloud"}  # the engine answered through the ACL
+        # the robot (its own certificate) tries the engine's keys: the ACL drops it
+        forged = session.publisher(EngineKeys(app_key, "cloud0").dispatch, ACTION_QOS)
+        before = engine._worker.stats()[EngineKeys(app_key, "cloud0").token].get("received", 0)
+        for _ in range(5):
+            forged.put(dispatch.encode(EngineRequest(999, "robot_1", app_key.model, app_key.version, b"x", 1)))
+        assert not session.query(EngineKeys(app_key, "cloud0").status, timeout_s=0.5)
+        time.sleep(0.3)
+        assert engine._worker.stats()[EngineKeys(app_key, "cloud0").token].get("received", 0) == before
+    finally:
+        for s in sessions:
+            s.close()
+        edge.stop()
+        engine.stop()
