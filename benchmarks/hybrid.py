@@ -1,0 +1,423 @@
+"""Edge-only vs cloud-only vs hybrid serving (Kairos Fig. 13) on the real stack, over shaped links.
+
+Three network namespaces and two shaped links (TUN delay lines of `benchmarks/netns.py`, or netem
+where the kernel has it):
+
+    robots  10.78.1.1 ==== 2.5 ms one way, 300 Mbit/s ==== 10.78.1.2  edge  10.78.2.1 ==== 50 ms one way
+    (100 ms round trip), 1 Gbit/s ==== 10.78.2.2  cloud
+
+What is real: the edge scheduler (`lerobot-policy-server` with `engines`: its own loop as the edge
+engine, wait-ratio order, Kairos placement), the cloud engine (`lerobot-policy-server` with `role:
+engine`), Zenoh over the shaped links, the codec, the relay of every chunk through the edge. What is
+simulated: the robots (one driver process; a task is `--rounds` rounds, each: send an observation
+with one 96x128 JPEG camera, wait for its chunk, execute `--steps` actions at 30 Hz, then the next
+round: synchronous, so the inference latency is on the task's critical path) and the GPUs (the
+synthetic policy sleeps its profile's latency for the batch size, no compute).
+
+GPU-like profiles (ms per forward pass by batch size; chosen shapes, not measurements: a VLA-sized
+flow-matching model, the cloud card about 1.8x faster, as an A100 against an A6000, each batching
+well up to its capacity):
+
+    edge  (A6000-like, N_e = 4):  1: 80, 2: 86, 4: 100, 8: 135
+    cloud (A100-like,  N_c = 8):  1: 45, 2: 48, 4: 55, 8: 72, 16: 110
+
+Modes: ``edge`` (engines: the edge's own loop only), ``cloud`` (engines: the cloud engine only;
+robots still talk to the edge, which relays), ``hybrid`` (both; Kairos placement). Tasks arrive by a
+Poisson process at each `--rates` value (tasks/s), each on a new robot (a new wait-ratio task);
+latency = arrival to the last action executed, for tasks arriving after `--warmup-s` within
+`--duration-s`; mean, P25, P95 over `--seeds` seeds per point.
+
+    python -m benchmarks.hybrid study --rates 2,4,6,8 --seeds 3 --duration-s 20   # make bench-hybrid
+    python -m benchmarks.hybrid study --no-netns ...   # loopback, no shaping (a smoke run only)
+
+Needs root (`ip netns`) for the shaped links.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+EDGE_PROFILE_MS = {1: 80, 2: 86, 4: 100, 8: 135}
+CLOUD_PROFILE_MS = {1: 45, 2: 48, 4: 55, 8: 72, 16: 110}
+EDGE_CAPACITY, CLOUD_CAPACITY = 4, 8
+ROBOT_EDGE = ("10.78.1.1", "10.78.1.2", 2.5, 300.0)  # robots addr, edge addr, one-way ms, Mbit/s
+EDGE_CLOUD = ("10.78.2.1", "10.78.2.2", 50.0, 1000.0)
+EDGE_PORT, CLOUD_PORT = 7750, 7751
+APP = ("bench", "hybrid", "vla", "v1", "app")
+CAMERA = (96, 128)
+MODES = ("edge", "cloud", "hybrid")
+
+
+# -- the network --------------------------------------------------------------------------------------
+
+
+def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), capture_output=True, text=True, check=check)
+
+
+class Topology:
+    """Namespaces robots / edge / cloud and the two shaped links (see the module docstring)."""
+
+    def __init__(self, log_dir: Path):
+        tag = f"lzh{os.getpid() % 100000}"
+        self.ns = {"robots": f"{tag}r", "edge": f"{tag}e", "cloud": f"{tag}c"}
+        self.log_dir = log_dir
+        self.lines: list[subprocess.Popen] = []
+        self.method = ""
+
+    def start(self) -> Topology:
+        for ns in self.ns.values():
+            _sh("ip", "netns", "add", ns)
+            _sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        tag = self.ns["robots"][:-1]
+        for i, (a, b, spec) in enumerate((("robots", "edge", ROBOT_EDGE), ("edge", "cloud", EDGE_CLOUD))):
+            dev_a, dev_b = f"{tag}{i}a", f"{tag}{i}b"
+            self._link(self.ns[a], self.ns[b], dev_a, dev_b, spec)
+        return self
+
+    def _link(self, ns_a: str, ns_b: str, dev_a: str, dev_b: str, spec) -> None:
+        addr_a, addr_b, delay_ms, rate_mbit = spec
+        try:
+            _sh("ip", "link", "add", dev_a, "type", "veth", "peer", "name", dev_b)
+            _sh("ip", "link", "set", dev_a, "netns", ns_a)
+            _sh("ip", "link", "set", dev_b, "netns", ns_b)
+            for ns, dev in ((ns_a, dev_a), (ns_b, dev_b)):
+                _sh("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "netem", "delay",
+                    f"{delay_ms}ms", "rate", f"{rate_mbit}mbit", "limit", "1000")
+            self.method = "netem"
+        except subprocess.CalledProcessError:
+            _sh("ip", "netns", "exec", ns_a, "ip", "link", "del", dev_a, check=False)
+            log = open(self.log_dir / f"delay_line_{dev_a}.log", "w")
+            line = subprocess.Popen(
+                [sys.executable, "-m", "benchmarks.netns", "delay-line", "--client-dev", dev_a, "--server-dev", dev_b,
+                 "--client-ns", ns_a, "--server-ns", ns_b],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1, cwd=ROOT)
+            if line.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"delay line did not start (see {log.name})")
+            line.stdin.write(f"shape {delay_ms} {rate_mbit}\n")
+            line.stdin.flush()
+            if not line.stdout.readline().startswith("ok"):
+                raise RuntimeError("delay line refused its shape")
+            self.lines.append(line)
+            self.method = "tun-delay-line"
+        for ns, dev, addr, peer in ((ns_a, dev_a, addr_a, addr_b), (ns_b, dev_b, addr_b, addr_a)):
+            _sh("ip", "netns", "exec", ns, "ip", "link", "set", dev, "mtu", "1500", "txqueuelen", "10000", "up")
+            _sh("ip", "netns", "exec", ns, "ip", "addr", "add", addr, "peer", peer, "dev", dev)
+
+    def prefix(self, where: str) -> list[str]:
+        return ["ip", "netns", "exec", self.ns[where]]
+
+    def close(self) -> None:
+        for line in self.lines:
+            try:
+                line.stdin.close()
+                line.wait(timeout=5)
+            except Exception:
+                line.kill()
+        for ns in self.ns.values():
+            _sh("ip", "netns", "del", ns, check=False)
+
+
+class Loopback:
+    """No namespaces, no shaping (a smoke run of the benchmark's machinery)."""
+
+    method = "host-loopback (no shaping)"
+
+    def start(self) -> Loopback:
+        return self
+
+    def prefix(self, where: str) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+# -- the servers --------------------------------------------------------------------------------------
+
+
+def _entry(profile_ms: dict, max_batch: int) -> dict:
+    cluster, experiment, model, version, app = APP
+    return {"model_id": model, "model_version": version, "application_tag": app,
+            "synthetic": {"state_dim": 6, "action_dim": 6, "chunk_size": 50, "cameras": {"front": list(CAMERA)},
+                          "batch_latency_ms": {int(b): float(t) for b, t in profile_ms.items()}},
+            "fps": 30, "accept_unknown_clients": True, "max_unknown_clients": 4096, "max_batch_size": max_batch,
+            "scheduler": "wait_ratio", "actions_per_chunk": 50}
+
+
+def manifests(mode: str, edge_host: str, cloud_host: str) -> dict[str, dict]:
+    """{"edge": manifest, "cloud": manifest or absent} for `mode`."""
+    cluster, experiment, *_ = APP
+    common = {"cluster_uuid": cluster, "experiment_tag": experiment, "telemetry_period_s": 0,
+              "sessions": {"idle_timeout_s": 5, "liveliness_grace_s": 1}, "same_host": False}
+    engines = []
+    if mode in ("edge", "hybrid"):
+        engines.append({"engine_id": "local", "tier": "edge", "capacity": EDGE_CAPACITY, "local": True,
+                        "profile": EDGE_PROFILE_MS})
+    if mode in ("cloud", "hybrid"):
+        engines.append({"engine_id": "cloud0", "tier": "cloud", "capacity": CLOUD_CAPACITY,
+                        "endpoint": f"tcp/{cloud_host}:{CLOUD_PORT}", "profile": "measured"})
+    edge = {**common, "server_id": "edge0",
+            "zenoh": {"listen": [f"tcp/{edge_host}:{EDGE_PORT}"], "multicast_scouting": False},
+            "server": [{**_entry(EDGE_PROFILE_MS, EDGE_CAPACITY), "engines": engines,
+                        "dispatch": {"answer_timeout_s": 2.0, "probe_period_s": 0.5, "start_timeout_s": 60}}]}
+    out = {"edge": edge}
+    if mode in ("cloud", "hybrid"):
+        out["cloud"] = {**common, "role": "engine", "engine_id": "cloud0",
+                        "zenoh": {"listen": [f"tcp/{cloud_host}:{CLOUD_PORT}"], "multicast_scouting": False},
+                        "server": [{**_entry(CLOUD_PROFILE_MS, CLOUD_CAPACITY), "profile_budget_s": 30}]}
+    return out
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+            "HF_HUB_OFFLINE": "1"}
+
+
+def start_servers(net, mode: str, work: Path, hosts: tuple[str, str]) -> list[subprocess.Popen]:
+    import yaml
+
+    procs = []
+    for name in ("cloud", "edge"):  # the engine first: the edge checks it at start-up
+        data = manifests(mode, *hosts).get(name)
+        if data is None:
+            continue
+        path = work / f"{mode}-{name}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        log = open(work / f"{mode}-{name}.log", "w")
+        procs.append(subprocess.Popen([*net.prefix(name), sys.executable, "-m", "lerobot_zenoh.cli.server",
+                                       f"--manifest={path}", "--log_level=WARNING"],
+                                      stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=ROOT))
+        if name == "cloud":
+            time.sleep(3.0)  # its start-up profile (a few passes of each size)
+    return procs
+
+
+def stop_servers(procs: list[subprocess.Popen]) -> None:
+    for p in reversed(procs):
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+# -- the robots ---------------------------------------------------------------------------------------
+
+
+def drive(endpoint: str, rate: float, seed: int, duration_s: float, warmup_s: float, rounds: int, steps: int,
+          tag: str) -> dict:
+    """Run Poisson task arrivals against the edge at `endpoint`; the result as a dict."""
+    import numpy as np
+
+    from lerobot_zenoh.protocol import codec
+    from lerobot_zenoh.protocol.keys import AppKey
+    from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation
+    from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
+    from lerobot_zenoh.transport.settings import ZenohSettings
+
+    app = AppKey(*APP)
+    rng = np.random.default_rng(seed)
+    jpeg = codec.encode_jpeg(rng.integers(0, 255, (*CAMERA, 3), dtype=np.uint8))
+    session = ZenohSession(ZenohSettings(mode="client", connect=[endpoint], multicast_scouting=False)).open()
+    deadline = time.monotonic() + 90
+    while not session.query(app.status, timeout_s=1.0):
+        if time.monotonic() > deadline:
+            raise SystemExit("the edge never answered its status")
+    waiting: dict[str, queue.SimpleQueue] = {}
+
+    def on_chunk(key: str, payload: bytes) -> None:
+        box = waiting.get(key.rsplit("/", 2)[-2])
+        if box is not None:
+            box.put((time.monotonic(), payload))
+
+    session.subscribe(f"{app.prefix}/*/action", on_chunk)
+    dt = 1 / 30
+    results: list[dict] = []
+    lock = threading.Lock()
+
+    def task(client_id: str, arrival: float, task_rng) -> None:
+        box = waiting[client_id] = queue.SimpleQueue()
+        pub = session.publisher(app.client(client_id).obs, OBSERVATION_QOS)
+        tiers, resends, round_ms = [], 0, []
+        for seq in range(1, rounds + 1):
+            obs = codec.encode(Observation(seq, client_id, task_rng.normal(size=6).astype(np.float32), {"front": jpeg},
+                                           "task", execution=ExecutionInfo(time.monotonic() - arrival, 0, dt),
+                                           episode_id="e"))
+            sent = time.monotonic()
+            chunk = None
+            while chunk is None:
+                pub.put(obs)
+                try:
+                    while True:
+                        _, payload = box.get(timeout=3.0)
+                        c = codec.decode_action_chunk(payload)
+                        if c.response_to_seq_id == seq:
+                            chunk = c
+                            break
+                except queue.Empty:
+                    resends += 1
+                    if time.monotonic() - sent > 30:
+                        pub.close()
+                        return
+            round_ms.append((time.monotonic() - sent) * 1000)
+            tiers.append(chunk.tier or "edge")
+            time.sleep(steps * dt)  # execute the round's actions
+        pub.close()
+        waiting.pop(client_id, None)
+        with lock:
+            results.append({"arrival": arrival, "latency_s": time.monotonic() - arrival, "tiers": tiers,
+                            "resends": resends, "round_ms": round_ms})
+
+    t0 = time.monotonic()
+    threads = []
+    at = 0.0
+    i = 0
+    while True:
+        at += rng.exponential(1 / rate)
+        if at > duration_s:
+            break
+        delay = t0 + at - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        thread = threading.Thread(target=task, args=(f"{tag}-{i}", time.monotonic(), np.random.default_rng([seed, i])),
+                                  daemon=True)
+        thread.start()
+        threads.append(thread)
+        i += 1
+    for thread in threads:
+        thread.join(timeout=max(1.0, t0 + duration_s + 120 - time.monotonic()))
+    session.close()
+    kept = sorted(r["latency_s"] for r in results if r["arrival"] - t0 >= warmup_s)
+    tiers = [t for r in results for t in r["tiers"]]
+    rounds_ms = [m for r in results for m in r["round_ms"]]
+    return {"rate": rate, "seed": seed, "tasks": len(kept), "started": i, "finished": len(results),
+            "mean_s": statistics.fmean(kept) if kept else None,
+            "p25_s": _q(kept, 0.25), "p95_s": _q(kept, 0.95),
+            "offload_share": tiers.count("cloud") / len(tiers) if tiers else 0.0,
+            "round_ms_mean": statistics.fmean(rounds_ms) if rounds_ms else None,
+            "resends": sum(r["resends"] for r in results)}
+
+
+def _q(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+# -- the study ----------------------------------------------------------------------------------------
+
+
+def study(args) -> dict:
+    work = Path(args.out)
+    work.mkdir(parents=True, exist_ok=True)
+    net = Loopback() if args.no_netns else Topology(work)
+    hosts = ("127.0.0.1", "127.0.0.1") if args.no_netns else (ROBOT_EDGE[1], EDGE_CLOUD[1])
+    rows = []
+    net.start()
+    try:
+        for mode in args.modes.split(","):
+            procs = start_servers(net, mode, work, hosts)
+            try:
+                for rate in [float(r) for r in args.rates.split(",")]:
+                    for seed in range(args.seeds):
+                        cmd = [*net.prefix("robots"), sys.executable, "-m", "benchmarks.hybrid", "drive",
+                               "--endpoint", f"tcp/{hosts[0]}:{EDGE_PORT}", "--rate", str(rate), "--seed", str(seed),
+                               "--duration-s", str(args.duration_s), "--warmup-s", str(args.warmup_s),
+                               "--rounds", str(args.rounds), "--steps", str(args.steps),
+                               "--tag", f"{mode}{int(rate * 10)}s{seed}"]
+                        out = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT)
+                        line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+                        if out.returncode != 0 or not line.startswith("{"):
+                            raise RuntimeError(f"driver failed ({mode}, {rate}, {seed}): {out.stderr[-2000:]}")
+                        row = {"mode": mode, **json.loads(line)}
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+            finally:
+                stop_servers(procs)
+    finally:
+        net.close()
+    result = {"method": net.method, "args": vars(args), "rows": rows}
+    (work / "hybrid.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def table(result: dict) -> str:
+    rows = result["rows"]
+    rates = sorted({r["rate"] for r in rows})
+    modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
+    out = ["| tasks/s | mode | mean (s) | P25 (s) | P95 (s) | offloaded | tasks | seeds |",
+           "|---|---|---|---|---|---|---|---|"]
+    summary = {}
+    for rate in rates:
+        for mode in modes:
+            pts = [r for r in rows if r["rate"] == rate and r["mode"] == mode and r["mean_s"] is not None]
+            if not pts:
+                continue
+            mean = [p["mean_s"] for p in pts]
+            summary[(rate, mode)] = statistics.fmean(mean)
+            sd = f" ± {statistics.stdev(mean):.2f}" if len(mean) > 1 else ""
+            out.append(f"| {rate:g} | {mode} | {statistics.fmean(mean):.2f}{sd} | "
+                       f"{statistics.fmean(p['p25_s'] for p in pts):.2f} | {statistics.fmean(p['p95_s'] for p in pts):.2f} | "
+                       f"{100 * statistics.fmean(p['offload_share'] for p in pts):.0f} % | {sum(p['tasks'] for p in pts)} | {len(pts)} |")
+    top = rates[-1] if rates else None
+    if top is not None and all((top, m) in summary for m in MODES):
+        h, e, c = summary[(top, "hybrid")], summary[(top, "edge")], summary[(top, "cloud")]
+        out.append("")
+        out.append(f"At {top:g} tasks/s, hybrid mean task latency is {100 * (1 - h / e):.1f} % lower than edge-only "
+                   f"and {100 * (1 - h / c):.1f} % lower than cloud-only (Kairos' target: >= 35 % and >= 50 %).")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    st = sub.add_parser("study", help="every mode at every rate and seed; prints a Markdown table")
+    st.add_argument("--modes", default=",".join(MODES))
+    st.add_argument("--rates", default="2,4,6,8", help="task arrival rates, tasks/s")
+    st.add_argument("--seeds", type=int, default=3)
+    st.add_argument("--duration-s", type=float, default=20.0, help="arrivals for this long per run")
+    st.add_argument("--warmup-s", type=float, default=4.0, help="tasks arriving before this are not counted")
+    st.add_argument("--rounds", type=int, default=6, help="rounds (requests) per task")
+    st.add_argument("--steps", type=int, default=10, help="actions executed per round, at 30 Hz")
+    st.add_argument("--no-netns", action="store_true", help="loopback, no shaped links (smoke run)")
+    st.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "lz_hybrid"))
+    dr = sub.add_parser("drive", help="(internal) the robots of one run")
+    dr.add_argument("--endpoint", required=True)
+    dr.add_argument("--rate", type=float, required=True)
+    dr.add_argument("--seed", type=int, required=True)
+    dr.add_argument("--duration-s", type=float, required=True)
+    dr.add_argument("--warmup-s", type=float, required=True)
+    dr.add_argument("--rounds", type=int, required=True)
+    dr.add_argument("--steps", type=int, required=True)
+    dr.add_argument("--tag", required=True)
+    args = parser.parse_args(argv)
+    if args.cmd == "drive":
+        print(json.dumps(drive(args.endpoint, args.rate, args.seed, args.duration_s, args.warmup_s, args.rounds,
+                               args.steps, args.tag)), flush=True)
+        return 0
+    if not args.no_netns and os.geteuid() != 0:
+        print("shaped links need root (ip netns); --no-netns runs on loopback without them", file=sys.stderr)
+        return 2
+    result = study(args)
+    print(f"\nlinks: {result['method']}\n")
+    print(table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
