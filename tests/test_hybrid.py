@@ -389,3 +389,28 @@ def test_secure_init_covers_engines_and_robots_cannot_reach_engine_keys(app_key,
             s.close()
         edge.stop()
         engine.stop()
+
+
+# -- the wire: engine messages and the chunk's engine fields ----------------------------------------
+
+
+def test_engine_messages_round_trip_and_bad_bytes_are_protocol_errors(app_key):
+    from lerobot_zenoh.errors import ProtocolError
+    from lerobot_zenoh.protocol.messages import ActionChunk
+
+    request = EngineRequest(7, "r1", "m", "v1", b"\x00obs", seed=2**40, reset=True)
+    assert dispatch.decode(dispatch.encode(request)) == request
+    answer = EngineAnswer(7, "cloud0", "inc", "m", "v1", actions=np.ones((20, 6), np.float32), rtc_delay_steps=3,
+                          inference_ms=12.5, queue_ms=1.0, batch_size=2)
+    back = dispatch.decode(dispatch.encode(answer))
+    assert back.request_id == 7 and back.rtc_delay_steps == 3 and np.array_equal(back.actions, answer.actions)
+    status = EngineStatus("cloud0", "inc", "m", "v1", "synthetic", 6, 20, 8, {1: 40.0, 8: 60.0})
+    assert dispatch.decode(dispatch.encode(status)) == status
+    for bad in (b"", b"\xc1", codec.encode(ActionChunk(1, 1.0, np.zeros((2, 6), np.float32))), b"\x81\xa1a\x01"):
+        with pytest.raises(ProtocolError):
+            dispatch.decode(bad)
+    chunk = codec.decode_action_chunk(codec.encode(ActionChunk(1, 1.0, np.zeros((2, 6), np.float32), server_id="edge0",
+                                                               engine_id="cloud0", tier="cloud")))
+    assert (chunk.engine_id, chunk.tier) == ("cloud0", "cloud")
+    plain = codec.decode_action_chunk(codec.encode(ActionChunk(1, 1.0, np.zeros((2, 6), np.float32))))
+    assert plain.engine_id is None and plain.tier is None  # absent unless a server dispatches

@@ -336,9 +336,11 @@ class Dispatcher:
             self._client_figures = {c: {f"served.{tier}": n.get(tier, 0) for tier in (EDGE, CLOUD)}
                                     for c, n in self.served_by_client.items()}
         usable = [e for e in self.engines.values() if e.usable()]
-        if not usable:
-            return False
         views = [e.view(len(self._local_clients) if e is self.local else None) for e in usable]
+        # Placement feeds an edge engine only when it is idle and a cloud engine while it has room:
+        # with neither, nothing can go now, and a decision would only count every request as skipped.
+        if not any(v.running == 0 if v.tier == EDGE else v.running < v.capacity for v in views):
+            return False
         box: dict = {}
 
         def choose(order: list[str], slots: dict[str, Slot]) -> list[str]:
