@@ -414,3 +414,13 @@ def test_engine_messages_round_trip_and_bad_bytes_are_protocol_errors(app_key):
     assert (chunk.engine_id, chunk.tier) == ("cloud0", "cloud")
     plain = codec.decode_action_chunk(codec.encode(ActionChunk(1, 1.0, np.zeros((2, 6), np.float32))))
     assert plain.engine_id is None and plain.tier is None  # absent unless a server dispatches
+
+
+def test_engine_figures_export_as_labelled_prometheus_families():
+    from lerobot_zenoh.telemetry.prometheus import describe
+
+    name, kind, _, _, labels = describe("server", "engine.cloud0.requeued")
+    assert (name, kind, labels) == ("lerobot_zenoh_server_engine_requeued", "counter", {"engine": "cloud0"})
+    name, kind, _, scale, labels = describe("server", "engine.cloud0.rtt_ms")
+    assert (name, kind, scale, labels) == ("lerobot_zenoh_server_engine_rtt_seconds", "gauge", 1e-3, {"engine": "cloud0"})
+    assert describe("server_client", "served.cloud")[4] == {"tier": "cloud"}
