@@ -29,6 +29,11 @@ latency = arrival to the last action executed, for tasks arriving after `--warmu
 
     python -m benchmarks.hybrid study --rates 2,4,6,8 --seeds 3 --duration-s 20   # make bench-hybrid
     python -m benchmarks.hybrid study --no-netns ...   # loopback, no shaping (a smoke run only)
+    python -m benchmarks.hybrid wan --rate 10 --wan 25:1000,100:1000,200:1000,100:100   # Kairos Fig. 17
+
+`wan` runs the hybrid mode only, under each edge-cloud link `<round trip ms>:<Mbit/s>` in turn (the
+link is reshaped between runs; the scheduler measures the new round trip and bandwidth itself),
+and reports the offload share and the mean task latency.
 
 Needs root (`ip netns`) for the shaped links.
 """
@@ -71,8 +76,10 @@ def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 class Topology:
     """Namespaces robots / edge / cloud and the two shaped links (see the module docstring)."""
 
-    def __init__(self, log_dir: Path):
+    def __init__(self, log_dir: Path, wan: tuple[float, float] | None = None):
         tag = f"lzh{os.getpid() % 100000}"
+        self.specs = [ROBOT_EDGE, EDGE_CLOUD if wan is None else (*EDGE_CLOUD[:2], wan[0] / 2, wan[1])]
+        self.devs: list[tuple[str, str, str, str]] = []  # (ns_a, ns_b, dev_a, dev_b) per link
         self.ns = {"robots": f"{tag}r", "edge": f"{tag}e", "cloud": f"{tag}c"}
         self.log_dir = log_dir
         self.lines: list[subprocess.Popen] = []
@@ -83,10 +90,25 @@ class Topology:
             _sh("ip", "netns", "add", ns)
             _sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
         tag = self.ns["robots"][:-1]
-        for i, (a, b, spec) in enumerate((("robots", "edge", ROBOT_EDGE), ("edge", "cloud", EDGE_CLOUD))):
+        for i, (a, b) in enumerate((("robots", "edge"), ("edge", "cloud"))):
             dev_a, dev_b = f"{tag}{i}a", f"{tag}{i}b"
-            self._link(self.ns[a], self.ns[b], dev_a, dev_b, spec)
+            self.devs.append((self.ns[a], self.ns[b], dev_a, dev_b))
+            self._link(self.ns[a], self.ns[b], dev_a, dev_b, self.specs[i])
         return self
+
+    def reshape_wan(self, rtt_ms: float, mbit: float) -> None:
+        """Give the edge-cloud link a new round trip and rate (between runs)."""
+        ns_a, ns_b, dev_a, dev_b = self.devs[1]
+        if self.method == "netem":
+            for ns, dev in ((ns_a, dev_a), (ns_b, dev_b)):
+                _sh("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "netem", "delay",
+                    f"{rtt_ms / 2}ms", "rate", f"{mbit}mbit", "limit", "1000")
+            return
+        line = self.lines[1]
+        line.stdin.write(f"shape {rtt_ms / 2} {mbit}\n")
+        line.stdin.flush()
+        if not line.stdout.readline().startswith("ok"):
+            raise RuntimeError("delay line refused its shape")
 
     def _link(self, ns_a: str, ns_b: str, dev_a: str, dev_b: str, spec) -> None:
         addr_a, addr_b, delay_ms, rate_mbit = spec
@@ -322,6 +344,59 @@ def _q(xs: list[float], q: float) -> float | None:
 # -- the study ----------------------------------------------------------------------------------------
 
 
+def _drive_cmd(net, hosts, mode: str, rate: float, seed: int, args, tag: str) -> dict:
+    cmd = [*net.prefix("robots"), sys.executable, "-m", "benchmarks.hybrid", "drive",
+           "--endpoint", f"tcp/{hosts[0]}:{EDGE_PORT}", "--rate", str(rate), "--seed", str(seed),
+           "--duration-s", str(args.duration_s), "--warmup-s", str(args.warmup_s),
+           "--rounds", str(args.rounds), "--steps", str(args.steps), "--tag", tag]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT)
+    line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+    if out.returncode != 0 or not line.startswith("{"):
+        raise RuntimeError(f"driver failed ({mode}, {rate}, {seed}): {out.stderr[-2000:]}")
+    return {"mode": mode, **json.loads(line)}
+
+
+def wan_sweep(args) -> dict:
+    """The hybrid mode under each edge-cloud link of `args.wan` (Kairos Fig. 17)."""
+    work = Path(args.out)
+    work.mkdir(parents=True, exist_ok=True)
+    shapes = [tuple(float(x) for x in item.split(":")) for item in args.wan.split(",")]
+    net = Topology(work, wan=shapes[0])
+    hosts = (ROBOT_EDGE[1], EDGE_CLOUD[1])
+    rows = []
+    net.start()
+    try:
+        procs = start_servers(net, "hybrid", work, hosts)
+        try:
+            for rtt_ms, mbit in shapes:
+                net.reshape_wan(rtt_ms, mbit)
+                time.sleep(5.0)  # the scheduler's round-trip window (8 probes) sees the new link
+                for seed in range(args.seeds):
+                    row = _drive_cmd(net, hosts, "hybrid", args.rate, seed, args,
+                                     f"w{int(rtt_ms)}m{int(mbit)}s{seed}") | {"wan_rtt_ms": rtt_ms, "wan_mbit": mbit}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+        finally:
+            stop_servers(procs)
+    finally:
+        net.close()
+    result = {"method": net.method, "args": vars(args), "rows": rows}
+    (work / "hybrid_wan.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def wan_table(result: dict) -> str:
+    out = ["| WAN round trip (ms) | WAN Mbit/s | offloaded | mean (s) | P95 (s) | seeds |", "|---|---|---|---|---|---|"]
+    shapes = list(dict.fromkeys((r["wan_rtt_ms"], r["wan_mbit"]) for r in result["rows"]))
+    for rtt_ms, mbit in shapes:
+        pts = [r for r in result["rows"] if (r["wan_rtt_ms"], r["wan_mbit"]) == (rtt_ms, mbit) and r["mean_s"]]
+        if pts:
+            out.append(f"| {rtt_ms:g} | {mbit:g} | {100 * statistics.fmean(p['offload_share'] for p in pts):.0f} % | "
+                       f"{statistics.fmean(p['mean_s'] for p in pts):.2f} | {statistics.fmean(p['p95_s'] for p in pts):.2f} | "
+                       f"{len(pts)} |")
+    return "\n".join(out)
+
+
 def study(args) -> dict:
     work = Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
@@ -335,16 +410,7 @@ def study(args) -> dict:
             try:
                 for rate in [float(r) for r in args.rates.split(",")]:
                     for seed in range(args.seeds):
-                        cmd = [*net.prefix("robots"), sys.executable, "-m", "benchmarks.hybrid", "drive",
-                               "--endpoint", f"tcp/{hosts[0]}:{EDGE_PORT}", "--rate", str(rate), "--seed", str(seed),
-                               "--duration-s", str(args.duration_s), "--warmup-s", str(args.warmup_s),
-                               "--rounds", str(args.rounds), "--steps", str(args.steps),
-                               "--tag", f"{mode}{int(rate * 10)}s{seed}"]
-                        out = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT)
-                        line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
-                        if out.returncode != 0 or not line.startswith("{"):
-                            raise RuntimeError(f"driver failed ({mode}, {rate}, {seed}): {out.stderr[-2000:]}")
-                        row = {"mode": mode, **json.loads(line)}
+                        row = _drive_cmd(net, hosts, mode, rate, seed, args, f"{mode}{int(rate * 10)}s{seed}")
                         rows.append(row)
                         print(json.dumps(row), flush=True)
             finally:
@@ -396,6 +462,17 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--steps", type=int, default=10, help="actions executed per round, at 30 Hz")
     st.add_argument("--no-netns", action="store_true", help="loopback, no shaped links (smoke run)")
     st.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "lz_hybrid"))
+    wn = sub.add_parser("wan", help="the hybrid mode under several edge-cloud links (Kairos Fig. 17)")
+    wn.add_argument("--wan", default="25:1000,100:1000,200:1000,25:100,100:100,200:100",
+                    help="edge-cloud links, <round trip ms>:<Mbit/s>, comma-separated")
+    wn.add_argument("--rate", type=float, default=10.0, help="task arrival rate, tasks/s")
+    for parser_ in (wn,):
+        parser_.add_argument("--seeds", type=int, default=2)
+        parser_.add_argument("--duration-s", type=float, default=12.0)
+        parser_.add_argument("--warmup-s", type=float, default=3.0)
+        parser_.add_argument("--rounds", type=int, default=6)
+        parser_.add_argument("--steps", type=int, default=10)
+        parser_.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "lz_hybrid"))
     dr = sub.add_parser("drive", help="(internal) the robots of one run")
     dr.add_argument("--endpoint", required=True)
     dr.add_argument("--rate", type=float, required=True)
@@ -409,6 +486,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "drive":
         print(json.dumps(drive(args.endpoint, args.rate, args.seed, args.duration_s, args.warmup_s, args.rounds,
                                args.steps, args.tag)), flush=True)
+        return 0
+    if args.cmd == "wan":
+        if os.geteuid() != 0:
+            print("the WAN sweep shapes links: it needs root (ip netns)", file=sys.stderr)
+            return 2
+        result = wan_sweep(args)
+        print(f"\nlinks: {result['method']}, {args.rate:g} tasks/s\n")
+        print(wan_table(result))
         return 0
     if not args.no_netns and os.geteuid() != 0:
         print("shaped links need root (ip netns); --no-netns runs on loopback without them", file=sys.stderr)

@@ -424,3 +424,56 @@ def test_engine_figures_export_as_labelled_prometheus_families():
     name, kind, _, scale, labels = describe("server", "engine.cloud0.rtt_ms")
     assert (name, kind, scale, labels) == ("lerobot_zenoh_server_engine_rtt_seconds", "gauge", 1e-3, {"engine": "cloud0"})
     assert describe("server_client", "served.cloud")[4] == {"tier": "cloud"}
+
+
+# -- a real WAN partition: the cloud engine in its own network namespace --------------------------------
+
+
+def test_wan_partition_in_a_network_namespace_degrades_and_heals(app_key, ports, robot_session, tmp_path):
+    """The cloud engine runs as a process in a namespace behind a veth; the link goes down (a dead
+    WAN): the edge goes edge-only, serves every robot, and offloads again once the link is back."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import yaml
+
+    from lz_netns import net_pair
+
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("network namespaces need root and iproute2")
+    with net_pair() as pair:
+        engine_manifest = manifest(app_key, ports[1], role="engine", engine_id="cloud0", latency_ms=20).model_dump(
+            mode="json", exclude_none=True)
+        engine_manifest["zenoh"]["listen"] = [f"tcp/{pair.peer_ip}:{ports[1]}"]
+        path = tmp_path / "cloud0.yaml"
+        path.write_text(yaml.safe_dump(engine_manifest))
+        proc = pair.popen([sys.executable, "-m", "lerobot_zenoh.cli.server", f"--manifest={path}",
+                           "--log_level=WARNING"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        edge = None
+        try:
+            edge = PolicyServer(manifest(app_key, ports[0], engines=[
+                LOCAL, {**cloud("cloud0", ports[1]), "endpoint": f"tcp/{pair.peer_ip}:{ports[1]}"}],
+                dispatch_settings={"start_timeout_s": 30.0})).start()
+            state = edge.models[0].dispatcher.engines["cloud0"]
+            robots = [Robot(robot_session, app_key, f"r{i}", np.random.default_rng(i)) for i in range(3)]
+            run_rounds(robots, 3)
+            assert any(c.tier == "cloud" for r in robots for c in r.chunks)
+            subprocess.run(["ip", "link", "set", pair.host_if, "down"], check=True)
+            assert wait_for(lambda: not state.up, 8.0), "partition never detected"
+            for r in robots:
+                r.chunks.clear()
+            run_rounds(robots, 3, first=4)  # every robot still served, at the edge
+            assert all(c.tier == "edge" for r in robots for c in r.chunks)
+            subprocess.run(["ip", "link", "set", pair.host_if, "up"], check=True)
+            assert wait_for(lambda: state.up, 20.0), "the engine never came back"
+            for r in robots:
+                r.chunks.clear()
+            run_rounds(robots, 4, first=7)
+            assert any(c.tier == "cloud" for r in robots for c in r.chunks), "offload did not resume"
+        finally:
+            if edge is not None:
+                edge.stop()
+            proc.terminate()
+            proc.wait(timeout=10)
