@@ -35,6 +35,12 @@ latency = arrival to the last action executed, for tasks arriving after `--warmu
 link is reshaped between runs; the scheduler measures the new round trip and bandwidth itself),
 and reports the offload share and the mean task latency.
 
+With a GPU (issue 25: "one real engine on the GPU as the cloud tier"): `--checkpoint PATH` makes
+both tiers load that LeRobot checkpoint instead of the synthetic policies, the edge on the CPU and the
+cloud engine on `--device cuda --dtype bfloat16`; both profiles are then measured at start-up (the
+edge's own, and the one the cloud engine reports), and the robots send what the status asks for
+(its cameras at their sizes, its state size).
+
 Needs root (`ip netns`) for the shaped links.
 """
 
@@ -171,36 +177,45 @@ class Loopback:
 # -- the servers --------------------------------------------------------------------------------------
 
 
-def _entry(profile_ms: dict, max_batch: int) -> dict:
+def _entry(profile_ms: dict, max_batch: int, real: dict | None = None) -> dict:
+    """A model entry: the synthetic GPU-like policy, or (`real`: checkpoint, device, dtype) a checkpoint."""
     cluster, experiment, model, version, app = APP
-    return {"model_id": model, "model_version": version, "application_tag": app,
-            "synthetic": {"state_dim": 6, "action_dim": 6, "chunk_size": 50, "cameras": {"front": list(CAMERA)},
-                          "batch_latency_ms": {int(b): float(t) for b, t in profile_ms.items()}},
+    if real is None:
+        source = {"synthetic": {"state_dim": 6, "action_dim": 6, "chunk_size": 50, "cameras": {"front": list(CAMERA)},
+                                "batch_latency_ms": {int(b): float(t) for b, t in profile_ms.items()}},
+                  "actions_per_chunk": 50}
+    else:
+        source = {"pretrained_path": str(Path(real["checkpoint"]).resolve()), "device": real["device"],
+                  "dtype": real["dtype"]}
+    return {"model_id": model, "model_version": version, "application_tag": app, **source,
             "fps": 30, "accept_unknown_clients": True, "max_unknown_clients": 4096, "max_batch_size": max_batch,
-            "scheduler": "wait_ratio", "actions_per_chunk": 50}
+            "scheduler": "wait_ratio"}
 
 
-def manifests(mode: str, edge_host: str, cloud_host: str) -> dict[str, dict]:
-    """{"edge": manifest, "cloud": manifest or absent} for `mode`."""
+def manifests(mode: str, edge_host: str, cloud_host: str, real: dict | None = None) -> dict[str, dict]:
+    """{"edge": manifest, "cloud": manifest or absent} for `mode`; `real`: {checkpoint, device, dtype} of
+    the cloud engine (the edge loads the checkpoint on the CPU), else the synthetic profiles."""
     cluster, experiment, *_ = APP
     common = {"cluster_uuid": cluster, "experiment_tag": experiment, "telemetry_period_s": 0,
               "sessions": {"idle_timeout_s": 5, "liveliness_grace_s": 1}, "same_host": False}
     engines = []
     if mode in ("edge", "hybrid"):
         engines.append({"engine_id": "local", "tier": "edge", "capacity": EDGE_CAPACITY, "local": True,
-                        "profile": EDGE_PROFILE_MS})
+                        "profile": EDGE_PROFILE_MS if real is None else "measured"})
     if mode in ("cloud", "hybrid"):
         engines.append({"engine_id": "cloud0", "tier": "cloud", "capacity": CLOUD_CAPACITY,
                         "endpoint": f"tcp/{cloud_host}:{CLOUD_PORT}", "profile": "measured"})
     edge = {**common, "server_id": "edge0",
             "zenoh": {"listen": [f"tcp/{edge_host}:{EDGE_PORT}"], "multicast_scouting": False},
-            "server": [{**_entry(EDGE_PROFILE_MS, EDGE_CAPACITY), "engines": engines,
+            "server": [{**_entry(EDGE_PROFILE_MS, EDGE_CAPACITY,
+                                 None if real is None else {**real, "device": "cpu", "dtype": "float32"}),
+                        "engines": engines, "profile_max_batch": EDGE_CAPACITY,
                         "dispatch": {"answer_timeout_s": 2.0, "probe_period_s": 0.5, "start_timeout_s": 60}}]}
     out = {"edge": edge}
     if mode in ("cloud", "hybrid"):
         out["cloud"] = {**common, "role": "engine", "engine_id": "cloud0",
                         "zenoh": {"listen": [f"tcp/{cloud_host}:{CLOUD_PORT}"], "multicast_scouting": False},
-                        "server": [{**_entry(CLOUD_PROFILE_MS, CLOUD_CAPACITY), "profile_budget_s": 30}]}
+                        "server": [{**_entry(CLOUD_PROFILE_MS, CLOUD_CAPACITY, real), "profile_budget_s": 60}]}
     return out
 
 
@@ -209,12 +224,12 @@ def _env() -> dict:
             "HF_HUB_OFFLINE": "1"}
 
 
-def start_servers(net, mode: str, work: Path, hosts: tuple[str, str]) -> list[subprocess.Popen]:
+def start_servers(net, mode: str, work: Path, hosts: tuple[str, str], real: dict | None = None) -> list[subprocess.Popen]:
     import yaml
 
     procs = []
     for name in ("cloud", "edge"):  # the engine first: the edge checks it at start-up
-        data = manifests(mode, *hosts).get(name)
+        data = manifests(mode, *hosts, real).get(name)
         if data is None:
             continue
         path = work / f"{mode}-{name}.yaml"
@@ -224,7 +239,7 @@ def start_servers(net, mode: str, work: Path, hosts: tuple[str, str]) -> list[su
                                        f"--manifest={path}", "--log_level=WARNING"],
                                       stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=ROOT))
         if name == "cloud":
-            time.sleep(3.0)  # its start-up profile (a few passes of each size)
+            time.sleep(3.0 if real is None else 30.0)  # its load, warm-up and start-up profile
     return procs
 
 
@@ -246,6 +261,7 @@ def drive(endpoint: str, rate: float, seed: int, duration_s: float, warmup_s: fl
     """Run Poisson task arrivals against the edge at `endpoint`; the result as a dict."""
     import numpy as np
 
+    from lerobot_zenoh.errors import TransportError
     from lerobot_zenoh.protocol import codec
     from lerobot_zenoh.protocol.keys import AppKey
     from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation
@@ -254,12 +270,23 @@ def drive(endpoint: str, rate: float, seed: int, duration_s: float, warmup_s: fl
 
     app = AppKey(*APP)
     rng = np.random.default_rng(seed)
-    jpeg = codec.encode_jpeg(rng.integers(0, 255, (*CAMERA, 3), dtype=np.uint8))
-    session = ZenohSession(ZenohSettings(mode="client", connect=[endpoint], multicast_scouting=False)).open()
-    deadline = time.monotonic() + 90
-    while not session.query(app.status, timeout_s=1.0):
+    deadline = time.monotonic() + 180
+    while True:  # the edge may still be loading its model (and profiling it)
+        try:
+            session = ZenohSession(ZenohSettings(mode="client", connect=[endpoint], multicast_scouting=False,
+                                                 connect_timeout_s=5)).open()
+            break
+        except TransportError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+    while not (replies := session.query(app.status, timeout_s=1.0)):
         if time.monotonic() > deadline:
             raise SystemExit("the edge never answered its status")
+    status = codec.decode_status(replies[0][1])  # what the model reads: its cameras, its state size
+    images = {name: codec.encode_jpeg(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
+              for name, (h, w) in status.expected_cameras.items()}
+    state_dim = status.state_dim or 6
     waiting: dict[str, queue.SimpleQueue] = {}
 
     def on_chunk(key: str, payload: bytes) -> None:
@@ -277,7 +304,7 @@ def drive(endpoint: str, rate: float, seed: int, duration_s: float, warmup_s: fl
         pub = session.publisher(app.client(client_id).obs, OBSERVATION_QOS)
         tiers, resends, round_ms = [], 0, []
         for seq in range(1, rounds + 1):
-            obs = codec.encode(Observation(seq, client_id, task_rng.normal(size=6).astype(np.float32), {"front": jpeg},
+            obs = codec.encode(Observation(seq, client_id, task_rng.normal(size=state_dim).astype(np.float32), images,
                                            "task", execution=ExecutionInfo(time.monotonic() - arrival, 0, dt),
                                            episode_id="e"))
             sent = time.monotonic()
@@ -344,6 +371,10 @@ def _q(xs: list[float], q: float) -> float | None:
 # -- the study ----------------------------------------------------------------------------------------
 
 
+def _real(args) -> dict | None:
+    return None if not args.checkpoint else {"checkpoint": args.checkpoint, "device": args.device, "dtype": args.dtype}
+
+
 def _drive_cmd(net, hosts, mode: str, rate: float, seed: int, args, tag: str) -> dict:
     cmd = [*net.prefix("robots"), sys.executable, "-m", "benchmarks.hybrid", "drive",
            "--endpoint", f"tcp/{hosts[0]}:{EDGE_PORT}", "--rate", str(rate), "--seed", str(seed),
@@ -366,7 +397,7 @@ def wan_sweep(args) -> dict:
     rows = []
     net.start()
     try:
-        procs = start_servers(net, "hybrid", work, hosts)
+        procs = start_servers(net, "hybrid", work, hosts, _real(args))
         try:
             for rtt_ms, mbit in shapes:
                 net.reshape_wan(rtt_ms, mbit)
@@ -406,7 +437,7 @@ def study(args) -> dict:
     net.start()
     try:
         for mode in args.modes.split(","):
-            procs = start_servers(net, mode, work, hosts)
+            procs = start_servers(net, mode, work, hosts, _real(args))
             try:
                 for rate in [float(r) for r in args.rates.split(",")]:
                     for seed in range(args.seeds):
@@ -466,6 +497,11 @@ def main(argv: list[str] | None = None) -> int:
     wn.add_argument("--wan", default="25:1000,100:1000,200:1000,25:100,100:100,200:100",
                     help="edge-cloud links, <round trip ms>:<Mbit/s>, comma-separated")
     wn.add_argument("--rate", type=float, default=10.0, help="task arrival rate, tasks/s")
+    for parser_ in (st, wn):
+        parser_.add_argument("--checkpoint", default=None,
+                             help="a LeRobot checkpoint both tiers load instead of the synthetic policies")
+        parser_.add_argument("--device", default="cuda", help="with --checkpoint: the cloud engine's device")
+        parser_.add_argument("--dtype", default="bfloat16", help="with --checkpoint: the cloud engine's dtype")
     for parser_ in (wn,):
         parser_.add_argument("--seeds", type=int, default=2)
         parser_.add_argument("--duration-s", type=float, default=12.0)
