@@ -199,6 +199,24 @@ def test_dispatch_to_engine_process(app_key, ports, robot_session):
         engine.stop()
 
 
+def test_a_site_of_engine_processes_behind_one_scheduler(app_key, ports, robot_session):
+    """No local engine: two engine processes of the edge tier (one per GPU of a site) share the robots."""
+    engines = [PolicyServer(manifest(app_key, ports[1 + i], role="engine", engine_id=f"gpu{i}", latency_ms=40)).start()
+               for i in range(2)]
+    edge = PolicyServer(manifest(app_key, ports[0], engines=[
+        {"engine_id": f"gpu{i}", "tier": "edge", "capacity": 2, "endpoint": f"tcp/127.0.0.1:{ports[1 + i]}",
+         "profile": "measured"} for i in range(2)])).start()
+    try:
+        robots = [Robot(robot_session, app_key, f"r{i}", np.random.default_rng(i)) for i in range(4)]
+        run_rounds(robots, 3)
+        assert {c.engine_id for r in robots for c in r.chunks} == {"gpu0", "gpu1"}
+        assert {c.tier for r in robots for c in r.chunks} == {"edge"}
+    finally:
+        edge.stop()
+        for engine in engines:
+            engine.stop()
+
+
 def test_dead_engine_requests_requeued_and_served_at_the_edge(app_key, ports, robot_session):
     fake = FakeEngine(app_key, ports[1], "cloud0", mode="silent")
     edge = PolicyServer(manifest(app_key, ports[0], engines=[LOCAL, cloud("cloud0", ports[1])])).start()
