@@ -108,7 +108,7 @@ class FakeEngine:
     """An engine process speaking the protocol, misbehaving on request: `mode` is "ok" (answers like a
     synthetic engine), "silent" (never answers a dispatch), "late" (answers after `delay_s`),
     "wrong_model" (answers as model version v-other); `paused` stops every answer, probes included
-    (a partition)."""
+    (a partition); "wrong_shape" answers 7 action columns for the model's 6."""
 
     def __init__(self, app_key, port: int, engine_id: str, mode: str = "ok", delay_s: float = 0.0):
         self.keys = EngineKeys(app_key, engine_id)
@@ -145,9 +145,10 @@ class FakeEngine:
                 if self.paused or self.mode == "silent":
                     continue
                 version = "v-other" if self.mode == "wrong_model" else self.app_key.version
+                shape = (20, 7) if self.mode == "wrong_shape" else (20, 6)
                 self.pub.put(dispatch.encode(EngineAnswer(
                     request.request_id, self.keys.engine_id, self.status.incarnation, self.app_key.model, version,
-                    actions=np.zeros((20, 6), np.float32), inference_ms=20.0)))
+                    actions=np.zeros(shape, np.float32), inference_ms=20.0)))
 
     def close(self):
         self._stop.set()
@@ -192,7 +193,7 @@ def test_dispatch_to_engine_process(app_key, ports, robot_session):
         # the engine process never subscribed to a robot key
         subscribed = [s.key for s in engine._worker._session._owned if hasattr(s, "key") and hasattr(s, "_on_sample")]
         assert subscribed and all("/engine/cloud0" in k for k in subscribed), subscribed
-        per_client, _ = edge.telemetry_figures(edge.models[0])[1], None
+        _, per_client = edge.telemetry_figures(edge.models[0])
         assert all("served.edge" in f and "served.cloud" in f for f in per_client.values())
     finally:
         edge.stop()
@@ -253,16 +254,18 @@ def test_late_answer_of_a_requeued_request_is_dropped(app_key, ports, robot_sess
         fake.close()
 
 
-def test_wrong_model_answer_refused_never_served(app_key, ports, robot_session):
-    fake = FakeEngine(app_key, ports[1], "cloud0", mode="wrong_model")
+@pytest.mark.parametrize("mode", ["wrong_model", "wrong_shape"])
+def test_wrong_model_answer_refused_never_served(app_key, ports, robot_session, mode):
+    fake = FakeEngine(app_key, ports[1], "cloud0", mode=mode)
     edge = PolicyServer(manifest(app_key, ports[0], engines=[LOCAL, cloud("cloud0", ports[1])])).start()
     try:
         robots = [Robot(robot_session, app_key, f"r{i}", np.random.default_rng(i)) for i in range(3)]
         run_rounds(robots, 3)
         assert fake.received
         figures = engine_figures(edge)
-        assert figures["engine.cloud0.refused.wrong_model"] >= 1
+        assert figures[f"engine.cloud0.refused.{mode}"] >= 1
         assert all(c.engine_id == "local" for r in robots for c in r.chunks)
+        assert all(c.actions.shape == (10, 6) for r in robots for c in r.chunks)
     finally:
         edge.stop()
         fake.close()
