@@ -258,7 +258,8 @@ def stop_servers(procs: list[subprocess.Popen]) -> None:
 
 def drive(endpoint: str, rate: float, seed: int, duration_s: float, warmup_s: float, rounds: int, steps: int,
           tag: str) -> dict:
-    """Run Poisson task arrivals against the edge at `endpoint`; the result as a dict."""
+    """Run Poisson task arrivals against the edge at `endpoint` (several, comma-separated: independent
+    servers, task i on server i mod n, a static assignment); the result as a dict."""
     import numpy as np
 
     from lerobot_zenoh.errors import TransportError
@@ -271,18 +272,20 @@ def drive(endpoint: str, rate: float, seed: int, duration_s: float, warmup_s: fl
     app = AppKey(*APP)
     rng = np.random.default_rng(seed)
     deadline = time.monotonic() + 180
-    while True:  # the edge may still be loading its model (and profiling it)
-        try:
-            session = ZenohSession(ZenohSettings(mode="client", connect=[endpoint], multicast_scouting=False,
-                                                 connect_timeout_s=5)).open()
-            break
-        except TransportError:
+    sessions = []
+    for one in endpoint.split(","):
+        while True:  # the edge may still be loading its model (and profiling it)
+            try:
+                sessions.append(ZenohSession(ZenohSettings(mode="client", connect=[one], multicast_scouting=False,
+                                                           connect_timeout_s=5)).open())
+                break
+            except TransportError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
+        while not (replies := sessions[-1].query(app.status, timeout_s=1.0)):
             if time.monotonic() > deadline:
-                raise
-            time.sleep(1.0)
-    while not (replies := session.query(app.status, timeout_s=1.0)):
-        if time.monotonic() > deadline:
-            raise SystemExit("the edge never answered its status")
+                raise SystemExit(f"{one} never answered its status")
     status = codec.decode_status(replies[0][1])  # what the model reads: its cameras, its state size
     images = {name: codec.encode_jpeg(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
               for name, (h, w) in status.expected_cameras.items()}
@@ -294,12 +297,13 @@ def drive(endpoint: str, rate: float, seed: int, duration_s: float, warmup_s: fl
         if box is not None:
             box.put((time.monotonic(), payload))
 
-    session.subscribe(f"{app.prefix}/*/action", on_chunk)
+    for session in sessions:
+        session.subscribe(f"{app.prefix}/*/action", on_chunk)
     dt = 1 / 30
     results: list[dict] = []
     lock = threading.Lock()
 
-    def task(client_id: str, arrival: float, task_rng) -> None:
+    def task(client_id: str, arrival: float, task_rng, session) -> None:
         box = waiting[client_id] = queue.SimpleQueue()
         pub = session.publisher(app.client(client_id).obs, OBSERVATION_QOS)
         tiers, resends, round_ms = [], 0, []
@@ -343,14 +347,15 @@ def drive(endpoint: str, rate: float, seed: int, duration_s: float, warmup_s: fl
         delay = t0 + at - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-        thread = threading.Thread(target=task, args=(f"{tag}-{i}", time.monotonic(), np.random.default_rng([seed, i])),
-                                  daemon=True)
+        thread = threading.Thread(target=task, args=(f"{tag}-{i}", time.monotonic(), np.random.default_rng([seed, i]),
+                                                     sessions[i % len(sessions)]), daemon=True)
         thread.start()
         threads.append(thread)
         i += 1
     for thread in threads:
         thread.join(timeout=max(1.0, t0 + duration_s + 120 - time.monotonic()))
-    session.close()
+    for session in sessions:
+        session.close()
     kept = sorted(r["latency_s"] for r in results if r["arrival"] - t0 >= warmup_s)
     tiers = [t for r in results for t in r["tiers"]]
     rounds_ms = [m for r in results for m in r["round_ms"]]
@@ -375,9 +380,9 @@ def _real(args) -> dict | None:
     return None if not args.checkpoint else {"checkpoint": args.checkpoint, "device": args.device, "dtype": args.dtype}
 
 
-def _drive_cmd(net, hosts, mode: str, rate: float, seed: int, args, tag: str) -> dict:
+def _drive_cmd(net, hosts, mode: str, rate: float, seed: int, args, tag: str, endpoints: str | None = None) -> dict:
     cmd = [*net.prefix("robots"), sys.executable, "-m", "benchmarks.hybrid", "drive",
-           "--endpoint", f"tcp/{hosts[0]}:{EDGE_PORT}", "--rate", str(rate), "--seed", str(seed),
+           "--endpoint", endpoints or f"tcp/{hosts[0]}:{EDGE_PORT}", "--rate", str(rate), "--seed", str(seed),
            "--duration-s", str(args.duration_s), "--warmup-s", str(args.warmup_s),
            "--rounds", str(args.rounds), "--steps", str(args.steps), "--tag", tag]
     out = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT)
@@ -425,6 +430,79 @@ def wan_table(result: dict) -> str:
             out.append(f"| {rtt_ms:g} | {mbit:g} | {100 * statistics.fmean(p['offload_share'] for p in pts):.0f} % | "
                        f"{statistics.fmean(p['mean_s'] for p in pts):.2f} | {statistics.fmean(p['p95_s'] for p in pts):.2f} | "
                        f"{len(pts)} |")
+    return "\n".join(out)
+
+
+def scaleout(args) -> dict:
+    """One site: n edge engine processes behind one scheduler (pooled) against n independent servers
+    with a static assignment of tasks, at the same load per GPU."""
+    import yaml
+
+    work = Path(args.out)
+    work.mkdir(parents=True, exist_ok=True)
+    net = Topology(work)
+    edge_host = ROBOT_EDGE[1]
+    cluster, experiment, *_ = APP
+    common = {"cluster_uuid": cluster, "experiment_tag": experiment, "telemetry_period_s": 0,
+              "sessions": {"idle_timeout_s": 5, "liveliness_grace_s": 1}, "same_host": False}
+    rows = []
+    net.start()
+    try:
+        for n in [int(x) for x in args.engines.split(",")]:
+            for layout in ("pooled", "static"):
+                procs, files = [], []
+                if layout == "pooled":
+                    for i in range(n):
+                        files.append((f"gpu{i}", {**common, "role": "engine", "engine_id": f"gpu{i}",
+                                                  "zenoh": {"listen": [f"tcp/127.0.0.1:{7760 + i}"], "multicast_scouting": False},
+                                                  "server": [_entry(EDGE_PROFILE_MS, EDGE_CAPACITY)]}))
+                    engines = [{"engine_id": f"gpu{i}", "tier": "edge", "capacity": EDGE_CAPACITY,
+                                "endpoint": f"tcp/127.0.0.1:{7760 + i}", "profile": EDGE_PROFILE_MS} for i in range(n)]
+                    files.append(("scheduler", {**common, "server_id": "edge0",
+                                                "zenoh": {"listen": [f"tcp/{edge_host}:{EDGE_PORT}"], "multicast_scouting": False},
+                                                "server": [{**_entry(EDGE_PROFILE_MS, EDGE_CAPACITY), "engines": engines,
+                                                            "dispatch": {"start_timeout_s": 60}}]}))
+                    endpoints = [f"tcp/{edge_host}:{EDGE_PORT}"]
+                else:
+                    for i in range(n):
+                        files.append((f"server{i}", {**common, "server_id": f"server{i}",
+                                                     "zenoh": {"listen": [f"tcp/{edge_host}:{7770 + i}"], "multicast_scouting": False},
+                                                     "server": [_entry(EDGE_PROFILE_MS, EDGE_CAPACITY)]}))
+                    endpoints = [f"tcp/{edge_host}:{7770 + i}" for i in range(n)]
+                for name, data in files:
+                    path = work / f"scale{n}-{layout}-{name}.yaml"
+                    path.write_text(yaml.safe_dump(data))
+                    log = open(work / f"scale{n}-{layout}-{name}.log", "w")
+                    procs.append(subprocess.Popen([*net.prefix("edge"), sys.executable, "-m", "lerobot_zenoh.cli.server",
+                                                   f"--manifest={path}", "--log_level=WARNING"],
+                                                  stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=ROOT))
+                    if name.startswith("gpu") and name == f"gpu{n - 1}":
+                        time.sleep(3.0)  # the engines' start-up profiles, before the scheduler checks them
+                try:
+                    for seed in range(args.seeds):
+                        row = _drive_cmd(net, (edge_host,), layout,
+                                         args.rate_per_engine * n, seed, args, f"n{n}{layout}s{seed}",
+                                         endpoints=",".join(endpoints)) | {"engines": n, "layout": layout}
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+                finally:
+                    stop_servers(procs)
+    finally:
+        net.close()
+    result = {"method": net.method, "args": vars(args), "rows": rows}
+    (work / "hybrid_scaleout.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def scaleout_table(result: dict) -> str:
+    out = ["| GPUs | tasks/s | layout | mean (s) | P25 (s) | P95 (s) | tasks | seeds |", "|---|---|---|---|---|---|---|---|"]
+    keys = list(dict.fromkeys((r["engines"], r["layout"]) for r in result["rows"]))
+    for n, layout in keys:
+        pts = [r for r in result["rows"] if (r["engines"], r["layout"]) == (n, layout) and r["mean_s"]]
+        if pts:
+            out.append(f"| {n} | {pts[0]['rate']:g} | {layout} | {statistics.fmean(p['mean_s'] for p in pts):.2f} | "
+                       f"{statistics.fmean(p['p25_s'] for p in pts):.2f} | {statistics.fmean(p['p95_s'] for p in pts):.2f} | "
+                       f"{sum(p['tasks'] for p in pts)} | {len(pts)} |")
     return "\n".join(out)
 
 
@@ -502,7 +580,10 @@ def main(argv: list[str] | None = None) -> int:
                              help="a LeRobot checkpoint both tiers load instead of the synthetic policies")
         parser_.add_argument("--device", default="cuda", help="with --checkpoint: the cloud engine's device")
         parser_.add_argument("--dtype", default="bfloat16", help="with --checkpoint: the cloud engine's dtype")
-    for parser_ in (wn,):
+    so = sub.add_parser("scaleout", help="n edge engines behind one scheduler against n independent servers")
+    so.add_argument("--engines", default="1,2,4", help="GPUs (engine processes, or servers) per run")
+    so.add_argument("--rate-per-engine", type=float, default=5.0, help="task arrivals per GPU, tasks/s")
+    for parser_ in (wn, so):
         parser_.add_argument("--seeds", type=int, default=2)
         parser_.add_argument("--duration-s", type=float, default=12.0)
         parser_.add_argument("--warmup-s", type=float, default=3.0)
@@ -522,6 +603,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "drive":
         print(json.dumps(drive(args.endpoint, args.rate, args.seed, args.duration_s, args.warmup_s, args.rounds,
                                args.steps, args.tag)), flush=True)
+        return 0
+    if args.cmd == "scaleout":
+        if os.geteuid() != 0:
+            print("the scale-out run shapes the robots' link: it needs root (ip netns)", file=sys.stderr)
+            return 2
+        result = scaleout(args)
+        print(f"\nlinks: {result['method']}\n")
+        print(scaleout_table(result))
         return 0
     if args.cmd == "wan":
         if os.geteuid() != 0:
