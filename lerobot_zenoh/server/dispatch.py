@@ -68,6 +68,9 @@ RTT_WINDOW = 8
 BANDWIDTH_WINDOW = 32
 #: A network time this much above the probe's round trip is read as transfer time (below: noise).
 MIN_TRANSFER_S = 0.002
+#: A remote edge engine's next batch is dispatched this long (plus a round trip) before its
+#: current batch is expected to end (`Dispatcher._running_for_placement`).
+DISPATCH_AHEAD_S = 0.010
 #: How often the inference loop refreshes the figures telemetry reads.
 FIGURES_PERIOD_S = 0.5
 #: Estimate-vs-actual pairs kept per engine for telemetry.
@@ -336,7 +339,7 @@ class Dispatcher:
             self._client_figures = {c: {f"served.{tier}": n.get(tier, 0) for tier in (EDGE, CLOUD)}
                                     for c, n in self.served_by_client.items()}
         usable = [e for e in self.engines.values() if e.usable()]
-        views = [e.view(len(self._local_clients) if e is self.local else None) for e in usable]
+        views = [e.view(self._running_for_placement(e, now_s)) for e in usable]
         # Placement feeds an edge engine only when it is idle and a cloud engine while it has room:
         # with neither, nothing can go now, and a decision would only count every request as skipped.
         if not any(v.running == 0 if v.tier == EDGE else v.running < v.capacity for v in views):
@@ -368,6 +371,7 @@ class Dispatcher:
         engine_of = {c: eid for eid, ids in placement.assigned.items() for c in ids}
         local_items = []
         t = time.monotonic()
+        sent: Counter = Counter()  # remote engine -> requests dispatched to it now (its next batch)
         for session, slot in batch.items:
             state = self.engines[engine_of[session.client_id]]
             estimate = placement.estimates.get(session.client_id)
@@ -375,6 +379,11 @@ class Dispatcher:
                 local_items.append((session, slot, estimate))
             else:
                 self._dispatch(state, session, slot, estimate, t)
+                sent[state.engine_id] += 1
+        for engine_id, n in sent.items():  # that batch starts when it is there and the engine is free
+            state = self.engines[engine_id]
+            start = max(state.busy_until_s, t + (state.rtt_s or 0.0) / 2)
+            state.busy_until_s = start + state.profile.latency_s(n)
         if local_items:
             forget = []
             for session, _, _ in local_items:
@@ -387,6 +396,20 @@ class Dispatcher:
             self.local.busy_until_s = t + self.local.profile.latency_s(len(local_items))
             self._worker.submit(Batch([(s, sl) for s, sl, _ in local_items], []), forget)
         return True
+
+    def _running_for_placement(self, state: EngineState, now_s: float) -> int:
+        """What placement is told an engine is running. Placement feeds an edge engine only when it
+        is idle; a remote one would then idle for a round trip between batches (the last answer
+        travels back, the next batch travels out). So a remote edge engine running one batch counts
+        as idle from a round trip before that batch's expected end: its next batch then waits in
+        the engine's inbox and starts as the current one ends."""
+        if state is self.local:
+            return len(self._local_clients)
+        running = len(state.in_flight)
+        if (state.tier == EDGE and 0 < running <= state.entry.capacity
+                and now_s >= state.busy_until_s - (state.rtt_s or 0.0) - DISPATCH_AHEAD_S):
+            return 0
+        return running
 
     def _reset_for(self, state: EngineState, session: Session) -> bool:
         """Whether `state`'s engine must drop the client's runner state before serving it."""
@@ -427,8 +450,6 @@ class Dispatcher:
             return
         state.in_flight[request_id] = flight
         state.counts["dispatched"] += 1
-        if estimate is not None and math.isfinite(estimate.latency_s):
-            state.busy_until_s = max(state.busy_until_s, now_s + estimate.latency_s - (state.rtt_s or 0.0) / 2)
 
     # -- events ---------------------------------------------------------------------------------
 
