@@ -166,3 +166,13 @@ $(LANGUAGE_STAMP): $(STAMP)
 
 bench-language: $(LANGUAGE_STAMP)
 	$(PY) -m benchmarks.language $(LANGUAGE_ARGS)
+
+
+# Edge-only vs cloud-only vs hybrid (Kairos Fig. 13; docs/benchmarks.md, "Edge-cloud serving"): an edge
+# scheduler, a cloud engine process and Poisson task arrivals over shaped links (robots-edge 2.5 ms,
+# edge-cloud 100 ms round trip / 1 Gbit/s; root for the namespaces); ~12 min on 2 cores with these
+# defaults. HYBRID_ARGS="--rates 2,6,10,14 --seeds 5 --duration-s 30" for a longer run.
+HYBRID_ARGS ?= --rates 2,6,10 --seeds 3 --duration-s 12 --warmup-s 3
+.PHONY: bench-hybrid
+bench-hybrid: $(STAMP)
+	$(PY) -m benchmarks.hybrid study $(HYBRID_ARGS)

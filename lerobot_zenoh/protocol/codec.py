@@ -293,6 +293,8 @@ def _to_map(msg: Message) -> dict[str, Any]:
             "queue_time_ms": None if msg.queue_time_ms is None else float(msg.queue_time_ms),
             "execution_horizon": msg.execution_horizon,
             "rtc_delay_steps": None if msg.rtc_delay_steps is None else int(msg.rtc_delay_steps),
+            "engine_id": msg.engine_id,
+            "tier": msg.tier,
         })
     if isinstance(msg, Status):
         return _header(MessageType.STATUS) | _drop_none({
@@ -468,6 +470,8 @@ def _action_chunk(d: dict, limits: CodecLimits) -> ActionChunk:
         queue_time_ms=_optional(d, "queue_time_ms", (int, float)),
         execution_horizon=_uint(d, "execution_horizon", required=False),
         rtc_delay_steps=_uint(d, "rtc_delay_steps", required=False),
+        engine_id=_optional(d, "engine_id", str),
+        tier=_optional(d, "tier", str),
     )
 
 

@@ -171,6 +171,11 @@ class ActionChunk:
     # 1.1, optional: the inference delay (steps) the server's RTC guidance assumed; present exactly
     # when the chunk was conditioned on the observation's `rtc` inputs.
     rtc_delay_steps: int | None = None
+    # 1.4, optional: which engine computed the chunk and on which tier ("edge" or "cloud"), when the
+    # server dispatches to several engines (docs/protocol.md, "Engines"): `queue_time_ms` and
+    # `inference_time_ms` are then that engine's, and the round trip to a cloud engine is in neither.
+    engine_id: str | None = None
+    tier: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

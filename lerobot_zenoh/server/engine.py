@@ -333,7 +333,9 @@ class Engine:
             for session in self.sessions.values():
                 session.slot = None
 
-    def schedule(self, now_s: float, peek: Peek | None = None, read_header: ReadHeader | None = None) -> Batch | None:
+    def schedule(self, now_s: float, peek: Peek | None = None, read_header: ReadHeader | None = None, *,
+                 choose: Callable[[list[str], dict[str, Slot]], list[str]] | None = None,
+                 exclude: Collection[str] = ()) -> Batch | None:
         """Announce new observations to the scheduler and let it pick up to `max_batch_size` sessions.
 
         Schedulers that rank by the robot's execution phase (`needs_execution_info`) need each new
@@ -342,6 +344,10 @@ class Engine:
         without one (or with a header version this server does not read), `peek` decodes the
         observation; both outside the lock, and the session rules (`check`) are applied then. Other
         schedulers never cost a decode for an observation that is superseded before it is served.
+
+        With `choose` (an edge scheduler placing across engines, `server/dispatch.py`), the scheduler
+        orders every ready session and `choose(order, slots)` picks those to dispatch now, any number;
+        clients in `exclude` (a request of theirs is still running on an engine) wait in their slot.
         """
         with self._lock:
             fresh = [s for s in self.sessions.values() if s.slot is not None and not s.slot.announced]
@@ -383,8 +389,13 @@ class Engine:
                 if slot.first_arrival is not None:  # a refresh: its request arrived first
                     self.scheduler.on_arrival(session.client_id, *slot.first_arrival)
                 self.scheduler.on_arrival(session.client_id, slot.arrival_s, execution)
-            ready = [cid for cid, s in self.sessions.items() if s.slot is not None and s.slot.announced]
-            chosen = self.scheduler.pick(ready, now_s, self.config.max_batch_size) if ready else []
+            ready = [cid for cid, s in self.sessions.items()
+                     if s.slot is not None and s.slot.announced and cid not in exclude]
+            if choose is None:
+                chosen = self.scheduler.pick(ready, now_s, self.config.max_batch_size) if ready else []
+            else:
+                chosen = self.scheduler.pick(ready, now_s, len(ready), choose=lambda order: choose(
+                    order, {c: self.sessions[c].slot for c in order})) if ready else []
             items: list[tuple[Session, Slot]] = []
             for cid in dict.fromkeys(chosen):
                 session = self.sessions.get(cid)
@@ -396,6 +407,18 @@ class Engine:
         if not items and not rejected:
             return None
         return Batch(items, rejected)
+
+    def requeue(self, session: Session, slot: Slot) -> bool:
+        """Put a picked request back in its session's slot (an engine did not answer it in time, or
+        answered what cannot be served): announced again to the scheduler by the next `schedule`,
+        from its first arrival. False when the session closed or a newer observation already waits
+        (that one stands for the client's request now)."""
+        with self._lock:
+            if self.sessions.get(session.client_id) is not session or session.slot is not None:
+                return False
+            slot.announced = False
+            session.slot = slot
+            return True
 
     def check(self, session: Session, observation: Observation, arrival_s: float | None = None) -> str | None:
         """Apply the session rules to a decoded observation that arrived at `arrival_s` (default: the
