@@ -56,7 +56,7 @@ FULL = {
         rtc=RtcInputs(np.zeros((1, 2), np.float32), 0), shared_frames=SharedFrames("lz-1-" + "0" * 32 + "-0", 1,
                                                                                       {"side": (0, 8, 8)}),
         refreshes_seq_id=6, component_mask=1),
-    "5.2 ActionChunk": ActionChunk(7, 1.0, np.zeros((2, 2), np.float32), "gpu0", 0.5, 2, 1),
+    "5.2 ActionChunk": ActionChunk(7, 1.0, np.zeros((2, 2), np.float32), "gpu0", 0.5, 2, 1, "cloud0", "cloud"),
     "5.3 Status": Status("m", "v", {"front": (8, 8)}, 2, 10, {}, "act", 30, "gpu0", 2, ("a", "b"), True, True, 10,
                          True, 2, RtcAdvert(8), SameHostAdvert("p", "t"), "actions", True),
     "5.4 Telemetry": Telemetry("server", "gpu0", 1, 1.0, 1.0, {"x": 1}, {"r1": {"y": 2}}, {"l": "v"}),
