@@ -17,9 +17,10 @@ from lerobot_zenoh.client.config_sim_robot import SimRobotConfig
 from lerobot_zenoh.errors import CompatibilityError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.scheduling.action_buffer import ActionBuffer
+from lerobot_zenoh.scheduling.send_trigger import SendTrigger
 from lerobot_zenoh.transport.session import ZenohSession
 from lerobot_zenoh.transport.settings import loopback_settings
-from lz_testing import make_config, make_server
+from lz_testing import TappedSession, make_config, make_server
 
 
 class LoggingRobot:
@@ -102,8 +103,7 @@ def test_robot_executes_exactly_the_trimmed_and_blended_chunks(port, app_key, ag
         with ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as mon:
             mon.subscribe(app_key.client("r1").action, lambda k, b: monitor_chunks.append(codec.decode_action_chunk(b)))
             robot = LoggingRobot(make_robot_from_config(cfg.robot))
-            client = RobotClient(cfg, robot)
-            client.buffer = EventBuffer(agg)
+            client = RobotClient(cfg, robot, buffer=EventBuffer(agg))
             run_client(client, 3.0)
     merges = [e for e in client.buffer.events if e[0] == "merge"]
     pops = [e[1] for e in client.buffer.events if e[0] == "pop"]
@@ -131,11 +131,16 @@ def test_robot_executes_exactly_the_trimmed_and_blended_chunks(port, app_key, ag
 def test_trimmed_steps_follow_the_rtt(port, app_key):
     cfg = make_config(port, app_key)
     with make_server(port, app_key, latency_ms=200):
-        client = RobotClient(cfg, make_robot_from_config(cfg.robot))
-        client.buffer = EventBuffer(cfg.aggregate)
+        buffer = EventBuffer(cfg.aggregate)
         steps_at_send = {}
-        original = client.trigger.on_send
-        client.trigger.on_send = lambda seq, now: (steps_at_send.__setitem__(seq, client.buffer.next_step), original(seq, now))[1]
+
+        class StepNotingTrigger(SendTrigger):  # the buffer's step when each request leaves
+            def on_send(self, seq_id, now_s, **kw):
+                steps_at_send[seq_id] = buffer.next_step
+                return super().on_send(seq_id, now_s, **kw)
+
+        client = RobotClient(cfg, make_robot_from_config(cfg.robot), buffer=buffer,
+                             trigger=StepNotingTrigger(cfg.send, dt_s=cfg.dt_s))
         run_client(client, 3.0)
     merges = [e for e in client.buffer.events if e[0] == "merge"]
     assert len(merges) >= 3
@@ -159,10 +164,10 @@ def test_control_period_holds_while_publishing_is_slow_and_without_a_server(port
     """BUG-1: the control loop never waits for the network, even if a put takes 300 ms."""
     cfg = make_config(port, app_key, robot=SimRobotConfig(cameras={"front": (48, 64), "wrist": (48, 64)}, fps=30))
     server = make_server(port, app_key).start()
-    client = RobotClient(cfg, make_robot_from_config(cfg.robot))
+    congested = lambda key, payload, attachment: time.sleep(0.3)  # noqa: E731  (every put takes 300 ms)
+    client = RobotClient(cfg, make_robot_from_config(cfg.robot),
+                         session_factory=lambda settings: TappedSession(ZenohSession(settings).open(), congested))
     client.start()
-    real_put = client._pub.put
-    client._pub.put = lambda payload, attachment=None: (time.sleep(0.3), real_put(payload, attachment))  # a congested link
     try:
         client.run(duration_s=2.0)
         with_server = list(client.counters.period_ms)
@@ -463,8 +468,7 @@ def test_rtc_observations_carry_the_leftover_and_the_buffer_is_replaced_not_blen
             mon.subscribe(app_key.client("r1").action,
                           lambda k, b: seen_chunks.setdefault((c := codec.decode_action_chunk(b)).response_to_seq_id, c))
             robot = LoggingRobot(make_robot_from_config(cfg.robot))
-            client = RobotClient(cfg, robot)
-            client.buffer = RtcEventBuffer(cfg.aggregate)
+            client = RobotClient(cfg, robot, buffer=RtcEventBuffer(cfg.aggregate))
             run_client(client, 3.0)
     assert client.status.rtc is not None and client.rtc_active and client.intake.mode is MergeMode.RTC
     events = client.buffer.events

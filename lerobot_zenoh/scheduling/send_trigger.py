@@ -52,7 +52,7 @@ The send rule (:class:`SendTrigger`)
     delays sending by at most one timeout instead of stalling it forever. A reply that comes
     after its request was presumed lost still yields an RTT sample and its actions are still
     merged (the action buffer discards what is stale); it just no longer holds a slot.
-    ``unanswered_in_a_row`` counts requests presumed lost since the last answer: the client draws a
+    ``unanswered_in_a_row`` counts requests presumed lost (timed out or forgotten) since the last answer: the client draws a
     new session nonce when it reaches ``RobotClientConfig.new_nonce_after_unanswered`` (docs/client.md).
 
 Re-fetch (docs/protocol.md §10.7; ``SendTriggerConfig.refetch_after_s``; off here until the client sets it)
@@ -308,7 +308,7 @@ class SendTriggerStats:
     rtt_p90_s: float | None
     rtt_p99_s: float | None
     refreshes: int = 0  # fresh captures published for requests still waiting (re-fetch)
-    unanswered_in_a_row: int = 0  # requests timed out since the last answer
+    unanswered_in_a_row: int = 0  # requests presumed lost since the last answer
 
 
 #: The reference client's re-fetch threshold when `refetch_after_s` is None, toward a server that
@@ -466,11 +466,12 @@ class SendTrigger:
         forgotten = len(self.table.forget_outstanding())
         with self._lock:
             self._presumed_lost += forgotten
+            self._unanswered_in_a_row += forgotten
         return forgotten
 
     @property
     def unanswered_in_a_row(self) -> int:
-        """Requests that timed out since the last answer (0 after :meth:`reset_unanswered`)."""
+        """Requests presumed lost (timed out or forgotten) since the last answer (0 after :meth:`reset_unanswered`)."""
         with self._lock:
             return self._unanswered_in_a_row
 
