@@ -18,9 +18,9 @@ from lerobot_zenoh.errors import CompatibilityError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.scheduling.action_buffer import ActionBuffer
 from lerobot_zenoh.scheduling.send_trigger import SendTrigger
-from lerobot_zenoh.transport.session import ZenohSession
+from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
 from lerobot_zenoh.transport.settings import loopback_settings
-from lz_testing import TappedSession, make_config, make_server
+from lz_testing import TappedSession, make_config, make_server, wait_for
 
 
 class LoggingRobot:
@@ -578,3 +578,43 @@ def test_observations_carry_the_frames_of_the_steps_before_them_when_the_model_a
             assert all(jpeg[:2] == b"\xff\xd8" for jpeg in frame.images.values())
         checked += 1
     assert checked >= 3
+
+
+def test_a_robot_shut_out_of_its_session_draws_a_new_nonce_and_is_served_again(port, app_key):
+    """A forged observation with the robot's nonce and a seq_id far ahead becomes the session's newest:
+    every later request of the robot is `replayed` and goes unanswered. After
+    `new_nonce_after_unanswered` of them in a row the client draws a new nonce, and is served again."""
+    from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation
+
+    cfg = make_config(port, app_key, new_nonce_after_unanswered=3)
+    served = []
+    with make_server(port, app_key):
+        with ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as attacker:
+            attacker.subscribe(app_key.client("r1").action,
+                               lambda k, b: served.append(codec.decode_action_chunk(b).response_to_seq_id))
+            client = RobotClient(cfg, make_robot_from_config(cfg.robot)).start()
+            runner = threading.Thread(target=client.run, kwargs={"duration_s": 30.0})
+            runner.start()
+            try:
+                assert wait_for(lambda: client.counters.chunks_received >= 3, 10)
+                nonce = client.session_nonce
+                forged_seq = max(served) + 1_000_000
+                frame = np.zeros((48, 64, 3), np.uint8)
+                forged = Observation(forged_seq, "r1", np.zeros(6, np.float32),
+                                     {cam: codec.encode_jpeg(frame, 80) for cam in ("front", "wrist")}, "",
+                                     ExecutionInfo(), episode_id=str(client.episode), session_nonce=nonce)
+                attacker.publisher(app_key.client("r1").obs, OBSERVATION_QOS).put(
+                    codec.encode(forged), attachment=codec.encode_observation_header(forged))
+                poisoned = wait_for(lambda: forged_seq in served, 5)
+                before = client.counters.chunks_received
+                if poisoned:  # the robot is shut out: it must renew its session by itself
+                    assert wait_for(lambda: client.counters.session_renewals >= 1, 15)
+                    assert client.session_nonce != nonce
+                # Renewed, or never shut out (a server that refuses the forged jump): served either way.
+                assert wait_for(lambda: client.counters.chunks_received >= before + 5, 15)
+                summary = client.summary()
+                assert summary["session_renewals"] == client.counters.session_renewals
+            finally:
+                client.stop()
+                runner.join(10)
+                client.close()
