@@ -151,7 +151,7 @@ class RobotClient:
                                    extra=self.task.figures)
         self.watch.discover(", ".join(settings.connect))
         self.task.start(TaskContext(session, self.watch.status, self.features, self._stop, self.loop.wake,
-                                    lambda: self.loop.last_action))
+                                    lambda: self.loop.last_action, self.counters))
         obs_key, metrics_key = self.task.stream_keys(cfg)
         self.publisher = ObservationPublisher(
             session.publisher(obs_key, OBSERVATION_QOS), self.outbox, self.features, client_uuid=cfg.client_uuid,

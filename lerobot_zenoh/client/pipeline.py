@@ -89,7 +89,6 @@ class PipelineTask(Task):
         self.stream_key = plan.stream.client(config.client_uuid)
         self.results_dropped = 0  # a full results inbox (the pipeline thread got no CPU)
         self.results_rejected = 0  # undecodable TextResult / Verdict
-        self.override_steps = 0  # steps whose action came from a fallback or danger mode
         # Danger: when the verdict that put the robot in a danger mode arrived, and how long after it
         # the mode's first action went to the robot (ms), for telemetry and the tests.
         self._danger_arrived_s: float | None = None
@@ -242,7 +241,6 @@ class PipelineTask(Task):
         if mode is None:
             return None
         self._note_reaction(now_s)
-        self.override_steps += 1
         return self._mode_action(mode, observation)
 
     def _mode_action(self, mode, observation: dict | None) -> dict:
@@ -269,7 +267,6 @@ class PipelineTask(Task):
         if mode is None:
             return None
         self._note_reaction(now_s)
-        self.override_steps += 1
         return self._mode_action(mode, observation)
 
     def _note_reaction(self, now_s: float) -> None:
@@ -311,7 +308,8 @@ class PipelineTask(Task):
         figures.update({
             "pipeline.results_dropped": self.results_dropped,
             "pipeline.results_rejected": self.results_rejected,
-            "pipeline.override_steps": self.override_steps,
+            # control steps whose action came from a mode (the control loop counts them)
+            "pipeline.override_steps": self._context.counters.override_steps if self._context else 0,
             "pipeline.danger_reaction_ms_max": max(reactions) if reactions else None,
         })
         return figures

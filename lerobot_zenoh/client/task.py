@@ -53,6 +53,7 @@ class TaskContext:
     stop: object  # the client's stop event (threading.Event)
     wake: Callable[[], None]  # interrupt the control loop's wait: it calls `react` at once
     last_action: Callable[[], dict | None]  # the last action the policy gave the robot
+    counters: object  # the client's ClientCounters (read-only for a task: its figures may report them)
 
 
 class Task:
