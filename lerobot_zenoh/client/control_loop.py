@@ -301,6 +301,4 @@ class ControlLoop:
         ):
             log.warning("%s: action buffer empty for %d cycles, %s", cfg.client_uuid, self._empty_streak,
                         "holding position" if self.failsafe_mode == "hold" else "zero velocity")
-        action = self.failsafe_action(observation)
-        self.counters.failsafe_actions += 1
-        return self.robot.send_action(action)
+        return self.robot.send_action(self.failsafe_action(observation))

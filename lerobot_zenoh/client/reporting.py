@@ -25,8 +25,7 @@ __all__ = ["ClientCounters", "ClientReport"]
 class ClientCounters:
     steps: int = 0
     actions_executed: int = 0
-    empty_cycles: int = 0
-    failsafe_actions: int = 0
+    empty_cycles: int = 0  # control steps without an action: the fail-safe action was sent
     overruns: int = 0
     max_lateness_ms: float = 0.0
     observations_published: int = 0
@@ -174,8 +173,14 @@ class ClientReport:
             "control_period_ms_p50": _rounded(c.period_ms, 50),
             "control_period_ms_p99": _rounded(c.period_ms, 99),
             "empty_buffer_cycles": c.empty_cycles,
+            "reset_steps": c.reset_steps,
+            "horizon_cut_steps": c.horizon_cut_steps,
             "loop_overruns": c.overruns,
+            "max_lateness_ms": round(c.max_lateness_ms, 3),
+            "publish_errors": c.publish_errors,
             "watchdog_events": c.watchdog_events,
+            "revalidations": c.revalidations,  # status queries while re-validating
+            "server_changes": c.server_changes,
             "session_renewals": c.session_renewals,
             # sent but unanswered when the run ended (lost best-effort observations, or in flight)
             "requests_outstanding_at_exit": sent.outstanding,
