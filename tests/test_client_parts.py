@@ -103,7 +103,7 @@ def test_the_chunk_receiver_merges_counts_and_tells_the_watch_without_a_thread_o
     cfg, _r, features, trigger, intake, counters, watch = parts()
     buffer = ActionBuffer(LatestOnlyConfig())
     accepted = []
-    receiver = ChunkReceiver(intake, lambda: buffer, action_dim=len(features.action_names), watch=watch,
+    receiver = ChunkReceiver(intake, buffer, action_dim=len(features.action_names), watch=watch,
                              counters=counters, client_uuid="r1", mispredict_steps=2,
                              on_accepted=lambda seq, t: accepted.append(seq))
     intake.on_send(1, 0, 10.0)

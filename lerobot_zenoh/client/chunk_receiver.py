@@ -22,6 +22,7 @@ from collections.abc import Callable
 from lerobot_zenoh.client.reporting import ClientCounters
 from lerobot_zenoh.errors import ProtocolError
 from lerobot_zenoh.protocol import codec
+from lerobot_zenoh.scheduling.action_buffer import ActionBuffer
 from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake, IntakeResult, MergeMode
 from lerobot_zenoh.scheduling.send_trigger import DEFAULT_REFETCH_AFTER_S
 
@@ -33,7 +34,7 @@ __all__ = ["ChunkReceiver"]
 class ChunkReceiver:
     """Args:
         intake: the chunk intake (it owns the in-flight table's answer and the merge).
-        buffer: a callable returning the action buffer in use.
+        buffer: the action buffer chunks are merged into.
         action_dim: the robot's action dimension (a chunk of another width is rejected).
         watch: the server watch (told of each accepted chunk; ticked by `run`).
         counters: chunks received / rejected, RTT, trims, RTC figures are counted here.
@@ -42,11 +43,11 @@ class ChunkReceiver:
         on_accepted: ``(seq_id, arrived_s)`` after a chunk went into the buffer (a task books it), or None.
     """
 
-    def __init__(self, intake: ChunkIntake, buffer: Callable, *, action_dim: int, watch, counters: ClientCounters,
+    def __init__(self, intake: ChunkIntake, buffer: ActionBuffer, *, action_dim: int, watch, counters: ClientCounters,
                  client_uuid: str, mispredict_steps: int, on_accepted: Callable[[int, float], None] | None = None,
                  inbox_size: int = 256) -> None:
         self.intake = intake
-        self._buffer = buffer
+        self.buffer = buffer
         self.action_dim = action_dim
         self.watch = watch
         self.counters = counters
@@ -83,7 +84,7 @@ class ChunkReceiver:
             c.chunks_rejected += 1
             log.warning("%s: rejected action chunk: %s", self.client_uuid, exc)
             return None
-        result = self.intake.on_chunk(chunk.response_to_seq_id, chunk.actions, arrived_s, self._buffer(),
+        result = self.intake.on_chunk(chunk.response_to_seq_id, chunk.actions, arrived_s, self.buffer,
                                       execution_horizon=chunk.execution_horizon,
                                       rtc_delay_steps=chunk.rtc_delay_steps)
         if not result.accepted:

@@ -124,7 +124,6 @@ class RobotClient:
         self.publisher: ObservationPublisher | None = None
         self.receiver: ChunkReceiver | None = None
         self.report: ClientReport | None = None
-        self._state = "stopped"
 
     # -- start-up -----------------------------------------------------------------------------
 
@@ -146,7 +145,7 @@ class RobotClient:
         self.loop = ControlLoop(cfg, self.robot, self.features, buffer=self.buffer, intake=self.intake,
                                 outbox=self.outbox, watch=self.watch, task=self.task, counters=self.counters,
                                 recorder=self.recorder, stop=self._stop)
-        self.report = ClientReport(cfg.client_uuid, self.counters, trigger=self.trigger, buffer=lambda: self.buffer,
+        self.report = ClientReport(cfg.client_uuid, self.counters, trigger=self.trigger, buffer=self.buffer,
                                    outbox=self.outbox, watch=self.watch, recorder=self.recorder,
                                    extra=self.task.figures)
         self.watch.discover(", ".join(settings.connect))
@@ -157,7 +156,7 @@ class RobotClient:
             session.publisher(obs_key, OBSERVATION_QOS), self.outbox, self.features, client_uuid=cfg.client_uuid,
             task_text=cfg.task_text, jpeg_quality=cfg.jpeg_quality, counters=self.counters,
             same_host_active=lambda: self.watch.same_host_active, on_same_host_failed=self.watch.same_host_failed)
-        self.receiver = ChunkReceiver(self.intake, lambda: self.buffer, action_dim=len(self.features.action_names),
+        self.receiver = ChunkReceiver(self.intake, self.buffer, action_dim=len(self.features.action_names),
                                       watch=self.watch, counters=self.counters, client_uuid=cfg.client_uuid,
                                       mispredict_steps=cfg.rtc.mispredict_steps, on_accepted=self.task.on_chunk)
         session.subscribe(cfg.client_key.action, self.receiver.on_chunk)
@@ -275,7 +274,7 @@ class RobotClient:
     def _report(self) -> ClientReport:
         if self.report is None:  # never started: figures of nothing, from the same code
             self.report = ClientReport(self.config.client_uuid, self.counters, trigger=self.trigger,
-                                       buffer=lambda: self.buffer, outbox=self.outbox,
+                                       buffer=self.buffer, outbox=self.outbox,
                                        watch=_NeverStarted(), recorder=self.recorder, extra=self.task.figures)
         return self.report
 

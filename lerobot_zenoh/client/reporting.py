@@ -69,19 +69,19 @@ class ClientReport:
         client_uuid: the robot's id.
         counters: the counters every part writes.
         trigger: the send trigger (refreshes, unanswered and outstanding requests).
-        buffer: a callable returning the action buffer in use (tests may swap it before start).
+        buffer: the action buffer (its depth and merge statistics).
         outbox: the hand-over to the publisher (observations dropped as older than a newer one).
         watch: the server watch (serving server, real-time chunking, revalidating).
         recorder: the dataset recorder or None.
         extra: a callable returning figures a task adds (a multi-model task's SLO figures), or None.
     """
 
-    def __init__(self, client_uuid: str, counters: ClientCounters, *, trigger, buffer: Callable, outbox, watch,
+    def __init__(self, client_uuid: str, counters: ClientCounters, *, trigger, buffer, outbox, watch,
                  recorder=None, extra: Callable[[], dict] | None = None) -> None:
         self.client_uuid = client_uuid
         self.counters = counters
         self.trigger = trigger
-        self._buffer = buffer
+        self.buffer = buffer
         self.outbox = outbox
         self.watch = watch
         self.recorder = recorder
@@ -110,7 +110,7 @@ class ClientReport:
             "observation_age_ms_p99": percentile(ages, 99),
             "refreshes_sent": sent.refreshes,
             "trimmed_steps": c.trimmed_steps,
-            "buffer_depth": self._buffer().depth,
+            "buffer_depth": self.buffer.depth,
             "empty_buffer_cycles": c.empty_cycles,
             "chunks_received": c.chunks_received,
             "chunks_rejected": c.chunks_rejected,
@@ -149,7 +149,7 @@ class ClientReport:
 
     def summary(self) -> dict:
         c = self.counters
-        buf = self._buffer().stats()
+        buf = self.buffer.stats()
         sent = self.trigger.stats()
         status = self.watch.status
         recorder = self.recorder
