@@ -191,7 +191,7 @@ def run_once(task, mode: str, seconds: float, cameras: dict, use_iptables: bool)
 
     from lerobot_zenoh.client.config import RobotClientConfig
     from lerobot_zenoh.client.config_sim_robot import SimRobotConfig
-    from lerobot_zenoh.client.client import open_session
+    from lerobot_zenoh.client.link import open_session
     from lerobot_zenoh.client.pipeline import PipelineClient
     from lerobot_zenoh.pipelines.robot_plan import RobotPlan, Route
 

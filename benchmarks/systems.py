@@ -204,10 +204,11 @@ class OursClient:
         self.payload_bytes: list[int] = []
 
     def start(self) -> dict:
-        from lerobot_zenoh.client.client import RobotClient, open_session
+        from lerobot_zenoh.client.client import RobotClient
         from lerobot_zenoh.client.config import RobotClientConfig
-        from lerobot_zenoh.client.task import Task
         from lerobot_zenoh.client.config_sim_robot import SimRobotConfig
+        from lerobot_zenoh.client.link import open_session
+        from lerobot_zenoh.client.task import Task
         from lerobot_zenoh.scheduling.send_trigger import SendTriggerConfig
 
         wl = self.workload

@@ -18,9 +18,9 @@
 The scheduling they share is pure (``scheduling/``): the action buffer, the send trigger and the
 chunk intake over one in-flight table (seq_id -> request record, ``scheduling/in_flight.py``).
 
-The transport seam: the client talks to the network only through the session it is given or
-opens (``transport.session.ZenohSession``: ``publisher``, ``subscribe``, ``watch_liveliness``,
-``declare_token``, ``query``). ``RobotClient(..., session=...)`` takes one already open (the client
+The transport seam (``client/link.py``, ``ClientSession``): the client talks to the network only
+through the session it is given or opens (``transport.session.ZenohSession``: ``publisher``,
+``subscribe``, ``watch_liveliness``, ``declare_token``, ``query``). ``RobotClient(..., session=...)`` takes one already open (the client
 then does not close it); ``RobotClient(..., session_factory=...)`` opens it from the settings the
 task asks for (default :func:`open_session`; a test or a benchmark wraps it to count or slow what is
 put). Each part is constructed with what it uses, so it can be built and tested alone.
@@ -41,49 +41,22 @@ from pathlib import Path
 from lerobot_zenoh.client.chunk_receiver import ChunkReceiver
 from lerobot_zenoh.client.config import RobotClientConfig
 from lerobot_zenoh.client.control_loop import ControlLoop
-from lerobot_zenoh.client.discovery import RobotFeatures, wait_connected
+from lerobot_zenoh.client.discovery import RobotFeatures
+from lerobot_zenoh.client.link import ClientSession, open_session
 from lerobot_zenoh.client.observation_publisher import Capture, ObservationPublisher, Outbox
 from lerobot_zenoh.client.reporting import ClientCounters, ClientReport
 from lerobot_zenoh.client.server_watch import ServerWatch
 from lerobot_zenoh.client.task import Task, TaskContext
-from lerobot_zenoh.errors import CompatibilityError, TransportError
 from lerobot_zenoh.scheduling.action_buffer import ActionBuffer
 from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake
 from lerobot_zenoh.scheduling.send_trigger import SendTrigger
 from lerobot_zenoh.telemetry.publisher import TelemetryPublisher
-from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
+from lerobot_zenoh.transport.session import OBSERVATION_QOS
 from lerobot_zenoh.transport.settings import ZenohSettings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CONNECT_WAIT_S", "Capture", "ClientCounters", "Outbox", "RobotClient", "open_session"]
-
-#: How long start-up waits for a Zenoh link to the endpoint before saying it cannot connect.
-CONNECT_WAIT_S = 2.0
-
-
-def open_session(settings: ZenohSettings, discovery_timeout_s: float) -> ZenohSession:
-    """Open the client's Zenoh session; CompatibilityError, in one line, when nothing answers at the endpoint."""
-    endpoints = ", ".join(settings.connect)
-    if settings.effective_mode == "client":
-        # Opening waits for an endpoint. A dead one is reported within CONNECT_WAIT_S unless
-        # --zenoh.connect_timeout_s asks to wait longer (say, for a server that is still starting).
-        wait_s = (CONNECT_WAIT_S if settings.connect_timeout_s == ZenohSettings.connect_timeout_s
-                  else settings.connect_timeout_s)
-        settings = settings.replace(connect_timeout_s=min(wait_s, discovery_timeout_s))
-    unreachable = (f"cannot connect to {endpoints}: nothing answers there (is the server or router running, and is "
-                   "the address right?)")
-    try:
-        session = ZenohSession(settings).open()
-    except TransportError as exc:
-        if not settings.connect:
-            raise
-        raise CompatibilityError(unreachable) from exc
-    if not wait_connected(session, settings.connect, timeout_s=CONNECT_WAIT_S):  # peer mode
-        session.close()
-        raise CompatibilityError(unreachable)
-    return session
-
+__all__ = ["Capture", "ClientCounters", "Outbox", "RobotClient", "open_session"]
 
 class RobotClient:
     """Construct with a config and a robot (no I/O); `start()` connects and validates; `run()` loops.
@@ -97,7 +70,8 @@ class RobotClient:
     """
 
     def __init__(self, config: RobotClientConfig, robot, recorder=None, *, task: Task | None = None,
-                 session=None, session_factory: Callable[[ZenohSettings], object] | None = None,
+                 session: ClientSession | None = None,
+                 session_factory: Callable[[ZenohSettings], ClientSession] | None = None,
                  buffer: ActionBuffer | None = None, trigger: SendTrigger | None = None):
         self.config = config
         self.robot = robot

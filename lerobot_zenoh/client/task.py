@@ -47,7 +47,7 @@ class Ask:
 class TaskContext:
     """What a task gets at start-up, once System 1's server is found and checked."""
 
-    session: object  # the client's session (query, subscribe, ...)
+    session: object  # the client's session (client/link.py, ClientSession: query, subscribe, ...)
     status: object  # System 1's Status
     features: object  # RobotFeatures
     stop: object  # the client's stop event (threading.Event)
