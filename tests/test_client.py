@@ -618,3 +618,13 @@ def test_a_robot_shut_out_of_its_session_draws_a_new_nonce_and_is_served_again(p
                 client.stop()
                 runner.join(10)
                 client.close()
+
+
+def test_a_client_uses_the_session_it_is_given_and_leaves_it_open(port, app_key):
+    cfg = make_config(port, app_key)
+    with make_server(port, app_key):
+        with ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as session:
+            client = run_client(RobotClient(cfg, make_robot_from_config(cfg.robot), session=session), 1.0)
+            assert client.counters.chunks_received >= 1
+            # closed the client, not the session: it still answers a status query
+            assert session.query(app_key.status, timeout_s=2.0)
