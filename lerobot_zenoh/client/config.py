@@ -147,7 +147,7 @@ class RobotClientConfig:
     watchdog_timeout_s: float = 1.0
     # Draw a new session nonce after this many requests in a row got no chunk (timed out, or dropped by
     # the watchdog): a robot shut out of its server session recovers by itself (docs/client.md,
-    # "Sessions"). 0: never.
+    # "Failures"). 0: never.
     new_nonce_after_unanswered: int = 5
     # Seconds to keep asking for a server at start-up before giving up (exit code 3).
     discovery_timeout_s: float = 15.0
