@@ -147,3 +147,9 @@ bench-pipelines-run: $(STAMP)
 .PHONY: bench-pipeline-bytes
 bench-pipeline-bytes: $(STAMP)
 	$(PY) benchmarks/pipeline_bytes.py
+	$(PY) benchmarks/pipeline_bytes.py --links
+
+# Scripted attacks on a robot's session in plain mode (docs/security.md, "Sessions against a forger").
+.PHONY: bench-session-attacks
+bench-session-attacks: $(STAMP)
+	$(PY) benchmarks/session_attacks.py

@@ -2,8 +2,8 @@
 
 One real `PolicyServer` (synthetic policy) and one real `RobotClient` on the simulated robot, over
 Zenoh on loopback. Once the robot is served, a second session publishes one forged observation on the
-robot's key with the robot's own nonce and a seq_id 10^6 ahead (an attacker on the LAN who read one
-plain-mode observation). The server serves it, and it becomes the session's newest: every later
+robot's key with the robot's own nonce and a seq_id 1000 ahead, within the server's bound on seq_id jumps
+(an attacker on the LAN who read one plain-mode observation). The server serves it, and it becomes the session's newest: every later
 request of the robot is `replayed` and goes unanswered. Side by side, for each
 `--new_nonce_after_unanswered` value: how long after the forgery the robot got a chunk again
 (docs/client.md, "Failures"). 0 is the behaviour without the renewal.
@@ -71,7 +71,7 @@ def run_once(renew_after: int, watch_s: float) -> dict:
             if not _until(lambda: client.counters.chunks_received >= 3, 10):
                 raise RuntimeError("the robot was never served")
             frame = np.zeros((48, 64, 3), np.uint8)
-            forged = Observation(max(served) + 10**6, "r1", np.zeros(6, np.float32),
+            forged = Observation(max(served) + 1000, "r1", np.zeros(6, np.float32),
                                  {cam: codec.encode_jpeg(frame, 80) for cam in CAMERAS}, "", ExecutionInfo(),
                                  episode_id=str(client.episode), session_nonce=client.session_nonce)
             attacker.publisher(app.client("r1").obs, OBSERVATION_QOS).put(

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from lerobot_zenoh.client.discovery import wait_connected
-from lerobot_zenoh.errors import CompatibilityError, TransportError
+from lerobot_zenoh.errors import CompatibilityError, TlsRefusedError, TransportError
 from lerobot_zenoh.transport.session import ZenohSession
 from lerobot_zenoh.transport.settings import ZenohSettings
 
@@ -61,6 +61,8 @@ def open_session(settings: ZenohSettings, discovery_timeout_s: float) -> ZenohSe
     except TransportError as exc:
         if not settings.connect:
             raise
+        if isinstance(exc, TlsRefusedError):  # something answers, with a certificate we refuse (or it refuses ours)
+            raise CompatibilityError(f"cannot connect to {endpoints}: {exc}") from exc
         raise CompatibilityError(unreachable) from exc
     if not wait_connected(session, settings.connect, timeout_s=CONNECT_WAIT_S):  # peer mode
         session.close()

@@ -42,7 +42,7 @@ from lerobot_zenoh.protocol.keys import AppKey, Topic, parse_client_key
 from lerobot_zenoh.protocol.messages import RtcAdvert, SameHostAdvert, Status
 from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
 from lerobot_zenoh.server.batch_profiling import measure_batch_profile
-from lerobot_zenoh.server.engine import REPLAYED, Batch, Engine, EngineConfig, Session
+from lerobot_zenoh.server.engine import Batch, Engine, EngineConfig, Session
 from lerobot_zenoh.server.executor import Executor
 from lerobot_zenoh.server.failover import ServingRole
 from lerobot_zenoh.server.manifest import Manifest, ModelEntry, PipelineEntry, reload_refusal
@@ -513,8 +513,9 @@ class PolicyServer:
                         and not obs.component_mask >> stream.item.bit & 1):
                     model.for_other_components += 1  # sent without a header: found out only now
                     continue
-                if slot.observation is None and engine.check(session, obs) == REPLAYED:
-                    self._reject(model, session, REPLAYED, f"seq_id {obs.seq_id} already served")
+                why = engine.check(session, obs, slot.arrival_s) if slot.observation is None else None
+                if why is not None:  # replayed, nonce_required, seq_jump (docs/protocol.md §10.5)
+                    self._reject(model, session, why, engine.rule_detail(session, obs, why))
                     continue
                 request = executor.prepare(session.client_id, obs, stream.query if stream is not None else None)
             except ProtocolError as exc:
