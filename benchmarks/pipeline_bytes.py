@@ -150,6 +150,24 @@ class CountingPublisher:
             self.bytes += size
 
 
+class CountingSession:
+    """The client's session, its observation publisher (on `obs_key`) replaced by a CountingPublisher."""
+
+    def __init__(self, session, obs_key: str, component_keys: list[str] | None):
+        self._session, self._obs_key, self._keys = session, obs_key, component_keys
+        self.counting: CountingPublisher | None = None
+
+    def publisher(self, key: str, qos):
+        publisher = self._session.publisher(key, qos)
+        if key != self._obs_key:
+            return publisher
+        self.counting = CountingPublisher(self._session, publisher, self._keys)
+        return self.counting
+
+    def __getattr__(self, name):
+        return getattr(self._session, name)
+
+
 class IptablesCounter:
     """Bytes sent to one loopback TCP port (the router's robot port), from an iptables OUTPUT rule."""
 
@@ -181,6 +199,7 @@ def run_once(task, mode: str, seconds: float, cameras: dict, use_iptables: bool)
 
     from lerobot_zenoh.client.config import RobotClientConfig
     from lerobot_zenoh.client.config_sim_robot import SimRobotConfig
+    from lerobot_zenoh.client.link import open_session
     from lerobot_zenoh.client.pipeline import PipelineClient
     from lerobot_zenoh.pipelines.robot_plan import RobotPlan, Route
 
@@ -200,13 +219,19 @@ def run_once(task, mode: str, seconds: float, cameras: dict, use_iptables: bool)
                                        model_version=s1.version, application_tag=s1.app, endpoint=endpoint,
                                        zenoh=ZenohSettings(multicast_scouting=False), fps=30, actions_per_chunk=6,
                                        telemetry_period_s=0, log_level="WARNING")
-            client = PipelineClient(config, make_robot_from_config(config.robot), plan)
+            keys = None if mode == "pipeline" else [servers.apps[n].client("r1").obs for n in task.components]
+            sessions: list[CountingSession] = []
+
+            def open_counted(settings):  # the client's own session, its observation publisher counted
+                sessions.append(CountingSession(open_session(settings, config.discovery_timeout_s),
+                                                plan.stream.client("r1").obs, keys))
+                return sessions[-1]
+
+            client = PipelineClient(config, make_robot_from_config(config.robot), plan, session_factory=open_counted)
             client.start()
             counter = IptablesCounter(robot_port) if use_iptables else None
             try:
-                keys = None if mode == "pipeline" else [servers.apps[n].client("r1").obs for n in task.components]
-                counting = CountingPublisher(client._session, client._pub, keys)
-                client._pub = counting  # the publisher thread reads it at each put
+                counting = sessions[-1].counting
                 if counter is not None:
                     counter.__enter__()
                 client.run(duration_s=seconds)
@@ -297,6 +322,7 @@ def run_links(task, layout: str, seconds: float, cameras: dict) -> dict:
 
     from lerobot_zenoh.client.config import RobotClientConfig
     from lerobot_zenoh.client.config_sim_robot import SimRobotConfig
+    from lerobot_zenoh.client.link import open_session
     from lerobot_zenoh.client.pipeline import PipelineClient
     from lerobot_zenoh.pipelines.robot_plan import RobotPlan, Route
 
@@ -338,11 +364,17 @@ def run_links(task, layout: str, seconds: float, cameras: dict) -> dict:
                                    model_version=s1.version, application_tag=s1.app, endpoint=endpoints[names[0]],
                                    zenoh=ZenohSettings(multicast_scouting=False, json5_overrides=NO_GOSSIP), fps=30,
                                    actions_per_chunk=6, telemetry_period_s=0, log_level="WARNING")
-        client = PipelineClient(config, make_robot_from_config(config.robot), plan)
+        counted: list[CountingSession] = []
+
+        def open_counted(settings):  # the client's own session, its observation publisher counted
+            counted.append(CountingSession(open_session(settings, config.discovery_timeout_s),
+                                           plan.stream.client("r1").obs, None))
+            return counted[-1]
+
+        client = PipelineClient(config, make_robot_from_config(config.robot), plan, session_factory=open_counted)
         client.start()
         try:
-            counting = CountingPublisher(client._session, client._pub, None)
-            client._pub = counting
+            counting = counted[-1].counting
             before = {k: r.counts() for k, r in relays.items()}
             client.run(duration_s=seconds)
             after = {k: r.counts() for k, r in relays.items()}

@@ -33,6 +33,7 @@ COUNTERS = {
     "observations_same_host": "Observations sent with raw frames in the same-host ring",
     "observations_dropped_in_outbox": "Observations replaced by a newer one before they could be sent",
     "watchdog_events": "Times the watchdog started a search for a server",
+    "session_renewals": "New session nonces drawn after requests in a row went unanswered",
     "steps": "Control steps executed",
     "dataset_frames": "Frames written to the LeRobotDataset",
     "shm_rings_opened": "Same-host frame rings mapped since start (a ring is mapped once)",
