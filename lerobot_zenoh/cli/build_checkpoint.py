@@ -25,7 +25,7 @@ PROG = "lerobot-zenoh-build-checkpoint"
 
 # ConfigError.field of build_checkpoint -> the flag a user typed.
 # What the builder builds (server.checkpoint.DEMO_OVERRIDES; kept here so --help needs no torch).
-POLICY_TYPES = ("act", "diffusion", "smolvla", "pi0", "pi05", "smolvlm")
+POLICY_TYPES = ("act", "diffusion", "smolvla", "pi0", "pi05", "pi0_fast", "smolvlm")
 #: Not a LeRobot policy: a transformers VLM folder for `vlm:` manifest entries (server.checkpoint.build_tiny_vlm).
 VLM_TYPE = "smolvlm"
 
@@ -39,6 +39,7 @@ _OPTION_OF_FIELD = {
     "fps": "--fps",
     "overrides": "--overrides",
     "seed": "--seed",
+    "shape": "--shape",
 }
 
 
@@ -69,6 +70,8 @@ class BuildCheckpointConfig:
     seed: int = 0
     # Replace an existing checkpoint folder.
     force: bool = False
+    # pi0_fast only: tiny (tests) or small (measurements; Gemma 256 wide x 6 layers, 224 px images).
+    shape: str = "tiny"
 
     def __post_init__(self) -> None:
         if self.policy_type not in POLICY_TYPES:
@@ -146,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             overrides=dict(args.overrides),
             seed=args.seed,
             force=args.force,
+            shape=args.shape,
         )
     except ConfigError as exc:
         head = exc.field.split(".")[0]

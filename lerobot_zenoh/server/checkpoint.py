@@ -41,15 +41,19 @@ DEMO_OVERRIDES: dict[str, dict[str, Any]] = {
     "smolvla": {"num_vlm_layers": 4, "resize_imgs_with_padding": (64, 64)},
     "pi0": {},
     "pi05": {},
+    # pi0-FAST: shrunk like pi0 (its Gemma size is fixed by variant name), with a FAST action tokenizer
+    # fitted locally and a PaliGemma-style text tokenizer (docs/policies.md "pi0-FAST").
+    "pi0_fast": {"max_decoding_steps": 256, "validate_action_token_prefix": False},
 }
 
 #: Policy types built with a local tokenizer (and, for SmolVLA, a local VLM config + processor).
-VLA_TYPES = ("smolvla", "pi0", "pi05")
+VLA_TYPES = ("smolvla", "pi0", "pi05", "pi0_fast")
 
 # Where the builder puts a VLA's assets inside the checkpoint folder (recorded in the sidecar's
 # `assets`, relative to the folder).
 TOKENIZER_DIR = "tokenizer"
 VLM_DIR = "vlm"
+FAST_TOKENIZER_DIR = "fast_tokenizer"  # pi0-FAST's action tokenizer
 
 # pi0/pi05 processors name this tokenizer in code (LeRobot 0.6.1); a real checkpoint's
 # policy_preprocessor.json says so too, and the builder writes the same name.
@@ -75,7 +79,7 @@ _SMOLVLM_SPECIAL = {
 # Set by the builder from its own arguments; overriding them would desynchronize config and sidecar.
 _MANAGED_FIELDS = frozenset(
     {"input_features", "output_features", "device", "pretrained_path", "chunk_size", "n_action_steps",
-     "vlm_model_name"}
+     "vlm_model_name", "text_tokenizer_name", "action_tokenizer_name"}
 )
 
 # ImageNet statistics (what LeRobot's ResNet backbones expect), shaped (C, 1, 1) like compute_stats.
@@ -98,6 +102,7 @@ def build_checkpoint(
     stats: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
     seed: int = 0,
     force: bool = False,
+    shape: str = "tiny",
 ) -> Path:
     """Write a randomly initialized `policy_type` checkpoint to `output_dir` and return its path.
 
@@ -107,7 +112,7 @@ def build_checkpoint(
     normalization is the identity). Images use ImageNet mean/std. Weights are drawn from a private RNG
     seeded with `seed`. An existing non-empty `output_dir` is refused unless `force`, and even then only
     replaced when it holds a checkpoint (``config.json``). Bad arguments raise `ConfigError` naming
-    the argument.
+    the argument. `shape` (pi0_fast only): ``tiny`` or ``small`` (`tiny_pi0_fast.PI0_FAST_SHAPES`).
     """
     if policy_type not in DEMO_OVERRIDES:
         choices = ", ".join(DEMO_OVERRIDES)
@@ -137,13 +142,24 @@ def build_checkpoint(
     output_features = {ACTION_KEY: PolicyFeature(type=FeatureType.ACTION, shape=(spec.action_dim,))}
 
     kwargs = _config_kwargs(policy_type, spec, overrides)
+    arch = None
+    if policy_type == "pi0_fast":
+        from lerobot_zenoh.server.tiny_pi0_fast import PI0_FAST_SHAPES
+
+        if shape not in PI0_FAST_SHAPES:
+            raise ConfigError("shape", f"{shape!r}; choose one of {', '.join(PI0_FAST_SHAPES)}")
+        arch, shape_fields = PI0_FAST_SHAPES[shape]
+        kwargs = {**shape_fields, **kwargs}
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     log.info("building a random-weight %s policy (seed %d) ...", policy_type, seed)
     try:
         assets: dict[str, str] = {}
         tokenizer = None
-        if policy_type in VLA_TYPES:
+        if policy_type == "pi0_fast":
+            tokenizer = _pi0_fast_tokenizers(staging, spec, kwargs, seed)
+            assets.update(tokenizer=TOKENIZER_DIR, action_tokenizer=FAST_TOKENIZER_DIR)
+        elif policy_type in VLA_TYPES:
             tokenizer = train_tiny_tokenizer(smolvlm=policy_type == "smolvla")
             tokenizer.save_pretrained(staging / TOKENIZER_DIR)
             assets["tokenizer"] = TOKENIZER_DIR
@@ -156,7 +172,8 @@ def build_checkpoint(
                 policy_type, input_features=input_features, output_features=output_features, **kwargs
             )
             policy_cls = get_policy_class(policy_type)
-            with torch.random.fork_rng(devices=[]), _tiny_architecture(policy_type):
+            with torch.random.fork_rng(devices=[]), _tiny_architecture(policy_type, arch), \
+                    _fast_construction(config):
                 torch.manual_seed(seed)
                 policy = policy_cls(config)
             policy.eval()
@@ -167,14 +184,28 @@ def build_checkpoint(
             key: {name: torch.tensor(values) for name, values in per_key.items()}
             for key, per_key in _dataset_stats(spec, stats, quantiles=policy_type in VLA_TYPES).items()
         }
-        with _tokenizer_named_anything(tokenizer):
+        with _tokenizer_named_anything(tokenizer), _fast_construction(config):
             preprocessor, postprocessor = make_pre_post_processors(config, dataset_stats=dataset_stats)
         if policy_type == "smolvla":
             # The saved config and processor name the VLM folder where it will be once in place, so
             # that LeRobot's own tools load the checkpoint too; the server also finds it through the
             # sidecar's `assets` if the folder is moved.
             config.vlm_model_name = str(output.resolve() / VLM_DIR)
-        _rename_tokenizer(preprocessor, config.vlm_model_name if policy_type == "smolvla" else PALIGEMMA_TOKENIZER)
+        if policy_type == "pi0_fast":
+            from lerobot_zenoh.server.runners.fast_tokens import FastActionTokenizer
+            from lerobot_zenoh.server.tiny_pi0_fast import script_end_of_action
+
+            factor = script_end_of_action(
+                policy, preprocessor, spec, end_token=tokenizer.convert_tokens_to_ids("|"),
+                fast_tokens=FastActionTokenizer.from_folder(staging / FAST_TOKENIZER_DIR), seed=seed)
+            log.info("pi0-FAST: greedy decoding scripted to end after ~36 FAST tokens (end row x %.2f)", factor)
+            # The saved config and processor name both tokenizers where they will be once in place.
+            config.text_tokenizer_name = str(output.resolve() / TOKENIZER_DIR)
+            config.action_tokenizer_name = str(output.resolve() / FAST_TOKENIZER_DIR)
+            _rename_fast_tokenizers(preprocessor, config)
+        else:
+            _rename_tokenizer(preprocessor,
+                              config.vlm_model_name if policy_type == "smolvla" else PALIGEMMA_TOKENIZER)
 
         log.info("saving %.1f M parameters and the processors to %s ...",
                  sum(p.numel() for p in policy.parameters()) / 1e6, output)
@@ -196,6 +227,8 @@ def build_checkpoint(
             from lerobot_zenoh.server.tiny_pi import TINY_PI_ARCHITECTURE
 
             sidecar["test_architecture"] = TINY_PI_ARCHITECTURE
+        elif arch is not None:
+            sidecar["test_architecture"] = arch
         (staging / FEATURES_SIDECAR_NAME).write_text(json.dumps(sidecar, indent=2) + "\n")
         _check_output(output, force)  # again: the folder may have appeared while building
         if output.exists():
@@ -313,15 +346,55 @@ def build_tiny_vlm(output_dir: str | Path, *, seed: int = 0, force: bool = False
 
 
 @contextlib.contextmanager
-def _tiny_architecture(policy_type: str):
-    """pi0/pi05: build with `tiny_pi`'s scoped shrink (their Gemma sizes are fixed by LeRobot)."""
-    if policy_type not in ("pi0", "pi05"):
+def _tiny_architecture(policy_type: str, arch: Mapping[str, Any] | None = None):
+    """pi0/pi05/pi0_fast: build with `tiny_pi`'s scoped shrink (their Gemma sizes are fixed by LeRobot)."""
+    if policy_type not in ("pi0", "pi05", "pi0_fast"):
         yield
         return
     from lerobot_zenoh.server.tiny_pi import TINY_PI_ARCHITECTURE, shrunk_pi_architecture
 
-    with shrunk_pi_architecture(policy_type, TINY_PI_ARCHITECTURE):
+    with shrunk_pi_architecture(policy_type, arch or TINY_PI_ARCHITECTURE):
         yield
+
+
+def _pi0_fast_tokenizers(staging: Path, spec: PolicySpec, kwargs: dict[str, Any], seed: int) -> Any:
+    """pi0-FAST's text tokenizer (PaliGemma-sized) and FAST action tokenizer (fitted on synthetic
+    chunks of this checkpoint's shape), written into the staging folder; the config names them there
+    while the model is built. Returns the text tokenizer."""
+    from lerobot_zenoh.server.runners.fast_tokens import train_fast_tokenizer
+    from lerobot_zenoh.server.tiny_pi0_fast import save_paligemma_style_tokenizer, synthetic_chunks
+
+    log.info("training pi0-FAST's tokenizers (text, FAST actions) ...")
+    text = save_paligemma_style_tokenizer(staging / TOKENIZER_DIR)
+    train_fast_tokenizer(synthetic_chunks(spec.chunk_size, spec.action_dim, seed=seed), staging / FAST_TOKENIZER_DIR)
+    kwargs["text_tokenizer_name"] = str(staging / TOKENIZER_DIR)
+    kwargs["action_tokenizer_name"] = str(staging / FAST_TOKENIZER_DIR)
+    return text
+
+
+@contextlib.contextmanager
+def _fast_construction(config: Any):
+    """pi0-FAST only: LeRobot's constructor and processor load the action tokenizer with
+    ``trust_remote_code``; build them without it (`runners.pi0_fast.without_action_processor`)."""
+    if getattr(config, "type", None) != "pi0_fast":
+        yield
+        return
+    from lerobot_zenoh.server.runners.pi0_fast import without_action_processor
+
+    with without_action_processor(config):
+        yield
+
+
+def _rename_fast_tokenizers(preprocessor: Any, config: Any) -> None:
+    from lerobot.processor import ActionTokenizerProcessorStep, TokenizerProcessorStep
+
+    for step in preprocessor.steps:
+        if isinstance(step, TokenizerProcessorStep):
+            step.tokenizer_name = config.text_tokenizer_name
+        elif isinstance(step, ActionTokenizerProcessorStep):
+            step.action_tokenizer_name = config.action_tokenizer_name
+            step.paligemma_tokenizer_name = config.text_tokenizer_name
+            step.trust_remote_code = False
 
 
 @contextlib.contextmanager
@@ -403,6 +476,8 @@ def _config_kwargs(policy_type: str, spec: PolicySpec, overrides: Mapping[str, A
             from lerobot_zenoh.server.tiny_pi import TINY_PI_ARCHITECTURE
 
             kwargs.setdefault("image_resolution", tuple(TINY_PI_ARCHITECTURE["image_resolution"]))
+        if policy_type == "pi0_fast" and len(spec.action_names) > int(kwargs.get("max_action_dim", 32)):
+            raise ConfigError("action_names", "more actions than pi0_fast's max_action_dim")
     elif policy_type == "act":
         kwargs["chunk_size"] = spec.chunk_size
         kwargs["n_action_steps"] = spec.chunk_size

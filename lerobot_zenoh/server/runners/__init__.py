@@ -7,6 +7,8 @@
     act.py         ACT (one forward pass per batch)
     diffusion.py   Diffusion (per-session history, seeded noise, denoising updates)
     flow_matching.py  SmolVLA, pi0, pi0.5 (task-conditioned, one forward pass per batch, per-row noise)
+    pi0_fast.py    pi0-FAST (autoregressive FAST tokens, decoded by the project's own code) with
+                   decode_batch.py (iteration-level batching, KV slots) and fast_tokens.py (the format)
     synthetic.py   a torch-free fake with a set latency (tests, benchmarks), and scripted task
                    components (text, verdicts, silence)
     vlm.py         a transformers VLM as a task component: System 2 text, safety / monitor verdicts
@@ -34,6 +36,7 @@ from lerobot_zenoh.server.runners.base import (
 from lerobot_zenoh.server.runners.diffusion import DiffusionRunner
 from lerobot_zenoh.server.runners.flow_matching import FlowMatchingRunner
 from lerobot_zenoh.server.runners.lerobot import LeRobotRunner, LoadOptions, RtcSettings, read_config
+from lerobot_zenoh.server.runners.pi0_fast import Pi0FastRunner
 
 if TYPE_CHECKING:
     from lerobot_zenoh.server.manifest import Manifest, ModelEntry
@@ -59,6 +62,7 @@ RUNNERS: dict[str, type[LeRobotRunner]] = {
     "diffusion": DiffusionRunner,
     "pi0": FlowMatchingRunner,
     "pi05": FlowMatchingRunner,
+    "pi0_fast": Pi0FastRunner,
     "smolvla": FlowMatchingRunner,
 }
 
@@ -75,8 +79,6 @@ REFUSED: dict[str, str] = {
                       "loads CLIP vision/text encoders from the hub at construction",
     "lingbot_va": "a streaming world model: its KV cache, first-chunk flag and executed actions live inside "
                   "the model for one episode of one robot",
-    "pi0_fast": "autoregressive FAST action tokens: its FAST action tokenizer (trust_remote_code) and "
-                "PaliGemma tokenizer are fetched from the hub at construction, with no local override",
     "groot": "needs the GR00T-N1.7-3B weights and a Cosmos backbone from the hub (trust_remote_code) at "
              "construction",
     "xvla": "builds its VLM from hub assets at construction (no local override, no offline test model yet)",
