@@ -147,3 +147,10 @@ bench-pipelines-run: $(STAMP)
 .PHONY: bench-pipeline-bytes
 bench-pipeline-bytes: $(STAMP)
 	$(PY) benchmarks/pipeline_bytes.py
+
+# pi0-FAST decoding across robots (docs/benchmarks.md, "pi0-FAST: continuous batching across robots"):
+# one at a time vs static vs continuous batching, tiny and small shapes, 1..16 robots. Needs only
+# lerobot, torch, transformers, tokenizers, numpy. On a GPU: AR_ARGS="--device cuda --dtype bfloat16".
+.PHONY: bench-autoregressive
+bench-autoregressive: $(STAMP)
+	$(PY) -m benchmarks.autoregressive $(AR_ARGS)

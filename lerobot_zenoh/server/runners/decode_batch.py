@@ -47,6 +47,10 @@ from lerobot_zenoh.errors import PolicyError
 _MASKED = -2.3819763e38
 
 JOIN_MODES = ("separate", "packed")
+#: When waiting requests are admitted: at every step (``iteration``: continuous batching) or only
+#: when nothing is running (``idle``: static batching, the batch waits for its slowest request; kept
+#: for the benchmark's comparison).
+ADMIT_MODES = ("iteration", "idle")
 
 
 @dataclass
@@ -189,13 +193,18 @@ class DecodeEngine:
     `scheduler` (a `scheduling.request_schedulers.RequestScheduler`) picks who joins when more are
     waiting than slots are free; requests are then keyed by a string. `join`: ``"separate"`` (a
     prefill forward, then the next step's decode) or ``"packed"`` (prefill tokens and decode tokens in
-    one forward). `clock` is injected for tests.
+    one forward). `admit`: ``"iteration"`` (join at any step) or ``"idle"`` (static batching). `clock` is
+    injected for tests.
     """
 
     def __init__(self, model: Any, *, end_token: int, max_new_tokens: int, n_slots: int, max_prefix_len: int,
-                 scheduler: Any = None, join: str = "separate", clock: Callable[[], float] = time.perf_counter):
+                 scheduler: Any = None, join: str = "separate", admit: str = "iteration",
+                 clock: Callable[[], float] = time.perf_counter):
         if join not in JOIN_MODES:
             raise PolicyError(f"join must be one of {', '.join(JOIN_MODES)}, got {join!r}")
+        if admit not in ADMIT_MODES:
+            raise PolicyError(f"admit must be one of {', '.join(ADMIT_MODES)}, got {admit!r}")
+        self.admit_mode = admit
         if max_new_tokens < 1:
             raise PolicyError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         paligemma = model.paligemma_with_expert.paligemma
@@ -297,7 +306,7 @@ class DecodeEngine:
 
     def _admit(self) -> list[_Running]:
         free = self.kv.free
-        if not free or not self._waiting:
+        if not free or not self._waiting or (self.admit_mode == "idle" and self._running):
             return []
         keys = list(self._waiting)
         if len(keys) > free and self.scheduler is not None:

@@ -125,7 +125,7 @@ class Pi0FastRunner(LeRobotRunner):
 
     @classmethod
     def capabilities_for(cls, config: Any) -> RunnerCapabilities:
-        return RunnerCapabilities(max_batch=None, reads_task=True)
+        return RunnerCapabilities(max_batch=None, reads_task=True, iteration_level=True)
 
     # -- loading -------------------------------------------------------------------------------------
 
@@ -154,6 +154,7 @@ class Pi0FastRunner(LeRobotRunner):
             fast = FastActionTokenizer.from_folder(config.action_tokenizer_name)
         except FastFormatError as exc:
             raise PolicyError(f"{path}: {_ACTION_FIELD}: {exc}") from exc
+        check_fast_tokenizer(path, config, fast)  # before the (slow) model is built
         arch = _sidecar_extras(path).get("test_architecture")
         with contextlib.ExitStack() as stack:
             if arch is not None:
@@ -166,7 +167,6 @@ class Pi0FastRunner(LeRobotRunner):
             stack.enter_context(without_action_processor(config))
             policy = super().load_policy(path, config, options)
         policy.action_tokenizer = FastAdapter(fast)
-        check_fast_tokenizer(path, policy, fast)
         return policy
 
     @classmethod
@@ -307,7 +307,7 @@ class Pi0FastRunner(LeRobotRunner):
             for key, request in pending:
                 try:
                     engine.submit(self.prefix(request, key))
-                except PolicyError as exc:
+                except Exception as exc:  # a bad observation or a failing vision tower: this request only
                     emit(key, exc)
             if not engine.busy:
                 return
@@ -333,11 +333,12 @@ def _declares_code(folder: Path) -> bool:
         return False
 
 
-def check_fast_tokenizer(path: Path, policy: Any, fast: FastActionTokenizer) -> None:
+def check_fast_tokenizer(path: Path, config: Any, fast: FastActionTokenizer) -> None:
     """Refuse, naming the checkpoint field, a FAST tokenizer that cannot serve this checkpoint:
     its declared horizon / action size differ from the config's, its token ids do not fit in the text
     vocabulary's FAST range, or a probe chunk does not come back through encode -> decode."""
-    config = policy.config
+    from transformers import AutoTokenizer
+
     where = f"{path}: {_ACTION_FIELD} ({fast.folder})"
     horizon = int(config.n_action_steps)
     action_dim = int(config.output_features["action"].shape[0])
@@ -345,7 +346,8 @@ def check_fast_tokenizer(path: Path, policy: Any, fast: FastActionTokenizer) -> 
         raise PolicyError(f"{where}: fitted on chunks of {fast.time_horizon} steps, the checkpoint decodes {horizon}")
     if fast.action_dim is not None and fast.action_dim != action_dim:
         raise PolicyError(f"{where}: fitted on {fast.action_dim} action dimensions, the checkpoint has {action_dim}")
-    text = policy._paligemma_tokenizer
+    # As LeRobot loads it (the folder declares no code: checked in prepare_config).
+    text = AutoTokenizer.from_pretrained(config.text_tokenizer_name, add_eos_token=True, add_bos_token=False)
     lowest = int(text.vocab_size) - 1 - int(config.fast_skip_tokens) - (fast.vocab_size - 1)
     end = text.convert_tokens_to_ids(END_OF_ACTION)
     if lowest < 0:
