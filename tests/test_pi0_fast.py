@@ -149,8 +149,11 @@ def test_the_runner_batch_equals_one_at_a_time_bit_for_bit(runner):
 
 def test_finished_requests_leave_at_once_and_free_their_slot(runner):
     reqs = [request(f"r{i}", 10 + i) for i in range(6)]
-    lengths = [len(alone(runner, r)) for r in reqs]
-    short, long_ = int(np.argmin(lengths)), int(np.argmax(lengths))
+    reference = [alone(runner, r, with_reason=True) for r in reqs]
+    # The step a request is answered: its end token comes one step after its last token (the first
+    # token comes with the prefill); at the limit, with its last token.
+    steps = [len(t) + (reason == "end") for t, reason in reference]
+    short, long_ = int(np.argmin(steps)), int(np.argmax(steps))
     eng = engine(runner, n_slots=2)
     eng.submit(runner.prefix(reqs[short], "short"))
     eng.submit(runner.prefix(reqs[long_], "long"))
@@ -162,8 +165,7 @@ def test_finished_requests_leave_at_once_and_free_their_slot(runner):
             finished_at[res.key] = step
             if res.key == "short":
                 assert eng.kv.free == 1 and eng.running == 1
-    # The end token is generated at step len + 1 (the first token comes with the prefill).
-    assert finished_at == {"short": lengths[short] + 1, "long": lengths[long_] + 1}
+    assert finished_at == {"short": steps[short], "long": steps[long_]}
 
 
 def test_a_decode_without_the_end_token_stops_at_the_limit_with_a_counted_reason(runner):
@@ -199,12 +201,12 @@ def test_an_action_tokenizer_that_does_not_decode_is_refused_naming_the_field(ch
     shutil.copy(checkpoint / "tokenizer" / "tokenizer.json", copy / "fast_tokenizer" / "tokenizer.json")
     with pytest.raises(PolicyError, match="action_tokenizer_name"):
         load_policy_runner(copy)
-    # A wrong scale: the probe chunk does not come back.
-    copy = copy_checkpoint(checkpoint, tmp_path / "scale")
-    proc = json.loads((copy / "fast_tokenizer" / "processor_config.json").read_text())
-    proc["min_token"] = proc["min_token"] + 40
-    (copy / "fast_tokenizer" / "processor_config.json").write_text(json.dumps(proc))
-    with pytest.raises(PolicyError, match="action_tokenizer_name.*probe chunk"):
+    # Not the FAST format's byte-level BPE.
+    copy = copy_checkpoint(checkpoint, tmp_path / "decoder")
+    tok = json.loads((copy / "fast_tokenizer" / "tokenizer.json").read_text())
+    tok["decoder"] = None
+    (copy / "fast_tokenizer" / "tokenizer.json").write_text(json.dumps(tok))
+    with pytest.raises(PolicyError, match="action_tokenizer_name.*byte-level"):
         load_policy_runner(copy)
 
 

@@ -298,9 +298,10 @@ class Pi0FastRunner(LeRobotRunner):
     def stream(self, first: Sequence[tuple[Hashable, InferenceRequest]],
                join: Callable[[], Sequence[tuple[Hashable, InferenceRequest]]],
                emit: Callable[[Hashable, Any], None]) -> None:
-        """Iteration-level serving: decode `first`; between decode steps, take the requests `join()`
-        returns (keys unique among those in flight) into the batch; `emit(key, result)` each request
-        the step it finishes. Returns when nothing is left to decode and `join()` gives nothing."""
+        """Iteration-level serving: decode `first`; between decode steps, when a KV slot is free, take
+        the requests `join()` returns (keys unique among those in flight) into the batch; `emit(key,
+        result)` each request the step it finishes. Returns when nothing is left to decode and
+        `join()` gives nothing."""
         engine = self.engine()
         pending = list(first)
         while True:
@@ -320,7 +321,9 @@ class Pi0FastRunner(LeRobotRunner):
                 return
             for res in done:
                 emit(res.key, self.finish(res.tokens, res.reason))
-            pending = list(join())
+            # Ask for more only when a slot is free: when the batch is full, the observations wait in
+            # the server's newest-only slots and its scheduler (e.g. wait ratio) picks who joins next.
+            pending = list(join()) if engine.kv.free > engine.waiting else []
 
     def forget(self, session_id: str) -> None:
         """Stateless per session (the prompt is rebuilt from each observation)."""
