@@ -206,6 +206,7 @@ class Pi0FastRunner(LeRobotRunner):
         self.join_mode = "separate"
         self.scheduler = None
         self._engine = None
+        self._prefix_len: int | None = None
         self.refusals: dict[str, int] = {}
 
     def engine(self):
@@ -219,10 +220,14 @@ class Pi0FastRunner(LeRobotRunner):
         return self._engine
 
     def prefix_len(self) -> int:
-        """Prompt length of one request: image tokens of every camera + the padded text + BOS."""
-        state = np.zeros(self.spec.state_dim, dtype=np.float32)
-        images = {c: np.zeros((h, w, 3), np.uint8) for c, (h, w) in self.spec.cameras.items()}
-        return int(self.prefix(InferenceRequest("\x00probe", state, images, "", 0), key=None).embs.shape[1])
+        """Prompt length of one request: image tokens of every camera + the padded text + BOS (the
+        tokenizer pads every prompt to ``tokenizer_max_length``), measured once."""
+        if self._prefix_len is None:
+            state = np.zeros(self.spec.state_dim, dtype=np.float32)
+            images = {c: np.zeros((h, w, 3), np.uint8) for c, (h, w) in self.spec.cameras.items()}
+            probe = InferenceRequest("\x00probe", state, images, "", 0)
+            self._prefix_len = int(self.prefix(probe, key=None).embs.shape[1])
+        return self._prefix_len
 
     def prefix(self, request: InferenceRequest, key: Hashable):
         """The request's prompt embedded by LeRobot's own code (images, task + state, BOS)."""
