@@ -10,6 +10,8 @@
                                       request again on its own so that only the bad one fails; a
                                       request whose same-host frames were rewritten while the model
                                       read them gets ProtocolError("shm_stale") instead of its result
+    stream(first, join, emit)         for an iteration-level runner (pi0-FAST): requests join its running
+                                      batch between decode steps and each result is emitted when done
     chunk(observation, result, ...)   cut to actions_per_chunk, execution horizon, ActionChunk bytes
     answer(observation, result, ...)  the bytes of what the runner's `capabilities.output` says it
                                       answers: an ActionChunk (`chunk`), a TextResult or a Verdict

@@ -593,10 +593,21 @@ class PolicyServer:
                 out.append((key, request))
             return out
 
+        started = next_expiry = time.monotonic()
+
         def join() -> list[tuple[tuple[str, int], InferenceRequest]]:
-            if self._stop.is_set():
+            nonlocal next_expiry
+            now = time.monotonic()
+            if now >= next_expiry:  # the loop's chores go on while a decode runs (sessions expire)
+                next_expiry = now + EXPIRY_PERIOD_S
+                for other in self.models:
+                    for session in other.engine.expire(now):
+                        self._forget(other, session)
+            # Stop taking new requests when stopping, or after a while when other models wait for
+            # the inference thread (the running batch then drains and the loop serves them).
+            if self._stop.is_set() or (len(self.models) > 1 and now - started > EXPIRY_PERIOD_S):
                 return []
-            return prepare(engine.schedule(time.monotonic(), self._peek, codec.decode_observation_header))
+            return prepare(engine.schedule(now, self._peek, codec.decode_observation_header))
 
         def emit(key: tuple[str, int], result: InferenceResult | Exception) -> None:
             session, slot, obs, t_start = in_flight.pop(key)
