@@ -180,6 +180,13 @@ def test_a_decode_without_the_end_token_stops_at_the_limit_with_a_counted_reason
         runner.max_new_tokens, runner._engine = limit, None
 
 
+def test_a_task_that_would_be_cut_is_refused(runner):
+    runner.check_request(request("a", 1))
+    with pytest.raises(ProtocolError) as info:
+        runner.check_request(request("a", 1, task=" ".join(["open the drawer"] * 30)))
+    assert info.value.reason == "task_too_long"
+
+
 def test_tokens_that_are_not_fast_tokens_make_no_chunk(runner):
     assert runner.decode_tokens([]).reason == "undecodable_action_tokens"
     bad = runner.decode_tokens([5, 6, 7])  # ordinary text ids

@@ -207,7 +207,26 @@ class Pi0FastRunner(LeRobotRunner):
         self.scheduler = None
         self._engine = None
         self._prefix_len: int | None = None
+        from lerobot.processor import TokenizerProcessorStep
+
+        steps = [step for step in self.preprocessor.steps if isinstance(step, TokenizerProcessorStep)]
+        if len(steps) != 1:
+            raise PolicyError(f"{self.path}: expected one tokenizer step in policy_preprocessor.json, found {len(steps)}")
+        self._prompt_tokenizer = steps[0].input_tokenizer
+        self.max_prompt_tokens = int(steps[0].max_length)
         self.refusals: dict[str, int] = {}
+
+    def check_request(self, request: InferenceRequest) -> None:
+        """`ProtocolError("task_too_long")` when the prompt LeRobot builds (``Task: <task>, State:
+        <one 0..255 bin per state value>;``) could exceed the tokens the model reads: LeRobot's
+        tokenizer step would silently cut it, dropping the end of the task and the state. Counted
+        with three digits per state value (the longest bin), so a prompt that fits always fits."""
+        task = request.task.strip().replace("_", " ").replace("\n", " ")
+        prompt = f"Task: {task}, State: {' '.join(['255'] * self.spec.state_dim)};\n"
+        n = len(self._prompt_tokenizer(prompt)["input_ids"])
+        if n > self.max_prompt_tokens:
+            raise ProtocolError("task_too_long", f"the prompt is up to {n} tokens, pi0_fast reads at most "
+                                                 f"{self.max_prompt_tokens} (tokenizer_max_length)")
 
     def engine(self):
         """The decode engine (built on first use: its slots hold this model's prompt length)."""
