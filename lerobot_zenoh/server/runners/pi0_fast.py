@@ -135,6 +135,11 @@ class Pi0FastRunner(LeRobotRunner):
         if config.temperature:
             raise PolicyError(f"{path}: config.json's temperature is {config.temperature}; only greedy decoding "
                               "(0) is served (a chunk must depend on its observation only)")
+        if config.use_relative_actions:
+            # LeRobot's relative-action steps keep the last preprocessed state for the postprocessor;
+            # requests of many robots interleave between the two in a running batch.
+            raise PolicyError(f"{path}: config.json's use_relative_actions is not served for pi0_fast (the "
+                              "processors' shared state would mix robots decoding in one batch)")
         assets = _sidecar_extras(path).get("assets", {})
         text = resolve_asset(path, "text tokenizer", config.text_tokenizer_name, _TEXT_FIELD, options.tokenizer_path,
                              assets.get("tokenizer"), options.field("tokenizer_path"), "tokenizer_config.json")
