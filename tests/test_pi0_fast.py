@@ -350,3 +350,13 @@ def test_the_server_streams_chunks_to_robots_joining_a_running_decode(checkpoint
     finally:
         session.close()
         server.stop()
+
+
+@pytest.mark.parametrize(("field", "value"), [("use_relative_actions", True), ("temperature", 0.7)])
+def test_settings_that_would_mix_robots_or_sample_are_refused(checkpoint, tmp_path, field, value):
+    copy = copy_checkpoint(checkpoint, tmp_path / "ckpt")
+    config = json.loads((copy / "config.json").read_text())
+    config[field] = value
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(PolicyError, match=field):
+        load_policy_runner(copy)
