@@ -176,3 +176,11 @@ HYBRID_ARGS ?= --rates 2,6,10 --seeds 3 --duration-s 12 --warmup-s 3
 .PHONY: bench-hybrid
 bench-hybrid: $(STAMP)
 	$(PY) -m benchmarks.hybrid study $(HYBRID_ARGS)
+
+
+# pi0-FAST decoding across robots (docs/benchmarks.md, "pi0-FAST: continuous batching across robots"):
+# one at a time vs static vs continuous batching, tiny and small shapes, 1..16 robots. Needs only
+# lerobot, torch, transformers, tokenizers, numpy. On a GPU: AR_ARGS="--device cuda --dtype bfloat16".
+.PHONY: bench-autoregressive
+bench-autoregressive: $(STAMP)
+	$(PY) -m benchmarks.autoregressive $(AR_ARGS)

@@ -25,7 +25,7 @@ PROG = "lerobot-zenoh-build-checkpoint"
 
 # ConfigError.field of build_checkpoint -> the flag a user typed.
 # What the builder builds (server.checkpoint.DEMO_OVERRIDES; kept here so --help needs no torch).
-POLICY_TYPES = ("act", "diffusion", "smolvla", "pi0", "pi05", "smolvlm")
+POLICY_TYPES = ("act", "diffusion", "smolvla", "pi0", "pi05", "pi0_fast", "smolvlm")
 #: Not a LeRobot policy: a transformers VLM folder for `vlm:` manifest entries (server.checkpoint.build_tiny_vlm).
 VLM_TYPE = "smolvlm"
 
@@ -70,8 +70,8 @@ class BuildCheckpointConfig:
     seed: int = 0
     # Replace an existing checkpoint folder.
     force: bool = False
-    # pi0/pi05 size preset: tiny (tests, tens of ms per chunk) or small (VLM 256 wide x 6 layers,
-    # 224 px images: for measurements).
+    # pi0/pi05/pi0_fast size preset: tiny (tests, tens of ms per chunk) or small (VLM 256 wide x 6
+    # layers, 224 px images: for measurements).
     architecture: str = "tiny"
 
     def __post_init__(self) -> None:

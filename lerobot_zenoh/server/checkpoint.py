@@ -41,15 +41,19 @@ DEMO_OVERRIDES: dict[str, dict[str, Any]] = {
     "smolvla": {"num_vlm_layers": 4, "resize_imgs_with_padding": (64, 64)},
     "pi0": {},
     "pi05": {},
+    # pi0-FAST: shrunk like pi0 (its Gemma size is fixed by variant name), with a FAST action tokenizer
+    # fitted locally and a PaliGemma-style text tokenizer (docs/policies.md "pi0-FAST").
+    "pi0_fast": {"max_decoding_steps": 256, "validate_action_token_prefix": False},
 }
 
 #: Policy types built with a local tokenizer (and, for SmolVLA, a local VLM config + processor).
-VLA_TYPES = ("smolvla", "pi0", "pi05")
+VLA_TYPES = ("smolvla", "pi0", "pi05", "pi0_fast")
 
 # Where the builder puts a VLA's assets inside the checkpoint folder (recorded in the sidecar's
 # `assets`, relative to the folder).
 TOKENIZER_DIR = "tokenizer"
 VLM_DIR = "vlm"
+FAST_TOKENIZER_DIR = "fast_tokenizer"  # pi0-FAST's action tokenizer
 
 # pi0/pi05 processors name this tokenizer in code (LeRobot 0.6.1); a real checkpoint's
 # policy_preprocessor.json says so too, and the builder writes the same name.
@@ -75,7 +79,7 @@ _SMOLVLM_SPECIAL = {
 # Set by the builder from its own arguments; overriding them would desynchronize config and sidecar.
 _MANAGED_FIELDS = frozenset(
     {"input_features", "output_features", "device", "pretrained_path", "chunk_size", "n_action_steps",
-     "vlm_model_name"}
+     "vlm_model_name", "text_tokenizer_name", "action_tokenizer_name"}
 )
 
 # ImageNet statistics (what LeRobot's ResNet backbones expect), shaped (C, 1, 1) like compute_stats.
@@ -110,9 +114,9 @@ def build_checkpoint(
     replaced when it holds a checkpoint (``config.json``). Bad arguments raise `ConfigError` naming
     the argument.
 
-    `architecture` (pi0/pi05 only; LeRobot fixes their sizes by variant name): ``tiny`` (the test
+    `architecture` (pi0, pi05 and pi0_fast; LeRobot fixes their sizes by variant name): ``tiny`` (the test
     preset, `tiny_pi.TINY_PI_ARCHITECTURE`) or ``small`` (`tiny_pi.SMALL_PI_ARCHITECTURE`, for
-    measurements). A pi05's PaliGemma ``lm_head`` (which pi0.5 never calls for actions) is made
+    measurements; pi0_fast: `tiny_pi0_fast.PI0_FAST_SHAPES`). A pi05's PaliGemma ``lm_head`` (which pi0.5 never calls for actions) is made
     usable for greedy text: its rows beyond the bundled tokenizer's vocabulary are zeroed, so that
     the most likely token is one the tokenizer can decode (docs/policies.md, "pi0.5: actions and
     language from one prefill").
@@ -121,8 +125,8 @@ def build_checkpoint(
 
     if architecture not in PI_ARCHITECTURES:
         raise ConfigError("architecture", f"{architecture!r} is not one of {', '.join(PI_ARCHITECTURES)}")
-    if architecture != "tiny" and policy_type not in ("pi0", "pi05"):
-        raise ConfigError("architecture", f"applies to pi0/pi05 only, not {policy_type!r}")
+    if architecture != "tiny" and policy_type not in ("pi0", "pi05", "pi0_fast"):
+        raise ConfigError("architecture", f"applies to pi0, pi05 and pi0_fast only, not {policy_type!r}")
     arch = PI_ARCHITECTURES[architecture]
     if policy_type not in DEMO_OVERRIDES:
         choices = ", ".join(DEMO_OVERRIDES)
@@ -152,13 +156,21 @@ def build_checkpoint(
     output_features = {ACTION_KEY: PolicyFeature(type=FeatureType.ACTION, shape=(spec.action_dim,))}
 
     kwargs = _config_kwargs(policy_type, spec, overrides, arch)
+    if policy_type == "pi0_fast":
+        from lerobot_zenoh.server.tiny_pi0_fast import PI0_FAST_SHAPES
+
+        arch, shape_fields = PI0_FAST_SHAPES[architecture]
+        kwargs = {**shape_fields, **kwargs}
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     log.info("building a random-weight %s policy (seed %d) ...", policy_type, seed)
     try:
         assets: dict[str, str] = {}
         tokenizer = None
-        if policy_type in VLA_TYPES:
+        if policy_type == "pi0_fast":
+            tokenizer = _pi0_fast_tokenizers(staging, spec, kwargs, seed)
+            assets.update(tokenizer=TOKENIZER_DIR, action_tokenizer=FAST_TOKENIZER_DIR)
+        elif policy_type in VLA_TYPES:
             tokenizer = train_tiny_tokenizer(smolvlm=policy_type == "smolvla")
             tokenizer.save_pretrained(staging / TOKENIZER_DIR)
             assets["tokenizer"] = TOKENIZER_DIR
@@ -171,7 +183,8 @@ def build_checkpoint(
                 policy_type, input_features=input_features, output_features=output_features, **kwargs
             )
             policy_cls = get_policy_class(policy_type)
-            with torch.random.fork_rng(devices=[]), _tiny_architecture(policy_type, arch):
+            with torch.random.fork_rng(devices=[]), _tiny_architecture(policy_type, arch), \
+                    _fast_construction(config):
                 torch.manual_seed(seed)
                 policy = policy_cls(config)
             policy.eval()
@@ -184,14 +197,28 @@ def build_checkpoint(
             key: {name: torch.tensor(values) for name, values in per_key.items()}
             for key, per_key in _dataset_stats(spec, stats, quantiles=policy_type in VLA_TYPES).items()
         }
-        with _tokenizer_named_anything(tokenizer):
+        with _tokenizer_named_anything(tokenizer), _fast_construction(config):
             preprocessor, postprocessor = make_pre_post_processors(config, dataset_stats=dataset_stats)
         if policy_type == "smolvla":
             # The saved config and processor name the VLM folder where it will be once in place, so
             # that LeRobot's own tools load the checkpoint too; the server also finds it through the
             # sidecar's `assets` if the folder is moved.
             config.vlm_model_name = str(output.resolve() / VLM_DIR)
-        _rename_tokenizer(preprocessor, config.vlm_model_name if policy_type == "smolvla" else PALIGEMMA_TOKENIZER)
+        if policy_type == "pi0_fast":
+            from lerobot_zenoh.server.runners.fast_tokens import FastActionTokenizer
+            from lerobot_zenoh.server.tiny_pi0_fast import script_end_of_action
+
+            factor = script_end_of_action(
+                policy, preprocessor, spec, end_token=tokenizer.convert_tokens_to_ids("|"),
+                fast_tokens=FastActionTokenizer.from_folder(staging / FAST_TOKENIZER_DIR), seed=seed)
+            log.info("pi0-FAST: greedy decoding scripted to end after ~36 FAST tokens (end row x %.2f)", factor)
+            # The saved config and processor name both tokenizers where they will be once in place.
+            config.text_tokenizer_name = str(output.resolve() / TOKENIZER_DIR)
+            config.action_tokenizer_name = str(output.resolve() / FAST_TOKENIZER_DIR)
+            _rename_fast_tokenizers(preprocessor, config)
+        else:
+            _rename_tokenizer(preprocessor,
+                              config.vlm_model_name if policy_type == "smolvla" else PALIGEMMA_TOKENIZER)
 
         log.info("saving %.1f M parameters and the processors to %s ...",
                  sum(p.numel() for p in policy.parameters()) / 1e6, output)
@@ -209,7 +236,7 @@ def build_checkpoint(
         }
         if assets:
             sidecar["assets"] = assets
-        if policy_type in ("pi0", "pi05"):
+        if policy_type in ("pi0", "pi05", "pi0_fast"):
             sidecar["test_architecture"] = arch
         (staging / FEATURES_SIDECAR_NAME).write_text(json.dumps(sidecar, indent=2) + "\n")
         _check_output(output, force)  # again: the folder may have appeared while building
@@ -329,8 +356,8 @@ def build_tiny_vlm(output_dir: str | Path, *, seed: int = 0, force: bool = False
 
 @contextlib.contextmanager
 def _tiny_architecture(policy_type: str, arch: Mapping[str, Any]):
-    """pi0/pi05: build with `tiny_pi`'s scoped shrink (their Gemma sizes are fixed by LeRobot)."""
-    if policy_type not in ("pi0", "pi05"):
+    """pi0/pi05/pi0_fast: build with `tiny_pi`'s scoped shrink (their Gemma sizes are fixed by LeRobot)."""
+    if policy_type not in ("pi0", "pi05", "pi0_fast"):
         yield
         return
     from lerobot_zenoh.server.tiny_pi import shrunk_pi_architecture
@@ -347,6 +374,46 @@ def _usable_lm_head(policy: Any, vocab: int) -> None:
 
     with torch.no_grad():
         policy.model.paligemma_with_expert.paligemma.lm_head.weight[vocab:] = 0
+
+
+def _pi0_fast_tokenizers(staging: Path, spec: PolicySpec, kwargs: dict[str, Any], seed: int) -> Any:
+    """pi0-FAST's text tokenizer (PaliGemma-sized) and FAST action tokenizer (fitted on synthetic
+    chunks of this checkpoint's shape), written into the staging folder; the config names them there
+    while the model is built. Returns the text tokenizer."""
+    from lerobot_zenoh.server.runners.fast_tokens import train_fast_tokenizer
+    from lerobot_zenoh.server.tiny_pi0_fast import save_paligemma_style_tokenizer, synthetic_chunks
+
+    log.info("training pi0-FAST's tokenizers (text, FAST actions) ...")
+    text = save_paligemma_style_tokenizer(staging / TOKENIZER_DIR)
+    train_fast_tokenizer(synthetic_chunks(spec.chunk_size, spec.action_dim, seed=seed), staging / FAST_TOKENIZER_DIR)
+    kwargs["text_tokenizer_name"] = str(staging / TOKENIZER_DIR)
+    kwargs["action_tokenizer_name"] = str(staging / FAST_TOKENIZER_DIR)
+    return text
+
+
+@contextlib.contextmanager
+def _fast_construction(config: Any):
+    """pi0-FAST only: LeRobot's constructor and processor load the action tokenizer with
+    ``trust_remote_code``; build them without it (`runners.pi0_fast.without_action_processor`)."""
+    if getattr(config, "type", None) != "pi0_fast":
+        yield
+        return
+    from lerobot_zenoh.server.runners.pi0_fast import without_action_processor
+
+    with without_action_processor(config):
+        yield
+
+
+def _rename_fast_tokenizers(preprocessor: Any, config: Any) -> None:
+    from lerobot.processor import ActionTokenizerProcessorStep, TokenizerProcessorStep
+
+    for step in preprocessor.steps:
+        if isinstance(step, TokenizerProcessorStep):
+            step.tokenizer_name = config.text_tokenizer_name
+        elif isinstance(step, ActionTokenizerProcessorStep):
+            step.action_tokenizer_name = config.action_tokenizer_name
+            step.paligemma_tokenizer_name = config.text_tokenizer_name
+            step.trust_remote_code = False
 
 
 @contextlib.contextmanager
@@ -427,6 +494,8 @@ def _config_kwargs(policy_type: str, spec: PolicySpec, overrides: Mapping[str, A
         kwargs["n_action_steps"] = spec.chunk_size
         if policy_type in ("pi0", "pi05"):
             kwargs.setdefault("image_resolution", tuple(arch["image_resolution"]))
+        if policy_type == "pi0_fast" and len(spec.action_names) > int(kwargs.get("max_action_dim", 32)):
+            raise ConfigError("action_names", "more actions than pi0_fast's max_action_dim")
     elif policy_type == "act":
         kwargs["chunk_size"] = spec.chunk_size
         kwargs["n_action_steps"] = spec.chunk_size

@@ -10,6 +10,8 @@
                                       request again on its own so that only the bad one fails; a
                                       request whose same-host frames were rewritten while the model
                                       read them gets ProtocolError("shm_stale") instead of its result
+    stream(first, join, emit)         for an iteration-level runner (pi0-FAST): requests join its running
+                                      batch between decode steps and each result is emitted when done
     chunk(observation, result, ...)   cut to actions_per_chunk, execution horizon, ActionChunk bytes
     answer(observation, result, ...)  the bytes of what the runner's `capabilities.output` says it
                                       answers: an ActionChunk (`chunk`), a TextResult or a Verdict
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -190,6 +192,28 @@ class Executor:
                 results[i] = ProtocolError("shm_stale", f"{ref.segment} was rewritten while the model read it "
                                                         "(the server was a ring's length of observations behind)")
         return results
+
+    def stream(self, first: Sequence[tuple[object, InferenceRequest]],
+               join: Callable[[], Sequence[tuple[object, InferenceRequest]]],
+               emit: Callable[[object, InferenceResult | Exception], None]) -> None:
+        """Iteration-level serving (`RunnerCapabilities.iteration_level`): the runner decodes `first`,
+        takes what `join()` returns between its steps, and each request's result (or exception) goes
+        to `emit(key, ...)` the step it is done, checked like `infer`'s (``shm_stale``)."""
+        def checked(key: object, result: InferenceResult | Exception) -> None:
+            ref = shared.pop(key, None)
+            if ref is not None and not isinstance(result, Exception) and not self._frames.current(ref):
+                result = ProtocolError("shm_stale", f"{ref.segment} was rewritten while the model read it")
+            emit(key, result)
+
+        def take(items: Sequence[tuple[object, InferenceRequest]]) -> list[tuple[object, InferenceRequest]]:
+            for key, request in items:
+                ref = self._shared.pop(id(request), None)
+                if ref is not None:
+                    shared[key] = ref
+            return list(items)
+
+        shared: dict[object, object] = {}
+        self.runner.stream(take(first), lambda: take(join()), checked)
 
     def _infer(self, requests: Sequence[InferenceRequest]) -> list[InferenceResult | Exception]:
         if len(requests) > 1:

@@ -44,17 +44,17 @@ import numpy as np
 from lerobot_zenoh.errors import ConfigError, KeyExprError, ProtocolError, TransportError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.keys import AppKey, Topic, parse_client_key
-from lerobot_zenoh.protocol.messages import RtcAdvert, SameHostAdvert, Status
+from lerobot_zenoh.protocol.messages import Observation, RtcAdvert, SameHostAdvert, Status
 from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
 from lerobot_zenoh.server import text_stream
 from lerobot_zenoh.server.batch_profiling import measure_batch_profile
-from lerobot_zenoh.server.engine import Batch, Engine, EngineConfig, Session
+from lerobot_zenoh.server.engine import REPLAYED, Batch, Engine, EngineConfig, Session, Slot
 from lerobot_zenoh.server.engine_worker import EngineWorker
 from lerobot_zenoh.server.executor import Executor
 from lerobot_zenoh.server.failover import ServingRole
 from lerobot_zenoh.server.manifest import Manifest, ModelEntry, PipelineEntry, reload_refusal
 from lerobot_zenoh.server.runners import load_runner
-from lerobot_zenoh.server.runners.base import ComponentQuery, PolicyRunner
+from lerobot_zenoh.server.runners.base import ComponentQuery, InferenceRequest, InferenceResult, PolicyRunner
 from lerobot_zenoh.telemetry.publisher import TelemetryPublisher, percentile, process_memory
 from lerobot_zenoh.transport import same_host
 from lerobot_zenoh.transport.session import ACTION_QOS, Payload, Publisher, ZenohSession
@@ -549,6 +549,9 @@ class PolicyServer:
         at a time, so one bad request costs the others a retry, never their chunk.
         """
         engine, executor = model.engine, model.executor
+        if model.runner.spec.capabilities.iteration_level:
+            self._serve_streaming(model, batch)
+            return
         for session, _slot, reason, detail in batch.rejected:
             self._reject(model, session, reason, detail)
         if not batch.items:
@@ -624,6 +627,82 @@ class PolicyServer:
             pub.put(payload)
 
         return text_stream.advance(model, publish, self.server_id)
+
+    def _serve_streaming(self, model: ServedModel, batch: Batch) -> None:
+        """Iteration-level serving (docs/server.md): the picked observations start decoding; between
+        decode steps the engine picks the next observations of this model, which join the running
+        batch; each answer is published the step its request finishes. Returns when nothing of this
+        model is left to decode (or the server stops taking new ones)."""
+        engine, executor = model.engine, model.executor
+        in_flight: dict[tuple[str, int], tuple[Session, Slot, Observation, float]] = {}
+
+        def prepare(picked: Batch | None) -> list[tuple[tuple[str, int], InferenceRequest]]:
+            if picked is None:
+                return []
+            for session, _slot, reason, detail in picked.rejected:
+                self._reject(model, session, reason, detail)
+            out = []
+            for session, slot in picked.items:
+                try:
+                    obs = slot.observation or self._peek(slot.payload)
+                    if slot.header is not None and not codec.header_matches(slot.header, obs):
+                        raise ProtocolError("header_mismatch", f"the header says seq_id {slot.header.seq_id}; the "
+                                                               f"observation {obs.seq_id}")
+                    why = engine.check(session, obs, slot.arrival_s) if slot.observation is None else None
+                    if why is not None:  # replayed, nonce_required, seq_jump (docs/protocol.md §10.5)
+                        self._reject(model, session, why, engine.rule_detail(session, obs, why))
+                        continue
+                    request = executor.prepare(session.client_id, obs)
+                except ProtocolError as exc:
+                    self._reject(model, session, exc.reason, str(exc))
+                    continue
+                if engine.take_reset(session):
+                    model.runner.forget(session.client_id)
+                key = (session.client_id, obs.seq_id)
+                if key in in_flight:
+                    self._reject(model, session, REPLAYED, f"seq_id {obs.seq_id} is being decoded")
+                    continue
+                in_flight[key] = (session, slot, obs, time.monotonic())
+                out.append((key, request))
+            return out
+
+        started = next_expiry = time.monotonic()
+
+        def join() -> list[tuple[tuple[str, int], InferenceRequest]]:
+            nonlocal next_expiry
+            now = time.monotonic()
+            if now >= next_expiry:  # the loop's chores go on while a decode runs (sessions expire)
+                next_expiry = now + EXPIRY_PERIOD_S
+                for other in self.models:
+                    for session in other.engine.expire(now):
+                        self._forget(other, session)
+            # Stop taking new requests when stopping, or after a while when other models wait for
+            # the inference thread (the running batch then drains and the loop serves them).
+            if self._stop.is_set() or (len(self.models) > 1 and now - started > EXPIRY_PERIOD_S):
+                return []
+            return prepare(engine.schedule(now, self._peek, codec.decode_observation_header))
+
+        def emit(key: tuple[str, int], result: InferenceResult | Exception) -> None:
+            session, slot, obs, t_start = in_flight.pop(key)
+            t_done = time.monotonic()
+            inference_ms = (t_done - t_start) * 1000
+            published = []
+            if isinstance(result, ProtocolError):  # decode_limit, undecodable_action_tokens, shm_stale
+                self._reject(model, session, result.reason, str(result))
+            elif isinstance(result, Exception):
+                self._reject(model, session, "inference_error", f"{type(result).__name__}: {result}")
+            else:
+                try:
+                    self._publisher(model, session.client_id).put(
+                        executor.answer(obs, result, inference_ms, (t_start - slot.arrival_s) * 1000))
+                    model.inferences += 1
+                    model.answers[model.output] += 1
+                    published.append((session, obs.seq_id, inference_ms, (t_start - slot.arrival_s) * 1000))
+                except Exception as exc:
+                    self._reject(model, session, "inference_error", f"{type(exc).__name__}: {exc}")
+            engine.finish(published, [session.client_id], t_done, t_done - t_start)
+
+        executor.stream(prepare(batch), join, emit)
 
     def _reject(self, model: ServedModel, session: Session, reason: str, detail: str) -> None:
         n = model.engine.reject(session, reason, time.monotonic())

@@ -63,7 +63,8 @@ SMALL_PI_ARCHITECTURE: dict[str, Any] = {
 #: The builder's presets by name (`build_checkpoint(..., architecture=...)`).
 PI_ARCHITECTURES: dict[str, dict[str, Any]] = {"tiny": TINY_PI_ARCHITECTURE, "small": SMALL_PI_ARCHITECTURE}
 
-_MODULES = {"pi0": "lerobot.policies.pi0.modeling_pi0", "pi05": "lerobot.policies.pi05.modeling_pi05"}
+_MODULES = {"pi0": "lerobot.policies.pi0.modeling_pi0", "pi05": "lerobot.policies.pi05.modeling_pi05",
+            "pi0_fast": "lerobot.policies.pi0_fast.modeling_pi0_fast"}
 _GEMMA_FIELDS = ("width", "depth", "mlp_dim", "num_heads", "num_kv_heads", "head_dim")
 _VISION_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "patch_size")
 _lock = threading.Lock()
@@ -72,10 +73,13 @@ _lock = threading.Lock()
 def validate_architecture(policy_type: str, arch: Any, where: str) -> dict[str, Any]:
     """`arch` as `shrunk_pi_architecture` takes it, or `PolicyError` naming `where`."""
     if policy_type not in _MODULES:
-        raise PolicyError(f"{where}: test_architecture applies to pi0/pi05 only, not {policy_type!r}")
+        raise PolicyError(f"{where}: test_architecture applies to pi0/pi05/pi0_fast only, not {policy_type!r}")
     try:
         gemma = {v: {f: int(arch["gemma"][v][f]) for f in _GEMMA_FIELDS} for v in ("gemma_2b", "gemma_300m")}
         vision = {f: int(arch["vision"][f]) for f in _VISION_FIELDS}
+        # pi0-FAST does not pass its image resolution to the vision tower (224 px unless given here).
+        if "image_size" in arch["vision"]:
+            vision["image_size"] = int(arch["vision"]["image_size"])
     except (KeyError, TypeError, ValueError) as exc:
         raise PolicyError(f"{where}: malformed test_architecture ({type(exc).__name__}: {exc})") from exc
     return {"gemma": gemma, "vision": vision}

@@ -7,6 +7,8 @@
     act.py         ACT (one forward pass per batch)
     diffusion.py   Diffusion (per-session history, seeded noise, denoising updates)
     flow_matching.py  SmolVLA, pi0, pi0.5 (task-conditioned, one forward pass per batch, per-row noise)
+    pi0_fast.py    pi0-FAST (autoregressive FAST tokens, decoded by the project's own code) with
+                   decode_batch.py (iteration-level batching, KV slots) and fast_tokens.py (the format)
     synthetic.py   a torch-free fake with a set latency (tests, benchmarks), and scripted task
                    components (text, verdicts, silence)
     vlm.py         a transformers VLM as a task component: System 2 text, safety / monitor verdicts
@@ -36,6 +38,7 @@ from lerobot_zenoh.server.runners.base import (
 from lerobot_zenoh.server.runners.diffusion import DiffusionRunner
 from lerobot_zenoh.server.runners.flow_matching import FlowMatchingRunner
 from lerobot_zenoh.server.runners.lerobot import LeRobotRunner, LoadOptions, RtcSettings, read_config
+from lerobot_zenoh.server.runners.pi0_fast import Pi0FastRunner
 
 if TYPE_CHECKING:
     from lerobot_zenoh.server.manifest import Manifest, ModelEntry
@@ -61,6 +64,7 @@ RUNNERS: dict[str, type[LeRobotRunner]] = {
     "diffusion": DiffusionRunner,
     "pi0": FlowMatchingRunner,
     "pi05": FlowMatchingRunner,
+    "pi0_fast": Pi0FastRunner,
     "smolvla": FlowMatchingRunner,
 }
 
@@ -77,21 +81,24 @@ REFUSED: dict[str, str] = {
                       "loads CLIP vision/text encoders from the hub at construction",
     "lingbot_va": "a streaming world model: its KV cache, first-chunk flag and executed actions live inside "
                   "the model for one episode of one robot",
-    "pi0_fast": "autoregressive FAST action tokens: its FAST action tokenizer (trust_remote_code) and "
-                "PaliGemma tokenizer are fetched from the hub at construction, with no local override",
-    "groot": "needs the GR00T-N1.7-3B weights and a Cosmos backbone from the hub (trust_remote_code) at "
-             "construction",
-    "xvla": "builds its VLM from hub assets at construction (no local override, no offline test model yet)",
-    "eo1": "builds its Qwen2.5-VL backbone from the hub at construction (no local override, no offline test "
-           "model yet)",
-    "molmoact2": "builds its MolmoAct2 VLM from the hub at construction (no local override, no offline test "
-                 "model yet)",
-    "wall_x": "loads its processor and action tokenizer from the hub (trust_remote_code) at construction",
-    "evo1": "loads its InternVL3 VLM and tokenizer from the hub at construction (no local override yet)",
-    "vla_jepa": "loads its V-JEPA video encoder and processor from the hub at construction (no local "
-                "override yet)",
-    "fastwam": "builds its Wan 2.2 video model, T5 tokenizer and text encoder from hub ids at construction "
-               "(no local override yet)",
+    "groot": "GR00TN17.from_pretrained loads its backbone with trust_remote_code=True (hard-coded) and fetches the "
+             "GR00T-N1.7-3B weights and a Cosmos backbone with hf_hub_download at construction: code from the "
+             "hub would run on the server",
+    "xvla": "predict_action_chunk fills observation queues inside the shared model (populate_queues), so "
+            "sessions would mix; its tokenizer is a config field (tokenizer_name) that could name a local folder",
+    "eo1": "not served yet: its Qwen2.5-VL backbone is a config field (vlm_base, a local folder works) but there "
+           "is no runner for it and no offline tiny model to test one",
+    "molmoact2": "not served yet: its MolmoAct2 base checkpoint and FAST tokenizer are config fields "
+                 "(checkpoint_path, discrete_action_tokenizer; a local folder is used as is, a hub id is fetched "
+                 "with snapshot_download) but there is no runner for it and no offline tiny model to test one",
+    "wall_x": "loads its action tokenizer with trust_remote_code=True (action_tokenizer_path) and "
+              "predict_action_chunk fills observation queues inside the shared model (populate_queues)",
+    "evo1": "not served yet: its InternVL3 VLM is a config field (vlm_model_name, a local folder works) but there "
+            "is no runner for it and no offline tiny model to test one",
+    "vla_jepa": "predict_action_chunk fills observation queues inside the shared model (populate_queues); its "
+                "Qwen3-VL and V-JEPA encoders are config fields (qwen_model_name, jepa_encoder_name)",
+    "fastwam": "builds its Wan 2.2 video model, T5 tokenizer and text encoder (base_model_id: the hub id or a "
+               "local Wan 2.2 folder) at construction; no runner and no offline tiny model yet",
 }
 
 

@@ -76,6 +76,9 @@ class RunnerCapabilities:
       ``actions`` (`InferenceResult.actions`, an ActionChunk on ``.../<client>/action``), ``text``
       (`InferenceResult.text`, a TextResult on ``.../text``) or ``verdict`` (`InferenceResult.label`
       and `score`, a Verdict on ``.../verdict``).
+    - `iteration_level`: the runner decodes step by step and can take requests into a running batch
+      and answer each the step it finishes (``stream(first, join, emit)``, as `pi0_fast.Pi0FastRunner`);
+      the server then serves it through `Executor.stream` instead of one `run` per batch.
     """
 
     max_batch: int | None = 1
@@ -85,6 +88,7 @@ class RunnerCapabilities:
     rtc: bool = False
     reads_task: bool = False
     output: str = "actions"
+    iteration_level: bool = False
 
     def __post_init__(self) -> None:
         if self.max_batch is not None and (not isinstance(self.max_batch, int) or self.max_batch < 1):
