@@ -76,6 +76,15 @@ from benchmarks.harness import write_docs_block  # noqa: E402
 from lerobot_zenoh.protocol.messages import ExecutionInfo  # noqa: E402
 from lerobot_zenoh.scheduling.batch_profile import profile_batch_sizes, saturation_batch_size  # noqa: E402
 from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake  # noqa: E402
+from lerobot_zenoh.scheduling.placement import (  # noqa: E402
+    CLOUD,
+    EDGE,
+    BatchProfile,
+    EngineView,
+    RequestView,
+    expected_busy_until_s,
+    place,
+)
 from lerobot_zenoh.scheduling.request_schedulers import RequestScheduler, make_scheduler  # noqa: E402
 from lerobot_zenoh.scheduling.send_trigger import SendTrigger, SendTriggerConfig  # noqa: E402
 from lerobot_zenoh.scheduling.wait_ratio import WaitRatioScheduler  # noqa: E402
@@ -91,6 +100,12 @@ VLA_PROFILE_MS = {b: round(60.0 * ms / 42.5, 1)
                   for b, ms in {1: 42.5, 2: 46.0, 4: 51.8, 8: 80.5, 16: 80.5 + 8 * (80.5 - 51.8) / 4}.items()}
 PROFILES = {"gpu": GPU_PROFILE_MS, "vla": VLA_PROFILE_MS}
 ONE_WAY_S = 0.0025  # Kairos' Wi-Fi 7 base latency robot <-> edge server
+#: The cloud GPU against the edge GPU, as an A100 (80 GB) against an RTX A6000 (Kairos' testbed):
+#: NVIDIA's data sheets give 312 against 155 dense BF16 tensor TFLOPS (2.0x) and 2,039 against
+#: 768 GB/s of memory bandwidth (2.7x); a batch of a diffusion/flow policy is compute-bound at the
+#: batch sizes that matter, so the cloud runs the same profile in half the time.
+CLOUD_SCALE = 0.5
+TIER_MODES = ("edge", "cloud", "hybrid")
 
 
 # ------------------------------------------------------------------------------------ simulation
@@ -122,7 +137,29 @@ class Config:
     # 30 Hz tick, the ticks spread over N phases of the period: a send waits for the robot's next tick
     # after the trigger fires, a chunk's first action for its next tick after arrival.
     tick_phases: int = 0
+    # Sites and tiers (docs/benchmarks.md, "Edge and cloud in the model"). The defaults are the one-GPU
+    # server above. tiers: edge (every engine on the robots' site), cloud (one server at a cloud site:
+    # the robots reach it through the edge gateway and the WAN, each request and chunk crossing it) or
+    # hybrid (an edge scheduler placing each request on its edge engines or the cloud's by
+    # `scheduling/placement.place`).
+    tiers: str = "edge"
+    servers: int = 1  # independent servers, each its own scheduler; robot i is assigned to server i % servers
+    edge_engines: int = 1  # engines behind each server's one scheduler, on its site, each `max_batch` wide
+    cloud_engines: int = 1  # tiers=hybrid: engines at the cloud site
+    cloud_scale: float = 0.5  # a cloud batch takes the edge's latency x this (CLOUD_SCALE)
+    cloud_max_batch: int = 0  # 0: max_batch
+    cloud_max_in_flight: int = 0  # most requests in flight on a cloud engine; 0: `cloud_in_flight` (covers the WAN)
+    wan_one_way_s: float = 0.1  # edge <-> cloud, each direction
+    wan_bandwidth_bps: float = 125e6  # bytes/s (1 Gbit/s)
+    payload_bytes: int = 133_000  # one observation on the wire (2 x 480x640 JPEG, docs/benchmarks.md)
+    history_bytes: int = 0  # per request, for a stateful policy whose history travels with it
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.tiers not in TIER_MODES:
+            raise ValueError(f"tiers must be one of {TIER_MODES}, got {self.tiers!r}")
+        if self.servers < 1 or self.edge_engines < 1 or self.cloud_engines < 0:
+            raise ValueError("servers and edge_engines must be >= 1, cloud_engines >= 0")
 
     def label(self) -> str:
         if self.scheduler != "wait_ratio":
@@ -143,9 +180,10 @@ class FifoRunningFirst:
     def on_arrival(self, client_id, now_s, execution=None):
         self._fifo.on_arrival(client_id, now_s, execution)
 
-    def pick(self, ready, now_s, max_batch=1):
+    def pick(self, ready, now_s, max_batch=1, choose=None):
         order = self._fifo.pick(ready, now_s, len(ready))
-        return sorted(order, key=lambda c: c not in self._running)[:max_batch]  # stable: FIFO inside
+        order = sorted(order, key=lambda c: c not in self._running)  # stable: FIFO inside
+        return choose(order) if choose is not None else order[:max_batch]
 
     def on_served(self, client_ids, now_s, duration_s):
         self._fifo.on_served(client_ids, now_s, duration_s)
@@ -223,6 +261,7 @@ class Result:
     age_p50_ms: float = 0.0  # capture-to-inference age of served observations
     age_p99_ms: float = 0.0
     refreshes_per_request: float = 0.0  # re-fetch: fresh captures published per served request
+    offload_pct: float = 0.0  # served requests that ran on a cloud engine (tiers=hybrid; 100 for tiers=cloud)
     sd: dict[str, float] = field(default_factory=dict)  # sample standard deviation over seeds
     runs: list[Result] = field(default_factory=list, repr=False)  # one per seed
 
@@ -231,26 +270,81 @@ class Result:
         return 100.0 - self.stalled_pct
 
 
+@dataclass(eq=False)
+class _Engine:
+    """One GPU behind a scheduler: the scheduler's bookkeeping of it (`running`, `busy_until_s`, its
+    `EngineView`) and what it really does (`queue`, `gpu_busy`)."""
+
+    engine_id: str
+    tier: str
+    capacity: int
+    latency_s: Callable[[int], float]
+    profile: BatchProfile
+    one_way_s: float = 0.0  # scheduler <-> engine, each direction
+    bandwidth_bps: float = math.inf
+    max_in_flight: int = 0
+    running: int = 0  # dispatched and not answered (the scheduler's count)
+    busy_until_s: float = 0.0  # the scheduler's estimate of when it is done with what it has
+    outstanding: list = field(default_factory=list)  # the scheduler's: [expected arrival, requests, ids] per group
+    free_s: float = 0.0  # the scheduler's: when the engine was last known free
+    queue: list = field(default_factory=list)  # dispatched groups that reached it: (ids, dispatched at)
+    gpu_busy: bool = False
+
+    def view(self) -> EngineView:
+        return EngineView(self.engine_id, self.tier, self.capacity, self.running, self.busy_until_s, self.profile,
+                          rtt_s=2 * self.one_way_s, bandwidth_bps=self.bandwidth_bps, max_in_flight=self.max_in_flight)
+
+
+@dataclass(eq=False)
+class _Server:
+    """One scheduler and the engines it feeds; `ready` / `captured` are its clients' slots."""
+
+    scheduler: RequestScheduler
+    engines: list[_Engine]
+    ready: dict[str, float] = field(default_factory=dict)  # client -> first arrival of its waiting request
+    captured: dict[str, float] = field(default_factory=dict)  # client -> capture time of the observation in its slot
+
+    @property
+    def one_loop(self) -> bool:
+        """One local engine and no other: the server's own inference loop (`pick` up to its batch)."""
+        return len(self.engines) == 1 and self.engines[0].one_way_s == 0
+
+
+def cloud_in_flight(width: int, batch_s: float, rtt_s: float) -> int:
+    """Requests a cloud engine may have in flight: enough full batches to keep its GPU busy through a
+    round trip (``ceil(rtt / batch latency)``), the running one, and one queued behind it."""
+    return width * (2 + math.ceil(rtt_s / batch_s))
+
+
+def profile_of(latency_s: Callable[[int], float], largest: int = 64) -> BatchProfile:
+    """The latency model as a placement profile: its value at every batch size up to `largest`
+    (both interpolate linearly between sizes and extrapolate on the last slope, so they agree)."""
+    return BatchProfile({b: latency_s(b) for b in range(1, largest + 1)})
+
+
 class FleetSim:
-    """One run: the event loop of the robots, the network and a one-GPU server."""
+    """One run: the event loop of the robots, the network and the servers (by default one, one GPU)."""
 
     def __init__(self, cfg: Config, traces: Sequence[list[int]], latency_s: Callable[[int], float]):
         self.cfg = cfg
         self.traces = traces
         self.latency_s = latency_s
-        self.scheduler = scheduler_for(cfg)
+        self.servers = [self._server(i) for i in range(cfg.servers)]
         self.send_rule = send_rule(cfg.trigger)
         self.rng = np.random.default_rng(cfg.seed)
         self._events: list = []
         self._tie = itertools.count()
         self.robots: dict[str, _Robot] = {}
-        self.episodes: dict[str, int] = {}  # the server's view: client -> episode of its last request
-        self.ready: dict[str, float] = {}  # client -> first arrival of its waiting request
-        self.captured: dict[str, float] = {}  # client -> capture time of the observation in its slot
+        self.episodes: dict[str, int] = {}  # the servers' view: client -> episode of its last request
+        # robot <-> its server, each direction: the robot's link, and for tiers=cloud the WAN and the
+        # observation's transfer across it too
+        self.one_way_s = cfg.one_way_s
+        if cfg.tiers == "cloud":
+            self.one_way_s += cfg.wan_one_way_s + cfg.payload_bytes / cfg.wan_bandwidth_bps
+        self.served_tier: list[tuple[str, int, str]] = []  # (client, seq, tier) of each request served in the window
         self.ages: list[float] = []  # capture-to-inference age of each served observation
         self.refreshes = 0  # fresh captures published by waiting robots
         self.refreshes_late = 0  # of those, landing after their request was dispatched (dropped)
-        self.busy = False
         self._next_trace = int(self.rng.integers(len(traces)))
         self.w0, self.w1 = cfg.warmup_s, cfg.duration_s
         self.executed = 0.0
@@ -319,7 +413,7 @@ class FleetSim:
         robot.intake.on_send(robot.seq, robot.next_step(t) if capture else robot.end_step, t)
         buffered = max(0, round((robot.free_at_s - t) / DT_S))
         info = ExecutionInfo(task_elapsed_s=t - robot.task_start_s, actions_buffered=buffered, control_period_s=DT_S)
-        self._at(t + self.cfg.one_way_s, self._arrive, robot.client_id, robot.episode, info, t)
+        self._at(t + self.one_way_s, self._arrive, robot.client_id, robot.episode, info, t)
         if self.cfg.refresh_s > 0:
             self._at(t + self.cfg.refresh_s, self._refresh, robot, robot.seq)
 
@@ -333,16 +427,17 @@ class FleetSim:
             self.refreshes += 1
         buffered = max(0, round((robot.free_at_s - t) / DT_S))
         info = ExecutionInfo(task_elapsed_s=t - robot.task_start_s, actions_buffered=buffered, control_period_s=DT_S)
-        self._at(t + self.cfg.one_way_s, self._arrive_refresh, robot.client_id, info, t)
+        self._at(t + self.one_way_s, self._arrive_refresh, robot.client_id, info, t)
         self._at(t + self.cfg.refresh_s, self._refresh, robot, seq)
 
     def _arrive_refresh(self, t: float, client_id: str, info: ExecutionInfo, captured_s: float) -> None:
-        if client_id not in self.ready:  # dispatched meanwhile (or gone): the refresh is dropped
+        server = self.server_of(client_id)
+        if client_id not in server.ready:  # dispatched meanwhile (or gone): the refresh is dropped
             if t >= self.w0:
                 self.refreshes_late += 1
             return
-        self.scheduler.on_arrival(client_id, t, info)  # a newer observation in the slot, as on the server
-        self.captured[client_id] = captured_s
+        server.scheduler.on_arrival(client_id, t, info)  # a newer observation in the slot, as on the server
+        server.captured[client_id] = captured_s
 
     def _deliver(self, t: float, robot: _Robot, seq: int) -> None:
         robot.answered = seq
@@ -405,46 +500,149 @@ class FleetSim:
             self._at(end, self._start_task if self.cfg.mode == "fleet" else self._leave, robot)
 
     def _leave(self, t: float, robot: _Robot) -> None:
-        self.scheduler.forget(robot.client_id)
+        self.server_of(robot.client_id).scheduler.forget(robot.client_id)
         self.episodes.pop(robot.client_id, None)
         del self.robots[robot.client_id]
 
     # -- server ------------------------------------------------------------------------------
 
+    def _server(self, index: int) -> _Server:
+        """Server `index` as `Config` describes it: its scheduler, its edge engines (`max_batch` wide, the
+        latency model's profile) and, with tiers=hybrid, the cloud's engines behind the WAN."""
+        cfg = self.cfg
+        lat = self.latency_s
+        if cfg.tiers == "cloud":  # a faster GPU; the WAN is in the robots' link (self.one_way_s)
+            lat = _scaled(self.latency_s, cfg.cloud_scale)
+        engines = [_Engine(f"s{index}.edge{i}", EDGE, cfg.max_batch, lat, profile_of(lat))
+                       for i in range(cfg.edge_engines)]
+        if cfg.tiers == "hybrid":
+            cloud_lat = _scaled(self.latency_s, cfg.cloud_scale)
+            width = cfg.cloud_max_batch or cfg.max_batch
+            in_flight = cfg.cloud_max_in_flight or cloud_in_flight(width, cloud_lat(width), 2 * cfg.wan_one_way_s)
+            engines += [_Engine(f"s{index}.cloud{i}", CLOUD, width, cloud_lat, profile_of(cloud_lat),
+                                one_way_s=cfg.wan_one_way_s, bandwidth_bps=cfg.wan_bandwidth_bps,
+                                max_in_flight=in_flight)
+                        for i in range(cfg.cloud_engines)]
+        return _Server(scheduler_for(cfg), engines)
+
+    def server_of(self, client_id: str) -> _Server:
+        """Static assignment: robot / task number i is served by server i % servers."""
+        return self.servers[int(client_id[1:]) % len(self.servers)]
+
     def _arrive(self, t: float, client_id: str, episode: int, info: ExecutionInfo, captured_s: float) -> None:
+        server = self.server_of(client_id)
         if self.episodes.get(client_id) != episode:  # the server's session: a new episode resets the task
             self.episodes[client_id] = episode
-            self.scheduler.forget(client_id)
-        self.scheduler.on_arrival(client_id, t, info)
-        self.ready.setdefault(client_id, t)
-        self.captured[client_id] = captured_s
-        self._dispatch(t)
+            server.scheduler.forget(client_id)
+        server.scheduler.on_arrival(client_id, t, info)
+        server.ready.setdefault(client_id, t)
+        server.captured[client_id] = captured_s
+        self._dispatch(t, server)
 
-    def _dispatch(self, t: float) -> None:
-        if self.busy or not self.ready:
+    def _dispatch(self, t: float, server: _Server) -> None:
+        if not server.ready:
             return
-        chosen = self.scheduler.pick(list(self.ready), t, self.cfg.max_batch)
-        if not chosen:
+        if server.one_loop:  # the server's own loop: serve up to a batch whenever the GPU is free
+            engine = server.engines[0]
+            if engine.running:
+                return
+            chosen = server.scheduler.pick(list(server.ready), t, engine.capacity)
+            if chosen:
+                self._send_batch(t, server, engine, chosen)
             return
+        if not any((e.running == 0) if e.tier == EDGE else (e.running < e.view().in_flight_limit)
+                   for e in server.engines):
+            return  # every engine busy or full: nothing can go before one answers
+        ready = list(server.ready)
+        order = _order(server.scheduler, ready, t)
+        requests = [RequestView(c, self.cfg.payload_bytes, self.cfg.history_bytes) for c in order]
+        placement = place(requests, [e.view() for e in server.engines], t)
+        if not placement.assigned:
+            return  # a decision that sends nothing is no round: no request counts as skipped
+        staying = set(placement.waiting)
+        chosen = server.scheduler.pick(ready, t, choose=lambda o: [c for c in o if c not in staying])
+        if sorted(chosen) != sorted(c for c in order if c not in staying):
+            raise RuntimeError("the scheduler's order changed between placement and pick")
+        by_id = {e.engine_id: e for e in server.engines}
+        for engine_id, ids in placement.assigned.items():
+            self._send_batch(t, server, by_id[engine_id], ids)
+
+    def _send_batch(self, t: float, server: _Server, engine: _Engine, chosen: list[str]) -> None:
         for client_id in chosen:
-            arrival = self.ready.pop(client_id)
-            captured = self.captured.pop(client_id)
+            arrival = server.ready.pop(client_id)
+            captured = server.captured.pop(client_id)
             if t >= self.w0:
                 self.waits.append(t - arrival)
                 self.ages.append(t - captured)
-        self.busy = True
-        if t >= self.w0:
-            self.batches.append(len(chosen))
-        duration = self.latency_s(len(chosen))
-        self._at(t + duration, self._done, chosen, duration)
+                self.served_tier.append((client_id, self.robots[client_id].seq,
+                                         CLOUD if self.cfg.tiers == "cloud" else engine.tier))
+        if server.one_loop:  # as the server's loop: busy for latency(batch), then answers
+            if t >= self.w0:
+                self.batches.append(len(chosen))
+            duration = engine.latency_s(len(chosen))
+            engine.running = len(chosen)
+            self._at(t + duration, self._done, server, chosen, duration)
+            return
+        bytes_ = len(chosen) * (self.cfg.payload_bytes + self.cfg.history_bytes)
+        there = t + engine.one_way_s + bytes_ / engine.bandwidth_bps
+        if not engine.running:
+            engine.free_s = t
+        engine.running += len(chosen)
+        engine.outstanding.append((there, len(chosen), chosen))
+        self._update_busy_until(engine)
+        self._at(there, self._engine_receive, server, engine, chosen, t)
 
-    def _done(self, t: float, chosen: list[str], duration: float) -> None:
-        self.scheduler.on_served(chosen, t, duration)
-        self.busy = False
+    @staticmethod
+    def _update_busy_until(engine: _Engine) -> None:
+        """The scheduler's estimate, from what it sent and what came back (`expected_busy_until_s`)."""
+        engine.busy_until_s = expected_busy_until_s([(a, n) for a, n, _ in engine.outstanding], engine.free_s,
+                                                    engine.profile, engine.capacity)
+
+    def _done(self, t: float, server: _Server, chosen: list[str], duration: float) -> None:
+        server.scheduler.on_served(chosen, t, duration)
+        server.engines[0].running = 0
         for client_id in chosen:
             robot = self.robots[client_id]
-            self._at(t + self.cfg.one_way_s, self._deliver, robot, robot.seq)
-        self._dispatch(t)
+            self._at(t + self.one_way_s, self._deliver, robot, robot.seq)
+        self._dispatch(t, server)
+
+    # -- engines behind a placing scheduler (edge_engines > 1 or tiers=hybrid) --------------------
+
+    def _engine_receive(self, t: float, server: _Server, engine: _Engine, ids: list[str], sent_s: float) -> None:
+        engine.queue.append((ids, sent_s))
+        if not engine.gpu_busy:
+            self._engine_run(t, server, engine)
+
+    def _engine_run(self, t: float, server: _Server, engine: _Engine) -> None:
+        """The engine's GPU takes what reached it, whole dispatched groups up to its batch width."""
+        groups, n = [], 0
+        while engine.queue and (not groups or n + len(engine.queue[0][0]) <= engine.capacity):
+            groups.append(engine.queue.pop(0))
+            n += len(groups[-1][0])
+        if t >= self.w0:
+            self.batches.append(n)
+        engine.gpu_busy = True
+        self._at(t + engine.latency_s(n), self._engine_done, server, engine, groups)
+
+    def _engine_done(self, t: float, server: _Server, engine: _Engine, groups: list) -> None:
+        engine.gpu_busy = False
+        for ids, sent_s in groups:
+            self._at(t + engine.one_way_s, self._answered, server, engine, ids, sent_s)
+        if engine.queue:
+            self._engine_run(t, server, engine)
+
+    def _answered(self, t: float, server: _Server, engine: _Engine, ids: list[str], sent_s: float) -> None:
+        """The answers are back at the scheduler: its generation interval ends (from dispatch, the WAN
+        included), the chunks go on to the robots (relayed by the edge), and it decides again."""
+        server.scheduler.on_served(ids, t, t - sent_s)
+        engine.running -= len(ids)
+        engine.outstanding = [g for g in engine.outstanding if g[2] is not ids]
+        engine.free_s = t - engine.one_way_s
+        self._update_busy_until(engine)
+        for client_id in ids:
+            robot = self.robots[client_id]
+            self._at(t + self.one_way_s, self._deliver, robot, robot.seq)
+        self._dispatch(t, server)
 
     def _result(self) -> Result:
         window = self.w1 - self.w0
@@ -469,7 +667,20 @@ class FleetSim:
             age_p50_ms=float(np.percentile(ages, 50)),
             age_p99_ms=float(np.percentile(ages, 99)),
             refreshes_per_request=self.refreshes / max(1, len(self.waits)),
+            offload_pct=100.0 * sum(tier == CLOUD for _, _, tier in self.served_tier) / max(1, len(self.served_tier)),
         )
+
+
+def _scaled(latency_s: Callable[[int], float], factor: float) -> Callable[[int], float]:
+    return lambda b: latency_s(b) * factor
+
+
+def _order(scheduler: RequestScheduler, ready: list[str], now_s: float) -> list[str]:
+    """Every ready client in the scheduler's order, without recording a decision (placement needs the
+    whole order; `pick(..., choose=...)` then records the one taken)."""
+    if isinstance(scheduler, WaitRatioScheduler):
+        return [c for c, _, _ in scheduler.ranking(ready, now_s)]
+    return scheduler.pick(ready, now_s, len(ready))  # fifo, round_robin, fifo_running_first: no side effect
 
 
 def gpu_latency(profile: str = "gpu") -> Callable[[int], float]:
@@ -480,7 +691,8 @@ def gpu_latency(profile: str = "gpu") -> Callable[[int], float]:
 
 
 METRICS = ("actions_per_s", "stalled_pct", "stalled_arrival_pct", "wait_mean_ms", "wait_p99_ms", "latency_mean_s",
-           "latency_p25_s", "latency_p95_s", "batch_mean", "age_p50_ms", "age_p99_ms", "refreshes_per_request")
+           "latency_p25_s", "latency_p95_s", "batch_mean", "age_p50_ms", "age_p99_ms", "refreshes_per_request",
+           "offload_pct")
 
 
 def simulate(cfg: Config, traces, latency_s, seeds: Sequence[int]) -> Result:
