@@ -58,6 +58,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import itertools
+import json
 import math
 import statistics
 import sys
@@ -121,6 +122,7 @@ class Config:
     mode: str = "fleet"  # fleet: N robots, tasks back to back; online: Poisson task arrivals
     robots: int = 20
     rate_per_s: float = 1.0  # online mode
+    arrivals_s: float = 0.0  # online mode: > 0, tasks arrive until then only (the window then drains to duration_s)
     duration_s: float = 240.0
     warmup_s: float = 30.0
     one_way_s: float = ONE_WAY_S
@@ -147,6 +149,7 @@ class Config:
     edge_engines: int = 1  # engines behind each server's one scheduler, on its site, each `max_batch` wide
     cloud_engines: int = 1  # tiers=hybrid: engines at the cloud site
     cloud_scale: float = 0.5  # a cloud batch takes the edge's latency x this (CLOUD_SCALE)
+    cloud_profile_ms: dict | None = None  # instead of cloud_scale: the cloud's own {batch size: ms}
     cloud_max_batch: int = 0  # 0: max_batch
     cloud_max_in_flight: int = 0  # most requests in flight on a cloud engine; 0: `cloud_in_flight` (covers the WAN)
     wan_one_way_s: float = 0.1  # edge <-> cloud, each direction
@@ -212,7 +215,8 @@ def send_rule(trigger: str) -> SendTriggerConfig:
     if trigger == "rtt":
         return SendTriggerConfig()
     if trigger.startswith("fixed:"):
-        return SendTriggerConfig(buffer_time_s=int(trigger.split(":", 1)[1]) * DT_S)
+        # fixed:0 is synchronous inference: send when the buffer is empty (the rule wants a time > 0)
+        return SendTriggerConfig(buffer_time_s=max(int(trigger.split(":", 1)[1]) * DT_S, 1e-9))
     raise SystemExit(f"unknown trigger {trigger!r}")
 
 
@@ -389,7 +393,9 @@ class FleetSim:
     def _online_arrival(self, t: float, n: int) -> None:
         robot = self.robots[f"t{n}"] = self._robot(f"t{n}")
         self._start_task(t, robot)
-        self._at(t + self.rng.exponential(1 / self.cfg.rate_per_s), self._online_arrival, n + 1)
+        nxt = t + self.rng.exponential(1 / self.cfg.rate_per_s)
+        if not self.cfg.arrivals_s or nxt < self.cfg.arrivals_s:
+            self._at(nxt, self._online_arrival, n + 1)
 
     def _start_task(self, t: float, robot: _Robot) -> None:
         robot.trace = self.traces[self._next_trace % len(self.traces)]
@@ -511,12 +517,14 @@ class FleetSim:
         latency model's profile) and, with tiers=hybrid, the cloud's engines behind the WAN."""
         cfg = self.cfg
         lat = self.latency_s
+        cloud_lat = _scaled(self.latency_s, cfg.cloud_scale)
+        if cfg.cloud_profile_ms:
+            cloud_lat = BatchProfile.from_ms(cfg.cloud_profile_ms).latency_s
         if cfg.tiers == "cloud":  # a faster GPU; the WAN is in the robots' link (self.one_way_s)
-            lat = _scaled(self.latency_s, cfg.cloud_scale)
-        engines = [_Engine(f"s{index}.edge{i}", EDGE, cfg.max_batch, lat, profile_of(lat))
-                       for i in range(cfg.edge_engines)]
+            lat = cloud_lat
+        width = (cfg.cloud_max_batch or cfg.max_batch) if cfg.tiers == "cloud" else cfg.max_batch
+        engines = [_Engine(f"s{index}.edge{i}", EDGE, width, lat, profile_of(lat)) for i in range(cfg.edge_engines)]
         if cfg.tiers == "hybrid":
-            cloud_lat = _scaled(self.latency_s, cfg.cloud_scale)
             width = cfg.cloud_max_batch or cfg.max_batch
             in_flight = cfg.cloud_max_in_flight or cloud_in_flight(width, cloud_lat(width), 2 * cfg.wan_one_way_s)
             engines += [_Engine(f"s{index}.cloud{i}", CLOUD, width, cloud_lat, profile_of(cloud_lat),
@@ -814,7 +822,7 @@ RUNGS = [
 
 def study(args) -> str:
     traces = load_traces(args)
-    seeds = list(range(args.seeds))
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     base = Config(duration_s=args.duration_s, warmup_s=args.warmup_s, buckets=args.buckets, aging=args.aging,
                   first_request=args.first_request, trigger=args.trigger, chunk_start=args.chunk_start,
                   tick_phases=args.tick_phases)
@@ -921,13 +929,204 @@ def refetch_study(args) -> str:
     return "\n".join(out)
 
 
+# ------------------------------------------------------------------------ edge and cloud (tiers)
+
+TIER_NAMES = {"edge": "edge-only", "cloud": "cloud-only", "hybrid": "hybrid"}
+
+
+def paired(r: Result, ref: Result, key: str = "latency_mean_s") -> tuple[float, float]:
+    """Each seed's change of `key` against `ref` on the same seed, %: mean and sample sd over seeds."""
+    d = [100 * (getattr(a, key) / getattr(b, key) - 1) for a, b in zip(r.runs, ref.runs, strict=True)]
+    return float(np.mean(d)), float(np.std(d, ddof=1)) if len(d) > 1 else 0.0
+
+
+def stable(r: Result, light: Result, tolerance: float = 0.10) -> bool:
+    """A load the tier sustains: its mean task latency within `tolerance` of its own at the lightest
+    load, on every seed (a queue that grows over the window shows as growing task latency)."""
+    return all(x.latency_mean_s <= (1 + tolerance) * y.latency_mean_s for x, y in zip(r.runs, light.runs, strict=True))
+
+
+def hybrid_study(args) -> str:
+    """Kairos Fig. 13 (edge-only / cloud-only / hybrid against the task arrival rate) and Fig. 17 (the
+    WAN's base latency and bandwidth) in the model, then scale-out on one site."""
+    traces = load_traces(args)
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    base = Config(mode="online", scheduler=args.hybrid_scheduler, duration_s=args.duration_s, warmup_s=args.warmup_s,
+                  trigger=args.trigger, chunk_start=args.chunk_start, tick_phases=args.tick_phases,
+                  wan_one_way_s=args.wan_ms / 1000, wan_bandwidth_bps=args.wan_mbit * 1e6 / 8,
+                  payload_bytes=args.payload_bytes, history_bytes=args.history_bytes, cloud_scale=args.cloud_scale,
+                  cloud_profile_ms=args.cloud_profile_ms, cloud_max_batch=args.cloud_batch or 0,
+                  arrivals_s=args.arrivals_s)
+    out = []
+
+    def say(line: str) -> None:
+        out.append(line)
+        print(line, file=sys.stderr, flush=True)  # progress: the study takes a while
+
+    say(f"Traces: {len(traces)} tasks ({statistics.fmean(map(len, traces)):.1f} rounds per task, static horizons); "
+        f"scheduler `{base.label()}`; robot <-> edge {ONE_WAY_S * 1000:.1f} ms one way; edge <-> cloud "
+        f"{args.wan_ms:g} ms one way ({2 * args.wan_ms:g} ms RTT), {args.wan_mbit:g} Mbit/s; {args.payload_bytes:,} "
+        f"bytes per observation{f' + {args.history_bytes:,} of history' if args.history_bytes else ''}; cloud GPU "
+        f"{1 / args.cloud_scale:g}x the edge's speed; send trigger `{args.trigger}`. Every figure: mean ± sample sd "
+        f"over seeds {seeds[0]}–{seeds[-1]} ({len(seeds)}) of {args.duration_s - args.warmup_s:.0f} s after "
+        f"{args.warmup_s:.0f} s warm-up; \"vs\" columns: each seed's change against the other tier on the same "
+        f"arrivals. Load = offered requests / the edge GPU's throughput at its batch (1 = the edge saturates; the "
+        f"cloud alone saturates at {1 / args.cloud_scale:g}, edge + cloud at {1 + 1 / args.cloud_scale:g}). "
+        f"*Stable*: mean task latency within 10 % of the tier's own at the lightest load on every seed; "
+        f"otherwise **overload** (the queue grows through the window and the figure depends on its length).\n")
+
+    def cfg(**kw) -> Config:
+        return Config(**{**base.__dict__, **kw})
+
+    for profile in args.profiles if "fig13" in args.parts else ():
+        latency_s = gpu_latency(profile)
+        sat = args.edge_batch or saturation_batch_size({b: latency_s(b) for b in profile_batch_sizes(16)})
+        say(f"### Fig. 13 in the model, profile `{profile}`\n")
+        cloud = (f"cloud {args.cloud_profile_ms} (max batch {args.cloud_batch or sat})" if args.cloud_profile_ms
+                 else f"cloud x{args.cloud_scale:g}")
+        say(f"Edge ms by batch size {PROFILES[profile]} (max batch {sat}); {cloud}.\n")
+        say("| load (tasks/s) | tier | task mean s | p25 s | p95 s | stalled % from arrival | offload % | "
+            "hybrid vs this tier (mean) | state |\n|---|---|---|---|---|---|---|---|---|")
+        light: dict[str, Result] = {}
+        highest_stable: dict[str, float] = {}
+        overloaded: set[str] = set()
+        last: dict[str, Result] = {}
+        for load in args.hybrid_rates or args.hybrid_loads:
+            rate = load if args.hybrid_rates else rate_for_load(load, latency_s, sat, traces)
+            res = {t: simulate(cfg(tiers=t, rate_per_s=rate, max_batch=sat), traces, latency_s, seeds) for t in TIER_NAMES}
+            for t, r in res.items():
+                light.setdefault(t, r)
+                ok = stable(r, light[t])
+                if ok and t not in overloaded:
+                    highest_stable[t] = load
+                if not ok:
+                    overloaded.add(t)
+                vs = "" if t == "hybrid" else "{:+.1f} ± {:.1f} %".format(*paired(res["hybrid"], r))
+                say(f"| {load:g} ({rate:.2f}) | {TIER_NAMES[t]} | {pm(r, 'latency_mean_s')} | {r.latency_p25_s:.2f} | "
+                    f"{pm(r, 'latency_p95_s')} | {pm(r, 'stalled_arrival_pct', '.1f')} | {r.offload_pct:.1f} | {vs} | "
+                    f"{'stable' if ok else '**overload**'} |")
+            last = res
+        say("")
+        top = (args.hybrid_rates or args.hybrid_loads)[-1]
+        say("Highest stable load: " + ", ".join(f"{TIER_NAMES[t]} {highest_stable.get(t, 'none')}" for t in TIER_NAMES)
+            + f". At the highest load ({top:g}): hybrid against edge-only "
+            + "{:+.1f} ± {:.1f} %".format(*paired(last["hybrid"], last["edge"]))
+            + ", against cloud-only " + "{:+.1f} ± {:.1f} %".format(*paired(last["hybrid"], last["cloud"]))
+            + " mean task latency (P25 " + "{:+.1f} / {:+.1f} %".format(paired(last["hybrid"], last["edge"], "latency_p25_s")[0],
+                                                                       paired(last["hybrid"], last["cloud"], "latency_p25_s")[0])
+            + ", P95 " + "{:+.1f} / {:+.1f} %".format(paired(last["hybrid"], last["edge"], "latency_p95_s")[0],
+                                                     paired(last["hybrid"], last["cloud"], "latency_p95_s")[0]) + ").\n")
+
+    if "fig17" in args.parts:
+        say(wan_sweep(args, traces, seeds, cfg))
+    if "scale" in args.parts:
+        say(scale_out(args, traces, seeds))
+    return "\n".join(out)
+
+
+def wan_sweep(args, traces, seeds, cfg) -> str:
+    """Kairos Fig. 17: the WAN's one-way base latency and bandwidth, at one load past the edge's saturation."""
+    out = []
+    say = out.append
+    latency_s = gpu_latency(args.profiles[0])
+    sat = args.edge_batch or saturation_batch_size({b: latency_s(b) for b in profile_batch_sizes(16)})
+    rate = rate_for_load(args.wan_load, latency_s, sat, traces)
+    say(f"### Fig. 17 in the model: the WAN (profile `{args.profiles[0]}`, load {args.wan_load:g}, {rate:.2f} tasks/s, "
+        f"hybrid)\n")
+    say("| WAN one way ms | Mbit/s | offload % | task mean s | p95 s | stalled % from arrival | vs edge-only (mean) |\n"
+        "|---|---|---|---|---|---|---|")
+    edge_only = simulate(cfg(tiers="edge", rate_per_s=rate, max_batch=sat), traces, latency_s, seeds)
+    points = [(ms, args.wan_mbit) for ms in args.sweep_wan_ms] + [(args.wan_ms, mb) for mb in args.sweep_wan_mbit]
+    for ms, mbit in points:
+        r = simulate(cfg(tiers="hybrid", rate_per_s=rate, max_batch=sat, wan_one_way_s=ms / 1000,
+                         wan_bandwidth_bps=mbit * 1e6 / 8), traces, latency_s, seeds)
+        say(f"| {ms:g} | {mbit:g} | {pm(r, 'offload_pct', '.1f')} | {pm(r, 'latency_mean_s')} | {pm(r, 'latency_p95_s')} | "
+            f"{pm(r, 'stalled_arrival_pct', '.1f')} | " + "{:+.1f} ± {:.1f} %".format(*paired(r, edge_only)) + " |")
+    say(f"\nEdge-only at this load: {pm(edge_only, 'latency_mean_s')} s mean, "
+        f"{pm(edge_only, 'stalled_arrival_pct', '.1f')} % stalled from arrival.\n")
+    return "\n".join(out)
+
+
+def scale_out(args, traces, seeds) -> str:
+    """1, 2 and 4 edge GPUs on one site: behind one scheduler (placement fills whichever engine is
+    idle) against as many independent servers with robots statically assigned (robot i to server
+    i % k). Tasks back to back; the largest fleet within the stall budget."""
+    latency_s = gpu_latency(args.profiles[0])
+    sat = saturation_batch_size({b: latency_s(b) for b in profile_batch_sizes(16)})
+    base = Config(mode="fleet", duration_s=args.duration_s, warmup_s=args.warmup_s, trigger=args.trigger,
+                  chunk_start=args.chunk_start, tick_phases=args.tick_phases, max_batch=sat)
+    alone = simulate(Config(**{**base.__dict__, "robots": 1, "scheduler": "fifo"}), traces, latency_s, seeds)
+    budget = alone.stalled_arrival_pct + 1.0
+    out = [f"### Scale-out on one site (profile `{args.profiles[0]}`, tasks back to back, max batch {sat})\n",
+           f"Robots carried with stalls from a task's arrival within 1 % above a robot alone ({alone.stalled_arrival_pct:.2f} "
+           f"%, so {budget:.2f} %), seeds {seeds[0]}–{seeds[-1]}; actions/s and task mean at that fleet.\n",
+           "| GPUs | scheduler | one scheduler, k engines: robots | actions/s | task mean s | k servers, static: robots | "
+           "actions/s | task mean s |\n|---|---|---|---|---|---|---|---|"]
+    for k in args.scale_engines:
+        for name in args.scale_schedulers:
+            cells = []
+            for kw in (dict(edge_engines=k, servers=1), dict(edge_engines=1, servers=k)):
+                cache: dict[int, Result] = {}
+
+                def at(n: int, kw=kw, cache=cache) -> Result:
+                    if n not in cache:
+                        cache[n] = simulate(Config(**{**base.__dict__, "robots": n, "scheduler": name, **kw}),
+                                            traces, latency_s, seeds)
+                    return cache[n]
+
+                n = largest_fleet(at, "stalled_arrival_pct", budget, start=args.scale_start * k)
+                r = at(max(1, int(n.removeprefix(">= "))))
+                cells += [n, f"{r.actions_per_s:.0f}", pm(r, "latency_mean_s")]
+            out.append(f"| {k} | {name} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def order_study(args) -> str:
+    """Wait ratio against FIFO, one request at a time, over loads from stable to overload, on the seeds
+    given: the paired change of mean and P95 task latency, and whether FIFO's queue is stable there."""
+    traces = load_traces(args)
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    latency_s = gpu_latency(args.profiles[0])
+    base = Config(mode="online", duration_s=args.duration_s, warmup_s=args.warmup_s, trigger=args.trigger,
+                  chunk_start=args.chunk_start, tick_phases=args.tick_phases)
+    out = [f"Wait ratio (defaults) against FIFO, profile `{args.profiles[0]}`, online, seeds {seeds[0]}–{seeds[-1]} "
+           f"({len(seeds)}), {args.duration_s - args.warmup_s:.0f} s after {args.warmup_s:.0f} s warm-up; change of each "
+           "seed's task latency against FIFO on the same seed, mean ± sample sd. *Stable*: FIFO's mean task latency "
+           "within 10 % of its own at the lightest load on every seed.\n",
+           "| max batch | load (tasks/s) | FIFO task mean s | FIFO stalled % from arrival | wait ratio task mean s | "
+           "mean vs FIFO | P95 vs FIFO | seeds better | state |\n|---|---|---|---|---|---|---|---|---|"]
+    sat = saturation_batch_size({b: latency_s(b) for b in profile_batch_sizes(16)})
+    for b in args.order_batches or (1, sat):
+        light = None
+        for load in args.loads:
+            rate = rate_for_load(load, latency_s, b, traces)
+            fifo = simulate(Config(**{**base.__dict__, "scheduler": "fifo", "rate_per_s": rate, "max_batch": b}),
+                            traces, latency_s, seeds)
+            wr = simulate(Config(**{**base.__dict__, "scheduler": "wait_ratio", "rate_per_s": rate, "max_batch": b}),
+                          traces, latency_s, seeds)
+            light = light or fifo
+            better = sum(a.latency_mean_s < f.latency_mean_s for a, f in zip(wr.runs, fifo.runs, strict=True))
+            out.append(f"| {b} | {load:g} ({rate:.2f}) | {pm(fifo, 'latency_mean_s')} | "
+                       f"{pm(fifo, 'stalled_arrival_pct', '.1f')} | {pm(wr, 'latency_mean_s')} | "
+                       + "{:+.1f} ± {:.1f} %".format(*paired(wr, fifo)) + " | "
+                       + "{:+.1f} ± {:.1f} %".format(*paired(wr, fifo, "latency_p95_s"))
+                       + f" | {better} of {len(seeds)} | {'stable' if stable(fifo, light) else '**overload**'} |")
+    return "\n".join(out) + "\n"
+
+
 def load_traces(args) -> list[list[int]]:
-    """Each task as the horizons of its rounds, static or dynamic (`benchmarks/fleet_traces.py`)."""
+    """Each task as the horizons of its rounds, static or dynamic (`benchmarks/fleet_traces.py`), or
+    `--uniform-tasks ROUNDS STEPS`."""
+    if getattr(args, "uniform_tasks", None):
+        rounds, steps = args.uniform_tasks
+        return [[steps] * rounds]
     tasks = fleet_traces.load_traces(args.traces) if args.traces else fleet_traces.generate_traces(args.tasks, args.trace_seed)
     return [t.executed_rounds(args.horizon == "dynamic") for t in tasks]
 
 
 BEGIN, END = "<!-- fleet:begin (generated by benchmarks/fleet.py) -->", "<!-- fleet:end -->"
+HYBRID_BEGIN, HYBRID_END = "<!-- fleet-hybrid:begin (generated by benchmarks/fleet.py --hybrid) -->", "<!-- fleet-hybrid:end -->"
+ORDER_BEGIN, ORDER_END = "<!-- fleet-order:begin (generated by benchmarks/fleet.py --order) -->", "<!-- fleet-order:end -->"
 
 
 def write_section(path: Path, body: str, command: str) -> None:
@@ -978,18 +1177,62 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="only the re-fetch table (capture-to-inference age with and without), printed")
     p.add_argument("--refresh-s", type=float, nargs="+", default=[0.0, 0.1, 0.2],
                    help="re-fetch thresholds for --refetch (0 = off)")
+    p.add_argument("--first-seed", type=non_negative_int, default=0, help="seeds are first-seed .. first-seed + seeds - 1")
+    p.add_argument("--order", action="store_true",
+                   help="only wait ratio against FIFO over --loads (its own docs block, 'Wait ratio against FIFO')")
+    p.add_argument("--order-batches", type=int, nargs="+", help="--order: max batch sizes (default 1 and saturation)")
+    p.add_argument("--hybrid", action="store_true",
+                   help="only edge-only / cloud-only / hybrid (Kairos Fig. 13 and 17) and scale-out (its own docs block)")
+    p.add_argument("--hybrid-loads", type=float, nargs="+", default=[0.5, 0.8, 0.95, 1.2, 1.6, 2.0, 2.4, 2.8],
+                   help="--hybrid: loads, as offered requests / the edge's throughput at its batch")
+    p.add_argument("--hybrid-scheduler", default="wait_ratio")
+    p.add_argument("--wan-ms", type=float, default=100.0, help="edge <-> cloud one-way base latency")
+    p.add_argument("--wan-mbit", type=float, default=1000.0, help="edge <-> cloud bandwidth, Mbit/s")
+    p.add_argument("--wan-load", type=float, default=1.6, help="--hybrid: the load of the WAN sweep")
+    p.add_argument("--sweep-wan-ms", type=float, nargs="+", default=[25, 50, 100, 150, 200])
+    p.add_argument("--sweep-wan-mbit", type=float, nargs="+", default=[100, 200, 500, 1000])
+    p.add_argument("--payload-bytes", type=non_negative_int, default=Config.payload_bytes)
+    p.add_argument("--history-bytes", type=non_negative_int, default=0)
+    p.add_argument("--cloud-scale", type=float, default=CLOUD_SCALE, help="cloud batch latency / edge batch latency")
+    p.add_argument("--edge-profile-ms", type=json.loads, help='--hybrid: the edge\'s own profile, e.g. \'{"1": 80, "8": 135}\'')
+    p.add_argument("--cloud-profile-ms", type=json.loads, help="--hybrid: the cloud's own profile (instead of --cloud-scale)")
+    p.add_argument("--edge-batch", type=int, help="--hybrid: the edge's max batch (default: its saturation point)")
+    p.add_argument("--cloud-batch", type=int, help="--hybrid: the cloud's max batch (default: the edge's)")
+    p.add_argument("--arrivals-s", type=float, default=0.0,
+                   help="--hybrid: tasks arrive until then only, and are followed to the end (--duration-s must cover them)")
+    p.add_argument("--hybrid-rates", type=float, nargs="+", help="--hybrid: task arrival rates, tasks/s, instead of loads")
+    p.add_argument("--uniform-tasks", type=int, nargs=2, metavar=("ROUNDS", "STEPS"),
+                   help="every task ROUNDS rounds of STEPS actions (benchmarks/hybrid.py's tasks) instead of the traces")
+    p.add_argument("--parts", nargs="+", choices=("fig13", "fig17", "scale"), default=["fig13", "fig17", "scale"],
+                   help="--hybrid: which tables (Fig. 13 per profile, the WAN sweep, scale-out)")
+    p.add_argument("--scale-engines", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--scale-schedulers", nargs="+", default=["fifo", "wait_ratio"])
+    p.add_argument("--scale-start", type=int, default=30, help="scale-out search: first guess, robots per GPU")
     p.add_argument("--write-docs", help="rewrite the generated block of this markdown file (docs/benchmarks.md)")
     args = p.parse_args(argv)
+    if args.edge_profile_ms:
+        PROFILES["custom"] = {int(b): float(ms) for b, ms in args.edge_profile_ms.items()}
+        args.profiles = ["custom"]
+    if args.cloud_profile_ms:
+        args.cloud_profile_ms = {int(b): float(ms) for b, ms in args.cloud_profile_ms.items()}
     t0 = time.perf_counter()
     if args.refetch:
         print(refetch_study(args))
         return 0
-    body = study(args)
+    if args.hybrid:
+        body, block = hybrid_study(args), (HYBRID_BEGIN, HYBRID_END, "Edge and cloud in the model")
+    elif args.order:
+        body, block = order_study(args), (ORDER_BEGIN, ORDER_END, "Wait ratio against FIFO, re-measured")
+    else:
+        body, block = study(args), None
     print(body)
     print(f"({time.perf_counter() - t0:.0f} s of computer time)", file=sys.stderr)
     if args.write_docs:
-        command = "python benchmarks/fleet.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        write_section(Path(args.write_docs), body, command.strip())
+        command = ("python benchmarks/fleet.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+        if block is None:
+            write_section(Path(args.write_docs), body, command)
+        else:
+            write_docs_block(Path(args.write_docs), block[0], block[1], block[2], f"Command: `{command}`\n\n{body}")
     return 0
 
 
