@@ -98,7 +98,7 @@ bench-fleet-sim: $(STAMP)
 .PHONY: bench-hybrid-sim
 bench-hybrid-sim: $(STAMP)
 	$(PY) benchmarks/fleet.py --hybrid --seeds 3 --duration-s 150 --write-docs docs/benchmarks.md
-	$(PY) benchmarks/fleet.py --order --profiles gpu --seeds 10 --first-seed 10 --loads 0.6 0.7 0.8 0.85 0.9 0.95 1.0 --write-docs docs/benchmarks.md
+	$(PY) benchmarks/fleet.py --order --order-batches 1 16 --profiles gpu --seeds 10 --first-seed 10 --loads 0.5 0.7 0.8 0.9 0.95 1.0 --write-docs docs/benchmarks.md
 
 # Real-time chunking against blending (docs/benchmarks.md, "Real-time chunking"): records a dataset
 # with the client, trains a tiny SmolVLA on it with lerobot-train (once, ~10-15 min on 2 cores; cached

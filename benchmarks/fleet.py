@@ -1089,6 +1089,10 @@ def order_study(args) -> str:
     latency_s = gpu_latency(args.profiles[0])
     base = Config(mode="online", duration_s=args.duration_s, warmup_s=args.warmup_s, trigger=args.trigger,
                   chunk_start=args.chunk_start, tick_phases=args.tick_phases)
+    def say(line: str) -> None:
+        out.append(line)
+        print(line, file=sys.stderr, flush=True)  # progress
+
     out = [f"Wait ratio (defaults) against FIFO, profile `{args.profiles[0]}`, online, seeds {seeds[0]}–{seeds[-1]} "
            f"({len(seeds)}), {args.duration_s - args.warmup_s:.0f} s after {args.warmup_s:.0f} s warm-up; change of each "
            "seed's task latency against FIFO on the same seed, mean ± sample sd. *Stable*: FIFO's mean task latency "
@@ -1106,7 +1110,7 @@ def order_study(args) -> str:
                           traces, latency_s, seeds)
             light = light or fifo
             better = sum(a.latency_mean_s < f.latency_mean_s for a, f in zip(wr.runs, fifo.runs, strict=True))
-            out.append(f"| {b} | {load:g} ({rate:.2f}) | {pm(fifo, 'latency_mean_s')} | "
+            say(f"| {b} | {load:g} ({rate:.2f}) | {pm(fifo, 'latency_mean_s')} | "
                        f"{pm(fifo, 'stalled_arrival_pct', '.1f')} | {pm(wr, 'latency_mean_s')} | "
                        + "{:+.1f} ± {:.1f} %".format(*paired(wr, fifo)) + " | "
                        + "{:+.1f} ± {:.1f} %".format(*paired(wr, fifo, "latency_p95_s"))
@@ -1183,7 +1187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--order-batches", type=int, nargs="+", help="--order: max batch sizes (default 1 and saturation)")
     p.add_argument("--hybrid", action="store_true",
                    help="only edge-only / cloud-only / hybrid (Kairos Fig. 13 and 17) and scale-out (its own docs block)")
-    p.add_argument("--hybrid-loads", type=float, nargs="+", default=[0.5, 0.8, 0.95, 1.2, 1.6, 2.0, 2.4, 2.8],
+    p.add_argument("--hybrid-loads", type=float, nargs="+", default=[0.5, 0.9, 1.2, 1.6, 2.0, 2.4],
                    help="--hybrid: loads, as offered requests / the edge's throughput at its batch")
     p.add_argument("--hybrid-scheduler", default="wait_ratio")
     p.add_argument("--wan-ms", type=float, default=100.0, help="edge <-> cloud one-way base latency")
