@@ -941,9 +941,11 @@ def paired(r: Result, ref: Result, key: str = "latency_mean_s") -> tuple[float, 
 
 
 def stable(r: Result, light: Result, tolerance: float = 0.10) -> bool:
-    """A load the tier sustains: its mean task latency within `tolerance` of its own at the lightest
-    load, on every seed (a queue that grows over the window shows as growing task latency)."""
-    return all(x.latency_mean_s <= (1 + tolerance) * y.latency_mean_s for x, y in zip(r.runs, light.runs, strict=True))
+    """A load the tier carries without its queue taking over: mean task latency (over seeds) within
+    `tolerance` of its own at the lightest load of the sweep. Past that, the queue's wait is a visible
+    share of every task and, nearer saturation, grows through the window (the figure then depends on
+    the window's length): "overload" in the tables."""
+    return r.latency_mean_s <= (1 + tolerance) * light.latency_mean_s
 
 
 def hybrid_study(args) -> str:
@@ -972,8 +974,8 @@ def hybrid_study(args) -> str:
         f"{args.warmup_s:.0f} s warm-up; \"vs\" columns: each seed's change against the other tier on the same "
         f"arrivals. Load = offered requests / the edge GPU's throughput at its batch (1 = the edge saturates; the "
         f"cloud alone saturates at {1 / args.cloud_scale:g}, edge + cloud at {1 + 1 / args.cloud_scale:g}). "
-        f"*Stable*: mean task latency within 10 % of the tier's own at the lightest load on every seed; "
-        f"otherwise **overload** (the queue grows through the window and the figure depends on its length).\n")
+        f"*Stable*: mean task latency within 10 % of the tier's own at the lightest load; otherwise **overload** "
+        f"(the queue's wait is a visible share of every task and, nearer saturation, grows through the window).\n")
 
     def cfg(**kw) -> Config:
         return Config(**{**base.__dict__, **kw})
@@ -1096,7 +1098,7 @@ def order_study(args) -> str:
     out = [f"Wait ratio (defaults) against FIFO, profile `{args.profiles[0]}`, online, seeds {seeds[0]}–{seeds[-1]} "
            f"({len(seeds)}), {args.duration_s - args.warmup_s:.0f} s after {args.warmup_s:.0f} s warm-up; change of each "
            "seed's task latency against FIFO on the same seed, mean ± sample sd. *Stable*: FIFO's mean task latency "
-           "within 10 % of its own at the lightest load on every seed.\n",
+           "within 10 % of its own at the lightest load.\n",
            "| max batch | load (tasks/s) | FIFO task mean s | FIFO stalled % from arrival | wait ratio task mean s | "
            "mean vs FIFO | P95 vs FIFO | seeds better | state |\n|---|---|---|---|---|---|---|---|---|"]
     sat = saturation_batch_size({b: latency_s(b) for b in profile_batch_sizes(16)})

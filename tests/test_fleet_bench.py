@@ -247,7 +247,7 @@ def test_requests_per_task_alone_is_one_per_round_after_the_buffer_and_more_at_c
 
 
 def _tier_cfg(**kw):
-    base = fleet_model.Config(mode="online", scheduler="wait_ratio", max_batch=16, duration_s=45.0, warmup_s=10.0,
+    base = fleet_model.Config(mode="online", scheduler="wait_ratio", max_batch=16, duration_s=30.0, warmup_s=8.0,
                               seed=1)
     return replace(base, **kw)
 
