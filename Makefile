@@ -94,7 +94,7 @@ bench-fleet-sim: $(STAMP)
 # The same model with tiers (docs/benchmarks.md, "Edge and cloud in the model"): edge-only / cloud-only /
 # hybrid against the task arrival rate (Kairos Fig. 13, gpu and vla profiles), the WAN sweep (Fig. 17)
 # and scale-out on one site; then wait ratio against FIFO over loads on fresh seeds ("Wait ratio
-# against FIFO, re-measured"). Long on a shared 2-core machine (an hour or more).
+# against FIFO, re-measured"). Long: several hours on a shared 2-core machine (overloaded tiers are slow to simulate).
 .PHONY: bench-hybrid-sim
 bench-hybrid-sim: $(STAMP)
 	$(PY) benchmarks/fleet.py --hybrid --seeds 3 --duration-s 150 --write-docs docs/benchmarks.md
