@@ -48,6 +48,14 @@ Metrics, over the measurement window (after a warm-up), each the mean ± sample 
   the warm-up and finish before the end; against FIFO as the paired change on the same seed;
 - largest fleet (tasks back to back) within the stall budget, to one robot (doubling, then bisection).
 
+Sites and tiers (``Config.tiers``, ``--hybrid``): by default one server with one GPU, as above. The
+model also runs several edge GPUs behind one scheduler (``edge_engines``), independent servers with a
+static robot assignment (``servers``), a server at a cloud site behind a WAN (``tiers=cloud``) and an
+edge scheduler that places each request on its edge GPUs or a cloud engine with the real
+`lerobot_zenoh/scheduling/placement.place` (``tiers=hybrid``); each request carries payload and
+history bytes and the tier that served it is recorded. ``make bench-hybrid-sim`` runs Kairos Fig. 13
+and 17, scale-out and the wait-ratio re-measure (docs/benchmarks.md, "Edge and cloud in the model").
+
 Run ``python benchmarks/fleet.py --help``; ``make bench-fleet-sim`` runs the full study and rewrites the
 generated part of the "Fleet scheduling" section of docs/benchmarks.md; ``--refetch`` prints the
 re-fetch table of protocol.md §10.7.
