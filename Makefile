@@ -91,6 +91,15 @@ bench-fleet: $(BENCH_STAMP)
 bench-fleet-sim: $(STAMP)
 	$(PY) benchmarks/fleet.py --write-docs docs/benchmarks.md
 
+# The same model with tiers (docs/benchmarks.md, "Edge and cloud in the model"): edge-only / cloud-only /
+# hybrid against the task arrival rate (Kairos Fig. 13, gpu and vla profiles), the WAN sweep (Fig. 17)
+# and scale-out on one site; then wait ratio against FIFO over loads on fresh seeds ("Wait ratio
+# against FIFO, re-measured"). Long: several hours on a shared 2-core machine (overloaded tiers are slow to simulate).
+.PHONY: bench-hybrid-sim
+bench-hybrid-sim: $(STAMP)
+	$(PY) benchmarks/fleet.py --hybrid --seeds 3 --duration-s 150 --write-docs docs/benchmarks.md
+	$(PY) benchmarks/fleet.py --order --order-batches 1 16 --profiles gpu --seeds 10 --first-seed 10 --loads 0.5 0.7 0.8 0.9 0.95 1.0 --write-docs docs/benchmarks.md
+
 # Real-time chunking against blending (docs/benchmarks.md, "Real-time chunking"): records a dataset
 # with the client, trains a tiny SmolVLA on it with lerobot-train (once, ~10-15 min on 2 cores; cached
 # in outputs/rtc/<settings>/), then about 15 min of measurements over real Zenoh. RTC_ARGS=--seeds 1 ...

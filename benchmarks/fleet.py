@@ -48,6 +48,14 @@ Metrics, over the measurement window (after a warm-up), each the mean ± sample 
   the warm-up and finish before the end; against FIFO as the paired change on the same seed;
 - largest fleet (tasks back to back) within the stall budget, to one robot (doubling, then bisection).
 
+Sites and tiers (``Config.tiers``, ``--hybrid``): by default one server with one GPU, as above. The
+model also runs several edge GPUs behind one scheduler (``edge_engines``), independent servers with a
+static robot assignment (``servers``), a server at a cloud site behind a WAN (``tiers=cloud``) and an
+edge scheduler that places each request on its edge GPUs or a cloud engine with the real
+`lerobot_zenoh/scheduling/placement.place` (``tiers=hybrid``); each request carries payload and
+history bytes and the tier that served it is recorded. ``make bench-hybrid-sim`` runs Kairos Fig. 13
+and 17, scale-out and the wait-ratio re-measure (docs/benchmarks.md, "Edge and cloud in the model").
+
 Run ``python benchmarks/fleet.py --help``; ``make bench-fleet-sim`` runs the full study and rewrites the
 generated part of the "Fleet scheduling" section of docs/benchmarks.md; ``--refetch`` prints the
 re-fetch table of protocol.md §10.7.
@@ -58,6 +66,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import itertools
+import json
 import math
 import statistics
 import sys
@@ -76,6 +85,15 @@ from benchmarks.harness import write_docs_block  # noqa: E402
 from lerobot_zenoh.protocol.messages import ExecutionInfo  # noqa: E402
 from lerobot_zenoh.scheduling.batch_profile import profile_batch_sizes, saturation_batch_size  # noqa: E402
 from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake  # noqa: E402
+from lerobot_zenoh.scheduling.placement import (  # noqa: E402
+    CLOUD,
+    EDGE,
+    BatchProfile,
+    EngineView,
+    RequestView,
+    expected_busy_until_s,
+    place,
+)
 from lerobot_zenoh.scheduling.request_schedulers import RequestScheduler, make_scheduler  # noqa: E402
 from lerobot_zenoh.scheduling.send_trigger import SendTrigger, SendTriggerConfig  # noqa: E402
 from lerobot_zenoh.scheduling.wait_ratio import WaitRatioScheduler  # noqa: E402
@@ -91,6 +109,12 @@ VLA_PROFILE_MS = {b: round(60.0 * ms / 42.5, 1)
                   for b, ms in {1: 42.5, 2: 46.0, 4: 51.8, 8: 80.5, 16: 80.5 + 8 * (80.5 - 51.8) / 4}.items()}
 PROFILES = {"gpu": GPU_PROFILE_MS, "vla": VLA_PROFILE_MS}
 ONE_WAY_S = 0.0025  # Kairos' Wi-Fi 7 base latency robot <-> edge server
+#: The cloud GPU against the edge GPU, as an A100 (80 GB) against an RTX A6000 (Kairos' testbed):
+#: NVIDIA's data sheets give 312 against 155 dense BF16 tensor TFLOPS (2.0x) and 2,039 against
+#: 768 GB/s of memory bandwidth (2.7x); a batch of a diffusion/flow policy is compute-bound at the
+#: batch sizes that matter, so the cloud runs the same profile in half the time.
+CLOUD_SCALE = 0.5
+TIER_MODES = ("edge", "cloud", "hybrid")
 
 
 # ------------------------------------------------------------------------------------ simulation
@@ -106,6 +130,7 @@ class Config:
     mode: str = "fleet"  # fleet: N robots, tasks back to back; online: Poisson task arrivals
     robots: int = 20
     rate_per_s: float = 1.0  # online mode
+    arrivals_s: float = 0.0  # online mode: > 0, tasks arrive until then only (the window then drains to duration_s)
     duration_s: float = 240.0
     warmup_s: float = 30.0
     one_way_s: float = ONE_WAY_S
@@ -122,7 +147,30 @@ class Config:
     # 30 Hz tick, the ticks spread over N phases of the period: a send waits for the robot's next tick
     # after the trigger fires, a chunk's first action for its next tick after arrival.
     tick_phases: int = 0
+    # Sites and tiers (docs/benchmarks.md, "Edge and cloud in the model"). The defaults are the one-GPU
+    # server above. tiers: edge (every engine on the robots' site), cloud (one server at a cloud site:
+    # the robots reach it through the edge gateway and the WAN, each request and chunk crossing it) or
+    # hybrid (an edge scheduler placing each request on its edge engines or the cloud's by
+    # `scheduling/placement.place`).
+    tiers: str = "edge"
+    servers: int = 1  # independent servers, each its own scheduler; robot i is assigned to server i % servers
+    edge_engines: int = 1  # engines behind each server's one scheduler, on its site, each `max_batch` wide
+    cloud_engines: int = 1  # tiers=hybrid: engines at the cloud site
+    cloud_scale: float = 0.5  # a cloud batch takes the edge's latency x this (CLOUD_SCALE)
+    cloud_profile_ms: dict | None = None  # instead of cloud_scale: the cloud's own {batch size: ms}
+    cloud_max_batch: int = 0  # 0: max_batch
+    cloud_max_in_flight: int = 0  # most requests in flight on a cloud engine; 0: `cloud_in_flight` (covers the WAN)
+    wan_one_way_s: float = 0.1  # edge <-> cloud, each direction
+    wan_bandwidth_bps: float = 125e6  # bytes/s (1 Gbit/s)
+    payload_bytes: int = 133_000  # one observation on the wire (2 x 480x640 JPEG, docs/benchmarks.md)
+    history_bytes: int = 0  # per request, for a stateful policy whose history travels with it
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.tiers not in TIER_MODES:
+            raise ValueError(f"tiers must be one of {TIER_MODES}, got {self.tiers!r}")
+        if self.servers < 1 or self.edge_engines < 1 or self.cloud_engines < 0:
+            raise ValueError("servers and edge_engines must be >= 1, cloud_engines >= 0")
 
     def label(self) -> str:
         if self.scheduler != "wait_ratio":
@@ -143,9 +191,10 @@ class FifoRunningFirst:
     def on_arrival(self, client_id, now_s, execution=None):
         self._fifo.on_arrival(client_id, now_s, execution)
 
-    def pick(self, ready, now_s, max_batch=1):
+    def pick(self, ready, now_s, max_batch=1, choose=None):
         order = self._fifo.pick(ready, now_s, len(ready))
-        return sorted(order, key=lambda c: c not in self._running)[:max_batch]  # stable: FIFO inside
+        order = sorted(order, key=lambda c: c not in self._running)  # stable: FIFO inside
+        return choose(order) if choose is not None else order[:max_batch]
 
     def on_served(self, client_ids, now_s, duration_s):
         self._fifo.on_served(client_ids, now_s, duration_s)
@@ -174,7 +223,8 @@ def send_rule(trigger: str) -> SendTriggerConfig:
     if trigger == "rtt":
         return SendTriggerConfig()
     if trigger.startswith("fixed:"):
-        return SendTriggerConfig(buffer_time_s=int(trigger.split(":", 1)[1]) * DT_S)
+        # fixed:0 is synchronous inference: send when the buffer is empty (the rule wants a time > 0)
+        return SendTriggerConfig(buffer_time_s=max(int(trigger.split(":", 1)[1]) * DT_S, 1e-9))
     raise SystemExit(f"unknown trigger {trigger!r}")
 
 
@@ -223,6 +273,7 @@ class Result:
     age_p50_ms: float = 0.0  # capture-to-inference age of served observations
     age_p99_ms: float = 0.0
     refreshes_per_request: float = 0.0  # re-fetch: fresh captures published per served request
+    offload_pct: float = 0.0  # served requests that ran on a cloud engine (tiers=hybrid; 100 for tiers=cloud)
     sd: dict[str, float] = field(default_factory=dict)  # sample standard deviation over seeds
     runs: list[Result] = field(default_factory=list, repr=False)  # one per seed
 
@@ -231,26 +282,81 @@ class Result:
         return 100.0 - self.stalled_pct
 
 
+@dataclass(eq=False)
+class _Engine:
+    """One GPU behind a scheduler: the scheduler's bookkeeping of it (`running`, `busy_until_s`, its
+    `EngineView`) and what it really does (`queue`, `gpu_busy`)."""
+
+    engine_id: str
+    tier: str
+    capacity: int
+    latency_s: Callable[[int], float]
+    profile: BatchProfile
+    one_way_s: float = 0.0  # scheduler <-> engine, each direction
+    bandwidth_bps: float = math.inf
+    max_in_flight: int = 0
+    running: int = 0  # dispatched and not answered (the scheduler's count)
+    busy_until_s: float = 0.0  # the scheduler's estimate of when it is done with what it has
+    outstanding: list = field(default_factory=list)  # the scheduler's: [expected arrival, requests, ids] per group
+    free_s: float = 0.0  # the scheduler's: when the engine was last known free
+    queue: list = field(default_factory=list)  # dispatched groups that reached it: (ids, dispatched at)
+    gpu_busy: bool = False
+
+    def view(self) -> EngineView:
+        return EngineView(self.engine_id, self.tier, self.capacity, self.running, self.busy_until_s, self.profile,
+                          rtt_s=2 * self.one_way_s, bandwidth_bps=self.bandwidth_bps, max_in_flight=self.max_in_flight)
+
+
+@dataclass(eq=False)
+class _Server:
+    """One scheduler and the engines it feeds; `ready` / `captured` are its clients' slots."""
+
+    scheduler: RequestScheduler
+    engines: list[_Engine]
+    ready: dict[str, float] = field(default_factory=dict)  # client -> first arrival of its waiting request
+    captured: dict[str, float] = field(default_factory=dict)  # client -> capture time of the observation in its slot
+
+    @property
+    def one_loop(self) -> bool:
+        """One local engine and no other: the server's own inference loop (`pick` up to its batch)."""
+        return len(self.engines) == 1 and self.engines[0].one_way_s == 0
+
+
+def cloud_in_flight(width: int, batch_s: float, rtt_s: float) -> int:
+    """Requests a cloud engine may have in flight: enough full batches to keep its GPU busy through a
+    round trip (``ceil(rtt / batch latency)``), the running one, and one queued behind it."""
+    return width * (2 + math.ceil(rtt_s / batch_s))
+
+
+def profile_of(latency_s: Callable[[int], float], largest: int = 64) -> BatchProfile:
+    """The latency model as a placement profile: its value at every batch size up to `largest`
+    (both interpolate linearly between sizes and extrapolate on the last slope, so they agree)."""
+    return BatchProfile({b: latency_s(b) for b in range(1, largest + 1)})
+
+
 class FleetSim:
-    """One run: the event loop of the robots, the network and a one-GPU server."""
+    """One run: the event loop of the robots, the network and the servers (by default one, one GPU)."""
 
     def __init__(self, cfg: Config, traces: Sequence[list[int]], latency_s: Callable[[int], float]):
         self.cfg = cfg
         self.traces = traces
         self.latency_s = latency_s
-        self.scheduler = scheduler_for(cfg)
+        self.servers = [self._server(i) for i in range(cfg.servers)]
         self.send_rule = send_rule(cfg.trigger)
         self.rng = np.random.default_rng(cfg.seed)
         self._events: list = []
         self._tie = itertools.count()
         self.robots: dict[str, _Robot] = {}
-        self.episodes: dict[str, int] = {}  # the server's view: client -> episode of its last request
-        self.ready: dict[str, float] = {}  # client -> first arrival of its waiting request
-        self.captured: dict[str, float] = {}  # client -> capture time of the observation in its slot
+        self.episodes: dict[str, int] = {}  # the servers' view: client -> episode of its last request
+        # robot <-> its server, each direction: the robot's link, and for tiers=cloud the WAN and the
+        # observation's transfer across it too
+        self.one_way_s = cfg.one_way_s
+        if cfg.tiers == "cloud":
+            self.one_way_s += cfg.wan_one_way_s + cfg.payload_bytes / cfg.wan_bandwidth_bps
+        self.served_tier: list[tuple[str, int, str]] = []  # (client, seq, tier) of each request served in the window
         self.ages: list[float] = []  # capture-to-inference age of each served observation
         self.refreshes = 0  # fresh captures published by waiting robots
         self.refreshes_late = 0  # of those, landing after their request was dispatched (dropped)
-        self.busy = False
         self._next_trace = int(self.rng.integers(len(traces)))
         self.w0, self.w1 = cfg.warmup_s, cfg.duration_s
         self.executed = 0.0
@@ -295,7 +401,9 @@ class FleetSim:
     def _online_arrival(self, t: float, n: int) -> None:
         robot = self.robots[f"t{n}"] = self._robot(f"t{n}")
         self._start_task(t, robot)
-        self._at(t + self.rng.exponential(1 / self.cfg.rate_per_s), self._online_arrival, n + 1)
+        nxt = t + self.rng.exponential(1 / self.cfg.rate_per_s)
+        if not self.cfg.arrivals_s or nxt < self.cfg.arrivals_s:
+            self._at(nxt, self._online_arrival, n + 1)
 
     def _start_task(self, t: float, robot: _Robot) -> None:
         robot.trace = self.traces[self._next_trace % len(self.traces)]
@@ -319,7 +427,7 @@ class FleetSim:
         robot.intake.on_send(robot.seq, robot.next_step(t) if capture else robot.end_step, t)
         buffered = max(0, round((robot.free_at_s - t) / DT_S))
         info = ExecutionInfo(task_elapsed_s=t - robot.task_start_s, actions_buffered=buffered, control_period_s=DT_S)
-        self._at(t + self.cfg.one_way_s, self._arrive, robot.client_id, robot.episode, info, t)
+        self._at(t + self.one_way_s, self._arrive, robot.client_id, robot.episode, info, t)
         if self.cfg.refresh_s > 0:
             self._at(t + self.cfg.refresh_s, self._refresh, robot, robot.seq)
 
@@ -333,16 +441,17 @@ class FleetSim:
             self.refreshes += 1
         buffered = max(0, round((robot.free_at_s - t) / DT_S))
         info = ExecutionInfo(task_elapsed_s=t - robot.task_start_s, actions_buffered=buffered, control_period_s=DT_S)
-        self._at(t + self.cfg.one_way_s, self._arrive_refresh, robot.client_id, info, t)
+        self._at(t + self.one_way_s, self._arrive_refresh, robot.client_id, info, t)
         self._at(t + self.cfg.refresh_s, self._refresh, robot, seq)
 
     def _arrive_refresh(self, t: float, client_id: str, info: ExecutionInfo, captured_s: float) -> None:
-        if client_id not in self.ready:  # dispatched meanwhile (or gone): the refresh is dropped
+        server = self.server_of(client_id)
+        if client_id not in server.ready:  # dispatched meanwhile (or gone): the refresh is dropped
             if t >= self.w0:
                 self.refreshes_late += 1
             return
-        self.scheduler.on_arrival(client_id, t, info)  # a newer observation in the slot, as on the server
-        self.captured[client_id] = captured_s
+        server.scheduler.on_arrival(client_id, t, info)  # a newer observation in the slot, as on the server
+        server.captured[client_id] = captured_s
 
     def _deliver(self, t: float, robot: _Robot, seq: int) -> None:
         robot.answered = seq
@@ -405,46 +514,151 @@ class FleetSim:
             self._at(end, self._start_task if self.cfg.mode == "fleet" else self._leave, robot)
 
     def _leave(self, t: float, robot: _Robot) -> None:
-        self.scheduler.forget(robot.client_id)
+        self.server_of(robot.client_id).scheduler.forget(robot.client_id)
         self.episodes.pop(robot.client_id, None)
         del self.robots[robot.client_id]
 
     # -- server ------------------------------------------------------------------------------
 
+    def _server(self, index: int) -> _Server:
+        """Server `index` as `Config` describes it: its scheduler, its edge engines (`max_batch` wide, the
+        latency model's profile) and, with tiers=hybrid, the cloud's engines behind the WAN."""
+        cfg = self.cfg
+        lat = self.latency_s
+        cloud_lat = _scaled(self.latency_s, cfg.cloud_scale)
+        if cfg.cloud_profile_ms:
+            cloud_lat = BatchProfile.from_ms(cfg.cloud_profile_ms).latency_s
+        if cfg.tiers == "cloud":  # a faster GPU; the WAN is in the robots' link (self.one_way_s)
+            lat = cloud_lat
+        width = (cfg.cloud_max_batch or cfg.max_batch) if cfg.tiers == "cloud" else cfg.max_batch
+        engines = [_Engine(f"s{index}.edge{i}", EDGE, width, lat, profile_of(lat)) for i in range(cfg.edge_engines)]
+        if cfg.tiers == "hybrid":
+            width = cfg.cloud_max_batch or cfg.max_batch
+            in_flight = cfg.cloud_max_in_flight or cloud_in_flight(width, cloud_lat(width), 2 * cfg.wan_one_way_s)
+            engines += [_Engine(f"s{index}.cloud{i}", CLOUD, width, cloud_lat, profile_of(cloud_lat),
+                                one_way_s=cfg.wan_one_way_s, bandwidth_bps=cfg.wan_bandwidth_bps,
+                                max_in_flight=in_flight)
+                        for i in range(cfg.cloud_engines)]
+        return _Server(scheduler_for(cfg), engines)
+
+    def server_of(self, client_id: str) -> _Server:
+        """Static assignment: robot / task number i is served by server i % servers."""
+        return self.servers[int(client_id[1:]) % len(self.servers)]
+
     def _arrive(self, t: float, client_id: str, episode: int, info: ExecutionInfo, captured_s: float) -> None:
+        server = self.server_of(client_id)
         if self.episodes.get(client_id) != episode:  # the server's session: a new episode resets the task
             self.episodes[client_id] = episode
-            self.scheduler.forget(client_id)
-        self.scheduler.on_arrival(client_id, t, info)
-        self.ready.setdefault(client_id, t)
-        self.captured[client_id] = captured_s
-        self._dispatch(t)
+            server.scheduler.forget(client_id)
+        server.scheduler.on_arrival(client_id, t, info)
+        server.ready.setdefault(client_id, t)
+        server.captured[client_id] = captured_s
+        self._dispatch(t, server)
 
-    def _dispatch(self, t: float) -> None:
-        if self.busy or not self.ready:
+    def _dispatch(self, t: float, server: _Server) -> None:
+        if not server.ready:
             return
-        chosen = self.scheduler.pick(list(self.ready), t, self.cfg.max_batch)
-        if not chosen:
+        if server.one_loop:  # the server's own loop: serve up to a batch whenever the GPU is free
+            engine = server.engines[0]
+            if engine.running:
+                return
+            chosen = server.scheduler.pick(list(server.ready), t, engine.capacity)
+            if chosen:
+                self._send_batch(t, server, engine, chosen)
             return
+        if not any((e.running == 0) if e.tier == EDGE else (e.running < e.view().in_flight_limit)
+                   for e in server.engines):
+            return  # every engine busy or full: nothing can go before one answers
+        ready = list(server.ready)
+        order = _order(server.scheduler, ready, t)
+        requests = [RequestView(c, self.cfg.payload_bytes, self.cfg.history_bytes) for c in order]
+        placement = place(requests, [e.view() for e in server.engines], t)
+        if not placement.assigned:
+            return  # a decision that sends nothing is no round: no request counts as skipped
+        staying = set(placement.waiting)
+        chosen = server.scheduler.pick(ready, t, choose=lambda o: [c for c in o if c not in staying])
+        if sorted(chosen) != sorted(c for c in order if c not in staying):
+            raise RuntimeError("the scheduler's order changed between placement and pick")
+        by_id = {e.engine_id: e for e in server.engines}
+        for engine_id, ids in placement.assigned.items():
+            self._send_batch(t, server, by_id[engine_id], ids)
+
+    def _send_batch(self, t: float, server: _Server, engine: _Engine, chosen: list[str]) -> None:
         for client_id in chosen:
-            arrival = self.ready.pop(client_id)
-            captured = self.captured.pop(client_id)
+            arrival = server.ready.pop(client_id)
+            captured = server.captured.pop(client_id)
             if t >= self.w0:
                 self.waits.append(t - arrival)
                 self.ages.append(t - captured)
-        self.busy = True
-        if t >= self.w0:
-            self.batches.append(len(chosen))
-        duration = self.latency_s(len(chosen))
-        self._at(t + duration, self._done, chosen, duration)
+                self.served_tier.append((client_id, self.robots[client_id].seq,
+                                         CLOUD if self.cfg.tiers == "cloud" else engine.tier))
+        if server.one_loop:  # as the server's loop: busy for latency(batch), then answers
+            if t >= self.w0:
+                self.batches.append(len(chosen))
+            duration = engine.latency_s(len(chosen))
+            engine.running = len(chosen)
+            self._at(t + duration, self._done, server, chosen, duration)
+            return
+        bytes_ = len(chosen) * (self.cfg.payload_bytes + self.cfg.history_bytes)
+        there = t + engine.one_way_s + bytes_ / engine.bandwidth_bps
+        if not engine.running:
+            engine.free_s = t
+        engine.running += len(chosen)
+        engine.outstanding.append((there, len(chosen), chosen))
+        self._update_busy_until(engine)
+        self._at(there, self._engine_receive, server, engine, chosen, t)
 
-    def _done(self, t: float, chosen: list[str], duration: float) -> None:
-        self.scheduler.on_served(chosen, t, duration)
-        self.busy = False
+    @staticmethod
+    def _update_busy_until(engine: _Engine) -> None:
+        """The scheduler's estimate, from what it sent and what came back (`expected_busy_until_s`)."""
+        engine.busy_until_s = expected_busy_until_s([(a, n) for a, n, _ in engine.outstanding], engine.free_s,
+                                                    engine.profile, engine.capacity)
+
+    def _done(self, t: float, server: _Server, chosen: list[str], duration: float) -> None:
+        server.scheduler.on_served(chosen, t, duration)
+        server.engines[0].running = 0
         for client_id in chosen:
             robot = self.robots[client_id]
-            self._at(t + self.cfg.one_way_s, self._deliver, robot, robot.seq)
-        self._dispatch(t)
+            self._at(t + self.one_way_s, self._deliver, robot, robot.seq)
+        self._dispatch(t, server)
+
+    # -- engines behind a placing scheduler (edge_engines > 1 or tiers=hybrid) --------------------
+
+    def _engine_receive(self, t: float, server: _Server, engine: _Engine, ids: list[str], sent_s: float) -> None:
+        engine.queue.append((ids, sent_s))
+        if not engine.gpu_busy:
+            self._engine_run(t, server, engine)
+
+    def _engine_run(self, t: float, server: _Server, engine: _Engine) -> None:
+        """The engine's GPU takes what reached it, whole dispatched groups up to its batch width."""
+        groups, n = [], 0
+        while engine.queue and (not groups or n + len(engine.queue[0][0]) <= engine.capacity):
+            groups.append(engine.queue.pop(0))
+            n += len(groups[-1][0])
+        if t >= self.w0:
+            self.batches.append(n)
+        engine.gpu_busy = True
+        self._at(t + engine.latency_s(n), self._engine_done, server, engine, groups)
+
+    def _engine_done(self, t: float, server: _Server, engine: _Engine, groups: list) -> None:
+        engine.gpu_busy = False
+        for ids, sent_s in groups:
+            self._at(t + engine.one_way_s, self._answered, server, engine, ids, sent_s)
+        if engine.queue:
+            self._engine_run(t, server, engine)
+
+    def _answered(self, t: float, server: _Server, engine: _Engine, ids: list[str], sent_s: float) -> None:
+        """The answers are back at the scheduler: its generation interval ends (from dispatch, the WAN
+        included), the chunks go on to the robots (relayed by the edge), and it decides again."""
+        server.scheduler.on_served(ids, t, t - sent_s)
+        engine.running -= len(ids)
+        engine.outstanding = [g for g in engine.outstanding if g[2] is not ids]
+        engine.free_s = t - engine.one_way_s
+        self._update_busy_until(engine)
+        for client_id in ids:
+            robot = self.robots[client_id]
+            self._at(t + self.one_way_s, self._deliver, robot, robot.seq)
+        self._dispatch(t, server)
 
     def _result(self) -> Result:
         window = self.w1 - self.w0
@@ -469,7 +683,20 @@ class FleetSim:
             age_p50_ms=float(np.percentile(ages, 50)),
             age_p99_ms=float(np.percentile(ages, 99)),
             refreshes_per_request=self.refreshes / max(1, len(self.waits)),
+            offload_pct=100.0 * sum(tier == CLOUD for _, _, tier in self.served_tier) / max(1, len(self.served_tier)),
         )
+
+
+def _scaled(latency_s: Callable[[int], float], factor: float) -> Callable[[int], float]:
+    return lambda b: latency_s(b) * factor
+
+
+def _order(scheduler: RequestScheduler, ready: list[str], now_s: float) -> list[str]:
+    """Every ready client in the scheduler's order, without recording a decision (placement needs the
+    whole order; `pick(..., choose=...)` then records the one taken)."""
+    if isinstance(scheduler, WaitRatioScheduler):
+        return [c for c, _, _ in scheduler.ranking(ready, now_s)]
+    return scheduler.pick(ready, now_s, len(ready))  # fifo, round_robin, fifo_running_first: no side effect
 
 
 def gpu_latency(profile: str = "gpu") -> Callable[[int], float]:
@@ -480,7 +707,8 @@ def gpu_latency(profile: str = "gpu") -> Callable[[int], float]:
 
 
 METRICS = ("actions_per_s", "stalled_pct", "stalled_arrival_pct", "wait_mean_ms", "wait_p99_ms", "latency_mean_s",
-           "latency_p25_s", "latency_p95_s", "batch_mean", "age_p50_ms", "age_p99_ms", "refreshes_per_request")
+           "latency_p25_s", "latency_p95_s", "batch_mean", "age_p50_ms", "age_p99_ms", "refreshes_per_request",
+           "offload_pct")
 
 
 def simulate(cfg: Config, traces, latency_s, seeds: Sequence[int]) -> Result:
@@ -602,7 +830,7 @@ RUNGS = [
 
 def study(args) -> str:
     traces = load_traces(args)
-    seeds = list(range(args.seeds))
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     base = Config(duration_s=args.duration_s, warmup_s=args.warmup_s, buckets=args.buckets, aging=args.aging,
                   first_request=args.first_request, trigger=args.trigger, chunk_start=args.chunk_start,
                   tick_phases=args.tick_phases)
@@ -709,13 +937,210 @@ def refetch_study(args) -> str:
     return "\n".join(out)
 
 
+# ------------------------------------------------------------------------ edge and cloud (tiers)
+
+TIER_NAMES = {"edge": "edge-only", "cloud": "cloud-only", "hybrid": "hybrid"}
+
+
+def paired(r: Result, ref: Result, key: str = "latency_mean_s") -> tuple[float, float]:
+    """Each seed's change of `key` against `ref` on the same seed, %: mean and sample sd over seeds."""
+    d = [100 * (getattr(a, key) / getattr(b, key) - 1) for a, b in zip(r.runs, ref.runs, strict=True)]
+    return float(np.mean(d)), float(np.std(d, ddof=1)) if len(d) > 1 else 0.0
+
+
+def stable(r: Result, light: Result, tolerance: float = 0.10) -> bool:
+    """A load the tier carries without its queue taking over: mean task latency (over seeds) within
+    `tolerance` of its own at the lightest load of the sweep. Past that, the queue's wait is a visible
+    share of every task and, nearer saturation, grows through the window (the figure then depends on
+    the window's length): "overload" in the tables."""
+    return r.latency_mean_s <= (1 + tolerance) * light.latency_mean_s
+
+
+def hybrid_study(args) -> str:
+    """Kairos Fig. 13 (edge-only / cloud-only / hybrid against the task arrival rate) and Fig. 17 (the
+    WAN's base latency and bandwidth) in the model, then scale-out on one site."""
+    traces = load_traces(args)
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    base = Config(mode="online", scheduler=args.hybrid_scheduler, duration_s=args.duration_s, warmup_s=args.warmup_s,
+                  trigger=args.trigger, chunk_start=args.chunk_start, tick_phases=args.tick_phases,
+                  wan_one_way_s=args.wan_ms / 1000, wan_bandwidth_bps=args.wan_mbit * 1e6 / 8,
+                  payload_bytes=args.payload_bytes, history_bytes=args.history_bytes, cloud_scale=args.cloud_scale,
+                  cloud_profile_ms=args.cloud_profile_ms, cloud_max_batch=args.cloud_batch or 0,
+                  arrivals_s=args.arrivals_s)
+    out = []
+
+    def say(line: str) -> None:
+        out.append(line)
+        print(line, file=sys.stderr, flush=True)  # progress: the study takes a while
+
+    say(f"Traces: {len(traces)} tasks ({statistics.fmean(map(len, traces)):.1f} rounds per task, static horizons); "
+        f"scheduler `{base.label()}`; robot <-> edge {ONE_WAY_S * 1000:.1f} ms one way; edge <-> cloud "
+        f"{args.wan_ms:g} ms one way ({2 * args.wan_ms:g} ms RTT), {args.wan_mbit:g} Mbit/s; {args.payload_bytes:,} "
+        f"bytes per observation{f' + {args.history_bytes:,} of history' if args.history_bytes else ''}; cloud GPU "
+        f"{1 / args.cloud_scale:g}x the edge's speed; send trigger `{args.trigger}`. Every figure: mean ± sample sd "
+        f"over seeds {seeds[0]}–{seeds[-1]} ({len(seeds)}) of {args.duration_s - args.warmup_s:.0f} s after "
+        f"{args.warmup_s:.0f} s warm-up; \"vs\" columns: each seed's change against the other tier on the same "
+        f"arrivals. Load = offered requests / the edge GPU's throughput at its batch (1 = the edge saturates; the "
+        f"cloud alone saturates at {1 / args.cloud_scale:g}, edge + cloud at {1 + 1 / args.cloud_scale:g}). "
+        f"*Stable*: mean task latency within 10 % of the tier's own at the lightest load; otherwise **overload** "
+        f"(the queue's wait is a visible share of every task and, nearer saturation, grows through the window).\n")
+
+    def cfg(**kw) -> Config:
+        return Config(**{**base.__dict__, **kw})
+
+    for profile in args.profiles if "fig13" in args.parts else ():
+        latency_s = gpu_latency(profile)
+        sat = args.edge_batch or saturation_batch_size({b: latency_s(b) for b in profile_batch_sizes(16)})
+        say(f"### Fig. 13 in the model, profile `{profile}`\n")
+        cloud = (f"cloud {args.cloud_profile_ms} (max batch {args.cloud_batch or sat})" if args.cloud_profile_ms
+                 else f"cloud x{args.cloud_scale:g}")
+        say(f"Edge ms by batch size {PROFILES[profile]} (max batch {sat}); {cloud}.\n")
+        say("| load (tasks/s) | tier | task mean s | p25 s | p95 s | stalled % from arrival | offload % | "
+            "hybrid vs this tier (mean) | state |\n|---|---|---|---|---|---|---|---|---|")
+        light: dict[str, Result] = {}
+        highest_stable: dict[str, float] = {}
+        overloaded: set[str] = set()
+        last: dict[str, Result] = {}
+        for load in args.hybrid_rates or args.hybrid_loads:
+            rate = load if args.hybrid_rates else rate_for_load(load, latency_s, sat, traces)
+            res = {t: simulate(cfg(tiers=t, rate_per_s=rate, max_batch=sat), traces, latency_s, seeds) for t in TIER_NAMES}
+            for t, r in res.items():
+                light.setdefault(t, r)
+                ok = stable(r, light[t])
+                if ok and t not in overloaded:
+                    highest_stable[t] = load
+                if not ok:
+                    overloaded.add(t)
+                vs = "" if t == "hybrid" else "{:+.1f} ± {:.1f} %".format(*paired(res["hybrid"], r))
+                say(f"| {load:g} ({rate:.2f}) | {TIER_NAMES[t]} | {pm(r, 'latency_mean_s')} | {r.latency_p25_s:.2f} | "
+                    f"{pm(r, 'latency_p95_s')} | {pm(r, 'stalled_arrival_pct', '.1f')} | {r.offload_pct:.1f} | {vs} | "
+                    f"{'stable' if ok else '**overload**'} |")
+            last = res
+        say("")
+        top = (args.hybrid_rates or args.hybrid_loads)[-1]
+        say("Highest stable load: " + ", ".join(f"{TIER_NAMES[t]} {highest_stable.get(t, 'none')}" for t in TIER_NAMES)
+            + f". At the highest load ({top:g}): hybrid against edge-only "
+            + "{:+.1f} ± {:.1f} %".format(*paired(last["hybrid"], last["edge"]))
+            + ", against cloud-only " + "{:+.1f} ± {:.1f} %".format(*paired(last["hybrid"], last["cloud"]))
+            + " mean task latency (P25 " + "{:+.1f} / {:+.1f} %".format(paired(last["hybrid"], last["edge"], "latency_p25_s")[0],
+                                                                       paired(last["hybrid"], last["cloud"], "latency_p25_s")[0])
+            + ", P95 " + "{:+.1f} / {:+.1f} %".format(paired(last["hybrid"], last["edge"], "latency_p95_s")[0],
+                                                     paired(last["hybrid"], last["cloud"], "latency_p95_s")[0]) + ").\n")
+
+    if "fig17" in args.parts:
+        say(wan_sweep(args, traces, seeds, cfg))
+    if "scale" in args.parts:
+        say(scale_out(args, traces, seeds))
+    return "\n".join(out)
+
+
+def wan_sweep(args, traces, seeds, cfg) -> str:
+    """Kairos Fig. 17: the WAN's one-way base latency and bandwidth, at one load past the edge's saturation."""
+    out = []
+    say = out.append
+    latency_s = gpu_latency(args.profiles[0])
+    sat = args.edge_batch or saturation_batch_size({b: latency_s(b) for b in profile_batch_sizes(16)})
+    rate = rate_for_load(args.wan_load, latency_s, sat, traces)
+    say(f"### Fig. 17 in the model: the WAN (profile `{args.profiles[0]}`, load {args.wan_load:g}, {rate:.2f} tasks/s, "
+        f"hybrid)\n")
+    say("| WAN one way ms | Mbit/s | offload % | task mean s | p95 s | stalled % from arrival | vs edge-only (mean) |\n"
+        "|---|---|---|---|---|---|---|")
+    edge_only = simulate(cfg(tiers="edge", rate_per_s=rate, max_batch=sat), traces, latency_s, seeds)
+    points = [(ms, args.wan_mbit) for ms in args.sweep_wan_ms] + [(args.wan_ms, mb) for mb in args.sweep_wan_mbit]
+    for ms, mbit in points:
+        r = simulate(cfg(tiers="hybrid", rate_per_s=rate, max_batch=sat, wan_one_way_s=ms / 1000,
+                         wan_bandwidth_bps=mbit * 1e6 / 8), traces, latency_s, seeds)
+        say(f"| {ms:g} | {mbit:g} | {pm(r, 'offload_pct', '.1f')} | {pm(r, 'latency_mean_s')} | {pm(r, 'latency_p95_s')} | "
+            f"{pm(r, 'stalled_arrival_pct', '.1f')} | " + "{:+.1f} ± {:.1f} %".format(*paired(r, edge_only)) + " |")
+    say(f"\nEdge-only at this load: {pm(edge_only, 'latency_mean_s')} s mean, "
+        f"{pm(edge_only, 'stalled_arrival_pct', '.1f')} % stalled from arrival.\n")
+    return "\n".join(out)
+
+
+def scale_out(args, traces, seeds) -> str:
+    """1, 2 and 4 edge GPUs on one site: behind one scheduler (placement fills whichever engine is
+    idle) against as many independent servers with robots statically assigned (robot i to server
+    i % k). Tasks back to back; the largest fleet within the stall budget."""
+    latency_s = gpu_latency(args.profiles[0])
+    sat = saturation_batch_size({b: latency_s(b) for b in profile_batch_sizes(16)})
+    base = Config(mode="fleet", duration_s=args.duration_s, warmup_s=args.warmup_s, trigger=args.trigger,
+                  chunk_start=args.chunk_start, tick_phases=args.tick_phases, max_batch=sat)
+    alone = simulate(Config(**{**base.__dict__, "robots": 1, "scheduler": "fifo"}), traces, latency_s, seeds)
+    budget = alone.stalled_arrival_pct + 1.0
+    out = [f"### Scale-out on one site (profile `{args.profiles[0]}`, tasks back to back, max batch {sat})\n",
+           f"Robots carried with stalls from a task's arrival within 1 % above a robot alone ({alone.stalled_arrival_pct:.2f} "
+           f"%, so {budget:.2f} %), seeds {seeds[0]}–{seeds[-1]}; actions/s and task mean at that fleet.\n",
+           "| GPUs | scheduler | one scheduler, k engines: robots | actions/s | task mean s | k servers, static: robots | "
+           "actions/s | task mean s |\n|---|---|---|---|---|---|---|---|"]
+    for k in args.scale_engines:
+        for name in args.scale_schedulers:
+            cells = []
+            for kw in (dict(edge_engines=k, servers=1), dict(edge_engines=1, servers=k)):
+                cache: dict[int, Result] = {}
+
+                def at(n: int, kw=kw, cache=cache) -> Result:
+                    if n not in cache:
+                        cache[n] = simulate(Config(**{**base.__dict__, "robots": n, "scheduler": name, **kw}),
+                                            traces, latency_s, seeds)
+                    return cache[n]
+
+                n = largest_fleet(at, "stalled_arrival_pct", budget, start=args.scale_start * k)
+                r = at(max(1, int(n.removeprefix(">= "))))
+                cells += [n, f"{r.actions_per_s:.0f}", pm(r, "latency_mean_s")]
+            out.append(f"| {k} | {name} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def order_study(args) -> str:
+    """Wait ratio against FIFO, one request at a time, over loads from stable to overload, on the seeds
+    given: the paired change of mean and P95 task latency, and whether FIFO's queue is stable there."""
+    traces = load_traces(args)
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    latency_s = gpu_latency(args.profiles[0])
+    base = Config(mode="online", duration_s=args.duration_s, warmup_s=args.warmup_s, trigger=args.trigger,
+                  chunk_start=args.chunk_start, tick_phases=args.tick_phases)
+    def say(line: str) -> None:
+        out.append(line)
+        print(line, file=sys.stderr, flush=True)  # progress
+
+    out = [f"Wait ratio (defaults) against FIFO, profile `{args.profiles[0]}`, online, seeds {seeds[0]}–{seeds[-1]} "
+           f"({len(seeds)}), {args.duration_s - args.warmup_s:.0f} s after {args.warmup_s:.0f} s warm-up; change of each "
+           "seed's task latency against FIFO on the same seed, mean ± sample sd. *Stable*: FIFO's mean task latency "
+           "within 10 % of its own at the lightest load.\n",
+           "| max batch | load (tasks/s) | FIFO task mean s | FIFO stalled % from arrival | wait ratio task mean s | "
+           "mean vs FIFO | P95 vs FIFO | seeds better | state |\n|---|---|---|---|---|---|---|---|---|"]
+    sat = saturation_batch_size({b: latency_s(b) for b in profile_batch_sizes(16)})
+    for b in args.order_batches or (1, sat):
+        light = None
+        for load in args.loads:
+            rate = rate_for_load(load, latency_s, b, traces)
+            fifo = simulate(Config(**{**base.__dict__, "scheduler": "fifo", "rate_per_s": rate, "max_batch": b}),
+                            traces, latency_s, seeds)
+            wr = simulate(Config(**{**base.__dict__, "scheduler": "wait_ratio", "rate_per_s": rate, "max_batch": b}),
+                          traces, latency_s, seeds)
+            light = light or fifo
+            better = sum(a.latency_mean_s < f.latency_mean_s for a, f in zip(wr.runs, fifo.runs, strict=True))
+            say(f"| {b} | {load:g} ({rate:.2f}) | {pm(fifo, 'latency_mean_s')} | "
+                       f"{pm(fifo, 'stalled_arrival_pct', '.1f')} | {pm(wr, 'latency_mean_s')} | "
+                       + "{:+.1f} ± {:.1f} %".format(*paired(wr, fifo)) + " | "
+                       + "{:+.1f} ± {:.1f} %".format(*paired(wr, fifo, "latency_p95_s"))
+                       + f" | {better} of {len(seeds)} | {'stable' if stable(fifo, light) else '**overload**'} |")
+    return "\n".join(out) + "\n"
+
+
 def load_traces(args) -> list[list[int]]:
-    """Each task as the horizons of its rounds, static or dynamic (`benchmarks/fleet_traces.py`)."""
+    """Each task as the horizons of its rounds, static or dynamic (`benchmarks/fleet_traces.py`), or
+    `--uniform-tasks ROUNDS STEPS`."""
+    if getattr(args, "uniform_tasks", None):
+        rounds, steps = args.uniform_tasks
+        return [[steps] * rounds]
     tasks = fleet_traces.load_traces(args.traces) if args.traces else fleet_traces.generate_traces(args.tasks, args.trace_seed)
     return [t.executed_rounds(args.horizon == "dynamic") for t in tasks]
 
 
 BEGIN, END = "<!-- fleet:begin (generated by benchmarks/fleet.py) -->", "<!-- fleet:end -->"
+HYBRID_BEGIN, HYBRID_END = "<!-- fleet-hybrid:begin (generated by benchmarks/fleet.py --hybrid) -->", "<!-- fleet-hybrid:end -->"
+ORDER_BEGIN, ORDER_END = "<!-- fleet-order:begin (generated by benchmarks/fleet.py --order) -->", "<!-- fleet-order:end -->"
 
 
 def write_section(path: Path, body: str, command: str) -> None:
@@ -766,18 +1191,62 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="only the re-fetch table (capture-to-inference age with and without), printed")
     p.add_argument("--refresh-s", type=float, nargs="+", default=[0.0, 0.1, 0.2],
                    help="re-fetch thresholds for --refetch (0 = off)")
+    p.add_argument("--first-seed", type=non_negative_int, default=0, help="seeds are first-seed .. first-seed + seeds - 1")
+    p.add_argument("--order", action="store_true",
+                   help="only wait ratio against FIFO over --loads (its own docs block, 'Wait ratio against FIFO')")
+    p.add_argument("--order-batches", type=int, nargs="+", help="--order: max batch sizes (default 1 and saturation)")
+    p.add_argument("--hybrid", action="store_true",
+                   help="only edge-only / cloud-only / hybrid (Kairos Fig. 13 and 17) and scale-out (its own docs block)")
+    p.add_argument("--hybrid-loads", type=float, nargs="+", default=[0.5, 0.9, 1.2, 1.6, 2.0, 2.4],
+                   help="--hybrid: loads, as offered requests / the edge's throughput at its batch")
+    p.add_argument("--hybrid-scheduler", default="wait_ratio")
+    p.add_argument("--wan-ms", type=float, default=100.0, help="edge <-> cloud one-way base latency")
+    p.add_argument("--wan-mbit", type=float, default=1000.0, help="edge <-> cloud bandwidth, Mbit/s")
+    p.add_argument("--wan-load", type=float, default=1.6, help="--hybrid: the load of the WAN sweep")
+    p.add_argument("--sweep-wan-ms", type=float, nargs="+", default=[25, 50, 100, 150, 200])
+    p.add_argument("--sweep-wan-mbit", type=float, nargs="+", default=[100, 200, 500, 1000])
+    p.add_argument("--payload-bytes", type=non_negative_int, default=Config.payload_bytes)
+    p.add_argument("--history-bytes", type=non_negative_int, default=0)
+    p.add_argument("--cloud-scale", type=float, default=CLOUD_SCALE, help="cloud batch latency / edge batch latency")
+    p.add_argument("--edge-profile-ms", type=json.loads, help='--hybrid: the edge\'s own profile, e.g. \'{"1": 80, "8": 135}\'')
+    p.add_argument("--cloud-profile-ms", type=json.loads, help="--hybrid: the cloud's own profile (instead of --cloud-scale)")
+    p.add_argument("--edge-batch", type=int, help="--hybrid: the edge's max batch (default: its saturation point)")
+    p.add_argument("--cloud-batch", type=int, help="--hybrid: the cloud's max batch (default: the edge's)")
+    p.add_argument("--arrivals-s", type=float, default=0.0,
+                   help="--hybrid: tasks arrive until then only, and are followed to the end (--duration-s must cover them)")
+    p.add_argument("--hybrid-rates", type=float, nargs="+", help="--hybrid: task arrival rates, tasks/s, instead of loads")
+    p.add_argument("--uniform-tasks", type=int, nargs=2, metavar=("ROUNDS", "STEPS"),
+                   help="every task ROUNDS rounds of STEPS actions (benchmarks/hybrid.py's tasks) instead of the traces")
+    p.add_argument("--parts", nargs="+", choices=("fig13", "fig17", "scale"), default=["fig13", "fig17", "scale"],
+                   help="--hybrid: which tables (Fig. 13 per profile, the WAN sweep, scale-out)")
+    p.add_argument("--scale-engines", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--scale-schedulers", nargs="+", default=["fifo", "wait_ratio"])
+    p.add_argument("--scale-start", type=int, default=30, help="scale-out search: first guess, robots per GPU")
     p.add_argument("--write-docs", help="rewrite the generated block of this markdown file (docs/benchmarks.md)")
     args = p.parse_args(argv)
+    if args.edge_profile_ms:
+        PROFILES["custom"] = {int(b): float(ms) for b, ms in args.edge_profile_ms.items()}
+        args.profiles = ["custom"]
+    if args.cloud_profile_ms:
+        args.cloud_profile_ms = {int(b): float(ms) for b, ms in args.cloud_profile_ms.items()}
     t0 = time.perf_counter()
     if args.refetch:
         print(refetch_study(args))
         return 0
-    body = study(args)
+    if args.hybrid:
+        body, block = hybrid_study(args), (HYBRID_BEGIN, HYBRID_END, "Edge and cloud in the model")
+    elif args.order:
+        body, block = order_study(args), (ORDER_BEGIN, ORDER_END, "Wait ratio against FIFO, re-measured")
+    else:
+        body, block = study(args), None
     print(body)
     print(f"({time.perf_counter() - t0:.0f} s of computer time)", file=sys.stderr)
     if args.write_docs:
-        command = "python benchmarks/fleet.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        write_section(Path(args.write_docs), body, command.strip())
+        command = ("python benchmarks/fleet.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+        if block is None:
+            write_section(Path(args.write_docs), body, command)
+        else:
+            write_docs_block(Path(args.write_docs), block[0], block[1], block[2], f"Command: `{command}`\n\n{body}")
     return 0
 
 

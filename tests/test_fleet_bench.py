@@ -241,3 +241,61 @@ def test_requests_per_task_alone_is_one_per_round_after_the_buffer_and_more_at_c
         fleet_model.Config(duration_s=60.0, warmup_s=5.0, chunk_start="capture", tick_phases=10), traces, latency, [0, 1])
     assert after == pytest.approx(rounds, rel=0.03)
     assert capture > 1.05 * after
+
+
+# -- tiers: edge engines, a cloud behind a WAN, placement ----------------------------------------
+
+
+def _tier_cfg(**kw):
+    base = fleet_model.Config(mode="online", scheduler="wait_ratio", max_batch=16, duration_s=30.0, warmup_s=8.0,
+                              seed=1)
+    return replace(base, **kw)
+
+
+def _tier_run(cfg):
+    traces = [t.executed_rounds(False) for t in generate_traces(60, seed=4)]
+    latency = fleet_model.gpu_latency()
+    rate = fleet_model.rate_for_load(cfg.rate_per_s, latency, cfg.max_batch, traces)  # rate_per_s given as a load
+    return fleet_model.FleetSim(replace(cfg, rate_per_s=rate), traces, latency).run()
+
+
+def test_the_one_gpu_server_is_unchanged_by_the_tier_settings_it_does_not_use():
+    plain = _tier_run(_tier_cfg(rate_per_s=0.9))
+    same = _tier_run(_tier_cfg(rate_per_s=0.9, cloud_engines=3, wan_one_way_s=0.02, payload_bytes=1))
+    # tiers=edge with one engine: the server's own loop, no placement
+    assert replace(plain, cfg=None, runs=[]) == replace(same, cfg=None, runs=[])
+    assert plain.offload_pct == 0.0
+
+
+def test_hybrid_offloads_past_the_edges_saturation_and_keeps_tasks_short():
+    edge = _tier_run(_tier_cfg(rate_per_s=1.6, tiers="edge"))
+    hybrid = _tier_run(_tier_cfg(rate_per_s=1.6, tiers="hybrid"))
+    cloud = _tier_run(_tier_cfg(rate_per_s=1.6, tiers="cloud"))
+    assert cloud.offload_pct == 100.0
+    assert 20 < hybrid.offload_pct < 80  # the edge keeps what it can serve in time
+    assert hybrid.latency_mean_s < 0.5 * edge.latency_mean_s  # edge-only is overloaded at 1.6
+    assert hybrid.stalled_arrival_pct < edge.stalled_arrival_pct
+    light = _tier_run(_tier_cfg(rate_per_s=0.5, tiers="hybrid"))
+    assert light.offload_pct < 2  # below saturation the edge answers first: nothing to gain across the WAN
+
+
+def test_a_slower_wan_offloads_less_and_history_bytes_cost_time():
+    near = _tier_run(_tier_cfg(rate_per_s=1.6, tiers="hybrid", wan_one_way_s=0.025))
+    far = _tier_run(_tier_cfg(rate_per_s=1.6, tiers="hybrid", wan_one_way_s=0.2))
+    assert far.offload_pct < near.offload_pct
+    assert far.latency_mean_s > near.latency_mean_s
+    # 400 kB of history at 2.5 MB/s: 0.2 s more per offloaded request; past saturation the edge cannot
+    # keep them, so the tasks get longer
+    thin = _tier_run(_tier_cfg(rate_per_s=1.6, tiers="hybrid", wan_bandwidth_bps=2.5e6, history_bytes=400_000))
+    assert thin.latency_mean_s > _tier_run(_tier_cfg(rate_per_s=1.6, tiers="hybrid")).latency_mean_s
+
+
+def test_engines_behind_one_scheduler_and_independent_servers_both_add_capacity():
+    one = _tier_run(_tier_cfg(rate_per_s=1.6))
+    shared = _tier_run(_tier_cfg(rate_per_s=1.6, edge_engines=2))
+    split = _tier_run(_tier_cfg(rate_per_s=1.6, servers=2))
+    assert shared.latency_mean_s < 0.5 * one.latency_mean_s
+    assert split.latency_mean_s < 0.5 * one.latency_mean_s
+    assert shared.offload_pct == split.offload_pct == 0.0
+    with pytest.raises(ValueError, match="tiers"):
+        fleet_model.Config(tiers="fog")

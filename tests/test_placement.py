@@ -13,6 +13,7 @@ from lerobot_zenoh.scheduling.placement import (
     EngineView,
     Placement,
     RequestView,
+    expected_busy_until_s,
     place,
     service_estimate_s,
 )
@@ -259,3 +260,14 @@ def test_duplicate_ids_are_refused():
         place(reqs(1), [edge("e"), cloud("e")], 0.0)
     with pytest.raises(ValueError, match="request id"):
         place([RequestView("a", 1), RequestView("a", 1)], [edge()], 0.0)
+
+
+def test_expected_busy_until_batches_what_reached_the_engine():
+    p = BatchProfile({1: 0.1, 2: 0.12, 4: 0.16})
+    assert expected_busy_until_s([], 3.0, p, 4) == 3.0  # nothing in flight: free since then
+    # two groups there before it frees at 1.0 run together (2 requests: 120 ms); a later one after
+    assert expected_busy_until_s([(0.5, 1), (0.9, 1), (1.5, 1)], 1.0, p, 4) == pytest.approx(1.6)
+    # capacity 2: the third group waits for the next batch even though it has arrived
+    assert expected_busy_until_s([(0.1, 1), (0.1, 1), (0.1, 1)], 0.0, p, 2) == pytest.approx(0.1 + 0.12 + 0.1)
+    # a group larger than the capacity runs alone (as sent)
+    assert expected_busy_until_s([(0.0, 6)], 0.0, p, 4) == pytest.approx(p.latency_s(6))

@@ -222,6 +222,34 @@ def service_estimate_s(engine: EngineView, batch_size: int, transfer_bytes: int,
     return start_s + engine.profile.latency_s(batch_size) + engine.rtt_s / 2
 
 
+def expected_busy_until_s(outstanding: Sequence[tuple[float, int]], free_s: float, profile: BatchProfile,
+                          capacity: int) -> float:
+    """When an engine is expected to be done with the groups dispatched to it and not answered yet,
+    for its `EngineView.busy_until_s`.
+
+    `outstanding`: (expected arrival at the engine, requests) per dispatched group, in the order they
+    were sent; `free_s`: when its GPU was last known free (the last answer's arrival minus half the
+    round trip; the dispatch time of the first group for an engine that had nothing). The engine is
+    taken to batch what has reached it when its GPU frees, whole groups in order up to `capacity`
+    (a group larger than that runs alone), each batch taking the profile's latency. Without
+    outstanding groups: `free_s`.
+
+    >>> p = BatchProfile({1: 0.1, 2: 0.12})
+    >>> round(expected_busy_until_s([(0.05, 1), (0.06, 1), (0.3, 1)], 0.0, p, 2), 3)  # runs 0.05-0.15, 0.15-0.25, 0.3-0.4
+    0.4
+    """
+    t, i = free_s, 0
+    while i < len(outstanding):
+        start = max(t, outstanding[i][0])
+        n, j = 0, i
+        while j < len(outstanding) and outstanding[j][0] <= start and (n == 0 or n + outstanding[j][1] <= capacity):
+            n += outstanding[j][1]
+            j += 1
+        t = start + profile.latency_s(n)
+        i = j
+    return t
+
+
 class _EdgeQueue:
     """The edge as the waiting requests would see it: per edge engine, when the scheduler can next
     dispatch to it (its answers are back: edge engines are fed only when idle), and the batch that
