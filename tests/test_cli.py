@@ -71,7 +71,7 @@ MISTAKES = [
     ("lerobot-policy-server", ["--manifest=/nonexistent/m.yaml"], ["--manifest", "/nonexistent/m.yaml is not a file"]),
     ("lerobot-policy-server", ["--manifest=manifests/demo.yaml", "--log_level=LOUD"], ["--log_level", "LOUD"]),
     ("lerobot-policy-server", ["--manifest=manifests/demo.yaml", "--server-id=x"], ["unknown flag --server-id=x"]),
-    ("lerobot-policy-server", [], ["missing required flag --manifest"]),
+    ("lerobot-policy-server", [], ["--policy.path: missing", "--manifest=FILE"]),
     ("lerobot-zenoh-monitor", ["--prometheus_port=70000"], ["--prometheus_port", "70000"]),
     ("lerobot-zenoh-monitor", ["--refresh_s=fast"], ["--refresh_s", "'fast'"]),
     ("lerobot-zenoh-monitor", ["--prometheus-port=9464"], ["unknown flag --prometheus-port=9464"]),
@@ -88,6 +88,20 @@ MISTAKES = [
 
 def test_every_configuration_mistake_is_one_line_and_exit_2():
     for (script, args, needles), result in zip(MISTAKES, run_all([(s, a) for s, a, _ in MISTAKES])):
+        assert_one_line_error(result, *needles)
+
+
+ROUTING_MISTAKES = [
+    ("lerobot-policy-server", ["--policy.path=x", "--endpoint=7447"], ["--endpoint", "'7447'"]),
+    ("lerobot-policy-server", ["--policy.path=x", "--manifest=manifests/demo.yaml"], ["--policy.path", "not both"]),
+    ("lerobot-policy-server", ["--policy.path=x", "--fps=0"], ["--fps", "1"]),
+    ("lerobot-robot-client", [*CLIENT, "--model_id=a/b"], ["--model_id", "'/'"]),
+    ("lerobot-robot-client", [*CLIENT, "--server_address=nowhere"], ["--server_address", "HOST:PORT"]),
+]
+
+
+def test_routing_mistakes_are_one_line_and_exit_2():
+    for (script, args, needles), result in zip(ROUTING_MISTAKES, run_all([(s, a) for s, a, _ in ROUTING_MISTAKES])):
         assert_one_line_error(result, *needles)
 
 
@@ -146,3 +160,164 @@ def test_the_client_says_what_it_did_in_one_line_at_exit():
     piped = base | {"rtt_ms_p50": None, "pipeline": {"attempts": 1, "slo.act.met": 28, "slo.act.requests": 28,
                                                      "slo.safety.met": 19, "slo.safety.requests": 20}}
     assert summary_line(piped).endswith("requests unanswered; in SLO (met/asked): act 28/28, safety 19/20; attempts 1")
+
+
+# -- LeRobot users' habits: hub ids, one model without a manifest, finding the server -----------------
+
+TINY_ACT = {"dim_model": 32, "n_heads": 2, "dim_feedforward": 64, "n_encoder_layers": 1, "n_vae_encoder_layers": 1}
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture(scope="module")
+def hf_home(tmp_path_factory) -> Path:
+    """A Hugging Face cache holding `someone/tiny_act` (main) as `hf download` leaves it: the
+    checkpoint under snapshots/<commit>/, refs/main naming the commit."""
+    from lerobot_zenoh.client.config_sim_robot import SO101_JOINTS
+    from lerobot_zenoh.server.checkpoint import build_checkpoint
+
+    home = tmp_path_factory.mktemp("hf_home")
+    repo = home / "hub" / "models--someone--tiny_act"
+    names = tuple(f"{j}.pos" for j in SO101_JOINTS)
+    build_checkpoint(repo / "snapshots" / COMMIT, policy_type="act", state_names=names, action_names=names,
+                     cameras={"front": (96, 128), "wrist": (96, 128)}, chunk_size=20, fps=30, overrides=TINY_ACT)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    return home
+
+
+def start(script: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(command(script) + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+
+
+def wait_line(proc: subprocess.Popen, needle: str, timeout_s: float = 120) -> list[str]:
+    """The process's output lines up to the first holding `needle` (fails if it exits first)."""
+    import queue
+    import threading
+
+    if not hasattr(proc, "lines"):  # one reader thread per process: a pipe is never read from two places
+        proc.lines = queue.Queue()
+        threading.Thread(target=lambda: [proc.lines.put(line) for line in proc.stdout] + [proc.lines.put(None)],
+                         daemon=True).start()
+    lines = []
+    while True:
+        try:
+            line = proc.lines.get(timeout=timeout_s)
+        except queue.Empty:
+            line = None
+        if line is None:
+            raise AssertionError(f"no {needle!r} (exit {proc.poll()}):\n" + "".join(lines)[-3000:])
+        lines.append(line)
+        if needle in line:
+            return lines
+
+
+def timed(script: str, args: list[str], env: dict | None = None, timeout_s: float = 120):
+    import time
+
+    t0 = time.monotonic()
+    result = subprocess.run(command(script) + args, capture_output=True, text=True, timeout=timeout_s,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+    return result, time.monotonic() - t0
+
+
+def stop(proc: subprocess.Popen) -> str:
+    import signal
+
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=30)
+    lines = []
+    while hasattr(proc, "lines") and (line := proc.lines.get(timeout=5)) is not None:
+        lines.append(line)
+    return "".join(lines)
+
+
+def assert_fails_in_one_line(result: subprocess.CompletedProcess, *needles: str) -> None:
+    """A start-up failure after the progress log lines (INFO): exit 2 and one line saying why."""
+    import re
+
+    info = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ INFO |^Loading weights")
+    assert_one_line_error(subprocess.CompletedProcess(
+        result.args, result.returncode, result.stdout,
+        "".join(line for line in result.stderr.splitlines(True) if not info.match(line))), *needles)
+
+
+def test_one_model_from_a_cached_hub_id_is_found_by_a_client_given_only_the_endpoint(hf_home, port):
+    """`--policy.path=user/repo` offline, from the cache; the client needs only `--endpoint`; `--list`
+    shows the app; a client asking for another model fails within seconds naming what is served; a
+    second server on the busy port fails at once, in one line."""
+    env = {"HF_HOME": str(hf_home)}
+    server = start("lerobot-policy-server", ["--policy.path=someone/tiny_act", f"--endpoint=tcp/127.0.0.1:{port}"], env)
+    try:
+        wait_line(server, "ready")
+        # The client and the busy-port server side by side (each a cold start that imports LeRobot).
+        cases = [("lerobot-robot-client", ["--robot.type=zenoh_sim", f"--endpoint=127.0.0.1:{port}", "--duration_s=2"]),
+                 ("lerobot-robot-client", ["--robot.type=zenoh_sim", f"--server_address=127.0.0.1:{port}",
+                                           "--model_id=smolvla", "--discovery_timeout_s=60"]),
+                 ("lerobot-policy-server", ["--policy.path=someone/tiny_act", f"--endpoint=tcp/127.0.0.1:{port}"])]
+        listed, list_s = timed("lerobot-robot-client", ["--list", f"--endpoint=tcp/127.0.0.1:{port}"])
+        runs = run_all(cases)
+    finally:
+        out = stop(server)
+    assert server.returncode == 0, out[-2000:]
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[0].startswith("local/default/tiny_act/v1/default  server ")
+    assert "--model_id=tiny_act" in listed.stdout and list_s < 10, (listed.stdout, list_s)
+    ok, wrong, busy = runs
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert "the endpoint serves local/default/tiny_act/v1/default" in ok.stderr
+    assert " 0 requests unanswered" in ok.stderr and ", 0 chunks" not in ok.stderr, ok.stderr[-2000:]
+    assert wrong.returncode == 3, wrong.stderr[-2000:]
+    errors = [line for line in wrong.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "does not serve --model_id=smolvla; it serves: local/default/tiny_act/v1/default" \
+        in errors[0], wrong.stderr[-2000:]
+    assert_fails_in_one_line(busy, f"cannot listen on tcp/127.0.0.1:{port}: the address is in use")
+    assert ".rs:" not in busy.stderr
+
+
+def test_the_busy_port_is_found_before_any_model_loads(port):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        result, elapsed = timed("lerobot-policy-server", ["--manifest=manifests/demo.yaml",
+                                                          f"--endpoint=tcp/127.0.0.1:{port}"])
+    assert_fails_in_one_line(result, f"cannot listen on tcp/127.0.0.1:{port}: the address is in use")
+    assert "loading" not in result.stderr.replace("then loading", ""), result.stderr  # nothing was loaded
+
+
+def test_a_hub_id_in_a_manifest_and_a_missing_one(hf_home, tmp_path, port):
+    """A manifest's pretrained_path may be a hub id (from the cache offline); one that is not cached is
+    one line naming the repo and the `hf download` that fetches it."""
+    import yaml
+
+    manifest = yaml.safe_load(Path("manifests/demo.yaml").read_text())
+    entry = manifest["server"][0]
+    entry.update(pretrained_path=f"someone/tiny_act@{COMMIT[:7]}", endpoint=f"tcp/127.0.0.1:{port}", actions_per_chunk=20)
+    (tmp_path / "missing.yaml").write_text(yaml.safe_dump(manifest))
+    entry["pretrained_path"] = "someone/tiny_act"
+    (tmp_path / "cached.yaml").write_text(yaml.safe_dump(manifest))
+    env = {"HF_HOME": str(hf_home)}
+    missing, _ = timed("lerobot-policy-server", [f"--manifest={tmp_path / 'missing.yaml'}"], env)
+    nothing, _ = timed("lerobot-policy-server", ["--policy.path=nobody/nothing@v2", f"--endpoint=tcp/127.0.0.1:{port}"],
+                       env)
+    server = start("lerobot-policy-server", [f"--manifest={tmp_path / 'cached.yaml'}"], env)
+    try:
+        lines = wait_line(server, "ready")
+    finally:
+        stop(server)
+    assert any("serving local/demo/act/v1/pick_cube" in line for line in lines), "".join(lines)
+    assert_fails_in_one_line(missing, "server[act].pretrained_path: someone/tiny_act@0123456 is not a local folder and "
+                                   "not in the Hugging Face cache", "HF_HUB_OFFLINE is set",
+                          "`hf download someone/tiny_act --revision 0123456`")
+    assert_fails_in_one_line(nothing, "--policy.path: nobody/nothing@v2", "`hf download nobody/nothing --revision v2`")
+
+
+def test_hub_ids_and_folders_are_told_apart(tmp_path):
+    from lerobot_zenoh.server.hub import HubRef
+
+    assert HubRef.parse("lerobot/smolvla_base") == HubRef("lerobot/smolvla_base")
+    assert HubRef.parse("user/repo@v1.0") == HubRef("user/repo", "v1.0")
+    for path in ("/abs/path", "./rel/x", "~/x", "../x/y", "one", "a/b/c", "x/../y"):
+        assert HubRef.parse(path) is None, path

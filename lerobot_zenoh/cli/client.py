@@ -20,7 +20,14 @@ import os
 import re
 import signal
 import sys
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 
+from lerobot_zenoh.transport.settings import ZenohSettings
+
+# The client never needs the hub (it records locally): a hub lookup would only hang without network.
+# An HF_HUB_OFFLINE the user set is kept.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
@@ -109,6 +116,99 @@ def make_robot(config):
     return robot
 
 
+def zenoh_settings_for_start(config):
+    """The session settings of a start-up look-up: a dead endpoint is reported within a couple of
+    seconds unless --zenoh.connect_timeout_s asks to wait longer (as the client itself does)."""
+    from lerobot_zenoh.client.discovery import CONNECT_WAIT_S
+
+    settings = config.zenoh_settings()
+    if settings.effective_mode == "client":
+        wait_s = (CONNECT_WAIT_S if settings.connect_timeout_s == ZenohSettings.connect_timeout_s
+                  else settings.connect_timeout_s)
+        settings = settings.replace(connect_timeout_s=min(wait_s, config.discovery_timeout_s))
+    return settings
+
+
+def open_lookup_session(config):
+    """A Zenoh session linked to the endpoint, or CompatibilityError saying nothing answers there."""
+    from lerobot_zenoh.client.discovery import CONNECT_WAIT_S, wait_connected
+    from lerobot_zenoh.errors import CompatibilityError, TransportError
+    from lerobot_zenoh.transport.session import ZenohSession
+
+    settings = zenoh_settings_for_start(config)
+    endpoints = ", ".join(settings.connect)
+    dead = (f"cannot connect to {endpoints}: nothing answers there (is the server or router running, and is the "
+            "address right?)")
+    try:
+        session = ZenohSession(settings).open()
+    except TransportError as exc:
+        if not settings.connect:
+            raise
+        raise CompatibilityError(dead) from exc
+    if not wait_connected(session, settings.connect, timeout_s=CONNECT_WAIT_S):
+        session.close()
+        raise CompatibilityError(dead)
+    return session
+
+
+def resolve_app(config, stop=None) -> None:
+    """Fill in the routing flags left unset from what the endpoint serves, or fail in one line listing
+    what it serves instead (CompatibilityError; docs/client.md, "Finding the server")."""
+    from lerobot_zenoh.client.discovery import find_app
+
+    log = logging.getLogger(PROG)
+    with open_lookup_session(config) as session:
+        served = find_app(session, config.routing_given, config.discovery_timeout_s, stop)
+    if len(config.routing_given) < 5:
+        log.info("the endpoint serves %s (server %s): using it", served.app.prefix, served.status.server_id)
+    config.use_app(served.app)
+
+
+@dataclass
+class ListConfig:
+    # Where the server (or a Zenoh router) listens: tcp/HOST:PORT, or HOST:PORT.
+    endpoint: str | None = None
+    # LeRobot's async-inference name for --endpoint (HOST:PORT).
+    server_address: str | None = None
+    # The Zenoh session (the same block as the robot client's).
+    zenoh: ZenohSettings = field(default_factory=ZenohSettings)
+    # Seconds to wait for the servers' answers.
+    timeout_s: float = 2.0
+    # Print each application's client flags too (to paste into lerobot-robot-client).
+    flags: bool = True
+
+
+def list_main(argv: list[str]) -> int:
+    """`lerobot-robot-client --list --endpoint=...`: every application the endpoint serves, one a line."""
+    from lerobot_zenoh.cli.parsing import EXIT_NO_SERVER, UsageError, fail, parse
+    from lerobot_zenoh.client.discovery import as_endpoint, list_apps
+    from lerobot_zenoh.errors import CompatibilityError
+    from lerobot_zenoh.protocol.keys import status_selector
+
+    args = parse(ListConfig, [a for a in argv if a != "--list"], f"{PROG} --list")
+    endpoint = args.endpoint or args.server_address
+    if endpoint and as_endpoint(endpoint) is None:
+        fail(PROG, str(UsageError("--endpoint", f"{endpoint!r} is neither tcp/HOST:PORT nor HOST:PORT")))
+    lookup = SimpleNamespace(zenoh_settings=lambda: args.zenoh.with_connect(as_endpoint(endpoint or "") or None),
+                             discovery_timeout_s=args.timeout_s)
+    logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
+    try:
+        with open_lookup_session(lookup) as session:
+            served, deadline = [], time.monotonic() + args.timeout_s
+            while not served and time.monotonic() < deadline:  # a server still loading answers later
+                served = list_apps(session, status_selector(), timeout_s=min(1.0, args.timeout_s))
+    except CompatibilityError as exc:
+        fail(PROG, str(exc), EXIT_NO_SERVER)
+    if not served:
+        fail(PROG, f"nothing answers a status query at {endpoint or 'this network'} within {args.timeout_s:g} s",
+             EXIT_NO_SERVER)
+    for app in served:
+        print(app.describe())
+        if args.flags:
+            print(f"    {app.flags()}")
+    return 0
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -118,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     from lerobot_zenoh.cli.parsing import EXIT_CONFIG, EXIT_NO_SERVER
     from lerobot_zenoh.errors import CompatibilityError, LeRobotZenohError
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--list" in argv:
+        return list_main(argv)
     config = parse_config(argv)
     plan = None
     if config.pipeline.plan:  # a multi-model task: the plan names the servers, rates and fps
@@ -137,6 +240,19 @@ def main(argv: list[str] | None = None) -> int:
 
     from lerobot_zenoh.client.client import RobotClient
 
+    if plan is None:
+        import threading
+
+        stopped = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stopped.set())
+        try:
+            resolve_app(config, stopped)
+        except CompatibilityError as exc:
+            if stopped.is_set():
+                return 0
+            log.error("not starting: %s", exc)
+            return EXIT_NO_SERVER
     robot = make_robot(config)
     recorder = None
     if config.dataset is not None:
