@@ -224,7 +224,8 @@ def timed(script: str, args: list[str], env: dict | None = None, timeout_s: floa
 def stop(proc: subprocess.Popen) -> str:
     import signal
 
-    proc.send_signal(signal.SIGINT)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
     proc.wait(timeout=30)
     lines = []
     while hasattr(proc, "lines") and (line := proc.lines.get(timeout=5)) is not None:
@@ -321,3 +322,57 @@ def test_hub_ids_and_folders_are_told_apart(tmp_path):
     assert HubRef.parse("user/repo@v1.0") == HubRef("user/repo", "v1.0")
     for path in ("/abs/path", "./rel/x", "~/x", "../x/y", "one", "a/b/c", "x/../y"):
         assert HubRef.parse(path) is None, path
+
+
+# -- make demo: its own server, no fixed deadline, the failed process named, Ctrl-C a clean stop ------
+
+@pytest.fixture(scope="module")
+def demo_checkpoint(tmp_path_factory) -> Path:
+    from lerobot_zenoh.client.config_sim_robot import SO101_JOINTS
+    from lerobot_zenoh.server.checkpoint import build_checkpoint
+
+    names = tuple(f"{j}.pos" for j in SO101_JOINTS)
+    return build_checkpoint(tmp_path_factory.mktemp("demo") / "act", policy_type="act", state_names=names,
+                            action_names=names, cameras={"front": (96, 128), "wrist": (96, 128)}, chunk_size=50,
+                            fps=30, overrides=TINY_ACT)
+
+
+def demo(args: list[str]) -> subprocess.Popen:
+    # Its own process group, as a terminal runs it: Ctrl-C reaches the demo and every process it started.
+    return subprocess.Popen([sys.executable, "-m", "lerobot_zenoh.demo", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def test_the_demo_names_the_server_that_failed_on_a_busy_port(demo_checkpoint, tmp_path, port):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        proc = demo([f"--checkpoint={demo_checkpoint}", f"--port={port}", "--robots=1", "--seconds=5",
+                     f"--out={tmp_path}"])
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out
+    assert "demo FAILED: the policy server did not start" in out
+    assert "-- policy server (exit code 2); last lines of" in out
+    assert f"cannot listen on tcp/127.0.0.1:{port}: the address is in use" in out
+    assert "starting 1 simulated robots" not in out  # never drove robots against someone else's server
+
+
+def test_ctrl_c_stops_the_demo_cleanly(demo_checkpoint, tmp_path, port):
+    import signal
+
+    proc = demo([f"--checkpoint={demo_checkpoint}", f"--port={port}", "--robots=1", "--seconds=120",
+                 f"--out={tmp_path}"])
+    try:
+        lines = wait_line(proc, " ms, ")  # the robot runs (a live line with its round trip)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        proc.wait(timeout=60)
+        out = "".join(lines) + stop(proc)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out[-3000:]
+    assert "demo stopped by Ctrl-C" in out and "FAILED" not in out and "Traceback" not in out, out[-3000:]
+    assert (tmp_path / "robot_1.json").exists()  # the robot wrote its summary on the way out
