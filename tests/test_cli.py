@@ -376,3 +376,53 @@ def test_ctrl_c_stops_the_demo_cleanly(demo_checkpoint, tmp_path, port):
     assert proc.returncode == 0, out[-3000:]
     assert "demo stopped by Ctrl-C" in out and "FAILED" not in out and "Traceback" not in out, out[-3000:]
     assert (tmp_path / "robot_1.json").exists()  # the robot wrote its summary on the way out
+
+
+# -- recording: unwritable roots in one line, hints that work when copied, no encoder chatter -------
+
+def test_an_unwritable_dataset_root_is_one_line_and_exit_2_before_any_server_is_sought(tmp_path):
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "file").write_text("")
+    record = [*CLIENT, "--dataset.repo_id=local/t", "--dataset.single_task=pick", "--endpoint=tcp/127.0.0.1:9"]
+    cases = [("lerobot-robot-client", [*record, "--dataset.root=/sys/lerobot_zenoh_test/ds"]),  # EPERM, even as root
+             ("lerobot-robot-client", [*record, f"--dataset.root={tmp_path / 'file' / 'ds'}"]),
+             ("lerobot-robot-client", [*record, f"--dataset.root={tmp_path / 'taken'}"]),
+             ("lerobot-robot-client", [*record, f"--dataset.root={tmp_path / 'none'}", "--resume=true"])]
+    env_case = subprocess.run(command("lerobot-robot-client") + record, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_LEROBOT_HOME": "/sys/lerobot_zenoh_test"})
+    sys_root, under_file, taken, none = run_all(cases)
+    assert_one_line_error(sys_root, "--dataset.root: cannot write under /sys", "choose another --dataset.root")
+    assert_one_line_error(under_file, f"{tmp_path / 'file'} is not a folder")
+    assert_one_line_error(taken, "already exists; add --resume=true to append")
+    assert_one_line_error(none, "--resume: no dataset at", "drop --resume to create one")
+    assert_one_line_error(env_case, "--dataset.root: cannot write under /sys", "$HF_LEROBOT_HOME")
+    for result in (sys_root, taken, env_case):  # the robot was never opened, no server sought (port 9)
+        assert "cannot connect" not in result.stderr
+
+
+def test_recording_prints_no_encoder_chatter_and_the_resume_hint_works_as_written(tmp_path, port, app_key):
+    from lz_testing import make_server
+
+    root = tmp_path / "ds"
+    record = ["--robot.type=zenoh_sim", "--robot.cameras={front: [48, 64], wrist: [48, 64]}",
+              f"--endpoint=127.0.0.1:{port}", "--dataset.repo_id=local/t", f"--dataset.root={root}",
+              "--dataset.single_task=pick", "--dataset.num_episodes=2", "--dataset.episode_time_s=1",
+              "--dataset.reset_time_s=0.5"]
+    with make_server(port, app_key):
+        first, _ = timed("lerobot-robot-client", record)
+        refused, _ = timed("lerobot-robot-client", record)
+        hint = refused.stderr.strip().splitlines()[-1]
+        again, _ = timed("lerobot-robot-client", [*record, "--dataset.num_episodes=1", *re_flags(hint, "--resume")])
+    for result in (first, again):
+        assert result.returncode == 0, result.stderr[-3000:]
+        chatter = [line for line in result.stderr.splitlines() if " INFO " not in line and line.strip()]
+        assert chatter == [], chatter[:10]  # no Svt[info], [mp4 @ ...], Map: progress bars
+        assert "Using video codec" not in result.stderr
+    assert "saved episode 1" in first.stderr and "saved episode 2" in again.stderr
+
+
+def re_flags(line: str, flag: str) -> list[str]:
+    """The flags `line` tells the user to add, as written (e.g. `--resume=true`)."""
+    import re
+
+    return re.findall(rf"{re.escape(flag)}\S*", line)

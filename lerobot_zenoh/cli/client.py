@@ -240,6 +240,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from lerobot_zenoh.client.client import RobotClient
 
+    if config.dataset is not None:  # before waiting for a server or opening the robot
+        from lerobot_zenoh.cli.parsing import explain, fail
+        from lerobot_zenoh.client.recorder import check_dataset_root
+        from lerobot_zenoh.errors import ConfigError
+
+        try:
+            check_dataset_root(config.dataset_root, config.resume)
+        except ConfigError as exc:
+            fail(PROG, explain(exc))
     if plan is None:
         import threading
 
@@ -259,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         from lerobot_zenoh.client.recorder import DatasetRecorder
 
         recorder = DatasetRecorder.from_config(config.dataset, config.dataset_root, robot, config.task_text,
-                                               resume=config.resume)
+                                               resume=config.resume, quiet=config.log_level.upper() != "DEBUG")
     if plan is not None:
         from lerobot_zenoh.client.pipeline import PipelineClient
 
