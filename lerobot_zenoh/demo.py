@@ -23,10 +23,18 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Where a wheel installs the manifests and examples (pyproject.toml's data-files).
+SHARED = Path(sys.prefix) / "share" / "lerobot-zenoh"
+
+
+def shipped(relative: str) -> Path:
+    """A file of the project: from the checkout when running from one, else from the installed copy."""
+    here = ROOT / relative
+    return here if here.exists() else SHARED / relative
 PROG = "python -m lerobot_zenoh.demo"
 DEMO_POLICIES = ("act", "diffusion", "smolvla", "pi0", "pi05")
 VLAS = ("smolvla", "pi0", "pi05")
@@ -45,12 +53,13 @@ class DemoConfig:
     # Policy family of the demo checkpoint: act, diffusion, smolvla, pi0 or pi05 (random weights,
     # built offline; the VLAs tiny, reading one task string per robot).
     policy: str = "act"
-    # Checkpoint folder to serve. Unset: checkpoints/demo_<policy> (make checkpoint builds it).
+    # Checkpoint folder to serve. Unset: checkpoints/demo_<policy> in the current folder, built
+    # first (random weights, offline, as `make checkpoint` does) when it is not there.
     checkpoint: str | None = None
-    # Manifest to start from; its first model is served.
-    manifest: str = str(ROOT / "manifests" / "demo.yaml")
+    # Manifest to start from; its first model is served (default: the project's manifests/demo.yaml).
+    manifest: str = field(default_factory=lambda: str(shipped("manifests/demo.yaml")))
     # Folder for the logs, the JSON summaries and the adjusted manifest.
-    out: str = str(ROOT / "outputs" / "demo")
+    out: str = "outputs/demo"
     # robot_1 also records a LeRobotDataset into <out>/dataset.
     record: bool = False
 
@@ -65,11 +74,27 @@ class DemoConfig:
             raise ConfigError("seconds", f"must be positive, got {self.seconds}")
         if self.policy not in DEMO_POLICIES:
             raise ConfigError("policy", f"{self.policy!r} is not one of {', '.join(DEMO_POLICIES)}")
-        checkpoint = Path(self.checkpoint or ROOT / "checkpoints" / f"demo_{self.policy}")
-        if not (checkpoint / "config.json").is_file():
-            raise ConfigError("checkpoint", f"{checkpoint} holds no checkpoint: build it with `make checkpoint "
-                                            f"POLICY={self.policy}`")
-        self.checkpoint = str(checkpoint.resolve())
+        if self.checkpoint is not None and not (Path(self.checkpoint) / "config.json").is_file():
+            raise ConfigError("checkpoint", f"{self.checkpoint} holds no checkpoint: build one with "
+                                            f"lerobot-zenoh-build-checkpoint (or leave --checkpoint out)")
+        if not Path(self.manifest).is_file():
+            raise ConfigError("manifest", f"{self.manifest} is not a file")
+
+
+#: What `make checkpoint` builds: the simulated robot's features (6 joints, two 96x128 cameras).
+CHECKPOINT_ARGS = ("--state_dim=6", "--cameras=front:96x128,wrist:96x128", "--chunk_size=50", "--fps=30")
+
+
+def ensure_checkpoint(cfg: DemoConfig) -> str:
+    """The checkpoint to serve: --checkpoint, or checkpoints/demo_<policy> (built when missing)."""
+    if cfg.checkpoint is not None:
+        return str(Path(cfg.checkpoint).resolve())
+    folder = Path("checkpoints") / f"demo_{cfg.policy}"
+    if not (folder / "config.json").is_file():
+        print(f"== building a random-weight {cfg.policy} checkpoint in {folder} (offline, once)", flush=True)
+        subprocess.run([_bin("lerobot-zenoh-build-checkpoint"), f"--policy_type={cfg.policy}", f"--output={folder}",
+                        *CHECKPOINT_ARGS], check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return str(folder.resolve())
 
 
 def _bin(name: str) -> str:
@@ -161,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        cfg.checkpoint = ensure_checkpoint(cfg)
+    except subprocess.CalledProcessError as exc:
+        print(f"demo FAILED: lerobot-zenoh-build-checkpoint exited with {exc.returncode} (see above)", file=sys.stderr)
+        return 1
     manifest_path = demo_manifest(cfg, out)
     manifest = load_manifest(manifest_path)
     entry = manifest.server[0]

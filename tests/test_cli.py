@@ -426,3 +426,44 @@ def re_flags(line: str, flag: str) -> list[str]:
     import re
 
     return re.findall(rf"{re.escape(flag)}\S*", line)
+
+
+# -- install: the wheel carries what the README runs; --help starts with the client's own options ---
+
+def test_the_wheel_ships_the_manifests_and_examples(tmp_path):
+    import zipfile
+
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(root), "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path)], check=True, capture_output=True, timeout=300)
+    (wheel,) = tmp_path.glob("lerobot_zenoh-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    data = "lerobot_zenoh-0.1.0.data/data/share/lerobot-zenoh/"
+    for shipped in ("manifests/demo.yaml", "manifests/synthetic.yaml", "examples/fleet_on_one_server.py",
+                    "examples/record_and_open_dataset.py"):
+        assert data + shipped in names, shipped
+    assert "lerobot_zenoh/demo.py" in names and "lerobot_zenoh/server/hub.py" in names
+
+
+def test_the_demo_finds_its_manifest_installed_from_a_wheel(tmp_path, monkeypatch):
+    from lerobot_zenoh import demo as demo_module
+
+    monkeypatch.setattr(demo_module, "ROOT", tmp_path / "no_checkout")
+    monkeypatch.setattr(demo_module, "SHARED", tmp_path / "share")
+    (tmp_path / "share" / "manifests").mkdir(parents=True)
+    (tmp_path / "share" / "manifests" / "demo.yaml").write_text("x: 1\n")
+    assert demo_module.shipped("manifests/demo.yaml") == tmp_path / "share" / "manifests" / "demo.yaml"
+    assert demo_module.DemoConfig().manifest == str(tmp_path / "share" / "manifests" / "demo.yaml")
+
+
+def test_the_client_help_starts_with_its_own_options_and_shows_one_robot_on_request():
+    short, so101 = run_all([("lerobot-robot-client", ["--help"]),
+                            ("lerobot-robot-client", ["--help", "--robot.type=so101_follower"])])
+    assert short.returncode == 0 and so101.returncode == 0
+    lines = short.stdout.splitlines()
+    assert len(lines) < 500, len(lines)  # draccus alone: 1,300 lines (every robot type expanded)
+    first_option = next(line for line in lines if line.strip().startswith("--"))
+    assert first_option.strip().startswith("--client_uuid"), first_option
+    assert "--robot.type" in short.stdout and "--robot.port str" not in short.stdout
+    assert "--help --robot.type=so101_follower" in short.stdout
+    assert "--robot.port str" in so101.stdout and "--robot.left_arm_config" not in so101.stdout

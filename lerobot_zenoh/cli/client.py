@@ -73,6 +73,9 @@ PROG = "lerobot-robot-client"
 
 
 def parse_config(argv: list[str] | None = None):
+    from lerobot_zenoh.cli.parsing import require_role
+
+    require_role(PROG, "lerobot", "robot")
     from lerobot.utils.import_utils import register_third_party_plugins
 
     import lerobot_zenoh.client.sim_robot  # noqa: F401  (registers --robot.type=zenoh_sim)
@@ -85,7 +88,66 @@ def parse_config(argv: list[str] | None = None):
         argv = import_plugins(sys.argv[1:] if argv is None else list(argv))
     except ImportError as exc:
         fail(PROG, str(UsageError("--plugins", f"cannot import {exc.name or exc}: {exc}")))
+    if "-h" in argv or "--help" in argv:
+        robot_type = next((a.split("=", 1)[1] for a in argv if a.startswith("--robot.type=")), None)
+        print(short_help(RobotClientConfig, robot_type))
+        raise SystemExit(0)
     return parse(RobotClientConfig, argv, PROG)
+
+
+_SECTION = re.compile(r"^(?P<cls>\w+)(?: \['(?P<path>[\w.]+)'\])?:$")
+
+
+def short_help(config_class, robot_type: str | None) -> str:
+    """`--help`: this client's own options first, then the robot types; a robot's own options only
+    for the `--robot.type` given (draccus would expand every robot LeRobot knows: 1,300 lines)."""
+    import contextlib
+    import io
+
+    import draccus
+    from lerobot.robots import RobotConfig
+
+    from lerobot_zenoh.cli.parsing import use_metadata_help
+
+    use_metadata_help()
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text), contextlib.suppress(SystemExit):
+        draccus.parse(config_class=config_class, args=["--help"], prog=PROG)
+    sections: list[tuple[str, str | None, list[str]]] = []  # (class, dotted path, lines)
+    for line in text.getvalue().splitlines():
+        m = _SECTION.match(line)
+        if m and not line.startswith("usage"):
+            sections.append((m.group("cls"), m.group("path"), [line]))
+        elif sections:
+            sections[-1][2].append(line)
+    chosen = None
+    if robot_type is not None:
+        try:
+            chosen = RobotConfig.get_choice_class(robot_type)
+        except Exception:  # noqa: BLE001 - an unknown type: list the known ones below
+            chosen = None
+    nested = {f"robot.{f}" for f in getattr(chosen, "__dataclass_fields__", {})}
+    own, robot_types, robot = [], [], []
+    for cls, path, lines in sections:
+        if cls == config_class.__name__:
+            own.append("\n".join([f"{PROG} options:", *lines[1:]]).rstrip())
+        elif path == "robot" and cls == "RobotConfig":
+            robot_types.append("\n".join(lines).rstrip())
+        elif path and (path == "robot" or path.startswith("robot.")):
+            section = "\n".join(lines).rstrip()
+            if chosen is not None and ((path == "robot" and cls == chosen.__name__) or path in nested) \
+                    and section not in robot:  # so100 and so101 share a class: its section appears twice
+                robot.append(section)
+        elif path is not None:
+            own.append("\n".join(lines).rstrip())
+    if robot:
+        robot_part = robot
+    else:
+        robot_part = [f"The options of one robot type: {PROG} --help --robot.type=so101_follower" +
+                      (f" ({robot_type!r} is not a robot type LeRobot knows here)" if robot_type else "")]
+    usage = (f"usage: {PROG} --robot.type=TYPE [--robot.*] [--endpoint=HOST:PORT] [options]\n"
+             f"       {PROG} --list --endpoint=HOST:PORT")
+    return "\n\n".join([usage, *own, *robot_types, *robot_part]) + "\n"
 
 
 def make_robot(config):
@@ -104,8 +166,8 @@ def make_robot(config):
     except ImportError as exc:  # e.g. feetech-servo-sdk, dynamixel-sdk
         m = re.search(r"'([\w.\[\]-]+)' is required", str(exc))
         missing = m.group(1) if m else (exc.name or "a driver")
-        fail(PROG, f"--robot.type: this robot needs {missing}, which is not installed: "
-                   "pip install 'lerobot-zenoh[hardware]' (LeRobot's feetech and dynamixel motor drivers)")
+        fail(PROG, f"--robot.type: this robot needs {missing}, which is not installed: pip install '.[hardware]' "
+                   "in the lerobot-zenoh checkout (LeRobot's feetech and dynamixel motor drivers)")
     except Exception as exc:  # noqa: BLE001 - any robot's own config check
         fail(PROG, f"--robot: {_first_line(exc)}")
     try:

@@ -188,9 +188,10 @@ def bind_error(exc: BaseException, endpoints: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, explain, one_line, parse
+    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, explain, one_line, parse, require_role
 
     args = parse(ServerConfig, argv, PROG)
+    require_role(PROG, "lerobot", "server")
     logging.basicConfig(level=args.log_level.upper(), force=True, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger(PROG)
 
