@@ -185,8 +185,10 @@ def hf_home(tmp_path_factory) -> Path:
     return home
 
 
-def start(script: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen(command(script) + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+def start(script: str, args: list[str], env: dict | None = None, read: bool = True) -> subprocess.Popen:
+    """The console script running; `read=False` discards its output (nobody reads the pipe)."""
+    out = subprocess.PIPE if read else subprocess.DEVNULL
+    return subprocess.Popen(command(script) + args, stdout=out, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
 
 
@@ -467,3 +469,52 @@ def test_the_client_help_starts_with_its_own_options_and_shows_one_robot_on_requ
     assert "--robot.type" in short.stdout and "--robot.port str" not in short.stdout
     assert "--help --robot.type=so101_follower" in short.stdout
     assert "--robot.port str" in so101.stdout and "--robot.left_arm_config" not in so101.stdout
+
+
+# -- the Grafana dashboard queries only what /metrics of a running fleet exports ----------------------
+
+DASHBOARD = Path(__file__).resolve().parents[1] / "dashboards" / "grafana-lerobot-zenoh.json"
+
+
+def dashboard_metrics() -> set[str]:
+    import json
+    import re
+
+    dash = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs += [v["definition"] for v in dash["templating"]["list"] if v.get("definition")]
+    return {m for e in exprs for m in re.findall(r"\blerobot_zenoh_\w+", e)}
+
+
+def test_every_metric_the_grafana_dashboard_queries_is_on_the_monitors_metrics(port, app_key):
+    import urllib.request
+
+    from lz_testing import free_port, make_server, wait_for
+
+    wanted = dashboard_metrics()
+    assert len(wanted) >= 20, wanted
+    http_port = free_port()
+    exported: set[str] = set()
+
+    def all_there() -> bool:
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=2).read().decode()
+        except OSError:
+            return False
+        exported.clear()
+        exported.update(line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and line[0] != "#")
+        return wanted <= exported
+
+    with make_server(port, app_key):
+        robot = start("lerobot-robot-client", ["--robot.type=zenoh_sim", "--robot.cameras={front: [48, 64], wrist: [48, 64]}",
+                                               f"--endpoint=127.0.0.1:{port}", "--duration_s=120",
+                                               "--telemetry_period_s=0.5"], read=False)
+        monitor = start("lerobot-zenoh-monitor", [f"--endpoint=tcp/127.0.0.1:{port}", f"--prometheus_port={http_port}",
+                                                  "--json=true"], read=False)
+        try:
+            found = wait_for(all_there, timeout_s=150, poll_s=1.0)
+        finally:
+            for proc in (robot, monitor):
+                proc.kill()
+                proc.wait()
+    assert found, f"queried by the dashboard but not exported: {sorted(wanted - exported)}"
