@@ -113,7 +113,7 @@ def test_a_dead_endpoint_is_one_line_and_exit_3(port):
 
 
 def test_help_lists_every_option():
-    cases = [("lerobot-robot-client", ["--help"]), ("lerobot-policy-server", ["--help"]),
+    cases = [("lerobot-robot-client", ["--help", "--robot.type=zenoh_sim"]), ("lerobot-policy-server", ["--help"]),
              ("lerobot-zenoh-monitor", ["--help"]), ("lerobot-zenoh-build-checkpoint", ["--help"]),
              ("lerobot-zenoh-router", ["--help"]), ("lerobot-zenoh-secure", ["init", "--help"])]
     client, server, monitor, build, router, secure = run_all(cases)
@@ -518,3 +518,21 @@ def test_every_metric_the_grafana_dashboard_queries_is_on_the_monitors_metrics(p
                 proc.kill()
                 proc.wait()
     assert found, f"queried by the dashboard but not exported: {sorted(wanted - exported)}"
+
+
+def test_ctrl_c_while_the_models_load_stops_the_server_cleanly(demo_checkpoint, port):
+    import signal
+    import time
+
+    server = start("lerobot-policy-server", [f"--policy.path={demo_checkpoint}", f"--endpoint=tcp/127.0.0.1:{port}"])
+    try:
+        lines = wait_line(server, "loading act/v1")
+        t0 = time.monotonic()
+        server.send_signal(signal.SIGINT)
+        out = "".join(lines) + stop(server)
+        elapsed = time.monotonic() - t0
+    finally:
+        server.kill()
+    assert server.returncode == 0 and "Traceback" not in out, out[-2000:]
+    assert "stopped while loading" in out or "server" in out and "ready" in out, out[-2000:]
+    assert elapsed < 15, elapsed

@@ -311,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             check_dataset_root(config.dataset_root, config.resume)
         except ConfigError as exc:
             fail(PROG, explain(exc))
+    robot = make_robot(config)  # a robot mistake is reported before the network is
     if plan is None:
         import threading
 
@@ -320,11 +321,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             resolve_app(config, stopped)
         except CompatibilityError as exc:
+            if robot.is_connected:  # opened, never sent an action
+                robot.disconnect()
             if stopped.is_set():
                 return 0
             log.error("not starting: %s", exc)
             return EXIT_NO_SERVER
-    robot = make_robot(config)
     recorder = None
     if config.dataset is not None:
         from lerobot_zenoh.client.recorder import DatasetRecorder
