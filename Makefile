@@ -147,3 +147,32 @@ bench-pipelines-run: $(STAMP)
 .PHONY: bench-pipeline-bytes
 bench-pipeline-bytes: $(STAMP)
 	$(PY) benchmarks/pipeline_bytes.py
+	$(PY) benchmarks/pipeline_bytes.py --links
+
+# Scripted attacks on a robot's session in plain mode (docs/security.md, "Sessions against a forger").
+.PHONY: bench-session-attacks
+bench-session-attacks: $(STAMP)
+	$(PY) benchmarks/session_attacks.py
+
+# pi0.5 actions + language from one prefill, and the VLM runner's batched text (docs/benchmarks.md,
+# "pi0.5: actions and language from one prefill"); needs lerobot[pi] (the `vla` extra), no Zenoh.
+# LANGUAGE_ARGS="--device cuda --dtype bfloat16" runs the same table on a GPU.
+LANGUAGE_ARGS ?= --threads 1
+LANGUAGE_STAMP := $(VENV)/.language-stamp
+.PHONY: bench-language
+$(LANGUAGE_STAMP): $(STAMP)
+	$(PY) -m pip install -e '.[vla]'
+	@touch $@
+
+bench-language: $(LANGUAGE_STAMP)
+	$(PY) -m benchmarks.language $(LANGUAGE_ARGS)
+
+
+# Edge-only vs cloud-only vs hybrid (Kairos Fig. 13; docs/benchmarks.md, "Edge-cloud serving"): an edge
+# scheduler, a cloud engine process and Poisson task arrivals over shaped links (robots-edge 2.5 ms,
+# edge-cloud 100 ms round trip / 1 Gbit/s; root for the namespaces); ~12 min on 2 cores with these
+# defaults. HYBRID_ARGS="--rates 2,6,10,14 --seeds 5 --duration-s 30" for a longer run.
+HYBRID_ARGS ?= --rates 2,6,10 --seeds 3 --duration-s 12 --warmup-s 3
+.PHONY: bench-hybrid
+bench-hybrid: $(STAMP)
+	$(PY) -m benchmarks.hybrid study $(HYBRID_ARGS)

@@ -12,6 +12,14 @@ port, so that the robot's port carries only the robot's traffic.
 - **naive**: the same client and decisions, but each observation is put once per component it asks,
   on that component's own key (`<app>/<robot>/obs`), as a deployment without the shared stream would.
 
+With `--links`, the layouts of a generated deployment instead, bytes counted on **every link** by
+a byte-counting TCP relay in front of each listener (no root needed): *peer*, the layout the planner
+used to write (the robot a Zenoh peer with one link to each component's server, each server
+listening on its own port), and *router*, the layout it writes now (`pipelines/deployment.py`: one
+Zenoh router; the robot and every server connect to it in client mode). Each component's stand-in
+server is its own Zenoh session, so that each has a link of its own. Gossip scouting is off in
+every session so that no link bypasses a relay.
+
 Measured: the robot's bytes on the link, from iptables byte counters on the router's robot port
 (`-o lo --dport`, IP and TCP headers included; root needed, else skipped), and the observation bytes
 handed to Zenoh (payload + header attachment). A *decision* is one capture that asks at least one
@@ -142,6 +150,24 @@ class CountingPublisher:
             self.bytes += size
 
 
+class CountingSession:
+    """The client's session, its observation publisher (on `obs_key`) replaced by a CountingPublisher."""
+
+    def __init__(self, session, obs_key: str, component_keys: list[str] | None):
+        self._session, self._obs_key, self._keys = session, obs_key, component_keys
+        self.counting: CountingPublisher | None = None
+
+    def publisher(self, key: str, qos):
+        publisher = self._session.publisher(key, qos)
+        if key != self._obs_key:
+            return publisher
+        self.counting = CountingPublisher(self._session, publisher, self._keys)
+        return self.counting
+
+    def __getattr__(self, name):
+        return getattr(self._session, name)
+
+
 class IptablesCounter:
     """Bytes sent to one loopback TCP port (the router's robot port), from an iptables OUTPUT rule."""
 
@@ -173,6 +199,7 @@ def run_once(task, mode: str, seconds: float, cameras: dict, use_iptables: bool)
 
     from lerobot_zenoh.client.config import RobotClientConfig
     from lerobot_zenoh.client.config_sim_robot import SimRobotConfig
+    from lerobot_zenoh.client.link import open_session
     from lerobot_zenoh.client.pipeline import PipelineClient
     from lerobot_zenoh.pipelines.robot_plan import RobotPlan, Route
 
@@ -192,13 +219,19 @@ def run_once(task, mode: str, seconds: float, cameras: dict, use_iptables: bool)
                                        model_version=s1.version, application_tag=s1.app, endpoint=endpoint,
                                        zenoh=ZenohSettings(multicast_scouting=False), fps=30, actions_per_chunk=6,
                                        telemetry_period_s=0, log_level="WARNING")
-            client = PipelineClient(config, make_robot_from_config(config.robot), plan)
+            keys = None if mode == "pipeline" else [servers.apps[n].client("r1").obs for n in task.components]
+            sessions: list[CountingSession] = []
+
+            def open_counted(settings):  # the client's own session, its observation publisher counted
+                sessions.append(CountingSession(open_session(settings, config.discovery_timeout_s),
+                                                plan.stream.client("r1").obs, keys))
+                return sessions[-1]
+
+            client = PipelineClient(config, make_robot_from_config(config.robot), plan, session_factory=open_counted)
             client.start()
             counter = IptablesCounter(robot_port) if use_iptables else None
             try:
-                keys = None if mode == "pipeline" else [servers.apps[n].client("r1").obs for n in task.components]
-                counting = CountingPublisher(client._session, client._pub, keys)
-                client._pub = counting  # the publisher thread reads it at each put
+                counting = sessions[-1].counting
                 if counter is not None:
                     counter.__enter__()
                 client.run(duration_s=seconds)
@@ -220,15 +253,188 @@ def run_once(task, mode: str, seconds: float, cameras: dict, use_iptables: bool)
             "missed": {n: figures[f"slo.{n}.missed"] for n in task.components}}
 
 
+# -- --links: bytes on every link of a deployment's layout --------------------------------------------
+
+
+class ByteRelay:
+    """A TCP relay from a port of its own to `target_port` on loopback, counting the bytes it carries
+    each way (`up`: towards the target). One relay per link measured."""
+
+    def __init__(self, target_port: int):
+        import socket
+
+        self.target_port = target_port
+        self.up = self.down = 0
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._sockets = [self._listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import socket
+
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            target = socket.create_connection(("127.0.0.1", self.target_port))
+            self._sockets += [conn, target]
+            threading.Thread(target=self._pump, args=(conn, target, "up"), daemon=True).start()
+            threading.Thread(target=self._pump, args=(target, conn, "down"), daemon=True).start()
+
+    def _pump(self, src, dst, way: str):
+        while True:
+            try:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+            except OSError:
+                break
+            with self._lock:
+                setattr(self, way, getattr(self, way) + len(data))
+        for sock in (src, dst):
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def counts(self) -> tuple[int, int]:
+        with self._lock:
+            return self.up, self.down
+
+    def close(self):
+        for sock in self._sockets:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+
+NO_GOSSIP = {"scouting/gossip/enabled": "false"}
+
+
+def run_links(task, layout: str, seconds: float, cameras: dict) -> dict:
+    """One run of `layout` ("peer" or "router"): bytes on the robot's link(s) and on each server's."""
+    from lerobot.robots import make_robot_from_config
+
+    from lerobot_zenoh.client.config import RobotClientConfig
+    from lerobot_zenoh.client.config_sim_robot import SimRobotConfig
+    from lerobot_zenoh.client.link import open_session
+    from lerobot_zenoh.client.pipeline import PipelineClient
+    from lerobot_zenoh.pipelines.robot_plan import RobotPlan, Route
+
+    cluster, experiment = "bench", f"links{os.getpid()}{free_port()}"
+    names = list(task.components)
+    relays: dict[str, ByteRelay] = {}  # link name -> its relay
+    sessions: list[ZenohSession] = []
+    router = None
+    try:
+        stand_ins = {n: StandInServers(task, cluster, experiment, 0, cameras) for n in names}
+        if layout == "router":
+            router_port = free_port()
+            router = ZenohSession(ZenohSettings(mode="router", listen=[f"tcp/127.0.0.1:{router_port}"],
+                                                multicast_scouting=False, json5_overrides=NO_GOSSIP)).open()
+            relays["robot"] = ByteRelay(router_port)
+            for n in names:
+                relays[n] = ByteRelay(router_port)
+                stand_ins[n].settings = ZenohSettings(mode="client", connect=[f"tcp/127.0.0.1:{relays[n].port}"],
+                                                      multicast_scouting=False, json5_overrides=NO_GOSSIP)
+            endpoints = {n: f"tcp/127.0.0.1:{relays['robot'].port}" for n in names}
+        else:
+            endpoints = {}
+            for n in names:
+                port = free_port()
+                stand_ins[n].settings = ZenohSettings(mode="peer", listen=[f"tcp/127.0.0.1:{port}"],
+                                                      multicast_scouting=False, json5_overrides=NO_GOSSIP)
+                relays[n] = ByteRelay(port)
+                endpoints[n] = f"tcp/127.0.0.1:{relays[n].port}"
+        for n in names:
+            stand_ins[n].apps = {n: AppKey(cluster, experiment, f"m-{n}", "v1", f"{task.components[n].kind}-srv")}
+            stand_ins[n].bits = {n: names.index(n)}
+            stand_ins[n].__enter__()
+            sessions.append(stand_ins[n])
+        routes = {n: Route(n, c.kind, stand_ins[n].apps[n], endpoints[n], None) for n, c in task.components.items()}
+        plan = RobotPlan("r1", task, cluster, experiment, routes, fps=30, actions_per_chunk=6)
+        s1 = plan.system1.app
+        config = RobotClientConfig(robot=SimRobotConfig(cameras=dict(cameras), fps=30), client_uuid="r1",
+                                   cluster_uuid=cluster, experiment_tag=experiment, model_id=s1.model,
+                                   model_version=s1.version, application_tag=s1.app, endpoint=endpoints[names[0]],
+                                   zenoh=ZenohSettings(multicast_scouting=False, json5_overrides=NO_GOSSIP), fps=30,
+                                   actions_per_chunk=6, telemetry_period_s=0, log_level="WARNING")
+        counted: list[CountingSession] = []
+
+        def open_counted(settings):  # the client's own session, its observation publisher counted
+            counted.append(CountingSession(open_session(settings, config.discovery_timeout_s),
+                                           plan.stream.client("r1").obs, None))
+            return counted[-1]
+
+        client = PipelineClient(config, make_robot_from_config(config.robot), plan, session_factory=open_counted)
+        client.start()
+        try:
+            counting = counted[-1].counting
+            before = {k: r.counts() for k, r in relays.items()}
+            client.run(duration_s=seconds)
+            after = {k: r.counts() for k, r in relays.items()}
+        finally:
+            client.close()
+        figures = client.pipeline_figures()
+    finally:
+        for stand_in in sessions:
+            stand_in.__exit__(None, None, None)
+        if router is not None:
+            router.close()
+        for relay in relays.values():
+            relay.close()
+    # Observation bytes travel robot -> server: "up" on a robot link, "down" on a router-to-server one.
+    links = {}
+    for k in relays:
+        up, down = (a - b for a, b in zip(after[k], before[k], strict=True))
+        links[k] = {"to_server": down if (layout == "router" and k != "robot") else up,
+                    "from_server": up if (layout == "router" and k != "robot") else down}
+    return {"task": task.name, "layout": layout, "seconds": seconds, "decisions": counting.decisions,
+            "observation_bytes": counting.bytes, "links": links,
+            "requests": {n: figures[f"slo.{n}.requests"] for n in names}}
+
+
+def print_links(rows: list[dict]) -> None:
+    for r in rows:
+        obs = r["observation_bytes"]
+        robot_links = ["robot"] if r["layout"] == "router" else list(r["requests"])
+        uplink = sum(r["links"][k]["to_server"] for k in robot_links)
+        print(f"{r['task']:<14}{r['layout']:<8} observations handed to Zenoh {obs / 1000:,.0f} kB "
+              f"({r['decisions']} decisions); requests {r['requests']}")
+        for k, v in r["links"].items():
+            side = "robot -> router" if k == "robot" else (f"router -> {k}" if r["layout"] == "router"
+                                                            else f"robot -> {k}")
+            print(f"    {side:<22}{v['to_server'] / 1000:>10,.0f} kB  ({v['to_server'] / max(obs, 1):.2f}x the "
+                  f"observations)")
+        print(f"    robot's own link(s) in all: {uplink / 1000:,.0f} kB ({uplink / max(obs, 1):.2f}x)")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--cameras", default="96x128", help="HxW of each of the two cameras")
     parser.add_argument("--no-iptables", action="store_true", help="count Zenoh-level bytes only")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--links", action="store_true",
+                        help="bytes on every link of the peer and router layouts of a generated deployment")
     args = parser.parse_args(argv)
     h, w = (int(x) for x in args.cameras.split("x"))
     cameras = {"front": (h, w), "wrist": (h, w)}
+    if args.links:
+        rows = [run_links(task, layout, args.seconds, cameras) for task in tasks().values()
+                for layout in ("peer", "router")]
+        if args.json:
+            print(json.dumps(rows, indent=1))
+        else:
+            print(f"cameras 2 x {h}x{w}, {args.seconds:g} s per run, 30 Hz control; bytes on each link "
+                  "(TCP payload, Zenoh framing included)")
+            print_links(rows)
+        return 0
     use_iptables = not args.no_iptables and IptablesCounter.available()
     if not use_iptables:
         print("iptables byte counters unavailable (needs root and iptables): Zenoh-level bytes only", file=sys.stderr)

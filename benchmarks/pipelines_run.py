@@ -20,8 +20,9 @@ and a deployment, every run:
                 classes in turn), the other robots unserved; no rate cap below 1 / t_act;
      planned-uncapped  (a diagnostic, `--deployments planned-uncapped`) the planner's placement,
                 batching and routing with the robots capped at 1 / t_act instead of the planned rate;
-2. starts every server of the deployment as written (`python -m lerobot_zenoh.cli.server
-   --manifest=manifests/srvN.yaml`, one process each: what servers.sh runs), synthetic components
+2. starts the deployment's router and every server as written (`python -m lerobot_zenoh.cli.router`,
+   `python -m lerobot_zenoh.cli.server --manifest=manifests/srvN.yaml`, one process each: what
+   servers.sh runs; servers and robots connect to the router in client mode), synthetic components
    sleeping the profile's batch latency (`batch_latency_ms`, linear in the batch size as
    `profiles.ROSA_SERVICE`: System 1 40 + 7 (b - 1) ms, Qwen-VL-7B-like 600 + 6 (b - 1), 3B-like
    150 + 2 (b - 1)), every time (latencies, t_act, SLO deadlines, 1 / rates) multiplied by --scale;
@@ -257,6 +258,13 @@ def run_one(workload: str, robots: int, deployment: str, *, servers: int = 8, sc
     procs: list[subprocess.Popen] = []
     logs = []
     try:
+        # The deployment's router first (servers.sh's first line): servers and robots connect to it.
+        from lerobot_zenoh.pipelines.deployment import router_command
+
+        log = open(out / "router.log", "w")
+        logs.append(log)
+        procs.append(subprocess.Popen([sys.executable, "-m", "lerobot_zenoh.cli.router", *router_command(factory)[1:]],
+                                      stdout=log, stderr=subprocess.STDOUT, env=_env()))
         for i in used:
             log = open(out / f"srv{i}.log", "w")
             logs.append(log)

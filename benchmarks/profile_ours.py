@@ -51,9 +51,9 @@ MARKERS = [
     ("server: policy (runner.run, subtracted from RTT)", _fn("run", "lerobot_zenoh/server/runners")),
     ("server: publish chunk (_publish)", _fn("_publish")),
     ("server: status responder polling (Responder._run)", _fn("_run", "lerobot_zenoh/transport/session")),
-    ("client: control step (_step)", _fn("_step")),
-    ("client: publisher thread (_publish_loop)", _fn("_publish_loop")),
-    ("client: receiver (_handle_chunk)", _fn("_handle_chunk")),
+    ("client: control step (ControlLoop.step)", _fn("step", "lerobot_zenoh/client/control_loop")),
+    ("client: publisher thread (ObservationPublisher.run)", _fn("run", "lerobot_zenoh/client/observation_publisher")),
+    ("client: receiver (ChunkReceiver.handle)", _fn("handle", "lerobot_zenoh/client/chunk_receiver")),
     ("client: buffer merge", _fn("merge", "lerobot_zenoh/scheduling")),
     ("telemetry", r"TelemetryPublisher|telemetry_figures"),
 ]

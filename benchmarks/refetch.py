@@ -6,7 +6,7 @@ observation a request is served with, with and without re-fetch, at a load where
   telemetry), Zenoh on loopback, the codec and observation headers, and on the robot side the
   reference client's own `SendTrigger` (send rule, request time-outs, `refresh_due`/`on_refresh`),
   `ChunkIntake` (capture step of the observation answered, RTT from the request's first send) and
-  `ActionBuffer`. Each robot's control step does what `RobotClient._step` does: a new request when
+  `ActionBuffer`. Each robot's control step does what `ControlLoop.step` does: a new request when
   the send rule says so, else a refresh of its waiting request when one is due.
 - SIMULATED: the robots (a 30 Hz tick that executes the next buffered action or stalls; no camera
   images, so a refresh costs the publish and the server's admit, not a JPEG encode) and the model
@@ -114,7 +114,7 @@ class Counters:
 
 class Robot:
     """One robot: the reference client's send trigger, chunk intake and buffer, stepped like
-    `RobotClient._step` (request if the send rule says so, else a refresh when one is due)."""
+    `ControlLoop.step` (request if the send rule says so, else a refresh when one is due)."""
 
     def __init__(self, client_id: str, cfg: RunConfig, publisher, phase: int, start_s: float):
         self.client_id, self.publisher, self.phase, self.start_s = client_id, publisher, phase, start_s

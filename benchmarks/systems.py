@@ -150,6 +150,36 @@ class OursServer:
             self.server.stop()
 
 
+class StampingRobot:
+    """A robot that notes the monotonic time of each `get_observation` (the start of a control step)."""
+
+    def __init__(self, robot, stamps: list[float]):
+        self._robot = robot
+        self._stamps = stamps
+
+    def get_observation(self):
+        self._stamps.append(time.monotonic())
+        return self._robot.get_observation()
+
+    def __getattr__(self, name):
+        return getattr(self._robot, name)
+
+
+class _CountingPublisher:
+    """A publisher that notes each payload's size before putting it."""
+
+    def __init__(self, publisher, sizes: list[int]):
+        self._publisher = publisher
+        self._sizes = sizes
+
+    def put(self, payload, attachment=None):
+        self._sizes.append(len(payload))
+        return self._publisher.put(payload, attachment=attachment)
+
+    def __getattr__(self, name):
+        return getattr(self._publisher, name)
+
+
 class OursClient:
     """A real `RobotClient` on a replaying robot.
 
@@ -170,7 +200,6 @@ class OursClient:
         self._puts: list[tuple[int, float, float]] = []  # (seq_id, t_handover, blocked_s)
         self._merged = threading.Event()
         self._merged_at: dict[int, float] = {}
-        self._last_answer = None
         self._steps: list[float] = []
         self.payload_bytes: list[int] = []
 
@@ -178,6 +207,8 @@ class OursClient:
         from lerobot_zenoh.client.client import RobotClient
         from lerobot_zenoh.client.config import RobotClientConfig
         from lerobot_zenoh.client.config_sim_robot import SimRobotConfig
+        from lerobot_zenoh.client.link import open_session
+        from lerobot_zenoh.client.task import Task
         from lerobot_zenoh.scheduling.send_trigger import SendTriggerConfig
 
         wl = self.workload
@@ -189,11 +220,35 @@ class OursClient:
             application_tag=key.app, endpoint=self.endpoint, zenoh=_zenoh_settings(), fps=FPS,
             actions_per_chunk=CHUNK_SIZE, jpeg_quality=JPEG_QUALITY, same_host=self.same_host,
             send=SendTriggerConfig(buffer_time_s=1000.0, max_in_flight=1))
-        self.client = client = RobotClient(config, robot).start()
+        bench = self
+
+        class NotingTask(Task):
+            """The plain task, noting when each chunk went into the buffer (after the merge)."""
+
+            def on_chunk(self, seq_id, arrived_s):
+                bench._merged_at[seq_id] = time.perf_counter()
+                bench._merged.set()
+
+        class CountingSession:
+            """The client's own session; its observation publisher notes each payload's size."""
+
+            def __init__(self, settings):
+                self._session = open_session(settings, config.discovery_timeout_s)
+
+            def publisher(self, key, qos):
+                publisher = self._session.publisher(key, qos)
+                return _CountingPublisher(publisher, bench.payload_bytes) if key == config.client_key.obs else publisher
+
+            def __getattr__(self, name):
+                return getattr(self._session, name)
+
+        # The robot notes the start of each control step (its observation is the step's first act).
+        self.client = client = RobotClient(config, StampingRobot(robot, self._steps), task=NotingTask(),
+                                           session_factory=CountingSession).start()
         if self.same_host and not client.same_host_active:
             raise RuntimeError("the same-host path was asked for but not chosen (server offers it? /dev/shm?)")
 
-        # Observe, do not replace: the hand-over and the merge keep their own code.
+        # Observe, do not replace: the hand-over keeps its own code.
         put = client.outbox.put
 
         def timed_put(item):
@@ -202,29 +257,6 @@ class OursClient:
             self._puts.append((item.seq_id, t0, time.perf_counter() - t0))
 
         client.outbox.put = timed_put
-        on_receive = client.trigger.on_receive
-
-        def noting_on_receive(seq_id, now_s):
-            self._last_answer = seq_id
-            return on_receive(seq_id, now_s)
-
-        client.trigger.on_receive = noting_on_receive
-        merge = client.buffer.merge
-
-        def timed_merge(chunk, first_step):
-            result = merge(chunk, first_step)
-            self._merged_at[self._last_answer] = time.perf_counter()
-            self._merged.set()
-            return result
-
-        client.buffer.merge = timed_merge
-        pub_put = client._pub.put
-
-        def counting_put(payload, attachment=None):
-            self.payload_bytes.append(len(payload))
-            return pub_put(payload, attachment=attachment)
-
-        client._pub.put = counting_put
         return {"server_id": client.status.server_id}
 
     def round_trips(self, n: int, timeout_s: float = 3.0) -> dict:
@@ -239,7 +271,7 @@ class OursClient:
             before = len(self._puts)
             deadline = time.perf_counter() + timeout_s
             while len(self._puts) == before and time.perf_counter() < deadline:
-                client._step(time.perf_counter(), t0)  # the control loop's own step: capture, hand over, act
+                client.loop.step(time.perf_counter(), t0)  # the control loop's own step: capture, hand over, act
                 if len(self._puts) == before:
                     time.sleep(0.002)  # a request still in flight (a lost one expires after its timeout)
             if len(self._puts) == before:
@@ -259,13 +291,6 @@ class OursClient:
     def control_loop(self, duration_s: float) -> dict:
         """`RobotClient.run` for `duration_s`; every step's start time and every hand-over's blocking time."""
         client = self.client
-        step = client._step
-
-        def stamped_step(now, episode_start):
-            self._steps.append(time.monotonic())
-            step(now, episode_start)
-
-        client._step = stamped_step
         self._puts.clear()
         self._steps.clear()
         t_mono, t_perf = time.monotonic(), time.perf_counter()

@@ -6,6 +6,7 @@
     ├── ProtocolError          bytes that are not a valid message (carries a short `reason`)
     │   └── VersionError       a message of a protocol major version we do not speak
     ├── TransportError         Zenoh refused to open, declare, put or get (raised from zenoh.ZError)
+    │   └── TlsRefusedError    a TLS handshake with an endpoint fails: the listener's certificate, or ours, is refused
     ├── CompatibilityError     a server's capabilities do not match the robot (client start-up)
     └── PolicyError            a checkpoint cannot be loaded or a policy cannot run
 
@@ -52,6 +53,11 @@ class VersionError(ProtocolError):
 
 class TransportError(LeRobotZenohError, RuntimeError):
     """Zenoh failed to open a session or to declare/put/get."""
+
+
+class TlsRefusedError(TransportError):
+    """Something listens at a `tls/` endpoint, but the TLS handshake with it fails: its certificate is
+    refused (another CA, no name for the host dialled, not a server certificate) or it refused ours."""
 
 
 class CompatibilityError(LeRobotZenohError):

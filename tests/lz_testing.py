@@ -48,3 +48,29 @@ def make_config(port, app_key, **kw):
         zenoh=ZenohSettings(multicast_scouting=False), fps=30, **kw)
 
 
+class TappedSession:
+    """A real, open Zenoh session whose publishers call `on_put(key, payload, attachment)` before each
+    put: a test hands it to `RobotClient(session_factory=...)` to count or slow what the client puts."""
+
+    def __init__(self, session, on_put):
+        self._session = session
+        self._on_put = on_put
+
+    def publisher(self, key, qos):
+        return _TappedPublisher(self._session.publisher(key, qos), key, self._on_put)
+
+    def __getattr__(self, name):
+        return getattr(self._session, name)
+
+
+class _TappedPublisher:
+    def __init__(self, publisher, key, on_put):
+        self._publisher, self._key, self._on_put = publisher, key, on_put
+
+    def put(self, payload, attachment=None):
+        self._on_put(self._key, payload, attachment)
+        return self._publisher.put(payload, attachment=attachment)
+
+    def __getattr__(self, name):
+        return getattr(self._publisher, name)
+

@@ -3,6 +3,7 @@
 import copy
 from pathlib import Path
 
+import pytest
 import yaml
 
 from lerobot_zenoh.pipelines.admission import admit
@@ -89,3 +90,18 @@ def test_only_a_rate_change_that_shows_is_reported_and_every_lowering_is_kept_in
     assert a.admitted and "; rates lowered to the closed-loop bound: pick_and_place_simple " in a.reason
     old, new = a.reason.rsplit("pick_and_place_simple ", 1)[1].removesuffix(" Hz").split(" -> ")
     assert float(new) < float(old)
+
+
+def test_after_a_rate_lowering_every_server_carries_what_its_robots_send():
+    """A server's planned rate is the sum of the rates of the robots routed to it, the lowered class's
+    included (it kept the old rate: 10.917 Hz planned on a server whose robots summed to 9.855)."""
+    from lerobot_zenoh.pipelines.deployment import _rate
+
+    f, p = planned([{"task": "pick_and_place_simple", "robots": 1}, {"task": "assemble_kit", "robots": 3}], servers=5)
+    a = admit(f, PROFILES, p, "assemble_kit")
+    assert a.admitted and "rates lowered" in a.reason
+    for server in a.plan.servers:
+        routed = sum(_rate(f, a.plan, rid, comp) for rid, routes in a.plan.routing.items()
+                     for comp, idx in routes.items() if idx == server.index)
+        assert server.rate_hz == pytest.approx(routed, rel=1e-9), server.index
+        assert evaluate_server(PROFILES.get(server.model), server.shares)[0] == server.batch_size

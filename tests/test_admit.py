@@ -61,8 +61,11 @@ def running_servers(deployment: Path):
     """Every planned server runs (servers.sh's lines, each writing its pid file); stopped at exit, each
     exiting 0."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    lines = [shlex.split(line.removesuffix(" &")) for line in (deployment / "servers.sh").read_text().splitlines()
-             if line.startswith("lerobot-policy-server")]
+    script = (deployment / "servers.sh").read_text().splitlines()
+    (router,) = [shlex.split(line.removesuffix(" &")) for line in script if line.startswith("lerobot-zenoh-router")]
+    lines = [shlex.split(line.removesuffix(" &")) for line in script if line.startswith("lerobot-policy-server")]
+    router_proc = subprocess.Popen([sys.executable, "-m", "lerobot_zenoh.cli.router", *router[1:]], env=env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     procs = [subprocess.Popen([sys.executable, "-m", "lerobot_zenoh.cli.server", *argv[1:]], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for argv in lines]
     try:
@@ -81,6 +84,8 @@ def running_servers(deployment: Path):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
+        router_proc.send_signal(signal.SIGTERM)
+        router_proc.wait(20)
     assert all(proc.returncode == 0 for proc in procs)
 
 

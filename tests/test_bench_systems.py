@@ -19,3 +19,21 @@ def test_our_bench_server_starts_reports_its_stats_and_stops(port, monkeypatch):
         assert {"decoded_observations", "decoded_jpegs", "rejected", "superseded"} <= set(stats)
     finally:
         server.close()
+
+
+def test_our_bench_client_round_trips_and_runs_its_loop_through_the_injected_parts(port):
+    """OursClient observes the real client through its seams (a task, a session factory, the robot):
+    each round trip is timed from the hand-over to the merge, payload sizes and step starts are seen."""
+    server = systems.OursServer([f"tcp/127.0.0.1:{port}"], [{"app": "ingest", "workload": "cam1_224x224"}])
+    client = systems.OursClient("cam1_224x224", f"tcp/127.0.0.1:{port}", app="ingest")
+    try:
+        server.start()
+        client.start()
+        trips = client.round_trips(3)
+        assert len(trips["rtt_ms"]) + trips["lost"] == 3 and len(trips["rtt_ms"]) >= 2
+        assert trips["obs_bytes"] and trips["obs_bytes"] > 1000  # one JPEG frame at least
+        loop = client.control_loop(0.5)
+        assert len(loop["steps"]) >= 5 and loop["chunks"] >= 1
+    finally:
+        client.close()
+        server.close()

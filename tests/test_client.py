@@ -17,9 +17,10 @@ from lerobot_zenoh.client.config_sim_robot import SimRobotConfig
 from lerobot_zenoh.errors import CompatibilityError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.scheduling.action_buffer import ActionBuffer
-from lerobot_zenoh.transport.session import ZenohSession
+from lerobot_zenoh.scheduling.send_trigger import SendTrigger
+from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
 from lerobot_zenoh.transport.settings import loopback_settings
-from lz_testing import make_config, make_server
+from lz_testing import TappedSession, make_config, make_server, wait_for
 
 
 class LoggingRobot:
@@ -102,8 +103,7 @@ def test_robot_executes_exactly_the_trimmed_and_blended_chunks(port, app_key, ag
         with ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as mon:
             mon.subscribe(app_key.client("r1").action, lambda k, b: monitor_chunks.append(codec.decode_action_chunk(b)))
             robot = LoggingRobot(make_robot_from_config(cfg.robot))
-            client = RobotClient(cfg, robot)
-            client.buffer = EventBuffer(agg)
+            client = RobotClient(cfg, robot, buffer=EventBuffer(agg))
             run_client(client, 3.0)
     merges = [e for e in client.buffer.events if e[0] == "merge"]
     pops = [e[1] for e in client.buffer.events if e[0] == "pop"]
@@ -131,11 +131,16 @@ def test_robot_executes_exactly_the_trimmed_and_blended_chunks(port, app_key, ag
 def test_trimmed_steps_follow_the_rtt(port, app_key):
     cfg = make_config(port, app_key)
     with make_server(port, app_key, latency_ms=200):
-        client = RobotClient(cfg, make_robot_from_config(cfg.robot))
-        client.buffer = EventBuffer(cfg.aggregate)
+        buffer = EventBuffer(cfg.aggregate)
         steps_at_send = {}
-        original = client.trigger.on_send
-        client.trigger.on_send = lambda seq, now: (steps_at_send.__setitem__(seq, client.buffer.next_step), original(seq, now))[1]
+
+        class StepNotingTrigger(SendTrigger):  # the buffer's step when each request leaves
+            def on_send(self, seq_id, now_s, **kw):
+                steps_at_send[seq_id] = buffer.next_step
+                return super().on_send(seq_id, now_s, **kw)
+
+        client = RobotClient(cfg, make_robot_from_config(cfg.robot), buffer=buffer,
+                             trigger=StepNotingTrigger(cfg.send, dt_s=cfg.dt_s))
         run_client(client, 3.0)
     merges = [e for e in client.buffer.events if e[0] == "merge"]
     assert len(merges) >= 3
@@ -159,10 +164,10 @@ def test_control_period_holds_while_publishing_is_slow_and_without_a_server(port
     """BUG-1: the control loop never waits for the network, even if a put takes 300 ms."""
     cfg = make_config(port, app_key, robot=SimRobotConfig(cameras={"front": (48, 64), "wrist": (48, 64)}, fps=30))
     server = make_server(port, app_key).start()
-    client = RobotClient(cfg, make_robot_from_config(cfg.robot))
+    congested = lambda key, payload, attachment: time.sleep(0.3)  # noqa: E731  (every put takes 300 ms)
+    client = RobotClient(cfg, make_robot_from_config(cfg.robot),
+                         session_factory=lambda settings: TappedSession(ZenohSession(settings).open(), congested))
     client.start()
-    real_put = client._pub.put
-    client._pub.put = lambda payload, attachment=None: (time.sleep(0.3), real_put(payload, attachment))  # a congested link
     try:
         client.run(duration_s=2.0)
         with_server = list(client.counters.period_ms)
@@ -463,8 +468,7 @@ def test_rtc_observations_carry_the_leftover_and_the_buffer_is_replaced_not_blen
             mon.subscribe(app_key.client("r1").action,
                           lambda k, b: seen_chunks.setdefault((c := codec.decode_action_chunk(b)).response_to_seq_id, c))
             robot = LoggingRobot(make_robot_from_config(cfg.robot))
-            client = RobotClient(cfg, robot)
-            client.buffer = RtcEventBuffer(cfg.aggregate)
+            client = RobotClient(cfg, robot, buffer=RtcEventBuffer(cfg.aggregate))
             run_client(client, 3.0)
     assert client.status.rtc is not None and client.rtc_active and client.intake.mode is MergeMode.RTC
     events = client.buffer.events
@@ -574,3 +578,53 @@ def test_observations_carry_the_frames_of_the_steps_before_them_when_the_model_a
             assert all(jpeg[:2] == b"\xff\xd8" for jpeg in frame.images.values())
         checked += 1
     assert checked >= 3
+
+
+def test_a_robot_shut_out_of_its_session_draws_a_new_nonce_and_is_served_again(port, app_key):
+    """A forged observation with the robot's nonce and a seq_id 1000 ahead (within the server's bound on
+    jumps) becomes the session's newest: every later request of the robot is `replayed` and goes unanswered. After
+    `new_nonce_after_unanswered` of them in a row the client draws a new nonce, and is served again."""
+    from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation
+
+    cfg = make_config(port, app_key, new_nonce_after_unanswered=3)
+    served = []
+    with make_server(port, app_key):
+        with ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as attacker:
+            attacker.subscribe(app_key.client("r1").action,
+                               lambda k, b: served.append(codec.decode_action_chunk(b).response_to_seq_id))
+            client = RobotClient(cfg, make_robot_from_config(cfg.robot)).start()
+            runner = threading.Thread(target=client.run, kwargs={"duration_s": 30.0})
+            runner.start()
+            try:
+                assert wait_for(lambda: client.counters.chunks_received >= 3, 10)
+                nonce = client.session_nonce
+                forged_seq = max(served) + 1000
+                frame = np.zeros((48, 64, 3), np.uint8)
+                forged = Observation(forged_seq, "r1", np.zeros(6, np.float32),
+                                     {cam: codec.encode_jpeg(frame, 80) for cam in ("front", "wrist")}, "",
+                                     ExecutionInfo(), episode_id=str(client.episode), session_nonce=nonce)
+                attacker.publisher(app_key.client("r1").obs, OBSERVATION_QOS).put(
+                    codec.encode(forged), attachment=codec.encode_observation_header(forged))
+                poisoned = wait_for(lambda: forged_seq in served, 5)
+                before = client.counters.chunks_received
+                if poisoned:  # the robot is shut out: it must renew its session by itself
+                    assert wait_for(lambda: client.counters.session_renewals >= 1, 15)
+                    assert client.session_nonce != nonce
+                # Renewed, or never shut out (a server that refuses the forgery): served either way.
+                assert wait_for(lambda: client.counters.chunks_received >= before + 5, 15)
+                summary = client.summary()
+                assert summary["session_renewals"] == client.counters.session_renewals
+            finally:
+                client.stop()
+                runner.join(10)
+                client.close()
+
+
+def test_a_client_uses_the_session_it_is_given_and_leaves_it_open(port, app_key):
+    cfg = make_config(port, app_key)
+    with make_server(port, app_key):
+        with ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as session:
+            client = run_client(RobotClient(cfg, make_robot_from_config(cfg.robot), session=session), 1.0)
+            assert client.counters.chunks_received >= 1
+            # closed the client, not the session: it still answers a status query
+            assert session.query(app_key.status, timeout_s=2.0)

@@ -9,8 +9,13 @@ from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation
 from lerobot_zenoh.scheduling.request_schedulers import FifoScheduler, make_scheduler
 from lerobot_zenoh.server.engine import (
+    MAX_SEQ_RATE_HZ,
+    MAX_SEQ_STEP,
+    NONCE_REQUIRED,
+    NONCELESS_REPLAY_WINDOW_S,
     REFRESH_LATE,
     REPLAYED,
+    SEQ_JUMP,
     TOO_LARGE,
     TOO_MANY_CLIENTS,
     UNKNOWN_CLIENT,
@@ -41,13 +46,16 @@ def serve(e: Engine, now: float) -> list[str]:
     if batch is None:
         return []
     served = []
+    for session, _slot, reason, _detail in batch.rejected:
+        e.reject(session, reason, now)
     for session, slot in batch.items:
         o = slot.observation or codec.decode_observation(slot.payload)
-        if e.check(session, o) is None:
+        why = e.check(session, o, slot.arrival_s)
+        if why is None:
             e.take_reset(session)
             served.append((session, o.seq_id, 1.0, 0.0))
         else:
-            e.reject(session, REPLAYED, now)
+            e.reject(session, why, now)
     e.finish(served, [s.client_id for s, _ in batch.items], now, 0.01)
     return [s.client_id for s, *_ in served]
 
@@ -86,6 +94,7 @@ def test_unknown_place_is_freed_when_the_token_goes_after_the_grace_period():
 
 def test_idle_sessions_expire_and_their_scheduler_state_is_forgotten():
     e = engine(scheduler="fifo", accept_unknown=True, idle_timeout_s=5.0)
+    e.on_token("u", True, 0.0)  # declared before its first observation
     e.admit("robot", codec.encode(obs("robot", 1)), 0.0)
     e.admit("u", codec.encode(obs("u", 1)), 0.0)
     e.schedule(0.0)  # announced to the scheduler, not served
@@ -289,3 +298,156 @@ def test_a_malformed_header_is_rejected_with_its_reason_whatever_the_scheduler()
     e.admit("robot", codec.encode(obs("robot", 1)), 0.0, b"\x01garbage", codec.decode_observation_header)
     batch = e.schedule(0.0)
     assert batch.items == [] and [r[2] for r in batch.rejected] == ["bad_header"]
+
+
+# -- sessions against a forger (docs/protocol.md §10.5, docs/security.md) -------------------------------
+
+
+@pytest.mark.parametrize("with_header", [True, False])
+def test_a_forged_nonce_less_observation_cannot_poison_a_session_that_has_a_nonce(with_header):
+    """The audit's packet: seq_id 2**64-1, no nonce, on a listed robot's key. Refused at once; the
+    robot's next request is served and nothing of its session changed."""
+    e = engine()
+    send = admit if with_header else (lambda e, o, now: e.admit(o.client_uuid, codec.encode(o), now))
+    send(e, obs("robot", 5, nonce=9), 0.0)
+    assert serve(e, 0.0) == ["robot"]
+    session = e.sessions["robot"]
+    send(e, obs("robot", 2**64 - 1, nonce=None, episode="forged"), 0.1)
+    assert serve(e, 0.1) == []
+    assert (session.nonce, session.last_served_seq, session.episode_id, session.needs_reset) == (9, 5, "0", False)
+    send(e, obs("robot", 6, nonce=9), 0.2)
+    assert serve(e, 0.2) == ["robot"]
+    assert e.snapshot()["sessions"]["robot"]["rejected"] == {NONCE_REQUIRED: 1}
+
+
+def test_a_forged_observation_before_the_robot_starts_costs_it_nothing():
+    """A nonce-less 2**64-1 opens the session and is served; the robot's nonce starts its own count."""
+    e = engine()
+    admit(e, obs("robot", 2**64 - 1, nonce=None), 0.0)
+    assert serve(e, 0.0) == ["robot"]
+    admit(e, obs("robot", 1, nonce=9), 0.5)
+    assert serve(e, 0.5) == ["robot"]
+    assert e.sessions["robot"].last_served_seq == 1
+
+
+def test_seq_ids_cannot_jump_beyond_the_bound_and_the_bound_grows_with_time():
+    e = engine()
+    admit(e, obs("robot", 10), 0.0)
+    assert serve(e, 0.0) == ["robot"]
+    admit(e, obs("robot", 2**64 - 1), 0.1)  # the robot's own nonce (a forger who read it)
+    assert serve(e, 0.1) == []
+    admit(e, obs("robot", 10 + MAX_SEQ_STEP + 101), 0.1)  # 1 s of counting at the bound's rate: 1000 more
+    assert serve(e, 0.1) == []
+    assert e.snapshot()["sessions"]["robot"]["rejected"] == {SEQ_JUMP: 2}
+    admit(e, obs("robot", 11), 0.2)
+    assert serve(e, 0.2) == ["robot"]  # the robot was never shut out
+    # A client that went unserved for a minute (a failover, a long queue) counted on: still served.
+    late = 11 + MAX_SEQ_STEP + int(MAX_SEQ_RATE_HZ * 59)
+    admit(e, obs("robot", late), 60.2)
+    assert serve(e, 60.2) == ["robot"]
+    # The refusals did not cool the robot down: they are not its bad input.
+    assert e.rate_limit.blocked("robot", 60.2) is False
+
+
+def test_a_forged_stream_with_another_nonce_costs_the_robot_one_reset_not_its_service():
+    e = engine()
+    admit(e, obs("robot", 10, nonce=1), 0.0)
+    assert serve(e, 0.0) == ["robot"]
+    for i, seq in enumerate(range(10_000, 10_005)):  # made-up nonce, seq ids moved far ahead
+        admit(e, obs("robot", seq, nonce=666), 0.1 + i * 0.01)
+        serve(e, 0.1 + i * 0.01)
+    admit(e, obs("robot", 11, nonce=1), 0.2)
+    batch = e.schedule(0.2, codec.decode_observation, codec.decode_observation_header)
+    session, slot = batch.items[0]
+    assert e.check(session, codec.decode_observation(slot.payload), slot.arrival_s) is None
+    assert e.take_reset(session)  # its per-episode state starts again: the cost of a forger in plain mode
+    e.finish([(session, 11, 1.0, 0.0)], ["robot"], 0.2, 0.01)
+
+
+def test_switching_to_made_up_nonces_and_back_does_not_lift_the_bound_on_the_robots_own():
+    e = engine()
+    admit(e, obs("robot", 10, nonce=1), 0.0)
+    assert serve(e, 0.0) == ["robot"]
+    for i in range(20):  # more made-up nonces than a session remembers
+        admit(e, obs("robot", 5, nonce=1000 + i), 0.1)
+        assert serve(e, 0.1) == ["robot"]
+    admit(e, obs("robot", 2**64 - 1, nonce=1), 0.2)  # back on the robot's nonce, far ahead
+    assert serve(e, 0.2) == []
+    assert e.snapshot()["sessions"]["robot"]["rejected"] == {SEQ_JUMP: 1}
+    admit(e, obs("robot", 11, nonce=1), 0.3)
+    assert serve(e, 0.3) == ["robot"]
+    assert len(e.sessions["robot"].past_nonces) <= 8
+
+
+def test_a_forged_stream_with_the_robots_nonce_shuts_it_out_until_it_draws_a_new_nonce():
+    """Within the bound, a forger who read the robot's nonce moves its count ahead (plain mode
+    cannot tell them apart); the client's new nonce after unanswered requests serves it at once."""
+    e = engine()
+    admit(e, obs("robot", 10, nonce=1), 0.0)
+    assert serve(e, 0.0) == ["robot"]
+    admit(e, obs("robot", 500, nonce=1), 0.1)
+    assert serve(e, 0.1) == ["robot"]
+    for seq in (11, 12, 13):
+        admit(e, obs("robot", seq, nonce=1), 0.2)
+        assert serve(e, 0.2) == []
+    admit(e, obs("robot", 1, nonce=2), 0.3)
+    assert serve(e, 0.3) == ["robot"]
+
+
+def test_a_nonce_less_client_that_restarts_is_served_again_at_once():
+    e = engine()
+    e.on_token("robot", True, 0.0)
+    for seq in range(1, 51):
+        admit(e, obs("robot", seq, nonce=None), seq * 0.01)
+        assert serve(e, seq * 0.01) == ["robot"]
+    admit(e, obs("robot", 3, nonce=None), 0.6)  # a replay while it runs: refused
+    assert serve(e, 0.6) == []
+    e.on_token("robot", False, 0.7)  # the process exits: its token goes; the new one declares it again
+    e.on_token("robot", True, 0.9)
+    admit(e, obs("robot", 1, nonce=None), 1.0)
+    batch = e.schedule(1.0, codec.decode_observation, codec.decode_observation_header)
+    session, slot = batch.items[0]
+    assert e.check(session, codec.decode_observation(slot.payload), slot.arrival_s) is None
+    assert e.take_reset(session)
+    e.finish([(session, 1, 1.0, 0.0)], ["robot"], 1.0, 0.01)
+    # Without a token: a restart is told from a replay once nothing was served for the window.
+    admit(e, obs("robot", 2, nonce=None), 1.1)
+    assert serve(e, 1.1) == ["robot"]
+    admit(e, obs("robot", 1, nonce=None), 1.2)
+    assert serve(e, 1.2) == []
+    admit(e, obs("robot", 1, nonce=None), 1.1 + NONCELESS_REPLAY_WINDOW_S)
+    assert serve(e, 1.1 + NONCELESS_REPLAY_WINDOW_S) == ["robot"]
+    assert e.snapshot()["sessions"]["robot"]["rejected"] == {REPLAYED: 2}
+
+
+def test_rejected_observations_do_not_keep_a_session_alive():
+    e = engine(idle_timeout_s=5.0)
+    admit(e, obs("robot", 10), 0.0)
+    assert serve(e, 0.0) == ["robot"]
+    for t in range(1, 8):  # replays, and nonce-less forgeries, once a second
+        admit(e, obs("robot", 3), float(t))
+        admit(e, obs("robot", 2**64 - 1, nonce=None), t + 0.5)
+        serve(e, t + 0.5)
+    assert [s.closed_reason for s in e.expire(7.6)] == ["idle"]
+
+
+def test_an_unknown_id_that_never_declares_a_token_frees_its_place_after_the_grace():
+    e = engine(accept_unknown=True, max_unknown_clients=2, liveliness_grace_s=1.0, idle_timeout_s=60.0)
+    e.on_token("visitor", True, 0.0)  # a real client declares its token before its first observation
+    assert admit(e, obs("visitor", 1), 0.1) is None
+    assert admit(e, obs("invented1", 1), 0.1) is None
+    assert serve(e, 0.1)
+    assert e.expire(5.0) == []  # nobody else wants a place: a client without a token keeps its session
+    assert admit(e, obs("invented2", 1), 5.0) == TOO_MANY_CLIENTS
+    assert sorted(s.client_id for s in e.expire(5.1)) == ["invented1"]  # not the visitor, whose token is there
+    assert admit(e, obs("invented2", 1), 5.2) is None  # the place is free again
+    assert e.snapshot()["sessions_closed"] == {"no_token": 1}
+    assert admit(e, obs("invented3", 1), 5.3) == TOO_MANY_CLIENTS
+    assert e.expire(6.1) == []  # invented2's grace is not over yet
+    e.on_token("invented2", True, 6.15)  # a token seen keeps it
+    assert admit(e, obs("invented3", 1), 6.3) == TOO_MANY_CLIENTS
+    assert e.expire(7.0) == []
+    # Tokens of ids without a session are remembered, boundedly.
+    for i in range(10_000):
+        e.on_token(f"t{i}", True, 2.0)
+    assert len(e._tokens) <= 4096

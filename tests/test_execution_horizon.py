@@ -358,8 +358,7 @@ def test_client_executes_at_most_h_actions_of_each_chunk(port, app_key):
     with PolicyServer(manifest), \
             ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as mon:
         mon.subscribe(app_key.client("r1").action, lambda k, b: chunks.append(codec.decode_action_chunk(b)))
-        client = RobotClient(cfg, make_robot_from_config(cfg.robot))
-        client.buffer = MergeLog(cfg.aggregate)
+        client = RobotClient(cfg, make_robot_from_config(cfg.robot), buffer=MergeLog(cfg.aggregate))
         client.start()
         try:
             client.run(duration_s=2.0)

@@ -23,6 +23,7 @@ from lerobot.robots import make_robot_from_config
 
 from lerobot_zenoh.client.client import RobotClient
 from lerobot_zenoh.client.config import routing_args
+from lerobot_zenoh.client.task import Task
 from lerobot_zenoh.transport.session import ZenohSession
 from lerobot_zenoh.transport.settings import ZenohSettings
 from lz_netns import lan, lan_unavailable_reason, net_pair, netns_unavailable_reason
@@ -116,8 +117,8 @@ def wait_status(endpoint: str, app_key, timeout_s: float = 60) -> float:
 
 
 class RunningClient:
-    def __init__(self, cfg):
-        self.client = RobotClient(cfg, make_robot_from_config(cfg.robot)).start()
+    def __init__(self, cfg, task=None):
+        self.client = RobotClient(cfg, make_robot_from_config(cfg.robot), task=task).start()
         self.thread = threading.Thread(target=self.client.run, daemon=True)
         self.thread.start()
 
@@ -184,9 +185,12 @@ def test_kill9_with_hot_standby_measures_the_gap(tmp_path, app_key):
         cfg = make_config(PORT, app_key, endpoint=ep1, watchdog_timeout_s=0.5)
         cfg.zenoh = ZenohSettings(connect=[ep2], multicast_scouting=False)
         arrivals = []
-        rc = RunningClient(cfg)
-        orig = rc.client._handle_chunk
-        rc.client._handle_chunk = lambda payload, t: (arrivals.append((t, rc.client.counters.chunks_received)), orig(payload, t))[1]
+
+        class NotingTask(Task):  # the plain task, noting when each accepted chunk arrived
+            def on_chunk(self, seq_id, arrived_s):
+                arrivals.append((arrived_s, seq_id))
+
+        rc = RunningClient(cfg, NotingTask())
         try:
             assert wait_for(lambda: rc.chunks() >= 3 and rc.client.serving_server_id == "gpu0", 15)
             n = len(arrivals)

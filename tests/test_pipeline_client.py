@@ -271,7 +271,7 @@ def test_failed_retries_the_task_then_stops_and_done_ends_the_run(app_key):
         run(client, 20.0)
         elapsed = time.perf_counter() - t0
     assert elapsed < 8.0
-    assert client.runtime.attempt == 2 and client.runtime.failures == 2 and client._episode == 1
+    assert client.runtime.attempt == 2 and client.runtime.failures == 2 and client.episode == 1
     assert client.counters.reset_steps >= 5                  # the reset between the attempts
     # `done` ends the run as a success after one attempt
     with Pipeline(app_key, synthetic={"progress": {"verdict_at": {3: "done"}}}) as p:

@@ -104,6 +104,22 @@ def test_an_answer_after_its_deadline_not_yet_polled_is_a_miss():
     assert rt.stats()["act"].missed == 1 and rt.stats()["act"].met == 0
 
 
+def test_latency_percentiles_include_answers_that_came_after_their_deadline():
+    """An answer 900 ms after its request, whose 200 ms deadline poll() saw pass, counts in the
+    percentiles (they were capped near the deadline when late answers were left out)."""
+    rt = runtime(only=("act",))
+    for i in range(9):
+        send(rt, i + 1, float(i))
+        assert rt.on_chunk(i + 1, i + 0.05) == "met"
+    send(rt, 10, 9.0)
+    assert rt.poll(9.25) == ["act"]
+    assert rt.on_chunk(10, 9.9) == "late"
+    s = rt.stats()["act"]
+    assert sorted(s.latencies_ms)[-1] == pytest.approx(900.0)
+    assert rt.figures()["slo.act.latency_ms_p99"] > 800.0
+    assert rt.on_chunk(10, 9.95) == "unknown"  # a second answer to it is nobody's
+
+
 def test_retry_reasks_then_falls_back_to_hold_until_an_answer_in_time():
     rt = PipelineRuntime(task(only=("act",)))
     rt.begin_attempt(0.0)

@@ -149,7 +149,9 @@ def test_written_deployment_starts_as_is(tmp_path):
         manifest = load_manifest(out / "manifests" / f"srv{s.index}.yaml")  # what lerobot-policy-server reads
         (entry,) = manifest.server
         assert entry.max_batch_size == s.batch_size and not entry.accept_unknown_clients
-        assert manifest.zenoh_settings().listen == [f"tcp/127.0.0.1:{7500 + s.index}"]
+        # Servers listen nowhere: each connects to the deployment's router, as every robot does.
+        zs = manifest.zenoh_settings()
+        assert zs.listen == [] and zs.connect == ["tcp/127.0.0.1:7500"] and zs.effective_mode == "client"
         for c in entry.clients:
             routed.setdefault(c.client_uuid, set()).add(s.index)
         # Every component's server takes its robots' observations from their task's stream, at the
@@ -163,13 +165,15 @@ def test_written_deployment_starts_as_is(tmp_path):
             assert p.labels == {"safety": ["safe", "unsafe"], "monitor": ["ongoing", "done", "failed"]}.get(kind, [])
     assert all(set(routes.values()) == routed[rid] for rid, routes in result.routing.items())
     assert len((out / "clients.sh").read_text().splitlines()) == 2 + 32 + 1
+    router_line = (out / "servers.sh").read_text().splitlines()[2]
+    assert router_line == "lerobot-zenoh-router --zenoh.listen=tcp/127.0.0.1:7500 --zenoh.multicast_scouting=false &"
     # The client arguments name the robot's System 1 server and its app key.
     rid = "assemble_kit-r0"
     args = dict(a.split("=", 1) for a in client_args(f, result, rid))
     s1 = result.servers[result.routing[rid]["act"]]
     manifest = server_manifest(f, result, s1)
     assert args["--application_tag"] == manifest["server"][0]["application_tag"]
-    assert args["--endpoint"] == manifest["zenoh"]["listen"][0]
+    assert args["--endpoint"] == manifest["zenoh"]["connect"][0]
     assert args["--actions_per_chunk"] == "6"  # 200 ms at 30 fps
 
 
@@ -201,7 +205,7 @@ def test_plan_json_gives_each_robot_its_pipeline_and_the_client_reads_it(tmp_pat
         manifest = server_manifest(f, result, result.servers[result.routing[rid][comp]])
         entry = manifest["server"][0]
         assert (route.app.model, route.app.app) == (entry["model_id"], entry["application_tag"])
-        assert route.endpoint == manifest["zenoh"]["listen"][0] and route.kind == f.tasks["assemble_kit"].components[comp].kind
+        assert route.endpoint == manifest["zenoh"]["connect"][0] and route.kind == f.tasks["assemble_kit"].components[comp].kind
     assert rp.stream.prefix == "factory/mix2/_pipeline/1/assemble_kit"
     assert rp.rates_hz["safety"] == 2.0 and rp.system1.rate_hz == pytest.approx(result.rates_hz["assemble_kit"], rel=1e-3)
     # the generated line parses, and the plan sets routing, fps, chunk length and the System 1 rate cap
@@ -269,6 +273,12 @@ def test_a_generated_server_and_client_run_as_written(tmp_path):
     assert argv[0] == "lerobot-robot-client"
     robot = next(a.split("=", 1)[1] for a in argv if a.startswith("--client_uuid="))
     assert argv[1] == f"--pipeline.plan={out / 'plan.json'}"
+    from lerobot_zenoh.pipelines.deployment import router_endpoint
+    from lerobot_zenoh.transport.session import ZenohSession
+    from lerobot_zenoh.transport.settings import ZenohSettings
+
+    # servers.sh's first line, in this process: the router every server and robot connects to
+    router = ZenohSession(ZenohSettings(mode="router", listen=[router_endpoint(f)], multicast_scouting=False)).open()
     servers = [PolicyServer(load_manifest(out / "manifests" / f"srv{i}.yaml")).start()
                for i in sorted(set(result.routing[robot].values()))]
     summary = tmp_path / "summary.json"
@@ -279,6 +289,7 @@ def test_a_generated_server_and_client_run_as_written(tmp_path):
     finally:
         for server in servers:
             server.stop()
+        router.close()
     assert proc.returncode == 0, proc.stderr[-2000:]
     done = json.loads(summary.read_text())
     assert done["chunks_received"] > 0 and done["pipeline"]["task"] == result.robot_task[robot]

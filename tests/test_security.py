@@ -15,12 +15,13 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
-from lerobot_zenoh.errors import ConfigError, TransportError
+from lerobot_zenoh.errors import CompatibilityError, ConfigError, TlsRefusedError, TransportError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import Observation
 from lerobot_zenoh.security import pki
@@ -273,8 +274,8 @@ def test_a_robot_certificate_cannot_pose_as_the_server(layout, app_key, port, tm
         rogue.subscribe(app_key.client("robB").obs, answer)
         b_settings = dataclasses.replace(member_settings(layout, "robB", [f"tls/127.0.0.1:{port}"]), mode=mode,
                                          connect_timeout_s=2.0)
-        if mode == "client":  # the handshake fails, so the connect-only session never opens
-            with pytest.raises(TransportError, match="could not open"):
+        if mode == "client":  # the handshake fails, so the connect-only session never opens, and says why
+            with pytest.raises(TlsRefusedError, match="its TLS certificate is refused"):
                 ZenohSession(b_settings).open()
         else:
             with ZenohSession(b_settings) as b_session:
@@ -296,6 +297,83 @@ def test_a_robot_certificate_cannot_pose_as_the_server(layout, app_key, port, tm
         wait_status(bs, app_key)
         b.send_until_served(1, np.random.default_rng(10))
         assert all(not np.any(c.actions == 5.0) for c in b.chunks)
+
+
+def test_a_robot_whose_server_certificate_is_refused_says_so(layout, app_key, port):
+    """A listener with a certificate the robot refuses (robA's: a client certificate, no host name)
+    on the server's address: the robot's start-up names the certificate, not a dead address; with
+    nothing listening it says that nothing answers."""
+    from lerobot.robots import make_robot_from_config
+
+    from lerobot_zenoh.client.client import RobotClient
+    from lerobot_zenoh.client.config import RobotClientConfig
+    from lerobot_zenoh.client.config_sim_robot import SimRobotConfig
+
+    def robot_client(endpoint):
+        settings = dataclasses.replace(member_settings(layout, "robB", [endpoint]), connect=[])
+        cfg = RobotClientConfig(robot=SimRobotConfig(cameras=dict(CAMS), fps=30), client_uuid="robB",
+                                cluster_uuid=app_key.cluster, experiment_tag=app_key.experiment,
+                                model_id=app_key.model, model_version=app_key.version,
+                                application_tag=app_key.app, endpoint=endpoint, zenoh=settings, fps=30,
+                                discovery_timeout_s=2.0)
+        return RobotClient(cfg, make_robot_from_config(cfg.robot))
+
+    rogue_settings = dataclasses.replace(server_settings(layout, "gpu0", [f"tls/127.0.0.1:{port}"]),
+                                         tls_certificate=str(layout.cert("robA")),
+                                         tls_private_key=str(layout.key("robA")), access_control_file=None)
+    with ZenohSession(rogue_settings):
+        client = robot_client(f"tls/127.0.0.1:{port}")
+        with pytest.raises(CompatibilityError) as refused:
+            client.start()
+        client.close()
+    message = str(refused.value)
+    print(message)
+    assert "certificate is refused" in message and "nothing answers" not in message
+    client = robot_client(f"tls/127.0.0.1:{free_port()}")
+    with pytest.raises(CompatibilityError, match="nothing answers there"):
+        client.start()
+    client.close()
+
+
+def test_a_plain_session_refuses_a_too_large_message_cheaply(port):
+    """Every session, plain included, reassembles at most `max_message_bytes` (16 MiB + 64 KiB): a
+    50 MB reliable put is dropped as it arrives, costing the receiver about the limit, not 50 MB;
+    a 1 MiB put after it arrives."""
+    from lerobot_zenoh.transport.settings import MAX_MESSAGE_BYTES
+
+    def rss_mb() -> float:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+    settings = loopback_settings(port)
+    assert settings.max_message_bytes == MAX_MESSAGE_BYTES and settings.tls_enabled is False
+    # a plain server manifest's session gets it too (not only a secured one's)
+    plain = parse_manifest({"cluster_uuid": "c", "experiment_tag": "e", "server_id": "gpu0",
+                            "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"]},
+                            "server": [{"model_id": "m", "model_version": "v", "application_tag": "a",
+                                        "synthetic": {"state_dim": 6, "action_dim": 6},
+                                        "clients": [{"client_uuid": "r1"}]}]})
+    assert plain.zenoh_settings().to_zenoh_config().get_json("transport/link/rx/max_message_size") == str(
+        MAX_MESSAGE_BYTES)
+    assert settings.to_zenoh_config().get_json("transport/link/rx/max_message_size") == str(MAX_MESSAGE_BYTES)
+    got: list[int] = []
+    with ZenohSession(settings) as receiver:
+        receiver.subscribe("big/**", lambda key, payload: got.append(len(payload)))
+        before = rss_mb()
+        sender = (  # another process, so that its own 50 MB does not count here
+            "import sys, time, zenoh; sys.path.insert(0, '.')\n"
+            "from lerobot_zenoh.transport.session import ZenohSession\n"
+            "from lerobot_zenoh.transport.settings import loopback_settings\n"
+            f"s = ZenohSession(loopback_settings(None, listen=False, connect_ports=({port},))).open()\n"
+            "time.sleep(0.5)\n"
+            "s.raw.put('big/50mb', b'x' * (50 * 2**20), congestion_control=zenoh.CongestionControl.BLOCK)\n"
+            "s.raw.put('big/1mb', b'y' * 2**20, congestion_control=zenoh.CongestionControl.BLOCK)\n"
+            "time.sleep(1.5)\n")
+        subprocess.run([sys.executable, "-c", sender], check=True, timeout=60, cwd=Path(__file__).resolve().parents[1])
+        assert wait_for(lambda: got == [2**20], 5), got
+        grown = rss_mb() - before
+    print(f"a 50 MB put to a plain session: dropped; the receiver grew {grown:.1f} MB")
+    assert grown < 35
 
 
 def _status(app_key):
@@ -344,7 +422,10 @@ def test_a_peer_without_a_valid_certificate_cannot_connect(secured, app_key, lay
                           connect=[f"tcp/127.0.0.1:{port}"], json5_overrides={"listen/endpoints": "[]"}),
     }[who]
     if mode == "client":  # a client must reach its router/peer at open: the TLS handshake fails, so does open
-        with pytest.raises(TransportError, match="could not open"):  # (after 2 s, not the 30 s default)
+        expected = (TransportError, "could not open") if who == "plain tcp" else (
+            TlsRefusedError, {"no certificate": "the listener may refuse this node's certificate",
+                              "another CA": "its TLS certificate is refused"}[who])
+        with pytest.raises(expected[0], match=expected[1]):  # (after 2 s, not the 30 s default), saying why
             connect("robA", mode="client", connect_timeout_s=2.0, **changes)
         return
     # A peer opens without any connection; it then never gets through to the server.

@@ -46,10 +46,10 @@ def connect(port) -> ZenohSession:
 class Robot:
     """The wire side of a client: one observation at a time, waits for its chunk."""
 
-    def __init__(self, session: ZenohSession, app_key, client_id: str, *, nonce: int = 1, token: bool = False,
-                 cameras=TINY_CAMS):
+    def __init__(self, session: ZenohSession, app_key, client_id: str, *, nonce: int | None = 1, token: bool = False,
+                 cameras=TINY_CAMS, header: bool = False):
         self.key = app_key.client(client_id)
-        self.client_id, self.nonce, self.cameras = client_id, nonce, cameras
+        self.client_id, self.nonce, self.cameras, self.header = client_id, nonce, cameras, header
         self.chunks: dict[int, object] = {}
         self.arrived = threading.Condition()
         session.subscribe(self.key.action, self._on_chunk)
@@ -63,20 +63,28 @@ class Robot:
             self.chunks[chunk.response_to_seq_id] = chunk
             self.arrived.notify_all()
 
-    def payload(self, seq_id: int, episode: str = "0", state=None, images=None) -> bytes:
+    def observation(self, seq_id: int, episode: str = "0", state=None, images=None) -> Observation:
         state = self.rng.normal(size=6).astype(np.float32) if state is None else state
         images = images or {n: codec.encode_jpeg(self.rng.integers(0, 255, (*hw, 3), dtype=np.uint8), 90)
                             for n, hw in self.cameras.items()}
-        return codec.encode(Observation(seq_id, self.client_id, state, images, "task",
-                                        episode_id=episode, session_nonce=self.nonce))
+        return Observation(seq_id, self.client_id, state, images, "task", episode_id=episode, session_nonce=self.nonce)
+
+    def payload(self, seq_id: int, **kw) -> bytes:
+        return codec.encode(self.observation(seq_id, **kw))
+
+    def send(self, seq_id: int, **kw) -> None:
+        """One put, with the observation header as its attachment when `header` (protocol.md §5.1.1)."""
+        o = self.observation(seq_id, **kw)
+        self.pub.put(codec.encode(o), codec.encode_observation_header(o) if self.header else None)
 
     def request(self, seq_id: int, timeout_s: float = 2.0, **kw) -> float | None:
         """Send (resending while unanswered: best effort) and wait; the round trip in seconds, or None."""
-        payload = self.payload(seq_id, **kw)
+        o = self.observation(seq_id, **kw)
+        payload, attachment = codec.encode(o), codec.encode_observation_header(o) if self.header else None
         t0 = time.monotonic()
         deadline = t0 + timeout_s
         while time.monotonic() < deadline:
-            self.pub.put(payload)
+            self.pub.put(payload, attachment)
             with self.arrived:
                 if self.arrived.wait_for(lambda: seq_id in self.chunks, timeout=0.3):
                     return time.monotonic() - t0
@@ -151,6 +159,31 @@ def test_unknown_place_is_reusable_after_the_clients_token_goes(port, app_key):
         server.stop()
 
 
+def test_invented_ids_without_a_token_do_not_hold_the_unknown_pool_for_the_idle_timeout(port, app_key):
+    """The pool (2 places) is taken by ids that never declare a liveliness token; a real visitor (with
+    its token) gets a place within the grace, not after the 600 s idle timeout."""
+    server = PolicyServer(parse_manifest(manifest(
+        port, app_key, accept_unknown_clients=True, max_unknown_clients=2,
+        sessions={"liveliness_grace_s": 0.5, "idle_timeout_s": 600}))).start()
+    attacker, visitor_session = connect(port), connect(port)
+    try:
+        wait_serving(attacker, app_key)
+        invented = [Robot(attacker, app_key, f"invented{i}") for i in range(2)]
+        for r in invented:
+            assert r.request(1) is not None
+        visitor = Robot(visitor_session, app_key, "visitor", token=True)
+        t0 = time.monotonic()
+        rt = visitor.request(1, timeout_s=5.0)
+        waited = time.monotonic() - t0
+        print(f"a visitor with a token found the pool held by 2 token-less ids: served after {waited:.2f} s")
+        assert rt is not None
+        assert server.stats()[app_key.prefix]["sessions_closed"].get("no_token", 0) >= 1
+    finally:
+        attacker.close()
+        visitor_session.close()
+        server.stop()
+
+
 def test_replays_are_dropped_and_a_restarted_client_is_served(port, app_key):
     server = PolicyServer(parse_manifest(manifest(port, app_key))).start()
     session = connect(port)
@@ -172,6 +205,97 @@ def test_replays_are_dropped_and_a_restarted_client_is_served(port, app_key):
         assert restarted.request(2) is not None
     finally:
         session.close()
+        server.stop()
+
+
+# -- a forger on the robot's key (plain mode: anyone may put there; docs/security.md) -----------------
+
+
+def rejected(server, app_key, client="robot") -> dict:
+    return server.stats()[app_key.prefix]["clients"][client]["rejected"]
+
+
+@pytest.mark.parametrize("header", [True, False])
+def test_one_forged_packet_with_seq_2_64_minus_1_and_no_nonce_does_not_starve_the_robot(port, app_key, header):
+    """The audit's packet, sent from another session on the robot's key while it runs: refused as
+    `nonce_required`; the robot's every later request is answered."""
+    server = PolicyServer(parse_manifest(manifest(port, app_key))).start()
+    robot_session, attacker = connect(port), connect(port)
+    try:
+        wait_serving(robot_session, app_key)
+        robot = Robot(robot_session, app_key, "robot", nonce=0x5EED, header=header)
+        assert all(robot.request(seq) is not None for seq in range(1, 6))
+        forger = Robot(attacker, app_key, "robot", nonce=None, header=header)
+        forger.send(2**64 - 1, episode="forged")
+        assert wait_for(lambda: rejected(server, app_key).get("nonce_required", 0) == 1, 5)
+        after = [robot.request(seq, timeout_s=1.0) for seq in range(6, 36)]
+        answered = sum(rt is not None for rt in after)
+        print(f"after one forged 2**64-1 packet (header={header}): {answered}/30 requests answered")
+        assert answered == 30
+    finally:
+        robot_session.close()
+        attacker.close()
+        server.stop()
+
+
+def test_a_client_restarting_without_a_nonce_is_served_at_once(port, app_key):
+    """A protocol 1.0 client (no session_nonce) restarts, counting from 1 again: its new process is
+    served from its first request (its liveliness token went and came back), not refused as replayed."""
+    server = PolicyServer(parse_manifest(manifest(port, app_key, sessions={"idle_timeout_s": 600}))).start()
+    first = connect(port)
+    try:
+        wait_serving(first, app_key)
+        robot = Robot(first, app_key, "robot", nonce=None, token=True)
+        assert all(robot.request(seq) is not None for seq in range(1, 21))
+        first.close()
+        second = connect(port)
+        try:
+            wait_serving(second, app_key)
+            again = Robot(second, app_key, "robot", nonce=None, token=True)
+            rts = [again.request(seq, timeout_s=1.0) for seq in range(1, 11)]
+            print(f"restart without a nonce: {sum(rt is not None for rt in rts)}/10 answered, first in "
+                  f"{(rts[0] or float('nan')) * 1000:.1f} ms")
+            assert all(rt is not None for rt in rts)
+            assert "replayed" not in rejected(server, app_key)
+        finally:
+            second.close()
+    finally:
+        server.stop()
+
+
+def test_forged_nonce_ful_streams_moved_ahead_do_not_shut_the_robot_out(port, app_key):
+    """A forger streams seq ids far ahead: with a made-up nonce it costs the robot a reset per
+    switch, never its service; with the robot's own nonce (read off the wire) a jump past the bound
+    is refused (`seq_jump`)."""
+    server = PolicyServer(parse_manifest(manifest(port, app_key))).start()
+    robot_session, attacker = connect(port), connect(port)
+    stop = threading.Event()
+    try:
+        wait_serving(robot_session, app_key)
+        robot = Robot(robot_session, app_key, "robot", nonce=21, header=True)
+        assert all(robot.request(seq) is not None for seq in range(1, 6))
+        made_up = Robot(attacker, app_key, "robot", nonce=666, header=True)
+        own = Robot(attacker, app_key, "robot", nonce=21, header=True)
+
+        def forge():
+            seq = 1_000_000
+            while not stop.is_set():
+                seq += 1
+                made_up.send(seq)
+                own.send(2**64 - 1 - seq)
+                stop.wait(0.02)
+
+        forger = threading.Thread(target=forge, daemon=True)
+        forger.start()
+        assert wait_for(lambda: rejected(server, app_key).get("seq_jump", 0) > 5, 5)
+        after = [robot.request(seq, timeout_s=1.0) for seq in range(6, 36)]
+        answered = sum(rt is not None for rt in after)
+        print(f"under forged streams 50/s ahead (made-up nonce and the robot's own): {answered}/30 answered")
+        assert answered == 30
+    finally:
+        stop.set()
+        robot_session.close()
+        attacker.close()
         server.stop()
 
 

@@ -211,7 +211,7 @@ def test_fleet_view_marks_silent_members():
     view.on_telemetry(key, Telemetry("client", "r1", 1, 5.0, 1.0, {"loop_hz": 30.0}), now_s=104.0)
     view.on_liveliness("c/e/m/v/a/server/g", False, now_s=104.0)
     states = {r["id"]: r["state"] for r in view.rows(104.5)}
-    assert states == {"r1": "up", "g": "SILENT"}
+    assert states == {"r1": "up", "g": "GONE"}
     table = format_table(view.rows(104.5))
     assert "SERVERS" in table and "CLIENTS" in table and "rate" in table and "(Hz)" in table
 
@@ -270,3 +270,192 @@ def test_a_pipeline_clients_slo_figures_export_as_prometheus_families_labelled_b
     if promtool:
         check = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True, timeout=60)
         assert check.returncode == 0 and not check.stdout.strip() and not check.stderr.strip(), check.stdout + check.stderr
+
+
+# -- what the monitor trusts, and what it forgets (docs/telemetry.md, "What the monitor trusts") ------
+
+
+def _server_msg(per_client=None, seq=0):
+    return Telemetry("server", "g", seq, 1.0, 1.0, {"inferences": 3}, per_client or {})
+
+
+def test_per_robot_server_figures_come_only_from_server_members():
+    view = FleetView()
+    view.on_telemetry("c/e/m/v/a/server/g/metrics", _server_msg({"robot_1": {"observations_rejected": 2}}), 0.0)
+    # robot_1's own telemetry (its certificate may publish on its metrics key) claims server figures
+    view.on_telemetry("c/e/m/v/a/robot_1/metrics", Telemetry("client", "robot_1", 0, 1.0, 1.0, {"loop_hz": 30.0},
+                      {"robot_2": {"observations_rejected": 999999}}), 0.0)
+    # and it poses as a server on its own key
+    view.on_telemetry("c/e/m/v/a/robot_1/metrics", Telemetry("server", "robot_1", 1, 1.0, 1.0, {"inferences": 1},
+                      {"robot_2": {"observations_rejected": 999999}}), 0.0)
+    per_robot = [(labels["client"], figure, value) for kind, figure, labels, value in view.samples()
+                 if kind == "server_client"]
+    assert per_robot == [("robot_1", "observations_rejected", 2.0)]
+    assert view.per_client_ignored == 1 and view.rejected == 1
+
+
+def test_gone_silent_stalled_and_unheard_are_told_apart():
+    view = FleetView(stale_periods=3)
+    server, robot, other = "c/e/m/v/a/server/g", "c/e/m/v/a/r1", "c/e/m/v/a/r2"
+    for key in (server, robot + "/metrics", other + "/metrics"):  # a client's token is its metrics key
+        view.on_liveliness(key, True, 0.0)
+    view.on_telemetry(server + "/metrics", _server_msg(), 0.0)
+    view.on_telemetry(robot + "/metrics", Telemetry("client", "r1", 0, 1.0, 1.0, {"loop_hz": 30.0}), 0.0)
+    view.on_telemetry(other + "/metrics", Telemetry("client", "r2", 0, 1.0, 1.0, {"loop_hz": 30.0}), 0.0)
+    states = lambda now: {r["id"]: r["state"] for r in view.rows(now)}  # noqa: E731
+    assert states(1.0) == {"g": "up", "r1": "up", "r2": "up"}
+    # r2's process ends: its token goes. r1 keeps publishing; the server keeps publishing.
+    view.on_liveliness(other + "/metrics", False, 2.0)
+    view.on_telemetry(server + "/metrics", _server_msg(seq=1), 2.0)
+    view.on_telemetry(robot + "/metrics", Telemetry("client", "r1", 1, 3.0, 1.0, {"loop_hz": 30.0}), 2.0)
+    assert states(3.0) == {"g": "up", "r1": "up", "r2": "GONE"}
+    # r1 falls silent while the server is fine: SILENT.
+    view.on_telemetry(server + "/metrics", _server_msg(seq=2), 6.0)
+    assert states(6.0)["r1"] == "SILENT"
+    # The server freezes (its token stays: its Zenoh session is held): STALLED, and its app's silent
+    # robots are UNHEARD, not SILENT (their telemetry may travel through it).
+    assert states(10.0) == {"g": "STALLED", "r1": "UNHEARD", "r2": "GONE"}
+
+
+def test_members_are_bounded_and_forgotten_with_their_series():
+    view = FleetView(forget_after_s=10.0, max_members=100)
+    view.on_liveliness("c/e/m/v/a/r1/metrics", True, 0.0)
+    view.on_telemetry("c/e/m/v/a/r1/metrics", Telemetry("client", "r1", 0, 1.0, 1.0, {"loop_hz": 30.0}), 0.0)
+    many = {f"figure_{j}": j for j in range(600)}
+    for i in range(20_000):  # invented ids, no token, 600 figures each
+        view.on_telemetry(f"c/e/m/v/a/x{i}/metrics", Telemetry("client", f"x{i}", 0, 1.0, 1.0, many), 1.0 + i * 1e-4)
+    members = view.members()
+    assert len(members) <= 100 and any(m.member_id == "r1" for m in members)  # the robot with a token stays
+    assert all(len(m.metrics) <= 256 for m in members)
+    assert view.forget(5.0) == []
+    forgotten = view.forget(13.5)
+    assert {m.member_id for m in view.members()} == {"r1"} and len(forgotten) == len(members) - 1
+    assert not any(labels.get("client", "").startswith("x") for _, _, labels, _ in view.samples())
+    view.on_liveliness("c/e/m/v/a/r1/metrics", False, 20.0)  # gone: forgotten after the grace too
+    assert view.forget(29.0) == [] and [m.member_id for m in view.forget(30.0)] == ["r1"]
+    assert view.samples() == []
+
+
+def test_the_monitor_over_zenoh_ignores_a_robots_server_figures_and_forgets_a_flood(port, app_key):
+    """The real console script with /metrics: a robot's telemetry claiming a server figure about
+    robot_2 never shows; 20,000 invented metrics keys are bounded, then leave /metrics."""
+    from lerobot_zenoh.protocol import codec
+    from lerobot_zenoh.transport.session import METRICS_QOS
+
+    http_port = free_port()
+    with ZenohSession(loopback_settings(port)) as hub:
+        monitor = subprocess.Popen(
+            [sys.executable, "-m", "lerobot_zenoh.cli.monitor", f"--endpoint=tcp/127.0.0.1:{port}",
+             "--zenoh.multicast_scouting=false", "--json=true", f"--prometheus_port={http_port}",
+             "--forget_after_s=10"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            def scrape() -> str:
+                return urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=30).read().decode()
+
+            def rss_mb() -> float:
+                with open(f"/proc/{monitor.pid}/status") as f:
+                    return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+            assert wait_for(lambda: monitor.poll() is None and _answers(scrape), 15)
+            pub = hub.publisher(f"{app_key.prefix}/robot_1/metrics", METRICS_QOS)
+            server_pub = hub.publisher(app_key.server_metrics("gpu0"), METRICS_QOS)
+            honest = codec.encode(Telemetry("server", "gpu0", 0, 1.0, 1.0, {"inferences": 1},
+                                            {"robot_1": {"observations_rejected": 2}}))
+            injected = codec.encode(Telemetry("client", "robot_1", 0, 1.0, 1.0, {"loop_hz": 30.0},
+                                              {"robot_2": {"observations_rejected": 999999}}))
+
+            def both_seen() -> bool:  # published until the monitor's subscription hears them (best effort)
+                server_pub.put(honest)
+                pub.put(injected)
+                body = scrape()
+                return 'client="robot_1"' in body and 'server="gpu0"' in body
+
+            assert wait_for(both_seen, 15, poll_s=0.2)
+            body = scrape()
+            assert "999999" not in body and 'client="robot_2"' not in body
+            assert "lerobot_zenoh_server_client_observations_rejected_total{" in body
+            before = rss_mb()
+            flood = codec.encode(Telemetry("client", "x", 0, 1.0, 1.0, {f"figure_{j}": j for j in range(20)}))
+            for i in range(20_000):
+                hub.raw.put(f"{app_key.prefix}/x{i}/metrics", flood)
+
+            def invented(body: str) -> int:
+                return len({line.split('client="', 1)[1].split('"', 1)[0] for line in body.splitlines()
+                            if 'client="x' in line})
+
+            assert wait_for(lambda: invented(scrape()) >= 500, 20)  # (its inbox drops some of a flood, counted)
+            t0 = time.monotonic()
+            flooded = scrape()
+            scrape_s = time.monotonic() - t0
+            grown = rss_mb() - before
+            members = invented(flooded)
+            print(f"20,000 invented keys: {members} kept, scrape {len(flooded) / 1e6:.2f} MB in {scrape_s:.2f} s, "
+                  f"monitor RSS +{grown:.1f} MB")
+            assert members <= 2048
+            assert wait_for(lambda: 'client="x' not in scrape(), 30)  # forgotten after --forget_after_s
+            print(f"after the grace: scrape {len(scrape()) / 1e3:.1f} kB")
+        finally:
+            monitor.terminate()
+            monitor.wait(10)
+
+
+def _answers(scrape) -> bool:
+    try:
+        scrape()
+        return True
+    except OSError:
+        return False
+
+
+def test_over_zenoh_a_robot_gone_is_told_from_a_silent_one_and_a_stalled_server_from_both(port, app_key):
+    """Real sessions: robot B's process goes (its session closes, its token with it): GONE; robot A
+    stops publishing but keeps its token: SILENT; then the server stops publishing and keeps its
+    token (a frozen process): STALLED, and silent A becomes UNHEARD."""
+    from lerobot_zenoh.protocol import codec
+    from lerobot_zenoh.transport.session import METRICS_QOS
+
+    view = FleetView(stale_periods=3)
+    period = 0.1
+    with ZenohSession(loopback_settings(port)) as monitor:
+        monitor.subscribe("**/metrics", lambda k, b: view.on_telemetry(k, codec.decode_telemetry(b), time.monotonic()))
+        monitor.watch_liveliness("**", lambda k, alive: view.on_liveliness(k, alive, time.monotonic()))
+        sessions = {n: ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))).open()
+                    for n in ("gpu0", "ra", "rb")}
+        keys = {"gpu0": app_key.server_metrics("gpu0"), "ra": app_key.client("ra").metrics,
+                "rb": app_key.client("rb").metrics}
+        tokens = {"gpu0": app_key.server_token("gpu0"), "ra": keys["ra"], "rb": keys["rb"]}
+        pubs = {}
+        for n, s in sessions.items():
+            s.declare_token(tokens[n])
+            pubs[n] = s.publisher(keys[n], METRICS_QOS)
+        publishing = {"gpu0", "ra", "rb"}
+        stop = threading.Event()
+
+        def publish():
+            seq = 0
+            while not stop.wait(period):
+                seq += 1
+                for n in list(publishing):
+                    kind = "server" if n == "gpu0" else "client"
+                    pubs[n].put(codec.encode(Telemetry(kind, n, seq, seq * period, period, {"x": seq})))
+
+        publisher = threading.Thread(target=publish, daemon=True)
+        publisher.start()
+
+        def states():
+            return {r["id"]: r["state"] for r in view.rows(time.monotonic())}
+
+        try:
+            assert wait_for(lambda: states() == {"gpu0": "up", "ra": "up", "rb": "up"}, 10)
+            publishing.discard("rb")
+            sessions.pop("rb").close()
+            assert wait_for(lambda: states().get("rb") == "GONE", 10)
+            publishing.discard("ra")
+            assert wait_for(lambda: states() == {"gpu0": "up", "ra": "SILENT", "rb": "GONE"}, 10)
+            publishing.discard("gpu0")
+            assert wait_for(lambda: states() == {"gpu0": "STALLED", "ra": "UNHEARD", "rb": "GONE"}, 10)
+        finally:
+            stop.set()
+            publisher.join(2)
+            for s in sessions.values():
+                s.close()

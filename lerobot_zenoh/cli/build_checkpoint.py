@@ -39,6 +39,7 @@ _OPTION_OF_FIELD = {
     "fps": "--fps",
     "overrides": "--overrides",
     "seed": "--seed",
+    "architecture": "--architecture",
 }
 
 
@@ -69,6 +70,9 @@ class BuildCheckpointConfig:
     seed: int = 0
     # Replace an existing checkpoint folder.
     force: bool = False
+    # pi0/pi05 size preset: tiny (tests, tens of ms per chunk) or small (VLM 256 wide x 6 layers,
+    # 224 px images: for measurements).
+    architecture: str = "tiny"
 
     def __post_init__(self) -> None:
         if self.policy_type not in POLICY_TYPES:
@@ -146,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             overrides=dict(args.overrides),
             seed=args.seed,
             force=args.force,
+            architecture=args.architecture,
         )
     except ConfigError as exc:
         head = exc.field.split(".")[0]

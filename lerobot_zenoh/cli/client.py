@@ -178,39 +178,12 @@ def make_robot(config):
     return robot
 
 
-def zenoh_settings_for_start(config):
-    """The session settings of a start-up look-up: a dead endpoint is reported within a couple of
-    seconds unless --zenoh.connect_timeout_s asks to wait longer (as the client itself does)."""
-    from lerobot_zenoh.client.discovery import CONNECT_WAIT_S
-
-    settings = config.zenoh_settings()
-    if settings.effective_mode == "client":
-        wait_s = (CONNECT_WAIT_S if settings.connect_timeout_s == ZenohSettings.connect_timeout_s
-                  else settings.connect_timeout_s)
-        settings = settings.replace(connect_timeout_s=min(wait_s, config.discovery_timeout_s))
-    return settings
-
-
 def open_lookup_session(config):
-    """A Zenoh session linked to the endpoint, or CompatibilityError saying nothing answers there."""
-    from lerobot_zenoh.client.discovery import CONNECT_WAIT_S, wait_connected
-    from lerobot_zenoh.errors import CompatibilityError, TransportError
-    from lerobot_zenoh.transport.session import ZenohSession
+    """A Zenoh session linked to the endpoint, opened as the client opens its own (client/link.py), or
+    CompatibilityError saying nothing answers there."""
+    from lerobot_zenoh.client.link import open_session
 
-    settings = zenoh_settings_for_start(config)
-    endpoints = ", ".join(settings.connect)
-    dead = (f"cannot connect to {endpoints}: nothing answers there (is the server or router running, and is the "
-            "address right?)")
-    try:
-        session = ZenohSession(settings).open()
-    except TransportError as exc:
-        if not settings.connect:
-            raise
-        raise CompatibilityError(dead) from exc
-    if not wait_connected(session, settings.connect, timeout_s=CONNECT_WAIT_S):
-        session.close()
-        raise CompatibilityError(dead)
-    return session
+    return open_session(config.zenoh_settings(), config.discovery_timeout_s)
 
 
 def resolve_app(config, stop=None) -> None:

@@ -54,6 +54,8 @@ class MonitorConfig:
     refresh_s: float = 1.0
     # A server or robot is shown SILENT after this many telemetry periods without a message.
     stale_periods: float = 3.0
+    # Forget a server or robot (its row and its /metrics series) once it has been GONE or SILENT this long.
+    forget_after_s: float = 60.0
     # Exit after this many seconds (scripts, tests). Unset: run until Ctrl-C or SIGTERM.
     duration_s: float | None = None
 
@@ -66,6 +68,8 @@ class MonitorConfig:
             raise ConfigError("refresh_s", f"must be positive, got {self.refresh_s}")
         if self.stale_periods <= 0:
             raise ConfigError("stale_periods", f"must be positive, got {self.stale_periods}")
+        if self.forget_after_s <= 0:
+            raise ConfigError("forget_after_s", f"must be positive, got {self.forget_after_s}")
         if self.duration_s is not None and self.duration_s <= 0:
             raise ConfigError("duration_s", f"must be positive, got {self.duration_s}")
         if self.endpoint is not None and "/" not in self.endpoint:
@@ -123,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     from lerobot_zenoh.transport.session import ZenohSession
 
     prefix = config.selector_prefix()
-    fleet = FleetView(stale_periods=config.stale_periods)
+    fleet = FleetView(stale_periods=config.stale_periods, forget_after_s=config.forget_after_s)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -181,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             session.close()
         fail(PROG, explain(exc), EXIT_CONFIG)
     t_end = None if config.duration_s is None else time.monotonic() + config.duration_s
-    next_draw = time.monotonic()
+    next_draw = next_forget = time.monotonic()
     try:
         # Wake at least every 0.2 s whatever --refresh_s is, so that a signal ends the monitor at once.
         while not stop.is_set():
@@ -192,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
             except queue.Empty:
                 pass
             now = time.monotonic()
+            if now >= next_forget:
+                next_forget = now + 1.0
+                fleet.forget(now)  # members gone or silent for --forget_after_s, and their series
             if not config.json and now >= next_draw:
                 next_draw = now + config.refresh_s
                 table = format_table(fleet.rows(now))

@@ -70,7 +70,7 @@ def _deployment(args):
 
     manifests = [load_manifest(m) for m in args.manifest]
     for m in manifests:
-        if "server_id" not in m.model_fields_set:
+        if m.role == "server" and "server_id" not in m.model_fields_set:
             raise ConfigError("server_id", "set server_id in the manifest: its certificate and ACL subject are "
                                            "named after it (the default <hostname>-<pid> changes every run)",
                               source=m.source)
@@ -117,18 +117,22 @@ def _init(args) -> int:
     layout = PkiLayout(Path(args.out).resolve())
     if args.router and not args.router_endpoint:
         raise ConfigError("router_endpoint", "--router needs --router_endpoint tls/host:port")
-    if not args.router and len(manifests) > 1:
+    servers = [m for m in manifests if m.role == "server"]
+    if not args.router and len(servers) > 1:
         raise ConfigError("manifest", "several servers need a router (--router, --router_endpoint): in a "
                                       "peer-to-peer deployment clients talk to exactly one server")
 
     # 1. where servers (or the router) listen, and where everyone else connects
     hosts = list(pki.DEFAULT_HOSTS) + list(args.host)
     connect_host = args.host[0] if args.host else "127.0.0.1"
-    server_listen = {m.server_id: m.zenoh_settings().listen for m in manifests}
+    # An engine process (`role: engine`) is named by its engine_id: its certificate, its ACL subject.
+    server_listen = {_identity(m): m.zenoh_settings().listen for m in manifests}
     if args.router:
         connect = [connect_endpoint(e, connect_host) for e in args.router_endpoint]
     else:
-        (sid, listen), = server_listen.items()
+        if len(servers) != 1:
+            raise ConfigError("manifest", "a peer-to-peer deployment needs exactly one server manifest (role: server)")
+        sid, listen = servers[0].server_id, server_listen[servers[0].server_id]
         if not listen:
             raise ConfigError("zenoh.listen", f"server {sid} listens nowhere: give the manifest an endpoint")
         connect = [connect_endpoint(e, connect_host) for e in listen]
@@ -159,7 +163,8 @@ def _init(args) -> int:
 
     # 4. one certificate per identity, named by its id; only servers and the router name hosts
     for name, role in identities.items():
-        endpoints = server_listen.get(name, []) if role == "server" else args.router_endpoint if role == "router" else []
+        endpoints = (server_listen.get(name, []) if role in ("server", "engine")
+                     else args.router_endpoint if role == "router" else [])
         names = hosts + [h for h in map(host_of, endpoints) if h and h not in WILDCARD_HOSTS] if pki.ROLES[role] else []
         pki.write_identity(ca, name, layout.root, names, args.valid_days, role=role)
 
@@ -167,12 +172,12 @@ def _init(args) -> int:
     write_acl(access_control(deployment), layout.acl)
     written = []
     for manifest in manifests:
-        settings = server_settings(layout, manifest.server_id, server_listen[manifest.server_id],
-                                   router=connect[0] if args.router else None)
-        path = layout.root / f"{manifest.server_id}.manifest.yaml"
+        name = _identity(manifest)
+        settings = server_settings(layout, name, server_listen[name], router=connect[0] if args.router else None)
+        path = layout.root / f"{name}.manifest.yaml"
         path.write_text(f"# {manifest.source}, secured by lerobot-zenoh-secure (docs/security.md)\n"
                         + yaml.safe_dump(_secured_manifest(manifest, settings, layout.root), sort_keys=False))
-        written.append(("server", manifest.server_id, f"lerobot-policy-server --manifest {path}"))
+        written.append((manifest.role, name, f"lerobot-policy-server --manifest {path}"))
     for name, role in identities.items():
         if role in ("client", "monitor"):
             settings = member_settings(layout, name, connect)
@@ -220,7 +225,15 @@ def _secured_manifest(manifest, settings, root: Path) -> dict:
         local = manifest.resolve_path(entry) if entry.pretrained_path else None
         if local is not None and (local.exists() or HubRef.parse(entry.pretrained_path) is None):
             raw["pretrained_path"] = str(local.resolve())  # a hub id stays as written
+        for engine in raw.get("engines", []):  # the scheduler dials its engines over TLS too
+            if engine.get("endpoint"):
+                engine["endpoint"] = tls_endpoint(engine["endpoint"])
     return data
+
+
+def _identity(manifest) -> str:
+    """The certificate common name of the process a manifest runs: its engine_id for an engine."""
+    return manifest.engine_id if manifest.role == "engine" else manifest.server_id
 
 
 def _client_flags(settings) -> list[str]:

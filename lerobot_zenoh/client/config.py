@@ -150,6 +150,10 @@ class RobotClientConfig:
     max_empty_cycles_before_warning: int = 10
     # Seconds without an action chunk (while waiting for one) before the client looks for a server again.
     watchdog_timeout_s: float = 1.0
+    # Draw a new session nonce after this many requests in a row got no chunk (timed out, or dropped by
+    # the watchdog): a robot shut out of its server session recovers by itself (docs/client.md,
+    # "Failures"). 0: never.
+    new_nonce_after_unanswered: int = 5
     # Seconds to keep asking for a server at start-up before giving up (exit code 3).
     discovery_timeout_s: float = 15.0
     # Stop after this many seconds. Unset: run until Ctrl-C (or, when recording, until the last episode).
@@ -199,6 +203,8 @@ class RobotClientConfig:
         for name in ("watchdog_timeout_s", "discovery_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, f"must be positive, got {getattr(self, name)}")
+        if self.new_nonce_after_unanswered < 0:
+            raise ConfigError("new_nonce_after_unanswered", f"must be >= 0 (0: never), got {self.new_nonce_after_unanswered}")
         if self.duration_s is not None and self.duration_s <= 0:
             raise ConfigError("duration_s", f"must be positive, got {self.duration_s}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):

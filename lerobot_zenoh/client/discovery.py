@@ -21,10 +21,6 @@ from lerobot_zenoh.transport.session import ZenohSession
 
 log = logging.getLogger(__name__)
 
-#: How long start-up waits for a Zenoh link to the endpoint before saying it cannot connect (the
-#: value of client.CONNECT_WAIT_S, kept here too so that `--list` does not import LeRobot).
-CONNECT_WAIT_S = 2.0
-
 
 @dataclass(frozen=True)
 class RobotFeatures:

@@ -1,7 +1,9 @@
 """The robot client of a multi-model task: System 1, System 2, safety and monitor (docs/pipelines.md).
 
-A thin layer over `RobotClient`: the same control loop, publisher, action buffer and chunk intake,
-with the decisions of `pipelines/runtime.py` (pure) plugged into its hooks.
+A task strategy (`client/task.py`) handed to the plain `RobotClient`: the same control loop,
+publisher, action buffer and chunk intake, with the decisions of `pipelines/runtime.py` (pure)
+behind `PipelineTask`'s methods. `PipelineClient(config, robot, plan)` is `RobotClient` with this
+task (and the task's figures and state read through it).
 
     control loop   each step: System 1 due (the send trigger) -> the runtime's component mask -> one
                    capture in the outbox (nothing when no component is due); expired deadlines
@@ -16,7 +18,7 @@ with the decisions of `pipelines/runtime.py` (pure) plugged into its hooks.
                    danger mode wakes the control loop, which applies it at once (well within one
                    control period of the verdict's arrival) instead of at its next step
 
-One lock (`_lock`) guards the runtime; it is held for a few dictionary operations, never across I/O.
+One lock (`PipelineTask._lock`) guards the runtime; it is held for a few dictionary operations, never across I/O.
 At start-up every component's server is found on its own app key (a status query naming this robot)
 and checked: it serves this robot, answers with what the component needs (`Status.output`: actions,
 text or verdict), and reads the robot's cameras and state (action dimension and fps are System 1's
@@ -31,18 +33,14 @@ import threading
 import time
 from collections import deque
 
-import numpy as np
-
-from lerobot_zenoh.client.client import RobotClient, _Capture
+from lerobot_zenoh.client.client import RobotClient
 from lerobot_zenoh.client.config import RobotClientConfig
 from lerobot_zenoh.client.discovery import compare, discover
+from lerobot_zenoh.client.task import Ask, Task, TaskContext
 from lerobot_zenoh.errors import CompatibilityError, ConfigError, ProtocolError
 from lerobot_zenoh.pipelines.robot_plan import RobotPlan
 from lerobot_zenoh.pipelines.runtime import OUTPUT_OF_KIND, PipelineRuntime
 from lerobot_zenoh.protocol import codec
-from lerobot_zenoh.protocol.messages import ExecutionInfo, RtcInputs
-from lerobot_zenoh.telemetry.publisher import TelemetryPublisher
-from lerobot_zenoh.transport.session import OBSERVATION_QOS
 from lerobot_zenoh.transport.settings import ZenohSettings
 
 log = logging.getLogger(__name__)
@@ -68,15 +66,20 @@ def configure(config: RobotClientConfig, plan: RobotPlan) -> RobotClientConfig:
     return config
 
 
-class PipelineClient(RobotClient):
-    """Runs the task of `plan` for this robot. Construct with no I/O; `start()`, `run()`, `close()`."""
+class PipelineTask(Task):
+    """The task of `plan` for this robot, as a strategy of `RobotClient` (no I/O until `start`)."""
 
-    def __init__(self, config: RobotClientConfig, robot, plan: RobotPlan, recorder=None):
-        super().__init__(config, robot, recorder)
+    # The observation goes to every component's server: no same-host frames (each would need its
+    # probe), and no re-fetch (one observation asks several components: not designed yet).
+    same_host_allowed = False
+    refetch_allowed = False
+
+    def __init__(self, config: RobotClientConfig, plan: RobotPlan):
         if config.client_uuid != plan.robot:
             raise ConfigError("client_uuid", f"{config.client_uuid!r} but the plan is {plan.robot!r}'s")
-        if config.send.refetch_after_s:  # one observation asks several components: not designed yet
+        if config.send.refetch_after_s:
             raise ConfigError("send.refetch_after_s", "re-fetch is not supported for a multi-model task (--pipeline.plan)")
+        self.config = config
         self.plan = plan
         self.runtime = PipelineRuntime(plan.task, rates_hz=plan.rates_hz, base_task=config.task_text)
         self._lock = threading.Lock()
@@ -90,12 +93,12 @@ class PipelineClient(RobotClient):
         # the mode's first action went to the robot (ms), for telemetry and the tests.
         self._danger_arrived_s: float | None = None
         self.danger_reactions_ms: deque = deque(maxlen=256)
-        self._last_observation: dict | None = None
-        self._mode_action_names: tuple[str, ...] = ()
+        self._context: TaskContext | None = None
+        self._action_names: tuple[str, ...] = ()
 
     # -- start-up -------------------------------------------------------------------------------
 
-    def _session_settings(self, settings: ZenohSettings) -> ZenohSettings:
+    def session_settings(self, settings: ZenohSettings) -> ZenohSettings:
         """Connect to every component's server; with several, as a peer (a Zenoh client has one link)."""
         settings = settings.with_connect(*(r.endpoint for r in self.plan.routes.values()))
         if settings.mode == "auto" and len(settings.connect) > 1 and not settings.listen:
@@ -105,16 +108,27 @@ class PipelineClient(RobotClient):
                         "are reachable only through a router", self.config.client_uuid, len(settings.connect))
         return settings
 
-    def _discover_components(self, endpoints: str) -> None:
-        super()._discover_components(endpoints)  # System 1: the plain client's checks
+    def stream_keys(self, config) -> tuple[str, str]:
+        # Observations, the robot's token and its telemetry live on the task's stream (docs/protocol.md §2.2).
+        return self.stream_key.obs, self.stream_key.metrics
+
+    def telemetry_labels(self, robot) -> dict[str, str]:
+        return {"robot_type": getattr(robot, "name", ""), "task": self.plan.task.name}
+
+    def start(self, context: TaskContext) -> None:
+        """System 1 passed the plain client's checks: check it answers actions, then find and check
+        every other component's server."""
+        self._context = context
         cfg = self.config
         s1 = self.plan.system1
-        self._check_output(s1.component, "system1", self.status)
-        self.statuses[s1.component] = self.status
+        self._check_output(s1.component, "system1", context.status)
+        self.statuses[s1.component] = context.status
+        features = context.features
         for name, route in self.plan.routes.items():
             if route.kind == "system1":
                 continue
-            status = discover(self._session, route.app, cfg.discovery_timeout_s, self._stop, client_uuid=cfg.client_uuid)
+            status = discover(context.session, route.app, cfg.discovery_timeout_s, context.stop,
+                              client_uuid=cfg.client_uuid)
             if status is None:
                 raise CompatibilityError(f"component {name!r} ({route.kind}): no server answers {route.app.status} "
                                          f"within {cfg.discovery_timeout_s:.0f} s (is its server up at {route.endpoint}?)")
@@ -123,7 +137,7 @@ class PipelineClient(RobotClient):
                                          f"{cfg.client_uuid!r}")
             self._check_output(name, route.kind, status)
             # It reads the same observation: cameras and state must fit; actions and fps are System 1's.
-            problems = [p for p in compare(status, self.features, cfg.fps)
+            problems = [p for p in compare(status, features, cfg.fps)
                         if not p.startswith(("action_dim", "fps"))]
             if problems:
                 raise CompatibilityError(f"component {name!r}: server {status.server_id} is incompatible: "
@@ -131,13 +145,13 @@ class PipelineClient(RobotClient):
             self.statuses[name] = status
             log.info("%s: component %s (%s) served by %s (%s %s)", cfg.client_uuid, name, route.kind,
                      status.server_id, status.model_id, status.model_version)
-        names = self.features.action_names
+        names = features.action_names
         for comp in self.plan.task.components.values():
             for fb in (comp.on_danger, comp.on_slo_miss):
                 if fb is not None and fb.pose is not None and len(fb.pose) != len(names):
                     raise CompatibilityError(f"task {self.plan.task.name!r}: a safe_pose has {len(fb.pose)} joints, "
                                              f"the robot takes {len(names)} actions")
-        self._mode_action_names = names
+        self._action_names = names
 
     @staticmethod
     def _check_output(name: str, kind: str, status) -> None:
@@ -147,34 +161,16 @@ class PipelineClient(RobotClient):
             raise CompatibilityError(f"component {name!r} ({kind}) needs a server answering {expected}, but server "
                                      f"{status.server_id} answers {got}")
 
-    def _use_status(self, status) -> None:
-        super()._use_status(status)
-        # The observation goes to every component's server: no same-host frames (each would need its probe).
-        self.same_host_active = False
-        self._refetch_ok = self._refetch_auto = False  # not designed for several components
-        self.trigger.refetch_after_s = None
-
-    def _declare(self) -> None:
+    def declare(self, session) -> None:
         cfg = self.config
-        session = self._session
-        self._pub = session.publisher(self.stream_key.obs, OBSERVATION_QOS)
-        session.subscribe(cfg.client_key.action, self._on_chunk)
-        session.watch_liveliness(cfg.app_key.all_servers, self._on_liveliness)
         for name, route in self.plan.routes.items():
             if route.kind == "system2":
                 session.subscribe(route.app.client(cfg.client_uuid).text, self._result_handler(name))
             elif route.kind in ("safety", "monitor"):
                 session.subscribe(route.app.client(cfg.client_uuid).verdict, self._result_handler(name))
-        # The robot's token and telemetry live on the task's stream (docs/protocol.md §2.2).
-        session.declare_token(self.stream_key.metrics)
-        if cfg.telemetry_period_s > 0:
-            self._telemetry = TelemetryPublisher(session, self.stream_key.metrics, "client", cfg.client_uuid,
-                                                 self.telemetry_figures, cfg.telemetry_period_s,
-                                                 labels={"robot_type": getattr(self.robot, "name", ""),
-                                                         "task": self.plan.task.name}).start()
 
-    def _thread_targets(self) -> list:
-        return super()._thread_targets() + [(self._result_loop, "pipeline")]
+    def threads(self) -> list:
+        return [(self._result_loop, "pipeline")]
 
     # -- results (Zenoh callbacks, then the pipeline thread) ------------------------------------
 
@@ -187,14 +183,16 @@ class PipelineClient(RobotClient):
         return on_result
 
     def _result_loop(self) -> None:
-        while not self._stop.is_set():
+        stop = self._context.stop
+        while not stop.is_set():
             try:
                 component, payload, arrived_s = self._results.get(timeout=0.1)
             except queue.Empty:
                 continue
-            self._handle_result(component, payload, arrived_s)
+            self.handle_result(component, payload, arrived_s)
 
-    def _handle_result(self, component: str, payload: bytes, arrived_s: float) -> None:
+    def handle_result(self, component: str, payload: bytes, arrived_s: float) -> None:
+        """One TextResult / Verdict of `component`, arrived at `arrived_s`, into the runtime."""
         kind = self.runtime.kind(component)
         try:
             msg = codec.decode_text_result(payload) if kind == "system2" else codec.decode_verdict(payload)
@@ -206,7 +204,8 @@ class PipelineClient(RobotClient):
         with self._lock:
             before = self.runtime.mode
             if kind == "system2":
-                self.runtime.on_text(component, msg.response_to_seq_id, msg.text, arrived_s)
+                if not msg.partial:  # text still being written is not System 2's answer yet
+                    self.runtime.on_text(component, msg.response_to_seq_id, msg.text, arrived_s)
                 return
             self.runtime.on_verdict(component, msg.response_to_seq_id, msg.label, arrived_s)
             after = self.runtime.mode
@@ -216,92 +215,73 @@ class PipelineClient(RobotClient):
                         msg.response_to_seq_id)
         if after is not None and after != before:
             self._danger_arrived_s = arrived_s
-            self.wake()  # the control loop applies it now, not at its next step
+            self._context.wake()  # the control loop applies it now, not at its next step
         elif ended:
-            self.wake()
+            self._context.wake()
 
-    # -- control loop hooks ---------------------------------------------------------------------
+    # -- the control loop's questions -----------------------------------------------------------
 
-    def _send(self, observation: dict, now: float, episode_start: float) -> None:
-        self._last_observation = observation
-        step = self.buffer.next_step
-        depth = self.buffer.depth
-        s1_due = self.state == "running" and self.trigger.should_send(depth, now)
+    def ask(self, seq_id: int, now_s: float, system1_due: bool) -> Ask | None:
+        """Each step: the components due (System 1 when the send rule says so), or None."""
         with self._lock:
-            mask = self.runtime.due_mask(now, s1_due)
+            mask = self.runtime.due_mask(now_s, system1_due)
             if not mask:
-                return
-            self._seq_id += 1
-            seq_id = self._seq_id
-            self.runtime.on_sent(seq_id, mask, now)
+                return None
+            self.runtime.on_sent(seq_id, mask, now_s)
             task = self.runtime.task_text
-        rtc = None
-        if mask & self._s1_bit:
-            if self.rtc_active:
-                step, prefix = self.buffer.leftover(self.status.max_actions_per_chunk)
-                if len(prefix) == 0:
-                    prefix = np.zeros((0, len(self.features.action_names)), dtype=np.float32)
-                rtc = RtcInputs(prefix, self.intake.predict_delay_steps(len(prefix)))
-            self.intake.on_send(seq_id, step, now, predicted_delay_steps=None if rtc is None else rtc.delay_steps)
-            if self._waiting_since_s is None:
-                self._waiting_since_s = now
-        self.outbox.put(_Capture(seq_id, step, now, observation, ExecutionInfo(
-            task_elapsed_s=now - episode_start, actions_buffered=depth, control_period_s=self.dt_s),
-            episode_id=str(self._episode), rtc=rtc, history=tuple(self._history), component_mask=mask, task=task))
+        return Ask(system1=bool(mask & self._s1_bit), component_mask=mask, task_text=task)
 
-    def _on_chunk_accepted(self, seq_id: int, arrived_s: float) -> None:
+    def on_chunk(self, seq_id: int, arrived_s: float) -> None:
         with self._lock:
             self.runtime.on_chunk(seq_id, arrived_s)
 
-    def _override_action(self, observation: dict) -> dict | None:
-        now = time.perf_counter()
+    def override(self, observation: dict, now_s: float) -> dict | None:
         with self._lock:
-            self.runtime.poll(now)
+            self.runtime.poll(now_s)
             mode = self.runtime.mode
         if mode is None:
             return None
-        self._note_reaction(now)
+        self._note_reaction(now_s)
         return self._mode_action(mode, observation)
 
     def _mode_action(self, mode, observation: dict | None) -> dict:
-        names = self.features.action_names
+        names = self._action_names
         if mode.action == "zero_velocity":
             return dict.fromkeys(names, 0.0)
         if mode.action == "safe_pose":
             return dict(zip(names, (float(x) for x in mode.pose)))
         if observation is not None and all(n in observation for n in names):  # hold: the measured position
             return {n: float(observation[n]) for n in names}
-        return dict(self._last_action) if self._last_action else dict.fromkeys(names, 0.0)
+        last = self._context.last_action() if self._context is not None else None
+        return dict(last) if last else dict.fromkeys(names, 0.0)
 
-    def _failsafe_action(self, observation: dict) -> dict:
+    def failsafe(self, observation: dict, default: dict) -> dict:
         """At exit and between attempts, too, the robot keeps a danger or fallback mode."""
         with self._lock:
             mode = self.runtime.mode
-        return super()._failsafe_action(observation) if mode is None else self._mode_action(mode, observation)
+        return default if mode is None else self._mode_action(mode, observation)
 
-    def _react_now(self) -> None:
+    def react(self, observation: dict | None, now_s: float) -> dict | None:
         """Woken by a verdict: the robot takes its mode now (the next step would be up to a period away)."""
         with self._lock:
             mode = self.runtime.mode
         if mode is None:
-            return
-        self.buffer.clear()
-        self.robot.send_action(self._mode_action(mode, self._last_observation))
-        self.counters.override_steps += 1
-        self._note_reaction(time.perf_counter())
+            return None
+        self._note_reaction(now_s)
+        return self._mode_action(mode, observation)
 
-    def _note_reaction(self, now: float) -> None:
+    def _note_reaction(self, now_s: float) -> None:
         arrived = self._danger_arrived_s
         if arrived is not None:
             self._danger_arrived_s = None
-            self.danger_reactions_ms.append((now - arrived) * 1000.0)
+            self.danger_reactions_ms.append((now_s - arrived) * 1000.0)
 
-    def _on_episode_start(self, now_s: float) -> None:
+    def begin_attempt(self, now_s: float) -> None:
         with self._lock:
             self.runtime.begin_attempt(now_s)
         log.info("%s: task %s, attempt %d", self.config.client_uuid, self.plan.task.name, self.runtime.attempt)
 
-    def _attempt_outcome(self, now_s: float) -> str | None:
+    def outcome(self, now_s: float) -> str | None:
         with self._lock:
             outcome = self.runtime.outcome
             if outcome is None or self.runtime.concluded:
@@ -317,31 +297,55 @@ class PipelineClient(RobotClient):
                 self.runtime.failures = 0
         return None if decision == "halt" else decision
 
-    def _retry_reset_s(self) -> float:
+    def retry_reset_s(self) -> float:
         return self.config.pipeline.reset_s
 
-    # -- telemetry and summary ------------------------------------------------------------------
+    # -- reporting ------------------------------------------------------------------------------
 
-    def pipeline_figures(self) -> dict:
+    def figures(self) -> dict:
         with self._lock:
             figures = self.runtime.figures()
         reactions = list(self.danger_reactions_ms)
         figures.update({
             "pipeline.results_dropped": self.results_dropped,
             "pipeline.results_rejected": self.results_rejected,
-            "pipeline.override_steps": self.counters.override_steps,
+            # control steps whose action came from a mode (the control loop counts them)
+            "pipeline.override_steps": self._context.counters.override_steps if self._context else 0,
             "pipeline.danger_reaction_ms_max": max(reactions) if reactions else None,
         })
         return figures
 
-    def telemetry_figures(self) -> tuple[dict, dict]:
-        figures, per_client = super().telemetry_figures()
-        figures.update(self.pipeline_figures())
-        return figures, per_client
-
     def summary(self) -> dict:
-        out = super().summary()
-        out["pipeline"] = {"task": self.plan.task.name, "attempts": self.runtime.attempt,
-                           "failures": self.runtime.failures, "task_text": self.runtime.task_text,
-                           **self.pipeline_figures()}
-        return out
+        return {"pipeline": {"task": self.plan.task.name, "attempts": self.runtime.attempt,
+                             "failures": self.runtime.failures, "task_text": self.runtime.task_text,
+                             **self.figures()}}
+
+
+class PipelineClient(RobotClient):
+    """`RobotClient` running `PipelineTask(config, plan)`. Construct with no I/O; `start()`, `run()`, `close()`."""
+
+    def __init__(self, config: RobotClientConfig, robot, plan: RobotPlan, recorder=None, **parts):
+        super().__init__(config, robot, recorder, task=PipelineTask(config, plan), **parts)
+
+    @property
+    def plan(self) -> RobotPlan:
+        return self.task.plan
+
+    @property
+    def runtime(self) -> PipelineRuntime:
+        return self.task.runtime
+
+    @property
+    def statuses(self) -> dict:
+        return self.task.statuses
+
+    @property
+    def stream_key(self):
+        return self.task.stream_key
+
+    @property
+    def danger_reactions_ms(self) -> deque:
+        return self.task.danger_reactions_ms
+
+    def pipeline_figures(self) -> dict:
+        return self.task.figures()

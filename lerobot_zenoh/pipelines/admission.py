@@ -13,7 +13,7 @@ Pure: the plan given is not modified; an admitted robot comes with the updated p
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lerobot_zenoh.pipelines.descriptor import GOAL_KINDS, Factory, Task
 from lerobot_zenoh.pipelines.planner import Plan, ServerPlan, Share, Stream, evaluate_server, f_upper
@@ -57,6 +57,27 @@ def _closed_loop_hz(factory: Factory, servers: list[ServerPlan], task: Task) -> 
               and sh.stream.kind == "system2"), default=0.0)
     h = task.system2_horizon
     return 1000.0 / (task.action_period_ms + l1 + (l2 / h if h else 0.0))
+
+
+def _apply_rates(factory: Factory, profiles: Profiles, servers: list[ServerPlan], rates: dict[str, float]) -> None:
+    """Give every share the rate of its class (a class lowered to its closed-loop bound included), and
+    evaluate again each server whose load changed, so that a server's rate is the sum of what the
+    robots routed to it send and its batch size and latencies are those of that load. The bound was
+    taken at the higher load, so the lower one keeps every SLO (a server that would find none keeps
+    its evaluation)."""
+    for server in servers:
+        changed = False
+        for share in server.shares:
+            st = share.stream
+            if st.task not in rates:
+                continue
+            rate = _stream(factory.tasks[st.task], st.component, rates[st.task]).rate_hz
+            if rate != st.rate_hz:
+                share.stream, changed = replace(st, rate_hz=rate), True
+        if changed:
+            found = evaluate_server(profiles.get(server.model), server.shares)
+            if found is not None:
+                server.batch_size, server.mean_ms, server.slo_ms = found
 
 
 def admit(factory: Factory, profiles: Profiles, plan: Plan, task_name: str, robot: str | None = None) -> Admission:
@@ -131,6 +152,7 @@ def _try(factory: Factory, profiles: Profiles, plan: Plan, task: Task, robot: st
             if f"{rates[cls_name]:.3f}" != f"{bound:.3f}":  # told only where it shows (the plan keeps it exact)
                 changed.append(f"{cls_name} {rates[cls_name]:.3f} -> {bound:.3f} Hz")
             rates[cls_name] = bound
+    _apply_rates(factory, profiles, servers, rates)
     routing = {**copy.deepcopy(plan.routing), robot: routes}
     robot_task = {**plan.robot_task, robot: task.name}
     weights = {c.task: c.weight for c in factory.fleet}

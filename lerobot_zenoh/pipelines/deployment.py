@@ -2,11 +2,19 @@
 
     <output>/plan.json            rates, placement, batching, routing (every component) and the summary
     <output>/manifests/srvN.yaml  `lerobot-policy-server --manifest=...` for server N
-    <output>/servers.sh           one line per server (each writes its id to run/srvN.pid once serving)
+    <output>/servers.sh           the deployment's Zenoh router, then one line per server (each writes its
+                                  id to run/srvN.pid once serving)
     <output>/clients.sh           one `lerobot-robot-client --pipeline.plan=plan.json` line per robot
     <output>/factory.yaml, profiles.yaml, plan_state.json
                                   what was planned from, and the exact plan: what lerobot-zenoh-admit
                                   reads to admit a robot into the running fleet (`apply_admission`)
+
+Links: one Zenoh router (`lerobot-zenoh-router`) listens at `tcp/<servers.host>:<servers.port_base>`;
+every server connects to it in client mode and listens nowhere, and every robot connects to it in
+client mode (every route of plan.json names the router's endpoint). A robot's observation crosses
+its own link once, and the router forwards it once over the link of each server that subscribes to
+it: Zenoh routes by interest, and a robot peered with every server (the former layout) sent every
+observation over every server link, whichever components it asked (docs/pipelines.md, "Links").
 
 Routing is enforced by the manifests: each server lists exactly the robots routed to it (no unknown
 clients) under an application tag of its own (`<kind>-srvN`). Every server entry also has a `pipeline`
@@ -42,8 +50,19 @@ KIND_OUTPUT = {"system1": "actions", "system2": "text", "safety": "verdict", "mo
 KIND_LABELS = {"safety": list(SAFETY_LABELS), "monitor": list(MONITOR_LABELS)}
 
 
+def router_endpoint(factory: Factory) -> str:
+    """Where the deployment's router listens: every server and robot connects there."""
+    return f"tcp/{factory.servers.host}:{factory.servers.port_base}"
+
+
 def server_endpoint(factory: Factory, index: int) -> str:
-    return f"tcp/{factory.servers.host}:{factory.servers.port_base + index}"
+    """Where server `index` is reached: through the router (servers listen nowhere)."""
+    return router_endpoint(factory)
+
+
+def router_command(factory: Factory) -> list[str]:
+    """The deployment's router (servers.sh's first line)."""
+    return ["lerobot-zenoh-router", f"--zenoh.listen={router_endpoint(factory)}", "--zenoh.multicast_scouting=false"]
 
 
 def application_tag(server: ServerPlan) -> str:
@@ -75,7 +94,7 @@ def server_manifest(factory: Factory, plan: Plan, server: ServerPlan) -> dict:
         entry["actions_per_chunk"] = served.actions_per_chunk
     return {"cluster_uuid": factory.cluster_uuid, "experiment_tag": factory.experiment_tag,
             "server_id": f"srv{server.index}",
-            "zenoh": {"mode": "peer", "listen": [server_endpoint(factory, server.index)], "multicast_scouting": False},
+            "zenoh": {"mode": "client", "connect": [router_endpoint(factory)], "multicast_scouting": False},
             "server": [entry]}
 
 
@@ -184,7 +203,7 @@ def pid_path(output: str | Path, index: int) -> Path:
 def write_deployment(factory: Factory, plan: Plan, output: str | Path, profiles: Profiles | None = None) -> Path:
     out = Path(output)
     (out / "manifests").mkdir(parents=True, exist_ok=True)
-    server_lines, client_lines = [], []
+    server_lines, client_lines = [shlex.join(router_command(factory)) + " &"], []
     for s in plan.servers:
         path = manifest_path(out, s.index)
         path.write_text(yaml.safe_dump(server_manifest(factory, plan, s), sort_keys=False))

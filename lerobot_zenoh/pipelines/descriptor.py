@@ -224,7 +224,7 @@ class ServersEntry(_Strict):
     # Accelerator memory of one server (GB); a model whose profile states more does not fit. None:
     # not checked.
     memory_gb: float | None = Field(None, gt=0, allow_inf_nan=False)
-    # Where server i listens: tcp/<host>:<port_base + i>.
+    # Where the deployment's router listens (tcp/<host>:<port_base>); servers and robots connect to it.
     host: str = "127.0.0.1"
     port_base: int = Field(7500, ge=1, le=65535, strict=True)
     device: str = "cuda"

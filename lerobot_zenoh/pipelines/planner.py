@@ -44,6 +44,8 @@ class Stream:
     rate_hz: float           # per robot
     stat: str                # p99, ...
     deadline_ms: float
+    # System 2 served from this System 1 stream by a two-component model (one prefill per observation).
+    text_component: str | None = None
 
     @property
     def label(self) -> str:
@@ -194,16 +196,22 @@ def provision_obligations(factory: Factory, profiles: Profiles, budget: int) -> 
 
 # -- goal-coupled packing ----------------------------------------------------------------------------
 
-def goal_streams(factory: Factory, rates: dict[str, float]) -> list[Stream]:
+def goal_streams(factory: Factory, rates: dict[str, float], profiles: Profiles | None = None) -> list[Stream]:
+    """The goal-coupled request streams at `rates`. A task whose System 1 and System 2 name one model
+    whose profile serves both (`ModelProfile.serves_both`) has one stream: System 1's, carrying System 2."""
     out = []
     for cls_ in factory.fleet:
         task = factory.tasks[cls_.task]
         f = rates[cls_.task]
+        s1, s2 = task.component("system1"), task.component("system2")
+        joint = (s1 is not None and s2 is not None and s1[1].model == s2[1].model and profiles is not None
+                 and s1[1].model in profiles.models and profiles.get(s1[1].model).serves_both)
         for cname, comp in task.components.items():
             if comp.kind == "system1":
                 out.append(Stream(cls_.task, cname, "system1", comp.model, cls_.robots, f,
-                                  stat_of(comp.slo.percentile), comp.slo.deadline_ms))
-            elif comp.kind == "system2":
+                                  stat_of(comp.slo.percentile), comp.slo.deadline_ms,
+                                  text_component=s2[0] if joint else None))
+            elif comp.kind == "system2" and not joint:
                 out.append(Stream(cls_.task, cname, "system2", comp.model, cls_.robots,
                                   f / comp.invocation.every_n_chunks, stat_of(comp.slo.percentile), comp.slo.deadline_ms))
     return out
@@ -286,7 +294,7 @@ class Check:
 
 def pack_goal(factory: Factory, profiles: Profiles, rates: dict[str, float], budget: int) -> Check:
     """Is the rate vector feasible on `budget` goal servers? Isolated ILP packing, compaction, closed loop."""
-    streams = goal_streams(factory, rates)
+    streams = goal_streams(factory, rates, profiles)
     options = []
     for st in streams:
         opts = _robots_per_server(profiles.get(st.model), st)
@@ -320,6 +328,9 @@ def pack_goal(factory: Factory, profiles: Profiles, rates: dict[str, float], bud
                   if sh.stream.task == cls_.task and sh.stream.kind == "system1"), default=0.0)
         l2 = max((s.mean_ms for s in servers for sh in s.shares
                   if sh.stream.task == cls_.task and sh.stream.kind == "system2"), default=0.0)
+        # System 2 from System 1's stream: its text's mean latency on those servers at their load.
+        l2 = max([l2, *(profiles.get(s.model).latency_ms(s.batch_size, s.rate_hz, "text_mean") for s in servers
+                        for sh in s.shares if sh.stream.task == cls_.task and sh.stream.text_component)])
         h = task.system2_horizon or 1
         f_loop = 1000.0 / (task.action_period_ms + l1 + (l2 / h if task.system2_horizon else 0.0))
         if rates[cls_.task] > f_loop * (1 + 1e-9):
@@ -404,4 +415,6 @@ def route(factory: Factory, servers: list[ServerPlan]) -> tuple[dict[str, dict[s
             cursor[sh.stream.label] = start + sh.robots
             for rid in sh.robot_ids:
                 routing[rid][sh.stream.component] = s.index
+                if sh.stream.text_component:  # the same server answers its System 2
+                    routing[rid][sh.stream.text_component] = s.index
     return routing, robot_task

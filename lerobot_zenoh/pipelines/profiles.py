@@ -10,7 +10,13 @@
           ...
 
 `batch_size` is the most requests served in one forward pass (the manifest's `max_batch_size`); for a
-continuous-batching model it is the concurrency cap. Between two measured rates the latency is
+continuous-batching model it is the concurrency cap.
+
+A model that serves a task's System 1 *and* System 2 from one stream (pi0.5 with language from the
+shared prefill, docs/policies.md) says so with ``components: [system1, system2]``; its latencies are
+the actions' (measured while text streams) and every point also has `text_mean_ms`, the mean time from
+an observation asking for text to its final text. The planner then serves both components of a task
+naming it on the same servers, as one stream (docs/pipelines.md). Between two measured rates the latency is
 interpolated linearly; below the lowest it is the lowest's; above the highest measured rate the
 configuration is taken as saturated (infinite latency): a planner never extrapolates.
 
@@ -46,15 +52,31 @@ class ProfilePoint(_Strict):
     p90_ms: float | None = Field(None, gt=0, allow_inf_nan=False)
     p95_ms: float | None = Field(None, gt=0, allow_inf_nan=False)
     p99_ms: float | None = Field(None, gt=0, allow_inf_nan=False)
+    # A two-component model only: mean observation-to-final-text time at this load.
+    text_mean_ms: float | None = Field(None, gt=0, allow_inf_nan=False)
+
+
+#: What a two-component model serves from one stream (`ModelProfile.components`).
+TWO_COMPONENTS = ("system1", "system2")
 
 
 class ModelProfile(_Strict):
     batching: Literal["discrete", "continuous"] = "discrete"
     memory_gb: float | None = Field(None, gt=0, allow_inf_nan=False)
+    # Empty: one component per stream. [system1, system2]: both from one stream (one prefill).
+    components: list[Literal["system1", "system2"]] = Field(default_factory=list)
     points: list[ProfilePoint] = Field(min_length=1)
+
+    @property
+    def serves_both(self) -> bool:
+        return set(self.components) == set(TWO_COMPONENTS)
 
     @model_validator(mode="after")
     def _consistent(self):
+        if self.components and not self.serves_both:
+            raise ValueError(f"components: {self.components} (a two-component model lists system1 and system2)")
+        if self.serves_both and any(p.text_mean_ms is None for p in self.points):
+            raise ValueError("points: a model serving system1 and system2 needs text_mean_ms in every point")
         seen = set()
         for p in self.points:
             if (p.batch_size, p.rate_hz) in seen:
@@ -233,6 +255,13 @@ def check_against_profiles(factory, profiles: Profiles) -> None:
                                   f"needs {prof.memory_gb:g} GB, a server has {capacity:g} GB (servers.memory_gb)",
                                   source=factory.source)
             stat = stat_of(comp.slo.percentile)
+            if comp.kind == "system2" and prof.serves_both:  # its text's latency, not the actions'
+                floor = prof.min_latency_ms("text_mean")
+                if comp.slo.deadline_ms < floor:
+                    raise ConfigError(f"{where}.slo.deadline_ms", f"task {tname!r}, component {cname!r}: impossible "
+                                      f"SLO: {comp.slo.deadline_ms:g} ms is below {comp.model!r}'s measured minimum "
+                                      f"mean text latency {floor:.1f} ms", source=factory.source)
+                continue
             if not prof.has_stat(stat):
                 raise ConfigError(f"{where}.slo.percentile", f"task {tname!r}, component {cname!r}: the profile "
                                   f"of {comp.model!r} has no {stat}_ms", source=factory.source)

@@ -111,7 +111,7 @@ class _Component:
     spec: object  # descriptor Component
     rate_hz: float | None
     pending: OrderedDict = field(default_factory=OrderedDict)  # seq_id -> (sent_s, deadline_s)
-    missed_ids: deque = field(default_factory=lambda: deque(maxlen=MISSED_KEPT))
+    missed_ids: OrderedDict = field(default_factory=OrderedDict)  # seq_id -> sent_s, at most MISSED_KEPT
     dropped_ids: deque = field(default_factory=lambda: deque(maxlen=MISSED_KEPT))  # of an ended attempt
     next_due_s: float | None = None
     misses_in_a_row: int = 0
@@ -249,8 +249,8 @@ class PipelineRuntime:
             c.stats.requests += 1
             c.pending[seq_id] = (now_s, now_s + c.spec.slo.deadline_ms / 1000.0)
             while len(c.pending) > PENDING_KEPT:
-                old, _ = c.pending.popitem(last=False)
-                self._miss(c, old)
+                old, (old_sent_s, _) = c.pending.popitem(last=False)
+                self._miss(c, old, old_sent_s)
             if c.kind == "system1":
                 self._system1_requests += 1
             if c.rate_hz is not None:
@@ -268,9 +268,11 @@ class PipelineRuntime:
         if entry is None:
             if seq_id in c.dropped_ids:
                 return "stale"
-            if seq_id in c.missed_ids:
+            sent_s = c.missed_ids.pop(seq_id, None)
+            if sent_s is not None:  # missed already (poll() saw its deadline pass): late, and its latency counts
                 c.stats.answered += 1
                 c.stats.late += 1
+                c.stats.latencies_ms.append((now_s - sent_s) * 1000.0)
                 return "late"
             c.stats.rejected += 1
             return "unknown"
@@ -283,7 +285,7 @@ class PipelineRuntime:
             c.misses_in_a_row = 0
             c.degraded = None
             return "met"
-        self._miss(c, seq_id)  # an answer after its deadline that poll() has not seen yet
+        self._miss(c, seq_id, None)  # an answer after its deadline that poll() has not seen yet
         c.stats.late += 1
         return "late"
 
@@ -343,16 +345,21 @@ class PipelineRuntime:
         missed = []
         for c in self._components.values():
             while c.pending:
-                seq_id, (_, deadline_s) = next(iter(c.pending.items()))
+                seq_id, (sent_s, deadline_s) = next(iter(c.pending.items()))
                 if now_s <= deadline_s:
                     break
                 c.pending.popitem(last=False)
-                self._miss(c, seq_id)
+                self._miss(c, seq_id, sent_s)
                 missed.append(c.name)
         return missed
 
-    def _miss(self, c: _Component, seq_id: int) -> None:
-        c.missed_ids.append(seq_id)
+    def _miss(self, c: _Component, seq_id: int, sent_s: float | None) -> None:
+        """Count a missed deadline; `sent_s`: its send time, kept so that a late answer's latency is
+        recorded (None: the answer is being booked now)."""
+        if sent_s is not None:
+            c.missed_ids[seq_id] = sent_s
+            while len(c.missed_ids) > MISSED_KEPT:
+                c.missed_ids.popitem(last=False)
         c.stats.missed += 1
         c.stats.recent.append(0)
         if self.outcome is not None:

@@ -293,6 +293,8 @@ def _to_map(msg: Message) -> dict[str, Any]:
             "queue_time_ms": None if msg.queue_time_ms is None else float(msg.queue_time_ms),
             "execution_horizon": msg.execution_horizon,
             "rtc_delay_steps": None if msg.rtc_delay_steps is None else int(msg.rtc_delay_steps),
+            "engine_id": msg.engine_id,
+            "tier": msg.tier,
         })
     if isinstance(msg, Status):
         return _header(MessageType.STATUS) | _drop_none({
@@ -324,6 +326,7 @@ def _to_map(msg: Message) -> dict[str, Any]:
             "inference_time_ms": float(msg.inference_time_ms),
             "server_id": msg.server_id,
             "queue_time_ms": None if msg.queue_time_ms is None else float(msg.queue_time_ms),
+            "partial": True if msg.partial else None,
         })
     if isinstance(msg, Verdict):
         if msg.label not in VERDICT_LABELS:
@@ -467,6 +470,8 @@ def _action_chunk(d: dict, limits: CodecLimits) -> ActionChunk:
         queue_time_ms=_optional(d, "queue_time_ms", (int, float)),
         execution_horizon=_uint(d, "execution_horizon", required=False),
         rtc_delay_steps=_uint(d, "rtc_delay_steps", required=False),
+        engine_id=_optional(d, "engine_id", str),
+        tier=_optional(d, "tier", str),
     )
 
 
@@ -534,6 +539,7 @@ def _text_result(d: dict, limits: CodecLimits) -> TextResult:
         inference_time_ms=_require(d, "inference_time_ms", (int, float)),
         server_id=_optional(d, "server_id", str),
         queue_time_ms=_optional(d, "queue_time_ms", (int, float)),
+        partial=bool(_optional(d, "partial", bool)),
     )
 
 

@@ -10,7 +10,7 @@ Schema (seed 002 section 6.1)::
 
 A chunk is one path segment. It must be non-empty and must not contain any character Zenoh
 reserves (``/ * $ ? # @``) or whitespace; otherwise a ``KeyExprError`` names the field and value.
-``server`` and ``status`` are reserved and cannot be used as client ids.
+``server``, ``status`` and ``engine`` are reserved and cannot be used as client ids.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from enum import StrEnum
 from lerobot_zenoh.errors import KeyExprError
 
 RESERVED_CHARS = frozenset("/*$?#@")
-RESERVED_CLIENT_IDS = frozenset({"server", "status"})
+RESERVED_CLIENT_IDS = frozenset({"server", "status", "engine"})  # engine: the dispatch keys (protocol/dispatch.py)
 
 STATUS = "status"
 SERVER = "server"

@@ -171,6 +171,11 @@ class ActionChunk:
     # 1.1, optional: the inference delay (steps) the server's RTC guidance assumed; present exactly
     # when the chunk was conditioned on the observation's `rtc` inputs.
     rtc_delay_steps: int | None = None
+    # 1.4, optional: which engine computed the chunk and on which tier ("edge" or "cloud"), when the
+    # server dispatches to several engines (docs/protocol.md, "Engines"): `queue_time_ms` and
+    # `inference_time_ms` are then that engine's, and the round trip to a cloud engine is in neither.
+    engine_id: str | None = None
+    tier: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,13 +228,18 @@ class Telemetry:
 
 @dataclass(frozen=True, slots=True)
 class TextResult:
-    """1.3: a System 2 component's answer (the next subtask, in words), on `.../<client>/text`, reliable."""
+    """1.3: a System 2 component's answer (the next subtask, in words), on `.../<client>/text`, reliable.
+
+    `partial`: the text so far of an answer still being written (a pi0.5 serving System 1 and 2 from
+    one prefill streams it as it grows, docs/policies.md); the answer is the one without it. Sent only
+    when true (older readers ignore the key)."""
 
     response_to_seq_id: int
     text: str
     inference_time_ms: float
     server_id: str | None = None
     queue_time_ms: float | None = None
+    partial: bool = False
 
 
 @dataclass(frozen=True, slots=True)

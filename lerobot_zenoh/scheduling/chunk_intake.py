@@ -6,25 +6,25 @@ The reference client (`client/client.py`) and both fleet benchmarks run the same
 benchmark measures is what the client does.
 
 Sending (:meth:`ChunkIntake.on_send`)
-    Remembers ``seq_id -> (step at capture, predicted delay)`` (the step is the buffer's ``next_step``
-    when the observation was taken: the step row 0 of its chunk is meant for; the predicted delay is
-    what a real-time-chunking observation carried, else None) in a bounded table (the oldest is
-    dropped beyond ``max_pending``), and tells the `SendTrigger` (RTT send time, in-flight slot).
+    Records the request in the send trigger's in-flight table (``scheduling/in_flight.py``) with its
+    step at capture (the buffer's ``next_step`` when the observation was taken: the step row 0 of its
+    chunk is meant for) and predicted delay (what a real-time-chunking observation carried, else
+    None): one record holds the send time, the slot and the capture.
 
 Re-fetch (:meth:`ChunkIntake.on_refresh`, docs/protocol.md §10.7)
-    A refresh (a fresh capture of a request still waiting, with its own ``seq_id``) is remembered
-    like a send, with its own capture step, but it holds no slot and starts no RTT: the trigger
-    maps it to its request. The chunk that answers it is aligned to the refresh's capture step (the
+    A refresh (a fresh capture of a request still waiting, with its own ``seq_id``) is remembered in
+    its request's record, with its own capture step; it holds no slot and starts no RTT. The chunk that answers it is aligned to the refresh's capture step (the
     observation the server actually served), its RTT runs from the request's first send, and once
     one publication of a request is answered the others are forgotten (a second answer to the same
     request is rejected, ``unknown_seq``).
 
 Receiving (:meth:`ChunkIntake.on_chunk`, or :meth:`ChunkIntake.plan` without a buffer), in order:
 
-1. RTT: ``SendTrigger.on_receive(seq_id)`` from the exact ``seq_id`` (also for a chunk that is then
-   rejected: its round trip was real).
-2. The capture step is looked up (and forgotten); a chunk answering nothing remembered is rejected,
-   ``unknown_seq`` (never asked, evicted, a duplicate, or from before :meth:`~ChunkIntake.clear`).
+1. ``SendTrigger.receive(seq_id)``, one look-up in the in-flight table: the RTT from the exact
+   ``seq_id`` (also for a chunk that is then rejected: its round trip was real), the slot freed, the
+   capture step answered (the request and its refreshes are forgotten). A chunk answering nothing
+   remembered is rejected, ``unknown_seq`` (never asked, evicted, a duplicate, or from before
+   :meth:`~ChunkIntake.clear`).
 3. Horizon cut: at most ``max_actions`` rows (the client's ``actions_per_chunk``), then at most the
    chunk's ``execution_horizon`` (Kairos 3.1: the server vouches for those only; 0 keeps 1 row).
 4. Stale trim (seed 002 section 8.2, mode ``blend``): ``expired = int(rtt / dt)`` leading rows are in
@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -134,18 +133,20 @@ class ChunkIntake:
     """Capture steps of sent observations, and the fate of each chunk that answers one.
 
     Args:
-        trigger: the client's send trigger; its RTT tracker measures every round trip.
+        trigger: the client's send trigger; its in-flight table holds the captures, its RTT estimate
+            measures every round trip.
         dt_s: the control period.
         max_actions: most rows taken from a chunk (the client's ``actions_per_chunk``); None: all.
         mode: how rows are merged (:class:`MergeMode`); may be changed later (the client switches
             to ``rtc`` when its server advertises it).
-        max_pending: most capture steps remembered; the oldest is dropped beyond it.
+        max_pending: most requests remembered: narrows the trigger's in-flight table to it (the
+            oldest is dropped beyond it).
         initial_delay_steps: the delay predicted before the first RTT is measured.
         delay_quantile: the RTT quantile the delay is predicted from; None: the send trigger's
             ``rtt_quantile``.
 
-    `on_send` and `on_chunk` may run on different threads: the table is guarded by a lock held
-    for a dictionary operation only (the buffer has its own).
+    `on_send` and `on_chunk` may run on different threads: the in-flight table has its lock, the
+    buffer its own.
     """
 
     def __init__(self, trigger: SendTrigger, dt_s: float, *, max_actions: int | None = None,
@@ -162,16 +163,14 @@ class ChunkIntake:
         if delay_quantile is not None and not (math.isfinite(delay_quantile) and 0.0 <= delay_quantile <= 1.0):
             raise ConfigError("rtc.delay_quantile", f"must be within [0, 1] or None, got {delay_quantile}")
         self.trigger = trigger
+        self.table = trigger.table
+        self.table.max_requests = min(self.table.max_requests, max_pending)
         self.dt_s = dt_s
         self.max_actions = max_actions
         self.mode = MergeMode(mode)
-        self._max_pending = max_pending
         self.initial_delay_steps = initial_delay_steps
         self.delay_quantile = delay_quantile
         self._lock = threading.Lock()
-        # seq_id -> (step at capture, predicted delay or None, captured at, request seq_id)
-        self._capture_steps: OrderedDict[int, tuple[int, int | None, float, int]] = OrderedDict()
-        self._refreshes_of: OrderedDict[int, list[int]] = OrderedDict()  # request -> its refreshes' seq_ids
         self._last_replaced_seq: int | None = None  # rtc: the newest observation whose chunk replaced the buffer
 
     # -- sending
@@ -183,48 +182,30 @@ class ChunkIntake:
         return estimate_delay_steps(self.trigger.rtt.quantile_s(q), self.dt_s,
                                     initial_steps=self.initial_delay_steps, max_steps=max_steps)
 
-    def on_send(self, seq_id: int, step: int, now_s: float, *, predicted_delay_steps: int | None = None) -> None:
+    def on_send(self, seq_id: int, step: int, now_s: float, *, predicted_delay_steps: int | None = None,
+                nonce: int | None = None) -> None:
         """Observation `seq_id`, captured when the robot was about to execute `step`, leaves at `now_s`
         (carrying `predicted_delay_steps` when it has real-time-chunking inputs)."""
-        self._remember(seq_id, step, now_s, predicted_delay_steps, seq_id)
-        self.trigger.on_send(seq_id, now_s)
+        self.trigger.on_send(seq_id, now_s, step=step, predicted_delay_steps=predicted_delay_steps, nonce=nonce)
 
     def on_refresh(self, seq_id: int, request_seq_id: int, step: int, now_s: float, *,
                    predicted_delay_steps: int | None = None) -> bool:
         """Re-fetch: observation `seq_id`, a fresh capture at `step` of the outstanding request
         `request_seq_id`, leaves at `now_s`. False (nothing remembered: do not publish it) when the
         request was answered or timed out meanwhile."""
-        if not self.trigger.on_refresh(seq_id, request_seq_id, now_s):
-            return False
-        self._remember(seq_id, step, now_s, predicted_delay_steps, request_seq_id)
-        return True
-
-    def _remember(self, seq_id: int, step: int, now_s: float, predicted_delay_steps: int | None, request: int) -> None:
-        predicted = None if predicted_delay_steps is None else int(predicted_delay_steps)
-        with self._lock:
-            self._capture_steps.pop(seq_id, None)
-            self._capture_steps[seq_id] = (int(step), predicted, float(now_s), int(request))
-            while len(self._capture_steps) > self._max_pending:
-                self._capture_steps.popitem(last=False)
-            if request != seq_id:
-                self._refreshes_of.setdefault(int(request), []).append(seq_id)
-                self._refreshes_of.move_to_end(int(request))
-                while len(self._refreshes_of) > self._max_pending:
-                    self._refreshes_of.popitem(last=False)
+        return self.trigger.on_refresh(seq_id, request_seq_id, now_s, step=step,
+                                       predicted_delay_steps=predicted_delay_steps)
 
     def clear(self) -> int:
         """Forget every capture step (a new episode): later answers are rejected, still measured."""
         with self._lock:
-            n = len(self._capture_steps)
-            self._capture_steps.clear()
-            self._refreshes_of.clear()
             self._last_replaced_seq = None
-            return n
+        return self.table.forget_captures()
 
     @property
     def pending(self) -> int:
-        with self._lock:
-            return len(self._capture_steps)
+        """Publications (requests and refreshes) whose capture step is remembered."""
+        return self.table.captures
 
     # -- receiving
 
@@ -271,16 +252,11 @@ class ChunkIntake:
     def _plan(self, seq_id: int, rows: int, now_s: float, next_step: int,
               execution_horizon: int | None, rtc_delay_steps: int | None) -> IntakeResult:
         first_known = self.trigger.rtt.last_rtt_s is not None  # before this chunk's own sample
-        rtt_s = self.trigger.on_receive(seq_id, now_s)
-        with self._lock:
-            pending = self._capture_steps.pop(seq_id, None)
-            if pending is not None:  # the request is answered: forget its other publications
-                request = pending[3]
-                for other in (request, *self._refreshes_of.pop(request, ())):
-                    self._capture_steps.pop(other, None)
-        if pending is None:
+        answer = self.trigger.receive(seq_id, now_s)
+        rtt_s, capture = answer.rtt_s, answer.capture
+        if capture is None or capture.step is None:
             return IntakeResult(seq_id, False, "unknown_seq", "not an answer to a remembered observation", rtt_s)
-        step, predicted, captured_s, request = pending
+        step, predicted, captured_s, request = capture.step, capture.predicted_delay_steps, capture.captured_s, answer.request_seq
         delay = max(int(next_step) - step, 0)
         # Replace only a chunk the server says it conditioned on our leftover; any other is blended.
         mode = MergeMode.RTC if self.mode is MergeMode.RTC and rtc_delay_steps is not None else MergeMode.BLEND

@@ -4,7 +4,10 @@ A scheduler is a pure decision object (no I/O, no clock of its own: `now_s` is p
 by the inference loop through four calls:
 
     on_arrival(client_id, now_s, execution)   a new observation landed in the client's slot
-    pick(ready, now_s, max_batch) -> [ids]    choose whom to serve now (ready = clients with a slot)
+    pick(ready, now_s, max_batch) -> [ids]    choose whom to serve now (ready = clients with a slot);
+                                              with `choose`, the scheduler orders every ready client
+                                              and `choose(order)` says which of them go now (the
+                                              edge scheduler's placement across engines)
     on_served(client_ids, now_s, duration_s)  the inference for them finished
     forget(client_id)                         the client is gone
 
@@ -22,12 +25,17 @@ from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.protocol.messages import ExecutionInfo
 
 
+#: Given every ready client in the scheduler's order, those to serve now (a subset, in order).
+Choose = Callable[[list[str]], list[str]]
+
+
 class RequestScheduler(Protocol):
     name: str
 
     def on_arrival(self, client_id: str, now_s: float, execution: ExecutionInfo | None = None) -> None: ...
 
-    def pick(self, ready: Sequence[str], now_s: float, max_batch: int = 1) -> list[str]: ...
+    def pick(self, ready: Sequence[str], now_s: float, max_batch: int = 1,
+             choose: Choose | None = None) -> list[str]: ...
 
     def on_served(self, client_ids: Sequence[str], now_s: float, duration_s: float) -> None: ...
 
@@ -52,7 +60,8 @@ class RoundRobinScheduler:
         if client_id not in self._order:
             self._order.append(client_id)
 
-    def pick(self, ready: Sequence[str], now_s: float, max_batch: int = 1) -> list[str]:
+    def pick(self, ready: Sequence[str], now_s: float, max_batch: int = 1,
+             choose: Choose | None = None) -> list[str]:
         ready_set = set(ready)
         for client_id in ready:
             self.on_arrival(client_id, now_s)
@@ -60,8 +69,8 @@ class RoundRobinScheduler:
             return []
         start = self._order.index(self._last) + 1 if self._last in self._order else 0
         rotation = self._order[start:] + self._order[:start]
-        chosen = [c for c in rotation if c in ready_set][:max_batch]
-        return chosen
+        order = [c for c in rotation if c in ready_set]
+        return choose(order) if choose is not None else order[:max_batch]
 
     def on_served(self, client_ids: Sequence[str], now_s: float, duration_s: float) -> None:
         if client_ids:
@@ -91,8 +100,10 @@ class FifoScheduler:
         # the client has been waiting since its first unserved arrival.
         self._arrival_s.setdefault(client_id, now_s)
 
-    def pick(self, ready: Sequence[str], now_s: float, max_batch: int = 1) -> list[str]:
-        return sorted(ready, key=lambda c: (self._arrival_s.get(c, now_s), c))[:max_batch]
+    def pick(self, ready: Sequence[str], now_s: float, max_batch: int = 1,
+             choose: Choose | None = None) -> list[str]:
+        order = sorted(ready, key=lambda c: (self._arrival_s.get(c, now_s), c))
+        return choose(order) if choose is not None else order[:max_batch]
 
     def on_served(self, client_ids: Sequence[str], now_s: float, duration_s: float) -> None:
         for client_id in client_ids:

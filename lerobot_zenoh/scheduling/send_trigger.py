@@ -6,14 +6,19 @@ does I/O. Both classes are shared by the thread that sends observations and the 
 receives action chunks, so each guards its state with a lock held only for a few dictionary
 operations.
 
+Requests in flight (``scheduling/in_flight.py``)
+    One table, seq_id -> request record (first send, last publication, captures, refreshes, nonce),
+    behind one lock. The trigger writes it (``on_send``, ``on_refresh``), frees slots in it (``receive``,
+    time-outs) and reads it (how many are outstanding, which is due for a refresh); the RTT estimate
+    and the chunk intake read the same :meth:`SendTrigger.receive` answer.
+
 RTT (:class:`RttTracker`)
-    ``on_send(seq_id, now_s)`` records the send time; ``on_receive(response_to_seq_id, now_s)``
-    deletes exactly that key and returns the round trip. Older keys are kept: with best-effort
-    transport replies can arrive out of order, and deleting every key ``<=`` the one received
-    would make their RTT unmeasurable (seed 8.1). The table is bounded (oldest dropped) so
-    observations whose replies never come cannot grow it forever. The last ``window`` samples
-    give p50/p90/p99. Pass the time the observation was *captured* as ``now_s`` of ``on_send``
-    if you want the RTT to cover everything between sensing and acting.
+    A chunk answering ``response_to_seq_id`` resolves exactly that key to its request and yields the
+    round trip from the request's first send. Older keys are kept: with best-effort transport replies
+    can arrive out of order, and forgetting every key ``<=`` the one received would make their RTT
+    unmeasurable (seed 8.1). The last ``window`` samples give p50/p90/p99. Pass the time the
+    observation was *captured* as ``now_s`` of ``on_send`` if you want the RTT to cover everything
+    between sensing and acting.
 
 Stale steps (:func:`expired_steps`)
     ``int(rtt_s / dt_s)``, and 0 before the first RTT (seed 8.2 and 8.3: the first chunk is
@@ -37,7 +42,7 @@ The send rule (:class:`SendTrigger`)
         "Fleet over real Zenoh"). The margin covers the control period in which the send decision
         is taken.
 
-    A request is outstanding from ``on_send`` until its reply (``on_receive``) or until it is
+    A request is outstanding from ``on_send`` until its reply (``receive``) or until it is
     presumed lost, ``request_timeout_s`` after it was sent. The timeout is fixed when
     ``SendTriggerConfig.request_timeout_s`` is set; otherwise::
 
@@ -47,6 +52,8 @@ The send rule (:class:`SendTrigger`)
     delays sending by at most one timeout instead of stalling it forever. A reply that comes
     after its request was presumed lost still yields an RTT sample and its actions are still
     merged (the action buffer discards what is stale); it just no longer holds a slot.
+    ``unanswered_in_a_row`` counts requests presumed lost (timed out or forgotten) since the last answer: the client draws a
+    new session nonce when it reaches ``RobotClientConfig.new_nonce_after_unanswered`` (docs/client.md).
 
 Re-fetch (docs/protocol.md §10.7; ``SendTriggerConfig.refetch_after_s``; off here until the client sets it)
     A request still unanswered ``refetch_after_s`` after it was last published is due for a refresh
@@ -63,12 +70,13 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from lerobot_zenoh.errors import ConfigError
+from lerobot_zenoh.scheduling.in_flight import Answer, InFlightTable
 
 __all__ = [
     "RttTracker",
@@ -93,75 +101,80 @@ def expired_steps(rtt_s: float | None, dt_s: float) -> int:
 
 
 class RttTracker:
-    """Send times of in-flight observations by ``seq_id`` and a rolling window of RTTs.
+    """The RTT estimate: a rolling window of round trips and its quantiles.
+
+    Samples come from the in-flight table (``scheduling/in_flight.py``): :meth:`take` reads the round
+    trip of an :class:`~lerobot_zenoh.scheduling.in_flight.Answer`. Standing alone (a benchmark, a
+    test), ``on_send`` / ``on_receive`` keep send times in a table of its own.
 
     Args:
-        max_in_flight: most send times kept; the oldest is dropped (and counted) beyond it.
+        max_in_flight: most send times its own table keeps; the oldest is dropped (and counted) beyond it.
         window: how many recent RTT samples the percentiles are taken over.
+        table: the in-flight table ``on_send`` / ``on_receive`` use (a trigger passes its own).
     """
 
-    def __init__(self, *, max_in_flight: int = 256, window: int = 100) -> None:
+    def __init__(self, *, max_in_flight: int = 256, window: int = 100, table: InFlightTable | None = None) -> None:
         if max_in_flight <= 0:
             raise ConfigError("rtt.max_in_flight", f"must be positive, got {max_in_flight}")
         if window <= 0:
             raise ConfigError("rtt.window", f"must be positive, got {window}")
         self._lock = threading.Lock()
         self._max_in_flight = max_in_flight
-        self._sent_s: OrderedDict[int, float] = OrderedDict()
+        self._table = table
         self._samples_s: deque[float] = deque(maxlen=window)
         # Quantiles of the window by q, valid until the next sample: the send rule asks for p90 twice
         # per control period, and np.quantile costs tens of microseconds, far more than the rule itself.
         self._quantiles_s: dict[float, float] = {}
         self._last_rtt_s: float | None = None
-        self.evicted = 0  # send times dropped because the table was full
         self.unknown_responses = 0  # replies to a seq_id not in the table (evicted, duplicate, never sent)
         self.measured = 0  # RTT samples taken in total
 
-    def on_send(self, seq_id: int, now_s: float) -> None:
+    @property
+    def table(self) -> InFlightTable:
+        if self._table is None:  # made on first use: a tracker fed by a trigger's table never needs one
+            self._table = InFlightTable(max_requests=self._max_in_flight, max_age_s=None)
+        return self._table
+
+    def take(self, answer: Answer) -> float | None:
+        """Record the round trip of `answer` (None: its request was unknown, counted)."""
+        if answer.rtt_s is None:
+            with self._lock:
+                self.unknown_responses += 1
+            return None
         with self._lock:
-            self._sent_s.pop(seq_id, None)  # a reused id counts from its latest send
-            self._sent_s[seq_id] = now_s
-            while len(self._sent_s) > self._max_in_flight:
-                self._sent_s.popitem(last=False)
-                self.evicted += 1
+            self._samples_s.append(answer.rtt_s)
+            self._quantiles_s.clear()
+            self._last_rtt_s = answer.rtt_s
+            self.measured += 1
+        return answer.rtt_s
+
+    def on_send(self, seq_id: int, now_s: float) -> None:
+        self.table.add_request(seq_id, now_s)
 
     def on_receive(self, response_to_seq_id: int, now_s: float) -> float | None:
         """The RTT of `response_to_seq_id`, or ``None`` if its send time is unknown.
 
-        Deletes only that key (seed 8.1). Raises ``ValueError`` if ``now_s`` precedes the send
+        Forgets only that key (seed 8.1). Raises ``ValueError`` if ``now_s`` precedes the send
         time, which only happens when two clocks are mixed.
         """
-        with self._lock:
-            sent_s = self._sent_s.pop(response_to_seq_id, None)
-            if sent_s is None:
-                self.unknown_responses += 1
-                return None
-            rtt_s = now_s - sent_s
-            if rtt_s < 0:
-                self._sent_s[response_to_seq_id] = sent_s
-                raise ValueError(
-                    f"reply to seq {response_to_seq_id} at {now_s} precedes its send at {sent_s}: mixed clocks?"
-                )
-            self._samples_s.append(rtt_s)
-            self._quantiles_s.clear()
-            self._last_rtt_s = rtt_s
-            self.measured += 1
-            return rtt_s
+        return self.take(self.table.answer(response_to_seq_id, now_s))
 
     def forget(self, seq_id: int) -> bool:
         """Drop a send time without measuring it. Returns whether it was there."""
-        with self._lock:
-            return self._sent_s.pop(seq_id, None) is not None
+        return self.table.remove(seq_id)
 
     def is_in_flight(self, seq_id: int) -> bool:
-        with self._lock:
-            return seq_id in self._sent_s
+        return seq_id in self.table
 
     @property
     def in_flight(self) -> int:
         """How many send times are kept (replies not received, not evicted)."""
-        with self._lock:
-            return len(self._sent_s)
+        return len(self.table)
+
+    @property
+    def evicted(self) -> int:
+        """Send times dropped because the table was full."""
+        return self.table.evicted
 
     @property
     def last_rtt_s(self) -> float | None:
@@ -295,10 +308,9 @@ class SendTriggerStats:
     rtt_p90_s: float | None
     rtt_p99_s: float | None
     refreshes: int = 0  # fresh captures published for requests still waiting (re-fetch)
+    unanswered_in_a_row: int = 0  # requests presumed lost since the last answer
 
 
-#: Refresh seq_ids remembered (refresh -> its request), oldest dropped beyond this.
-MAX_REFRESHES_REMEMBERED = 256
 #: The reference client's re-fetch threshold when `refetch_after_s` is None, toward a server that
 #: takes refreshes: measured on the real stack (docs/benchmarks.md, "Re-fetch over real Zenoh"), 100 ms
 #: bounded the served observation's age near the threshold wherever requests queued (actions/s
@@ -308,37 +320,35 @@ DEFAULT_REFETCH_AFTER_S = 0.1
 
 
 class SendTrigger:
-    """Decides when the next observation goes out; owns the RTT tracker it calibrates against.
+    """Decides when the next observation goes out, from the in-flight table and the RTT estimate.
 
     Args:
         config: the rules' settings.
         dt_s: the control period (``1 / fps``).
-        rtt: an RTT tracker to share; a new one (``config.rtt_window``) by default.
+        rtt: an RTT estimate to share (kept across triggers, say one per task); a new one
+            (``config.rtt_window``) by default.
+        table: the in-flight table (``scheduling/in_flight.py``) to keep requests in; a new one by
+            default. The chunk intake reads the same table through :meth:`receive`.
     """
 
-    def __init__(self, config: SendTriggerConfig | None = None, *, dt_s: float, rtt: RttTracker | None = None):
+    def __init__(self, config: SendTriggerConfig | None = None, *, dt_s: float, rtt: RttTracker | None = None,
+                 table: InFlightTable | None = None):
         if not (math.isfinite(dt_s) and dt_s > 0):
             raise ConfigError("fps", f"control period must be positive, got dt_s={dt_s}")
         self.config = config if config is not None else SendTriggerConfig()
         #: Re-fetch threshold in force (None: off). The config's value (None and 0: off) until the
-        #: client sets it from the server's status (`RobotClient._use_status`: None there means
-        #: the default, DEFAULT_REFETCH_AFTER_S).
+        #: client sets it from the server's status (None there means the default, DEFAULT_REFETCH_AFTER_S).
         self.refetch_after_s: float | None = self.config.refetch_after_s or None
         self.dt_s = dt_s
-        self.rtt = rtt if rtt is not None else RttTracker(window=self.config.rtt_window)
-        self._lock = threading.Lock()
-        self._outstanding: OrderedDict[int, float] = OrderedDict()  # seq_id -> sent at, oldest first
+        self.table = table if table is not None else InFlightTable()
+        self.rtt = rtt if rtt is not None else RttTracker(window=self.config.rtt_window, table=self.table)
+        self._lock = threading.Lock()  # the counters below; the table has its own
         self._sent = 0
         self._answered = 0
         self._presumed_lost = 0
         self._late_replies = 0
-        self._lost_ids: deque[int] = deque(maxlen=256)  # to tell a late reply from an unknown one
-        # Re-fetch: when each outstanding request was last published (first send or refresh), and
-        # which request each refresh stands for (bounded; kept past the answer so that a second
-        # answer resolves to its request and is counted as a duplicate, not measured).
-        self._published_s: dict[int, float] = {}
-        self._request_of: OrderedDict[int, int] = OrderedDict()
         self._refreshes = 0
+        self._unanswered_in_a_row = 0  # requests presumed lost since the last answer (a shut-out session)
         self._last_send_s: float | None = None  # for max_rate_hz
 
     # -- calibrated thresholds
@@ -372,10 +382,8 @@ class SendTrigger:
         """
         buffered_s = max(queue_size, 0) * self.dt_s
         threshold_s = self.buffer_time_s()
-        timeout_s = self.request_timeout_s()
+        outstanding = self._expire(now_s)
         with self._lock:
-            self._expire(now_s, timeout_s)
-            outstanding = len(self._outstanding)
             if buffered_s >= threshold_s:
                 send, reason = False, "buffer_ok"
             elif outstanding >= self.config.max_in_flight:
@@ -390,13 +398,12 @@ class SendTrigger:
     def should_send(self, queue_size: int, now_s: float) -> bool:
         return self.decide(queue_size, now_s).send
 
-    def on_send(self, seq_id: int, now_s: float) -> None:
-        """An observation `seq_id` left (or was captured) at `now_s`: it holds a slot until answered."""
-        self.rtt.on_send(seq_id, now_s)
+    def on_send(self, seq_id: int, now_s: float, *, step: int | None = None,
+                predicted_delay_steps: int | None = None, nonce: int | None = None) -> None:
+        """Request `seq_id` left (or was captured) at `now_s`: it holds a slot until answered. `step`
+        and `predicted_delay_steps` are what the chunk intake aligns its answer to."""
+        self.table.add_request(seq_id, now_s, step=step, predicted_delay_steps=predicted_delay_steps, nonce=nonce)
         with self._lock:
-            self._outstanding.pop(seq_id, None)
-            self._outstanding[seq_id] = now_s
-            self._published_s[seq_id] = now_s
             self._sent += 1
             self._last_send_s = now_s
 
@@ -406,55 +413,49 @@ class SendTrigger:
         after_s = self.refetch_after_s
         if after_s is None:
             return None
-        timeout_s = self.request_timeout_s()
-        with self._lock:
-            self._expire(now_s, timeout_s)
-            for seq_id, sent_s in self._outstanding.items():
-                if now_s - self._published_s.get(seq_id, sent_s) >= after_s:
-                    return seq_id
-        return None
+        self._expire(now_s)
+        return self.table.refresh_due(now_s, after_s)
 
-    def on_refresh(self, refresh_seq_id: int, request_seq_id: int, now_s: float) -> bool:
+    def on_refresh(self, refresh_seq_id: int, request_seq_id: int, now_s: float, *, step: int | None = None,
+                   predicted_delay_steps: int | None = None) -> bool:
         """A fresh capture `refresh_seq_id` of the outstanding request `request_seq_id` leaves at `now_s`.
 
         False (nothing recorded: do not publish it) when the request is no longer outstanding, i.e.
         it was answered or timed out since :meth:`refresh_due` named it.
         """
+        if not self.table.add_refresh(refresh_seq_id, request_seq_id, now_s, step=step,
+                                      predicted_delay_steps=predicted_delay_steps):
+            return False
         with self._lock:
-            if request_seq_id not in self._outstanding:
-                return False
-            self._published_s[request_seq_id] = now_s
-            self._request_of.pop(refresh_seq_id, None)
-            self._request_of[refresh_seq_id] = request_seq_id
-            while len(self._request_of) > MAX_REFRESHES_REMEMBERED:
-                self._request_of.popitem(last=False)
             self._refreshes += 1
-            return True
+        return True
 
     def request_of(self, seq_id: int) -> int:
         """The request an observation stands for: the one it refreshes, else itself."""
+        return self.table.request_of(seq_id)
+
+    def receive(self, response_to_seq_id: int, now_s: float) -> Answer:
+        """A chunk answering `response_to_seq_id` arrived: resolve it in the in-flight table (a chunk
+        answering a refresh answers its request), free the slot, sample the RTT from the request's
+        first send. The answer also carries the capture the chunk is aligned to (the chunk intake's)."""
+        answer = self.table.answer(response_to_seq_id, now_s)
+        self.rtt.take(answer)
         with self._lock:
-            return self._request_of.get(seq_id, seq_id)
+            if answer.slot == "answered":
+                self._answered += 1
+            elif answer.slot == "late":
+                self._late_replies += 1
+            if answer.slot != "unknown":
+                self._unanswered_in_a_row = 0
+        return answer
 
     def on_receive(self, response_to_seq_id: int, now_s: float) -> float | None:
-        """A chunk answering `response_to_seq_id` arrived: free its request's slot and return the RTT
-        from the request's first send (or ``None``). A chunk answering a refresh answers its request."""
-        request = self.request_of(response_to_seq_id)
-        rtt_s = self.rtt.on_receive(request, now_s)
-        with self._lock:
-            self._published_s.pop(request, None)
-            if self._outstanding.pop(request, None) is not None:
-                self._answered += 1
-            elif request in self._lost_ids:
-                self._late_replies += 1
-        return rtt_s
+        """:meth:`receive`, returning the RTT only (``None`` when the request was unknown)."""
+        return self.receive(response_to_seq_id, now_s).rtt_s
 
     def outstanding(self, now_s: float) -> int:
         """Requests awaiting a reply at `now_s` (after presuming the timed-out ones lost)."""
-        timeout_s = self.request_timeout_s()
-        with self._lock:
-            self._expire(now_s, timeout_s)
-            return len(self._outstanding)
+        return self._expire(now_s)
 
     def forget_outstanding(self) -> int:
         """Presume every outstanding request lost now (e.g. the server was replaced). Returns how many.
@@ -462,25 +463,35 @@ class SendTrigger:
         Counters and the RTT history are kept, so a trigger shared between threads need not be
         rebuilt (rebuilding it would race with the thread that is using the old one).
         """
+        forgotten = len(self.table.forget_outstanding())
         with self._lock:
-            forgotten = len(self._outstanding)
             self._presumed_lost += forgotten
-            self._lost_ids.extend(self._outstanding)
-            self._outstanding.clear()
-            self._published_s.clear()
-            return forgotten
+            self._unanswered_in_a_row += forgotten
+        return forgotten
+
+    @property
+    def unanswered_in_a_row(self) -> int:
+        """Requests presumed lost (timed out or forgotten) since the last answer (0 after :meth:`reset_unanswered`)."""
+        with self._lock:
+            return self._unanswered_in_a_row
+
+    def reset_unanswered(self) -> None:
+        """Start counting unanswered requests afresh (the client drew a new session nonce)."""
+        with self._lock:
+            self._unanswered_in_a_row = 0
 
     def stats(self) -> SendTriggerStats:
         buffer_time_s, timeout_s = self.buffer_time_s(), self.request_timeout_s()
         rtt = self.rtt
         rtt_last_s, rtt_p50_s, rtt_p90_s, rtt_p99_s = rtt.last_rtt_s, rtt.p50_s, rtt.p90_s, rtt.p99_s
+        outstanding = self.table.outstanding
         with self._lock:
             return SendTriggerStats(
                 sent=self._sent,
                 answered=self._answered,
                 presumed_lost=self._presumed_lost,
                 late_replies=self._late_replies,
-                outstanding=len(self._outstanding),
+                outstanding=outstanding,
                 buffer_time_s=buffer_time_s,
                 request_timeout_s=timeout_s,
                 rtt_last_s=rtt_last_s,
@@ -488,15 +499,14 @@ class SendTrigger:
                 rtt_p90_s=rtt_p90_s,
                 rtt_p99_s=rtt_p99_s,
                 refreshes=self._refreshes,
+                unanswered_in_a_row=self._unanswered_in_a_row,
             )
 
-    def _expire(self, now_s: float, timeout_s: float) -> None:
-        # Caller holds the lock. Oldest first, so stop at the first one still in time.
-        while self._outstanding:
-            seq_id, sent_s = next(iter(self._outstanding.items()))
-            if now_s - sent_s < timeout_s:
-                break
-            self._outstanding.popitem(last=False)
-            self._published_s.pop(seq_id, None)
-            self._presumed_lost += 1
-            self._lost_ids.append(seq_id)
+    def _expire(self, now_s: float) -> int:
+        """Presume timed-out requests lost; returns how many are still outstanding."""
+        lost = self.table.expire(now_s, self.request_timeout_s())
+        if lost:
+            with self._lock:
+                self._presumed_lost += len(lost)
+                self._unanswered_in_a_row += len(lost)
+        return self.table.outstanding

@@ -166,14 +166,18 @@ class WaitRatioScheduler:
         rows.sort(key=lambda r: (-r[0], -r[1], r[2], r[3]))
         return [(client_id, bucket, estimate) for bucket, estimate, _, client_id in rows]
 
-    def pick(self, ready: Sequence[str], now_s: float, max_batch: int = 1) -> list[str]:
+    def pick(self, ready: Sequence[str], now_s: float, max_batch: int = 1, choose=None) -> list[str]:
+        """The first `max_batch` of the order, or, with `choose` (placement across engines), those
+        `choose(order)` returns; every other ready request counts as skipped."""
         for client_id in ready:
             if client_id not in self._tasks:
                 self.on_arrival(client_id, now_s)
         order = [c for c, _, _ in self.ranking(ready, now_s)]
-        chosen = order[:max_batch]
-        for client_id in order[max_batch:]:
-            self._tasks[client_id].skipped += 1
+        chosen = choose(order) if choose is not None else order[:max_batch]
+        picked = set(chosen)
+        for client_id in order:
+            if client_id not in picked:
+                self._tasks[client_id].skipped += 1
         for client_id in chosen:
             self._tasks[client_id].skipped = 0
         self.decisions += 1

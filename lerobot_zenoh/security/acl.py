@@ -30,6 +30,24 @@ Grants, per identity, from the enforcing node's point of view (`P` = an app pref
                     egress   query                          P/status
                     egress   liveliness_token               P/server/*, P/*/metrics
                     egress   declare_subscriber             P/*/action, **/metrics, P/server/s/metrics
+    engine e of P   ingress  declare_subscriber             E/dispatch          (E = P/engine/e: its keys only)
+                    ingress  put                            E/answer
+                    ingress  declare_queryable, reply       E/status
+                    ingress  liveliness_token               E
+                    egress   put                            E/dispatch
+                    egress   query                          E/status
+                    egress   declare_subscriber             E/answer
+                    egress   declare_liveliness_subscriber, liveliness_query   E
+    server s of P   (with engines e, each E as above)
+                    ingress  put                            E/dispatch
+                    ingress  declare_subscriber             E/answer
+                    ingress  query                          E/status
+                    ingress  declare_liveliness_subscriber, liveliness_query   E
+                    egress   put                            E/answer
+                    egress   reply                          E/status
+                    egress   liveliness_token               E
+                    egress   declare_subscriber             E/dispatch
+                    egress   declare_queryable              E/status
     monitor m       ingress  declare_subscriber             **/metrics
                     ingress  declare_liveliness_subscriber, liveliness_query   **
                     egress   put                            **/metrics
@@ -39,6 +57,10 @@ The egress `declare_*` grants only let a remote learn that a matching subscriber
 exists: a `peer`-mode remote sends a put only towards a subscriber it knows of (measured with
 Zenoh 1.10: without them, a peer-mode client's observations never leave it; `client`-mode
 remotes do not need them). They reveal key expressions, never data.
+
+An engine (docs/server.md, "Engines") is named by its `engine_id` (its certificate's common name)
+and reaches only its own keys: it never sees a robot's observation or chunk, and no robot reaches
+an engine key (nothing grants a client anything under `P/engine`).
 
 Server grants matter when a router enforces the ACL (servers connect to it); in a peer-to-peer
 deployment the server's own session enforces it and its own entities are local.
@@ -63,6 +85,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lerobot_zenoh.errors import ConfigError
+from lerobot_zenoh.protocol.dispatch import EngineKeys
 from lerobot_zenoh.protocol.keys import ALL_METRICS, AppKey, validate_chunk, validate_client_id
 
 INGRESS = ["ingress"]
@@ -80,6 +103,7 @@ class AppGrant:
     servers: tuple[str, ...]
     topic: str = "action"  # what the app answers on: action, text (System 2) or verdict (safety, monitor)
     streams: tuple[AppKey, ...] = ()  # the task observation streams its model also serves (pipeline)
+    engines: tuple[str, ...] = ()  # engine processes its servers dispatch to (their engine_id)
 
 
 @dataclass(frozen=True)
@@ -94,13 +118,15 @@ class Deployment:
 
     @property
     def identities(self) -> dict[str, str]:
-        """common name -> role ("server", "client" or "monitor"), in declaration order."""
+        """common name -> role ("server", "client", "engine" or "monitor"), in declaration order."""
         roles: dict[str, str] = {}
         for grant in self.apps:
             for s in grant.servers:
                 _claim(roles, validate_chunk("server_id", s), "server")
             for c in grant.clients:
                 _claim(roles, validate_client_id("client_uuid", c), "client")
+            for e in grant.engines:
+                _claim(roles, validate_chunk("engine_id", e), "engine")
         for m in self.monitors:
             _claim(roles, validate_chunk("monitor", m), "monitor")
         return roles
@@ -116,9 +142,18 @@ class Deployment:
         extra = {k: list(v) for k, v in (extra_clients or {}).items()}
         merged: dict[AppKey, tuple[list[str], list[str]]] = {}
         answers: dict[AppKey, tuple[str, list[AppKey]]] = {}
+        engines: dict[AppKey, list[str]] = {}
         for manifest in manifests:
             for entry in manifest.server:
                 app = manifest.app_key(entry)
+                # engines: those a scheduler lists, and an engine process's own manifest (`role: engine`)
+                listed = engines.setdefault(app, [])
+                for engine_id in [e.engine_id for e in entry.engines if not e.local] + (
+                        [manifest.engine_id] if manifest.role == "engine" else []):
+                    if engine_id not in listed:
+                        listed.append(engine_id)
+                if manifest.role == "engine":
+                    continue
                 topic, streams = answers.setdefault(app, (_answer_topic(entry), []))
                 streams += [k for k in (manifest.pipeline_key(i) for i in entry.pipeline) if k not in streams]
                 clients, servers = merged.setdefault(app, ([], []))
@@ -130,8 +165,11 @@ class Deployment:
         unknown = set(extra) - {"*"} - {app.prefix for app in merged}
         if unknown:
             raise ConfigError("extra_clients", f"no manifest serves {sorted(unknown)}")
-        apps = tuple(AppGrant(app, tuple(c), tuple(s), answers[app][0], tuple(answers[app][1]))
-                     for app, (c, s) in merged.items())
+        for app in engines.keys() - merged.keys():  # an engine's manifest alone: no clients, no servers
+            merged[app] = ([], [])
+            answers[app] = ("action", [])
+        apps = tuple(AppGrant(app, tuple(c), tuple(s), answers[app][0], tuple(answers[app][1]),
+                              tuple(engines.get(app, ()))) for app, (c, s) in merged.items())
         return cls(apps, tuple(dict.fromkeys(monitors)))
 
 
@@ -182,6 +220,29 @@ def access_control(deployment: Deployment) -> dict:
             b.allow(s, f"{rid}/query", EGRESS, ["query"], [app.status])
             b.allow(s, f"{rid}/routes", EGRESS, ["declare_subscriber"],
                     [f"{p}/*/{topic}", ALL_METRICS, app.server_metrics(s)])
+            keys = [EngineKeys(app, e) for e in grant.engines]
+            if keys:
+                b.allow(s, f"{rid}/engine-dispatch", INGRESS, ["put"], [k.dispatch for k in keys])
+                b.allow(s, f"{rid}/engine-answers", INGRESS, ["declare_subscriber"], [k.answer for k in keys])
+                b.allow(s, f"{rid}/engine-probe", INGRESS, ["query"], [k.status for k in keys])
+                b.allow(s, f"{rid}/engine-watch", INGRESS, ["declare_liveliness_subscriber", "liveliness_query"],
+                        [k.token for k in keys])
+                b.allow(s, f"{rid}/engine-receive", EGRESS, ["put"], [k.answer for k in keys])
+                b.allow(s, f"{rid}/engine-reply", EGRESS, ["reply"], [k.status for k in keys])
+                b.allow(s, f"{rid}/engine-tokens", EGRESS, ["liveliness_token"], [k.token for k in keys])
+                b.allow(s, f"{rid}/engine-routes", EGRESS, ["declare_subscriber"], [k.dispatch for k in keys])
+                b.allow(s, f"{rid}/engine-routes-status", EGRESS, ["declare_queryable"], [k.status for k in keys])
+        for e in grant.engines:
+            k = EngineKeys(app, e)
+            rid = f"engine/{e}@{p}"
+            b.allow(e, f"{rid}/subscribe", INGRESS, ["declare_subscriber"], [k.dispatch])
+            b.allow(e, f"{rid}/put", INGRESS, ["put"], [k.answer])
+            b.allow(e, f"{rid}/status", INGRESS, ["declare_queryable", "reply"], [k.status])
+            b.allow(e, f"{rid}/token", INGRESS, ["liveliness_token"], [k.token])
+            b.allow(e, f"{rid}/receive", EGRESS, ["put"], [k.dispatch])
+            b.allow(e, f"{rid}/query", EGRESS, ["query"], [k.status])
+            b.allow(e, f"{rid}/routes", EGRESS, ["declare_subscriber"], [k.answer])
+            b.allow(e, f"{rid}/watch", EGRESS, ["declare_liveliness_subscriber", "liveliness_query"], [k.token])
     for m in deployment.monitors:
         rid = f"monitor/{m}"
         b.allow(m, f"{rid}/subscribe", INGRESS, ["declare_subscriber"], [ALL_METRICS])

@@ -22,12 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lerobot_zenoh.errors import ConfigError
-from lerobot_zenoh.transport.settings import ZenohSettings
+from lerobot_zenoh.transport.settings import MAX_MESSAGE_BYTES, ZenohSettings
 
 WILDCARD_HOSTS = ("0.0.0.0", "[::]", "::")
-#: Above the codec's 16 MiB limit (CodecLimits.max_message_bytes) plus room for Zenoh's framing:
-#: an enforcing node drops bigger messages before reassembling them (Zenoh's default is 1 GiB).
-RX_MAX_MESSAGE_BYTES = 16 * 1024 * 1024 + 64 * 1024
+#: What every session reassembles at most (`ZenohSettings.max_message_bytes`, secured or not).
+RX_MAX_MESSAGE_BYTES = MAX_MESSAGE_BYTES
 
 
 @dataclass(frozen=True)
@@ -108,7 +107,7 @@ def server_settings(layout: PkiLayout, server_id: str, listen: list[str], *, rou
     if not listen:
         raise ConfigError("zenoh.listen", "a peer-to-peer secured server must listen on a tls/ endpoint")
     return ZenohSettings(mode="peer", listen=[tls_endpoint(e) for e in listen], multicast_scouting=False,
-                         access_control_file=str(layout.acl), json5_overrides=_rx_limit(), **layout.tls(server_id))
+                         access_control_file=str(layout.acl), **layout.tls(server_id))
 
 
 def member_settings(layout: PkiLayout, name: str, connect: list[str]) -> ZenohSettings:
@@ -119,8 +118,4 @@ def member_settings(layout: PkiLayout, name: str, connect: list[str]) -> ZenohSe
 def router_settings(layout: PkiLayout, name: str, listen: list[str]) -> ZenohSettings:
     """A router that enforces the ACL for everyone connected to it."""
     return ZenohSettings(mode="router", listen=[tls_endpoint(e) for e in listen], multicast_scouting=False,
-                         access_control_file=str(layout.acl), json5_overrides=_rx_limit(), **layout.tls(name))
-
-
-def _rx_limit() -> dict[str, str]:
-    return {"transport/link/rx/max_message_size": str(RX_MAX_MESSAGE_BYTES)}
+                         access_control_file=str(layout.acl), **layout.tls(name))

@@ -8,7 +8,7 @@ certificate is the identity the ACL knows it by: a server's `server_id`, a clien
 
 Certificates are issued by role, so that only a server can pose as one:
 
-- **server** and **router** certificates carry the host names and addresses the server is
+- **server**, **engine** and **router** certificates carry the host names and addresses the server is
   reached at (subject alternative names) and both TLS usages (serverAuth, to listen; clientAuth,
   to connect to a router or to the primary a standby watches);
 - **client** (robot) and **monitor** certificates are client-only: clientAuth alone, no subject
@@ -39,7 +39,7 @@ from lerobot_zenoh.errors import ConfigError
 #: Names every certificate answers to, so loopback deployments verify without extra flags.
 DEFAULT_HOSTS = ("localhost", "127.0.0.1", "::1")
 #: role -> may it act as a TLS server (listen, carry host names)?
-ROLES = {"server": True, "router": True, "client": False, "monitor": False}
+ROLES = {"server": True, "router": True, "engine": True, "client": False, "monitor": False}
 DEFAULT_VALID_DAYS = 365
 CA_COMMON_NAME = "lerobot-zenoh development CA"
 
@@ -115,7 +115,7 @@ def issue(ca: CertificateAuthority, common_name: str, hosts: tuple[str, ...] | l
         raise ConfigError("common_name", f"{common_name!r} must be a non-empty id without / * $ ? # @ or whitespace")
     serves = ROLES[role]
     if hosts and not serves:
-        raise ConfigError("hosts", f"a {role} certificate names no host: only server and router certificates may "
+        raise ConfigError("hosts", f"a {role} certificate names no host: only server, engine and router certificates may "
                                    f"serve TLS (got {list(hosts)} for {common_name!r})")
     hosts = (tuple(hosts) or DEFAULT_HOSTS) if serves else ()
     usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH] if serves else [ExtendedKeyUsageOID.CLIENT_AUTH]

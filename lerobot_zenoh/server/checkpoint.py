@@ -98,6 +98,7 @@ def build_checkpoint(
     stats: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
     seed: int = 0,
     force: bool = False,
+    architecture: str = "tiny",
 ) -> Path:
     """Write a randomly initialized `policy_type` checkpoint to `output_dir` and return its path.
 
@@ -108,7 +109,21 @@ def build_checkpoint(
     seeded with `seed`. An existing non-empty `output_dir` is refused unless `force`, and even then only
     replaced when it holds a checkpoint (``config.json``). Bad arguments raise `ConfigError` naming
     the argument.
+
+    `architecture` (pi0/pi05 only; LeRobot fixes their sizes by variant name): ``tiny`` (the test
+    preset, `tiny_pi.TINY_PI_ARCHITECTURE`) or ``small`` (`tiny_pi.SMALL_PI_ARCHITECTURE`, for
+    measurements). A pi05's PaliGemma ``lm_head`` (which pi0.5 never calls for actions) is made
+    usable for greedy text: its rows beyond the bundled tokenizer's vocabulary are zeroed, so that
+    the most likely token is one the tokenizer can decode (docs/policies.md, "pi0.5: actions and
+    language from one prefill").
     """
+    from lerobot_zenoh.server.tiny_pi import PI_ARCHITECTURES
+
+    if architecture not in PI_ARCHITECTURES:
+        raise ConfigError("architecture", f"{architecture!r} is not one of {', '.join(PI_ARCHITECTURES)}")
+    if architecture != "tiny" and policy_type not in ("pi0", "pi05"):
+        raise ConfigError("architecture", f"applies to pi0/pi05 only, not {policy_type!r}")
+    arch = PI_ARCHITECTURES[architecture]
     if policy_type not in DEMO_OVERRIDES:
         choices = ", ".join(DEMO_OVERRIDES)
         raise ConfigError("policy_type", f"{policy_type!r} is not supported (choose from {choices})")
@@ -136,7 +151,7 @@ def build_checkpoint(
         input_features[f"{OBS_IMAGES_PREFIX}{cam}"] = PolicyFeature(type=FeatureType.VISUAL, shape=(3, h, w))
     output_features = {ACTION_KEY: PolicyFeature(type=FeatureType.ACTION, shape=(spec.action_dim,))}
 
-    kwargs = _config_kwargs(policy_type, spec, overrides)
+    kwargs = _config_kwargs(policy_type, spec, overrides, arch)
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     log.info("building a random-weight %s policy (seed %d) ...", policy_type, seed)
@@ -156,10 +171,12 @@ def build_checkpoint(
                 policy_type, input_features=input_features, output_features=output_features, **kwargs
             )
             policy_cls = get_policy_class(policy_type)
-            with torch.random.fork_rng(devices=[]), _tiny_architecture(policy_type):
+            with torch.random.fork_rng(devices=[]), _tiny_architecture(policy_type, arch):
                 torch.manual_seed(seed)
                 policy = policy_cls(config)
             policy.eval()
+            if policy_type == "pi05":
+                _usable_lm_head(policy, len(tokenizer))
         except Exception as exc:  # building a model from a config is pure: any failure means a bad config
             raise ConfigError("overrides", f"LeRobot rejected the {policy_type} config: {exc}") from exc
 
@@ -193,9 +210,7 @@ def build_checkpoint(
         if assets:
             sidecar["assets"] = assets
         if policy_type in ("pi0", "pi05"):
-            from lerobot_zenoh.server.tiny_pi import TINY_PI_ARCHITECTURE
-
-            sidecar["test_architecture"] = TINY_PI_ARCHITECTURE
+            sidecar["test_architecture"] = arch
         (staging / FEATURES_SIDECAR_NAME).write_text(json.dumps(sidecar, indent=2) + "\n")
         _check_output(output, force)  # again: the folder may have appeared while building
         if output.exists():
@@ -313,15 +328,25 @@ def build_tiny_vlm(output_dir: str | Path, *, seed: int = 0, force: bool = False
 
 
 @contextlib.contextmanager
-def _tiny_architecture(policy_type: str):
+def _tiny_architecture(policy_type: str, arch: Mapping[str, Any]):
     """pi0/pi05: build with `tiny_pi`'s scoped shrink (their Gemma sizes are fixed by LeRobot)."""
     if policy_type not in ("pi0", "pi05"):
         yield
         return
-    from lerobot_zenoh.server.tiny_pi import TINY_PI_ARCHITECTURE, shrunk_pi_architecture
+    from lerobot_zenoh.server.tiny_pi import shrunk_pi_architecture
 
-    with shrunk_pi_architecture(policy_type, TINY_PI_ARCHITECTURE):
+    with shrunk_pi_architecture(policy_type, arch):
         yield
+
+
+def _usable_lm_head(policy: Any, vocab: int) -> None:
+    """Zero the rows of pi0.5's PaliGemma ``lm_head`` beyond the tokenizer's `vocab`: with random
+    weights their logits are 0 while some decodable row is positive, so greedy decoding emits tokens
+    the small bundled tokenizer can turn into text (LeRobot fixes the table at 257,152 rows)."""
+    import torch
+
+    with torch.no_grad():
+        policy.model.paligemma_with_expert.paligemma.lm_head.weight[vocab:] = 0
 
 
 @contextlib.contextmanager
@@ -370,7 +395,8 @@ def _check_output(output: Path, force: bool) -> None:
             )
 
 
-def _config_kwargs(policy_type: str, spec: PolicySpec, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+def _config_kwargs(policy_type: str, spec: PolicySpec, overrides: Mapping[str, Any] | None,
+                   arch: Mapping[str, Any]) -> dict[str, Any]:
     from lerobot.configs import PreTrainedConfig
 
     config_cls = PreTrainedConfig.get_choice_class(policy_type)
@@ -400,9 +426,7 @@ def _config_kwargs(policy_type: str, spec: PolicySpec, overrides: Mapping[str, A
         kwargs["chunk_size"] = spec.chunk_size
         kwargs["n_action_steps"] = spec.chunk_size
         if policy_type in ("pi0", "pi05"):
-            from lerobot_zenoh.server.tiny_pi import TINY_PI_ARCHITECTURE
-
-            kwargs.setdefault("image_resolution", tuple(TINY_PI_ARCHITECTURE["image_resolution"]))
+            kwargs.setdefault("image_resolution", tuple(arch["image_resolution"]))
     elif policy_type == "act":
         kwargs["chunk_size"] = spec.chunk_size
         kwargs["n_action_steps"] = spec.chunk_size

@@ -25,12 +25,22 @@ request the server never received (lost on the way, or sent to a server that has
 over to this one) stands in for it. A refresh sent without a header is indistinguishable from an
 ordinary observation on arrival and is served as one.
 
-Sessions (docs/architecture.md, "Sessions"): one per client id, opened by its first accepted
-observation, closed when the client's liveliness token has been gone for `liveliness_grace_s`,
-after `idle_timeout_s` without an observation, or at `close_all()`. Clients listed in the manifest
-always get a session; unknown clients (when accepted) share a pool of `max_unknown_clients`
-places that is freed as their sessions close, so no number of invented ids can lock out a listed
-robot, and every id a remote party makes up expires.
+Sessions (docs/architecture.md, "Sessions"; the rules: docs/protocol.md §10.5): one per client
+id, opened by its first admitted observation, closed when the client's liveliness token has been
+gone for `liveliness_grace_s`, after `idle_timeout_s` without an *accepted* observation (one that
+passed the session rules or was served: rejected ones keep nothing alive), or at `close_all()`.
+Clients listed in the manifest always get a session; unknown clients (when accepted) share a pool
+of `max_unknown_clients` places that is freed as their sessions close; once the pool is full and
+another unknown id asks for a place, the sessions of unknown ids whose liveliness token was not
+seen within `liveliness_grace_s` close (`no_token`), so no number of invented ids can lock out a
+listed robot, nor hold the pool for longer than the grace.
+
+What a forged observation on a client's key can do to its session (docs/security.md, "Sessions
+against a forger"): a session follows one client process, named by its `session_nonce`. An
+observation without a nonce never joins a session that has one (`nonce_required`, at once, nothing
+changed); one whose `seq_id` runs further ahead of the last served than a client could have counted
+since (`MAX_SEQ_STEP` + `MAX_SEQ_RATE_HZ` per second) is refused (`seq_jump`); a new nonce starts
+the count afresh, so a forger who does not know the robot's nonce costs it at most a reset.
 """
 
 from __future__ import annotations
@@ -53,7 +63,26 @@ TOO_MANY_CLIENTS = "too_many_clients"
 RATE_LIMITED = "rate_limited"
 TOO_LARGE = "too_large"
 REPLAYED = "replayed"
-REFRESH_LATE = "refresh_late"  # a re-fetch refresh whose request no longer waits (counted, not a rejection)
+REFRESH_LATE = "refreshes_late"  # a re-fetch refresh whose request no longer waits (counted, not a rejection)
+# Session rules (`_check`; docs/protocol.md §10.5).
+NONCE_REQUIRED = "nonce_required"  # no session_nonce, in a session that follows a nonce-ful client process
+SEQ_JUMP = "seq_jump"  # seq_id further ahead of the last served one than a client can count
+
+#: How far a seq_id may run ahead of the session's last served one: this many, plus `MAX_SEQ_RATE_HZ`
+#: per second since that one was served. A client that sends 1000 observations a second, none of
+#: them served, stays inside it; a forged 2**64-1 does not.
+MAX_SEQ_STEP = 1024
+MAX_SEQ_RATE_HZ = 1000.0
+#: A client without a session_nonce cannot say it restarted: its seq_ids going back are a restart
+#: (served, state reset) once its liveliness token went since the last serve, or once nothing was
+#: served for this long; a replay otherwise.
+NONCELESS_REPLAY_WINDOW_S = 5.0
+#: Other nonces a session remembers the count of (the oldest kept: a forger's made-up nonces churn
+#: among the newest places and cannot push out the robot's own).
+MAX_PAST_NONCES = 8
+#: Liveliness tokens remembered for ids that have no session yet (a client declares its token
+#: before its first observation); the oldest are forgotten first.
+MAX_TRACKED_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -113,12 +142,16 @@ class Session:
     nonce: int | None = None  # the client process's session_nonce, once one was seen
     episode_id: str | None = None
     last_served_seq: int | None = None
+    last_served_s: float | None = None  # when last_served_seq was served (bounds how far seq_ids may jump)
+    past_nonces: dict = field(default_factory=dict)  # nonce -> (last_served_seq, last_served_s) of earlier processes
+    token_seen: bool = False  # its liveliness token was seen while this session was open (or just before)
+    token_gone_since_served: bool = False  # the token vanished after the last serve (a nonce-less restart)
     # (session_nonce, seq_id) of the newest observation picked for inference: a refresh of a request
     # at or below it is late (set when picked, from the header; for a header-less one when served).
     last_picked: tuple[int | None, int] | None = None
-    token_lost_s: float | None = None  # when its liveliness token vanished (None: present or never seen)
+    token_lost_s: float | None = None  # when its liveliness token vanished, or (unknown ids) since when it is awaited
     needs_reset: bool = False  # per-episode state to drop in the runner before its next inference
-    closed_reason: str | None = None  # liveliness | idle | server_stop, once closed
+    closed_reason: str | None = None  # liveliness | no_token | idle | delisted | server_stop, once closed
     slot: Slot | None = None
     stats: SessionStats = field(default_factory=SessionStats)
 
@@ -156,6 +189,8 @@ class Engine:
         self.decoded_on_arrival = 0  # observations `peek`-decoded to read their ExecutionInfo
         self.headers_read = 0  # observations whose header told it instead
         self._delisted: list[Session] = []  # closed by update_clients; handed out by the next expire()
+        self._tokens: dict[str, None] = {}  # ids whose liveliness token is present and that have no session (bounded)
+        self._pool_wanted = False  # an unknown id found the pool full since the last expire()
 
     # -- Zenoh callback thread ----------------------------------------------------------------
 
@@ -185,13 +220,15 @@ class Engine:
                     return UNKNOWN_CLIENT
                 if not listed and self._unknown_open >= self.config.max_unknown_clients:
                     self.dropped[TOO_MANY_CLIENTS] += 1
+                    self._pool_wanted = True  # the next expire() frees the places of ids without a token
                     return TOO_MANY_CLIENTS
                 session = self._open(client_id, listed, now_s)
             stats = session.stats
             if self.rate_limit.blocked(client_id, now_s):
                 stats.dropped[RATE_LIMITED] += 1  # not a rejection: the cool-down ends on time
                 return RATE_LIMITED
-            session.last_seen_s = now_s
+            # `last_seen_s` moves only once the observation passes the session rules (`_check`) or is
+            # served: what is rejected keeps no session alive.
             if len(payload) > self.config.max_message_bytes:  # before it takes a slot
                 self._count_rejection(session, TOO_LARGE, now_s)
                 return TOO_LARGE
@@ -212,23 +249,46 @@ class Engine:
         return None
 
     def on_token(self, client_id: str, alive: bool, now_s: float) -> None:
-        """The client's liveliness token appeared or vanished (only known sessions are affected)."""
+        """The client's liveliness token appeared or vanished.
+
+        A session notes it; for an id without a session it is remembered (boundedly) so that the
+        session it opens next knows its token is already there.
+        """
         with self._lock:
             session = self.sessions.get(client_id)
             if session is not None:
                 session.token_lost_s = None if alive else now_s
+                session.token_seen = True  # (a token that vanished was there)
+                if not alive:
+                    session.token_gone_since_served = True
+            elif alive:
+                self._tokens.pop(client_id, None)
+                if len(self._tokens) >= MAX_TRACKED_TOKENS:
+                    del self._tokens[next(iter(self._tokens))]
+                self._tokens[client_id] = None
+            else:
+                self._tokens.pop(client_id, None)
 
     # -- inference thread ---------------------------------------------------------------------
 
     def expire(self, now_s: float) -> list[Session]:
-        """Close sessions whose token has been gone `liveliness_grace_s` or that were idle `idle_timeout_s`."""
+        """Close sessions whose token has been gone `liveliness_grace_s` or that had no accepted
+        observation for `idle_timeout_s`; and, while the unknown pool is full and another id was
+        refused a place, those of unknown ids whose token was not seen within `liveliness_grace_s`
+        of their first observation (`no_token`). Without that pressure a client that declares no
+        token (a benchmark's fake robot, a 1.0 client) keeps its session until it is idle."""
         cfg = self.config
         with self._lock:
-            due = [(s, "liveliness" if s.token_lost_s is not None and now_s - s.token_lost_s >= cfg.liveliness_grace_s
-                    else "idle")
-                   for s in self.sessions.values()
-                   if (s.token_lost_s is not None and now_s - s.token_lost_s >= cfg.liveliness_grace_s)
-                   or now_s - s.last_seen_s >= cfg.idle_timeout_s]
+            due = []
+            pool_wanted, self._pool_wanted = self._pool_wanted, False
+            for s in self.sessions.values():
+                if s.token_lost_s is not None and now_s - s.token_lost_s >= cfg.liveliness_grace_s and s.token_seen:
+                    due.append((s, "liveliness"))
+                elif s.token_lost_s is not None and now_s - s.token_lost_s >= cfg.liveliness_grace_s and pool_wanted:
+                    due.append((s, "no_token"))  # an unknown id without a token, while another id wants its place
+                elif now_s - max(s.last_seen_s, s.slot.arrival_s if s.slot is not None else s.last_seen_s) \
+                        >= cfg.idle_timeout_s:  # an observation still waiting to be judged counts
+                    due.append((s, "idle"))
             for session, reason in due:
                 self._close(session, reason)
             delisted, self._delisted = self._delisted, []
@@ -273,7 +333,9 @@ class Engine:
             for session in self.sessions.values():
                 session.slot = None
 
-    def schedule(self, now_s: float, peek: Peek | None = None, read_header: ReadHeader | None = None) -> Batch | None:
+    def schedule(self, now_s: float, peek: Peek | None = None, read_header: ReadHeader | None = None, *,
+                 choose: Callable[[list[str], dict[str, Slot]], list[str]] | None = None,
+                 exclude: Collection[str] = ()) -> Batch | None:
         """Announce new observations to the scheduler and let it pick up to `max_batch_size` sessions.
 
         Schedulers that rank by the robot's execution phase (`needs_execution_info`) need each new
@@ -282,6 +344,10 @@ class Engine:
         without one (or with a header version this server does not read), `peek` decodes the
         observation; both outside the lock, and the session rules (`check`) are applied then. Other
         schedulers never cost a decode for an observation that is superseded before it is served.
+
+        With `choose` (an edge scheduler placing across engines, `server/dispatch.py`), the scheduler
+        orders every ready session and `choose(order, slots)` picks those to dispatch now, any number;
+        clients in `exclude` (a request of theirs is still running on an engine) wait in their slot.
         """
         with self._lock:
             fresh = [s for s in self.sessions.values() if s.slot is not None and not s.slot.announced]
@@ -314,17 +380,22 @@ class Engine:
                 execution: ExecutionInfo | None = None
                 known = slot.observation or slot.header  # both carry seq_id, episode_id, session_nonce
                 if known is not None:
-                    why = self._check(session, known)
+                    why = self._check(session, known, slot.arrival_s)
                     if why is not None:
-                        rejected.append((session, slot, why, f"seq_id {known.seq_id} already served"))
+                        rejected.append((session, slot, why, self.rule_detail(session, known, why)))
                         session.slot = None
                         continue
                     execution = known.execution
                 if slot.first_arrival is not None:  # a refresh: its request arrived first
                     self.scheduler.on_arrival(session.client_id, *slot.first_arrival)
                 self.scheduler.on_arrival(session.client_id, slot.arrival_s, execution)
-            ready = [cid for cid, s in self.sessions.items() if s.slot is not None and s.slot.announced]
-            chosen = self.scheduler.pick(ready, now_s, self.config.max_batch_size) if ready else []
+            ready = [cid for cid, s in self.sessions.items()
+                     if s.slot is not None and s.slot.announced and cid not in exclude]
+            if choose is None:
+                chosen = self.scheduler.pick(ready, now_s, self.config.max_batch_size) if ready else []
+            else:
+                chosen = self.scheduler.pick(ready, now_s, len(ready), choose=lambda order: choose(
+                    order, {c: self.sessions[c].slot for c in order})) if ready else []
             items: list[tuple[Session, Slot]] = []
             for cid in dict.fromkeys(chosen):
                 session = self.sessions.get(cid)
@@ -337,10 +408,33 @@ class Engine:
             return None
         return Batch(items, rejected)
 
-    def check(self, session: Session, observation: Observation) -> str | None:
-        """Apply the session rules to a decoded observation: None to serve it, or `replayed`."""
+    def requeue(self, session: Session, slot: Slot) -> bool:
+        """Put a picked request back in its session's slot (an engine did not answer it in time, or
+        answered what cannot be served): announced again to the scheduler by the next `schedule`,
+        from its first arrival. False when the session closed or a newer observation already waits
+        (that one stands for the client's request now)."""
         with self._lock:
-            return self._check(session, observation)
+            if self.sessions.get(session.client_id) is not session or session.slot is not None:
+                return False
+            slot.announced = False
+            session.slot = slot
+            return True
+
+    def check(self, session: Session, observation: Observation, arrival_s: float | None = None) -> str | None:
+        """Apply the session rules to a decoded observation that arrived at `arrival_s` (default: the
+        session's last accepted one): None to serve it, else `replayed`, `nonce_required` or `seq_jump`."""
+        with self._lock:
+            return self._check(session, observation, arrival_s)
+
+    @staticmethod
+    def rule_detail(session: Session, obs: Observation | ObservationHeader, reason: str) -> str:
+        """The detail logged with a rejection by the session rules."""
+        if reason == NONCE_REQUIRED:
+            return f"seq_id {obs.seq_id} carries no session_nonce; this client's session follows nonce {session.nonce}"
+        if reason == SEQ_JUMP:
+            return (f"seq_id {obs.seq_id} runs further ahead of the last one served for session_nonce "
+                    f"{obs.session_nonce} than a client can count")
+        return f"seq_id {obs.seq_id} already served"
 
     def take_reset(self, session: Session) -> bool:
         """Whether the runner must drop this session's per-episode state before serving it (once)."""
@@ -366,8 +460,14 @@ class Engine:
                     continue  # closed meanwhile: only the total counts
                 stats = session.stats
                 stats.served += 1
+                # The served observation passed `_check` on this thread just before (nothing else was
+                # checked for this session since): its seq_id is within the bound of the stream
+                # `session.nonce` names.
                 if session.last_served_seq is None or seq_id > session.last_served_seq:
                     session.last_served_seq = seq_id
+                session.last_served_s = now_s
+                session.last_seen_s = max(session.last_seen_s, now_s)
+                session.token_gone_since_served = False
                 self._picked(session, session.nonce, seq_id)  # (a header-less observation: now)
                 stats.inference_ms.append(inference_ms)
                 stats.queue_ms.append(queue_ms)
@@ -409,6 +509,10 @@ class Engine:
 
     def _open(self, client_id: str, listed: bool, now_s: float) -> Session:
         session = self.sessions[client_id] = Session(client_id, listed, now_s, now_s)
+        session.token_seen = client_id in self._tokens
+        self._tokens.pop(client_id, None)
+        if not listed and not session.token_seen:
+            session.token_lost_s = now_s  # awaited: closed as `no_token` unless it shows within the grace
         if not listed:
             self._unknown_open += 1
         self.sessions_opened += 1
@@ -448,17 +552,43 @@ class Engine:
         return (waiting is not None and waiting.header is not None and waiting.request_seq is not None
                 and waiting.header.session_nonce == header.session_nonce and waiting.request_seq > request)
 
-    def _check(self, session: Session, obs: Observation | ObservationHeader) -> str | None:
-        # The replay check comes first: an old observation of this process must not reset anything.
-        restarted = obs.session_nonce is not None and session.nonce is not None and obs.session_nonce != session.nonce
-        if not restarted and session.last_served_seq is not None and obs.seq_id <= session.last_served_seq:
-            return REPLAYED
-        reset = restarted or (obs.episode_id != session.episode_id and session.episode_id is not None)
-        if restarted:  # a restarted client: its seq_ids start again
-            session.last_served_seq = None
-        if obs.session_nonce is not None:
-            session.nonce = obs.session_nonce
+    def _check(self, session: Session, obs: Observation | ObservationHeader, arrival_s: float | None) -> str | None:
+        """The session rules (docs/protocol.md §10.5). Every refusal comes before any change: an
+        observation that is refused resets, advances and keeps alive nothing."""
+        nonce = obs.session_nonce
+        if nonce is None and session.nonce is not None:
+            return NONCE_REQUIRED  # a nonce-less sender cannot take over, or advance, a nonce-ful process's session
+        arrival_s = session.last_seen_s if arrival_s is None else arrival_s
+        # A new nonce is a new client process: its seq_ids start afresh. A nonce this session
+        # followed before picks up its own count again, so that switching to a made-up nonce and
+        # back cannot lift the bound on the real one.
+        switched = nonce != session.nonce
+        last, last_s = session.past_nonces.get(nonce, (None, None)) if switched else (
+            session.last_served_seq, session.last_served_s)
+        restarted = switched
+        if last is not None:
+            if obs.seq_id <= last:
+                if nonce is not None or not (session.token_gone_since_served
+                                             or arrival_s - last_s >= NONCELESS_REPLAY_WINDOW_S):
+                    return REPLAYED
+                restarted, last, last_s = True, None, None  # a nonce-less client's restart
+            elif obs.seq_id - last > MAX_SEQ_STEP + MAX_SEQ_RATE_HZ * max(0.0, arrival_s - last_s):
+                return SEQ_JUMP
+        reset = (restarted and (session.nonce is not None or session.last_served_seq is not None)) or (
+            obs.episode_id != session.episode_id and session.episode_id is not None)
+        if switched:
+            if session.last_served_seq is not None:
+                past = session.past_nonces
+                if len(past) >= MAX_PAST_NONCES:  # the newest goes first: the oldest are the robot's own
+                    past.pop(next(reversed(past)))
+                past[session.nonce] = (session.last_served_seq, session.last_served_s)
+            session.past_nonces.pop(nonce, None)
+        if restarted:
+            session.last_served_seq, session.last_served_s = last, last_s
+            session.last_picked = None
+        session.nonce = nonce
         session.episode_id = obs.episode_id
+        session.last_seen_s = max(session.last_seen_s, arrival_s)
         if reset:
             session.needs_reset = True
             self.scheduler.forget(session.client_id)  # its task starts again (wait ratio: a new task)
@@ -466,8 +596,10 @@ class Engine:
 
     def _count_rejection(self, session: Session, reason: str, now_s: float) -> int:
         session.stats.rejected[reason] += 1
-        # Neither a failed publish nor a replay is the client's bad input: a duplicate costs one
-        # MessagePack decode, and a client restarting after one must not find itself cooled down.
-        if reason not in ("publish_error", REPLAYED):
+        # Neither a failed publish nor a session-rule refusal is the client's bad input: a duplicate
+        # costs one MessagePack decode (a header read, with a header), a client restarting after one
+        # must not find itself cooled down, and a forger must not be able to cool a robot down by
+        # sending what the session rules refuse on its key.
+        if reason not in ("publish_error", REPLAYED, NONCE_REQUIRED, SEQ_JUMP):
             self.rate_limit.on_rejection(session.client_id, now_s)
         return sum(session.stats.rejected.values())

@@ -69,6 +69,9 @@ class Executor:
                         name, self.spec.policy_type, horizon.name)
         elif horizon is not None:
             log.info("%s: execution horizon %r", name, horizon)  # shows the threshold a default picked
+        # (engine_id, tier) written on every chunk this executor runs itself, when its model
+        # dispatches to several engines (server/dispatch.py); None: a server with one engine.
+        self.served_by: tuple[str, str] | None = None
         self.batch_fallbacks = 0  # batches that failed and were served one request at a time
         cameras = len(self.spec.cameras)
         self._jpeg = (ThreadPoolExecutor(max_workers=cameras - 1, thread_name_prefix="jpeg")
@@ -231,8 +234,11 @@ class Executor:
                                         queue_time_ms=queue_ms))
         return self.chunk(obs, result, inference_ms, queue_ms)
 
-    def chunk(self, obs: Observation, result: InferenceResult, inference_ms: float, queue_ms: float) -> bytes:
-        """The encoded ActionChunk answering `obs`; ProtocolError/ValueError if the result is not a chunk."""
+    def chunk(self, obs: Observation, result: InferenceResult, inference_ms: float, queue_ms: float,
+              served_by: tuple[str, str] | None = None) -> bytes:
+        """The encoded ActionChunk answering `obs`; ProtocolError/ValueError if the result is not a chunk.
+
+        `served_by`: (engine_id, tier) of the engine that computed it (default: `self.served_by`)."""
         if result.actions is None:
             raise PolicyError("the runner returned no actions")
         actions = np.asarray(result.actions)
@@ -256,4 +262,5 @@ class Executor:
             queue_time_ms=queue_ms,
             execution_horizon=horizon,
             rtc_delay_steps=rtc_delay,
+            **(dict(zip(("engine_id", "tier"), by)) if (by := served_by or self.served_by) else {}),
         ))

@@ -283,6 +283,38 @@ class SessionsEntry(_Strict):
     idle_timeout_s: float = Field(60.0, gt=0, le=86400, allow_inf_nan=False)
 
 
+class PipelineText(_Strict):
+    """The System 2 component a pi0.5 language entry (`ModelEntry.language`) serves from the same
+    prefill as the item's System 1 (docs/policies.md, "pi0.5: actions and language from one prefill"):
+    an observation whose mask has `bit` starts (or continues) the robot's text, published on this
+    app's ``.../<robot>/text`` as it grows."""
+
+    component: str
+    bit: int = Field(ge=0, lt=MAX_COMPONENTS, strict=True)
+    prompt: str = ""
+    max_new_tokens: int | None = Field(None, ge=1, strict=True)
+
+    @field_validator("component")
+    @classmethod
+    def _chunk(cls, v: str, info) -> str:
+        return _key_chunk(validate_chunk, info.field_name, v)
+
+
+class LanguageEntry(_Strict):
+    """A pi0.5 checkpoint serving System 1 and System 2 from one prefill (runners/pi05_language.py):
+    the decode settings (`LanguageSettings`)."""
+
+    prompt: str = "Subtask:"
+    max_new_tokens: int = Field(32, ge=1, le=4096, strict=True)
+    tokens_per_frame: int = Field(4, ge=1, le=1024, strict=True)
+    min_tokens_per_frame: int = Field(1, ge=0, strict=True)
+    max_prompt_tokens: int = Field(32, ge=1, le=4096, strict=True)
+    stop: list[str] = Field(default_factory=list)
+    max_requests: int = Field(16, ge=1, le=4096, strict=True)
+    max_cached_tokens: int = Field(65536, ge=1, strict=True)
+    action_slo_ms: float | None = Field(None, gt=0)
+
+
 class PipelineEntry(_Strict):
     """One multi-model task whose observation stream this entry serves (docs/pipelines.md).
 
@@ -297,6 +329,8 @@ class PipelineEntry(_Strict):
     bit: int = Field(ge=0, lt=MAX_COMPONENTS, strict=True)
     prompt: str = ""
     labels: list[str] = Field(default_factory=list)
+    # A second component of the same task served from the same prefill (a `language` entry only).
+    text: PipelineText | None = None
 
     @field_validator("task", "component")
     @classmethod
@@ -309,6 +343,63 @@ class PipelineEntry(_Strict):
         return _verdict_labels(v)
 
 
+class EngineEntry(_Strict):
+    """One engine the model's edge scheduler dispatches batches to (docs/server.md, "Engines").
+
+    `local: true` is the scheduler's own inference loop (at most one); any other entry is a
+    `lerobot-policy-server` process started with `role: engine` and this `engine_id`, loading the same
+    checkpoint, reached on its keys ``<app>/engine/<engine_id>/...`` (through `endpoint`, a Zenoh
+    locator added to the session's `connect` list, or through the routers already configured).
+    `capacity` is the most requests in flight on it (one batch); `profile` its latency per batch size
+    in milliseconds ({1: 60, 4: 75}), or `measured`: the local engine's start-up profile
+    (`max_batch_size: auto`), or the one a remote engine measured at its start-up and reports."""
+
+    engine_id: str
+    tier: Literal["edge", "cloud"]
+    capacity: int = Field(ge=1, strict=True)
+    local: bool = Field(False, strict=True)
+    endpoint: str | None = None
+    profile: dict[int, Annotated[float, Field(gt=0, allow_inf_nan=False)]] | Literal["measured"] | None = None
+
+    @field_validator("engine_id")
+    @classmethod
+    def _chunk(cls, v: str) -> str:
+        return _key_chunk(validate_chunk, "engine_id", v)
+
+    @field_validator("profile")
+    @classmethod
+    def _profile(cls, v):
+        if isinstance(v, dict):
+            if not v:
+                raise ValueError("an empty profile; give {batch size: ms, ...} or measured")
+            for b in v:
+                if b < 1:
+                    raise ValueError(f"batch size {b} < 1")
+        return v
+
+    @model_validator(mode="after")
+    def _has_profile(self):
+        if self.profile is None:
+            raise ValueError(f"engine {self.engine_id!r} (tier {self.tier}) has no profile: give "
+                             "{batch size: ms, ...} or measured")
+        if self.local and self.endpoint is not None:
+            raise ValueError("the local engine is this process: it has no endpoint")
+        return self
+
+
+class DispatchEntry(_Strict):
+    """How the edge scheduler treats its engines (docs/server.md, "Engines")."""
+
+    # A dispatched request with no answer after this long goes back to the edge's queue (counted).
+    answer_timeout_s: float = Field(2.0, gt=0, le=600, allow_inf_nan=False)
+    # How often each remote engine's status is queried: its round trip (RTT) and whether it is there.
+    probe_period_s: float = Field(0.5, gt=0, le=60, allow_inf_nan=False)
+    # Probes unanswered in a row before an engine counts as partitioned (no more dispatches to it).
+    probes_lost: int = Field(2, ge=1, le=100, strict=True)
+    # How long start-up waits for each remote engine's first status answer.
+    start_timeout_s: float = Field(10.0, gt=0, le=600, allow_inf_nan=False)
+
+
 class ModelEntry(_Strict):
     model_id: str
     model_version: str
@@ -317,6 +408,8 @@ class ModelEntry(_Strict):
     synthetic: SyntheticEntry | None = None
     # A VLM task component (VlmEntry): `pretrained_path` is then a transformers VLM folder.
     vlm: VlmEntry | None = None
+    # A pi0.5 checkpoint answering text too, from the prefill of its actions (LanguageEntry).
+    language: LanguageEntry | None = None
     device: str = "cpu"
     # Weights and activations: float32 (fp32) or bfloat16 (bf16; VLAs only, refused at start-up by
     # families that cannot serve it).
@@ -350,6 +443,9 @@ class ModelEntry(_Strict):
     # Serve components of multi-model tasks from their observation streams too (PipelineEntry), besides
     # this app's own `*/obs`; a mapping is a list of one. Answers go to this app's client keys.
     pipeline: list[PipelineEntry] = Field(default_factory=list)
+    # Engines this model's scheduler dispatches to (EngineEntry); empty: the inference loop alone.
+    engines: list[EngineEntry] = Field(default_factory=list)
+    dispatch: DispatchEntry = Field(default_factory=DispatchEntry)
 
     @field_validator("pipeline", mode="before")
     @classmethod
@@ -385,6 +481,14 @@ class ModelEntry(_Strict):
             raise ValueError("give exactly one of pretrained_path or synthetic")
         if self.vlm is not None and self.pretrained_path is None:
             raise ValueError("vlm needs pretrained_path (the VLM's folder)")
+        if self.language is not None and (self.pretrained_path is None or self.vlm is not None):
+            raise ValueError("language needs pretrained_path (a pi05 checkpoint) and no vlm")
+        for p in self.pipeline:
+            if p.text is not None and self.language is None:
+                raise ValueError(f"pipeline: task {p.task!r}: text ({p.text.component}) needs this entry's "
+                                 "language block (a pi05 checkpoint answering text)")
+            if p.text is not None and p.text.bit == p.bit:
+                raise ValueError(f"pipeline: task {p.task!r}: text.bit {p.bit} is the item's own bit")
         if (self.vlm is not None and self.vlm.output == "verdict" and not self.vlm.labels
                 and (not self.pipeline or any(not p.labels for p in self.pipeline))):
             raise ValueError("vlm.labels: a verdict VLM needs labels (here, or on every pipeline item)")
@@ -393,6 +497,14 @@ class ModelEntry(_Strict):
         ids = [c.client_uuid for c in self.clients]
         if len(ids) != len(set(ids)):
             raise ValueError(f"duplicate client_uuid in clients: {sorted({i for i in ids if ids.count(i) > 1})}")
+        engine_ids = [e.engine_id for e in self.engines]
+        for engine_id in engine_ids:
+            if engine_ids.count(engine_id) > 1:
+                raise ValueError(f"engines: duplicate engine_id {engine_id!r}")
+        if sum(e.local for e in self.engines) > 1:
+            raise ValueError("engines: more than one local engine (the local engine is this process's loop)")
+        if self.engines and self.pipeline:
+            raise ValueError("engines: a component of multi-model tasks (pipeline) is served by its own loop only")
         tasks = [p.task for p in self.pipeline]
         if len(tasks) != len(set(tasks)):
             raise ValueError(f"pipeline: task {next(t for t in tasks if tasks.count(t) > 1)!r} is listed twice "
@@ -422,6 +534,10 @@ class Manifest(_Strict):
     # Offer the same-host path (raw frames through /dev/shm, no JPEG) to clients on this machine
     # that run as the same user (docs/protocol.md, "The same-host path"); off: every client sends JPEG.
     same_host: bool = Field(True, strict=True)
+    # `server`: serve robots (and dispatch to `engines`); `engine`: run only what an edge scheduler
+    # dispatches on this process's keys <app>/engine/<engine_id>/... (docs/server.md, "Engines").
+    role: Literal["server", "engine"] = "server"
+    engine_id: str | None = None
     source: str = Field("<memory>", exclude=True)
 
     @field_validator("cluster_uuid", "experiment_tag", "server_id")
@@ -435,6 +551,20 @@ class Manifest(_Strict):
             _key_chunk(validate_chunk, "standby_for", self.standby_for)
             if self.standby_for == self.server_id:
                 raise ValueError("standby_for names this server itself")
+        return self
+
+    @model_validator(mode="after")
+    def _engine_role(self):
+        if self.role == "engine":
+            if self.engine_id is None:
+                raise ValueError("role engine needs engine_id (the id the edge's manifest lists)")
+            _key_chunk(validate_chunk, "engine_id", self.engine_id)
+            if self.standby_for is not None:
+                raise ValueError("role engine: standby_for does not apply (an edge re-queues what an engine drops)")
+            if any(m.engines for m in self.server):
+                raise ValueError("role engine: an engine does not dispatch to engines of its own")
+        elif self.engine_id is not None:
+            raise ValueError("engine_id applies to role engine only")
         return self
 
     @model_validator(mode="after")
@@ -454,9 +584,11 @@ class Manifest(_Strict):
     def zenoh_settings(self) -> ZenohSettings:
         """The session settings: the `zenoh` block, each entry's endpoints added to its listen list."""
         listen = list(self.zenoh.listen)
+        connect = list(self.zenoh.connect)
         for entry in self.server:
             listen += [e for e in entry.listen_endpoints if e not in listen]
-        return self.zenoh.replace(listen=listen, connect=list(self.zenoh.connect),
+            connect += [e.endpoint for e in entry.engines if e.endpoint and e.endpoint not in connect]
+        return self.zenoh.replace(listen=listen, connect=connect,
                                   json5_overrides=dict(self.zenoh.json5_overrides)
                                   ).with_files_resolved(lambda v: str(self._resolve(v)))
 

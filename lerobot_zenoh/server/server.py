@@ -11,6 +11,11 @@ Threads, and what each may touch:
   serving a component of multi-model tasks (`pipeline` in its manifest entry) also subscribes to
   each task's observation stream (and its robots' tokens there), and drops there, from the header
   alone, an observation whose `component_mask` does not ask it (`observations_for_other_components`).
+- A model with `engines` (docs/server.md, "Engines") is served by an edge scheduler
+  (`server/dispatch.py`): the inference thread places each request the engine picks on one of its
+  engines and never waits for one; the local engine's batches run on their own thread (which then
+  alone calls that runner), remote engines answer by callback into the dispatcher's event queue,
+  drained by the inference thread, which relays each chunk to its robot.
 - Whoever calls `reload` (the CLI's main thread on SIGHUP): takes a re-read manifest's client lists,
   batch sizes and task streams under `_reload_lock`; a model's streams are one dict replaced whole,
   so the callbacks and the inference thread read either the old map or the new one.
@@ -41,8 +46,10 @@ from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.keys import AppKey, Topic, parse_client_key
 from lerobot_zenoh.protocol.messages import RtcAdvert, SameHostAdvert, Status
 from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
+from lerobot_zenoh.server import text_stream
 from lerobot_zenoh.server.batch_profiling import measure_batch_profile
-from lerobot_zenoh.server.engine import REPLAYED, Batch, Engine, EngineConfig, Session
+from lerobot_zenoh.server.engine import Batch, Engine, EngineConfig, Session
+from lerobot_zenoh.server.engine_worker import EngineWorker
 from lerobot_zenoh.server.executor import Executor
 from lerobot_zenoh.server.failover import ServingRole
 from lerobot_zenoh.server.manifest import Manifest, ModelEntry, PipelineEntry, reload_refusal
@@ -153,6 +160,7 @@ class ServedModel:
         )
         self.status_bytes = codec.encode(self.status)
         self.publishers: dict[str, Publisher] = {}  # client id -> action publisher, closed with its session
+        self.text_publishers: dict[str, Publisher] = {}  # a language runner's text (server/text_stream.py)
         self.actions_dropped_closed = 0  # chunks dropped by publishers of sessions since closed
         # A query naming a client (`status?client=<id>`) learns whether this model serves it.
         self._status_for = {admitted: codec.encode(replace(self.status, client_admitted=admitted))
@@ -174,6 +182,7 @@ class ServedModel:
         # The subscriptions (observations, client tokens) of its own app (None) and of each task stream.
         self.subscriptions: dict[str | None, list] = {}
         self.for_other_components = 0  # pipeline observations whose component_mask does not ask this model
+        self.dispatcher = None  # server/dispatch.py Dispatcher, set at start() when the entry lists engines
 
     @property
     def scheduler(self):
@@ -213,7 +222,12 @@ class PolicyServer:
         self.started = threading.Event()
         self.started_at_s = 0.0
         self._reload_lock = threading.Lock()
-        self._probe = same_host.Probe() if manifest.same_host else None
+        # Same-host frames live in this host's /dev/shm: a model whose requests may run on another
+        # host's engine is offered JPEG only.
+        self._probe = (same_host.Probe() if manifest.same_host and manifest.role == "server"
+                       and not any(e.engines for e in manifest.server) else None)
+        self._worker: EngineWorker | None = None  # role: engine (server/engine_worker.py)
+        self._publishers_lock = threading.Lock()  # the local engine's thread publishes too
 
     @property
     def inferences(self) -> int:
@@ -227,6 +241,8 @@ class PolicyServer:
         (`delisted`); the inference thread forgets its state."""
         with self._reload_lock:
             why = reload_refusal(self.manifest, manifest)
+            if why is None and self._worker is not None:
+                why = "an engine (role: engine) takes no reload; restart it (its scheduler re-profiles it)"
             if why is None:
                 # New task streams are subscribed before any client is listed, so a robot that the
                 # status query says is served is heard on its stream; none applied if one fails.
@@ -271,6 +287,10 @@ class PolicyServer:
 
     def start(self) -> PolicyServer:
         self.started_at_s = time.monotonic()
+        if self.manifest.role == "engine":
+            self._worker = EngineWorker(self.manifest, self._injected, self._limits).start()
+            self.started.set()
+            return self
         advert = self._probe.advert if self._probe is not None and self._probe.create() else None
         try:
             return self._start(advert)
@@ -294,9 +314,22 @@ class PolicyServer:
             log.info("pre-warmed %s/%s (%s) in %.0f ms", entry.model_id, entry.model_version,
                      runner.spec.policy_type, (time.perf_counter() - t0) * 1000)
             profile_s = self._profile(entry, runner) if entry.max_batch_size == "auto" else None
+            if profile_s is None and any(e.local and e.profile == "measured" for e in entry.engines):
+                profile_s = self._profile(entry, runner, force=True)
             self.models.append(ServedModel(self.manifest, entry, runner, self.server_id, profile_s, self._limits,
                                            same_host=advert))
 
+        for model in self.models:
+            if model.entry.engines:
+                from lerobot_zenoh.server.dispatch import Dispatcher  # (imports this module)
+
+                model.dispatcher = Dispatcher(self, model, self._session)
+                try:
+                    model.dispatcher.start()  # every remote engine reachable, loading this model
+                except BaseException:
+                    model.dispatcher.stop(1.0)
+                    self._session.close()
+                    raise
         for model in self.models:
             model.role = ServingRole(f"{self.server_id}:{model.app.prefix}", self.manifest.standby_for,
                                      on_deactivate=model.engine.drop_slots)
@@ -335,10 +368,11 @@ class PolicyServer:
             source.all_client_tokens, lambda key, alive, m=model: self._on_client_token(m, key, alive)))
 
     @staticmethod
-    def _profile(entry: ModelEntry, runner: PolicyRunner) -> dict[int, float] | None:
-        """The latency-vs-batch profile for `max_batch_size: auto` (None for a runner that cannot batch)."""
+    def _profile(entry: ModelEntry, runner: PolicyRunner, force: bool = False) -> dict[int, float] | None:
+        """The latency-vs-batch profile for `max_batch_size: auto` (None for a runner that cannot batch);
+        `force`: measured even for a runner that cannot batch (a local engine's `profile: measured`)."""
         cap = runner.spec.capabilities.max_batch
-        if cap == 1:
+        if cap == 1 and not force:
             log.warning("%s: %s runners serve one request per pass; max_batch_size auto -> 1", entry.model_id,
                         runner.spec.policy_type)
             return None
@@ -354,6 +388,9 @@ class PolicyServer:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop taking observations, finish the inference in flight, close every session, undeclare."""
+        if self._worker is not None:
+            self._worker.stop(timeout_s)
+            return
         for model in self.models:
             for subscriptions in model.subscriptions.values():
                 for sub in subscriptions:
@@ -372,6 +409,9 @@ class PolicyServer:
             stuck = self._thread.is_alive()
             if stuck:
                 log.warning("inference thread did not finish within %.1f s", timeout_s)
+        for model in self.models:
+            if model.dispatcher is not None and not model.dispatcher.stop(timeout_s):
+                stuck = True  # the local engine's thread may still be inside the runner
         for model in self.models:
             if not stuck:  # (a stuck inference thread may still be inside the runner)
                 for session in model.engine.close_all():
@@ -422,7 +462,8 @@ class PolicyServer:
             stream = model.pipeline.get(task)
             if stream is None:
                 return  # in flight while a reload unsubscribed the task's stream
-            if not _asks(stream.item.bit, attachment):
+            text = stream.item.text
+            if not _asks(stream.item.bit, attachment) and not (text is not None and _asks(text.bit, attachment)):
                 model.for_other_components += 1  # not for this component: never decoded, never in a slot
                 return
             if client_id not in model.component_of:
@@ -465,15 +506,20 @@ class PolicyServer:
                     for session in model.engine.expire(now):
                         self._forget(model, session)
             served = False
+            for model in self.models:
+                if model.dispatcher is not None:  # an edge scheduler: place, dispatch, relay; never wait
+                    served = model.dispatcher.round(time.monotonic()) or served
             for i in range(len(self.models)):
                 model = self.models[(turn + i) % len(self.models)]
+                if model.dispatcher is not None:
+                    continue
                 batch = model.engine.schedule(time.monotonic(), self._peek, codec.decode_observation_header)
                 if batch is not None:
                     turn = (turn + i + 1) % len(self.models)
                     self._serve(model, batch)
                     served = True
                     break
-            if not served:
+            if not served and not sum(self._advance_text(m) for m in self.models):
                 self._wake.wait(EXPIRY_PERIOD_S)
 
     def _peek(self, payload: Payload | bytes):
@@ -481,9 +527,16 @@ class PolicyServer:
 
     def _forget(self, model: ServedModel, session: Session) -> None:
         """A closed session: drop its runner state and its action publisher (inference thread only)."""
-        model.runner.forget(session.client_id)
+        if model.dispatcher is not None:
+            model.dispatcher.forget(session.client_id)  # the local runner's state: on its own thread
+        else:
+            model.runner.forget(session.client_id)
         model.component_of.pop(session.client_id, None)
-        pub = model.publishers.pop(session.client_id, None)
+        text_pub = model.text_publishers.pop(session.client_id, None)
+        if text_pub is not None:
+            text_pub.close()
+        with self._publishers_lock:
+            pub = model.publishers.pop(session.client_id, None)
         if pub is not None:
             model.actions_dropped_closed += pub.dropped
             pub.close()
@@ -512,14 +565,18 @@ class PolicyServer:
                 if slot.header is not None and not codec.header_matches(slot.header, obs):
                     raise ProtocolError("header_mismatch", f"the header says seq_id {slot.header.seq_id}, episode "
                                         f"{slot.header.episode_id!r}; the observation {obs.seq_id}, {obs.episode_id!r}")
-                if (stream is not None and obs.component_mask is not None
-                        and not obs.component_mask >> stream.item.bit & 1):
+                if stream is not None and obs.component_mask is not None and not any(
+                        text_stream.asked(stream.item, obs)):
                     model.for_other_components += 1  # sent without a header: found out only now
                     continue
-                if slot.observation is None and engine.check(session, obs) == REPLAYED:
-                    self._reject(model, session, REPLAYED, f"seq_id {obs.seq_id} already served")
+                why = engine.check(session, obs, slot.arrival_s) if slot.observation is None else None
+                if why is not None:  # replayed, nonce_required, seq_jump (docs/protocol.md §10.5)
+                    self._reject(model, session, why, engine.rule_detail(session, obs, why))
                     continue
                 request = executor.prepare(session.client_id, obs, stream.query if stream is not None else None)
+                actions, text = text_stream.asked(stream.item if stream is not None else None, obs)
+                if text:  # System 2 from the same prefill (a pi0.5 language entry)
+                    request = text_stream.with_text(model.runner, request, stream.item, obs, actions)
             except ProtocolError as exc:
                 self._reject(model, session, exc.reason, str(exc))
                 continue
@@ -538,6 +595,9 @@ class PolicyServer:
                 self._reject(model, session, "inference_error", f"{type(result).__name__}: {result}")
                 continue
             queue_ms = (t_start - slot.arrival_s) * 1000
+            if result.actions is None and model.output == "actions" and text_stream.writes_text(model.runner):
+                published.append((session, obs.seq_id, inference_ms, queue_ms))  # text only: it streams
+                continue
             if result.silent:  # a fault-injecting runner withholds this answer
                 model.answers_withheld += 1
                 continue
@@ -555,6 +615,18 @@ class PolicyServer:
             model.answers[model.output if model.output != "verdict" else f"verdict.{result.label}"] += 1
             published.append((session, obs.seq_id, inference_ms, queue_ms))
         engine.finish(published, [s.client_id for s, *_ in ready], time.monotonic(), t_done - t_start)
+        self._advance_text(model)
+
+    def _advance_text(self, model: ServedModel) -> int:
+        """A language runner's text of every robot, one frame's worth (server/text_stream.py)."""
+        def publish(client_id: str, payload: bytes) -> None:
+            pub = model.text_publishers.get(client_id)
+            if pub is None:
+                pub = model.text_publishers[client_id] = self._session.publisher(
+                    model.app.client(client_id).topic(Topic.TEXT), ACTION_QOS)
+            pub.put(payload)
+
+        return text_stream.advance(model, publish, self.server_id)
 
     def _reject(self, model: ServedModel, session: Session, reason: str, detail: str) -> None:
         n = model.engine.reject(session, reason, time.monotonic())
@@ -565,9 +637,12 @@ class PolicyServer:
     def _publisher(self, model: ServedModel, client_id: str) -> Publisher:
         pub = model.publishers.get(client_id)
         if pub is None:
-            # Chunks, texts and verdicts alike: reliable, never waited for (ACTION_QOS).
-            pub = model.publishers[client_id] = self._session.publisher(
-                model.app.client(client_id).topic(model.topic), ACTION_QOS)
+            with self._publishers_lock:
+                pub = model.publishers.get(client_id)
+                if pub is None:
+                    # Chunks, texts and verdicts alike: reliable, never waited for (ACTION_QOS).
+                    pub = model.publishers[client_id] = self._session.publisher(
+                        model.app.client(client_id).topic(model.topic), ACTION_QOS)
         return pub
 
     # -- introspection ------------------------------------------------------------------------
@@ -601,6 +676,8 @@ class PolicyServer:
                 "queue_ms_p50": percentile(s["queue_ms"], 50),
                 "queue_ms_p99": percentile(s["queue_ms"], 99),
                 **{f"rejected.{reason}": n for reason, n in s["rejected"].items()},
+                # which tier computed this robot's chunks (a model with engines)
+                **(model.dispatcher.client_figures(cid) if model.dispatcher is not None else {}),
             }
         # Chunks a client's stalled link made its publisher drop (transport/session.py QueuedPublisher).
         publishers = dict(model.publishers)
@@ -642,9 +719,12 @@ class PolicyServer:
             "batch_size_mean": float(np.mean(batch_sizes)) if batch_sizes else 1.0,
             "batch_fallbacks": model.executor.batch_fallbacks,
             **model.executor.shared_memory_figures,
+            **(model.runner.language_figures() if text_stream.writes_text(model.runner) else {}),
             "max_batch_size": model.max_batch_size,
             **{f"batch_profile.{b}_ms": t * 1000 for b, t in model.batch_profile_s.items()},
             **{f"scheduler.{k}": v for k, v in snap["scheduler"].items()},
+            # per engine: dispatched, answered, offload share, WAN RTT, estimate vs actual, re-queues
+            **(model.dispatcher.figures() if model.dispatcher is not None else {}),
             **process_memory(),
         }
         return metrics, per_client

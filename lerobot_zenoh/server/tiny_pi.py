@@ -45,6 +45,24 @@ TINY_PI_ARCHITECTURE: dict[str, Any] = {
     "image_resolution": [56, 56],
 }
 
+#: A larger test preset for measurements (`lerobot-zenoh-build-checkpoint --architecture=small`): the
+#: VLM 256 wide x 6 layers (8 heads of 32, one KV head), the action expert half as wide with the same
+#: depth and heads (pi0.5's 2B / 300M ratio), a 2-layer SigLIP 128 wide on 224x224 images in 14x14
+#: patches (256 image tokens per camera, as a real pi0.5). ~80 M parameters, most of them still the
+#: vocabulary tables; large enough that a prefill costs what it costs relative to a decode step.
+SMALL_PI_ARCHITECTURE: dict[str, Any] = {
+    "gemma": {
+        "gemma_2b": {"width": 256, "depth": 6, "mlp_dim": 1024, "num_heads": 8, "num_kv_heads": 1, "head_dim": 32},
+        "gemma_300m": {"width": 128, "depth": 6, "mlp_dim": 512, "num_heads": 8, "num_kv_heads": 1, "head_dim": 32},
+    },
+    "vision": {"hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+               "patch_size": 14},
+    "image_resolution": [224, 224],
+}
+
+#: The builder's presets by name (`build_checkpoint(..., architecture=...)`).
+PI_ARCHITECTURES: dict[str, dict[str, Any]] = {"tiny": TINY_PI_ARCHITECTURE, "small": SMALL_PI_ARCHITECTURE}
+
 _MODULES = {"pi0": "lerobot.policies.pi0.modeling_pi0", "pi05": "lerobot.policies.pi05.modeling_pi05"}
 _GEMMA_FIELDS = ("width", "depth", "mlp_dim", "num_heads", "num_kv_heads", "head_dim")
 _VISION_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "patch_size")

@@ -1,7 +1,21 @@
 """The monitor's picture of a fleet, built from Telemetry messages and liveliness events.
 
 Pure state with an injected clock: `on_telemetry(key, msg, now_s)`, `on_liveliness(key, alive,
-now_s)`, then `rows(now_s)` for the table and `samples()` for Prometheus.
+now_s)`, `forget(now_s)` now and then, `rows(now_s)` for the table and `samples()` for Prometheus.
+
+What it trusts and how much it keeps (docs/telemetry.md, "What the monitor trusts"): a member is
+who its key says (a server's `.../server/<id>/metrics`, a client's `.../<client>/metrics`); only a
+server member's `per_client` figures become per-robot server series, so a robot cannot publish
+server-side figures about itself or another robot. At most `max_members` members are kept, each
+with at most `MAX_FIGURES` figures and (a server) `MAX_PER_CLIENT` robots; a member silent or gone
+for `forget_after_s` is forgotten, its series leave /metrics with it, and when the table is full a
+new member takes the place of the longest-silent one that has no liveliness token.
+
+States: `up`; `SILENT` (no telemetry for `stale_periods` periods while its token is present or
+unknown); `GONE` (its liveliness token vanished); for a server, `STALLED` (its token is still there
+but it publishes nothing: a frozen or overloaded process); for a robot that fell silent while a
+server of its app is STALLED, `UNHEARD` (its telemetry may travel through that server, so its
+silence says nothing about the robot itself).
 """
 
 from __future__ import annotations
@@ -13,6 +27,12 @@ from dataclasses import dataclass, field
 from lerobot_zenoh.errors import KeyExprError
 from lerobot_zenoh.protocol.keys import AppKey, parse_key
 from lerobot_zenoh.protocol.messages import Telemetry
+
+#: Bounds on what remote parties can make the monitor keep (docs/telemetry.md).
+MAX_MEMBERS = 2048
+MAX_FIGURES = 256  # per member, and per robot in a server's per_client figures
+MAX_PER_CLIENT = 1024  # robots in one server's per_client figures
+FORGET_AFTER_S = 60.0
 
 #: Figures shown in the table, per kind: (figure name, column title with its unit; docs/telemetry.md).
 SERVER_COLUMNS = [("clients", "clients"), ("inferences", "inferences"), ("inference_ms_p50", "inference p50 (ms)"),
@@ -32,7 +52,8 @@ class Member:
     app: AppKey
     member_id: str
     alive: bool | None = None  # None: no liveliness information yet
-    last_seen_s: float | None = None
+    alive_changed_s: float | None = None  # when `alive` last changed
+    last_seen_s: float | None = None  # last telemetry
     period_s: float = 1.0
     metrics: dict = field(default_factory=dict)
     per_client: dict = field(default_factory=dict)
@@ -41,6 +62,9 @@ class Member:
     def age_s(self, now_s: float) -> float | None:
         return None if self.last_seen_s is None else now_s - self.last_seen_s
 
+    def gone(self) -> bool:
+        return self.alive is False
+
     def silent(self, now_s: float, stale_periods: float = 3.0) -> bool:
         """Gone quiet: its token vanished, or no telemetry for `stale_periods` periods."""
         if self.alive is False:
@@ -48,14 +72,36 @@ class Member:
         age = self.age_s(now_s)
         return age is None or age > stale_periods * max(self.period_s, 0.1)
 
+    def quiet_since_s(self) -> float | None:
+        """Since when nothing was heard of it (its last telemetry or token change)."""
+        times = [t for t in (self.last_seen_s, self.alive_changed_s) if t is not None]
+        return max(times) if times else None
+
+
+def _bounded(figures: dict, limit: int = MAX_FIGURES) -> dict:
+    """Numeric figures only, at most `limit` of them."""
+    out = {}
+    for name, value in figures.items():
+        if len(out) >= limit:
+            break
+        if isinstance(name, str) and isinstance(value, int | float) and not isinstance(value, bool):
+            out[name] = value
+    return out
+
 
 class FleetView:
-    def __init__(self, stale_periods: float = 3.0):
+    def __init__(self, stale_periods: float = 3.0, *, forget_after_s: float = FORGET_AFTER_S,
+                 max_members: int = MAX_MEMBERS):
         self.stale_periods = stale_periods
+        self.forget_after_s = forget_after_s
+        self.max_members = max_members
         self._members: dict[tuple[str, str, str], Member] = {}
         self._lock = threading.Lock()
         self.messages = 0
         self.rejected = 0
+        self.per_client_ignored = 0  # per-robot figures in a robot's own telemetry: not trusted, dropped
+        self.members_refused = 0  # messages of new members while the table was full of live ones
+        self.members_forgotten = 0
 
     @staticmethod
     def _identify(key: str) -> tuple[str, AppKey, str] | None:
@@ -69,33 +115,66 @@ class FleetView:
             return "client", parsed.app, parsed.client_id
         return None
 
-    def _member(self, kind: str, app: AppKey, member_id: str) -> Member:
+    def _member(self, kind: str, app: AppKey, member_id: str, now_s: float) -> Member | None:
+        """The member, made if there is room (the longest-silent one without a live token makes room)."""
         ident = (kind, app.prefix, member_id)
         member = self._members.get(ident)
         if member is None:
+            if len(self._members) >= self.max_members:
+                # Make room for an eighth at once (a flood of new ids costs a sort per eighth, not a
+                # scan per message), taking the longest-quiet members that have no live token.
+                evictable = sorted((m.quiet_since_s() or float("-inf"), i) for i, m in self._members.items()
+                                   if m.alive is not True)[:max(1, self.max_members // 8)]
+                if not evictable:
+                    self.members_refused += 1
+                    return None
+                for _, i in evictable:
+                    del self._members[i]
+                self.members_forgotten += len(evictable)
             member = self._members[ident] = Member(kind, app, member_id)
         return member
 
     def on_telemetry(self, key: str, msg: Telemetry, now_s: float) -> None:
         ident = self._identify(key)
         with self._lock:
-            if ident is None:
+            if ident is None or msg.source != ident[0]:  # a key that is no member's, or a client posing as a server
                 self.rejected += 1
                 return
+            member = self._member(*ident, now_s)
+            if member is None:
+                return
             self.messages += 1
-            member = self._member(*ident)
             member.last_seen_s = now_s
             member.period_s = msg.period_s or 1.0
-            member.metrics = dict(msg.metrics)
-            member.per_client = {k: dict(v) for k, v in msg.per_client.items()}
-            member.labels = dict(msg.labels)
+            member.metrics = _bounded(msg.metrics)
+            if member.kind == "server":
+                member.per_client = {k: _bounded(v) for k, v in list(msg.per_client.items())[:MAX_PER_CLIENT]
+                                     if isinstance(v, dict)}
+            elif msg.per_client:
+                self.per_client_ignored += 1  # only a server's figures about a robot are its server figures
+            member.labels = dict(list(msg.labels.items())[:MAX_FIGURES])
 
     def on_liveliness(self, key: str, alive: bool, now_s: float) -> None:
         ident = self._identify(key)
         if ident is None:
             return
         with self._lock:
-            self._member(*ident).alive = alive
+            if not alive and (ident[0], ident[1].prefix, ident[2]) not in self._members:
+                return  # a token we never knew of vanished: nothing to keep
+            member = self._member(*ident, now_s)
+            if member is not None and member.alive is not alive:
+                member.alive = alive
+                member.alive_changed_s = now_s
+
+    def forget(self, now_s: float) -> list[Member]:
+        """Forget members gone or silent for `forget_after_s` (a member whose token is still there
+        stays: a stalled server is shown, not forgotten). Returns them; their series leave /metrics."""
+        with self._lock:
+            due = [i for i, m in self._members.items()
+                   if m.alive is not True and now_s - (m.quiet_since_s() or now_s) >= self.forget_after_s]
+            gone = [self._members.pop(i) for i in due]
+            self.members_forgotten += len(gone)
+        return gone
 
     def members(self) -> list[Member]:
         with self._lock:
@@ -104,10 +183,14 @@ class FleetView:
     def rows(self, now_s: float) -> list[dict]:
         """One dict per member: identity, state, age and the key figures of its kind."""
         out = []
-        for m in self.members():
+        members = self.members()
+        stalled_apps = {m.app.prefix for m in members if self.state(m, now_s) == "STALLED"}
+        for m in members:
             columns = SERVER_COLUMNS if m.kind == "server" else CLIENT_COLUMNS
-            state = "SILENT" if m.silent(now_s, self.stale_periods) else "up"
-            if m.kind == "client" and m.metrics.get("revalidating"):
+            state = self.state(m, now_s)
+            if state == "SILENT" and m.kind == "client" and m.app.prefix in stalled_apps:
+                state = "UNHEARD"
+            if state == "up" and m.kind == "client" and m.metrics.get("revalidating"):
                 state = "REVALIDATING"
             age = m.age_s(now_s)
             row = {
@@ -119,6 +202,15 @@ class FleetView:
                 row["slo"] = slo_summary(m.metrics)
             out.append(row)
         return out
+
+    def state(self, m: Member, now_s: float) -> str:
+        """`up`, `GONE` (token vanished), `STALLED` (a server whose token is there, no telemetry) or
+        `SILENT`; `rows` also tells `UNHEARD` and `REVALIDATING` robots."""
+        if m.gone():
+            return "GONE"
+        if not m.silent(now_s, self.stale_periods):
+            return "up"
+        return "STALLED" if m.kind == "server" and m.alive is True and m.last_seen_s is not None else "SILENT"
 
     def samples(self) -> list[tuple[str, str, dict[str, str], float]]:
         """(member kind, figure name, labels, value) for every figure of every member (Prometheus).

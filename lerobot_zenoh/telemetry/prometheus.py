@@ -33,6 +33,7 @@ COUNTERS = {
     "observations_same_host": "Observations sent with raw frames in the same-host ring",
     "observations_dropped_in_outbox": "Observations replaced by a newer one before they could be sent",
     "watchdog_events": "Times the watchdog started a search for a server",
+    "session_renewals": "New session nonces drawn after requests in a row went unanswered",
     "steps": "Control steps executed",
     "dataset_frames": "Frames written to the LeRobotDataset",
     "shm_rings_opened": "Same-host frame rings mapped since start (a ring is mapped once)",
@@ -58,6 +59,26 @@ PIPELINE = {
     "pipeline.override_steps": ("counter", "Control steps whose action came from a fallback or danger mode"),
     "pipeline.results_dropped": ("counter", "Text and verdict answers dropped for a full inbox"),
     "pipeline.results_rejected": ("counter", "Undecodable text and verdict answers"),
+}
+
+#: An edge scheduler's per-engine counts (`engine.<id>.<figure>`, label `engine`; docs/server.md).
+ENGINE_COUNTERS = {
+    "dispatched": "Requests placed on this engine",
+    "answered": "Requests this engine answered and the scheduler served",
+    "requeued": "Requests taken back from this engine (no answer in time, partition, restart, refusal)",
+    "late": "Answers of requests already taken back from this engine (dropped)",
+    "refused": "Answers or statuses of this engine refused (wrong model, version or shape)",
+    "restarts": "Restarts of this engine seen by the scheduler (it was re-profiled)",
+    "partitions": "Times this engine was taken out for unanswered probes or a lost liveliness token",
+}
+ENGINE_GAUGES = {
+    "up": "1 while the scheduler places requests on this engine",
+    "in_flight": "Requests on this engine not answered yet",
+    "offload_share": "This engine's share of the requests answered",
+    "rtt_ms": "Measured round trip to this engine (smallest of its last probes; -1: not measured)",
+    "bandwidth_mbps": "Measured bandwidth towards this engine (largest recent sample; negative: not measured)",
+    "estimate_ms_mean": "Placement's latency estimate for requests placed on this engine, mean of the last 256",
+    "actual_ms_mean": "Dispatch to answer of requests placed on this engine, mean of the last 256",
 }
 
 #: Help texts of the gauges (figures not listed get a generic one).
@@ -126,6 +147,24 @@ def describe(member_kind: str, figure: str) -> tuple[str, str, str, float, dict[
         if what == "attainment":
             return f"{base}_slo_attainment_ratio", "gauge", "Task component requests answered within the SLO deadline, of those decided", 1.0, labels
         return f"{base}_slo_{_sanitize(what)}", "gauge", f"Task component figure {what} (docs/telemetry.md)", 1.0, labels
+    if m := re.fullmatch(r"engine\.([^.]+)\.(.+)", figure):  # an edge scheduler's engines (docs/server.md)
+        engine, what = m.groups()
+        labels = {"engine": engine}
+        if what.startswith("refused."):
+            return (f"{base}_engine_refused_by_reason", "counter", "Engine answers refused, by reason", 1.0,
+                    {**labels, "reason": what.split(".", 1)[1]})
+        if what in ENGINE_COUNTERS:
+            return f"{base}_engine_{what}", "counter", ENGINE_COUNTERS[what], 1.0, labels
+        if what.endswith("_ms") or what.endswith("_ms_mean"):
+            stem = what.removesuffix("_mean").removesuffix("_ms")
+            return (f"{base}_engine_{_sanitize(stem)}_seconds", "gauge", ENGINE_GAUGES.get(what, f"Engine figure {what}"),
+                    1e-3, labels)
+        if what == "bandwidth_mbps":
+            return f"{base}_engine_bandwidth_bytes_per_second", "gauge", ENGINE_GAUGES[what], 1e6 / 8, labels
+        return f"{base}_engine_{_sanitize(what)}", "gauge", ENGINE_GAUGES.get(what, f"Engine figure {what}"), 1.0, labels
+    if m := re.fullmatch(r"served\.(edge|cloud)", figure):  # a robot's chunks by the tier that computed them
+        return f"{base}_served_chunks", "counter", "Action chunks of this client, by the tier that computed them", 1.0, {
+            "tier": m.group(1)}
     if figure == "pipeline.danger_reaction_ms_max":
         return (f"{base}_pipeline_danger_reaction_max_seconds", "gauge",
                 "Longest time from a verdict's arrival to the robot's first command in the mode it set", 1e-3, extra)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import collections
 import logging
 import queue
+import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 import zenoh
 
-from lerobot_zenoh.errors import ConfigError, TransportError
+from lerobot_zenoh.errors import ConfigError, TlsRefusedError, TransportError
 from lerobot_zenoh.transport.settings import ZenohSettings
 
 log = logging.getLogger(__name__)
@@ -288,6 +290,10 @@ class ZenohSession:
             try:
                 self._session = zenoh.open(config)
             except zenoh.ZError as exc:
+                for endpoint in self.settings.connect if self.settings.tls_enabled else ():
+                    why = tls_refusal(self.settings, endpoint)
+                    if why is not None:  # something answers there, but not with a certificate we accept
+                        raise TlsRefusedError(why) from exc
                 raise TransportError(f"could not open a Zenoh session ({self.settings.effective_mode}, "
                                      f"listen={self.settings.listen}, connect={self.settings.connect}): {exc}") from exc
         return self
@@ -438,6 +444,50 @@ class ZenohSession:
         except zenoh.ZError as exc:
             raise TransportError(f"liveliness query on {key} failed: {exc}") from exc
 
+
+
+def tls_refusal(settings: ZenohSettings, endpoint: str, timeout_s: float = 2.0) -> str | None:
+    """Why a TLS handshake with `endpoint` fails, in words; None when it succeeds, when nothing
+    answers there, or for an endpoint that is not `tls/`.
+
+    Zenoh reports a refused certificate as a session that does not open (client mode) or a link
+    that never comes (peer mode), as it reports an address where nothing listens. This probe
+    repeats the handshake Zenoh makes (the same CA, certificate and name check) with Python's
+    `ssl`, so that a robot can say which of the two it met.
+    """
+    if not endpoint.startswith("tls/"):
+        return None
+    address = endpoint[len("tls/"):].split("?", 1)[0].split("#", 1)[0]
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.load_verify_locations(settings.tls_root_ca)
+        context.check_hostname = settings.tls_verify_name
+        if settings.tls_certificate:
+            context.load_cert_chain(settings.tls_certificate, settings.tls_private_key)
+        sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+    except (OSError, ValueError):
+        return None  # nothing listens (or the files cannot be read: validate() names those)
+    try:
+        with context.wrap_socket(sock, server_hostname=host) as tls:
+            # TLS 1.3: a listener that refuses our certificate says so after the handshake.
+            tls.settimeout(0.3)
+            try:
+                tls.recv(1)
+            except (TimeoutError, socket.timeout):
+                pass
+        return None
+    except ssl.SSLCertVerificationError as exc:
+        return (f"{endpoint} answers, but its TLS certificate is refused: {exc.verify_message} (is it the "
+                "server's certificate, issued by the CA in tls_root_ca for the host dialled? docs/security.md)")
+    except ssl.SSLError as exc:
+        return (f"{endpoint} answers, but the TLS handshake failed: {exc.reason or exc} (the listener may refuse "
+                "this node's certificate: is it issued by the deployment's CA? docs/security.md)")
+    except OSError:
+        return None
+    finally:
+        sock.close()
 
 
 def _key_and_payload(sample: zenoh.Sample) -> tuple[str, bytes]:

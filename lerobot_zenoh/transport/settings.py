@@ -13,6 +13,9 @@ Defaults are chosen so that a program opens nothing it was not asked to (docs/se
 - `multicast_scouting` unset is off when `connect` endpoints are given, on otherwise.
 - `shared_memory` is off (eclipse-zenoh 1.10.2 leaks a segment per same-host session and loses
   messages silently without the memory-lock privilege: docs/security.md).
+- `max_message_bytes` caps what a link reassembles (Zenoh's own default is 1 GiB): a larger message
+  is dropped by Zenoh while it arrives, having cost at most this much memory, in every session,
+  secured or not (docs/security.md §5).
 
 Anything else Zenoh offers goes through `json5_overrides` (a Zenoh config path -> a JSON5
 literal), applied last.
@@ -33,6 +36,9 @@ MODES = ("auto", "peer", "client", "router")
 #: batches per link, every session gives it (Zenoh's default is 2; see json5_entries).
 ACTION_TX_PRIORITY = "interactive_high"
 ACTION_TX_QUEUE_BATCHES = 16
+#: What a link reassembles at most: the codec's 16 MiB message limit (docs/protocol.md §8.1) plus
+#: room for the Zenoh message around it (an observation's header attachment, key, framing).
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024 + 64 * 1024
 
 
 def _help(text: str) -> dict:
@@ -69,6 +75,9 @@ class ZenohSettings:
     tls_verify_name: bool = field(default=True, metadata=_help(
         "When connecting, check that the listener's certificate names the host of the endpoint and is a "
         "server certificate."))
+    max_message_bytes: int = field(default=MAX_MESSAGE_BYTES, metadata=_help(
+        "The largest message a link of this session reassembles (Zenoh's transport/link/rx/max_message_size); "
+        "a larger one is dropped while it arrives. Default: the protocol's 16 MiB limit plus 64 KiB."))
     access_control_file: str | None = field(default=None, metadata=_help(
         "A JSON5 file holding Zenoh's access_control section (lerobot-zenoh-secure writes acl.json5)."))
     json5_overrides: dict[str, str] = field(default_factory=dict, metadata=_help(
@@ -116,6 +125,8 @@ class ZenohSettings:
                     raise ConfigError(f"{prefix}.{name}", f"{endpoint!r} is not an endpoint like tcp/127.0.0.1:7447")
         if not 0 < self.connect_timeout_s <= 3600:
             raise ConfigError(f"{prefix}.connect_timeout_s", f"must be in (0, 3600], got {self.connect_timeout_s}")
+        if not 64 * 1024 <= self.max_message_bytes <= 2**30:
+            raise ConfigError(f"{prefix}.max_message_bytes", f"must be in [64 KiB, 1 GiB], got {self.max_message_bytes}")
         if self.mode == "client" and self.listen:
             raise ConfigError(f"{prefix}.listen", "a client never listens: use mode peer (or auto) to listen")
         for path, literal in self.json5_overrides.items():
@@ -170,6 +181,7 @@ class ZenohSettings:
         # sending thread was short of CPU: 1-6 % of a 16-chunk burst lost silently with 3 busy
         # processes on 2 cores, none with 16 (docs/reliability.md). Lazily allocated.
         entries.append((f"transport/link/tx/queue/size/{ACTION_TX_PRIORITY}", json.dumps(ACTION_TX_QUEUE_BATCHES)))
+        entries.append(("transport/link/rx/max_message_size", json.dumps(int(self.max_message_bytes))))
         entries.extend(self._tls_entries())
         entries.extend(self.json5_overrides.items())
         return entries

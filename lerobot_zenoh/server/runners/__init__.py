@@ -10,6 +10,8 @@
     synthetic.py   a torch-free fake with a set latency (tests, benchmarks), and scripted task
                    components (text, verdicts, silence)
     vlm.py         a transformers VLM as a task component: System 2 text, safety / monitor verdicts
+    pi05_language.py  pi0.5 answering System 1 and System 2 from one prefill, text batched across
+                   frames and robots (a manifest entry's `language` block)
 
 `RUNNERS` maps LeRobot's policy type (``config.json``'s ``type``) to the runner class serving it. A new
 family is one module with a `LeRobotRunner` subclass plus one entry here (docs/policies.md). Importing
@@ -160,11 +162,27 @@ def load_runner(manifest: Manifest, entry: ModelEntry) -> PolicyRunner:
                                cameras={k: tuple(v) for k, v in vlm.cameras.items()})
         return VlmRunner.from_pretrained(path, settings, fps=entry.fps, device=entry.device, dtype=entry.dtype,
                                          field_prefix=field)
-    return load_policy_runner(path, options=LoadOptions(
+    options = LoadOptions(
         device=entry.device,
         dtype=entry.dtype,
         tokenizer_path=manifest.resolve_asset(entry.tokenizer_path),
         vlm_path=manifest.resolve_asset(entry.vlm_path),
         rtc=entry.rtc.settings(),
         field_prefix=field,
-    ))
+    )
+    if entry.language is not None:  # pi0.5 answering text from the prefill of its actions
+        from lerobot_zenoh.server.runners.pi05_language import LanguageSettings, Pi05LanguageRunner
+
+        config = read_config(path)
+        if config.type != "pi05":
+            raise PolicyError(f"{field}language: {path} is a {config.type!r} checkpoint; text from the shared "
+                              "prefill needs pi05")
+        lang = entry.language
+        runner = Pi05LanguageRunner.from_checkpoint(path, config, options)
+        runner.configure_language(LanguageSettings(
+            prompt=lang.prompt, max_new_tokens=lang.max_new_tokens, tokens_per_frame=lang.tokens_per_frame,
+            min_tokens_per_frame=lang.min_tokens_per_frame, max_prompt_tokens=lang.max_prompt_tokens,
+            stop=tuple(lang.stop), max_requests=lang.max_requests, max_cached_tokens=lang.max_cached_tokens,
+            action_slo_ms=lang.action_slo_ms))
+        return runner
+    return load_policy_runner(path, options=options)

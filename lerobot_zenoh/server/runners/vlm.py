@@ -14,8 +14,15 @@ camera (the spec's camera order); the robot's state is checked and ignored.
   `score` is that label's softmax probability over the candidates' log-likelihoods.
 
 The prompt is the component's (`ComponentQuery.prompt`, from the task descriptor) when it gives one,
-else the configured one. Greedy and no dropout: a result depends on its request only (pure). Requests
-are run one at a time (`max_batch` None: a call may take several, each costs one generation).
+else the configured one. Greedy and no dropout: a result depends on its request only (pure).
+
+Text is generated with iteration-level batching (docs/policies.md, "VLM components"): the requests of
+a call whose inputs have the same token length (the same prompt and cameras: every robot of a
+component) are prefilled in one forward pass, then decode one token per step together; a row that
+reaches an end-of-sequence token or `max_new_tokens` leaves the batch at that token boundary (its
+cache rows are dropped), so a long answer never makes the others wait and a finished one costs
+nothing more. Without padding, each row's tokens are those of ``generate`` on it alone (tested).
+Verdicts are scored one request at a time.
 """
 
 from __future__ import annotations
@@ -87,6 +94,8 @@ class VlmRunner(BaseRunner):
         )
         self.image_token = getattr(processor, "image_token", None) or "<image>"
         self._label_ids: dict[str, list[int]] = {}
+        self.batches = 0  # prefill batches of text generation (one per input shape per call)
+        self.decode_steps = 0  # batched decode steps
 
     @classmethod
     def from_pretrained(cls, path: str | Path, settings: VlmSettings, *, fps: int | None = None,
@@ -128,16 +137,77 @@ class VlmRunner(BaseRunner):
     def run(self, requests: Sequence[InferenceRequest], *, capture_updates: bool = False) -> list[InferenceResult]:
         for r in requests:
             check_observation(self.spec, r.state, r.images)
+        if self.settings.output != "text":
+            return [self._one(r) for r in requests]
+        inputs = [self._inputs(r) for r in requests]
+        groups: dict[tuple, list[int]] = {}  # same input shapes: one batch without padding
+        for i, x in enumerate(inputs):
+            groups.setdefault(tuple((k, tuple(v.shape)) for k, v in sorted(x.items())), []).append(i)
+        results: list[InferenceResult | None] = [None] * len(requests)
+        for rows in groups.values():
+            for i, text in zip(rows, self._generate([inputs[i] for i in rows]), strict=True):
+                results[i] = InferenceResult.of_text(text)
+        self.batches += len(groups)
+        return results  # type: ignore[return-value]
+
+    def run_one_at_a_time(self, requests: Sequence[InferenceRequest]) -> list[InferenceResult]:
+        """Each request alone with transformers' ``generate`` (what `run` did before batching; the
+        reference its tokens are tested and benchmarked against)."""
+        for r in requests:
+            check_observation(self.spec, r.state, r.images)
         return [self._one(r) for r in requests]
+
+    def _prompt(self, request: InferenceRequest) -> str:
+        component = request.extras.get(COMPONENT_EXTRA)
+        return component.prompt if component is not None and component.prompt else self.settings.prompt
+
+    def _inputs(self, request: InferenceRequest) -> dict:
+        images = [request.images[cam] for cam in self.spec.cameras]
+        inputs = self.processor(text=[self.image_token * len(images) + self._prompt(request)], images=[images],
+                                return_tensors="pt")
+        return {k: v.to(self.device) for k, v in inputs.items()}
+
+    def _generate(self, inputs: list[dict]) -> list[str]:
+        """Greedy text for same-shaped inputs: one prefill for all, then one decode step per token for
+        the rows still generating; a finished row leaves the batch (and its cache) at once."""
+        import torch
+
+        eos = self.model.generation_config.eos_token_id
+        stop = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        batch = {k: torch.cat([x[k] for x in inputs]) for k in inputs[0]}
+        n = len(inputs)
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        alive = list(range(n))  # request index of each batch row
+        with torch.no_grad():
+            out = self.model(**batch, use_cache=True)
+            cache, mask = out.past_key_values, batch["attention_mask"]
+            logits = out.logits[:, -1]
+            for _ in range(self.settings.max_new_tokens):
+                nxt = logits.argmax(dim=-1)
+                keep = []
+                for row, (i, t) in enumerate(zip(alive, nxt.tolist(), strict=True)):
+                    tokens[i].append(t)
+                    if t not in stop and len(tokens[i]) < self.settings.max_new_tokens:
+                        keep.append(row)
+                if not keep:
+                    break
+                if len(keep) < len(alive):  # finished rows leave at this token boundary
+                    idx = torch.tensor(keep, device=mask.device)
+                    cache.batch_select_indices(idx)
+                    mask, nxt = mask.index_select(0, idx), nxt.index_select(0, idx)
+                    alive = [alive[r] for r in keep]
+                mask = torch.cat([mask, mask.new_ones((len(alive), 1))], dim=1)
+                out = self.model(input_ids=nxt[:, None], attention_mask=mask, past_key_values=cache, use_cache=True)
+                cache, logits = out.past_key_values, out.logits[:, -1]
+                self.decode_steps += 1
+        decode = self.processor.tokenizer.decode
+        return [decode(t, skip_special_tokens=True).strip() for t in tokens]
 
     def _one(self, request: InferenceRequest) -> InferenceResult:
         import torch
 
         component = request.extras.get(COMPONENT_EXTRA)
-        prompt = (component.prompt if component is not None and component.prompt else self.settings.prompt)
-        images = [request.images[cam] for cam in self.spec.cameras]
-        inputs = self.processor(text=[self.image_token * len(images) + prompt], images=[images], return_tensors="pt")
-        inputs = {k: v.to(self.device) for k, v in inputs.items()}
+        inputs = self._inputs(request)
         with torch.no_grad():
             if self.settings.output == "text":
                 out = self.model.generate(**inputs, max_new_tokens=self.settings.max_new_tokens, do_sample=False)

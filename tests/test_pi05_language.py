@@ -1,0 +1,481 @@
+"""pi0.5 serving actions and language from one prefill (server/runners/pi05_language.py): actions bit
+for bit LeRobot's with or without text, tokens equal to a fresh prefill's and to one-at-a-time
+decoding, cross-frame batching, the decode budget, stop tokens and limits, refusals, eviction, and the
+builder's presets (docs/policies.md, "pi0.5: actions and language from one prefill")."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from lerobot_zenoh.errors import ConfigError, PolicyError, ProtocolError
+from lerobot_zenoh.server.runners.base import (
+    COMPONENT_EXTRA,
+    ComponentQuery,
+    InferenceRequest,
+)
+from lerobot_zenoh.server.runners.pi05_language import (
+    LANGUAGE_EXTRA,
+    DecodeBudget,
+    LanguageQuery,
+    LanguageSettings,
+)
+
+pytestmark = pytest.mark.slow
+
+STATE = ("a", "b", "c", "d")
+CAMERAS = {"front": (48, 64), "wrist": (48, 64)}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    from lerobot_zenoh.server.checkpoint import build_checkpoint
+
+    return build_checkpoint(tmp_path_factory.mktemp("pi05") / "tiny", policy_type="pi05", state_names=STATE,
+                            action_names=STATE, cameras=CAMERAS, chunk_size=10, fps=30,
+                            overrides={"num_inference_steps": 3})
+
+
+def _load(path, settings=None):
+    from lerobot_zenoh.server.runners.lerobot import LoadOptions, read_config
+    from lerobot_zenoh.server.runners.pi05_language import Pi05LanguageRunner
+
+    runner = Pi05LanguageRunner.from_checkpoint(path, read_config(path), LoadOptions())
+    if settings is not None:
+        runner.configure_language(settings)
+    return runner
+
+
+@pytest.fixture(scope="module")
+def runner(checkpoint):
+    return _load(checkpoint)
+
+
+def _request(i: int, *, text: bool = True, task: str = "pick up the red cube", **query) -> InferenceRequest:
+    rng = np.random.default_rng(i)
+    state = rng.standard_normal(len(STATE)).astype(np.float32)
+    images = {c: rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for c, (h, w) in CAMERAS.items()}
+    extras = {LANGUAGE_EXTRA: LanguageQuery(tag=i, **query)} if text else {}
+    return InferenceRequest(f"robot{i}", state, images, task, seed=100 + i, extras=extras)
+
+
+def _finish(runner, max_frames: int = 100) -> dict[str, str]:
+    """Advance until no generation is left; the final text of each session."""
+    final = {}
+    for _ in range(max_frames):
+        if not runner.language_active:
+            return final
+        final |= {u.session_id: u.text for u in runner.advance() if u.final}
+    raise AssertionError("generations did not finish")
+
+
+def _fresh_prefill_tokens(runner, request: InferenceRequest, n: int) -> list[int]:
+    """Greedy tokens without any cache: every step re-encodes prefix + prompt + tokens so far with
+    LeRobot's own embedding and masks (prefix bidirectional, the rest causal)."""
+    import torch
+    from lerobot.policies.common.vla_utils import (
+        make_att_2d_masks,
+        prepare_attention_masks_4d,
+    )
+    from lerobot.utils.constants import OBS_LANGUAGE_ATTENTION_MASK, OBS_LANGUAGE_TOKENS
+
+    policy = runner.policy
+    with torch.no_grad():
+        batch = runner.preprocessor(runner._stack([request]))
+        images, img_masks = policy._preprocess_images(batch)
+        prefix, pad, att = policy.model.embed_prefix(images, img_masks, batch[OBS_LANGUAGE_TOKENS],
+                                                     batch[OBS_LANGUAGE_ATTENTION_MASK])
+        seq = list(runner._tokenizer(runner.settings.prompt, add_special_tokens=False)["input_ids"])
+        out: list[int] = []
+        for _ in range(n):
+            ids = torch.tensor([seq + out])
+            embs = torch.cat([prefix, policy.model.paligemma_with_expert.embed_language_tokens(ids)], dim=1)
+            pads = torch.cat([pad, torch.ones_like(ids, dtype=torch.bool)], dim=1)
+            atts = torch.cat([att, torch.ones_like(ids, dtype=torch.bool)], dim=1)
+            mask = prepare_attention_masks_4d(make_att_2d_masks(pads, atts))
+            lm = policy.model.paligemma_with_expert.paligemma.model.language_model
+            hidden = lm.forward(inputs_embeds=embs, attention_mask=mask, position_ids=torch.cumsum(pads, 1) - 1,
+                                use_cache=False).last_hidden_state
+            logits = runner._lm_head(hidden[:, -1])
+            out.append(int(logits[0, : runner._vocab].argmax()))
+    return out
+
+
+def test_actions_bit_identical_with_and_without_language(checkpoint, runner):
+    from lerobot_zenoh.server.runners import load_policy_runner
+
+    plain = load_policy_runner(checkpoint)
+    requests = [_request(i, text=i != 1) for i in range(3)]
+    with_text = runner.run(requests)
+    assert runner.language_active == 2
+    without = plain.run([_request(i, text=False) for i in range(3)])
+    for a, b in zip(with_text, without, strict=True):
+        assert np.array_equal(a.actions, b.actions)
+    _finish(runner)
+    # Nothing of LeRobot stays changed: the cache hook lives for the call only.
+    assert not runner._language_model.layers[0]._forward_pre_hooks
+    # And the language runner without text asked: the same again.
+    again = runner.run([_request(i, text=False) for i in range(3)])
+    for a, b in zip(again, without, strict=True):
+        assert np.array_equal(a.actions, b.actions)
+
+
+def test_tokens_equal_a_fresh_prefill_and_one_at_a_time(runner):
+    settings = LanguageSettings(max_new_tokens=6, tokens_per_frame=2)
+    runner.configure_language(settings)
+    requests = [_request(i) for i in range(3)]
+    alone = {}
+    for r in requests:
+        runner.run([r])
+        alone |= _finish(runner)
+    runner.run(requests)
+    together = _finish(runner)
+    assert together == alone
+    # Cross-frame: robots joining at different frames decode in one batch with the running ones.
+    runner.run(requests[:1])
+    runner.advance()
+    runner.run(requests[1:2])
+    runner.advance()
+    runner.run(requests[2:])
+    assert _finish(runner) == alone
+    # The shared prefix cache (after the action's denoising) gives a fresh prefill's tokens.
+    runner.run(requests[:1])
+    gen = []
+    while runner.language_active:
+        for u in runner.advance():
+            gen = u
+    expected = _fresh_prefill_tokens(runner, requests[0], 6)
+    assert runner._tokenizer.decode(expected, skip_special_tokens=True).strip() == gen.text
+    runner.configure_language(LanguageSettings())
+
+
+def test_budget_partial_text_then_final(runner):
+    runner.configure_language(LanguageSettings(max_new_tokens=7, tokens_per_frame=3))
+    runner.run([_request(0)])
+    seen = []
+    while runner.language_active:
+        updates = runner.advance()
+        assert len(updates) == 1
+        seen.append(updates[0])
+    # 1 token from the prompt pass + 3 per frame: 4, 7 (the limit).
+    assert [u.tokens for u in seen] == [4, 7]
+    assert [u.final for u in seen] == [False, True] and seen[-1].reason == "limit"
+    assert seen[-1].text.startswith(seen[0].text[:1]) and seen[-1].tag == 0
+    # A per-request limit below the setting.
+    runner.run([_request(1, max_new_tokens=2)])
+    (u,) = runner.advance()
+    assert u.final and u.tokens == 2
+    runner.configure_language(LanguageSettings())
+
+
+def test_stop_token_ends_the_generation(checkpoint):
+    runner = _load(checkpoint, LanguageSettings(max_new_tokens=5, tokens_per_frame=5))
+    ids = _fresh_prefill_tokens(runner, _request(0), 5)
+    # Random weights never say end-of-sequence: make the third token a stop token. (A stop string
+    # is one token of the tokenizer; this one may be a byte that decodes to nothing printable.)
+    runner._stop_ids = runner._stop_ids | {ids[2]}
+    runner.run([_request(0)])
+    (u,) = runner.advance()
+    assert u.final and u.reason == "stop" and u.tokens == ids.index(ids[2])
+    assert runner.counters["finished.stop"] == 1
+    with pytest.raises(ConfigError, match="language.stop"):
+        runner.configure_language(LanguageSettings(stop=("pick up the red cube and place it",)))
+
+
+def test_refusals_are_per_request_with_a_reason(runner):
+    runner.configure_language(LanguageSettings(max_new_tokens=8, max_prompt_tokens=12))
+    with pytest.raises(ProtocolError) as exc:
+        runner.check_request(_request(0, max_new_tokens=9))
+    assert exc.value.reason == "text_over_token_limit"
+    with pytest.raises(ProtocolError) as exc:
+        runner.check_request(_request(0, prompt="describe every object on the table in great detail please"))
+    assert exc.value.reason == "prompt_too_long"
+    verdict = InferenceRequest("r", *(_request(0).state, _request(0).images), "t", 0,
+                               extras={COMPONENT_EXTRA: ComponentQuery("t", "safety", "safe?", ("safe", "unsafe"))})
+    with pytest.raises(ProtocolError) as exc:
+        runner.check_request(verdict)
+    assert exc.value.reason == "component_not_served"
+    runner.check_request(_request(0))  # within the limits
+    # A bad query that reaches run anyway fails the call (the executor then serves one at a time).
+    with pytest.raises(PolicyError):
+        runner.run([_request(0, max_new_tokens=99)])
+    assert runner.language_active == 0
+    runner.configure_language(LanguageSettings())
+
+
+def test_one_generation_per_robot_forget_and_eviction(checkpoint):
+    runner = _load(checkpoint, LanguageSettings(max_new_tokens=20, tokens_per_frame=1, max_requests=2))
+    runner.run([_request(0)])
+    runner.run([_request(0)])  # its text is still being written: that one answers
+    assert runner.counters["busy"] == 1 and runner.language_active == 1
+    runner.forget("robot0")  # session closed / new episode
+    assert runner.language_active == 0 and runner.counters["forgotten"] == 1
+    for i in range(3):  # a third robot over max_requests: the oldest is evicted
+        runner.run([_request(i)])
+        runner.advance()
+    assert runner.counters["evicted"] == 1 and runner.language_active == 2
+    assert {g.session_id for g in runner._running.rows} == {"robot1", "robot2"}
+    # The KV cap: room for one generation only.
+    width = runner._running.width
+    small = _load(checkpoint, LanguageSettings(max_new_tokens=20, tokens_per_frame=1,
+                                               max_cached_tokens=width + 8))
+    small.run([_request(0)])
+    small.advance()
+    small.run([_request(1)])
+    small.advance()
+    assert small.counters["evicted"] >= 1 and small.language_active == 1
+    assert small._running.cached_tokens() <= width + 8
+
+
+def test_decode_budget_shrinks_near_the_action_slo():
+    s = LanguageSettings(tokens_per_frame=8, min_tokens_per_frame=1, action_slo_ms=100)
+    budget = DecodeBudget(s, margin=0.1, alpha=1.0)
+    assert budget.tokens() == 8  # nothing measured yet
+    budget.observe(action_ms=30, step_ms=5)
+    assert budget.tokens() == 8  # (90 - 30) / 5 = 12 -> capped
+    budget.observe(action_ms=60, step_ms=5)
+    assert budget.tokens() == 6
+    budget.observe(action_ms=95, step_ms=5)
+    assert budget.tokens() == 1  # the floor
+    assert DecodeBudget(LanguageSettings(tokens_per_frame=3)).tokens() == 3  # no SLO: fixed
+    with pytest.raises(ConfigError):
+        LanguageSettings(min_tokens_per_frame=5, tokens_per_frame=4)
+    with pytest.raises(ConfigError):
+        LanguageSettings(prompt="")
+
+
+def test_builder_presets_and_usable_lm_head(checkpoint, tmp_path):
+    from safetensors import safe_open
+
+    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.server.tiny_pi import TINY_PI_ARCHITECTURE
+
+    sidecar = json.loads((checkpoint / "lerobot_zenoh_features.json").read_text())
+    assert sidecar["test_architecture"] == TINY_PI_ARCHITECTURE
+    with safe_open(str(checkpoint / "model.safetensors"), "pt") as f:
+        head = f.get_tensor("model.paligemma_with_expert.paligemma.lm_head.weight")
+    vocab = len(json.loads((checkpoint / "tokenizer" / "tokenizer.json").read_text())["model"]["vocab"])
+    assert head.shape[0] == 257152 and float(head[vocab + 10:].abs().sum()) == 0.0
+    assert float(head[:vocab].abs().sum()) > 0
+    with pytest.raises(ConfigError, match="architecture"):
+        build_checkpoint(tmp_path / "x", policy_type="pi05", state_names=STATE, action_names=STATE,
+                         cameras=CAMERAS, chunk_size=10, architecture="huge")
+    with pytest.raises(ConfigError, match="architecture"):
+        build_checkpoint(tmp_path / "y", policy_type="act", state_names=STATE, action_names=STATE,
+                         cameras=CAMERAS, chunk_size=10, architecture="small")
+
+
+def test_text_only_request_runs_the_prefix_pass_alone(runner):
+    runner.configure_language(LanguageSettings(max_new_tokens=5, tokens_per_frame=5))
+    shared = runner.run([_request(0)])
+    (u_shared,) = runner.advance()
+    mixed = runner.run([_request(0, actions=False), _request(1, text=False)])
+    assert mixed[0].actions is None and mixed[1].actions is not None
+    (u_alone,) = runner.advance()
+    assert u_alone.text == u_shared.text and u_alone.final and shared[0].actions is not None
+    runner.configure_language(LanguageSettings())
+
+
+def test_vlm_text_batched_equals_one_at_a_time(tmp_path):
+    """The VLM runner's iteration-level batching: rows leave at their last token; the text of each
+    robot equals transformers' generate on it alone (different prompts batch apart)."""
+    from lerobot_zenoh.server.checkpoint import build_tiny_vlm
+    from lerobot_zenoh.server.runners.vlm import VlmRunner, VlmSettings
+
+    cams = {"front": (48, 64)}
+    path = build_tiny_vlm(tmp_path / "vlm")
+    runner = VlmRunner.from_pretrained(path, VlmSettings(output="text", prompt="next subtask?", max_new_tokens=8,
+                                                         state_dim=4, cameras=cams))
+    rng = np.random.default_rng(3)
+    requests = []
+    for j in range(5):
+        extras = {COMPONENT_EXTRA: ComponentQuery("t", "plan", "what now?")} if j == 4 else {}
+        requests.append(InferenceRequest(f"r{j}", np.zeros(4, np.float32),
+                                         {"front": rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)}, "", j,
+                                         extras=extras))
+    together = runner.run(requests)
+    alone = runner.run_one_at_a_time(requests)
+    assert [r.text for r in together] == [r.text for r in alone]
+    assert runner.batches == 2  # two prompt shapes
+    eos = runner.model.generation_config.eos_token_id
+    # A stop token that some rows reach early: the first token of robot 1's text.
+    first = runner.processor.tokenizer(alone[1].text, add_special_tokens=False)["input_ids"][0]
+    runner.model.generation_config.eos_token_id = first
+    try:
+        early = runner.run(requests)
+        assert [r.text for r in early] == [r.text for r in runner.run_one_at_a_time(requests)]
+        assert len(early[1].text) < len(alone[1].text)  # it stopped at its first token
+    finally:
+        runner.model.generation_config.eos_token_id = eos
+
+
+# -- served over real Zenoh: one pipeline item, System 1 and System 2 of a task ---------------------
+
+def test_served_actions_and_streamed_text_from_one_entry(checkpoint, port, app_key):
+    """A pi05 entry with `language` serving `act` (bit 0) and `plan` (bit 1) of task `kit` from one
+    prefill: a chunk on .../action, partial text then the final one on .../text; text-only and
+    actions-only masks; a bad text request refused per request (counted); the robot's language state
+    freed when its session closes."""
+    import threading
+
+    from lerobot_zenoh.protocol import codec
+    from lerobot_zenoh.protocol.keys import pipeline_app
+    from lerobot_zenoh.protocol.messages import Observation
+    from lerobot_zenoh.server.manifest import parse_manifest
+    from lerobot_zenoh.server.server import PolicyServer
+    from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
+    from lerobot_zenoh.transport.settings import loopback_settings
+    from lz_testing import wait_for
+
+    robot = "kit-r0"
+
+    def entry(model_id, task, **text):
+        return {"model_id": model_id, "model_version": "v1", "application_tag": f"{model_id}-srv",
+                "pretrained_path": str(checkpoint), "fps": 30, "clients": [{"client_uuid": robot}],
+                "language": {"max_new_tokens": 40, "tokens_per_frame": 2, "max_prompt_tokens": 12},
+                "pipeline": [{"task": task, "component": "act", "bit": 0,
+                              "text": {"component": "plan", "bit": 1, **text}}]}
+
+    m = parse_manifest({"cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": "srv0",
+                        "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False},
+                        "telemetry_period_s": 0, "sessions": {"liveliness_grace_s": 0.2},
+                        "server": [entry("pi", "kit", max_new_tokens=6),
+                                   entry("bad", "kit2", prompt="describe every object on the table in great detail")]})
+    server = PolicyServer(m).start()
+    session = ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))).open()
+    got: dict[str, list] = {"action": [], "text": []}
+    lock = threading.Lock()
+    try:
+        apps = {e.model_id: m.app_key(e) for e in m.server}
+        for topic, decode in (("action", codec.decode_action_chunk), ("text", codec.decode_text_result)):
+            session.subscribe(apps["pi"].client(robot).topic(topic),
+                              lambda key, payload, t=topic, d=decode: (lock.acquire(), got[t].append(d(payload)),
+                                                                       lock.release()))
+        for app in apps.values():
+            assert wait_for(lambda a=app: session.query(a.status, 0.3)), "status never answered"
+        streams = {t: pipeline_app(app_key.cluster, app_key.experiment, t).client(robot) for t in ("kit", "kit2")}
+        pubs = {t: session.publisher(s.obs, OBSERVATION_QOS) for t, s in streams.items()}
+        token = session.declare_token(streams["kit"].metrics)
+        rng = np.random.default_rng(0)
+
+        def send(seq_id, mask, task="kit"):
+            images = {c: codec.encode_jpeg(rng.integers(0, 255, (*hw, 3), dtype=np.uint8), 90) for c, hw in CAMERAS.items()}
+            obs = Observation(seq_id, robot, np.zeros(len(STATE), np.float32), images, "pick up the red cube",
+                              episode_id="e0", session_nonce=1, component_mask=mask)
+            pubs[task].put(codec.encode(obs), codec.encode_observation_header(obs))
+
+        def texts(seq_id):
+            with lock:
+                return [t for t in got["text"] if t.response_to_seq_id == seq_id]
+
+        def chunks(seq_id):
+            with lock:
+                return [c for c in got["action"] if c.response_to_seq_id == seq_id]
+
+        send(1, 0b11)
+        assert wait_for(lambda: chunks(1) and any(not t.partial for t in texts(1)), 30)
+        stream = texts(1)
+        assert stream[-1].partial is False and all(t.partial for t in stream[:-1]) and len(stream) >= 2
+        assert all(stream[-1].text.startswith(t.text[:1]) for t in stream)
+        send(2, 0b10)  # System 2 alone: text, no chunk
+        assert wait_for(lambda: any(not t.partial for t in texts(2)), 30)
+        send(3, 0b01)  # System 1 alone: a chunk, no text
+        assert wait_for(lambda: chunks(3), 30)
+        assert not chunks(2) and not texts(3)
+        runner = server.models[0].runner
+        assert runner.counters["started"] == 2 and server.stats()[apps["pi"].prefix]["answers"]["text"] == 2
+        # The other entry's prompt is over its max_prompt_tokens: refused per request, counted.
+        send(4, 0b11, task="kit2")
+        assert wait_for(lambda: server.stats()[apps["bad"].prefix]["clients"].get(robot, {}).get("rejected", {})
+                        .get("prompt_too_long"), 30)
+        # A robot that disappears frees its language state.
+        # (A budget of 0 tokens per frame once actions are over their SLO: the text stays unfinished.)
+        runner.configure_language(dataclasses_replace(runner.settings, min_tokens_per_frame=0, action_slo_ms=0.001))
+        send(5, 0b11)
+        assert wait_for(lambda: texts(5), 30) and runner.language_active == 1
+        token.undeclare()
+        assert wait_for(lambda: runner.language_active == 0 and runner.counters["forgotten"] >= 1, 30)
+    finally:
+        session.close()
+        server.stop()
+
+
+def dataclasses_replace(obj, **changes):
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)
+
+
+# -- the planner: a model serving two components from one stream --------------------------------------
+
+def _talk_factory(robots: int) -> dict:
+    cams = {"front": [96, 128]}
+    return {
+        "cluster_uuid": "factory", "experiment_tag": "talk",
+        "servers": {"count": 4, "hardware": "synthetic-H200", "host": "127.0.0.1", "port_base": 8250, "device": "cpu"},
+        "models": {"pi05-lang": {"model_id": "pi05lang", "synthetic": {"latency_ms": 60, "chunk_size": 50,
+                                                                       "cameras": cams}}},
+        "fleet": [{"task": "talk", "robots": robots, "weight": 1.0, "min_throughput_hz": 1}],
+        "tasks": {"talk": {"action_period_ms": 200, "components": {
+            "act": {"kind": "system1", "model": "pi05-lang", "prompt": "", "invocation": "per_chunk",
+                    "slo": {"percentile": 99, "deadline_ms": 300}, "on_slo_miss": "hold", "inputs": ["plan"]},
+            "plan": {"kind": "system2", "model": "pi05-lang", "prompt": "next subtask?",
+                     "invocation": {"every_n_chunks": 4}, "slo": {"percentile": 99, "deadline_ms": 3000},
+                     "on_slo_miss": "use_last"}}}},
+    }
+
+
+def _lang_profiles(two: bool):
+    from lerobot_zenoh.pipelines.profiles import ModelProfile, Profiles, ServiceModel, synthetic_profile
+
+    prof = synthetic_profile(ServiceModel(base_ms=60.0, per_item_ms=8.0), [1, 2, 4, 8])
+    if two:
+        points = [p.model_copy(update={"text_mean_ms": p.mean_ms * 4}) for p in prof.points]
+        prof = ModelProfile(components=["system1", "system2"], points=points)
+    return Profiles(hardware="synthetic-H200", models={"pi05-lang": prof})
+
+
+def test_planner_serves_both_components_of_a_two_component_model_on_one_server():
+    from lerobot_zenoh.pipelines.descriptor import parse_factory
+    from lerobot_zenoh.pipelines.planner import plan
+
+    factory = parse_factory(_talk_factory(8))
+    joint = plan(factory, _lang_profiles(two=True), time_budget_s=10)
+    assert all(r["act"] == r["plan"] for r in joint.routing.values()) and len(joint.routing) == 8
+    kinds = {(sh.stream.kind, sh.stream.text_component) for s in joint.servers for sh in s.shares}
+    assert kinds == {("system1", "plan")}  # one stream: System 2 rides on System 1's prefill
+    # The same model without the two-component profile: System 2 is a stream of its own (its own
+    # prefill per request, possibly on other servers).
+    apart = plan(factory, _lang_profiles(two=False), time_budget_s=10)
+    assert any(sh.stream.kind == "system2" for s in apart.servers for sh in s.shares)
+
+
+def test_two_component_profiles_need_text_latency():
+    from lerobot_zenoh.pipelines.profiles import parse_profiles
+
+    point = {"batch_size": 1, "rate_hz": 1.0, "mean_ms": 50.0, "p99_ms": 60.0}
+    with pytest.raises(ConfigError, match="text_mean_ms"):
+        parse_profiles({"models": {"m": {"components": ["system1", "system2"], "points": [point]}}})
+    with pytest.raises(ConfigError, match="components"):
+        parse_profiles({"models": {"m": {"components": ["system1"], "points": [point]}}})
+    ok = parse_profiles({"models": {"m": {"components": ["system1", "system2"],
+                                          "points": [{**point, "text_mean_ms": 400.0}]}}})
+    assert ok.get("m").serves_both and ok.get("m").latency_ms(1, 1.0, "text_mean") == 400.0
+
+
+def test_text_result_partial_round_trips_and_is_sent_only_when_true():
+    import msgpack
+
+    from lerobot_zenoh.protocol import codec
+    from lerobot_zenoh.protocol.messages import TextResult
+
+    partial = TextResult(7, "pick up", 12.5, "srv", partial=True)
+    assert codec.decode_text_result(codec.encode(partial)) == partial
+    final = TextResult(7, "pick up the cube", 12.5, "srv")
+    assert "partial" not in msgpack.unpackb(codec.encode(final))  # as before: older readers see no change
+    assert codec.decode_text_result(codec.encode(final)).partial is False

@@ -1,0 +1,132 @@
+"""docs/protocol.md against the codec: a stranger implements from the tables, so their field names,
+their order and the lists around them must be what the reference code sends and reads."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+
+from lerobot_zenoh.protocol import codec
+from lerobot_zenoh.protocol.keys import Topic, parse_key, pipeline_app
+from lerobot_zenoh.protocol.messages import (
+    ActionChunk,
+    ExecutionInfo,
+    HistoryFrame,
+    Observation,
+    RtcAdvert,
+    RtcInputs,
+    SameHostAdvert,
+    SharedFrames,
+    Status,
+    Telemetry,
+    TextResult,
+    Verdict,
+)
+
+DOC = (Path(__file__).resolve().parents[1] / "docs" / "protocol.md").read_text()
+IMG = codec.encode_jpeg(np.zeros((8, 8, 3), np.uint8), 80)
+
+
+def section(heading: str) -> str:
+    """The text of the section whose heading starts with `heading`, up to the next heading."""
+    start = DOC.index(heading)
+    rest = DOC[start + len(heading):]
+    end = re.search(r"\n#{2,4} ", rest)
+    return rest[: end.start()] if end else rest
+
+
+def table_keys(text: str, first: int = 0) -> list[str]:
+    """The backticked names in the first column of the `first`-th table of `text`."""
+    tables = re.findall(r"((?:^\|.*\|\n)+)", text, flags=re.M)
+    return re.findall(r"^\| `([^`]+)` \|", tables[first], flags=re.M)
+
+
+def sent_keys(msg) -> list[str]:
+    return list(msgpack.unpackb(codec.encode(msg), raw=False))
+
+
+FULL = {
+    "5.1 Observation": Observation(
+        7, "r1", np.zeros(2, np.float32), {"front": IMG}, "t", ExecutionInfo(1.0, 2, 0.03), episode_id="e",
+        session_nonce=5, history=[HistoryFrame(np.zeros(2, np.float32), {"front": IMG})],
+        rtc=RtcInputs(np.zeros((1, 2), np.float32), 0), shared_frames=SharedFrames("lz-1-" + "0" * 32 + "-0", 1,
+                                                                                      {"side": (0, 8, 8)}),
+        refreshes_seq_id=6, component_mask=1),
+    "5.2 ActionChunk": ActionChunk(7, 1.0, np.zeros((2, 2), np.float32), "gpu0", 0.5, 2, 1, "cloud0", "cloud"),
+    "5.3 Status": Status("m", "v", {"front": (8, 8)}, 2, 10, {}, "act", 30, "gpu0", 2, ("a", "b"), True, True, 10,
+                         True, 2, RtcAdvert(8), SameHostAdvert("p", "t"), "actions", True),
+    "5.4 Telemetry": Telemetry("server", "gpu0", 1, 1.0, 1.0, {"x": 1}, {"r1": {"y": 2}}, {"l": "v"}),
+    "5.5 TextResult": TextResult(7, "next", 1.0, "gpu0", 0.5, partial=True),
+    "5.6 Verdict": Verdict(7, "safe", 1.0, 0.9, "gpu0", 0.5),
+}
+
+
+@pytest.mark.parametrize("heading", list(FULL))
+def test_each_message_table_lists_every_key_in_the_order_it_is_sent(heading):
+    documented = table_keys(section(f"### {heading}"))
+    assert documented == sent_keys(FULL[heading]), heading
+
+
+def test_the_sub_map_tables_hold_their_own_keys_only():
+    text = section("### 5.1 Observation")
+    execution = re.search(r"\*\*ExecutionInfo\*\*.*?(\n\|.*?)(?:\n\n)", text, flags=re.S).group(1) + "\n"
+    rtc = re.search(r"\*\*RtcInputs\*\*.*?(\n\|.*?)(?:\n\n)", text, flags=re.S).group(1) + "\n"
+    assert table_keys(execution) == list(msgpack.unpackb(codec.encode(FULL["5.1 Observation"]))["execution"])
+    assert table_keys(rtc) == list(msgpack.unpackb(codec.encode(FULL["5.1 Observation"]))["rtc"])
+
+
+def test_the_envelope_names_every_message_type():
+    envelope = section("### 4.1 Envelope")
+    row = next(line for line in envelope.splitlines() if line.startswith("| `type` |"))
+    named = set(re.findall(r"`([a-z_]+)`", row.split("|")[3]))
+    sent = {msgpack.unpackb(codec.encode(m))["type"] for m in FULL.values()}
+    assert named == sent and len(sent) == 6
+    assert "not one of the six names" in DOC
+
+
+def test_the_key_schema_and_its_parser_agree():
+    schema = section("### 2.1 Schema")
+    topic_row = next(line for line in schema.splitlines() if line.startswith("| `topic` |"))
+    assert set(re.findall(r"`([a-z]+)`", topic_row.split("|")[2])) == {t.value for t in Topic}
+    parsing = section("### 2.3 Chunk rules")
+    for topic in Topic:
+        assert f"`{topic.value}`" in parsing.split("Parsing (`parse_key`)")[1]
+        assert parse_key(f"c/e/m/v/a/r1/{topic.value}").topic == topic.value
+    stream = pipeline_app("c", "e", "kit")
+    assert "`<cluster>/<experiment>/_pipeline/1/<task>/<robot>/obs`" in parsing
+    assert parse_key(stream.client("r1").obs).client_id == "r1" and stream.prefix == "c/e/_pipeline/1/kit"
+
+
+def test_what_the_prose_says_of_attachments_and_names():
+    overview = section("## 1. Overview")
+    assert "No Zenoh encoding, attachment" not in overview and "§5.1.1" in overview
+    assert "`refresh_late`" not in DOC  # the counter is `refreshes_late`, whatever drops it
+    from lerobot_zenoh.server.engine import REFRESH_LATE
+
+    assert REFRESH_LATE == "refreshes_late"
+
+
+def test_the_request_seed_is_documented_as_the_executor_computes_it():
+    from lerobot_zenoh.server.executor import request_seed
+
+    import zlib
+
+    text = section("### 10.2 Steady state")
+    assert "`seed = (crc32(utf8(client id)) << 32) XOR (seq_id mod 2³²)`" in text and "request_seed" in text
+    for client, seq in (("r1", 7), ("robot_a4b9", 2**40 + 3)):  # the formula as written
+        assert request_seed(client, seq) == (zlib.crc32(client.encode()) << 32) ^ (seq % 2**32)
+
+
+def test_every_doc_names_the_protocol_version_the_codec_sends():
+    from lerobot_zenoh.protocol.codec import PROTOCOL_VERSION
+
+    current = f"[{PROTOCOL_VERSION[0]}, {PROTOCOL_VERSION[1]}]"
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    for path in docs.glob("*.md"):
+        for found in re.findall(r"`protocol_version` (?:\| array \| yes \| — \| )?`(\[\d+, \d+\])`", path.read_text()):
+            assert found == current, f"{path.name} says protocol_version {found}, the codec sends {current}"
+    assert msgpack.unpackb(codec.encode(FULL["5.4 Telemetry"]))["protocol_version"] == list(PROTOCOL_VERSION)
