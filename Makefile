@@ -41,8 +41,8 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || { echo "== creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
 	@echo "== upgrading pip"
 	$(PY) -m pip install --upgrade pip
-	@echo "== installing lerobot-zenoh with its test, hardware, vla and planner extras (torch and LeRobot: ~5 GB the first time)"
-	$(PY) -m pip install -e '.[test,hardware,vla,planner]'
+	@echo "== installing lerobot-zenoh with its test, robot, server, hardware, vla and planner extras (torch and LeRobot: ~5 GB the first time)"
+	$(PY) -m pip install -e '.[test,robot,server,hardware,vla,planner]'
 	@echo "== installed into $(VENV)"
 	@touch $(STAMP)
 
@@ -107,7 +107,7 @@ RTC_STAMP := $(VENV)/.rtc-stamp
 RTC_ARGS ?=
 .PHONY: bench-rtc
 $(RTC_STAMP): $(STAMP)
-	$(PY) -m pip install -e '.[vla,training]'
+	$(PY) -m pip install -e '.[robot,vla,training]'
 	@touch $@
 
 bench-rtc: $(RTC_STAMP)
@@ -130,7 +130,7 @@ soak: $(STAMP)
 # minutes on 2 cores; BENCH_ARGS=--full for the long runs. Shaped links need root (network namespaces).
 
 $(BENCH_STAMP): pyproject.toml $(STAMP)
-	$(PY) -m pip install -e '.[test,hardware,vla,planner,bench]'
+	$(PY) -m pip install -e '.[test,robot,server,hardware,vla,planner,bench]'
 	@touch $(BENCH_STAMP)
 
 .PHONY: bench

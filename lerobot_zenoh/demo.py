@@ -6,8 +6,13 @@ Runs the real console scripts as separate processes, as a user would: `lerobot-p
 with manifests/demo.yaml (its port, checkpoint and client list adjusted to the flags, written to
 `<out>/manifest.yaml`), and one `lerobot-robot-client --robot.type=zenoh_sim` per robot. While
 they run, a line per second shows every robot's control rate, round trip and chunks (from their
-telemetry, as `lerobot-zenoh-monitor` reads it). After `--seconds` every process gets SIGINT and
-the per-robot JSON summaries are printed as a table.
+telemetry, as `lerobot-zenoh-monitor` reads it). Each robot stops itself after `--seconds` and the
+per-robot JSON summaries are printed as a table.
+
+The demo is ready when *its own* server (a server id of this run) answers, never another one on the
+port; it waits on the server and the robots as long as they run (no deadline a loaded machine can
+miss: a line every 15 s shows what the server is doing). A failure names the process, its exit code
+and the last lines of its log (exit 1); Ctrl-C stops every process and exits 0.
 """
 
 from __future__ import annotations
@@ -18,10 +23,18 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Where a wheel installs the manifests and examples (pyproject.toml's data-files).
+SHARED = Path(sys.prefix) / "share" / "lerobot-zenoh"
+
+
+def shipped(relative: str) -> Path:
+    """A file of the project: from the checkout when running from one, else from the installed copy."""
+    here = ROOT / relative
+    return here if here.exists() else SHARED / relative
 PROG = "python -m lerobot_zenoh.demo"
 DEMO_POLICIES = ("act", "diffusion", "smolvla", "pi0", "pi05")
 VLAS = ("smolvla", "pi0", "pi05")
@@ -40,12 +53,13 @@ class DemoConfig:
     # Policy family of the demo checkpoint: act, diffusion, smolvla, pi0 or pi05 (random weights,
     # built offline; the VLAs tiny, reading one task string per robot).
     policy: str = "act"
-    # Checkpoint folder to serve. Unset: checkpoints/demo_<policy> (make checkpoint builds it).
+    # Checkpoint folder to serve. Unset: checkpoints/demo_<policy> in the current folder, built
+    # first (random weights, offline, as `make checkpoint` does) when it is not there.
     checkpoint: str | None = None
-    # Manifest to start from; its first model is served.
-    manifest: str = str(ROOT / "manifests" / "demo.yaml")
+    # Manifest to start from; its first model is served (default: the project's manifests/demo.yaml).
+    manifest: str = field(default_factory=lambda: str(shipped("manifests/demo.yaml")))
     # Folder for the logs, the JSON summaries and the adjusted manifest.
-    out: str = str(ROOT / "outputs" / "demo")
+    out: str = "outputs/demo"
     # robot_1 also records a LeRobotDataset into <out>/dataset.
     record: bool = False
 
@@ -60,11 +74,27 @@ class DemoConfig:
             raise ConfigError("seconds", f"must be positive, got {self.seconds}")
         if self.policy not in DEMO_POLICIES:
             raise ConfigError("policy", f"{self.policy!r} is not one of {', '.join(DEMO_POLICIES)}")
-        checkpoint = Path(self.checkpoint or ROOT / "checkpoints" / f"demo_{self.policy}")
-        if not (checkpoint / "config.json").is_file():
-            raise ConfigError("checkpoint", f"{checkpoint} holds no checkpoint: build it with `make checkpoint "
-                                            f"POLICY={self.policy}`")
-        self.checkpoint = str(checkpoint.resolve())
+        if self.checkpoint is not None and not (Path(self.checkpoint) / "config.json").is_file():
+            raise ConfigError("checkpoint", f"{self.checkpoint} holds no checkpoint: build one with "
+                                            f"lerobot-zenoh-build-checkpoint (or leave --checkpoint out)")
+        if not Path(self.manifest).is_file():
+            raise ConfigError("manifest", f"{self.manifest} is not a file")
+
+
+#: What `make checkpoint` builds: the simulated robot's features (6 joints, two 96x128 cameras).
+CHECKPOINT_ARGS = ("--state_dim=6", "--cameras=front:96x128,wrist:96x128", "--chunk_size=50", "--fps=30")
+
+
+def ensure_checkpoint(cfg: DemoConfig) -> str:
+    """The checkpoint to serve: --checkpoint, or checkpoints/demo_<policy> (built when missing)."""
+    if cfg.checkpoint is not None:
+        return str(Path(cfg.checkpoint).resolve())
+    folder = Path("checkpoints") / f"demo_{cfg.policy}"
+    if not (folder / "config.json").is_file():
+        print(f"== building a random-weight {cfg.policy} checkpoint in {folder} (offline, once)", flush=True)
+        subprocess.run([_bin("lerobot-zenoh-build-checkpoint"), f"--policy_type={cfg.policy}", f"--output={folder}",
+                        *CHECKPOINT_ARGS], check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return str(folder.resolve())
 
 
 def _bin(name: str) -> str:
@@ -93,19 +123,38 @@ def demo_manifest(cfg: DemoConfig, out: Path) -> Path:
     return path
 
 
-def _wait_ready(port: int, app_status: str, timeout_s: float, server: subprocess.Popen) -> bool:
+def _wait_ready(port: int, app_status: str, server_id: str, server: subprocess.Popen, log_path: Path) -> bool:
+    """Wait until *this* demo's server (its server id) answers its status query; False as soon as the
+    server process exits. No deadline: loading a model on a busy machine takes what it takes, and the
+    log's last line is shown every 15 s."""
+    from lerobot_zenoh.protocol import codec
     from lerobot_zenoh.transport.session import ZenohSession
     from lerobot_zenoh.transport.settings import loopback_settings
 
-    deadline = time.monotonic() + timeout_s
+    t0 = last_note = time.monotonic()
     with ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as session:
-        while time.monotonic() < deadline:
-            if server.poll() is not None:
-                return False
-            if session.query(app_status, timeout_s=0.5):
-                return True
+        while server.poll() is None:
+            for _, payload in session.query(app_status, timeout_s=0.5):
+                try:
+                    if codec.decode_status(payload).server_id == server_id:
+                        return True
+                except Exception:  # noqa: BLE001 - someone else's reply: not ours
+                    pass
+            if time.monotonic() - last_note >= 15:
+                last_note = time.monotonic()
+                tail = _tail(log_path, 1)
+                print(f"   ... still starting after {last_note - t0:.0f} s: {tail[-1] if tail else '(no log yet)'}",
+                      flush=True)
             time.sleep(0.2)
     return False
+
+
+def _tail(path: Path, n: int) -> list[str]:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line for line in lines if line.strip()][-n:]
 
 
 def live_line(fleet, clients: list[str], elapsed_s: float) -> str:
@@ -137,24 +186,32 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        cfg.checkpoint = ensure_checkpoint(cfg)
+    except subprocess.CalledProcessError as exc:
+        print(f"demo FAILED: lerobot-zenoh-build-checkpoint exited with {exc.returncode} (see above)", file=sys.stderr)
+        return 1
     manifest_path = demo_manifest(cfg, out)
     manifest = load_manifest(manifest_path)
     entry = manifest.server[0]
     app = manifest.app_key(entry)
+    # This run's own server id: readiness is this server answering, never another one on the port.
+    server_id = f"demo-{os.getpid()}"
     clients = [f"robot_{i}" for i in range(1, cfg.robots + 1)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
 
     print(f"== starting the policy server on tcp/127.0.0.1:{cfg.port}: loading and warming up {cfg.policy} "
           f"({cfg.checkpoint}); log in {out / 'server.log'}", flush=True)
     t_start = time.monotonic()
     server_log = open(out / "server.log", "w")
-    server = subprocess.Popen([_bin("lerobot-policy-server"), f"--manifest={manifest_path}"],
+    server = subprocess.Popen([_bin("lerobot-policy-server"), f"--manifest={manifest_path}", f"--server_id={server_id}"],
                               stdout=server_log, stderr=subprocess.STDOUT, env=env)
     robots: list[subprocess.Popen] = []
+    interrupted = False
     try:
-        if not _wait_ready(cfg.port, app.status, 120, server):
-            print(f"server did not come up; see {out / 'server.log'}", file=sys.stderr)
-            return 1
+        if not _wait_ready(cfg.port, app.status, server_id, server, out / "server.log"):
+            server.wait()
+            return report_failure(out, clients, [], server.returncode, "the policy server did not start")
         print(f"== server ready in {time.monotonic() - t_start:.0f} s; starting {len(clients)} simulated robots "
               f"for {cfg.seconds:g} s", flush=True)
         for i, client_id in enumerate(clients):
@@ -163,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"--robot.seed={i}", *routing_args(app, client_id, f"tcp/127.0.0.1:{cfg.port}"),
                 f"--fps={entry.fps}", f"--duration_s={cfg.seconds}", f"--task={TASKS[i % len(TASKS)]}",
                 f"--summary_path={out / (client_id + '.json')}",
+                # A robot started on a busy machine may need longer than the default to see the server.
+                "--discovery_timeout_s=120",
             ]
             if cfg.record and i == 0:
                 cmd += [f"--dataset.repo_id=local/demo_{client_id}", f"--dataset.root={out / 'dataset'}",
@@ -171,16 +230,20 @@ def main(argv: list[str] | None = None) -> int:
             robots.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
         fleet = FleetView()
         t0 = time.monotonic()
-        deadline = t0 + cfg.seconds + 60
         with ZenohSession(loopback_settings(None, listen=False, connect_ports=(cfg.port,))) as session:
             session.subscribe(f"{app.prefix}/*/metrics", lambda key, payload: fleet.on_telemetry(
                 key, codec.decode_telemetry(payload), time.monotonic()))
-            while any(p.poll() is None for p in robots) and time.monotonic() < deadline:
+            # Each robot stops itself after --seconds of running (however long its start took); the
+            # demo waits for them all, unless the server dies under them.
+            while any(p.poll() is None for p in robots) and server.poll() is None:
                 time.sleep(1.0)
                 print(live_line(fleet, clients, time.monotonic() - t0), flush=True)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        interrupted = True
     finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave processes behind
+        if interrupted:
+            print("\n== Ctrl-C: stopping the robots and the server", flush=True)
         for proc in robots:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)
@@ -189,21 +252,47 @@ def main(argv: list[str] | None = None) -> int:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        server.send_signal(signal.SIGINT)
+                proc.wait()
+        if server.poll() is None:
+            server.send_signal(signal.SIGINT)
         try:
             server.wait(timeout=20)
         except subprocess.TimeoutExpired:
             server.kill()
+            server.wait()
+        server_log.close()
+    if interrupted:
+        print_table(out, clients, [p.returncode for p in robots])
+        print(f"\ndemo stopped by Ctrl-C; logs and JSON summaries in {out}")
+        return 0
     return print_summary(out, clients, [p.returncode for p in robots], server.returncode)
 
 
-def print_summary(out: Path, clients: list[str], codes: list[int | None], server_code: int | None) -> int:
+def report_failure(out: Path, clients: list[str], codes: list[int | None], server_code: int | None, why: str) -> int:
+    """Name each process that failed, its exit code and the last lines of its log."""
+    print(f"\ndemo FAILED: {why}", file=sys.stderr)
+    failed = [("policy server", "server.log", server_code)] if server_code not in (0, None) or not codes else []
+    for client_id, code in zip(clients, codes):
+        path = out / f"{client_id}.json"
+        summary = json.loads(path.read_text()) if path.exists() else {}
+        if code != 0 or not summary.get("chunks_received"):
+            failed.append((client_id, f"{client_id}.log", code))
+    for name, log_name, code in failed:
+        what = "was killed" if code is not None and code < 0 else f"exit code {code}"
+        print(f"-- {name} ({what}); last lines of {out / log_name}:", file=sys.stderr)
+        for line in _tail(out / log_name, 8):
+            print(f"   {line}", file=sys.stderr)
+    return 1
+
+
+def print_table(out: Path, clients: list[str], codes: list[int | None]) -> bool:
+    """The per-robot table; True when every robot exited 0 with chunks received."""
     cols = [("robot", 10), ("exit", 5), ("steps", 6), ("actions", 8), ("chunks", 7), ("rtt p50", 8),
             ("rtt p99", 8), ("infer p50", 10), ("period p99", 11), ("empty", 6), ("trimmed", 8), ("overruns", 9),
             ("rtc delay", 10)]
     print()
     print("  ".join(name.rjust(width) for name, width in cols))
-    ok = server_code == 0
+    ok = True
     for client_id, code in zip(clients, codes):
         path = out / f"{client_id}.json"
         s = json.loads(path.read_text()) if path.exists() else {}
@@ -215,9 +304,17 @@ def print_summary(out: Path, clients: list[str], codes: list[int | None], server
                str(s.get("empty_buffer_cycles", "-")), str(s.get("trimmed_steps", "-")), str(s.get("loop_overruns", "-")),
                _rtc_cell(s.get("rtc") or {})]
         print("  ".join(v.rjust(width) for v, (_, width) in zip(row, cols)))
+    return ok
+
+
+def print_summary(out: Path, clients: list[str], codes: list[int | None], server_code: int | None) -> int:
+    ok = print_table(out, clients, codes)
     print(f"\nserver exit code {server_code}; logs and JSON summaries in {out}")
-    print("demo OK" if ok else "demo FAILED: see the logs above")
-    return 0 if ok else 1
+    if ok and server_code == 0:
+        print("demo OK")
+        return 0
+    why = "the policy server stopped during the run" if server_code != 0 else "a robot failed"
+    return report_failure(out, clients, codes, server_code, why)
 
 
 def _rtc_cell(rtc: dict) -> str:

@@ -71,7 +71,7 @@ MISTAKES = [
     ("lerobot-policy-server", ["--manifest=/nonexistent/m.yaml"], ["--manifest", "/nonexistent/m.yaml is not a file"]),
     ("lerobot-policy-server", ["--manifest=manifests/demo.yaml", "--log_level=LOUD"], ["--log_level", "LOUD"]),
     ("lerobot-policy-server", ["--manifest=manifests/demo.yaml", "--server-id=x"], ["unknown flag --server-id=x"]),
-    ("lerobot-policy-server", [], ["missing required flag --manifest"]),
+    ("lerobot-policy-server", [], ["--policy.path: missing", "--manifest=FILE"]),
     ("lerobot-zenoh-monitor", ["--prometheus_port=70000"], ["--prometheus_port", "70000"]),
     ("lerobot-zenoh-monitor", ["--refresh_s=fast"], ["--refresh_s", "'fast'"]),
     ("lerobot-zenoh-monitor", ["--prometheus-port=9464"], ["unknown flag --prometheus-port=9464"]),
@@ -91,6 +91,20 @@ def test_every_configuration_mistake_is_one_line_and_exit_2():
         assert_one_line_error(result, *needles)
 
 
+ROUTING_MISTAKES = [
+    ("lerobot-policy-server", ["--policy.path=x", "--endpoint=7447"], ["--endpoint", "'7447'"]),
+    ("lerobot-policy-server", ["--policy.path=x", "--manifest=manifests/demo.yaml"], ["--policy.path", "not both"]),
+    ("lerobot-policy-server", ["--policy.path=x", "--fps=0"], ["--fps", "1"]),
+    ("lerobot-robot-client", [*CLIENT, "--model_id=a/b"], ["--model_id", "'/'"]),
+    ("lerobot-robot-client", [*CLIENT, "--server_address=nowhere"], ["--server_address", "HOST:PORT"]),
+]
+
+
+def test_routing_mistakes_are_one_line_and_exit_2():
+    for (script, args, needles), result in zip(ROUTING_MISTAKES, run_all([(s, a) for s, a, _ in ROUTING_MISTAKES])):
+        assert_one_line_error(result, *needles)
+
+
 def test_a_dead_endpoint_is_one_line_and_exit_3(port):
     (result,) = run_all([("lerobot-robot-client", [*CLIENT, f"--endpoint=tcp/127.0.0.1:{port}"])])
     assert result.returncode == 3, result.stderr[-2000:]
@@ -99,7 +113,7 @@ def test_a_dead_endpoint_is_one_line_and_exit_3(port):
 
 
 def test_help_lists_every_option():
-    cases = [("lerobot-robot-client", ["--help"]), ("lerobot-policy-server", ["--help"]),
+    cases = [("lerobot-robot-client", ["--help", "--robot.type=zenoh_sim"]), ("lerobot-policy-server", ["--help"]),
              ("lerobot-zenoh-monitor", ["--help"]), ("lerobot-zenoh-build-checkpoint", ["--help"]),
              ("lerobot-zenoh-router", ["--help"]), ("lerobot-zenoh-secure", ["init", "--help"])]
     client, server, monitor, build, router, secure = run_all(cases)
@@ -146,3 +160,379 @@ def test_the_client_says_what_it_did_in_one_line_at_exit():
     piped = base | {"rtt_ms_p50": None, "pipeline": {"attempts": 1, "slo.act.met": 28, "slo.act.requests": 28,
                                                      "slo.safety.met": 19, "slo.safety.requests": 20}}
     assert summary_line(piped).endswith("requests unanswered; in SLO (met/asked): act 28/28, safety 19/20; attempts 1")
+
+
+# -- LeRobot users' habits: hub ids, one model without a manifest, finding the server -----------------
+
+TINY_ACT = {"dim_model": 32, "n_heads": 2, "dim_feedforward": 64, "n_encoder_layers": 1, "n_vae_encoder_layers": 1}
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture(scope="module")
+def hf_home(tmp_path_factory) -> Path:
+    """A Hugging Face cache holding `someone/tiny_act` (main) as `hf download` leaves it: the
+    checkpoint under snapshots/<commit>/, refs/main naming the commit."""
+    from lerobot_zenoh.client.config_sim_robot import SO101_JOINTS
+    from lerobot_zenoh.server.checkpoint import build_checkpoint
+
+    home = tmp_path_factory.mktemp("hf_home")
+    repo = home / "hub" / "models--someone--tiny_act"
+    names = tuple(f"{j}.pos" for j in SO101_JOINTS)
+    build_checkpoint(repo / "snapshots" / COMMIT, policy_type="act", state_names=names, action_names=names,
+                     cameras={"front": (96, 128), "wrist": (96, 128)}, chunk_size=20, fps=30, overrides=TINY_ACT)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    return home
+
+
+def start(script: str, args: list[str], env: dict | None = None, read: bool = True) -> subprocess.Popen:
+    """The console script running; `read=False` discards its output (nobody reads the pipe)."""
+    out = subprocess.PIPE if read else subprocess.DEVNULL
+    return subprocess.Popen(command(script) + args, stdout=out, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+
+
+def wait_line(proc: subprocess.Popen, needle: str, timeout_s: float = 120) -> list[str]:
+    """The process's output lines up to the first holding `needle` (fails if it exits first)."""
+    import queue
+    import threading
+
+    if not hasattr(proc, "lines"):  # one reader thread per process: a pipe is never read from two places
+        proc.lines = queue.Queue()
+        threading.Thread(target=lambda: [proc.lines.put(line) for line in proc.stdout] + [proc.lines.put(None)],
+                         daemon=True).start()
+    lines = []
+    while True:
+        try:
+            line = proc.lines.get(timeout=timeout_s)
+        except queue.Empty:
+            line = None
+        if line is None:
+            raise AssertionError(f"no {needle!r} (exit {proc.poll()}):\n" + "".join(lines)[-3000:])
+        lines.append(line)
+        if needle in line:
+            return lines
+
+
+def timed(script: str, args: list[str], env: dict | None = None, timeout_s: float = 120):
+    import time
+
+    t0 = time.monotonic()
+    result = subprocess.run(command(script) + args, capture_output=True, text=True, timeout=timeout_s,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+    return result, time.monotonic() - t0
+
+
+def stop(proc: subprocess.Popen) -> str:
+    import signal
+
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=30)
+    lines = []
+    while hasattr(proc, "lines") and (line := proc.lines.get(timeout=5)) is not None:
+        lines.append(line)
+    return "".join(lines)
+
+
+def assert_fails_in_one_line(result: subprocess.CompletedProcess, *needles: str) -> None:
+    """A start-up failure after the progress log lines (INFO): exit 2 and one line saying why."""
+    import re
+
+    info = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ INFO |^Loading weights")
+    assert_one_line_error(subprocess.CompletedProcess(
+        result.args, result.returncode, result.stdout,
+        "".join(line for line in result.stderr.splitlines(True) if not info.match(line))), *needles)
+
+
+def test_one_model_from_a_cached_hub_id_is_found_by_a_client_given_only_the_endpoint(hf_home, port):
+    """`--policy.path=user/repo` offline, from the cache; the client needs only `--endpoint`; `--list`
+    shows the app; a client asking for another model fails within seconds naming what is served; a
+    second server on the busy port fails at once, in one line."""
+    env = {"HF_HOME": str(hf_home)}
+    server = start("lerobot-policy-server", ["--policy.path=someone/tiny_act", f"--endpoint=tcp/127.0.0.1:{port}"], env)
+    try:
+        wait_line(server, "ready")
+        # The client and the busy-port server side by side (each a cold start that imports LeRobot).
+        cases = [("lerobot-robot-client", ["--robot.type=zenoh_sim", f"--endpoint=127.0.0.1:{port}", "--duration_s=2"]),
+                 ("lerobot-robot-client", ["--robot.type=zenoh_sim", f"--server_address=127.0.0.1:{port}",
+                                           "--model_id=smolvla", "--discovery_timeout_s=60"]),
+                 ("lerobot-policy-server", ["--policy.path=someone/tiny_act", f"--endpoint=tcp/127.0.0.1:{port}"])]
+        listed, list_s = timed("lerobot-robot-client", ["--list", f"--endpoint=tcp/127.0.0.1:{port}"])
+        runs = run_all(cases)
+    finally:
+        out = stop(server)
+    assert server.returncode == 0, out[-2000:]
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[0].startswith("local/default/tiny_act/v1/default  server ")
+    assert "--model_id=tiny_act" in listed.stdout and list_s < 10, (listed.stdout, list_s)
+    ok, wrong, busy = runs
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert "the endpoint serves local/default/tiny_act/v1/default" in ok.stderr
+    assert " 0 requests unanswered" in ok.stderr and ", 0 chunks" not in ok.stderr, ok.stderr[-2000:]
+    assert wrong.returncode == 3, wrong.stderr[-2000:]
+    errors = [line for line in wrong.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "does not serve --model_id=smolvla; it serves: local/default/tiny_act/v1/default" \
+        in errors[0], wrong.stderr[-2000:]
+    assert_fails_in_one_line(busy, f"cannot listen on tcp/127.0.0.1:{port}: the address is in use")
+    assert ".rs:" not in busy.stderr
+
+
+def test_the_busy_port_is_found_before_any_model_loads(port):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        result, elapsed = timed("lerobot-policy-server", ["--manifest=manifests/demo.yaml",
+                                                          f"--endpoint=tcp/127.0.0.1:{port}"])
+    assert_fails_in_one_line(result, f"cannot listen on tcp/127.0.0.1:{port}: the address is in use")
+    assert "loading" not in result.stderr.replace("then loading", ""), result.stderr  # nothing was loaded
+
+
+def test_a_hub_id_in_a_manifest_and_a_missing_one(hf_home, tmp_path, port):
+    """A manifest's pretrained_path may be a hub id (from the cache offline); one that is not cached is
+    one line naming the repo and the `hf download` that fetches it."""
+    import yaml
+
+    manifest = yaml.safe_load(Path("manifests/demo.yaml").read_text())
+    entry = manifest["server"][0]
+    entry.update(pretrained_path=f"someone/tiny_act@{COMMIT[:7]}", endpoint=f"tcp/127.0.0.1:{port}", actions_per_chunk=20)
+    (tmp_path / "missing.yaml").write_text(yaml.safe_dump(manifest))
+    entry["pretrained_path"] = "someone/tiny_act"
+    (tmp_path / "cached.yaml").write_text(yaml.safe_dump(manifest))
+    env = {"HF_HOME": str(hf_home)}
+    missing, _ = timed("lerobot-policy-server", [f"--manifest={tmp_path / 'missing.yaml'}"], env)
+    nothing, _ = timed("lerobot-policy-server", ["--policy.path=nobody/nothing@v2", f"--endpoint=tcp/127.0.0.1:{port}"],
+                       env)
+    server = start("lerobot-policy-server", [f"--manifest={tmp_path / 'cached.yaml'}"], env)
+    try:
+        lines = wait_line(server, "ready")
+    finally:
+        stop(server)
+    assert any("serving local/demo/act/v1/pick_cube" in line for line in lines), "".join(lines)
+    assert_fails_in_one_line(missing, "server[act].pretrained_path: someone/tiny_act@0123456 is not a local folder and "
+                                   "not in the Hugging Face cache", "HF_HUB_OFFLINE is set",
+                          "`hf download someone/tiny_act --revision 0123456`")
+    assert_fails_in_one_line(nothing, "--policy.path: nobody/nothing@v2", "`hf download nobody/nothing --revision v2`")
+
+
+def test_hub_ids_and_folders_are_told_apart(tmp_path):
+    from lerobot_zenoh.server.hub import HubRef
+
+    assert HubRef.parse("lerobot/smolvla_base") == HubRef("lerobot/smolvla_base")
+    assert HubRef.parse("user/repo@v1.0") == HubRef("user/repo", "v1.0")
+    for path in ("/abs/path", "./rel/x", "~/x", "../x/y", "one", "a/b/c", "x/../y"):
+        assert HubRef.parse(path) is None, path
+
+
+# -- make demo: its own server, no fixed deadline, the failed process named, Ctrl-C a clean stop ------
+
+@pytest.fixture(scope="module")
+def demo_checkpoint(tmp_path_factory) -> Path:
+    from lerobot_zenoh.client.config_sim_robot import SO101_JOINTS
+    from lerobot_zenoh.server.checkpoint import build_checkpoint
+
+    names = tuple(f"{j}.pos" for j in SO101_JOINTS)
+    return build_checkpoint(tmp_path_factory.mktemp("demo") / "act", policy_type="act", state_names=names,
+                            action_names=names, cameras={"front": (96, 128), "wrist": (96, 128)}, chunk_size=50,
+                            fps=30, overrides=TINY_ACT)
+
+
+def demo(args: list[str]) -> subprocess.Popen:
+    # Its own process group, as a terminal runs it: Ctrl-C reaches the demo and every process it started.
+    return subprocess.Popen([sys.executable, "-m", "lerobot_zenoh.demo", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def test_the_demo_names_the_server_that_failed_on_a_busy_port(demo_checkpoint, tmp_path, port):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        proc = demo([f"--checkpoint={demo_checkpoint}", f"--port={port}", "--robots=1", "--seconds=5",
+                     f"--out={tmp_path}"])
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out
+    assert "demo FAILED: the policy server did not start" in out
+    assert "-- policy server (exit code 2); last lines of" in out
+    assert f"cannot listen on tcp/127.0.0.1:{port}: the address is in use" in out
+    assert "starting 1 simulated robots" not in out  # never drove robots against someone else's server
+
+
+def test_ctrl_c_stops_the_demo_cleanly(demo_checkpoint, tmp_path, port):
+    import signal
+
+    proc = demo([f"--checkpoint={demo_checkpoint}", f"--port={port}", "--robots=1", "--seconds=120",
+                 f"--out={tmp_path}"])
+    try:
+        lines = wait_line(proc, " ms, ")  # the robot runs (a live line with its round trip)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        proc.wait(timeout=60)
+        out = "".join(lines) + stop(proc)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out[-3000:]
+    assert "demo stopped by Ctrl-C" in out and "FAILED" not in out and "Traceback" not in out, out[-3000:]
+    assert (tmp_path / "robot_1.json").exists()  # the robot wrote its summary on the way out
+
+
+# -- recording: unwritable roots in one line, hints that work when copied, no encoder chatter -------
+
+def test_an_unwritable_dataset_root_is_one_line_and_exit_2_before_any_server_is_sought(tmp_path):
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "file").write_text("")
+    record = [*CLIENT, "--dataset.repo_id=local/t", "--dataset.single_task=pick", "--endpoint=tcp/127.0.0.1:9"]
+    cases = [("lerobot-robot-client", [*record, "--dataset.root=/sys/lerobot_zenoh_test/ds"]),  # EPERM, even as root
+             ("lerobot-robot-client", [*record, f"--dataset.root={tmp_path / 'file' / 'ds'}"]),
+             ("lerobot-robot-client", [*record, f"--dataset.root={tmp_path / 'taken'}"]),
+             ("lerobot-robot-client", [*record, f"--dataset.root={tmp_path / 'none'}", "--resume=true"])]
+    env_case = subprocess.run(command("lerobot-robot-client") + record, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_LEROBOT_HOME": "/sys/lerobot_zenoh_test"})
+    sys_root, under_file, taken, none = run_all(cases)
+    assert_one_line_error(sys_root, "--dataset.root: cannot write under /sys", "choose another --dataset.root")
+    assert_one_line_error(under_file, f"{tmp_path / 'file'} is not a folder")
+    assert_one_line_error(taken, "already exists; add --resume=true to append")
+    assert_one_line_error(none, "--resume: no dataset at", "drop --resume to create one")
+    assert_one_line_error(env_case, "--dataset.root: cannot write under /sys", "$HF_LEROBOT_HOME")
+    for result in (sys_root, taken, env_case):  # the robot was never opened, no server sought (port 9)
+        assert "cannot connect" not in result.stderr
+
+
+def test_recording_prints_no_encoder_chatter_and_the_resume_hint_works_as_written(tmp_path, port, app_key):
+    from lz_testing import make_server
+
+    root = tmp_path / "ds"
+    record = ["--robot.type=zenoh_sim", "--robot.cameras={front: [48, 64], wrist: [48, 64]}",
+              f"--endpoint=127.0.0.1:{port}", "--dataset.repo_id=local/t", f"--dataset.root={root}",
+              "--dataset.single_task=pick", "--dataset.num_episodes=2", "--dataset.episode_time_s=1",
+              "--dataset.reset_time_s=0.5"]
+    with make_server(port, app_key):
+        first, _ = timed("lerobot-robot-client", record)
+        refused, _ = timed("lerobot-robot-client", record)
+        hint = refused.stderr.strip().splitlines()[-1]
+        again, _ = timed("lerobot-robot-client", [*record, "--dataset.num_episodes=1", *re_flags(hint, "--resume")])
+    for result in (first, again):
+        assert result.returncode == 0, result.stderr[-3000:]
+        chatter = [line for line in result.stderr.splitlines() if " INFO " not in line and line.strip()]
+        assert chatter == [], chatter[:10]  # no Svt[info], [mp4 @ ...], Map: progress bars
+        assert "Using video codec" not in result.stderr
+    assert "saved episode 1" in first.stderr and "saved episode 2" in again.stderr
+
+
+def re_flags(line: str, flag: str) -> list[str]:
+    """The flags `line` tells the user to add, as written (e.g. `--resume=true`)."""
+    import re
+
+    return re.findall(rf"{re.escape(flag)}\S*", line)
+
+
+# -- install: the wheel carries what the README runs; --help starts with the client's own options ---
+
+def test_the_wheel_ships_the_manifests_and_examples(tmp_path):
+    import zipfile
+
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(root), "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path)], check=True, capture_output=True, timeout=300)
+    (wheel,) = tmp_path.glob("lerobot_zenoh-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    data = "lerobot_zenoh-0.1.0.data/data/share/lerobot-zenoh/"
+    for shipped in ("manifests/demo.yaml", "manifests/synthetic.yaml", "examples/fleet_on_one_server.py",
+                    "examples/record_and_open_dataset.py"):
+        assert data + shipped in names, shipped
+    assert "lerobot_zenoh/demo.py" in names and "lerobot_zenoh/server/hub.py" in names
+
+
+def test_the_demo_finds_its_manifest_installed_from_a_wheel(tmp_path, monkeypatch):
+    from lerobot_zenoh import demo as demo_module
+
+    monkeypatch.setattr(demo_module, "ROOT", tmp_path / "no_checkout")
+    monkeypatch.setattr(demo_module, "SHARED", tmp_path / "share")
+    (tmp_path / "share" / "manifests").mkdir(parents=True)
+    (tmp_path / "share" / "manifests" / "demo.yaml").write_text("x: 1\n")
+    assert demo_module.shipped("manifests/demo.yaml") == tmp_path / "share" / "manifests" / "demo.yaml"
+    assert demo_module.DemoConfig().manifest == str(tmp_path / "share" / "manifests" / "demo.yaml")
+
+
+def test_the_client_help_starts_with_its_own_options_and_shows_one_robot_on_request():
+    short, so101 = run_all([("lerobot-robot-client", ["--help"]),
+                            ("lerobot-robot-client", ["--help", "--robot.type=so101_follower"])])
+    assert short.returncode == 0 and so101.returncode == 0
+    lines = short.stdout.splitlines()
+    assert len(lines) < 500, len(lines)  # draccus alone: 1,300 lines (every robot type expanded)
+    first_option = next(line for line in lines if line.strip().startswith("--"))
+    assert first_option.strip().startswith("--client_uuid"), first_option
+    assert "--robot.type" in short.stdout and "--robot.port str" not in short.stdout
+    assert "--help --robot.type=so101_follower" in short.stdout
+    assert "--robot.port str" in so101.stdout and "--robot.left_arm_config" not in so101.stdout
+
+
+# -- the Grafana dashboard queries only what /metrics of a running fleet exports ----------------------
+
+DASHBOARD = Path(__file__).resolve().parents[1] / "dashboards" / "grafana-lerobot-zenoh.json"
+
+
+def dashboard_metrics() -> set[str]:
+    import json
+    import re
+
+    dash = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs += [v["definition"] for v in dash["templating"]["list"] if v.get("definition")]
+    return {m for e in exprs for m in re.findall(r"\blerobot_zenoh_\w+", e)}
+
+
+def test_every_metric_the_grafana_dashboard_queries_is_on_the_monitors_metrics(port, app_key):
+    import urllib.request
+
+    from lz_testing import free_port, make_server, wait_for
+
+    wanted = dashboard_metrics()
+    assert len(wanted) >= 20, wanted
+    http_port = free_port()
+    exported: set[str] = set()
+
+    def all_there() -> bool:
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=2).read().decode()
+        except OSError:
+            return False
+        exported.clear()
+        exported.update(line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and line[0] != "#")
+        return wanted <= exported
+
+    with make_server(port, app_key):
+        robot = start("lerobot-robot-client", ["--robot.type=zenoh_sim", "--robot.cameras={front: [48, 64], wrist: [48, 64]}",
+                                               f"--endpoint=127.0.0.1:{port}", "--duration_s=120",
+                                               "--telemetry_period_s=0.5"], read=False)
+        monitor = start("lerobot-zenoh-monitor", [f"--endpoint=tcp/127.0.0.1:{port}", f"--prometheus_port={http_port}",
+                                                  "--json=true"], read=False)
+        try:
+            found = wait_for(all_there, timeout_s=150, poll_s=1.0)
+        finally:
+            for proc in (robot, monitor):
+                proc.kill()
+                proc.wait()
+    assert found, f"queried by the dashboard but not exported: {sorted(wanted - exported)}"
+
+
+def test_ctrl_c_while_the_models_load_stops_the_server_cleanly(demo_checkpoint, port):
+    import signal
+    import time
+
+    server = start("lerobot-policy-server", [f"--policy.path={demo_checkpoint}", f"--endpoint=tcp/127.0.0.1:{port}"])
+    try:
+        lines = wait_line(server, "loading act/v1")
+        t0 = time.monotonic()
+        server.send_signal(signal.SIGINT)
+        out = "".join(lines) + stop(server)
+        elapsed = time.monotonic() - t0
+    finally:
+        server.kill()
+    assert server.returncode == 0 and "Traceback" not in out, out[-2000:]
+    assert "stopped while loading" in out or "server" in out and "ready" in out, out[-2000:]
+    assert elapsed < 15, elapsed

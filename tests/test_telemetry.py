@@ -193,7 +193,8 @@ def test_monitor_live_table_in_a_real_terminal(fleet, port, app_key, tmp_path):
             return rows.get("gpu0", [None] * 3)[2] == "up" and rows.get("r1", [None] * 3)[2] == "up"
 
         assert wait_for(table_shows_both, timeout_s=30, poll_s=0.3), screen
-        assert "SERVERS" in screen and "CLIENTS" in screen and "rtt p50" in screen
+        assert "SERVERS" in screen and "CLIENTS" in screen and "trip p50" in screen and "unanswered" in screen
+        assert "overrun" in screen and "(ms)" in screen and "(Hz)" in screen
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
 
@@ -212,7 +213,7 @@ def test_fleet_view_marks_silent_members():
     states = {r["id"]: r["state"] for r in view.rows(104.5)}
     assert states == {"r1": "up", "g": "GONE"}
     table = format_table(view.rows(104.5))
-    assert "SERVERS" in table and "CLIENTS" in table and "loop Hz" in table
+    assert "SERVERS" in table and "CLIENTS" in table and "rate" in table and "(Hz)" in table
 
 
 def test_the_monitor_shows_a_pipeline_clients_slo_attainment_in_one_cell():

@@ -20,7 +20,14 @@ import os
 import re
 import signal
 import sys
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 
+from lerobot_zenoh.transport.settings import ZenohSettings
+
+# The client never needs the hub (it records locally): a hub lookup would only hang without network.
+# An HF_HUB_OFFLINE the user set is kept.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
@@ -66,6 +73,9 @@ PROG = "lerobot-robot-client"
 
 
 def parse_config(argv: list[str] | None = None):
+    from lerobot_zenoh.cli.parsing import require_role
+
+    require_role(PROG, "lerobot", "robot")
     from lerobot.utils.import_utils import register_third_party_plugins
 
     import lerobot_zenoh.client.sim_robot  # noqa: F401  (registers --robot.type=zenoh_sim)
@@ -78,7 +88,66 @@ def parse_config(argv: list[str] | None = None):
         argv = import_plugins(sys.argv[1:] if argv is None else list(argv))
     except ImportError as exc:
         fail(PROG, str(UsageError("--plugins", f"cannot import {exc.name or exc}: {exc}")))
+    if "-h" in argv or "--help" in argv:
+        robot_type = next((a.split("=", 1)[1] for a in argv if a.startswith("--robot.type=")), None)
+        print(short_help(RobotClientConfig, robot_type))
+        raise SystemExit(0)
     return parse(RobotClientConfig, argv, PROG)
+
+
+_SECTION = re.compile(r"^(?P<cls>\w+)(?: \['(?P<path>[\w.]+)'\])?:$")
+
+
+def short_help(config_class, robot_type: str | None) -> str:
+    """`--help`: this client's own options first, then the robot types; a robot's own options only
+    for the `--robot.type` given (draccus would expand every robot LeRobot knows: 1,300 lines)."""
+    import contextlib
+    import io
+
+    import draccus
+    from lerobot.robots import RobotConfig
+
+    from lerobot_zenoh.cli.parsing import use_metadata_help
+
+    use_metadata_help()
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text), contextlib.suppress(SystemExit):
+        draccus.parse(config_class=config_class, args=["--help"], prog=PROG)
+    sections: list[tuple[str, str | None, list[str]]] = []  # (class, dotted path, lines)
+    for line in text.getvalue().splitlines():
+        m = _SECTION.match(line)
+        if m and not line.startswith("usage"):
+            sections.append((m.group("cls"), m.group("path"), [line]))
+        elif sections:
+            sections[-1][2].append(line)
+    chosen = None
+    if robot_type is not None:
+        try:
+            chosen = RobotConfig.get_choice_class(robot_type)
+        except Exception:  # noqa: BLE001 - an unknown type: list the known ones below
+            chosen = None
+    nested = {f"robot.{f}" for f in getattr(chosen, "__dataclass_fields__", {})}
+    own, robot_types, robot = [], [], []
+    for cls, path, lines in sections:
+        if cls == config_class.__name__:
+            own.append("\n".join([f"{PROG} options:", *lines[1:]]).rstrip())
+        elif path == "robot" and cls == "RobotConfig":
+            robot_types.append("\n".join(lines).rstrip())
+        elif path and (path == "robot" or path.startswith("robot.")):
+            section = "\n".join(lines).rstrip()
+            if chosen is not None and ((path == "robot" and cls == chosen.__name__) or path in nested) \
+                    and section not in robot:  # so100 and so101 share a class: its section appears twice
+                robot.append(section)
+        elif path is not None:
+            own.append("\n".join(lines).rstrip())
+    if robot:
+        robot_part = robot
+    else:
+        robot_part = [f"The options of one robot type: {PROG} --help --robot.type=so101_follower" +
+                      (f" ({robot_type!r} is not a robot type LeRobot knows here)" if robot_type else "")]
+    usage = (f"usage: {PROG} --robot.type=TYPE [--robot.*] [--endpoint=HOST:PORT] [options]\n"
+             f"       {PROG} --list --endpoint=HOST:PORT")
+    return "\n\n".join([usage, *own, *robot_types, *robot_part]) + "\n"
 
 
 def make_robot(config):
@@ -97,8 +166,8 @@ def make_robot(config):
     except ImportError as exc:  # e.g. feetech-servo-sdk, dynamixel-sdk
         m = re.search(r"'([\w.\[\]-]+)' is required", str(exc))
         missing = m.group(1) if m else (exc.name or "a driver")
-        fail(PROG, f"--robot.type: this robot needs {missing}, which is not installed: "
-                   "pip install 'lerobot-zenoh[hardware]' (LeRobot's feetech and dynamixel motor drivers)")
+        fail(PROG, f"--robot.type: this robot needs {missing}, which is not installed: pip install '.[hardware]' "
+                   "in the lerobot-zenoh checkout (LeRobot's feetech and dynamixel motor drivers)")
     except Exception as exc:  # noqa: BLE001 - any robot's own config check
         fail(PROG, f"--robot: {_first_line(exc)}")
     try:
@@ -107,6 +176,72 @@ def make_robot(config):
         where = f" at {port}" if port else ""
         fail(PROG, f"--robot: cannot connect to the {kind}{where}: {_first_line(exc)}")
     return robot
+
+
+def open_lookup_session(config):
+    """A Zenoh session linked to the endpoint, opened as the client opens its own (client/link.py), or
+    CompatibilityError saying nothing answers there."""
+    from lerobot_zenoh.client.link import open_session
+
+    return open_session(config.zenoh_settings(), config.discovery_timeout_s)
+
+
+def resolve_app(config, stop=None) -> None:
+    """Fill in the routing flags left unset from what the endpoint serves, or fail in one line listing
+    what it serves instead (CompatibilityError; docs/client.md, "Finding the server")."""
+    from lerobot_zenoh.client.discovery import find_app
+
+    log = logging.getLogger(PROG)
+    with open_lookup_session(config) as session:
+        served = find_app(session, config.routing_given, config.discovery_timeout_s, stop)
+    if len(config.routing_given) < 5:
+        log.info("the endpoint serves %s (server %s): using it", served.app.prefix, served.status.server_id)
+    config.use_app(served.app)
+
+
+@dataclass
+class ListConfig:
+    # Where the server (or a Zenoh router) listens: tcp/HOST:PORT, or HOST:PORT.
+    endpoint: str | None = None
+    # LeRobot's async-inference name for --endpoint (HOST:PORT).
+    server_address: str | None = None
+    # The Zenoh session (the same block as the robot client's).
+    zenoh: ZenohSettings = field(default_factory=ZenohSettings)
+    # Seconds to wait for the servers' answers.
+    timeout_s: float = 2.0
+    # Print each application's client flags too (to paste into lerobot-robot-client).
+    flags: bool = True
+
+
+def list_main(argv: list[str]) -> int:
+    """`lerobot-robot-client --list --endpoint=...`: every application the endpoint serves, one a line."""
+    from lerobot_zenoh.cli.parsing import EXIT_NO_SERVER, UsageError, fail, parse
+    from lerobot_zenoh.client.discovery import as_endpoint, list_apps
+    from lerobot_zenoh.errors import CompatibilityError
+    from lerobot_zenoh.protocol.keys import status_selector
+
+    args = parse(ListConfig, [a for a in argv if a != "--list"], f"{PROG} --list")
+    endpoint = args.endpoint or args.server_address
+    if endpoint and as_endpoint(endpoint) is None:
+        fail(PROG, str(UsageError("--endpoint", f"{endpoint!r} is neither tcp/HOST:PORT nor HOST:PORT")))
+    lookup = SimpleNamespace(zenoh_settings=lambda: args.zenoh.with_connect(as_endpoint(endpoint or "") or None),
+                             discovery_timeout_s=args.timeout_s)
+    logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
+    try:
+        with open_lookup_session(lookup) as session:
+            served, deadline = [], time.monotonic() + args.timeout_s
+            while not served and time.monotonic() < deadline:  # a server still loading answers later
+                served = list_apps(session, status_selector(), timeout_s=min(1.0, args.timeout_s))
+    except CompatibilityError as exc:
+        fail(PROG, str(exc), EXIT_NO_SERVER)
+    if not served:
+        fail(PROG, f"nothing answers a status query at {endpoint or 'this network'} within {args.timeout_s:g} s",
+             EXIT_NO_SERVER)
+    for app in served:
+        print(app.describe())
+        if args.flags:
+            print(f"    {app.flags()}")
+    return 0
 
 
 def _first_line(exc: BaseException) -> str:
@@ -118,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     from lerobot_zenoh.cli.parsing import EXIT_CONFIG, EXIT_NO_SERVER
     from lerobot_zenoh.errors import CompatibilityError, LeRobotZenohError
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--list" in argv:
+        return list_main(argv)
     config = parse_config(argv)
     plan = None
     if config.pipeline.plan:  # a multi-model task: the plan names the servers, rates and fps
@@ -137,13 +275,37 @@ def main(argv: list[str] | None = None) -> int:
 
     from lerobot_zenoh.client.client import RobotClient
 
-    robot = make_robot(config)
+    if config.dataset is not None:  # before waiting for a server or opening the robot
+        from lerobot_zenoh.cli.parsing import explain, fail
+        from lerobot_zenoh.client.recorder import check_dataset_root
+        from lerobot_zenoh.errors import ConfigError
+
+        try:
+            check_dataset_root(config.dataset_root, config.resume)
+        except ConfigError as exc:
+            fail(PROG, explain(exc))
+    robot = make_robot(config)  # a robot mistake is reported before the network is
+    if plan is None:
+        import threading
+
+        stopped = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stopped.set())
+        try:
+            resolve_app(config, stopped)
+        except CompatibilityError as exc:
+            if robot.is_connected:  # opened, never sent an action
+                robot.disconnect()
+            if stopped.is_set():
+                return 0
+            log.error("not starting: %s", exc)
+            return EXIT_NO_SERVER
     recorder = None
     if config.dataset is not None:
         from lerobot_zenoh.client.recorder import DatasetRecorder
 
         recorder = DatasetRecorder.from_config(config.dataset, config.dataset_root, robot, config.task_text,
-                                               resume=config.resume)
+                                               resume=config.resume, quiet=config.log_level.upper() != "DEBUG")
     if plan is not None:
         from lerobot_zenoh.client.pipeline import PipelineClient
 

@@ -137,6 +137,17 @@ def parse(config_class: type[T], argv: list[str] | None, prog: str) -> T:
         fail(prog, explain(exc))
 
 
+def require_role(prog: str, module: str, extra: str) -> None:
+    """Exit 2 in one line when this install lacks what `prog` needs (`module`, from the `extra`):
+    the base install serves the monitor, the router and the planner only (README, "Install")."""
+    import importlib.util
+
+    missing = [m for m in (module, "torch") if importlib.util.find_spec(m) is None]
+    if missing:
+        fail(prog, f"this install lacks {' and '.join(missing)}: {prog} needs the [{extra}] extra "
+                   f"(pip install '.[{extra}]' in the lerobot-zenoh checkout, or 'lerobot_zenoh-*.whl[{extra}]')")
+
+
 class OneLineArgumentParser(argparse.ArgumentParser):
     """argparse with the same one-line errors (exit 2), for the scripts with sub-commands."""
 

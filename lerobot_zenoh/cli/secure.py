@@ -201,6 +201,7 @@ def _init(args) -> int:
 def _secured_manifest(manifest, settings, root: Path) -> dict:
     """The manifest as data, with the secured zenoh block, tls/ endpoints and absolute checkpoint paths."""
     from lerobot_zenoh.security.identities import tls_endpoint
+    from lerobot_zenoh.server.hub import HubRef
 
     data = manifest.model_dump(mode="json", exclude_none=True)
     listen = [] if settings.mode == "client" else [tls_endpoint(e) for e in manifest.zenoh.listen]
@@ -221,8 +222,9 @@ def _secured_manifest(manifest, settings, root: Path) -> dict:
                 raw["endpoint"] = tls_endpoint(raw["endpoint"])
             if raw.get("endpoints"):
                 raw["endpoints"] = [tls_endpoint(e) for e in raw["endpoints"]]
-        if entry.pretrained_path:
-            raw["pretrained_path"] = str(manifest.resolve_path(entry).resolve())
+        local = manifest.resolve_path(entry) if entry.pretrained_path else None
+        if local is not None and (local.exists() or HubRef.parse(entry.pretrained_path) is None):
+            raw["pretrained_path"] = str(local.resolve())  # a hub id stays as written
         for engine in raw.get("engines", []):  # the scheduler dials its engines over TLS too
             if engine.get("endpoint"):
                 engine["endpoint"] = tls_endpoint(engine["endpoint"])

@@ -15,8 +15,9 @@ from pathlib import Path
 from lerobot.configs.dataset import DatasetRecordConfig
 from lerobot.robots import RobotConfig
 
+from lerobot_zenoh.client.discovery import as_endpoint
 from lerobot_zenoh.errors import ConfigError, KeyExprError
-from lerobot_zenoh.protocol.keys import AppKey, ClientKey
+from lerobot_zenoh.protocol.keys import APP_FIELDS, AppKey, ClientKey, validate_chunk, validate_client_id
 from lerobot_zenoh.scheduling.action_buffer import AggregateConfig, WeightedAverageConfig
 from lerobot_zenoh.scheduling.send_trigger import SendTriggerConfig
 from lerobot_zenoh.transport.settings import ZenohSettings
@@ -102,20 +103,24 @@ class RobotClientConfig:
     robot: RobotConfig
     # This robot's id, unique in the fleet; the server's manifest must list it (or accept unknown clients).
     client_uuid: str = "robot_0"
-    # The cluster the server belongs to (manifest: cluster_uuid). This and the next four name the
-    # server's application: they must match its manifest.
-    cluster_uuid: str = "local"
+    # The next five name the server's application (its manifest's cluster_uuid, experiment_tag,
+    # model_id, model_version, application_tag). Any left unset is taken from what the endpoint serves
+    # when exactly one application there fits the others (`--list` shows them; docs/client.md,
+    # "Finding the server"). The cluster the server belongs to.
+    cluster_uuid: str | None = None
     # The experiment the server belongs to (manifest: experiment_tag).
-    experiment_tag: str = "default"
-    # The model the server serves (manifest: model_id).
-    model_id: str = "act"
+    experiment_tag: str | None = None
+    # The model the server serves (manifest: model_id; a single-model server: its checkpoint's name).
+    model_id: str | None = None
     # The model version (manifest: model_version).
-    model_version: str = "v1"
+    model_version: str | None = None
     # The application (manifest: application_tag).
-    application_tag: str = "default"
-    # Where the server (or a Zenoh router) listens, e.g. tcp/192.168.1.50:7447 (added to
-    # zenoh.connect). Empty: rely on scouting or on zenoh.connect.
+    application_tag: str | None = None
+    # Where the server (or a Zenoh router) listens: tcp/192.168.1.50:7447, or host:port (tcp); added
+    # to zenoh.connect. Empty: rely on scouting or on zenoh.connect.
     endpoint: str | None = None
+    # LeRobot's async-inference name for the same thing: --server_address=192.168.1.50:7447.
+    server_address: str | None = None
     # The Zenoh session (transport/settings.py, the same block as a manifest's `zenoh:`). With an
     # endpoint and the defaults: client mode, no listener, no scouting.
     zenoh: ZenohSettings = field(default_factory=ZenohSettings)
@@ -175,9 +180,18 @@ class RobotClientConfig:
 
     def validate(self) -> None:
         try:
-            self.client_key  # validates every chunk, naming it
+            validate_client_id("client_uuid", self.client_uuid)
+            for name in APP_FIELDS:
+                if getattr(self, name) is not None:
+                    validate_chunk(name, getattr(self, name))
         except KeyExprError as exc:
             raise ConfigError(exc.field, str(exc)) from None
+        if self.endpoint and self.server_address and as_endpoint(self.server_address) != as_endpoint(self.endpoint):
+            raise ConfigError("server_address", f"differs from --endpoint ({self.endpoint}); give one of them")
+        for name in ("endpoint", "server_address"):
+            value = getattr(self, name)
+            if value and as_endpoint(value) is None:
+                raise ConfigError(name, f"{value!r} is neither a Zenoh endpoint (tcp/HOST:PORT) nor HOST:PORT")
         if not 1 <= self.fps <= 1000:
             raise ConfigError("fps", f"must be in 1..1000, got {self.fps}")
         if self.actions_per_chunk < 1:
@@ -240,8 +254,22 @@ class RobotClientConfig:
         return HF_LEROBOT_HOME / self.dataset.repo_id
 
     @property
+    def routing_given(self) -> dict[str, str]:
+        """The routing fields set (the others are found by asking the endpoint)."""
+        return {n: getattr(self, n) for n in APP_FIELDS if getattr(self, n) is not None}
+
+    @property
     def app_key(self) -> AppKey:
+        missing = [n for n in APP_FIELDS if getattr(self, n) is None]
+        if missing:
+            raise ConfigError(missing[0], "not set, and not found yet from what the endpoint serves "
+                                          "(discovery.resolve_app fills it in)")
         return AppKey(self.cluster_uuid, self.experiment_tag, self.model_id, self.model_version, self.application_tag)
+
+    def use_app(self, app: AppKey) -> None:
+        """Take the routing fields from `app` (found at the endpoint)."""
+        self.cluster_uuid, self.experiment_tag, self.model_id = app.cluster, app.experiment, app.model
+        self.model_version, self.application_tag = app.version, app.app
 
     @property
     def client_key(self) -> ClientKey:
@@ -254,7 +282,8 @@ class RobotClientConfig:
     def zenoh_settings(self) -> ZenohSettings:
         """The session settings: `zenoh`, with `endpoint` added to its connect list (so, by default,
         a connect-only Zenoh client with scouting off: transport/settings.py)."""
-        return self.zenoh.with_connect(self.endpoint)
+        return self.zenoh.with_connect(as_endpoint(self.endpoint or self.server_address or "") or None)
+
 
 
 def routing_args(app: AppKey, client_uuid: str, endpoint: str | None = None, *, scouting: bool = False) -> list[str]:

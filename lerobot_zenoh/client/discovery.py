@@ -9,12 +9,13 @@ is refused at start-up instead of holding its robot waiting for chunks that neve
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass
 
 from lerobot_zenoh.errors import ProtocolError
 from lerobot_zenoh.protocol import codec
-from lerobot_zenoh.protocol.keys import AppKey
+from lerobot_zenoh.protocol.keys import APP_FIELDS, AppKey
 from lerobot_zenoh.protocol.messages import Status
 from lerobot_zenoh.transport.session import ZenohSession
 
@@ -59,6 +60,16 @@ def compare(status: Status, robot: RobotFeatures, fps: int) -> list[str]:
     return problems
 
 
+def as_endpoint(value: str) -> str | None:
+    """A Zenoh endpoint from `tcp/host:port` (as is) or LeRobot's `host:port` (tcp); None if neither."""
+    value = value.strip()
+    if re.match(r"^[a-z][a-z0-9-]*/\S+$", value):
+        return value
+    if re.match(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):\d{1,5}$", value):
+        return f"tcp/{value}"
+    return None
+
+
 def wait_connected(session: ZenohSession, endpoints: list[str], timeout_s: float = 2.0) -> bool:
     """True once the session is linked to some peer or router (at once when no endpoint is given)."""
     if not endpoints:
@@ -94,3 +105,104 @@ def discover(session: ZenohSession, app: AppKey, timeout_s: float, stop=None, cl
             return status
         time.sleep(0.05)
     return None
+
+
+# -- finding the application at an endpoint (docs/client.md, "Finding the server") ---------------
+
+#: How long the applications an endpoint serves must keep not including the one asked for before the
+#: client gives up: a server declares all its models within milliseconds of each other.
+OTHERS_GRACE_S = 1.5
+
+
+@dataclass(frozen=True)
+class ServedApp:
+    """One application an endpoint serves, as its status query answered."""
+
+    app: AppKey
+    status: Status
+
+    def flags(self) -> str:
+        """The client flags that route to it."""
+        a = self.app
+        return (f"--cluster_uuid={a.cluster} --experiment_tag={a.experiment} --model_id={a.model} "
+                f"--model_version={a.version} --application_tag={a.app}")
+
+    def describe(self) -> str:
+        """One line: the key, the server and what the model needs (`lerobot-robot-client --list`)."""
+        s = self.status
+        cams = ", ".join(f"{k} {h}x{w}" for k, (h, w) in sorted(s.expected_cameras.items())) or "none"
+        state = "?" if s.state_dim is None else s.state_dim
+        clients = "any client" if s.accepts_unknown_clients else "listed clients"
+        return (f"{self.app.prefix}  server {s.server_id or '?'}  {s.policy_type or '?'} ({s.output or 'actions'})  "
+                f"fps {s.fps or '?'}  state {state}  actions {s.action_dim}  cameras {cams}  {clients}")
+
+
+def list_apps(session: ZenohSession, selector: str, timeout_s: float = 1.0) -> list[ServedApp]:
+    """Every application answering a status query on `selector` (keys.status_selector), sorted."""
+    from lerobot_zenoh.errors import KeyExprError
+    from lerobot_zenoh.protocol.keys import parse_key
+
+    found: dict[str, ServedApp] = {}
+    for key, payload in session.query(selector, timeout_s=timeout_s):
+        try:
+            found.setdefault(key, ServedApp(parse_key(key).app, codec.decode_status(payload)))
+        except (ProtocolError, KeyExprError) as exc:
+            log.warning("ignoring an undecodable status reply on %s: %s", key, exc)
+    return [found[k] for k in sorted(found)]
+
+
+def choose_app(served: list[ServedApp], given: dict[str, str]) -> tuple[ServedApp | None, str | None]:
+    """The one application of `served` that fits the routing flags `given` (client config field ->
+    value), or why none can be chosen (None while nothing is served at all)."""
+    def fits(s: ServedApp) -> bool:
+        chunks = (s.app.cluster, s.app.experiment, s.app.model, s.app.version, s.app.app)
+        return all(given.get(n) in (None, c) for n, c in zip(APP_FIELDS, chunks))
+
+    if not served:
+        return None, None
+    actions = [s for s in served if s.status.output in (None, "actions")]
+    matching = [s for s in actions if fits(s)]
+    if len(matching) == 1:
+        return matching[0], None
+    listing = "; ".join(s.app.prefix + ("" if s in actions else f" ({s.status.output})") for s in served)
+    if not matching:
+        asked = " ".join(f"--{n}={v}" for n, v in given.items()) or "an application serving actions"
+        return None, f"the endpoint does not serve {asked}; it serves: {listing}"
+    return None, (f"{len(matching)} applications fit; name one with --model_id (and --application_tag, ...): "
+                  f"{'; '.join(s.app.prefix for s in matching)} (lerobot-robot-client --list shows them)")
+
+
+def find_app(session: ZenohSession, given: dict[str, str], timeout_s: float, stop=None) -> ServedApp:
+    """The application the routing flags `given` name, found at the endpoint within `timeout_s`.
+
+    Everything the endpoint serves is asked for at once. While nothing answers (a server still
+    loading), keep asking until `timeout_s`; once applications answer but none fits (or several do),
+    wait `OTHERS_GRACE_S` more, then raise `CompatibilityError` listing them (the robot is never driven)."""
+    from lerobot_zenoh.errors import CompatibilityError
+    from lerobot_zenoh.protocol.keys import status_selector
+
+    everything = status_selector()  # a mismatch can then say what is there
+    # All five given: the app's own key first (an access-control list may refuse the wildcard).
+    exact = status_selector(*(given.get(n) for n in APP_FIELDS)) if len(given) == len(APP_FIELDS) else None
+    deadline = time.monotonic() + timeout_s
+    give_up_at = None
+    why = None
+    while not (stop is not None and stop.is_set()):
+        wait_s = min(1.0, max(0.1, deadline - time.monotonic()))
+        served = list_apps(session, exact, timeout_s=wait_s) if exact else []
+        served = served or list_apps(session, everything, timeout_s=wait_s)
+        chosen, why = choose_app(served, given)
+        if chosen is not None:
+            return chosen
+        now = time.monotonic()
+        if why is not None:
+            give_up_at = give_up_at or min(deadline, now + OTHERS_GRACE_S)
+        if now >= (give_up_at or deadline):
+            break
+        time.sleep(0.1)
+    if stop is not None and stop.is_set():
+        raise CompatibilityError("stopped (SIGINT/SIGTERM) before a server answered")
+    if why is None:
+        raise CompatibilityError(f"no server answers at the endpoint within {timeout_s:.0f} s (is one serving "
+                                 "there, still loading, or behind another router?)")
+    raise CompatibilityError(why)

@@ -105,6 +105,7 @@ class DatasetRecorder:
         max_queued_frames: int | None = None,
         encoder_threads: int | None = None,
         join_timeout_s: float = 120.0,
+        quiet: bool = True,
     ) -> None:
         if fps <= 0:
             raise ConfigError("fps", f"must be positive, got {fps}")
@@ -121,6 +122,7 @@ class DatasetRecorder:
         self.max_queued_frames = max_queued_frames if max_queued_frames is not None else 10 * fps
         self.encoder_threads = encoder_threads
         self.join_timeout_s = join_timeout_s
+        self.quiet = quiet
         self._robot_type = robot.name
         self.features: dict[str, dict] = {
             **hw_to_dataset_features(robot.observation_features, OBS_STR, use_video=use_videos),
@@ -140,11 +142,12 @@ class DatasetRecorder:
         self._write_errors = 0
 
     @classmethod
-    def from_config(cls, dataset, root: str | Path, robot: Robot, task: str, *, resume: bool = False) -> DatasetRecorder:
+    def from_config(cls, dataset, root: str | Path, robot: Robot, task: str, *, resume: bool = False,
+                    quiet: bool = True) -> DatasetRecorder:
         """From LeRobot's recording configuration (`DatasetRecordConfig`, the client's `--dataset.*`)."""
         return cls(dataset.repo_id, root, dataset.fps, robot, task, use_videos=dataset.video,
                    streaming_encoding=dataset.streaming_encoding, resume=resume, rgb_encoder=dataset.rgb_encoder,
-                   encoder_threads=dataset.encoder_threads)
+                   encoder_threads=dataset.encoder_threads, quiet=quiet)
 
     # -- lifecycle
 
@@ -164,24 +167,26 @@ class DatasetRecorder:
             rgb_encoder=self.rgb_encoder,
         )
         self.check_root()
-        if self.resume:
-            self.dataset = LeRobotDataset.resume(self.repo_id, root=self.root, **common)
-            self._check_resumable(self.dataset)
-        else:
-            self.dataset = LeRobotDataset.create(
-                self.repo_id, self.fps, self.features, root=self.root, robot_type=self._robot_type,
-                use_videos=self.use_videos, **common)
+        if self.quiet:
+            quiet_encoders()
+        try:
+            if self.resume:
+                self.dataset = LeRobotDataset.resume(self.repo_id, root=self.root, **common)
+                self._check_resumable(self.dataset)
+            else:
+                self.dataset = LeRobotDataset.create(
+                    self.repo_id, self.fps, self.features, root=self.root, robot_type=self._robot_type,
+                    use_videos=self.use_videos, **common)
+        except OSError as exc:  # a disk that filled up or a folder made read-only since the check
+            raise ConfigError("dataset.root", f"cannot write the dataset at {self.root}: "
+                                              f"{exc.strerror or exc}") from exc
         self._thread = threading.Thread(target=self._run, name="dataset-recorder", daemon=True)
         self._accepting = True
         self._thread.start()
 
     def check_root(self) -> None:
-        """Raise ConfigError unless `root` is free (a new dataset) or holds a dataset (resume)."""
-        if self.resume and not (self.root / "meta" / "info.json").is_file():
-            raise ConfigError("resume", f"no dataset at {self.root} to resume; drop --resume to create one")
-        if not self.resume and self.root.exists():
-            raise ConfigError("dataset.root", f"{self.root} already exists; add --resume to append episodes "
-                                              "to it, or choose another --dataset.root")
+        """Raise ConfigError unless `root` is free (a new dataset) or holds a dataset (resume), and writable."""
+        check_dataset_root(self.root, self.resume)
 
     def _check_resumable(self, dataset) -> None:
         """The existing dataset must record the same features at the same rate as this robot."""
@@ -322,3 +327,59 @@ class DatasetRecorder:
             return
         self._episodes_saved += 1
         logger.info("saved episode %d (%d frames so far) in %s", dataset.num_episodes - 1, self._frames_written, self.root)
+
+
+def check_dataset_root(root: Path, resume: bool) -> None:
+    """Raise ConfigError (one line, naming the flag) unless a dataset can be written at `root`: free
+    for a new dataset, holding one to resume, and its folder writable by this process. Probes by
+    creating and removing a temporary folder, so it holds for root and read-only mounts alike."""
+    import os
+    import tempfile
+
+    root = Path(root)
+    where = "--dataset.root (the default is $HF_LEROBOT_HOME/<repo_id>)"
+    if resume and not (root / "meta" / "info.json").is_file():
+        raise ConfigError("resume", f"no dataset at {root} to resume; drop --resume to create one")
+    if not resume and root.exists():
+        raise ConfigError("dataset.root", f"{root} already exists; add --resume=true to append episodes "
+                                          "to it, or choose another --dataset.root")
+    probe_in = root if resume else next((p for p in root.parents if p.exists()), Path("/"))
+    if not probe_in.is_dir():
+        raise ConfigError("dataset.root", f"cannot create {root}: {probe_in} is not a folder; choose another {where}")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".lerobot-zenoh-probe-", dir=probe_in))
+    except OSError as exc:
+        raise ConfigError("dataset.root", f"cannot write under {probe_in}: {exc.strerror or exc}; choose another "
+                                          f"{where}") from None
+
+
+def quiet_encoders() -> None:
+    """Silence what video encoding prints at each episode (docs/client.md, "Recording"): SVT-AV1's
+    banner (~20 lines per camera and episode, written by the C library to stderr), FFmpeg's notes, the
+    `datasets` progress bars and LeRobot's "Using video codec" line. Errors still show; the client's
+    --log_level=DEBUG keeps everything. SVT_LOG set by the user is kept."""
+    import os
+
+    os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1: errors only (it reads this when an encoder opens)
+    try:
+        import av.logging
+
+        # FFmpeg's own threshold: it holds through LeRobot's restore_default_callback() calls.
+        av.logging.set_libav_level(av.logging.ERROR)
+    except ImportError:
+        pass
+    try:
+        import importlib
+        import warnings
+
+        datasets_tqdm = importlib.import_module("datasets.utils.tqdm")  # the module (the package exports a class)
+
+        # What HF_DATASETS_DISABLE_PROGRESS_BARS=1 does (read at import): LeRobot re-enables the bars after
+        # each of its own silenced loads, and only that setting outranks it (its warning then is noise).
+        datasets_tqdm.HF_DATASETS_DISABLE_PROGRESS_BARS = True
+        datasets_tqdm.disable_progress_bars()
+        warnings.filterwarnings("ignore", message="Cannot enable progress bars")
+    except (ImportError, AttributeError):  # another datasets version: its bars show, nothing breaks
+        logger.debug("could not silence the datasets progress bars", exc_info=True)
+    for name in ("lerobot.configs.video", "lerobot.datasets.video_utils"):
+        logging.getLogger(name).setLevel(logging.WARNING)

@@ -166,6 +166,21 @@ def pipeline_app(cluster: str, experiment: str, task: str) -> AppKey:
     return AppKey(cluster, experiment, PIPELINE_MODEL, PIPELINE_VERSION, task)
 
 
+#: The manifest's (and the robot client's) names for an application's five chunks, in key order.
+APP_FIELDS = ("cluster_uuid", "experiment_tag", "model_id", "model_version", "application_tag")
+
+
+def status_selector(cluster: str | None = None, experiment: str | None = None, model: str | None = None,
+                    version: str | None = None, app: str | None = None) -> str:
+    """The status key of every application that fits the chunks given (None: any), e.g.
+    ``*/*/act/*/*/status``: one query lists what an endpoint serves (docs/client.md, "Finding the server")."""
+    chunks = []
+    for name, value in (("cluster", cluster), ("experiment", experiment), ("model", model), ("version", version),
+                        ("app", app)):
+        chunks.append("*" if value is None else validate_chunk(name, value))
+    return "/".join(chunks) + f"/{STATUS}"
+
+
 def parse_key(key: str) -> ParsedKey:
     """Parse any concrete key of the schema; raise KeyExprError if it does not fit."""
     if not isinstance(key, str):

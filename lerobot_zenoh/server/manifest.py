@@ -8,7 +8,8 @@
     server:
       - model_id: act
         model_version: v1
-        pretrained_path: checkpoints/demo_act     # or `synthetic: {...}` for a torch-free fake
+        pretrained_path: checkpoints/demo_act     # or a hub id (lerobot/smolvla_base[@rev]; server/hub.py),
+                                                  # or `synthetic: {...}` for a torch-free fake
         application_tag: cookie
         device: cpu
         fps: 30
@@ -29,7 +30,8 @@
 
 Validated at start-up; any problem raises ConfigError naming the file, the field and the issue.
 A relative `pretrained_path` is resolved against the manifest file's folder (falling back to the
-current directory when only that one exists).
+current directory when only that one exists); when neither exists and it reads as a hub id
+(`user/repo[@revision]`), the runner loader fetches it or takes it from the Hugging Face cache.
 """
 
 from __future__ import annotations

@@ -295,11 +295,15 @@ class PolicyServer:
         try:
             return self._start(advert)
         except BaseException:
+            if self._session is not None:
+                self._session.close()
             if self._probe is not None:
                 self._probe.close()  # a server that failed to start leaves no probe file behind
             raise
 
     def _start(self, advert: SameHostAdvert | None) -> PolicyServer:
+        # The endpoints are bound before any model loads: a busy port fails at once, not after the warm-up.
+        self._session = ZenohSession(self.manifest.zenoh_settings()).open()
         for entry in self.manifest.server:
             if entry.model_id not in self._injected:
                 log.info("loading %s/%s ...", entry.model_id, entry.model_version)  # progress: seconds for a big model
@@ -315,7 +319,6 @@ class PolicyServer:
             self.models.append(ServedModel(self.manifest, entry, runner, self.server_id, profile_s, self._limits,
                                            same_host=advert))
 
-        self._session = ZenohSession(self.manifest.zenoh_settings()).open()
         for model in self.models:
             if model.entry.engines:
                 from lerobot_zenoh.server.dispatch import Dispatcher  # (imports this module)

@@ -20,6 +20,7 @@ silence says nothing about the robot itself).
 
 from __future__ import annotations
 
+import textwrap
 import threading
 from dataclasses import dataclass, field
 
@@ -33,13 +34,16 @@ MAX_FIGURES = 256  # per member, and per robot in a server's per_client figures
 MAX_PER_CLIENT = 1024  # robots in one server's per_client figures
 FORGET_AFTER_S = 60.0
 
-#: Figures shown in the table, per kind: (figure name, column title).
-SERVER_COLUMNS = [("clients", "clients"), ("inferences", "infer"), ("inference_ms_p50", "inf p50"),
-                  ("inference_ms_p99", "inf p99"), ("queue_ms_p50", "queue p50"), ("observations_superseded", "supersd"),
-                  ("observations_rejected", "reject"), ("cpu_rss_mb", "rss MB")]
-CLIENT_COLUMNS = [("loop_hz", "loop Hz"), ("control_period_ms_p99", "per p99"), ("rtt_ms_p50", "rtt p50"),
-                  ("rtt_ms_p99", "rtt p99"), ("buffer_depth", "buffer"), ("empty_buffer_cycles", "empty"),
-                  ("chunks_received", "chunks"), ("watchdog_events", "wdog")]
+#: Figures shown in the table, per kind: (figure name, column title with its unit; docs/telemetry.md).
+SERVER_COLUMNS = [("clients", "clients"), ("inferences", "inferences"), ("inference_ms_p50", "inference p50 (ms)"),
+                  ("inference_ms_p99", "inference p99 (ms)"), ("queue_ms_p50", "queue wait p50 (ms)"),
+                  ("observations_superseded", "superseded obs"), ("observations_rejected", "rejected obs"),
+                  ("cpu_rss_mb", "memory (MiB)")]
+CLIENT_COLUMNS = [("loop_hz", "loop rate (Hz)"), ("control_period_ms_p99", "control period p99 (ms)"),
+                  ("loop_overruns", "overrun steps"), ("rtt_ms_p50", "round trip p50 (ms)"),
+                  ("rtt_ms_p99", "round trip p99 (ms)"), ("buffer_depth", "buffered actions"),
+                  ("empty_buffer_cycles", "empty-buffer steps"), ("requests_unanswered", "unanswered requests"),
+                  ("chunks_received", "chunks"), ("watchdog_events", "watchdog re-validations")]
 
 
 @dataclass
@@ -242,6 +246,10 @@ def slo_summary(metrics: dict) -> str | None:
     return " ".join(parts) or None
 
 
+#: Titles of the rows' own fields in the table.
+ROW_TITLES = {"age_s": "last report (s ago)", "slo": "SLO met (per component)"}
+
+
 def format_table(rows: list[dict]) -> str:
     """A plain-text table, one block per kind (servers and clients have different columns)."""
     if not rows:
@@ -261,8 +269,16 @@ def format_table(rows: list[dict]) -> str:
             continue
         headers = [h for h in kind_rows[0] if h != "kind"]
         cells = [[fmt(r.get(h)) for h in headers] for r in kind_rows]
-        widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
-        lines = [f"{kind.upper()}S", "  ".join(h.ljust(w) for h, w in zip(headers, widths))]
+        titles = [ROW_TITLES.get(h, h) for h in headers]
+        # Full titles with units, wrapped over up to three header lines so that a column is as wide as
+        # its values or its longest word, 8 at least (the client table fits a 160-column terminal).
+        widths = [max(max(len(word) for word in t.split()), *(len(c[i]) for c in cells), 8)
+                  for i, t in enumerate(titles)]
+        wrapped = [textwrap.wrap(t, w) for t, w in zip(titles, widths)]
+        depth = max(len(w) for w in wrapped)
+        lines = [f"{kind.upper()}S"]
+        lines += ["  ".join((w[k] if k < len(w) else "").ljust(width) for w, width in zip(wrapped, widths)).rstrip()
+                  for k in range(depth)]
         lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)

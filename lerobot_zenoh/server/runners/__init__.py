@@ -107,7 +107,7 @@ def load_policy_runner(pretrained_path: str | Path, device: str = "cpu", *,
     """Load a local LeRobot checkpoint folder as the runner `RUNNERS` names for its policy type,
     on `device` (or as `options` say: device, dtype, local asset folders).
 
-    A hub checkpoint must be downloaded first (``hf download REPO --local-dir DIR``). Raises
+    A hub id is resolved by `load_runner` (server/hub.py) into its snapshot folder first. Raises
     `PolicyError` naming the path on any failure, and for a type without a runner, the type and the
     supported ones.
     """
@@ -155,10 +155,11 @@ def load_runner(manifest: Manifest, entry: ModelEntry) -> PolicyRunner:
             silent_after=syn.silent_after,
             echo_task=syn.echo_task,
         ))
-    path = manifest.resolve_path(entry)
-    if not path.exists():
-        raise PolicyError(f"{manifest.source}: server[{entry.model_id}].pretrained_path: {path} does not exist "
-                          "(build one offline with lerobot-zenoh-build-checkpoint)")
+    from lerobot_zenoh.server.hub import checkpoint_folder
+
+    # A local folder, else a Hugging Face hub id (downloaded, or from the cache offline).
+    path = checkpoint_folder(entry.pretrained_path, manifest.resolve_path(entry),
+                             f"{manifest.source}: server[{entry.model_id}].pretrained_path")
     if entry.vlm is not None:
         from lerobot_zenoh.server.runners.vlm import VlmRunner, VlmSettings
 

@@ -346,10 +346,17 @@ def resolve_asset(path: Path, what: str, named: str | None, named_where: str, gi
     cached = _hf_cached(named, marker)
     if cached is not None:
         return cached
+    from lerobot_zenoh.server.hub import HubRef, is_offline, snapshot
+
+    ref = HubRef.parse(named) if named else None
+    if ref is not None and not is_offline():  # as LeRobot would: fetch it (configs and tokenizer files only)
+        folder = snapshot(ref, field, allow_patterns=["*.json", "*.txt", "*.model", "*.jinja"])
+        if (folder / marker).is_file():
+            return folder
     raise PolicyError(
         f"{path}: the {what} {named!r} ({named_where}) is neither a local folder nor in the Hugging Face "
-        f"cache, and the server does not download; set {field} to a local folder holding it "
-        f"(e.g. `hf download {named} --local-dir DIR`)")
+        f"cache{' (HF_HUB_OFFLINE is set)' if is_offline() else ''}; fetch it with `hf download {named}`, or set "
+        f"{field} to a local folder holding it")
 
 
 def _hf_cached(repo_id: str | None, filename: str) -> Path | None:
