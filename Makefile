@@ -23,7 +23,7 @@ SECONDS ?= 20
 POLICY  ?= act
 DEMO_CHECKPOINT ?= checkpoints/demo_$(POLICY)
 
-.PHONY: help install test test-fast demo checkpoint clean ci-tools
+.PHONY: help install test test-fast demo checkpoint clean ci-tools lint
 
 help:
 	@echo "make demo    one policy server ($(POLICY)) on port $(PORT) + $(ROBOTS) simulated robots for $(SECONDS) s"
@@ -59,8 +59,11 @@ ci-tools:
 		apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 \
 		|| echo "promtool could not be installed: the promtool check of the monitor will be skipped"; fi
 
-test: $(STAMP) ci-tools
+test: $(STAMP) ci-tools lint
 	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"

@@ -231,7 +231,8 @@ def run(sizes=(8, 16, 32, 64), servers=8) -> str:
             sh, dm, dr = shared(f, profiles), dedicated_per_model(f, profiles), dedicated_per_robot(f, profiles)
             peak = peaks.setdefault(wl, [0.0, 0.0, 0.0])
             peak[0], peak[1], peak[2] = max(peak[0], tp), max(peak[1], sh), max(peak[2], dm, dr)
-            ratio = lambda a, b: f"{a / b:.2f}x" if b > 0 else ("inf" if a > 0 else "-")
+            def ratio(a, b):
+                return f"{a / b:.2f}x" if b > 0 else ("inf" if a > 0 else "-")
             lines.append(f"| {wl} | {k} | {tp:.1f} | {sh:.1f} | {dm:.1f} | {dr:.1f} | {ratio(tp, sh)} | "
                          f"{ratio(tp, max(dm, dr))} | {solve:.2f} |")
     lines += ["", "| workload | peak planned | peak shared | peak dedicated | planned / shared (peaks) | planned / dedicated (peaks) |",

@@ -60,7 +60,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import free_port_range, stop_processes  # noqa: E402
-from benchmarks.pipelines_plan import (
+from benchmarks.pipelines_plan import (  # noqa: E402
     S1,
     TASKS,
     VLM3,
@@ -70,8 +70,8 @@ from benchmarks.pipelines_plan import (
     dedicated_per_model,
     shared,
 )
-from lerobot_zenoh.pipelines.descriptor import OBLIGATION_KINDS, Factory, parse_factory
-from lerobot_zenoh.pipelines.profiles import (
+from lerobot_zenoh.pipelines.descriptor import OBLIGATION_KINDS, Factory, parse_factory  # noqa: E402
+from lerobot_zenoh.pipelines.profiles import (  # noqa: E402
     ROSA_SERVICE,
     Profiles,
     ServiceModel,
@@ -434,7 +434,8 @@ def table(rows: list[dict], scale: float) -> str:
 
         p, s, d = (mean(x, "qualified_hz") for x in ("planned", "shared", "dedicated"))
         pm, sm, dm = (mean(x, "predicted_hz") for x in ("planned", "shared", "dedicated"))
-        ratio = lambda a, b: "-" if a is None or b is None else (f"{a / b:.2f}x" if b > 0 else ("inf" if a > 0 else "-"))
+        def ratio(a, b):
+            return "-" if a is None or b is None else (f"{a / b:.2f}x" if b > 0 else ("inf" if a > 0 else "-"))
         lines.append(f"| {wl} | {k} | {ratio(p, s)} ({ratio(pm, sm)}) | {ratio(p, d)} ({ratio(pm, dm)}) | "
                      f"{ROSA_SHARED}x / {ROSA_DEDICATED}x |")
     lines += ["", ("| workload | peak planned (robots) | peak shared (robots) | peak dedicated | planned / shared, peaks "

@@ -535,8 +535,6 @@ def measure(args, checkpoint: Path, prep: PrepareSettings) -> tuple[str, dict]:
     data: dict = {"machine": machine(), "prepare": asdict(prep), "policy": args.policy,
                   "server_rtc_settings": args.policy == "scripted" or rtc_manifest_supported(),
                   "smoothness": {}, "batching": {}}
-    lines: list[str] = []
-    say = lines.append
     serve = ServeConfig(max_batch=16, execution_horizon=args.execution_horizon,
                         max_guidance_weight=args.guidance_weight, schedule=args.schedule)
     if "smoothness" in args.parts:

@@ -14,7 +14,7 @@ from enum import StrEnum
 import numpy as np
 
 #: (major, minor). A peer rejects a message whose major differs from its own; minors are additive.
-PROTOCOL_VERSION: tuple[int, int] = (1, 3)
+PROTOCOL_VERSION: tuple[int, int] = (1, 4)
 
 
 class MessageType(StrEnum):
