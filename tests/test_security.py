@@ -299,10 +299,12 @@ def test_a_robot_certificate_cannot_pose_as_the_server(layout, app_key, port, tm
         assert all(not np.any(c.actions == 5.0) for c in b.chunks)
 
 
-def test_a_robot_whose_server_certificate_is_refused_says_so(layout, app_key, port):
+@pytest.mark.parametrize("mode", ["client", "peer"])
+def test_a_robot_whose_server_certificate_is_refused_says_so(layout, app_key, port, mode):
     """A listener with a certificate the robot refuses (robA's: a client certificate, no host name)
-    on the server's address: the robot's start-up names the certificate, not a dead address; with
-    nothing listening it says that nothing answers."""
+    on the server's address: the robot's start-up names the certificate, not a dead address, in
+    client mode (the session does not open) and in peer mode (the link never comes); with nothing
+    listening it says that nothing answers."""
     from lerobot.robots import make_robot_from_config
 
     from lerobot_zenoh.client.client import RobotClient
@@ -310,7 +312,7 @@ def test_a_robot_whose_server_certificate_is_refused_says_so(layout, app_key, po
     from lerobot_zenoh.client.config_sim_robot import SimRobotConfig
 
     def robot_client(endpoint):
-        settings = dataclasses.replace(member_settings(layout, "robB", [endpoint]), connect=[])
+        settings = dataclasses.replace(member_settings(layout, "robB", [endpoint]), connect=[], mode=mode)
         cfg = RobotClientConfig(robot=SimRobotConfig(cameras=dict(CAMS), fps=30), client_uuid="robB",
                                 cluster_uuid=app_key.cluster, experiment_tag=app_key.experiment,
                                 model_id=app_key.model, model_version=app_key.version,

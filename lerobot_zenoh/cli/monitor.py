@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 
     config = parse(MonitorConfig, argv, PROG)
 
-    from lerobot_zenoh.errors import LeRobotZenohError, ProtocolError
+    from lerobot_zenoh.errors import LeRobotZenohError, ProtocolError, TlsRefusedError
     from lerobot_zenoh.protocol import codec
     from lerobot_zenoh.telemetry.fleet import FleetView, format_table
     from lerobot_zenoh.transport.session import ZenohSession
@@ -173,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         except LeRobotZenohError as exc:
             if not settings.connect or settings.effective_mode != "client":
                 raise
+            if isinstance(exc, TlsRefusedError):  # something answers, with a certificate one side refuses
+                raise LeRobotZenohError(f"cannot connect to {', '.join(settings.connect)}: {exc}") from exc
             raise LeRobotZenohError(f"cannot connect to {', '.join(settings.connect)}: nothing answers there "
                                     "(is the server or router running, and is the address right?)") from exc
         session.subscribe(f"{prefix}/**/metrics" if prefix != "**" else "**/metrics", on_metrics)

@@ -20,7 +20,7 @@ from typing import Protocol
 
 from lerobot_zenoh.client.discovery import wait_connected
 from lerobot_zenoh.errors import CompatibilityError, TlsRefusedError, TransportError
-from lerobot_zenoh.transport.session import ZenohSession
+from lerobot_zenoh.transport.session import ZenohSession, tls_refusal
 from lerobot_zenoh.transport.settings import ZenohSettings
 
 __all__ = ["CONNECT_WAIT_S", "ClientSession", "open_session"]
@@ -66,5 +66,9 @@ def open_session(settings: ZenohSettings, discovery_timeout_s: float) -> ZenohSe
         raise CompatibilityError(unreachable) from exc
     if not wait_connected(session, settings.connect, timeout_s=CONNECT_WAIT_S):  # peer mode
         session.close()
+        for endpoint in settings.connect if settings.tls_enabled else ():
+            why = tls_refusal(settings, endpoint)
+            if why is not None:  # a link that never came because a certificate was refused
+                raise CompatibilityError(f"cannot connect to {endpoints}: {why}")
         raise CompatibilityError(unreachable)
     return session
