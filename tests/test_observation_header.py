@@ -3,8 +3,10 @@ with wait_ratio from headers alone, decoding only the observations it serves (re
 
 from __future__ import annotations
 
+import os
 import pathlib
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -20,7 +22,7 @@ from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
 from lerobot_zenoh.transport.settings import loopback_settings
 from lz_testing import wait_for
 
-GOLDEN = pathlib.Path(__file__).parent / "golden" / "observation_header_v1.bin"
+GOLDEN = pathlib.Path(__file__).parent / "golden" / "observation_header_v2.bin"
 
 
 EXECUTION = ExecutionInfo(1.5, 12, 0.025)
@@ -35,58 +37,45 @@ def obs(seq=7, *, episode="ep-3", nonce=42, execution=EXECUTION, client="r1"):
 
 
 def test_golden_bytes():
-    header = codec.encode_observation_header(obs())
+    """One layout (docs/protocol.md §5.1.1): 56 bytes + the episode id, absent fields zero and unflagged.
+    After a deliberate change: LZ_REGEN_GOLDEN=1, a new version byte, and the doc's example."""
+    full = replace(obs(), refreshes_seq_id=5, component_mask=0b101)
+    header = codec.encode_observation_header(full)
+    if os.environ.get("LZ_REGEN_GOLDEN"):
+        GOLDEN.write_bytes(header)
     assert header == GOLDEN.read_bytes()
-    assert header.hex() == ("011f" "0700000000000000" "2a00000000000000" "000000000000f83f" "0c00000000000000"
-                            "9a9999999999993f" "0400" "65702d33")
-    assert codec.decode_observation_header(header) == ObservationHeader(7, "ep-3", 42, ExecutionInfo(1.5, 12, 0.025))
+    assert header.hex() == ("027f" "0700000000000000" "2a00000000000000" "000000000000f83f" "0c00000000000000"
+                            "9a9999999999993f" "0400" "0500000000000000" "05000000" "65702d33")
+    assert codec.decode_observation_header(header) == ObservationHeader(7, "ep-3", 42, EXECUTION, 5, 0b101)
+    plain = codec.encode_observation_header(obs())  # the same without a refresh and a mask
+    assert plain == header[:1] + b"\x1f" + header[2:44] + bytes(12) + b"ep-3"
+    assert codec.decode_observation_header(plain) == ObservationHeader(7, "ep-3", 42, EXECUTION)
 
 
 @pytest.mark.parametrize("o", [obs(), obs(episode=None, nonce=None, execution=None),
-                               obs(execution=ExecutionInfo(actions_buffered=0)), obs(episode="é" * 300, seq=2**64 - 1)])
+                               obs(execution=ExecutionInfo(actions_buffered=0)), obs(episode="é" * 300, seq=2**64 - 1),
+                               replace(obs(), refreshes_seq_id=1), replace(obs(), component_mask=1),
+                               replace(obs(), refreshes_seq_id=2**64 - 1, component_mask=2**32 - 1)])
 def test_round_trip_and_absent_fields_stay_absent(o):
     h = codec.decode_observation_header(codec.encode_observation_header(o))
-    assert (h.seq_id, h.episode_id, h.session_nonce, h.execution) == (o.seq_id, o.episode_id, o.session_nonce,
-                                                                     o.execution)
-    assert codec.header_matches(h, o)
+    assert (h.seq_id, h.episode_id, h.session_nonce, h.execution, h.refreshes_seq_id, h.component_mask) == (
+        o.seq_id, o.episode_id, o.session_nonce, o.execution, o.refreshes_seq_id, o.component_mask)
+    assert codec.header_matches(h, o) and (o.refreshes_seq_id is None or not codec.header_matches(h, obs()))
 
 
 def test_another_version_is_not_read_and_malformed_ones_are_rejected():
-    good = codec.encode_observation_header(obs())
-    assert codec.decode_observation_header(b"\x03" + good[1:]) is None  # the server decodes the body instead
-    for bad in (b"", good[:20], good[:-1], good + b"x", good[:1] + b"\xff" + good[2:],
-                good[:-4] + b"\xff\xfe\xfd\xfc"):
+    good = codec.encode_observation_header(replace(obs(), refreshes_seq_id=5, component_mask=0b101))
+    for other in (b"\x01" + good[1:], b"\x03" + good[1:], b"\x01short"):
+        assert codec.decode_observation_header(other) is None  # the server decodes the body instead
+    for bad in (b"", good[:20], good[:50], good[:-1], good + b"x", good[:1] + b"\xff" + good[2:],
+                good[:1] + b"\x80" + good[2:], good[:-4] + b"\xff\xfe\xfd\xfc",
+                good[:52] + bytes(4) + good[56:]):  # a component mask flagged but empty
         with pytest.raises(ProtocolError) as exc:
             codec.decode_observation_header(bad)
         assert exc.value.reason == "bad_header"
-
-
-GOLDEN_V2 = GOLDEN.with_name("observation_header_v2.bin")
-
-
-def test_version_2_golden_bytes_and_only_when_needed():
-    """1.3: a refresh or a component mask makes a version-2 header (56 B + episode); without them the
-    header stays version 1, byte for byte, so a 1.2 server still reads it."""
-    from dataclasses import replace
-
-    o = replace(obs(), refreshes_seq_id=5, component_mask=0b101)
-    header = codec.encode_observation_header(o)
-    if __import__("os").environ.get("LZ_REGEN_GOLDEN"):
-        GOLDEN_V2.write_bytes(header)
-    assert header == GOLDEN_V2.read_bytes() and header[0] == 2 and len(header) == 56 + 4
-    h = codec.decode_observation_header(header)
-    assert (h.refreshes_seq_id, h.component_mask, h.seq_id, h.episode_id) == (5, 0b101, 7, "ep-3")
-    assert codec.header_matches(h, o) and not codec.header_matches(h, obs())
-    for only in (replace(obs(), refreshes_seq_id=1), replace(obs(), component_mask=1)):
-        h = codec.decode_observation_header(codec.encode_observation_header(only))
-        assert (h.refreshes_seq_id, h.component_mask) == (only.refreshes_seq_id, only.component_mask)
-    assert codec.encode_observation_header(obs()) == GOLDEN.read_bytes()
-    for bad in (header[:50], header + b"x", header[:1] + b"\x80" + header[2:]):
-        with pytest.raises(ProtocolError) as exc:
-            codec.decode_observation_header(bad)
-        assert exc.value.reason == "bad_header"
-    with pytest.raises(ProtocolError):
-        codec.encode_observation_header(replace(obs(), component_mask=0))
+    for mask in (0, 2**32):
+        with pytest.raises(ProtocolError):
+            codec.encode_observation_header(replace(obs(), component_mask=mask))
 
 
 # -- the engine --------------------------------------------------------------------------------
@@ -121,7 +110,7 @@ def test_without_a_readable_header_the_engine_decodes_on_arrival_as_before():
     e.admit("r2", codec.encode(obs(1, client="r2")), 0.0, b"\x09future header")  # a version it does not read
     batch = e.schedule(0.0, codec.decode_observation, codec.decode_observation_header)
     assert len(batch.items) == 1 and (e.headers_read, e.decoded_on_arrival) == (0, 2)
-    e.admit("r2", codec.encode(obs(2, client="r2")), 0.5, b"\x01short")
+    e.admit("r2", codec.encode(obs(2, client="r2")), 0.5, b"\x02short")
     batch = e.schedule(0.5, never, codec.decode_observation_header)
     assert [r[2] for r in batch.rejected] == ["bad_header"]
 

@@ -12,7 +12,8 @@ batch-latency profile. Keys, under the model's app prefix::
     <app>/engine/<engine_id>              liveliness token of the engine
 
 Same MessagePack conventions as the robot protocol (`protocol/codec.py`): a map with
-`protocol_version` and `type`, arrays as {dtype, shape, data}. Decoding raises only ProtocolError.
+`protocol_version` and `type`, arrays as {dtype, shape, data}, the fields declared in one table per
+message (`TABLES`, as `protocol/schema.py` declares the robot's). Decoding raises only ProtocolError.
 """
 
 from __future__ import annotations
@@ -20,13 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
 import numpy as np
 
-from lerobot_zenoh.errors import ProtocolError, VersionError
-from lerobot_zenoh.protocol import codec
+from lerobot_zenoh.errors import ProtocolError
+from lerobot_zenoh.protocol import codec, schema
 from lerobot_zenoh.protocol.keys import AppKey, validate_chunk
-from lerobot_zenoh.protocol.messages import PROTOCOL_VERSION
+from lerobot_zenoh.protocol.reasons import Reason
 
 ENGINE = "engine"
 
@@ -124,89 +124,75 @@ class EngineStatus:
     profile_ms: dict[int, float] = field(default_factory=dict)  # measured at its start-up: {batch size: ms}
 
 
-def _head(kind: str) -> dict[str, Any]:
-    return {"protocol_version": list(PROTOCOL_VERSION), "type": kind}
+class BatchProfile(schema.WireType):
+    """`EngineStatus.profile_ms`: batch size (a decimal string on the wire) -> ms per pass."""
+
+    what = "a map of decimal batch sizes to numbers"
+
+    def encode(self, value: Any) -> dict:
+        return {str(int(b)): float(t) for b, t in value.items()}
+
+    def decode(self, value: Any, name: str, limits: codec.CodecLimits) -> dict[int, float]:
+        out = {}
+        for b, t in schema.MapOf(schema.NUMBER).decode(value, name, limits).items():
+            if not b.isdecimal():
+                raise ProtocolError(Reason.BAD_FIELD, f"{name} key {b!r} is not a batch size"[:200])
+            out[int(b)] = t
+        return out
+
+
+STR, UINT64, NUMBER, BOOL = schema.STR, schema.UINT64, schema.NUMBER, schema.BOOL
+Field = schema.Field
+
+#: The wire tables of the engine messages (docs/protocol.md §11), as `protocol/schema.py` declares the robot's.
+TABLES: dict[str, tuple[type, schema.Record]] = {
+    ENGINE_REQUEST: (EngineRequest, schema.Record(EngineRequest, [
+        Field("request_id", UINT64, required=True),
+        Field("client_id", STR, required=True),
+        Field("model_id", STR, required=True),
+        Field("model_version", STR, required=True),
+        Field("observation", schema.Bin(), required=True),
+        Field("seed", UINT64, required=True),
+        Field("reset", BOOL),
+    ])),
+    ENGINE_ANSWER: (EngineAnswer, schema.Record(EngineAnswer, [
+        Field("request_id", UINT64, required=True),
+        Field("engine_id", STR, required=True),
+        Field("incarnation", STR, required=True),
+        Field("model_id", STR, required=True),
+        Field("model_version", STR, required=True),
+        Field("inference_ms", NUMBER, required=True),
+        Field("queue_ms", NUMBER, required=True),
+        Field("batch_size", UINT64, required=True),
+        Field("detail", STR),
+        Field("actions", schema.NdArray()),
+        Field("refinement_updates", schema.NdArray()),
+        Field("rtc_delay_steps", UINT64),
+        Field("error", STR),
+    ])),
+    ENGINE_STATUS: (EngineStatus, schema.Record(EngineStatus, [
+        Field("engine_id", STR, required=True),
+        Field("incarnation", STR, required=True),
+        Field("model_id", STR, required=True),
+        Field("model_version", STR, required=True),
+        Field("policy_type", STR, required=True),
+        Field("action_dim", UINT64, required=True),
+        Field("chunk_size", UINT64, required=True),
+        Field("capacity", UINT64, required=True),
+        Field("profile_ms", BatchProfile(), required=True),
+    ])),
+}
+_KIND_OF = {cls: (kind, table) for kind, (cls, table) in TABLES.items()}
 
 
 def encode(msg: EngineRequest | EngineAnswer | EngineStatus) -> bytes:
-    if isinstance(msg, EngineRequest):
-        d = _head(ENGINE_REQUEST) | {"request_id": int(msg.request_id), "client_id": msg.client_id,
-                                     "model_id": msg.model_id, "model_version": msg.model_version,
-                                     "observation": bytes(msg.observation), "seed": int(msg.seed),
-                                     "reset": bool(msg.reset)}
-    elif isinstance(msg, EngineAnswer):
-        d = _head(ENGINE_ANSWER) | {"request_id": int(msg.request_id), "engine_id": msg.engine_id,
-                                    "incarnation": msg.incarnation, "model_id": msg.model_id,
-                                    "model_version": msg.model_version, "inference_ms": float(msg.inference_ms),
-                                    "queue_ms": float(msg.queue_ms), "batch_size": int(msg.batch_size),
-                                    "detail": msg.detail}
-        if msg.actions is not None:
-            d["actions"] = codec.pack_array(np.asarray(msg.actions))
-        if msg.refinement_updates is not None:
-            d["refinement_updates"] = codec.pack_array(np.asarray(msg.refinement_updates))
-        if msg.rtc_delay_steps is not None:
-            d["rtc_delay_steps"] = int(msg.rtc_delay_steps)
-        if msg.error is not None:
-            d["error"] = msg.error
-    elif isinstance(msg, EngineStatus):
-        d = _head(ENGINE_STATUS) | {"engine_id": msg.engine_id, "incarnation": msg.incarnation,
-                                    "model_id": msg.model_id, "model_version": msg.model_version,
-                                    "policy_type": msg.policy_type, "action_dim": int(msg.action_dim),
-                                    "chunk_size": int(msg.chunk_size), "capacity": int(msg.capacity),
-                                    "profile_ms": {str(int(b)): float(t) for b, t in msg.profile_ms.items()}}
-    else:
-        raise TypeError(f"not an engine message: {type(msg).__name__}")
-    return msgpack.packb(d, use_bin_type=True)
+    try:
+        kind, table = _KIND_OF[type(msg)]
+    except KeyError:
+        raise TypeError(f"not an engine message: {type(msg).__name__}") from None
+    return codec.encode_map(kind, table, msg)
 
 
 def decode(data: bytes, limits: codec.CodecLimits = codec.DEFAULT_LIMITS) -> EngineRequest | EngineAnswer | EngineStatus:
     """Bytes -> engine message; only ever raises ProtocolError."""
-    try:
-        return _decode(data, limits)
-    except ProtocolError:
-        raise
-    except Exception as exc:  # whatever a hostile byte string does, it is a protocol error
-        raise ProtocolError("malformed", f"{type(exc).__name__}: {exc}") from exc
-
-
-def _decode(data: bytes, limits: codec.CodecLimits):
-    if len(data) > limits.max_message_bytes:
-        raise ProtocolError("too_large", f"{len(data)} B > limit {limits.max_message_bytes} B")
-    d = msgpack.unpackb(bytes(data), raw=False, strict_map_key=True, ext_hook=codec._reject_ext,
-                        max_bin_len=limits.max_message_bytes, max_str_len=limits.max_str_bytes,
-                        max_array_len=limits.max_container_len, max_map_len=limits.max_container_len)
-    if not isinstance(d, dict):
-        raise ProtocolError("bad_msgpack", "top level must be a map")
-    version = d.get("protocol_version")
-    if not (isinstance(version, list) and len(version) == 2 and all(type(v) is int for v in version)):
-        raise ProtocolError("missing_version", "protocol_version must be [major, minor]")
-    if version[0] != PROTOCOL_VERSION[0]:
-        raise VersionError("unsupported_version", f"engine message is protocol {version[0]}.{version[1]}")
-    kind = d.get("type")
-    req, opt = codec._require, codec._optional
-    if kind == ENGINE_REQUEST:
-        return EngineRequest(request_id=codec._uint(d, "request_id"), client_id=req(d, "client_id", str),
-                             model_id=req(d, "model_id", str), model_version=req(d, "model_version", str),
-                             observation=req(d, "observation", bytes), seed=codec._uint(d, "seed"),
-                             reset=bool(opt(d, "reset", bool)))
-    if kind == ENGINE_ANSWER:
-        actions = d.get("actions")
-        updates = d.get("refinement_updates")
-        return EngineAnswer(
-            request_id=codec._uint(d, "request_id"), engine_id=req(d, "engine_id", str),
-            incarnation=req(d, "incarnation", str), model_id=req(d, "model_id", str),
-            model_version=req(d, "model_version", str),
-            actions=None if actions is None else codec.unpack_array(actions, "actions", limits),
-            refinement_updates=None if updates is None else codec.unpack_array(updates, "refinement_updates", limits),
-            rtc_delay_steps=codec._uint(d, "rtc_delay_steps", required=False),
-            inference_ms=req(d, "inference_ms", (int, float)), queue_ms=req(d, "queue_ms", (int, float)),
-            batch_size=codec._uint(d, "batch_size"), error=opt(d, "error", str), detail=opt(d, "detail", str) or "")
-    if kind == ENGINE_STATUS:
-        profile = codec._str_map("profile_ms", req(d, "profile_ms", dict), (int, float))
-        return EngineStatus(
-            engine_id=req(d, "engine_id", str), incarnation=req(d, "incarnation", str),
-            model_id=req(d, "model_id", str), model_version=req(d, "model_version", str),
-            policy_type=req(d, "policy_type", str), action_dim=codec._uint(d, "action_dim"),
-            chunk_size=codec._uint(d, "chunk_size"), capacity=codec._uint(d, "capacity"),
-            profile_ms={int(b): float(t) for b, t in profile.items()})
-    raise ProtocolError("unknown_type", repr(kind)[:64])
+    return codec.decode_map(data, TABLES, None, limits)

@@ -1,9 +1,9 @@
 """The messages of the wire protocol, as plain typed records (no I/O, no msgpack here).
 
-Field names are the wire names of seed 002 section 7. Images travel as JPEG bytes and arrays as
-numpy arrays; `protocol/codec.py` turns these records into bytes and back. Optional fields added
-by later protocol minor versions default to None/empty, and decoders ignore fields they do not
-know, so a 1.x peer talks to any other 1.x peer.
+Field names are the wire names (docs/protocol.md §5). Images travel as JPEG bytes and arrays as
+numpy arrays; `protocol/schema.py` declares how each field travels and `protocol/codec.py` turns
+these records into bytes and back. Optional fields default to None/empty ("not said"), and
+decoders ignore fields they do not know, so a 1.x peer talks to any other 1.x peer.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 import numpy as np
+
+from lerobot_zenoh.protocol.reasons import MONITOR_LABELS, SAFETY_LABELS, OutputKind, VerdictLabel  # noqa: F401
 
 #: (major, minor). A peer rejects a message whose major differs from its own; minors are additive.
 PROTOCOL_VERSION: tuple[int, int] = (1, 4)
@@ -22,17 +24,15 @@ class MessageType(StrEnum):
     ACTION_CHUNK = "action_chunk"
     STATUS = "status"
     TELEMETRY = "telemetry"
-    TEXT_RESULT = "text_result"  # 1.3
-    VERDICT = "verdict"  # 1.3
+    TEXT_RESULT = "text_result"
+    VERDICT = "verdict"
 
 
-#: 1.3: the labels a `Verdict` may carry: a safety component's and a task monitor's.
-SAFETY_LABELS = ("safe", "unsafe")
-MONITOR_LABELS = ("ongoing", "done", "failed")
-VERDICT_LABELS = frozenset(SAFETY_LABELS + MONITOR_LABELS)
-#: 1.3: `Status.output`, what a server answers an observation with.
-OUTPUT_KINDS = ("actions", "text", "verdict")
-#: 1.3: `Observation.component_mask` has one bit per component of a task, so a task has at most 32.
+#: The labels a `Verdict` may carry (a safety component's: SAFETY_LABELS, a monitor's: MONITOR_LABELS).
+VERDICT_LABELS = frozenset(VerdictLabel)
+#: `Status.output`, what a server answers an observation with.
+OUTPUT_KINDS = tuple(OutputKind)
+#: `Observation.component_mask` has one bit per component of a task, so a task has at most 32.
 MAX_COMPONENTS = 32
 
 
@@ -40,9 +40,7 @@ MAX_COMPONENTS = 32
 class ExecutionInfo:
     """What an execution-aware scheduler needs to know about the robot's phase (all optional).
 
-    Durations and counts only, measured on the robot's own clock, so no clock is shared. 1.1 removed
-    `episode_id` (superseded by `Observation.episode_id`), `round_id` (never read) and
-    `phase_elapsed_s` (never sent); decoders ignore them when an older peer sends them.
+    Durations and counts only, measured on the robot's own clock, so no clock is shared.
     """
 
     task_elapsed_s: float | None = None  # time since the episode (task) started
@@ -60,7 +58,7 @@ class HistoryFrame:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class RtcInputs:
-    """What a real-time-chunking policy needs to continue the robot's motion (1.1, optional).
+    """What a real-time-chunking policy needs to continue the robot's motion (optional).
 
     Carried by the observation itself, so that any server (a hot standby included) can answer it
     without having seen the earlier chunks.
@@ -80,7 +78,7 @@ class RtcInputs:
 
 @dataclass(frozen=True, slots=True)
 class RtcAdvert:
-    """A server's real-time-chunking capability, in its status (1.1, optional; absent: no RTC).
+    """A server's real-time-chunking capability, in its status (optional; absent: no RTC).
 
     `execution_horizon`: the leading chunk rows the server's RTC guidance draws from the prefix
     (LeRobot's ``execution_horizon``); prefix rows beyond it are not used. None: not stated.
@@ -91,7 +89,7 @@ class RtcAdvert:
 
 @dataclass(frozen=True, slots=True)
 class SharedFrames:
-    """1.2: an observation's raw frames in a same-host shared-memory file (docs/protocol.md §7.1)."""
+    """An observation's raw frames in a same-host shared-memory file (docs/protocol.md §7.1)."""
 
     segment: str  # file name in /dev/shm, lz-<pid>-<32 hex>-<slot>
     generation: int  # the file's generation when these frames were written (>= 1)
@@ -100,7 +98,7 @@ class SharedFrames:
 
 @dataclass(frozen=True, slots=True)
 class SameHostAdvert:
-    """1.2: a server's offer of the same-host path: a file in /dev/shm holding `token`."""
+    """A server's offer of the same-host path: a file in /dev/shm holding `token`."""
 
     probe: str  # lz-probe-<pid>-<32 hex>
     token: str  # 32 hex
@@ -117,8 +115,8 @@ class ObservationHeader:
     episode_id: str | None = None
     session_nonce: int | None = None
     execution: ExecutionInfo | None = None
-    refreshes_seq_id: int | None = None  # header version 2 (1.3)
-    component_mask: int | None = None  # header version 2 (1.3)
+    refreshes_seq_id: int | None = None
+    component_mask: int | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -131,27 +129,27 @@ class Observation:
     images: dict[str, bytes]  # camera name -> JPEG bytes
     task: str = ""
     execution: ExecutionInfo | None = None
-    # 1.1: the server keeps one session per client (docs/protocol.md, "Sessions"). A new `episode_id`
+    # The server keeps one session per client (docs/protocol.md, "Sessions"). A new `episode_id`
     # resets the session's per-episode state (observation history, scheduler task) before this
     # observation is served; a new `session_nonce` (random, drawn once per client process) marks a
     # restarted client, whose seq_ids start again.
     episode_id: str | None = None
     session_nonce: int | None = None
-    # 1.1, additive: the robot's frames of the control steps just before this one, oldest first, one
+    # The robot's frames of the control steps just before this one, oldest first, one
     # control period (1/fps) apart, for a model that conditions on `Status.history_length` = n > 1
     # consecutive observations (send the last n - 1; within an episode, fewer at its start). Empty:
     # the server falls back to the observations it served this session (docs/policies.md).
     history: tuple[HistoryFrame, ...] = ()
-    # 1.1, optional: real-time-chunking inputs, sent only to a server whose status has `rtc`.
+    # Optional: real-time-chunking inputs, sent only to a server whose status has `rtc`.
     rtc: RtcInputs | None = None
-    # 1.2, optional: cameras sent raw through same-host shared memory (sent only to a server whose
+    # Optional: cameras sent raw through same-host shared memory (sent only to a server whose
     # status has `same_host`); those cameras are then absent from `images`.
     shared_frames: SharedFrames | None = None
-    # 1.3, optional: a fresh capture of a request still waiting for its answer, the request being
+    # Optional: a fresh capture of a request still waiting for its answer, the request being
     # this client's observation `refreshes_seq_id` (docs/protocol.md §10.7). The server puts it in
     # the request's place in line while that request waits, and drops it (counted) otherwise.
     refreshes_seq_id: int | None = None
-    # 1.3, optional: for a multi-model task (docs/pipelines.md), which of the task's components this
+    # Optional: for a multi-model task (docs/pipelines.md), which of the task's components this
     # observation asks to answer: bit i = the i-th component in the task descriptor's order. The
     # observation is published once and every component's server receives it; a server whose bit is
     # clear drops it unread (from the header). None: every component that receives it.
@@ -168,10 +166,10 @@ class ActionChunk:
     server_id: str | None = None
     queue_time_ms: float | None = None  # time the observation waited in the server's slot
     execution_horizon: int | None = None  # how many leading actions the model vouches for
-    # 1.1, optional: the inference delay (steps) the server's RTC guidance assumed; present exactly
+    # Optional: the inference delay (steps) the server's RTC guidance assumed; present exactly
     # when the chunk was conditioned on the observation's `rtc` inputs.
     rtc_delay_steps: int | None = None
-    # 1.4, optional: which engine computed the chunk and on which tier ("edge" or "cloud"), when the
+    # Optional: which engine computed the chunk and on which tier ("edge" or "cloud"), when the
     # server dispatches to several engines (docs/protocol.md, "Engines"): `queue_time_ms` and
     # `inference_time_ms` are then that engine's, and the round trip to a cloud engine is in neither.
     engine_id: str | None = None
@@ -194,21 +192,21 @@ class Status:
     state_dim: int | None = None
     action_names: tuple[str, ...] = ()
     accepts_unknown_clients: bool = False
-    # 1.1: in a reply to a query naming a client (`.../status?client=<id>`), whether this server
-    # serves that client id; None when the query named none (or the server predates 1.1).
+    # In a reply to a query naming a client (`.../status?client=<id>`), whether this server
+    # serves that client id; None when the query named none.
     client_admitted: bool | None = None
-    # 1.1, additive (None: not said, as from an older server). What the model is, beyond shapes:
+    # What the model is, beyond shapes (None: not said):
     chunk_size: int | None = None  # actions the model predicts per call (>= max_actions_per_chunk)
     reads_task: bool | None = None  # the task string conditions the model (VLAs)
     history_length: int | None = None  # consecutive observations the model conditions on
     rtc: RtcAdvert | None = None  # present when observations may carry `rtc` inputs
-    same_host: SameHostAdvert | None = None  # 1.2: present when observations may carry `shared_frames`
-    # 1.3: what the server answers: "actions" (ActionChunk), "text" (TextResult) or "verdict"
-    # (Verdict). None: not said (an older server), i.e. actions.
+    same_host: SameHostAdvert | None = None  # present when observations may carry `shared_frames`
+    # What the server answers (an `OutputKind`): actions (ActionChunk), text (TextResult) or verdict
+    # (Verdict). None: not said, i.e. actions.
     output: str | None = None
-    # 1.3: the server takes re-fetch refreshes (`Observation.refreshes_seq_id`, docs/protocol.md
-    # §10.7): it puts one in its request's place and drops a late one unserved. None/False: an older
-    # server would serve every refresh as a new request, so a client sends none to it.
+    # The server takes re-fetch refreshes (`Observation.refreshes_seq_id`, docs/protocol.md §10.7):
+    # it puts one in its request's place and drops a late one unserved. None/False: not said, so a
+    # client sends none to it (each would be served as a new request).
     refreshes: bool | None = None
 
 
@@ -228,11 +226,11 @@ class Telemetry:
 
 @dataclass(frozen=True, slots=True)
 class TextResult:
-    """1.3: a System 2 component's answer (the next subtask, in words), on `.../<client>/text`, reliable.
+    """A System 2 component's answer (the next subtask, in words), on `.../<client>/text`, reliable.
 
     `partial`: the text so far of an answer still being written (a pi0.5 serving System 1 and 2 from
     one prefill streams it as it grows, docs/policies.md); the answer is the one without it. Sent only
-    when true (older readers ignore the key)."""
+    when true."""
 
     response_to_seq_id: int
     text: str
@@ -244,7 +242,7 @@ class TextResult:
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """1.3: a safety component's (`safe` | `unsafe`) or a task monitor's (`ongoing` | `done` |
+    """A safety component's (`safe` | `unsafe`) or a task monitor's (`ongoing` | `done` |
     `failed`) answer, on `.../<client>/verdict`, reliable. `score`: the model's confidence in the
     label, 0..1, when it gives one."""
 

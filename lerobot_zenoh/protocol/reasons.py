@@ -1,0 +1,94 @@
+"""The names the protocol gives to rejections and to what a server answers.
+
+Each `Reason` is the `reason` of a `ProtocolError`, the key of a per-reason counter
+(`rejected.<reason>` in telemetry, the `reason` label in Prometheus) and a row of docs/protocol.md
+§8.2 (or §7.1, §8.3); `tests/test_protocol_doc.py` keeps the enum and the doc's tables equal. They are
+`StrEnum`s, so a member *is* its string: it compares, hashes, formats and serializes as the name on
+the wire and in metrics.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    """Why a message (or an answer to one) was refused. Documented in docs/protocol.md §8."""
+
+    # -- the codec (protocol/codec.py): bytes that are not a valid message
+    NOT_BYTES = "not_bytes"
+    TOO_LARGE = "too_large"
+    BAD_MSGPACK = "bad_msgpack"
+    TOO_DEEP = "too_deep"
+    MISSING_VERSION = "missing_version"
+    UNSUPPORTED_VERSION = "unsupported_version"
+    UNKNOWN_TYPE = "unknown_type"
+    WRONG_TYPE = "wrong_type"
+    MISSING_FIELD = "missing_field"
+    BAD_FIELD = "bad_field"
+    BAD_ARRAY = "bad_array"
+    BAD_DTYPE = "bad_dtype"
+    BAD_SHAPE = "bad_shape"
+    SIZE_MISMATCH = "size_mismatch"
+    BAD_STATE = "bad_state"
+    BAD_ACTIONS = "bad_actions"
+    BAD_HISTORY = "bad_history"
+    BAD_RTC_PREFIX = "bad_rtc_prefix"
+    BAD_RTC_DELAY = "bad_rtc_delay"
+    BAD_SHARED_FRAMES = "bad_shared_frames"
+    BAD_VERDICT = "bad_verdict"
+    MALFORMED = "malformed"
+    BAD_JPEG = "bad_jpeg"
+    WRONG_IMAGE_SHAPE = "wrong_image_shape"
+    BAD_IMAGE = "bad_image"  # the encoder's: an image it cannot make a JPEG of
+    BAD_HEADER = "bad_header"
+    # -- the server's checks of a decoded observation
+    CLIENT_MISMATCH = "client_mismatch"
+    WRONG_STATE_DIM = "wrong_state_dim"
+    WRONG_CAMERAS = "wrong_cameras"
+    SHM_GONE = "shm_gone"
+    SHM_UNREADABLE = "shm_unreadable"
+    SHM_TRUNCATED = "shm_truncated"
+    SHM_STALE = "shm_stale"
+    TASK_TOO_LONG = "task_too_long"
+    PROMPT_TOO_LONG = "prompt_too_long"
+    TEXT_OVER_TOKEN_LIMIT = "text_over_token_limit"
+    COMPONENT_NOT_SERVED = "component_not_served"
+    REPLAYED = "replayed"
+    NONCE_REQUIRED = "nonce_required"
+    SEQ_JUMP = "seq_jump"
+    HEADER_MISMATCH = "header_mismatch"
+    INFERENCE_ERROR = "inference_error"
+    PUBLISH_ERROR = "publish_error"
+    WRONG_MODEL = "wrong_model"  # an engine asked for another model (docs/protocol.md §11)
+    # -- dropped in the server's Zenoh callback, never decoded
+    UNKNOWN_CLIENT = "unknown_client"
+    TOO_MANY_CLIENTS = "too_many_clients"
+    RATE_LIMITED = "rate_limited"
+    # -- the client's refusals of an answer
+    ACTION_SHAPE = "action_shape"
+    NON_FINITE = "non_finite"
+    UNKNOWN_SEQ = "unknown_seq"
+    SUPERSEDED = "superseded"
+
+
+class OutputKind(StrEnum):
+    """What a server answers an observation with (`Status.output`, docs/protocol.md §5.3)."""
+
+    ACTIONS = "actions"  # an ActionChunk
+    TEXT = "text"  # a TextResult
+    VERDICT = "verdict"  # a Verdict
+
+
+class VerdictLabel(StrEnum):
+    """The labels a `Verdict` may carry (docs/protocol.md §5.6)."""
+
+    SAFE = "safe"  # a safety component's
+    UNSAFE = "unsafe"
+    ONGOING = "ongoing"  # a task monitor's
+    DONE = "done"
+    FAILED = "failed"
+
+
+SAFETY_LABELS = (VerdictLabel.SAFE, VerdictLabel.UNSAFE)
+MONITOR_LABELS = (VerdictLabel.ONGOING, VerdictLabel.DONE, VerdictLabel.FAILED)
