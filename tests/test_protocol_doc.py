@@ -130,3 +130,23 @@ def test_every_doc_names_the_protocol_version_the_codec_sends():
         for found in re.findall(r"`protocol_version` (?:\| array \| yes \| — \| )?`(\[\d+, \d+\])`", path.read_text()):
             assert found == current, f"{path.name} says protocol_version {found}, the codec sends {current}"
     assert msgpack.unpackb(codec.encode(FULL["5.4 Telemetry"]))["protocol_version"] == list(PROTOCOL_VERSION)
+
+
+def test_every_rejection_reason_is_documented_once_and_every_documented_one_exists():
+    """The reasons are counter names others read: the enum and the doc's reason tables must agree."""
+    from lerobot_zenoh.protocol.reasons import Reason
+
+    tables = [t for t in re.findall(r"((?:^\|.*\|\n)+)", DOC, flags=re.M) if t.startswith("| Reason | Trigger |")]
+    rows = [row.split("|")[1] for table in tables for row in table.splitlines()[2:]]
+    documented = {name for cell in rows for name in re.findall(r"`([a-z_]+)`", cell)}
+    assert documented == {r.value for r in Reason}
+
+
+def test_output_kinds_and_verdict_labels_are_the_documented_ones():
+    from lerobot_zenoh.protocol.reasons import OutputKind, VerdictLabel
+
+    output_row = next(line for line in section("### 5.3 Status").splitlines() if line.startswith("| `output` |"))
+    assert set(re.findall(r"`(actions|text|verdict)` \(", output_row)) == {k.value for k in OutputKind}
+    label_row = next(line for line in section("### 5.6 Verdict").splitlines() if line.startswith("| `label` |"))
+    named = set(re.findall(r"`([a-z]+)`", label_row.split("|")[5])) - {"bad_verdict"}
+    assert named == {v.value for v in VerdictLabel}
