@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from lerobot_zenoh.client.reporting import ClientCounters
 from lerobot_zenoh.errors import ProtocolError
+from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.scheduling.action_buffer import ActionBuffer
 from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake, IntakeResult, MergeMode
@@ -79,7 +80,7 @@ class ChunkReceiver:
         try:
             chunk = codec.decode_action_chunk(payload)
             if chunk.actions.shape[1] != self.action_dim:
-                raise ProtocolError("action_shape", f"{chunk.actions.shape[1]} dims, robot takes {self.action_dim}")
+                raise ProtocolError(Reason.ACTION_SHAPE, f"{chunk.actions.shape[1]} dims, robot takes {self.action_dim}")
         except ProtocolError as exc:
             c.chunks_rejected += 1
             log.warning("%s: rejected action chunk: %s", self.client_uuid, exc)
@@ -89,7 +90,7 @@ class ChunkReceiver:
                                       rtc_delay_steps=chunk.rtc_delay_steps)
         if not result.accepted:
             c.chunks_rejected += 1
-            if result.reason != "unknown_seq":  # unknown: an answer to nothing we asked (or far too old)
+            if result.reason != Reason.UNKNOWN_SEQ:  # unknown: an answer to nothing we asked (or far too old)
                 log.warning("%s: rejected action chunk: %s", self.client_uuid, result.detail)
             return result
         c.chunks_received += 1

@@ -18,6 +18,7 @@ from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.keys import APP_FIELDS, AppKey
 from lerobot_zenoh.protocol.messages import Status
 from lerobot_zenoh.transport.session import ZenohSession
+from lerobot_zenoh.protocol.reasons import OutputKind
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,7 @@ def choose_app(served: list[ServedApp], given: dict[str, str]) -> tuple[ServedAp
 
     if not served:
         return None, None
-    actions = [s for s in served if s.status.output in (None, "actions")]
+    actions = [s for s in served if s.status.output in (None, OutputKind.ACTIONS)]
     matching = [s for s in actions if fits(s)]
     if len(matching) == 1:
         return matching[0], None

@@ -42,6 +42,7 @@ from lerobot_zenoh.pipelines.robot_plan import RobotPlan
 from lerobot_zenoh.pipelines.runtime import OUTPUT_OF_KIND, PipelineRuntime
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.transport.settings import ZenohSettings
+from lerobot_zenoh.protocol.reasons import OutputKind
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ class PipelineTask(Task):
     @staticmethod
     def _check_output(name: str, kind: str, status) -> None:
         expected = OUTPUT_OF_KIND[kind]
-        got = status.output or "actions"
+        got = status.output or OutputKind.ACTIONS
         if got != expected:
             raise CompatibilityError(f"component {name!r} ({kind}) needs a server answering {expected}, but server "
                                      f"{status.server_id} answers {got}")

@@ -43,9 +43,11 @@ from lerobot_zenoh.pipelines.descriptor import Factory, FleetClass, load_factory
 from lerobot_zenoh.pipelines.planner import Plan, ServerPlan, Share, Stream
 from lerobot_zenoh.pipelines.profiles import Profiles, dump_profiles, load_profiles
 from lerobot_zenoh.protocol.messages import MONITOR_LABELS, SAFETY_LABELS
+from lerobot_zenoh.protocol.reasons import OutputKind
 
 #: What a component of each kind answers (`RunnerCapabilities.output`, `Status.output`).
-KIND_OUTPUT = {"system1": "actions", "system2": "text", "safety": "verdict", "monitor": "verdict"}
+KIND_OUTPUT = {"system1": OutputKind.ACTIONS, "system2": OutputKind.TEXT, "safety": OutputKind.VERDICT,
+               "monitor": OutputKind.VERDICT}
 #: The labels a verdict component of each kind may answer.
 KIND_LABELS = {"safety": list(SAFETY_LABELS), "monitor": list(MONITOR_LABELS)}
 
@@ -86,9 +88,9 @@ def server_manifest(factory: Factory, plan: Plan, server: ServerPlan) -> dict:
     if served.pretrained_path is not None:
         entry["pretrained_path"] = served.pretrained_path
         if served.vlm is not None:
-            entry["vlm"] = {"output": outputs.pop(), **served.vlm} if outputs else dict(served.vlm)
+            entry["vlm"] = {"output": outputs.pop().value, **served.vlm} if outputs else dict(served.vlm)
     else:
-        entry["synthetic"] = {"output": outputs.pop(), **served.synthetic} if outputs else dict(served.synthetic)
+        entry["synthetic"] = {"output": outputs.pop().value, **served.synthetic} if outputs else dict(served.synthetic)
     entry["pipeline"] = pipeline
     if served.actions_per_chunk is not None:
         entry["actions_per_chunk"] = served.actions_per_chunk

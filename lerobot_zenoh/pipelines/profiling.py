@@ -29,6 +29,8 @@ import numpy as np
 
 from lerobot_zenoh.errors import ProtocolError, TransportError
 from lerobot_zenoh.pipelines.profiles import ModelProfile, ProfilePoint, Profiles
+from lerobot_zenoh.protocol.keys import ANSWER_TOPICS
+from lerobot_zenoh.protocol.reasons import OutputKind
 
 FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
@@ -36,8 +38,9 @@ FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 def _answers() -> dict:
     from lerobot_zenoh.protocol import codec
 
-    return {"actions": ("action", codec.decode_action_chunk), "text": ("text", codec.decode_text_result),
-            "verdict": ("verdict", codec.decode_verdict)}
+    decoders = {OutputKind.ACTIONS: codec.decode_action_chunk, OutputKind.TEXT: codec.decode_text_result,
+                OutputKind.VERDICT: codec.decode_verdict}
+    return {kind: (ANSWER_TOPICS[kind], decode) for kind, decode in decoders.items()}
 
 
 def latency_point(batch_size: int, rate_hz: float, samples_ms: list[float]) -> ProfilePoint:
@@ -96,7 +99,7 @@ class Profiler:
         if not replies:
             raise TransportError(f"no server answers {app.status}")
         status = codec.decode_status(replies[0][1])
-        topic, decode = _answers()[status.output or "actions"]  # Status.output: what the server answers
+        topic, decode = _answers()[status.output or OutputKind.ACTIONS]  # Status.output: what the server answers
         images = {name: codec.encode_jpeg(np.zeros((h, w, 3), dtype=np.uint8))
                   for name, (h, w) in status.expected_cameras.items()}
         state = np.zeros(status.state_dim or 1, dtype=np.float32)

@@ -50,9 +50,11 @@ import numpy as np
 from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.pipelines.descriptor import Fallback, Task
 from lerobot_zenoh.protocol.messages import MAX_COMPONENTS, MONITOR_LABELS, SAFETY_LABELS
+from lerobot_zenoh.protocol.reasons import OutputKind
 
 #: What each kind answers with (Status.output) and on which topic.
-OUTPUT_OF_KIND = {"system1": "actions", "system2": "text", "safety": "verdict", "monitor": "verdict"}
+OUTPUT_OF_KIND = {"system1": OutputKind.ACTIONS, "system2": OutputKind.TEXT, "safety": OutputKind.VERDICT,
+                  "monitor": OutputKind.VERDICT}
 #: Robot modes, least to most severe: when several apply at once the most severe wins.
 MODES = ("hold", "zero_velocity", "safe_pose")
 #: A rate-driven component may be asked this fraction of its period early to share an observation.

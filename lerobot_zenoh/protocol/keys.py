@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from lerobot_zenoh.errors import KeyExprError
+from lerobot_zenoh.protocol.reasons import OutputKind
 
 RESERVED_CHARS = frozenset("/*$?#@")
 RESERVED_CLIENT_IDS = frozenset({"server", "status", "engine"})  # engine: the dispatch keys (protocol/dispatch.py)
@@ -34,8 +35,13 @@ class Topic(StrEnum):
     OBS = "obs"
     ACTION = "action"
     METRICS = "metrics"
-    TEXT = "text"  # 1.3: a System 2 component's TextResult
-    VERDICT = "verdict"  # 1.3: a safety or monitor component's Verdict
+    TEXT = "text"  # a System 2 component's TextResult
+    VERDICT = "verdict"  # a safety or monitor component's Verdict
+
+
+#: The client topic a server answers on, by what it answers (`Status.output`).
+ANSWER_TOPICS: dict[OutputKind, Topic] = {OutputKind.ACTIONS: Topic.ACTION, OutputKind.TEXT: Topic.TEXT,
+                                          OutputKind.VERDICT: Topic.VERDICT}
 
 
 def validate_chunk(field: str, value: str) -> str:

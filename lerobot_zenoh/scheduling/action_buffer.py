@@ -64,6 +64,7 @@ import draccus
 import numpy as np
 
 from lerobot_zenoh.errors import ConfigError, ProtocolError
+from lerobot_zenoh.protocol.reasons import Reason
 
 __all__ = [
     "ActionBuffer",
@@ -282,8 +283,7 @@ class ActionBuffer:
                 old = np.stack([self._actions[steps[i]] for i in overlap])
                 blended = np.asarray(self.aggregate.blend(old, rows[overlap]), dtype=np.float32)
                 if blended.shape != old.shape:
-                    raise ProtocolError(
-                        "action_shape",
+                    raise ProtocolError(Reason.ACTION_SHAPE,
                         f"aggregate {self.aggregate.type!r} returned {blended.shape}, expected {old.shape}",
                     )
                 rows[overlap] = blended
@@ -342,9 +342,9 @@ class ActionBuffer:
     def _checked(chunk: np.ndarray) -> np.ndarray:
         rows = np.array(chunk, dtype=np.float32, copy=True)  # ours: the caller may reuse theirs
         if rows.ndim != 2 or rows.shape[1] == 0:
-            raise ProtocolError("action_shape", f"chunk must be (T, D) with D > 0, got {rows.shape}")
+            raise ProtocolError(Reason.ACTION_SHAPE, f"chunk must be (T, D) with D > 0, got {rows.shape}")
         if not np.all(np.isfinite(rows)):
-            raise ProtocolError("non_finite", "action chunk contains NaN or infinity")
+            raise ProtocolError(Reason.NON_FINITE, "action chunk contains NaN or infinity")
         return rows
 
     def _check_dim(self, rows: np.ndarray) -> None:
@@ -352,8 +352,7 @@ class ActionBuffer:
         if self._action_dim is None:
             self._action_dim = rows.shape[1]
         elif rows.shape[1] != self._action_dim:
-            raise ProtocolError(
-                "action_shape", f"chunk has {rows.shape[1]} action dims, buffer holds {self._action_dim}"
+            raise ProtocolError(Reason.ACTION_SHAPE, f"chunk has {rows.shape[1]} action dims, buffer holds {self._action_dim}"
             )
 
     # -- shared

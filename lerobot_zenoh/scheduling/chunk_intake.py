@@ -62,6 +62,7 @@ from enum import StrEnum
 import numpy as np
 
 from lerobot_zenoh.errors import ConfigError, ProtocolError
+from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.scheduling.action_buffer import ActionBuffer, MergeResult
 from lerobot_zenoh.scheduling.send_trigger import SendTrigger, expired_steps
 
@@ -227,7 +228,7 @@ class ChunkIntake:
                 with self._lock:
                     last = self._last_replaced_seq
                 if last is not None and seq_id < last:
-                    return replace(planned, accepted=False, reason="superseded",
+                    return replace(planned, accepted=False, reason=Reason.SUPERSEDED,
                                    detail=f"answers observation {seq_id}, older than {last} whose chunk is in use")
                 merged = buffer.replace_from(rows, planned.first_step)
                 with self._lock:
@@ -255,7 +256,7 @@ class ChunkIntake:
         answer = self.trigger.receive(seq_id, now_s)
         rtt_s, capture = answer.rtt_s, answer.capture
         if capture is None or capture.step is None:
-            return IntakeResult(seq_id, False, "unknown_seq", "not an answer to a remembered observation", rtt_s)
+            return IntakeResult(seq_id, False, Reason.UNKNOWN_SEQ, "not an answer to a remembered observation", rtt_s)
         step, predicted, captured_s, request = capture.step, capture.predicted_delay_steps, capture.captured_s, answer.request_seq
         delay = max(int(next_step) - step, 0)
         # Replace only a chunk the server says it conditioned on our leftover; any other is blended.

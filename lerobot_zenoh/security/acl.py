@@ -86,7 +86,8 @@ from pathlib import Path
 
 from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.protocol.dispatch import EngineKeys
-from lerobot_zenoh.protocol.keys import ALL_METRICS, AppKey, validate_chunk, validate_client_id
+from lerobot_zenoh.protocol.keys import ALL_METRICS, ANSWER_TOPICS, AppKey, validate_chunk, validate_client_id
+from lerobot_zenoh.protocol.reasons import OutputKind
 
 INGRESS = ["ingress"]
 EGRESS = ["egress"]
@@ -260,8 +261,7 @@ def _answer_topic(entry) -> str:
     """The client topic a manifest entry answers on, from its declared output (a LeRobot checkpoint
     answers actions)."""
     declared = entry.synthetic or entry.vlm
-    output = declared.output if declared is not None else "actions"
-    return {"actions": "action", "text": "text", "verdict": "verdict"}[output]
+    return ANSWER_TOPICS[declared.output if declared is not None else OutputKind.ACTIONS]
 
 
 def write_acl(acl: dict, path: str | Path) -> Path:

@@ -25,6 +25,7 @@ from typing import Any
 
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import Observation, TextResult
+from lerobot_zenoh.protocol.reasons import OutputKind
 
 log = logging.getLogger(__name__)
 
@@ -73,5 +74,5 @@ def advance(model: Any, publish: Callable[[str, bytes], None], server_id: str) -
         except Exception as exc:  # a closed link costs this robot its text, never the loop
             log.warning("text for %s not published: %s", u.session_id, exc)
             continue
-        model.answers["text" if u.final else "text_partial"] += 1
+        model.answers[OutputKind.TEXT if u.final else "text_partial"] += 1
     return len(updates)

@@ -58,6 +58,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from lerobot_zenoh.errors import ProtocolError
+from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.protocol.messages import SameHostAdvert, SharedFrames
 
 log = logging.getLogger(__name__)
@@ -194,21 +195,21 @@ class FrameReader:
         name, pointer or slot header), ``wrong_cameras``/``wrong_image_shape``.
         """
         if set(ref.frames) != set(expected):
-            raise ProtocolError("wrong_cameras", f"shared frames for {sorted(ref.frames)}, expected {sorted(expected)}")
+            raise ProtocolError(Reason.WRONG_CAMERAS, f"shared frames for {sorted(ref.frames)}, expected {sorted(expected)}")
         for name, (_, h, w) in ref.frames.items():
             if (h, w) != tuple(expected[name]):
-                raise ProtocolError("wrong_image_shape", f"{name}: {h}x{w}, expected {expected[name][0]}x{expected[name][1]}")
+                raise ProtocolError(Reason.WRONG_IMAGE_SHAPE, f"{name}: {h}x{w}, expected {expected[name][0]}x{expected[name][1]}")
         m = SEGMENT_RE.fullmatch(ref.segment)
         if m is None:
-            raise ProtocolError("bad_shared_frames", "segment name is not one a client makes")
+            raise ProtocolError(Reason.BAD_SHARED_FRAMES, "segment name is not one a client makes")
         start = min(offset for offset, _, _ in ref.frames.values()) - HEADER.size
         end = max(offset + h * w * 3 for offset, h, w in ref.frames.values())
         if start < 0:
-            raise ProtocolError("bad_shared_frames", "frames start inside the slot header")
+            raise ProtocolError(Reason.BAD_SHARED_FRAMES, "frames start inside the slot header")
         with self._lock:
             mapped = self._mapping(ref.segment, int(m.group(1)))
             if mapped.size < end:
-                raise ProtocolError("shm_truncated", f"{ref.segment} holds {mapped.size} bytes, frames need {end}")
+                raise ProtocolError(Reason.SHM_TRUNCATED, f"{ref.segment} holds {mapped.size} bytes, frames need {end}")
             self._check(mapped, start, ref)
             buf = mapped.buffer
         return {name: np.frombuffer(buf, np.uint8, h * w * 3, offset).reshape(h, w, 3)
@@ -235,9 +236,9 @@ class FrameReader:
     def _check(self, mapped: _Mapped, start: int, ref: SharedFrames) -> None:
         magic, generation = HEADER.unpack_from(mapped.buffer, start)
         if magic != MAGIC:
-            raise ProtocolError("bad_shared_frames", f"{ref.segment} has no slot header at {start}")
+            raise ProtocolError(Reason.BAD_SHARED_FRAMES, f"{ref.segment} has no slot header at {start}")
         if generation != ref.generation:
-            raise ProtocolError("shm_stale", f"{ref.segment} was overwritten (generation {generation}, "
+            raise ProtocolError(Reason.SHM_STALE, f"{ref.segment} was overwritten (generation {generation}, "
                                              f"expected {ref.generation})")
 
     def _mapping(self, segment: str, pid: int) -> _Mapped:
@@ -249,9 +250,9 @@ class FrameReader:
             st = os.stat(path, follow_symlinks=False)
         except FileNotFoundError as exc:
             self._maps.pop(segment, None)
-            raise ProtocolError("shm_gone", f"{segment} no longer exists") from exc
+            raise ProtocolError(Reason.SHM_GONE, f"{segment} no longer exists") from exc
         except OSError as exc:
-            raise ProtocolError("shm_unreadable", f"{segment}: {exc.strerror}") from exc
+            raise ProtocolError(Reason.SHM_UNREADABLE, f"{segment}: {exc.strerror}") from exc
         mapped = self._maps.get(segment)
         if mapped is not None and (st.st_ino, st.st_dev, st.st_size) == (
                 mapped.pointer.st_ino, mapped.pointer.st_dev, mapped.pointer.st_size):
@@ -270,46 +271,46 @@ class FrameReader:
         try:
             fd = os.open(path, _OPEN_FLAGS)
         except FileNotFoundError as exc:
-            raise ProtocolError("shm_gone", f"{segment} no longer exists") from exc
+            raise ProtocolError(Reason.SHM_GONE, f"{segment} no longer exists") from exc
         except OSError as exc:
-            raise ProtocolError("shm_unreadable", f"{segment}: {exc.strerror}") from exc
+            raise ProtocolError(Reason.SHM_UNREADABLE, f"{segment}: {exc.strerror}") from exc
         try:
             pointer = os.fstat(fd)
             if pointer.st_uid != os.getuid() or not stat.S_ISREG(pointer.st_mode):
-                raise ProtocolError("shm_unreadable", f"{segment} belongs to another user or is not a file")
+                raise ProtocolError(Reason.SHM_UNREADABLE, f"{segment} belongs to another user or is not a file")
             raw = os.pread(fd, POINTER.size, 0)
         except OSError as exc:
-            raise ProtocolError("shm_unreadable", f"{segment}: {exc.strerror}") from exc
+            raise ProtocolError(Reason.SHM_UNREADABLE, f"{segment}: {exc.strerror}") from exc
         finally:
             os.close(fd)
         if len(raw) != POINTER.size:
-            raise ProtocolError("shm_truncated", f"{segment} holds {len(raw)} bytes, a pointer needs {POINTER.size}")
+            raise ProtocolError(Reason.SHM_TRUNCATED, f"{segment} holds {len(raw)} bytes, a pointer needs {POINTER.size}")
         magic, ring_fd, size = POINTER.unpack(raw)
         if magic != POINTER_MAGIC or ring_fd > 2**31 or not 0 < size <= 2**40:
-            raise ProtocolError("bad_shared_frames", f"{segment} is not a ring pointer")
+            raise ProtocolError(Reason.BAD_SHARED_FRAMES, f"{segment} is not a ring pointer")
         try:
             fd = os.open(f"/proc/{pid}/fd/{ring_fd}", _RING_FLAGS)
         except FileNotFoundError as exc:
-            raise ProtocolError("shm_gone", f"{segment}: process {pid} or its ring is gone") from exc
+            raise ProtocolError(Reason.SHM_GONE, f"{segment}: process {pid} or its ring is gone") from exc
         except OSError as exc:
-            raise ProtocolError("shm_unreadable", f"{segment}: /proc/{pid}/fd/{ring_fd}: {exc.strerror}") from exc
+            raise ProtocolError(Reason.SHM_UNREADABLE, f"{segment}: /proc/{pid}/fd/{ring_fd}: {exc.strerror}") from exc
         try:
             st = os.fstat(fd)
             if st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode):
-                raise ProtocolError("shm_unreadable", f"{segment}: the ring is not a file of this user")
+                raise ProtocolError(Reason.SHM_UNREADABLE, f"{segment}: the ring is not a file of this user")
             if os.readlink(f"/proc/self/fd/{fd}") != f"/memfd:{segment} (deleted)":
-                raise ProtocolError("shm_unreadable", f"{segment}: fd {ring_fd} of process {pid} is not its ring")
+                raise ProtocolError(Reason.SHM_UNREADABLE, f"{segment}: fd {ring_fd} of process {pid} is not its ring")
             if fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK == 0:
-                raise ProtocolError("shm_unreadable", f"{segment}: the ring is not sealed against shrinking")
+                raise ProtocolError(Reason.SHM_UNREADABLE, f"{segment}: the ring is not sealed against shrinking")
             if st.st_size != size:
-                raise ProtocolError("shm_truncated", f"{segment}: the ring holds {st.st_size} bytes, "
+                raise ProtocolError(Reason.SHM_TRUNCATED, f"{segment}: the ring holds {st.st_size} bytes, "
                                                      f"its pointer says {size}")
             # Sealed: it can never shrink, so no page of this mapping can go away (no SIGBUS).
             # MAP_POPULATE: page-table entries now, not one fault per 4 KiB on the first reads.
             buffer = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
                                prot=mmap.PROT_READ)
         except OSError as exc:
-            raise ProtocolError("shm_unreadable", f"{segment}: {exc.strerror}") from exc
+            raise ProtocolError(Reason.SHM_UNREADABLE, f"{segment}: {exc.strerror}") from exc
         finally:
             os.close(fd)
         return _Mapped(segment, pid, pointer, buffer, size)
@@ -337,7 +338,7 @@ def read_frames(ref: SharedFrames, expected: Mapping[str, tuple[int, int]]) -> d
     views = _reader.read(ref, expected)
     out = {name: np.array(view) for name, view in views.items()}
     if not _reader.current(ref):
-        raise ProtocolError("shm_stale", f"{ref.segment} was overwritten while it was read")
+        raise ProtocolError(Reason.SHM_STALE, f"{ref.segment} was overwritten while it was read")
     return out
 
 

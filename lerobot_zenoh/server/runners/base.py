@@ -24,6 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from lerobot_zenoh.errors import ConfigError, PolicyError
+from lerobot_zenoh.protocol.reasons import OutputKind
 
 OBS_STATE_KEY = "observation.state"
 OBS_IMAGES_PREFIX = "observation.images."
@@ -44,8 +45,8 @@ RTC_EXTRA_DELAY = "rtc_delay_steps"
 #: that says them; a runner then prefers them to its own defaults.
 COMPONENT_EXTRA = "component"
 
-#: What a runner answers an observation with (`RunnerCapabilities.output`; protocol 1.3 `Status.output`).
-OUTPUTS = ("actions", "text", "verdict")
+#: What a runner answers an observation with (`RunnerCapabilities.output`, `Status.output`).
+OUTPUTS = tuple(OutputKind)
 
 #: What a runner's refinement steps can be (`RunnerCapabilities.refinement_kind`).
 REFINEMENT_KINDS = ("denoising", "flow_matching")
@@ -87,7 +88,7 @@ class RunnerCapabilities:
     refinement_kind: str = "denoising"
     rtc: bool = False
     reads_task: bool = False
-    output: str = "actions"
+    output: str = OutputKind.ACTIONS
     iteration_level: bool = False
 
     def __post_init__(self) -> None:

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from lerobot_zenoh.errors import PolicyError, ProtocolError
+from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.server.runners.base import (
     RTC_EXTRA,
     RTC_EXTRA_DELAY,
@@ -171,7 +172,7 @@ class FlowMatchingRunner(LeRobotRunner):
     # -- serving -----------------------------------------------------------------------------------
 
     def check_request(self, request: InferenceRequest) -> None:
-        """`ProtocolError("task_too_long")` when the task takes more tokens than the model reads.
+        """`ProtocolError(Reason.TASK_TOO_LONG)` when the task takes more tokens than the model reads.
 
         LeRobot's tokenizer step would silently truncate it (``truncation=True``); a cut instruction
         may mean another task, so it is refused instead. Counted as the step tokenizes it (with the
@@ -181,7 +182,7 @@ class FlowMatchingRunner(LeRobotRunner):
         task = request.task if request.task.endswith("\n") else f"{request.task}\n"
         n = len(self._tokenizer(task)["input_ids"])
         if n > self.max_task_tokens:
-            raise ProtocolError("task_too_long",
+            raise ProtocolError(Reason.TASK_TOO_LONG,
                                 f"the task is {n} tokens, {self.spec.policy_type} reads at most {self.max_task_tokens}")
         self._rtc_inputs(request)
 
@@ -194,13 +195,13 @@ class FlowMatchingRunner(LeRobotRunner):
             return None
         prefix = np.asarray(rtc.prefix)
         if prefix.ndim != 2 or prefix.shape[1] != self.spec.action_dim or len(prefix) > self.spec.chunk_size:
-            raise ProtocolError("bad_rtc_prefix", f"rtc.prefix has shape {prefix.shape}, expected (n <= "
+            raise ProtocolError(Reason.BAD_RTC_PREFIX, f"rtc.prefix has shape {prefix.shape}, expected (n <= "
                                                   f"{self.spec.chunk_size}, {self.spec.action_dim})")
         if prefix.dtype.kind != "f" or not np.all(np.isfinite(prefix)):
-            raise ProtocolError("bad_rtc_prefix", "rtc.prefix must hold finite floats")
+            raise ProtocolError(Reason.BAD_RTC_PREFIX, "rtc.prefix must hold finite floats")
         delay = rtc.delay_steps
         if isinstance(delay, bool) or not isinstance(delay, (int, np.integer)) or not 0 <= delay <= len(prefix):
-            raise ProtocolError("bad_rtc_delay", f"rtc.delay_steps={delay!r} outside 0..{len(prefix)}")
+            raise ProtocolError(Reason.BAD_RTC_DELAY, f"rtc.delay_steps={delay!r} outside 0..{len(prefix)}")
         return rtc
 
     def run(

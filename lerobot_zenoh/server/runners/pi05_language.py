@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lerobot_zenoh.errors import ConfigError, PolicyError, ProtocolError
+from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.server.runners.base import (
     COMPONENT_EXTRA,
     InferenceRequest,
@@ -314,7 +315,7 @@ class Pi05LanguageRunner(FlowMatchingRunner):
         super().check_request(request)
         component = request.extras.get(COMPONENT_EXTRA)
         if component is not None and component.labels:
-            raise ProtocolError("component_not_served", "pi0.5 serves actions and text, not verdicts")
+            raise ProtocolError(Reason.COMPONENT_NOT_SERVED, "pi0.5 serves actions and text, not verdicts")
         query = request.extras.get(LANGUAGE_EXTRA)
         if query is not None:
             self._prompt_ids(query)
@@ -324,9 +325,9 @@ class Pi05LanguageRunner(FlowMatchingRunner):
         prompt = query.prompt or self.settings.prompt
         ids = self._tokenizer(prompt, add_special_tokens=False)["input_ids"]
         if not ids:
-            raise ProtocolError("prompt_too_long", "the prompt has no tokens")  # only an empty prompt
+            raise ProtocolError(Reason.PROMPT_TOO_LONG, "the prompt has no tokens")  # only an empty prompt
         if len(ids) > self.settings.max_prompt_tokens:
-            raise ProtocolError("prompt_too_long", f"the prompt is {len(ids)} tokens, at most "
+            raise ProtocolError(Reason.PROMPT_TOO_LONG, f"the prompt is {len(ids)} tokens, at most "
                                                    f"{self.settings.max_prompt_tokens} (language.max_prompt_tokens)")
         return list(ids)
 
@@ -335,7 +336,7 @@ class Pi05LanguageRunner(FlowMatchingRunner):
         if n is None:
             return self.settings.max_new_tokens
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.settings.max_new_tokens:
-            raise ProtocolError("text_over_token_limit", f"asks {n!r} new tokens, at most "
+            raise ProtocolError(Reason.TEXT_OVER_TOKEN_LIMIT, f"asks {n!r} new tokens, at most "
                                                          f"{self.settings.max_new_tokens} (language.max_new_tokens)")
         return n
 

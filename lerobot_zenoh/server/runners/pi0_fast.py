@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from lerobot_zenoh.errors import PolicyError, ProtocolError
+from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.server.runners.base import (
     InferenceRequest,
     InferenceResult,
@@ -222,7 +223,7 @@ class Pi0FastRunner(LeRobotRunner):
         self.refusals: dict[str, int] = {}
 
     def check_request(self, request: InferenceRequest) -> None:
-        """`ProtocolError("task_too_long")` when the prompt LeRobot builds (``Task: <task>, State:
+        """`ProtocolError(Reason.TASK_TOO_LONG)` when the prompt LeRobot builds (``Task: <task>, State:
         <one 0..255 bin per state value>;``) could exceed the tokens the model reads: LeRobot's
         tokenizer step would silently cut it, dropping the end of the task and the state. Counted
         with three digits per state value (the longest bin), so a prompt that fits always fits."""
@@ -230,7 +231,7 @@ class Pi0FastRunner(LeRobotRunner):
         prompt = f"Task: {task}, State: {' '.join(['255'] * self.spec.state_dim)};\n"
         n = len(self._prompt_tokenizer(prompt)["input_ids"])
         if n > self.max_prompt_tokens:
-            raise ProtocolError("task_too_long", f"the prompt is up to {n} tokens, pi0_fast reads at most "
+            raise ProtocolError(Reason.TASK_TOO_LONG, f"the prompt is up to {n} tokens, pi0_fast reads at most "
                                                  f"{self.max_prompt_tokens} (tokenizer_max_length)")
 
     def engine(self):

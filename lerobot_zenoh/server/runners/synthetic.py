@@ -57,6 +57,7 @@ from lerobot_zenoh.server.runners.base import (
     RunnerCapabilities,
     check_observation,
 )
+from lerobot_zenoh.protocol.reasons import OutputKind
 
 #: Denoising steps of the faked updates (`synthetic_denoise_updates`).
 SYNTHETIC_DENOISE_STEPS = 4
@@ -311,10 +312,10 @@ class SyntheticPolicy(BaseRunner):
             if self.config.silent_after is not None and k > self.config.silent_after:
                 results.append(InferenceResult(silent=True))
                 continue
-            if self.config.output == "text":
+            if self.config.output == OutputKind.TEXT:
                 results.append(InferenceResult.of_text(self.subtask(k)))
                 continue
-            if self.config.output == "verdict":
+            if self.config.output == OutputKind.VERDICT:
                 results.append(InferenceResult.of_verdict(self.verdict(k, r.extras.get(COMPONENT_EXTRA)),
                                                           self.config.score))
                 continue

@@ -47,6 +47,7 @@ from lerobot_zenoh.server.runners.base import (
     RunnerCapabilities,
     check_observation,
 )
+from lerobot_zenoh.protocol.reasons import OutputKind
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class VlmSettings:
     cameras: dict[str, tuple[int, int]] | None = None
 
     def __post_init__(self) -> None:
-        if self.output not in ("text", "verdict"):
+        if self.output not in (OutputKind.TEXT, OutputKind.VERDICT):
             raise ConfigError("vlm.output", f"must be text or verdict, got {self.output!r}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ConfigError("vlm.max_new_tokens", f"must be an integer >= 1, got {self.max_new_tokens!r}")
@@ -130,14 +131,14 @@ class VlmRunner(BaseRunner):
 
         state, images = dummy_observation(self.spec)
         extras = {}
-        if self.settings.output == "verdict" and not self.settings.labels:
+        if self.settings.output == OutputKind.VERDICT and not self.settings.labels:
             extras[COMPONENT_EXTRA] = ComponentQuery("", "", "", SAFETY_LABELS)
         self.run([InferenceRequest("\x00warmup", state, images, "", 0, extras=extras)])
 
     def run(self, requests: Sequence[InferenceRequest], *, capture_updates: bool = False) -> list[InferenceResult]:
         for r in requests:
             check_observation(self.spec, r.state, r.images)
-        if self.settings.output != "text":
+        if self.settings.output != OutputKind.TEXT:
             return [self._one(r) for r in requests]
         inputs = [self._inputs(r) for r in requests]
         groups: dict[tuple, list[int]] = {}  # same input shapes: one batch without padding
@@ -209,7 +210,7 @@ class VlmRunner(BaseRunner):
         component = request.extras.get(COMPONENT_EXTRA)
         inputs = self._inputs(request)
         with torch.no_grad():
-            if self.settings.output == "text":
+            if self.settings.output == OutputKind.TEXT:
                 out = self.model.generate(**inputs, max_new_tokens=self.settings.max_new_tokens, do_sample=False)
                 new = out[0, inputs["input_ids"].shape[1]:]
                 return InferenceResult.of_text(self.processor.tokenizer.decode(new, skip_special_tokens=True).strip())
