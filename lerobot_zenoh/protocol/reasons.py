@@ -90,5 +90,6 @@ class VerdictLabel(StrEnum):
     FAILED = "failed"
 
 
-SAFETY_LABELS = (VerdictLabel.SAFE, VerdictLabel.UNSAFE)
-MONITOR_LABELS = (VerdictLabel.ONGOING, VerdictLabel.DONE, VerdictLabel.FAILED)
+# Plain strings (the members' values): these tuples end up in YAML files, which cannot hold an enum.
+SAFETY_LABELS: tuple[str, ...] = (VerdictLabel.SAFE.value, VerdictLabel.UNSAFE.value)
+MONITOR_LABELS: tuple[str, ...] = (VerdictLabel.ONGOING.value, VerdictLabel.DONE.value, VerdictLabel.FAILED.value)
