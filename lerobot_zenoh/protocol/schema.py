@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import MISSING, dataclass, fields
+from operator import attrgetter
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -346,34 +347,38 @@ class Record(WireType):
         for r in self.rows:
             if self.defaults[r.key] is MISSING and not r.required:
                 raise TypeError(f"{cls.__name__}.{r.key} has no default, so the wire must require it")
+        # What the loops below read, looked up once (they run for every message).
+        self._get = attrgetter(*(r.key for r in self.rows)) if len(self.rows) > 1 else (
+            lambda obj, k=self.rows[0].key: (getattr(obj, k),))
+        self._encoders = tuple((r.key, r.type.encode, r.sparse, self.defaults[r.key]) for r in self.rows)
+        self._decoders = tuple((r.key, r.type.decode, r.required, r.reason, r.type.what) for r in self.rows)
 
     def encode(self, value: Any) -> dict[str, Any]:
         out = {}
-        for r in self.rows:
-            v = getattr(value, r.key)
-            if v is None or (r.sparse and v == self.defaults[r.key]):
+        for (key, encode, sparse, default), v in zip(self._encoders, self._get(value)):
+            if v is None or (sparse and v == default):
                 continue
-            out[r.key] = r.type.encode(v)
+            out[key] = encode(v)
         return out
 
     def decode(self, value: Any, name: str, limits: CodecLimits) -> Any:
         if type(value) is not dict:
             raise ProtocolError(self.reason, f"{name} must be a map, got {type(value).__name__}")
         kwargs = {}
-        for r in self.rows:
-            path = f"{name}.{r.key}" if name else r.key
-            raw = value.get(r.key)
+        for key, decode, required, reason, what in self._decoders:
+            path = f"{name}.{key}" if name else key
+            raw = value.get(key)
             try:
                 if raw is None:
-                    if r.required:
-                        raise ProtocolError(Reason.MISSING_FIELD if r.key not in value else Reason.BAD_FIELD,
-                                            f"{path} is missing ({r.type.what})")
+                    if required:
+                        raise ProtocolError(Reason.MISSING_FIELD if key not in value else Reason.BAD_FIELD,
+                                            f"{path} is missing ({what})")
                     continue
-                kwargs[r.key] = r.type.decode(raw, path, limits)
+                kwargs[key] = decode(raw, path, limits)
             except ProtocolError as exc:
-                if r.reason is None or exc.reason == r.reason:
+                if reason is None or exc.reason == reason:
                     raise
-                raise ProtocolError(r.reason, str(exc)) from None
+                raise ProtocolError(reason, str(exc)) from None
         record = self.cls(**kwargs)
         if self.check is not None:
             self.check(record, name, limits)
