@@ -1,6 +1,6 @@
 """Every key expression of lerobot-zenoh is built and parsed here.
 
-Schema (seed 002 section 6.1)::
+Schema (docs/protocol.md §2)::
 
     <cluster>/<experiment>/<model>/<version>/<app>/<client>/<topic>     topic in {obs, action, metrics, text, verdict}
     <cluster>/<experiment>/<model>/<version>/<app>/status               queryable: Status
@@ -160,7 +160,7 @@ class ParsedKey:
     topic: str  # "obs" | "action" | "metrics" | "status" | "server"
 
 
-#: 1.3: the model and version chunks of a multi-model task's observation stream (docs/pipelines.md).
+#: The model and version chunks of a multi-model task's observation stream (docs/pipelines.md).
 PIPELINE_MODEL = "_pipeline"
 PIPELINE_VERSION = "1"
 

@@ -36,8 +36,7 @@ Same host is proved, not assumed: the server writes a random token into a probe 
 holds ``<token>\\nfd <n>\\n``, n being the server's fd of that file. A client uses the path only if it
 can read that file, owned by its own user, finds the token, and ``/proc/<server pid>/fd/<n>`` is that
 same file: one ``/dev/shm``, one user, one pid namespace, and ``/proc/<pid>/fd`` open to the other
-process (which the server needs to map the client's ring). A client of the older 1.2 layout (the
-probe file held the token alone) compares the whole file with the token, fails, and sends JPEG.
+process (which the server needs to map the client's ring).
 """
 
 from __future__ import annotations
