@@ -300,7 +300,7 @@ class ListOf(WireType):
 
 
 class Tuple(WireType):
-    """An array of exactly one value of each of `items`, decoded as a tuple."""
+    """An array of exactly one integer of each of `items` (integer types), decoded as a tuple."""
 
     def __init__(self, *items: WireType, reason: Reason = Reason.BAD_FIELD):
         self.items, self.reason = items, reason
