@@ -150,3 +150,28 @@ def test_output_kinds_and_verdict_labels_are_the_documented_ones():
     label_row = next(line for line in section("### 5.6 Verdict").splitlines() if line.startswith("| `label` |"))
     named = set(re.findall(r"`([a-z]+)`", label_row.split("|")[5])) - {"bad_verdict"}
     assert named == {v.value for v in VerdictLabel}
+
+
+def test_appendix_a_holds_the_golden_files_byte_for_byte():
+    """Appendix A is what an implementer compares against: its sizes, hashes and hex are the files'."""
+    import hashlib
+
+    golden = Path(__file__).resolve().parent / "golden"
+    appendix = DOC[DOC.index("## Appendix A."):]
+    entries = re.findall(r"^### (\S+\.msgpack) \((\d+) bytes, sha256 `([0-9a-f]{64})`\)\n(.*?)(?=^### |\Z)", appendix,
+                         flags=re.M | re.S)
+    assert sorted(name for name, *_ in entries) == sorted(p.name for p in golden.glob("*.msgpack"))
+    for name, size, sha, body in entries:
+        data = (golden / name).read_bytes()
+        assert (int(size), sha) == (len(data), hashlib.sha256(data).hexdigest()), name
+        dump = re.search(r"```\n(.*?)\n```", body, flags=re.S)
+        text = dump.group(1) if dump else section("### 9.1").split("```")[1]  # action_chunk: "See §9.1"
+        assert bytes.fromhex("".join(line[6:] for line in text.strip().splitlines())) == data, name
+
+
+def test_the_observation_header_section_shows_the_golden_header():
+    text = section("#### 5.1.1 Observation header")
+    dump = text.split("```")[1]
+    golden = (Path(__file__).resolve().parent / "golden" / "observation_header_v2.bin").read_bytes()
+    assert bytes.fromhex(dump.replace("\n", " ")) == golden
+    assert f"({len(golden)} bytes;" in text and codec.OBS_HEADER_VERSION == golden[0]
