@@ -175,3 +175,15 @@ def test_the_observation_header_section_shows_the_golden_header():
     golden = (Path(__file__).resolve().parent / "golden" / "observation_header_v2.bin").read_bytes()
     assert bytes.fromhex(dump.replace("\n", " ")) == golden
     assert f"({len(golden)} bytes;" in text and codec.OBS_HEADER_VERSION == golden[0]
+
+
+@pytest.mark.parametrize("heading", list(FULL))
+def test_each_message_table_marks_required_what_the_schema_requires(heading):
+    from lerobot_zenoh.protocol.codec import TABLES
+
+    table = re.findall(r"((?:^\|.*\|\n)+)", section(f"### {heading}"), flags=re.M)[0]
+    documented = {row.split("|")[1].strip(" `"): row.split("|")[3].strip().startswith("yes")
+                  for row in table.splitlines()[2:]}
+    kind = msgpack.unpackb(codec.encode(FULL[heading]))["type"]
+    declared = {f.key: f.required for f in TABLES[kind][1].rows} | {"protocol_version": True, "type": True}
+    assert documented == declared, heading
