@@ -295,7 +295,7 @@ def test_a_header_less_observation_picked_makes_later_refreshes_of_it_late():
 
 def test_a_malformed_header_is_rejected_with_its_reason_whatever_the_scheduler():
     e = engine()
-    e.admit("robot", codec.encode(obs("robot", 1)), 0.0, b"\x01garbage", codec.decode_observation_header)
+    e.admit("robot", codec.encode(obs("robot", 1)), 0.0, b"\x02garbage", codec.decode_observation_header)
     batch = e.schedule(0.0)
     assert batch.items == [] and [r[2] for r in batch.rejected] == ["bad_header"]
 
