@@ -414,12 +414,11 @@ def dataclasses_replace(obj, **changes):
 # -- the planner: a model serving two components from one stream --------------------------------------
 
 def _talk_factory(robots: int) -> dict:
-    cams = {"front": [96, 128]}
     return {
         "cluster_uuid": "factory", "experiment_tag": "talk",
         "servers": {"count": 4, "hardware": "synthetic-H200", "host": "127.0.0.1", "port_base": 8250, "device": "cpu"},
-        "models": {"pi05-lang": {"model_id": "pi05lang", "synthetic": {"latency_ms": 60, "chunk_size": 50,
-                                                                       "cameras": cams}}},
+        "models": {"pi05-lang": {"model_id": "pi05lang", "pretrained_path": "checkpoints/pi05",
+                                 "language": {"max_new_tokens": 16}}},
         "fleet": [{"task": "talk", "robots": robots, "weight": 1.0, "min_throughput_hz": 1}],
         "tasks": {"talk": {"action_period_ms": 200, "components": {
             "act": {"kind": "system1", "model": "pi05-lang", "prompt": "", "invocation": "per_chunk",
@@ -479,3 +478,57 @@ def test_text_result_partial_round_trips_and_is_sent_only_when_true():
     final = TextResult(7, "pick up the cube", 12.5, "srv")
     assert "partial" not in msgpack.unpackb(codec.encode(final))  # as before: older readers see no change
     assert codec.decode_text_result(codec.encode(final)).partial is False
+
+
+def test_deployment_writes_the_text_item_and_admission_keeps_one_stream(tmp_path):
+    """A planned combined pi0.5: its manifest serves System 1 with System 2 as the item's `text` (and
+    the factory's `language` block), every robot's two routes name the same app, and an admitted
+    robot joins System 1's stream on that server for both components (no System 2 stream)."""
+    from lerobot_zenoh.pipelines.admission import admit
+    from lerobot_zenoh.pipelines.deployment import apply_admission, load_deployment, write_deployment
+    from lerobot_zenoh.pipelines.descriptor import parse_factory
+    from lerobot_zenoh.pipelines.planner import plan
+    from lerobot_zenoh.server.manifest import load_manifest
+
+    factory = parse_factory(_talk_factory(4))
+    profiles = _lang_profiles(two=True)
+    result = plan(factory, profiles, time_budget_s=10)
+    out = write_deployment(factory, result, tmp_path / "deploy", profiles)
+    doc = json.loads((out / "plan.json").read_text())
+    for s in result.servers:
+        (entry,) = load_manifest(out / "manifests" / f"srv{s.index}.yaml").server
+        assert entry.application_tag == f"system1+system2-srv{s.index}"
+        assert entry.language is not None and entry.language.max_new_tokens == 16
+        (item,) = entry.pipeline
+        assert (item.component, item.bit, item.text.component, item.text.bit, item.text.prompt) == (
+            "act", 0, "plan", 1, "next subtask?")
+    for routes in doc["robots"].values():
+        act, plan_ = routes["routes"]["act"], routes["routes"]["plan"]
+        assert act["application_tag"] == plan_["application_tag"] and plan_["kind"] == "system2"
+        assert plan_["rate_hz"] == pytest.approx(act["rate_hz"] / 4, rel=1e-5)
+    f2, p2, state = load_deployment(out)
+    a = admit(f2, p2, state, "talk")
+    assert a.admitted, a.reason
+    assert a.routes["act"] == a.routes["plan"] and list(a.routes) == ["act", "plan"]
+    assert all(sh.stream.kind == "system1" and sh.stream.text_component == "plan"
+               for s in a.plan.servers for sh in s.shares)
+    changed = apply_admission(f2, state, a.plan, a.robot, out)
+    (entry,) = load_manifest(out / "manifests" / f"srv{a.routes['act']}.yaml").server
+    assert changed and a.robot in {c.client_uuid for c in entry.clients} and entry.pipeline[0].text.component == "plan"
+
+
+def test_a_combined_model_without_language_or_named_for_system2_alone_is_refused():
+    from lerobot_zenoh.pipelines.descriptor import parse_factory
+    from lerobot_zenoh.pipelines.planner import plan
+
+    data = _talk_factory(2)
+    del data["models"]["pi05-lang"]["language"]
+    with pytest.raises(ConfigError, match="models.pi05-lang.language"):
+        plan(parse_factory(data), _lang_profiles(two=True), time_budget_s=5)
+    data = _talk_factory(2)
+    data["models"]["act-only"] = {"model_id": "act", "synthetic": {"latency_ms": 10}}
+    data["tasks"]["talk"]["components"]["act"]["model"] = "act-only"
+    profiles = _lang_profiles(two=True)
+    profiles = profiles.model_copy(update={"models": {**profiles.models, "act-only": _lang_profiles(False).get("pi05-lang")}})
+    with pytest.raises(ConfigError, match="name 'pi05-lang' for both"):
+        plan(parse_factory(data), profiles, time_budget_s=5)

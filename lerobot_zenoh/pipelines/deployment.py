@@ -21,7 +21,9 @@ clients) under an application tag of its own (`<kind>-srvN`). Every server entry
 block naming, for each task it serves a component of, the task, the component, its bit in an
 observation's `component_mask` (its position in the task descriptor) and what the descriptor asks of
 it (prompt; labels for safety and monitor): the server then takes the task's robots' observations from
-the task's observation stream (docs/pipelines.md). A synthetic or VLM model that does not say its
+the task's observation stream (docs/pipelines.md). A model serving a task's System 1 and System 2
+from one stream (a pi0.5 with a `language` block) gets System 2 as the item's `text` (its bit and
+prompt) and the factory's `language` block, under `system1+system2-srvN`. A synthetic or VLM model that does not say its
 `output` answers what its component kind needs (system1: actions, system2: text, safety and monitor:
 verdict). plan.json also carries what a robot's pipeline client needs (`pipelines/robot_plan.py` reads
 it): the key prefix, every task descriptor, and per robot its control rate, chunk length and one route
@@ -66,7 +68,8 @@ def router_command(factory: Factory) -> list[str]:
 
 
 def application_tag(server: ServerPlan) -> str:
-    kinds = sorted({sh.stream.kind for sh in server.shares})
+    kinds = sorted({sh.stream.kind for sh in server.shares}
+                   | {"system2" for sh in server.shares if sh.stream.text_component})
     return f"{'+'.join(kinds)}-srv{server.index}"
 
 
@@ -85,6 +88,14 @@ def server_manifest(factory: Factory, plan: Plan, server: ServerPlan) -> dict:
                           "a server answers one kind: give each its own model entry in the factory")
     if served.pretrained_path is not None:
         entry["pretrained_path"] = served.pretrained_path
+        if served.tokenizer_path is not None:
+            entry["tokenizer_path"] = served.tokenizer_path
+        if served.language is not None:
+            entry["language"] = dict(served.language)
+        elif any("text" in p for p in pipeline):
+            raise ConfigError(f"models.{server.model}.language",
+                              f"server {server.index} serves system1 and system2 of a task from one stream, but "
+                              f"{server.model!r} has no language block (a pi05 checkpoint answering text)")
         if served.vlm is not None:
             entry["vlm"] = {"output": outputs.pop(), **served.vlm} if outputs else dict(served.vlm)
     else:
@@ -111,6 +122,12 @@ def pipeline_block(factory: Factory, server: ServerPlan) -> list[dict]:
             item["prompt"] = comp.prompt
         if comp.kind in KIND_LABELS:
             item["labels"] = KIND_LABELS[comp.kind]
+        if sh.stream.text_component:  # System 2 from the same prefill (a pi0.5 `language` entry)
+            s2 = task.components[sh.stream.text_component]
+            item["text"] = {"component": sh.stream.text_component,
+                            "bit": list(task.components).index(sh.stream.text_component)}
+            if s2.prompt:
+                item["text"]["prompt"] = s2.prompt
         known = items.setdefault(task.name, item)
         if known["component"] != item["component"]:
             raise ConfigError(f"server {server.index} ({server.model})",

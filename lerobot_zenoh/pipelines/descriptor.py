@@ -261,6 +261,12 @@ class ServedModel(_Strict):
     # A VLM component (the manifest's `vlm` block, docs/server.md): pretrained_path is its folder. Its
     # `output` may be left out: the deployment sets it from the component kind it serves.
     vlm: dict | None = None
+    # A pi0.5 serving a task's System 1 and System 2 from one prefill (the manifest's `language` block,
+    # docs/policies.md): pretrained_path is its checkpoint. The deployment adds each task's System 2
+    # as the `text` of its pipeline item.
+    language: dict | None = None
+    # The checkpoint's tokenizer folder when it does not hold one (VLAs; the manifest's field).
+    tokenizer_path: str | None = None
     fps: int = Field(30, ge=1, le=1000)
     actions_per_chunk: int | None = Field(None, ge=1)
 
@@ -270,6 +276,8 @@ class ServedModel(_Strict):
             raise ValueError("give exactly one of pretrained_path or synthetic")
         if self.vlm is not None and self.pretrained_path is None:
             raise ValueError("vlm needs pretrained_path (the VLM's folder)")
+        if self.language is not None and (self.pretrained_path is None or self.vlm is not None):
+            raise ValueError("language needs pretrained_path (a pi05 checkpoint) and no vlm")
         _key_chunk("model_id", self.model_id)
         _key_chunk("model_version", self.model_version)
         return self

@@ -196,25 +196,51 @@ def provision_obligations(factory: Factory, profiles: Profiles, budget: int) -> 
 
 # -- goal-coupled packing ----------------------------------------------------------------------------
 
+def joint_text_component(task: Task, profiles: Profiles | None) -> str | None:
+    """The task's System 2 component when one model serves its System 1 and System 2 from one stream
+    (both name it and its profile `serves_both`): System 2 then rides on System 1's observations."""
+    s1, s2 = task.component("system1"), task.component("system2")
+    if s1 is None or s2 is None or s1[1].model != s2[1].model or profiles is None:
+        return None
+    prof = profiles.models.get(s1[1].model)
+    return s2[0] if prof is not None and prof.serves_both else None
+
+
 def goal_streams(factory: Factory, rates: dict[str, float], profiles: Profiles | None = None) -> list[Stream]:
     """The goal-coupled request streams at `rates`. A task whose System 1 and System 2 name one model
-    whose profile serves both (`ModelProfile.serves_both`) has one stream: System 1's, carrying System 2."""
+    whose profile serves both (`joint_text_component`) has one stream: System 1's, carrying System 2."""
     out = []
     for cls_ in factory.fleet:
         task = factory.tasks[cls_.task]
         f = rates[cls_.task]
-        s1, s2 = task.component("system1"), task.component("system2")
-        joint = (s1 is not None and s2 is not None and s1[1].model == s2[1].model and profiles is not None
-                 and s1[1].model in profiles.models and profiles.get(s1[1].model).serves_both)
+        joint = joint_text_component(task, profiles)
         for cname, comp in task.components.items():
             if comp.kind == "system1":
                 out.append(Stream(cls_.task, cname, "system1", comp.model, cls_.robots, f,
-                                  stat_of(comp.slo.percentile), comp.slo.deadline_ms,
-                                  text_component=s2[0] if joint else None))
-            elif comp.kind == "system2" and not joint:
+                                  stat_of(comp.slo.percentile), comp.slo.deadline_ms, text_component=joint))
+            elif comp.kind == "system2" and joint is None:
                 out.append(Stream(cls_.task, cname, "system2", comp.model, cls_.robots,
                                   f / comp.invocation.every_n_chunks, stat_of(comp.slo.percentile), comp.slo.deadline_ms))
     return out
+
+
+def loop_latencies_ms(profiles: Profiles, servers: list[ServerPlan], task: Task) -> tuple[float, float]:
+    """(l_S1, l_S2): the mean latencies of `task`'s System 1 and System 2 on `servers` at their load. A
+    System 2 served from System 1's stream takes its text's mean latency on those servers."""
+    shares = [(s, sh) for s in servers for sh in s.shares if sh.stream.task == task.name]
+    l1 = max((s.mean_ms for s, sh in shares if sh.stream.kind == "system1"), default=0.0)
+    l2 = max([0.0, *(s.mean_ms for s, sh in shares if sh.stream.kind == "system2"),
+              *(profiles.get(s.model).latency_ms(s.batch_size, s.rate_hz, "text_mean") for s, sh in shares
+                if sh.stream.text_component)])
+    return l1, l2
+
+
+def closed_loop_hz(profiles: Profiles, servers: list[ServerPlan], task: Task) -> float:
+    """The closed-loop bound ``1 / (t_act + l_S1 + l_S2 / H)`` of `task` on `servers`: a robot waits
+    for its chunk, executes it, and amortises System 2 over H chunks."""
+    l1, l2 = loop_latencies_ms(profiles, servers, task)
+    h = task.system2_horizon
+    return 1000.0 / (task.action_period_ms + l1 + (l2 / h if h else 0.0))
 
 
 def _pack_ilp(options: list[dict[int, tuple[int, float]]], streams: list[Stream],
@@ -323,17 +349,9 @@ def pack_goal(factory: Factory, profiles: Profiles, rates: dict[str, float], bud
                                 f"({needed} isolated), {budget} left after the obligation models")
     # Closed loop: a robot waits for System 1, executes t_act, and amortises System 2 over H chunks.
     for cls_ in factory.fleet:
-        task = factory.tasks[cls_.task]
-        l1 = max((s.mean_ms for s in servers for sh in s.shares
-                  if sh.stream.task == cls_.task and sh.stream.kind == "system1"), default=0.0)
-        l2 = max((s.mean_ms for s in servers for sh in s.shares
-                  if sh.stream.task == cls_.task and sh.stream.kind == "system2"), default=0.0)
-        # System 2 from System 1's stream: its text's mean latency on those servers at their load.
-        l2 = max([l2, *(profiles.get(s.model).latency_ms(s.batch_size, s.rate_hz, "text_mean") for s in servers
-                        for sh in s.shares if sh.stream.task == cls_.task and sh.stream.text_component)])
-        h = task.system2_horizon or 1
-        f_loop = 1000.0 / (task.action_period_ms + l1 + (l2 / h if task.system2_horizon else 0.0))
+        f_loop = closed_loop_hz(profiles, servers, factory.tasks[cls_.task])
         if rates[cls_.task] > f_loop * (1 + 1e-9):
+            l1, l2 = loop_latencies_ms(profiles, servers, factory.tasks[cls_.task])
             return Check(False, f"closed loop: task {cls_.task!r} at {rates[cls_.task]:.3f} Hz exceeds "
                                 f"1/(t_act + l_S1 + l_S2/H) = {f_loop:.3f} Hz (l_S1 {l1:.1f} ms, l_S2 {l2:.1f} ms)")
     return Check(True, servers=servers)

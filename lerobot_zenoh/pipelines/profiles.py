@@ -255,6 +255,8 @@ def check_against_profiles(factory, profiles: Profiles) -> None:
                                   f"needs {prof.memory_gb:g} GB, a server has {capacity:g} GB (servers.memory_gb)",
                                   source=factory.source)
             stat = stat_of(comp.slo.percentile)
+            if prof.serves_both and comp.kind in ("system1", "system2"):
+                _check_two_components(factory, tname, task, cname, comp, where)
             if comp.kind == "system2" and prof.serves_both:  # its text's latency, not the actions'
                 floor = prof.min_latency_ms("text_mean")
                 if comp.slo.deadline_ms < floor:
@@ -270,3 +272,18 @@ def check_against_profiles(factory, profiles: Profiles) -> None:
                 raise ConfigError(f"{where}.slo.deadline_ms", f"task {tname!r}, component {cname!r}: impossible SLO: "
                                   f"{stat} {comp.slo.deadline_ms:g} ms is below {comp.model!r}'s measured minimum "
                                   f"{stat} latency {floor:.1f} ms", source=factory.source)
+
+
+def _check_two_components(factory, tname: str, task, cname: str, comp, where: str) -> None:
+    """A two-component model serves a task's System 2 from its System 1's stream: both must name it,
+    and the factory must serve it with its `language` block (a pi0.5 answering text)."""
+    s1, s2 = task.component("system1"), task.component("system2")
+    if comp.kind == "system2" and s1[1].model != comp.model:
+        raise ConfigError(f"{where}.model", f"task {tname!r}, component {cname!r}: {comp.model!r} serves system2 "
+                          f"from the prefill of its own system1 stream, but system1 ({s1[0]}) names "
+                          f"{s1[1].model!r}: name {comp.model!r} for both (or profile it as a text model)",
+                          source=factory.source)
+    if s2 is not None and s2[1].model == s1[1].model and factory.models[comp.model].language is None:
+        raise ConfigError(f"models.{comp.model}.language", f"{comp.model!r} serves system1 and system2 of task "
+                          f"{tname!r} from one stream (its profile), but the factory serves it without a language "
+                          "block (a pi05 checkpoint with `language:`, docs/policies.md)", source=factory.source)
