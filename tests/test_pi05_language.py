@@ -532,3 +532,89 @@ def test_a_combined_model_without_language_or_named_for_system2_alone_is_refused
     profiles = profiles.model_copy(update={"models": {**profiles.models, "act-only": _lang_profiles(False).get("pi05-lang")}})
     with pytest.raises(ConfigError, match="name 'pi05-lang' for both"):
         plan(parse_factory(data), profiles, time_budget_s=5)
+
+
+# -- end to end: planned, admitted, started as written, a pipeline robot client --------------------
+
+SO101 = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")
+SIM_CAMERAS = {"front": (96, 128), "wrist": (96, 128)}  # zenoh_sim's default cameras
+
+
+def test_planned_combined_deployment_runs_end_to_end(tmp_path_factory, capsys):
+    """lerobot-zenoh-plan writes a deployment with one pi0.5 serving `act` and `plan` from one
+    prefill; lerobot-zenoh-admit admits a second robot; the server starts from the generated manifest
+    (behind the deployment's router, as servers.sh starts it); the admitted robot's client line, run
+    as written, gets chunks and System 2's final text from that server, while a listener sees the
+    text stream (partial, then final) on the same app."""
+    import shlex
+    import subprocess
+    import sys
+    import threading
+
+    import yaml
+
+    from lerobot_zenoh.cli import admit as admit_cli
+    from lerobot_zenoh.cli import plan as plan_cli
+    from lerobot_zenoh.pipelines.profiles import dump_profiles
+    from lerobot_zenoh.protocol import codec
+    from lerobot_zenoh.protocol.keys import AppKey
+    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.server.manifest import load_manifest
+    from lerobot_zenoh.server.server import PolicyServer
+    from lerobot_zenoh.transport.session import ZenohSession
+    from lerobot_zenoh.transport.settings import ZenohSettings
+    from lz_testing import free_port, wait_for
+
+    root = tmp_path_factory.mktemp("e2e")
+    ckpt = build_checkpoint(root / "pi05", policy_type="pi05", state_names=SO101, action_names=SO101,
+                            cameras=SIM_CAMERAS, chunk_size=10, fps=30, overrides={"num_inference_steps": 2})
+    data = _talk_factory(1)
+    data["servers"].update(count=1, port_base=free_port())
+    data["models"]["pi05-lang"] = {"model_id": "pi05lang", "pretrained_path": str(ckpt),
+                                   "language": {"max_new_tokens": 6, "tokens_per_frame": 2}}
+    comps = data["tasks"]["talk"]["components"]
+    comps["act"]["slo"] = {"percentile": 99, "deadline_ms": 5000}
+    comps["plan"].update(slo={"percentile": 99, "deadline_ms": 30000}, invocation={"every_n_chunks": 2})
+    (root / "factory.yaml").write_text(yaml.safe_dump(data))
+    (root / "profiles.yaml").write_text(dump_profiles(_lang_profiles(two=True)))
+    out = root / "deploy"
+    assert plan_cli.main([f"--factory={root / 'factory.yaml'}", f"--profiles={root / 'profiles.yaml'}",
+                          f"--output={out}", "--time_budget_s=10"]) == 0
+    assert admit_cli.main([f"--deployment={out}", "--task=talk", "--confirm_s=0"]) == 0
+    capsys.readouterr()
+    (entry,) = load_manifest(out / "manifests" / "srv0.yaml").server
+    assert {c.client_uuid for c in entry.clients} == {"talk-r0", "talk-r1"} and entry.pipeline[0].text.bit == 1
+    line = next(ln for ln in (out / "admitted.sh").read_text().splitlines() if ln.startswith("lerobot-robot-client"))
+    argv = shlex.split(line.removesuffix(" &"))
+    assert "--client_uuid=talk-r1" in argv
+
+    endpoint = f"tcp/127.0.0.1:{data['servers']['port_base']}"
+    router = ZenohSession(ZenohSettings(mode="router", listen=[endpoint], multicast_scouting=False)).open()
+    server = PolicyServer(load_manifest(out / "manifests" / "srv0.yaml")).start()
+    listener = ZenohSession(ZenohSettings(mode="client", connect=[endpoint], multicast_scouting=False)).open()
+    texts: list = []
+    lock = threading.Lock()
+    app = AppKey(data["cluster_uuid"], data["experiment_tag"], "pi05lang", "v1", entry.application_tag)
+    listener.subscribe(app.client("talk-r1").topic("text"),
+                       lambda key, payload: (lock.acquire(), texts.append(codec.decode_text_result(payload)),
+                                             lock.release()))
+    summary = root / "summary.json"
+    try:
+        proc = subprocess.run([sys.executable, "-m", "lerobot_zenoh.cli.client", *argv[1:], "--duration_s=12",
+                               f"--summary_path={summary}"], capture_output=True, text=True, timeout=240,
+                              check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert wait_for(lambda: any(not t.partial for t in texts), 10)
+        stats = server.stats()[app.prefix]
+    finally:
+        listener.close()
+        server.stop()
+        router.close()
+    done = json.loads(summary.read_text())
+    pipe = done["pipeline"]
+    assert done["chunks_received"] > 0 and pipe["slo.act.answered"] > 0
+    assert pipe["slo.plan.answered"] >= 1, pipe  # System 2's final text, booked by the robot
+    with lock:
+        assert any(t.partial for t in texts) and any(not t.partial for t in texts)
+    assert stats["answers"]["text"] >= 1 and stats["answers"]["actions"] > 0
+    assert "component plan (system2)" not in proc.stderr  # no second server was looked for
