@@ -618,3 +618,52 @@ def test_planned_combined_deployment_runs_end_to_end(tmp_path_factory, capsys):
         assert any(t.partial for t in texts) and any(not t.partial for t in texts)
     assert stats["answers"]["text"] >= 1 and stats["answers"]["actions"] > 0
     assert "component plan (system2)" not in proc.stderr  # no second server was looked for
+
+
+def test_profile_the_combined_runner_then_plan_with_it(checkpoint, tmp_path, capsys):
+    """lerobot-zenoh-profile --task: the clients ask actions every request and text every 2nd on the
+    task's stream; the rows are the actions' latencies with text_mean_ms and the decode cost (from
+    the server's telemetry), under components [system1, system2]; the planner reads them and puts
+    both components of a task naming the model on one stream."""
+    from lerobot_zenoh.cli.profile import main
+    from lerobot_zenoh.pipelines.descriptor import parse_factory
+    from lerobot_zenoh.pipelines.planner import plan
+    from lerobot_zenoh.pipelines.profiles import load_profiles
+    from lerobot_zenoh.server.manifest import parse_manifest
+    from lerobot_zenoh.server.server import PolicyServer
+    from lz_testing import free_port
+
+    port = free_port()
+    server = PolicyServer(parse_manifest({
+        "cluster_uuid": "prof", "experiment_tag": f"t{port}", "server_id": "gpu0", "telemetry_period_s": 0.3,
+        "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False},
+        "server": [{"model_id": "pi05", "model_version": "v1", "application_tag": "both", "pretrained_path": str(checkpoint),
+                    "fps": 30, "accept_unknown_clients": True, "max_batch_size": 2,
+                    "language": {"max_new_tokens": 4, "tokens_per_frame": 2},
+                    "pipeline": {"task": "kit", "component": "act", "bit": 0,
+                                 "text": {"component": "plan", "bit": 1, "prompt": "next?"}}}],
+    })).start()
+    out = tmp_path / "profiles.yaml"
+    try:
+        rc = main([f"--endpoint=tcp/127.0.0.1:{port}", f"--output={out}", "--profile_name=pi05-lang",
+                   "--cluster_uuid=prof", f"--experiment_tag=t{port}", "--model_id=pi05", "--application_tag=both",
+                   "--batch_size=2", "--clients=2", "--saturation_s=2", "--seconds_per_rate=3", "--timeout_s=30",
+                   "--fractions=[0.5]", "--task=kit", "--text_every=2", "--hardware=synthetic-H200"])
+        stats = server.stats()
+    finally:
+        server.stop()
+    assert rc == 0, capsys.readouterr().err
+    prof = load_profiles(out).models["pi05-lang"]
+    assert prof.serves_both and len(prof.points) == 1
+    (p,) = prof.points
+    assert p.batch_size == 2 and p.text_mean_ms > 0 and p.mean_ms > 0
+    assert p.decode_ms_per_token > 0 and p.decode_step_ms > 0 and p.decode_batch_mean >= 1
+    (model,) = stats.values()
+    assert model["answers"]["text"] >= 1 and model["answers"]["actions"] >= 1
+    # The planner reads the measured file: both components of `talk` on one stream.
+    data = _talk_factory(1)
+    comps = data["tasks"]["talk"]["components"]
+    comps["act"]["slo"]["deadline_ms"] = 60_000
+    comps["plan"]["slo"]["deadline_ms"] = 600_000
+    result = plan(parse_factory(data), load_profiles(out), time_budget_s=10)
+    assert [(sh.stream.component, sh.stream.text_component) for s in result.servers for sh in s.shares] == [("act", "plan")]

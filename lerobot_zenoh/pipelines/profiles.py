@@ -52,8 +52,14 @@ class ProfilePoint(_Strict):
     p90_ms: float | None = Field(None, gt=0, allow_inf_nan=False)
     p95_ms: float | None = Field(None, gt=0, allow_inf_nan=False)
     p99_ms: float | None = Field(None, gt=0, allow_inf_nan=False)
-    # A two-component model only: mean observation-to-final-text time at this load.
+    # A two-component model only: mean observation-to-final-text time at this load (what the planner
+    # uses), and the decode cost behind it (for the reader; lerobot-zenoh-profile measures them from
+    # the server's telemetry): time per token (prompt passes included), per batched decode step, and
+    # the mean rows a step decoded.
     text_mean_ms: float | None = Field(None, gt=0, allow_inf_nan=False)
+    decode_ms_per_token: float | None = Field(None, ge=0, allow_inf_nan=False)
+    decode_step_ms: float | None = Field(None, ge=0, allow_inf_nan=False)
+    decode_batch_mean: float | None = Field(None, ge=0, allow_inf_nan=False)
 
 
 #: What a two-component model serves from one stream (`ModelProfile.components`).
