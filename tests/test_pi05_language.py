@@ -667,3 +667,78 @@ def test_profile_the_combined_runner_then_plan_with_it(checkpoint, tmp_path, cap
     comps["plan"]["slo"]["deadline_ms"] = 600_000
     result = plan(parse_factory(data), load_profiles(out), time_budget_s=10)
     assert [(sh.stream.component, sh.stream.text_component) for s in result.servers for sh in s.shares] == [("act", "plan")]
+
+
+def _choice_factory(servers: int) -> dict:
+    data = _talk_factory(4)
+    data["servers"]["count"] = servers
+    data["models"].update({"pi05": {"model_id": "pi05", "pretrained_path": "checkpoints/pi05"},
+                           "vlm": {"model_id": "vlm", "pretrained_path": "checkpoints/vlm", "vlm": {}}})
+    comps = data["tasks"]["talk"]["components"]
+    comps["act"]["model"], comps["plan"]["model"] = "pi05", "vlm"
+    comps["act"]["slo"]["deadline_ms"] = 2000
+    comps["plan"]["slo"]["deadline_ms"] = 20_000
+    data["tasks"]["talk"]["combined_model"] = "pi05-lang"
+    return data
+
+
+def _choice_profiles(combined_ms: float, text_ms: float):
+    from lerobot_zenoh.pipelines.profiles import ModelProfile, Profiles, ServiceModel, synthetic_profile
+
+    act = synthetic_profile(ServiceModel(base_ms=60.0, per_item_ms=8.0), [1, 2, 4, 8])
+    vlm = synthetic_profile(ServiceModel(base_ms=600.0, per_item_ms=6.0), [8], "continuous")
+    both = synthetic_profile(ServiceModel(base_ms=combined_ms, per_item_ms=8.0), [1, 2, 4, 8])
+    both = ModelProfile(components=["system1", "system2"],
+                        points=[p.model_copy(update={"text_mean_ms": text_ms}) for p in both.points])
+    return Profiles(hardware="synthetic-H200", models={"pi05": act, "vlm": vlm, "pi05-lang": both})
+
+
+def test_the_planner_prefers_the_combined_model_when_its_profile_says_it_is_cheaper(tmp_path, capsys):
+    """A task whose System 1 (pi05) and System 2 (a VLM) may instead come from one stream of a
+    combined pi0.5: planned both ways, the better kept and said (objective, servers, rate of each
+    way); the deployment is written as chosen (factory.yaml too, for admission)."""
+    from lerobot_zenoh.cli import plan as plan_cli
+    from lerobot_zenoh.pipelines.deployment import load_deployment, write_deployment
+    from lerobot_zenoh.pipelines.descriptor import parse_factory
+    from lerobot_zenoh.pipelines.planner import plan
+    from lerobot_zenoh.pipelines.profiles import dump_profiles
+    from lerobot_zenoh.server.manifest import load_manifest
+
+    factory = parse_factory(_choice_factory(2))
+    cheap = _choice_profiles(combined_ms=70.0, text_ms=300.0)  # one prefill, text 300 ms: one stream wins
+    result = plan(factory, cheap, time_budget_s=20)
+    assert result.combined == {"talk": True}
+    why = result.choices["talk"]
+    assert why.startswith("act+plan from one stream of pi05-lang (objective") and why.endswith(": a higher objective")
+    assert "rather than act on pi05, plan on vlm (objective" in why
+    assert {s.model for s in result.servers} == {"pi05-lang"}
+    out = write_deployment(factory, result, tmp_path / "one", cheap)
+    (entry,) = load_manifest(out / "manifests" / "srv0.yaml").server
+    assert entry.model_id == "pi05lang" and entry.pipeline[0].text.component == "plan"
+    f2, _, state = load_deployment(out)
+    assert f2.tasks["talk"].combined_model is None and f2.tasks["talk"].components["plan"].model == "pi05-lang"
+    assert state.choices == result.choices
+    # A slow combined model (a 400 ms prefill, 8 s to its text): the two models as named.
+    slow = _choice_profiles(combined_ms=400.0, text_ms=8000.0)
+    apart = plan(factory, slow, time_budget_s=20)
+    assert apart.combined == {"talk": False} and apart.choices["talk"].startswith(
+        "act on pi05, plan on vlm (objective")
+    assert {s.model for s in apart.servers} == {"pi05", "vlm"}
+    # The command line says it.
+    (tmp_path / "f.yaml").write_text(json.dumps(_choice_factory(2)))
+    (tmp_path / "p.yaml").write_text(dump_profiles(cheap))
+    assert plan_cli.main([f"--factory={tmp_path / 'f.yaml'}", f"--profiles={tmp_path / 'p.yaml'}",
+                          "--time_budget_s=20"]) == 0
+    captured = capsys.readouterr()
+    assert "lerobot-zenoh-plan: task talk: act+plan from one stream of pi05-lang" in captured.err
+    assert json.loads(captured.out)["choices"]["talk"].startswith("act+plan from one stream of pi05-lang")
+    # Too slow for System 1's SLO: that way is infeasible, and said so.
+    data = _choice_factory(2)
+    data["tasks"]["talk"]["components"]["act"]["slo"]["deadline_ms"] = 300
+    apart = plan(parse_factory(data), slow, time_budget_s=20)
+    assert apart.combined == {"talk": False} and "pi05-lang is infeasible (" in apart.choices["talk"]
+    # A combined_model profiled as one component is refused naming the field.
+    one = _choice_profiles(70.0, 300.0)
+    one = one.model_copy(update={"models": {**one.models, "pi05-lang": one.get("pi05")}})
+    with pytest.raises(ConfigError, match="tasks.talk.combined_model"):
+        plan(factory, one, time_budget_s=5)

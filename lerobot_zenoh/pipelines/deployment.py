@@ -42,7 +42,7 @@ import yaml
 
 from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.pipelines.descriptor import Factory, FleetClass, load_factory
-from lerobot_zenoh.pipelines.planner import Plan, ServerPlan, Share, Stream
+from lerobot_zenoh.pipelines.planner import Plan, ServerPlan, Share, Stream, resolved_factory
 from lerobot_zenoh.pipelines.profiles import Profiles, dump_profiles, load_profiles
 from lerobot_zenoh.protocol.messages import MONITOR_LABELS, SAFETY_LABELS
 
@@ -218,6 +218,9 @@ def pid_path(output: str | Path, index: int) -> Path:
 
 
 def write_deployment(factory: Factory, plan: Plan, output: str | Path, profiles: Profiles | None = None) -> Path:
+    """Write the deployment of `plan` (module docstring). A task's `combined_model` is written as the
+    plan decided it (`planner.resolved_factory`), factory.yaml included."""
+    factory = resolved_factory(factory, plan)
     out = Path(output)
     (out / "manifests").mkdir(parents=True, exist_ok=True)
     server_lines, client_lines = [shlex.join(router_command(factory)) + " &"], []
@@ -253,7 +256,8 @@ def plan_from_state(doc: dict) -> Plan:
                           [Share(Stream(**sh["stream"]), sh["robots"], list(sh["robot_ids"])) for sh in s["shares"]],
                           s["mean_ms"], dict(s["slo_ms"])) for s in doc["servers"]]
     return Plan(servers, dict(doc["rates_hz"]), {r: dict(c) for r, c in doc["routing"].items()},
-                dict(doc["robot_task"]), doc["objective"], doc["throughput_hz"], doc["solve_s"], doc["search_steps"])
+                dict(doc["robot_task"]), doc["objective"], doc["throughput_hz"], doc["solve_s"], doc["search_steps"],
+                dict(doc.get("combined", {})), dict(doc.get("choices", {})))
 
 
 def load_deployment(output: str | Path) -> tuple[Factory, Profiles, Plan]:

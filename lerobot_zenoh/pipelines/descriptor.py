@@ -151,6 +151,10 @@ class Task(_Strict):
     action_period_ms: float = Field(gt=0, le=60_000, allow_inf_nan=False)
     retry: TaskRetry = Field(default_factory=TaskRetry)
     components: dict[str, Component] = Field(min_length=1)
+    # A model that may serve this task's System 1 and System 2 together from one stream (a pi0.5
+    # with a `language` block, profiled with `components: [system1, system2]`) instead of the models
+    # the two components name: the planner plans both ways and keeps the better (docs/pipelines.md).
+    combined_model: str | None = None
 
     @field_validator("name")
     @classmethod
@@ -180,6 +184,8 @@ class Task(_Strict):
         cycle = _find_cycle({n: c.inputs for n, c in self.components.items()})
         if cycle:
             raise ValueError(f"components form a cycle: {' -> '.join(cycle)}")
+        if self.combined_model is not None and kinds.count("system2") != 1:
+            raise ValueError("combined_model: serves a task's system1 and system2 together; this task has no system2")
         return self
 
     def component(self, kind: str) -> tuple[str, Component] | None:
@@ -317,6 +323,9 @@ class Factory(_Strict):
                 if comp.model not in self.models:
                     raise ValueError(f"task {tname!r}, component {cname!r}: unknown model {comp.model!r} "
                                      f"(models: {', '.join(sorted(self.models))})")
+            if task.combined_model is not None and task.combined_model not in self.models:
+                raise ValueError(f"task {tname!r}: combined_model {task.combined_model!r} is not a model of this "
+                                 f"factory (models: {', '.join(sorted(self.models))})")
         return self
 
     def fleet_class(self, task: str) -> FleetClass:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from lerobot_zenoh.errors import LeRobotZenohError
+from lerobot_zenoh.errors import ConfigError, LeRobotZenohError
 from lerobot_zenoh.pipelines.descriptor import OBLIGATION_KINDS, Factory, Task
 from lerobot_zenoh.pipelines.profiles import ModelProfile, Profiles, check_against_profiles, stat_of
 
@@ -90,9 +90,14 @@ class Plan:
     throughput_hz: float                     # sum K_c f_c: the fleet's action rate
     solve_s: float
     search_steps: int
+    # Tasks with a `combined_model`: whether the plan serves their System 1 and System 2 from one
+    # stream of it (True) or as the components name them (False), and why (`choose`).
+    combined: dict[str, bool] = field(default_factory=dict)
+    choices: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> dict:
-        return {"objective": round(self.objective, 4), "throughput_hz": round(self.throughput_hz, 4),
+        extra = {"choices": dict(self.choices)} if self.choices else {}
+        return {**extra, "objective": round(self.objective, 4), "throughput_hz": round(self.throughput_hz, 4),
                 "rates_hz": {k: round(v, 4) for k, v in self.rates_hz.items()},
                 "servers": [{"index": s.index, "model": s.model, "role": s.role, "batch_size": s.batch_size,
                              "rate_hz": round(s.rate_hz, 4), "mean_ms": round(s.mean_ms, 2),
@@ -364,8 +369,111 @@ def f_upper(task: Task) -> float:
     return 1000.0 / task.action_period_ms
 
 
+def with_choices(factory: Factory, combined: dict[str, bool]) -> Factory:
+    """`factory` with each task's `combined_model` decided: True, its System 1 and System 2 both name
+    that model (one stream); False, they keep their models. Tasks not named keep theirs as written."""
+    tasks = dict(factory.tasks)
+    for name, one in combined.items():
+        task = tasks[name]
+        comps = dict(task.components)
+        if one:
+            for kind in ("system1", "system2"):
+                cname, comp = task.component(kind)
+                comps[cname] = comp.model_copy(update={"model": task.combined_model})
+        tasks[name] = task.model_copy(update={"components": comps, "combined_model": None})
+    return factory.model_copy(update={"tasks": tasks})
+
+
+def resolved_factory(factory: Factory, plan: Plan) -> Factory:
+    """The factory as `plan` serves it (every `combined_model` decided): what a deployment is written from."""
+    return with_choices(factory, plan.combined)
+
+
+#: Variants tried for tasks with a `combined_model`: every combination up to this many such tasks;
+#: beyond, all combined and all apart.
+MAX_COMBINATIONS_TASKS = 3
+
+
 def plan(factory: Factory, profiles: Profiles, *, rel_tol: float = 1e-3, time_budget_s: float = 60.0,
          clock: Callable[[], float] = time.perf_counter) -> Plan:
+    """The plan of `factory` (module docstring). Tasks with a `combined_model` are planned both ways
+    (their System 1 and System 2 from one stream of that model, or as the components name them) and
+    the better plan is kept: the higher objective (by more than `rel_tol`), then fewer servers, then
+    the shorter closed loop of the robots; `Plan.choices` says which and why."""
+    optional = sorted(c.task for c in factory.fleet if factory.tasks[c.task].combined_model is not None)
+    if not optional:
+        return _plan(factory, profiles, rel_tol=rel_tol, time_budget_s=time_budget_s, clock=clock)
+    check_against_profiles(factory, profiles)
+    if len(optional) <= MAX_COMBINATIONS_TASKS:
+        variants = [dict(zip(optional, (bool(i >> j & 1) for j in range(len(optional)))))
+                    for i in range(2 ** len(optional))]
+    else:
+        variants = [dict.fromkeys(optional, True), dict.fromkeys(optional, False)]
+    t0 = clock()
+    results: list[tuple[dict[str, bool], Plan | None, str]] = []
+    for i, variant in enumerate(variants):
+        left = max(time_budget_s - (clock() - t0), 0.0) / (len(variants) - i)
+        try:
+            results.append((variant, _plan(with_choices(factory, variant), profiles, rel_tol=rel_tol,
+                                           time_budget_s=left, clock=clock), ""))
+        except (Infeasible, ConfigError) as exc:  # ConfigError: an SLO below the combined model's minimum
+            results.append((variant, None, str(exc)))
+    feasible = [(v, p) for v, p, _ in results if p is not None]
+    if not feasible:
+        raise Infeasible(f"{results[0][2]} (and the same fleet with every task's system1 and system2 from its "
+                         f"combined_model: {results[-1][2]})" if len(results) > 1 else results[0][2])
+    best_v, best = feasible[0]
+    for v, p in feasible[1:]:
+        if _compare(factory, profiles, p, best, rel_tol)[0] > 0:
+            best_v, best = v, p
+    best.combined = dict(best_v)
+    best.choices = {t: _why(factory, profiles, t, best_v, best, results, rel_tol) for t in optional}
+    best.solve_s = clock() - t0
+    return best
+
+
+def _compare(factory: Factory, profiles: Profiles, p: Plan, q: Plan, rel_tol: float) -> tuple[int, str]:
+    """(> 0: `p` is better, < 0: `q`, 0: a tie; why): the higher objective (by more than `rel_tol`),
+    then fewer servers, then the shorter closed loop of the robots (sum over classes of 1/bound)."""
+    if abs(p.objective - q.objective) > rel_tol * max(abs(p.objective), abs(q.objective)):
+        return (1 if p.objective > q.objective else -1), "a higher objective"
+    if len(p.servers) != len(q.servers):
+        return (1 if len(p.servers) < len(q.servers) else -1), "the same objective on fewer servers"
+
+    def loop(plan_: Plan) -> float:
+        return sum(1.0 / closed_loop_hz(profiles, plan_.servers, factory.tasks[c.task])
+                   for c in factory.fleet if c.task in plan_.rates_hz)
+
+    lp, lq = loop(p), loop(q)
+    if lp != lq:
+        return (1 if lp < lq else -1), "the same objective and servers, a shorter closed loop"
+    return 0, "a tie (the first tried kept)"
+
+
+def _why(factory: Factory, profiles: Profiles, task: str, chosen: dict[str, bool], best: Plan,
+         results: list[tuple[dict[str, bool], Plan | None, str]], rel_tol: float) -> str:
+    """One line: how `task`'s System 1 and System 2 are served, and why not the other way."""
+    t = factory.tasks[task]
+    (n1, c1), (n2, c2) = t.component("system1"), t.component("system2")
+    one = f"{n1}+{n2} from one stream of {t.combined_model}"
+    apart = f"{n1} on {c1.model}, {n2} on {c2.model}"
+    other = next(((p, why) for v, p, why in results if v == {**chosen, task: not chosen[task]}), None)
+    mine, theirs = (one, apart) if chosen[task] else (apart, one)
+    if other is None:  # more optional tasks than MAX_COMBINATIONS_TASKS: all one way or the other
+        return f"{mine} (every task with a combined_model served the same way: the better of the two)"
+    if other[0] is None:
+        return f"{mine}: {theirs} is infeasible ({other[1]})"
+    o = other[0]
+
+    def said(p: Plan) -> str:
+        return f"objective {p.objective:.4g}, {len(p.servers)} servers, {task} at {p.rates_hz[task]:.4g} Hz"
+
+    reason = _compare(factory, profiles, best, o, rel_tol)[1]
+    return f"{mine} ({said(best)}) rather than {theirs} ({said(o)}): {reason}"
+
+
+def _plan(factory: Factory, profiles: Profiles, *, rel_tol: float = 1e-3, time_budget_s: float = 60.0,
+          clock: Callable[[], float] = time.perf_counter) -> Plan:
     t0 = clock()
     check_against_profiles(factory, profiles)
     budget = factory.servers.count

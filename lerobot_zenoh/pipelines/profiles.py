@@ -248,6 +248,17 @@ def check_against_profiles(factory, profiles: Profiles) -> None:
                           f"profiles ({profiles.source}) were measured on {profiles.hardware!r}: profile the "
                           "models on the servers' hardware", source=factory.source)
     for tname, task in factory.tasks.items():
+        if task.combined_model is not None:
+            prof = profiles.models.get(task.combined_model)
+            if prof is None or not prof.serves_both:
+                raise ConfigError(f"tasks.{tname}.combined_model", f"task {tname!r}: {task.combined_model!r} has "
+                                  + ("no serving profile" if prof is None else "a profile of one component") +
+                                  " (a combined model is profiled with components: [system1, system2], "
+                                  "lerobot-zenoh-profile --task)", source=factory.source)
+            if factory.models[task.combined_model].language is None:
+                raise ConfigError(f"models.{task.combined_model}.language", f"task {tname!r}: combined_model "
+                                  f"{task.combined_model!r} is served without a language block (a pi05 checkpoint "
+                                  "with `language:`, docs/policies.md)", source=factory.source)
         for cname, comp in task.components.items():
             where = f"tasks.{tname}.components.{cname}"
             if comp.model not in profiles.models:
