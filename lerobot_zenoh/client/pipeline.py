@@ -131,6 +131,8 @@ class PipelineTask(Task):
             if route.kind == "system2" and route.app == s1.app:
                 self._check_shared_prefill(name, context.status)
                 self.statuses[name] = context.status
+                log.info("%s: component %s (system2) served by %s from System 1's prefill (%s %s)", cfg.client_uuid,
+                         name, context.status.server_id, context.status.model_id, context.status.model_version)
                 continue
             status = discover(context.session, route.app, cfg.discovery_timeout_s, context.stop,
                               client_uuid=cfg.client_uuid)

@@ -101,7 +101,10 @@ class Plan:
                 "rates_hz": {k: round(v, 4) for k, v in self.rates_hz.items()},
                 "servers": [{"index": s.index, "model": s.model, "role": s.role, "batch_size": s.batch_size,
                              "rate_hz": round(s.rate_hz, 4), "mean_ms": round(s.mean_ms, 2),
-                             "shares": {sh.stream.label: sh.robots for sh in s.shares}} for s in self.servers],
+                             # a System 2 riding on System 1's stream shows as `task.act+plan`
+                             "shares": {sh.stream.label + (f"+{sh.stream.text_component}" if sh.stream.text_component
+                                                           else ""): sh.robots for sh in s.shares}}
+                            for s in self.servers],
                 "solve_s": round(self.solve_s, 4), "search_steps": self.search_steps}
 
 

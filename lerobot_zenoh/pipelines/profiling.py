@@ -244,13 +244,14 @@ class Profiler:
                     send(free)
                     busy[free] = self._seq
                 drain(time.perf_counter() + self.run.timeout_s, samples, refill=False, settle=True, texts=texts)
-                unanswered = len(busy) + len(self._text_sent)
+                unanswered, texts_lost = len(busy), len(self._text_sent)
                 busy.clear()
                 self._sent.clear()
                 self._text_sent.clear()
-                lost = dropped + unanswered
+                lost = dropped + unanswered + texts_lost
                 log(f"{frac:.0%} ({rate:.2f}/s): {len(samples)} answered"
-                    + (f", {len(texts)} texts" if text is not None else "") + f", {lost} dropped or unanswered")
+                    + (f", {len(texts)} texts ({texts_lost} unanswered)" if text is not None else "")
+                    + f", {dropped} dropped (no idle client), {unanswered} unanswered")
                 if samples and (text is None or texts):
                     point = latency_point(self.run.batch_size, rate, samples)
                     if text is not None:
