@@ -334,18 +334,22 @@ def test_served_actions_and_streamed_text_from_one_entry(checkpoint, port, app_k
 
     robot = "kit-r0"
 
-    def entry(model_id, task, **text):
+    def entry(model_id, *items):
         return {"model_id": model_id, "model_version": "v1", "application_tag": f"{model_id}-srv",
-                "pretrained_path": str(checkpoint), "fps": 30, "clients": [{"client_uuid": robot}],
+                "pretrained_path": str(checkpoint), "fps": 30,
+                "clients": [{"client_uuid": c} for c in (robot, "kit-r3", "kit-r4")],
                 "language": {"max_new_tokens": 40, "tokens_per_frame": 2, "max_prompt_tokens": 12},
-                "pipeline": [{"task": task, "component": "act", "bit": 0,
-                              "text": {"component": "plan", "bit": 1, **text}}]}
+                "pipeline": [{"task": task, "component": "act", "bit": 0, **item,
+                              "text": {"component": "plan", "bit": 1, **text}} for task, item, text in items]}
 
     m = parse_manifest({"cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": "srv0",
                         "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False},
                         "telemetry_period_s": 0, "sessions": {"liveliness_grace_s": 0.2},
-                        "server": [entry("pi", "kit", max_new_tokens=6),
-                                   entry("bad", "kit2", prompt="describe every object on the table in great detail")]})
+                        "server": [entry("pi", ("kit", {}, {"max_new_tokens": 6})),
+                                   # three ways to ask what this model refuses, one task stream each
+                                   entry("bad", ("kit2", {}, {"prompt": "describe every object on the table in detail"}),
+                                         ("kit3", {}, {"max_new_tokens": 99}),  # over language.max_new_tokens
+                                         ("kit4", {"labels": ["safe", "unsafe"]}, {}))]})  # a verdict
     server = PolicyServer(m).start()
     session = ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))).open()
     got: dict[str, list] = {"action": [], "text": []}
@@ -358,14 +362,16 @@ def test_served_actions_and_streamed_text_from_one_entry(checkpoint, port, app_k
                                                                        lock.release()))
         for app in apps.values():
             assert wait_for(lambda a=app: session.query(a.status, 0.3)), "status never answered"
-        streams = {t: pipeline_app(app_key.cluster, app_key.experiment, t).client(robot) for t in ("kit", "kit2")}
+        # A robot belongs to one task: each refused task has a robot of its own.
+        who = {"kit": robot, "kit2": robot, "kit3": "kit-r3", "kit4": "kit-r4"}
+        streams = {t: pipeline_app(app_key.cluster, app_key.experiment, t).client(who[t]) for t in who}
         pubs = {t: session.publisher(s.obs, OBSERVATION_QOS) for t, s in streams.items()}
         token = session.declare_token(streams["kit"].metrics)
         rng = np.random.default_rng(0)
 
         def send(seq_id, mask, task="kit"):
             images = {c: codec.encode_jpeg(rng.integers(0, 255, (*hw, 3), dtype=np.uint8), 90) for c, hw in CAMERAS.items()}
-            obs = Observation(seq_id, robot, np.zeros(len(STATE), np.float32), images, "pick up the red cube",
+            obs = Observation(seq_id, who[task], np.zeros(len(STATE), np.float32), images, "pick up the red cube",
                               episode_id="e0", session_nonce=1, component_mask=mask)
             pubs[task].put(codec.encode(obs), codec.encode_observation_header(obs))
 
@@ -389,10 +395,20 @@ def test_served_actions_and_streamed_text_from_one_entry(checkpoint, port, app_k
         assert not chunks(2) and not texts(3)
         runner = server.models[0].runner
         assert runner.counters["started"] == 2 and server.stats()[apps["pi"].prefix]["answers"]["text"] == 2
-        # The other entry's prompt is over its max_prompt_tokens: refused per request, counted.
-        send(4, 0b11, task="kit2")
-        assert wait_for(lambda: server.stats()[apps["bad"].prefix]["clients"].get(robot, {}).get("rejected", {})
-                        .get("prompt_too_long"), 30)
+        # The other entry refuses per request, each counted under its reason: a prompt over its
+        # max_prompt_tokens, a token limit over language.max_new_tokens, a verdict (pi0.5 writes text).
+        def rejected():
+            counts: dict = {}
+            for c in server.stats()[apps["bad"].prefix]["clients"].values():
+                for reason, n in c.get("rejected", {}).items():
+                    counts[reason] = counts.get(reason, 0) + n
+            return counts
+
+        for seq_id, task, reason in ((4, "kit2", "prompt_too_long"), (6, "kit3", "text_over_token_limit"),
+                                     (7, "kit4", "component_not_served")):
+            send(seq_id, 0b11, task=task)
+            assert wait_for(lambda r=reason: rejected().get(r) == 1, 30), rejected()
+        assert server.models[1].runner.counters["started"] == 0  # nothing of them was decoded
         # A robot that disappears frees its language state.
         # (A budget of 0 tokens per frame once actions are over their SLO: the text stays unfinished.)
         runner.configure_language(dataclasses_replace(runner.settings, min_tokens_per_frame=0, action_slo_ms=0.001))
@@ -742,3 +758,19 @@ def test_the_planner_prefers_the_combined_model_when_its_profile_says_it_is_chea
     one = one.model_copy(update={"models": {**one.models, "pi05-lang": one.get("pi05")}})
     with pytest.raises(ConfigError, match="tasks.talk.combined_model"):
         plan(factory, one, time_budget_s=5)
+
+
+def test_the_client_takes_system2_on_system1s_server_only_from_a_pi05_answering_actions():
+    from lerobot_zenoh.client.pipeline import PipelineTask
+    from lerobot_zenoh.errors import CompatibilityError
+    from lerobot_zenoh.protocol.messages import Status
+
+    def status(policy_type, output):
+        return Status("m", "v1", {}, 6, 10, {}, policy_type=policy_type, server_id="srv0", output=output)
+
+    PipelineTask._check_shared_prefill("plan", status("pi05", "actions"))
+    PipelineTask._check_shared_prefill("plan", status("pi05", None))  # an older server: actions
+    with pytest.raises(CompatibilityError, match="component 'plan' .* planned on System 1's server srv0 .* serves act"):
+        PipelineTask._check_shared_prefill("plan", status("act", "actions"))
+    with pytest.raises(CompatibilityError, match="answering text"):
+        PipelineTask._check_shared_prefill("plan", status("pi05", "text"))
