@@ -633,7 +633,7 @@ def test_planned_combined_deployment_runs_end_to_end(tmp_path_factory, capsys):
     with lock:
         assert any(t.partial for t in texts) and any(not t.partial for t in texts)
     assert stats["answers"]["text"] >= 1 and stats["answers"]["actions"] > 0
-    assert "component plan (system2)" not in proc.stderr  # no second server was looked for
+    assert "talk-r1: component plan (system2) served by srv0 from System 1's prefill" in proc.stderr
 
 
 def test_profile_the_combined_runner_then_plan_with_it(checkpoint, tmp_path, capsys):

@@ -9,6 +9,10 @@
                             compaction across classes when over budget, and the closed-loop bound
                             f_c <= 1 / (t_act + l_S1 + l_S2 / H)
 
+A task with a `combined_model` is planned both ways (its System 1 and System 2 from one stream of
+that two-component model, or as its components name them) and the better plan kept, with the reason
+(`Plan.choices`); `resolved_factory` is the factory as the plan serves it.
+
 A *stream* is one component of one task class: K_c robots each sending at a rate (System 1: f_c,
 System 2: f_c / H, safety and monitor: their configured rate). A server hosts one model (Rosa 3.4.1:
 no colocation) and serves one or more streams of it, with one batch size; it is feasible when, at its

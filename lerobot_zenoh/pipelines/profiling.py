@@ -219,7 +219,9 @@ class Profiler:
             self._text_sent.clear()
             log(f"saturation: {max_rate:.2f} requests/s at {self.run.clients} clients")
             if max_rate <= 0:
-                raise TransportError("the server answered nothing while saturated")
+                raise TransportError("the server answered nothing while saturated" + (
+                    f" (observations went to task {text.task!r}'s stream: does the server serve it, a pipeline "
+                    "item with `text`, and accept the profile-N clients?)" if text is not None else ""))
             # 2. open-loop Poisson arrivals at each fraction
             rng = np.random.default_rng(self.run.seed)
             points = []
