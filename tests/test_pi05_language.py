@@ -369,10 +369,10 @@ def test_served_actions_and_streamed_text_from_one_entry(checkpoint, port, app_k
         token = session.declare_token(streams["kit"].metrics)
         rng = np.random.default_rng(0)
 
-        def send(seq_id, mask, task="kit"):
+        def send(seq_id, mask, task="kit", episode="e0"):
             images = {c: codec.encode_jpeg(rng.integers(0, 255, (*hw, 3), dtype=np.uint8), 90) for c, hw in CAMERAS.items()}
             obs = Observation(seq_id, who[task], np.zeros(len(STATE), np.float32), images, "pick up the red cube",
-                              episode_id="e0", session_nonce=1, component_mask=mask)
+                              episode_id=episode, session_nonce=1, component_mask=mask)
             pubs[task].put(codec.encode(obs), codec.encode_observation_header(obs))
 
         def texts(seq_id):
@@ -414,8 +414,14 @@ def test_served_actions_and_streamed_text_from_one_entry(checkpoint, port, app_k
         runner.configure_language(dataclasses_replace(runner.settings, min_tokens_per_frame=0, action_slo_ms=0.001))
         send(5, 0b11)
         assert wait_for(lambda: texts(5), 30) and runner.language_active == 1
+        # A new episode frees it (its text is of the old one) ...
+        send(8, 0b01, episode="e1")
+        assert wait_for(lambda: chunks(8), 30) and runner.language_active == 0 and runner.counters["forgotten"] == 1
+        send(9, 0b11, episode="e1")
+        assert wait_for(lambda: texts(9), 30) and runner.language_active == 1
+        # ... and so does the robot disappearing (its session closes with its token).
         token.undeclare()
-        assert wait_for(lambda: runner.language_active == 0 and runner.counters["forgotten"] >= 1, 30)
+        assert wait_for(lambda: runner.language_active == 0 and runner.counters["forgotten"] == 2, 30)
     finally:
         session.close()
         server.stop()
