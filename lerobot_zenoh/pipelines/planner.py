@@ -95,7 +95,7 @@ class Plan:
     solve_s: float
     search_steps: int
     # Tasks with a `combined_model`: whether the plan serves their System 1 and System 2 from one
-    # stream of it (True) or as the components name them (False), and why (`choose`).
+    # stream of it (True) or as the components name them (False), and why (`plan`).
     combined: dict[str, bool] = field(default_factory=dict)
     choices: dict[str, str] = field(default_factory=dict)
 
