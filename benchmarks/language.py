@@ -167,6 +167,18 @@ def decode_throughput(runner, batch: int, steps: int) -> tuple[float, float]:
     return batch * steps / together, batch * steps / alone
 
 
+def decode_cost(before: dict, after: dict) -> dict:
+    """The profile row's decode cost (docs/pipelines.md) from the runner's counters over a run."""
+    d = {k: after[k] - before[k] for k in ("decode_ms", "step_ms", "step_rows", "tokens", "decode_steps")}
+    out = {}
+    if d["tokens"]:
+        out["decode_ms_per_token"] = round(d["decode_ms"] / d["tokens"], 4)
+    if d["decode_steps"]:
+        out["decode_step_ms"] = round(d["step_ms"] / d["decode_steps"], 4)
+        out["decode_batch_mean"] = round(d["step_rows"] / d["decode_steps"], 4)
+    return out
+
+
 def pi05_table(args) -> None:
     root = Path(args.out or tempfile.mkdtemp(prefix="bench_language_"))
     profile: dict = {"hardware": args.hardware, "models": {}}
@@ -192,6 +204,7 @@ def pi05_table(args) -> None:
             modes = {m: Mode(runners["4" if m == "4" else "4s" if m == "4s" else "A"], m, robots, args.tokens,
                              args.per_frame, slo) for m in ("1", "2", "3", "4", "4s")}
             warm = math.ceil(args.tokens / args.per_frame)
+            before = dict(runners["4"].counters)
             for f in range(warm + args.frames):
                 for m in ("1", "2", "3"):
                     runners["A"].configure_language(modes[m].runner.settings)
@@ -214,7 +227,8 @@ def pi05_table(args) -> None:
             points.append({"batch_size": robots, "rate_hz": round(r4["action_rate"], 4),
                            "mean_ms": round(statistics.fmean(modes["4"].action_ms), 2),
                            "p50_ms": round(r4["action_p50"], 2), "p99_ms": round(r4["action_p99"], 2),
-                           "text_mean_ms": round(modes["4"].text_mean_ms(), 2)})
+                           "text_mean_ms": round(modes["4"].text_mean_ms(), 2),
+                           **decode_cost(before, runners["4"].counters)})
         profile["models"][f"pi05-{shape}-language"] = {"components": ["system1", "system2"], "points": points}
         if args.profile_out:
             import yaml

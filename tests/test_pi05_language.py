@@ -334,18 +334,22 @@ def test_served_actions_and_streamed_text_from_one_entry(checkpoint, port, app_k
 
     robot = "kit-r0"
 
-    def entry(model_id, task, **text):
+    def entry(model_id, *items):
         return {"model_id": model_id, "model_version": "v1", "application_tag": f"{model_id}-srv",
-                "pretrained_path": str(checkpoint), "fps": 30, "clients": [{"client_uuid": robot}],
+                "pretrained_path": str(checkpoint), "fps": 30,
+                "clients": [{"client_uuid": c} for c in (robot, "kit-r3", "kit-r4")],
                 "language": {"max_new_tokens": 40, "tokens_per_frame": 2, "max_prompt_tokens": 12},
-                "pipeline": [{"task": task, "component": "act", "bit": 0,
-                              "text": {"component": "plan", "bit": 1, **text}}]}
+                "pipeline": [{"task": task, "component": "act", "bit": 0, **item,
+                              "text": {"component": "plan", "bit": 1, **text}} for task, item, text in items]}
 
     m = parse_manifest({"cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": "srv0",
                         "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False},
                         "telemetry_period_s": 0, "sessions": {"liveliness_grace_s": 0.2},
-                        "server": [entry("pi", "kit", max_new_tokens=6),
-                                   entry("bad", "kit2", prompt="describe every object on the table in great detail")]})
+                        "server": [entry("pi", ("kit", {}, {"max_new_tokens": 6})),
+                                   # three ways to ask what this model refuses, one task stream each
+                                   entry("bad", ("kit2", {}, {"prompt": "describe every object on the table in detail"}),
+                                         ("kit3", {}, {"max_new_tokens": 99}),  # over language.max_new_tokens
+                                         ("kit4", {"labels": ["safe", "unsafe"]}, {}))]})  # a verdict
     server = PolicyServer(m).start()
     session = ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))).open()
     got: dict[str, list] = {"action": [], "text": []}
@@ -358,15 +362,17 @@ def test_served_actions_and_streamed_text_from_one_entry(checkpoint, port, app_k
                                                                        lock.release()))
         for app in apps.values():
             assert wait_for(lambda a=app: session.query(a.status, 0.3)), "status never answered"
-        streams = {t: pipeline_app(app_key.cluster, app_key.experiment, t).client(robot) for t in ("kit", "kit2")}
+        # A robot belongs to one task: each refused task has a robot of its own.
+        who = {"kit": robot, "kit2": robot, "kit3": "kit-r3", "kit4": "kit-r4"}
+        streams = {t: pipeline_app(app_key.cluster, app_key.experiment, t).client(who[t]) for t in who}
         pubs = {t: session.publisher(s.obs, OBSERVATION_QOS) for t, s in streams.items()}
         token = session.declare_token(streams["kit"].metrics)
         rng = np.random.default_rng(0)
 
-        def send(seq_id, mask, task="kit"):
+        def send(seq_id, mask, task="kit", episode="e0"):
             images = {c: codec.encode_jpeg(rng.integers(0, 255, (*hw, 3), dtype=np.uint8), 90) for c, hw in CAMERAS.items()}
-            obs = Observation(seq_id, robot, np.zeros(len(STATE), np.float32), images, "pick up the red cube",
-                              episode_id="e0", session_nonce=1, component_mask=mask)
+            obs = Observation(seq_id, who[task], np.zeros(len(STATE), np.float32), images, "pick up the red cube",
+                              episode_id=episode, session_nonce=1, component_mask=mask)
             pubs[task].put(codec.encode(obs), codec.encode_observation_header(obs))
 
         def texts(seq_id):
@@ -389,17 +395,33 @@ def test_served_actions_and_streamed_text_from_one_entry(checkpoint, port, app_k
         assert not chunks(2) and not texts(3)
         runner = server.models[0].runner
         assert runner.counters["started"] == 2 and server.stats()[apps["pi"].prefix]["answers"]["text"] == 2
-        # The other entry's prompt is over its max_prompt_tokens: refused per request, counted.
-        send(4, 0b11, task="kit2")
-        assert wait_for(lambda: server.stats()[apps["bad"].prefix]["clients"].get(robot, {}).get("rejected", {})
-                        .get("prompt_too_long"), 30)
+        # The other entry refuses per request, each counted under its reason: a prompt over its
+        # max_prompt_tokens, a token limit over language.max_new_tokens, a verdict (pi0.5 writes text).
+        def rejected():
+            counts: dict = {}
+            for c in server.stats()[apps["bad"].prefix]["clients"].values():
+                for reason, n in c.get("rejected", {}).items():
+                    counts[reason] = counts.get(reason, 0) + n
+            return counts
+
+        for seq_id, task, reason in ((4, "kit2", "prompt_too_long"), (6, "kit3", "text_over_token_limit"),
+                                     (7, "kit4", "component_not_served")):
+            send(seq_id, 0b11, task=task)
+            assert wait_for(lambda r=reason: rejected().get(r) == 1, 30), rejected()
+        assert server.models[1].runner.counters["started"] == 0  # nothing of them was decoded
         # A robot that disappears frees its language state.
         # (A budget of 0 tokens per frame once actions are over their SLO: the text stays unfinished.)
         runner.configure_language(dataclasses_replace(runner.settings, min_tokens_per_frame=0, action_slo_ms=0.001))
         send(5, 0b11)
         assert wait_for(lambda: texts(5), 30) and runner.language_active == 1
+        # A new episode frees it (its text is of the old one) ...
+        send(8, 0b01, episode="e1")
+        assert wait_for(lambda: chunks(8), 30) and runner.language_active == 0 and runner.counters["forgotten"] == 1
+        send(9, 0b11, episode="e1")
+        assert wait_for(lambda: texts(9), 30) and runner.language_active == 1
+        # ... and so does the robot disappearing (its session closes with its token).
         token.undeclare()
-        assert wait_for(lambda: runner.language_active == 0 and runner.counters["forgotten"] >= 1, 30)
+        assert wait_for(lambda: runner.language_active == 0 and runner.counters["forgotten"] == 2, 30)
     finally:
         session.close()
         server.stop()
@@ -414,12 +436,11 @@ def dataclasses_replace(obj, **changes):
 # -- the planner: a model serving two components from one stream --------------------------------------
 
 def _talk_factory(robots: int) -> dict:
-    cams = {"front": [96, 128]}
     return {
         "cluster_uuid": "factory", "experiment_tag": "talk",
         "servers": {"count": 4, "hardware": "synthetic-H200", "host": "127.0.0.1", "port_base": 8250, "device": "cpu"},
-        "models": {"pi05-lang": {"model_id": "pi05lang", "synthetic": {"latency_ms": 60, "chunk_size": 50,
-                                                                       "cameras": cams}}},
+        "models": {"pi05-lang": {"model_id": "pi05lang", "pretrained_path": "checkpoints/pi05",
+                                 "language": {"max_new_tokens": 16}}},
         "fleet": [{"task": "talk", "robots": robots, "weight": 1.0, "min_throughput_hz": 1}],
         "tasks": {"talk": {"action_period_ms": 200, "components": {
             "act": {"kind": "system1", "model": "pi05-lang", "prompt": "", "invocation": "per_chunk",
@@ -479,3 +500,283 @@ def test_text_result_partial_round_trips_and_is_sent_only_when_true():
     final = TextResult(7, "pick up the cube", 12.5, "srv")
     assert "partial" not in msgpack.unpackb(codec.encode(final))  # as before: older readers see no change
     assert codec.decode_text_result(codec.encode(final)).partial is False
+
+
+def test_deployment_writes_the_text_item_and_admission_keeps_one_stream(tmp_path):
+    """A planned combined pi0.5: its manifest serves System 1 with System 2 as the item's `text` (and
+    the factory's `language` block), every robot's two routes name the same app, and an admitted
+    robot joins System 1's stream on that server for both components (no System 2 stream)."""
+    from lerobot_zenoh.pipelines.admission import admit
+    from lerobot_zenoh.pipelines.deployment import apply_admission, load_deployment, write_deployment
+    from lerobot_zenoh.pipelines.descriptor import parse_factory
+    from lerobot_zenoh.pipelines.planner import plan
+    from lerobot_zenoh.server.manifest import load_manifest
+
+    factory = parse_factory(_talk_factory(4))
+    profiles = _lang_profiles(two=True)
+    result = plan(factory, profiles, time_budget_s=10)
+    out = write_deployment(factory, result, tmp_path / "deploy", profiles)
+    doc = json.loads((out / "plan.json").read_text())
+    for s in result.servers:
+        (entry,) = load_manifest(out / "manifests" / f"srv{s.index}.yaml").server
+        assert entry.application_tag == f"system1+system2-srv{s.index}"
+        assert entry.language is not None and entry.language.max_new_tokens == 16
+        (item,) = entry.pipeline
+        assert (item.component, item.bit, item.text.component, item.text.bit, item.text.prompt) == (
+            "act", 0, "plan", 1, "next subtask?")
+    for routes in doc["robots"].values():
+        act, plan_ = routes["routes"]["act"], routes["routes"]["plan"]
+        assert act["application_tag"] == plan_["application_tag"] and plan_["kind"] == "system2"
+        assert plan_["rate_hz"] == pytest.approx(act["rate_hz"] / 4, rel=1e-5)
+    f2, p2, state = load_deployment(out)
+    a = admit(f2, p2, state, "talk")
+    assert a.admitted, a.reason
+    assert a.routes["act"] == a.routes["plan"] and list(a.routes) == ["act", "plan"]
+    assert all(sh.stream.kind == "system1" and sh.stream.text_component == "plan"
+               for s in a.plan.servers for sh in s.shares)
+    changed = apply_admission(f2, state, a.plan, a.robot, out)
+    (entry,) = load_manifest(out / "manifests" / f"srv{a.routes['act']}.yaml").server
+    assert changed and a.robot in {c.client_uuid for c in entry.clients} and entry.pipeline[0].text.component == "plan"
+
+
+def test_a_combined_model_without_language_or_named_for_system2_alone_is_refused():
+    from lerobot_zenoh.pipelines.descriptor import parse_factory
+    from lerobot_zenoh.pipelines.planner import plan
+
+    data = _talk_factory(2)
+    del data["models"]["pi05-lang"]["language"]
+    with pytest.raises(ConfigError, match="models.pi05-lang.language"):
+        plan(parse_factory(data), _lang_profiles(two=True), time_budget_s=5)
+    data = _talk_factory(2)
+    data["models"]["act-only"] = {"model_id": "act", "synthetic": {"latency_ms": 10}}
+    data["tasks"]["talk"]["components"]["act"]["model"] = "act-only"
+    profiles = _lang_profiles(two=True)
+    profiles = profiles.model_copy(update={"models": {**profiles.models, "act-only": _lang_profiles(False).get("pi05-lang")}})
+    with pytest.raises(ConfigError, match="name 'pi05-lang' for both"):
+        plan(parse_factory(data), profiles, time_budget_s=5)
+
+
+# -- end to end: planned, admitted, started as written, a pipeline robot client --------------------
+
+SO101 = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")
+SIM_CAMERAS = {"front": (96, 128), "wrist": (96, 128)}  # zenoh_sim's default cameras
+
+
+def test_planned_combined_deployment_runs_end_to_end(tmp_path_factory, capsys):
+    """lerobot-zenoh-plan writes a deployment with one pi0.5 serving `act` and `plan` from one
+    prefill; lerobot-zenoh-admit admits a second robot; the server starts from the generated manifest
+    (behind the deployment's router, as servers.sh starts it); the admitted robot's client line, run
+    as written, gets chunks and System 2's final text from that server, while a listener sees the
+    text stream (partial, then final) on the same app."""
+    import shlex
+    import subprocess
+    import sys
+    import threading
+
+    import yaml
+
+    from lerobot_zenoh.cli import admit as admit_cli
+    from lerobot_zenoh.cli import plan as plan_cli
+    from lerobot_zenoh.pipelines.profiles import dump_profiles
+    from lerobot_zenoh.protocol import codec
+    from lerobot_zenoh.protocol.keys import AppKey
+    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.server.manifest import load_manifest
+    from lerobot_zenoh.server.server import PolicyServer
+    from lerobot_zenoh.transport.session import ZenohSession
+    from lerobot_zenoh.transport.settings import ZenohSettings
+    from lz_testing import free_port, wait_for
+
+    root = tmp_path_factory.mktemp("e2e")
+    ckpt = build_checkpoint(root / "pi05", policy_type="pi05", state_names=SO101, action_names=SO101,
+                            cameras=SIM_CAMERAS, chunk_size=10, fps=30, overrides={"num_inference_steps": 2})
+    data = _talk_factory(1)
+    data["servers"].update(count=1, port_base=free_port())
+    data["models"]["pi05-lang"] = {"model_id": "pi05lang", "pretrained_path": str(ckpt),
+                                   "language": {"max_new_tokens": 6, "tokens_per_frame": 2}}
+    comps = data["tasks"]["talk"]["components"]
+    comps["act"]["slo"] = {"percentile": 99, "deadline_ms": 5000}
+    comps["plan"].update(slo={"percentile": 99, "deadline_ms": 30000}, invocation={"every_n_chunks": 2})
+    (root / "factory.yaml").write_text(yaml.safe_dump(data))
+    (root / "profiles.yaml").write_text(dump_profiles(_lang_profiles(two=True)))
+    out = root / "deploy"
+    assert plan_cli.main([f"--factory={root / 'factory.yaml'}", f"--profiles={root / 'profiles.yaml'}",
+                          f"--output={out}", "--time_budget_s=10"]) == 0
+    assert admit_cli.main([f"--deployment={out}", "--task=talk", "--confirm_s=0"]) == 0
+    capsys.readouterr()
+    (entry,) = load_manifest(out / "manifests" / "srv0.yaml").server
+    assert {c.client_uuid for c in entry.clients} == {"talk-r0", "talk-r1"} and entry.pipeline[0].text.bit == 1
+    line = next(ln for ln in (out / "admitted.sh").read_text().splitlines() if ln.startswith("lerobot-robot-client"))
+    argv = shlex.split(line.removesuffix(" &"))
+    assert "--client_uuid=talk-r1" in argv
+
+    endpoint = f"tcp/127.0.0.1:{data['servers']['port_base']}"
+    router = ZenohSession(ZenohSettings(mode="router", listen=[endpoint], multicast_scouting=False)).open()
+    server = PolicyServer(load_manifest(out / "manifests" / "srv0.yaml")).start()
+    listener = ZenohSession(ZenohSettings(mode="client", connect=[endpoint], multicast_scouting=False)).open()
+    texts: list = []
+    lock = threading.Lock()
+    app = AppKey(data["cluster_uuid"], data["experiment_tag"], "pi05lang", "v1", entry.application_tag)
+    listener.subscribe(app.client("talk-r1").topic("text"),
+                       lambda key, payload: (lock.acquire(), texts.append(codec.decode_text_result(payload)),
+                                             lock.release()))
+    summary = root / "summary.json"
+    try:
+        proc = subprocess.run([sys.executable, "-m", "lerobot_zenoh.cli.client", *argv[1:], "--duration_s=12",
+                               f"--summary_path={summary}"], capture_output=True, text=True, timeout=240,
+                              check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert wait_for(lambda: any(not t.partial for t in texts), 10)
+        stats = server.stats()[app.prefix]
+    finally:
+        listener.close()
+        server.stop()
+        router.close()
+    done = json.loads(summary.read_text())
+    pipe = done["pipeline"]
+    assert done["chunks_received"] > 0 and pipe["slo.act.answered"] > 0
+    assert pipe["slo.plan.answered"] >= 1, pipe  # System 2's final text, booked by the robot
+    with lock:
+        assert any(t.partial for t in texts) and any(not t.partial for t in texts)
+    assert stats["answers"]["text"] >= 1 and stats["answers"]["actions"] > 0
+    assert "talk-r1: component plan (system2) served by srv0 from System 1's prefill" in proc.stderr
+
+
+def test_profile_the_combined_runner_then_plan_with_it(checkpoint, tmp_path, capsys):
+    """lerobot-zenoh-profile --task: the clients ask actions every request and text every 2nd on the
+    task's stream; the rows are the actions' latencies with text_mean_ms and the decode cost (from
+    the server's telemetry), under components [system1, system2]; the planner reads them and puts
+    both components of a task naming the model on one stream."""
+    from lerobot_zenoh.cli.profile import main
+    from lerobot_zenoh.pipelines.descriptor import parse_factory
+    from lerobot_zenoh.pipelines.planner import plan
+    from lerobot_zenoh.pipelines.profiles import load_profiles
+    from lerobot_zenoh.server.manifest import parse_manifest
+    from lerobot_zenoh.server.server import PolicyServer
+    from lz_testing import free_port
+
+    port = free_port()
+    server = PolicyServer(parse_manifest({
+        "cluster_uuid": "prof", "experiment_tag": f"t{port}", "server_id": "gpu0", "telemetry_period_s": 0.3,
+        "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False},
+        "server": [{"model_id": "pi05", "model_version": "v1", "application_tag": "both", "pretrained_path": str(checkpoint),
+                    "fps": 30, "accept_unknown_clients": True, "max_batch_size": 2,
+                    "language": {"max_new_tokens": 4, "tokens_per_frame": 2},
+                    "pipeline": {"task": "kit", "component": "act", "bit": 0,
+                                 "text": {"component": "plan", "bit": 1, "prompt": "next?"}}}],
+    })).start()
+    out = tmp_path / "profiles.yaml"
+    try:
+        rc = main([f"--endpoint=tcp/127.0.0.1:{port}", f"--output={out}", "--profile_name=pi05-lang",
+                   "--cluster_uuid=prof", f"--experiment_tag=t{port}", "--model_id=pi05", "--application_tag=both",
+                   "--batch_size=2", "--clients=2", "--saturation_s=2", "--seconds_per_rate=3", "--timeout_s=30",
+                   "--fractions=[0.5]", "--task=kit", "--text_every=2", "--hardware=synthetic-H200"])
+        stats = server.stats()
+    finally:
+        server.stop()
+    assert rc == 0, capsys.readouterr().err
+    prof = load_profiles(out).models["pi05-lang"]
+    assert prof.serves_both and len(prof.points) == 1
+    (p,) = prof.points
+    assert p.batch_size == 2 and p.text_mean_ms > 0 and p.mean_ms > 0
+    assert p.decode_ms_per_token > 0 and p.decode_step_ms > 0 and p.decode_batch_mean >= 1
+    (model,) = stats.values()
+    assert model["answers"]["text"] >= 1 and model["answers"]["actions"] >= 1
+    # The planner reads the measured file: both components of `talk` on one stream.
+    data = _talk_factory(1)
+    comps = data["tasks"]["talk"]["components"]
+    comps["act"]["slo"]["deadline_ms"] = 60_000
+    comps["plan"]["slo"]["deadline_ms"] = 600_000
+    result = plan(parse_factory(data), load_profiles(out), time_budget_s=10)
+    assert [(sh.stream.component, sh.stream.text_component) for s in result.servers for sh in s.shares] == [("act", "plan")]
+
+
+def _choice_factory(servers: int) -> dict:
+    data = _talk_factory(4)
+    data["servers"]["count"] = servers
+    data["models"].update({"pi05": {"model_id": "pi05", "pretrained_path": "checkpoints/pi05"},
+                           "vlm": {"model_id": "vlm", "pretrained_path": "checkpoints/vlm", "vlm": {}}})
+    comps = data["tasks"]["talk"]["components"]
+    comps["act"]["model"], comps["plan"]["model"] = "pi05", "vlm"
+    comps["act"]["slo"]["deadline_ms"] = 2000
+    comps["plan"]["slo"]["deadline_ms"] = 20_000
+    data["tasks"]["talk"]["combined_model"] = "pi05-lang"
+    return data
+
+
+def _choice_profiles(combined_ms: float, text_ms: float):
+    from lerobot_zenoh.pipelines.profiles import ModelProfile, Profiles, ServiceModel, synthetic_profile
+
+    act = synthetic_profile(ServiceModel(base_ms=60.0, per_item_ms=8.0), [1, 2, 4, 8])
+    vlm = synthetic_profile(ServiceModel(base_ms=600.0, per_item_ms=6.0), [8], "continuous")
+    both = synthetic_profile(ServiceModel(base_ms=combined_ms, per_item_ms=8.0), [1, 2, 4, 8])
+    both = ModelProfile(components=["system1", "system2"],
+                        points=[p.model_copy(update={"text_mean_ms": text_ms}) for p in both.points])
+    return Profiles(hardware="synthetic-H200", models={"pi05": act, "vlm": vlm, "pi05-lang": both})
+
+
+def test_the_planner_prefers_the_combined_model_when_its_profile_says_it_is_cheaper(tmp_path, capsys):
+    """A task whose System 1 (pi05) and System 2 (a VLM) may instead come from one stream of a
+    combined pi0.5: planned both ways, the better kept and said (objective, servers, rate of each
+    way); the deployment is written as chosen (factory.yaml too, for admission)."""
+    from lerobot_zenoh.cli import plan as plan_cli
+    from lerobot_zenoh.pipelines.deployment import load_deployment, write_deployment
+    from lerobot_zenoh.pipelines.descriptor import parse_factory
+    from lerobot_zenoh.pipelines.planner import plan
+    from lerobot_zenoh.pipelines.profiles import dump_profiles
+    from lerobot_zenoh.server.manifest import load_manifest
+
+    factory = parse_factory(_choice_factory(2))
+    cheap = _choice_profiles(combined_ms=70.0, text_ms=300.0)  # one prefill, text 300 ms: one stream wins
+    result = plan(factory, cheap, time_budget_s=20)
+    assert result.combined == {"talk": True}
+    why = result.choices["talk"]
+    assert why.startswith("act+plan from one stream of pi05-lang (objective") and why.endswith(": a higher objective")
+    assert "rather than act on pi05, plan on vlm (objective" in why
+    assert {s.model for s in result.servers} == {"pi05-lang"}
+    out = write_deployment(factory, result, tmp_path / "one", cheap)
+    (entry,) = load_manifest(out / "manifests" / "srv0.yaml").server
+    assert entry.model_id == "pi05lang" and entry.pipeline[0].text.component == "plan"
+    f2, _, state = load_deployment(out)
+    assert f2.tasks["talk"].combined_model is None and f2.tasks["talk"].components["plan"].model == "pi05-lang"
+    assert state.choices == result.choices
+    # A slow combined model (a 400 ms prefill, 8 s to its text): the two models as named.
+    slow = _choice_profiles(combined_ms=400.0, text_ms=8000.0)
+    apart = plan(factory, slow, time_budget_s=20)
+    assert apart.combined == {"talk": False} and apart.choices["talk"].startswith(
+        "act on pi05, plan on vlm (objective")
+    assert {s.model for s in apart.servers} == {"pi05", "vlm"}
+    # The command line says it.
+    (tmp_path / "f.yaml").write_text(json.dumps(_choice_factory(2)))
+    (tmp_path / "p.yaml").write_text(dump_profiles(cheap))
+    assert plan_cli.main([f"--factory={tmp_path / 'f.yaml'}", f"--profiles={tmp_path / 'p.yaml'}",
+                          "--time_budget_s=20"]) == 0
+    captured = capsys.readouterr()
+    assert "lerobot-zenoh-plan: task talk: act+plan from one stream of pi05-lang" in captured.err
+    assert json.loads(captured.out)["choices"]["talk"].startswith("act+plan from one stream of pi05-lang")
+    # Too slow for System 1's SLO: that way is infeasible, and said so.
+    data = _choice_factory(2)
+    data["tasks"]["talk"]["components"]["act"]["slo"]["deadline_ms"] = 300
+    apart = plan(parse_factory(data), slow, time_budget_s=20)
+    assert apart.combined == {"talk": False} and "pi05-lang is infeasible (" in apart.choices["talk"]
+    # A combined_model profiled as one component is refused naming the field.
+    one = _choice_profiles(70.0, 300.0)
+    one = one.model_copy(update={"models": {**one.models, "pi05-lang": one.get("pi05")}})
+    with pytest.raises(ConfigError, match="tasks.talk.combined_model"):
+        plan(factory, one, time_budget_s=5)
+
+
+def test_the_client_takes_system2_on_system1s_server_only_from_a_pi05_answering_actions():
+    from lerobot_zenoh.client.pipeline import PipelineTask
+    from lerobot_zenoh.errors import CompatibilityError
+    from lerobot_zenoh.protocol.messages import Status
+
+    def status(policy_type, output):
+        return Status("m", "v1", {}, 6, 10, {}, policy_type=policy_type, server_id="srv0", output=output)
+
+    PipelineTask._check_shared_prefill("plan", status("pi05", "actions"))
+    PipelineTask._check_shared_prefill("plan", status("pi05", None))  # an older server: actions
+    with pytest.raises(CompatibilityError, match="component 'plan' .* planned on System 1's server srv0 .* serves act"):
+        PipelineTask._check_shared_prefill("plan", status("act", "actions"))
+    with pytest.raises(CompatibilityError, match="answering text"):
+        PipelineTask._check_shared_prefill("plan", status("pi05", "text"))

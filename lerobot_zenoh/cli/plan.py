@@ -2,7 +2,8 @@
 
 Writes DIR/plan.json, DIR/manifests/srvN.yaml, DIR/servers.sh and DIR/clients.sh (and what
 lerobot-zenoh-admit reads: factory.yaml, profiles.yaml, plan_state.json), and prints the
-summary. Exit codes: 0 planned; 2 a configuration mistake (one line naming the field) or an
+summary (and, for each task with a `combined_model`, which way it is served and why, on stderr and
+under `choices`). Exit codes: 0 planned; 2 a configuration mistake (one line naming the field) or an
 infeasible fleet (one line naming the constraint that binds).
 """
 
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     if args.output:
         write_deployment(factory, result, args.output, profiles)
+    for task, why in result.choices.items():  # a task's combined_model: which way, and why
+        print(f"{PROG}: task {task}: {why}", file=sys.stderr)
     print(json.dumps(result.summary(), indent=1))
     return 0
 

@@ -1,8 +1,9 @@
 """`lerobot-zenoh-profile --endpoint=tcp/HOST:PORT --model_id=... --profile_name=... --output=profiles.yaml`:
 measure a running server's latency against request rate and add the rows to a profile file
 (docs/pipelines.md, "Serving profiles"). Run it once per batch size (restart the server with that
-`max_batch_size`). Exit codes: 0 measured; 2 a configuration mistake (one line naming the flag);
-3 no server answers.
+`max_batch_size`). `--task=T` profiles a pi0.5 serving task T's System 1 and System 2 from one
+prefill (action latency while text streams, text latency and decode cost). Exit codes: 0 measured;
+2 a configuration mistake (one line naming the flag); 3 no server answers.
 """
 
 from __future__ import annotations
@@ -48,6 +49,15 @@ class ProfileConfig:
     timeout_s: float = 10.0
     # Fractions of the measured maximum throughput to offer (Rosa: 0.1 .. 1.0).
     fractions: list[float] = field(default_factory=lambda: [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0])
+    # A pi0.5 serving System 1 and System 2 from one prefill: the task whose stream it serves (its
+    # manifest's pipeline item with `text`). The clients then ask actions (bit `action_bit`) every
+    # request and text (bit `text_bit`) every `text_every`-th, and the rows get `text_mean_ms` and the
+    # decode cost (the model entry: components [system1, system2]).
+    task: str | None = None
+    action_bit: int = 0
+    text_bit: int = 1
+    # Ask text with every N-th request of a client (the task's System 2 `every_n_chunks`).
+    text_every: int = 1
 
     def __post_init__(self) -> None:
         from lerobot_zenoh.errors import ConfigError
@@ -63,6 +73,13 @@ class ProfileConfig:
                 raise ConfigError(name, f"must be positive, got {getattr(self, name)}")
         if self.memory_gb is not None and not self.memory_gb > 0:
             raise ConfigError("memory_gb", f"must be positive, got {self.memory_gb}")
+        for name in ("action_bit", "text_bit"):
+            if not 0 <= getattr(self, name) < 32:
+                raise ConfigError(name, f"must be 0..31, got {getattr(self, name)}")
+        if self.action_bit == self.text_bit:
+            raise ConfigError("text_bit", f"is action_bit ({self.action_bit}): the two components have their own bits")
+        if self.text_every < 1:
+            raise ConfigError("text_every", f"must be >= 1, got {self.text_every}")
         if not self.fractions or any(not 0 < f <= 2 for f in self.fractions):
             raise ConfigError("fractions", f"each must be in (0, 2], got {self.fractions}")
 
@@ -73,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     from lerobot_zenoh.cli.parsing import EXIT_CONFIG, one_line, parse
     from lerobot_zenoh.errors import ConfigError, KeyExprError, TransportError
     from lerobot_zenoh.pipelines.profiles import dump_profiles, load_profiles
-    from lerobot_zenoh.pipelines.profiling import Profiler, ProfileRun, add_points
+    from lerobot_zenoh.pipelines.profiles import TWO_COMPONENTS
+    from lerobot_zenoh.pipelines.profiling import Profiler, ProfileRun, TextProfile, add_points
+    from lerobot_zenoh.protocol.keys import validate_chunk
     from lerobot_zenoh.protocol.keys import AppKey
     from lerobot_zenoh.transport.session import ZenohSession
     from lerobot_zenoh.transport.settings import ZenohSettings
@@ -82,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         app = AppKey(args.cluster_uuid, args.experiment_tag, args.model_id, args.model_version, args.application_tag)
         _ = app.status  # validates every chunk
+        text = None
+        if args.task is not None:
+            text = TextProfile(validate_chunk("task", args.task), args.action_bit, args.text_bit, args.text_every)
         existing = load_profiles(args.output) if Path(args.output).exists() else None
         if existing is not None and existing.hardware != args.hardware:
             raise ConfigError("hardware", f"{args.output} holds profiles measured on {existing.hardware!r}, not "
@@ -90,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         with ZenohSession(settings).open() as session:
             run = ProfileRun(app, args.batch_size, clients=args.clients, saturation_s=args.saturation_s,
                              seconds_per_rate=args.seconds_per_rate, timeout_s=args.timeout_s,
-                             fractions=tuple(args.fractions))
+                             fractions=tuple(args.fractions), text=text)
             points = Profiler(session, run).measure(log=lambda m: print(f"{PROG}: {m}", file=sys.stderr))
     except (ConfigError, KeyExprError) as exc:
         print(f"{PROG}: {one_line(str(exc))}", file=sys.stderr)
@@ -102,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: nothing was measured", file=sys.stderr)
         return 3
     profiles = add_points(existing, args.profile_name, points, batching=args.batching, hardware=args.hardware,
-                          memory_gb=args.memory_gb)
+                          memory_gb=args.memory_gb, components=list(TWO_COMPONENTS) if text else None)
     Path(args.output).write_text(dump_profiles(profiles))
     print(f"{PROG}: {len(points)} rows for {args.profile_name} at batch size {args.batch_size} -> {args.output}")
     return 0

@@ -22,7 +22,8 @@ One lock (`PipelineTask._lock`) guards the runtime; it is held for a few diction
 At start-up every component's server is found on its own app key (a status query naming this robot)
 and checked: it serves this robot, answers with what the component needs (`Status.output`: actions,
 text or verdict), and reads the robot's cameras and state (action dimension and fps are System 1's
-business only).
+business only). A System 2 routed to System 1's own app (a pi0.5 serving both from one prefill) is
+System 1's server: it must answer actions and be a pi05 (its text comes on the same app's `text`).
 """
 
 from __future__ import annotations
@@ -128,6 +129,12 @@ class PipelineTask(Task):
         for name, route in self.plan.routes.items():
             if route.kind == "system1":
                 continue
+            if route.kind == "system2" and route.app == s1.app:
+                self._check_shared_prefill(name, context.status)
+                self.statuses[name] = context.status
+                log.info("%s: component %s (system2) served by %s from System 1's prefill (%s %s)", cfg.client_uuid,
+                         name, context.status.server_id, context.status.model_id, context.status.model_version)
+                continue
             status = discover(context.session, route.app, cfg.discovery_timeout_s, context.stop,
                               client_uuid=cfg.client_uuid)
             if status is None:
@@ -153,6 +160,17 @@ class PipelineTask(Task):
                     raise CompatibilityError(f"task {self.plan.task.name!r}: a safe_pose has {len(fb.pose)} joints, "
                                              f"the robot takes {len(names)} actions")
         self._action_names = names
+
+    @staticmethod
+    def _check_shared_prefill(name: str, status) -> None:
+        """System 2 planned on System 1's own server and app (one stream, one prefill): that server
+        answers actions and streams text on the same app, which only a pi0.5 with a `language` block
+        does (docs/policies.md)."""
+        if (status.output or OutputKind.ACTIONS) != OutputKind.ACTIONS or status.policy_type != "pi05":
+            raise CompatibilityError(
+                f"component {name!r} (system2) is planned on System 1's server {status.server_id} (one stream), "
+                f"which needs a pi0.5 answering actions and text from one prefill, but it serves "
+                f"{status.policy_type or 'an unnamed policy'} answering {status.output or 'actions'}")
 
     @staticmethod
     def _check_output(name: str, kind: str, status) -> None:

@@ -5,7 +5,9 @@ task's components can be routed to a server already hosting that component's mod
 (goal or obligation), such that every SLO on that server still holds at the new aggregate rate (the
 server may change its batch size). Goal-coupled classes whose servers slow down get their action rate
 lowered to the closed-loop bound `1 / (t_act + l_S1 + l_S2 / H)`, as long as their minimum throughput
-still holds. Otherwise the robot is refused with the reason; a full re-plan is the planner's job.
+still holds. Otherwise the robot is refused with the reason; a full re-plan is the planner's job. A
+task whose System 1 and System 2 one model serves from one stream (`planner.joint_text_component`)
+adds one System 1 request stream that carries System 2, routed for both to the same server.
 
 Pure: the plan given is not modified; an admitted robot comes with the updated plan.
 """
@@ -16,7 +18,16 @@ import copy
 from dataclasses import dataclass, replace
 
 from lerobot_zenoh.pipelines.descriptor import GOAL_KINDS, Factory, Task
-from lerobot_zenoh.pipelines.planner import Plan, ServerPlan, Share, Stream, evaluate_server, f_upper
+from lerobot_zenoh.pipelines.planner import (
+    Plan,
+    ServerPlan,
+    Share,
+    Stream,
+    closed_loop_hz,
+    evaluate_server,
+    f_upper,
+    joint_text_component,
+)
 from lerobot_zenoh.pipelines.profiles import Profiles, stat_of
 
 
@@ -48,15 +59,6 @@ def _with_robot(server: ServerPlan, stream: Stream) -> list[Share]:
             s.robots += 1
             return shares
     return shares + [Share(stream, 1)]
-
-
-def _closed_loop_hz(factory: Factory, servers: list[ServerPlan], task: Task) -> float:
-    l1 = max((s.mean_ms for s in servers for sh in s.shares if sh.stream.task == task.name
-              and sh.stream.kind == "system1"), default=0.0)
-    l2 = max((s.mean_ms for s in servers for sh in s.shares if sh.stream.task == task.name
-              and sh.stream.kind == "system2"), default=0.0)
-    h = task.system2_horizon
-    return 1000.0 / (task.action_period_ms + l1 + (l2 / h if h else 0.0))
 
 
 def _apply_rates(factory: Factory, profiles: Profiles, servers: list[ServerPlan], rates: dict[str, float]) -> None:
@@ -111,8 +113,15 @@ def admit(factory: Factory, profiles: Profiles, plan: Plan, task_name: str, robo
 def _try(factory: Factory, profiles: Profiles, plan: Plan, task: Task, robot: str, f: float) -> Admission:
     servers = copy.deepcopy(plan.servers)
     routes: dict[str, int] = {}
+    # A System 2 served from System 1's stream (one prefill) is no stream of its own: it goes where
+    # System 1 goes, and System 1's stream carries it (as the planner placed it).
+    joint = joint_text_component(task, profiles)
     for cname, comp in task.components.items():
+        if cname == joint:
+            continue
         stream = _stream(task, cname, f)
+        if comp.kind == "system1" and joint is not None:
+            stream = replace(stream, text_component=joint)
         role = "goal" if comp.kind in GOAL_KINDS else "obligation"
         hosts = [s for s in servers if s.model == comp.model and s.role == role]
         if not hosts:
@@ -133,6 +142,8 @@ def _try(factory: Factory, profiles: Profiles, plan: Plan, task: Task, robot: st
                     sh.robot_ids.append(robot)
             s.shares, (s.batch_size, s.mean_ms, s.slo_ms) = shares, found
             routes[cname] = s.index
+            if stream.text_component:
+                routes[stream.text_component] = s.index
             break
         else:
             return Admission(False, why, robot, {}, 0.0, None)
@@ -141,7 +152,7 @@ def _try(factory: Factory, profiles: Profiles, plan: Plan, task: Task, robot: st
     rates.setdefault(task.name, f)
     changed = []
     for cls_name in list(rates):
-        bound = _closed_loop_hz(factory, servers, factory.tasks[cls_name])
+        bound = closed_loop_hz(profiles, servers, factory.tasks[cls_name])
         if rates[cls_name] > bound * (1 + 1e-9):
             robots = sum(1 for t in plan.robot_task.values() if t == cls_name) + (cls_name == task.name)
             fc = factory.fleet_class(cls_name) if any(c.task == cls_name for c in factory.fleet) else None
@@ -153,6 +164,7 @@ def _try(factory: Factory, profiles: Profiles, plan: Plan, task: Task, robot: st
                 changed.append(f"{cls_name} {rates[cls_name]:.3f} -> {bound:.3f} Hz")
             rates[cls_name] = bound
     _apply_rates(factory, profiles, servers, rates)
+    routes = {c: routes[c] for c in task.components}
     routing = {**copy.deepcopy(plan.routing), robot: routes}
     robot_task = {**plan.robot_task, robot: task.name}
     weights = {c.task: c.weight for c in factory.fleet}

@@ -21,7 +21,9 @@ clients) under an application tag of its own (`<kind>-srvN`). Every server entry
 block naming, for each task it serves a component of, the task, the component, its bit in an
 observation's `component_mask` (its position in the task descriptor) and what the descriptor asks of
 it (prompt; labels for safety and monitor): the server then takes the task's robots' observations from
-the task's observation stream (docs/pipelines.md). A synthetic or VLM model that does not say its
+the task's observation stream (docs/pipelines.md). A model serving a task's System 1 and System 2
+from one stream (a pi0.5 with a `language` block) gets System 2 as the item's `text` (its bit and
+prompt) and the factory's `language` block, under `system1+system2-srvN`. A synthetic or VLM model that does not say its
 `output` answers what its component kind needs (system1: actions, system2: text, safety and monitor:
 verdict). plan.json also carries what a robot's pipeline client needs (`pipelines/robot_plan.py` reads
 it): the key prefix, every task descriptor, and per robot its control rate, chunk length and one route
@@ -40,7 +42,7 @@ import yaml
 
 from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.pipelines.descriptor import Factory, FleetClass, load_factory
-from lerobot_zenoh.pipelines.planner import Plan, ServerPlan, Share, Stream
+from lerobot_zenoh.pipelines.planner import Plan, ServerPlan, Share, Stream, resolved_factory
 from lerobot_zenoh.pipelines.profiles import Profiles, dump_profiles, load_profiles
 from lerobot_zenoh.protocol.messages import MONITOR_LABELS, SAFETY_LABELS
 from lerobot_zenoh.protocol.reasons import OutputKind
@@ -68,7 +70,8 @@ def router_command(factory: Factory) -> list[str]:
 
 
 def application_tag(server: ServerPlan) -> str:
-    kinds = sorted({sh.stream.kind for sh in server.shares})
+    kinds = sorted({sh.stream.kind for sh in server.shares}
+                   | {"system2" for sh in server.shares if sh.stream.text_component})
     return f"{'+'.join(kinds)}-srv{server.index}"
 
 
@@ -87,6 +90,14 @@ def server_manifest(factory: Factory, plan: Plan, server: ServerPlan) -> dict:
                           "a server answers one kind: give each its own model entry in the factory")
     if served.pretrained_path is not None:
         entry["pretrained_path"] = served.pretrained_path
+        if served.tokenizer_path is not None:
+            entry["tokenizer_path"] = served.tokenizer_path
+        if served.language is not None:
+            entry["language"] = dict(served.language)
+        elif any("text" in p for p in pipeline):
+            raise ConfigError(f"models.{server.model}.language",
+                              f"server {server.index} serves system1 and system2 of a task from one stream, but "
+                              f"{server.model!r} has no language block (a pi05 checkpoint answering text)")
         if served.vlm is not None:
             entry["vlm"] = {"output": outputs.pop().value, **served.vlm} if outputs else dict(served.vlm)
     else:
@@ -113,6 +124,12 @@ def pipeline_block(factory: Factory, server: ServerPlan) -> list[dict]:
             item["prompt"] = comp.prompt
         if comp.kind in KIND_LABELS:
             item["labels"] = KIND_LABELS[comp.kind]
+        if sh.stream.text_component:  # System 2 from the same prefill (a pi0.5 `language` entry)
+            s2 = task.components[sh.stream.text_component]
+            item["text"] = {"component": sh.stream.text_component,
+                            "bit": list(task.components).index(sh.stream.text_component)}
+            if s2.prompt:
+                item["text"]["prompt"] = s2.prompt
         known = items.setdefault(task.name, item)
         if known["component"] != item["component"]:
             raise ConfigError(f"server {server.index} ({server.model})",
@@ -203,6 +220,9 @@ def pid_path(output: str | Path, index: int) -> Path:
 
 
 def write_deployment(factory: Factory, plan: Plan, output: str | Path, profiles: Profiles | None = None) -> Path:
+    """Write the deployment of `plan` (module docstring). A task's `combined_model` is written as the
+    plan decided it (`planner.resolved_factory`), factory.yaml included."""
+    factory = resolved_factory(factory, plan)
     out = Path(output)
     (out / "manifests").mkdir(parents=True, exist_ok=True)
     server_lines, client_lines = [shlex.join(router_command(factory)) + " &"], []
@@ -238,7 +258,8 @@ def plan_from_state(doc: dict) -> Plan:
                           [Share(Stream(**sh["stream"]), sh["robots"], list(sh["robot_ids"])) for sh in s["shares"]],
                           s["mean_ms"], dict(s["slo_ms"])) for s in doc["servers"]]
     return Plan(servers, dict(doc["rates_hz"]), {r: dict(c) for r, c in doc["routing"].items()},
-                dict(doc["robot_task"]), doc["objective"], doc["throughput_hz"], doc["solve_s"], doc["search_steps"])
+                dict(doc["robot_task"]), doc["objective"], doc["throughput_hz"], doc["solve_s"], doc["search_steps"],
+                dict(doc.get("combined", {})), dict(doc.get("choices", {})))
 
 
 def load_deployment(output: str | Path) -> tuple[Factory, Profiles, Plan]:

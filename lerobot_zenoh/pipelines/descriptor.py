@@ -151,6 +151,10 @@ class Task(_Strict):
     action_period_ms: float = Field(gt=0, le=60_000, allow_inf_nan=False)
     retry: TaskRetry = Field(default_factory=TaskRetry)
     components: dict[str, Component] = Field(min_length=1)
+    # A model that may serve this task's System 1 and System 2 together from one stream (a pi0.5
+    # with a `language` block, profiled with `components: [system1, system2]`) instead of the models
+    # the two components name: the planner plans both ways and keeps the better (docs/pipelines.md).
+    combined_model: str | None = None
 
     @field_validator("name")
     @classmethod
@@ -180,6 +184,8 @@ class Task(_Strict):
         cycle = _find_cycle({n: c.inputs for n, c in self.components.items()})
         if cycle:
             raise ValueError(f"components form a cycle: {' -> '.join(cycle)}")
+        if self.combined_model is not None and kinds.count("system2") != 1:
+            raise ValueError("combined_model: serves a task's system1 and system2 together; this task has no system2")
         return self
 
     def component(self, kind: str) -> tuple[str, Component] | None:
@@ -261,6 +267,12 @@ class ServedModel(_Strict):
     # A VLM component (the manifest's `vlm` block, docs/server.md): pretrained_path is its folder. Its
     # `output` may be left out: the deployment sets it from the component kind it serves.
     vlm: dict | None = None
+    # A pi0.5 serving a task's System 1 and System 2 from one prefill (the manifest's `language` block,
+    # docs/policies.md): pretrained_path is its checkpoint. The deployment adds each task's System 2
+    # as the `text` of its pipeline item.
+    language: dict | None = None
+    # The checkpoint's tokenizer folder when it does not hold one (VLAs; the manifest's field).
+    tokenizer_path: str | None = None
     fps: int = Field(30, ge=1, le=1000)
     actions_per_chunk: int | None = Field(None, ge=1)
 
@@ -270,6 +282,8 @@ class ServedModel(_Strict):
             raise ValueError("give exactly one of pretrained_path or synthetic")
         if self.vlm is not None and self.pretrained_path is None:
             raise ValueError("vlm needs pretrained_path (the VLM's folder)")
+        if self.language is not None and (self.pretrained_path is None or self.vlm is not None):
+            raise ValueError("language needs pretrained_path (a pi05 checkpoint) and no vlm")
         _key_chunk("model_id", self.model_id)
         _key_chunk("model_version", self.model_version)
         return self
@@ -309,6 +323,9 @@ class Factory(_Strict):
                 if comp.model not in self.models:
                     raise ValueError(f"task {tname!r}, component {cname!r}: unknown model {comp.model!r} "
                                      f"(models: {', '.join(sorted(self.models))})")
+            if task.combined_model is not None and task.combined_model not in self.models:
+                raise ValueError(f"task {tname!r}: combined_model {task.combined_model!r} is not a model of this "
+                                 f"factory (models: {', '.join(sorted(self.models))})")
         return self
 
     def fleet_class(self, task: str) -> FleetClass:

@@ -9,6 +9,10 @@
                             compaction across classes when over budget, and the closed-loop bound
                             f_c <= 1 / (t_act + l_S1 + l_S2 / H)
 
+A task with a `combined_model` is planned both ways (its System 1 and System 2 from one stream of
+that two-component model, or as its components name them) and the better plan kept, with the reason
+(`Plan.choices`); `resolved_factory` is the factory as the plan serves it.
+
 A *stream* is one component of one task class: K_c robots each sending at a rate (System 1: f_c,
 System 2: f_c / H, safety and monitor: their configured rate). A server hosts one model (Rosa 3.4.1:
 no colocation) and serves one or more streams of it, with one batch size; it is feasible when, at its
@@ -25,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from lerobot_zenoh.errors import LeRobotZenohError
+from lerobot_zenoh.errors import ConfigError, LeRobotZenohError
 from lerobot_zenoh.pipelines.descriptor import OBLIGATION_KINDS, Factory, Task
 from lerobot_zenoh.pipelines.profiles import ModelProfile, Profiles, check_against_profiles, stat_of
 
@@ -90,13 +94,21 @@ class Plan:
     throughput_hz: float                     # sum K_c f_c: the fleet's action rate
     solve_s: float
     search_steps: int
+    # Tasks with a `combined_model`: whether the plan serves their System 1 and System 2 from one
+    # stream of it (True) or as the components name them (False), and why (`plan`).
+    combined: dict[str, bool] = field(default_factory=dict)
+    choices: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> dict:
-        return {"objective": round(self.objective, 4), "throughput_hz": round(self.throughput_hz, 4),
+        extra = {"choices": dict(self.choices)} if self.choices else {}
+        return {**extra, "objective": round(self.objective, 4), "throughput_hz": round(self.throughput_hz, 4),
                 "rates_hz": {k: round(v, 4) for k, v in self.rates_hz.items()},
                 "servers": [{"index": s.index, "model": s.model, "role": s.role, "batch_size": s.batch_size,
                              "rate_hz": round(s.rate_hz, 4), "mean_ms": round(s.mean_ms, 2),
-                             "shares": {sh.stream.label: sh.robots for sh in s.shares}} for s in self.servers],
+                             # a System 2 riding on System 1's stream shows as `task.act+plan`
+                             "shares": {sh.stream.label + (f"+{sh.stream.text_component}" if sh.stream.text_component
+                                                           else ""): sh.robots for sh in s.shares}}
+                            for s in self.servers],
                 "solve_s": round(self.solve_s, 4), "search_steps": self.search_steps}
 
 
@@ -196,25 +208,51 @@ def provision_obligations(factory: Factory, profiles: Profiles, budget: int) -> 
 
 # -- goal-coupled packing ----------------------------------------------------------------------------
 
+def joint_text_component(task: Task, profiles: Profiles | None) -> str | None:
+    """The task's System 2 component when one model serves its System 1 and System 2 from one stream
+    (both name it and its profile `serves_both`): System 2 then rides on System 1's observations."""
+    s1, s2 = task.component("system1"), task.component("system2")
+    if s1 is None or s2 is None or s1[1].model != s2[1].model or profiles is None:
+        return None
+    prof = profiles.models.get(s1[1].model)
+    return s2[0] if prof is not None and prof.serves_both else None
+
+
 def goal_streams(factory: Factory, rates: dict[str, float], profiles: Profiles | None = None) -> list[Stream]:
     """The goal-coupled request streams at `rates`. A task whose System 1 and System 2 name one model
-    whose profile serves both (`ModelProfile.serves_both`) has one stream: System 1's, carrying System 2."""
+    whose profile serves both (`joint_text_component`) has one stream: System 1's, carrying System 2."""
     out = []
     for cls_ in factory.fleet:
         task = factory.tasks[cls_.task]
         f = rates[cls_.task]
-        s1, s2 = task.component("system1"), task.component("system2")
-        joint = (s1 is not None and s2 is not None and s1[1].model == s2[1].model and profiles is not None
-                 and s1[1].model in profiles.models and profiles.get(s1[1].model).serves_both)
+        joint = joint_text_component(task, profiles)
         for cname, comp in task.components.items():
             if comp.kind == "system1":
                 out.append(Stream(cls_.task, cname, "system1", comp.model, cls_.robots, f,
-                                  stat_of(comp.slo.percentile), comp.slo.deadline_ms,
-                                  text_component=s2[0] if joint else None))
-            elif comp.kind == "system2" and not joint:
+                                  stat_of(comp.slo.percentile), comp.slo.deadline_ms, text_component=joint))
+            elif comp.kind == "system2" and joint is None:
                 out.append(Stream(cls_.task, cname, "system2", comp.model, cls_.robots,
                                   f / comp.invocation.every_n_chunks, stat_of(comp.slo.percentile), comp.slo.deadline_ms))
     return out
+
+
+def loop_latencies_ms(profiles: Profiles, servers: list[ServerPlan], task: Task) -> tuple[float, float]:
+    """(l_S1, l_S2): the mean latencies of `task`'s System 1 and System 2 on `servers` at their load. A
+    System 2 served from System 1's stream takes its text's mean latency on those servers."""
+    shares = [(s, sh) for s in servers for sh in s.shares if sh.stream.task == task.name]
+    l1 = max((s.mean_ms for s, sh in shares if sh.stream.kind == "system1"), default=0.0)
+    l2 = max([0.0, *(s.mean_ms for s, sh in shares if sh.stream.kind == "system2"),
+              *(profiles.get(s.model).latency_ms(s.batch_size, s.rate_hz, "text_mean") for s, sh in shares
+                if sh.stream.text_component)])
+    return l1, l2
+
+
+def closed_loop_hz(profiles: Profiles, servers: list[ServerPlan], task: Task) -> float:
+    """The closed-loop bound ``1 / (t_act + l_S1 + l_S2 / H)`` of `task` on `servers`: a robot waits
+    for its chunk, executes it, and amortises System 2 over H chunks."""
+    l1, l2 = loop_latencies_ms(profiles, servers, task)
+    h = task.system2_horizon
+    return 1000.0 / (task.action_period_ms + l1 + (l2 / h if h else 0.0))
 
 
 def _pack_ilp(options: list[dict[int, tuple[int, float]]], streams: list[Stream],
@@ -323,17 +361,9 @@ def pack_goal(factory: Factory, profiles: Profiles, rates: dict[str, float], bud
                                 f"({needed} isolated), {budget} left after the obligation models")
     # Closed loop: a robot waits for System 1, executes t_act, and amortises System 2 over H chunks.
     for cls_ in factory.fleet:
-        task = factory.tasks[cls_.task]
-        l1 = max((s.mean_ms for s in servers for sh in s.shares
-                  if sh.stream.task == cls_.task and sh.stream.kind == "system1"), default=0.0)
-        l2 = max((s.mean_ms for s in servers for sh in s.shares
-                  if sh.stream.task == cls_.task and sh.stream.kind == "system2"), default=0.0)
-        # System 2 from System 1's stream: its text's mean latency on those servers at their load.
-        l2 = max([l2, *(profiles.get(s.model).latency_ms(s.batch_size, s.rate_hz, "text_mean") for s in servers
-                        for sh in s.shares if sh.stream.task == cls_.task and sh.stream.text_component)])
-        h = task.system2_horizon or 1
-        f_loop = 1000.0 / (task.action_period_ms + l1 + (l2 / h if task.system2_horizon else 0.0))
+        f_loop = closed_loop_hz(profiles, servers, factory.tasks[cls_.task])
         if rates[cls_.task] > f_loop * (1 + 1e-9):
+            l1, l2 = loop_latencies_ms(profiles, servers, factory.tasks[cls_.task])
             return Check(False, f"closed loop: task {cls_.task!r} at {rates[cls_.task]:.3f} Hz exceeds "
                                 f"1/(t_act + l_S1 + l_S2/H) = {f_loop:.3f} Hz (l_S1 {l1:.1f} ms, l_S2 {l2:.1f} ms)")
     return Check(True, servers=servers)
@@ -346,8 +376,111 @@ def f_upper(task: Task) -> float:
     return 1000.0 / task.action_period_ms
 
 
+def with_choices(factory: Factory, combined: dict[str, bool]) -> Factory:
+    """`factory` with each task's `combined_model` decided: True, its System 1 and System 2 both name
+    that model (one stream); False, they keep their models. Tasks not named keep theirs as written."""
+    tasks = dict(factory.tasks)
+    for name, one in combined.items():
+        task = tasks[name]
+        comps = dict(task.components)
+        if one:
+            for kind in ("system1", "system2"):
+                cname, comp = task.component(kind)
+                comps[cname] = comp.model_copy(update={"model": task.combined_model})
+        tasks[name] = task.model_copy(update={"components": comps, "combined_model": None})
+    return factory.model_copy(update={"tasks": tasks})
+
+
+def resolved_factory(factory: Factory, plan: Plan) -> Factory:
+    """The factory as `plan` serves it (every `combined_model` decided): what a deployment is written from."""
+    return with_choices(factory, plan.combined)
+
+
+#: Variants tried for tasks with a `combined_model`: every combination up to this many such tasks;
+#: beyond, all combined and all apart.
+MAX_COMBINATIONS_TASKS = 3
+
+
 def plan(factory: Factory, profiles: Profiles, *, rel_tol: float = 1e-3, time_budget_s: float = 60.0,
          clock: Callable[[], float] = time.perf_counter) -> Plan:
+    """The plan of `factory` (module docstring). Tasks with a `combined_model` are planned both ways
+    (their System 1 and System 2 from one stream of that model, or as the components name them) and
+    the better plan is kept: the higher objective (by more than `rel_tol`), then fewer servers, then
+    the shorter closed loop of the robots; `Plan.choices` says which and why."""
+    optional = sorted(c.task for c in factory.fleet if factory.tasks[c.task].combined_model is not None)
+    if not optional:
+        return _plan(factory, profiles, rel_tol=rel_tol, time_budget_s=time_budget_s, clock=clock)
+    check_against_profiles(factory, profiles)
+    if len(optional) <= MAX_COMBINATIONS_TASKS:
+        variants = [dict(zip(optional, (bool(i >> j & 1) for j in range(len(optional)))))
+                    for i in range(2 ** len(optional))]
+    else:
+        variants = [dict.fromkeys(optional, True), dict.fromkeys(optional, False)]
+    t0 = clock()
+    results: list[tuple[dict[str, bool], Plan | None, str]] = []
+    for i, variant in enumerate(variants):
+        left = max(time_budget_s - (clock() - t0), 0.0) / (len(variants) - i)
+        try:
+            results.append((variant, _plan(with_choices(factory, variant), profiles, rel_tol=rel_tol,
+                                           time_budget_s=left, clock=clock), ""))
+        except (Infeasible, ConfigError) as exc:  # ConfigError: an SLO below the combined model's minimum
+            results.append((variant, None, str(exc)))
+    feasible = [(v, p) for v, p, _ in results if p is not None]
+    if not feasible:
+        raise Infeasible(f"{results[0][2]} (and the same fleet with every task's system1 and system2 from its "
+                         f"combined_model: {results[-1][2]})" if len(results) > 1 else results[0][2])
+    best_v, best = feasible[0]
+    for v, p in feasible[1:]:
+        if _compare(factory, profiles, p, best, rel_tol)[0] > 0:
+            best_v, best = v, p
+    best.combined = dict(best_v)
+    best.choices = {t: _why(factory, profiles, t, best_v, best, results, rel_tol) for t in optional}
+    best.solve_s = clock() - t0
+    return best
+
+
+def _compare(factory: Factory, profiles: Profiles, p: Plan, q: Plan, rel_tol: float) -> tuple[int, str]:
+    """(> 0: `p` is better, < 0: `q`, 0: a tie; why): the higher objective (by more than `rel_tol`),
+    then fewer servers, then the shorter closed loop of the robots (sum over classes of 1/bound)."""
+    if abs(p.objective - q.objective) > rel_tol * max(abs(p.objective), abs(q.objective)):
+        return (1 if p.objective > q.objective else -1), "a higher objective"
+    if len(p.servers) != len(q.servers):
+        return (1 if len(p.servers) < len(q.servers) else -1), "the same objective on fewer servers"
+
+    def loop(plan_: Plan) -> float:
+        return sum(1.0 / closed_loop_hz(profiles, plan_.servers, factory.tasks[c.task])
+                   for c in factory.fleet if c.task in plan_.rates_hz)
+
+    lp, lq = loop(p), loop(q)
+    if lp != lq:
+        return (1 if lp < lq else -1), "the same objective and servers, a shorter closed loop"
+    return 0, "a tie (the first tried kept)"
+
+
+def _why(factory: Factory, profiles: Profiles, task: str, chosen: dict[str, bool], best: Plan,
+         results: list[tuple[dict[str, bool], Plan | None, str]], rel_tol: float) -> str:
+    """One line: how `task`'s System 1 and System 2 are served, and why not the other way."""
+    t = factory.tasks[task]
+    (n1, c1), (n2, c2) = t.component("system1"), t.component("system2")
+    one = f"{n1}+{n2} from one stream of {t.combined_model}"
+    apart = f"{n1} on {c1.model}, {n2} on {c2.model}"
+    other = next(((p, why) for v, p, why in results if v == {**chosen, task: not chosen[task]}), None)
+    mine, theirs = (one, apart) if chosen[task] else (apart, one)
+    if other is None:  # more optional tasks than MAX_COMBINATIONS_TASKS: all one way or the other
+        return f"{mine} (every task with a combined_model served the same way: the better of the two)"
+    if other[0] is None:
+        return f"{mine}: {theirs} is infeasible ({other[1]})"
+    o = other[0]
+
+    def said(p: Plan) -> str:
+        return f"objective {p.objective:.4g}, {len(p.servers)} servers, {task} at {p.rates_hz[task]:.4g} Hz"
+
+    reason = _compare(factory, profiles, best, o, rel_tol)[1]
+    return f"{mine} ({said(best)}) rather than {theirs} ({said(o)}): {reason}"
+
+
+def _plan(factory: Factory, profiles: Profiles, *, rel_tol: float = 1e-3, time_budget_s: float = 60.0,
+          clock: Callable[[], float] = time.perf_counter) -> Plan:
     t0 = clock()
     check_against_profiles(factory, profiles)
     budget = factory.servers.count

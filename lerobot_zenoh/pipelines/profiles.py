@@ -52,8 +52,14 @@ class ProfilePoint(_Strict):
     p90_ms: float | None = Field(None, gt=0, allow_inf_nan=False)
     p95_ms: float | None = Field(None, gt=0, allow_inf_nan=False)
     p99_ms: float | None = Field(None, gt=0, allow_inf_nan=False)
-    # A two-component model only: mean observation-to-final-text time at this load.
+    # A two-component model only: mean observation-to-final-text time at this load (what the planner
+    # uses), and the decode cost behind it (for the reader; lerobot-zenoh-profile measures them from
+    # the server's telemetry): time per token (prompt passes included), per batched decode step, and
+    # the mean rows a step decoded.
     text_mean_ms: float | None = Field(None, gt=0, allow_inf_nan=False)
+    decode_ms_per_token: float | None = Field(None, ge=0, allow_inf_nan=False)
+    decode_step_ms: float | None = Field(None, ge=0, allow_inf_nan=False)
+    decode_batch_mean: float | None = Field(None, ge=0, allow_inf_nan=False)
 
 
 #: What a two-component model serves from one stream (`ModelProfile.components`).
@@ -242,6 +248,17 @@ def check_against_profiles(factory, profiles: Profiles) -> None:
                           f"profiles ({profiles.source}) were measured on {profiles.hardware!r}: profile the "
                           "models on the servers' hardware", source=factory.source)
     for tname, task in factory.tasks.items():
+        if task.combined_model is not None:
+            prof = profiles.models.get(task.combined_model)
+            if prof is None or not prof.serves_both:
+                raise ConfigError(f"tasks.{tname}.combined_model", f"task {tname!r}: {task.combined_model!r} has "
+                                  + ("no serving profile" if prof is None else "a profile of one component") +
+                                  " (a combined model is profiled with components: [system1, system2], "
+                                  "lerobot-zenoh-profile --task)", source=factory.source)
+            if factory.models[task.combined_model].language is None:
+                raise ConfigError(f"models.{task.combined_model}.language", f"task {tname!r}: combined_model "
+                                  f"{task.combined_model!r} is served without a language block (a pi05 checkpoint "
+                                  "with `language:`, docs/policies.md)", source=factory.source)
         for cname, comp in task.components.items():
             where = f"tasks.{tname}.components.{cname}"
             if comp.model not in profiles.models:
@@ -255,6 +272,8 @@ def check_against_profiles(factory, profiles: Profiles) -> None:
                                   f"needs {prof.memory_gb:g} GB, a server has {capacity:g} GB (servers.memory_gb)",
                                   source=factory.source)
             stat = stat_of(comp.slo.percentile)
+            if prof.serves_both and comp.kind in ("system1", "system2"):
+                _check_two_components(factory, tname, task, cname, comp, where)
             if comp.kind == "system2" and prof.serves_both:  # its text's latency, not the actions'
                 floor = prof.min_latency_ms("text_mean")
                 if comp.slo.deadline_ms < floor:
@@ -270,3 +289,18 @@ def check_against_profiles(factory, profiles: Profiles) -> None:
                 raise ConfigError(f"{where}.slo.deadline_ms", f"task {tname!r}, component {cname!r}: impossible SLO: "
                                   f"{stat} {comp.slo.deadline_ms:g} ms is below {comp.model!r}'s measured minimum "
                                   f"{stat} latency {floor:.1f} ms", source=factory.source)
+
+
+def _check_two_components(factory, tname: str, task, cname: str, comp, where: str) -> None:
+    """A two-component model serves a task's System 2 from its System 1's stream: both must name it,
+    and the factory must serve it with its `language` block (a pi0.5 answering text)."""
+    s1, s2 = task.component("system1"), task.component("system2")
+    if comp.kind == "system2" and s1[1].model != comp.model:
+        raise ConfigError(f"{where}.model", f"task {tname!r}, component {cname!r}: {comp.model!r} serves system2 "
+                          f"from the prefill of its own system1 stream, but system1 ({s1[0]}) names "
+                          f"{s1[1].model!r}: name {comp.model!r} for both (or profile it as a text model)",
+                          source=factory.source)
+    if s2 is not None and s2[1].model == s1[1].model and factory.models[comp.model].language is None:
+        raise ConfigError(f"models.{comp.model}.language", f"{comp.model!r} serves system1 and system2 of task "
+                          f"{tname!r} from one stream (its profile), but the factory serves it without a language "
+                          "block (a pi05 checkpoint with `language:`, docs/policies.md)", source=factory.source)

@@ -263,6 +263,9 @@ class Pi05LanguageRunner(FlowMatchingRunner):
         self.counters: dict[str, int] = {
             "started": 0, "finished.stop": 0, "finished.limit": 0, "evicted": 0, "forgotten": 0, "busy": 0,
             "tokens": 0, "decode_steps": 0, "budget_shrunk": 0,
+            # Decode cost (lerobot-zenoh-profile reads them from telemetry): the time of every
+            # `advance` (prompt passes and steps), of the decode steps alone, and the rows they decoded.
+            "decode_ms": 0, "step_ms": 0, "step_rows": 0,
         }
         self.configure_language(self.settings)
 
@@ -472,6 +475,7 @@ class Pi05LanguageRunner(FlowMatchingRunner):
         if steps < self.settings.tokens_per_frame:
             self.counters["budget_shrunk"] += 1
         with self._lock, torch.no_grad():
+            t_start = time.perf_counter()
             self._admit_pending()
             t0 = time.perf_counter()
             done_steps = 0
@@ -484,8 +488,11 @@ class Pi05LanguageRunner(FlowMatchingRunner):
                     break
                 self._step()
                 done_steps += 1
+            t_end = time.perf_counter()
             if done_steps:
-                self.budget.observe(step_ms=(time.perf_counter() - t0) * 1000 / done_steps)
+                self.budget.observe(step_ms=(t_end - t0) * 1000 / done_steps)
+            self.counters["decode_ms"] += (t_end - t_start) * 1000
+            self.counters["step_ms"] += (t_end - t0) * 1000
             updates = self._updates()
             self._running.keep([i for i, g in enumerate(self._running.rows) if g.done is None])
         return updates
@@ -569,6 +576,7 @@ class Pi05LanguageRunner(FlowMatchingRunner):
             if g.done is None:
                 self._take(g, int(t))
         self.counters["decode_steps"] += 1
+        self.counters["step_rows"] += b
 
     def _take(self, g: _Generation, token: int) -> None:
         if token in self._stop_ids:
