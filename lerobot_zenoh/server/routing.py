@@ -1,5 +1,5 @@
 """Multi-model task routing: what a model serving a component of multi-model tasks adds to serving
-(docs/pipelines.md, "Serving a task's components"), kept off the single-model path.
+(docs/pipelines.md, "Serving the components"), kept off the single-model path.
 
 A model whose manifest entry lists `pipeline` items also hears each task's observation stream
 (`keys.pipeline_app`): the shell subscribes to those streams and hands each observation that
