@@ -271,6 +271,7 @@ class Engine:
         self._delisted: list[Session] = []  # closed by update_clients; handed out by the next expire()
         self._tokens: dict[str, None] = {}  # ids whose liveliness token is present and that have no session (bounded)
         self._pool_wanted = False  # an unknown id found the pool full since the last expire()
+        self._maybe_unread = False  # an observation nothing is known of was admitted since the last unread()
 
     # -- Zenoh callback thread ----------------------------------------------------------------
 
@@ -320,6 +321,8 @@ class Engine:
                         and old.request_seq == header.refreshes_seq_id):
                     first = old.first_arrival or (old.arrival_s, old.known.execution)
             session.slot = Slot(payload, now_s, header=header, error=header_error, first_arrival=first)
+            if header is None and header_error is None:
+                self._maybe_unread = True
         return None
 
     def on_token(self, client_id: str, alive: bool, now_s: float) -> None:
@@ -411,7 +414,10 @@ class Engine:
         """The new observations nothing is known of yet (sent without a header, or with one of a
         version this server does not read): the shell has the executor decode each into its slot
         (`observation`, or `error`) before the next `schedule`, which announces only what it knows."""
+        if not self._maybe_unread:  # (the usual case, every client sending headers: no lock, no scan)
+            return []
         with self._lock:
+            self._maybe_unread = False
             return [s.slot for s in self.sessions.values()
                     if s.slot is not None and not s.slot.announced and s.slot.known is None and s.slot.error is None]
 
