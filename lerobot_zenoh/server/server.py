@@ -23,8 +23,9 @@ Threads, and what each may touch:
   so the callbacks and the inference thread read either the old map or the new one.
 - One inference thread (`_run`): closes expired sessions (and forgets their runner state and
   action publisher), asks each model's engine for a batch (`admission.schedule`), admits it
-  (`admission.prepare`: decoded, routed, prepared), runs it in one forward pass, publishes each answer reliably on its client's key of the runner's output (`action`
-  for a chunk, `text` for a TextResult, `verdict` for a Verdict), reports to the engine.
+  (`admission.prepare`: decoded, routed, prepared), runs it in one forward pass, publishes each
+  answer reliably on its client's key of the runner's output (`action` for a chunk, `text` for a
+  TextResult, `verdict` for a Verdict; `_answer`, for both serving paths), reports to the engine.
   Nothing else calls the runner, so sessions are never closed under a running inference.
 - A responder thread per model answers status queries (transport/session.py); a telemetry thread
   per model copies the engine's counters (`Engine.snapshot`) and computes percentiles outside any lock.
