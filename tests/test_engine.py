@@ -59,7 +59,11 @@ def serve(e: Engine, now: float) -> list[str]:
     for session, _slot, reason, _detail in batch.rejected:
         e.reject(session, reason, now)
     for session, slot in batch.items:
-        o = slot.observation or codec.decode_observation(slot.payload)
+        slot.observation = o = slot.observation or codec.decode_observation(slot.payload)
+        refused = e.judge(session, slot)  # (a header-less one, with a scheduler that did not need it earlier)
+        if refused is not None:
+            e.reject(session, refused[0], now)
+            continue
         e.take_reset(session)
         served.append((session, o.seq_id, 1.0, 0.0))
     e.finish(served, [s.client_id for s, _ in batch.items], now, 0.01)
@@ -140,6 +144,8 @@ def test_a_restarted_client_is_served_from_its_first_observation():
     e.admit("robot", codec.encode(obs("robot", 1, nonce=2)), 1.0)
     batch = schedule(e, 1.0)
     session, slot = batch.items[0]
+    slot.observation = codec.decode_observation(slot.payload)  # no header: judged once decoded
+    assert e.judge(session, slot) is None
     assert e.take_reset(session) and not e.take_reset(session)
 
 

@@ -10,7 +10,7 @@ from lerobot_zenoh.protocol.keys import pipeline_app
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation
 from lerobot_zenoh.scheduling.request_schedulers import make_scheduler
 from lerobot_zenoh.server.admission import read_header
-from lerobot_zenoh.server.engine import Engine, EngineConfig
+from lerobot_zenoh.server.engine import REPLAYED, Engine, EngineConfig
 from lerobot_zenoh.server.manifest import parse_manifest
 from lerobot_zenoh.server.server import PolicyServer
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
@@ -39,6 +39,24 @@ def test_a_header_less_observation_waits_unannounced_until_its_body_is_read():
     assert [s.client_id for s, _ in batch.items] == ["r1"]
     snap = e.snapshot()
     assert (snap.headers_read, snap.decoded_on_arrival) == (1, 1)
+
+
+def test_without_a_header_a_scheduler_that_does_not_rank_costs_no_decode_before_the_pick():
+    """Round robin and FIFO never read ExecutionInfo: a header-less observation is announced as it
+    lands, decoded only if picked (a superseded one costs nothing), and judged then."""
+    e = Engine(EngineConfig(listed=frozenset({"r1"})), make_scheduler("fifo"))
+    for seq in (1, 2, 3):
+        e.admit("r1", codec.encode(obs(seq, "r1")), 0.0)
+    assert e.unread() == []
+    ((session, slot),) = e.schedule(0.0).items
+    assert not slot.judged and slot.observation is None
+    slot.observation = codec.decode_observation(slot.payload)
+    assert e.judge(session, slot) is None and slot.judged
+    e.finish([(session, 3, 1.0, 0.0)], ["r1"], 0.1, 0.1)
+    e.admit("r1", codec.encode(obs(3, "r1")), 0.2)  # replayed, without a header
+    ((session, slot),) = e.schedule(0.2).items
+    slot.observation = codec.decode_observation(slot.payload)
+    assert e.judge(session, slot)[0] == REPLAYED
 
 
 def test_each_header_is_read_once_on_a_task_stream_as_on_the_models_own_app(port, app_key, monkeypatch):

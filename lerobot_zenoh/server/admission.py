@@ -6,11 +6,12 @@ the engine picked goes through before it is run, whichever path runs it (docs/ar
   the put's attachment: a struct unpack, no msgpack), or why it is malformed. The server's only
   read of a header: the verdict goes into the session's slot with the payload (`Engine.admit`),
   and task routing (`server/routing.py`) reads the component mask from it.
-- `schedule(model, now_s, ...)` (inference thread): the executor decodes the new observations sent
-  without a header (nothing else tells the session rules and the scheduler what they are), then
-  the engine judges and picks (`Engine.unread`, `Engine.schedule`).
-- `observation(model, slot)`: the picked observation's body, decoded once by the executor (or the
-  decode of a header-less one on arrival) and checked against its header.
+- `schedule(model, now_s, ...)` (inference thread): for a scheduler that ranks by `ExecutionInfo`,
+  the executor decodes the new observations sent without a header (nothing else tells it what they
+  are), then the engine judges and picks (`Engine.unread`, `Engine.schedule`).
+- `observation(model, session, slot)`: the picked observation's body, decoded once by the executor
+  (or the decode of a header-less one on arrival) and checked against its header; a header-less
+  one not judged yet is judged now (`Engine.judge`). Used by every path, the remote dispatch too.
 - `prepare(model, batch, reject)`: the admission step of a batch, shared by the batch path
   (`PolicyServer._serve`, and the local engine of a model with engines) and the iteration-level
   path (`PolicyServer._serve_streaming`): the engine's rejections counted; each item decoded,
@@ -70,11 +71,16 @@ def schedule(model: ServedModel, now_s: float, **kw) -> Batch | None:
     return model.engine.schedule(now_s, **kw)
 
 
-def observation(model: ServedModel, slot: Slot) -> Observation:
+def observation(model: ServedModel, session: Session, slot: Slot) -> Observation:
     """The slot's observation, decoded once (kept in the slot: a re-queued request is not decoded
-    again); ProtocolError when it is malformed or not what its header said."""
+    again) and judged; ProtocolError when it is malformed, not what its header said, or refused by
+    the session rules (`replayed`, `nonce_required`, `seq_jump`: a header-less one, judged now)."""
     if slot.observation is None:
         slot.observation = model.executor.decode(slot.payload, slot.header)
+    if not slot.judged:
+        refused = model.engine.judge(session, slot)
+        if refused is not None:  # (docs/protocol.md §10.5)
+            raise ProtocolError(*refused)
     return slot.observation
 
 
@@ -86,7 +92,7 @@ def prepare(model: ServedModel, batch: Batch, reject: Reject) -> list[Ready]:
     routing = model.routing
     for session, slot in batch.items:
         try:
-            obs = observation(model, slot)
+            obs = observation(model, session, slot)
             if routing is None:
                 request = model.executor.prepare(session.client_id, obs)
             else:

@@ -425,7 +425,7 @@ class Dispatcher:
                   now_s: float) -> None:
         model = self.model
         try:
-            obs = admission.observation(model, slot)  # (kept in the slot: a re-queued request is not decoded again)
+            obs = admission.observation(model, session, slot)  # (kept in the slot: a re-queued request is not decoded again)
         except ProtocolError as exc:
             self.server._reject(model, session, exc.reason, str(exc))
             return

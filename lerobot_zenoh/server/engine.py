@@ -7,16 +7,20 @@ through `server/admission.py`) calls it from two threads:
     Zenoh callback thread    admit(client, payload, now, header, header_error) -> None (kept) or why it was dropped
                              on_token(client, alive, now)        (the client's liveliness token)
     inference thread         expire(now) -> closed sessions      (the shell forgets their runner state)
-                             unread() -> slots                   (header-less observations: the shell decodes them)
+                             unread() -> slots                   (header-less observations the scheduler must rank:
+                                                                  the shell has the executor decode them)
                              schedule(now) -> Batch              (session rules, whom to serve in one forward pass)
+                             judge(session, slot)                (session rules of a picked header-less one, decoded)
                              take_reset / finish / requeue       (bookkeeping after the pass)
     telemetry thread         snapshot() -> EngineSnapshot        (a typed copy of the counters; no percentiles)
 
 What an observation is (its `seq_id`, `session_nonce`, `episode_id`, `ExecutionInfo`) is read once:
 from its header, by the shell at admission (`server/admission.py`), and kept in the slot with the
-payload; an observation sent without a header is decoded by the executor before the scheduler hears
-of it (`unread`). So every observation the scheduler hears of passes the session rules then, in
-`schedule`, in one place, and whatever is picked was judged already.
+payload. The session rules (`_judge`, one function) judge it when the scheduler first hears of it,
+in `schedule`, and the verdict stays in the slot (`judged`). An observation sent without a header is
+decoded by the executor: before the scheduler hears of it when the scheduler ranks by
+`ExecutionInfo` (`unread`), so it is judged like the others; else only if it is picked, and judged
+then (`judge`), so that a superseded one never costs a decode.
 
 One lock guards all of it and is held only for dictionary work: never across decoding, inference,
 publishing or percentile computation.
@@ -117,6 +121,7 @@ class Slot:
     error: ProtocolError | None = None  # why its header or body could not be read: rejected by `schedule`
     observation: Observation | None = None  # the executor's decode (header-less on arrival, else when served)
     announced: bool = False  # the scheduler has been told (`on_arrival`)
+    judged: bool = False  # the session rules accepted it (on announce; a header-less one: `Engine.judge`)
     # A refresh that replaced its request before the scheduler heard of it carries the request's
     # first arrival (and its ExecutionInfo), so that the request keeps its place in line.
     first_arrival: tuple[float, ExecutionInfo | None] | None = None
@@ -256,6 +261,10 @@ class Engine:
         self.config = config
         self.scheduler = scheduler
         self.rate_limit = rate_limit or RejectionRateLimit()
+        # A scheduler that ranks by ExecutionInfo hears of a header-less observation only once the
+        # executor decoded it (`unread`); others when it lands, and it is decoded only if served.
+        # (The declared scheduler interface makes this an attribute every scheduler has.)
+        self.needs_execution_info: bool = getattr(scheduler, "needs_execution_info", False)
         self.sessions: dict[str, Session] = {}
         self._unknown_open = 0  # sessions of clients not in the manifest
         self._lock = threading.Lock()
@@ -411,10 +420,11 @@ class Engine:
                 session.slot = None
 
     def unread(self) -> list[Slot]:
-        """The new observations nothing is known of yet (sent without a header, or with one of a
-        version this server does not read): the shell has the executor decode each into its slot
-        (`observation`, or `error`) before the next `schedule`, which announces only what it knows."""
-        if not self._maybe_unread:  # (the usual case, every client sending headers: no lock, no scan)
+        """For a scheduler that ranks by `ExecutionInfo`: the new observations nothing is known of yet
+        (sent without a header, or with one of a version this server does not read). The shell has
+        the executor decode each into its slot (`observation`, or `error`) before the next
+        `schedule`, which announces them only then. Other schedulers: none (never decoded early)."""
+        if not (self.needs_execution_info and self._maybe_unread):  # (the usual case: no lock, no scan)
             return []
         with self._lock:
             self._maybe_unread = False
@@ -425,11 +435,12 @@ class Engine:
                  exclude: Collection[str] = ()) -> Batch | None:
         """Announce new observations to the scheduler and let it pick up to `max_batch_size` sessions.
 
-        Each new observation is judged here, once, by the session rules (from its header, or the
-        executor's decode of a header-less one, `unread`): a refused one never reaches the scheduler
-        and comes back in `Batch.rejected`, as does one whose header or body could not be read. The
-        scheduler hears each accepted one with its `ExecutionInfo`. One still unread (it arrived
-        after the shell's last `unread`) waits in its slot for the next call.
+        Each new observation known here (from its header, or the executor's decode of a header-less
+        one, `unread`) is judged, once, by the session rules: a refused one never reaches the
+        scheduler and comes back in `Batch.rejected`, as does one whose header or body could not be
+        read. The scheduler hears each accepted one with its `ExecutionInfo`. A header-less one not
+        decoded yet waits in its slot for the next call when the scheduler ranks by `ExecutionInfo`,
+        else is announced without it and judged once picked and decoded (`judge`).
 
         With `choose` (an edge scheduler placing across engines, `server/dispatch.py`), the scheduler
         orders every ready session and `choose(order, slots)` picks those to dispatch now, any number;
@@ -446,21 +457,22 @@ class Engine:
                     session.slot = None
                     continue
                 known = slot.known
-                if known is None:
+                if known is None and self.needs_execution_info:
                     continue  # not read yet: the next round's `unread`
                 slot.announced = True
-                if slot.header is not None:
-                    self.headers_read += 1
-                else:
-                    self.decoded_on_arrival += 1
-                why = self._judge(session, known, slot.arrival_s)
-                if why is not None:
-                    rejected.append((session, slot, why, _rule_detail(session, known, why)))
-                    session.slot = None
-                    continue
+                if known is not None:
+                    if slot.header is not None:
+                        self.headers_read += 1
+                    else:
+                        self.decoded_on_arrival += 1
+                    why = self._judge(session, slot)
+                    if why is not None:
+                        rejected.append((session, slot, why, _rule_detail(session, known, why)))
+                        session.slot = None
+                        continue
                 if slot.first_arrival is not None:  # a refresh: its request arrived first
                     self.scheduler.on_arrival(session.client_id, *slot.first_arrival)
-                self.scheduler.on_arrival(session.client_id, slot.arrival_s, known.execution)
+                self.scheduler.on_arrival(session.client_id, slot.arrival_s, known.execution if known else None)
             ready = [cid for cid, s in self.sessions.items()
                      if s.slot is not None and s.slot.announced and cid not in exclude]
             if choose is None:
@@ -473,8 +485,9 @@ class Engine:
                 session = self.sessions.get(cid)
                 if session is not None and session.slot is not None:
                     items.append((session, session.slot))
-                    known = session.slot.known  # (every announced slot is known)
-                    self._picked(session, known.session_nonce, known.seq_id)
+                    known = session.slot.known
+                    if known is not None:  # (a header-less one: once it is judged)
+                        self._picked(session, known.session_nonce, known.seq_id)
                     session.slot = None
         if not items and not rejected:
             return None
@@ -491,6 +504,20 @@ class Engine:
             slot.announced = False
             session.slot = slot
             return True
+
+    def judge(self, session: Session, slot: Slot) -> tuple[str, str] | None:
+        """The session rules for a picked observation sent without a header, once the executor decoded
+        it (`slot.observation`; a scheduler that does not rank by `ExecutionInfo` never needs it
+        earlier): None to serve it, else (reason, detail): `replayed`, `nonce_required` or `seq_jump`.
+        Every other observation was judged when the scheduler heard of it (`slot.judged`)."""
+        with self._lock:
+            if slot.judged:
+                return None
+            why = self._judge(session, slot)
+            if why is not None:
+                return why, _rule_detail(session, slot.known, why)
+            self._picked(session, slot.known.session_nonce, slot.known.seq_id)
+            return None
 
     def take_reset(self, session: Session) -> bool:
         """Whether the runner must drop this session's per-episode state before serving it (once)."""
@@ -588,13 +615,15 @@ class Engine:
         return (waiting is not None and waiting.request_seq is not None
                 and waiting.known.session_nonce == header.session_nonce and waiting.request_seq > request)
 
-    def _judge(self, session: Session, obs: Observation | ObservationHeader, arrival_s: float) -> str | None:
-        """The session rules (docs/protocol.md §10.5) for a new observation: None when it is accepted
-        (and the session follows it from then on), else why it is refused (nothing changed)."""
-        verdict = _session_rules(session, obs, arrival_s)
+    def _judge(self, session: Session, slot: Slot) -> str | None:
+        """The session rules (docs/protocol.md §10.5) for the slot's observation: None when it is
+        accepted (and the session follows it from then on), else why it is refused (nothing changed)."""
+        obs = slot.known
+        verdict = _session_rules(session, obs, slot.arrival_s)
+        slot.judged = True
         if isinstance(verdict, str):
             return verdict
-        self._accept(session, obs, arrival_s, verdict)
+        self._accept(session, obs, slot.arrival_s, verdict)
         return None
 
     def _accept(self, session: Session, obs: Observation | ObservationHeader, arrival_s: float,
