@@ -112,8 +112,9 @@ class Slot:
     """The newest unserved observation of one session: its raw bytes and the verdict of admission.
 
     `header` (or `error`) is what admission read of it (`server/admission.py`); an observation sent
-    without a header gets `observation` (or `error`) from the executor's decode before the scheduler
-    hears of it. `known` is then what the session rules and the scheduler read."""
+    without a header gets `observation` (or `error`) from the executor's decode, before the scheduler
+    hears of it when it ranks by `ExecutionInfo`, else once picked. `known` is what the session
+    rules and the scheduler read; `judged`, whether the rules have judged it."""
 
     payload: bytes
     arrival_s: float
@@ -121,7 +122,7 @@ class Slot:
     error: ProtocolError | None = None  # why its header or body could not be read: rejected by `schedule`
     observation: Observation | None = None  # the executor's decode (header-less on arrival, else when served)
     announced: bool = False  # the scheduler has been told (`on_arrival`)
-    judged: bool = False  # the session rules accepted it (on announce; a header-less one: `Engine.judge`)
+    judged: bool = False  # judged by the session rules (when announced; a header-less one maybe once picked)
     # A refresh that replaced its request before the scheduler heard of it carries the request's
     # first arrival (and its ExecutionInfo), so that the request keeps its place in line.
     first_arrival: tuple[float, ExecutionInfo | None] | None = None
