@@ -264,7 +264,7 @@ class PolicyServer:
                 if model.routing is not None:
                     before_streams, unheard = model.routing.update(new)
                 elif new:
-                    model.routing = TaskRouting(new)  # set before its streams' callbacks can run
+                    model.routing = TaskRouting(new)  # (until now its new streams' observations were dropped)
                 for task in before_streams.keys() - new.keys():
                     for sub in model.subscriptions.pop(task, []):
                         sub.close()
