@@ -15,6 +15,7 @@ from lerobot_zenoh.errors import ProtocolError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation, ObservationHeader
 from lerobot_zenoh.scheduling.request_schedulers import make_scheduler
+from lerobot_zenoh.server.admission import read_header
 from lerobot_zenoh.server.engine import REPLAYED, Engine, EngineConfig
 from lerobot_zenoh.server.manifest import parse_manifest
 from lerobot_zenoh.server.server import PolicyServer
@@ -85,20 +86,29 @@ def engine():
     return Engine(EngineConfig(listed=frozenset({"r1", "r2"})), make_scheduler("wait_ratio"))
 
 
-def never(payload):
-    raise AssertionError("decoded on arrival although the header says it all")
+def unread_decoded(e):
+    """What the server's admission does before scheduling: decode the observations it knows nothing of."""
+    slots = e.unread()
+    for slot in slots:
+        try:
+            slot.observation = codec.decode_observation(slot.payload)
+        except ProtocolError as exc:
+            slot.error = exc
+    return len(slots)
 
 
 def test_the_engine_ranks_from_the_header_and_checks_replays_without_decoding():
     e = engine()
     o = obs(5)
-    e.admit("r1", codec.encode(o), 0.0, codec.encode_observation_header(o))
-    batch = e.schedule(0.0, never, codec.decode_observation_header)
+    e.admit("r1", codec.encode(o), 0.0, *read_header(codec.encode_observation_header(o)))
+    assert unread_decoded(e) == 0  # the header says it all
+    batch = e.schedule(0.0)
     (session, slot), = batch.items
     assert slot.header.execution == o.execution and e.scheduler._tasks["r1"].pending_since_s == 0.0
     e.finish([(session, 5, 1.0, 0.0)], ["r1"], 0.1, 0.1)
-    e.admit("r1", codec.encode(o), 1.0, codec.encode_observation_header(o))  # a replay
-    batch = e.schedule(1.0, never, codec.decode_observation_header)
+    e.admit("r1", codec.encode(o), 1.0, *read_header(codec.encode_observation_header(o)))  # a replay
+    assert unread_decoded(e) == 0
+    batch = e.schedule(1.0)
     assert batch.items == [] and [r[2] for r in batch.rejected] == [REPLAYED]
     assert (e.headers_read, e.decoded_on_arrival) == (2, 0)
 
@@ -107,11 +117,13 @@ def test_without_a_readable_header_the_engine_decodes_on_arrival_as_before():
     e = engine()
     o = obs(1)
     e.admit("r1", codec.encode(o), 0.0)  # an older client: no attachment
-    e.admit("r2", codec.encode(obs(1, client="r2")), 0.0, b"\x09future header")  # a version it does not read
-    batch = e.schedule(0.0, codec.decode_observation, codec.decode_observation_header)
+    e.admit("r2", codec.encode(obs(1, client="r2")), 0.0, *read_header(b"\x09future header"))  # a version it does not read
+    assert unread_decoded(e) == 2
+    batch = e.schedule(0.0)
     assert len(batch.items) == 1 and (e.headers_read, e.decoded_on_arrival) == (0, 2)
-    e.admit("r2", codec.encode(obs(2, client="r2")), 0.5, b"\x02short")
-    batch = e.schedule(0.5, never, codec.decode_observation_header)
+    e.admit("r2", codec.encode(obs(2, client="r2")), 0.5, *read_header(b"\x02short"))
+    assert unread_decoded(e) == 0
+    batch = e.schedule(0.5)
     assert [r[2] for r in batch.rejected] == ["bad_header"]
 
 
@@ -153,15 +165,14 @@ def test_with_headers_the_server_decodes_only_what_it_serves(port, app_key, monk
             time.sleep(1 / 30)  # the robots' control period, not a wait for the server
         o = obs(100, client="r0")
         pubs["r0"].put(codec.encode(o), attachment=codec.encode_observation_header(obs(101, client="r0")))
-        assert wait_for(lambda: model.engine.snapshot()["sessions"]["r0"]["rejected"].get("header_mismatch") == 1)
+        assert wait_for(lambda: model.engine.snapshot().sessions["r0"].stats.rejected.get("header_mismatch") == 1)
         def counts():
             snap = model.engine.snapshot()
-            return (sum(s["served"] for s in snap["sessions"].values()),
-                    sum(s["received"] for s in snap["sessions"].values()), snap)
+            return snap.total().served, snap.total().received, snap
 
         # the last pass may still be in flight when the rejection is counted: wait for it to finish
         assert wait_for(lambda: len(decodes) == counts()[0] + 1, 5.0), (len(decodes), counts()[:2])
         served, received, snap = counts()
         assert served >= 6 and received > 2 * served  # most were superseded: those cost no decode
-        assert snap["decoded_on_arrival"] == 0 and snap["headers_read"] >= served
+        assert snap.decoded_on_arrival == 0 and snap.headers_read >= served
         assert wait_for(lambda: len(chunks) >= served)

@@ -208,7 +208,7 @@ def test_forged_ids_on_a_task_stream_leave_nothing_behind(port, app_key):
                 pub.put(codec.encode(obs), codec.encode_observation_header(obs))
             assert wait_for(lambda: server.models[0].engine.dropped["unknown_client"] >= 150, 10.0)
             assert PipelineRobot(session, app_key, {"s2": app}).ask("s2", 1, None).text == "subtask 0"
-            assert set(server.models[0].component_of) == {ROBOT}
+            assert set(server.models[0].routing.component_of) == {ROBOT}
         finally:
             session.close()
 

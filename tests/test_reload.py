@@ -90,7 +90,7 @@ def admitted(session, app_key, client_id) -> bool | None:
     return None if status is None else status.client_admitted
 
 
-def snapshot(server, app_key) -> dict:
+def snapshot(server, app_key):
     return server.models[0].engine.snapshot()
 
 
@@ -110,11 +110,11 @@ def test_a_client_added_by_reload_is_served_and_one_removed_is_closed(port, app_
         assert admitted(session, app_key, "b") is True
         assert b.served() and a.served()
         snap = snapshot(server, app_key)
-        assert snap["sessions"]["b"]["listed"] and snap["unknown_open"] == 0
+        assert snap.sessions["b"].listed and snap.unknown_open == 0
 
         assert server.reload(parse_manifest(manifest_data(port, app_key, ["b"]))) is None
-        assert wait_for(lambda: snapshot(server, app_key)["sessions_closed"].get("delisted") == 1, 5)
-        assert "a" not in snapshot(server, app_key)["sessions"] and admitted(session, app_key, "a") is False
+        assert wait_for(lambda: snapshot(server, app_key).sessions_closed.get("delisted") == 1, 5)
+        assert "a" not in snapshot(server, app_key).sessions and admitted(session, app_key, "a") is False
         assert not a.served(timeout_s=0.5) and b.served()
     finally:
         session.close()
@@ -133,12 +133,12 @@ def test_a_client_served_as_unknown_keeps_its_session_on_a_reserved_place_once_l
         assert b.served()
         assert not c.served(timeout_s=0.5)
         assert server.stats()[app_key.prefix]["dropped"].get("too_many_clients", 0) > 0
-        opened = snapshot(server, app_key)["sessions_opened"]
+        opened = snapshot(server, app_key).sessions_opened
 
         data["server"][0]["clients"].append({"client_uuid": "b"})
         assert server.reload(parse_manifest(data)) is None
         snap = snapshot(server, app_key)
-        assert snap["sessions"]["b"]["listed"] and snap["unknown_open"] == 0 and snap["sessions_opened"] == opened
+        assert snap.sessions["b"].listed and snap.unknown_open == 0 and snap.sessions_opened == opened
         assert c.served() and b.served()
     finally:
         session.close()
@@ -189,8 +189,8 @@ def test_a_reload_adding_a_task_stream_serves_a_robot_publishing_on_it(port, app
         assert any("task streams +['kit']" in r.getMessage() for r in caplog.records)
         assert admitted(session, app_key, "kit-r0") is True
         assert kitter.served() and picker.served()
-        assert server.models[0].component_of["kit-r0"] == "kit"
-        assert server.models[0].pipeline["kit"].query.prompt == "assemble the kit"
+        assert server.models[0].routing.component_of["kit-r0"] == "kit"
+        assert server.models[0].streams["kit"].query.prompt == "assemble the kit"
 
         # The task now asks this model as its component 1: an observation asking component 0 only is
         # dropped from its header; one asking component 1 is served.
@@ -204,11 +204,11 @@ def test_a_reload_adding_a_task_stream_serves_a_robot_publishing_on_it(port, app
 
         # kit is no longer listed: its stream is unsubscribed and kit-r0's session closes.
         assert server.reload(parse_manifest(manifest_data(port, app_key, ["pick-r0", "kit-r0"], pipeline=pick))) is None
-        assert wait_for(lambda: snapshot(server, app_key)["sessions_closed"].get("delisted") == 1, 5)
-        assert "kit-r0" not in snapshot(server, app_key)["sessions"] and "kit" not in server.models[0].pipeline
+        assert wait_for(lambda: snapshot(server, app_key).sessions_closed.get("delisted") == 1, 5)
+        assert "kit-r0" not in snapshot(server, app_key).sessions and "kit" not in server.models[0].streams
         received = server.stats()[app_key.prefix]["totals"].get("received", 0)
         assert not kitter.served(timeout_s=0.5) and picker.served()
-        assert "kit-r0" not in snapshot(server, app_key)["sessions"]  # not heard: no session reopened
+        assert "kit-r0" not in snapshot(server, app_key).sessions  # not heard: no session reopened
         assert server.stats()[app_key.prefix]["totals"].get("received", 0) == received
         assert len(server.models[0].subscriptions) == 2 and set(server.models[0].subscriptions) == {None, "pick"}
     finally:

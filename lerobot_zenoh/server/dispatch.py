@@ -46,9 +46,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from lerobot_zenoh.errors import ConfigError, ProtocolError
-from lerobot_zenoh.protocol import codec, dispatch
+from lerobot_zenoh.protocol import dispatch
 from lerobot_zenoh.protocol.dispatch import EngineAnswer, EngineKeys, EngineRequest, EngineStatus
 from lerobot_zenoh.scheduling.placement import CLOUD, EDGE, BatchProfile, EngineView, Estimate, RequestView, place
+from lerobot_zenoh.server import admission
 from lerobot_zenoh.server.engine import Batch, Session, Slot
 from lerobot_zenoh.server.executor import request_seed
 from lerobot_zenoh.server.manifest import EngineEntry
@@ -359,8 +360,7 @@ class Dispatcher:
         for state in self.engines.values():
             busy.update(f.session.client_id for f in state.in_flight.values())
         model = self.model
-        batch = model.engine.schedule(time.monotonic(), self.server._peek, codec.decode_observation_header,
-                                      choose=choose, exclude=busy)
+        batch = admission.schedule(model, time.monotonic(), choose=choose, exclude=busy)
         if batch is None:
             return False
         for session, _slot, reason, detail in batch.rejected:
@@ -425,15 +425,7 @@ class Dispatcher:
                   now_s: float) -> None:
         model = self.model
         try:
-            obs = slot.observation or self.server._peek(slot.payload)
-            if slot.header is not None and not codec.header_matches(slot.header, obs):
-                raise ProtocolError("header_mismatch", f"the header says seq_id {slot.header.seq_id}, the "
-                                                       f"observation {obs.seq_id}")
-            why = model.engine.check(session, obs, slot.arrival_s) if slot.observation is None else None
-            if why is not None:  # replayed, nonce_required, seq_jump (docs/protocol.md §10.5)
-                self.server._reject(model, session, why, model.engine.rule_detail(session, obs, why))
-                return
-            slot.observation = obs
+            obs = admission.observation(model, session, slot)  # (kept in the slot: a re-queued request is not decoded again)
         except ProtocolError as exc:
             self.server._reject(model, session, exc.reason, str(exc))
             return

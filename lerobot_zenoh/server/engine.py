@@ -1,19 +1,29 @@
 """The serving engine of one model: sessions, newest-only slots, and whom to serve next.
 
-Pure decisions: no Zenoh, no torch, no decoding of its own and no clock (every call takes `now_s`,
-seconds of one process's monotonic clock). The shell (`server/server.py`) calls it from two threads:
+Pure decisions: no Zenoh, no torch, no decoding and no clock (every call takes `now_s`, seconds
+of one process's monotonic clock), and no calls back into the shell. The shell (`server/server.py`,
+through `server/admission.py`) calls it from two threads:
 
-    Zenoh callback thread    admit(client, payload, now, attachment, read_header) -> None (kept) or why it was dropped
+    Zenoh callback thread    admit(client, payload, now, header, header_error) -> None (kept) or why it was dropped
                              on_token(client, alive, now)        (the client's liveliness token)
     inference thread         expire(now) -> closed sessions      (the shell forgets their runner state)
-                             schedule(now, peek, read_header) -> Batch  (whom to serve in one forward pass)
-                             check(session, observation, now)    (session rules once an observation is decoded)
-                             finish(batch, outcomes, ...)        (bookkeeping after the pass)
-    telemetry thread         snapshot()                          (a copy of the counters; no percentiles)
+                             unread() -> slots                   (header-less observations the scheduler must rank:
+                                                                  the shell has the executor decode them)
+                             schedule(now) -> Batch              (session rules, whom to serve in one forward pass)
+                             judge(session, slot)                (session rules of a picked header-less one, decoded)
+                             take_reset / finish / requeue       (bookkeeping after the pass)
+    telemetry thread         snapshot() -> EngineSnapshot        (a typed copy of the counters; no percentiles)
 
-One lock guards all of it and is held only for dictionary work: never across decoding (`admit`
-reads the observation's header and `schedule` calls `peek` outside it), inference, publishing or
-percentile computation.
+What an observation is (its `seq_id`, `session_nonce`, `episode_id`, `ExecutionInfo`) is read once:
+from its header, by the shell at admission (`server/admission.py`), and kept in the slot with the
+payload. The session rules (`_judge`, one function) judge it when the scheduler first hears of it,
+in `schedule`, and the verdict stays in the slot (`judged`). An observation sent without a header is
+decoded by the executor: before the scheduler hears of it when the scheduler ranks by
+`ExecutionInfo` (`unread`), so it is judged like the others; else only if it is picked, and judged
+then (`judge`), so that a superseded one never costs a decode.
+
+One lock guards all of it and is held only for dictionary work: never across decoding, inference,
+publishing or percentile computation.
 
 Re-fetch (docs/protocol.md §10.7): an observation whose header says it refreshes request `s` (a
 fresh capture the client publishes while `s` waits) goes into the slot only while `s` still waits:
@@ -50,6 +60,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 
+from lerobot_zenoh.errors import ProtocolError
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation, ObservationHeader
 from lerobot_zenoh.scheduling.request_schedulers import RequestScheduler
 from lerobot_zenoh.server.rate_limit import RejectionRateLimit
@@ -64,7 +75,7 @@ RATE_LIMITED = "rate_limited"
 TOO_LARGE = "too_large"
 REPLAYED = "replayed"
 REFRESH_LATE = "refreshes_late"  # a re-fetch refresh whose request no longer waits (counted, not a rejection)
-# Session rules (`_check`; docs/protocol.md §10.5).
+# Session rules (`_session_rules`; docs/protocol.md §10.5).
 NONCE_REQUIRED = "nonce_required"  # no session_nonce, in a session that follows a nonce-ful client process
 SEQ_JUMP = "seq_jump"  # seq_id further ahead of the last served one than a client can count
 
@@ -98,30 +109,47 @@ class EngineConfig:
 
 @dataclass
 class Slot:
-    """The newest unserved observation of one session (raw bytes until the inference thread decodes it)."""
+    """The newest unserved observation of one session: its raw bytes and the verdict of admission.
+
+    `header` (or `error`) is what admission read of it (`server/admission.py`); an observation sent
+    without a header gets `observation` (or `error`) from the executor's decode, before the scheduler
+    hears of it when it ranks by `ExecutionInfo`, else once picked. `known` is what the session
+    rules and the scheduler read; `judged`, whether the rules have judged it."""
 
     payload: bytes
     arrival_s: float
-    attachment: bytes | None = None  # the observation's header (protocol.md §5.1.1), still bytes
+    header: ObservationHeader | None = None  # read at admission (protocol.md §5.1.1)
+    error: ProtocolError | None = None  # why its header or body could not be read: rejected by `schedule`
+    observation: Observation | None = None  # the executor's decode (header-less on arrival, else when served)
     announced: bool = False  # the scheduler has been told (`on_arrival`)
-    header: ObservationHeader | None = None  # set once read (by `admit` when given `read_header`)
-    observation: Observation | None = None  # set on the inference thread once decoded
-    error: Exception | None = None  # the decoding error, when it could not be decoded
+    judged: bool = False  # judged by the session rules (when announced; a header-less one maybe once picked)
     # A refresh that replaced its request before the scheduler heard of it carries the request's
     # first arrival (and its ExecutionInfo), so that the request keeps its place in line.
     first_arrival: tuple[float, ExecutionInfo | None] | None = None
 
     @property
+    def known(self) -> Observation | ObservationHeader | None:
+        """What is known of the observation (seq_id, nonce, episode, execution): its header, else its decode."""
+        return self.header if self.header is not None else self.observation
+
+    @property
     def request_seq(self) -> int | None:
-        """The request this observation stands for: the one it refreshes, else its own seq_id (None: no header read)."""
-        if self.header is None:
+        """The request this observation stands for: the one it refreshes, else its own seq_id (None: not read yet)."""
+        known = self.known
+        if known is None:
             return None
-        refreshes = self.header.refreshes_seq_id
-        return self.header.seq_id if refreshes is None else refreshes
+        refreshes = known.refreshes_seq_id
+        return known.seq_id if refreshes is None else refreshes
+
+
+#: Latency samples kept per session for its percentiles.
+LATENCY_WINDOW = 256
 
 
 @dataclass
 class SessionStats:
+    """One session's counters (or, in `EngineSnapshot.closed`, those of every session since closed)."""
+
     received: int = 0
     superseded: int = 0
     served: int = 0
@@ -129,8 +157,60 @@ class SessionStats:
     refreshes_late: int = 0  # refreshes dropped on arrival: their request no longer waited
     rejected: Counter = field(default_factory=Counter)  # reason -> count ("replayed" included)
     dropped: Counter = field(default_factory=Counter)  # dropped before a slot: rate_limited (not a rejection)
-    inference_ms: deque = field(default_factory=lambda: deque(maxlen=256))
-    queue_ms: deque = field(default_factory=lambda: deque(maxlen=256))
+    inference_ms: deque = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+    queue_ms: deque = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+
+    def copy(self) -> SessionStats:
+        return SessionStats(self.received, self.superseded, self.served, self.refreshes, self.refreshes_late,
+                            Counter(self.rejected), Counter(self.dropped),
+                            deque(self.inference_ms, maxlen=LATENCY_WINDOW), deque(self.queue_ms, maxlen=LATENCY_WINDOW))
+
+    def add_counts(self, other: SessionStats) -> None:
+        """Fold `other`'s counts into these (latency windows are per session: not folded)."""
+        self.received += other.received
+        self.superseded += other.superseded
+        self.served += other.served
+        self.refreshes += other.refreshes
+        self.refreshes_late += other.refreshes_late
+        self.rejected.update(other.rejected)
+        self.dropped.update(other.dropped)
+
+    @property
+    def rejected_total(self) -> int:
+        return sum(self.rejected.values())
+
+
+@dataclass(frozen=True)
+class SessionSnapshot:
+    listed: bool
+    stats: SessionStats  # a copy
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """A copy of every counter of one engine (`Engine.snapshot`); percentiles are the caller's."""
+
+    sessions: dict[str, SessionSnapshot]  # the open sessions
+    closed: SessionStats  # the counts of every session since closed (served: chunks of sessions closed meanwhile too)
+    dropped: dict[str, int]  # observations dropped before any session: unknown_client, too_many_clients
+    unknown_open: int  # open sessions of ids not in the manifest
+    sessions_opened: int
+    sessions_closed: dict[str, int]  # reason -> count
+    batch_sizes: list[int]  # of the last passes
+    headers_read: int  # observations whose header told the scheduler what they are
+    decoded_on_arrival: int  # header-less observations decoded before the scheduler heard of them
+    scheduler: dict[str, float | int]  # the request scheduler's own figures
+
+    @property
+    def unknown_refused(self) -> int:
+        return self.dropped.get(UNKNOWN_CLIENT, 0)
+
+    def total(self) -> SessionStats:
+        """The counts of every session, open and closed (no latency windows)."""
+        out = self.closed.copy()
+        for s in self.sessions.values():
+            out.add_counts(s.stats)
+        return out
 
 
 @dataclass
@@ -165,8 +245,15 @@ class Batch:
     rejected: list[tuple[Session, Slot, str, str]]  # (session, slot, reason, detail)
 
 
-Peek = Callable[[bytes], Observation]  # decode an observation (raises on bad bytes)
-ReadHeader = Callable[[bytes], ObservationHeader | None]  # None: a header version this server does not read
+@dataclass(frozen=True)
+class _Accepted:
+    """What the session rules change in a session for an observation they accept (`_accept`)."""
+
+    switched: bool  # another session_nonce than the session follows: another client process
+    restarted: bool  # a new process, or a nonce-less client's restart: the count starts afresh
+    last: int | None  # the last served seq_id the session counts from then (restarted)
+    last_s: float | None
+    reset: bool  # per-episode state to drop (a new episode or a restarted client)
 
 
 class Engine:
@@ -175,41 +262,39 @@ class Engine:
         self.config = config
         self.scheduler = scheduler
         self.rate_limit = rate_limit or RejectionRateLimit()
-        self.needs_execution_info = bool(getattr(scheduler, "needs_execution_info", False))
+        # A scheduler that ranks by ExecutionInfo hears of a header-less observation only once the
+        # executor decoded it (`unread`); others when it lands, and it is decoded only if served.
+        # (The declared scheduler interface makes this an attribute every scheduler has.)
+        self.needs_execution_info: bool = getattr(scheduler, "needs_execution_info", False)
         self.sessions: dict[str, Session] = {}
         self._unknown_open = 0  # sessions of clients not in the manifest
         self._lock = threading.Lock()
-        # Totals that outlive sessions (a closed session's counts are folded in here).
-        self.totals: Counter = Counter()
+        # Counts that outlive sessions (a closed session's are folded in here).
+        self.closed = SessionStats()
         self.unknown_refused: Counter = Counter()  # refused ids, bounded
         self.dropped: Counter = Counter()  # observations dropped before any session: reason -> count
         self.batch_sizes: deque = deque(maxlen=256)
         self.sessions_opened = 0
         self.sessions_closed: Counter = Counter()  # reason -> count
-        self.decoded_on_arrival = 0  # observations `peek`-decoded to read their ExecutionInfo
-        self.headers_read = 0  # observations whose header told it instead
+        self.decoded_on_arrival = 0  # header-less observations decoded before the scheduler heard of them
+        self.headers_read = 0  # observations whose header told the scheduler instead
         self._delisted: list[Session] = []  # closed by update_clients; handed out by the next expire()
         self._tokens: dict[str, None] = {}  # ids whose liveliness token is present and that have no session (bounded)
         self._pool_wanted = False  # an unknown id found the pool full since the last expire()
+        self._maybe_unread = False  # an observation nothing is known of was admitted since the last unread()
 
     # -- Zenoh callback thread ----------------------------------------------------------------
 
-    def admit(self, client_id: str, payload: bytes, now_s: float, attachment: bytes | None = None,
-              read_header: ReadHeader | None = None) -> str | None:
+    def admit(self, client_id: str, payload: bytes, now_s: float, header: ObservationHeader | None = None,
+              header_error: ProtocolError | None = None) -> str | None:
         """Put an observation in its session's slot; None if kept, else why it was dropped (counted).
 
-        With `read_header`, the header (`attachment`, 44 or 56 bytes and the episode id: a struct
-        unpack, no decode) is read here, outside the lock, so that a late re-fetch refresh is dropped
-        before it takes a slot; a malformed header is kept with the slot and rejected by `schedule`.
+        `header` is what admission read of it (`server/admission.py`; None: sent without one, or
+        in a version this server does not read), so that a late re-fetch refresh is dropped before
+        it takes a slot; `header_error`: its header is malformed (kept with the slot and rejected,
+        with its reason, by `schedule`).
         """
         listed = client_id in self.config.listed
-        header: ObservationHeader | None = None
-        header_error: Exception | None = None
-        if attachment is not None and read_header is not None:
-            try:
-                header = read_header(attachment)
-            except Exception as exc:  # a ProtocolError: rejected with its reason by `schedule`
-                header_error = exc
         with self._lock:
             session = self.sessions.get(client_id)
             if session is None:
@@ -227,7 +312,7 @@ class Engine:
             if self.rate_limit.blocked(client_id, now_s):
                 stats.dropped[RATE_LIMITED] += 1  # not a rejection: the cool-down ends on time
                 return RATE_LIMITED
-            # `last_seen_s` moves only once the observation passes the session rules (`_check`) or is
+            # `last_seen_s` moves only once the observation passes the session rules (`schedule`) or is
             # served: what is rejected keeps no session alive.
             if len(payload) > self.config.max_message_bytes:  # before it takes a slot
                 self._count_rejection(session, TOO_LARGE, now_s)
@@ -244,8 +329,10 @@ class Engine:
                 stats.superseded += 1
                 if (not old.announced and header is not None and header.refreshes_seq_id is not None
                         and old.request_seq == header.refreshes_seq_id):
-                    first = old.first_arrival or (old.arrival_s, old.header.execution)
-            session.slot = Slot(payload, now_s, attachment, header=header, error=header_error, first_arrival=first)
+                    first = old.first_arrival or (old.arrival_s, old.known.execution)
+            session.slot = Slot(payload, now_s, header=header, error=header_error, first_arrival=first)
+            if header is None and header_error is None:
+                self._maybe_unread = True
         return None
 
     def on_token(self, client_id: str, alive: bool, now_s: float) -> None:
@@ -333,62 +420,60 @@ class Engine:
             for session in self.sessions.values():
                 session.slot = None
 
-    def schedule(self, now_s: float, peek: Peek | None = None, read_header: ReadHeader | None = None, *,
-                 choose: Callable[[list[str], dict[str, Slot]], list[str]] | None = None,
+    def unread(self) -> list[Slot]:
+        """For a scheduler that ranks by `ExecutionInfo`: the new observations nothing is known of yet
+        (sent without a header, or with one of a version this server does not read). The shell has
+        the executor decode each into its slot (`observation`, or `error`) before the next
+        `schedule`, which announces them only then. Other schedulers: none (never decoded early)."""
+        if not (self.needs_execution_info and self._maybe_unread):  # (the usual case: no lock, no scan)
+            return []
+        with self._lock:
+            self._maybe_unread = False
+            return [s.slot for s in self.sessions.values()
+                    if s.slot is not None and not s.slot.announced and s.slot.known is None and s.slot.error is None]
+
+    def schedule(self, now_s: float, *, choose: Callable[[list[str], dict[str, Slot]], list[str]] | None = None,
                  exclude: Collection[str] = ()) -> Batch | None:
         """Announce new observations to the scheduler and let it pick up to `max_batch_size` sessions.
 
-        Schedulers that rank by the robot's execution phase (`needs_execution_info`) need each new
-        observation's `ExecutionInfo` on arrival: `read_header` reads it from the observation's
-        header (its Zenoh attachment, 44 bytes and the episode id), or, for an observation sent
-        without one (or with a header version this server does not read), `peek` decodes the
-        observation; both outside the lock, and the session rules (`check`) are applied then. Other
-        schedulers never cost a decode for an observation that is superseded before it is served.
+        Each new observation known here (from its header, or the executor's decode of a header-less
+        one, `unread`) is judged, once, by the session rules: a refused one never reaches the
+        scheduler and comes back in `Batch.rejected`, as does one whose header or body could not be
+        read. The scheduler hears each accepted one with its `ExecutionInfo`. A header-less one not
+        decoded yet waits in its slot for the next call when the scheduler ranks by `ExecutionInfo`,
+        else is announced without it and judged once picked and decoded (`judge`).
 
         With `choose` (an edge scheduler placing across engines, `server/dispatch.py`), the scheduler
         orders every ready session and `choose(order, slots)` picks those to dispatch now, any number;
         clients in `exclude` (a request of theirs is still running on an engine) wait in their slot.
         """
+        rejected: list[tuple[Session, Slot, str, str]] = []
         with self._lock:
-            fresh = [s for s in self.sessions.values() if s.slot is not None and not s.slot.announced]
-            for session in fresh:
-                session.slot.announced = True
-            fresh_slots = [(s, s.slot) for s in fresh]
-        if self.needs_execution_info and peek is not None:
-            for _, slot in fresh_slots:
+            for session in self.sessions.values():
+                slot = session.slot
+                if slot is None or slot.announced:
+                    continue
                 if slot.error is not None:
-                    continue  # a malformed header, found by `admit`: rejected below
-                try:
-                    if slot.header is None and slot.attachment is not None and read_header is not None:
-                        slot.header = read_header(slot.attachment)
+                    rejected.append((session, slot, slot.error.reason, str(slot.error)))
+                    session.slot = None
+                    continue
+                known = slot.known
+                if known is None and self.needs_execution_info:
+                    continue  # not read yet: the next round's `unread`
+                slot.announced = True
+                if known is not None:
                     if slot.header is not None:
                         self.headers_read += 1
                     else:
-                        slot.observation = peek(slot.payload)
                         self.decoded_on_arrival += 1
-                except Exception as exc:  # a ProtocolError, counted by the executor with its reason
-                    slot.error = exc
-        rejected: list[tuple[Session, Slot, str, str]] = []
-        with self._lock:
-            for session, slot in fresh_slots:
-                if session.slot is not slot or self.sessions.get(session.client_id) is not session:
-                    continue  # superseded or closed meanwhile
-                if slot.error is not None:
-                    rejected.append((session, session.slot, getattr(slot.error, "reason", "bad_message"), str(slot.error)))
-                    session.slot = None
-                    continue
-                execution: ExecutionInfo | None = None
-                known = slot.observation or slot.header  # both carry seq_id, episode_id, session_nonce
-                if known is not None:
-                    why = self._check(session, known, slot.arrival_s)
+                    why = self._judge(session, slot)
                     if why is not None:
-                        rejected.append((session, slot, why, self.rule_detail(session, known, why)))
+                        rejected.append((session, slot, why, _rule_detail(session, known, why)))
                         session.slot = None
                         continue
-                    execution = known.execution
                 if slot.first_arrival is not None:  # a refresh: its request arrived first
                     self.scheduler.on_arrival(session.client_id, *slot.first_arrival)
-                self.scheduler.on_arrival(session.client_id, slot.arrival_s, execution)
+                self.scheduler.on_arrival(session.client_id, slot.arrival_s, known.execution if known else None)
             ready = [cid for cid, s in self.sessions.items()
                      if s.slot is not None and s.slot.announced and cid not in exclude]
             if choose is None:
@@ -401,8 +486,9 @@ class Engine:
                 session = self.sessions.get(cid)
                 if session is not None and session.slot is not None:
                     items.append((session, session.slot))
-                    if session.slot.header is not None:
-                        self._picked(session, session.slot.header.session_nonce, session.slot.header.seq_id)
+                    known = session.slot.known
+                    if known is not None:  # (a header-less one: once it is judged)
+                        self._picked(session, known.session_nonce, known.seq_id)
                     session.slot = None
         if not items and not rejected:
             return None
@@ -420,21 +506,19 @@ class Engine:
             session.slot = slot
             return True
 
-    def check(self, session: Session, observation: Observation, arrival_s: float | None = None) -> str | None:
-        """Apply the session rules to a decoded observation that arrived at `arrival_s` (default: the
-        session's last accepted one): None to serve it, else `replayed`, `nonce_required` or `seq_jump`."""
+    def judge(self, session: Session, slot: Slot) -> tuple[str, str] | None:
+        """The session rules for a picked observation sent without a header, once the executor decoded
+        it (`slot.observation`; a scheduler that does not rank by `ExecutionInfo` never needs it
+        earlier): None to serve it, else (reason, detail): `replayed`, `nonce_required` or `seq_jump`.
+        Every other observation was judged when the scheduler heard of it (`slot.judged`)."""
         with self._lock:
-            return self._check(session, observation, arrival_s)
-
-    @staticmethod
-    def rule_detail(session: Session, obs: Observation | ObservationHeader, reason: str) -> str:
-        """The detail logged with a rejection by the session rules."""
-        if reason == NONCE_REQUIRED:
-            return f"seq_id {obs.seq_id} carries no session_nonce; this client's session follows nonce {session.nonce}"
-        if reason == SEQ_JUMP:
-            return (f"seq_id {obs.seq_id} runs further ahead of the last one served for session_nonce "
-                    f"{obs.session_nonce} than a client can count")
-        return f"seq_id {obs.seq_id} already served"
+            if slot.judged:
+                return None
+            why = self._judge(session, slot)
+            if why is not None:
+                return why, _rule_detail(session, slot.known, why)
+            self._picked(session, slot.known.session_nonce, slot.known.seq_id)
+            return None
 
     def take_reset(self, session: Session) -> bool:
         """Whether the runner must drop this session's per-episode state before serving it (once)."""
@@ -455,14 +539,13 @@ class Engine:
             if picked:
                 self.batch_sizes.append(len(picked))
             for session, seq_id, inference_ms, queue_ms in served:
-                self.totals["served"] += 1
                 if self.sessions.get(session.client_id) is not session:
-                    continue  # closed meanwhile: only the total counts
+                    self.closed.served += 1  # closed meanwhile: only the total counts
+                    continue
                 stats = session.stats
                 stats.served += 1
-                # The served observation passed `_check` on this thread just before (nothing else was
-                # checked for this session since): its seq_id is within the bound of the stream
-                # `session.nonce` names.
+                # The served observation passed the session rules when it was announced: its seq_id
+                # is within the bound of the stream `session.nonce` names.
                 if session.last_served_seq is None or seq_id > session.last_served_seq:
                     session.last_served_seq = seq_id
                 session.last_served_s = now_s
@@ -474,36 +557,21 @@ class Engine:
 
     # -- telemetry thread ---------------------------------------------------------------------
 
-    def snapshot(self) -> dict:
-        """A copy of every counter (per session and totals); the caller computes percentiles."""
+    def snapshot(self) -> EngineSnapshot:
+        """A copy of every counter (per session and of closed ones); the caller computes percentiles."""
         with self._lock:
-            return {
-                "sessions": {
-                    cid: {
-                        "listed": s.listed,
-                        "received": s.stats.received,
-                        "superseded": s.stats.superseded,
-                        "served": s.stats.served,
-                        "refreshes": s.stats.refreshes,
-                        "refreshes_late": s.stats.refreshes_late,
-                        "rejected": dict(s.stats.rejected),
-                        "dropped": dict(s.stats.dropped),
-                        "inference_ms": list(s.stats.inference_ms),
-                        "queue_ms": list(s.stats.queue_ms),
-                    }
-                    for cid, s in self.sessions.items()
-                },
-                "totals": dict(self.totals),
-                "dropped": dict(self.dropped),
-                "unknown_refused": self.dropped[UNKNOWN_CLIENT],
-                "unknown_open": self._unknown_open,
-                "sessions_opened": self.sessions_opened,
-                "sessions_closed": dict(self.sessions_closed),
-                "batch_sizes": list(self.batch_sizes),
-                "decoded_on_arrival": self.decoded_on_arrival,
-                "headers_read": self.headers_read,
-                "scheduler": self.scheduler.stats(),
-            }
+            return EngineSnapshot(
+                sessions={cid: SessionSnapshot(s.listed, s.stats.copy()) for cid, s in self.sessions.items()},
+                closed=self.closed.copy(),
+                dropped=dict(self.dropped),
+                unknown_open=self._unknown_open,
+                sessions_opened=self.sessions_opened,
+                sessions_closed=dict(self.sessions_closed),
+                batch_sizes=list(self.batch_sizes),
+                headers_read=self.headers_read,
+                decoded_on_arrival=self.decoded_on_arrival,
+                scheduler=self.scheduler.stats(),
+            )
 
     # -- internals (caller holds the lock) ----------------------------------------------------
 
@@ -523,11 +591,7 @@ class Engine:
             return
         if not session.listed:
             self._unknown_open -= 1
-        st = session.stats
-        self.totals.update(received=st.received, superseded=st.superseded, refreshes=st.refreshes,
-                           refreshes_late=st.refreshes_late)
-        self.totals.update({f"rejected.{k}": v for k, v in st.rejected.items()})
-        self.totals.update({f"dropped.{k}": v for k, v in st.dropped.items()})
+        self.closed.add_counts(session.stats)
         self.sessions_closed[reason] += 1
         session.closed_reason = reason
         self.scheduler.forget(session.client_id)
@@ -549,50 +613,40 @@ class Engine:
         if last is not None and last[0] == header.session_nonce and request <= last[1]:
             return True
         waiting = session.slot
-        return (waiting is not None and waiting.header is not None and waiting.request_seq is not None
-                and waiting.header.session_nonce == header.session_nonce and waiting.request_seq > request)
+        return (waiting is not None and waiting.request_seq is not None
+                and waiting.known.session_nonce == header.session_nonce and waiting.request_seq > request)
 
-    def _check(self, session: Session, obs: Observation | ObservationHeader, arrival_s: float | None) -> str | None:
-        """The session rules (docs/protocol.md §10.5). Every refusal comes before any change: an
-        observation that is refused resets, advances and keeps alive nothing."""
-        nonce = obs.session_nonce
-        if nonce is None and session.nonce is not None:
-            return NONCE_REQUIRED  # a nonce-less sender cannot take over, or advance, a nonce-ful process's session
-        arrival_s = session.last_seen_s if arrival_s is None else arrival_s
-        # A new nonce is a new client process: its seq_ids start afresh. A nonce this session
-        # followed before picks up its own count again, so that switching to a made-up nonce and
-        # back cannot lift the bound on the real one.
-        switched = nonce != session.nonce
-        last, last_s = session.past_nonces.get(nonce, (None, None)) if switched else (
-            session.last_served_seq, session.last_served_s)
-        restarted = switched
-        if last is not None:
-            if obs.seq_id <= last:
-                if nonce is not None or not (session.token_gone_since_served
-                                             or arrival_s - last_s >= NONCELESS_REPLAY_WINDOW_S):
-                    return REPLAYED
-                restarted, last, last_s = True, None, None  # a nonce-less client's restart
-            elif obs.seq_id - last > MAX_SEQ_STEP + MAX_SEQ_RATE_HZ * max(0.0, arrival_s - last_s):
-                return SEQ_JUMP
-        reset = (restarted and (session.nonce is not None or session.last_served_seq is not None)) or (
-            obs.episode_id != session.episode_id and session.episode_id is not None)
-        if switched:
+    def _judge(self, session: Session, slot: Slot) -> str | None:
+        """The session rules (docs/protocol.md §10.5) for the slot's observation: None when it is
+        accepted (and the session follows it from then on), else why it is refused (nothing changed)."""
+        obs = slot.known
+        verdict = _session_rules(session, obs, slot.arrival_s)
+        slot.judged = True
+        if isinstance(verdict, str):
+            return verdict
+        self._accept(session, obs, slot.arrival_s, verdict)
+        return None
+
+    def _accept(self, session: Session, obs: Observation | ObservationHeader, arrival_s: float,
+                accepted: _Accepted) -> None:
+        """What an accepted observation changes: the process and episode the session follows, the
+        count its seq_ids are judged by, and (a new episode or process) its per-episode state."""
+        if accepted.switched:
             if session.last_served_seq is not None:
                 past = session.past_nonces
                 if len(past) >= MAX_PAST_NONCES:  # the newest goes first: the oldest are the robot's own
                     past.pop(next(reversed(past)))
                 past[session.nonce] = (session.last_served_seq, session.last_served_s)
-            session.past_nonces.pop(nonce, None)
-        if restarted:
-            session.last_served_seq, session.last_served_s = last, last_s
+            session.past_nonces.pop(obs.session_nonce, None)
+        if accepted.restarted:
+            session.last_served_seq, session.last_served_s = accepted.last, accepted.last_s
             session.last_picked = None
-        session.nonce = nonce
+        session.nonce = obs.session_nonce
         session.episode_id = obs.episode_id
         session.last_seen_s = max(session.last_seen_s, arrival_s)
-        if reset:
+        if accepted.reset:
             session.needs_reset = True
             self.scheduler.forget(session.client_id)  # its task starts again (wait ratio: a new task)
-        return None
 
     def _count_rejection(self, session: Session, reason: str, now_s: float) -> int:
         session.stats.rejected[reason] += 1
@@ -603,3 +657,38 @@ class Engine:
         if reason not in ("publish_error", REPLAYED, NONCE_REQUIRED, SEQ_JUMP):
             self.rate_limit.on_rejection(session.client_id, now_s)
         return sum(session.stats.rejected.values())
+
+
+def _session_rules(session: Session, obs: Observation | ObservationHeader, arrival_s: float) -> str | _Accepted:
+    """The session rules (docs/protocol.md §10.5), pure: why `obs` is refused, or what accepting it changes."""
+    nonce = obs.session_nonce
+    if nonce is None and session.nonce is not None:
+        return NONCE_REQUIRED  # a nonce-less sender cannot take over, or advance, a nonce-ful process's session
+    # A new nonce is a new client process: its seq_ids start afresh. A nonce this session followed
+    # before picks up its own count again, so that switching to a made-up nonce and back cannot
+    # lift the bound on the real one.
+    switched = nonce != session.nonce
+    last, last_s = session.past_nonces.get(nonce, (None, None)) if switched else (
+        session.last_served_seq, session.last_served_s)
+    restarted = switched
+    if last is not None:
+        if obs.seq_id <= last:
+            if nonce is not None or not (session.token_gone_since_served
+                                         or arrival_s - last_s >= NONCELESS_REPLAY_WINDOW_S):
+                return REPLAYED
+            restarted, last, last_s = True, None, None  # a nonce-less client's restart
+        elif obs.seq_id - last > MAX_SEQ_STEP + MAX_SEQ_RATE_HZ * max(0.0, arrival_s - last_s):
+            return SEQ_JUMP
+    reset = (restarted and (session.nonce is not None or session.last_served_seq is not None)) or (
+        obs.episode_id != session.episode_id and session.episode_id is not None)
+    return _Accepted(switched, restarted, last, last_s, reset)
+
+
+def _rule_detail(session: Session, obs: Observation | ObservationHeader, reason: str) -> str:
+    """The detail logged with a rejection by the session rules."""
+    if reason == NONCE_REQUIRED:
+        return f"seq_id {obs.seq_id} carries no session_nonce; this client's session follows nonce {session.nonce}"
+    if reason == SEQ_JUMP:
+        return (f"seq_id {obs.seq_id} runs further ahead of the last one served for session_nonce "
+                f"{obs.session_nonce} than a client can count")
+    return f"seq_id {obs.seq_id} already served"

@@ -175,7 +175,7 @@ class EngineWorker:
                                         f"asked for {msg.model_id}/{msg.model_version}")
             else:
                 try:
-                    obs = codec.decode_observation(msg.observation, model.limits)
+                    obs = model.executor.decode(msg.observation)
                     if msg.reset or msg.client_id not in model.clients:
                         model.runner.forget(msg.client_id)
                     self._remember(model, msg.client_id)

@@ -1,5 +1,7 @@
 """The executor of one model: turns a batch the engine picked into encoded answers.
 
+    decode(payload, header)           the observation's body (the server's only msgpack decode of one),
+                                      checked against the header admission read (`header_mismatch`)
     prepare(session_id, observation)  check it against the model's spec, decode its JPEG frames
                                       (cameras in parallel) or take views of its same-host frames
                                       (no copy, transport/same_host.py), build the runner's request (with the
@@ -16,7 +18,8 @@
     answer(observation, result, ...)  the bytes of what the runner's `capabilities.output` says it
                                       answers: an ActionChunk (`chunk`), a TextResult or a Verdict
 
-Runs on the inference thread only and holds no lock: the engine's bookkeeping is the shell's job.
+Runs on the inference thread (and a model with engines: its local engine's thread, `server/dispatch.py`)
+and holds no lock: the engine's bookkeeping is the shell's job (`server/admission.py`).
 """
 
 from __future__ import annotations
@@ -31,14 +34,20 @@ import numpy as np
 from lerobot_zenoh.errors import PolicyError, ProtocolError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.transport import same_host
-from lerobot_zenoh.protocol.messages import VERDICT_LABELS, ActionChunk, Observation, RtcInputs, TextResult, Verdict
+from lerobot_zenoh.protocol.messages import (
+    VERDICT_LABELS,
+    ActionChunk,
+    Observation,
+    ObservationHeader,
+    RtcInputs,
+    TextResult,
+    Verdict,
+)
 from lerobot_zenoh.scheduling.horizon import HorizonPolicy
 from lerobot_zenoh.server.runners.base import (
-    COMPONENT_EXTRA,
     RTC_EXTRA,
     RTC_EXTRA_DELAY,
     InferenceRequest,
-    ComponentQuery,
     InferenceResult,
     PolicyRunner,
 )
@@ -64,7 +73,7 @@ class Executor:
         # Refinement updates are captured only when the horizon policy reads them and the runner
         # reports them; otherwise the policy gets none (diffusion_confidence then vouches for the
         # whole chunk, with a warning at start-up).
-        wants = bool(getattr(horizon, "needs_updates", False))
+        wants = horizon is not None and horizon.needs_updates
         self.capture_updates = wants and self.spec.capabilities.refinement_updates
         if wants and not self.capture_updates:
             log.warning("%s: %s reports no refinement updates; horizon %s will send the whole chunk",
@@ -92,11 +101,20 @@ class Executor:
             self._jpeg.shutdown(wait=False)
         self._frames.close()
 
-    def prepare(self, client_id: str, obs: Observation, component: ComponentQuery | None = None) -> InferenceRequest:
+    def decode(self, payload: bytes, header: ObservationHeader | None = None) -> Observation:
+        """The observation in `payload` (the one copy out of Zenoh's buffer); ProtocolError if it is
+        malformed, or (`header_mismatch`) if it is not what its header, read at admission, said."""
+        obs = codec.decode_observation(bytes(payload), self.limits)
+        if header is not None and not codec.header_matches(header, obs):
+            raise ProtocolError("header_mismatch", f"the header says seq_id {header.seq_id}, episode "
+                                f"{header.episode_id!r}; the observation {obs.seq_id}, {obs.episode_id!r}")
+        return obs
+
+    def prepare(self, client_id: str, obs: Observation, extras: dict | None = None) -> InferenceRequest:
         """Check the observation against the model's features and decode its images; ProtocolError if not.
 
-        `component`: what a multi-model task asks of this component (its prompt, its labels), for an
-        observation that came through the task's observation stream; it goes into the request's extras."""
+        `extras`: what the caller adds to the request's extras (a multi-model task's query,
+        `server/routing.py`), there before the runner checks the request."""
         spec = self.spec
         if obs.client_uuid != client_id:
             raise ProtocolError("client_mismatch", f"client_uuid {obs.client_uuid!r} published on {client_id!r}'s key")
@@ -108,11 +126,7 @@ class Executor:
         shared = obs.shared_frames
         sent = [*obs.images, *(shared.frames if shared is not None else ())]
         jpegs = obs.images
-        if component is not None and shared is None and set(sent) > set(spec.cameras):
-            # A component of a multi-model task reads its own cameras of the robot's (a VLM may look
-            # through one of them); the others are never decoded.
-            jpegs = {c: obs.images[c] for c in spec.cameras}
-        elif len(sent) != len(set(sent)) or set(sent) != set(spec.cameras):
+        if len(sent) != len(set(sent)) or set(sent) != set(spec.cameras):
             raise ProtocolError("wrong_cameras", f"cameras {sorted(sent)}, expected {sorted(spec.cameras)}")
         # Same-host frames are read in place: read-only views of the client's ring, mapped once per
         # client (transport/same_host.py), checked again in `infer` after the model has read them.
@@ -141,11 +155,9 @@ class Executor:
                                                    f"expected {sorted(spec.cameras)}")
             history.append((past, self._decode(frame.images)))
         rtc = self._rtc(obs)
-        extras = {}
+        extras = dict(extras or {})
         if rtc is not None:
             extras[RTC_EXTRA] = rtc
-        if component is not None:
-            extras[COMPONENT_EXTRA] = component
         request = InferenceRequest(session_id=client_id, state=state, images=images, task=obs.task,
                                    seed=request_seed(client_id, obs.seq_id), episode_id=obs.episode_id,
                                    history=tuple(history), extras=extras)

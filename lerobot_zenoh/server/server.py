@@ -1,16 +1,18 @@
 """The policy server's shell: wires Zenoh, liveliness, failover and telemetry around each model's
 engine (`server/engine.py`: sessions, slots, whom to serve) and executor (`server/executor.py`:
-decode, infer, encode).
+decode, infer, encode), through admission (`server/admission.py`: the header read once, the one
+step every picked request goes through).
 
 Threads, and what each may touch:
-- Zenoh's callback threads: `_on_observation` parses the key and calls `engine.admit` (the raw bytes
-  go into the session's newest-only slot; only the observation's small header is read, a struct
-  unpack, so that a late re-fetch refresh is dropped before it takes a slot; nothing is decoded);
-  `_on_client_token` tells the engine a client's liveliness token appeared or vanished. Both take
-  only the engine's short lock. A model
-  serving a component of multi-model tasks (`pipeline` in its manifest entry) also subscribes to
-  each task's observation stream (and its robots' tokens there), and drops there, from the header
-  alone, an observation whose `component_mask` does not ask it (`observations_for_other_components`).
+- Zenoh's callback threads: `_on_observation` parses the key, reads the observation's small header
+  (`admission.read_header`, a struct unpack; nothing is decoded) and calls `engine.admit` (the raw
+  bytes and that verdict go into the session's newest-only slot, so that a late re-fetch refresh is
+  dropped before it takes one); `_on_client_token` tells the engine a client's liveliness token
+  appeared or vanished. Both take only the engine's short lock. A model serving a component of
+  multi-model tasks (`pipeline` in its manifest entry) also subscribes to each task's observation
+  stream (and its robots' tokens there): `_on_task_observation` asks the model's task routing
+  (`server/routing.py`) first, which drops, from the same header, an observation whose
+  `component_mask` does not ask it (`observations_for_other_components`).
 - A model with `engines` (docs/server.md, "Engines") is served by an edge scheduler
   (`server/dispatch.py`): the inference thread places each request the engine picks on one of its
   engines and never waits for one; the local engine's batches run on their own thread (which then
@@ -20,9 +22,10 @@ Threads, and what each may touch:
   batch sizes and task streams under `_reload_lock`; a model's streams are one dict replaced whole,
   so the callbacks and the inference thread read either the old map or the new one.
 - One inference thread (`_run`): closes expired sessions (and forgets their runner state and
-  action publisher), asks each model's engine for a batch, decodes and checks it, runs it in one
-  forward pass, publishes each answer reliably on its client's key of the runner's output (`action`
-  for a chunk, `text` for a TextResult, `verdict` for a Verdict), reports to the engine.
+  action publisher), asks each model's engine for a batch (`admission.schedule`), admits it
+  (`admission.prepare`: decoded, routed, prepared), runs it in one forward pass, publishes each
+  answer reliably on its client's key of the runner's output (`action` for a chunk, `text` for a
+  TextResult, `verdict` for a Verdict; `_answer`, for both serving paths), reports to the engine.
   Nothing else calls the runner, so sessions are never closed under a running inference.
 - A responder thread per model answers status queries (transport/session.py); a telemetry thread
   per model copies the engine's counters (`Engine.snapshot`) and computes percentiles outside any lock.
@@ -37,24 +40,35 @@ import logging
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
 from lerobot_zenoh.errors import ConfigError, KeyExprError, ProtocolError, TransportError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.keys import AppKey, Topic, parse_client_key
-from lerobot_zenoh.protocol.messages import Observation, RtcAdvert, SameHostAdvert, Status
+from lerobot_zenoh.protocol.messages import RtcAdvert, SameHostAdvert, Status
 from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
-from lerobot_zenoh.server import text_stream
+from lerobot_zenoh.server import admission, text_stream
+from lerobot_zenoh.server.admission import Ready
 from lerobot_zenoh.server.batch_profiling import measure_batch_profile
-from lerobot_zenoh.server.engine import REPLAYED, Batch, Engine, EngineConfig, Session, Slot
+from lerobot_zenoh.server.engine import (
+    REPLAYED,
+    TOO_MANY_CLIENTS,
+    UNKNOWN_CLIENT,
+    Batch,
+    Engine,
+    EngineConfig,
+    Session,
+    SessionStats,
+)
 from lerobot_zenoh.server.engine_worker import EngineWorker
 from lerobot_zenoh.server.executor import Executor
 from lerobot_zenoh.server.failover import ServingRole
-from lerobot_zenoh.server.manifest import Manifest, ModelEntry, PipelineEntry, reload_refusal
+from lerobot_zenoh.server.manifest import Manifest, ModelEntry, reload_refusal
+from lerobot_zenoh.server.routing import TaskRouting, stream_changes, task_streams
 from lerobot_zenoh.server.runners import load_runner
-from lerobot_zenoh.server.runners.base import ComponentQuery, InferenceRequest, InferenceResult, PolicyRunner
+from lerobot_zenoh.server.runners.base import InferenceRequest, InferenceResult, PolicyRunner
 from lerobot_zenoh.telemetry.publisher import TelemetryPublisher, percentile, process_memory
 from lerobot_zenoh.transport import same_host
 from lerobot_zenoh.transport.session import ACTION_QOS, Payload, Publisher, ZenohSession
@@ -68,30 +82,6 @@ MAX_CACHED_KEYS = 4096
 
 #: The client topic each runner output is published on (docs/protocol.md §2.2).
 OUTPUT_TOPICS = {"actions": Topic.ACTION, "text": Topic.TEXT, "verdict": Topic.VERDICT}
-
-
-@dataclass(frozen=True)
-class TaskStream:
-    """A multi-model task's observation stream that a model serves, and what the task asks of it."""
-
-    key: AppKey  # the stream's app key (`keys.pipeline_app`)
-    item: PipelineEntry
-    query: ComponentQuery
-
-
-def task_streams(manifest: Manifest, entry: ModelEntry) -> dict[str, TaskStream]:
-    """The entry's `pipeline` items by task."""
-    return {item.task: TaskStream(manifest.pipeline_key(item), item,
-                                  ComponentQuery(item.task, item.component, item.prompt, tuple(item.labels)))
-            for item in entry.pipeline}
-
-
-@dataclass
-class _Published:
-    session: Session
-    seq_id: int
-    inference_ms: float
-    queue_ms: float
 
 
 class ServedModel:
@@ -160,7 +150,6 @@ class ServedModel:
         )
         self.status_bytes = codec.encode(self.status)
         self.publishers: dict[str, Publisher] = {}  # client id -> action publisher, closed with its session
-        self.text_publishers: dict[str, Publisher] = {}  # a language runner's text (server/text_stream.py)
         self.actions_dropped_closed = 0  # chunks dropped by publishers of sessions since closed
         # A query naming a client (`status?client=<id>`) learns whether this model serves it.
         self._status_for = {admitted: codec.encode(replace(self.status, client_admitted=admitted))
@@ -173,20 +162,26 @@ class ServedModel:
         self.topic = OUTPUT_TOPICS[self.output]
         self.answers: Counter = Counter()  # answers published: "actions", "text", "verdict.<label>"
         self.answers_withheld = 0  # results the runner marked silent (fault injection)
-        # Multi-model tasks (`entry.pipeline`): task -> its stream and what it asks of this model.
-        # Replaced whole by a reload, never changed in place (read by callbacks and the inference thread).
-        self.pipeline: dict[str, TaskStream] = task_streams(manifest, entry)
-        # client id -> the task whose stream it publishes on (set on the callback thread at its first
-        # observation: one dict store; read on the inference thread).
-        self.component_of: dict[str, str] = {}
+        # Multi-model tasks (`entry.pipeline`, server/routing.py); None: a model of robots alone, which
+        # never goes through task routing. Set (once) by a reload that gives it task streams.
+        self.routing: TaskRouting | None = TaskRouting(task_streams(manifest, entry)) if entry.pipeline else None
         # The subscriptions (observations, client tokens) of its own app (None) and of each task stream.
         self.subscriptions: dict[str | None, list] = {}
-        self.for_other_components = 0  # pipeline observations whose component_mask does not ask this model
         self.dispatcher = None  # server/dispatch.py Dispatcher, set at start() when the entry lists engines
 
     @property
     def scheduler(self):
         return self.engine.scheduler
+
+    @property
+    def streams(self) -> dict:
+        """The task streams it serves (task -> `routing.TaskStream`; empty without task routing)."""
+        return self.routing.streams if self.routing is not None else {}
+
+    @property
+    def for_other_components(self) -> int:
+        """Task-stream observations that asked another component (dropped unread, or once decoded)."""
+        return self.routing.for_other_components if self.routing is not None else 0
 
     def status_reply(self, parameters: dict[str, str]) -> bytes:
         """The status bytes for a query; with `client=<id>`, `client_admitted` says if it is served."""
@@ -250,7 +245,7 @@ class PolicyServer:
                 opened: list[tuple[ServedModel, str, list]] = []
                 try:
                     for model, new in zip(self.models, streams, strict=True):
-                        for task in sorted(new.keys() - model.pipeline.keys()):
+                        for task in sorted(new.keys() - model.streams.keys()):
                             opened.append((model, task, []))
                             self._subscribe(model, new[task].key, task, opened[-1][2])
                 except TransportError as exc:
@@ -265,11 +260,14 @@ class PolicyServer:
             for model, task, subscriptions in opened:
                 model.subscriptions[task] = subscriptions
             for model, entry, new in zip(self.models, manifest.server, streams, strict=True):
-                before_streams, model.pipeline = model.pipeline, new  # one store: old map or new, never half
+                before_streams, unheard = {}, set()
+                if model.routing is not None:
+                    before_streams, unheard = model.routing.update(new)
+                elif new:
+                    model.routing = TaskRouting(new)  # (until now its new streams' observations were dropped)
                 for task in before_streams.keys() - new.keys():
                     for sub in model.subscriptions.pop(task, []):
                         sub.close()
-                unheard = {cid for cid, task in dict(model.component_of).items() if task not in new}
                 cap = model.runner.spec.capabilities.max_batch
                 batch = entry.max_batch_size if entry.max_batch_size != "auto" else model.max_batch_size
                 before = model.engine.config.listed
@@ -278,7 +276,7 @@ class PolicyServer:
                 closed = model.engine.update_clients(listed, model.max_batch_size, close=unheard)
                 log.info("%s: clients reloaded: +%s -%s (sessions closed: %s), max_batch_size %d%s", model.app.prefix,
                          sorted(listed - before) or "none", sorted(before - listed) or "none", closed or "none",
-                         model.max_batch_size, _stream_changes(before_streams, new))
+                         model.max_batch_size, stream_changes(before_streams, new))
             self.manifest = manifest
         self._wake.set()  # the inference thread forgets closed sessions at its next expiry pass
         return None
@@ -335,7 +333,7 @@ class PolicyServer:
                                      on_deactivate=model.engine.drop_slots)
             # Its own app's observations (a plain robot client routed here) and, for a component of
             # multi-model tasks, each task's observation stream.
-            for task, source in [(None, model.app), *((task, s.key) for task, s in model.pipeline.items())]:
+            for task, source in [(None, model.app), *((task, s.key) for task, s in model.streams.items())]:
                 self._subscribe(model, source, task, model.subscriptions.setdefault(task, []))
         self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
         self._thread.start()
@@ -351,7 +349,7 @@ class PolicyServer:
                     labels={"model_id": model.entry.model_id, "policy_type": model.runner.spec.policy_type,
                             "device": model.entry.device}).start())
             log.info("serving %s (%s; status: %s)", ", ".join(
-                [model.app.all_observations, *(s.key.all_observations for s in model.pipeline.values())]),
+                [model.app.all_observations, *(s.key.all_observations for s in model.streams.values())]),
                 model.output, model.app.status)
         self.started.set()
         return self
@@ -359,10 +357,12 @@ class PolicyServer:
     def _subscribe(self, model: ServedModel, source: AppKey, task: str | None, into: list) -> None:
         """Subscribe `model` to the observations of `source` (its own app, or the stream of `task`) and
         to the liveliness tokens of the clients there; each subscription is appended to `into`."""
-        into.append(self._session.subscribe(
-            source.all_observations,
-            lambda key, payload, attachment, m=model, t=task: self._on_observation(m, key, payload, attachment, t),
-            with_attachment=True, copy=False))  # kept in Zenoh's buffer: copied once when decoded, never if superseded
+        on_observation = (
+            (lambda key, payload, attachment, m=model: self._on_observation(m, key, payload, attachment))
+            if task is None else
+            (lambda key, payload, attachment, m=model, t=task: self._on_task_observation(m, t, key, payload, attachment)))
+        into.append(self._session.subscribe(source.all_observations, on_observation, with_attachment=True,
+                                            copy=False))  # kept in Zenoh's buffer: copied once when decoded, never if superseded  # kept in Zenoh's buffer: copied once when decoded, never if superseded
         # Each client declares a token on its metrics key: its session closes when the token goes.
         into.append(self._session.watch_liveliness(
             source.all_client_tokens, lambda key, alive, m=model: self._on_client_token(m, key, alive)))
@@ -445,45 +445,57 @@ class PolicyServer:
     # -- Zenoh callbacks: hand over only ------------------------------------------------------
 
     def _on_observation(self, model: ServedModel, key: str, payload: Payload | bytes,
-                        attachment: bytes | None = None, task: str | None = None) -> None:
+                        attachment: bytes | None = None) -> None:
+        """An observation on the model's own app: its header read once, then admitted."""
+        client_id = self._client_of(model, key)
+        if client_id is not None:
+            self._admit(model, client_id, payload, *admission.read_header(attachment))
+
+    def _on_task_observation(self, model: ServedModel, task: str, key: str, payload: Payload | bytes,
+                             attachment: bytes | None = None) -> None:
+        """An observation on a multi-model task's stream: admitted when the task routing says it asks this model."""
+        client_id = self._client_of(model, key)
+        if client_id is None:
+            return
+        header, header_error = admission.read_header(attachment)
+        routing = model.routing
+        if routing is None or not routing.accepts(task, client_id, header, header_error):
+            return
+        if self._admit(model, client_id, payload, header, header_error) in (UNKNOWN_CLIENT, TOO_MANY_CLIENTS):
+            routing.refused(client_id)
+
+    def _client_of(self, model: ServedModel, key: str) -> str | None:
+        """The client whose observation key `key` is; None when it is none, or while standing by."""
         if not model.role.active.is_set():  # a standby drops observations unseen
             model.standby_dropped += 1
-            return
+            return None
         client_id = self._client_of_key.get(key)
         if client_id is None:
             try:
                 _, client_id = parse_client_key(key, Topic.OBS)
             except KeyExprError:
-                return  # the wildcard only matches .../*/obs; a reserved id like "server" ends here
+                return None  # the wildcard only matches .../*/obs; a reserved id like "server" ends here
             if len(self._client_of_key) >= MAX_CACHED_KEYS:
                 self._client_of_key.clear()
             self._client_of_key[key] = client_id
-        if task is not None:
-            stream = model.pipeline.get(task)
-            if stream is None:
-                return  # in flight while a reload unsubscribed the task's stream
-            text = stream.item.text
-            if not _asks(stream.item.bit, attachment) and not (text is not None and _asks(text.bit, attachment)):
-                model.for_other_components += 1  # not for this component: never decoded, never in a slot
-                return
-            if client_id not in model.component_of:
-                model.component_of[client_id] = task  # before admit: the inference thread may serve it at once
-        dropped = model.engine.admit(client_id, payload, time.monotonic(), attachment, codec.decode_observation_header)
-        if dropped in ("unknown_client", "too_many_clients"):
-            model.component_of.pop(client_id, None)  # no session, so no close to forget it: bounded by sessions
+        return client_id
+
+    def _admit(self, model: ServedModel, client_id: str, payload: Payload | bytes, header, header_error) -> str | None:
+        dropped = model.engine.admit(client_id, payload, time.monotonic(), header, header_error)
         if dropped is None:
             self._wake.set()
-        elif dropped == "unknown_client":
-            n = model.engine.dropped["unknown_client"]
+        elif dropped == UNKNOWN_CLIENT:
+            n = model.engine.dropped[UNKNOWN_CLIENT]
             if n in (1, 10, 100, 1000):
                 log.warning("rejected observation(s) from unknown client %r on %s (%d so far)",
                             client_id, model.app.prefix, n)
-        elif dropped == "too_many_clients":
-            n = model.engine.dropped["too_many_clients"]
+        elif dropped == TOO_MANY_CLIENTS:
+            n = model.engine.dropped[TOO_MANY_CLIENTS]
             if n in (1, 10, 100) or n % 1000 == 0:
                 log.warning("dropped observation(s) from %r on %s: %d unknown clients already have a session "
                             "(max_unknown_clients) [%d so far]", client_id, model.app.prefix,
                             model.entry.max_unknown_clients, n)
+        return dropped
 
     def _on_client_token(self, model: ServedModel, key: str, alive: bool) -> None:
         try:
@@ -513,7 +525,7 @@ class PolicyServer:
                 model = self.models[(turn + i) % len(self.models)]
                 if model.dispatcher is not None:
                     continue
-                batch = model.engine.schedule(time.monotonic(), self._peek, codec.decode_observation_header)
+                batch = admission.schedule(model, time.monotonic())
                 if batch is not None:
                     turn = (turn + i + 1) % len(self.models)
                     self._serve(model, batch)
@@ -522,19 +534,14 @@ class PolicyServer:
             if not served and not sum(self._advance_text(m) for m in self.models):
                 self._wake.wait(EXPIRY_PERIOD_S)
 
-    def _peek(self, payload: Payload | bytes):
-        return codec.decode_observation(bytes(payload), self._limits)  # the one copy out of Zenoh's buffer
-
     def _forget(self, model: ServedModel, session: Session) -> None:
         """A closed session: drop its runner state and its action publisher (inference thread only)."""
         if model.dispatcher is not None:
             model.dispatcher.forget(session.client_id)  # the local runner's state: on its own thread
         else:
             model.runner.forget(session.client_id)
-        model.component_of.pop(session.client_id, None)
-        text_pub = model.text_publishers.pop(session.client_id, None)
-        if text_pub is not None:
-            text_pub.close()
+        if model.routing is not None:
+            model.routing.forget(session.client_id)
         with self._publishers_lock:
             pub = model.publishers.pop(session.client_id, None)
         if pub is not None:
@@ -546,127 +553,83 @@ class PolicyServer:
                  session.closed_reason)
 
     def _serve(self, model: ServedModel, batch: Batch) -> None:
-        """Check each picked observation on its own, infer the valid ones together, publish each chunk.
+        """Admit each picked observation on its own, infer the valid ones together, publish each answer.
 
         A bad observation is rejected before batching; a batch that fails is served again one request
         at a time, so one bad request costs the others a retry, never their chunk.
         """
-        engine, executor = model.engine, model.executor
         if model.runner.spec.capabilities.iteration_level:
             self._serve_streaming(model, batch)
             return
-        for session, _slot, reason, detail in batch.rejected:
-            self._reject(model, session, reason, detail)
+        t_start = time.monotonic()
+        ready = admission.prepare(model, batch, lambda *r: self._reject(model, *r))
         if not batch.items:
             return
-        t_start = time.monotonic()
-        ready = []  # (session, slot, observation, request)
-        for session, slot in batch.items:
-            stream = model.pipeline.get(model.component_of.get(session.client_id)) if model.pipeline else None
-            try:
-                obs = slot.observation or self._peek(slot.payload)
-                if slot.header is not None and not codec.header_matches(slot.header, obs):
-                    raise ProtocolError("header_mismatch", f"the header says seq_id {slot.header.seq_id}, episode "
-                                        f"{slot.header.episode_id!r}; the observation {obs.seq_id}, {obs.episode_id!r}")
-                if stream is not None and obs.component_mask is not None and not any(
-                        text_stream.asked(stream.item, obs)):
-                    model.for_other_components += 1  # sent without a header: found out only now
-                    continue
-                why = engine.check(session, obs, slot.arrival_s) if slot.observation is None else None
-                if why is not None:  # replayed, nonce_required, seq_jump (docs/protocol.md §10.5)
-                    self._reject(model, session, why, engine.rule_detail(session, obs, why))
-                    continue
-                request = executor.prepare(session.client_id, obs, stream.query if stream is not None else None)
-                actions, text = text_stream.asked(stream.item if stream is not None else None, obs)
-                if text:  # System 2 from the same prefill (a pi0.5 language entry)
-                    request = text_stream.with_text(model.runner, request, stream.item, obs, actions)
-            except ProtocolError as exc:
-                self._reject(model, session, exc.reason, str(exc))
-                continue
-            if engine.take_reset(session):
-                model.runner.forget(session.client_id)  # a new episode or a restarted client
-            ready.append((session, slot, obs, request))
-        results = executor.infer([r for *_, r in ready]) if ready else []
+        results = model.executor.infer([r.request for r in ready]) if ready else []
         t_done = time.monotonic()
         inference_ms = (t_done - t_start) * 1000
         published: list[tuple[Session, int, float, float]] = []
-        for (session, slot, obs, _), result in zip(ready, results, strict=True):
-            if isinstance(result, ProtocolError):  # e.g. shm_stale: its same-host frames changed under the model
-                self._reject(model, session, result.reason, str(result))
-                continue
-            if isinstance(result, Exception):  # a failing inference is this client's problem, not the loop's
-                self._reject(model, session, "inference_error", f"{type(result).__name__}: {result}")
-                continue
-            queue_ms = (t_start - slot.arrival_s) * 1000
-            if result.actions is None and model.output == "actions" and text_stream.writes_text(model.runner):
-                published.append((session, obs.seq_id, inference_ms, queue_ms))  # text only: it streams
-                continue
-            if result.silent:  # a fault-injecting runner withholds this answer
-                model.answers_withheld += 1
-                continue
-            try:
-                payload = executor.answer(obs, result, inference_ms, queue_ms)
-            except Exception as exc:  # the runner returned something that is not an answer of its kind
-                self._reject(model, session, "inference_error", f"{type(exc).__name__}: {exc}")
-                continue
-            try:
-                self._publisher(model, session.client_id).put(payload)
-            except Exception as exc:
-                self._reject(model, session, "publish_error", str(exc))
-                continue
-            model.inferences += 1
-            model.answers[model.output if model.output != "verdict" else f"verdict.{result.label}"] += 1
-            published.append((session, obs.seq_id, inference_ms, queue_ms))
-        engine.finish(published, [s.client_id for s, *_ in ready], time.monotonic(), t_done - t_start)
+        for r, result in zip(ready, results, strict=True):
+            queue_ms = (t_start - r.slot.arrival_s) * 1000
+            if self._answer(model, r, result, inference_ms, queue_ms):
+                published.append((r.session, r.observation.seq_id, inference_ms, queue_ms))
+        model.engine.finish(published, [r.session.client_id for r in ready], time.monotonic(), t_done - t_start)
         self._advance_text(model)
 
-    def _advance_text(self, model: ServedModel) -> int:
-        """A language runner's text of every robot, one frame's worth (server/text_stream.py)."""
-        def publish(client_id: str, payload: bytes) -> None:
-            pub = model.text_publishers.get(client_id)
-            if pub is None:
-                pub = model.text_publishers[client_id] = self._session.publisher(
-                    model.app.client(client_id).topic(Topic.TEXT), ACTION_QOS)
-            pub.put(payload)
+    def _answer(self, model: ServedModel, r: Ready, result: InferenceResult | Exception, inference_ms: float,
+                queue_ms: float) -> bool:
+        """Publish the answer to one request (both serving paths); whether it counts as served."""
+        session = r.session
+        if isinstance(result, ProtocolError):  # shm_stale, decode_limit, undecodable_action_tokens
+            self._reject(model, session, result.reason, str(result))
+            return False
+        if isinstance(result, Exception):  # a failing inference is this client's problem, not the loop's
+            self._reject(model, session, "inference_error", f"{type(result).__name__}: {result}")
+            return False
+        if model.routing is not None and model.routing.text_only(model.runner, model.output, result):
+            return True  # text only: it streams (`_advance_text`)
+        if result.silent:  # a fault-injecting runner withholds this answer
+            model.answers_withheld += 1
+            return False
+        try:
+            payload = model.executor.answer(r.observation, result, inference_ms, queue_ms)
+        except Exception as exc:  # the runner returned something that is not an answer of its kind
+            self._reject(model, session, "inference_error", f"{type(exc).__name__}: {exc}")
+            return False
+        try:
+            self._publisher(model, session.client_id).put(payload)
+        except Exception as exc:
+            self._reject(model, session, "publish_error", str(exc))
+            return False
+        model.inferences += 1
+        model.answers[model.output if model.output != "verdict" else f"verdict.{result.label}"] += 1
+        return True
 
-        return text_stream.advance(model, publish, self.server_id)
+    def _advance_text(self, model: ServedModel) -> int:
+        """A language runner's text of every robot, one frame's worth (a task's System 2, server/routing.py)."""
+        if model.routing is None:
+            return 0
+        return model.routing.advance_text(model, lambda client_id: self._session.publisher(
+            model.app.client(client_id).topic(Topic.TEXT), ACTION_QOS), self.server_id)
 
     def _serve_streaming(self, model: ServedModel, batch: Batch) -> None:
         """Iteration-level serving (docs/server.md): the picked observations start decoding; between
         decode steps the engine picks the next observations of this model, which join the running
         batch; each answer is published the step its request finishes. Returns when nothing of this
         model is left to decode (or the server stops taking new ones)."""
-        engine, executor = model.engine, model.executor
-        in_flight: dict[tuple[str, int], tuple[Session, Slot, Observation, float]] = {}
+        in_flight: dict[tuple[str, int], tuple[Ready, float]] = {}
 
         def prepare(picked: Batch | None) -> list[tuple[tuple[str, int], InferenceRequest]]:
             if picked is None:
                 return []
-            for session, _slot, reason, detail in picked.rejected:
-                self._reject(model, session, reason, detail)
             out = []
-            for session, slot in picked.items:
-                try:
-                    obs = slot.observation or self._peek(slot.payload)
-                    if slot.header is not None and not codec.header_matches(slot.header, obs):
-                        raise ProtocolError("header_mismatch", f"the header says seq_id {slot.header.seq_id}; the "
-                                                               f"observation {obs.seq_id}")
-                    why = engine.check(session, obs, slot.arrival_s) if slot.observation is None else None
-                    if why is not None:  # replayed, nonce_required, seq_jump (docs/protocol.md §10.5)
-                        self._reject(model, session, why, engine.rule_detail(session, obs, why))
-                        continue
-                    request = executor.prepare(session.client_id, obs)
-                except ProtocolError as exc:
-                    self._reject(model, session, exc.reason, str(exc))
-                    continue
-                if engine.take_reset(session):
-                    model.runner.forget(session.client_id)
-                key = (session.client_id, obs.seq_id)
+            for r in admission.prepare(model, picked, lambda *rej: self._reject(model, *rej)):
+                key = (r.session.client_id, r.observation.seq_id)
                 if key in in_flight:
-                    self._reject(model, session, REPLAYED, f"seq_id {obs.seq_id} is being decoded")
+                    self._reject(model, r.session, REPLAYED, f"seq_id {key[1]} is being decoded")
                     continue
-                in_flight[key] = (session, slot, obs, time.monotonic())
-                out.append((key, request))
+                in_flight[key] = (r, time.monotonic())
+                out.append((key, r.request))
             return out
 
         started = next_expiry = time.monotonic()
@@ -683,29 +646,19 @@ class PolicyServer:
             # the inference thread (the running batch then drains and the loop serves them).
             if self._stop.is_set() or (len(self.models) > 1 and now - started > EXPIRY_PERIOD_S):
                 return []
-            return prepare(engine.schedule(now, self._peek, codec.decode_observation_header))
+            return prepare(admission.schedule(model, now))
 
         def emit(key: tuple[str, int], result: InferenceResult | Exception) -> None:
-            session, slot, obs, t_start = in_flight.pop(key)
+            r, t_start = in_flight.pop(key)
             t_done = time.monotonic()
             inference_ms = (t_done - t_start) * 1000
+            queue_ms = (t_start - r.slot.arrival_s) * 1000
             published = []
-            if isinstance(result, ProtocolError):  # decode_limit, undecodable_action_tokens, shm_stale
-                self._reject(model, session, result.reason, str(result))
-            elif isinstance(result, Exception):
-                self._reject(model, session, "inference_error", f"{type(result).__name__}: {result}")
-            else:
-                try:
-                    self._publisher(model, session.client_id).put(
-                        executor.answer(obs, result, inference_ms, (t_start - slot.arrival_s) * 1000))
-                    model.inferences += 1
-                    model.answers[model.output] += 1
-                    published.append((session, obs.seq_id, inference_ms, (t_start - slot.arrival_s) * 1000))
-                except Exception as exc:
-                    self._reject(model, session, "inference_error", f"{type(exc).__name__}: {exc}")
-            engine.finish(published, [session.client_id], t_done, t_done - t_start)
+            if self._answer(model, r, result, inference_ms, queue_ms):
+                published.append((r.session, r.observation.seq_id, inference_ms, queue_ms))
+            model.engine.finish(published, [r.session.client_id], t_done, t_done - t_start)
 
-        executor.stream(prepare(batch), join, emit)
+        model.executor.stream(prepare(batch), join, emit)
 
     def _reject(self, model: ServedModel, session: Session, reason: str, detail: str) -> None:
         n = model.engine.reject(session, reason, time.monotonic())
@@ -729,61 +682,40 @@ class PolicyServer:
     def telemetry_figures(self, model: ServedModel) -> tuple[dict, dict]:
         """(model-level figures, per-client figures) for the Telemetry message (docs/telemetry.md).
 
-        The engine's lock is held only while its counters are copied; percentiles are computed here.
+        The engine's lock is held only while its counters are copied (`Engine.snapshot`, typed);
+        percentiles are computed here.
         """
         snap = model.engine.snapshot()
-        totals = Counter(snap["totals"])
+        publishers = dict(model.publishers)
         per_client: dict[str, dict] = {}
-        rejected_by_reason: Counter = Counter({k.removeprefix("rejected."): v for k, v in totals.items()
-                                               if k.startswith("rejected.")})
-        inference_ms: list[float] = []
-        queue_ms: list[float] = []
-        for cid, s in snap["sessions"].items():
-            rejected_by_reason.update(s["rejected"])
-            inference_ms += s["inference_ms"]
-            queue_ms += s["queue_ms"]
+        for cid, s in snap.sessions.items():
+            pub = publishers.get(cid)
             per_client[cid] = {
-                "observations_received": s["received"],
-                "observations_superseded": s["superseded"],
-                "observations_rejected": sum(s["rejected"].values()),
-                "observations_rate_limited": s["dropped"].get("rate_limited", 0),
-                "inferences": s["served"],
-                "observations_refreshes": s["refreshes"],
-                "refreshes_late": s["refreshes_late"],
-                "inference_ms_p50": percentile(s["inference_ms"], 50),
-                "inference_ms_p99": percentile(s["inference_ms"], 99),
-                "queue_ms_p50": percentile(s["queue_ms"], 50),
-                "queue_ms_p99": percentile(s["queue_ms"], 99),
-                **{f"rejected.{reason}": n for reason, n in s["rejected"].items()},
+                **_session_figures(s.stats),
+                "inference_ms_p50": percentile(s.stats.inference_ms, 50),
+                "inference_ms_p99": percentile(s.stats.inference_ms, 99),
+                "queue_ms_p50": percentile(s.stats.queue_ms, 50),
+                "queue_ms_p99": percentile(s.stats.queue_ms, 99),
+                **{f"rejected.{reason}": n for reason, n in s.stats.rejected.items()},
                 # which tier computed this robot's chunks (a model with engines)
                 **(model.dispatcher.client_figures(cid) if model.dispatcher is not None else {}),
+                # chunks a client's stalled link made its publisher drop (transport/session.py QueuedPublisher)
+                "actions_dropped": pub.dropped if pub is not None else 0,
             }
-        # Chunks a client's stalled link made its publisher drop (transport/session.py QueuedPublisher).
-        publishers = dict(model.publishers)
-        for cid, figures in per_client.items():
-            pub = publishers.get(cid)
-            figures["actions_dropped"] = pub.dropped if pub is not None else 0
-        dropped = snap["dropped"]
-        batch_sizes = snap["batch_sizes"]
-        rate_limited = totals.get("dropped.rate_limited", 0) + sum(
-            s["dropped"].get("rate_limited", 0) for s in snap["sessions"].values())
+        total = snap.total()  # open and closed sessions
+        inference_ms = [x for s in snap.sessions.values() for x in s.stats.inference_ms]
+        queue_ms = [x for s in snap.sessions.values() for x in s.stats.queue_ms]
         metrics = {
             "clients": len(per_client),
             "sessions_open": len(per_client),
-            "sessions_unknown_open": snap["unknown_open"],
-            "sessions_opened": snap["sessions_opened"],
-            **{f"sessions_closed.{reason}": n for reason, n in snap["sessions_closed"].items()},
-            "observations_received": totals.get("received", 0) + sum(c["observations_received"] for c in per_client.values()),
-            "observations_superseded": totals.get("superseded", 0) + sum(c["observations_superseded"] for c in per_client.values()),
-            "observations_rejected": sum(rejected_by_reason.values()) + sum(dropped.values()),
-            # re-fetch (protocol.md §10.7): refreshes that took their request's slot, and those dropped
-            # on arrival because their request no longer waited (never served: no inference spent)
-            "observations_refreshes": totals.get("refreshes", 0) + sum(c["observations_refreshes"] for c in per_client.values()),
-            "refreshes_late": totals.get("refreshes_late", 0) + sum(c["refreshes_late"] for c in per_client.values()),
-            "observations_rate_limited": rate_limited,
-            **{f"rejected.{reason}": n for reason, n in dropped.items()},
-            **{f"rejected.{reason}": n for reason, n in rejected_by_reason.items()},
-            "inferences": totals.get("served", 0),
+            "sessions_unknown_open": snap.unknown_open,
+            "sessions_opened": snap.sessions_opened,
+            **{f"sessions_closed.{reason}": n for reason, n in snap.sessions_closed.items()},
+            **_session_figures(total),
+            # (rejected: also those dropped before any session, unknown_client and too_many_clients)
+            "observations_rejected": total.rejected_total + sum(snap.dropped.values()),
+            **{f"rejected.{reason}": n for reason, n in snap.dropped.items()},
+            **{f"rejected.{reason}": n for reason, n in total.rejected.items()},
             "actions_dropped": model.actions_dropped_closed + sum(p.dropped for p in publishers.values()),
             "inference_ms_p50": percentile(inference_ms, 50),
             "inference_ms_p99": percentile(inference_ms, 99),
@@ -795,13 +727,13 @@ class PolicyServer:
             "observations_for_other_components": model.for_other_components,
             "answers_withheld": model.answers_withheld,
             **{f"answers.{kind}": n for kind, n in model.answers.items()},
-            "batch_size_mean": float(np.mean(batch_sizes)) if batch_sizes else 1.0,
+            "batch_size_mean": float(np.mean(snap.batch_sizes)) if snap.batch_sizes else 1.0,
             "batch_fallbacks": model.executor.batch_fallbacks,
             **model.executor.shared_memory_figures,
             **(model.runner.language_figures() if text_stream.writes_text(model.runner) else {}),
             "max_batch_size": model.max_batch_size,
             **{f"batch_profile.{b}_ms": t * 1000 for b, t in model.batch_profile_s.items()},
-            **{f"scheduler.{k}": v for k, v in snap["scheduler"].items()},
+            **{f"scheduler.{k}": v for k, v in snap.scheduler.items()},
             # per engine: dispatched, answered, offload share, WAN RTT, estimate vs actual, re-queues
             **(model.dispatcher.figures() if model.dispatcher is not None else {}),
             **process_memory(),
@@ -813,47 +745,48 @@ class PolicyServer:
         out = {}
         for model in self.models:
             snap = model.engine.snapshot()
+            closed = snap.closed
             out[model.app.prefix] = {
-                "unknown_rejected": snap["unknown_refused"],
-                "dropped": {k: v for k, v in snap["dropped"].items() if k != "unknown_client"},
-                "sessions_opened": snap["sessions_opened"],
-                "sessions_closed": snap["sessions_closed"],
-                "totals": snap["totals"],
+                "unknown_rejected": snap.unknown_refused,
+                "dropped": {k: v for k, v in snap.dropped.items() if k != UNKNOWN_CLIENT},
+                "sessions_opened": snap.sessions_opened,
+                "sessions_closed": snap.sessions_closed,
+                # the counts of sessions since closed; served: every chunk served
+                "totals": {"received": closed.received, "superseded": closed.superseded,
+                           "refreshes": closed.refreshes, "refreshes_late": closed.refreshes_late,
+                           **{f"rejected.{k}": v for k, v in closed.rejected.items()},
+                           **{f"dropped.{k}": v for k, v in closed.dropped.items()},
+                           "served": snap.total().served},
                 "observations_for_other_components": model.for_other_components,
                 "answers": dict(model.answers),
                 "answers_withheld": model.answers_withheld,
                 "clients": {
                     cid: {
-                        "received": s["received"],
-                        "superseded": s["superseded"],
-                        "served": s["served"],
-                        "refreshes": s["refreshes"],
-                        "refreshes_late": s["refreshes_late"],
-                        "rejected": s["rejected"],
-                        "dropped": s["dropped"],
-                        "inference_ms_p50": percentile(s["inference_ms"], 50),
+                        "received": s.stats.received,
+                        "superseded": s.stats.superseded,
+                        "served": s.stats.served,
+                        "refreshes": s.stats.refreshes,
+                        "refreshes_late": s.stats.refreshes_late,
+                        "rejected": dict(s.stats.rejected),
+                        "dropped": dict(s.stats.dropped),
+                        "inference_ms_p50": percentile(s.stats.inference_ms, 50),
                     }
-                    for cid, s in snap["sessions"].items()
+                    for cid, s in snap.sessions.items()
                 },
             }
         return out
 
 
-def _stream_changes(before: dict[str, TaskStream], after: dict[str, TaskStream]) -> str:
-    """The task streams a reload added, removed or changed, for its log line ('' when none)."""
-    changed = sorted(t for t in before.keys() & after.keys() if before[t].item != after[t].item)
-    diffs = (("+", after.keys() - before.keys()), ("-", before.keys() - after.keys()), ("~", changed))
-    parts = [f"{sign}{sorted(tasks)}" for sign, tasks in diffs if tasks]
-    return f", task streams {' '.join(parts)}" if parts else ""
-
-
-def _asks(bit: int, attachment: bytes | None) -> bool:
-    """Whether an observation's header asks component `bit` to answer: its `component_mask` has the bit,
-    or it has no mask (every component), or no readable header (the body is checked when served)."""
-    if attachment is None:
-        return True
-    try:
-        header = codec.decode_observation_header(attachment)
-    except ProtocolError:
-        return True  # a bad header is rejected, counted, when the observation is served
-    return header is None or header.component_mask is None or bool(header.component_mask >> bit & 1)
+def _session_figures(st: SessionStats) -> dict[str, int]:
+    """The telemetry counters of one session, or of all (docs/telemetry.md)."""
+    return {
+        "observations_received": st.received,
+        "observations_superseded": st.superseded,
+        "observations_rejected": st.rejected_total,
+        "observations_rate_limited": st.dropped.get("rate_limited", 0),
+        "inferences": st.served,
+        # re-fetch (protocol.md §10.7): refreshes that took their request's slot, and those dropped
+        # on arrival because their request no longer waited (never served: no inference spent)
+        "observations_refreshes": st.refreshes,
+        "refreshes_late": st.refreshes_late,
+    }

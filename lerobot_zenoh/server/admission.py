@@ -1,0 +1,108 @@
+"""Admission: what the server reads of an observation, once each, and the one step every request
+the engine picked goes through before it is run, whichever path runs it (docs/architecture.md,
+"Server process").
+
+- `read_header(attachment)` (Zenoh callback thread): the observation's header (protocol.md §5.1.1,
+  the put's attachment: a struct unpack, no msgpack), or why it is malformed. The server's only
+  read of a header: the verdict goes into the session's slot with the payload (`Engine.admit`),
+  and task routing (`server/routing.py`) reads the component mask from it.
+- `schedule(model, now_s, ...)` (inference thread): for a scheduler that ranks by `ExecutionInfo`,
+  the executor decodes the new observations sent without a header (nothing else tells it what they
+  are), then the engine judges and picks (`Engine.unread`, `Engine.schedule`).
+- `observation(model, session, slot)`: the picked observation's body, decoded once by the executor
+  (or the decode of a header-less one on arrival) and checked against its header; a header-less
+  one not judged yet is judged now (`Engine.judge`). Used by every path, the remote dispatch too.
+- `prepare(model, batch, reject)`: the admission step of a batch, shared by the batch path
+  (`PolicyServer._serve`, and the local engine of a model with engines) and the iteration-level
+  path (`PolicyServer._serve_streaming`): the engine's rejections counted; each item decoded,
+  routed (task streams) and prepared by the executor; the runner's state of a session whose
+  episode or client process changed dropped. A request that cannot be served is rejected with its
+  reason (counted against its client) and costs the others nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from lerobot_zenoh.errors import ProtocolError
+from lerobot_zenoh.protocol import codec
+from lerobot_zenoh.protocol.messages import Observation, ObservationHeader
+from lerobot_zenoh.server.engine import Batch, Session, Slot
+from lerobot_zenoh.server.runners.base import InferenceRequest
+
+if TYPE_CHECKING:
+    from lerobot_zenoh.server.server import ServedModel
+
+#: reject(session, reason, detail): count a rejection against its client (`PolicyServer._reject`).
+Reject = Callable[[Session, str, str], None]
+
+
+@dataclass
+class Ready:
+    """A picked request that passed admission: what the runner gets, and what its answer needs."""
+
+    session: Session
+    slot: Slot
+    observation: Observation
+    request: InferenceRequest
+
+
+def read_header(attachment: bytes | None) -> tuple[ObservationHeader | None, ProtocolError | None]:
+    """(header, None), or (None, why it is malformed); (None, None) without one or in a version
+    this server does not read (the body is decoded on arrival instead)."""
+    if attachment is None:
+        return None, None
+    try:
+        return codec.decode_observation_header(attachment), None
+    except ProtocolError as exc:
+        return None, exc
+
+
+def schedule(model: ServedModel, now_s: float, **kw) -> Batch | None:
+    """The engine's next batch (`Engine.schedule`, keyword arguments passed on), after the executor
+    decoded the new header-less observations."""
+    for slot in model.engine.unread():
+        try:
+            slot.observation = model.executor.decode(slot.payload)
+        except ProtocolError as exc:
+            slot.error = exc  # rejected with its reason by `schedule`
+    return model.engine.schedule(now_s, **kw)
+
+
+def observation(model: ServedModel, session: Session, slot: Slot) -> Observation:
+    """The slot's observation, decoded once (kept in the slot: a re-queued request is not decoded
+    again) and judged; ProtocolError when it is malformed, not what its header said, or refused by
+    the session rules (`replayed`, `nonce_required`, `seq_jump`: a header-less one, judged now)."""
+    if slot.observation is None:
+        slot.observation = model.executor.decode(slot.payload, slot.header)
+    if not slot.judged:
+        refused = model.engine.judge(session, slot)
+        if refused is not None:  # (docs/protocol.md §10.5)
+            raise ProtocolError(*refused)
+    return slot.observation
+
+
+def prepare(model: ServedModel, batch: Batch, reject: Reject) -> list[Ready]:
+    """The requests of `batch` that can be run, in order; the others rejected through `reject`."""
+    for session, _slot, reason, detail in batch.rejected:
+        reject(session, reason, detail)
+    ready = []
+    routing = model.routing
+    for session, slot in batch.items:
+        try:
+            obs = observation(model, session, slot)
+            if routing is None:
+                request = model.executor.prepare(session.client_id, obs)
+            else:
+                request = routing.request(model.executor, model.runner, session.client_id, obs)
+                if request is None:
+                    continue  # it asks another component of its task
+        except ProtocolError as exc:
+            reject(session, exc.reason, str(exc))
+            continue
+        if model.engine.take_reset(session):
+            model.runner.forget(session.client_id)  # a new episode or a restarted client
+        ready.append(Ready(session, slot, obs, request))
+    return ready
