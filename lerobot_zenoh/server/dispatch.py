@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING
 from lerobot_zenoh.errors import ConfigError, ProtocolError
 from lerobot_zenoh.protocol import dispatch
 from lerobot_zenoh.protocol.dispatch import EngineAnswer, EngineKeys, EngineRequest, EngineStatus
+from lerobot_zenoh.protocol.reasons import OutputKind, Reason
 from lerobot_zenoh.scheduling.placement import CLOUD, EDGE, BatchProfile, EngineView, Estimate, RequestView, place
 from lerobot_zenoh.server import admission
 from lerobot_zenoh.server.engine import Batch, Session, Slot
@@ -439,7 +440,7 @@ class Dispatcher:
             state.publisher.put(payload)
         except Exception as exc:  # the link refused it: the request goes back to wait
             log.warning("%s: dispatch to %s failed: %s", model.app.prefix, state.engine_id, exc)
-            self._requeue(state, flight, "publish_error")
+            self._requeue(state, flight, Reason.PUBLISH_ERROR)
             return
         state.in_flight[request_id] = flight
         state.counts["dispatched"] += 1
@@ -483,7 +484,7 @@ class Dispatcher:
         try:
             answer = dispatch.decode(payload)
             if not isinstance(answer, EngineAnswer) or answer.engine_id != state.engine_id:
-                raise ProtocolError("wrong_type", "not an answer of this engine")
+                raise ProtocolError(Reason.WRONG_TYPE, "not an answer of this engine")
         except ProtocolError as exc:
             state.counts[f"refused.{exc.reason}"] += 1
             return
@@ -496,9 +497,9 @@ class Dispatcher:
         spec = model.runner.spec
         refusal = None
         if (answer.model_id, answer.model_version) != (model.entry.model_id, model.entry.model_version):
-            refusal = ("wrong_model", f"answered as {answer.model_id}/{answer.model_version}")
-        elif answer.error == "wrong_model":
-            refusal = ("wrong_model", answer.detail)
+            refusal = (Reason.WRONG_MODEL, f"answered as {answer.model_id}/{answer.model_version}")
+        elif answer.error == Reason.WRONG_MODEL:
+            refusal = (Reason.WRONG_MODEL, answer.detail)
         elif answer.error is None and (answer.actions is None or answer.actions.ndim != 2
                                        or answer.actions.shape[1] != spec.action_dim
                                        or answer.actions.shape[0] < model.actions_per_chunk):
@@ -538,11 +539,11 @@ class Dispatcher:
             try:
                 self.server._publisher(model, session.client_id).put(chunk)
                 model.inferences += 1
-                model.answers["actions"] += 1
+                model.answers[OutputKind.ACTIONS] += 1
                 published.append((session, obs.seq_id, answer.inference_ms, queue_ms))
                 self.served_by_client.setdefault(session.client_id, Counter())[state.tier] += 1
             except Exception as exc:
-                self.server._reject(model, session, "publish_error", str(exc))
+                self.server._reject(model, session, Reason.PUBLISH_ERROR, str(exc))
         else:
             self.counts["answers_closed"] += 1  # its session closed meanwhile
         state.counts["answered"] += 1
@@ -571,7 +572,7 @@ class Dispatcher:
         why = self._status_refusal(status)
         if why is not None:
             state.counts["refused.wrong_model"] += 1
-            self._down(state, "wrong_model")
+            self._down(state, Reason.WRONG_MODEL)
             return
         if status.incarnation != state.incarnation:
             if state.incarnation is not None:

@@ -62,6 +62,7 @@ from dataclasses import dataclass, field, replace
 
 from lerobot_zenoh.errors import ProtocolError
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation, ObservationHeader
+from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.scheduling.request_schedulers import RequestScheduler
 from lerobot_zenoh.server.rate_limit import RejectionRateLimit
 
@@ -69,15 +70,15 @@ from lerobot_zenoh.server.rate_limit import RejectionRateLimit
 MAX_TRACKED_UNKNOWN = 256
 
 # Drop reasons of `admit` (docs/protocol.md, "Rejections").
-UNKNOWN_CLIENT = "unknown_client"
-TOO_MANY_CLIENTS = "too_many_clients"
-RATE_LIMITED = "rate_limited"
-TOO_LARGE = "too_large"
-REPLAYED = "replayed"
+UNKNOWN_CLIENT = Reason.UNKNOWN_CLIENT
+TOO_MANY_CLIENTS = Reason.TOO_MANY_CLIENTS
+RATE_LIMITED = Reason.RATE_LIMITED
+TOO_LARGE = Reason.TOO_LARGE
+REPLAYED = Reason.REPLAYED
 REFRESH_LATE = "refreshes_late"  # a re-fetch refresh whose request no longer waits (counted, not a rejection)
 # Session rules (`_session_rules`; docs/protocol.md §10.5).
-NONCE_REQUIRED = "nonce_required"  # no session_nonce, in a session that follows a nonce-ful client process
-SEQ_JUMP = "seq_jump"  # seq_id further ahead of the last served one than a client can count
+NONCE_REQUIRED = Reason.NONCE_REQUIRED  # no session_nonce, in a session that follows a nonce-ful client process
+SEQ_JUMP = Reason.SEQ_JUMP  # seq_id further ahead of the last served one than a client can count
 
 #: How far a seq_id may run ahead of the session's last served one: this many, plus `MAX_SEQ_RATE_HZ`
 #: per second since that one was served. A client that sends 1000 observations a second, none of
@@ -654,7 +655,7 @@ class Engine:
         # costs one MessagePack decode (a header read, with a header), a client restarting after one
         # must not find itself cooled down, and a forger must not be able to cool a robot down by
         # sending what the session rules refuse on its key.
-        if reason not in ("publish_error", REPLAYED, NONCE_REQUIRED, SEQ_JUMP):
+        if reason not in (Reason.PUBLISH_ERROR, REPLAYED, NONCE_REQUIRED, SEQ_JUMP):
             self.rate_limit.on_rejection(session.client_id, now_s)
         return sum(session.stats.rejected.values())
 

@@ -25,6 +25,7 @@ from dataclasses import replace
 from lerobot_zenoh.errors import ProtocolError
 from lerobot_zenoh.protocol import codec, dispatch
 from lerobot_zenoh.protocol.dispatch import EngineAnswer, EngineKeys, EngineRequest, EngineStatus
+from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
 from lerobot_zenoh.server.batch_profiling import measure_batch_profile
 from lerobot_zenoh.server.executor import Executor
@@ -165,13 +166,13 @@ class EngineWorker:
             try:
                 msg = dispatch.decode(payload, model.limits)
                 if not isinstance(msg, EngineRequest):
-                    raise ProtocolError("wrong_type", f"{type(msg).__name__} on a dispatch key")
+                    raise ProtocolError(Reason.WRONG_TYPE, f"{type(msg).__name__} on a dispatch key")
             except ProtocolError as exc:
                 model.counts[f"refused.{exc.reason}"] += 1
                 continue  # no request id to answer: the scheduler re-queues it after its bound
             error = None
             if (msg.model_id, msg.model_version) != (entry.model_id, entry.model_version):
-                error = ("wrong_model", f"this engine loads {entry.model_id}/{entry.model_version}, "
+                error = (Reason.WRONG_MODEL, f"this engine loads {entry.model_id}/{entry.model_version}, "
                                         f"asked for {msg.model_id}/{msg.model_version}")
             else:
                 try:
@@ -193,7 +194,7 @@ class EngineWorker:
             for (msg, _, arrival_s), result in zip(ready, results, strict=True):
                 queue_ms = (t0 - arrival_s) * 1000
                 if isinstance(result, Exception):
-                    reason = result.reason if isinstance(result, ProtocolError) else "inference_error"
+                    reason = result.reason if isinstance(result, ProtocolError) else Reason.INFERENCE_ERROR
                     answers.append(self._answer(model, msg, error=reason, detail=f"{type(result).__name__}: {result}",
                                                 inference_ms=inference_ms, queue_ms=queue_ms, batch=len(ready)))
                     continue
@@ -206,7 +207,7 @@ class EngineWorker:
                 model.publisher.put(dispatch.encode(answer))
                 model.counts["answered" if answer.error is None else "answered_error"] += 1
             except Exception as exc:  # the scheduler re-queues what it never hears back of
-                model.counts["publish_error"] += 1
+                model.counts[Reason.PUBLISH_ERROR] += 1
                 log.warning("engine %s: could not answer request %d: %s", self.engine_id, answer.request_id, exc)
 
     def _answer(self, model: EngineModel, msg: EngineRequest, *, actions=None, updates=None, rtc_delay=None,

@@ -11,7 +11,7 @@
     infer(requests)                   one `runner.run` call for the whole batch; if it fails, each
                                       request again on its own so that only the bad one fails; a
                                       request whose same-host frames were rewritten while the model
-                                      read them gets ProtocolError("shm_stale") instead of its result
+                                      read them gets ProtocolError(Reason.SHM_STALE) instead of its result
     stream(first, join, emit)         for an iteration-level runner (pi0-FAST): requests join its running
                                       batch between decode steps and each result is emitted when done
     chunk(observation, result, ...)   cut to actions_per_chunk, execution horizon, ActionChunk bytes
@@ -33,7 +33,6 @@ import numpy as np
 
 from lerobot_zenoh.errors import PolicyError, ProtocolError
 from lerobot_zenoh.protocol import codec
-from lerobot_zenoh.transport import same_host
 from lerobot_zenoh.protocol.messages import (
     VERDICT_LABELS,
     ActionChunk,
@@ -43,6 +42,7 @@ from lerobot_zenoh.protocol.messages import (
     TextResult,
     Verdict,
 )
+from lerobot_zenoh.protocol.reasons import OutputKind, Reason
 from lerobot_zenoh.scheduling.horizon import HorizonPolicy
 from lerobot_zenoh.server.runners.base import (
     RTC_EXTRA,
@@ -51,6 +51,7 @@ from lerobot_zenoh.server.runners.base import (
     InferenceResult,
     PolicyRunner,
 )
+from lerobot_zenoh.transport import same_host
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ class Executor:
         malformed, or (`header_mismatch`) if it is not what its header, read at admission, said."""
         obs = codec.decode_observation(bytes(payload), self.limits)
         if header is not None and not codec.header_matches(header, obs):
-            raise ProtocolError("header_mismatch", f"the header says seq_id {header.seq_id}, episode "
+            raise ProtocolError(Reason.HEADER_MISMATCH, f"the header says seq_id {header.seq_id}, episode "
                                 f"{header.episode_id!r}; the observation {obs.seq_id}, {obs.episode_id!r}")
         return obs
 
@@ -117,17 +118,17 @@ class Executor:
         `server/routing.py`), there before the runner checks the request."""
         spec = self.spec
         if obs.client_uuid != client_id:
-            raise ProtocolError("client_mismatch", f"client_uuid {obs.client_uuid!r} published on {client_id!r}'s key")
+            raise ProtocolError(Reason.CLIENT_MISMATCH, f"client_uuid {obs.client_uuid!r} published on {client_id!r}'s key")
         if obs.state.shape != (spec.state_dim,):
-            raise ProtocolError("wrong_state_dim", f"state has shape {obs.state.shape}, expected ({spec.state_dim},)")
+            raise ProtocolError(Reason.WRONG_STATE_DIM, f"state has shape {obs.state.shape}, expected ({spec.state_dim},)")
         state = obs.state.astype(np.float32)
         if not np.all(np.isfinite(state)):
-            raise ProtocolError("bad_state", "state has NaN or infinite values")
+            raise ProtocolError(Reason.BAD_STATE, "state has NaN or infinite values")
         shared = obs.shared_frames
         sent = [*obs.images, *(shared.frames if shared is not None else ())]
         jpegs = obs.images
         if len(sent) != len(set(sent)) or set(sent) != set(spec.cameras):
-            raise ProtocolError("wrong_cameras", f"cameras {sorted(sent)}, expected {sorted(spec.cameras)}")
+            raise ProtocolError(Reason.WRONG_CAMERAS, f"cameras {sorted(sent)}, expected {sorted(spec.cameras)}")
         # Same-host frames are read in place: read-only views of the client's ring, mapped once per
         # client (transport/same_host.py), checked again in `infer` after the model has read them.
         # JPEG cameras are decoded, the first on this thread and the others at the same time on
@@ -145,13 +146,13 @@ class Executor:
         history = []
         for i, frame in enumerate(obs.history[-wanted:] if wanted > 0 else ()):
             if frame.state.shape != (spec.state_dim,):
-                raise ProtocolError("bad_history", f"history frame state has shape {frame.state.shape}, "
+                raise ProtocolError(Reason.BAD_HISTORY, f"history frame state has shape {frame.state.shape}, "
                                                    f"expected ({spec.state_dim},)")
             past = frame.state.astype(np.float32)
             if not np.all(np.isfinite(past)):
-                raise ProtocolError("bad_history", "a history frame's state has NaN or infinite values")
+                raise ProtocolError(Reason.BAD_HISTORY, "a history frame's state has NaN or infinite values")
             if set(frame.images) != set(spec.cameras):
-                raise ProtocolError("bad_history", f"history frame cameras {sorted(frame.images)}, "
+                raise ProtocolError(Reason.BAD_HISTORY, f"history frame cameras {sorted(frame.images)}, "
                                                    f"expected {sorted(spec.cameras)}")
             history.append((past, self._decode(frame.images)))
         rtc = self._rtc(obs)
@@ -186,10 +187,10 @@ class Executor:
             return None
         prefix = obs.rtc.prefix
         if prefix.ndim != 2 or prefix.shape[1] != self.spec.action_dim:
-            raise ProtocolError("bad_rtc_prefix",
+            raise ProtocolError(Reason.BAD_RTC_PREFIX,
                                 f"rtc.prefix has shape {prefix.shape}, expected (n, {self.spec.action_dim})")
         if len(prefix) > self.actions_per_chunk:
-            raise ProtocolError("bad_rtc_prefix",
+            raise ProtocolError(Reason.BAD_RTC_PREFIX,
                                 f"rtc.prefix has {len(prefix)} rows, more than a chunk ({self.actions_per_chunk})")
         return RtcInputs(np.ascontiguousarray(prefix, dtype=np.float32), int(obs.rtc.delay_steps))
 
@@ -201,7 +202,7 @@ class Executor:
         results = self._infer(requests)
         for i, ref in enumerate(shared):
             if ref is not None and not isinstance(results[i], Exception) and not self._frames.current(ref):
-                results[i] = ProtocolError("shm_stale", f"{ref.segment} was rewritten while the model read it "
+                results[i] = ProtocolError(Reason.SHM_STALE, f"{ref.segment} was rewritten while the model read it "
                                                         "(the server was a ring's length of observations behind)")
         return results
 
@@ -214,7 +215,7 @@ class Executor:
         def checked(key: object, result: InferenceResult | Exception) -> None:
             ref = shared.pop(key, None)
             if ref is not None and not isinstance(result, Exception) and not self._frames.current(ref):
-                result = ProtocolError("shm_stale", f"{ref.segment} was rewritten while the model read it")
+                result = ProtocolError(Reason.SHM_STALE, f"{ref.segment} was rewritten while the model read it")
             emit(key, result)
 
         def take(items: Sequence[tuple[object, InferenceRequest]]) -> list[tuple[object, InferenceRequest]]:
@@ -252,13 +253,13 @@ class Executor:
         """The encoded answer to `obs` of the kind the runner declares (`capabilities.output`);
         PolicyError if the result does not hold one."""
         output = self.spec.capabilities.output
-        if output == "text":
+        if output == OutputKind.TEXT:
             if not isinstance(result.text, str):
                 raise PolicyError(f"a text runner returned text {type(result.text).__name__}, expected str")
             return codec.encode(TextResult(response_to_seq_id=obs.seq_id, text=result.text,
                                            inference_time_ms=inference_ms, server_id=self.server_id,
                                            queue_time_ms=queue_ms))
-        if output == "verdict":
+        if output == OutputKind.VERDICT:
             if result.label not in VERDICT_LABELS:
                 raise PolicyError(f"a verdict runner returned label {result.label!r}, "
                                   f"expected one of {', '.join(sorted(VERDICT_LABELS))}")

@@ -32,10 +32,17 @@ from typing import Any
 from lerobot_zenoh.errors import ProtocolError
 from lerobot_zenoh.protocol.keys import AppKey
 from lerobot_zenoh.protocol.messages import Observation, ObservationHeader
+from lerobot_zenoh.protocol.reasons import OutputKind
 from lerobot_zenoh.server import text_stream
 from lerobot_zenoh.server.executor import Executor
 from lerobot_zenoh.server.manifest import Manifest, ModelEntry, PipelineEntry
-from lerobot_zenoh.server.runners.base import COMPONENT_EXTRA, ComponentQuery, InferenceRequest, InferenceResult, PolicyRunner
+from lerobot_zenoh.server.runners.base import (
+    COMPONENT_EXTRA,
+    ComponentQuery,
+    InferenceRequest,
+    InferenceResult,
+    PolicyRunner,
+)
 from lerobot_zenoh.transport.session import Publisher
 
 
@@ -117,7 +124,7 @@ class TaskRouting:
     @staticmethod
     def text_only(runner: PolicyRunner, output: str, result: InferenceResult) -> bool:
         """Whether `result` answers a request that asked only for text: it streams (`advance_text`), no chunk now."""
-        return result.actions is None and output == "actions" and text_stream.writes_text(runner)
+        return result.actions is None and output == OutputKind.ACTIONS and text_stream.writes_text(runner)
 
     def advance_text(self, model: Any, publisher: Callable[[str], Publisher], server_id: str) -> int:
         """One frame of text for every robot of a language runner (server/text_stream.py); the updates

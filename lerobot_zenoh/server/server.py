@@ -46,8 +46,9 @@ import numpy as np
 
 from lerobot_zenoh.errors import ConfigError, KeyExprError, ProtocolError, TransportError
 from lerobot_zenoh.protocol import codec
-from lerobot_zenoh.protocol.keys import AppKey, Topic, parse_client_key
+from lerobot_zenoh.protocol.keys import ANSWER_TOPICS, AppKey, Topic, parse_client_key
 from lerobot_zenoh.protocol.messages import RtcAdvert, SameHostAdvert, Status
+from lerobot_zenoh.protocol.reasons import OutputKind, Reason
 from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
 from lerobot_zenoh.server import admission, text_stream
 from lerobot_zenoh.server.admission import Ready
@@ -79,9 +80,6 @@ log = logging.getLogger(__name__)
 EXPIRY_PERIOD_S = 0.25
 #: Parsed observation keys kept (one per client and model); beyond it the cache starts again.
 MAX_CACHED_KEYS = 4096
-
-#: The client topic each runner output is published on (docs/protocol.md §2.2).
-OUTPUT_TOPICS = {"actions": Topic.ACTION, "text": Topic.TEXT, "verdict": Topic.VERDICT}
 
 
 class ServedModel:
@@ -159,7 +157,7 @@ class ServedModel:
         self.inferences = 0
         # What the model answers, on which topic (the runner's declared output, never probed).
         self.output = spec.capabilities.output
-        self.topic = OUTPUT_TOPICS[self.output]
+        self.topic = ANSWER_TOPICS[self.output]
         self.answers: Counter = Counter()  # answers published: "actions", "text", "verdict.<label>"
         self.answers_withheld = 0  # results the runner marked silent (fault injection)
         # Multi-model tasks (`entry.pipeline`, server/routing.py); None: a model of robots alone, which
@@ -584,7 +582,7 @@ class PolicyServer:
             self._reject(model, session, result.reason, str(result))
             return False
         if isinstance(result, Exception):  # a failing inference is this client's problem, not the loop's
-            self._reject(model, session, "inference_error", f"{type(result).__name__}: {result}")
+            self._reject(model, session, Reason.INFERENCE_ERROR, f"{type(result).__name__}: {result}")
             return False
         if model.routing is not None and model.routing.text_only(model.runner, model.output, result):
             return True  # text only: it streams (`_advance_text`)
@@ -594,15 +592,15 @@ class PolicyServer:
         try:
             payload = model.executor.answer(r.observation, result, inference_ms, queue_ms)
         except Exception as exc:  # the runner returned something that is not an answer of its kind
-            self._reject(model, session, "inference_error", f"{type(exc).__name__}: {exc}")
+            self._reject(model, session, Reason.INFERENCE_ERROR, f"{type(exc).__name__}: {exc}")
             return False
         try:
             self._publisher(model, session.client_id).put(payload)
         except Exception as exc:
-            self._reject(model, session, "publish_error", str(exc))
+            self._reject(model, session, Reason.PUBLISH_ERROR, str(exc))
             return False
         model.inferences += 1
-        model.answers[model.output if model.output != "verdict" else f"verdict.{result.label}"] += 1
+        model.answers[model.output if model.output != OutputKind.VERDICT else f"verdict.{result.label}"] += 1
         return True
 
     def _advance_text(self, model: ServedModel) -> int:
@@ -783,7 +781,7 @@ def _session_figures(st: SessionStats) -> dict[str, int]:
         "observations_received": st.received,
         "observations_superseded": st.superseded,
         "observations_rejected": st.rejected_total,
-        "observations_rate_limited": st.dropped.get("rate_limited", 0),
+        "observations_rate_limited": st.dropped.get(Reason.RATE_LIMITED, 0),
         "inferences": st.served,
         # re-fetch (protocol.md §10.7): refreshes that took their request's slot, and those dropped
         # on arrival because their request no longer waited (never served: no inference spent)
