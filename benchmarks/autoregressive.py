@@ -43,7 +43,7 @@ MODES = ("one", "static", "continuous", "packed")
 
 
 def build(shape: str, folder: Path) -> Path:
-    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
 
     if (folder / "config.json").is_file():
         return folder

@@ -48,7 +48,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def build(root: Path, shape: str) -> Path:
-    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
 
     folder = root / f"pi05_{shape}"
     if not (folder / "config.json").is_file():
@@ -230,7 +230,7 @@ def pi05_table(args) -> None:
 
 
 def vlm_table(args) -> None:
-    from lerobot_zenoh.server.checkpoint import build_tiny_vlm
+    from lerobot_zenoh.checkpoint_builder.build import build_tiny_vlm
     from lerobot_zenoh.server.runners.base import InferenceRequest
     from lerobot_zenoh.server.runners.vlm import VlmRunner, VlmSettings
 

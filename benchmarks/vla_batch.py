@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--share", action="store_true", help="also the middleware's share of a batched pass")
     args = parser.parse_args()
 
-    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
     from lerobot_zenoh.server.runners import InferenceRequest, load_policy_runner
 
     root = Path(args.out or tempfile.mkdtemp(prefix="vla_batch_"))
