@@ -62,8 +62,10 @@ ci-tools:
 test: $(STAMP) ci-tools lint
 	$(PY) -m pytest
 
+# ruff, then the dead-code check (vulture; its paths and exceptions: pyproject.toml [tool.vulture]).
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m vulture
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"

@@ -303,7 +303,6 @@ class VirtualRobot:
         self.nonce = secrets.randbits(63)
         self.seq = 0
         self.moving = False
-        self.last_state = None
         self.t = Trace()
 
     def tick(self, now: float, counting: bool) -> None:
