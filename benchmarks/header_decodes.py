@@ -4,7 +4,7 @@
 
 One real `PolicyServer` (synthetic policy, `--policy-ms` per pass, `wait_ratio`, max batch 1) and N
 robots in this process publishing 30 Hz observations (4-D state, one 96x128 JPEG camera) over real
-Zenoh on loopback, first without the header (as protocol 1.1 clients before §5.1.1 did), then with
+Zenoh on loopback, first without the header (as protocol 1.1 clients before docs/protocol.md §5.1.1 did), then with
 it. Counted by wrapping `codec.decode_observation`: every msgpack decode of an observation in the
 process (the robots decode none). Most observations are superseded before they are served; the
 figure that matters is decodes per served observation (1.0 = only what is served is decoded).

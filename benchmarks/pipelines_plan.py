@@ -1,4 +1,4 @@
-"""Rosa's workloads (seed 000 Tables 1-2) planned on synthetic GPU-like profiles: a *model*, not a run.
+"""Rosa's workloads (its Tables 1-2, as docs/benchmarks.md lists them) planned on synthetic GPU-like profiles: a *model*, not a run.
 
     python benchmarks/pipelines_plan.py [--write-docs docs/benchmarks.md]
 

@@ -81,7 +81,7 @@ from lerobot_zenoh.pipelines.profiles import (  # noqa: E402
 
 KINDS = ("system1", "system2", "safety", "monitor")
 MODEL_IDS = {S1: "gr00t", VLM7: "qwen7b", VLM3: "qwen3b"}
-#: Rosa's reported ratios of SLO-qualified action throughput (seed 000): planned over shared servers,
+#: Rosa's reported ratios of SLO-qualified action throughput (docs/benchmarks.md): planned over shared servers,
 #: planned over one dedicated server per robot.
 ROSA_SHARED, ROSA_DEDICATED = 2.44, 12.06
 

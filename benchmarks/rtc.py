@@ -19,7 +19,7 @@ rendered camera, JPEG) around the reference client's own `ActionBuffer`, `SendTr
 trained checkpoint. Four ways to take chunks in, side by side in one run (one robot each, same
 server, same moment):
 
-- ``rtc``: observations carry the leftover and the predicted delay (protocol §10.6); a chunk that
+- ``rtc``: observations carry the leftover and the predicted delay (docs/protocol.md §10.6); a chunk that
   echoes ``rtc_delay_steps`` replaces the buffer from the step it actually starts at. A server that
   does not apply RTC answers without the echo and the chunk is blended (counted: ``fallback``).
 - ``weighted_average`` / ``latest_only``: the client's blending (``--aggregate.type``), with its

@@ -1,4 +1,4 @@
-"""Real-time chunking on the server (#15): per-row guidance inside one batched forward pass for tiny
+"""Real-time chunking on the server: per-row guidance inside one batched forward pass for tiny
 SmolVLA and pi0, equality with LeRobot's own RTC call, plain sampling without a prefix, the manifest's
 `rtc` block, bad RTC inputs, and a hot standby taking over mid-episode (docs/policies.md, "Real-time
 chunking").
