@@ -307,7 +307,7 @@ def test_cli_exits_nonzero_on_bad_manifest_and_zero_on_sigterm(tmp_path, port, a
 @pytest.mark.slow
 def test_status_and_chunks_of_a_real_act_checkpoint(port, app_key, tmp_path):
     """The offline builder's checkpoint, loaded by the server through LeRobot's from_pretrained."""
-    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
 
     joints = ("shoulder_pan.pos", "shoulder_lift.pos", "elbow_flex.pos", "wrist_flex.pos", "wrist_roll.pos", "gripper.pos")
     path = build_checkpoint(tmp_path / "act", policy_type="act", state_names=joints, action_names=joints,
