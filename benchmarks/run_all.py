@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
-if __package__ in (None, ""):  # run as a script (python benchmarks/run_all.py): import from the repository root
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import control_loop, ingest, latency
 from benchmarks.common import MAIN_WORKLOAD, fmt

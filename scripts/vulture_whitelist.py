@@ -41,7 +41,7 @@ _._ingest  # holds the subscriber declared with a callback
 # Fields of pydantic schemas and result records that are read as data (YAML in, JSON out).
 _.p95_ms  # pipelines/profiles.py: a profile's latency percentiles
 _.finished_s  # server/runners/decode_batch.py: DecodeResult
-_.exec_start_s  # benchmarks/fleet.py: the simulator's per-request record
+_.exec_start_s  # benchmarks/studies/fleet.py: the simulator's per-request record
 _.slo_pct
 _.wait_mean_ms
 _.latency_p95_s

@@ -4,7 +4,7 @@ Why not pickle: unpickling runs code chosen by whoever sent the bytes (LeRobot's
 does exactly that on an open port). MessagePack carries only maps, arrays, strings, numbers and
 bytes; arrays travel as ``{"dtype", "shape", "data"}`` with raw little-endian bytes; images as
 JPEG (encoded with OpenCV, decoded with simplejpeg's libjpeg-turbo: the pair chosen by
-``benchmarks/codec.py``, see docs/benchmarks.md "JPEG codec"). Every decode failure, whatever the input, raises ``ProtocolError`` with a reason; nothing
+``benchmarks/studies/codec.py``, see docs/benchmarks.md "JPEG codec"). Every decode failure, whatever the input, raises ``ProtocolError`` with a reason; nothing
 else escapes from ``decode``.
 
 The byte layout is specified in docs/protocol.md; golden tests pin it.

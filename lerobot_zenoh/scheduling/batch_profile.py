@@ -8,7 +8,7 @@ section 3.2; docs/scheduling.md, "`max_batch_size: auto`"). Choosing the smalles
 each client pays, as small as the throughput allows.
 
 The server measures a profile at start-up for `max_batch_size: auto` (`server/batch_profiling.py`);
-`benchmarks/fleet.py` applies the same rule to its synthetic GPU profile.
+`benchmarks/studies/fleet.py` applies the same rule to its synthetic GPU profile.
 """
 
 from __future__ import annotations

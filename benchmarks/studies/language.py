@@ -1,6 +1,6 @@
 """Actions and language from one pi0.5 (OxyGen): shared prefill and cross-frame batching, per frame.
 
-    PYTHONPATH=. HF_HUB_OFFLINE=1 python -m benchmarks.language [--shapes tiny,small] [--robots 1,4,8]
+    PYTHONPATH=. HF_HUB_OFFLINE=1 python -m benchmarks.studies.language [--shapes tiny,small] [--robots 1,4,8]
         [--frames 8] [--tokens 20] [--per-frame 5] [--vlm-robots 1,2,4,8,16] [--device cpu --dtype float32]
 
 Needs only lerobot, torch, transformers, tokenizers and numpy (no Zenoh): it times the runners the

@@ -1,6 +1,6 @@
 """Decodes per served observation with the wait-ratio scheduler, with and without the observation header.
 
-    PYTHONPATH=. python benchmarks/header_decodes.py [--clients 100] [--seconds 5] [--policy-ms 50]
+    PYTHONPATH=. python -m benchmarks.studies.header_decodes [--clients 100] [--seconds 5] [--policy-ms 50]
 
 One real `PolicyServer` (synthetic policy, `--policy-ms` per pass, `wait_ratio`, max batch 1) and N
 robots in this process publishing 30 Hz observations (4-D state, one 96x128 JPEG camera) over real
@@ -13,14 +13,10 @@ figure that matters is decodes per served observation (1.0 = only what is served
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-if str(Path(__file__).resolve().parents[1]) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import free_port  # noqa: E402
 from lerobot_zenoh.protocol import codec  # noqa: E402

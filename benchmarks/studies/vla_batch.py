@@ -1,6 +1,6 @@
 """Server-side chunk latency of tiny SmolVLA, tiny pi0 and ACT at batch 1, 2, 4, 8 (random weights).
 
-    PYTHONPATH=. HF_HUB_OFFLINE=1 python -m benchmarks.vla_batch [--out DIR] [--reps 5] [--types smolvla,pi0,act]
+    PYTHONPATH=. HF_HUB_OFFLINE=1 python -m benchmarks.studies.vla_batch [--out DIR] [--reps 5] [--types smolvla,pi0,act]
 
 Builds each checkpoint offline (lerobot-zenoh-build-checkpoint defaults: 2 cameras 96x128, 6-D
 state, chunk 50), loads it through the server's loader, and times `runner.run` on B requests from
