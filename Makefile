@@ -62,8 +62,10 @@ ci-tools:
 test: $(STAMP) ci-tools lint
 	$(PY) -m pytest
 
+# ruff, then the dead-code check (vulture; its paths and exceptions: pyproject.toml [tool.vulture]).
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m vulture
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"
@@ -89,10 +91,10 @@ clean:
 FLEET_ARGS ?=
 .PHONY: bench-fleet bench-fleet-sim
 bench-fleet: $(BENCH_STAMP)
-	$(PY) benchmarks/fleet_zenoh.py study --write-docs docs/benchmarks.md $(FLEET_ARGS)
+	$(PY) -m benchmarks.studies.fleet_zenoh study --write-docs docs/benchmarks.md $(FLEET_ARGS)
 
 bench-fleet-sim: $(STAMP)
-	$(PY) benchmarks/fleet.py --write-docs docs/benchmarks.md
+	$(PY) -m benchmarks.studies.fleet --write-docs docs/benchmarks.md
 
 # The same model with tiers (docs/benchmarks.md, "Edge and cloud in the model"): edge-only / cloud-only /
 # hybrid against the task arrival rate (Kairos Fig. 13, gpu and vla profiles), the WAN sweep (Fig. 17)
@@ -100,8 +102,8 @@ bench-fleet-sim: $(STAMP)
 # against FIFO, re-measured"). Long: several hours on a shared 2-core machine (overloaded tiers are slow to simulate).
 .PHONY: bench-hybrid-sim
 bench-hybrid-sim: $(STAMP)
-	$(PY) benchmarks/fleet.py --hybrid --seeds 3 --duration-s 150 --write-docs docs/benchmarks.md
-	$(PY) benchmarks/fleet.py --order --order-batches 1 16 --profiles gpu --seeds 10 --first-seed 10 --loads 0.5 0.7 0.8 0.9 0.95 1.0 --write-docs docs/benchmarks.md
+	$(PY) -m benchmarks.studies.fleet --hybrid --seeds 3 --duration-s 150 --write-docs docs/benchmarks.md
+	$(PY) -m benchmarks.studies.fleet --order --order-batches 1 16 --profiles gpu --seeds 10 --first-seed 10 --loads 0.5 0.7 0.8 0.9 0.95 1.0 --write-docs docs/benchmarks.md
 
 # Real-time chunking against blending (docs/benchmarks.md, "Real-time chunking"): records a dataset
 # with the client, trains a tiny SmolVLA on it with lerobot-train (once, ~10-15 min on 2 cores; cached
@@ -114,7 +116,7 @@ $(RTC_STAMP): $(STAMP)
 	@touch $@
 
 bench-rtc: $(RTC_STAMP)
-	$(PY) benchmarks/rtc.py all --write-docs docs/benchmarks.md $(RTC_ARGS)
+	$(PY) -m benchmarks.studies.rtc all --write-docs docs/benchmarks.md $(RTC_ARGS)
 
 # Fault tests in network namespaces (root; part of `make test` too) and a soak run.
 SOAK_MINUTES ?= 30
@@ -127,7 +129,7 @@ test-faults: $(STAMP)
 	$(PY) -m pytest tests/test_faults.py -s
 
 soak: $(STAMP)
-	$(PY) benchmarks/soak.py --minutes $(SOAK_MINUTES) --robots $(SOAK_ROBOTS) $(SOAK_ARGS)
+	$(PY) -m benchmarks.studies.soak --minutes $(SOAK_MINUTES) --robots $(SOAK_ROBOTS) $(SOAK_ARGS)
 
 # Benchmarks against LeRobot's gRPC async inference and the physical floor (docs/benchmarks.md): a few
 # minutes on 2 cores; BENCH_ARGS=--full for the long runs. Shaped links need root (network namespaces).
@@ -138,12 +140,12 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 
 .PHONY: bench
 bench: $(BENCH_STAMP)
-	$(PY) benchmarks/run_all.py $(BENCH_ARGS)
+	$(PY) -m benchmarks.run_all $(BENCH_ARGS)
 
 # The JPEG codecs side by side (OpenCV, simplejpeg, PyTurboJPEG if its system library is there).
 .PHONY: bench-codec
 bench-codec: $(STAMP)
-	$(PY) benchmarks/codec.py
+	$(PY) -m benchmarks.studies.codec
 
 # Rosa's workloads on the real stack (docs/benchmarks.md, "Multi-model pipelines: planned fleet vs
 # baselines, measured"; rewrites its generated block): planned, shared and dedicated deployments written by the deployment code,
@@ -152,19 +154,19 @@ bench-codec: $(STAMP)
 PIPELINES_RUN_ARGS ?= --workloads P4 Mix2 --sizes 8 16 32 --seeds 3 --seconds 15 --warmup 5
 .PHONY: bench-pipelines-run
 bench-pipelines-run: $(STAMP)
-	$(PY) benchmarks/pipelines_run.py $(PIPELINES_RUN_ARGS) --write-docs docs/benchmarks.md
+	$(PY) -m benchmarks.studies.pipelines_run $(PIPELINES_RUN_ARGS) --write-docs docs/benchmarks.md
 
 # A multi-model task's bytes on the link per control decision: published once vs once per component
 # (docs/benchmarks.md, "Multi-model pipelines: bytes on the link"; iptables counters need root).
 .PHONY: bench-pipeline-bytes
 bench-pipeline-bytes: $(STAMP)
-	$(PY) benchmarks/pipeline_bytes.py
-	$(PY) benchmarks/pipeline_bytes.py --links
+	$(PY) -m benchmarks.studies.pipeline_bytes
+	$(PY) -m benchmarks.studies.pipeline_bytes --links
 
 # Scripted attacks on a robot's session in plain mode (docs/security.md, "Sessions against a forger").
 .PHONY: bench-session-attacks
 bench-session-attacks: $(STAMP)
-	$(PY) benchmarks/session_attacks.py
+	$(PY) -m benchmarks.studies.session_attacks
 
 # pi0.5 actions + language from one prefill, and the VLM runner's batched text (docs/benchmarks.md,
 # "pi0.5: actions and language from one prefill"); needs lerobot[pi] (the `vla` extra), no Zenoh.
@@ -177,7 +179,7 @@ $(LANGUAGE_STAMP): $(STAMP)
 	@touch $@
 
 bench-language: $(LANGUAGE_STAMP)
-	$(PY) -m benchmarks.language $(LANGUAGE_ARGS)
+	$(PY) -m benchmarks.studies.language $(LANGUAGE_ARGS)
 
 
 # Edge-only vs cloud-only vs hybrid (Kairos Fig. 13; docs/benchmarks.md, "Edge-cloud serving"): an edge
@@ -187,7 +189,7 @@ bench-language: $(LANGUAGE_STAMP)
 HYBRID_ARGS ?= --rates 2,6,10 --seeds 3 --duration-s 12 --warmup-s 3
 .PHONY: bench-hybrid
 bench-hybrid: $(STAMP)
-	$(PY) -m benchmarks.hybrid study $(HYBRID_ARGS)
+	$(PY) -m benchmarks.studies.hybrid study $(HYBRID_ARGS)
 
 
 # pi0-FAST decoding across robots (docs/benchmarks.md, "pi0-FAST: continuous batching across robots"):
@@ -195,4 +197,4 @@ bench-hybrid: $(STAMP)
 # lerobot, torch, transformers, tokenizers, numpy. On a GPU: AR_ARGS="--device cuda --dtype bfloat16".
 .PHONY: bench-autoregressive
 bench-autoregressive: $(STAMP)
-	$(PY) -m benchmarks.autoregressive $(AR_ARGS)
+	$(PY) -m benchmarks.studies.autoregressive $(AR_ARGS)

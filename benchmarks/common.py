@@ -27,7 +27,6 @@ FPS = 30
 DT_S = 1.0 / FPS
 CHUNK_SIZE = 50
 ACTION_DIM = 6
-STATE_DIM = 6
 JPEG_QUALITY = 90
 
 
@@ -236,11 +235,6 @@ def stop_processes(procs, timeout_s: float = 10.0, sig: int = signal.SIGINT) -> 
 def cpu_s() -> float:
     """CPU time of this whole process, all threads (ns resolution)."""
     return time.process_time()
-
-
-def jpeg_sizes(frames: dict[str, list[np.ndarray]], quality: int = JPEG_QUALITY) -> dict[str, float]:
-    return {cam: float(np.mean([len(cv2.imencode(".jpg", f, [cv2.IMWRITE_JPEG_QUALITY, quality])[1]) for f in fs]))
-            for cam, fs in frames.items()}
 
 
 ROOT = Path(__file__).resolve().parents[1]

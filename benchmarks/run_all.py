@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
-if __package__ in (None, ""):  # run as a script (python benchmarks/run_all.py): import from the repository root
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import control_loop, ingest, latency
 from benchmarks.common import MAIN_WORKLOAD, fmt
@@ -53,7 +50,7 @@ def targets(results: dict) -> list[tuple[str, str, str, bool | None]]:
             if row["link"] == "wifi":
                 rows.append((">= 5x lower than LeRobot on the Wi-Fi-like link", f"{ler / ours:.1f}x ({ours:.2f} vs {ler:.2f} ms)",
                              f"floor {floor:.2f} ms", ler / ours >= 5.0))
-        for row in lat["cases"]:  # the network path against floor + JPEG (#20), main workload, every link
+        for row in lat["cases"]:  # the network path against floor + JPEG, main workload, every link
             if row["workload"] != MAIN_WORKLOAD or "jpeg" not in row:
                 continue
             s = row["systems"]
@@ -74,7 +71,7 @@ def targets(results: dict) -> list[tuple[str, str, str, bool | None]]:
             worst, worst_net = min(ratios), min(network)
             rows.append((">= 5x under LeRobot, every workload and link", f"worst {worst[0]:.1f}x ({worst[1]})",
                          f"JPEG path only: worst {worst_net[0]:.1f}x ({worst_net[1]})", worst[0] >= 5.0))
-        for row in lat["cases"]:  # the same-host path (#20), loopback cases only
+        for row in lat["cases"]:  # the same-host path (docs/protocol.md §7.1), loopback cases only
             shm = row["systems"].get("ours_shm")
             limit_ms = {"cam2_480x640": 1.0, "cam3_720x1280": 3.0}.get(row["workload"])
             if shm is None or limit_ms is None or shm["added_ms"]["p50"] is None:

@@ -112,7 +112,6 @@ class Worker:
 def _serve() -> None:
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything printed goes to the log, never into the reply pipe
-    sys.path.insert(0, ROOT)
     work_dir = os.environ.get("LZB_WORK_DIR", os.path.join(ROOT, "outputs", "bench", "work"))
     os.makedirs(work_dir, exist_ok=True)
     os.chdir(work_dir)  # LeRobot's loggers create logs/ in the working directory

@@ -5,8 +5,9 @@
 
 It publishes one observation per period (seq 1, 2, ...; whether or not the previous one was
 answered, as a robot streaming at its control rate would) and records, on this host's monotonic
-clock (shared by every namespace), when each was sent and when each chunk arrived. Writes
-{"sent": {seq: t_s}, "chunks": [[t_s, seq], ...]} at the end. Not imported by the tests.
+clock (shared by every namespace), when each was sent and when each chunk arrived. Creates
+``<out>.serving`` once a second's worth of chunks has arrived (for a test to wait on) and writes
+{"sent": {seq: t_s}, "chunks": [[t_s, seq], ...]} to ``<out>`` at the end. Not imported by the tests.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import json
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -56,7 +58,10 @@ def main() -> None:
         pub = session.publisher(key.obs, OBSERVATION_QOS)
         t_end = time.monotonic() + args.duration_s
         seq, next_t = 0, time.monotonic()
+        serving = Path(f"{args.out}.serving")
         while time.monotonic() < t_end:
+            if len(chunks) >= 1 / args.period_s and not serving.exists():
+                serving.touch()
             seq += 1
             state = np.full(6, seq % 100, np.float32)
             payload = codec.encode(Observation(seq, args.client, state, images, "probe", session_nonce=1))

@@ -1,4 +1,5 @@
-"""Action buffer: merge/pop semantics, aggregation registry, and a threaded property test (BUG-2)."""
+"""Action buffer: merge/pop semantics, aggregation registry, and a threaded property test (no
+step popped twice or lost while chunks merge)."""
 
 from __future__ import annotations
 

@@ -260,7 +260,7 @@ MODEL_CAMS = {"front": (48, 64)}
 @pytest.mark.slow
 @pytest.mark.parametrize("policy_type", ["act", "diffusion"])
 def test_lerobot_batched_inference_equals_per_request(tmp_path, policy_type):
-    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
     from lerobot_zenoh.server.runners import load_policy_runner
 
     path = build_checkpoint(tmp_path / policy_type, policy_type=policy_type, state_names=("s0", "s1", "s2", "s3"),

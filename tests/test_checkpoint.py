@@ -13,7 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from lerobot_zenoh.cli.build_checkpoint import main as cli_main  # noqa: E402
 from lerobot_zenoh.errors import ConfigError  # noqa: E402
-from lerobot_zenoh.server.checkpoint import build_checkpoint  # noqa: E402
+from lerobot_zenoh.checkpoint_builder.build import build_checkpoint  # noqa: E402
 from lerobot_zenoh.server.runners import PolicySpec, RunnerCapabilities, load_policy_runner  # noqa: E402
 from lerobot_zenoh.server.runners.lerobot import FEATURES_SIDECAR_NAME  # noqa: E402
 

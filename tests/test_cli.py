@@ -173,7 +173,7 @@ def hf_home(tmp_path_factory) -> Path:
     """A Hugging Face cache holding `someone/tiny_act` (main) as `hf download` leaves it: the
     checkpoint under snapshots/<commit>/, refs/main naming the commit."""
     from lerobot_zenoh.client.config_sim_robot import SO101_JOINTS
-    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
 
     home = tmp_path_factory.mktemp("hf_home")
     repo = home / "hub" / "models--someone--tiny_act"
@@ -331,7 +331,7 @@ def test_hub_ids_and_folders_are_told_apart(tmp_path):
 @pytest.fixture(scope="module")
 def demo_checkpoint(tmp_path_factory) -> Path:
     from lerobot_zenoh.client.config_sim_robot import SO101_JOINTS
-    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
 
     names = tuple(f"{j}.pos" for j in SO101_JOINTS)
     return build_checkpoint(tmp_path_factory.mktemp("demo") / "act", policy_type="act", state_names=names,

@@ -161,7 +161,7 @@ def test_trimmed_steps_follow_the_rtt(port, app_key):
 
 
 def test_control_period_holds_while_publishing_is_slow_and_without_a_server(port, app_key):
-    """BUG-1: the control loop never waits for the network, even if a put takes 300 ms."""
+    """The control loop never waits for the network, even if a put takes 300 ms."""
     cfg = make_config(port, app_key, robot=SimRobotConfig(cameras={"front": (48, 64), "wrist": (48, 64)}, fps=30))
     server = make_server(port, app_key).start()
     congested = lambda key, payload, attachment: time.sleep(0.3)  # noqa: E731  (every put takes 300 ms)

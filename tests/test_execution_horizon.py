@@ -43,7 +43,7 @@ STEPS = 6  # denoising steps: enough for the convergence test to say something
 
 @pytest.fixture(scope="module")
 def diffusion_checkpoint(tmp_path_factory):
-    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
 
     return build_checkpoint(
         tmp_path_factory.mktemp("horizon_ckpt") / "diffusion",

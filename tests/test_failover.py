@@ -69,7 +69,9 @@ def test_standby_takes_over_and_steps_back_without_duplicates(app_key):
         n_before = len(seen)
         assert wait_for(lambda: any(s == "gpu0" for _, s, _ in seen[n_before:]), 10), "primary never served again"
         assert standby.models[0].role.stepped_back == 1 and not standby.models[0].role.active.is_set()
-        time.sleep(0.5)
+        # A window of further chunks from the primary, in which a duplicate answer would show.
+        n_back = len(seen)
+        assert wait_for(lambda: sum(1 for _, s, _ in seen[n_back:] if s == "gpu0") >= 10, 10)
     finally:
         client.stop()
         runner.join(5)
@@ -85,13 +87,16 @@ def test_standby_takes_over_and_steps_back_without_duplicates(app_key):
 def test_standby_alone_serves_and_stays_silent_while_primary_is_up(app_key):
     p1, p2 = free_port(), free_port()
     with PolicyServer(manifest(app_key, p1, "gpu0")) as primary, \
-            PolicyServer(manifest(app_key, p2, "gpu1", standby_for="gpu0", connect=[f"tcp/127.0.0.1:{p1}"])), \
+            PolicyServer(manifest(app_key, p2, "gpu1", standby_for="gpu0", connect=[f"tcp/127.0.0.1:{p1}"])) as standby, \
             ZenohSession(loopback_settings(None, listen=False, connect_ports=(p1, p2))) as s:
         assert wait_for(lambda: s.query(app_key.status, 0.3), 10)
-        time.sleep(0.5)
+        # The standby has seen the primary's token (had the link come up after its start-up check,
+        # it served until then and steps back on seeing it).
+        assert wait_for(lambda: not standby.models[0].role.active.is_set(), 10)
         replies = s.query(app_key.status, 0.5)
         assert [codec.decode_status(p).server_id for _, p in replies] == ["gpu0"]  # only the primary answers
-        assert sorted(s.alive(app_key.all_servers)) == [app_key.server_token("gpu0"), app_key.server_token("gpu1")]
+        tokens = [app_key.server_token("gpu0"), app_key.server_token("gpu1")]
+        assert wait_for(lambda: sorted(s.alive(app_key.all_servers)) == tokens, 10)
         assert primary.models[0].role.active.is_set()
 
 

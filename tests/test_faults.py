@@ -156,7 +156,7 @@ def test_kill9_client_holds_revalidates_and_resumes(tmp_path, app_key):
             t_dry = time.monotonic()
             assert wait_for(lambda: c.watchdog_events >= 1, 5)
             held = c.empty_cycles
-            time.sleep(1.0)
+            time.sleep(1.0)  # the measured window: 30 periods at 30 Hz, of which >= 25 must be held
             assert c.empty_cycles >= held + 25  # holding every period once dry, not stalled
             chunks_before = rc.chunks()
             server = ServerProcess(pair, manifest, tmp_path / "server2.log")
@@ -181,7 +181,8 @@ def test_kill9_with_hot_standby_measures_the_gap(tmp_path, app_key):
         wait_status(ep1, app_key)
         standby = ServerProcess(pair, server_manifest(tmp_path, app_key, ep2, "gpu1", standby_for="gpu0", connect=[ep1]),
                                 tmp_path / "standby.log")
-        time.sleep(3)  # standby pre-warmed and watching
+        # "ready" is logged once the standby is pre-warmed and has looked for the primary's token.
+        assert wait_for(lambda: "ready" in (tmp_path / "standby.log").read_text(), 60)
         cfg = make_config(PORT, app_key, endpoint=ep1, watchdog_timeout_s=0.5)
         cfg.zenoh = ZenohSettings(connect=[ep2], multicast_scouting=False)
         arrivals = []
@@ -244,12 +245,16 @@ def test_loss_and_delay_every_chunk_arrives_and_the_loop_keeps_its_period(tmp_pa
         for chain, flag in (("INPUT", "-i"), ("OUTPUT", "-o")):
             subprocess.run([*net.prefix("server"), "iptables", "-A", chain, flag, dev, "-m", "statistic", "--mode",
                             "random", "--probability", "0.1", "-j", "DROP"], check=True, capture_output=True)
+        # The robot connects only (no retry at start-up): the server must be listening first.
+        assert wait_for(lambda: "ready" in (tmp_path / "server.log").read_text(), 60), "the server never started"
         client = subprocess.run([*net.prefix("client"), sys.executable, "-m", "lerobot_zenoh.cli.client",
                                  "--robot.type=zenoh_sim", "--robot.cameras={front: [48, 64], wrist: [48, 64]}",
                                  *routing_args(app_key, "r1", endpoint), "--discovery_timeout_s=60", "--watchdog_timeout_s=2.0", "--duration_s=12",
                                  "--telemetry_period_s=0", f"--summary_path={summary_path}"],
                                 capture_output=True, text=True, timeout=180)
-        time.sleep(3)  # chunks still in flight get their retransmissions
+        # The server closes r1's session (logging its totals) once the robot's token is gone: every
+        # chunk it answered is counted by then. Stopping it closes the session anyway.
+        wait_for(lambda: " r1: received" in (tmp_path / "server.log").read_text(), 15)
         server.send_signal(signal.SIGINT)
         server.wait(20)
         log.close()
@@ -291,7 +296,7 @@ def test_five_second_partition_holds_then_resumes_without_restart(tmp_path, app_
             t_cut = time.monotonic()
             assert wait_for(lambda: c.watchdog_events >= 1, 5), "watchdog never fired"
             t_watchdog = time.monotonic()
-            time.sleep(max(0.0, 5.0 - (time.monotonic() - t_cut)))
+            time.sleep(max(0.0, 5.0 - (time.monotonic() - t_cut)))  # the partition under test lasts 5 s
             held = c.empty_cycles
             chunks_before = rc.chunks()
             pair.clear()
@@ -315,7 +320,7 @@ def test_router_restart_service_resumes_without_restarting_anyone(tmp_path, app_
         router_cmd = [sys.executable, "-m", "lerobot_zenoh.cli.router", "--listen", router_ep, "--no-scouting"]
         router = subprocess.Popen(router_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         ServerProcess.started.append(router)
-        time.sleep(1.5)
+        assert wait_for(lambda: _port_open(pair.host_ip, PORT) or router.poll() is not None, 30) and router.poll() is None
         server = ServerProcess(pair, server_manifest(tmp_path, app_key, "", mode="client", connect=[router_ep]),
                                tmp_path / "server.log")
         wait_status(router_ep, app_key)
@@ -327,7 +332,7 @@ def test_router_restart_service_resumes_without_restarting_anyone(tmp_path, app_
             router.send_signal(signal.SIGKILL)
             router.wait(10)
             t_down = time.monotonic()
-            time.sleep(2.0)
+            time.sleep(2.0)  # the outage under test: the router stays down 2 s
             chunks_before = rc.chunks()
             router = subprocess.Popen(router_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             ServerProcess.started.append(router)
@@ -347,6 +352,13 @@ def test_router_restart_service_resumes_without_restarting_anyone(tmp_path, app_
 # -- a robot whose link stalls ---------------------------------------------------------------------
 
 PROBE = Path(__file__).resolve().parent / "lz_probe_robot.py"
+
+
+def _port_open(ip: str, port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        return sock.connect_ex((ip, port)) == 0
 PERIOD_S = 1 / 30
 
 
@@ -406,10 +418,12 @@ def test_a_stalled_robot_delays_no_other_robot_and_recovers(tmp_path, app_key, s
         ServerProcess.started.extend(probes.values())
         try:
             assert wait_for(lambda: "ready" in server_log.read_text(), 60), server_log.read_text()[-2000:]
-            time.sleep(8)  # both probes discovered the server and are being served
+            serving = [tmp_path / f"{name}.json.serving" for name in probes]  # a probe served for a second
+            assert wait_for(lambda: all(path.exists() for path in serving), 60), "a probe was never served"
+            time.sleep(5)  # B's baseline: the 5 s before the stall are measured below
             t_stall = time.monotonic()
             (ra.freeze if stall == "freeze" else ra.freeze_downlink)()
-            time.sleep(6)
+            time.sleep(6)  # the stall under test lasts 6 s
             ra.thaw()
             t_back = time.monotonic()
             for proc in probes.values():
@@ -465,21 +479,23 @@ def test_kill9_of_the_primary_a_connect_only_robot_fails_over_to_the_standby(tmp
                                                         connect=[ep1], latency_ms=5), tmp_path / "s.log")
         assert wait_for(lambda: "ready" in (tmp_path / "s.log").read_text(), 60)
         summary = tmp_path / "robot.json"
+        robot_log = open(tmp_path / "robot.log", "w")
         client = robot.popen([sys.executable, "-m", "lerobot_zenoh.cli.client", "--robot.type=zenoh_sim",
                               "--robot.cameras={front: [48, 64], wrist: [48, 64]}", *routing_args(app_key, "r1", ep1),
                               f"--zenoh.connect=[{ep2}]", "--duration_s=14", "--watchdog_timeout_s=0.5",
                               "--discovery_timeout_s=60", "--telemetry_period_s=0", f"--summary_path={summary}"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             stdout=robot_log, stderr=subprocess.STDOUT)
         ServerProcess.started.append(client)
         try:
             assert wait_for(lambda: any(f":{PORT}" in s or f":{PORT + 1}" in s for s in robot.sockets("-tn")), 60)
-            time.sleep(5)
+            assert wait_for(lambda: "server gpu0 serves" in (tmp_path / "robot.log").read_text(), 60)
             assert robot.sockets("-ltn") == []  # connect-only
             primary.kill9()
             assert client.wait(90) == 0
         finally:
             standby_log = standby.stop()
             primary.stop()
+            robot_log.close()
     result = json.loads(summary.read_text())
     record("kill9_standby_connect_only", {k: result[k] for k in ("server_id", "chunks_received", "empty_buffer_cycles",
                                                                   "watchdog_events", "loop_overruns")})

@@ -14,11 +14,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks import fleet as fleet_model
-from benchmarks.fleet_traces import CHUNK_SIZE, Task, generate_traces, load_traces, write_traces
-from benchmarks import fleet_zenoh
-from benchmarks.fleet_server import register
-from benchmarks.fleet_zenoh import RunConfig, Study, aggregate, manifest, run
+from benchmarks.studies import fleet as fleet_model
+from benchmarks.studies.fleet_traces import CHUNK_SIZE, Task, generate_traces, load_traces, write_traces
+from benchmarks.studies import fleet_zenoh
+from benchmarks.studies.fleet_server import register
+from benchmarks.studies.fleet_zenoh import RunConfig, Study, aggregate, manifest, run
 from lerobot_zenoh.server.manifest import Manifest
 
 

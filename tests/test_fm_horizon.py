@@ -37,7 +37,7 @@ TASKS = ("pick up the red cube", "open the drawer")
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     """Tiny smolvla / pi0 / pi05 checkpoints, built once per module, lazily."""
-    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
 
     root, lock, built = tmp_path_factory.mktemp("fm_horizon"), threading.Lock(), {}
 

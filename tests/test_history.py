@@ -51,7 +51,7 @@ def test_malformed_history_is_a_counted_reason():
 
 @pytest.fixture(scope="module")
 def diffusion(tmp_path_factory):
-    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
     from lerobot_zenoh.server.runners import load_policy_runner
 
     folder = build_checkpoint(

@@ -34,7 +34,7 @@ CAMERAS = {"front": (48, 64), "wrist": (48, 64)}
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
 
     return build_checkpoint(tmp_path_factory.mktemp("pi05") / "tiny", policy_type="pi05", state_names=STATE,
                             action_names=STATE, cameras=CAMERAS, chunk_size=10, fps=30,
@@ -252,8 +252,8 @@ def test_decode_budget_shrinks_near_the_action_slo():
 def test_builder_presets_and_usable_lm_head(checkpoint, tmp_path):
     from safetensors import safe_open
 
-    from lerobot_zenoh.server.checkpoint import build_checkpoint
-    from lerobot_zenoh.server.tiny_pi import TINY_PI_ARCHITECTURE
+    from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
+    from lerobot_zenoh.checkpoint_builder.tiny_pi import TINY_PI_ARCHITECTURE
 
     sidecar = json.loads((checkpoint / "lerobot_zenoh_features.json").read_text())
     assert sidecar["test_architecture"] == TINY_PI_ARCHITECTURE
@@ -284,7 +284,7 @@ def test_text_only_request_runs_the_prefix_pass_alone(runner):
 def test_vlm_text_batched_equals_one_at_a_time(tmp_path):
     """The VLM runner's iteration-level batching: rows leave at their last token; the text of each
     robot equals transformers' generate on it alone (different prompts batch apart)."""
-    from lerobot_zenoh.server.checkpoint import build_tiny_vlm
+    from lerobot_zenoh.checkpoint_builder.build import build_tiny_vlm
     from lerobot_zenoh.server.runners.vlm import VlmRunner, VlmSettings
 
     cams = {"front": (48, 64)}
@@ -580,7 +580,7 @@ def test_planned_combined_deployment_runs_end_to_end(tmp_path_factory, capsys):
     from lerobot_zenoh.pipelines.profiles import dump_profiles
     from lerobot_zenoh.protocol import codec
     from lerobot_zenoh.protocol.keys import AppKey
-    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
     from lerobot_zenoh.server.manifest import load_manifest
     from lerobot_zenoh.server.server import PolicyServer
     from lerobot_zenoh.transport.session import ZenohSession

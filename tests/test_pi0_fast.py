@@ -27,7 +27,7 @@ CHUNK = 10
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
-    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
 
     return build_checkpoint(tmp_path_factory.mktemp("pi0_fast") / "tiny", policy_type="pi0_fast",
                             state_names=STATE_NAMES, action_names=STATE_NAMES, cameras=CAMERAS, chunk_size=CHUNK,

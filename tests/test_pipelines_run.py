@@ -1,4 +1,4 @@
-"""benchmarks/pipelines_run.py: the baselines it runs are deployments the project's own code writes and
+"""benchmarks/studies/pipelines_run.py: the baselines it runs are deployments the project's own code writes and
 reads back, its SLO-qualified count is what its docstring says, and (slow) one tiny fleet runs end to
 end over real Zenoh (server processes from the manifests, the real pipeline clients)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from benchmarks.pipelines_run import (
+from benchmarks.studies.pipelines_run import (
     dedicated_plan,
     factory_doc,
     scaled_profiles,
@@ -73,7 +73,7 @@ def test_qualified_counts_system1_chunks_in_time_of_robots_whose_other_component
 
 @pytest.mark.slow  # server and robot processes (LeRobot import): ~20 s on the shared 2-core machine
 def test_a_tiny_planned_fleet_runs_on_real_zenoh(tmp_path):
-    from benchmarks.pipelines_run import run_one
+    from benchmarks.studies.pipelines_run import run_one
 
     row = run_one("P2", 2, "planned", servers=2, scale=SCALE, fps=10, warmup_s=1.0, seconds=3.0, robot_procs=1,
                   workdir=tmp_path, start_delay_s=6.0)

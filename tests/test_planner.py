@@ -241,7 +241,7 @@ def test_cli_writes_a_deployment_and_refuses_an_infeasible_fleet(tmp_path, capsy
 
 
 def test_the_benchmark_model_ranks_the_plan_above_both_baselines_on_p4():
-    from benchmarks.pipelines_plan import dedicated_per_model, dedicated_per_robot, make_factory, planned, shared
+    from benchmarks.studies.pipelines_plan import dedicated_per_model, dedicated_per_robot, make_factory, planned, shared
 
     f = make_factory("P4", 32, 8)
     tp, _ = planned(f, PROFILES)

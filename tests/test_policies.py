@@ -65,7 +65,7 @@ TINY_OVERRIDES = {
 
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory) -> dict[str, Path]:
-    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
 
     root = tmp_path_factory.mktemp("policy_checkpoints")
     out = {}

@@ -1,4 +1,4 @@
-"""Real-time chunking on the server (#15): per-row guidance inside one batched forward pass for tiny
+"""Real-time chunking on the server: per-row guidance inside one batched forward pass for tiny
 SmolVLA and pi0, equality with LeRobot's own RTC call, plain sampling without a prefix, the manifest's
 `rtc` block, bad RTC inputs, and a hot standby taking over mid-episode (docs/policies.md, "Real-time
 chunking").
@@ -39,7 +39,7 @@ RTC_ON = RtcSettings(enabled=True, execution_horizon=HORIZON)
 @pytest.fixture(scope="session")
 def rtc_checkpoints(tmp_path_factory):
     """Tiny smolvla / pi0 checkpoints (10 flow steps), each built once per test session, lazily."""
-    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
 
     root = tmp_path_factory.mktemp("rtc_checkpoints")
     built: dict[str, Path] = {}
@@ -130,7 +130,7 @@ def test_the_manifest_rtc_block_defaults_to_lerobots_and_names_a_bad_field():
 
 @pytest.mark.slow
 def test_rtc_on_a_family_that_cannot_do_it_fails_at_start_up_naming_the_field(tmp_path, rtc_checkpoints):
-    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
     from lerobot_zenoh.server.runners import load_runner
 
     folder = build_checkpoint(tmp_path / "act", policy_type="act", state_names=STATE_NAMES,
@@ -380,7 +380,7 @@ def test_a_smolvla_standby_continues_the_robots_motion_from_its_first_observatio
     from lerobot_zenoh.client.config_sim_robot import SO101_JOINTS
     from lerobot_zenoh.protocol import codec
     from lerobot_zenoh.scheduling.send_trigger import SendTriggerConfig
-    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
     from lerobot_zenoh.server.server import PolicyServer
     from lerobot_zenoh.transport.session import ZenohSession
     from lerobot_zenoh.transport.settings import ZenohSettings, loopback_settings

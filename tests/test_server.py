@@ -164,7 +164,9 @@ def test_unknown_clients_are_rejected_and_counted(served, app_key):
     stranger = FakeClient(session, app_key, "stranger")
     rng = np.random.default_rng(2)
     assert wait_for(lambda: (stranger.send(1, rng), server.models[0].engine.dropped["unknown_client"] > 2)[1])
-    time.sleep(0.2)
+    # A known client's chunk after the refusals: the server's chunks reach this session in order
+    # (one reliable link), so a chunk answering the stranger would have arrived before it.
+    send_until_served(FakeClient(session, app_key, "r1"), 1, rng)
     assert stranger.chunks == []
     assert server.models[0].engine.unknown_refused["stranger"] >= 3
     assert "stranger" not in server.stats()[app_key.prefix]["clients"]
@@ -305,7 +307,7 @@ def test_cli_exits_nonzero_on_bad_manifest_and_zero_on_sigterm(tmp_path, port, a
 @pytest.mark.slow
 def test_status_and_chunks_of_a_real_act_checkpoint(port, app_key, tmp_path):
     """The offline builder's checkpoint, loaded by the server through LeRobot's from_pretrained."""
-    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
 
     joints = ("shoulder_pan.pos", "shoulder_lift.pos", "elbow_flex.pos", "wrist_flex.pos", "wrist_roll.pos", "gripper.pos")
     path = build_checkpoint(tmp_path / "act", policy_type="act", state_names=joints, action_names=joints,

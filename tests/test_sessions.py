@@ -305,7 +305,7 @@ TINY_DIFFUSION = {"down_dims": (32, 64), "num_inference_steps": 3, "spatial_soft
 
 @pytest.mark.slow
 def test_diffusion_history_is_empty_at_the_start_of_the_second_episode(port, app_key, tmp_path):
-    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
     from lerobot_zenoh.server.runners import load_policy_runner
 
     cams = {"front": (48, 64)}

@@ -459,3 +459,9 @@ def test_over_zenoh_a_robot_gone_is_told_from_a_silent_one_and_a_stalled_server_
             publisher.join(2)
             for s in sessions.values():
                 s.close()
+
+
+def test_repeated_events_are_logged_on_the_1st_10th_100th_and_every_1000th():
+    from lerobot_zenoh.telemetry.publisher import worth_logging
+
+    assert [n for n in range(0, 10_001) if worth_logging(n)] == [1, 10, 100, *range(1000, 10_001, 1000)]

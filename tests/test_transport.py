@@ -219,8 +219,8 @@ def test_a_queued_publisher_never_waits_drops_the_oldest_and_counts(zenoh_pair, 
 
 def test_status_query_reaches_the_serving_server_when_a_silent_standby_holds_the_same_key(port, app_key):
     """A hot standby declares the status queryable and stays silent; `query` targets ALL queryables,
-    so the serving one answers every time (Zenoh's default target may pick the silent one: reported
-    in issue #16, 0 of 10; this topology does not reproduce that, it checks the contract)."""
+    so the serving one answers every time (Zenoh's default target may pick the silent one: a robot
+    once got 0 answers in 10 that way; this topology does not reproduce that, it checks the contract)."""
     from lerobot_zenoh.transport.settings import loopback_settings
 
     with ZenohSession(loopback_settings(port)) as primary, \

@@ -10,6 +10,7 @@ import os
 import shutil
 import threading
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +35,7 @@ TASKS = ("pick up the red cube", "open the drawer", "fold the towel on the table
 @pytest.fixture(scope="session")
 def vla_checkpoints(tmp_path_factory):
     """Tiny smolvla / pi0 / pi05 checkpoints, each built once per test session, lazily."""
-    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
 
     root = tmp_path_factory.mktemp("vla_checkpoints")
     built: dict[str, Path] = {}
@@ -202,13 +203,38 @@ def test_assets_missing_offline_name_the_manifest_field(vla_checkpoints, tmp_pat
     assert runner.spec.policy_type == "smolvla"
 
 
-def test_the_tiny_pi_shrink_is_scoped_to_loading(vla_runners):
+def test_tiny_checkpoints_build_their_sizes_without_modifying_lerobot(vla_checkpoints, vla_runners):
     from lerobot.policies.pi0 import modeling_pi0
 
-    vla_runners("pi0")
-    assert modeling_pi0.get_gemma_config.__module__ == modeling_pi0.__name__
-    assert modeling_pi0.get_gemma_config("gemma_2b").width == 2048  # LeRobot's own sizes again
-    assert isinstance(modeling_pi0.PaliGemmaForConditionalGenerationWithPiGemma, type)
+    names = ("get_gemma_config", "PaliGemmaForConditionalGenerationWithPiGemma", "PI0Pytorch",
+             "PaliGemmaWithExpertModel", "PI0Policy")
+    before = {name: getattr(modeling_pi0, name) for name in names}
+    runner = vla_runners("pi0")
+    assert {name: getattr(modeling_pi0, name) for name in names} == before
+    assert modeling_pi0.get_gemma_config("gemma_2b").width == 2048  # LeRobot's own sizes
+    # The tiny model is an instance of the builder's subclass, sized as its sidecar declares.
+    assert type(runner.policy) is not modeling_pi0.PI0Policy
+    assert isinstance(runner.policy, modeling_pi0.PI0Policy)
+    assert runner.policy.model.paligemma_with_expert.paligemma.config.text_config.hidden_size == 32
+
+
+def test_a_checkpoint_without_a_test_architecture_loads_through_lerobots_own_class(vla_checkpoints, tmp_path):
+    from lerobot.configs import PreTrainedConfig
+    from lerobot.policies.pi0.modeling_pi0 import PI0Policy
+    from lerobot.policies.pi0_fast.modeling_pi0_fast import PI0FastPolicy
+
+    from lerobot_zenoh.server.runners.flow_matching import FlowMatchingRunner
+    from lerobot_zenoh.server.runners.pi0_fast import Pi0FastRunner
+
+    folder = copy_checkpoint(vla_checkpoints("pi0"), tmp_path / "pi0")
+    config = PreTrainedConfig.from_pretrained(folder, local_files_only=True)
+    assert FlowMatchingRunner.policy_class(folder, config) is not PI0Policy  # as the builder wrote it
+    sidecar = json.loads((folder / FEATURES_SIDECAR_NAME).read_text())
+    del sidecar["test_architecture"]
+    (folder / FEATURES_SIDECAR_NAME).write_text(json.dumps(sidecar))
+    # A user's checkpoint: LeRobot's class, which builds LeRobot's sizes (4 B parameters: not built here).
+    assert FlowMatchingRunner.policy_class(folder, config) is PI0Policy
+    assert Pi0FastRunner.policy_class(folder, types.SimpleNamespace(type="pi0_fast")) is PI0FastPolicy
 
 
 def test_dtype_and_device_are_checked_at_start_up(vla_checkpoints):
@@ -239,7 +265,7 @@ def test_bf16_serves_close_to_fp32(vla_checkpoints, vla_runners, policy_type):
 
 
 def test_bf16_is_refused_for_families_that_cannot_serve_it(tmp_path):
-    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
 
     folder = build_checkpoint(tmp_path / "act", policy_type="act", state_names=STATE_NAMES,
                               action_names=STATE_NAMES, cameras={"front": (32, 32)}, chunk_size=4,

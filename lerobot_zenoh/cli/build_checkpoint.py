@@ -24,9 +24,9 @@ from lerobot_zenoh.errors import ConfigError
 PROG = "lerobot-zenoh-build-checkpoint"
 
 # ConfigError.field of build_checkpoint -> the flag a user typed.
-# What the builder builds (server.checkpoint.DEMO_OVERRIDES; kept here so --help needs no torch).
+# What the builder builds (checkpoint_builder.build.DEMO_OVERRIDES; kept here so --help needs no torch).
 POLICY_TYPES = ("act", "diffusion", "smolvla", "pi0", "pi05", "pi0_fast", "smolvlm")
-#: Not a LeRobot policy: a transformers VLM folder for `vlm:` manifest entries (server.checkpoint.build_tiny_vlm).
+#: Not a LeRobot policy: a transformers VLM folder for `vlm:` manifest entries (checkpoint_builder.build.build_tiny_vlm).
 VLM_TYPE = "smolvlm"
 
 _OPTION_OF_FIELD = {
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format=f"{PROG}: %(message)s", stream=sys.stderr)
     try:
         if args.policy_type == VLM_TYPE:
-            from lerobot_zenoh.server.checkpoint import build_tiny_vlm
+            from lerobot_zenoh.checkpoint_builder.build import build_tiny_vlm
 
             print(build_tiny_vlm(args.output, seed=args.seed, force=args.force))
             return 0
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             action_names = list(state_names)
         cameras = _cameras(args.cameras)
 
-        from lerobot_zenoh.server.checkpoint import build_checkpoint
+        from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
 
         path = build_checkpoint(
             args.output,

@@ -26,6 +26,7 @@ from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.scheduling.action_buffer import ActionBuffer
 from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake, IntakeResult, MergeMode
 from lerobot_zenoh.scheduling.send_trigger import DEFAULT_REFETCH_AFTER_S
+from lerobot_zenoh.telemetry.publisher import worth_logging
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ class ChunkReceiver:
             return
         if result.mode is not MergeMode.RTC:
             c.rtc_fallback_chunks += 1
-            if c.rtc_fallback_chunks in (1, 10, 100) or c.rtc_fallback_chunks % 1000 == 0:
+            if worth_logging(c.rtc_fallback_chunks):
                 log.warning("%s: chunk %d answers a real-time-chunking observation without rtc_delay_steps; "
                             "blended instead [%d so far]", self.client_uuid, result.seq_id, c.rtc_fallback_chunks)
             return
@@ -132,7 +133,7 @@ class ChunkReceiver:
         if error is not None and abs(error) >= self.mispredict_steps:
             c.rtc_delay_mispredicted += 1
             n = c.rtc_delay_mispredicted
-            if n in (1, 10, 100) or n % 1000 == 0:
+            if worth_logging(n):
                 log.warning("%s: inference delay mispredicted: chunk %d started %d steps after its capture, "
                             "predicted %d (RTT %s ms) [%d wrong estimates in %d RTC chunks]",
                             self.client_uuid, result.seq_id, result.actual_delay_steps,

@@ -22,6 +22,7 @@ from lerobot_zenoh.client.discovery import RobotFeatures
 from lerobot_zenoh.client.reporting import ClientCounters
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import ExecutionInfo, HistoryFrame, Observation, RtcInputs
+from lerobot_zenoh.telemetry.publisher import worth_logging
 from lerobot_zenoh.transport import same_host
 
 log = logging.getLogger(__name__)
@@ -176,7 +177,7 @@ class ObservationPublisher:
                 except Exception as exc:  # one observation's failure must not end publishing for good
                     self.counters.publish_errors += 1
                     n = self.counters.publish_errors
-                    if n in (1, 10, 100) or n % 1000 == 0:
+                    if worth_logging(n):
                         log.warning("%s: could not publish observation %d (%s: %s) [%d so far]", self.client_uuid,
                                     item.seq_id, type(exc).__name__, exc, n)
         finally:

@@ -9,7 +9,7 @@ Dynamics, advanced by one control period ``dt = 1 / fps`` on every :meth:`SimRob
 - position mode (actions ``<joint>.pos`` are targets): ``x += (1 - exp(-dt / tau)) * (cmd - x)``,
   the exact discretisation of ``tau * dx/dt = cmd - x``;
 - velocity mode (actions ``<joint>.vel``): ``x += v * dt``; holding still is a zero velocity,
-  which is what the fail-safe must send (seed 002 section 8.3), see :meth:`SimRobot.fail_safe_action`.
+  which is what the fail-safe must send (docs/client.md, "Failures"), see :meth:`SimRobot.fail_safe_action`.
 
 Observations are ``<joint>.pos`` for every joint plus one ``(H, W, 3)`` uint8 RGB image per
 camera. The images are drawn from the joint positions (a background gradient turned by the

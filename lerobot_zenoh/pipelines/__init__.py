@@ -1,2 +1,2 @@
-"""Multi-model robot pipelines (Rosa, seed 000 section 3): task descriptors, serving profiles, the
-fleet planner and admission control. Pure modules: no Zenoh, no torch (docs/pipelines.md)."""
+"""Multi-model robot pipelines (after Rosa; docs/pipelines.md): task descriptors, serving profiles,
+the fleet planner and admission control. Pure modules: no Zenoh, no torch."""

@@ -27,9 +27,6 @@ from lerobot_zenoh.protocol.keys import validate_chunk
 KINDS = ("system1", "system2", "safety", "monitor")
 GOAL_KINDS = ("system1", "system2")
 OBLIGATION_KINDS = ("safety", "monitor")
-#: What the robot does (seed 000 3.3): keep its last command, command zero velocity, move to a safe
-#: pose, stop the episode, re-send the request up to N times, or (System 2 only) keep the last plan.
-FALLBACK_ACTIONS = ("hold", "zero_velocity", "safe_pose", "stop_episode", "retry", "use_last")
 PERCENTILES = (50, 90, 95, 99)
 
 
@@ -38,7 +35,11 @@ class _Strict(BaseModel):
 
 
 class Fallback(_Strict):
-    """One fallback. Written as a name (`hold`) or a mapping (`{action: retry, max_retries: 3, then: hold}`)."""
+    """One fallback. Written as a name (`hold`) or a mapping (`{action: retry, max_retries: 3, then: hold}`).
+
+    What the robot does: keep its last command, command zero velocity, move to a safe pose, stop the
+    episode, re-send the request up to N times, or (System 2 only) keep the last plan.
+    """
 
     action: Literal["hold", "zero_velocity", "safe_pose", "stop_episode", "retry", "use_last"]
     # safe_pose: the joint positions to move to (one per action dimension).
@@ -131,10 +132,6 @@ class Component(_Strict):
         if self.on_danger is not None and self.on_danger.action in ("use_last", "retry"):
             raise ValueError(f"on_danger cannot be {self.on_danger.action!r}: the robot must act on the verdict")
         return self
-
-    @property
-    def goal_coupled(self) -> bool:
-        return self.kind in GOAL_KINDS
 
 
 class TaskRetry(_Strict):
@@ -367,10 +364,6 @@ def parse_factory(data: dict, source: str = "<memory>") -> Factory:
         return Factory.model_validate({**data, "source": source})
     except ValidationError as exc:
         _raise_one(exc, source)
-
-
-def load_task(path: str | Path) -> Task:
-    return parse_task(_read_yaml(Path(path), "task"), source=str(path))
 
 
 def load_factory(path: str | Path) -> Factory:

@@ -4,7 +4,7 @@ Why not pickle: unpickling runs code chosen by whoever sent the bytes (LeRobot's
 does exactly that on an open port). MessagePack carries only maps, arrays, strings, numbers and
 bytes. What each message holds is declared once, in `protocol/schema.py`; this module adds the
 envelope (`protocol_version`, `type`), the byte limits, JPEG (encoded with OpenCV, decoded with
-simplejpeg's libjpeg-turbo: the pair chosen by ``benchmarks/codec.py``, docs/benchmarks.md "JPEG
+simplejpeg's libjpeg-turbo: the pair chosen by ``benchmarks/studies/codec.py``, docs/benchmarks.md "JPEG
 codec") and the observation header. Every decode failure, whatever the input, raises
 ``ProtocolError`` with a reason; nothing else escapes from ``decode``.
 

@@ -30,8 +30,6 @@ class MessageType(StrEnum):
 
 #: The labels a `Verdict` may carry (a safety component's: SAFETY_LABELS, a monitor's: MONITOR_LABELS).
 VERDICT_LABELS = frozenset(label.value for label in VerdictLabel)
-#: `Status.output`, what a server answers an observation with.
-OUTPUT_KINDS = tuple(kind.value for kind in OutputKind)
 #: `Observation.component_mask` has one bit per component of a task, so a task has at most 32.
 MAX_COMPONENTS = 32
 

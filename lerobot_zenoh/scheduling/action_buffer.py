@@ -20,9 +20,10 @@ Merging a chunk ``(T, D)`` whose row 0 is ``first_step``
     2. rows for steps already buffered are blended, ``aggregate.blend(old, new)``.
     3. rows for new steps are stored as they are.
 
-    The whole merge runs under the lock that ``pop`` takes (LeRobot's BUG-2 was aggregating over
-    a live reference to the queue outside its lock, so actions popped meanwhile were lost or
-    replayed). Hence: no step is executed twice, and no buffered step is lost.
+    The whole merge runs under the lock that ``pop`` takes (aggregating over a live reference to
+    the queue outside the lock, as LeRobot's async client 0.6.1 does, loses or replays the actions
+    popped meanwhile). Hence: no step is executed twice, and no buffered step is lost
+    (tests/test_action_buffer.py checks it with threads).
 
 Replacing from a step (real-time chunking)
     :meth:`ActionBuffer.replace_from` takes a chunk computed *for* the actions the robot executes
@@ -43,7 +44,7 @@ Gaps
     (counted as ``skipped_steps``): steps are labels of executed actions, so there is nothing to
     wait for.
 
-Aggregation functions are a draccus ``ChoiceRegistry`` (seed 002 section 11.5), so
+Aggregation functions are a draccus ``ChoiceRegistry`` (docs/client.md, "Options"), so
 ``--aggregate.type=latest_only`` works on a draccus CLI and a user's subclass registered by
 import is a choice like the built-in ones::
 
@@ -162,7 +163,7 @@ class WeightedConfig(AggregateConfig):
 def make_aggregate(name: str) -> AggregateConfig:
     """The registered aggregation called `name`, with its default settings.
 
-    For configs that name the function by a string (seed 002 section 12.2, ``aggregate_fn_name``).
+    For configs that name the function by a string (LeRobot's ``aggregate_fn_name``).
     """
     known = AggregateConfig.get_known_choices()
     if name not in known:

@@ -3,12 +3,12 @@
 A profile maps a batch size to the time one forward pass over that many requests takes. Its
 throughput is ``b / latency(b)`` requests per second. The *saturation point* is the smallest batch
 size whose throughput is within `SATURATION_TOLERANCE` (10 %) of the best measured throughput:
-beyond it a bigger batch adds latency to every request in it without adding throughput (seed 000
-section 4.3, Kairos section 3.2). Choosing the smallest such size keeps batches, and so the latency
+beyond it a bigger batch adds latency to every request in it without adding throughput (Kairos
+section 3.2; docs/scheduling.md, "`max_batch_size: auto`"). Choosing the smallest such size keeps batches, and so the latency
 each client pays, as small as the throughput allows.
 
 The server measures a profile at start-up for `max_batch_size: auto` (`server/batch_profiling.py`);
-`benchmarks/fleet.py` applies the same rule to its synthetic GPU profile.
+`benchmarks/studies/fleet.py` applies the same rule to its synthetic GPU profile.
 """
 
 from __future__ import annotations

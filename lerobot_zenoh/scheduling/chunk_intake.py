@@ -27,7 +27,7 @@ Receiving (:meth:`ChunkIntake.on_chunk`, or :meth:`ChunkIntake.plan` without a b
    :meth:`~ChunkIntake.clear`).
 3. Horizon cut: at most ``max_actions`` rows (the client's ``actions_per_chunk``), then at most the
    chunk's ``execution_horizon`` (Kairos 3.1: the server vouches for those only; 0 keeps 1 row).
-4. Stale trim (seed 002 section 8.2, mode ``blend``): ``expired = int(rtt / dt)`` leading rows are in
+4. Stale trim (mode ``blend``; docs/client.md, "Timing: send trigger, RTT and trimming"): ``expired = int(rtt / dt)`` leading rows are in
    the past, none before the first RTT is known (the first chunk is applied whole), capped at the
    steps the robot actually executed since the capture (``delay_steps``): a robot that held still
    while its buffer was empty has lost nothing, so its chunk still starts at row 0.

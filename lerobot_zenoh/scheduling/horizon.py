@@ -111,5 +111,3 @@ def converged_actions(updates: np.ndarray, threshold: float) -> np.ndarray:
 #: final-to-mean ratio of an action's Euler updates scatters around 1 (p95 1.27 at 10 steps) and 0.4
 #: cut about half of the chunks on the trained path, unrelated to their error (docs/benchmarks.md).
 DEFAULT_THRESHOLDS = {"denoising": 0.4, "flow_matching": 0.6}
-
-HORIZONS = {StaticHorizon.name: StaticHorizon, DiffusionConfidenceHorizon.name: DiffusionConfidenceHorizon}

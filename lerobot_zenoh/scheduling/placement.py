@@ -4,7 +4,7 @@ The hybrid placement of Kairos (Algorithm 1, phase 3), as a decision with inject
 clock of its own, no I/O. The edge scheduler orders its waiting requests (wait ratio, or any
 `RequestScheduler`), describes each engine as an `EngineView` and calls `place`; it then dispatches
 `Placement.assigned` and leaves `Placement.waiting` to wait and age. The fleet model
-(`benchmarks/fleet.py`) makes the same calls on its virtual clock.
+(`benchmarks/studies/fleet.py`) makes the same calls on its virtual clock.
 
 The rule, for `ordered` requests at `now_s`:
 

@@ -1,4 +1,6 @@
-"""When the robot client sends its next observation (gap G14), and the RTT bookkeeping behind it (seed section 8).
+"""When the robot client sends its next observation, and the RTT bookkeeping behind it.
+
+docs/client.md, "Timing: send trigger, RTT and trimming", describes the behaviour.
 
 Pure decision objects with an injected clock: every method that depends on time takes ``now_s``
 (seconds from one process's ``time.perf_counter()``), and nothing here reads a clock, sleeps or

@@ -42,7 +42,7 @@ are kept for comparison (docs/scheduling.md): ``"lowest"`` (bucket 0, but the es
 estimate) and ``"highest"`` (top bucket, same estimate). Requests from clients that send no
 `ExecutionInfo` are ranked with ``|E| = 0``: every round counts as generation-dominated.
 
-Pure: no I/O, no clock; `now_s` is passed in. Defaults were chosen by `benchmarks/fleet.py`
+Pure: no I/O, no clock; `now_s` is passed in. Defaults were chosen by `benchmarks/studies/fleet.py`
 (docs/scheduling.md).
 """
 

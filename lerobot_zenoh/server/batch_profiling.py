@@ -26,11 +26,6 @@ from lerobot_zenoh.server.runners.base import InferenceRequest, PolicyRunner, du
 log = logging.getLogger(__name__)
 
 
-def can_batch(runner: PolicyRunner) -> bool:
-    """True when the runner takes more than one request per `run` (`RunnerCapabilities.max_batch`)."""
-    return runner.spec.capabilities.max_batch != 1
-
-
 def measure_batch_profile(
     runner: PolicyRunner,
     max_batch: int,

@@ -1,4 +1,4 @@
-"""Hot standby (Rosa section 3.4.4): whether this server serves a model right now.
+"""Hot standby (docs/reliability.md; after Rosa section 3.4.4): whether this server serves a model right now.
 
 A primary serves from start-up. A standby (manifest `standby_for: <primary server_id>`) pre-warms
 the same models and announces itself with its own liveliness token, but serves nobody (it drops

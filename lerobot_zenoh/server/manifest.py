@@ -100,7 +100,7 @@ class SyntheticEntry(_Strict):
     # clients for their last history_length - 1 frames; the synthetic actions ignore them).
     history_length: int = Field(1, ge=1, le=17, strict=True)
     # A scripted smooth motion instead of the default chunk: every joint follows a sinusoid whose phase
-    # is read from state[0:2] (SyntheticPolicy's `circle_actions`; benchmarks/rtc.py records from it).
+    # is read from state[0:2] (SyntheticPolicy's `circle_actions`; benchmarks/studies/rtc.py records from it).
     circle: CircleEntry | None = None
     # Multi-model components (docs/pipelines.md; SyntheticPolicy): what it answers and its script.
     output: Literal["actions", "text", "verdict"] = "actions"

@@ -43,6 +43,13 @@ def percentile(values: Iterable[float], q: float) -> float | None:
     return a + (b - a) * frac if frac < 0.5 else b - (b - a) * (1.0 - frac)
 
 
+def worth_logging(count: int) -> bool:
+    """Whether the `count`-th occurrence of a repeated event gets a log line: the 1st, 10th, 100th
+    and every 1000th. A flood costs a few lines; every occurrence is still counted (and reported in
+    telemetry), so the line carries the count so far."""
+    return count in (1, 10, 100) or (count > 0 and count % 1000 == 0)
+
+
 def numbers_only(figures: dict) -> Figures:
     """Drop None values (a percentile of nothing) and turn bools into ints: the wire carries numbers."""
     return {k: (int(v) if isinstance(v, bool) else v) for k, v in figures.items() if v is not None}
@@ -114,7 +121,7 @@ class TelemetryPublisher:
                 self.publish_once()
             except Exception as exc:  # telemetry must never take its owner down
                 self.errors += 1
-                if self.errors in (1, 10, 100):
+                if worth_logging(self.errors):
                     log.warning("telemetry on %s failed (%d): %s", self.key, self.errors, exc)
 
     def close(self) -> None:

@@ -90,10 +90,6 @@ class Probe:
         self.path = os.path.join(directory, self.advert.probe)
         self._fd: int | None = None
 
-    @property
-    def created(self) -> bool:
-        return self._fd is not None
-
     def create(self) -> bool:
         """Write the probe file; False (and a log line) if this host's shared memory is not usable.
 

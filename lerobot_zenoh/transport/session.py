@@ -38,7 +38,7 @@ class QoS:
     queue_depth: int = 0
 
 
-#: Seed 002 section 6.2. Observations: a newer one replaces a lost one, never wait for the network.
+#: Observations: a newer one replaces a lost one, never wait for the network (docs/protocol.md §3).
 OBSERVATION_QOS = QoS(reliable=False, block_when_congested=False, priority=zenoh.Priority.DATA, express=True)
 #: Action chunks: reliable on the link, but never waited for (congestion control DROP). A robot whose
 #: link stalls must not hold up the thread that serves every robot, nor a router that forwards to

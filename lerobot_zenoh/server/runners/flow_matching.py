@@ -127,17 +127,8 @@ class FlowMatchingRunner(LeRobotRunner):
             config.load_vlm_weights = False
 
     @classmethod
-    def load_policy(cls, path: Path, config: Any, options: LoadOptions) -> Any:
-        arch = _sidecar_extras(path).get("test_architecture")
-        if arch is None:
-            return super().load_policy(path, config, options)
-        from lerobot_zenoh.server.tiny_pi import shrunk_pi_architecture, validate_architecture
-
-        arch = validate_architecture(config.type, arch, str(path / FEATURES_SIDECAR_NAME))
-        log.warning("%s: building the test architecture its %s declares (tiny Gemma/SigLIP, lerobot_zenoh.server."
-                    "tiny_pi)", path, FEATURES_SIDECAR_NAME)
-        with shrunk_pi_architecture(config.type, arch):
-            return super().load_policy(path, config, options)
+    def policy_class(cls, path: Path, config: Any) -> type:
+        return declared_policy_class(path, config)
 
     @classmethod
     def cast_policy(cls, policy: Any, dtype: Any) -> None:
@@ -382,6 +373,24 @@ def _tokenizer_name(path: Path) -> str | None:
         if isinstance(step, dict) and step.get("registry_name") == _TOKENIZER_STEP:
             return (step.get("config") or {}).get("tokenizer_name")
     raise PolicyError(f"{path / _PREPROCESSOR_JSON}: no {_TOKENIZER_STEP} step")
+
+
+def declared_policy_class(path: Path, config: Any) -> type:
+    """LeRobot's class for ``config.type``, unless the checkpoint's sidecar declares the
+    ``test_architecture`` it was built with (`lerobot_zenoh.checkpoint_builder`): then the builder's
+    subclass that builds those sizes (LeRobot fixes pi0's Gemma sizes by variant name; see
+    docs/policies.md, "Tiny VLAs offline"). Nothing of LeRobot is modified either way."""
+    arch = _sidecar_extras(path).get("test_architecture")
+    if arch is None:
+        from lerobot.policies import get_policy_class
+
+        return get_policy_class(config.type)
+    from lerobot_zenoh.checkpoint_builder.tiny_pi import tiny_policy_class, validate_architecture
+
+    arch = validate_architecture(config.type, arch, str(path / FEATURES_SIDECAR_NAME))
+    log.warning("%s: building the test architecture its %s declares (tiny Gemma/SigLIP, "
+                "lerobot_zenoh.checkpoint_builder.tiny_pi)", path, FEATURES_SIDECAR_NAME)
+    return tiny_policy_class(config.type, arch)
 
 
 def _sidecar_extras(path: Path) -> dict[str, Any]:

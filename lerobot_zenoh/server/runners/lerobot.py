@@ -39,7 +39,7 @@ from lerobot_zenoh.server.runners.base import (
 if TYPE_CHECKING:
     import torch
 
-# Written next to a checkpoint by `lerobot_zenoh.server.checkpoint.build_checkpoint`; a LeRobot
+# Written next to a checkpoint by `lerobot_zenoh.checkpoint_builder.build.build_checkpoint`; a LeRobot
 # config stores feature shapes but not the joint names or the control rate.
 FEATURES_SIDECAR_NAME = "lerobot_zenoh_features.json"
 FEATURES_SIDECAR_VERSION = 1
@@ -237,11 +237,16 @@ class LeRobotRunner(BaseRunner):
         """Adjust the config before the model is built (e.g. point at local assets). Nothing by default."""
 
     @classmethod
-    def load_policy(cls, path: Path, config: Any, options: LoadOptions) -> Any:
-        """The policy with its weights, through LeRobot's factory and ``from_pretrained``."""
+    def policy_class(cls, path: Path, config: Any) -> type:
+        """The class that builds the model: LeRobot's own for ``config.type``."""
         from lerobot.policies import get_policy_class
 
-        return get_policy_class(config.type).from_pretrained(path, config=config, local_files_only=True)
+        return get_policy_class(config.type)
+
+    @classmethod
+    def load_policy(cls, path: Path, config: Any, options: LoadOptions) -> Any:
+        """The policy with its weights, through `policy_class` and LeRobot's ``from_pretrained``."""
+        return cls.policy_class(path, config).from_pretrained(path, config=config, local_files_only=True)
 
     @classmethod
     def cast_policy(cls, policy: Any, dtype: Any) -> None:

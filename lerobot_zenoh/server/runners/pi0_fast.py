@@ -47,8 +47,8 @@ from lerobot_zenoh.server.runners.base import (
     check_observation,
 )
 from lerobot_zenoh.server.runners.fast_tokens import FastActionTokenizer, FastDecodeError, FastFormatError
-from lerobot_zenoh.server.runners.flow_matching import _sidecar_extras, resolve_asset
-from lerobot_zenoh.server.runners.lerobot import DTYPES, FEATURES_SIDECAR_NAME, LeRobotRunner, LoadOptions
+from lerobot_zenoh.server.runners.flow_matching import _sidecar_extras, declared_policy_class, resolve_asset
+from lerobot_zenoh.server.runners.lerobot import DTYPES, LeRobotRunner, LoadOptions
 
 log = logging.getLogger(__name__)
 
@@ -161,19 +161,14 @@ class Pi0FastRunner(LeRobotRunner):
         except FastFormatError as exc:
             raise PolicyError(f"{path}: {_ACTION_FIELD}: {exc}") from exc
         check_fast_tokenizer(path, config, fast)  # before the (slow) model is built
-        arch = _sidecar_extras(path).get("test_architecture")
-        with contextlib.ExitStack() as stack:
-            if arch is not None:
-                from lerobot_zenoh.server.tiny_pi import shrunk_pi_architecture, validate_architecture
-
-                arch = validate_architecture(config.type, arch, str(path / FEATURES_SIDECAR_NAME))
-                log.warning("%s: building the test architecture its %s declares (lerobot_zenoh.server.tiny_pi)",
-                            path, FEATURES_SIDECAR_NAME)
-                stack.enter_context(shrunk_pi_architecture(config.type, arch))
-            stack.enter_context(without_action_processor(config))
+        with without_action_processor(config):
             policy = super().load_policy(path, config, options)
         policy.action_tokenizer = FastAdapter(fast)
         return policy
+
+    @classmethod
+    def policy_class(cls, path: Path, config: Any) -> type:
+        return declared_policy_class(path, config)
 
     @classmethod
     def cast_policy(cls, policy: Any, dtype: Any) -> None:

@@ -16,7 +16,7 @@ chunk continues exactly what the robot was executing.
 With `circle` its chunk is a scripted smooth motion instead (`circle_actions`): every joint follows a
 sinusoid whose phase is read from the first two state values, so a robot driven by it goes round a
 circle. It is what the real-time-chunking benchmark records a dataset from and measures tracking
-against (benchmarks/rtc.py).
+against (benchmarks/studies/rtc.py).
 
 For multi-model tasks (docs/pipelines.md) it also stands in for the other components, with scripted
 answers counted per session (request k = the k-th request of that session since it opened or its

@@ -24,7 +24,7 @@ the execution horizon of every round:
   can vouch for at any point of the task.
 
 Traces are plain JSON (``{"fps": 30, "tasks": [{"static_h": .., "length": .., "rounds": [..]}]}``):
-``python benchmarks/fleet_zenoh.py --write-traces traces.json`` writes the generated ones, and
+``python -m benchmarks.studies.fleet_zenoh --write-traces traces.json`` writes the generated ones, and
 ``--traces traces.json`` replays recorded ones instead.
 """
 

@@ -1,25 +1,22 @@
 """`lerobot-policy-server` with the fleet benchmarks' own scheduler registered: what
-`benchmarks/fleet_zenoh.py` starts as its server process.
+`benchmarks/studies/fleet_zenoh.py` starts as its server process.
 
-"FIFO, running tasks before new ones" (`benchmarks.fleet.FifoRunningFirst`) is a rung of the fleet
+"FIFO, running tasks before new ones" (`benchmarks.studies.fleet.FifoRunningFirst`) is a rung of the fleet
 studies, not a scheduler the package offers; it plugs into the server through the scheduler registry
 (`SCHEDULERS`, the way a plugin would), so the real server runs the very object the model runs.
 
-    python benchmarks/fleet_server.py --manifest manifest.yaml
+    python -m benchmarks.studies.fleet_server --manifest manifest.yaml
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-if str(Path(__file__).resolve().parents[1]) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def register() -> None:
     """Add the benchmarks' schedulers to the server's registry (idempotent)."""
-    from benchmarks.fleet import FifoRunningFirst
+    from benchmarks.studies.fleet import FifoRunningFirst
     from lerobot_zenoh.scheduling.request_schedulers import SCHEDULERS
 
     SCHEDULERS.setdefault(FifoRunningFirst.name, FifoRunningFirst)

@@ -1,6 +1,6 @@
-"""Rosa's workloads (seed 000 Tables 1-2) planned on synthetic GPU-like profiles: a *model*, not a run.
+"""Rosa's workloads (its Tables 1-2, as docs/benchmarks.md lists them) planned on synthetic GPU-like profiles: a *model*, not a run.
 
-    python benchmarks/pipelines_plan.py [--write-docs docs/benchmarks.md]
+    python -m benchmarks.studies.pipelines_plan [--write-docs docs/benchmarks.md]
 
 For P1-P4, Mix2 and Mix4 at several fleet sizes on 8 servers, the SLO-qualified action throughput
 (chunks/s of the whole fleet) of
@@ -32,7 +32,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from lerobot_zenoh.pipelines.descriptor import OBLIGATION_KINDS, Factory, parse_factory
 from lerobot_zenoh.pipelines.planner import Infeasible, plan

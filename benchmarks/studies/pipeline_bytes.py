@@ -1,6 +1,6 @@
 """Bytes a robot sends per control decision for a multi-model task: published once vs once per component.
 
-    PYTHONPATH=. python benchmarks/pipeline_bytes.py [--seconds 8] [--cameras 96x128]
+    PYTHONPATH=. python -m benchmarks.studies.pipeline_bytes [--seconds 8] [--cameras 96x128]
 
 Side by side in one run, for each task below: the real `PipelineClient` (the sim robot, 2 cameras,
 30 Hz) connected in Zenoh client mode to a Zenoh router on loopback, its component servers (stand-ins
@@ -42,8 +42,6 @@ from pathlib import Path
 
 import numpy as np
 
-if str(Path(__file__).resolve().parents[1]) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import free_port  # noqa: E402
 from lerobot_zenoh.protocol import codec  # noqa: E402
@@ -52,7 +50,7 @@ from lerobot_zenoh.protocol.messages import ActionChunk, Status, TextResult, Ver
 from lerobot_zenoh.transport.session import ACTION_QOS, OBSERVATION_QOS, ZenohSession  # noqa: E402
 from lerobot_zenoh.transport.settings import ZenohSettings  # noqa: E402
 
-FACTORY = Path(__file__).resolve().parents[1] / "factories" / "mix2.yaml"
+FACTORY = Path(__file__).resolve().parents[2] / "factories" / "mix2.yaml"
 OUTPUT = {"system1": "actions", "system2": "text", "safety": "verdict", "monitor": "verdict"}
 TOPIC = {"system1": "action", "system2": "text", "safety": "verdict", "monitor": "verdict"}
 

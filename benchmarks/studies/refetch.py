@@ -25,7 +25,7 @@ refreshes it took into a slot and those it dropped as late (its inferences per a
 that no refresh costs an inference). The driver's tick lateness is reported (a loaded driver would
 distort the figures).
 
-    PYTHONPATH=. python benchmarks/refetch.py --robots 8 --refetch 0 0.1 0.2 --seeds 0 1 2
+    PYTHONPATH=. python -m benchmarks.studies.refetch --robots 8 --refetch 0 0.1 0.2 --seeds 0 1 2
 """
 
 from __future__ import annotations
@@ -42,9 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
 from benchmarks.common import ServerProcess  # noqa: E402
 from lerobot_zenoh.errors import ProtocolError  # noqa: E402
@@ -61,7 +59,7 @@ FPS = 30
 DT_S = 1.0 / FPS
 PHASES = 10
 CHUNK_SIZE = 50
-GPU_PROFILE_MS = {1: 60.0, 2: 66.0, 4: 80.0, 8: 120.0, 16: 200.0}  # as benchmarks/fleet_traces.py
+GPU_PROFILE_MS = {1: 60.0, 2: 66.0, 4: 80.0, 8: 120.0, 16: 200.0}  # as benchmarks/studies/fleet_traces.py
 APP = AppKey("refetch", "bench", "synthetic", "v1", "refetch")
 SERVER_ID = "refetch-server"
 OUT = ROOT / "outputs" / "refetch"

@@ -1,8 +1,8 @@
 """Soak: one server and several robot clients for a long time; memory growth and throughput stability.
 
-    python benchmarks/soak.py --minutes 30 --robots 4                 # synthetic policy (default)
-    python benchmarks/soak.py --minutes 30 --robots 2 --manifest manifests/demo.yaml
-    python benchmarks/soak.py --minutes 30 --robots 4 --cameras 480x640,480x640 --churn-s 60   # make soak
+    python -m benchmarks.studies.soak --minutes 30 --robots 4                 # synthetic policy (default)
+    python -m benchmarks.studies.soak --minutes 30 --robots 2 --manifest manifests/demo.yaml
+    python -m benchmarks.studies.soak --minutes 30 --robots 4 --cameras 480x640,480x640 --churn-s 60   # make soak
 
 With `--churn-s` robots come and go: every that many seconds the longest-running robot stops (SIGINT,
 and every other time SIGKILL, which leaves its shared-memory file behind) and a robot with another id
@@ -33,8 +33,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
 from benchmarks.common import stop_processes  # noqa: E402
 from lerobot_zenoh.client.config import routing_args  # noqa: E402

@@ -8,7 +8,7 @@ request of the robot is `replayed` and goes unanswered. Side by side, for each
 `--new_nonce_after_unanswered` value: how long after the forgery the robot got a chunk again
 (docs/client.md, "Failures"). 0 is the behaviour without the renewal.
 
-    python -m benchmarks.session_renewal [--values 0,3,5] [--watch-s 30]
+    python -m benchmarks.studies.session_renewal [--values 0,3,5] [--watch-s 30]
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ DEMO_OVERRIDES: dict[str, dict[str, Any]] = {
     "diffusion": {"down_dims": (64, 128, 256), "num_inference_steps": 10},
     # The VLAs are built tiny (random weights, a local tokenizer; docs/policies.md "VLAs"): SmolVLA
     # from a tiny local SmolVLM (4 text layers of 64, 2 vision layers of 32, 64x64 images), pi0/pi05
-    # with the scoped shrink of `tiny_pi` (their Gemma sizes are fixed by variant name in LeRobot).
+    # with `tiny_pi`'s small architecture (their Gemma sizes are fixed by variant name in LeRobot).
     "smolvla": {"num_vlm_layers": 4, "resize_imgs_with_padding": (64, 64)},
     "pi0": {},
     "pi05": {},
@@ -121,7 +121,7 @@ def build_checkpoint(
     the most likely token is one the tokenizer can decode (docs/policies.md, "pi0.5: actions and
     language from one prefill").
     """
-    from lerobot_zenoh.server.tiny_pi import PI_ARCHITECTURES
+    from lerobot_zenoh.checkpoint_builder.tiny_pi import PI_ARCHITECTURES
 
     if architecture not in PI_ARCHITECTURES:
         raise ConfigError("architecture", f"{architecture!r} is not one of {', '.join(PI_ARCHITECTURES)}")
@@ -148,7 +148,7 @@ def build_checkpoint(
     import torch
 
     from lerobot.configs import FeatureType, PolicyFeature
-    from lerobot.policies import get_policy_class, make_policy_config, make_pre_post_processors
+    from lerobot.policies import make_policy_config, make_pre_post_processors
 
     input_features = {OBS_STATE_KEY: PolicyFeature(type=FeatureType.STATE, shape=(spec.state_dim,))}
     for cam, (h, w) in spec.cameras.items():
@@ -157,7 +157,7 @@ def build_checkpoint(
 
     kwargs = _config_kwargs(policy_type, spec, overrides, arch)
     if policy_type == "pi0_fast":
-        from lerobot_zenoh.server.tiny_pi0_fast import PI0_FAST_SHAPES
+        from lerobot_zenoh.checkpoint_builder.tiny_pi0_fast import PI0_FAST_SHAPES
 
         arch, shape_fields = PI0_FAST_SHAPES[architecture]
         kwargs = {**shape_fields, **kwargs}
@@ -182,9 +182,8 @@ def build_checkpoint(
             config = make_policy_config(
                 policy_type, input_features=input_features, output_features=output_features, **kwargs
             )
-            policy_cls = get_policy_class(policy_type)
-            with torch.random.fork_rng(devices=[]), _tiny_architecture(policy_type, arch), \
-                    _fast_construction(config):
+            policy_cls = _policy_class(policy_type, arch)
+            with torch.random.fork_rng(devices=[]), _fast_construction(config):
                 torch.manual_seed(seed)
                 policy = policy_cls(config)
             policy.eval()
@@ -206,7 +205,7 @@ def build_checkpoint(
             config.vlm_model_name = str(output.resolve() / VLM_DIR)
         if policy_type == "pi0_fast":
             from lerobot_zenoh.server.runners.fast_tokens import FastActionTokenizer
-            from lerobot_zenoh.server.tiny_pi0_fast import script_end_of_action
+            from lerobot_zenoh.checkpoint_builder.tiny_pi0_fast import script_end_of_action
 
             factor = script_end_of_action(
                 policy, preprocessor, spec, end_token=tokenizer.convert_tokens_to_ids("|"),
@@ -354,16 +353,16 @@ def build_tiny_vlm(output_dir: str | Path, *, seed: int = 0, force: bool = False
     return output
 
 
-@contextlib.contextmanager
-def _tiny_architecture(policy_type: str, arch: Mapping[str, Any]):
-    """pi0/pi05/pi0_fast: build with `tiny_pi`'s scoped shrink (their Gemma sizes are fixed by LeRobot)."""
-    if policy_type not in ("pi0", "pi05", "pi0_fast"):
-        yield
-        return
-    from lerobot_zenoh.server.tiny_pi import shrunk_pi_architecture
+def _policy_class(policy_type: str, arch: Mapping[str, Any] | None) -> type:
+    """LeRobot's class for `policy_type`; pi0/pi05/pi0_fast: `tiny_pi`'s subclass building `arch`
+    (their Gemma sizes are fixed by LeRobot)."""
+    from lerobot.policies import get_policy_class
 
-    with shrunk_pi_architecture(policy_type, arch):
-        yield
+    if policy_type not in ("pi0", "pi05", "pi0_fast"):
+        return get_policy_class(policy_type)
+    from lerobot_zenoh.checkpoint_builder.tiny_pi import tiny_policy_class
+
+    return tiny_policy_class(policy_type, arch)
 
 
 def _usable_lm_head(policy: Any, vocab: int) -> None:
@@ -381,7 +380,7 @@ def _pi0_fast_tokenizers(staging: Path, spec: PolicySpec, kwargs: dict[str, Any]
     chunks of this checkpoint's shape), written into the staging folder; the config names them there
     while the model is built. Returns the text tokenizer."""
     from lerobot_zenoh.server.runners.fast_tokens import train_fast_tokenizer
-    from lerobot_zenoh.server.tiny_pi0_fast import save_paligemma_style_tokenizer, synthetic_chunks
+    from lerobot_zenoh.checkpoint_builder.tiny_pi0_fast import save_paligemma_style_tokenizer, synthetic_chunks
 
     log.info("training pi0-FAST's tokenizers (text, FAST actions) ...")
     text = save_paligemma_style_tokenizer(staging / TOKENIZER_DIR)

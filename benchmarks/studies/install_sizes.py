@@ -1,7 +1,7 @@
 """Installed size of each extra of lerobot-zenoh (README, "Install"), measured two ways.
 
-    python benchmarks/install_sizes.py closure            # from this environment's installed files
-    python benchmarks/install_sizes.py venv core planner  # a throwaway venv per extra (pip reaches PyPI)
+    python -m benchmarks.studies.install_sizes closure            # from this environment's installed files
+    python -m benchmarks.studies.install_sizes venv core planner  # a throwaway venv per extra (pip reaches PyPI)
 
 `closure`: the dependency closure of each extra as pyproject.toml declares it (markers evaluated here),
 resolved through the metadata of the distributions installed in this environment, summing the files each one's RECORD lists; what this environment's wheels
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXTRAS = {"core": [], "planner": ["planner"], "robot": ["robot"], "hardware": ["hardware"], "server": ["server"],
           "server+vla": ["server", "vla"]}
 

@@ -27,9 +27,9 @@ Poisson process at each `--rates` value (tasks/s), each on a new robot (a new wa
 latency = arrival to the last action executed, for tasks arriving after `--warmup-s` within
 `--duration-s`; mean, P25, P95 over `--seeds` seeds per point.
 
-    python -m benchmarks.hybrid study --rates 2,4,6,8 --seeds 3 --duration-s 20   # make bench-hybrid
-    python -m benchmarks.hybrid study --no-netns ...   # loopback, no shaping (a smoke run only)
-    python -m benchmarks.hybrid wan --rate 10 --wan 25:1000,100:1000,200:1000,100:100   # Kairos Fig. 17
+    python -m benchmarks.studies.hybrid study --rates 2,4,6,8 --seeds 3 --duration-s 20   # make bench-hybrid
+    python -m benchmarks.studies.hybrid study --no-netns ...   # loopback, no shaping (a smoke run only)
+    python -m benchmarks.studies.hybrid wan --rate 10 --wan 25:1000,100:1000,200:1000,100:100   # Kairos Fig. 17
 
 `wan` runs the hybrid mode only, under each edge-cloud link `<round trip ms>:<Mbit/s>` in turn (the
 link is reshaped between runs; the scheduler measures the new round trip and bandwidth itself),
@@ -59,7 +59,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 EDGE_PROFILE_MS = {1: 80, 2: 86, 4: 100, 8: 135}
 CLOUD_PROFILE_MS = {1: 45, 2: 48, 4: 55, 8: 72, 16: 110}
@@ -381,7 +381,7 @@ def _real(args) -> dict | None:
 
 
 def _drive_cmd(net, hosts, mode: str, rate: float, seed: int, args, tag: str, endpoints: str | None = None) -> dict:
-    cmd = [*net.prefix("robots"), sys.executable, "-m", "benchmarks.hybrid", "drive",
+    cmd = [*net.prefix("robots"), sys.executable, "-m", "benchmarks.studies.hybrid", "drive",
            "--endpoint", endpoints or f"tcp/{hosts[0]}:{EDGE_PORT}", "--rate", str(rate), "--seed", str(seed),
            "--duration-s", str(args.duration_s), "--warmup-s", str(args.warmup_s),
            "--rounds", str(args.rounds), "--steps", str(args.steps), "--tag", tag]

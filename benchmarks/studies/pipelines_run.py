@@ -1,15 +1,15 @@
 """Rosa's workloads run on the real stack: planned fleet vs shared servers vs dedicated servers, measured.
 
-    PYTHONPATH=. python benchmarks/pipelines_run.py [--workloads P4 Mix2] [--sizes 8 16] [--seeds 3]
+    PYTHONPATH=. python -m benchmarks.studies.pipelines_run [--workloads P4 Mix2] [--sizes 8 16] [--seeds 3]
         [--scale 2] [--seconds 15] [--json outputs/pipelines_run.jsonl] [--write-docs docs/benchmarks.md]
-    PYTHONPATH=. python benchmarks/pipelines_run.py --report outputs/pipelines_run.jsonl [--write-docs ...]
+    PYTHONPATH=. python -m benchmarks.studies.pipelines_run --report outputs/pipelines_run.jsonl [--write-docs ...]
 
-For one workload (benchmarks/pipelines_plan.py: P1-P4, Mix2, Mix4 of Rosa's Tables 1-2), a fleet size
+For one workload (benchmarks/studies/pipelines_plan.py: P1-P4, Mix2, Mix4 of Rosa's Tables 1-2), a fleet size
 and a deployment, every run:
 
 1. builds the factory (8 servers of synthetic GPU-like components) and its deployment with the
    project's own code: `planner.plan` for *planned*; for the baselines a `Plan` assembled here the way
-   benchmarks/pipelines_plan.py describes them, then written by the same `deployment.write_deployment`:
+   benchmarks/studies/pipelines_plan.py describes them, then written by the same `deployment.write_deployment`:
      shared     Rosa's baseline 3: the servers split equally across the component kinds (the
                 remainder to System 1), System 1 at batch 1, the VLMs at their batching cap, each
                 kind's robots dealt evenly over its servers (round robin), no rate cap below the
@@ -36,7 +36,7 @@ and a deployment, every run:
 chunks of the window whose request met System 1's deadline (`slo.<s1>.met`), counted for a robot only
 when each of its other components met its SLO over the window (met / (met + missed) at least the
 SLO's percentile; with p99 and a few requests per window: none missed). Printed beside each
-measurement: the model's prediction for the same configuration (benchmarks/pipelines_plan.py's
+measurement: the model's prediction for the same configuration (benchmarks/studies/pipelines_plan.py's
 evaluation, on the same scaled profiles).
 """
 
@@ -55,12 +55,10 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
 from benchmarks.common import free_port_range, stop_processes  # noqa: E402
-from benchmarks.pipelines_plan import (  # noqa: E402
+from benchmarks.studies.pipelines_plan import (  # noqa: E402
     S1,
     TASKS,
     VLM3,
@@ -81,7 +79,7 @@ from lerobot_zenoh.pipelines.profiles import (  # noqa: E402
 
 KINDS = ("system1", "system2", "safety", "monitor")
 MODEL_IDS = {S1: "gr00t", VLM7: "qwen7b", VLM3: "qwen3b"}
-#: Rosa's reported ratios of SLO-qualified action throughput (seed 000): planned over shared servers,
+#: Rosa's reported ratios of SLO-qualified action throughput (docs/benchmarks.md): planned over shared servers,
 #: planned over one dedicated server per robot.
 ROSA_SHARED, ROSA_DEDICATED = 2.44, 12.06
 
@@ -219,7 +217,7 @@ def uncapped(the_plan, factory: Factory):
 
 
 def predicted(deployment: str, factory: Factory, profiles: Profiles) -> float:
-    """benchmarks/pipelines_plan.py's evaluation of the same configuration (chunks/s)."""
+    """benchmarks/studies/pipelines_plan.py's evaluation of the same configuration (chunks/s)."""
     from lerobot_zenoh.pipelines.planner import Infeasible, plan
 
     if deployment.startswith("planned"):
@@ -281,7 +279,7 @@ def run_one(workload: str, robots: int, deployment: str, *, servers: int = 8, sc
             log = open(out / f"robots{g}.log", "w")
             logs.append(log)
             robot_procs_.append(subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), "robots", f"--plan={out / 'plan.json'}",
+                [sys.executable, "-m", "benchmarks.studies.pipelines_run", "robots", f"--plan={out / 'plan.json'}",
                  f"--robots={','.join(group)}", f"--camera={camera[0]}x{camera[1]}", f"--start_at={start_at}",
                  f"--warmup={warmup_s}", f"--seconds={seconds}", f"--out={results[g]}"],
                 stdout=log, stderr=subprocess.STDOUT, env=_env()))

@@ -1,7 +1,7 @@
 """The message codec of two checkouts side by side in one run: encode and decode time of each message
 kind, the JPEG frame-header read and the observation header (docs/protocol.md §5, §7).
 
-    python -m benchmarks.wire_codec --baseline PATH [--n 2000] [--rounds 4]
+    python -m benchmarks.studies.wire_codec --baseline PATH [--n 2000] [--rounds 4]
 
 PATH is another checkout of this repository, e.g. the commit before a codec change:
 ``git worktree add --detach /tmp/lz-base <commit>``. Each round runs one child process per checkout
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n", type=int, default=2000, help="calls per operation and round")
     ap.add_argument("--rounds", type=int, default=4)
     args = ap.parse_args(argv)
-    here = Path(__file__).resolve().parents[1]
+    here = Path(__file__).resolve().parents[2]
     runs: dict[str, list[dict[str, float]]] = {"baseline": [], "this": []}
     for _ in range(args.rounds):
         runs["baseline"].append(child(args.baseline.resolve(), args.n))

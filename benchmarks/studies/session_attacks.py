@@ -11,7 +11,7 @@ Reported per scenario: the robot's control ticks with an empty buffer after the 
 robot held, nothing to execute) out of its ticks after the attack, the chunks it received after
 the attack, and what the server refused and why.
 
-    PYTHONPATH=. HF_HUB_OFFLINE=1 python benchmarks/session_attacks.py [--seconds 20] [--scenarios ...]
+    PYTHONPATH=. HF_HUB_OFFLINE=1 python -m benchmarks.studies.session_attacks [--seconds 20] [--scenarios ...]
 """
 
 from __future__ import annotations
@@ -24,9 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
 from benchmarks.common import free_port  # noqa: E402
 from lerobot_zenoh.client.client import RobotClient  # noqa: E402

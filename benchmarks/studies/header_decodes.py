@@ -1,10 +1,10 @@
 """Decodes per served observation with the wait-ratio scheduler, with and without the observation header.
 
-    PYTHONPATH=. python benchmarks/header_decodes.py [--clients 100] [--seconds 5] [--policy-ms 50]
+    PYTHONPATH=. python -m benchmarks.studies.header_decodes [--clients 100] [--seconds 5] [--policy-ms 50]
 
 One real `PolicyServer` (synthetic policy, `--policy-ms` per pass, `wait_ratio`, max batch 1) and N
 robots in this process publishing 30 Hz observations (4-D state, one 96x128 JPEG camera) over real
-Zenoh on loopback, first without the header (as protocol 1.1 clients before §5.1.1 did), then with
+Zenoh on loopback, first without the header (as protocol 1.1 clients before docs/protocol.md §5.1.1 did), then with
 it. Counted by wrapping `codec.decode_observation`: every msgpack decode of an observation in the
 process (the robots decode none); and `codec.decode_observation_header`: every read of a header
 (the server reads each once, on arrival: one per observation received). Most observations are
@@ -17,14 +17,10 @@ header is still read once.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-if str(Path(__file__).resolve().parents[1]) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import free_port  # noqa: E402
 from lerobot_zenoh.protocol import codec  # noqa: E402

@@ -1,6 +1,6 @@
 """pi0-FAST decoding across robots: one at a time vs static batching vs continuous batching.
 
-    python -m benchmarks.autoregressive [--shapes tiny,small] [--robots 1,2,4,8,16] [--requests 32]
+    python -m benchmarks.studies.autoregressive [--shapes tiny,small] [--robots 1,2,4,8,16] [--requests 32]
         [--device cpu|cuda] [--dtype float32|bfloat16] [--slots 8] [--threads N] [--json OUT]
 
 For each shape (checkpoints built offline by the project's builder under ``--checkpoints``, reused
@@ -43,7 +43,7 @@ MODES = ("one", "static", "continuous", "packed")
 
 
 def build(shape: str, folder: Path) -> Path:
-    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
 
     if (folder / "config.json").is_file():
         return folder

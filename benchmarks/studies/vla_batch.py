@@ -1,6 +1,6 @@
 """Server-side chunk latency of tiny SmolVLA, tiny pi0 and ACT at batch 1, 2, 4, 8 (random weights).
 
-    PYTHONPATH=. HF_HUB_OFFLINE=1 python -m benchmarks.vla_batch [--out DIR] [--reps 5] [--types smolvla,pi0,act]
+    PYTHONPATH=. HF_HUB_OFFLINE=1 python -m benchmarks.studies.vla_batch [--out DIR] [--reps 5] [--types smolvla,pi0,act]
 
 Builds each checkpoint offline (lerobot-zenoh-build-checkpoint defaults: 2 cameras 96x128, 6-D
 state, chunk 50), loads it through the server's loader, and times `runner.run` on B requests from
@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--share", action="store_true", help="also the middleware's share of a batched pass")
     args = parser.parse_args()
 
-    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
     from lerobot_zenoh.server.runners import InferenceRequest, load_policy_runner
 
     root = Path(args.out or tempfile.mkdtemp(prefix="vla_batch_"))

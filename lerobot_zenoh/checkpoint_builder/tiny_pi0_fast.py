@@ -7,7 +7,7 @@
 - `synthetic_chunks`: smooth random ``(T, D)`` chunks in normalized units, what the FAST tokenizer
   (`fast_tokens.train_fast_tokenizer`) is fitted on.
 - `PI0_FAST_SHAPES`: the ``tiny`` (tests) and ``small`` (measurements) architectures, applied at
-  construction by `tiny_pi.shrunk_pi_architecture` (LeRobot fixes the Gemma sizes by variant name)
+  construction by `tiny_pi.tiny_policy_class` (LeRobot fixes the Gemma sizes by variant name)
   and recorded in the checkpoint sidecar's ``test_architecture``.
 
 Builder-only: the runner never imports this module.

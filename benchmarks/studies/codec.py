@@ -1,6 +1,6 @@
 """JPEG codecs side by side in one run: encode and decode time, size and quality (PSNR against the raw frame).
 
-    python -m benchmarks.codec [--n 40] [--quality 90]
+    python -m benchmarks.studies.codec [--n 40] [--quality 90]
 
 Candidates: OpenCV (today's codec before this benchmark chose), simplejpeg (libjpeg-turbo bundled in its
 wheel) with and without the fast (integer, less exact) DCT and fast chroma upsampling, and PyTurboJPEG
@@ -13,12 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import cv2
 import numpy as np

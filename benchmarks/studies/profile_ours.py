@@ -1,7 +1,7 @@
 """Where this project's time goes, sampled with py-spy (`pip install py-spy`; needs ptrace, e.g. root).
 
-    python -m benchmarks.profile_ours latency [--workload cam2_480x640] [--seconds 15]
-    python -m benchmarks.profile_ours ingest [--clients 100] [--seconds 10] [--policy-ms 50]
+    python -m benchmarks.studies.profile_ours latency [--workload cam2_480x640] [--seconds 15]
+    python -m benchmarks.studies.profile_ours ingest [--clients 100] [--seconds 10] [--policy-ms 50]
 
 latency: our client and server processes on the host's loopback, round trips back to back; both
          processes are sampled. ingest: the server taking in N simulated clients; the server is sampled.
@@ -22,8 +22,6 @@ import subprocess
 import sys
 import time
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import FPS, MAIN_WORKLOAD, free_port
 from benchmarks.worker import ROOT, Worker

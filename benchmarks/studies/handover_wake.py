@@ -1,6 +1,6 @@
 """What the control loop's hand-over costs: `SimpleQueue.put` at 30 Hz with a consumer thread waiting on it or polling it.
 
-    python benchmarks/handover_wake.py wait|poll any|other|same
+    python -m benchmarks.studies.handover_wake wait|poll any|other|same
 
 `wait`: the consumer blocks in `get` (as the client's publisher thread does), so every `put` wakes it
 (a futex wake). `poll`: the consumer checks every 0.5 ms and is never waiting, so `put` wakes nobody.

@@ -1,6 +1,6 @@
 """Actions and language from one pi0.5 (OxyGen): shared prefill and cross-frame batching, per frame.
 
-    PYTHONPATH=. HF_HUB_OFFLINE=1 python -m benchmarks.language [--shapes tiny,small] [--robots 1,4,8]
+    PYTHONPATH=. HF_HUB_OFFLINE=1 python -m benchmarks.studies.language [--shapes tiny,small] [--robots 1,4,8]
         [--frames 8] [--tokens 20] [--per-frame 5] [--vlm-robots 1,2,4,8,16] [--device cpu --dtype float32]
 
 Needs only lerobot, torch, transformers, tokenizers and numpy (no Zenoh): it times the runners the
@@ -48,7 +48,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def build(root: Path, shape: str) -> Path:
-    from lerobot_zenoh.server.checkpoint import build_checkpoint
+    from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
 
     folder = root / f"pi05_{shape}"
     if not (folder / "config.json").is_file():
@@ -244,7 +244,7 @@ def pi05_table(args) -> None:
 
 
 def vlm_table(args) -> None:
-    from lerobot_zenoh.server.checkpoint import build_tiny_vlm
+    from lerobot_zenoh.checkpoint_builder.build import build_tiny_vlm
     from lerobot_zenoh.server.runners.base import InferenceRequest
     from lerobot_zenoh.server.runners.vlm import VlmRunner, VlmSettings
 
