@@ -36,14 +36,22 @@ current directory when only that one exists); when neither exists and it reads a
 
 from __future__ import annotations
 
-import inspect
 import os
 import socket
 from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from lerobot_zenoh.errors import ConfigError, KeyExprError
 from lerobot_zenoh.protocol.keys import AppKey, pipeline_app, validate_chunk, validate_client_id
@@ -54,8 +62,12 @@ from lerobot_zenoh.scheduling.horizon import (
     HorizonPolicy,
     StaticHorizon,
 )
-from lerobot_zenoh.scheduling.request_schedulers import SCHEDULERS, RequestScheduler, make_scheduler
-from lerobot_zenoh.scheduling.wait_ratio import FIRST_REQUEST_RULES
+from lerobot_zenoh.scheduling.request_schedulers import (
+    SCHEDULERS,
+    RequestScheduler,
+    SchedulerConfig,
+    scheduler_type,
+)
 from lerobot_zenoh.server.runners.lerobot import RtcSettings
 from lerobot_zenoh.transport.settings import ZenohSettings
 
@@ -232,42 +244,48 @@ class SchedulerEntry(_Strict):
     """The request scheduler of one model and its settings (docs/scheduling.md).
 
     Written as a name (`scheduler: wait_ratio`, the scheduler's defaults) or a mapping
-    (`scheduler: {type: wait_ratio, buckets: 10, aging: 1, first_request: literal}`). A setting left
-    out takes the scheduler's default; one that does not apply to the type is an error.
+    (`scheduler: {type: wait_ratio, buckets: 10, aging: 1, first_request: literal}`). The type is
+    looked up in the scheduler registry (`scheduling.scheduler_interface.SCHEDULERS`, open to
+    plugins) and the other keys are validated by that type's own config class: a setting left out
+    takes its default, a bad one is named (`scheduler.buckets`), one of another type is an error.
     """
 
     type: str = "round_robin"
-    buckets: int | None = Field(None, ge=1, strict=True)  # strict: `true` or "3" is not a count
-    aging: int | None = Field(None, ge=1, strict=True)
-    first_request: str | None = None
+    # An instance of the type's config class (dumped flat, beside `type`, as it is written).
+    settings: SerializeAsAny[SchedulerConfig] = Field(default_factory=SchedulerConfig)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _by_type(cls, data, handler):
+        if isinstance(data, SchedulerEntry):
+            return data
+        named = isinstance(data, str)
+        if named:
+            data = {"type": data}
+        if not isinstance(data, dict):
+            raise ValueError(f"a scheduler name or a mapping {{type: ..., <settings>}}, got {data!r}")
+        settings = dict(data)
+        name = settings.pop("type", "round_robin")
+        if name not in SCHEDULERS:
+            if named:  # the name alone is reported on `scheduler`, in a mapping on `scheduler.type`
+                raise ValueError(_unknown_scheduler(name))
+            return handler({"type": name})
+        return handler({"type": name, "settings": SCHEDULERS[name].validate(settings)})
 
     @field_validator("type")
     @classmethod
     def _known(cls, v: str) -> str:
-        return _scheduler_name(v)
-
-    @field_validator("first_request")
-    @classmethod
-    def _first_request(cls, v: str | None) -> str | None:
-        if v is not None and v not in FIRST_REQUEST_RULES:
-            raise ValueError(f"{v!r}; choose one of {', '.join(FIRST_REQUEST_RULES)}")
+        if v not in SCHEDULERS:
+            raise ValueError(_unknown_scheduler(v))
         return v
 
-    @model_validator(mode="after")
-    def _settings_fit_type(self):
-        # The settings a type takes are its constructor's keyword arguments (what make_scheduler binds).
-        allowed = set(inspect.signature(SCHEDULERS[self.type]).parameters)
-        extra = set(self.settings()) - allowed
-        if extra:
-            raise ValueError(f"{', '.join(sorted(extra))} does not apply to scheduler type {self.type!r}")
-        return self
-
-    def settings(self) -> dict[str, int | str]:
-        """The settings given (the scheduler's defaults stand for the others)."""
-        return {k: getattr(self, k) for k in ("buckets", "aging", "first_request") if getattr(self, k) is not None}
+    @model_serializer(mode="wrap")
+    def _flat(self, handler):
+        data = handler(self)
+        return {"type": data["type"], **data["settings"]}
 
     def build(self, field: str = "scheduler") -> RequestScheduler:
-        return make_scheduler(self.type, field, **self.settings())
+        return scheduler_type(self.type, field).build(self.settings)
 
 
 class SessionsEntry(_Strict):
@@ -457,17 +475,6 @@ class ModelEntry(_Strict):
     def _chunks(cls, v: str, info) -> str:
         return _key_chunk(validate_chunk, info.field_name, v)
 
-    @field_validator("scheduler", mode="before")
-    @classmethod
-    def _scheduler(cls, v):
-        # The name alone is the mapping with that type and its defaults; an unknown name is
-        # reported on `scheduler` itself (in a mapping, on `scheduler.type`).
-        if isinstance(v, str):
-            return {"type": _scheduler_name(v)}
-        if not isinstance(v, (dict, SchedulerEntry)):
-            raise ValueError(f"a scheduler name or a mapping {{type: ..., <settings>}}, got {v!r}")
-        return v
-
     @field_validator("device")
     @classmethod
     def _device(cls, v: str) -> str:
@@ -624,10 +631,8 @@ def _verdict_label(label: str) -> str:
     return label
 
 
-def _scheduler_name(name: str) -> str:
-    if name not in SCHEDULERS:
-        raise ValueError(f"unknown scheduler {name!r}; choose one of {', '.join(sorted(SCHEDULERS))}")
-    return name
+def _unknown_scheduler(name) -> str:
+    return f"unknown scheduler {name!r}; choose one of {', '.join(sorted(SCHEDULERS))}"
 
 
 def _key_chunk(check, field: str, value: str) -> str:
