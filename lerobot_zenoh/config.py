@@ -16,11 +16,12 @@ block and every `--zenoh.*` flag are one declaration too.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 
 from lerobot_zenoh.errors import ConfigError
+from lerobot_zenoh.protocol.messages import VERDICT_LABELS
 
 
 class Settings(BaseModel):
@@ -51,10 +52,33 @@ def config_error(exc: ValidationError, prefix: str = "", *, source: str | None =
     """The first error of a pydantic validation as one `ConfigError` naming the field (``prefix.loc``),
     with a count of the others."""
     err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"])
-    field = ".".join(p for p in (prefix, loc) if p) or "<top level>"
-    message = err["msg"].removeprefix("Value error, ")
+    parts, message = list(err["loc"]), err["msg"].removeprefix("Value error, ")
+    if parts and parts[-1] == "[key]":  # a bad key of a mapping: {0: 10.0} -> batch_latency_ms.0
+        parts.pop()
+        message = f"the key: {message}"
+    field = ".".join(p for p in (prefix, ".".join(str(p) for p in parts)) if p) or "<top level>"
     if err["type"] == "unexpected_keyword_argument":  # an unknown key of a dataclass block (zenoh)
         message = "Extra inputs are not permitted"
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     return ConfigError(field, message + more, source=source)
+
+
+# -- value types several blocks share -------------------------------------------------------------
+
+
+def _verdict_label(label: str) -> str:
+    if label not in VERDICT_LABELS:
+        raise ValueError(f"{label!r} is not a verdict label ({', '.join(sorted(VERDICT_LABELS))})")
+    return label
+
+
+def _distinct(labels: tuple[str, ...]) -> tuple[str, ...]:
+    if len(labels) != len(set(labels)):
+        raise ValueError(f"duplicate labels in {list(labels)}")
+    return labels
+
+
+#: One label of a verdict component (protocol/messages.py, VERDICT_LABELS).
+VerdictLabel = Annotated[str, AfterValidator(_verdict_label)]
+#: A component's label set: verdict labels, each once.
+VerdictLabels = Annotated[tuple[VerdictLabel, ...], AfterValidator(_distinct)]

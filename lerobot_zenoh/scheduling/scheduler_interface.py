@@ -1,5 +1,5 @@
 """The request-scheduler interface: what the server needs of a scheduler, what it reports, and the
-registry that maps a manifest's `scheduler` to a type (docs/scheduling.md, "Writing a scheduler").
+registry that maps a manifest's `scheduler` to a type (docs/server.md, "Schedulers and their settings").
 
 Declared in the manner of vLLM's scheduler interface: a scheduler is a pure decision object (no
 I/O, no clock of its own: `now_s` is passed in) that the inference loop (server/engine.py) drives

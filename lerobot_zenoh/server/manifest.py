@@ -43,8 +43,6 @@ from typing import Annotated, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     SerializeAsAny,
     ValidationError,
@@ -53,9 +51,10 @@ from pydantic import (
     model_validator,
 )
 
+from lerobot_zenoh.config import Settings, VerdictLabels, config_error
 from lerobot_zenoh.errors import ConfigError, KeyExprError
 from lerobot_zenoh.protocol.keys import AppKey, pipeline_app, validate_chunk, validate_client_id
-from lerobot_zenoh.protocol.messages import MAX_COMPONENTS, VERDICT_LABELS
+from lerobot_zenoh.protocol.messages import MAX_COMPONENTS
 from lerobot_zenoh.scheduling.horizon import (
     DEFAULT_THRESHOLDS,
     DiffusionConfidenceHorizon,
@@ -69,11 +68,13 @@ from lerobot_zenoh.scheduling.request_schedulers import (
     scheduler_type,
 )
 from lerobot_zenoh.server.runners.lerobot import RtcSettings
+from lerobot_zenoh.server.runners.pi05_language import LanguageSettings
+from lerobot_zenoh.server.runners.synthetic import SyntheticPolicyConfig
+from lerobot_zenoh.server.runners.vlm import VlmSettings
 from lerobot_zenoh.transport.settings import ZenohSettings
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+_Strict = Settings  # every block: frozen, unknown keys refused
 
 
 class ClientEntry(_Strict):
@@ -83,110 +84,6 @@ class ClientEntry(_Strict):
     @classmethod
     def _chunk(cls, v: str) -> str:
         return _key_chunk(validate_client_id, "client_uuid", v)
-
-
-class CircleEntry(_Strict):
-    """`synthetic.circle`: one turn every `period_s`, joints at `amplitude`, `lead_steps` ahead."""
-
-    period_s: float = Field(4.0, gt=0, allow_inf_nan=False)
-    amplitude: float = Field(40.0, gt=0, allow_inf_nan=False)
-    lead_steps: float = Field(3.0, allow_inf_nan=False)
-
-
-class SyntheticEntry(_Strict):
-    """A torch-free policy with a set latency, for tests, benchmarks and dry runs."""
-
-    state_dim: int = Field(6, ge=1)
-    action_dim: int = Field(6, ge=1)
-    chunk_size: int = Field(50, ge=1)
-    cameras: dict[str, tuple[int, int]] = Field(default_factory=lambda: {"front": (96, 128)})
-    latency_ms: float = Field(0.0, ge=0)
-    batch_latency_ms: dict[int, float] | None = None
-    # Simulation knob for the diffusion_confidence horizon: the model trusts the first
-    # round(state[i]) actions of its chunk (SyntheticPolicy, docs/scheduling.md). None: no updates.
-    confidence_from_state: int | None = Field(None, ge=0, strict=True)
-    # Declare real-time chunking: the chunk's first delay_steps rows are the observation's prefix
-    # (SyntheticPolicy; the status then advertises rtc).
-    rtc: bool = Field(False, strict=True)
-    # Declare a model that conditions on this many consecutive observations (the status then asks
-    # clients for their last history_length - 1 frames; the synthetic actions ignore them).
-    history_length: int = Field(1, ge=1, le=17, strict=True)
-    # A scripted smooth motion instead of the default chunk: every joint follows a sinusoid whose phase
-    # is read from state[0:2] (SyntheticPolicy's `circle_actions`; benchmarks/rtc.py records from it).
-    circle: CircleEntry | None = None
-    # Multi-model components (docs/pipelines.md; SyntheticPolicy): what it answers and its script.
-    output: Literal["actions", "text", "verdict"] = "actions"
-    subtasks: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)  # text, per session
-    advance_every: int = Field(1, ge=1, strict=True)  # requests per subtask / verdict entry
-    cycle: bool = Field(True, strict=True)  # after the last entry: start again, else keep the last
-    verdicts: list[str] = Field(default_factory=list)  # verdict: label sequence
-    verdict_at: dict[int, str] = Field(default_factory=dict)  # verdict: request k (1-based) -> label
-    score: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
-    silent_after: int | None = Field(None, ge=0, strict=True)  # answer a session's first N requests only
-    echo_task: bool = Field(False, strict=True)  # actions: last dimension = task_code(task)
-
-    @field_validator("verdicts")
-    @classmethod
-    def _labels(cls, v: list[str]) -> list[str]:
-        for label in v:
-            _verdict_label(label)
-        return v
-
-    @field_validator("verdict_at")
-    @classmethod
-    def _at(cls, v: dict[int, str]) -> dict[int, str]:
-        for k, label in v.items():
-            if k < 1:
-                raise ValueError(f"request numbers start at 1, got {k}")
-            _verdict_label(label)
-        return v
-
-    @model_validator(mode="after")
-    def _output_settings(self):
-        wants = {"subtasks": "text", "verdicts": "verdict", "verdict_at": "verdict", "score": "verdict",
-                 "echo_task": "actions", "circle": "actions", "rtc": "actions", "confidence_from_state": "actions"}
-        for name, output in wants.items():
-            value = getattr(self, name)
-            if value not in (None, False, [], {}) and self.output != output:
-                raise ValueError(f"{name} does not apply to output {self.output!r} (only to {output!r})")
-        return self
-
-    @model_validator(mode="after")
-    def _state_index(self):
-        if self.circle is not None and self.state_dim < 2:
-            raise ValueError(f"circle needs state_dim >= 2, got {self.state_dim}")
-        if self.confidence_from_state is not None and self.confidence_from_state >= self.state_dim:
-            raise ValueError(f"confidence_from_state {self.confidence_from_state} is not a state index "
-                             f"(state_dim is {self.state_dim})")
-        return self
-
-
-class VlmEntry(_Strict):
-    """A vision-language model serving a task component (runners/vlm.py; docs/policies.md): its
-    `pretrained_path` is a transformers image-text-to-text folder (e.g. SmolVLM), not a LeRobot policy.
-
-    ``output: text`` (System 2) generates up to `max_new_tokens`; ``output: verdict`` (safety, monitor)
-    answers the most likely of `labels` (or of the pipeline item's labels) with its probability.
-    `prompt` is used when the pipeline item gives none. `state_dim` and `cameras` are the robot's
-    observation the server checks (the state is ignored; each camera is one image of the prompt)."""
-
-    output: Literal["text", "verdict"]
-    prompt: str = ""
-    max_new_tokens: int = Field(16, ge=1, le=1024, strict=True)
-    labels: list[str] = Field(default_factory=list)
-    state_dim: int = Field(6, ge=1)
-    cameras: dict[str, tuple[int, int]] = Field(default_factory=lambda: {"front": (96, 128)}, min_length=1)
-
-    @field_validator("labels")
-    @classmethod
-    def _labels(cls, v: list[str]) -> list[str]:
-        return _verdict_labels(v)
-
-    @model_validator(mode="after")
-    def _labels_fit_output(self):
-        if self.labels and self.output != "verdict":
-            raise ValueError("labels apply to output 'verdict' only")
-        return self
 
 
 class HorizonEntry(_Strict):
@@ -222,22 +119,6 @@ class HorizonEntry(_Strict):
             threshold = DEFAULT_THRESHOLDS[refinement_kind] if self.threshold is None else self.threshold
             return DiffusionConfidenceHorizon(threshold, **({} if self.h_min is None else {"h_min": self.h_min}))
         return None
-
-
-class RtcEntry(_Strict):
-    """Real-time chunking of one model (docs/policies.md, "Real-time chunking"); defaults are LeRobot's
-    `RTCConfig`'s. Only the flow-matching VLAs (smolvla, pi0, pi05) can enable it; any other family
-    refuses ``enabled: true`` at start-up."""
-
-    enabled: bool = Field(False, strict=True)
-    execution_horizon: int = Field(10, ge=1, strict=True)
-    max_guidance_weight: float = Field(10.0, gt=0, allow_inf_nan=False)
-    prefix_attention_schedule: Literal["zeros", "ones", "linear", "exp"] = "linear"
-
-    def settings(self) -> RtcSettings:
-        return RtcSettings(enabled=self.enabled, execution_horizon=self.execution_horizon,
-                           max_guidance_weight=float(self.max_guidance_weight),
-                           prefix_attention_schedule=self.prefix_attention_schedule)
 
 
 class SchedulerEntry(_Strict):
@@ -318,21 +199,6 @@ class PipelineText(_Strict):
         return _key_chunk(validate_chunk, info.field_name, v)
 
 
-class LanguageEntry(_Strict):
-    """A pi0.5 checkpoint serving System 1 and System 2 from one prefill (runners/pi05_language.py):
-    the decode settings (`LanguageSettings`)."""
-
-    prompt: str = "Subtask:"
-    max_new_tokens: int = Field(32, ge=1, le=4096, strict=True)
-    tokens_per_frame: int = Field(4, ge=1, le=1024, strict=True)
-    min_tokens_per_frame: int = Field(1, ge=0, strict=True)
-    max_prompt_tokens: int = Field(32, ge=1, le=4096, strict=True)
-    stop: list[str] = Field(default_factory=list)
-    max_requests: int = Field(16, ge=1, le=4096, strict=True)
-    max_cached_tokens: int = Field(65536, ge=1, strict=True)
-    action_slo_ms: float | None = Field(None, gt=0)
-
-
 class PipelineEntry(_Strict):
     """One multi-model task whose observation stream this entry serves (docs/pipelines.md).
 
@@ -346,7 +212,7 @@ class PipelineEntry(_Strict):
     component: str
     bit: int = Field(ge=0, lt=MAX_COMPONENTS, strict=True)
     prompt: str = ""
-    labels: list[str] = Field(default_factory=list)
+    labels: VerdictLabels = ()
     # A second component of the same task served from the same prefill (a `language` entry only).
     text: PipelineText | None = None
 
@@ -354,12 +220,6 @@ class PipelineEntry(_Strict):
     @classmethod
     def _chunks(cls, v: str, info) -> str:
         return _key_chunk(validate_chunk, info.field_name, v)
-
-    @field_validator("labels")
-    @classmethod
-    def _labels(cls, v: list[str]) -> list[str]:
-        return _verdict_labels(v)
-
 
 class EngineEntry(_Strict):
     """One engine the model's edge scheduler dispatches batches to (docs/server.md, "Engines").
@@ -423,11 +283,12 @@ class ModelEntry(_Strict):
     model_version: str
     application_tag: str
     pretrained_path: str | None = None
-    synthetic: SyntheticEntry | None = None
-    # A VLM task component (VlmEntry): `pretrained_path` is then a transformers VLM folder.
-    vlm: VlmEntry | None = None
-    # A pi0.5 checkpoint answering text too, from the prefill of its actions (LanguageEntry).
-    language: LanguageEntry | None = None
+    # A torch-free policy with a set latency, for tests, benchmarks and dry runs (runners/synthetic.py).
+    synthetic: SyntheticPolicyConfig | None = None
+    # A VLM task component (runners/vlm.py): `pretrained_path` is then a transformers VLM folder.
+    vlm: VlmSettings | None = None
+    # A pi0.5 checkpoint answering text too, from the prefill of its actions (runners/pi05_language.py).
+    language: LanguageSettings | None = None
     device: str = "cpu"
     # Weights and activations: float32 (fp32) or bfloat16 (bf16; VLAs only, refused at start-up by
     # families that cannot serve it).
@@ -451,8 +312,8 @@ class ModelEntry(_Strict):
     profile_budget_s: float = Field(10.0, gt=0)
     # Execution horizon sent with each chunk (none = not sent; docs/scheduling.md).
     horizon: HorizonEntry = Field(default_factory=HorizonEntry)
-    # Real-time chunking (RtcEntry): off by default.
-    rtc: RtcEntry = Field(default_factory=RtcEntry)
+    # Real-time chunking (runners/lerobot.py): off by default.
+    rtc: RtcSettings = Field(default_factory=RtcSettings)
     accept_unknown_clients: bool = False
     # Sessions of clients not listed in `clients` (when accepted) share this many places; listed
     # clients always have their own. A place is freed when its session closes (see `sessions`).
@@ -616,21 +477,6 @@ class Manifest(_Strict):
         return None if not value else str(self._resolve(value))
 
 
-def _verdict_labels(v: list[str]) -> list[str]:
-    """A component's label set: verdict labels, each once."""
-    for label in v:
-        _verdict_label(label)
-    if len(v) != len(set(v)):
-        raise ValueError(f"duplicate labels in {v}")
-    return v
-
-
-def _verdict_label(label: str) -> str:
-    if label not in VERDICT_LABELS:
-        raise ValueError(f"{label!r} is not a verdict label ({', '.join(sorted(VERDICT_LABELS))})")
-    return label
-
-
 def _unknown_scheduler(name) -> str:
     return f"unknown scheduler {name!r}; choose one of {', '.join(sorted(SCHEDULERS))}"
 
@@ -648,13 +494,7 @@ def parse_manifest(data: dict, source: str = "<memory>") -> Manifest:
     try:
         manifest = Manifest.model_validate({**data, "source": source})
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "<top level>"
-        message = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "unexpected_keyword_argument":  # an unknown key in the zenoh block
-            message = "Extra inputs are not permitted"
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise ConfigError(field, message + more, source=source) from None
+        raise config_error(exc, source=source) from None
     try:  # the zenoh block's own checks (its files are checked once resolved, at start-up)
         manifest.zenoh_settings().validate("zenoh", check_files=False)
     except ConfigError as exc:
