@@ -16,9 +16,19 @@ block and every `--zenoh.*` flag are one declaration too.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    SerializeAsAny,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.protocol.messages import VERDICT_LABELS
@@ -61,6 +71,80 @@ def config_error(exc: ValidationError, prefix: str = "", *, source: str | None =
         message = "Extra inputs are not permitted"
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     return ConfigError(field, message + more, source=source)
+
+
+# -- a block that picks a type, with that type's own settings ----------------------------------------
+
+
+class TypedBlock(Settings):
+    """A block written ``{type: <name>, <that type's settings>}``, or as the name alone (its defaults).
+
+    A subclass says which types exist (`types()`: name -> the type's `Settings` class, e.g. the
+    scheduler registry's config classes) and which is the default. The other keys are validated by
+    the chosen type's class and kept as an instance of it in `settings`; dumped, the block is flat
+    again. Errors: an unknown type on ``<block>.type`` (on the block when written as a name), a bad or
+    unknown setting on its key, a setting of another type on the block.
+    """
+
+    kind: ClassVar[str] = "type"  # what a type is called in messages ("scheduler", "horizon")
+    default_type: ClassVar[str]
+
+    type: str
+    settings: SerializeAsAny[Settings]
+
+    @classmethod
+    def types(cls) -> Mapping[str, type[Settings]]:
+        raise NotImplementedError
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _by_type(cls, data, handler):
+        if isinstance(data, cls):
+            return data
+        named = isinstance(data, str)
+        if named:
+            data = {"type": data}
+        if not isinstance(data, dict):
+            raise ValueError(f"a {cls.kind} name or a mapping {{type: ..., <settings>}}, got {data!r}")
+        settings = dict(data)
+        name = settings.pop("type", cls.default_type)
+        types = cls.types()
+        if name not in types:
+            if named:
+                raise ValueError(cls._unknown(name))
+            return handler({"type": name})  # reported on `type`
+        misplaced = misplaced_settings(name, settings, types, cls.kind)
+        if misplaced:
+            raise ValueError(misplaced)
+        return handler({"type": name, "settings": types[name].model_validate(settings)})
+
+    @field_validator("type")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in cls.types():
+            raise ValueError(cls._unknown(v))
+        return v
+
+    @model_serializer(mode="wrap")
+    def _flat(self, handler):
+        data = handler(self)
+        return {"type": data["type"], **data["settings"]}
+
+    @classmethod
+    def _unknown(cls, name) -> str:
+        return f"unknown {cls.kind} {name!r}; choose one of {', '.join(sorted(cls.types()))}"
+
+
+def misplaced_settings(name: str, settings: Mapping[str, Any], types: Mapping[str, type[Settings]],
+                       kind: str = "type") -> str | None:
+    """Why `settings` cannot go with type `name` because they are another type's (e.g. `buckets` on
+    scheduler fifo), or None. A key no type takes is left to the type's class (named on the key)."""
+    own = set(types[name].model_fields)
+    others = {f for cls in types.values() for f in cls.model_fields}
+    wrong = sorted(k for k in settings if k not in own and k in others)
+    if not wrong:
+        return None
+    return f"{', '.join(wrong)} does not apply to {kind} {name!r} (its settings: {', '.join(sorted(own)) or 'none'})"
 
 
 # -- value types several blocks share -------------------------------------------------------------

@@ -80,7 +80,7 @@ def test_manifest_horizon_defaults_to_none_and_builds_policies():
 
 
 @pytest.mark.parametrize("horizon, field", [
-    ({"type": "static"}, "server.0.horizon"),
+    ({"type": "static"}, "server.0.horizon.h"),  # required by static's config class
     ({"type": "static", "h": 0}, "server.0.horizon.h"),
     ({"type": "diffusion_confidence", "h": 4}, "server.0.horizon"),
     ({"type": "diffusion_confidence", "threshold": -1}, "server.0.horizon.threshold"),

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from lerobot_zenoh.config import Settings
+from lerobot_zenoh.config import Settings, misplaced_settings
 from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.protocol.messages import ExecutionInfo
 
@@ -83,7 +83,7 @@ class SchedulerType:
     def validate(self, settings: Mapping[str, Any]) -> SchedulerConfig:
         """`settings` validated by the config class. Raises pydantic's ValidationError (a bad or
         unknown setting, located on its key) or ValueError (another type's settings)."""
-        misplaced = misplaced_settings(self.name, settings)
+        misplaced = misplaced_settings(self.name, settings, scheduler_configs(), "scheduler")
         if misplaced:
             raise ValueError(misplaced)
         return self.config_class.model_validate(dict(settings))
@@ -125,14 +125,6 @@ def scheduler_type(name: str, field: str = "scheduler") -> SchedulerType:
     return entry
 
 
-def misplaced_settings(name: str, settings: Mapping[str, Any]) -> str | None:
-    """Why `settings` cannot go with scheduler type `name` because they are another type's settings
-    (e.g. `buckets` on fifo), or None. A key no registered type takes is left to the config class
-    (reported on the key itself)."""
-    own = set(SCHEDULERS[name].config_class.model_fields)
-    others = {f for other in SCHEDULERS.values() for f in other.config_class.model_fields}
-    wrong = sorted(k for k in settings if k not in own and k in others)
-    if not wrong:
-        return None
-    takes = ", ".join(sorted(own)) or "none"
-    return f"{', '.join(wrong)} does not apply to scheduler type {name!r} (its settings: {takes})"
+def scheduler_configs() -> dict[str, type[SchedulerConfig]]:
+    """Every registered type's config class, by name."""
+    return {name: kind.config_class for name, kind in SCHEDULERS.items()}

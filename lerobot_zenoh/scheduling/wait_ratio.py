@@ -51,7 +51,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, TypedDict, get_args
+from typing import Literal, TypedDict
 
 from pydantic import Field
 
@@ -61,7 +61,6 @@ from lerobot_zenoh.scheduling.scheduler_interface import Choose, SchedulerConfig
 #: Aging interval A: chosen by the model sweep (docs/scheduling.md, "Settings and defaults").
 AGING_DEFAULT = 1
 FirstRequestRule = Literal["literal", "lowest", "mean", "highest"]
-FIRST_REQUEST_RULES: tuple[str, ...] = get_args(FirstRequestRule)
 
 
 class WaitRatioConfig(SchedulerConfig):

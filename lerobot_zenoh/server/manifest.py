@@ -28,7 +28,10 @@
         pipeline:                                 # optional: serve components of multi-model tasks
           - {task: assemble_kit, component: safety, bit: 2, prompt: "is the workcell safe?", labels: [safe, unsafe]}
 
-Validated at start-up; any problem raises ConfigError naming the file, the field and the issue.
+Validated at start-up; any problem raises ConfigError naming the file, the field and the issue. The
+blocks that configure a runner or a scheduler are that code's own config classes (`synthetic` is
+`SyntheticPolicyConfig`, `vlm` `VlmSettings`, `language` `LanguageSettings`, `rtc` `RtcSettings`,
+`scheduler` the registered type's `SchedulerConfig`), declared and validated once (lerobot_zenoh/config.py).
 A relative `pretrained_path` is resolved against the manifest file's folder (falling back to the
 current directory when only that one exists); when neither exists and it reads as a hub id
 (`user/repo[@revision]`), the runner loader fetches it or takes it from the Hugging Face cache.
@@ -44,29 +47,18 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import (
     Field,
-    SerializeAsAny,
     ValidationError,
     field_validator,
-    model_serializer,
     model_validator,
 )
 
-from lerobot_zenoh.config import Settings, VerdictLabels, config_error
+from lerobot_zenoh.config import Settings, TypedBlock, VerdictLabels, config_error
 from lerobot_zenoh.errors import ConfigError, KeyExprError
 from lerobot_zenoh.protocol.keys import AppKey, pipeline_app, validate_chunk, validate_client_id
 from lerobot_zenoh.protocol.messages import MAX_COMPONENTS
-from lerobot_zenoh.scheduling.horizon import (
-    DEFAULT_THRESHOLDS,
-    DiffusionConfidenceHorizon,
-    HorizonPolicy,
-    StaticHorizon,
-)
-from lerobot_zenoh.scheduling.request_schedulers import (
-    SCHEDULERS,
-    RequestScheduler,
-    SchedulerConfig,
-    scheduler_type,
-)
+from lerobot_zenoh.scheduling.horizon import HORIZON_CONFIGS, HorizonPolicy
+from lerobot_zenoh.scheduling.request_schedulers import RequestScheduler, scheduler_type
+from lerobot_zenoh.scheduling.scheduler_interface import scheduler_configs
 from lerobot_zenoh.server.runners.lerobot import RtcSettings
 from lerobot_zenoh.server.runners.pi05_language import LanguageSettings
 from lerobot_zenoh.server.runners.synthetic import SyntheticPolicyConfig
@@ -74,10 +66,7 @@ from lerobot_zenoh.server.runners.vlm import VlmSettings
 from lerobot_zenoh.transport.settings import ZenohSettings
 
 
-_Strict = Settings  # every block: frozen, unknown keys refused
-
-
-class ClientEntry(_Strict):
+class ClientEntry(Settings):
     client_uuid: str
 
     @field_validator("client_uuid")
@@ -86,90 +75,49 @@ class ClientEntry(_Strict):
         return _key_chunk(validate_client_id, "client_uuid", v)
 
 
-class HorizonEntry(_Strict):
-    """The execution-horizon policy of one model (Kairos 3.1; docs/scheduling.md).
-
-    ``none``: no horizon is sent (the client uses the whole chunk). ``static``: ``h`` every round.
-    ``diffusion_confidence``: ``H`` from the denoising updates (``threshold`` = Kairos' t, ``h_min``);
-    a runner that does not expose them gets ``H`` = the whole chunk. Without ``threshold``, the
-    default for the model's kind of refinement steps (`horizon.DEFAULT_THRESHOLDS`).
+class HorizonEntry(TypedBlock):
+    """The execution-horizon policy of one model (Kairos 3.1; docs/scheduling.md), written like a
+    scheduler: ``none`` (no horizon is sent: the client uses the whole chunk), ``{type: static, h}``,
+    or ``{type: diffusion_confidence, threshold, h_min}``; the settings are the policy's own config
+    class (scheduling/horizon.py). A runner that does not expose its refinement updates gets ``H`` =
+    the whole chunk; without ``threshold``, the default for the model's kind of refinement steps
+    (`horizon.DEFAULT_THRESHOLDS`).
     """
 
-    type: Literal["none", "static", "diffusion_confidence"] = "none"
-    h: int | None = Field(None, ge=1)
-    threshold: float | None = Field(None, ge=0, allow_inf_nan=False)
-    h_min: int | None = Field(None, ge=1)
+    kind = "horizon"
+    default_type = "none"
 
-    @model_validator(mode="after")
-    def _settings_fit_type(self):
-        allowed = {"none": set(), "static": {"h"}, "diffusion_confidence": {"threshold", "h_min"}}[self.type]
-        given = {k for k in ("h", "threshold", "h_min") if getattr(self, k) is not None}
-        if given - allowed:
-            raise ValueError(f"{', '.join(sorted(given - allowed))} does not apply to horizon type {self.type!r}")
-        if self.type == "static" and self.h is None:
-            raise ValueError("horizon type 'static' needs h (an integer >= 1)")
-        return self
+    @classmethod
+    def types(cls):
+        return HORIZON_CONFIGS
 
     def build(self, refinement_kind: str = "denoising") -> HorizonPolicy | None:
         """The policy; `refinement_kind` (the runner's ``capabilities.refinement_kind``) picks the
         default threshold when none is set."""
-        if self.type == "static":
-            return StaticHorizon(self.h)
-        if self.type == "diffusion_confidence":
-            threshold = DEFAULT_THRESHOLDS[refinement_kind] if self.threshold is None else self.threshold
-            return DiffusionConfidenceHorizon(threshold, **({} if self.h_min is None else {"h_min": self.h_min}))
-        return None
+        return self.settings.build(refinement_kind)
 
 
-class SchedulerEntry(_Strict):
-    """The request scheduler of one model and its settings (docs/scheduling.md).
+class SchedulerEntry(TypedBlock):
+    """The request scheduler of one model and its settings (docs/server.md, "Schedulers and their settings").
 
     Written as a name (`scheduler: wait_ratio`, the scheduler's defaults) or a mapping
     (`scheduler: {type: wait_ratio, buckets: 10, aging: 1, first_request: literal}`). The type is
     looked up in the scheduler registry (`scheduling.scheduler_interface.SCHEDULERS`, open to
-    plugins) and the other keys are validated by that type's own config class: a setting left out
-    takes its default, a bad one is named (`scheduler.buckets`), one of another type is an error.
+    plugins) and the other keys are validated by that type's own config class.
     """
 
-    type: str = "round_robin"
-    # An instance of the type's config class (dumped flat, beside `type`, as it is written).
-    settings: SerializeAsAny[SchedulerConfig] = Field(default_factory=SchedulerConfig)
+    kind = "scheduler"
+    default_type = "round_robin"
 
-    @model_validator(mode="wrap")
     @classmethod
-    def _by_type(cls, data, handler):
-        if isinstance(data, SchedulerEntry):
-            return data
-        named = isinstance(data, str)
-        if named:
-            data = {"type": data}
-        if not isinstance(data, dict):
-            raise ValueError(f"a scheduler name or a mapping {{type: ..., <settings>}}, got {data!r}")
-        settings = dict(data)
-        name = settings.pop("type", "round_robin")
-        if name not in SCHEDULERS:
-            if named:  # the name alone is reported on `scheduler`, in a mapping on `scheduler.type`
-                raise ValueError(_unknown_scheduler(name))
-            return handler({"type": name})
-        return handler({"type": name, "settings": SCHEDULERS[name].validate(settings)})
-
-    @field_validator("type")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        if v not in SCHEDULERS:
-            raise ValueError(_unknown_scheduler(v))
-        return v
-
-    @model_serializer(mode="wrap")
-    def _flat(self, handler):
-        data = handler(self)
-        return {"type": data["type"], **data["settings"]}
+    def types(cls):
+        return scheduler_configs()
 
     def build(self, field: str = "scheduler") -> RequestScheduler:
         return scheduler_type(self.type, field).build(self.settings)
 
 
-class SessionsEntry(_Strict):
+class SessionsEntry(Settings):
     """When the server closes a client's session (docs/server.md, "Sessions").
 
     A session closes `liveliness_grace_s` after the client's liveliness token vanished (the client
@@ -182,7 +130,7 @@ class SessionsEntry(_Strict):
     idle_timeout_s: float = Field(60.0, gt=0, le=86400, allow_inf_nan=False)
 
 
-class PipelineText(_Strict):
+class PipelineText(Settings):
     """The System 2 component a pi0.5 language entry (`ModelEntry.language`) serves from the same
     prefill as the item's System 1 (docs/policies.md, "pi0.5: actions and language from one prefill"):
     an observation whose mask has `bit` starts (or continues) the robot's text, published on this
@@ -199,7 +147,7 @@ class PipelineText(_Strict):
         return _key_chunk(validate_chunk, info.field_name, v)
 
 
-class PipelineEntry(_Strict):
+class PipelineEntry(Settings):
     """One multi-model task whose observation stream this entry serves (docs/pipelines.md).
 
     The server subscribes to the task's stream ``<cluster>/<experiment>/_pipeline/1/<task>/*/obs``
@@ -221,7 +169,7 @@ class PipelineEntry(_Strict):
     def _chunks(cls, v: str, info) -> str:
         return _key_chunk(validate_chunk, info.field_name, v)
 
-class EngineEntry(_Strict):
+class EngineEntry(Settings):
     """One engine the model's edge scheduler dispatches batches to (docs/server.md, "Engines").
 
     `local: true` is the scheduler's own inference loop (at most one); any other entry is a
@@ -265,7 +213,7 @@ class EngineEntry(_Strict):
         return self
 
 
-class DispatchEntry(_Strict):
+class DispatchEntry(Settings):
     """How the edge scheduler treats its engines (docs/server.md, "Engines")."""
 
     # A dispatched request with no answer after this long goes back to the edge's queue (counted).
@@ -278,7 +226,7 @@ class DispatchEntry(_Strict):
     start_timeout_s: float = Field(10.0, gt=0, le=600, allow_inf_nan=False)
 
 
-class ModelEntry(_Strict):
+class ModelEntry(Settings):
     model_id: str
     model_version: str
     application_tag: str
@@ -384,7 +332,7 @@ class ModelEntry(_Strict):
         return ([self.endpoint] if self.endpoint else []) + list(self.endpoints)
 
 
-class Manifest(_Strict):
+class Manifest(Settings):
     cluster_uuid: str
     experiment_tag: str
     server_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
@@ -475,10 +423,6 @@ class Manifest(_Strict):
 
     def _resolve_file(self, value: str | None) -> str | None:
         return None if not value else str(self._resolve(value))
-
-
-def _unknown_scheduler(name) -> str:
-    return f"unknown scheduler {name!r}; choose one of {', '.join(sorted(SCHEDULERS))}"
 
 
 def _key_chunk(check, field: str, value: str) -> str:
