@@ -53,6 +53,10 @@ class Settings(BaseModel):
         except ValidationError as exc:
             raise config_error(exc, type(self).config_prefix) from None
 
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with `changes`, validated as a new one is (pydantic's model_copy checks nothing)."""
+        return type(self)(**{**{name: getattr(self, name) for name in type(self).model_fields}, **changes})
+
     # Not a custom __init__ for pydantic: nested blocks keep being validated by pydantic itself, so
     # their errors keep their full path (server.0.rtc.execution_horizon) instead of becoming ours.
     __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
@@ -150,19 +154,28 @@ def misplaced_settings(name: str, settings: Mapping[str, Any], types: Mapping[st
 # -- value types several blocks share -------------------------------------------------------------
 
 
-def _verdict_label(label: str) -> str:
-    if label not in VERDICT_LABELS:
-        raise ValueError(f"{label!r} is not a verdict label ({', '.join(sorted(VERDICT_LABELS))})")
-    return label
-
-
-def _distinct(labels: tuple[str, ...]) -> tuple[str, ...]:
-    if len(labels) != len(set(labels)):
+def verdict_labels(labels, *, distinct: bool = True):
+    """`labels` if each is a verdict label (protocol/messages.py, VERDICT_LABELS) and, with
+    `distinct`, none comes twice; else ValueError naming the first bad one (reported on the list)."""
+    for label in labels:
+        if label not in VERDICT_LABELS:
+            raise ValueError(f"{label!r} is not a verdict label ({', '.join(sorted(VERDICT_LABELS))})")
+    if distinct and len(labels) != len(set(labels)):
         raise ValueError(f"duplicate labels in {list(labels)}")
     return labels
 
 
-#: One label of a verdict component (protocol/messages.py, VERDICT_LABELS).
-VerdictLabel = Annotated[str, AfterValidator(_verdict_label)]
+def _request_labels(by_request: dict[int, str]) -> dict[int, str]:
+    for k in by_request:
+        if k < 1:
+            raise ValueError(f"request numbers start at 1, got {k}")
+    verdict_labels(list(by_request.values()), distinct=False)
+    return by_request
+
+
 #: A component's label set: verdict labels, each once.
-VerdictLabels = Annotated[tuple[VerdictLabel, ...], AfterValidator(_distinct)]
+VerdictLabels = Annotated[tuple[str, ...], AfterValidator(verdict_labels)]
+#: A script of verdicts: one label per step, repeats allowed.
+VerdictSequence = Annotated[tuple[str, ...], AfterValidator(lambda v: verdict_labels(v, distinct=False))]
+#: Single verdicts by request number (1-based).
+VerdictsByRequest = Annotated[dict[int, str], AfterValidator(_request_labels)]

@@ -52,7 +52,7 @@ from pydantic import (
     model_validator,
 )
 
-from lerobot_zenoh.config import Settings, TypedBlock, VerdictLabels, config_error
+from lerobot_zenoh.config import Settings, TypedBlock, config_error, verdict_labels
 from lerobot_zenoh.errors import ConfigError, KeyExprError
 from lerobot_zenoh.protocol.keys import AppKey, pipeline_app, validate_chunk, validate_client_id
 from lerobot_zenoh.protocol.messages import MAX_COMPONENTS
@@ -160,7 +160,7 @@ class PipelineEntry(Settings):
     component: str
     bit: int = Field(ge=0, lt=MAX_COMPONENTS, strict=True)
     prompt: str = ""
-    labels: VerdictLabels = ()
+    labels: list[str] = Field(default_factory=list)  # distinct verdict labels
     # A second component of the same task served from the same prefill (a `language` entry only).
     text: PipelineText | None = None
 
@@ -168,6 +168,12 @@ class PipelineEntry(Settings):
     @classmethod
     def _chunks(cls, v: str, info) -> str:
         return _key_chunk(validate_chunk, info.field_name, v)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: list[str]) -> list[str]:
+        return verdict_labels(v)
+
 
 class EngineEntry(Settings):
     """One engine the model's edge scheduler dispatches batches to (docs/server.md, "Engines").

@@ -44,7 +44,7 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Field, ValidationInfo, field_validator
 
-from lerobot_zenoh.config import Settings, VerdictLabel
+from lerobot_zenoh.config import Settings, VerdictsByRequest, VerdictSequence
 from lerobot_zenoh.errors import ConfigError, PolicyError
 from lerobot_zenoh.server.runners.base import (
     COMPONENT_EXTRA,
@@ -192,8 +192,8 @@ class SyntheticPolicyConfig(Settings):
     subtasks: tuple[Annotated[str, Field(min_length=1)], ...] = ()  # text: the script (empty: "subtask <i>")
     advance_every: int = Field(1, ge=1, strict=True)  # requests per entry of `subtasks` / `verdicts`
     cycle: bool = Field(True, strict=True)  # after the last entry: start again, else keep the last
-    verdicts: tuple[VerdictLabel, ...] = ()  # verdict: one label per `advance_every` requests
-    verdict_at: dict[Annotated[int, Field(ge=1)], VerdictLabel] = Field(default_factory=dict)  # request k -> label
+    verdicts: VerdictSequence = ()  # verdict: one label per `advance_every` requests
+    verdict_at: VerdictsByRequest = Field(default_factory=dict)  # verdict: request k (1-based) -> label
     score: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)  # verdict: sent with every label
     silent_after: int | None = Field(None, ge=0, strict=True)  # withhold every answer after a session's first N
     echo_task: bool = Field(False, strict=True)  # actions: the last dimension is task_code(task)
