@@ -38,6 +38,11 @@ _.IngestPublisher
 _.take_policy_ms
 _.jpeg_costs
 _._ingest  # holds the subscriber declared with a callback
+# pydantic reads these (lerobot_zenoh/config.py): the base-init marker and a wrap serializer.
+_.__pydantic_base_init__
+_._flat
+# Keys of TypedDicts that schedulers' stats() return (scheduling/wait_ratio.py): read as data.
+_.skipped_max
 # Fields of pydantic schemas and result records that are read as data (YAML in, JSON out).
 _.p95_ms  # pipelines/profiles.py: a profile's latency percentiles
 _.finished_s  # server/runners/decode_batch.py: DecodeResult

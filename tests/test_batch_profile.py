@@ -65,8 +65,7 @@ def test_profiled_sizes_are_powers_of_two_up_to_the_bound():
 
 
 def synthetic_config(**kw):
-    return SyntheticPolicyConfig(state_names=("s0", "s1", "s2"), cameras={"front": (8, 8)},
-                                 action_names=("a0", "a1"), chunk_size=5, **kw)
+    return SyntheticPolicyConfig(state_dim=3, cameras={"front": (8, 8)}, action_dim=2, chunk_size=5, **kw)
 
 
 class FakeClockRunner(SyntheticPolicy):

@@ -25,8 +25,7 @@ CLIENTS = ("r1", "r2", "r3", "r4", "bad")
 
 
 def synthetic_config(**kw):
-    return SyntheticPolicyConfig(state_names=tuple(f"s{i}" for i in range(4)), cameras=CAMS,
-                                 action_names=tuple(f"a{i}" for i in range(4)), chunk_size=10, **kw)
+    return SyntheticPolicyConfig(state_dim=4, cameras=CAMS, action_dim=4, chunk_size=10, **kw)
 
 
 def request(client_id, seed, rng, cameras=CAMS):

@@ -79,7 +79,9 @@ MISTAKES = [
     ("lerobot-zenoh-build-checkpoint", ["--output=/tmp/never", "--state-dim=2"], ["unknown flag --state-dim=2"]),
     ("lerobot-zenoh-build-checkpoint", ["--state_dim=2"], ["missing required flag --output"]),
     ("lerobot-zenoh-router", ["--zenoh.multicast_scouting=maybe"], ["--zenoh.multicast_scouting", "'maybe'"]),
-    ("lerobot-zenoh-router", ["--nope"], ["unrecognized arguments: --nope"]),
+    ("lerobot-zenoh-router", ["--nope"], ["unknown flag --nope"]),
+    ("lerobot-zenoh-router", ["--set", "no-equals"], ["--zenoh.json5_overrides", "KEY=VALUE"]),
+    ("lerobot-zenoh-router", ["--log-level=LOUD"], ["--log_level", "LOUD"]),
     ("lerobot-zenoh-secure", ["init", "--out=/tmp/never"], ["--manifest"]),
     ("lerobot-zenoh-secure", ["init", "--manifest=manifests/demo.yaml", "--out=/tmp/never", "--valid_days=soon"],
      ["--valid_days", "'soon'"]),
@@ -536,3 +538,26 @@ def test_ctrl_c_while_the_models_load_stops_the_server_cleanly(demo_checkpoint, 
     assert server.returncode == 0 and "Traceback" not in out, out[-2000:]
     assert "stopped while loading" in out or "server" in out and "ready" in out, out[-2000:]
     assert elapsed < 15, elapsed
+
+
+def test_the_router_takes_its_older_spellings_and_repeated_list_flags():
+    """lerobot-zenoh-router is parsed by draccus, as every console script; what it accepted before
+    (repeatable list options, --listen/--connect/--set/--no-scouting/--log-level) still means the same."""
+    from lerobot_zenoh.cli.parsing import parse
+    from lerobot_zenoh.cli.router import RouterConfig, spellings
+    from lerobot_zenoh.transport.settings import ZenohSettings
+
+    def settings(*args):
+        config = parse(RouterConfig, list(args), "lerobot-zenoh-router", spellings())
+        return config.settings(), config.log_level
+
+    expected = ZenohSettings(mode="router", listen=["tcp/127.0.0.1:1", "tcp/127.0.0.1:2"],
+                             connect=["tcp/10.0.0.1:7447"], multicast_scouting=False,
+                             json5_overrides={"transport/link/tx/lease": "10000", "a/b": '["x", "y"]'})
+    assert settings("--listen", "tcp/127.0.0.1:1", "--zenoh.listen=tcp/127.0.0.1:2", "--connect=tcp/10.0.0.1:7447",
+                    "--no-scouting", "--set", "transport/link/tx/lease=10000", "--set", 'a/b=["x", "y"]',
+                    "--log-level", "debug") == (expected, "DEBUG")
+    assert settings("--zenoh.listen=[tcp/127.0.0.1:1, tcp/127.0.0.1:2]", "--zenoh.connect", "tcp/10.0.0.1:7447",
+                    "--zenoh.multicast_scouting", "false",
+                    '--zenoh.json5_overrides={"transport/link/tx/lease": "10000", "a/b": "[\\"x\\", \\"y\\"]"}') == (expected, "INFO")
+    assert settings() == (ZenohSettings(mode="router"), "INFO")

@@ -80,7 +80,7 @@ def test_manifest_horizon_defaults_to_none_and_builds_policies():
 
 
 @pytest.mark.parametrize("horizon, field", [
-    ({"type": "static"}, "server.0.horizon"),
+    ({"type": "static"}, "server.0.horizon.h"),  # required by static's config class
     ({"type": "static", "h": 0}, "server.0.horizon.h"),
     ({"type": "diffusion_confidence", "h": 4}, "server.0.horizon"),
     ({"type": "diffusion_confidence", "threshold": -1}, "server.0.horizon.threshold"),
@@ -211,7 +211,7 @@ def test_synthetic_updates_trust_round_state_actions(value, threshold, h_min):
 
 
 def test_synthetic_policy_reports_updates_only_with_confidence_from_state():
-    names = dict(state_names=("a", "b"), cameras={}, action_names=("x",), chunk_size=CHUNK)
+    names = dict(state_dim=2, cameras={}, action_dim=1, chunk_size=CHUNK)
     plain = SyntheticPolicy(SyntheticPolicyConfig(**names))
     assert not plain.spec.capabilities.refinement_updates
     state = np.array([3.0, 0.0], np.float32)
@@ -231,8 +231,8 @@ def test_synthetic_policy_reports_updates_only_with_confidence_from_state():
 def test_synthetic_batch_with_info_sleeps_once(monkeypatch):
     slept = []
     monkeypatch.setattr("lerobot_zenoh.server.runners.synthetic.time.sleep", slept.append)
-    policy = SyntheticPolicy(SyntheticPolicyConfig(("a",), {}, ("x",), CHUNK, batch_latency_ms={1: 10, 4: 16},
-                                                   confidence_from_state=0))
+    policy = SyntheticPolicy(SyntheticPolicyConfig(state_dim=1, cameras={}, action_dim=1, chunk_size=CHUNK,
+                                                   batch_latency_ms={1: 10, 4: 16}, confidence_from_state=0))
     reqs = [InferenceRequest(f"c{i}", np.array([float(i + 1)], np.float32), {}, "", i) for i in range(3)]
     infos = policy.run(reqs, capture_updates=True)
     assert slept == [pytest.approx(policy.latency_s(3))]
@@ -257,7 +257,8 @@ class _FailsWithBad(SyntheticPolicy):
 
 def test_a_failing_batch_with_info_is_served_again_one_by_one():
     manifest = parse_manifest(entry_dict(horizon={"type": "diffusion_confidence", "h_min": 1}, max_batch_size=4))
-    runner = _FailsWithBad(SyntheticPolicyConfig(("a",), {}, ("x",), CHUNK, confidence_from_state=0))
+    runner = _FailsWithBad(SyntheticPolicyConfig(state_dim=1, cameras={}, action_dim=1, chunk_size=CHUNK,
+                                                 confidence_from_state=0))
     model = ServedModel(manifest, manifest.server[0], runner, "gpu0")
     executor = model.executor
     assert executor.capture_updates and model.max_batch_size == 4

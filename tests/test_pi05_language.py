@@ -428,9 +428,7 @@ def test_served_actions_and_streamed_text_from_one_entry(checkpoint, port, app_k
 
 
 def dataclasses_replace(obj, **changes):
-    import dataclasses
-
-    return dataclasses.replace(obj, **changes)
+    return obj.replace(**changes)  # LanguageSettings: a validated copy
 
 
 # -- the planner: a model serving two components from one stream --------------------------------------

@@ -220,14 +220,14 @@ def test_forged_ids_on_a_task_stream_leave_nothing_behind(port, app_key):
     ({"pipeline": [{"task": TASK, "component": "a", "bit": 0}, {"task": TASK, "component": "b", "bit": 1}]},
      "server.0", "task 'kit' is listed twice"),
     ({"pipeline": {"task": "bad/task", "component": "plan", "bit": 1}}, "server.0.pipeline.0.task", "reserves"),
-    ({"synthetic": {**SYNTH, "output": "verdict", "subtasks": ["x"]}}, "server.0.synthetic",
-     "subtasks does not apply to output 'verdict'"),
+    ({"synthetic": {**SYNTH, "output": "verdict", "subtasks": ["x"]}}, "server.0.synthetic.subtasks",
+     "does not apply to output 'verdict'"),
     ({"synthetic": {**SYNTH, "output": "verdict", "verdict_at": {0: "unsafe"}}}, "server.0.synthetic.verdict_at",
      "request numbers start at 1"),
     ({"synthetic": {**SYNTH, "output": "verdict", "verdicts": ["safe", "oops"]}}, "server.0.synthetic.verdicts",
      "'oops' is not a verdict label"),
     ({"synthetic": {**SYNTH, "output": "words"}}, "server.0.synthetic.output", "'actions', 'text' or 'verdict'"),
-    ({"synthetic": {**SYNTH, "echo_task": True, "output": "text"}}, "server.0.synthetic", "echo_task does not apply"),
+    ({"synthetic": {**SYNTH, "echo_task": True, "output": "text"}}, "server.0.synthetic.echo_task", "does not apply"),
     ({"synthetic": {**SYNTH, "silent_after": -1}}, "server.0.synthetic.silent_after", "greater than or equal to 0"),
 ])
 def test_bad_component_settings_fail_at_start_up_naming_the_field(app_key, change, field, words):

@@ -154,8 +154,8 @@ def test_spec_rejects_bad_values(kwargs, field):
 
 
 def test_synthetic_policy_returns_synthetic_actions():
-    config = SyntheticPolicyConfig(STATE_NAMES, CAMERAS, ACTION_NAMES, chunk_size=7, fps=30)
-    policy = SyntheticPolicy(config)
+    config = SyntheticPolicyConfig(state_dim=len(STATE_NAMES), cameras=CAMERAS, action_dim=len(ACTION_NAMES), chunk_size=7)
+    policy = SyntheticPolicy(config, fps=30)
     assert isinstance(policy, PolicyRunner)
     policy.warmup()
     rng = np.random.default_rng(0)
@@ -172,7 +172,7 @@ def test_synthetic_policy_returns_synthetic_actions():
 
 
 def test_synthetic_without_cameras_and_bad_inputs():
-    policy = SyntheticPolicy(SyntheticPolicyConfig(("x",), {}, ("a", "b"), chunk_size=2))
+    policy = SyntheticPolicy(SyntheticPolicyConfig(state_dim=1, cameras={}, action_dim=2, chunk_size=2))
     out = policy.infer("A", np.array([1.5], np.float32), {}, "", seed=0)
     assert np.array_equal(out, np.array([[1.51, 1.51], [1.52, 1.52]], np.float32))
     with pytest.raises(PolicyError, match="state"):
@@ -182,9 +182,10 @@ def test_synthetic_without_cameras_and_bad_inputs():
 
 
 def test_synthetic_declares_what_it_can_do_and_runs_one_result_per_request():
-    plain = SyntheticPolicy(SyntheticPolicyConfig(("x",), {}, ("a",), 2))
+    plain = SyntheticPolicy(SyntheticPolicyConfig(state_dim=1, cameras={}, action_dim=1, chunk_size=2))
     assert plain.spec.capabilities == RunnerCapabilities(max_batch=None)
-    policy = SyntheticPolicy(SyntheticPolicyConfig(("x",), {}, ("a",), 2, confidence_from_state=0))
+    policy = SyntheticPolicy(SyntheticPolicyConfig(state_dim=1, cameras={}, action_dim=1, chunk_size=2,
+                                                   confidence_from_state=0))
     assert policy.spec.capabilities == RunnerCapabilities(max_batch=None, refinement_updates=True)
     reqs = [InferenceRequest(f"s{i}", np.array([float(i)], np.float32), {}, "", i) for i in range(3)]
     results = policy.run(reqs)  # without capture_updates: no updates
@@ -194,25 +195,26 @@ def test_synthetic_declares_what_it_can_do_and_runs_one_result_per_request():
 
 
 def test_synthetic_latency_profile():
-    base = (("x",), {}, ("a",), 1)
-    assert SyntheticPolicy(SyntheticPolicyConfig(*base, latency_ms=20)).latency_s(8) == pytest.approx(0.02)
+    base = dict(state_dim=1, cameras={}, action_dim=1, chunk_size=1)
+    assert SyntheticPolicy(SyntheticPolicyConfig(**base, latency_ms=20)).latency_s(8) == pytest.approx(0.02)
     profile = {1: 10.0, 4: 16.0, 8: 20.0}
-    policy = SyntheticPolicy(SyntheticPolicyConfig(*base, latency_ms=5, batch_latency_ms=profile))
+    policy = SyntheticPolicy(SyntheticPolicyConfig(**base, latency_ms=5, batch_latency_ms=profile))
     assert policy.latency_s(1) == pytest.approx(0.010)
     assert policy.latency_s(2) == pytest.approx(0.012)
     assert policy.latency_s(6) == pytest.approx(0.018)
     assert policy.latency_s(12) == pytest.approx(0.024)
     with pytest.raises(ConfigError) as info:
-        SyntheticPolicyConfig(*base, batch_latency_ms={0: 1.0})
-    assert info.value.field == "batch_latency_ms"
+        SyntheticPolicyConfig(**base, batch_latency_ms={0: 1.0})
+    assert info.value.field == "batch_latency_ms.0" and "key" in str(info.value)
     with pytest.raises(ConfigError) as info:
-        SyntheticPolicyConfig(*base, latency_ms=-1)
+        SyntheticPolicyConfig(**base, latency_ms=-1)
     assert info.value.field == "latency_ms"
 
 
 def test_synthetic_circle_goes_round_smoothly_from_where_the_state_is():
     motion = CircleMotion(period_s=4.0, amplitude=40.0, lead_steps=0.0)
-    policy = SyntheticPolicy(SyntheticPolicyConfig(("x", "y", "z"), {}, ("a", "b", "c"), 8, fps=30, circle=motion))
+    policy = SyntheticPolicy(SyntheticPolicyConfig(state_dim=3, cameras={}, action_dim=3, chunk_size=8, circle=motion),
+                             fps=30)
     out = policy.infer("A", np.array([0.0, 25.0, 7.0], np.float32), {}, "", seed=0)  # phase pi/2
     assert out.shape == (8, 3) and np.array_equal(out, circle_actions(np.array([0.0, 25.0, 7.0]), 8, 3, motion, 1 / 30))
     step = 2 * np.pi / 120
@@ -221,8 +223,11 @@ def test_synthetic_circle_goes_round_smoothly_from_where_the_state_is():
     assert np.allclose(out[:, 1], 40 * np.sin(phases), atol=1e-4)
     assert np.abs(np.diff(out, axis=0)).max() <= 40 * step + 1e-4  # smooth: at most A * w * dt per row
     with pytest.raises(ConfigError) as info:
-        SyntheticPolicyConfig(("x",), {}, ("a",), 2, fps=30, circle=motion)
+        SyntheticPolicyConfig(state_dim=1, cameras={}, action_dim=1, chunk_size=2, circle=motion)
     assert info.value.field == "circle"
+    with pytest.raises(ConfigError) as info:
+        SyntheticPolicy(SyntheticPolicyConfig(state_dim=2, cameras={}, action_dim=1, chunk_size=2, circle=motion))
+    assert info.value.field == "circle" and "fps" in str(info.value)
     with pytest.raises(ConfigError) as info:
         CircleMotion(period_s=0.0)
     assert info.value.field == "circle.period_s"
@@ -255,7 +260,7 @@ def test_synthetic_module_does_not_import_torch():
     code = (
         "import sys, numpy as np\n"
         "from lerobot_zenoh.server.runners.synthetic import SyntheticPolicy, SyntheticPolicyConfig\n"
-        "p = SyntheticPolicy(SyntheticPolicyConfig(('x',), {'c': (2, 2)}, ('a',), 3))\n"
+        "p = SyntheticPolicy(SyntheticPolicyConfig(state_dim=1, cameras={'c': (2, 2)}, action_dim=1, chunk_size=3))\n"
         "p.warmup(); p.spec.observation_features()\n"
         "assert 'torch' not in sys.modules and 'lerobot' not in sys.modules, 'torch imported'\n"
     )

@@ -115,7 +115,7 @@ def test_the_manifest_rtc_block_defaults_to_lerobots_and_names_a_bad_field():
     assert (block.execution_horizon, block.max_guidance_weight, block.prefix_attention_schedule) == (
         lerobot.execution_horizon, lerobot.max_guidance_weight, lerobot.prefix_attention_schedule.value.lower())
     given = {"enabled": True, "execution_horizon": 5, "max_guidance_weight": 2.5, "prefix_attention_schedule": "exp"}
-    assert parse_manifest(entry(rtc=given)).server[0].rtc.settings() == RtcSettings(**given)
+    assert parse_manifest(entry(rtc=given)).server[0].rtc == RtcSettings(**given)  # the very class
     for field, value in (("enabled", "yes"), ("execution_horizon", 0), ("execution_horizon", "3"),
                          ("execution_horizon", 2.5), ("max_guidance_weight", 0), ("max_guidance_weight", -1.0),
                          ("max_guidance_weight", float("inf")), ("prefix_attention_schedule", "cosine"),

@@ -332,8 +332,7 @@ def test_a_slot_rewritten_while_the_model_reads_its_views_is_a_stale_rejection_n
     the model is done (the server a ring's length behind), the result is dropped as `shm_stale`."""
     from lerobot_zenoh.server.runners.synthetic import SyntheticPolicy, SyntheticPolicyConfig
 
-    policy = SyntheticPolicy(SyntheticPolicyConfig(state_names=tuple(f"s{i}" for i in range(6)), cameras=dict(CAMS),
-                                                   action_names=tuple(f"a{i}" for i in range(6)), chunk_size=8))
+    policy = SyntheticPolicy(SyntheticPolicyConfig(state_dim=6, cameras=dict(CAMS), action_dim=6, chunk_size=8))
     executor = Executor("m", policy, actions_per_chunk=8, server_id="gpu0")
     ring = same_host.FrameRing(slots=2)
     rng = np.random.default_rng(7)

@@ -341,8 +341,7 @@ def test_executor_passes_rtc_inputs_per_request_rejects_bad_ones_alone_and_echoe
     from lerobot_zenoh.server.runners.synthetic import SyntheticPolicy, SyntheticPolicyConfig
 
     def policy(rtc):
-        return SyntheticPolicy(SyntheticPolicyConfig(state_names=tuple(f"s{i}" for i in range(3)), cameras={},
-                                                     action_names=("a0", "a1"), chunk_size=12, rtc=rtc))
+        return SyntheticPolicy(SyntheticPolicyConfig(state_dim=3, cameras={}, action_dim=2, chunk_size=12, rtc=rtc))
 
     rng = np.random.default_rng(0)
 

@@ -138,15 +138,13 @@ def test_a_closed_session_cannot_be_reopened(port):
 
 def test_one_zenoh_block_for_client_manifest_and_clis():
     """The client's --zenoh.*, the manifest's zenoh: block and the CLIs' --zenoh.* are one dataclass."""
-    import argparse
     import dataclasses
 
     import draccus
 
+    from lerobot_zenoh.cli.router import RouterConfig, RouterZenohSettings
     from lerobot_zenoh.server.manifest import parse_manifest
-    from lerobot_zenoh.transport.settings import add_arguments, settings_from_arguments
 
-    names = [f.name for f in dataclasses.fields(ZenohSettings)]
     assert all(f.metadata.get("help") for f in dataclasses.fields(ZenohSettings))
 
     @dataclasses.dataclass
@@ -160,10 +158,13 @@ def test_one_zenoh_block_for_client_manifest_and_clis():
                                "server": [{"model_id": "m", "model_version": "v", "application_tag": "a",
                                            "synthetic": {"state_dim": 2, "action_dim": 2}, "accept_unknown_clients": True}]})
     assert manifest.zenoh == parsed
-    parser = argparse.ArgumentParser()
-    add_arguments(parser, tuple(names))
-    args = parser.parse_args(["--zenoh.connect", "tcp/127.0.0.1:1", "--zenoh.shared_memory", "true"])
-    assert settings_from_arguments(args) == parsed
+    router = draccus.parse(RouterConfig, args=["--zenoh.connect=[tcp/127.0.0.1:1]", "--zenoh.shared_memory=true"])
+    assert router.settings() == parsed.replace(mode="router")
+    # The router's subset is ZenohSettings' own fields (same types, defaults and help), not copies.
+    mine = {f.name: f for f in dataclasses.fields(ZenohSettings)}
+    for f in dataclasses.fields(RouterZenohSettings):
+        assert (f.default, f.default_factory, f.metadata) == (mine[f.name].default, mine[f.name].default_factory,
+                                                             mine[f.name].metadata)
     with pytest.raises(ConfigError, match="zenoh.bogus"):
         parse_manifest({"cluster_uuid": "c", "experiment_tag": "e", "zenoh": {"bogus": 1},
                         "server": [{"model_id": "m", "model_version": "v", "application_tag": "a",

@@ -181,6 +181,7 @@ class FifoRunningFirst:
     before the first request of a new task. What ordering alone buys, without wait ratios."""
 
     name = "fifo_running_first"
+    needs_execution_info = False
 
     def __init__(self) -> None:
         self._fifo = make_scheduler("fifo")
@@ -699,7 +700,7 @@ def _order(scheduler: RequestScheduler, ready: list[str], now_s: float) -> list[
 
 def gpu_latency(profile: str = "gpu") -> Callable[[int], float]:
     """The synthetic policy's batch-latency model with a profile of PROFILES (default GPU-like)."""
-    policy = SyntheticPolicy(SyntheticPolicyConfig(state_names=("s",), cameras={}, action_names=("a",), chunk_size=1,
+    policy = SyntheticPolicy(SyntheticPolicyConfig(state_dim=1, cameras={}, action_dim=1, chunk_size=1,
                                                    batch_latency_ms=dict(PROFILES[profile])))
     return policy.latency_s
 

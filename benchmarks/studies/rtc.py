@@ -132,7 +132,7 @@ class PrepareSettings:
 
     @property
     def motion(self) -> CircleMotion:
-        return CircleMotion(self.period_s, self.amplitude, self.lead_steps)
+        return CircleMotion(period_s=self.period_s, amplitude=self.amplitude, lead_steps=self.lead_steps)
 
     def key(self) -> str:
         return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]

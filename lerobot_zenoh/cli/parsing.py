@@ -16,8 +16,11 @@ Exit codes shared by the console scripts (docs/client.md):
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import NoReturn, TypeVar
 
 EXIT_OK = 0
@@ -122,14 +125,68 @@ def use_metadata_help() -> None:
     _METADATA_HELP = True
 
 
-def parse(config_class: type[T], argv: list[str] | None, prog: str) -> T:
-    """draccus.parse with one-line errors (exit 2); `--help` prints every option as usual."""
+@dataclass(frozen=True)
+class Spellings:
+    """What a script accepts besides draccus' own ``--field=value`` (its flags stay those of its config
+    dataclass; these only rewrite the command line before draccus reads it).
+
+    `aliases`: an older spelling -> the flag (``--listen`` -> ``--zenoh.listen``). `switches`: a flag
+    without a value -> what it stands for (``--no-scouting`` -> ``--zenoh.multicast_scouting=false``).
+    `repeatable`: list flags that may be given once per item (``--zenoh.listen A --zenoh.listen B``),
+    collected into draccus' ``--zenoh.listen=["A", "B"]``. `pairs`: mapping flags given once per
+    ``KEY=VALUE`` item, collected into ``{KEY: VALUE}``. A value already written as draccus takes it
+    (``[...]``, ``{...}``) is kept as it is.
+    """
+
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    switches: Mapping[str, str] = field(default_factory=dict)
+    repeatable: frozenset[str] = frozenset()
+    pairs: frozenset[str] = frozenset()
+
+    def rewrite(self, argv: list[str]) -> list[str]:
+        out: list[str] = []
+        collected: dict[str, list[str] | dict[str, str]] = {}
+        i = 0
+        while i < len(argv):
+            arg = argv[i]
+            i += 1
+            if arg in self.switches:
+                arg = self.switches[arg]
+            name, eq, value = arg.partition("=")
+            flag = self.aliases.get(name, name)
+            if flag not in self.repeatable and flag not in self.pairs:
+                out.append(f"{flag}{eq}{value}" if flag != name else arg)
+                continue
+            if not eq:  # --flag VALUE
+                if i >= len(argv):
+                    raise UsageError(flag, "expected one argument")
+                value = argv[i]
+                i += 1
+            if value.lstrip()[:1] in ("[", "{"):  # written the draccus way: taken as it is
+                out.append(f"{flag}={value}")
+                continue
+            if flag in self.pairs:
+                key, sep, item = value.partition("=")
+                if not sep or not key:
+                    raise UsageError(flag, f"{value!r} is not KEY=VALUE")
+                collected.setdefault(flag, {})[key] = item  # type: ignore[index]
+            else:
+                collected.setdefault(flag, []).append(value)  # type: ignore[union-attr]
+        # JSON is YAML, which draccus reads: every value stays a string, whatever it holds.
+        return out + [f"{flag}={json.dumps(value)}" for flag, value in collected.items()]
+
+
+def parse(config_class: type[T], argv: list[str] | None, prog: str, spellings: Spellings | None = None) -> T:
+    """draccus.parse with one-line errors (exit 2); `--help` prints every option as usual. `spellings`
+    rewrites a script's other accepted spellings into draccus flags first."""
     import draccus
 
     use_metadata_help()
 
     args = sys.argv[1:] if argv is None else list(argv)
     try:
+        if spellings is not None:
+            args = spellings.rewrite(args)
         return draccus.parse(config_class=config_class, args=args, prog=prog, exit_on_error=False)
     except SystemExit:
         raise

@@ -32,8 +32,15 @@ from __future__ import annotations
 from typing import Protocol
 
 import numpy as np
+from pydantic import Field
 
-from lerobot_zenoh.errors import ConfigError
+from lerobot_zenoh.config import Settings
+
+#: ``diffusion_confidence``'s threshold when the manifest sets none, by the runner's refinement kind:
+#: Kairos' 0.4 for denoising; for flow matching the value measured on a trained SmolVLA, where the
+#: final-to-mean ratio of an action's Euler updates scatters around 1 (p95 1.27 at 10 steps) and 0.4
+#: cut about half of the chunks on the trained path, unrelated to their error (docs/benchmarks.md).
+DEFAULT_THRESHOLDS = {"denoising": 0.4, "flow_matching": 0.6}
 
 
 class HorizonPolicy(Protocol):
@@ -49,10 +56,9 @@ class StaticHorizon:
     name = "static"
     needs_updates = False
 
-    def __init__(self, h: int):
-        if not isinstance(h, int) or isinstance(h, bool) or h < 1:
-            raise ConfigError("horizon.h", f"must be an integer >= 1, got {h!r}")
-        self.h = h
+    def __init__(self, h: int | StaticHorizonConfig):
+        """`h`, or its validated config (``StaticHorizon(5)`` checks 5 with the same class)."""
+        self.h = (h if isinstance(h, StaticHorizonConfig) else StaticHorizonConfig(h=h)).h
 
     def __repr__(self) -> str:
         return f"{self.name}(h={self.h})"
@@ -67,13 +73,14 @@ class DiffusionConfidenceHorizon:
     name = "diffusion_confidence"
     needs_updates = True
 
-    def __init__(self, threshold: float = 0.4, h_min: int = 1):
-        if not isinstance(threshold, (int, float)) or not np.isfinite(threshold) or threshold < 0:
-            raise ConfigError("horizon.threshold", f"must be a number >= 0, got {threshold!r}")
-        if not isinstance(h_min, int) or isinstance(h_min, bool) or h_min < 1:
-            raise ConfigError("horizon.h_min", f"must be an integer >= 1, got {h_min!r}")
-        self.threshold = float(threshold)
-        self.h_min = h_min
+    def __init__(self, threshold: float | DiffusionConfidenceConfig = DEFAULT_THRESHOLDS["denoising"], h_min: int = 1):
+        """A threshold and `h_min`, or their validated config (with a threshold)."""
+        config = (threshold if isinstance(threshold, DiffusionConfidenceConfig)
+                  else DiffusionConfidenceConfig(threshold=threshold, h_min=h_min))
+        if config.threshold is None:
+            raise ValueError("a DiffusionConfidenceHorizon needs a threshold (DiffusionConfidenceConfig.build picks the default)")
+        self.threshold = float(config.threshold)
+        self.h_min = config.h_min
 
     def __repr__(self) -> str:
         return f"{self.name}(threshold={self.threshold:g}, h_min={self.h_min})"
@@ -106,8 +113,47 @@ def converged_actions(updates: np.ndarray, threshold: float) -> np.ndarray:
     return np.abs(u[-1]) <= (1.0 + threshold) * earlier
 
 
-#: ``diffusion_confidence``'s threshold when the manifest sets none, by the runner's refinement kind:
-#: Kairos' 0.4 for denoising; for flow matching the value measured on a trained SmolVLA, where the
-#: final-to-mean ratio of an action's Euler updates scatters around 1 (p95 1.27 at 10 steps) and 0.4
-#: cut about half of the chunks on the trained path, unrelated to their error (docs/benchmarks.md).
-DEFAULT_THRESHOLDS = {"denoising": 0.4, "flow_matching": 0.6}
+
+
+# -- the settings of each policy (a manifest's `horizon: {type: ..., <settings>}`) ----------------------
+
+
+class NoHorizonConfig(Settings):
+    """``none``: no horizon is sent (the client uses the whole chunk)."""
+
+    config_prefix = "horizon"
+
+    def build(self, refinement_kind: str = "denoising") -> HorizonPolicy | None:
+        return None
+
+
+class StaticHorizonConfig(Settings):
+    """``static``: ``h`` every round."""
+
+    config_prefix = "horizon"
+
+    h: int = Field(ge=1, strict=True)
+
+    def build(self, refinement_kind: str = "denoising") -> HorizonPolicy:
+        return StaticHorizon(self)
+
+
+class DiffusionConfidenceConfig(Settings):
+    """``diffusion_confidence``: ``H`` from the refinement updates (`threshold` = Kairos' t, `h_min`);
+    without `threshold`, the default for the runner's kind of refinement steps (`DEFAULT_THRESHOLDS`)."""
+
+    config_prefix = "horizon"
+
+    threshold: float | None = Field(None, ge=0, allow_inf_nan=False)
+    h_min: int = Field(1, ge=1, strict=True)
+
+    def build(self, refinement_kind: str = "denoising") -> HorizonPolicy:
+        if self.threshold is None:
+            return DiffusionConfidenceHorizon(self.model_copy(update={"threshold": DEFAULT_THRESHOLDS[refinement_kind]}))
+        return DiffusionConfidenceHorizon(self)
+
+
+#: Policy type -> its config class (what the manifest's `horizon` block is validated by).
+HORIZON_CONFIGS: dict[str, type[Settings]] = {
+    "none": NoHorizonConfig, StaticHorizon.name: StaticHorizonConfig,
+    DiffusionConfidenceHorizon.name: DiffusionConfidenceConfig}

@@ -1,47 +1,39 @@
-"""Server-side request schedulers: which waiting client the inference loop serves next.
-
-A scheduler is a pure decision object (no I/O, no clock of its own: `now_s` is passed in), driven
-by the inference loop through four calls:
-
-    on_arrival(client_id, now_s, execution)   a new observation landed in the client's slot
-    pick(ready, now_s, max_batch) -> [ids]    choose whom to serve now (ready = clients with a slot);
-                                              with `choose`, the scheduler orders every ready client
-                                              and `choose(order)` says which of them go now (the
-                                              edge scheduler's placement across engines)
-    on_served(client_ids, now_s, duration_s)  the inference for them finished
-    forget(client_id)                         the client is gone
-
-New policies register in SCHEDULERS and plug in without touching the loop; their constructor's
-keyword arguments are their settings (`make_scheduler(name, field, **settings)`).
+"""The built-in request schedulers (round robin, FIFO; wait ratio in wait_ratio.py), registered under
+their names, and `make_scheduler`. The interface they implement and the registry are declared in
+scheduler_interface.py.
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Any, TypedDict
 
+from pydantic import ValidationError
+
+from lerobot_zenoh.config import config_error
 from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.protocol.messages import ExecutionInfo
+from lerobot_zenoh.scheduling.scheduler_interface import (
+    SCHEDULERS,
+    Choose,
+    RequestScheduler,
+    SchedulerConfig,
+    SchedulerType,
+    register_scheduler,
+    scheduler_type,
+)
+from lerobot_zenoh.scheduling.wait_ratio import WaitRatioConfig, WaitRatioScheduler
+
+__all__ = ["SCHEDULERS", "FifoScheduler", "RequestScheduler", "RoundRobinScheduler", "SchedulerConfig",
+           "SchedulerType", "WaitRatioScheduler", "make_scheduler", "register_scheduler", "scheduler_type"]
 
 
-#: Given every ready client in the scheduler's order, those to serve now (a subset, in order).
-Choose = Callable[[list[str]], list[str]]
+class RoundRobinStats(TypedDict):
+    clients: int  # clients in the rotation
 
 
-class RequestScheduler(Protocol):
-    name: str
-
-    def on_arrival(self, client_id: str, now_s: float, execution: ExecutionInfo | None = None) -> None: ...
-
-    def pick(self, ready: Sequence[str], now_s: float, max_batch: int = 1,
-             choose: Choose | None = None) -> list[str]: ...
-
-    def on_served(self, client_ids: Sequence[str], now_s: float, duration_s: float) -> None: ...
-
-    def forget(self, client_id: str) -> None: ...
-
-    def stats(self) -> dict[str, float | int]: ...
+class FifoStats(TypedDict):
+    waiting: int  # clients with an unserved observation
 
 
 class RoundRobinScheduler:
@@ -51,8 +43,10 @@ class RoundRobinScheduler:
     """
 
     name = "round_robin"
+    needs_execution_info = False
 
-    def __init__(self) -> None:
+    def __init__(self, config: SchedulerConfig | None = None) -> None:
+        self.config = config if config is not None else SchedulerConfig()
         self._order: list[str] = []  # clients in order of first appearance
         self._last: str | None = None
 
@@ -83,7 +77,7 @@ class RoundRobinScheduler:
                 self._last = self._order[i - 1] if i > 0 and len(self._order) > 1 else None
             self._order.remove(client_id)
 
-    def stats(self) -> dict[str, float | int]:
+    def stats(self) -> RoundRobinStats:
         return {"clients": len(self._order)}
 
 
@@ -91,8 +85,10 @@ class FifoScheduler:
     """Serve the client whose waiting observation arrived first (oldest first)."""
 
     name = "fifo"
+    needs_execution_info = False
 
-    def __init__(self) -> None:
+    def __init__(self, config: SchedulerConfig | None = None) -> None:
+        self.config = config if config is not None else SchedulerConfig()
         self._arrival_s: dict[str, float] = {}
 
     def on_arrival(self, client_id: str, now_s: float, execution: ExecutionInfo | None = None) -> None:
@@ -112,30 +108,23 @@ class FifoScheduler:
     def forget(self, client_id: str) -> None:
         self._arrival_s.pop(client_id, None)
 
-    def stats(self) -> dict[str, float | int]:
+    def stats(self) -> FifoStats:
         return {"waiting": len(self._arrival_s)}
 
 
-from lerobot_zenoh.scheduling.wait_ratio import WaitRatioScheduler  # noqa: E402  (imports nothing from here)
-
-SCHEDULERS: dict[str, Callable[..., RequestScheduler]] = {
-    RoundRobinScheduler.name: RoundRobinScheduler,
-    FifoScheduler.name: FifoScheduler,
-    WaitRatioScheduler.name: WaitRatioScheduler,
-}
-
-
-def make_scheduler(name: str, field: str = "scheduler", **settings) -> RequestScheduler:
-    """The scheduler registered as `name`, built with `settings` (e.g. wait_ratio's `buckets`).
-
-    ConfigError naming `field` for an unknown name or a setting the scheduler does not take; a bad
-    value is the scheduler's own ConfigError.
-    """
-    factory = SCHEDULERS.get(name)
-    if factory is None:
-        raise ConfigError(field, f"unknown scheduler {name!r}; choose one of {', '.join(sorted(SCHEDULERS))}")
+def make_scheduler(name: str, field: str = "scheduler", **settings: Any) -> RequestScheduler:
+    """The scheduler registered as `name`, built with `settings` (e.g. wait_ratio's `buckets`)
+    validated by its config class. ConfigError naming `field` (or ``field.<setting>``)."""
+    kind = scheduler_type(name, field)
     try:
-        inspect.signature(factory).bind(**settings)
-    except TypeError as exc:
-        raise ConfigError(field, f"{name}: {exc}") from None
-    return factory(**settings)
+        config = kind.validate(settings)
+    except ValidationError as exc:
+        raise config_error(exc, field) from None
+    except ValueError as exc:
+        raise ConfigError(field, str(exc)) from None
+    return kind.build(config)
+
+
+register_scheduler(RoundRobinScheduler.name, RoundRobinScheduler)
+register_scheduler(FifoScheduler.name, FifoScheduler)
+register_scheduler(WaitRatioScheduler.name, WaitRatioScheduler, WaitRatioConfig)

@@ -51,13 +51,36 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, TypedDict
 
-from lerobot_zenoh.errors import ConfigError
+from pydantic import Field
+
 from lerobot_zenoh.protocol.messages import ExecutionInfo
+from lerobot_zenoh.scheduling.scheduler_interface import Choose, SchedulerConfig
 
 #: Aging interval A: chosen by the model sweep (docs/scheduling.md, "Settings and defaults").
 AGING_DEFAULT = 1
-FIRST_REQUEST_RULES = ("literal", "lowest", "mean", "highest")
+FirstRequestRule = Literal["literal", "lowest", "mean", "highest"]
+
+
+class WaitRatioConfig(SchedulerConfig):
+    """The settings of `scheduler: {type: wait_ratio, ...}` (docs/scheduling.md, "Settings and defaults")."""
+
+    config_prefix = "wait_ratio"
+
+    #: B: the wait-ratio buckets a request is ranked in (strict: `true` or "3" is not a count).
+    buckets: int = Field(10, ge=1, strict=True)
+    #: A: a request skipped this many times moves up one bucket.
+    aging: int = Field(AGING_DEFAULT, ge=1, strict=True)
+    #: Where a task with no recorded wait yet ranks (module docstring).
+    first_request: FirstRequestRule = "literal"
+
+
+class WaitRatioStats(TypedDict):
+    tasks: int  # clients with a task (an episode) held
+    waiting: int  # of them, with an unserved request
+    skipped_max: int  # the most times a waiting request has been skipped
+    decisions: int  # picks made
 
 
 @dataclass
@@ -77,7 +100,8 @@ class _Task:
 class WaitRatioScheduler:
     """Kairos Algorithm 1 behind the `RequestScheduler` interface (see the module docstring).
 
-    `buckets` (B), `aging` (A) and `first_request` are the settings; `max_batch` comes per call.
+    Its settings are a `WaitRatioConfig` (`buckets` B, `aging` A, `first_request`), given as one or
+    as keywords (``WaitRatioScheduler(buckets=4)``); `max_batch` comes per call.
     """
 
     #: The server decodes each observation on arrival to hand over its ExecutionInfo.
@@ -85,17 +109,13 @@ class WaitRatioScheduler:
 
     name = "wait_ratio"
 
-    def __init__(self, buckets: int = 10, aging: int = AGING_DEFAULT, first_request: str = "literal"):
-        if not isinstance(buckets, int) or isinstance(buckets, bool) or buckets < 1:
-            raise ConfigError("wait_ratio.buckets", f"must be an integer >= 1, got {buckets!r}")
-        if not isinstance(aging, int) or isinstance(aging, bool) or aging < 1:
-            raise ConfigError("wait_ratio.aging", f"must be an integer >= 1, got {aging!r}")
-        if first_request not in FIRST_REQUEST_RULES:
-            raise ConfigError("wait_ratio.first_request",
-                              f"{first_request!r}; choose one of {', '.join(FIRST_REQUEST_RULES)}")
-        self.buckets = buckets
-        self.aging = aging
-        self.first_request = first_request
+    def __init__(self, config: WaitRatioConfig | None = None, /, **settings):
+        if config is not None and settings:
+            raise TypeError("give a WaitRatioConfig or its settings as keywords, not both")
+        self.config = config if config is not None else WaitRatioConfig(**settings)
+        self.buckets = self.config.buckets
+        self.aging = self.config.aging
+        self.first_request = self.config.first_request
         self._tasks: dict[str, _Task] = {}
         self.decisions = 0
 
@@ -166,7 +186,8 @@ class WaitRatioScheduler:
         rows.sort(key=lambda r: (-r[0], -r[1], r[2], r[3]))
         return [(client_id, bucket, estimate) for bucket, estimate, _, client_id in rows]
 
-    def pick(self, ready: Sequence[str], now_s: float, max_batch: int = 1, choose=None) -> list[str]:
+    def pick(self, ready: Sequence[str], now_s: float, max_batch: int = 1,
+             choose: Choose | None = None) -> list[str]:
         """The first `max_batch` of the order, or, with `choose` (placement across engines), those
         `choose(order)` returns; every other ready request counts as skipped."""
         for client_id in ready:
@@ -203,7 +224,7 @@ class WaitRatioScheduler:
         task = self._tasks.get(client_id)
         return task.skipped if task is not None else 0
 
-    def stats(self) -> dict[str, float | int]:
+    def stats(self) -> WaitRatioStats:
         tasks = self._tasks.values()
         return {
             "tasks": len(self._tasks),

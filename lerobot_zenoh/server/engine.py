@@ -266,7 +266,7 @@ class Engine:
         # A scheduler that ranks by ExecutionInfo hears of a header-less observation only once the
         # executor decoded it (`unread`); others when it lands, and it is decoded only if served.
         # (The declared scheduler interface makes this an attribute every scheduler has.)
-        self.needs_execution_info: bool = getattr(scheduler, "needs_execution_info", False)
+        self.needs_execution_info: bool = scheduler.needs_execution_info
         self.sessions: dict[str, Session] = {}
         self._unknown_open = 0  # sessions of clients not in the manifest
         self._lock = threading.Lock()

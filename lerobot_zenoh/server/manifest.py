@@ -28,7 +28,10 @@
         pipeline:                                 # optional: serve components of multi-model tasks
           - {task: assemble_kit, component: safety, bit: 2, prompt: "is the workcell safe?", labels: [safe, unsafe]}
 
-Validated at start-up; any problem raises ConfigError naming the file, the field and the issue.
+Validated at start-up; any problem raises ConfigError naming the file, the field and the issue. The
+blocks that configure a runner or a scheduler are that code's own config classes (`synthetic` is
+`SyntheticPolicyConfig`, `vlm` `VlmSettings`, `language` `LanguageSettings`, `rtc` `RtcSettings`,
+`scheduler` the registered type's `SchedulerConfig`), declared and validated once (lerobot_zenoh/config.py).
 A relative `pretrained_path` is resolved against the manifest file's folder (falling back to the
 current directory when only that one exists); when neither exists and it reads as a hub id
 (`user/repo[@revision]`), the runner loader fetches it or takes it from the Hugging Face cache.
@@ -36,35 +39,34 @@ current directory when only that one exists); when neither exists and it reads a
 
 from __future__ import annotations
 
-import inspect
 import os
 import socket
 from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from lerobot_zenoh.config import Settings, TypedBlock, config_error, verdict_labels
 from lerobot_zenoh.errors import ConfigError, KeyExprError
 from lerobot_zenoh.protocol.keys import AppKey, pipeline_app, validate_chunk, validate_client_id
-from lerobot_zenoh.protocol.messages import MAX_COMPONENTS, VERDICT_LABELS
-from lerobot_zenoh.scheduling.horizon import (
-    DEFAULT_THRESHOLDS,
-    DiffusionConfidenceHorizon,
-    HorizonPolicy,
-    StaticHorizon,
-)
-from lerobot_zenoh.scheduling.request_schedulers import SCHEDULERS, RequestScheduler, make_scheduler
-from lerobot_zenoh.scheduling.wait_ratio import FIRST_REQUEST_RULES
+from lerobot_zenoh.protocol.messages import MAX_COMPONENTS
+from lerobot_zenoh.scheduling.horizon import HORIZON_CONFIGS, HorizonPolicy
+from lerobot_zenoh.scheduling.request_schedulers import RequestScheduler, scheduler_type
+from lerobot_zenoh.scheduling.scheduler_interface import scheduler_configs
 from lerobot_zenoh.server.runners.lerobot import RtcSettings
+from lerobot_zenoh.server.runners.pi05_language import LanguageSettings
+from lerobot_zenoh.server.runners.synthetic import SyntheticPolicyConfig
+from lerobot_zenoh.server.runners.vlm import VlmSettings
 from lerobot_zenoh.transport.settings import ZenohSettings
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ClientEntry(_Strict):
+class ClientEntry(Settings):
     client_uuid: str
 
     @field_validator("client_uuid")
@@ -73,204 +75,49 @@ class ClientEntry(_Strict):
         return _key_chunk(validate_client_id, "client_uuid", v)
 
 
-class CircleEntry(_Strict):
-    """`synthetic.circle`: one turn every `period_s`, joints at `amplitude`, `lead_steps` ahead."""
-
-    period_s: float = Field(4.0, gt=0, allow_inf_nan=False)
-    amplitude: float = Field(40.0, gt=0, allow_inf_nan=False)
-    lead_steps: float = Field(3.0, allow_inf_nan=False)
-
-
-class SyntheticEntry(_Strict):
-    """A torch-free policy with a set latency, for tests, benchmarks and dry runs."""
-
-    state_dim: int = Field(6, ge=1)
-    action_dim: int = Field(6, ge=1)
-    chunk_size: int = Field(50, ge=1)
-    cameras: dict[str, tuple[int, int]] = Field(default_factory=lambda: {"front": (96, 128)})
-    latency_ms: float = Field(0.0, ge=0)
-    batch_latency_ms: dict[int, float] | None = None
-    # Simulation knob for the diffusion_confidence horizon: the model trusts the first
-    # round(state[i]) actions of its chunk (SyntheticPolicy, docs/scheduling.md). None: no updates.
-    confidence_from_state: int | None = Field(None, ge=0, strict=True)
-    # Declare real-time chunking: the chunk's first delay_steps rows are the observation's prefix
-    # (SyntheticPolicy; the status then advertises rtc).
-    rtc: bool = Field(False, strict=True)
-    # Declare a model that conditions on this many consecutive observations (the status then asks
-    # clients for their last history_length - 1 frames; the synthetic actions ignore them).
-    history_length: int = Field(1, ge=1, le=17, strict=True)
-    # A scripted smooth motion instead of the default chunk: every joint follows a sinusoid whose phase
-    # is read from state[0:2] (SyntheticPolicy's `circle_actions`; benchmarks/studies/rtc.py records from it).
-    circle: CircleEntry | None = None
-    # Multi-model components (docs/pipelines.md; SyntheticPolicy): what it answers and its script.
-    output: Literal["actions", "text", "verdict"] = "actions"
-    subtasks: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)  # text, per session
-    advance_every: int = Field(1, ge=1, strict=True)  # requests per subtask / verdict entry
-    cycle: bool = Field(True, strict=True)  # after the last entry: start again, else keep the last
-    verdicts: list[str] = Field(default_factory=list)  # verdict: label sequence
-    verdict_at: dict[int, str] = Field(default_factory=dict)  # verdict: request k (1-based) -> label
-    score: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
-    silent_after: int | None = Field(None, ge=0, strict=True)  # answer a session's first N requests only
-    echo_task: bool = Field(False, strict=True)  # actions: last dimension = task_code(task)
-
-    @field_validator("verdicts")
-    @classmethod
-    def _labels(cls, v: list[str]) -> list[str]:
-        for label in v:
-            _verdict_label(label)
-        return v
-
-    @field_validator("verdict_at")
-    @classmethod
-    def _at(cls, v: dict[int, str]) -> dict[int, str]:
-        for k, label in v.items():
-            if k < 1:
-                raise ValueError(f"request numbers start at 1, got {k}")
-            _verdict_label(label)
-        return v
-
-    @model_validator(mode="after")
-    def _output_settings(self):
-        wants = {"subtasks": "text", "verdicts": "verdict", "verdict_at": "verdict", "score": "verdict",
-                 "echo_task": "actions", "circle": "actions", "rtc": "actions", "confidence_from_state": "actions"}
-        for name, output in wants.items():
-            value = getattr(self, name)
-            if value not in (None, False, [], {}) and self.output != output:
-                raise ValueError(f"{name} does not apply to output {self.output!r} (only to {output!r})")
-        return self
-
-    @model_validator(mode="after")
-    def _state_index(self):
-        if self.circle is not None and self.state_dim < 2:
-            raise ValueError(f"circle needs state_dim >= 2, got {self.state_dim}")
-        if self.confidence_from_state is not None and self.confidence_from_state >= self.state_dim:
-            raise ValueError(f"confidence_from_state {self.confidence_from_state} is not a state index "
-                             f"(state_dim is {self.state_dim})")
-        return self
-
-
-class VlmEntry(_Strict):
-    """A vision-language model serving a task component (runners/vlm.py; docs/policies.md): its
-    `pretrained_path` is a transformers image-text-to-text folder (e.g. SmolVLM), not a LeRobot policy.
-
-    ``output: text`` (System 2) generates up to `max_new_tokens`; ``output: verdict`` (safety, monitor)
-    answers the most likely of `labels` (or of the pipeline item's labels) with its probability.
-    `prompt` is used when the pipeline item gives none. `state_dim` and `cameras` are the robot's
-    observation the server checks (the state is ignored; each camera is one image of the prompt)."""
-
-    output: Literal["text", "verdict"]
-    prompt: str = ""
-    max_new_tokens: int = Field(16, ge=1, le=1024, strict=True)
-    labels: list[str] = Field(default_factory=list)
-    state_dim: int = Field(6, ge=1)
-    cameras: dict[str, tuple[int, int]] = Field(default_factory=lambda: {"front": (96, 128)}, min_length=1)
-
-    @field_validator("labels")
-    @classmethod
-    def _labels(cls, v: list[str]) -> list[str]:
-        return _verdict_labels(v)
-
-    @model_validator(mode="after")
-    def _labels_fit_output(self):
-        if self.labels and self.output != "verdict":
-            raise ValueError("labels apply to output 'verdict' only")
-        return self
-
-
-class HorizonEntry(_Strict):
-    """The execution-horizon policy of one model (Kairos 3.1; docs/scheduling.md).
-
-    ``none``: no horizon is sent (the client uses the whole chunk). ``static``: ``h`` every round.
-    ``diffusion_confidence``: ``H`` from the denoising updates (``threshold`` = Kairos' t, ``h_min``);
-    a runner that does not expose them gets ``H`` = the whole chunk. Without ``threshold``, the
-    default for the model's kind of refinement steps (`horizon.DEFAULT_THRESHOLDS`).
+class HorizonEntry(TypedBlock):
+    """The execution-horizon policy of one model (Kairos 3.1; docs/scheduling.md), written like a
+    scheduler: ``none`` (no horizon is sent: the client uses the whole chunk), ``{type: static, h}``,
+    or ``{type: diffusion_confidence, threshold, h_min}``; the settings are the policy's own config
+    class (scheduling/horizon.py). A runner that does not expose its refinement updates gets ``H`` =
+    the whole chunk; without ``threshold``, the default for the model's kind of refinement steps
+    (`horizon.DEFAULT_THRESHOLDS`).
     """
 
-    type: Literal["none", "static", "diffusion_confidence"] = "none"
-    h: int | None = Field(None, ge=1)
-    threshold: float | None = Field(None, ge=0, allow_inf_nan=False)
-    h_min: int | None = Field(None, ge=1)
+    kind = "horizon"
+    default_type = "none"
 
-    @model_validator(mode="after")
-    def _settings_fit_type(self):
-        allowed = {"none": set(), "static": {"h"}, "diffusion_confidence": {"threshold", "h_min"}}[self.type]
-        given = {k for k in ("h", "threshold", "h_min") if getattr(self, k) is not None}
-        if given - allowed:
-            raise ValueError(f"{', '.join(sorted(given - allowed))} does not apply to horizon type {self.type!r}")
-        if self.type == "static" and self.h is None:
-            raise ValueError("horizon type 'static' needs h (an integer >= 1)")
-        return self
+    @classmethod
+    def types(cls):
+        return HORIZON_CONFIGS
 
     def build(self, refinement_kind: str = "denoising") -> HorizonPolicy | None:
         """The policy; `refinement_kind` (the runner's ``capabilities.refinement_kind``) picks the
         default threshold when none is set."""
-        if self.type == "static":
-            return StaticHorizon(self.h)
-        if self.type == "diffusion_confidence":
-            threshold = DEFAULT_THRESHOLDS[refinement_kind] if self.threshold is None else self.threshold
-            return DiffusionConfidenceHorizon(threshold, **({} if self.h_min is None else {"h_min": self.h_min}))
-        return None
+        return self.settings.build(refinement_kind)
 
 
-class RtcEntry(_Strict):
-    """Real-time chunking of one model (docs/policies.md, "Real-time chunking"); defaults are LeRobot's
-    `RTCConfig`'s. Only the flow-matching VLAs (smolvla, pi0, pi05) can enable it; any other family
-    refuses ``enabled: true`` at start-up."""
-
-    enabled: bool = Field(False, strict=True)
-    execution_horizon: int = Field(10, ge=1, strict=True)
-    max_guidance_weight: float = Field(10.0, gt=0, allow_inf_nan=False)
-    prefix_attention_schedule: Literal["zeros", "ones", "linear", "exp"] = "linear"
-
-    def settings(self) -> RtcSettings:
-        return RtcSettings(enabled=self.enabled, execution_horizon=self.execution_horizon,
-                           max_guidance_weight=float(self.max_guidance_weight),
-                           prefix_attention_schedule=self.prefix_attention_schedule)
-
-
-class SchedulerEntry(_Strict):
-    """The request scheduler of one model and its settings (docs/scheduling.md).
+class SchedulerEntry(TypedBlock):
+    """The request scheduler of one model and its settings (docs/server.md, "Schedulers and their settings").
 
     Written as a name (`scheduler: wait_ratio`, the scheduler's defaults) or a mapping
-    (`scheduler: {type: wait_ratio, buckets: 10, aging: 1, first_request: literal}`). A setting left
-    out takes the scheduler's default; one that does not apply to the type is an error.
+    (`scheduler: {type: wait_ratio, buckets: 10, aging: 1, first_request: literal}`). The type is
+    looked up in the scheduler registry (`scheduling.scheduler_interface.SCHEDULERS`, open to
+    plugins) and the other keys are validated by that type's own config class.
     """
 
-    type: str = "round_robin"
-    buckets: int | None = Field(None, ge=1, strict=True)  # strict: `true` or "3" is not a count
-    aging: int | None = Field(None, ge=1, strict=True)
-    first_request: str | None = None
+    kind = "scheduler"
+    default_type = "round_robin"
 
-    @field_validator("type")
     @classmethod
-    def _known(cls, v: str) -> str:
-        return _scheduler_name(v)
-
-    @field_validator("first_request")
-    @classmethod
-    def _first_request(cls, v: str | None) -> str | None:
-        if v is not None and v not in FIRST_REQUEST_RULES:
-            raise ValueError(f"{v!r}; choose one of {', '.join(FIRST_REQUEST_RULES)}")
-        return v
-
-    @model_validator(mode="after")
-    def _settings_fit_type(self):
-        # The settings a type takes are its constructor's keyword arguments (what make_scheduler binds).
-        allowed = set(inspect.signature(SCHEDULERS[self.type]).parameters)
-        extra = set(self.settings()) - allowed
-        if extra:
-            raise ValueError(f"{', '.join(sorted(extra))} does not apply to scheduler type {self.type!r}")
-        return self
-
-    def settings(self) -> dict[str, int | str]:
-        """The settings given (the scheduler's defaults stand for the others)."""
-        return {k: getattr(self, k) for k in ("buckets", "aging", "first_request") if getattr(self, k) is not None}
+    def types(cls):
+        return scheduler_configs()
 
     def build(self, field: str = "scheduler") -> RequestScheduler:
-        return make_scheduler(self.type, field, **self.settings())
+        return scheduler_type(self.type, field).build(self.settings)
 
 
-class SessionsEntry(_Strict):
+class SessionsEntry(Settings):
     """When the server closes a client's session (docs/server.md, "Sessions").
 
     A session closes `liveliness_grace_s` after the client's liveliness token vanished (the client
@@ -283,7 +130,7 @@ class SessionsEntry(_Strict):
     idle_timeout_s: float = Field(60.0, gt=0, le=86400, allow_inf_nan=False)
 
 
-class PipelineText(_Strict):
+class PipelineText(Settings):
     """The System 2 component a pi0.5 language entry (`ModelEntry.language`) serves from the same
     prefill as the item's System 1 (docs/policies.md, "pi0.5: actions and language from one prefill"):
     an observation whose mask has `bit` starts (or continues) the robot's text, published on this
@@ -300,22 +147,7 @@ class PipelineText(_Strict):
         return _key_chunk(validate_chunk, info.field_name, v)
 
 
-class LanguageEntry(_Strict):
-    """A pi0.5 checkpoint serving System 1 and System 2 from one prefill (runners/pi05_language.py):
-    the decode settings (`LanguageSettings`)."""
-
-    prompt: str = "Subtask:"
-    max_new_tokens: int = Field(32, ge=1, le=4096, strict=True)
-    tokens_per_frame: int = Field(4, ge=1, le=1024, strict=True)
-    min_tokens_per_frame: int = Field(1, ge=0, strict=True)
-    max_prompt_tokens: int = Field(32, ge=1, le=4096, strict=True)
-    stop: list[str] = Field(default_factory=list)
-    max_requests: int = Field(16, ge=1, le=4096, strict=True)
-    max_cached_tokens: int = Field(65536, ge=1, strict=True)
-    action_slo_ms: float | None = Field(None, gt=0)
-
-
-class PipelineEntry(_Strict):
+class PipelineEntry(Settings):
     """One multi-model task whose observation stream this entry serves (docs/pipelines.md).
 
     The server subscribes to the task's stream ``<cluster>/<experiment>/_pipeline/1/<task>/*/obs``
@@ -328,7 +160,7 @@ class PipelineEntry(_Strict):
     component: str
     bit: int = Field(ge=0, lt=MAX_COMPONENTS, strict=True)
     prompt: str = ""
-    labels: list[str] = Field(default_factory=list)
+    labels: list[str] = Field(default_factory=list)  # distinct verdict labels
     # A second component of the same task served from the same prefill (a `language` entry only).
     text: PipelineText | None = None
 
@@ -340,10 +172,10 @@ class PipelineEntry(_Strict):
     @field_validator("labels")
     @classmethod
     def _labels(cls, v: list[str]) -> list[str]:
-        return _verdict_labels(v)
+        return verdict_labels(v)
 
 
-class EngineEntry(_Strict):
+class EngineEntry(Settings):
     """One engine the model's edge scheduler dispatches batches to (docs/server.md, "Engines").
 
     `local: true` is the scheduler's own inference loop (at most one); any other entry is a
@@ -387,7 +219,7 @@ class EngineEntry(_Strict):
         return self
 
 
-class DispatchEntry(_Strict):
+class DispatchEntry(Settings):
     """How the edge scheduler treats its engines (docs/server.md, "Engines")."""
 
     # A dispatched request with no answer after this long goes back to the edge's queue (counted).
@@ -400,16 +232,17 @@ class DispatchEntry(_Strict):
     start_timeout_s: float = Field(10.0, gt=0, le=600, allow_inf_nan=False)
 
 
-class ModelEntry(_Strict):
+class ModelEntry(Settings):
     model_id: str
     model_version: str
     application_tag: str
     pretrained_path: str | None = None
-    synthetic: SyntheticEntry | None = None
-    # A VLM task component (VlmEntry): `pretrained_path` is then a transformers VLM folder.
-    vlm: VlmEntry | None = None
-    # A pi0.5 checkpoint answering text too, from the prefill of its actions (LanguageEntry).
-    language: LanguageEntry | None = None
+    # A torch-free policy with a set latency, for tests, benchmarks and dry runs (runners/synthetic.py).
+    synthetic: SyntheticPolicyConfig | None = None
+    # A VLM task component (runners/vlm.py): `pretrained_path` is then a transformers VLM folder.
+    vlm: VlmSettings | None = None
+    # A pi0.5 checkpoint answering text too, from the prefill of its actions (runners/pi05_language.py).
+    language: LanguageSettings | None = None
     device: str = "cpu"
     # Weights and activations: float32 (fp32) or bfloat16 (bf16; VLAs only, refused at start-up by
     # families that cannot serve it).
@@ -433,8 +266,8 @@ class ModelEntry(_Strict):
     profile_budget_s: float = Field(10.0, gt=0)
     # Execution horizon sent with each chunk (none = not sent; docs/scheduling.md).
     horizon: HorizonEntry = Field(default_factory=HorizonEntry)
-    # Real-time chunking (RtcEntry): off by default.
-    rtc: RtcEntry = Field(default_factory=RtcEntry)
+    # Real-time chunking (runners/lerobot.py): off by default.
+    rtc: RtcSettings = Field(default_factory=RtcSettings)
     accept_unknown_clients: bool = False
     # Sessions of clients not listed in `clients` (when accepted) share this many places; listed
     # clients always have their own. A place is freed when its session closes (see `sessions`).
@@ -456,17 +289,6 @@ class ModelEntry(_Strict):
     @classmethod
     def _chunks(cls, v: str, info) -> str:
         return _key_chunk(validate_chunk, info.field_name, v)
-
-    @field_validator("scheduler", mode="before")
-    @classmethod
-    def _scheduler(cls, v):
-        # The name alone is the mapping with that type and its defaults; an unknown name is
-        # reported on `scheduler` itself (in a mapping, on `scheduler.type`).
-        if isinstance(v, str):
-            return {"type": _scheduler_name(v)}
-        if not isinstance(v, (dict, SchedulerEntry)):
-            raise ValueError(f"a scheduler name or a mapping {{type: ..., <settings>}}, got {v!r}")
-        return v
 
     @field_validator("device")
     @classmethod
@@ -516,7 +338,7 @@ class ModelEntry(_Strict):
         return ([self.endpoint] if self.endpoint else []) + list(self.endpoints)
 
 
-class Manifest(_Strict):
+class Manifest(Settings):
     cluster_uuid: str
     experiment_tag: str
     server_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
@@ -609,27 +431,6 @@ class Manifest(_Strict):
         return None if not value else str(self._resolve(value))
 
 
-def _verdict_labels(v: list[str]) -> list[str]:
-    """A component's label set: verdict labels, each once."""
-    for label in v:
-        _verdict_label(label)
-    if len(v) != len(set(v)):
-        raise ValueError(f"duplicate labels in {v}")
-    return v
-
-
-def _verdict_label(label: str) -> str:
-    if label not in VERDICT_LABELS:
-        raise ValueError(f"{label!r} is not a verdict label ({', '.join(sorted(VERDICT_LABELS))})")
-    return label
-
-
-def _scheduler_name(name: str) -> str:
-    if name not in SCHEDULERS:
-        raise ValueError(f"unknown scheduler {name!r}; choose one of {', '.join(sorted(SCHEDULERS))}")
-    return name
-
-
 def _key_chunk(check, field: str, value: str) -> str:
     try:
         return check(field, value)
@@ -643,13 +444,7 @@ def parse_manifest(data: dict, source: str = "<memory>") -> Manifest:
     try:
         manifest = Manifest.model_validate({**data, "source": source})
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "<top level>"
-        message = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "unexpected_keyword_argument":  # an unknown key in the zenoh block
-            message = "Extra inputs are not permitted"
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise ConfigError(field, message + more, source=source) from None
+        raise config_error(exc, source=source) from None
     try:  # the zenoh block's own checks (its files are checked once resolved, at start-up)
         manifest.zenoh_settings().validate("zenoh", check_files=False)
     except ConfigError as exc:

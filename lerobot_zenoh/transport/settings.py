@@ -1,8 +1,8 @@
 """The one Zenoh configuration of the project, and its translation into a `zenoh.Config`.
 
-`ZenohSettings` is used as is by every program: the robot client (`--zenoh.*`, draccus), the
-server manifest's `zenoh:` block (pydantic validates the same dataclass), the monitor and the
-router. Its fields, defaults and help texts are defined here and nowhere else.
+`ZenohSettings` is used as is by every program: the `--zenoh.*` flags of the robot client, the
+monitor and the router (draccus), and the server manifest's `zenoh:` block (pydantic validates the
+same dataclass). Its fields, defaults and help texts are defined here and nowhere else.
 
 Defaults are chosen so that a program opens nothing it was not asked to (docs/security.md):
 
@@ -231,58 +231,3 @@ def loopback_settings(port: int | None = None, *, listen: bool = True, connect_p
         connect=[f"tcp/127.0.0.1:{p}" for p in connect_ports],
         multicast_scouting=False,
     )
-
-
-# -- the same fields as argparse options (for the CLIs that do not use draccus) -------------------
-
-def add_arguments(parser, fields: tuple[str, ...], *, aliases: dict[str, list[str]] | None = None,
-                  prefix: str = "zenoh") -> None:
-    """Add `--zenoh.<field>` options for `fields` of ZenohSettings, help text from the dataclass.
-
-    Lists are repeatable options; booleans take true/false; every option defaults to "not given",
-    so `settings_from_arguments` leaves the dataclass's default in place. `aliases` gives older
-    spellings of an option (e.g. {"connect": ["--connect"]}).
-    """
-    by_name = {f.name: f for f in dataclasses.fields(ZenohSettings)}
-    for name in fields:
-        spec = by_name[name]
-        flags = [f"--{prefix}.{name}", *(aliases or {}).get(name, [])]
-        kwargs: dict = {"dest": f"{prefix}_{name}", "default": None, "help": spec.metadata.get("help")}
-        if name in ("listen", "connect"):
-            kwargs.update(action="append", metavar="ENDPOINT")
-        elif name == "json5_overrides":
-            kwargs.update(action="append", metavar="PATH=JSON5")
-        elif name == "mode":
-            kwargs.update(choices=MODES)
-        elif name in ("multicast_scouting", "shared_memory", "tls_mtls", "tls_verify_name"):
-            kwargs.update(type=true_or_false, metavar="true|false")
-        parser.add_argument(*flags, **kwargs)
-
-
-def settings_from_arguments(args, *, prefix: str = "zenoh", **fixed) -> ZenohSettings:
-    """ZenohSettings from options added by `add_arguments`; `fixed` fields override them."""
-    values = {}
-    for spec in dataclasses.fields(ZenohSettings):
-        given = getattr(args, f"{prefix}_{spec.name}", None)
-        if given is None:
-            continue
-        if spec.name == "json5_overrides":
-            overrides = {}
-            for item in given:
-                path, sep, literal = item.partition("=")
-                if not sep or not path:
-                    raise ConfigError(f"{prefix}.json5_overrides", f"{item!r} is not PATH=JSON5")
-                overrides[path] = literal
-            given = overrides
-        values[spec.name] = given
-    values.update(fixed)
-    return ZenohSettings(**values)
-
-
-def true_or_false(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("true", "1", "yes", "on"):
-        return True
-    if lowered in ("false", "0", "no", "off"):
-        return False
-    raise ValueError(f"{text!r} is not true or false")

@@ -124,72 +124,41 @@ def load_policy_runner(pretrained_path: str | Path, device: str = "cpu", *,
 def load_runner(manifest: Manifest, entry: ModelEntry) -> PolicyRunner:
     """Build the runner a manifest entry asks for: its `synthetic` policy, its VLM folder (`vlm`), or its
     checkpoint folder.
-    Raises `PolicyError` (or `ConfigError` for bad synthetic settings) naming the entry or the path."""
+    Raises `PolicyError` (or `ConfigError`: a synthetic entry with `rtc.enabled`) naming the entry or the path."""
     field = f"server[{entry.model_id}]."
     if entry.synthetic is not None:
         if entry.rtc.enabled:
             raise ConfigError(f"{field}rtc.enabled", "the synthetic policy has no RTC guidance to configure; "
                                                      "declare RTC with synthetic.rtc instead")
-        from lerobot_zenoh.server.runners.synthetic import CircleMotion, SyntheticPolicy, SyntheticPolicyConfig
+        from lerobot_zenoh.server.runners.synthetic import SyntheticPolicy
 
-        syn = entry.synthetic
-        return SyntheticPolicy(SyntheticPolicyConfig(
-            state_names=tuple(f"state_{i}" for i in range(syn.state_dim)),
-            cameras={k: tuple(v) for k, v in syn.cameras.items()},
-            action_names=tuple(f"action_{i}" for i in range(syn.action_dim)),
-            chunk_size=syn.chunk_size,
-            fps=entry.fps,
-            latency_ms=syn.latency_ms,
-            batch_latency_ms=syn.batch_latency_ms,
-            confidence_from_state=syn.confidence_from_state,
-            rtc=syn.rtc,
-            history_length=syn.history_length,
-            circle=None if syn.circle is None else CircleMotion(**syn.circle.model_dump()),
-            output=syn.output,
-            subtasks=tuple(syn.subtasks),
-            advance_every=syn.advance_every,
-            cycle=syn.cycle,
-            verdicts=tuple(syn.verdicts),
-            verdict_at=dict(syn.verdict_at),
-            score=syn.score,
-            silent_after=syn.silent_after,
-            echo_task=syn.echo_task,
-        ))
+        return SyntheticPolicy(entry.synthetic, fps=entry.fps)
     from lerobot_zenoh.server.hub import checkpoint_folder
 
     # A local folder, else a Hugging Face hub id (downloaded, or from the cache offline).
     path = checkpoint_folder(entry.pretrained_path, manifest.resolve_path(entry),
                              f"{manifest.source}: server[{entry.model_id}].pretrained_path")
     if entry.vlm is not None:
-        from lerobot_zenoh.server.runners.vlm import VlmRunner, VlmSettings
+        from lerobot_zenoh.server.runners.vlm import VlmRunner
 
-        vlm = entry.vlm
-        settings = VlmSettings(output=vlm.output, prompt=vlm.prompt, max_new_tokens=vlm.max_new_tokens,
-                               labels=tuple(vlm.labels), state_dim=vlm.state_dim,
-                               cameras={k: tuple(v) for k, v in vlm.cameras.items()})
-        return VlmRunner.from_pretrained(path, settings, fps=entry.fps, device=entry.device, dtype=entry.dtype,
+        return VlmRunner.from_pretrained(path, entry.vlm, fps=entry.fps, device=entry.device, dtype=entry.dtype,
                                          field_prefix=field)
     options = LoadOptions(
         device=entry.device,
         dtype=entry.dtype,
         tokenizer_path=manifest.resolve_asset(entry.tokenizer_path),
         vlm_path=manifest.resolve_asset(entry.vlm_path),
-        rtc=entry.rtc.settings(),
+        rtc=entry.rtc,
         field_prefix=field,
     )
     if entry.language is not None:  # pi0.5 answering text from the prefill of its actions
-        from lerobot_zenoh.server.runners.pi05_language import LanguageSettings, Pi05LanguageRunner
+        from lerobot_zenoh.server.runners.pi05_language import Pi05LanguageRunner
 
         config = read_config(path)
         if config.type != "pi05":
             raise PolicyError(f"{field}language: {path} is a {config.type!r} checkpoint; text from the shared "
                               "prefill needs pi05")
-        lang = entry.language
         runner = Pi05LanguageRunner.from_checkpoint(path, config, options)
-        runner.configure_language(LanguageSettings(
-            prompt=lang.prompt, max_new_tokens=lang.max_new_tokens, tokens_per_frame=lang.tokens_per_frame,
-            min_tokens_per_frame=lang.min_tokens_per_frame, max_prompt_tokens=lang.max_prompt_tokens,
-            stop=tuple(lang.stop), max_requests=lang.max_requests, max_cached_tokens=lang.max_cached_tokens,
-            action_slo_ms=lang.action_slo_ms))
+        runner.configure_language(entry.language)
         return runner
     return load_policy_runner(path, options=options)

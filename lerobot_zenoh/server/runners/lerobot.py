@@ -20,10 +20,12 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+from pydantic import Field
 
+from lerobot_zenoh.config import Settings
 from lerobot_zenoh.errors import ConfigError, PolicyError
 from lerobot_zenoh.server.runners.base import (
     OBS_IMAGES_PREFIX,
@@ -51,35 +53,25 @@ WEIGHTS_FILE = "model.safetensors"
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
 #: LeRobot's RTC prefix attention schedules (``RTCAttentionSchedule``), as the manifest spells them.
-RTC_SCHEDULES = ("zeros", "ones", "linear", "exp")
+RtcSchedule = Literal["zeros", "ones", "linear", "exp"]
 
 
-@dataclass(frozen=True)
-class RtcSettings:
+class RtcSettings(Settings):
     """Real-time chunking of one model (the manifest entry's ``rtc`` block; docs/policies.md).
 
     The defaults are LeRobot's `RTCConfig`'s. `execution_horizon`: the leading chunk rows the guidance
     draws from the prefix; `max_guidance_weight`: the clamp of the guidance weight;
-    `prefix_attention_schedule`: how the prefix weights decay from the delay to the horizon.
+    `prefix_attention_schedule`: how the prefix weights decay from the delay to the horizon. Only the
+    flow-matching VLAs (smolvla, pi0, pi05) can enable it; any other family refuses ``enabled: true``
+    at load.
     """
 
-    enabled: bool = False
-    execution_horizon: int = 10
-    max_guidance_weight: float = 10.0
-    prefix_attention_schedule: str = "linear"
+    config_prefix = "rtc"
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.enabled, bool):
-            raise ConfigError("rtc.enabled", f"must be true or false, got {self.enabled!r}")
-        if isinstance(self.execution_horizon, bool) or not isinstance(self.execution_horizon, int) \
-                or self.execution_horizon < 1:
-            raise ConfigError("rtc.execution_horizon", f"must be an integer >= 1, got {self.execution_horizon!r}")
-        weight = self.max_guidance_weight
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < float("inf"):
-            raise ConfigError("rtc.max_guidance_weight", f"must be a finite number > 0, got {weight!r}")
-        if self.prefix_attention_schedule not in RTC_SCHEDULES:
-            raise ConfigError("rtc.prefix_attention_schedule",
-                              f"{self.prefix_attention_schedule!r}; choose one of {', '.join(RTC_SCHEDULES)}")
+    enabled: bool = Field(False, strict=True)
+    execution_horizon: int = Field(10, ge=1, strict=True)
+    max_guidance_weight: float = Field(10.0, gt=0, allow_inf_nan=False)
+    prefix_attention_schedule: RtcSchedule = "linear"
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import Field, model_validator
+
+from lerobot_zenoh.config import Settings
 from lerobot_zenoh.errors import ConfigError, PolicyError, ProtocolError
 from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.server.runners.base import (
@@ -58,8 +61,7 @@ log = logging.getLogger(__name__)
 LANGUAGE_EXTRA = "language"
 
 
-@dataclass(frozen=True)
-class LanguageSettings:
+class LanguageSettings(Settings):
     """How a pi0.5 runner decodes language (a manifest entry's ``language`` block).
 
     - `prompt`: appended after the shared prefix when the component gives none (a language-trained
@@ -76,28 +78,24 @@ class LanguageSettings:
       time plus the frame's decoding nears it (`DecodeBudget`).
     """
 
-    prompt: str = "Subtask:"
-    max_new_tokens: int = 32
-    tokens_per_frame: int = 4
-    min_tokens_per_frame: int = 1
-    max_prompt_tokens: int = 32
-    stop: tuple[str, ...] = ()
-    max_requests: int = 16
-    max_cached_tokens: int = 65536
-    action_slo_ms: float | None = None
+    config_prefix = "language"
 
-    def __post_init__(self) -> None:
-        for name in ("max_new_tokens", "tokens_per_frame", "max_prompt_tokens", "max_requests", "max_cached_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"language.{name}", f"must be an integer >= 1, got {value!r}")
-        m = self.min_tokens_per_frame
-        if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m <= self.tokens_per_frame:
-            raise ConfigError("language.min_tokens_per_frame", f"must be 0..tokens_per_frame, got {m!r}")
-        if not isinstance(self.prompt, str) or not self.prompt:
-            raise ConfigError("language.prompt", "must be a non-empty string (the text continues it)")
-        if self.action_slo_ms is not None and not self.action_slo_ms > 0:
-            raise ConfigError("language.action_slo_ms", f"must be > 0, got {self.action_slo_ms!r}")
+    prompt: str = Field("Subtask:", min_length=1)  # the text continues it: never empty
+    max_new_tokens: int = Field(32, ge=1, le=4096, strict=True)
+    tokens_per_frame: int = Field(4, ge=1, le=1024, strict=True)
+    min_tokens_per_frame: int = Field(1, ge=0, strict=True)
+    max_prompt_tokens: int = Field(32, ge=1, le=4096, strict=True)
+    stop: tuple[str, ...] = ()
+    max_requests: int = Field(16, ge=1, le=4096, strict=True)
+    max_cached_tokens: int = Field(65536, ge=1, strict=True)
+    action_slo_ms: float | None = Field(None, gt=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _floor(self):
+        if self.min_tokens_per_frame > self.tokens_per_frame:
+            raise ValueError(f"min_tokens_per_frame {self.min_tokens_per_frame} is more than "
+                             f"tokens_per_frame {self.tokens_per_frame}")
+        return self
 
 
 @dataclass(frozen=True)

@@ -39,15 +39,15 @@ import math
 import time
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import Field, ValidationInfo, field_validator
 
+from lerobot_zenoh.config import Settings, VerdictsByRequest, VerdictSequence
 from lerobot_zenoh.errors import ConfigError, PolicyError
-from lerobot_zenoh.protocol.messages import VERDICT_LABELS
 from lerobot_zenoh.server.runners.base import (
     COMPONENT_EXTRA,
-    OUTPUTS,
     RTC_EXTRA,
     RTC_EXTRA_DELAY,
     BaseRunner,
@@ -94,23 +94,16 @@ def synthetic_actions(
     return (per_step[:, None] + per_dim[None, :] + image_term).astype(np.float32)
 
 
-@dataclass(frozen=True)
-class CircleMotion:
+class CircleMotion(Settings):
     """A scripted smooth motion (`circle_actions`): one turn every `period_s`, joints at `amplitude`,
     commands `lead_steps` control periods ahead of the phase the state shows (a first-order joint lags
     its target: with time constant tau, by about ``atan(2 pi tau / period_s)`` radians)."""
 
-    period_s: float = 4.0
-    amplitude: float = 40.0
-    lead_steps: float = 3.0
+    config_prefix = "circle"
 
-    def __post_init__(self) -> None:
-        for name in ("period_s", "amplitude"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ConfigError(f"circle.{name}", f"must be a number > 0, got {value!r}")
-        if not (isinstance(self.lead_steps, (int, float)) and math.isfinite(self.lead_steps)):
-            raise ConfigError("circle.lead_steps", f"must be a finite number, got {self.lead_steps!r}")
+    period_s: float = Field(4.0, gt=0, allow_inf_nan=False)
+    amplitude: float = Field(40.0, gt=0, allow_inf_nan=False)
+    lead_steps: float = Field(3.0, allow_inf_nan=False)
 
 
 def circle_actions(state: np.ndarray, chunk_size: int, action_dim: int, motion: CircleMotion, dt_s: float) -> np.ndarray:
@@ -161,86 +154,79 @@ def rtc_continue(actions: np.ndarray, prefix: np.ndarray, delay_steps: int) -> n
     return out
 
 
-@dataclass
-class SyntheticPolicyConfig:
-    """Shape of the synthetic policy and its simulated inference time.
+#: Settings that apply to one output only -> that output.
+_ONLY_FOR = {"subtasks": "text", "verdicts": "verdict", "verdict_at": "verdict", "score": "verdict",
+             "echo_task": "actions", "circle": "actions", "rtc": "actions", "confidence_from_state": "actions"}
+
+
+class SyntheticPolicyConfig(Settings):
+    """The synthetic policy: its shape, its simulated inference time and its script. A manifest
+    entry's `synthetic:` block is this class (docs/server.md, "Manifest reference").
 
     `latency_ms` is the time one `run` on one request sleeps. `batch_latency_ms` optionally profiles
     batched inference ({batch size: ms per batch}); see `SyntheticPolicy.latency_s`.
     `confidence_from_state` (a state index, or None) makes the policy declare refinement updates and
     report, when asked (``run(..., capture_updates=True)``), updates that trust the first
-    ``round(state[index])`` actions (`synthetic_denoise_updates`).
+    ``round(state[index])`` actions (`synthetic_denoise_updates`): a simulation knob for the
+    ``diffusion_confidence`` horizon (docs/scheduling.md).
     """
 
-    state_names: tuple[str, ...]
-    cameras: dict[str, tuple[int, int]]
-    action_names: tuple[str, ...]
-    chunk_size: int
-    fps: int | None = None
-    latency_ms: float = 0.0
-    batch_latency_ms: dict[int, float] | None = field(default=None)
-    confidence_from_state: int | None = None
-    rtc: bool = False  # declare real-time chunking and continue the prefix (`rtc_continue`)
-    history_length: int = 1  # declare this many consecutive observations (its actions ignore the history)
-    circle: CircleMotion | None = None  # a scripted smooth motion instead of `synthetic_actions`
-    # Multi-model components (module docstring): what the policy answers, and its script.
-    output: str = "actions"  # actions | text | verdict
-    subtasks: tuple[str, ...] = ()  # text: the script (empty: "subtask <i>")
-    advance_every: int = 1  # requests per entry of `subtasks` / `verdicts`
-    cycle: bool = True  # after the last entry: start again (True) or keep the last (False)
-    verdicts: tuple[str, ...] = ()  # verdict: one label per `advance_every` requests (empty: the first label asked)
-    verdict_at: dict[int, str] = field(default_factory=dict)  # request k (1-based) -> label, overriding
-    score: float | None = None  # verdict: the score sent with every label (None: none)
-    silent_after: int | None = None  # withhold every answer after a session's first N requests
-    echo_task: bool = False  # actions: the last dimension is task_code(task)
+    state_dim: int = Field(6, ge=1)
+    action_dim: int = Field(6, ge=1)
+    chunk_size: int = Field(50, ge=1)
+    cameras: dict[str, tuple[int, int]] = Field(default_factory=lambda: {"front": (96, 128)})
+    # What the policy answers (multi-model components, module docstring); the script follows below.
+    output: Literal["actions", "text", "verdict"] = "actions"
+    latency_ms: float = Field(0.0, ge=0, allow_inf_nan=False)
+    batch_latency_ms: dict[Annotated[int, Field(ge=1)], Annotated[float, Field(ge=0, allow_inf_nan=False)]] | None = \
+        Field(None, min_length=1)
+    confidence_from_state: int | None = Field(None, ge=0, strict=True)
+    # Declare real-time chunking: the chunk's first delay_steps rows are the observation's prefix
+    # (`rtc_continue`; the status then advertises rtc).
+    rtc: bool = Field(False, strict=True)
+    # Declare a model that conditions on this many consecutive observations (the status then asks
+    # clients for their last history_length - 1 frames; the synthetic actions ignore them).
+    history_length: int = Field(1, ge=1, le=17, strict=True)
+    # A scripted smooth motion instead of `synthetic_actions` (benchmarks/studies/rtc.py records from it).
+    circle: CircleMotion | None = None
+    # The script of a text or verdict component.
+    subtasks: tuple[Annotated[str, Field(min_length=1)], ...] = ()  # text: the script (empty: "subtask <i>")
+    advance_every: int = Field(1, ge=1, strict=True)  # requests per entry of `subtasks` / `verdicts`
+    cycle: bool = Field(True, strict=True)  # after the last entry: start again, else keep the last
+    verdicts: VerdictSequence = ()  # verdict: one label per `advance_every` requests
+    verdict_at: VerdictsByRequest = Field(default_factory=dict)  # verdict: request k (1-based) -> label
+    score: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)  # verdict: sent with every label
+    silent_after: int | None = Field(None, ge=0, strict=True)  # withhold every answer after a session's first N
+    echo_task: bool = Field(False, strict=True)  # actions: the last dimension is task_code(task)
 
-    def __post_init__(self) -> None:
-        index = self.confidence_from_state
-        if index is not None and (not isinstance(index, int) or isinstance(index, bool)
-                                  or not 0 <= index < len(self.state_names)):
-            raise ConfigError("confidence_from_state",
-                              f"must be a state index in [0, {len(self.state_names)}), got {index!r}")
-        if not isinstance(self.latency_ms, (int, float)) or not self.latency_ms >= 0:
-            raise ConfigError("latency_ms", f"must be a number >= 0, got {self.latency_ms!r}")
-        if self.batch_latency_ms is not None:
-            if not self.batch_latency_ms:
-                raise ConfigError("batch_latency_ms", "must not be empty (use None for no profile)")
-            for size, ms in self.batch_latency_ms.items():
-                if not isinstance(size, int) or size < 1:
-                    raise ConfigError("batch_latency_ms", f"batch sizes must be integers >= 1, got {size!r}")
-                if not isinstance(ms, (int, float)) or not ms >= 0:
-                    raise ConfigError(f"batch_latency_ms.{size}", f"must be a number >= 0, got {ms!r}")
-        if self.circle is not None:
-            if len(self.state_names) < 2:
-                raise ConfigError("circle", f"needs a state of at least 2 values, got {len(self.state_names)}")
-            if not self.fps:
-                raise ConfigError("circle", "needs the control rate (fps)")
-        if self.output not in OUTPUTS:
-            raise ConfigError("output", f"must be one of {', '.join(OUTPUTS)}, got {self.output!r}")
-        if not isinstance(self.advance_every, int) or isinstance(self.advance_every, bool) or self.advance_every < 1:
-            raise ConfigError("advance_every", f"must be an integer >= 1, got {self.advance_every!r}")
-        for i, text in enumerate(self.subtasks):
-            if not isinstance(text, str) or not text:
-                raise ConfigError(f"subtasks.{i}", f"must be a non-empty string, got {text!r}")
-        for name, labels in (("verdicts", dict(enumerate(self.verdicts))), ("verdict_at", self.verdict_at)):
-            for k, label in labels.items():
-                if label not in VERDICT_LABELS:
-                    raise ConfigError(f"{name}.{k}", f"{label!r} is not a verdict label "
-                                                     f"({', '.join(sorted(VERDICT_LABELS))})")
-                if name == "verdict_at" and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
-                    raise ConfigError("verdict_at", f"keys are request numbers >= 1, got {k!r}")
-        if self.score is not None and not (isinstance(self.score, (int, float)) and 0 <= self.score <= 1):
-            raise ConfigError("score", f"must be a number in 0..1, got {self.score!r}")
-        if self.silent_after is not None and (not isinstance(self.silent_after, int) or self.silent_after < 0):
-            raise ConfigError("silent_after", f"must be an integer >= 0, got {self.silent_after!r}")
-        misplaced = [name for name, given, wants in (
-            ("subtasks", bool(self.subtasks), "text"), ("verdicts", bool(self.verdicts), "verdict"),
-            ("verdict_at", bool(self.verdict_at), "verdict"), ("score", self.score is not None, "verdict"),
-            ("echo_task", self.echo_task, "actions"), ("circle", self.circle is not None, "actions"),
-            ("rtc", self.rtc, "actions"), ("confidence_from_state", self.confidence_from_state is not None, "actions"),
-        ) if given and self.output != wants]
-        if misplaced:
-            raise ConfigError(misplaced[0], f"does not apply to output {self.output!r}")
+    @field_validator(*_ONLY_FOR)
+    @classmethod
+    def _fits_output(cls, value, info: ValidationInfo):
+        # Fields are validated in order: `output` (declared before these) is known unless it was bad.
+        output, wants = info.data.get("output"), _ONLY_FOR[info.field_name]
+        if value not in (None, False, (), {}) and output is not None and output != wants:
+            raise ValueError(f"does not apply to output {output!r} (only to {wants!r})")
+        return value
+
+    @field_validator("circle", "confidence_from_state")
+    @classmethod
+    def _state_index(cls, value, info: ValidationInfo):
+        state_dim = info.data.get("state_dim")
+        if value is None or state_dim is None:
+            return value
+        if info.field_name == "circle" and state_dim < 2:
+            raise ValueError(f"needs state_dim >= 2 (its phase is read from state[0:2]), got {state_dim}")
+        if info.field_name == "confidence_from_state" and value >= state_dim:
+            raise ValueError(f"{value} is not a state index (state_dim is {state_dim})")
+        return value
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        return tuple(f"state_{i}" for i in range(self.state_dim))
+
+    @property
+    def action_names(self) -> tuple[str, ...]:
+        return tuple(f"action_{i}" for i in range(self.action_dim))
 
 
 class SyntheticPolicy(BaseRunner):
@@ -251,15 +237,19 @@ class SyntheticPolicy(BaseRunner):
     refinement updates only with `config.confidence_from_state`, and reports them only when asked.
     """
 
-    def __init__(self, config: SyntheticPolicyConfig):
+    def __init__(self, config: SyntheticPolicyConfig, *, fps: int | None = None):
+        """`fps`: the control rate the robots run at (the manifest entry's); `circle` needs it."""
+        if config.circle is not None and not fps:
+            raise ConfigError("circle", "needs the control rate (fps)")
         self.config = config
+        self.fps = fps
         self.spec = PolicySpec(
             policy_type="synthetic",
             state_names=config.state_names,
-            cameras=config.cameras,
+            cameras=dict(config.cameras),
             action_names=config.action_names,
             chunk_size=config.chunk_size,
-            fps=config.fps,
+            fps=fps,
             capabilities=RunnerCapabilities(
                 max_batch=None, refinement_updates=config.confidence_from_state is not None, rtc=bool(config.rtc),
                 history_length=config.history_length, reads_task=bool(config.echo_task), output=config.output),
@@ -320,7 +310,7 @@ class SyntheticPolicy(BaseRunner):
                                                           self.config.score))
                 continue
             if self.config.circle is not None:
-                actions = circle_actions(r.state, chunk, dim, self.config.circle, 1.0 / self.config.fps)
+                actions = circle_actions(r.state, chunk, dim, self.config.circle, 1.0 / self.fps)
             else:
                 actions = synthetic_actions(r.state, r.images, chunk, dim)
             extras = {}

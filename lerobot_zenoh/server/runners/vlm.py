@@ -30,13 +30,15 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
+from pydantic import Field, model_validator
 
-from lerobot_zenoh.errors import ConfigError, PolicyError
-from lerobot_zenoh.protocol.messages import SAFETY_LABELS, VERDICT_LABELS
+from lerobot_zenoh.config import Settings, VerdictLabels
+from lerobot_zenoh.errors import PolicyError
+from lerobot_zenoh.protocol.messages import SAFETY_LABELS
 from lerobot_zenoh.server.runners.base import (
     COMPONENT_EXTRA,
     BaseRunner,
@@ -52,25 +54,30 @@ from lerobot_zenoh.protocol.reasons import OutputKind
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class VlmSettings:
-    """What a VLM component answers and how (the manifest's `vlm` block)."""
+class VlmSettings(Settings):
+    """What a VLM component answers and how: the manifest entry's `vlm` block (docs/server.md), whose
+    `pretrained_path` is then a transformers image-text-to-text folder (e.g. SmolVLM), not a LeRobot
+    policy.
 
-    output: str  # text | verdict
+    ``output: text`` (System 2) generates up to `max_new_tokens`; ``output: verdict`` (safety, monitor)
+    answers the most likely of `labels` (or of the pipeline item's labels) with its probability.
+    `prompt` is used when the pipeline item gives none. `state_dim` and `cameras` are the robot's
+    observation the server checks (the state is ignored; each camera is one image of the prompt)."""
+
+    config_prefix = "vlm"
+
+    output: Literal["text", "verdict"]
     prompt: str = ""
-    max_new_tokens: int = 16
-    labels: tuple[str, ...] = ()
-    state_dim: int = 6
-    cameras: dict[str, tuple[int, int]] | None = None
+    max_new_tokens: int = Field(16, ge=1, le=1024, strict=True)
+    labels: VerdictLabels = ()
+    state_dim: int = Field(6, ge=1)
+    cameras: dict[str, tuple[int, int]] = Field(default_factory=lambda: {"front": (96, 128)}, min_length=1)
 
-    def __post_init__(self) -> None:
-        if self.output not in (OutputKind.TEXT, OutputKind.VERDICT):
-            raise ConfigError("vlm.output", f"must be text or verdict, got {self.output!r}")
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ConfigError("vlm.max_new_tokens", f"must be an integer >= 1, got {self.max_new_tokens!r}")
-        for label in self.labels:
-            if label not in VERDICT_LABELS:
-                raise ConfigError("vlm.labels", f"{label!r} is not a verdict label ({', '.join(sorted(VERDICT_LABELS))})")
+    @model_validator(mode="after")
+    def _labels_fit_output(self):
+        if self.labels and self.output != OutputKind.VERDICT:
+            raise ValueError("labels apply to output 'verdict' only")
+        return self
 
 
 class VlmRunner(BaseRunner):
@@ -81,9 +88,7 @@ class VlmRunner(BaseRunner):
         self.processor = processor
         self.settings = settings
         self.device = device
-        cameras = dict(settings.cameras or {"front": (96, 128)})
-        if not cameras:
-            raise ConfigError("vlm.cameras", "a VLM component needs at least one camera")
+        cameras = dict(settings.cameras)  # at least one (VlmSettings)
         self.spec = PolicySpec(
             policy_type="vlm",
             state_names=tuple(f"state_{i}" for i in range(settings.state_dim)),
