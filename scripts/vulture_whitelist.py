@@ -52,22 +52,7 @@ _.wait_mean_ms
 _.latency_p95_s
 _.age_p50_ms
 
-# Unread, in files others were reshaping (remove with the code):
-_.EXIT_OK  # cli/parsing.py: exit code 0 named, never used
-_.no_stamp  # client/config.py: the --dataset.no_stamp flag is accepted but nothing reads it
-_.all_engine_keys  # protocol/dispatch.py
-_.all_metrics  # protocol/keys.py
-_.numeric_dtypes  # tests/test_codec.py
-_._Published  # server/server.py
-_.started_at_s  # server/server.py
-_.opened_s  # server/engine.py
-_._resolve_file  # server/manifest.py
-_.capacity_hz  # pipelines/profiles.py
-_.decode_steps  # server/runners/vlm.py, counted, never reported
-_.prefill_s  # server/runners/decode_batch.py StepTimes: counted, never reported
-_.prefills
-_.decode_s
-_.decode_rows
-_.packed_s
+# Unread, kept on purpose (remove with the code):
+_.no_stamp  # client/config.py: read by LeRobot's own DatasetRecordConfig.stamp_repo_id
 _.members_refused  # telemetry/fleet.py: counted, never reported
 _.members_forgotten

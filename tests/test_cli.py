@@ -382,6 +382,18 @@ def test_ctrl_c_stops_the_demo_cleanly(demo_checkpoint, tmp_path, port):
     assert (tmp_path / "robot_1.json").exists()  # the robot wrote its summary on the way out
 
 
+def test_a_new_recordings_repo_id_is_stamped_only_when_no_stamp_is_false_and_never_on_resume():
+    import re
+
+    from lerobot_zenoh.cli.client import parse_config
+
+    record = [*CLIENT, "--dataset.repo_id=local/t", "--dataset.single_task=pick"]
+    assert parse_config(record).dataset.repo_id == "local/t"  # our default: --dataset.no_stamp=true
+    stamped = parse_config([*record, "--dataset.no_stamp=false"]).dataset.repo_id
+    assert re.fullmatch(r"local/t_\d{8}_\d{6}", stamped), stamped  # lerobot-record's tag
+    assert parse_config([*record, "--dataset.no_stamp=false", "--resume=true"]).dataset.repo_id == "local/t"
+
+
 # -- recording: unwritable roots in one line, hints that work when copied, no encoder chatter -------
 
 def test_an_unwritable_dataset_root_is_one_line_and_exit_2_before_any_server_is_sought(tmp_path):

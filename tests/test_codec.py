@@ -35,7 +35,6 @@ GOLDEN = pathlib.Path(__file__).parent / "golden"
 names = st.text(st.characters(categories=("L", "N"), max_codepoint=0x2FF), min_size=1, max_size=12)
 uint64 = st.integers(0, 2**64 - 1)
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
-numeric_dtypes = st.sampled_from(["float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"])
 
 
 @st.composite

@@ -176,6 +176,11 @@ def test_a_decode_without_the_end_token_stops_at_the_limit_with_a_counted_reason
         assert isinstance(result, ProtocolError) and result.reason == "decode_limit"
         assert runner.refusals["decode_limit"] == before + 1
         assert runner.engine().stats()["finished_limit"] == 1
+        # ... and the runner's telemetry figures carry the KV slots and the decode engine's counters
+        figures = runner.figures()
+        assert figures["decode.finished_limit"] == 1 and figures["decode.kv_allocations"] >= 1
+        assert figures["decode.decode_rows"] >= figures["decode.decode_steps"] >= 2
+        assert figures["decode.slots"] == runner.slots and figures["decode.kv_bytes"] > 0
     finally:
         runner.max_new_tokens, runner._engine = limit, None
 

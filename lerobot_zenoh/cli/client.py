@@ -92,7 +92,12 @@ def parse_config(argv: list[str] | None = None):
         robot_type = next((a.split("=", 1)[1] for a in argv if a.startswith("--robot.type=")), None)
         print(short_help(RobotClientConfig, robot_type))
         raise SystemExit(0)
-    return parse(RobotClientConfig, argv, PROG)
+    config = parse(RobotClientConfig, argv, PROG)
+    if config.dataset is not None and not config.resume:
+        # LeRobot's own rule: a new recording's repo_id gets a date-time tag unless --dataset.no_stamp
+        # (our default: true, so that LeRobotDataset(repo_id) finds what was recorded).
+        config.dataset.stamp_repo_id()
+    return config
 
 
 _SECTION = re.compile(r"^(?P<cls>\w+)(?: \['(?P<path>[\w.]+)'\])?:$")

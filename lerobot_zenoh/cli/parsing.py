@@ -23,7 +23,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NoReturn, TypeVar
 
-EXIT_OK = 0
 EXIT_CONFIG = 2
 EXIT_NO_SERVER = 3
 

@@ -114,17 +114,6 @@ class ModelProfile(_Strict):
         r0, r1, v0, v1 = rates[i - 1], rates[i], values[i - 1], values[i]
         return v0 + (v1 - v0) * (rate_hz - r0) / (r1 - r0)
 
-    def capacity_hz(self, batch: int, stat: str, deadline_ms: float) -> float:
-        """The highest aggregate rate at which the `stat` latency stays within `deadline_ms` (0: none)."""
-        rates, values = self._curve(batch, stat)
-        if not rates or values[0] > deadline_ms:
-            return 0.0
-        for i in range(1, len(rates)):
-            if values[i] > deadline_ms:
-                r0, r1, v0, v1 = rates[i - 1], rates[i], values[i - 1], values[i]
-                return r0 + (r1 - r0) * (deadline_ms - v0) / (v1 - v0)
-        return rates[-1]
-
     def min_latency_ms(self, stat: str) -> float:
         return min(getattr(p, f"{stat}_ms") for p in self.points if getattr(p, f"{stat}_ms") is not None)
 

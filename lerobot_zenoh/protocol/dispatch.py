@@ -62,11 +62,6 @@ class EngineKeys:
         return f"{self.token}/status"
 
 
-def all_engine_keys(app: AppKey) -> str:
-    """Every key of every engine of `app` (the ACL's engine subtree)."""
-    return f"{app.prefix}/{ENGINE}/**"
-
-
 @dataclass(frozen=True)
 class EngineRequest:
     """Scheduler -> engine: one request to run, with everything the runner needs.

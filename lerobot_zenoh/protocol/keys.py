@@ -93,11 +93,6 @@ class AppKey:
         return f"{self.prefix}/*/{Topic.OBS}"
 
     @property
-    def all_metrics(self) -> str:
-        """Every telemetry key under this app (clients and servers)."""
-        return f"{self.prefix}/**/{Topic.METRICS}"
-
-    @property
     def all_client_tokens(self) -> str:
         """Liveliness selector for every client of this app (a client's token is its metrics key)."""
         return f"{self.prefix}/*/{Topic.METRICS}"

@@ -218,7 +218,6 @@ class EngineSnapshot:
 class Session:
     client_id: str
     listed: bool
-    opened_s: float
     last_seen_s: float
     nonce: int | None = None  # the client process's session_nonce, once one was seen
     episode_id: str | None = None
@@ -577,7 +576,7 @@ class Engine:
     # -- internals (caller holds the lock) ----------------------------------------------------
 
     def _open(self, client_id: str, listed: bool, now_s: float) -> Session:
-        session = self.sessions[client_id] = Session(client_id, listed, now_s, now_s)
+        session = self.sessions[client_id] = Session(client_id, listed, now_s)
         session.token_seen = client_id in self._tokens
         self._tokens.pop(client_id, None)
         if not listed and not session.token_seen:

@@ -427,9 +427,6 @@ class Manifest(Settings):
         beside = Path(self.source).parent / path
         return path if (not beside.exists() and path.exists()) else beside
 
-    def _resolve_file(self, value: str | None) -> str | None:
-        return None if not value else str(self._resolve(value))
-
 
 def _key_chunk(check, field: str, value: str) -> str:
     try:

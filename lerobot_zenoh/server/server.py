@@ -50,7 +50,7 @@ from lerobot_zenoh.protocol.keys import ANSWER_TOPICS, AppKey, Topic, parse_clie
 from lerobot_zenoh.protocol.messages import RtcAdvert, SameHostAdvert, Status
 from lerobot_zenoh.protocol.reasons import OutputKind, Reason
 from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
-from lerobot_zenoh.server import admission, text_stream
+from lerobot_zenoh.server import admission
 from lerobot_zenoh.server.admission import Ready
 from lerobot_zenoh.server.batch_profiling import measure_batch_profile
 from lerobot_zenoh.server.engine import (
@@ -213,7 +213,6 @@ class PolicyServer:
         self._thread: threading.Thread | None = None
         self._telemetry: list[TelemetryPublisher] = []
         self.started = threading.Event()
-        self.started_at_s = 0.0
         self._reload_lock = threading.Lock()
         # Same-host frames live in this host's /dev/shm: a model whose requests may run on another
         # host's engine is offered JPEG only.
@@ -282,7 +281,6 @@ class PolicyServer:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> PolicyServer:
-        self.started_at_s = time.monotonic()
         if self.manifest.role == "engine":
             self._worker = EngineWorker(self.manifest, self._injected, self._limits).start()
             self.started.set()
@@ -728,7 +726,7 @@ class PolicyServer:
             "batch_size_mean": float(np.mean(snap.batch_sizes)) if snap.batch_sizes else 1.0,
             "batch_fallbacks": model.executor.batch_fallbacks,
             **model.executor.shared_memory_figures,
-            **(model.runner.language_figures() if text_stream.writes_text(model.runner) else {}),
+            **model.runner.figures(),  # the runner's own: language.*, decode.*, vlm.*
             "max_batch_size": model.max_batch_size,
             **{f"batch_profile.{b}_ms": t * 1000 for b, t in model.batch_profile_s.items()},
             **{f"scheduler.{k}": v for k, v in snap.scheduler.items()},

@@ -287,6 +287,9 @@ class PolicyRunner(Protocol):
     `check_request` refuses, before any batching, a request this model cannot take although it has
     the spec's shapes (e.g. a task longer than the tokenizer reads), with a `ProtocolError` whose
     `reason` the server counts; it runs on the inference thread and must be cheap.
+    `figures` returns the runner's own counters for telemetry (docs/telemetry.md, "Runner figures"):
+    flat names with a dot-separated prefix of the runner's kind (``decode.tokens``), numbers only;
+    it is called from the telemetry thread, so it copies, never blocks on inference.
     """
 
     spec: PolicySpec
@@ -300,6 +303,8 @@ class PolicyRunner(Protocol):
     ) -> list[InferenceResult]: ...
 
     def forget(self, session_id: str) -> None: ...
+
+    def figures(self) -> Mapping[str, float]: ...
 
 
 class BaseRunner:
@@ -329,6 +334,10 @@ class BaseRunner:
 
     def check_request(self, request: InferenceRequest) -> None:
         """Every request with the spec's shapes is accepted by default."""
+
+    def figures(self) -> Mapping[str, float]:
+        """No counters of its own by default."""
+        return {}
 
     def infer(
         self,

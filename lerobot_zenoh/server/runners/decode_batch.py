@@ -268,7 +268,11 @@ class DecodeEngine:
     def stats(self) -> dict[str, int | float]:
         return {"slots": self.kv.n_slots, "running": len(self._running), "waiting": len(self._waiting),
                 "kv_bytes": self.kv.bytes, "kv_allocations": self.kv.allocations, "kv_evictions": self.kv.evictions,
-                "finished_end": self.finished_end, "finished_limit": self.finished_limit}
+                "finished_end": self.finished_end, "finished_limit": self.finished_limit,
+                "prefills": self.times.prefills, "prefill_ms": self.times.prefill_s * 1000,
+                "decode_steps": self.times.decode_steps, "decode_rows": self.times.decode_rows,
+                "decode_ms": self.times.decode_s * 1000, "packed_steps": self.times.packed,
+                "packed_ms": self.times.packed_s * 1000}
 
     # -- the step ------------------------------------------------------------------------------------
 

@@ -305,7 +305,7 @@ class Pi05LanguageRunner(FlowMatchingRunner):
         """Generations pending or running (the server calls `advance` while there are any)."""
         return len(self._pending) + len(self._running.rows)
 
-    def language_figures(self) -> dict[str, float]:
+    def figures(self) -> dict[str, float]:
         """Counters for telemetry (``language.*``)."""
         out: dict[str, float] = {f"language.{k}": v for k, v in self.counters.items()}
         out["language.active"] = self.language_active

@@ -229,6 +229,10 @@ class Pi0FastRunner(LeRobotRunner):
             raise ProtocolError(Reason.TASK_TOO_LONG, f"the prompt is up to {n} tokens, pi0_fast reads at most "
                                                  f"{self.max_prompt_tokens} (tokenizer_max_length)")
 
+    def figures(self) -> dict[str, float]:
+        """``decode.*``: the KV slots and the decode engine's counters (docs/telemetry.md)."""
+        return {} if self._engine is None else {f"decode.{k}": v for k, v in self._engine.stats().items()}
+
     def engine(self):
         """The decode engine (built on first use: its slots hold this model's prompt length)."""
         if self._engine is None:

@@ -103,6 +103,10 @@ class VlmRunner(BaseRunner):
         self.batches = 0  # prefill batches of text generation (one per input shape per call)
         self.decode_steps = 0  # batched decode steps
 
+    def figures(self) -> dict[str, float]:
+        """``vlm.*``: batched prefills and decode steps of text generation (docs/telemetry.md)."""
+        return {"vlm.prefill_batches": self.batches, "vlm.decode_steps": self.decode_steps}
+
     @classmethod
     def from_pretrained(cls, path: str | Path, settings: VlmSettings, *, fps: int | None = None,
                         device: str = "cpu", dtype: str = "float32", field_prefix: str = "") -> VlmRunner:
