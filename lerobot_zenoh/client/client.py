@@ -25,7 +25,7 @@ then does not close it); ``RobotClient(..., session_factory=...)`` opens it from
 task asks for (default :func:`open_session`; a test or a benchmark wraps it to count or slow what is
 put). Each part is constructed with what it uses, so it can be built and tested alone.
 
-Sessions (protocol 1.1): every observation carries ``session_nonce``, drawn once per client (a
+Sessions (docs/protocol.md §10.5): every observation carries ``session_nonce``, drawn once per client (a
 restarted client has a new one, so the server counts its seq_ids afresh) and again after
 ``new_nonce_after_unanswered`` requests in a row got no chunk, and ``episode_id``, the episode number
 as a string (the server resets per-episode state when it changes). docs/client.md describes the rest.

@@ -2,7 +2,7 @@
 
 Pure comparison (`compare`), a bounded wait for the first Zenoh connection (`wait_connected`), and
 one bounded query loop (`discover`). The status query carries the client's id (selector parameter
-`client=<id>`); a 1.1 server answers with `client_admitted`, so a client the server does not serve
+`client=<id>`); the server answers with `client_admitted`, so a client the server does not serve
 is refused at start-up instead of holding its robot waiting for chunks that never come.
 """
 

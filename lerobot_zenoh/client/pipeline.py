@@ -42,8 +42,9 @@ from lerobot_zenoh.errors import CompatibilityError, ConfigError, ProtocolError
 from lerobot_zenoh.pipelines.robot_plan import RobotPlan
 from lerobot_zenoh.pipelines.runtime import OUTPUT_OF_KIND, PipelineRuntime
 from lerobot_zenoh.protocol import codec
-from lerobot_zenoh.transport.settings import ZenohSettings
 from lerobot_zenoh.protocol.reasons import OutputKind
+from lerobot_zenoh.telemetry.publisher import worth_logging
+from lerobot_zenoh.transport.settings import ZenohSettings
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +218,7 @@ class PipelineTask(Task):
             msg = codec.decode_text_result(payload) if kind == "system2" else codec.decode_verdict(payload)
         except ProtocolError as exc:
             self.results_rejected += 1
-            if self.results_rejected in (1, 10, 100) or self.results_rejected % 1000 == 0:
+            if worth_logging(self.results_rejected):
                 log.warning("%s: rejected a %s answer: %s", self.config.client_uuid, component, exc)
             return
         with self._lock:

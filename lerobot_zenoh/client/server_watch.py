@@ -117,7 +117,7 @@ class ServerWatch:
         self.status = status
         self.serving_server_id = status.server_id
         self.rtc_active = cfg.rtc.enabled and status.rtc is not None
-        # Re-fetch only toward a server that drops late refreshes (1.3): an older one would serve each
+        # Re-fetch only toward a server that drops late refreshes (its status says `refreshes`): another would serve each
         # refresh as a new request, an inference apiece, exactly when it is overloaded. By default
         # not with RTC either: a refresh's delay is predicted from first-send RTTs, an overestimate.
         wanted = cfg.send.refetch_after_s
@@ -127,7 +127,7 @@ class ServerWatch:
         self.refetch_auto = self.refetch_ok and cfg.send.refetch_after_s is None
         self.trigger.refetch_after_s = wanted if self.refetch_ok else None
         if self.refetch_allowed and cfg.send.refetch_after_s and not status.refreshes:
-            log.warning("%s: server %s does not take re-fetch refreshes (protocol before 1.3): --send.refetch_after_s "
+            log.warning("%s: server %s does not take re-fetch refreshes (its status lacks `refreshes`): --send.refetch_after_s "
                         "is off while it serves", cfg.client_uuid, status.server_id)
         self.same_host_active = (self.same_host_allowed and cfg.same_host and not self._same_host_failed
                                  and same_host.probe_ok(status.same_host))

@@ -212,7 +212,7 @@ def synthetic_profile(service: ServiceModel, batch_sizes: list[int], batching: s
     return ModelProfile(batching=batching, memory_gb=memory_gb, points=points)
 
 
-#: GPU-like service models for Rosa's components on one H200-class GPU (seed 000 4.1 and 4.3: GR00T at
+#: GPU-like service models for Rosa's components on one H200-class GPU (as the Rosa paper reports: GR00T at
 #: batch 16 is ~3.5x the throughput of batch 1; Qwen-VL-7B for System 2 and the monitor, 3B for safety).
 #: Chosen to be plausible, not measured: see docs/pipelines.md.
 ROSA_SERVICE = {

@@ -9,7 +9,7 @@ server's expected observation (zeros, JPEG-encoded cameras) over Zenoh:
    `seconds_per_rate`, each on a client with nothing in flight (an arrival that finds none is counted
    as dropped); latency = answer arrival - observation send, on this process's clock.
 
-The answer is what the server's status says it answers (`Status.output`, protocol 1.3): an action
+The answer is what the server's status says it answers (`Status.output`, docs/protocol.md §5.3): an action
 chunk, a TextResult (System 2) or a Verdict (safety, monitor), each on its own topic; a multi-model
 component's server is measured through its own app key, which it serves besides its tasks' streams.
 

@@ -18,13 +18,13 @@ RTT (:class:`RttTracker`)
     A chunk answering ``response_to_seq_id`` resolves exactly that key to its request and yields the
     round trip from the request's first send. Older keys are kept: with best-effort transport replies
     can arrive out of order, and forgetting every key ``<=`` the one received would make their RTT
-    unmeasurable (seed 8.1). The last ``window`` samples give p50/p90/p99. Pass the time the
+    unmeasurable. The last ``window`` samples give p50/p90/p99. Pass the time the
     observation was *captured* as ``now_s`` of ``on_send`` if you want the RTT to cover everything
     between sensing and acting.
 
 Stale steps (:func:`expired_steps`)
-    ``int(rtt_s / dt_s)``, and 0 before the first RTT (seed 8.2 and 8.3: the first chunk is
-    applied whole).
+    ``int(rtt_s / dt_s)``, and 0 before the first RTT (the first chunk is applied whole;
+    docs/client.md).
 
 The send rule (:class:`SendTrigger`)
     Send when ``queue_size * dt_s < buffer_time_s`` and fewer than ``max_in_flight`` requests
@@ -156,7 +156,7 @@ class RttTracker:
     def on_receive(self, response_to_seq_id: int, now_s: float) -> float | None:
         """The RTT of `response_to_seq_id`, or ``None`` if its send time is unknown.
 
-        Forgets only that key (seed 8.1). Raises ``ValueError`` if ``now_s`` precedes the send
+        Forgets only that key. Raises ``ValueError`` if ``now_s`` precedes the send
         time, which only happens when two clocks are mixed.
         """
         return self.take(self.table.answer(response_to_seq_id, now_s))

@@ -1,4 +1,4 @@
-"""Execution-aware request scheduling by wait ratio (Kairos, seed 001 section 3.2, Algorithm 1).
+"""Execution-aware request scheduling by wait ratio (Kairos' Algorithm 1; docs/scheduling.md).
 
 A robot's request is urgent or not depending on what the robot is doing, not on when the request
 arrived: one that still has a second of actions buffered can wait, one about to run dry cannot.

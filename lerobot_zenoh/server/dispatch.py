@@ -55,6 +55,7 @@ from lerobot_zenoh.server.engine import Batch, Session, Slot
 from lerobot_zenoh.server.executor import request_seed
 from lerobot_zenoh.server.manifest import EngineEntry
 from lerobot_zenoh.server.runners.base import RTC_EXTRA_DELAY, InferenceResult
+from lerobot_zenoh.telemetry.publisher import worth_logging
 from lerobot_zenoh.transport.session import ACTION_QOS, ZenohSession
 
 if TYPE_CHECKING:
@@ -508,7 +509,7 @@ class Dispatcher:
         if refusal is not None:
             state.counts[f"refused.{refusal[0]}"] += 1
             n = state.counts[f"refused.{refusal[0]}"]
-            if n in (1, 10, 100) or n % 1000 == 0:
+            if worth_logging(n):
                 log.warning("%s: engine %s refused (%s: %s); request re-queued [%d so far]", model.app.prefix,
                             state.engine_id, refusal[0], refusal[1], n)
             self._down(state, refusal[0])

@@ -51,6 +51,7 @@ from lerobot_zenoh.server.runners.base import (
     InferenceResult,
     PolicyRunner,
 )
+from lerobot_zenoh.telemetry.publisher import worth_logging
 from lerobot_zenoh.transport import same_host
 
 log = logging.getLogger(__name__)
@@ -237,7 +238,7 @@ class Executor:
                 return list(results)
             except Exception as exc:
                 self.batch_fallbacks += 1
-                if self.batch_fallbacks in (1, 10, 100) or self.batch_fallbacks % 1000 == 0:
+                if worth_logging(self.batch_fallbacks):
                     log.warning("%s: batch of %d failed (%s: %s); serving it one request at a time [%d so far]",
                                 self.name, len(requests), type(exc).__name__, exc, self.batch_fallbacks)
         out: list[InferenceResult | Exception] = []

@@ -1,4 +1,4 @@
-"""The server manifest (seed 002 section 12.1, plus what a server needs beyond it).
+"""The server manifest (docs/server.md, "Manifest reference").
 
     cluster_uuid: jupiter
     experiment_tag: fabio2

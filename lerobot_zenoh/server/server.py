@@ -70,7 +70,7 @@ from lerobot_zenoh.server.manifest import Manifest, ModelEntry, reload_refusal
 from lerobot_zenoh.server.routing import TaskRouting, stream_changes, task_streams
 from lerobot_zenoh.server.runners import load_runner
 from lerobot_zenoh.server.runners.base import InferenceRequest, InferenceResult, PolicyRunner
-from lerobot_zenoh.telemetry.publisher import TelemetryPublisher, percentile, process_memory
+from lerobot_zenoh.telemetry.publisher import TelemetryPublisher, percentile, process_memory, worth_logging
 from lerobot_zenoh.transport import same_host
 from lerobot_zenoh.transport.session import ACTION_QOS, Payload, Publisher, ZenohSession
 
@@ -487,7 +487,7 @@ class PolicyServer:
                             client_id, model.app.prefix, n)
         elif dropped == TOO_MANY_CLIENTS:
             n = model.engine.dropped[TOO_MANY_CLIENTS]
-            if n in (1, 10, 100) or n % 1000 == 0:
+            if worth_logging(n):
                 log.warning("dropped observation(s) from %r on %s: %d unknown clients already have a session "
                             "(max_unknown_clients) [%d so far]", client_id, model.app.prefix,
                             model.entry.max_unknown_clients, n)
@@ -658,7 +658,7 @@ class PolicyServer:
 
     def _reject(self, model: ServedModel, session: Session, reason: str, detail: str) -> None:
         n = model.engine.reject(session, reason, time.monotonic())
-        if n in (1, 10, 100) or n % 1000 == 0:
+        if worth_logging(n):
             log.warning("client %s on %s: rejected (%s) %s [%d rejections]", session.client_id, model.app.prefix,
                         reason, detail, n)
 

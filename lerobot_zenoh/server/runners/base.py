@@ -154,7 +154,7 @@ class PolicySpec:
         return len(self.state_names)
 
     def status_fields(self) -> dict[str, Any]:
-        """What `protocol.messages.Status` advertises about the model beyond shapes (protocol 1.1):
+        """What `protocol.messages.Status` advertises about the model beyond shapes (docs/protocol.md §5.3):
         ``Status(..., **spec.status_fields())``."""
         caps = self.capabilities
         return {"chunk_size": self.chunk_size, "reads_task": caps.reads_task,
