@@ -3,8 +3,12 @@
 Three network namespaces and two shaped links (TUN delay lines of `benchmarks/netns.py`, or netem
 where the kernel has it):
 
-    robots  10.78.1.1 ==== 2.5 ms one way, 300 Mbit/s ==== 10.78.1.2  edge  10.78.2.1 ==== 50 ms one way
-    (100 ms round trip), 1 Gbit/s ==== 10.78.2.2  cloud
+    robots  10.78.1.1 ==== 2.5 ms one way, 300 Mbit/s ==== 10.78.1.2  edge  10.78.2.1 ==== --wan-ms one way
+    (default 100 ms: a 200 ms round trip), --wan-mbit (default 1 Gbit/s) ==== 10.78.2.2  cloud
+
+Link delays are ONE WAY, each direction, as in `benchmarks/fleet.py`: Kairos (§5.1) gives each link
+a "base latency" beside per-direction bandwidths (Wi-Fi 7: 2.5 ms, 2 Gbps up, 3 Gbps down; WAN:
+100 ms, 1 Gbps symmetric), i.e. the delay of a packet in one direction; a round trip is twice it.
 
 What is real: the edge scheduler (`lerobot-policy-server` with `engines`: its own loop as the edge
 engine, wait-ratio order, Kairos placement), the cloud engine (`lerobot-policy-server` with `role:
@@ -28,12 +32,17 @@ latency = arrival to the last action executed, for tasks arriving after `--warmu
 `--duration-s`; mean, P25, P95 over `--seeds` seeds per point.
 
     python -m benchmarks.hybrid study --rates 2,4,6,8 --seeds 3 --duration-s 20   # make bench-hybrid
+    python -m benchmarks.hybrid study --wan-ms 50 ...  # a 50 ms one-way (100 ms round-trip) WAN
     python -m benchmarks.hybrid study --no-netns ...   # loopback, no shaping (a smoke run only)
     python -m benchmarks.hybrid wan --rate 10 --wan 25:1000,100:1000,200:1000,100:100   # Kairos Fig. 17
 
-`wan` runs the hybrid mode only, under each edge-cloud link `<round trip ms>:<Mbit/s>` in turn (the
+`wan` runs the hybrid mode only, under each edge-cloud link `<one-way ms>:<Mbit/s>` in turn (the
 link is reshaped between runs; the scheduler measures the new round trip and bandwidth itself),
 and reports the offload share and the mean task latency.
+
+Seeds: task arrivals are drawn exactly as the fleet model's online arrivals
+(`benchmarks/fleet.py --uniform-tasks ROUNDS STEPS --hybrid-rates R`, `arrival_times` below), so a
+seed is the same arrival times in both, and a real run sits beside the model's run of that seed.
 
 With a GPU (issue 25: "one real engine on the GPU as the cloud tier"): `--checkpoint PATH` makes
 both tiers load that LeRobot checkpoint instead of the synthetic policies, the edge on the CPU and the
@@ -65,8 +74,8 @@ EDGE_PROFILE_MS = {1: 80, 2: 86, 4: 100, 8: 135}
 CLOUD_PROFILE_MS = {1: 45, 2: 48, 4: 55, 8: 72, 16: 110}
 EDGE_CAPACITY, CLOUD_CAPACITY = 4, 8
 ROBOT_EDGE = ("10.78.1.1", "10.78.1.2", 2.5, 300.0)  # robots addr, edge addr, one-way ms, Mbit/s
-EDGE_CLOUD = ("10.78.2.1", "10.78.2.2", 50.0, 1000.0)
-EDGE_PORT, CLOUD_PORT = 7750, 7751
+EDGE_CLOUD = ("10.78.2.1", "10.78.2.2", 100.0, 1000.0)  # edge addr, cloud addr, one-way ms (Kairos), Mbit/s
+EDGE_PORT, CLOUD_PORT = 8050, 8051
 APP = ("bench", "hybrid", "vla", "v1", "app")
 CAMERA = (96, 128)
 MODES = ("edge", "cloud", "hybrid")
@@ -83,8 +92,9 @@ class Topology:
     """Namespaces robots / edge / cloud and the two shaped links (see the module docstring)."""
 
     def __init__(self, log_dir: Path, wan: tuple[float, float] | None = None):
+        """`wan`: the edge-cloud link's (one-way ms, Mbit/s), default `EDGE_CLOUD`'s."""
         tag = f"lzh{os.getpid() % 100000}"
-        self.specs = [ROBOT_EDGE, EDGE_CLOUD if wan is None else (*EDGE_CLOUD[:2], wan[0] / 2, wan[1])]
+        self.specs = [ROBOT_EDGE, EDGE_CLOUD if wan is None else (*EDGE_CLOUD[:2], wan[0], wan[1])]
         self.devs: list[tuple[str, str, str, str]] = []  # (ns_a, ns_b, dev_a, dev_b) per link
         self.ns = {"robots": f"{tag}r", "edge": f"{tag}e", "cloud": f"{tag}c"}
         self.log_dir = log_dir
@@ -102,16 +112,16 @@ class Topology:
             self._link(self.ns[a], self.ns[b], dev_a, dev_b, self.specs[i])
         return self
 
-    def reshape_wan(self, rtt_ms: float, mbit: float) -> None:
-        """Give the edge-cloud link a new round trip and rate (between runs)."""
+    def reshape_wan(self, one_way_ms: float, mbit: float) -> None:
+        """Give the edge-cloud link a new one-way delay and rate (between runs)."""
         ns_a, ns_b, dev_a, dev_b = self.devs[1]
         if self.method == "netem":
             for ns, dev in ((ns_a, dev_a), (ns_b, dev_b)):
                 _sh("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "netem", "delay",
-                    f"{rtt_ms / 2}ms", "rate", f"{mbit}mbit", "limit", "1000")
+                    f"{one_way_ms}ms", "rate", f"{mbit}mbit", "limit", "1000")
             return
         line = self.lines[1]
-        line.stdin.write(f"shape {rtt_ms / 2} {mbit}\n")
+        line.stdin.write(f"shape {one_way_ms} {mbit}\n")
         line.stdin.flush()
         if not line.stdout.readline().startswith("ok"):
             raise RuntimeError("delay line refused its shape")
@@ -338,12 +348,8 @@ def drive(endpoint: str, rate: float, seed: int, duration_s: float, warmup_s: fl
 
     t0 = time.monotonic()
     threads = []
-    at = 0.0
     i = 0
-    while True:
-        at += rng.exponential(1 / rate)
-        if at > duration_s:
-            break
+    for at in arrival_times(rate, seed, duration_s):
         delay = t0 + at - time.monotonic()
         if delay > 0:
             time.sleep(delay)
@@ -365,6 +371,21 @@ def drive(endpoint: str, rate: float, seed: int, duration_s: float, warmup_s: fl
             "offload_share": tiers.count("cloud") / len(tiers) if tiers else 0.0,
             "round_ms_mean": statistics.fmean(rounds_ms) if rounds_ms else None,
             "resends": sum(r["resends"] for r in results)}
+
+
+def arrival_times(rate: float, seed: int, until_s: float) -> list[float]:
+    """Poisson task arrivals (s from the start) before `until_s`: the draws of the fleet model's online
+    arrivals (`benchmarks/fleet.py`, `FleetSim`: its generator, seeded with the run's seed, picks the
+    first trace, then draws each gap), so seed k means the same arrival times here and in the model."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    rng.integers(1)  # the model's first-trace pick (one trace: the uniform tasks)
+    out, at = [], rng.exponential(1 / rate)
+    while at < until_s:
+        out.append(at)
+        at += rng.exponential(1 / rate)
+    return out
 
 
 def _q(xs: list[float], q: float) -> float | None:
@@ -404,12 +425,13 @@ def wan_sweep(args) -> dict:
     try:
         procs = start_servers(net, "hybrid", work, hosts, _real(args))
         try:
-            for rtt_ms, mbit in shapes:
-                net.reshape_wan(rtt_ms, mbit)
+            for one_way_ms, mbit in shapes:
+                net.reshape_wan(one_way_ms, mbit)
                 time.sleep(5.0)  # the scheduler's round-trip window (8 probes) sees the new link
                 for seed in range(args.seeds):
                     row = _drive_cmd(net, hosts, "hybrid", args.rate, seed, args,
-                                     f"w{int(rtt_ms)}m{int(mbit)}s{seed}") | {"wan_rtt_ms": rtt_ms, "wan_mbit": mbit}
+                                     f"w{int(one_way_ms)}m{int(mbit)}s{seed}") | {"wan_one_way_ms": one_way_ms,
+                                                                                 "wan_mbit": mbit}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
         finally:
@@ -422,12 +444,12 @@ def wan_sweep(args) -> dict:
 
 
 def wan_table(result: dict) -> str:
-    out = ["| WAN round trip (ms) | WAN Mbit/s | offloaded | mean (s) | P95 (s) | seeds |", "|---|---|---|---|---|---|"]
-    shapes = list(dict.fromkeys((r["wan_rtt_ms"], r["wan_mbit"]) for r in result["rows"]))
-    for rtt_ms, mbit in shapes:
-        pts = [r for r in result["rows"] if (r["wan_rtt_ms"], r["wan_mbit"]) == (rtt_ms, mbit) and r["mean_s"]]
+    out = ["| WAN one way (ms) | WAN Mbit/s | offloaded | mean (s) | P95 (s) | seeds |", "|---|---|---|---|---|---|"]
+    shapes = list(dict.fromkeys((r["wan_one_way_ms"], r["wan_mbit"]) for r in result["rows"]))
+    for one_way_ms, mbit in shapes:
+        pts = [r for r in result["rows"] if (r["wan_one_way_ms"], r["wan_mbit"]) == (one_way_ms, mbit) and r["mean_s"]]
         if pts:
-            out.append(f"| {rtt_ms:g} | {mbit:g} | {100 * statistics.fmean(p['offload_share'] for p in pts):.0f} % | "
+            out.append(f"| {one_way_ms:g} | {mbit:g} | {100 * statistics.fmean(p['offload_share'] for p in pts):.0f} % | "
                        f"{statistics.fmean(p['mean_s'] for p in pts):.2f} | {statistics.fmean(p['p95_s'] for p in pts):.2f} | "
                        f"{len(pts)} |")
     return "\n".join(out)
@@ -454,10 +476,10 @@ def scaleout(args) -> dict:
                 if layout == "pooled":
                     for i in range(n):
                         files.append((f"gpu{i}", {**common, "role": "engine", "engine_id": f"gpu{i}",
-                                                  "zenoh": {"listen": [f"tcp/127.0.0.1:{7760 + i}"], "multicast_scouting": False},
+                                                  "zenoh": {"listen": [f"tcp/127.0.0.1:{8060 + i}"], "multicast_scouting": False},
                                                   "server": [_entry(EDGE_PROFILE_MS, EDGE_CAPACITY)]}))
                     engines = [{"engine_id": f"gpu{i}", "tier": "edge", "capacity": EDGE_CAPACITY,
-                                "endpoint": f"tcp/127.0.0.1:{7760 + i}", "profile": EDGE_PROFILE_MS} for i in range(n)]
+                                "endpoint": f"tcp/127.0.0.1:{8060 + i}", "profile": EDGE_PROFILE_MS} for i in range(n)]
                     files.append(("scheduler", {**common, "server_id": "edge0",
                                                 "zenoh": {"listen": [f"tcp/{edge_host}:{EDGE_PORT}"], "multicast_scouting": False},
                                                 "server": [{**_entry(EDGE_PROFILE_MS, EDGE_CAPACITY), "engines": engines,
@@ -466,9 +488,9 @@ def scaleout(args) -> dict:
                 else:
                     for i in range(n):
                         files.append((f"server{i}", {**common, "server_id": f"server{i}",
-                                                     "zenoh": {"listen": [f"tcp/{edge_host}:{7770 + i}"], "multicast_scouting": False},
+                                                     "zenoh": {"listen": [f"tcp/{edge_host}:{8070 + i}"], "multicast_scouting": False},
                                                      "server": [_entry(EDGE_PROFILE_MS, EDGE_CAPACITY)]}))
-                    endpoints = [f"tcp/{edge_host}:{7770 + i}" for i in range(n)]
+                    endpoints = [f"tcp/{edge_host}:{8070 + i}" for i in range(n)]
                 for name, data in files:
                     path = work / f"scale{n}-{layout}-{name}.yaml"
                     path.write_text(yaml.safe_dump(data))
@@ -509,7 +531,7 @@ def scaleout_table(result: dict) -> str:
 def study(args) -> dict:
     work = Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
-    net = Loopback() if args.no_netns else Topology(work)
+    net = Loopback() if args.no_netns else Topology(work, wan=(args.wan_ms, args.wan_mbit))
     hosts = ("127.0.0.1", "127.0.0.1") if args.no_netns else (ROBOT_EDGE[1], EDGE_CLOUD[1])
     rows = []
     net.start()
@@ -569,11 +591,15 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--warmup-s", type=float, default=4.0, help="tasks arriving before this are not counted")
     st.add_argument("--rounds", type=int, default=6, help="rounds (requests) per task")
     st.add_argument("--steps", type=int, default=10, help="actions executed per round, at 30 Hz")
+    st.add_argument("--wan-ms", type=float, default=EDGE_CLOUD[2],
+                    help="edge <-> cloud ONE-WAY delay, ms (Kairos' 100 ms base latency; a round trip is twice it)")
+    st.add_argument("--wan-mbit", type=float, default=EDGE_CLOUD[3], help="edge <-> cloud bandwidth, Mbit/s")
     st.add_argument("--no-netns", action="store_true", help="loopback, no shaped links (smoke run)")
     st.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "lz_hybrid"))
     wn = sub.add_parser("wan", help="the hybrid mode under several edge-cloud links (Kairos Fig. 17)")
-    wn.add_argument("--wan", default="25:1000,100:1000,200:1000,25:100,100:100,200:100",
-                    help="edge-cloud links, <round trip ms>:<Mbit/s>, comma-separated")
+    wn.add_argument("--wan", default="25:1000,100:1000,200:1000,100:100,100:300",
+                    help="edge-cloud links, <ONE-WAY ms>:<Mbit/s>, comma-separated (Kairos Fig. 17: 25-200 ms at "
+                         "1 Gbit/s, 100 Mbit/s-1 Gbit/s at 100 ms)")
     wn.add_argument("--rate", type=float, default=10.0, help="task arrival rate, tasks/s")
     for parser_ in (st, wn):
         parser_.add_argument("--checkpoint", default=None,
@@ -624,7 +650,8 @@ def main(argv: list[str] | None = None) -> int:
         print("shaped links need root (ip netns); --no-netns runs on loopback without them", file=sys.stderr)
         return 2
     result = study(args)
-    print(f"\nlinks: {result['method']}\n")
+    print(f"\nlinks: {result['method']}; edge <-> cloud {args.wan_ms:g} ms one way ({2 * args.wan_ms:g} ms round trip), "
+          f"{args.wan_mbit:g} Mbit/s\n")
     print(table(result))
     return 0
 
