@@ -97,19 +97,33 @@ def real_settings(real: dict) -> dict:
             "payload_bytes": real.get("payload_bytes") or observation_bytes()}
 
 
-def calibrate(real: dict, iterations: int = 3) -> float:
-    """The edge overhead (s per request) that makes the model's mean task latency equal the real one at
-    the lightest edge-only point (spread over the task's rounds), by a few fixed-point steps."""
-    rate = min(r["rate"] for r in real["rows"] if r["mode"] == "edge")
-    light = {"args": real["args"], "payload_bytes": real.get("payload_bytes"),
-             "rows": [r for r in real["rows"] if r["mode"] == "edge" and r["rate"] == rate and r["mean_s"]]}
+def _lightest(real: dict, mode: str) -> dict | None:
+    """The real run's rows of `mode` at its lowest rate, as a run of their own."""
+    rates = [r["rate"] for r in real["rows"] if r["mode"] == mode and r["mean_s"]]
+    if not rates:
+        return None
+    return {"args": real["args"], "payload_bytes": real.get("payload_bytes"),
+            "rows": [r for r in real["rows"] if r["mode"] == mode and r["rate"] == min(rates) and r["mean_s"]]}
+
+
+def calibrate(real: dict, iterations: int = 3) -> tuple[float, float]:
+    """(edge overhead s per request, engine overhead s per batch) fitted on two points only: the edge
+    overhead makes the model's mean task latency equal the real one at the lightest edge-only point,
+    then the engine overhead does so at the lightest cloud-only point (each spread over the task's
+    rounds, a few fixed-point steps). Every other point is then a check, not a fit."""
     rounds = real["args"]["rounds"]
-    target = statistics.fmean(r["mean_s"] for r in light["rows"])
-    overhead = 0.0
-    for _ in range(iterations):
-        model = statistics.fmean(r["mean_s"] for r in run_model(light, overhead))
-        overhead = max(0.0, overhead + (target - model) / rounds)
-    return overhead
+
+    def fit(light: dict | None, run) -> float:
+        if light is None:
+            return 0.0
+        target, x = statistics.fmean(r["mean_s"] for r in light["rows"]), 0.0
+        for _ in range(iterations):
+            x = max(0.0, x + (target - statistics.fmean(r["mean_s"] for r in run(light, x))) / rounds)
+        return x
+
+    edge = fit(_lightest(real, "edge"), lambda light, x: run_model(light, x))
+    engine = fit(_lightest(real, "cloud"), lambda light, x: run_model(light, edge, x))
+    return edge, engine
 
 
 def compare(real: dict, model: list[dict]) -> list[dict]:
@@ -160,11 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     real = json.loads(Path(args.real).read_text())
     settings = real_settings(real)
-    edge_overhead_s = calibrate(real) if args.calibrate else args.edge_overhead_ms / 1000
-    print(f"Settings of the real run: {settings}; model: edge overhead {1000 * edge_overhead_s:.1f} ms per request"
-          f"{' (fitted on the lightest edge-only point)' if args.calibrate else ''}, engine overhead "
-          f"{args.engine_overhead_ms:g} ms per batch.\n")
-    print(table(compare(real, run_model(real, edge_overhead_s, args.engine_overhead_ms / 1000))))
+    if args.calibrate:
+        edge_overhead_s, engine_overhead_s = calibrate(real)
+    else:
+        edge_overhead_s, engine_overhead_s = args.edge_overhead_ms / 1000, args.engine_overhead_ms / 1000
+    fitted = " (fitted on the lightest edge-only and cloud-only points)" if args.calibrate else ""
+    print(f"Settings of the real run: {settings}; model: edge overhead {1000 * edge_overhead_s:.1f} ms per request, "
+          f"engine overhead {1000 * engine_overhead_s:.1f} ms per batch{fitted}.\n")
+    print(table(compare(real, run_model(real, edge_overhead_s, engine_overhead_s))))
     return 0
 
 

@@ -79,6 +79,10 @@ EDGE_PORT, CLOUD_PORT = 8050, 8051
 APP = ("bench", "hybrid", "vla", "v1", "app")
 CAMERA = (96, 128)
 MODES = ("edge", "cloud", "hybrid")
+#: A robot sends its observation again when no chunk answered it for this long (an observation lost
+#: on the way). Not shorter: a resend of a request that still waits replaces it in its slot, so it
+#: loses its place in line (and one already dispatched is computed twice), which feeds an overload.
+RESEND_S = 10.0
 
 
 # -- the network --------------------------------------------------------------------------------------
@@ -267,7 +271,7 @@ def stop_servers(procs: list[subprocess.Popen]) -> None:
 
 
 def drive(endpoint: str, rate: float, seed: int, duration_s: float, warmup_s: float, rounds: int, steps: int,
-          tag: str) -> dict:
+          tag: str, resend_s: float = RESEND_S) -> dict:
     """Run Poisson task arrivals against the edge at `endpoint` (several, comma-separated: independent
     servers, task i on server i mod n, a static assignment); the result as a dict."""
     import numpy as np
@@ -327,7 +331,7 @@ def drive(endpoint: str, rate: float, seed: int, duration_s: float, warmup_s: fl
                 pub.put(obs)
                 try:
                     while True:
-                        _, payload = box.get(timeout=3.0)
+                        _, payload = box.get(timeout=resend_s)
                         c = codec.decode_action_chunk(payload)
                         if c.response_to_seq_id == seq:
                             chunk = c
@@ -405,7 +409,7 @@ def _drive_cmd(net, hosts, mode: str, rate: float, seed: int, args, tag: str, en
     cmd = [*net.prefix("robots"), sys.executable, "-m", "benchmarks.hybrid", "drive",
            "--endpoint", endpoints or f"tcp/{hosts[0]}:{EDGE_PORT}", "--rate", str(rate), "--seed", str(seed),
            "--duration-s", str(args.duration_s), "--warmup-s", str(args.warmup_s),
-           "--rounds", str(args.rounds), "--steps", str(args.steps), "--tag", tag]
+           "--rounds", str(args.rounds), "--steps", str(args.steps), "--tag", tag, "--resend-s", str(args.resend_s)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT)
     line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
     if out.returncode != 0 or not line.startswith("{"):
@@ -591,6 +595,8 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--warmup-s", type=float, default=4.0, help="tasks arriving before this are not counted")
     st.add_argument("--rounds", type=int, default=6, help="rounds (requests) per task")
     st.add_argument("--steps", type=int, default=10, help="actions executed per round, at 30 Hz")
+    st.add_argument("--resend-s", type=float, default=RESEND_S,
+                    help="a robot sends its observation again after this long without a chunk (counted: resends)")
     st.add_argument("--wan-ms", type=float, default=EDGE_CLOUD[2],
                     help="edge <-> cloud ONE-WAY delay, ms (Kairos' 100 ms base latency; a round trip is twice it)")
     st.add_argument("--wan-mbit", type=float, default=EDGE_CLOUD[3], help="edge <-> cloud bandwidth, Mbit/s")
@@ -615,6 +621,7 @@ def main(argv: list[str] | None = None) -> int:
         parser_.add_argument("--warmup-s", type=float, default=3.0)
         parser_.add_argument("--rounds", type=int, default=6)
         parser_.add_argument("--steps", type=int, default=10)
+        parser_.add_argument("--resend-s", type=float, default=RESEND_S)
         parser_.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "lz_hybrid"))
     dr = sub.add_parser("drive", help="(internal) the robots of one run")
     dr.add_argument("--endpoint", required=True)
@@ -625,10 +632,11 @@ def main(argv: list[str] | None = None) -> int:
     dr.add_argument("--rounds", type=int, required=True)
     dr.add_argument("--steps", type=int, required=True)
     dr.add_argument("--tag", required=True)
+    dr.add_argument("--resend-s", type=float, default=RESEND_S)
     args = parser.parse_args(argv)
     if args.cmd == "drive":
         print(json.dumps(drive(args.endpoint, args.rate, args.seed, args.duration_s, args.warmup_s, args.rounds,
-                               args.steps, args.tag)), flush=True)
+                               args.steps, args.tag, args.resend_s)), flush=True)
         return 0
     if args.cmd == "scaleout":
         if os.geteuid() != 0:
