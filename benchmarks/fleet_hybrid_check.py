@@ -7,8 +7,7 @@ fleet model (`benchmarks/fleet.py`) at exactly those settings, read from that fi
 
 - the tasks: ``--rounds`` rounds of ``--steps`` actions, synchronous robots (``trigger fixed:0``:
   send, wait for the chunk, execute it, send again), continuous time;
-- the profiles and capacities (`EDGE_PROFILE_MS` / `EDGE_CAPACITY`, `CLOUD_PROFILE_MS` /
-  `CLOUD_CAPACITY`), the robots' link (2.5 ms one way) and the WAN (``--wan-ms`` one way,
+- the profiles (`PROFILES[--profile]`) and capacities (`EDGE_CAPACITY`, `CLOUD_CAPACITY`), the robots' link (2.5 ms one way) and the WAN (``--wan-ms`` one way,
   ``--wan-mbit``), the observation's bytes (one camera JPEG as the driver encodes it);
 - cloud-only as the real run has it: the edge scheduler relaying to a cloud engine that holds at
   most its capacity in flight (``cloud_site=engine``, ``cloud_in_flight=capacity``);
@@ -17,7 +16,9 @@ fleet model (`benchmarks/fleet.py`) at exactly those settings, read from that fi
   those arriving before ``--warmup-s`` not counted.
 
 Then, per point (rate, mode): the real and the model's mean task latency (mean over seeds) and the
-model's difference, paired by seed (mean ± sample sd of each seed's model / real - 1).
+model's difference, paired by seed (mean ± sample sd of each seed's model / real - 1), and the real
+robots' resends (an observation or chunk lost on the way costs its task `--resend-s`: the model
+loses nothing, so a point with resends is slower in the real run by that much).
 
 The model's missing costs can be given (``--edge-overhead-ms``: per request on the robot <->
 scheduler path, e.g. codec and Zenoh; ``--engine-overhead-ms``: per batch on the remote engine), or
@@ -68,7 +69,7 @@ def model_config(mode: str, rate: float, seed: int, settings: dict, edge_overhea
         mode="online", scheduler="wait_ratio", tiers=mode, rate_per_s=rate, seed=seed,
         arrivals_s=settings["duration_s"], duration_s=settings["duration_s"] + DRAIN_S, warmup_s=settings["warmup_s"],
         trigger="fixed:0", max_batch=hybrid.EDGE_CAPACITY, cloud_max_batch=hybrid.CLOUD_CAPACITY,
-        cloud_profile_ms=dict(hybrid.CLOUD_PROFILE_MS), cloud_site="engine", cloud_in_flight="capacity",
+        cloud_profile_ms=dict(hybrid.PROFILES[settings["profile"]][1]), cloud_site="engine", cloud_in_flight="capacity",
         one_way_s=hybrid.ROBOT_EDGE[2] / 1000, wan_one_way_s=settings["wan_ms"] / 1000,
         wan_bandwidth_bps=settings["wan_mbit"] * 1e6 / 8, payload_bytes=settings["payload_bytes"],
         edge_overhead_s=edge_overhead_s, engine_overhead_s=engine_overhead_s)
@@ -78,7 +79,7 @@ def run_model(real: dict, edge_overhead_s: float = 0.0, engine_overhead_s: float
     """The model's row for every real row (same mode, rate and seed)."""
     settings = real_settings(real)
     traces = [[settings["steps"]] * settings["rounds"]]
-    latency_s = fleet.latency_of(hybrid.EDGE_PROFILE_MS)
+    latency_s = fleet.latency_of(hybrid.PROFILES[settings["profile"]][0])
     out = []
     for row in real["rows"]:
         cfg = model_config(row["mode"], row["rate"], row["seed"], settings, edge_overhead_s, engine_overhead_s)
@@ -94,6 +95,7 @@ def real_settings(real: dict) -> dict:
     args = real["args"]
     return {"duration_s": args["duration_s"], "warmup_s": args["warmup_s"], "rounds": args["rounds"],
             "steps": args["steps"], "wan_ms": args.get("wan_ms", 50.0), "wan_mbit": args.get("wan_mbit", 1000.0),
+            "profile": args.get("profile", "gpu"),
             "payload_bytes": real.get("payload_bytes") or observation_bytes()}
 
 
@@ -144,17 +146,18 @@ def compare(real: dict, model: list[dict]) -> list[dict]:
                            "paired_sd": statistics.stdev(diffs) if len(diffs) > 1 else 0.0,
                            "real_offload": statistics.fmean(r["offload_share"] for r, _ in pairs),
                            "model_offload": statistics.fmean(m["offload_share"] for _, m in pairs),
-                           "seeds": len(pairs)})
+                           "resends": sum(r.get("resends", 0) for r, _ in pairs), "seeds": len(pairs)})
     return points
 
 
 def table(points: list[dict]) -> str:
     out = ["| tasks/s | mode | real mean (s) | model mean (s) | model vs real | per seed | offloaded real / model | "
-           "within 10 % |", "|---|---|---|---|---|---|---|---|"]
+           "real resends | within 10 % |", "|---|---|---|---|---|---|---|---|---|"]
     for p in points:
         out.append(f"| {p['rate']:g} | {p['mode']} | {p['real_s']:.2f} | {p['model_s']:.2f} | {p['diff_pct']:+.1f} % | "
                    f"{p['paired_pct']:+.1f} ± {p['paired_sd']:.1f} % | {100 * p['real_offload']:.0f} / "
-                   f"{100 * p['model_offload']:.0f} % | {'yes' if abs(p['diff_pct']) <= 100 * TOLERANCE else '**no**'} |")
+                   f"{100 * p['model_offload']:.0f} % | {p['resends']} | "
+                   f"{'yes' if abs(p['diff_pct']) <= 100 * TOLERANCE else '**no**'} |")
     inside = sum(abs(p["diff_pct"]) <= 100 * TOLERANCE for p in points)
     out.append(f"\n{inside} of {len(points)} points within 10 %; largest difference "
                f"{max((abs(p['diff_pct']) for p in points), default=0.0):.1f} %.")

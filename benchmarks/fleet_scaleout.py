@@ -17,7 +17,7 @@ side the reference client's `ActionBuffer`, `SendTrigger` (p90 RTT + 1 control p
 `ChunkIntake` (`benchmarks/fleet_zenoh.py`'s `VirtualRobot`, ticking at 30 Hz over 10 phases).
 What is simulated: the GPUs (a synthetic policy that SLEEPS its profile's latency for the batch
 size: no compute, so the shared CPU is spent on the stack, not on models) and the tasks (every task
-`--task-steps` actions, chunks kept `--horizon` rows at a time, no images).
+`--task-steps` actions (300: 10 s), chunks kept `--horizon` rows at a time (30), no images).
 
 Profile: `--profile-ms` (default: `benchmarks/hybrid.py`'s A6000-like edge profile times
 `--slowdown` 2, i.e. 160 / 172 / 200 / 270 ms at batch 1 / 2 / 4 / 8, capacity 4: a GPU then carries
@@ -236,8 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
     p.add_argument("--slowdown", type=float, default=2.0, help="the edge profile's times multiplied by this")
     p.add_argument("--profile-ms", type=json.loads, help='instead: {batch size: ms}, e.g. \'{"1": 160, "4": 200}\'')
-    p.add_argument("--task-steps", type=int, default=150, help="actions per task (30 Hz)")
-    p.add_argument("--horizon", type=int, default=15, help="actions kept from each chunk")
+    p.add_argument("--task-steps", type=int, default=300, help="actions per task (30 Hz)")
+    p.add_argument("--horizon", type=int, default=30, help="actions kept from each chunk")
     p.add_argument("--budget-pct", type=float, default=1.0, help="stalled share allowed above a robot alone")
     p.add_argument("--start", type=int, default=6, help="the search's first guess, robots per GPU")
     p.add_argument("--max-robots", type=int, default=64)
@@ -246,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="robots' start offsets")
     p.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "lz_scaleout"))
     args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the site's processes on the way out
     profile = ({int(b): float(v) for b, v in args.profile_ms.items()} if args.profile_ms else profile_ms(args.slowdown))
     task = Task(static_h=args.horizon, length=args.task_steps,
                 rounds=(args.horizon,) * math.ceil(args.task_steps / args.horizon))

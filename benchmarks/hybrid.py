@@ -72,6 +72,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 EDGE_PROFILE_MS = {1: 80, 2: 86, 4: 100, 8: 135}
 CLOUD_PROFILE_MS = {1: 45, 2: 48, 4: 55, 8: 72, 16: 110}
+#: The VLA-shaped pair (`--profile vla`): the tiny SmolVLA's measured CPU medians by batch size
+#: (docs/benchmarks.md, "VLAs: chunk latency by batch size": 42.5 / 46.0 / 51.8 / 80.5 ms at 1 / 2 / 4
+#: / 8; 16 extrapolated on the 4 -> 8 slope), scaled so batch 1 takes the GPU-like pair's 80 ms at
+#: the edge and 45 ms in the cloud.
+_SMOLVLA_MS = {1: 42.5, 2: 46.0, 4: 51.8, 8: 80.5, 16: 80.5 + 8 * (80.5 - 51.8) / 4}
+PROFILES = {"gpu": (EDGE_PROFILE_MS, CLOUD_PROFILE_MS),
+            "vla": ({b: round(80 * ms / 42.5, 1) for b, ms in _SMOLVLA_MS.items() if b <= 8},
+                    {b: round(45 * ms / 42.5, 1) for b, ms in _SMOLVLA_MS.items()})}
 EDGE_CAPACITY, CLOUD_CAPACITY = 4, 8
 ROBOT_EDGE = ("10.78.1.1", "10.78.1.2", 2.5, 300.0)  # robots addr, edge addr, one-way ms, Mbit/s
 EDGE_CLOUD = ("10.78.2.1", "10.78.2.2", 100.0, 1000.0)  # edge addr, cloud addr, one-way ms (Kairos), Mbit/s
@@ -206,22 +214,24 @@ def _entry(profile_ms: dict, max_batch: int, real: dict | None = None) -> dict:
             "scheduler": "wait_ratio"}
 
 
-def manifests(mode: str, edge_host: str, cloud_host: str, real: dict | None = None) -> dict[str, dict]:
+def manifests(mode: str, edge_host: str, cloud_host: str, real: dict | None = None,
+              profile: str = "gpu") -> dict[str, dict]:
     """{"edge": manifest, "cloud": manifest or absent} for `mode`; `real`: {checkpoint, device, dtype} of
     the cloud engine (the edge loads the checkpoint on the CPU), else the synthetic profiles."""
     cluster, experiment, *_ = APP
     common = {"cluster_uuid": cluster, "experiment_tag": experiment, "telemetry_period_s": 0,
               "sessions": {"idle_timeout_s": 5, "liveliness_grace_s": 1}, "same_host": False}
+    edge_ms, cloud_ms = PROFILES[profile]
     engines = []
     if mode in ("edge", "hybrid"):
         engines.append({"engine_id": "local", "tier": "edge", "capacity": EDGE_CAPACITY, "local": True,
-                        "profile": EDGE_PROFILE_MS if real is None else "measured"})
+                        "profile": edge_ms if real is None else "measured"})
     if mode in ("cloud", "hybrid"):
         engines.append({"engine_id": "cloud0", "tier": "cloud", "capacity": CLOUD_CAPACITY,
                         "endpoint": f"tcp/{cloud_host}:{CLOUD_PORT}", "profile": "measured"})
     edge = {**common, "server_id": "edge0",
             "zenoh": {"listen": [f"tcp/{edge_host}:{EDGE_PORT}"], "multicast_scouting": False},
-            "server": [{**_entry(EDGE_PROFILE_MS, EDGE_CAPACITY,
+            "server": [{**_entry(edge_ms, EDGE_CAPACITY,
                                  None if real is None else {**real, "device": "cpu", "dtype": "float32"}),
                         "engines": engines, "profile_max_batch": EDGE_CAPACITY,
                         "dispatch": {"answer_timeout_s": 2.0, "probe_period_s": 0.5, "start_timeout_s": 60}}]}
@@ -229,7 +239,7 @@ def manifests(mode: str, edge_host: str, cloud_host: str, real: dict | None = No
     if mode in ("cloud", "hybrid"):
         out["cloud"] = {**common, "role": "engine", "engine_id": "cloud0",
                         "zenoh": {"listen": [f"tcp/{cloud_host}:{CLOUD_PORT}"], "multicast_scouting": False},
-                        "server": [{**_entry(CLOUD_PROFILE_MS, CLOUD_CAPACITY, real), "profile_budget_s": 60}]}
+                        "server": [{**_entry(cloud_ms, CLOUD_CAPACITY, real), "profile_budget_s": 60}]}
     return out
 
 
@@ -238,12 +248,13 @@ def _env() -> dict:
             "HF_HUB_OFFLINE": "1"}
 
 
-def start_servers(net, mode: str, work: Path, hosts: tuple[str, str], real: dict | None = None) -> list[subprocess.Popen]:
+def start_servers(net, mode: str, work: Path, hosts: tuple[str, str], real: dict | None = None,
+                  profile: str = "gpu") -> list[subprocess.Popen]:
     import yaml
 
     procs = []
     for name in ("cloud", "edge"):  # the engine first: the edge checks it at start-up
-        data = manifests(mode, *hosts, real).get(name)
+        data = manifests(mode, *hosts, real, profile).get(name)
         if data is None:
             continue
         path = work / f"{mode}-{name}.yaml"
@@ -427,7 +438,7 @@ def wan_sweep(args) -> dict:
     rows = []
     net.start()
     try:
-        procs = start_servers(net, "hybrid", work, hosts, _real(args))
+        procs = start_servers(net, "hybrid", work, hosts, _real(args), args.profile)
         try:
             for one_way_ms, mbit in shapes:
                 net.reshape_wan(one_way_ms, mbit)
@@ -541,7 +552,7 @@ def study(args) -> dict:
     net.start()
     try:
         for mode in args.modes.split(","):
-            procs = start_servers(net, mode, work, hosts, _real(args))
+            procs = start_servers(net, mode, work, hosts, _real(args), args.profile)
             try:
                 for rate in [float(r) for r in args.rates.split(",")]:
                     for seed in range(args.seeds):
@@ -608,6 +619,9 @@ def main(argv: list[str] | None = None) -> int:
                          "1 Gbit/s, 100 Mbit/s-1 Gbit/s at 100 ms)")
     wn.add_argument("--rate", type=float, default=10.0, help="task arrival rate, tasks/s")
     for parser_ in (st, wn):
+        parser_.add_argument("--profile", choices=sorted(PROFILES), default="gpu",
+                             help="the synthetic GPUs' profiles: gpu (A6000/A100-like, the module docstring) or vla "
+                                  "(the tiny SmolVLA's measured shape, scaled to the same batch-1 times)")
         parser_.add_argument("--checkpoint", default=None,
                              help="a LeRobot checkpoint both tiers load instead of the synthetic policies")
         parser_.add_argument("--device", default="cuda", help="with --checkpoint: the cloud engine's device")
