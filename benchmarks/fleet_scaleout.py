@@ -129,7 +129,8 @@ class Site:
                 p.kill()
 
 
-def drive(eps: list[str], robots: int, tag: str, warmup_s: float, measure_s: float, task: Task, seed: int) -> dict:
+def drive(eps: list[str], robots: int, tag: str, warmup_s: float, measure_s: float, task: Task, seed: int,
+          trigger: str = "rtt") -> dict:
     """`robots` robots doing `task` back to back, robot i on endpoint i mod len(eps); the stalled
     share over the measurement window (from arrival and mid-task), actions/s and the tick lateness."""
     import numpy as np
@@ -158,7 +159,7 @@ def drive(eps: list[str], robots: int, tag: str, warmup_s: float, measure_s: flo
     inbox: queue.SimpleQueue = queue.SimpleQueue()
     for session in sessions:
         session.subscribe(f"{APP.prefix}/*/action", lambda key, payload: inbox.put((key, payload, time.perf_counter())))
-    cfg = fleet_zenoh.RunConfig(trigger="rtt", horizon="static")
+    cfg = fleet_zenoh.RunConfig(trigger=trigger, horizon="static")
     fleet_robots = []
     for i in range(robots):
         cid = f"{tag}-{i:03d}"
@@ -221,7 +222,7 @@ def search(site_eps: list[str], n: int, budget: float, args, task: Task, log) ->
     def at(robots: int):
         if robots not in points:
             points[robots] = drive(site_eps, robots, f"n{n}r{robots}t{int(time.time()) % 100000}", args.warmup_s,
-                                   args.measure_s, task, args.seed)
+                                   args.measure_s, task, args.seed, args.trigger)
             log(json.dumps({"engines": n, **points[robots]}))
         return _R(points[robots])
 
@@ -238,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile-ms", type=json.loads, help='instead: {batch size: ms}, e.g. \'{"1": 160, "4": 200}\'')
     p.add_argument("--task-steps", type=int, default=300, help="actions per task (30 Hz)")
     p.add_argument("--horizon", type=int, default=30, help="actions kept from each chunk")
+    p.add_argument("--trigger", default="rtt",
+                   help="the robots' send rule: rtt (the reference client's p90 RTT + 1 period) or rtt:Q (quantile Q)")
     p.add_argument("--budget-pct", type=float, default=1.0, help="stalled share allowed above a robot alone")
     p.add_argument("--start", type=int, default=6, help="the search's first guess, robots per GPU")
     p.add_argument("--max-robots", type=int, default=64)
@@ -260,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with Site("static", 1, profile, work) as site:
         alone = drive(endpoints("static", 1), 1, f"alone{int(time.time()) % 100000}", args.warmup_s,
-                      args.measure_s, task, args.seed)
+                      args.measure_s, task, args.seed, args.trigger)
         log(json.dumps({"alone": alone}))
         del site
     budget = alone["stalled_arrival_pct"] + args.budget_pct
@@ -273,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"engines": n, "layout": layout, "robots": found, "at": best, "points": points})
     result = {"args": vars(args), "profile_ms": profile, "alone": alone, "budget_pct": budget, "rows": rows}
     (work / "scaleout.json").write_text(json.dumps(result, indent=1, default=str))
-    print(f"Profile (ms by batch size) {profile}, capacity {CAPACITY} per GPU; tasks of {args.task_steps} actions, "
+    print(f"Profile (ms by batch size) {profile}, capacity {CAPACITY} per GPU; send rule {args.trigger}; tasks of {args.task_steps} actions, "
           f"{args.horizon} kept per chunk; a robot alone stalls {alone['stalled_arrival_pct']:.2f} % from arrival, so "
           f"the budget is {budget:.2f} %; each point one run of {args.measure_s:g} s after {args.warmup_s:g} s.\n")
     print("| GPUs | layout | robots carried | stalled % from arrival there | actions/s | RTT p50 ms | driver tick late p99 ms |\n"

@@ -25,6 +25,10 @@ well up to its capacity):
     edge  (A6000-like, N_e = 4):  1: 80, 2: 86, 4: 100, 8: 135
     cloud (A100-like,  N_c = 8):  1: 45, 2: 48, 4: 55, 8: 72, 16: 110
 
+`--profile vla`: the VLA-shaped pair, the tiny SmolVLA's measured batch curve (`PROFILES`) scaled to
+the same batch-1 times (edge 80 / 86.6 / 97.5 / 151.5 ms, cloud 45 / 48.7 / 54.8 / 85.2 / 146 ms):
+it batches better up to 4 and worse beyond.
+
 Modes: ``edge`` (engines: the edge's own loop only), ``cloud`` (engines: the cloud engine only;
 robots still talk to the edge, which relays), ``hybrid`` (both; Kairos placement). Tasks arrive by a
 Poisson process at each `--rates` value (tasks/s), each on a new robot (a new wait-ratio task);
@@ -35,6 +39,8 @@ latency = arrival to the last action executed, for tasks arriving after `--warmu
     python -m benchmarks.hybrid study --wan-ms 50 ...  # a 50 ms one-way (100 ms round-trip) WAN
     python -m benchmarks.hybrid study --no-netns ...   # loopback, no shaping (a smoke run only)
     python -m benchmarks.hybrid wan --rate 10 --wan 25:1000,100:1000,200:1000,100:100   # Kairos Fig. 17
+    python -m benchmarks.hybrid scaleout ...   # n engines vs n servers: mean task latency at a fixed load
+    (the issue's scale-out metric, robots carried within the stall budget: benchmarks/fleet_scaleout.py)
 
 `wan` runs the hybrid mode only, under each edge-cloud link `<one-way ms>:<Mbit/s>` in turn (the
 link is reshaped between runs; the scheduler measures the new round trip and bandwidth itself),
