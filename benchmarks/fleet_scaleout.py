@@ -220,10 +220,14 @@ def search(site_eps: list[str], n: int, budget: float, args, task: Task, log) ->
             self.stalled_arrival_pct = row["stalled_arrival_pct"]
 
     def at(robots: int):
-        if robots not in points:
-            points[robots] = drive(site_eps, robots, f"n{n}r{robots}t{int(time.time()) % 100000}", args.warmup_s,
-                                   args.measure_s, task, args.seed, args.trigger)
-            log(json.dumps({"engines": n, **points[robots]}))
+        for attempt in range(2):  # a point measured while the driver itself was starved is taken again, once
+            if robots in points:
+                break
+            row = drive(site_eps, robots, f"n{n}r{robots}t{int(time.time()) % 100000}a{attempt}", args.warmup_s,
+                        args.measure_s, task, args.seed, args.trigger)
+            log(json.dumps({"engines": n, **row}))
+            if attempt or (row["tick_late_ms_p99"] or 0.0) <= args.max_late_ms:
+                points[robots] = row
         return _R(points[robots])
 
     found = fleet.largest_fleet(at, "stalled_arrival_pct", budget, limit=args.max_robots, start=args.start * n)
@@ -244,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-pct", type=float, default=1.0, help="stalled share allowed above a robot alone")
     p.add_argument("--start", type=int, default=6, help="the search's first guess, robots per GPU")
     p.add_argument("--max-robots", type=int, default=64)
+    p.add_argument("--max-late-ms", type=float, default=33.3,
+                   help="a point whose driver ticks were later than this at p99 is run again, once")
     p.add_argument("--warmup-s", type=float, default=4.0)
     p.add_argument("--measure-s", type=float, default=12.0)
     p.add_argument("--seed", type=int, default=0, help="robots' start offsets")
