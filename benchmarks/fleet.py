@@ -53,7 +53,11 @@ model also runs several edge GPUs behind one scheduler (``edge_engines``), indep
 static robot assignment (``servers``), a server at a cloud site behind a WAN (``tiers=cloud``) and an
 edge scheduler that places each request on its edge GPUs or a cloud engine with the real
 `lerobot_zenoh/scheduling/placement.place` (``tiers=hybrid``); each request carries payload and
-history bytes and the tier that served it is recorded. ``make bench-hybrid-sim`` runs Kairos Fig. 13
+history bytes and the tier that served it is recorded. Cloud-only can also be the edge relaying to
+a cloud engine (``cloud_site=engine``, as `benchmarks/hybrid.py` runs it); a cloud engine holds at
+most its batch in flight, as the product's dispatcher does (``cloud_in_flight``). WAN delays
+(``wan_one_way_s``, ``--wan-ms``) are ONE WAY, as Kairos' "base latency" and `benchmarks/hybrid.py
+--wan-ms`. `benchmarks/fleet_hybrid_check.py` sets the model beside a real hybrid run. ``make bench-hybrid-sim`` runs Kairos Fig. 13
 and 17, scale-out and the wait-ratio re-measure (docs/benchmarks.md, "Edge and cloud in the model").
 
 Run ``python benchmarks/fleet.py --help``; ``make bench-fleet-sim`` runs the full study and rewrites the
