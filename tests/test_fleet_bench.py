@@ -364,3 +364,20 @@ def test_scaleout_layouts_are_valid_manifests():
             parsed = parse_manifest(data)
             assert parsed.server[0].model_id == fleet_scaleout.APP.model, name
     assert len(fleet_scaleout.endpoints("static", 4)) == 4 and len(fleet_scaleout.endpoints("pooled", 4)) == 1
+
+
+def test_both_hybrid_benchmarks_take_the_wan_delay_one_way(tmp_path, capsys):
+    """`benchmarks/hybrid.py --wan-ms` and `benchmarks/fleet.py --wan-ms` are the same quantity: the
+    edge-cloud link's delay in ONE direction (Kairos' base latency); a round trip is twice it."""
+    from benchmarks import hybrid
+
+    assert hybrid.Topology(tmp_path, wan=(100.0, 1000.0)).specs[1][2:] == (100.0, 1000.0)  # shaped per direction
+    assert hybrid.EDGE_CLOUD[2] == 100.0  # Kairos' WAN by default
+    for main, argv in ((hybrid.main, ["study", "--help"]), (fleet_model.main, ["--help"])):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert "ONE-WAY" in " ".join(capsys.readouterr().out.split())
+    sim = fleet_model.FleetSim(fleet_model.Config(tiers="hybrid", wan_one_way_s=0.1, max_batch=4), [[10]],
+                               fleet_model.gpu_latency())
+    cloud = [e for e in sim.servers[0].engines if e.tier == "cloud"][0]
+    assert cloud.view().rtt_s == pytest.approx(0.2)
