@@ -183,13 +183,23 @@ bench-language: $(LANGUAGE_STAMP)
 
 
 # Edge-only vs cloud-only vs hybrid (Kairos Fig. 13; docs/benchmarks.md, "Edge-cloud serving"): an edge
-# scheduler, a cloud engine process and Poisson task arrivals over shaped links (robots-edge 2.5 ms,
-# edge-cloud 100 ms round trip / 1 Gbit/s; root for the namespaces); ~12 min on 2 cores with these
-# defaults. HYBRID_ARGS="--rates 2,6,10,14 --seeds 5 --duration-s 30" for a longer run.
+# scheduler, a cloud engine process and Poisson task arrivals over shaped links (robots-edge 2.5 ms
+# one way, edge-cloud 100 ms ONE WAY / 1 Gbit/s as Kairos' WAN, --wan-ms 50 for a 100 ms round trip;
+# root for the namespaces); ~12 min on 2 cores with these defaults. HYBRID_ARGS="--rates 2,6,10,14
+# --seeds 5 --duration-s 30" for a longer run, "--profile vla" for the VLA-shaped profiles. The model
+# beside a run: python -m benchmarks.studies.fleet_hybrid_check <out>/hybrid.json --calibrate.
 HYBRID_ARGS ?= --rates 2,6,10 --seeds 3 --duration-s 12 --warmup-s 3
 .PHONY: bench-hybrid
 bench-hybrid: $(STAMP)
 	$(PY) -m benchmarks.studies.hybrid study $(HYBRID_ARGS)
+
+# Scale-out on one site (docs/benchmarks.md, "Edge-cloud serving"): robots carried within the stall
+# budget by 1, 2, 4 engine processes behind one scheduler against as many servers with robots
+# assigned statically, over real Zenoh on loopback (synthetic GPUs that sleep); ~15 min on 2 cores.
+SCALEOUT_ARGS ?= --engines 1 2 4
+.PHONY: bench-hybrid-scaleout
+bench-hybrid-scaleout: $(STAMP)
+	$(PY) -m benchmarks.studies.fleet_scaleout $(SCALEOUT_ARGS)
 
 
 # pi0-FAST decoding across robots (docs/benchmarks.md, "pi0-FAST: continuous batching across robots"):

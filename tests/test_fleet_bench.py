@@ -299,3 +299,85 @@ def test_engines_behind_one_scheduler_and_independent_servers_both_add_capacity(
     assert shared.offload_pct == split.offload_pct == 0.0
     with pytest.raises(ValueError, match="tiers"):
         fleet_model.Config(tiers="fog")
+
+
+def test_cloud_only_as_the_real_run_has_it_holds_at_most_its_capacity_in_flight():
+    """cloud_site=engine: the edge scheduler relays to a cloud engine that holds at most its batch in
+    flight (as the product's dispatcher): past what that carries over the round trip it overloads,
+    where a whole server at the cloud site (or an engine kept busy through the round trip) does not."""
+    server = _tier_run(_tier_cfg(rate_per_s=1.6, tiers="cloud"))
+    relayed = _tier_run(_tier_cfg(rate_per_s=1.6, tiers="cloud", cloud_site="engine"))
+    covered = _tier_run(_tier_cfg(rate_per_s=1.6, tiers="cloud", cloud_site="engine", cloud_in_flight="cover"))
+    assert relayed.offload_pct == covered.offload_pct == 100.0
+    assert relayed.latency_mean_s > 1.5 * server.latency_mean_s
+    assert covered.latency_mean_s < relayed.latency_mean_s
+    with pytest.raises(ValueError, match="cloud_site"):
+        fleet_model.Config(cloud_site="moon")
+    with pytest.raises(ValueError, match="cloud_in_flight"):
+        fleet_model.Config(cloud_in_flight="all")
+
+
+def test_the_real_hybrid_runs_draw_the_models_arrivals():
+    """Seed k is the same Poisson arrival times in `benchmarks/studies/hybrid.py` and the model."""
+    from benchmarks.studies import hybrid
+
+    for seed in (0, 3):
+        cfg = fleet_model.Config(mode="online", rate_per_s=6, arrivals_s=5, duration_s=20, warmup_s=1,
+                                 trigger="fixed:0", seed=seed)
+        sim = fleet_model.FleetSim(cfg, [[10] * 2], fleet_model.gpu_latency())
+        starts, start = [], sim._start_task
+        sim._start_task = lambda t, robot: (starts.append(t), start(t, robot))
+        sim.run()
+        assert starts == pytest.approx(hybrid.arrival_times(6, seed, 5), abs=1e-12)
+
+
+def test_the_model_beside_a_real_hybrid_run_point_by_point(tmp_path, capsys):
+    """`fleet_hybrid_check` runs the model at a real run's settings and seeds and sets the two side by
+    side; a 'real' run that is the model's own output agrees exactly, a slower one is flagged, and
+    the calibration fits non-negative overheads."""
+    from benchmarks.studies import fleet_hybrid_check as check
+
+    args = {"duration_s": 4.0, "warmup_s": 1.0, "rounds": 2, "steps": 5, "wan_ms": 50.0, "wan_mbit": 1000.0}
+    rows = [{"mode": m, "rate": 3.0, "seed": s, "mean_s": 1.0, "offload_share": 0.0} for m in ("edge", "cloud", "hybrid")
+            for s in (0, 1)]
+    real = {"args": args, "payload_bytes": 5000, "rows": rows}
+    for row, model in zip(rows, check.run_model(real), strict=True):
+        row.update(mean_s=model["mean_s"], offload_share=model["offload_share"])
+    rows[0]["mean_s"] *= 1.5  # edge-only, seed 0: the real run 50 % slower
+    path = tmp_path / "hybrid.json"
+    path.write_text(json.dumps(real))
+    assert check.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| 3 | hybrid |" in out and "| 3 | cloud |" in out and "+0.0 %" in out
+    assert "**no**" in out and "2 of 3 points within 10 %" in out
+    edge_s, engine_s = check.calibrate(real)
+    assert edge_s > 0 and engine_s >= 0
+    assert check.observation_bytes() > 1000  # one 96x128 JPEG camera
+
+
+def test_scaleout_layouts_are_valid_manifests():
+    from benchmarks.studies import fleet_scaleout
+    from lerobot_zenoh.server.manifest import parse_manifest
+
+    for layout in fleet_scaleout.LAYOUTS:
+        for name, data in fleet_scaleout.manifests(layout, 2, fleet_scaleout.profile_ms(2.0)):
+            parsed = parse_manifest(data)
+            assert parsed.server[0].model_id == fleet_scaleout.APP.model, name
+    assert len(fleet_scaleout.endpoints("static", 4)) == 4 and len(fleet_scaleout.endpoints("pooled", 4)) == 1
+
+
+def test_both_hybrid_benchmarks_take_the_wan_delay_one_way(tmp_path, capsys):
+    """`benchmarks/studies/hybrid.py --wan-ms` and `benchmarks/studies/fleet.py --wan-ms` are the same quantity: the
+    edge-cloud link's delay in ONE direction (Kairos' base latency); a round trip is twice it."""
+    from benchmarks.studies import hybrid
+
+    assert hybrid.Topology(tmp_path, wan=(100.0, 1000.0)).specs[1][2:] == (100.0, 1000.0)  # shaped per direction
+    assert hybrid.EDGE_CLOUD[2] == 100.0  # Kairos' WAN by default
+    for main, argv in ((hybrid.main, ["study", "--help"]), (fleet_model.main, ["--help"])):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert "ONE-WAY" in " ".join(capsys.readouterr().out.split())
+    sim = fleet_model.FleetSim(fleet_model.Config(tiers="hybrid", wan_one_way_s=0.1, max_batch=4), [[10]],
+                               fleet_model.gpu_latency())
+    cloud = [e for e in sim.servers[0].engines if e.tier == "cloud"][0]
+    assert cloud.view().rtt_s == pytest.approx(0.2)

@@ -189,6 +189,7 @@ def test_dispatch_to_engine_process(app_key, ports, robot_session):
         assert all(c.actions.shape == (10, 6) for c in chunks)
         figures = engine_figures(edge)
         assert figures["engine.cloud0.answered"] >= 1 and figures["engine.cloud0.rtt_ms"] > 0
+        assert figures["engine.cloud0.queue_actual_ms_mean"] > 0  # at least the trip out to the engine
         assert 0 < figures["offload_share"] < 1
         # the engine process never subscribed to a robot key
         subscribed = [s.key for s in engine._worker._session._owned if hasattr(s, "key") and hasattr(s, "_on_sample")]
@@ -216,6 +217,25 @@ def test_a_site_of_engine_processes_behind_one_scheduler(app_key, ports, robot_s
         edge.stop()
         for engine in engines:
             engine.stop()
+
+
+def test_queueing_delay_telemetry_is_admission_to_the_start_of_the_batch(app_key, ports, robot_session):
+    """Four robots at once on a local engine of capacity 1 (40 ms a pass): they are served one after
+    another, so the later ones wait behind 1, 2, 3 passes. `queue_actual_ms_mean` is that wait
+    (admission -> start of the batch that served it), beside placement's expectation at the decision
+    (`queue_estimate_ms_mean`, never later than the start); `actual_ms_mean` stays dispatch -> answer."""
+    edge = PolicyServer(manifest(app_key, ports[0], engines=[LOCAL])).start()
+    try:
+        robots = [Robot(robot_session, app_key, f"r{i}", np.random.default_rng(i)) for i in range(4)]
+        run_rounds(robots, 2)
+        figures = engine_figures(edge)
+        assert figures["engine.local.answered"] >= 8
+        waited, expected = figures["engine.local.queue_actual_ms_mean"], figures["engine.local.queue_estimate_ms_mean"]
+        assert waited > 15.0, figures  # 0, 40, 80, 120 ms behind the passes before: about 60 on average
+        assert 0.0 < expected <= waited, figures
+        assert figures["engine.local.actual_ms_mean"] >= 35.0  # one pass: dispatch -> answer
+    finally:
+        edge.stop()
 
 
 def test_dead_engine_requests_requeued_and_served_at_the_edge(app_key, ports, robot_session):

@@ -53,7 +53,11 @@ model also runs several edge GPUs behind one scheduler (``edge_engines``), indep
 static robot assignment (``servers``), a server at a cloud site behind a WAN (``tiers=cloud``) and an
 edge scheduler that places each request on its edge GPUs or a cloud engine with the real
 `lerobot_zenoh/scheduling/placement.place` (``tiers=hybrid``); each request carries payload and
-history bytes and the tier that served it is recorded. ``make bench-hybrid-sim`` runs Kairos Fig. 13
+history bytes and the tier that served it is recorded. Cloud-only can also be the edge relaying to
+a cloud engine (``cloud_site=engine``, as `benchmarks/studies/hybrid.py` runs it); a cloud engine holds at
+most its batch in flight, as the product's dispatcher does (``cloud_in_flight``). WAN delays
+(``wan_one_way_s``, ``--wan-ms``) are ONE WAY, as Kairos' "base latency" and `benchmarks/studies/hybrid.py
+--wan-ms`. `benchmarks/studies/fleet_hybrid_check.py` sets the model beside a real hybrid run. ``make bench-hybrid-sim`` runs Kairos Fig. 13
 and 17, scale-out and the wait-ratio re-measure (docs/benchmarks.md, "Edge and cloud in the model").
 
 Run ``python -m benchmarks.studies.fleet --help``; ``make bench-fleet-sim`` runs the full study and rewrites the
@@ -157,8 +161,23 @@ class Config:
     cloud_scale: float = 0.5  # a cloud batch takes the edge's latency x this (CLOUD_SCALE)
     cloud_profile_ms: dict | None = None  # instead of cloud_scale: the cloud's own {batch size: ms}
     cloud_max_batch: int = 0  # 0: max_batch
-    cloud_max_in_flight: int = 0  # most requests in flight on a cloud engine; 0: `cloud_in_flight` (covers the WAN)
-    wan_one_way_s: float = 0.1  # edge <-> cloud, each direction
+    # Most requests in flight on a cloud engine: "capacity" (its batch width, as the product's
+    # dispatcher, `server/dispatch.py`, limits it: the engine idles for a round trip between batches
+    # when saturated) or "cover" (`cloud_in_flight`: enough to keep it busy through the round trip);
+    # `cloud_max_in_flight` > 0 sets a number instead.
+    cloud_in_flight: str = "capacity"
+    cloud_max_in_flight: int = 0
+    # tiers=cloud: "server" (a whole server at the cloud site: the robots' link crosses the WAN) or
+    # "engine" (as `benchmarks/studies/hybrid.py` runs it: the edge scheduler dispatches every request to a
+    # cloud engine process and relays its chunk, the cloud engine's in-flight limit included).
+    cloud_site: str = "server"
+    # Per request, costs the real stack adds to the synthetic GPU's sleep (docs/benchmarks.md, "The model
+    # against the real runs"): `edge_overhead_s` on the robot <-> scheduler path (codec, Zenoh hops, the
+    # scheduler's loop; not holding a GPU) and `engine_overhead_s` per batch on a remote engine (the
+    # dispatch hop's encode / decode and its extra Zenoh hop, holding that engine).
+    edge_overhead_s: float = 0.0
+    engine_overhead_s: float = 0.0
+    wan_one_way_s: float = 0.1  # edge <-> cloud, ONE WAY (each direction); a round trip is twice it
     wan_bandwidth_bps: float = 125e6  # bytes/s (1 Gbit/s)
     payload_bytes: int = 133_000  # one observation on the wire (2 x 480x640 JPEG, docs/benchmarks.md)
     history_bytes: int = 0  # per request, for a stateful policy whose history travels with it
@@ -169,6 +188,10 @@ class Config:
             raise ValueError(f"tiers must be one of {TIER_MODES}, got {self.tiers!r}")
         if self.servers < 1 or self.edge_engines < 1 or self.cloud_engines < 0:
             raise ValueError("servers and edge_engines must be >= 1, cloud_engines >= 0")
+        if self.cloud_in_flight not in ("capacity", "cover"):
+            raise ValueError(f"cloud_in_flight must be 'capacity' or 'cover', got {self.cloud_in_flight!r}")
+        if self.cloud_site not in ("server", "engine"):
+            raise ValueError(f"cloud_site must be 'server' or 'engine', got {self.cloud_site!r}")
 
     def label(self) -> str:
         if self.scheduler != "wait_ratio":
@@ -294,6 +317,7 @@ class _Engine:
     one_way_s: float = 0.0  # scheduler <-> engine, each direction
     bandwidth_bps: float = math.inf
     max_in_flight: int = 0
+    overhead_s: float = 0.0  # per batch, beyond the profile (a remote engine's dispatch hop: Config.engine_overhead_s)
     running: int = 0  # dispatched and not answered (the scheduler's count)
     busy_until_s: float = 0.0  # the scheduler's estimate of when it is done with what it has
     outstanding: list = field(default_factory=list)  # the scheduler's: [expected arrival, requests, ids] per group
@@ -349,8 +373,8 @@ class FleetSim:
         self.episodes: dict[str, int] = {}  # the servers' view: client -> episode of its last request
         # robot <-> its server, each direction: the robot's link, and for tiers=cloud the WAN and the
         # observation's transfer across it too
-        self.one_way_s = cfg.one_way_s
-        if cfg.tiers == "cloud":
+        self.one_way_s = cfg.one_way_s + cfg.edge_overhead_s / 2
+        if cfg.tiers == "cloud" and cfg.cloud_site == "server":
             self.one_way_s += cfg.wan_one_way_s + cfg.payload_bytes / cfg.wan_bandwidth_bps
         self.served_tier: list[tuple[str, int, str]] = []  # (client, seq, tier) of each request served in the window
         self.ages: list[float] = []  # capture-to-inference age of each served observation
@@ -527,16 +551,20 @@ class FleetSim:
         cloud_lat = _scaled(self.latency_s, cfg.cloud_scale)
         if cfg.cloud_profile_ms:
             cloud_lat = BatchProfile.from_ms(cfg.cloud_profile_ms).latency_s
-        if cfg.tiers == "cloud":  # a faster GPU; the WAN is in the robots' link (self.one_way_s)
+        cloud_server = cfg.tiers == "cloud" and cfg.cloud_site == "server"
+        if cloud_server:  # a faster GPU; the WAN is in the robots' link (self.one_way_s)
             lat = cloud_lat
-        width = (cfg.cloud_max_batch or cfg.max_batch) if cfg.tiers == "cloud" else cfg.max_batch
-        engines = [_Engine(f"s{index}.edge{i}", EDGE, width, lat, profile_of(lat)) for i in range(cfg.edge_engines)]
-        if cfg.tiers == "hybrid":
+        width = (cfg.cloud_max_batch or cfg.max_batch) if cloud_server else cfg.max_batch
+        engines = [] if cfg.tiers == "cloud" and not cloud_server else [
+            _Engine(f"s{index}.edge{i}", EDGE, width, lat, profile_of(lat)) for i in range(cfg.edge_engines)]
+        if cfg.tiers == "hybrid" or not cloud_server and cfg.tiers == "cloud":
             width = cfg.cloud_max_batch or cfg.max_batch
-            in_flight = cfg.cloud_max_in_flight or cloud_in_flight(width, cloud_lat(width), 2 * cfg.wan_one_way_s)
+            in_flight = cfg.cloud_max_in_flight or (
+                width if cfg.cloud_in_flight == "capacity"
+                else cloud_in_flight(width, cloud_lat(width), 2 * cfg.wan_one_way_s))
             engines += [_Engine(f"s{index}.cloud{i}", CLOUD, width, cloud_lat, profile_of(cloud_lat),
                                 one_way_s=cfg.wan_one_way_s, bandwidth_bps=cfg.wan_bandwidth_bps,
-                                max_in_flight=in_flight)
+                                max_in_flight=in_flight, overhead_s=cfg.engine_overhead_s)
                         for i in range(cfg.cloud_engines)]
         return _Server(scheduler_for(cfg), engines)
 
@@ -637,7 +665,7 @@ class FleetSim:
         if t >= self.w0:
             self.batches.append(n)
         engine.gpu_busy = True
-        self._at(t + engine.latency_s(n), self._engine_done, server, engine, groups)
+        self._at(t + engine.latency_s(n) + engine.overhead_s, self._engine_done, server, engine, groups)
 
     def _engine_done(self, t: float, server: _Server, engine: _Engine, groups: list) -> None:
         engine.gpu_busy = False
@@ -700,8 +728,13 @@ def _order(scheduler: RequestScheduler, ready: list[str], now_s: float) -> list[
 
 def gpu_latency(profile: str = "gpu") -> Callable[[int], float]:
     """The synthetic policy's batch-latency model with a profile of PROFILES (default GPU-like)."""
+    return latency_of(PROFILES[profile])
+
+
+def latency_of(profile_ms: dict) -> Callable[[int], float]:
+    """The synthetic policy's batch-latency model with this {batch size: ms} profile (as a server runs it)."""
     policy = SyntheticPolicy(SyntheticPolicyConfig(state_dim=1, cameras={}, action_dim=1, chunk_size=1,
-                                                   batch_latency_ms=dict(PROFILES[profile])))
+                                                   batch_latency_ms=dict(profile_ms)))
     return policy.latency_s
 
 
@@ -965,7 +998,8 @@ def hybrid_study(args) -> str:
                   wan_one_way_s=args.wan_ms / 1000, wan_bandwidth_bps=args.wan_mbit * 1e6 / 8,
                   payload_bytes=args.payload_bytes, history_bytes=args.history_bytes, cloud_scale=args.cloud_scale,
                   cloud_profile_ms=args.cloud_profile_ms, cloud_max_batch=args.cloud_batch or 0,
-                  arrivals_s=args.arrivals_s)
+                  arrivals_s=args.arrivals_s, cloud_in_flight=args.cloud_in_flight, cloud_site=args.cloud_site,
+                  edge_overhead_s=args.edge_overhead_ms / 1000, engine_overhead_s=args.engine_overhead_ms / 1000)
     out = []
 
     def say(line: str) -> None:
@@ -1199,7 +1233,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--hybrid-loads", type=float, nargs="+", default=[0.5, 0.9, 1.2, 1.6, 2.0, 2.4],
                    help="--hybrid: loads, as offered requests / the edge's throughput at its batch")
     p.add_argument("--hybrid-scheduler", default="wait_ratio")
-    p.add_argument("--wan-ms", type=float, default=100.0, help="edge <-> cloud one-way base latency")
+    p.add_argument("--wan-ms", type=float, default=100.0,
+                   help="edge <-> cloud ONE-WAY delay, ms (each direction; Kairos' 100 ms base latency; a round trip "
+                        "is twice it; benchmarks/studies/hybrid.py --wan-ms means the same)")
+    p.add_argument("--cloud-in-flight", choices=("capacity", "cover"), default="capacity",
+                   help="--hybrid: most requests in flight on a cloud engine: its batch width, as the product's "
+                        "dispatcher (default), or enough batches to cover the round trip (Config.cloud_in_flight)")
+    p.add_argument("--cloud-site", choices=("server", "engine"), default="server",
+                   help="--hybrid: cloud-only as a server at the cloud site (robots cross the WAN), or as "
+                        "benchmarks/studies/hybrid.py runs it: the edge scheduler relaying to a cloud engine")
+    p.add_argument("--edge-overhead-ms", type=float, default=0.0,
+                   help="--hybrid: per request, the real stack's costs on the robot <-> scheduler path beyond the "
+                        "network (codec, Zenoh, the loop), not holding a GPU")
+    p.add_argument("--engine-overhead-ms", type=float, default=0.0,
+                   help="--hybrid: per batch on a remote engine, the dispatch hop's costs beyond the network")
     p.add_argument("--wan-mbit", type=float, default=1000.0, help="edge <-> cloud bandwidth, Mbit/s")
     p.add_argument("--wan-load", type=float, default=1.6, help="--hybrid: the load of the WAN sweep")
     p.add_argument("--sweep-wan-ms", type=float, nargs="+", default=[25, 50, 100, 150, 200])

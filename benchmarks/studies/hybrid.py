@@ -3,8 +3,12 @@
 Three network namespaces and two shaped links (TUN delay lines of `benchmarks/netns.py`, or netem
 where the kernel has it):
 
-    robots  10.78.1.1 ==== 2.5 ms one way, 300 Mbit/s ==== 10.78.1.2  edge  10.78.2.1 ==== 50 ms one way
-    (100 ms round trip), 1 Gbit/s ==== 10.78.2.2  cloud
+    robots  10.78.1.1 ==== 2.5 ms one way, 300 Mbit/s ==== 10.78.1.2  edge  10.78.2.1 ==== --wan-ms one way
+    (default 100 ms: a 200 ms round trip), --wan-mbit (default 1 Gbit/s) ==== 10.78.2.2  cloud
+
+Link delays are ONE WAY, each direction, as in `benchmarks/studies/fleet.py`: Kairos (§5.1) gives each link
+a "base latency" beside per-direction bandwidths (Wi-Fi 7: 2.5 ms, 2 Gbps up, 3 Gbps down; WAN:
+100 ms, 1 Gbps symmetric), i.e. the delay of a packet in one direction; a round trip is twice it.
 
 What is real: the edge scheduler (`lerobot-policy-server` with `engines`: its own loop as the edge
 engine, wait-ratio order, Kairos placement), the cloud engine (`lerobot-policy-server` with `role:
@@ -21,6 +25,10 @@ well up to its capacity):
     edge  (A6000-like, N_e = 4):  1: 80, 2: 86, 4: 100, 8: 135
     cloud (A100-like,  N_c = 8):  1: 45, 2: 48, 4: 55, 8: 72, 16: 110
 
+`--profile vla`: the VLA-shaped pair, the tiny SmolVLA's measured batch curve (`PROFILES`) scaled to
+the same batch-1 times (edge 80 / 86.6 / 97.5 / 151.5 ms, cloud 45 / 48.7 / 54.8 / 85.2 / 146 ms):
+it batches better up to 4 and worse beyond.
+
 Modes: ``edge`` (engines: the edge's own loop only), ``cloud`` (engines: the cloud engine only;
 robots still talk to the edge, which relays), ``hybrid`` (both; Kairos placement). Tasks arrive by a
 Poisson process at each `--rates` value (tasks/s), each on a new robot (a new wait-ratio task);
@@ -28,12 +36,19 @@ latency = arrival to the last action executed, for tasks arriving after `--warmu
 `--duration-s`; mean, P25, P95 over `--seeds` seeds per point.
 
     python -m benchmarks.studies.hybrid study --rates 2,4,6,8 --seeds 3 --duration-s 20   # make bench-hybrid
+    python -m benchmarks.studies.hybrid study --wan-ms 50 ...  # a 50 ms one-way (100 ms round-trip) WAN
     python -m benchmarks.studies.hybrid study --no-netns ...   # loopback, no shaping (a smoke run only)
     python -m benchmarks.studies.hybrid wan --rate 10 --wan 25:1000,100:1000,200:1000,100:100   # Kairos Fig. 17
+    python -m benchmarks.studies.hybrid scaleout ...   # n engines vs n servers: mean task latency at a fixed load
+    (the issue's scale-out metric, robots carried within the stall budget: benchmarks/studies/fleet_scaleout.py)
 
-`wan` runs the hybrid mode only, under each edge-cloud link `<round trip ms>:<Mbit/s>` in turn (the
+`wan` runs the hybrid mode only, under each edge-cloud link `<one-way ms>:<Mbit/s>` in turn (the
 link is reshaped between runs; the scheduler measures the new round trip and bandwidth itself),
 and reports the offload share and the mean task latency.
+
+Seeds: task arrivals are drawn exactly as the fleet model's online arrivals
+(`benchmarks/studies/fleet.py --uniform-tasks ROUNDS STEPS --hybrid-rates R`, `arrival_times` below), so a
+seed is the same arrival times in both, and a real run sits beside the model's run of that seed.
 
 With a GPU (issue 25: "one real engine on the GPU as the cloud tier"): `--checkpoint PATH` makes
 both tiers load that LeRobot checkpoint instead of the synthetic policies, the edge on the CPU and the
@@ -63,13 +78,25 @@ ROOT = Path(__file__).resolve().parents[2]
 
 EDGE_PROFILE_MS = {1: 80, 2: 86, 4: 100, 8: 135}
 CLOUD_PROFILE_MS = {1: 45, 2: 48, 4: 55, 8: 72, 16: 110}
+#: The VLA-shaped pair (`--profile vla`): the tiny SmolVLA's measured CPU medians by batch size
+#: (docs/benchmarks.md, "VLAs: chunk latency by batch size": 42.5 / 46.0 / 51.8 / 80.5 ms at 1 / 2 / 4
+#: / 8; 16 extrapolated on the 4 -> 8 slope), scaled so batch 1 takes the GPU-like pair's 80 ms at
+#: the edge and 45 ms in the cloud.
+_SMOLVLA_MS = {1: 42.5, 2: 46.0, 4: 51.8, 8: 80.5, 16: 80.5 + 8 * (80.5 - 51.8) / 4}
+PROFILES = {"gpu": (EDGE_PROFILE_MS, CLOUD_PROFILE_MS),
+            "vla": ({b: round(80 * ms / 42.5, 1) for b, ms in _SMOLVLA_MS.items() if b <= 8},
+                    {b: round(45 * ms / 42.5, 1) for b, ms in _SMOLVLA_MS.items()})}
 EDGE_CAPACITY, CLOUD_CAPACITY = 4, 8
 ROBOT_EDGE = ("10.78.1.1", "10.78.1.2", 2.5, 300.0)  # robots addr, edge addr, one-way ms, Mbit/s
-EDGE_CLOUD = ("10.78.2.1", "10.78.2.2", 50.0, 1000.0)
-EDGE_PORT, CLOUD_PORT = 7750, 7751
+EDGE_CLOUD = ("10.78.2.1", "10.78.2.2", 100.0, 1000.0)  # edge addr, cloud addr, one-way ms (Kairos), Mbit/s
+EDGE_PORT, CLOUD_PORT = 8050, 8051
 APP = ("bench", "hybrid", "vla", "v1", "app")
 CAMERA = (96, 128)
 MODES = ("edge", "cloud", "hybrid")
+#: A robot sends its observation again when no chunk answered it for this long (an observation lost
+#: on the way). Not shorter: a resend of a request that still waits replaces it in its slot, so it
+#: loses its place in line (and one already dispatched is computed twice), which feeds an overload.
+RESEND_S = 10.0
 
 
 # -- the network --------------------------------------------------------------------------------------
@@ -83,8 +110,9 @@ class Topology:
     """Namespaces robots / edge / cloud and the two shaped links (see the module docstring)."""
 
     def __init__(self, log_dir: Path, wan: tuple[float, float] | None = None):
+        """`wan`: the edge-cloud link's (one-way ms, Mbit/s), default `EDGE_CLOUD`'s."""
         tag = f"lzh{os.getpid() % 100000}"
-        self.specs = [ROBOT_EDGE, EDGE_CLOUD if wan is None else (*EDGE_CLOUD[:2], wan[0] / 2, wan[1])]
+        self.specs = [ROBOT_EDGE, EDGE_CLOUD if wan is None else (*EDGE_CLOUD[:2], wan[0], wan[1])]
         self.devs: list[tuple[str, str, str, str]] = []  # (ns_a, ns_b, dev_a, dev_b) per link
         self.ns = {"robots": f"{tag}r", "edge": f"{tag}e", "cloud": f"{tag}c"}
         self.log_dir = log_dir
@@ -102,16 +130,16 @@ class Topology:
             self._link(self.ns[a], self.ns[b], dev_a, dev_b, self.specs[i])
         return self
 
-    def reshape_wan(self, rtt_ms: float, mbit: float) -> None:
-        """Give the edge-cloud link a new round trip and rate (between runs)."""
+    def reshape_wan(self, one_way_ms: float, mbit: float) -> None:
+        """Give the edge-cloud link a new one-way delay and rate (between runs)."""
         ns_a, ns_b, dev_a, dev_b = self.devs[1]
         if self.method == "netem":
             for ns, dev in ((ns_a, dev_a), (ns_b, dev_b)):
                 _sh("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "netem", "delay",
-                    f"{rtt_ms / 2}ms", "rate", f"{mbit}mbit", "limit", "1000")
+                    f"{one_way_ms}ms", "rate", f"{mbit}mbit", "limit", "1000")
             return
         line = self.lines[1]
-        line.stdin.write(f"shape {rtt_ms / 2} {mbit}\n")
+        line.stdin.write(f"shape {one_way_ms} {mbit}\n")
         line.stdin.flush()
         if not line.stdout.readline().startswith("ok"):
             raise RuntimeError("delay line refused its shape")
@@ -192,22 +220,24 @@ def _entry(profile_ms: dict, max_batch: int, real: dict | None = None) -> dict:
             "scheduler": "wait_ratio"}
 
 
-def manifests(mode: str, edge_host: str, cloud_host: str, real: dict | None = None) -> dict[str, dict]:
+def manifests(mode: str, edge_host: str, cloud_host: str, real: dict | None = None,
+              profile: str = "gpu") -> dict[str, dict]:
     """{"edge": manifest, "cloud": manifest or absent} for `mode`; `real`: {checkpoint, device, dtype} of
     the cloud engine (the edge loads the checkpoint on the CPU), else the synthetic profiles."""
     cluster, experiment, *_ = APP
     common = {"cluster_uuid": cluster, "experiment_tag": experiment, "telemetry_period_s": 0,
               "sessions": {"idle_timeout_s": 5, "liveliness_grace_s": 1}, "same_host": False}
+    edge_ms, cloud_ms = PROFILES[profile]
     engines = []
     if mode in ("edge", "hybrid"):
         engines.append({"engine_id": "local", "tier": "edge", "capacity": EDGE_CAPACITY, "local": True,
-                        "profile": EDGE_PROFILE_MS if real is None else "measured"})
+                        "profile": edge_ms if real is None else "measured"})
     if mode in ("cloud", "hybrid"):
         engines.append({"engine_id": "cloud0", "tier": "cloud", "capacity": CLOUD_CAPACITY,
                         "endpoint": f"tcp/{cloud_host}:{CLOUD_PORT}", "profile": "measured"})
     edge = {**common, "server_id": "edge0",
             "zenoh": {"listen": [f"tcp/{edge_host}:{EDGE_PORT}"], "multicast_scouting": False},
-            "server": [{**_entry(EDGE_PROFILE_MS, EDGE_CAPACITY,
+            "server": [{**_entry(edge_ms, EDGE_CAPACITY,
                                  None if real is None else {**real, "device": "cpu", "dtype": "float32"}),
                         "engines": engines, "profile_max_batch": EDGE_CAPACITY,
                         "dispatch": {"answer_timeout_s": 2.0, "probe_period_s": 0.5, "start_timeout_s": 60}}]}
@@ -215,7 +245,7 @@ def manifests(mode: str, edge_host: str, cloud_host: str, real: dict | None = No
     if mode in ("cloud", "hybrid"):
         out["cloud"] = {**common, "role": "engine", "engine_id": "cloud0",
                         "zenoh": {"listen": [f"tcp/{cloud_host}:{CLOUD_PORT}"], "multicast_scouting": False},
-                        "server": [{**_entry(CLOUD_PROFILE_MS, CLOUD_CAPACITY, real), "profile_budget_s": 60}]}
+                        "server": [{**_entry(cloud_ms, CLOUD_CAPACITY, real), "profile_budget_s": 60}]}
     return out
 
 
@@ -224,12 +254,13 @@ def _env() -> dict:
             "HF_HUB_OFFLINE": "1"}
 
 
-def start_servers(net, mode: str, work: Path, hosts: tuple[str, str], real: dict | None = None) -> list[subprocess.Popen]:
+def start_servers(net, mode: str, work: Path, hosts: tuple[str, str], real: dict | None = None,
+                  profile: str = "gpu") -> list[subprocess.Popen]:
     import yaml
 
     procs = []
     for name in ("cloud", "edge"):  # the engine first: the edge checks it at start-up
-        data = manifests(mode, *hosts, real).get(name)
+        data = manifests(mode, *hosts, real, profile).get(name)
         if data is None:
             continue
         path = work / f"{mode}-{name}.yaml"
@@ -257,7 +288,7 @@ def stop_servers(procs: list[subprocess.Popen]) -> None:
 
 
 def drive(endpoint: str, rate: float, seed: int, duration_s: float, warmup_s: float, rounds: int, steps: int,
-          tag: str) -> dict:
+          tag: str, resend_s: float = RESEND_S) -> dict:
     """Run Poisson task arrivals against the edge at `endpoint` (several, comma-separated: independent
     servers, task i on server i mod n, a static assignment); the result as a dict."""
     import numpy as np
@@ -317,7 +348,7 @@ def drive(endpoint: str, rate: float, seed: int, duration_s: float, warmup_s: fl
                 pub.put(obs)
                 try:
                     while True:
-                        _, payload = box.get(timeout=3.0)
+                        _, payload = box.get(timeout=resend_s)
                         c = codec.decode_action_chunk(payload)
                         if c.response_to_seq_id == seq:
                             chunk = c
@@ -338,12 +369,8 @@ def drive(endpoint: str, rate: float, seed: int, duration_s: float, warmup_s: fl
 
     t0 = time.monotonic()
     threads = []
-    at = 0.0
     i = 0
-    while True:
-        at += rng.exponential(1 / rate)
-        if at > duration_s:
-            break
+    for at in arrival_times(rate, seed, duration_s):
         delay = t0 + at - time.monotonic()
         if delay > 0:
             time.sleep(delay)
@@ -367,6 +394,21 @@ def drive(endpoint: str, rate: float, seed: int, duration_s: float, warmup_s: fl
             "resends": sum(r["resends"] for r in results)}
 
 
+def arrival_times(rate: float, seed: int, until_s: float) -> list[float]:
+    """Poisson task arrivals (s from the start) before `until_s`: the draws of the fleet model's online
+    arrivals (`benchmarks/studies/fleet.py`, `FleetSim`: its generator, seeded with the run's seed, picks the
+    first trace, then draws each gap), so seed k means the same arrival times here and in the model."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    rng.integers(1)  # the model's first-trace pick (one trace: the uniform tasks)
+    out, at = [], rng.exponential(1 / rate)
+    while at < until_s:
+        out.append(at)
+        at += rng.exponential(1 / rate)
+    return out
+
+
 def _q(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
@@ -384,7 +426,7 @@ def _drive_cmd(net, hosts, mode: str, rate: float, seed: int, args, tag: str, en
     cmd = [*net.prefix("robots"), sys.executable, "-m", "benchmarks.studies.hybrid", "drive",
            "--endpoint", endpoints or f"tcp/{hosts[0]}:{EDGE_PORT}", "--rate", str(rate), "--seed", str(seed),
            "--duration-s", str(args.duration_s), "--warmup-s", str(args.warmup_s),
-           "--rounds", str(args.rounds), "--steps", str(args.steps), "--tag", tag]
+           "--rounds", str(args.rounds), "--steps", str(args.steps), "--tag", tag, "--resend-s", str(args.resend_s)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT)
     line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
     if out.returncode != 0 or not line.startswith("{"):
@@ -402,14 +444,15 @@ def wan_sweep(args) -> dict:
     rows = []
     net.start()
     try:
-        procs = start_servers(net, "hybrid", work, hosts, _real(args))
+        procs = start_servers(net, "hybrid", work, hosts, _real(args), args.profile)
         try:
-            for rtt_ms, mbit in shapes:
-                net.reshape_wan(rtt_ms, mbit)
+            for one_way_ms, mbit in shapes:
+                net.reshape_wan(one_way_ms, mbit)
                 time.sleep(5.0)  # the scheduler's round-trip window (8 probes) sees the new link
                 for seed in range(args.seeds):
                     row = _drive_cmd(net, hosts, "hybrid", args.rate, seed, args,
-                                     f"w{int(rtt_ms)}m{int(mbit)}s{seed}") | {"wan_rtt_ms": rtt_ms, "wan_mbit": mbit}
+                                     f"w{int(one_way_ms)}m{int(mbit)}s{seed}") | {"wan_one_way_ms": one_way_ms,
+                                                                                 "wan_mbit": mbit}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
         finally:
@@ -422,12 +465,12 @@ def wan_sweep(args) -> dict:
 
 
 def wan_table(result: dict) -> str:
-    out = ["| WAN round trip (ms) | WAN Mbit/s | offloaded | mean (s) | P95 (s) | seeds |", "|---|---|---|---|---|---|"]
-    shapes = list(dict.fromkeys((r["wan_rtt_ms"], r["wan_mbit"]) for r in result["rows"]))
-    for rtt_ms, mbit in shapes:
-        pts = [r for r in result["rows"] if (r["wan_rtt_ms"], r["wan_mbit"]) == (rtt_ms, mbit) and r["mean_s"]]
+    out = ["| WAN one way (ms) | WAN Mbit/s | offloaded | mean (s) | P95 (s) | seeds |", "|---|---|---|---|---|---|"]
+    shapes = list(dict.fromkeys((r["wan_one_way_ms"], r["wan_mbit"]) for r in result["rows"]))
+    for one_way_ms, mbit in shapes:
+        pts = [r for r in result["rows"] if (r["wan_one_way_ms"], r["wan_mbit"]) == (one_way_ms, mbit) and r["mean_s"]]
         if pts:
-            out.append(f"| {rtt_ms:g} | {mbit:g} | {100 * statistics.fmean(p['offload_share'] for p in pts):.0f} % | "
+            out.append(f"| {one_way_ms:g} | {mbit:g} | {100 * statistics.fmean(p['offload_share'] for p in pts):.0f} % | "
                        f"{statistics.fmean(p['mean_s'] for p in pts):.2f} | {statistics.fmean(p['p95_s'] for p in pts):.2f} | "
                        f"{len(pts)} |")
     return "\n".join(out)
@@ -454,10 +497,10 @@ def scaleout(args) -> dict:
                 if layout == "pooled":
                     for i in range(n):
                         files.append((f"gpu{i}", {**common, "role": "engine", "engine_id": f"gpu{i}",
-                                                  "zenoh": {"listen": [f"tcp/127.0.0.1:{7760 + i}"], "multicast_scouting": False},
+                                                  "zenoh": {"listen": [f"tcp/127.0.0.1:{8060 + i}"], "multicast_scouting": False},
                                                   "server": [_entry(EDGE_PROFILE_MS, EDGE_CAPACITY)]}))
                     engines = [{"engine_id": f"gpu{i}", "tier": "edge", "capacity": EDGE_CAPACITY,
-                                "endpoint": f"tcp/127.0.0.1:{7760 + i}", "profile": EDGE_PROFILE_MS} for i in range(n)]
+                                "endpoint": f"tcp/127.0.0.1:{8060 + i}", "profile": EDGE_PROFILE_MS} for i in range(n)]
                     files.append(("scheduler", {**common, "server_id": "edge0",
                                                 "zenoh": {"listen": [f"tcp/{edge_host}:{EDGE_PORT}"], "multicast_scouting": False},
                                                 "server": [{**_entry(EDGE_PROFILE_MS, EDGE_CAPACITY), "engines": engines,
@@ -466,9 +509,9 @@ def scaleout(args) -> dict:
                 else:
                     for i in range(n):
                         files.append((f"server{i}", {**common, "server_id": f"server{i}",
-                                                     "zenoh": {"listen": [f"tcp/{edge_host}:{7770 + i}"], "multicast_scouting": False},
+                                                     "zenoh": {"listen": [f"tcp/{edge_host}:{8070 + i}"], "multicast_scouting": False},
                                                      "server": [_entry(EDGE_PROFILE_MS, EDGE_CAPACITY)]}))
-                    endpoints = [f"tcp/{edge_host}:{7770 + i}" for i in range(n)]
+                    endpoints = [f"tcp/{edge_host}:{8070 + i}" for i in range(n)]
                 for name, data in files:
                     path = work / f"scale{n}-{layout}-{name}.yaml"
                     path.write_text(yaml.safe_dump(data))
@@ -509,13 +552,13 @@ def scaleout_table(result: dict) -> str:
 def study(args) -> dict:
     work = Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
-    net = Loopback() if args.no_netns else Topology(work)
+    net = Loopback() if args.no_netns else Topology(work, wan=(args.wan_ms, args.wan_mbit))
     hosts = ("127.0.0.1", "127.0.0.1") if args.no_netns else (ROBOT_EDGE[1], EDGE_CLOUD[1])
     rows = []
     net.start()
     try:
         for mode in args.modes.split(","):
-            procs = start_servers(net, mode, work, hosts, _real(args))
+            procs = start_servers(net, mode, work, hosts, _real(args), args.profile)
             try:
                 for rate in [float(r) for r in args.rates.split(",")]:
                     for seed in range(args.seeds):
@@ -569,13 +612,22 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--warmup-s", type=float, default=4.0, help="tasks arriving before this are not counted")
     st.add_argument("--rounds", type=int, default=6, help="rounds (requests) per task")
     st.add_argument("--steps", type=int, default=10, help="actions executed per round, at 30 Hz")
+    st.add_argument("--resend-s", type=float, default=RESEND_S,
+                    help="a robot sends its observation again after this long without a chunk (counted: resends)")
+    st.add_argument("--wan-ms", type=float, default=EDGE_CLOUD[2],
+                    help="edge <-> cloud ONE-WAY delay, ms (Kairos' 100 ms base latency; a round trip is twice it)")
+    st.add_argument("--wan-mbit", type=float, default=EDGE_CLOUD[3], help="edge <-> cloud bandwidth, Mbit/s")
     st.add_argument("--no-netns", action="store_true", help="loopback, no shaped links (smoke run)")
     st.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "lz_hybrid"))
     wn = sub.add_parser("wan", help="the hybrid mode under several edge-cloud links (Kairos Fig. 17)")
-    wn.add_argument("--wan", default="25:1000,100:1000,200:1000,25:100,100:100,200:100",
-                    help="edge-cloud links, <round trip ms>:<Mbit/s>, comma-separated")
+    wn.add_argument("--wan", default="25:1000,100:1000,200:1000,100:100,100:300",
+                    help="edge-cloud links, <ONE-WAY ms>:<Mbit/s>, comma-separated (Kairos Fig. 17: 25-200 ms at "
+                         "1 Gbit/s, 100 Mbit/s-1 Gbit/s at 100 ms)")
     wn.add_argument("--rate", type=float, default=10.0, help="task arrival rate, tasks/s")
     for parser_ in (st, wn):
+        parser_.add_argument("--profile", choices=sorted(PROFILES), default="gpu",
+                             help="the synthetic GPUs' profiles: gpu (A6000/A100-like, the module docstring) or vla "
+                                  "(the tiny SmolVLA's measured shape, scaled to the same batch-1 times)")
         parser_.add_argument("--checkpoint", default=None,
                              help="a LeRobot checkpoint both tiers load instead of the synthetic policies")
         parser_.add_argument("--device", default="cuda", help="with --checkpoint: the cloud engine's device")
@@ -589,6 +641,7 @@ def main(argv: list[str] | None = None) -> int:
         parser_.add_argument("--warmup-s", type=float, default=3.0)
         parser_.add_argument("--rounds", type=int, default=6)
         parser_.add_argument("--steps", type=int, default=10)
+        parser_.add_argument("--resend-s", type=float, default=RESEND_S)
         parser_.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "lz_hybrid"))
     dr = sub.add_parser("drive", help="(internal) the robots of one run")
     dr.add_argument("--endpoint", required=True)
@@ -599,10 +652,11 @@ def main(argv: list[str] | None = None) -> int:
     dr.add_argument("--rounds", type=int, required=True)
     dr.add_argument("--steps", type=int, required=True)
     dr.add_argument("--tag", required=True)
+    dr.add_argument("--resend-s", type=float, default=RESEND_S)
     args = parser.parse_args(argv)
     if args.cmd == "drive":
         print(json.dumps(drive(args.endpoint, args.rate, args.seed, args.duration_s, args.warmup_s, args.rounds,
-                               args.steps, args.tag)), flush=True)
+                               args.steps, args.tag, args.resend_s)), flush=True)
         return 0
     if args.cmd == "scaleout":
         if os.geteuid() != 0:
@@ -624,7 +678,8 @@ def main(argv: list[str] | None = None) -> int:
         print("shaped links need root (ip netns); --no-netns runs on loopback without them", file=sys.stderr)
         return 2
     result = study(args)
-    print(f"\nlinks: {result['method']}\n")
+    print(f"\nlinks: {result['method']}; edge <-> cloud {args.wan_ms:g} ms one way ({2 * args.wan_ms:g} ms round trip), "
+          f"{args.wan_mbit:g} Mbit/s\n")
     print(table(result))
     return 0
 

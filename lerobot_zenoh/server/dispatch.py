@@ -49,7 +49,7 @@ from lerobot_zenoh.errors import ConfigError, ProtocolError
 from lerobot_zenoh.protocol import dispatch
 from lerobot_zenoh.protocol.dispatch import EngineAnswer, EngineKeys, EngineRequest, EngineStatus
 from lerobot_zenoh.protocol.reasons import OutputKind, Reason
-from lerobot_zenoh.scheduling.placement import CLOUD, EDGE, BatchProfile, EngineView, Estimate, RequestView, place
+from lerobot_zenoh.scheduling.placement import CLOUD, EDGE, BatchProfile, EngineView, Estimate, RequestView, place, transfer_s
 from lerobot_zenoh.server import admission
 from lerobot_zenoh.server.engine import Batch, Session, Slot
 from lerobot_zenoh.server.executor import request_seed
@@ -94,6 +94,8 @@ class InFlight:
     request_bytes: int
     estimate: Estimate | None
     observation: object = None  # the decoded Observation (remote engines)
+    admitted_s: float = 0.0  # when the request reached this scheduler (its slot's first arrival)
+    queue_estimate_s: float | None = None  # expected admission -> start of its batch, at placement
 
 
 @dataclass
@@ -115,6 +117,8 @@ class EngineState:
     in_flight: dict[int, InFlight] = field(default_factory=dict)
     counts: Counter = field(default_factory=Counter)
     estimates: deque = field(default_factory=lambda: deque(maxlen=KEPT_SAMPLES))  # (estimate s, actual s)
+    # Queueing delay, admission -> start of the batch that served it: (expected at placement, actual) s
+    queueing: deque = field(default_factory=lambda: deque(maxlen=KEPT_SAMPLES))
     publisher: object = None
 
     @property
@@ -136,6 +140,7 @@ class EngineState:
     def figures(self, answered_total: int) -> dict:
         """Telemetry of this engine (docs/telemetry.md, "Engines")."""
         pairs = list(self.estimates)
+        waits = list(self.queueing)
         answered = self.counts["answered"]
         out = {
             "up": int(self.up),
@@ -150,12 +155,27 @@ class EngineState:
             "offload_share": answered / answered_total if answered_total else 0.0,
             "estimate_ms_mean": 1000 * sum(e for e, _ in pairs) / len(pairs) if pairs else 0.0,
             "actual_ms_mean": 1000 * sum(a for _, a in pairs) / len(pairs) if pairs else 0.0,
+            "queue_estimate_ms_mean": 1000 * sum(e for e, _ in waits) / len(waits) if waits else 0.0,
+            "queue_actual_ms_mean": 1000 * sum(a for _, a in waits) / len(waits) if waits else 0.0,
         }
         if self.keys is not None:
             out["rtt_ms"] = 1000 * self.rtt_s if self.rtt_s is not None else -1.0
             out["bandwidth_mbps"] = self.bandwidth_bps * 8 / 1e6 if math.isfinite(self.bandwidth_bps) else -1.0
         out |= {k: v for k, v in self.counts.items() if k.startswith("refused.")}
         return out
+
+
+def _admitted_s(slot: Slot) -> float:
+    """When the request a slot holds reached the scheduler (a refresh keeps its request's first arrival)."""
+    return slot.first_arrival[0] if slot.first_arrival is not None else slot.arrival_s
+
+
+def _queue_estimate_s(slot: Slot, view: EngineView, now_s: float) -> float:
+    """The queueing delay placement expects for a request placed now on `view`'s engine: from its
+    admission to the start of its batch there (its wait so far, then the trip out and its bytes'
+    transfer, or the engine's current work when that ends later; as `placement.service_estimate_s`)."""
+    trip_s = view.rtt_s / 2 + transfer_s(view, len(slot.payload))
+    return now_s - _admitted_s(slot) + max(trip_s, view.busy_until_s - now_s)
 
 
 class LocalWorker:
@@ -371,16 +391,18 @@ class Dispatcher:
         if not batch.items or placement is None:
             return False
         engine_of = {c: eid for eid, ids in placement.assigned.items() for c in ids}
+        view_of = {v.engine_id: v for v in views}
         local_items = []
         t = time.monotonic()
         sent: Counter = Counter()  # remote engine -> requests dispatched to it now (its next batch)
         for session, slot in batch.items:
             state = self.engines[engine_of[session.client_id]]
             estimate = placement.estimates.get(session.client_id)
+            waited = _queue_estimate_s(slot, view_of[state.engine_id], now_s)
             if state is self.local:
-                local_items.append((session, slot, estimate))
+                local_items.append((session, slot, estimate, waited))
             else:
-                self._dispatch(state, session, slot, estimate, t)
+                self._dispatch(state, session, slot, estimate, t, waited)
                 sent[state.engine_id] += 1
         for engine_id, n in sent.items():  # that batch starts when it is there and the engine is free
             state = self.engines[engine_id]
@@ -388,15 +410,15 @@ class Dispatcher:
             state.busy_until_s = start + state.profile.latency_s(n)
         if local_items:
             forget = []
-            for session, _, _ in local_items:
+            for session, *_ in local_items:
                 if self._reset_for(self.local, session):
                     forget.append(session.client_id)
-            clients = [s.client_id for s, _, _ in local_items]
+            clients = [s.client_id for s, *_ in local_items]
             self._local_clients.update(clients)
-            self._local_batches.append((clients, t, [e for *_, e in local_items]))
+            self._local_batches.append((clients, t, [(e, _admitted_s(sl), w) for _, sl, e, w in local_items]))
             self.local.counts["dispatched"] += len(local_items)
             self.local.busy_until_s = t + self.local.profile.latency_s(len(local_items))
-            self._worker.submit(Batch([(s, sl) for s, sl, _ in local_items], []), forget)
+            self._worker.submit(Batch([(s, sl) for s, sl, *_ in local_items], []), forget)
         return True
 
     def _running_for_placement(self, state: EngineState, now_s: float) -> int:
@@ -424,7 +446,7 @@ class Dispatcher:
         return reset
 
     def _dispatch(self, state: EngineState, session: Session, slot: Slot, estimate: Estimate | None,
-                  now_s: float) -> None:
+                  now_s: float, queue_estimate_s: float | None = None) -> None:
         model = self.model
         try:
             obs = admission.observation(model, session, slot)  # (kept in the slot: a re-queued request is not decoded again)
@@ -436,7 +458,8 @@ class Dispatcher:
             request_id=request_id, client_id=session.client_id, model_id=model.entry.model_id,
             model_version=model.entry.model_version, observation=bytes(slot.payload),
             seed=request_seed(session.client_id, obs.seq_id), reset=self._reset_for(state, session)))
-        flight = InFlight(request_id, state.engine_id, session, slot, now_s, len(payload), estimate, obs)
+        flight = InFlight(request_id, state.engine_id, session, slot, now_s, len(payload), estimate, obs,
+                          admitted_s=_admitted_s(slot), queue_estimate_s=queue_estimate_s)
         try:
             state.publisher.put(payload)
         except Exception as exc:  # the link refused it: the request goes back to wait
@@ -470,10 +493,12 @@ class Dispatcher:
         state = self.local
         self._local_clients.difference_update(clients)
         if self._local_batches:
-            _, dispatched_s, estimates = self._local_batches.popleft()
-            for estimate in estimates:
+            _, dispatched_s, items = self._local_batches.popleft()
+            for estimate, admitted_s, waited in items:
                 if estimate is not None:
                     state.estimates.append((estimate.latency_s, t1 - dispatched_s))
+                if waited is not None:  # the batch started at t0, on the local engine's thread
+                    state.queueing.append((waited, t0 - admitted_s))
         state.counts["answered"] += len(clients)
         for client_id in clients:
             self.served_by_client.setdefault(client_id, Counter())[state.tier] += 1
@@ -555,10 +580,15 @@ class Dispatcher:
         if flight.estimate is not None and math.isfinite(flight.estimate.latency_s):
             state.estimates.append((flight.estimate.latency_s, elapsed_s))
         network_s = elapsed_s - (answer.queue_ms + answer.inference_ms) / 1000
+        if flight.queue_estimate_s is not None:
+            # The batch started after the trip out (half this request's own network time) and the
+            # engine's reported wait in its inbox.
+            started_s = flight.dispatched_s + max(0.0, network_s) / 2 + answer.queue_ms / 1000
+            state.queueing.append((flight.queue_estimate_s, started_s - flight.admitted_s))
         rtt = state.rtt_s or 0.0
-        transfer_s = network_s - rtt
-        if transfer_s > MIN_TRANSFER_S:
-            state.bandwidth_samples.append((flight.request_bytes + answer_bytes) / transfer_s)
+        moving_s = network_s - rtt
+        if moving_s > MIN_TRANSFER_S:
+            state.bandwidth_samples.append((flight.request_bytes + answer_bytes) / moving_s)
             state.bandwidth_bps = max(state.bandwidth_samples)
 
     def _on_probe(self, state: EngineState, rtt: float | None, status: EngineStatus | None, now_s: float) -> None:

@@ -79,6 +79,8 @@ ENGINE_GAUGES = {
     "bandwidth_mbps": "Measured bandwidth towards this engine (largest recent sample; negative: not measured)",
     "estimate_ms_mean": "Placement's latency estimate for requests placed on this engine, mean of the last 256",
     "actual_ms_mean": "Dispatch to answer of requests placed on this engine, mean of the last 256",
+    "queue_estimate_ms_mean": "Queueing delay placement expected (admission to batch start) on this engine, mean of the last 256",
+    "queue_actual_ms_mean": "Queueing delay that happened (admission to batch start) on this engine, mean of the last 256",
 }
 
 #: Help texts of the gauges (figures not listed get a generic one).
