@@ -342,14 +342,20 @@ def test_served_actions_and_streamed_text_from_one_entry(checkpoint, port, app_k
                 "pipeline": [{"task": task, "component": "act", "bit": 0, **item,
                               "text": {"component": "plan", "bit": 1, **text}} for task, item, text in items]}
 
-    m = parse_manifest({"cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": "srv0",
-                        "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False},
-                        "telemetry_period_s": 0, "sessions": {"liveliness_grace_s": 0.2},
-                        "server": [entry("pi", ("kit", {}, {"max_new_tokens": 6})),
-                                   # three ways to ask what this model refuses, one task stream each
-                                   entry("bad", ("kit2", {}, {"prompt": "describe every object on the table in detail"}),
-                                         ("kit3", {}, {"max_new_tokens": 99}),  # over language.max_new_tokens
-                                         ("kit4", {"labels": ["safe", "unsafe"]}, {}))]})  # a verdict
+    def manifest(*entries):
+        return parse_manifest({"cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment,
+                               "server_id": "srv0", "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"],
+                                                              "multicast_scouting": False},
+                               "telemetry_period_s": 0, "sessions": {"liveliness_grace_s": 0.2}, "server": list(entries)})
+
+    # A text item whose token limit is over language.max_new_tokens would have every request refused
+    # (text_over_token_limit): it fails at start-up instead, naming the item.
+    with pytest.raises(ConfigError, match="text.max_new_tokens 99 is over language.max_new_tokens 40"):
+        manifest(entry("bad", ("kit3", {}, {"max_new_tokens": 99})))
+    m = manifest(entry("pi", ("kit", {}, {"max_new_tokens": 6})),
+                 # two ways to ask what this model refuses, one task stream each
+                 entry("bad", ("kit2", {}, {"prompt": "describe every object on the table in detail"}),
+                       ("kit4", {"labels": ["safe", "unsafe"]}, {})))  # a verdict
     server = PolicyServer(m).start()
     session = ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))).open()
     got: dict[str, list] = {"action": [], "text": []}
@@ -363,7 +369,7 @@ def test_served_actions_and_streamed_text_from_one_entry(checkpoint, port, app_k
         for app in apps.values():
             assert wait_for(lambda a=app: session.query(a.status, 0.3)), "status never answered"
         # A robot belongs to one task: each refused task has a robot of its own.
-        who = {"kit": robot, "kit2": robot, "kit3": "kit-r3", "kit4": "kit-r4"}
+        who = {"kit": robot, "kit2": robot, "kit4": "kit-r4"}
         streams = {t: pipeline_app(app_key.cluster, app_key.experiment, t).client(who[t]) for t in who}
         pubs = {t: session.publisher(s.obs, OBSERVATION_QOS) for t, s in streams.items()}
         token = session.declare_token(streams["kit"].metrics)
@@ -396,7 +402,8 @@ def test_served_actions_and_streamed_text_from_one_entry(checkpoint, port, app_k
         runner = server.models[0].runner
         assert runner.counters["started"] == 2 and server.stats()[apps["pi"].prefix]["answers"]["text"] == 2
         # The other entry refuses per request, each counted under its reason: a prompt over its
-        # max_prompt_tokens, a token limit over language.max_new_tokens, a verdict (pi0.5 writes text).
+        # max_prompt_tokens, a verdict (pi0.5 writes text). (A token limit over language.max_new_tokens
+        # fails at start-up, above; the runner's own refusal of one is tested alone.)
         def rejected():
             counts: dict = {}
             for c in server.stats()[apps["bad"].prefix]["clients"].values():
@@ -404,8 +411,7 @@ def test_served_actions_and_streamed_text_from_one_entry(checkpoint, port, app_k
                     counts[reason] = counts.get(reason, 0) + n
             return counts
 
-        for seq_id, task, reason in ((4, "kit2", "prompt_too_long"), (6, "kit3", "text_over_token_limit"),
-                                     (7, "kit4", "component_not_served")):
+        for seq_id, task, reason in ((4, "kit2", "prompt_too_long"), (7, "kit4", "component_not_served")):
             send(seq_id, 0b11, task=task)
             assert wait_for(lambda r=reason: rejected().get(r) == 1, 30), rejected()
         assert server.models[1].runner.counters["started"] == 0  # nothing of them was decoded

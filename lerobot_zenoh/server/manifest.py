@@ -56,6 +56,7 @@ from lerobot_zenoh.config import Settings, TypedBlock, config_error, verdict_lab
 from lerobot_zenoh.errors import ConfigError, KeyExprError
 from lerobot_zenoh.protocol.keys import AppKey, pipeline_app, validate_chunk, validate_client_id
 from lerobot_zenoh.protocol.messages import MAX_COMPONENTS
+from lerobot_zenoh.protocol.reasons import OutputKind
 from lerobot_zenoh.scheduling.horizon import HORIZON_CONFIGS, HorizonPolicy
 from lerobot_zenoh.scheduling.request_schedulers import RequestScheduler, scheduler_type
 from lerobot_zenoh.scheduling.scheduler_interface import scheduler_configs
@@ -311,7 +312,11 @@ class ModelEntry(Settings):
                                  "language block (a pi05 checkpoint answering text)")
             if p.text is not None and p.text.bit == p.bit:
                 raise ValueError(f"pipeline: task {p.task!r}: text.bit {p.bit} is the item's own bit")
-        if (self.vlm is not None and self.vlm.output == "verdict" and not self.vlm.labels
+            if (p.text is not None and p.text.max_new_tokens is not None
+                    and p.text.max_new_tokens > self.language.max_new_tokens):
+                raise ValueError(f"pipeline: task {p.task!r}: text.max_new_tokens {p.text.max_new_tokens} is over "
+                                 f"language.max_new_tokens {self.language.max_new_tokens}: every request would be refused")
+        if (self.vlm is not None and self.vlm.output == OutputKind.VERDICT and not self.vlm.labels
                 and (not self.pipeline or any(not p.labels for p in self.pipeline))):
             raise ValueError("vlm.labels: a verdict VLM needs labels (here, or on every pipeline item)")
         if not self.clients and not self.accept_unknown_clients:
