@@ -344,9 +344,10 @@ class PolicyServer:
                     lambda m=model: self.telemetry_figures(m), self.manifest.telemetry_period_s,
                     labels={"model_id": model.entry.model_id, "policy_type": model.runner.spec.policy_type,
                             "device": model.entry.device}).start())
+            serves = model.output + (" + text" if any(s.item.text is not None for s in model.streams.values()) else "")
             log.info("serving %s (%s; status: %s)", ", ".join(
                 [model.app.all_observations, *(s.key.all_observations for s in model.streams.values())]),
-                model.output, model.app.status)
+                serves, model.app.status)
         self.started.set()
         return self
 
