@@ -20,7 +20,7 @@ What is real and what is simulated:
   the server is busy for ``latency_s(batch size)`` per dispatch and idle otherwise, exactly like the
   real loop with the synthetic policy, minus decoding and transport overheads.
 
-Workload (Kairos, seed 001, sections 2.2 and 5.1): a robot runs tasks back to back (``fleet`` mode,
+Workload (as in the Kairos paper, sections 2.2 and 5.1): a robot runs tasks back to back (``fleet`` mode,
 N robots) or tasks arrive by a Poisson process, each on its own robot (``online`` mode). A task is a
 trace of rounds; round j executes ``H_j`` actions at 30 Hz from chunk j (the execution horizon), and
 the request for round j+1 leaves while round j executes, when the send rule says so; its chunk is

@@ -1,7 +1,7 @@
 """The fleet benchmarks' workload: task traces (how long each task is and how far each chunk can be
 trusted), the control rate and the served model's latency profile.
 
-A trace stands for one task recorded in isolation (Kairos, seed 001, section 5.1: tasks are run
+A trace stands for one task recorded in isolation (as the Kairos paper does, its section 5.1: tasks are run
 alone, recorded, then replayed many at a time against the server). For the replay what matters is
 the execution horizon of every round:
 

@@ -50,7 +50,7 @@ Seeds: task arrivals are drawn exactly as the fleet model's online arrivals
 (`benchmarks/studies/fleet.py --uniform-tasks ROUNDS STEPS --hybrid-rates R`, `arrival_times` below), so a
 seed is the same arrival times in both, and a real run sits beside the model's run of that seed.
 
-With a GPU (issue 25: "one real engine on the GPU as the cloud tier"): `--checkpoint PATH` makes
+With a GPU (one real engine on the GPU as the cloud tier): `--checkpoint PATH` makes
 both tiers load that LeRobot checkpoint instead of the synthetic policies, the edge on the CPU and the
 cloud engine on `--device cuda --dtype bfloat16`; both profiles are then measured at start-up (the
 edge's own, and the one the cloud engine reports), and the robots send what the status asks for
