@@ -331,9 +331,11 @@ def test_the_server_streams_chunks_to_robots_joining_a_running_decode(checkpoint
             "model_id": app_key.model, "model_version": app_key.version, "application_tag": app_key.app,
             "pretrained_path": str(checkpoint), "fps": 30, "max_batch_size": 4,
             "clients": [{"client_uuid": c} for c in ("a", "b", "c")],
+            "decode": {"slots": 2},  # three robots, two KV slots: one waits for a free slot
         }],
     })
     server = PolicyServer(manifest).start()
+    assert server.models[0].runner.slots == 2
     session = ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))).open()
     try:
         assert wait_for(lambda: session.query(app_key.status, 0.3), 60), "status never answered"
@@ -365,3 +367,26 @@ def test_settings_that_would_mix_robots_or_sample_are_refused(checkpoint, tmp_pa
     (copy / "config.json").write_text(json.dumps(config))
     with pytest.raises(PolicyError, match=field):
         load_policy_runner(copy)
+
+
+def test_the_decode_block_sets_slots_and_join_and_fails_at_start_up_naming_the_field(checkpoint):
+    from lerobot_zenoh.errors import ConfigError
+    from lerobot_zenoh.server.manifest import parse_manifest
+    from lerobot_zenoh.server.runners import load_runner
+
+    def manifest(**entry):
+        return parse_manifest({"cluster_uuid": "c", "experiment_tag": "e", "server": [{
+            "model_id": "m", "model_version": "v1", "application_tag": "a", "fps": 30,
+            "clients": [{"client_uuid": "r"}], **entry}]})
+
+    m = manifest(pretrained_path=str(checkpoint), decode={"slots": 3, "join": "packed"})
+    runner = load_runner(m, m.server[0])
+    assert (runner.slots, runner.join_mode) == (3, "packed")
+    runner.run([request("a", 1)])
+    assert runner.figures()["decode.slots"] == 3
+    for decode, field in (({"slots": 0}, "server.0.decode.slots"), ({"join": "zip"}, "server.0.decode.join"),
+                          ({"slot": 4}, "server.0.decode.slot")):
+        with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+            manifest(pretrained_path=str(checkpoint), decode=decode)
+    with pytest.raises(ConfigError, match="decode needs pretrained_path"):
+        manifest(synthetic={"state_dim": 2, "action_dim": 2}, decode={"slots": 2})

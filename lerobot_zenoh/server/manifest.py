@@ -62,6 +62,7 @@ from lerobot_zenoh.scheduling.request_schedulers import RequestScheduler, schedu
 from lerobot_zenoh.scheduling.scheduler_interface import scheduler_configs
 from lerobot_zenoh.server.runners.lerobot import RtcSettings
 from lerobot_zenoh.server.runners.pi05_language import LanguageSettings
+from lerobot_zenoh.server.runners.pi0_fast import DecodeSettings
 from lerobot_zenoh.server.runners.synthetic import SyntheticPolicyConfig
 from lerobot_zenoh.server.runners.vlm import VlmSettings
 from lerobot_zenoh.transport.settings import ZenohSettings
@@ -244,6 +245,8 @@ class ModelEntry(Settings):
     vlm: VlmSettings | None = None
     # A pi0.5 checkpoint answering text too, from the prefill of its actions (runners/pi05_language.py).
     language: LanguageSettings | None = None
+    # A pi0-FAST checkpoint's continuous batching: KV slots and how requests join (runners/pi0_fast.py).
+    decode: DecodeSettings | None = None
     device: str = "cpu"
     # Weights and activations: float32 (fp32) or bfloat16 (bf16; VLAs only, refused at start-up by
     # families that cannot serve it).
@@ -306,6 +309,8 @@ class ModelEntry(Settings):
             raise ValueError("vlm needs pretrained_path (the VLM's folder)")
         if self.language is not None and (self.pretrained_path is None or self.vlm is not None):
             raise ValueError("language needs pretrained_path (a pi05 checkpoint) and no vlm")
+        if self.decode is not None and (self.pretrained_path is None or self.vlm is not None or self.language):
+            raise ValueError("decode needs pretrained_path (a pi0_fast checkpoint), no vlm and no language")
         for p in self.pipeline:
             if p.text is not None and self.language is None:
                 raise ValueError(f"pipeline: task {p.task!r}: text ({p.text.component}) needs this entry's "

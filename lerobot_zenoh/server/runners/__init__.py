@@ -161,4 +161,12 @@ def load_runner(manifest: Manifest, entry: ModelEntry) -> PolicyRunner:
         runner = Pi05LanguageRunner.from_checkpoint(path, config, options)
         runner.configure_language(entry.language)
         return runner
-    return load_policy_runner(path, options=options)
+    runner = load_policy_runner(path, options=options)
+    if entry.decode is not None:
+        from lerobot_zenoh.server.runners.pi0_fast import Pi0FastRunner
+
+        if not isinstance(runner, Pi0FastRunner):
+            raise PolicyError(f"{field}decode: {path} is a {runner.spec.policy_type!r} checkpoint; the decode block "
+                              "configures pi0_fast's continuous batching")
+        runner.configure_decode(entry.decode)
+    return runner

@@ -34,10 +34,12 @@ import logging
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field
 
+from lerobot_zenoh.config import Settings
 from lerobot_zenoh.errors import PolicyError, ProtocolError
 from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.server.runners.base import (
@@ -59,6 +61,21 @@ ACTION_PREFIX = "Action: "
 
 #: KV slots (requests decoding at once) of one model; more requests wait for a free slot.
 DEFAULT_SLOTS = 16
+
+
+class DecodeSettings(Settings):
+    """How a pi0-FAST runner decodes (a manifest entry's ``decode`` block; docs/policies.md).
+
+    - `slots`: KV slots, the requests decoding at once; each holds one prompt plus its tokens, so
+      memory grows with it (`decode.kv_bytes` in telemetry). More requests wait for a free slot.
+    - `join`: how a request joins running ones: ``separate`` (its prefill, then the decode step) or
+      ``packed`` (its prefill packed into the running rows' decode step).
+    """
+
+    config_prefix = "decode"
+
+    slots: int = Field(DEFAULT_SLOTS, ge=1, le=1024, strict=True)
+    join: Literal["separate", "packed"] = "separate"
 
 
 @contextlib.contextmanager
@@ -204,7 +221,7 @@ class Pi0FastRunner(LeRobotRunner):
         self._bos = int(text.bos_token_id)
         self.max_new_tokens = int(config.max_decoding_steps)
         self.slots = DEFAULT_SLOTS
-        self.join_mode = "separate"
+        self.join_mode: str = "separate"
         self.scheduler = None
         self._engine = None
         self._prefix_len: int | None = None
@@ -228,6 +245,10 @@ class Pi0FastRunner(LeRobotRunner):
         if n > self.max_prompt_tokens:
             raise ProtocolError(Reason.TASK_TOO_LONG, f"the prompt is up to {n} tokens, pi0_fast reads at most "
                                                  f"{self.max_prompt_tokens} (tokenizer_max_length)")
+
+    def configure_decode(self, settings: DecodeSettings) -> None:
+        """Take the manifest's ``decode`` block (before the first request: the engine is built then)."""
+        self.slots, self.join_mode, self._engine = settings.slots, settings.join, None
 
     def figures(self) -> dict[str, float]:
         """``decode.*``: the KV slots and the decode engine's counters (docs/telemetry.md)."""
