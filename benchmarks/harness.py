@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import platform
+import queue
 import subprocess
 import time
 from pathlib import Path
@@ -20,6 +21,30 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--full", action="store_true",
                         help="the full-length runs (60 s control loops, more round trips, every workload on every link)")
     parser.add_argument("--no-netns", action="store_true", help="host loopback only, even as root")
+
+
+def wait_until(due: float) -> float:
+    """A simulated robot driver's tick: sleep until `due` (``time.perf_counter`` seconds) if it is
+    ahead; the time then."""
+    now = time.perf_counter()
+    if due > now:
+        time.sleep(due - now)
+        now = time.perf_counter()
+    return now
+
+
+def deliver_chunks(inbox: queue.SimpleQueue, robots: dict, counters) -> None:
+    """Hand every chunk queued since the last tick (``(key, payload, arrival)`` from a Zenoh callback)
+    to its robot's ``on_chunk(payload, arrival, counters)``, on the driver's thread; a chunk for a
+    client the driver does not know is dropped."""
+    while True:
+        try:
+            key, payload, arrived = inbox.get_nowait()
+        except queue.Empty:
+            return
+        robot = robots.get(key.rsplit("/", 2)[-2])
+        if robot is not None:
+            robot.on_chunk(payload, arrived, counters)
 
 
 class Run:

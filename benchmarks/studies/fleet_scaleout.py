@@ -49,6 +49,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
+from benchmarks.harness import deliver_chunks, wait_until  # noqa: E402
 from benchmarks.studies import fleet, fleet_zenoh, hybrid  # noqa: E402
 from benchmarks.studies.fleet_traces import CHUNK_SIZE, Task  # noqa: E402
 
@@ -175,23 +176,13 @@ def drive(eps: list[str], robots: int, tag: str, warmup_s: float, measure_s: flo
     i = 0
     while True:
         due = t0 + i * period
-        now = time.perf_counter()
-        if due > now:
-            time.sleep(due - now)
-            now = time.perf_counter()
+        now = wait_until(due)
         if now >= w1:
             break
         c.counting = w0 <= now < w1
         if c.counting:
             lateness.append(now - due)
-        while True:
-            try:
-                key, payload, arrived = inbox.get_nowait()
-            except queue.Empty:
-                break
-            robot = by_id.get(key.rsplit("/", 2)[-2])
-            if robot is not None:
-                robot.on_chunk(payload, arrived, c)
+        deliver_chunks(inbox, by_id, c)
         while pending and now >= t0 + pending[-1][0]:
             fleet_robots[pending.pop()[1]].start_task(task, now, c.counting)
         for robot in groups[i % fleet_zenoh.PHASES]:

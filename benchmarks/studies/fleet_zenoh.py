@@ -84,6 +84,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 
+from benchmarks.common import ServerProcess  # noqa: E402
+from benchmarks.harness import deliver_chunks, wait_until, write_docs_block  # noqa: E402
 from benchmarks.studies import fleet as model  # noqa: E402
 from benchmarks.studies import fleet_traces  # noqa: E402
 from benchmarks.studies.fleet_traces import (  # noqa: E402
@@ -95,8 +97,6 @@ from benchmarks.studies.fleet_traces import (  # noqa: E402
     load_traces,
     write_traces,
 )
-from benchmarks.common import ServerProcess  # noqa: E402
-from benchmarks.harness import write_docs_block  # noqa: E402
 from lerobot_zenoh.errors import ProtocolError  # noqa: E402
 from lerobot_zenoh.protocol import codec  # noqa: E402
 from lerobot_zenoh.protocol.keys import AppKey  # noqa: E402
@@ -353,21 +353,11 @@ def run(cfg: RunConfig, tasks: list[Task], out: Path = OUT, port: int | None = N
         i = 0
         while True:
             due = t0 + i * period
-            now = time.perf_counter()
-            if due > now:
-                time.sleep(due - now)
-                now = time.perf_counter()
+            now = wait_until(due)
             c.counting = w0 <= now < w1
             if c.counting:
                 lateness.append(now - due)
-            while True:
-                try:
-                    key, payload, arrived = inbox.get_nowait()
-                except queue.Empty:
-                    break
-                robot = by_id.get(key.rsplit("/", 2)[-2])
-                if robot is not None:
-                    robot.on_chunk(payload, arrived, c)
+            deliver_chunks(inbox, by_id, c)
             if cfg.mode == "fleet":
                 while pending and now >= t0 + pending[-1][0]:
                     robots[pending.pop()[1]].start_task(next_task(), now, c.counting)

@@ -464,15 +464,24 @@ def wan_sweep(args) -> dict:
     return result
 
 
+def _points(rows: list[dict], *fields: str) -> dict[tuple, list[dict]]:
+    """The rows with a result, grouped by the values of `fields`, in the order they were run."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["mean_s"]:
+            groups.setdefault(tuple(r[f] for f in fields), []).append(r)
+    return groups
+
+
+def _mean(pts: list[dict], field: str) -> float:
+    return statistics.fmean(p[field] for p in pts)
+
+
 def wan_table(result: dict) -> str:
     out = ["| WAN one way (ms) | WAN Mbit/s | offloaded | mean (s) | P95 (s) | seeds |", "|---|---|---|---|---|---|"]
-    shapes = list(dict.fromkeys((r["wan_one_way_ms"], r["wan_mbit"]) for r in result["rows"]))
-    for one_way_ms, mbit in shapes:
-        pts = [r for r in result["rows"] if (r["wan_one_way_ms"], r["wan_mbit"]) == (one_way_ms, mbit) and r["mean_s"]]
-        if pts:
-            out.append(f"| {one_way_ms:g} | {mbit:g} | {100 * statistics.fmean(p['offload_share'] for p in pts):.0f} % | "
-                       f"{statistics.fmean(p['mean_s'] for p in pts):.2f} | {statistics.fmean(p['p95_s'] for p in pts):.2f} | "
-                       f"{len(pts)} |")
+    for (one_way_ms, mbit), pts in _points(result["rows"], "wan_one_way_ms", "wan_mbit").items():
+        out.append(f"| {one_way_ms:g} | {mbit:g} | {100 * _mean(pts, 'offload_share'):.0f} % | "
+                   f"{_mean(pts, 'mean_s'):.2f} | {_mean(pts, 'p95_s'):.2f} | {len(pts)} |")
     return "\n".join(out)
 
 
@@ -539,13 +548,9 @@ def scaleout(args) -> dict:
 
 def scaleout_table(result: dict) -> str:
     out = ["| GPUs | tasks/s | layout | mean (s) | P25 (s) | P95 (s) | tasks | seeds |", "|---|---|---|---|---|---|---|---|"]
-    keys = list(dict.fromkeys((r["engines"], r["layout"]) for r in result["rows"]))
-    for n, layout in keys:
-        pts = [r for r in result["rows"] if (r["engines"], r["layout"]) == (n, layout) and r["mean_s"]]
-        if pts:
-            out.append(f"| {n} | {pts[0]['rate']:g} | {layout} | {statistics.fmean(p['mean_s'] for p in pts):.2f} | "
-                       f"{statistics.fmean(p['p25_s'] for p in pts):.2f} | {statistics.fmean(p['p95_s'] for p in pts):.2f} | "
-                       f"{sum(p['tasks'] for p in pts)} | {len(pts)} |")
+    for (n, layout), pts in _points(result["rows"], "engines", "layout").items():
+        out.append(f"| {n} | {pts[0]['rate']:g} | {layout} | {_mean(pts, 'mean_s'):.2f} | {_mean(pts, 'p25_s'):.2f} | "
+                   f"{_mean(pts, 'p95_s'):.2f} | {sum(p['tasks'] for p in pts)} | {len(pts)} |")
     return "\n".join(out)
 
 

@@ -45,6 +45,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 
 from benchmarks.common import ServerProcess  # noqa: E402
+from benchmarks.harness import deliver_chunks, wait_until  # noqa: E402
 from lerobot_zenoh.errors import ProtocolError  # noqa: E402
 from lerobot_zenoh.protocol import codec  # noqa: E402
 from lerobot_zenoh.protocol.keys import AppKey  # noqa: E402
@@ -200,23 +201,13 @@ def run(cfg: RunConfig, out: Path = OUT, verbose: bool = True) -> dict:
         i = 0
         while True:
             due = t0 + i * period
-            now = time.perf_counter()
-            if due > now:
-                time.sleep(due - now)
-                now = time.perf_counter()
+            now = wait_until(due)
             if now >= w1:
                 break
             c.counting = w0 <= now
             if c.counting:
                 lateness.append(now - due)
-            while True:
-                try:
-                    key, payload, arrived = inbox.get_nowait()
-                except queue.Empty:
-                    break
-                robot = by_id.get(key.rsplit("/", 2)[-2])
-                if robot is not None:
-                    robot.on_chunk(payload, arrived, c)
+            deliver_chunks(inbox, by_id, c)
             for robot in groups[i % PHASES]:
                 robot.tick(now, c)
             i += 1

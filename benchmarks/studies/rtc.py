@@ -78,7 +78,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 
 from benchmarks.common import ServerProcess  # noqa: E402
-from benchmarks.harness import machine, write_docs_block  # noqa: E402
+from benchmarks.harness import machine, wait_until, write_docs_block  # noqa: E402
 from lerobot_zenoh.client.config_sim_robot import SO101_JOINTS, SimRobotConfig  # noqa: E402
 from lerobot_zenoh.client.sim_robot import SimRobot  # noqa: E402
 from lerobot_zenoh.errors import ProtocolError  # noqa: E402
@@ -452,10 +452,7 @@ def drive(port: int, app: AppKey, robots_modes: list[str], prep: PrepareSettings
         period, i, n = DT_S / 10, 0, 0
         while True:
             due = t0 + i * period
-            now = time.perf_counter()
-            if due > now:
-                time.sleep(due - now)
-                now = time.perf_counter()
+            now = wait_until(due)
             counting = w0 <= now < w1
             if counting:
                 lateness.append(now - due)
