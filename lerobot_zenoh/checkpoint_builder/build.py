@@ -238,10 +238,7 @@ def build_checkpoint(
         if policy_type in ("pi0", "pi05", "pi0_fast"):
             sidecar["test_architecture"] = arch
         (staging / FEATURES_SIDECAR_NAME).write_text(json.dumps(sidecar, indent=2) + "\n")
-        _check_output(output, force)  # again: the folder may have appeared while building
-        if output.exists():
-            shutil.rmtree(output) if any(output.iterdir()) else output.rmdir()
-        os.replace(staging, output)
+        _publish(staging, output, force)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -343,14 +340,20 @@ def build_tiny_vlm(output_dir: str | Path, *, seed: int = 0, force: bool = False
         model.generation_config.eos_token_id = tokenizer.eos_token_id
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         model.save_pretrained(staging)
-        _check_output(output, force)
-        if output.exists():
-            shutil.rmtree(output) if any(output.iterdir()) else output.rmdir()
-        os.replace(staging, output)
+        _publish(staging, output, force)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return output
+
+
+def _publish(staging: Path, output: Path, force: bool) -> None:
+    """Put the finished `staging` folder at `output`, checked again (it may have appeared while
+    building): a reader never sees a half-written checkpoint."""
+    _check_output(output, force)
+    if output.exists():
+        shutil.rmtree(output) if any(output.iterdir()) else output.rmdir()
+    os.replace(staging, output)
 
 
 def _policy_class(policy_type: str, arch: Mapping[str, Any] | None) -> type:
