@@ -250,6 +250,9 @@ def test_loss_and_delay_every_chunk_arrives_and_the_loop_keeps_its_period(tmp_pa
         client = subprocess.run([*net.prefix("client"), sys.executable, "-m", "lerobot_zenoh.cli.client",
                                  "--robot.type=zenoh_sim", "--robot.cameras={front: [48, 64], wrist: [48, 64]}",
                                  *routing_args(app_key, "r1", endpoint), "--discovery_timeout_s=60", "--watchdog_timeout_s=2.0", "--duration_s=12",
+                                 # 10 % loss can drop the handshake's packets past the 2 s a dead endpoint
+                                 # is reported in: wait for the link as a user on a lossy link would
+                                 "--zenoh.connect_timeout_s=30",
                                  "--telemetry_period_s=0", f"--summary_path={summary_path}"],
                                 capture_output=True, text=True, timeout=180)
         # The server closes r1's session (logging its totals) once the robot's token is gone: every
