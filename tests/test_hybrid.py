@@ -117,17 +117,23 @@ class FakeEngine:
         self.delay_s = delay_s
         self.paused = False
         self.received: list[EngineRequest] = []
+        self.log: list[tuple[float, int]] = []  # (arrival, request_id) of every dispatch received
         self.status = EngineStatus(engine_id, "fake-1", app_key.model, app_key.version, "synthetic", 6, 20, 4,
                                    {1: 20.0, 4: 25.0})
         self.session = ZenohSession(loopback_settings(port)).open()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.pub = self.session.publisher(self.keys.answer, ACTION_QOS)
-        self.session.subscribe(self.keys.dispatch, lambda k, b: self._inbox.put((time.monotonic(), b)))
+        self.session.subscribe(self.keys.dispatch, self._on_dispatch)
         self.session.serve(self.keys.status, lambda: None if self.paused else dispatch.encode(self.status))
         self.session.declare_token(self.keys.token)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
+
+    def _on_dispatch(self, key, payload) -> None:
+        now = time.monotonic()
+        self.log.append((now, dispatch.decode(payload).request_id))
+        self._inbox.put((now, payload))
 
     def _run(self):
         pending = []
@@ -139,7 +145,7 @@ class FakeEngine:
             now = time.monotonic()
             due = [p for p in pending if now - p[0] >= self.delay_s]
             pending = [p for p in pending if now - p[0] < self.delay_s]
-            for _, payload in due:
+            for arrived, payload in due:
                 request = dispatch.decode(payload)
                 self.received.append(request)
                 if self.paused or self.mode == "silent":
@@ -148,7 +154,8 @@ class FakeEngine:
                 shape = (20, 7) if self.mode == "wrong_shape" else (20, 6)
                 self.pub.put(dispatch.encode(EngineAnswer(
                     request.request_id, self.keys.engine_id, self.status.incarnation, self.app_key.model, version,
-                    actions=np.zeros(shape, np.float32), inference_ms=20.0)))
+                    actions=np.zeros(shape, np.float32), inference_ms=20.0,
+                    queue_ms=max(0.0, (time.monotonic() - arrived) * 1000 - 20.0))))  # (held: it says so)
 
     def close(self):
         self._stop.set()
@@ -254,6 +261,32 @@ def test_dead_engine_requests_requeued_and_served_at_the_edge(app_key, ports, ro
         fake.close()
 
 
+@pytest.mark.parametrize("max_in_flight, most", [(0, 2), (4, 4)])
+def test_a_cloud_engine_holds_its_max_in_flight_and_no_more(app_key, ports, robot_session, max_in_flight, most):
+    """A cloud engine of capacity 2 that answers after 0.6 s, six robots at once behind a slow edge:
+    by default (Kairos) it holds one batch, 2 requests; with `max_in_flight: 4` a second batch is sent
+    to wait in its inbox while the first runs, and never more than 4."""
+    fake = FakeEngine(app_key, ports[1], "cloud0", mode="late", delay_s=0.6)
+    edge = PolicyServer(manifest(app_key, ports[0], engines=[LOCAL, cloud("cloud0", ports[1], capacity=2,
+                                                                          max_in_flight=max_in_flight)],
+                                 dispatch_settings={"answer_timeout_s": 3.0})).start()
+    try:
+        robots = [Robot(robot_session, app_key, f"r{i}", np.random.default_rng(i)) for i in range(6)]
+        run_rounds(robots, 1)  # every robot's key is known to the edge (and answered)
+        seen = len(fake.log)
+        for robot in robots:
+            robot.send(2)
+        assert wait_for(lambda: len(fake.log) >= seen + most, 5.0), engine_figures(edge)
+        first = fake.log[seen][0]
+        time.sleep(0.5 - (time.monotonic() - first))  # (the subject: nothing more is sent before an answer)
+        before_answer = [t for t, _ in fake.log[seen:] if t - first < 0.5]
+        assert len(before_answer) == most, (len(before_answer), most)
+        run_rounds(robots, 1, first=2)  # and everyone is answered
+    finally:
+        edge.stop()
+        fake.close()
+
+
 def test_late_answer_of_a_requeued_request_is_dropped(app_key, ports, robot_session):
     """An engine answering after the bound: its request was re-queued and served at the edge; the
     late answer is counted and dropped, so each request gets exactly one chunk."""
@@ -345,6 +378,9 @@ def test_restarted_engine_is_reprofiled(app_key, ports, robot_session):
     ([{**LOCAL, "capacity": 0}], "engines.0.capacity", "greater than or equal to 1"),
     ([{"engine_id": "c", "tier": "cloud", "capacity": 2}], "engines.0", "has no profile"),
     ([{**LOCAL, "tier": "fog"}], "engines.0.tier", "'edge' or 'cloud'"),
+    ([LOCAL, {"engine_id": "c", "tier": "cloud", "capacity": 4, "profile": {1: 9}, "max_in_flight": 2}],
+     "engines.1", "max_in_flight 2 is below its capacity 4"),
+    ([{**LOCAL, "max_in_flight": 8}], "engines.0", "max_in_flight is for cloud engines"),
 ])
 def test_manifest_engine_errors(app_key, engines, field, words):
     with pytest.raises(ConfigError) as info:

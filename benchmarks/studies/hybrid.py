@@ -221,9 +221,10 @@ def _entry(profile_ms: dict, max_batch: int, real: dict | None = None) -> dict:
 
 
 def manifests(mode: str, edge_host: str, cloud_host: str, real: dict | None = None,
-              profile: str = "gpu") -> dict[str, dict]:
+              profile: str = "gpu", cloud_in_flight: int = 0) -> dict[str, dict]:
     """{"edge": manifest, "cloud": manifest or absent} for `mode`; `real`: {checkpoint, device, dtype} of
-    the cloud engine (the edge loads the checkpoint on the CPU), else the synthetic profiles."""
+    the cloud engine (the edge loads the checkpoint on the CPU), else the synthetic profiles;
+    `cloud_in_flight`: the cloud engine's `max_in_flight` (0: its capacity, one batch)."""
     cluster, experiment, *_ = APP
     common = {"cluster_uuid": cluster, "experiment_tag": experiment, "telemetry_period_s": 0,
               "sessions": {"idle_timeout_s": 5, "liveliness_grace_s": 1}, "same_host": False}
@@ -234,7 +235,8 @@ def manifests(mode: str, edge_host: str, cloud_host: str, real: dict | None = No
                         "profile": edge_ms if real is None else "measured"})
     if mode in ("cloud", "hybrid"):
         engines.append({"engine_id": "cloud0", "tier": "cloud", "capacity": CLOUD_CAPACITY,
-                        "endpoint": f"tcp/{cloud_host}:{CLOUD_PORT}", "profile": "measured"})
+                        "endpoint": f"tcp/{cloud_host}:{CLOUD_PORT}", "profile": "measured",
+                        "max_in_flight": cloud_in_flight})
     edge = {**common, "server_id": "edge0",
             "zenoh": {"listen": [f"tcp/{edge_host}:{EDGE_PORT}"], "multicast_scouting": False},
             "server": [{**_entry(edge_ms, EDGE_CAPACITY,
@@ -255,12 +257,12 @@ def _env() -> dict:
 
 
 def start_servers(net, mode: str, work: Path, hosts: tuple[str, str], real: dict | None = None,
-                  profile: str = "gpu") -> list[subprocess.Popen]:
+                  profile: str = "gpu", cloud_in_flight: int = 0) -> list[subprocess.Popen]:
     import yaml
 
     procs = []
     for name in ("cloud", "edge"):  # the engine first: the edge checks it at start-up
-        data = manifests(mode, *hosts, real, profile).get(name)
+        data = manifests(mode, *hosts, real, profile, cloud_in_flight).get(name)
         if data is None:
             continue
         path = work / f"{mode}-{name}.yaml"
@@ -444,7 +446,7 @@ def wan_sweep(args) -> dict:
     rows = []
     net.start()
     try:
-        procs = start_servers(net, "hybrid", work, hosts, _real(args), args.profile)
+        procs = start_servers(net, "hybrid", work, hosts, _real(args), args.profile, args.cloud_in_flight)
         try:
             for one_way_ms, mbit in shapes:
                 net.reshape_wan(one_way_ms, mbit)
@@ -563,7 +565,7 @@ def study(args) -> dict:
     net.start()
     try:
         for mode in args.modes.split(","):
-            procs = start_servers(net, mode, work, hosts, _real(args), args.profile)
+            procs = start_servers(net, mode, work, hosts, _real(args), args.profile, args.cloud_in_flight)
             try:
                 for rate in [float(r) for r in args.rates.split(",")]:
                     for seed in range(args.seeds):
@@ -633,6 +635,9 @@ def main(argv: list[str] | None = None) -> int:
         parser_.add_argument("--profile", choices=sorted(PROFILES), default="gpu",
                              help="the synthetic GPUs' profiles: gpu (A6000/A100-like, the module docstring) or vla "
                                   "(the tiny SmolVLA's measured shape, scaled to the same batch-1 times)")
+        parser_.add_argument("--cloud-in-flight", type=int, default=0,
+                             help=f"the cloud engine's max_in_flight (0: its capacity, {CLOUD_CAPACITY}: one batch, "
+                                  "Kairos' rule; more: the next batch waits in its inbox through the round trip)")
         parser_.add_argument("--checkpoint", default=None,
                              help="a LeRobot checkpoint both tiers load instead of the synthetic policies")
         parser_.add_argument("--device", default="cuda", help="with --checkpoint: the cloud engine's device")

@@ -135,7 +135,8 @@ class EngineState:
     def view(self, running: int | None = None) -> EngineView:
         return EngineView(engine_id=self.engine_id, tier=self.tier, capacity=self.entry.capacity,
                           running=len(self.in_flight) if running is None else running, busy_until_s=self.busy_until_s, profile=self.profile,
-                          rtt_s=self.rtt_s or 0.0, bandwidth_bps=self.bandwidth_bps)
+                          rtt_s=self.rtt_s or 0.0, bandwidth_bps=self.bandwidth_bps,
+                          max_in_flight=self.entry.max_in_flight)
 
     def figures(self, answered_total: int) -> dict:
         """Telemetry of this engine (docs/telemetry.md, "Engines")."""

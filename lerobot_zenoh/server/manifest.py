@@ -186,7 +186,9 @@ class EngineEntry(Settings):
     locator added to the session's `connect` list, or through the routers already configured).
     `capacity` is the most requests in flight on it (one batch); `profile` its latency per batch size
     in milliseconds ({1: 60, 4: 75}), or `measured`: the local engine's start-up profile
-    (`max_batch_size: auto`), or the one a remote engine measured at its start-up and reports."""
+    (`max_batch_size: auto`), or the one a remote engine measured at its start-up and reports.
+    `max_in_flight` (cloud engines; 0: `capacity`, Kairos' rule) lets a cloud engine hold more than
+    one batch: the next one waits in its inbox instead of the engine idling for a round trip."""
 
     engine_id: str
     tier: Literal["edge", "cloud"]
@@ -194,6 +196,7 @@ class EngineEntry(Settings):
     local: bool = Field(False, strict=True)
     endpoint: str | None = None
     profile: dict[int, Annotated[float, Field(gt=0, allow_inf_nan=False)]] | Literal["measured"] | None = None
+    max_in_flight: int = Field(0, ge=0, strict=True)
 
     @field_validator("engine_id")
     @classmethod
@@ -218,6 +221,12 @@ class EngineEntry(Settings):
                              "{batch size: ms, ...} or measured")
         if self.local and self.endpoint is not None:
             raise ValueError("the local engine is this process: it has no endpoint")
+        if self.max_in_flight and self.tier != "cloud":
+            raise ValueError(f"engine {self.engine_id!r}: max_in_flight is for cloud engines (edge engines are "
+                             "fed one batch at a time)")
+        if 0 < self.max_in_flight < self.capacity:
+            raise ValueError(f"engine {self.engine_id!r}: max_in_flight {self.max_in_flight} is below its capacity "
+                             f"{self.capacity} (0: the capacity)")
         return self
 
 
