@@ -331,6 +331,26 @@ def test_the_real_hybrid_runs_draw_the_models_arrivals():
         assert starts == pytest.approx(hybrid.arrival_times(6, seed, 5), abs=1e-12)
 
 
+def test_pass_jitter_keeps_the_arrivals_and_varies_only_the_passes():
+    """`pass_jitter` draws from its own stream: the same seed still has the real runs' arrivals, and
+    the passes vary around their profile (never more than the jitter either way)."""
+    from benchmarks.studies import hybrid
+
+    cfg = fleet_model.Config(mode="online", tiers="hybrid", rate_per_s=6, arrivals_s=5, duration_s=20, warmup_s=1,
+                             trigger="fixed:0", seed=3, max_batch=4, wan_one_way_s=0.05, pass_jitter=0.1)
+    sim = fleet_model.FleetSim(cfg, [[10] * 2], fleet_model.gpu_latency())
+    starts, start = [], sim._start_task
+    sim._start_task = lambda t, robot: (starts.append(t), start(t, robot))
+    factors, jitter = [], sim._jitter
+    sim._jitter = lambda: factors.append(jitter()) or factors[-1]
+    result = sim.run()
+    assert starts == pytest.approx(hybrid.arrival_times(6, 3, 5), abs=1e-12)
+    assert result.tasks_done > 0 and len(factors) > 10
+    assert all(0.9 <= f <= 1.1 for f in factors) and len(set(factors)) == len(factors)
+    with pytest.raises(ValueError, match="pass_jitter"):
+        fleet_model.Config(pass_jitter=1.0)
+
+
 def test_the_model_beside_a_real_hybrid_run_point_by_point(tmp_path, capsys):
     """`fleet_hybrid_check` runs the model at a real run's settings and seeds and sets the two side by
     side; a 'real' run that is the model's own output agrees exactly, a slower one is flagged, and
@@ -344,12 +364,17 @@ def test_the_model_beside_a_real_hybrid_run_point_by_point(tmp_path, capsys):
     for row, model in zip(rows, check.run_model(real), strict=True):
         row.update(mean_s=model["mean_s"], offload_share=model["offload_share"])
     rows[0]["mean_s"] *= 1.5  # edge-only, seed 0: the real run 50 % slower
+    rows[0].update(resends=1, tasks=2)  # ... for one resend (10 s over 2 tasks)
     path = tmp_path / "hybrid.json"
     path.write_text(json.dumps(real))
     assert check.main([str(path)]) == 0
     out = capsys.readouterr().out
     assert "| 3 | hybrid |" in out and "| 3 | cloud |" in out and "+0.0 %" in out
-    assert "**no**" in out and "2 of 3 points within 10 %" in out
+    assert "**no**" in out and "2 of 3 points within 10 % (2 with the resend waits added)" in out
+    points = check.compare(real, check.run_model(real), check.run_model(real, scale=1.05))
+    edge = next(p for p in points if p["mode"] == "edge")
+    assert edge["with_resends_pct"] > edge["diff_pct"] + 100  # + 5 s per task of seed 0
+    assert all(p["slower_moves_pct"] > 0 for p in points)
     edge_s, engine_s = check.calibrate(real)
     assert edge_s > 0 and engine_s >= 0
     assert check.observation_bytes() > 1000  # one 96x128 JPEG camera

@@ -177,6 +177,11 @@ class Config:
     # dispatch hop's encode / decode and its extra Zenoh hop, holding that engine).
     edge_overhead_s: float = 0.0
     engine_overhead_s: float = 0.0
+    # Each pass takes its profile's time x a factor drawn uniformly in [1 - pass_jitter, 1 + pass_jitter]
+    # (its own random stream: the arrivals stay those of `seed`). 0: every pass exactly its profile.
+    # A real GPU, host and link never repeat a time exactly; with none, an overloaded point can lock
+    # into one rhythm of batches that a 1 % change of the profile turns into another.
+    pass_jitter: float = 0.0
     wan_one_way_s: float = 0.1  # edge <-> cloud, ONE WAY (each direction); a round trip is twice it
     wan_bandwidth_bps: float = 125e6  # bytes/s (1 Gbit/s)
     payload_bytes: int = 133_000  # one observation on the wire (2 x 480x640 JPEG, docs/benchmarks.md)
@@ -190,6 +195,8 @@ class Config:
             raise ValueError("servers and edge_engines must be >= 1, cloud_engines >= 0")
         if self.cloud_in_flight not in ("capacity", "cover"):
             raise ValueError(f"cloud_in_flight must be 'capacity' or 'cover', got {self.cloud_in_flight!r}")
+        if not 0.0 <= self.pass_jitter < 1.0:
+            raise ValueError(f"pass_jitter must be in [0, 1), got {self.pass_jitter}")
         if self.cloud_site not in ("server", "engine"):
             raise ValueError(f"cloud_site must be 'server' or 'engine', got {self.cloud_site!r}")
 
@@ -367,6 +374,7 @@ class FleetSim:
         self.servers = [self._server(i) for i in range(cfg.servers)]
         self.send_rule = send_rule(cfg.trigger)
         self.rng = np.random.default_rng(cfg.seed)
+        self._jitter_rng = np.random.default_rng((cfg.seed, 1))  # its own stream: the arrivals are `seed`'s
         self._events: list = []
         self._tie = itertools.count()
         self.robots: dict[str, _Robot] = {}
@@ -622,7 +630,7 @@ class FleetSim:
         if server.one_loop:  # as the server's loop: busy for latency(batch), then answers
             if t >= self.w0:
                 self.batches.append(len(chosen))
-            duration = engine.latency_s(len(chosen))
+            duration = engine.latency_s(len(chosen)) * self._jitter()
             engine.running = len(chosen)
             self._at(t + duration, self._done, server, chosen, duration)
             return
@@ -665,7 +673,11 @@ class FleetSim:
         if t >= self.w0:
             self.batches.append(n)
         engine.gpu_busy = True
-        self._at(t + engine.latency_s(n) + engine.overhead_s, self._engine_done, server, engine, groups)
+        self._at(t + engine.latency_s(n) * self._jitter() + engine.overhead_s, self._engine_done, server, engine, groups)
+
+    def _jitter(self) -> float:
+        j = self.cfg.pass_jitter
+        return 1.0 + j * self._jitter_rng.uniform(-1.0, 1.0) if j else 1.0
 
     def _engine_done(self, t: float, server: _Server, engine: _Engine, groups: list) -> None:
         engine.gpu_busy = False

@@ -60,26 +60,31 @@ def observation_bytes() -> int:
 
 
 def model_config(mode: str, rate: float, seed: int, settings: dict, edge_overhead_s: float = 0.0,
-                 engine_overhead_s: float = 0.0) -> fleet.Config:
-    """The model's configuration of one real point (`settings`: the real run's args)."""
+                 engine_overhead_s: float = 0.0, scale: float = 1.0, pass_jitter: float = 0.0) -> fleet.Config:
+    """The model's configuration of one real point (`settings`: the real run's args); `scale`
+    multiplies the cloud profile's times (the sensitivity check)."""
     return fleet.Config(
         mode="online", scheduler="wait_ratio", tiers=mode, rate_per_s=rate, seed=seed,
         arrivals_s=settings["duration_s"], duration_s=settings["duration_s"] + DRAIN_S, warmup_s=settings["warmup_s"],
         trigger="fixed:0", max_batch=hybrid.EDGE_CAPACITY, cloud_max_batch=hybrid.CLOUD_CAPACITY,
-        cloud_profile_ms=dict(hybrid.PROFILES[settings["profile"]][1]), cloud_site="engine", cloud_in_flight="capacity",
+        cloud_profile_ms={b: ms * scale for b, ms in hybrid.PROFILES[settings["profile"]][1].items()}, cloud_site="engine", cloud_in_flight="capacity",
+        cloud_max_in_flight=settings["cloud_in_flight"],
         one_way_s=hybrid.ROBOT_EDGE[2] / 1000, wan_one_way_s=settings["wan_ms"] / 1000,
         wan_bandwidth_bps=settings["wan_mbit"] * 1e6 / 8, payload_bytes=settings["payload_bytes"],
-        edge_overhead_s=edge_overhead_s, engine_overhead_s=engine_overhead_s)
+        edge_overhead_s=edge_overhead_s, engine_overhead_s=engine_overhead_s, pass_jitter=pass_jitter)
 
 
-def run_model(real: dict, edge_overhead_s: float = 0.0, engine_overhead_s: float = 0.0) -> list[dict]:
-    """The model's row for every real row (same mode, rate and seed)."""
+def run_model(real: dict, edge_overhead_s: float = 0.0, engine_overhead_s: float = 0.0,
+              scale: float = 1.0, pass_jitter: float = 0.0) -> list[dict]:
+    """The model's row for every real row (same mode, rate and seed); `scale` multiplies every pass
+    time of both tiers (1.05: the GPUs 5 % slower)."""
     settings = real_settings(real)
     traces = [[settings["steps"]] * settings["rounds"]]
-    latency_s = fleet.latency_of(hybrid.PROFILES[settings["profile"]][0])
+    latency_s = fleet.latency_of({b: ms * scale for b, ms in hybrid.PROFILES[settings["profile"]][0].items()})
     out = []
     for row in real["rows"]:
-        cfg = model_config(row["mode"], row["rate"], row["seed"], settings, edge_overhead_s, engine_overhead_s)
+        cfg = model_config(row["mode"], row["rate"], row["seed"], settings, edge_overhead_s, engine_overhead_s, scale,
+                           pass_jitter)
         r = fleet.FleetSim(cfg, traces, latency_s).run()
         out.append({"mode": row["mode"], "rate": row["rate"], "seed": row["seed"], "mean_s": r.latency_mean_s,
                     "p25_s": r.latency_p25_s, "p95_s": r.latency_p95_s, "tasks": r.tasks_done,
@@ -92,7 +97,7 @@ def real_settings(real: dict) -> dict:
     args = real["args"]
     return {"duration_s": args["duration_s"], "warmup_s": args["warmup_s"], "rounds": args["rounds"],
             "steps": args["steps"], "wan_ms": args.get("wan_ms", 50.0), "wan_mbit": args.get("wan_mbit", 1000.0),
-            "profile": args.get("profile", "gpu"),
+            "profile": args.get("profile", "gpu"), "cloud_in_flight": args.get("cloud_in_flight", 0),
             "payload_bytes": real.get("payload_bytes") or observation_bytes()}
 
 
@@ -125,9 +130,13 @@ def calibrate(real: dict, iterations: int = 3) -> tuple[float, float]:
     return edge, engine
 
 
-def compare(real: dict, model: list[dict]) -> list[dict]:
-    """Per (rate, mode): real and model means over seeds, and the paired per-seed difference."""
+def compare(real: dict, model: list[dict], slower: list[dict] | None = None) -> list[dict]:
+    """Per (rate, mode): real and model means over seeds, the paired per-seed difference, the model
+    with the real robots' resend waits added (each resend cost its task `resend_s` of waiting: the
+    model loses nothing), and how far the model's mean moves with every pass 5 % slower (`slower`)."""
     by_key = {(m["mode"], m["rate"], m["seed"]): m for m in model}
+    slower_by = {(m["mode"], m["rate"], m["seed"]): m for m in slower or []}
+    resend_s = real["args"].get("resend_s", hybrid.RESEND_S)
     points = []
     for rate in sorted({r["rate"] for r in real["rows"]}):
         for mode in hybrid.MODES:
@@ -138,26 +147,33 @@ def compare(real: dict, model: list[dict]) -> list[dict]:
             diffs = [100 * (m["mean_s"] / r["mean_s"] - 1) for r, m in pairs]
             real_mean = statistics.fmean(r["mean_s"] for r, _ in pairs)
             model_mean = statistics.fmean(m["mean_s"] for _, m in pairs)
+            waits = statistics.fmean(m["mean_s"] + r.get("resends", 0) * resend_s / max(1, r.get("tasks") or 1) for r, m in pairs)
+            moved = (100 * (statistics.fmean(slower_by[(mode, rate, r["seed"])]["mean_s"] for r, _ in pairs)
+                            / model_mean - 1) if slower_by else None)
             points.append({"rate": rate, "mode": mode, "real_s": real_mean, "model_s": model_mean,
                            "diff_pct": 100 * (model_mean / real_mean - 1), "paired_pct": statistics.fmean(diffs),
                            "paired_sd": statistics.stdev(diffs) if len(diffs) > 1 else 0.0,
                            "real_offload": statistics.fmean(r["offload_share"] for r, _ in pairs),
                            "model_offload": statistics.fmean(m["offload_share"] for _, m in pairs),
-                           "resends": sum(r.get("resends", 0) for r, _ in pairs), "seeds": len(pairs)})
+                           "resends": sum(r.get("resends", 0) for r, _ in pairs), "seeds": len(pairs),
+                           "with_resends_pct": 100 * (waits / real_mean - 1), "slower_moves_pct": moved})
     return points
 
 
 def table(points: list[dict]) -> str:
     out = ["| tasks/s | mode | real mean (s) | model mean (s) | model vs real | per seed | offloaded real / model | "
-           "real resends | within 10 % |", "|---|---|---|---|---|---|---|---|---|"]
+           "real resends | model + resend waits vs real | model, passes 5 % slower | within 10 % |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in points:
+        moved = "" if p["slower_moves_pct"] is None else f"{p['slower_moves_pct']:+.1f} %"
         out.append(f"| {p['rate']:g} | {p['mode']} | {p['real_s']:.2f} | {p['model_s']:.2f} | {p['diff_pct']:+.1f} % | "
                    f"{p['paired_pct']:+.1f} ± {p['paired_sd']:.1f} % | {100 * p['real_offload']:.0f} / "
-                   f"{100 * p['model_offload']:.0f} % | {p['resends']} | "
+                   f"{100 * p['model_offload']:.0f} % | {p['resends']} | {p['with_resends_pct']:+.1f} % | {moved} | "
                    f"{'yes' if abs(p['diff_pct']) <= 100 * TOLERANCE else '**no**'} |")
     inside = sum(abs(p["diff_pct"]) <= 100 * TOLERANCE for p in points)
-    out.append(f"\n{inside} of {len(points)} points within 10 %; largest difference "
-               f"{max((abs(p['diff_pct']) for p in points), default=0.0):.1f} %.")
+    with_waits = sum(abs(p["with_resends_pct"]) <= 100 * TOLERANCE for p in points)
+    out.append(f"\n{inside} of {len(points)} points within 10 % ({with_waits} with the resend waits added); largest "
+               f"difference {max((abs(p['diff_pct']) for p in points), default=0.0):.1f} %.")
     return "\n".join(out)
 
 
@@ -169,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="per request on the robot <-> scheduler path (fleet.Config.edge_overhead_s)")
     p.add_argument("--engine-overhead-ms", type=float, default=0.0,
                    help="per batch on a remote engine (fleet.Config.engine_overhead_s)")
+    p.add_argument("--pass-jitter", type=float, default=0.0,
+                   help="each modelled pass x U(1 - J, 1 + J) (fleet.Config.pass_jitter); 0: exactly its profile")
     p.add_argument("--calibrate", action="store_true",
                    help="fit --edge-overhead-ms on the lightest edge-only point, then compare every point")
     args = p.parse_args(argv)
@@ -180,8 +198,10 @@ def main(argv: list[str] | None = None) -> int:
         edge_overhead_s, engine_overhead_s = args.edge_overhead_ms / 1000, args.engine_overhead_ms / 1000
     fitted = " (fitted on the lightest edge-only and cloud-only points)" if args.calibrate else ""
     print(f"Settings of the real run: {settings}; model: edge overhead {1000 * edge_overhead_s:.1f} ms per request, "
-          f"engine overhead {1000 * engine_overhead_s:.1f} ms per batch{fitted}.\n")
-    print(table(compare(real, run_model(real, edge_overhead_s, engine_overhead_s))))
+          f"engine overhead {1000 * engine_overhead_s:.1f} ms per batch{fitted}; pass jitter {args.pass_jitter:g}.\n")
+    model = run_model(real, edge_overhead_s, engine_overhead_s, pass_jitter=args.pass_jitter)
+    slower = run_model(real, edge_overhead_s, engine_overhead_s, scale=1.05, pass_jitter=args.pass_jitter)
+    print(table(compare(real, model, slower)))
     return 0
 
 

@@ -223,6 +223,58 @@ def search(site_eps: list[str], n: int, budget: float, args, task: Task, log) ->
     return found, points
 
 
+def grid(args, profile: dict, task: Task, work: Path, log) -> int:
+    """Every fleet size of `args.grid` (per GPU) on every seed, both layouts: the stalled share's
+    mean and spread per size, so that the boundary is read off a curve rather than one noisy run."""
+
+    def run(eps: list[str], robots: int, seed: int, tag: str) -> dict:
+        row = drive(eps, robots, f"{tag}t{int(time.time()) % 100000}", args.warmup_s, args.measure_s, task, seed,
+                    args.trigger)
+        log(json.dumps({"seed": seed, **row}))
+        return row
+
+    with Site("static", 1, profile, work):
+        alone = [run(endpoints("static", 1), 1, seed, f"alone{seed}") for seed in args.seeds]
+    alone_pct = statistics.mean(r["stalled_arrival_pct"] for r in alone)
+    budget = alone_pct + args.budget_pct
+    rows = []
+    for n in args.engines:
+        for layout in args.layouts:
+            with Site(layout, n, profile, work):
+                for per_gpu in args.grid:
+                    runs = [run(endpoints(layout, n), per_gpu * n, seed, f"{layout[0]}{n}r{per_gpu * n}s{seed}")
+                            for seed in args.seeds]
+                    pcts = [r["stalled_arrival_pct"] for r in runs]
+                    rows.append({"engines": n, "layout": layout, "robots": per_gpu * n, "runs": runs,
+                                 "mean": statistics.mean(pcts), "sd": statistics.stdev(pcts) if len(pcts) > 1 else 0.0,
+                                 "rtt_ms_p50": statistics.median(r["rtt_ms_p50"] for r in runs if r["rtt_ms_p50"]),
+                                 "actions_per_s": statistics.mean(r["actions_per_s"] for r in runs)})
+    (work / "scaleout_grid.json").write_text(json.dumps(
+        {"args": vars(args), "profile_ms": profile, "alone": alone, "budget_pct": budget, "rows": rows},
+        indent=1, default=str))
+    print(f"Profile (ms by batch size) {profile}, capacity {CAPACITY} per GPU; send rule {args.trigger}; tasks of "
+          f"{args.task_steps} actions, {args.horizon} kept per chunk; seeds {args.seeds}, each point one run of "
+          f"{args.measure_s:g} s after {args.warmup_s:g} s. A robot alone stalls {alone_pct:.2f} % from arrival "
+          f"(mean of the seeds), so the budget is {budget:.2f} %.\n")
+    print("| GPUs | layout | robots | stalled % from arrival, mean ± sd | per seed | actions/s | RTT p50 ms |\n"
+          "|---|---|---|---|---|---|---|")
+    for r in rows:
+        per_seed = " / ".join(f"{x['stalled_arrival_pct']:.2f}" for x in r["runs"])
+        mark = "**" if r["mean"] > budget else ""
+        print(f"| {r['engines']} | {r['layout']} | {r['robots']} | {mark}{r['mean']:.2f} ± {r['sd']:.2f}{mark} | "
+              f"{per_seed} | {r['actions_per_s']:.0f} | {r['rtt_ms_p50']:.0f} |")
+    print("\n| GPUs | layout | robots carried (largest size within the budget, every smaller one within too) |\n|---|---|---|")
+    for n in args.engines:
+        for layout in args.layouts:
+            carried = 0
+            for r in sorted((r for r in rows if r["engines"] == n and r["layout"] == layout), key=lambda r: r["robots"]):
+                if r["mean"] > budget:
+                    break
+                carried = r["robots"]
+            print(f"| {n} | {layout} | {carried if carried else '< ' + str(min(args.grid) * n)} |")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -242,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-s", type=float, default=4.0)
     p.add_argument("--measure-s", type=float, default=12.0)
     p.add_argument("--seed", type=int, default=0, help="robots' start offsets")
+    p.add_argument("--grid", type=int, nargs="+",
+                   help="instead of the search: run these fleet sizes (robots per GPU, times the GPUs) for every seed "
+                        "of --seeds, and carry the largest size whose mean stalled share is within the budget")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="with --grid: the seeds of each point")
     p.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "lz_scaleout"))
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the site's processes on the way out
@@ -256,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
+    if args.grid:
+        return grid(args, profile, task, work, log)
     with Site("static", 1, profile, work) as site:
         alone = drive(endpoints("static", 1), 1, f"alone{int(time.time()) % 100000}", args.warmup_s,
                       args.measure_s, task, args.seed, args.trigger)
