@@ -196,7 +196,7 @@ bench-hybrid: $(STAMP)
 # Scale-out on one site (docs/benchmarks.md, "Edge-cloud serving"): robots carried within the stall
 # budget by 1, 2, 4 engine processes behind one scheduler against as many servers with robots
 # assigned statically, over real Zenoh on loopback (synthetic GPUs that sleep); ~15 min on 2 cores.
-SCALEOUT_ARGS ?= --engines 1 2 4
+SCALEOUT_ARGS ?= --engines 1 2 4 --grid 2 3 4 5 --seeds 0 1 2 --measure-s 20
 .PHONY: bench-hybrid-scaleout
 bench-hybrid-scaleout: $(STAMP)
 	$(PY) -m benchmarks.studies.fleet_scaleout $(SCALEOUT_ARGS)

@@ -18,7 +18,10 @@ fleet model (`benchmarks/studies/fleet.py`) at exactly those settings, read from
 Then, per point (rate, mode): the real and the model's mean task latency (mean over seeds) and the
 model's difference, paired by seed (mean ± sample sd of each seed's model / real - 1), and the real
 robots' resends (an observation or chunk lost on the way costs its task `--resend-s`: the model
-loses nothing, so a point with resends is slower in the real run by that much).
+loses nothing, so a point with resends is slower in the real run by that much; the column "model +
+resend waits" adds them to the model), and how far the model's own mean moves when every pass is
+5 % slower: a stable point hardly moves, an overloaded one moves by several times that, which is
+how much a few ms of host overhead per pass decide there.
 
 The model's missing costs can be given (``--edge-overhead-ms``: per request on the robot <->
 scheduler path, e.g. codec and Zenoh; ``--engine-overhead-ms``: per batch on the remote engine), or

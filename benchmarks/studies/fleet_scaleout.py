@@ -30,7 +30,14 @@ robot alone stalls while its task's first chunk is computed). The search per (la
 each point one run of `--warmup-s` + `--measure-s`; the servers of a layout stay up through its
 search (each run uses new client ids).
 
+With `--grid` (what `make bench-hybrid-scaleout` runs) there is no search: every fleet size of the
+grid (robots per GPU) runs on every seed of `--seeds`, the budget is the mean of a robot alone's
+seeds + `--budget-pct`, and a layout carries the largest size whose mean stalled share is within
+it, every smaller size within too. One run per point, as the search does, lands on either side of
+a budget that a flat stall curve sits next to (docs/benchmarks.md, "Scale-out on one site").
+
     python -m benchmarks.studies.fleet_scaleout --engines 1 2 4      # needs nothing but loopback
+    python -m benchmarks.studies.fleet_scaleout --engines 1 2 4 --grid 2 3 4 5 --seeds 0 1 2 --measure-s 20
 """
 
 from __future__ import annotations
