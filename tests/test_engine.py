@@ -137,6 +137,27 @@ def test_replays_are_dropped_before_serving_with_a_scheduler_that_decodes_on_arr
     assert batch.items == [] and [r[2] for r in batch.rejected] == [REPLAYED]
 
 
+@pytest.mark.parametrize("nonce", [7, None])
+def test_a_resend_of_a_request_still_on_an_engine_is_not_computed_twice(nonce):
+    """An edge scheduler picked seq 5 and an engine is computing it; the robot sends seq 5 again (its
+    chunk is late): refused as `replayed`, not a second inference. The request, re-queued (its
+    engine timed out), is still served; and the robot's next request is too."""
+    e = engine(scheduler="wait_ratio")
+    admit(e, obs("robot", 5, nonce=nonce), 0.0)
+    batch = schedule(e, 0.0)
+    [(session, slot)] = batch.items  # on an engine now: not finished yet
+    admit(e, obs("robot", 5, nonce=nonce), 0.5)  # the resend
+    again = schedule(e, 0.5)
+    assert again.items == [] and [r[2] for r in again.rejected] == [REPLAYED]
+    assert "being computed" in again.rejected[0][3]
+    assert e.requeue(session, slot)  # the engine timed out: the request itself goes back
+    back = schedule(e, 1.0)
+    assert [s.client_id for s, _ in back.items] == ["robot"] and back.rejected == []
+    e.finish([(session, 5, 10.0, 0.0)], ["robot"], 1.1, 0.01)
+    admit(e, obs("robot", 6, nonce=nonce), 1.2)
+    assert [s.client_id for s, _ in schedule(e, 1.2).items] == ["robot"]
+
+
 def test_a_restarted_client_is_served_from_its_first_observation():
     e = engine()
     e.admit("robot", codec.encode(obs("robot", 50, nonce=1)), 0.0)

@@ -466,7 +466,7 @@ class Engine:
                         self.headers_read += 1
                     else:
                         self.decoded_on_arrival += 1
-                    why = self._judge(session, slot)
+                    why = None if slot.judged else self._judge(session, slot)  # (judged: a re-queued request)
                     if why is not None:
                         rejected.append((session, slot, why, _rule_detail(session, known, why)))
                         session.slot = None
@@ -668,6 +668,8 @@ def _session_rules(session: Session, obs: Observation | ObservationHeader, arriv
     # before picks up its own count again, so that switching to a made-up nonce and back cannot
     # lift the bound on the real one.
     switched = nonce != session.nonce
+    if not switched and session.last_picked == (nonce, obs.seq_id):
+        return REPLAYED  # the request itself is being computed (on an engine): a resend of it is not a second request
     last, last_s = session.past_nonces.get(nonce, (None, None)) if switched else (
         session.last_served_seq, session.last_served_s)
     restarted = switched
@@ -691,4 +693,6 @@ def _rule_detail(session: Session, obs: Observation | ObservationHeader, reason:
     if reason == SEQ_JUMP:
         return (f"seq_id {obs.seq_id} runs further ahead of the last one served for session_nonce "
                 f"{obs.session_nonce} than a client can count")
+    if session.last_picked == (obs.session_nonce, obs.seq_id):
+        return f"seq_id {obs.seq_id} is being computed already (a resend of the request)"
     return f"seq_id {obs.seq_id} already served"
