@@ -153,9 +153,12 @@ def test_a_resend_of_a_request_still_on_an_engine_is_not_computed_twice(nonce):
     assert e.requeue(session, slot)  # the engine timed out: the request itself goes back
     back = schedule(e, 1.0)
     assert [s.client_id for s, _ in back.items] == ["robot"] and back.rejected == []
-    e.finish([(session, 5, 10.0, 0.0)], ["robot"], 1.1, 0.01)
-    admit(e, obs("robot", 6, nonce=nonce), 1.2)
-    assert [s.client_id for s, _ in schedule(e, 1.2).items] == ["robot"]
+    e.finish([], ["robot"], 1.1, 0.01)  # ... and failed (no chunk): a resend of it is served, not refused
+    admit(e, obs("robot", 5, nonce=nonce), 1.2)
+    [(session, _)] = schedule(e, 1.2).items
+    e.finish([(session, 5, 10.0, 0.0)], ["robot"], 1.3, 0.01)
+    admit(e, obs("robot", 6, nonce=nonce), 1.4)
+    assert [s.client_id for s, _ in schedule(e, 1.4).items] == ["robot"]
 
 
 def test_a_restarted_client_is_served_from_its_first_observation():

@@ -229,6 +229,9 @@ class Session:
     # (session_nonce, seq_id) of the newest observation picked for inference: a refresh of a request
     # at or below it is late (set when picked, from the header; for a header-less one when served).
     last_picked: tuple[int | None, int] | None = None
+    # (session_nonce, seq_id) of the request being computed for it now (picked, not finished or
+    # re-queued yet): a resend of it is refused (`replayed`), not computed twice.
+    computing: tuple[int | None, int] | None = None
     token_lost_s: float | None = None  # when its liveliness token vanished, or (unknown ids) since when it is awaited
     needs_reset: bool = False  # per-episode state to drop in the runner before its next inference
     closed_reason: str | None = None  # liveliness | no_token | idle | delisted | server_stop, once closed
@@ -489,6 +492,7 @@ class Engine:
                     known = session.slot.known
                     if known is not None:  # (a header-less one: once it is judged)
                         self._picked(session, known.session_nonce, known.seq_id)
+                        session.computing = (known.session_nonce, known.seq_id)
                     session.slot = None
         if not items and not rejected:
             return None
@@ -504,6 +508,7 @@ class Engine:
                 return False
             slot.announced = False
             session.slot = slot
+            session.computing = None
             return True
 
     def judge(self, session: Session, slot: Slot) -> tuple[str, str] | None:
@@ -518,6 +523,7 @@ class Engine:
             if why is not None:
                 return why, _rule_detail(session, slot.known, why)
             self._picked(session, slot.known.session_nonce, slot.known.seq_id)
+            session.computing = (slot.known.session_nonce, slot.known.seq_id)
             return None
 
     def take_reset(self, session: Session) -> bool:
@@ -538,6 +544,10 @@ class Engine:
             self.scheduler.on_served(list(picked), now_s, duration_s)
             if picked:
                 self.batch_sizes.append(len(picked))
+            for client_id in picked:  # served or failed: computed no longer (a resend of a failed one is served)
+                session = self.sessions.get(client_id)
+                if session is not None:
+                    session.computing = None
             for session, seq_id, inference_ms, queue_ms in served:
                 if self.sessions.get(session.client_id) is not session:
                     self.closed.served += 1  # closed meanwhile: only the total counts
@@ -668,7 +678,7 @@ def _session_rules(session: Session, obs: Observation | ObservationHeader, arriv
     # before picks up its own count again, so that switching to a made-up nonce and back cannot
     # lift the bound on the real one.
     switched = nonce != session.nonce
-    if not switched and session.last_picked == (nonce, obs.seq_id):
+    if not switched and session.computing == (nonce, obs.seq_id):
         return REPLAYED  # the request itself is being computed (on an engine): a resend of it is not a second request
     last, last_s = session.past_nonces.get(nonce, (None, None)) if switched else (
         session.last_served_seq, session.last_served_s)
@@ -693,6 +703,6 @@ def _rule_detail(session: Session, obs: Observation | ObservationHeader, reason:
     if reason == SEQ_JUMP:
         return (f"seq_id {obs.seq_id} runs further ahead of the last one served for session_nonce "
                 f"{obs.session_nonce} than a client can count")
-    if session.last_picked == (obs.session_nonce, obs.seq_id):
+    if session.computing == (obs.session_nonce, obs.seq_id):
         return f"seq_id {obs.seq_id} is being computed already (a resend of the request)"
     return f"seq_id {obs.seq_id} already served"
