@@ -161,6 +161,29 @@ def test_a_resend_of_a_request_still_on_an_engine_is_not_computed_twice(nonce):
     assert [s.client_id for s, _ in schedule(e, 1.4).items] == ["robot"]
 
 
+def test_a_resend_waiting_when_its_request_is_requeued_stands_for_it():
+    """Seq 5 is on an engine; its resend waits in the slot when the engine times out: the re-queue
+    finds the slot taken, so the resend stands for the request and is served, not refused (a clean
+    CI run caught the refusal: the robot was never answered)."""
+    e = engine(scheduler="wait_ratio")
+    admit(e, obs("robot", 5), 0.0)
+    [(session, slot)] = schedule(e, 0.0).items
+    admit(e, obs("robot", 5), 0.5)  # waits in the slot, not announced yet
+    assert not e.requeue(session, slot)  # the engine timed out; the slot is taken
+    batch = schedule(e, 1.0)
+    assert [s.client_id for s, _ in batch.items] == ["robot"] and batch.rejected == []
+
+
+def test_a_request_refused_after_it_was_picked_is_computed_no_longer():
+    """A picked request refused at dispatch (its body unreadable) or by its engine: a resend is served."""
+    e = engine(scheduler="wait_ratio")
+    admit(e, obs("robot", 5), 0.0)
+    [(session, _)] = schedule(e, 0.0).items
+    e.reject(session, "bad_observation", 0.1)
+    admit(e, obs("robot", 5), 0.5)
+    assert [s.client_id for s, _ in schedule(e, 0.5).items] == ["robot"]
+
+
 def test_a_restarted_client_is_served_from_its_first_observation():
     e = engine()
     e.admit("robot", codec.encode(obs("robot", 50, nonce=1)), 0.0)

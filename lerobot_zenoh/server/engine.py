@@ -504,11 +504,11 @@ class Engine:
         from its first arrival. False when the session closed or a newer observation already waits
         (that one stands for the client's request now)."""
         with self._lock:
+            session.computing = None  # computed no longer, whether it goes back or a newer one stands for it
             if self.sessions.get(session.client_id) is not session or session.slot is not None:
                 return False
             slot.announced = False
             session.slot = slot
-            session.computing = None
             return True
 
     def judge(self, session: Session, slot: Slot) -> tuple[str, str] | None:
@@ -535,6 +535,8 @@ class Engine:
     def reject(self, session: Session, reason: str, now_s: float) -> int:
         """Count a rejection of one of this session's observations; returns the session's total."""
         with self._lock:
+            if reason != REPLAYED:  # (a picked request refused at dispatch or by its engine: computed no longer)
+                session.computing = None
             return self._count_rejection(session, reason, now_s)
 
     def finish(self, served: Sequence[tuple[Session, int, float, float]], picked: Sequence[str],
