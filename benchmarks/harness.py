@@ -33,6 +33,40 @@ def wait_until(due: float) -> float:
     return now
 
 
+def driver_ticks(t0: float, period: float, w0: float, w1: float, lateness: list[float], stop=None):
+    """A virtual fleet's driver clock: yields ``(i, now, counting)`` for tick i, due at ``t0 + i *
+    period`` (``wait_until``), `counting` while ``w0 <= now < w1``, and appends how late each counted
+    tick woke to `lateness`. Ends before the first tick at which ``stop(now)`` holds (default: the
+    window's end, ``now >= w1``)."""
+    stop = stop or (lambda now: now >= w1)
+    i = 0
+    while True:
+        due = t0 + i * period
+        now = wait_until(due)
+        if stop(now):
+            return
+        counting = w0 <= now < w1
+        if counting:
+            lateness.append(now - due)
+        yield i, now, counting
+        i += 1
+
+
+def telemetry_metrics(telemetry) -> list[tuple[float, dict]]:
+    """``(arrival, metrics)`` of every readable telemetry message of ``(arrival, payload)`` pairs (an
+    unreadable one is skipped)."""
+    from lerobot_zenoh.errors import ProtocolError
+    from lerobot_zenoh.protocol import codec
+
+    out = []
+    for t, payload in telemetry:
+        try:
+            out.append((t, dict(codec.decode_telemetry(payload).metrics)))
+        except ProtocolError:
+            pass
+    return out
+
+
 def deliver_chunks(inbox: queue.SimpleQueue, robots: dict, counters) -> None:
     """Hand every chunk queued since the last tick (``(key, payload, arrival)`` from a Zenoh callback)
     to its robot's ``on_chunk(payload, arrival, counters)``, on the driver's thread; a chunk for a

@@ -56,7 +56,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from benchmarks.harness import deliver_chunks, wait_until  # noqa: E402
+from benchmarks.harness import deliver_chunks, driver_ticks  # noqa: E402
 from benchmarks.studies import fleet, fleet_zenoh, hybrid  # noqa: E402
 from benchmarks.studies.fleet_traces import CHUNK_SIZE, Task  # noqa: E402
 
@@ -180,22 +180,13 @@ def drive(eps: list[str], robots: int, tag: str, warmup_s: float, measure_s: flo
     pending = sorted(zip(rng.uniform(0, 1.0, size=robots), range(robots)), reverse=True)
     period = fleet_zenoh.DT_S / fleet_zenoh.PHASES
     lateness: list[float] = []
-    i = 0
-    while True:
-        due = t0 + i * period
-        now = wait_until(due)
-        if now >= w1:
-            break
-        c.counting = w0 <= now < w1
-        if c.counting:
-            lateness.append(now - due)
+    for i, now, c.counting in driver_ticks(t0, period, w0, w1, lateness):
         deliver_chunks(inbox, by_id, c)
         while pending and now >= t0 + pending[-1][0]:
             fleet_robots[pending.pop()[1]].start_task(task, now, c.counting)
         for robot in groups[i % fleet_zenoh.PHASES]:
             if robot.tick(now, c):
                 robot.start_task(task, now + fleet_zenoh.DT_S, c.counting)
-        i += 1
     for session in sessions:
         session.close()
     total = c.executed + c.stalled + c.first_wait

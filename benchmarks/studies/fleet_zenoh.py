@@ -85,7 +85,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 
 from benchmarks.common import ServerProcess  # noqa: E402
-from benchmarks.harness import deliver_chunks, wait_until, write_docs_block  # noqa: E402
+from benchmarks.harness import deliver_chunks, driver_ticks, telemetry_metrics, write_docs_block  # noqa: E402
 from benchmarks.studies import fleet as model  # noqa: E402
 from benchmarks.studies import fleet_traces  # noqa: E402
 from benchmarks.studies.fleet_traces import (  # noqa: E402
@@ -349,14 +349,11 @@ def run(cfg: RunConfig, tasks: list[Task], out: Path = OUT, port: int | None = N
         pending.reverse()  # fleet mode: staggered first tasks, earliest at the end
         idle = list(reversed(robots)) if cfg.mode == "online" else []
         lateness: list[float] = []
-        period = DT_S / PHASES
-        i = 0
-        while True:
-            due = t0 + i * period
-            now = wait_until(due)
-            c.counting = w0 <= now < w1
-            if c.counting:
-                lateness.append(now - due)
+
+        def done(now: float) -> bool:  # the window is over and no measured task still runs (or the hard end)
+            return now >= w1 and (now >= hard_end or not any(r.task is not None and r.measured for r in robots))
+
+        for i, now, c.counting in driver_ticks(t0, DT_S / PHASES, w0, w1, lateness, stop=done):
             deliver_chunks(inbox, by_id, c)
             if cfg.mode == "fleet":
                 while pending and now >= t0 + pending[-1][0]:
@@ -373,9 +370,6 @@ def run(cfg: RunConfig, tasks: list[Task], out: Path = OUT, port: int | None = N
                         robot.start_task(next_task(), now + DT_S, c.counting)
                     elif cfg.mode == "online":
                         idle.append(robot)
-            i += 1
-            if now >= w1 and (now >= hard_end or not any(r.task is not None and r.measured for r in robots)):
-                break
         elapsed = time.perf_counter() - started
         unfinished = sum(1 for r in robots if r.task is not None and r.measured)
         # Chunks lost on the way (Zenoh drops under congestion control DROP, silently): wait for a
@@ -385,12 +379,7 @@ def run(cfg: RunConfig, tasks: list[Task], out: Path = OUT, port: int | None = N
         while time.monotonic() < settle and _served(telemetry) != chunks_in[0]:
             time.sleep(0.2)
         lost = (_served(telemetry) or 0) - chunks_in[0]
-    server_figures = []
-    for t, payload in telemetry:
-        try:
-            server_figures.append((t, dict(codec.decode_telemetry(payload).metrics)))
-        except ProtocolError:
-            pass
+    server_figures = telemetry_metrics(telemetry)
     result = summarize(cfg, c, lateness, server_figures, w0, w1, unfinished, len(backlog), elapsed, verbose)
     result["chunks_lost"] = lost  # served by the server, never reached the robots (whole run)
     result["chunks_arrived"] = chunks_in[0]

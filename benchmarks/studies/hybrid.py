@@ -424,6 +424,17 @@ def _real(args) -> dict | None:
     return None if not args.checkpoint else {"checkpoint": args.checkpoint, "device": args.device, "dtype": args.dtype}
 
 
+def _seed_rows(net, hosts, mode: str, rate: float, args, tag: str, extra: dict | None = None,
+               endpoints: str | None = None) -> list[dict]:
+    """One run per seed of `args` (``--first-seed`` on), each row printed as it comes, `extra` added to it."""
+    rows = []
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
+        row = _drive_cmd(net, hosts, mode, rate, seed, args, f"{tag}s{seed}", endpoints) | (extra or {})
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
 def _drive_cmd(net, hosts, mode: str, rate: float, seed: int, args, tag: str, endpoints: str | None = None) -> dict:
     cmd = [*net.prefix("robots"), sys.executable, "-m", "benchmarks.studies.hybrid", "drive",
            "--endpoint", endpoints or f"tcp/{hosts[0]}:{EDGE_PORT}", "--rate", str(rate), "--seed", str(seed),
@@ -451,12 +462,8 @@ def wan_sweep(args) -> dict:
             for one_way_ms, mbit in shapes:
                 net.reshape_wan(one_way_ms, mbit)
                 time.sleep(5.0)  # the scheduler's round-trip window (8 probes) sees the new link
-                for seed in range(args.seeds):
-                    row = _drive_cmd(net, hosts, "hybrid", args.rate, seed, args,
-                                     f"w{int(one_way_ms)}m{int(mbit)}s{seed}") | {"wan_one_way_ms": one_way_ms,
-                                                                                 "wan_mbit": mbit}
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+                rows += _seed_rows(net, hosts, "hybrid", args.rate, args, f"w{int(one_way_ms)}m{int(mbit)}",
+                                   {"wan_one_way_ms": one_way_ms, "wan_mbit": mbit})
         finally:
             stop_servers(procs)
     finally:
@@ -533,12 +540,8 @@ def scaleout(args) -> dict:
                     if name.startswith("gpu") and name == f"gpu{n - 1}":
                         time.sleep(3.0)  # the engines' start-up profiles, before the scheduler checks them
                 try:
-                    for seed in range(args.seeds):
-                        row = _drive_cmd(net, (edge_host,), layout,
-                                         args.rate_per_engine * n, seed, args, f"n{n}{layout}s{seed}",
-                                         endpoints=",".join(endpoints)) | {"engines": n, "layout": layout}
-                        rows.append(row)
-                        print(json.dumps(row), flush=True)
+                    rows += _seed_rows(net, (edge_host,), layout, args.rate_per_engine * n, args, f"n{n}{layout}",
+                                       {"engines": n, "layout": layout}, endpoints=",".join(endpoints))
                 finally:
                     stop_servers(procs)
     finally:
@@ -568,10 +571,7 @@ def study(args) -> dict:
             procs = start_servers(net, mode, work, hosts, _real(args), args.profile, args.cloud_in_flight)
             try:
                 for rate in [float(r) for r in args.rates.split(",")]:
-                    for seed in range(args.seeds):
-                        row = _drive_cmd(net, hosts, mode, rate, seed, args, f"{mode}{int(rate * 10)}s{seed}")
-                        rows.append(row)
-                        print(json.dumps(row), flush=True)
+                    rows += _seed_rows(net, hosts, mode, rate, args, f"{mode}{int(rate * 10)}")
             finally:
                 stop_servers(procs)
     finally:
@@ -615,6 +615,7 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--modes", default=",".join(MODES))
     st.add_argument("--rates", default="2,4,6,8", help="task arrival rates, tasks/s")
     st.add_argument("--seeds", type=int, default=3)
+    st.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1 (fresh seeds)")
     st.add_argument("--duration-s", type=float, default=20.0, help="arrivals for this long per run")
     st.add_argument("--warmup-s", type=float, default=4.0, help="tasks arriving before this are not counted")
     st.add_argument("--rounds", type=int, default=6, help="rounds (requests) per task")
@@ -647,6 +648,7 @@ def main(argv: list[str] | None = None) -> int:
     so.add_argument("--rate-per-engine", type=float, default=5.0, help="task arrivals per GPU, tasks/s")
     for parser_ in (wn, so):
         parser_.add_argument("--seeds", type=int, default=2)
+        parser_.add_argument("--first-seed", type=int, default=0)
         parser_.add_argument("--duration-s", type=float, default=12.0)
         parser_.add_argument("--warmup-s", type=float, default=3.0)
         parser_.add_argument("--rounds", type=int, default=6)

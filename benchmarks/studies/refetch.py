@@ -45,7 +45,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 
 from benchmarks.common import ServerProcess  # noqa: E402
-from benchmarks.harness import deliver_chunks, wait_until  # noqa: E402
+from benchmarks.harness import deliver_chunks, driver_ticks, telemetry_metrics  # noqa: E402
 from lerobot_zenoh.errors import ProtocolError  # noqa: E402
 from lerobot_zenoh.protocol import codec  # noqa: E402
 from lerobot_zenoh.protocol.keys import AppKey  # noqa: E402
@@ -197,27 +197,12 @@ def run(cfg: RunConfig, out: Path = OUT, verbose: bool = True) -> dict:
         c = Counters()
         w0, w1 = t0 + cfg.warmup_s, t0 + cfg.warmup_s + cfg.measure_s
         lateness: list[float] = []
-        period = DT_S / PHASES
-        i = 0
-        while True:
-            due = t0 + i * period
-            now = wait_until(due)
-            if now >= w1:
-                break
-            c.counting = w0 <= now
-            if c.counting:
-                lateness.append(now - due)
+        for i, now, c.counting in driver_ticks(t0, DT_S / PHASES, w0, w1, lateness):
             deliver_chunks(inbox, by_id, c)
             for robot in groups[i % PHASES]:
                 robot.tick(now, c)
-            i += 1
         time.sleep(0.7)  # one more telemetry period
-    figures = []
-    for t, payload in telemetry:
-        try:
-            figures.append((t, dict(codec.decode_telemetry(payload).metrics)))
-        except ProtocolError:
-            pass
+    figures = telemetry_metrics(telemetry)
     return summarize(cfg, c, lateness, figures, w0, w1, verbose)
 
 

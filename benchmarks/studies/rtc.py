@@ -78,7 +78,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 
 from benchmarks.common import ServerProcess  # noqa: E402
-from benchmarks.harness import machine, wait_until, write_docs_block  # noqa: E402
+from benchmarks.harness import driver_ticks, machine, telemetry_metrics, write_docs_block  # noqa: E402
 from lerobot_zenoh.client.config_sim_robot import SO101_JOINTS, SimRobotConfig  # noqa: E402
 from lerobot_zenoh.client.sim_robot import SimRobot  # noqa: E402
 from lerobot_zenoh.errors import ProtocolError  # noqa: E402
@@ -449,13 +449,8 @@ def drive(port: int, app: AppKey, robots_modes: list[str], prep: PrepareSettings
         lateness = []
         t0 = time.perf_counter()
         w0, w1 = t0 + warmup_s, t0 + warmup_s + measure_s
-        period, i, n = DT_S / 10, 0, 0
-        while True:
-            due = t0 + i * period
-            now = wait_until(due)
-            counting = w0 <= now < w1
-            if counting:
-                lateness.append(now - due)
+        n = 0
+        for i, now, counting in driver_ticks(t0, DT_S / 10, w0, w1, lateness):
             while True:
                 try:
                     key, payload, arrived = inbox.get_nowait()
@@ -471,18 +466,10 @@ def drive(port: int, app: AppKey, robots_modes: list[str], prep: PrepareSettings
             for k, robot in enumerate(robots):
                 if offsets[k] == i % 10:
                     robot.tick(now, counting)
-            i += 1
-            if now >= w1:
-                break
         time.sleep(1.2)
         for robot in robots:
             robot.t.presumed_lost = robot.trigger.stats().presumed_lost
-    figures = []
-    for t, payload in telemetry:
-        try:
-            figures.append((t, dict(codec.decode_telemetry(payload).metrics)))
-        except ProtocolError:
-            pass
+    figures = telemetry_metrics(telemetry)
     inside = [m for t, m in figures if w0 <= t <= w1 + 1.5]
     first = next((m for t, m in figures if t >= w0), {})
     last = inside[-1] if inside else {}
