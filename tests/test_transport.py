@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -169,6 +170,34 @@ def test_one_zenoh_block_for_client_manifest_and_clis():
         parse_manifest({"cluster_uuid": "c", "experiment_tag": "e", "zenoh": {"bogus": 1},
                         "server": [{"model_id": "m", "model_version": "v", "application_tag": "a",
                                     "synthetic": {"state_dim": 2, "action_dim": 2}, "accept_unknown_clients": True}]})
+
+
+def test_an_explicit_connect_timeout_is_used_even_when_it_equals_the_unset_wait():
+    """Unset, a robot or monitor reports a dead endpoint within 2 s and a server waits 30 s; any value
+    given is used as is. (A given 30 was once taken for "unset" and cut to 2 s, which failed a
+    robot's start over a lossy link.)"""
+    import draccus
+
+    from lerobot_zenoh.cli.monitor import MonitorConfig
+    from lerobot_zenoh.client.link import CONNECT_WAIT_S, opening_wait_s
+
+    @dataclasses.dataclass
+    class Cli:
+        zenoh: ZenohSettings = dataclasses.field(default_factory=ZenohSettings)
+
+    unset = draccus.parse(Cli, args=["--zenoh.connect=[tcp/127.0.0.1:1]"]).zenoh
+    given = draccus.parse(Cli, args=["--zenoh.connect=[tcp/127.0.0.1:1]", "--zenoh.connect_timeout_s=30"]).zenoh
+    assert unset.connect_timeout_s is None and given.connect_timeout_s == 30
+    assert opening_wait_s(unset, discovery_timeout_s=60) == CONNECT_WAIT_S
+    assert opening_wait_s(given, discovery_timeout_s=60) == 30
+    assert opening_wait_s(given, discovery_timeout_s=10) == 10
+    assert dict(unset.json5_entries())["connect/timeout_ms"] == "30000"  # a server or router
+    monitor = draccus.parse(MonitorConfig, args=["--endpoint=tcp/127.0.0.1:1"])
+    assert monitor.zenoh_settings().connect_timeout_s == 2.0
+    monitor = draccus.parse(MonitorConfig, args=["--endpoint=tcp/127.0.0.1:1", "--zenoh.connect_timeout_s=30"])
+    assert monitor.zenoh_settings().connect_timeout_s == 30
+    with pytest.raises(ConfigError, match="zenoh.connect_timeout_s"):
+        ZenohSettings(connect_timeout_s=0).validate()
 
 
 def test_defaults_open_no_listener_when_an_endpoint_is_given():

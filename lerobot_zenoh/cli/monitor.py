@@ -78,7 +78,7 @@ class MonitorConfig:
 
     def zenoh_settings(self) -> ZenohSettings:
         settings = self.zenoh.with_connect(self.endpoint)
-        if settings.connect_timeout_s == ZenohSettings.connect_timeout_s:  # not set: report a dead endpoint soon
+        if settings.connect_timeout_s is None:  # not set: report a dead endpoint soon
             settings = settings.replace(connect_timeout_s=2.0)
         return settings
 

@@ -23,7 +23,7 @@ from lerobot_zenoh.errors import CompatibilityError, TlsRefusedError, TransportE
 from lerobot_zenoh.transport.session import ZenohSession, tls_refusal
 from lerobot_zenoh.transport.settings import ZenohSettings
 
-__all__ = ["CONNECT_WAIT_S", "ClientSession", "open_session"]
+__all__ = ["CONNECT_WAIT_S", "ClientSession", "open_session", "opening_wait_s"]
 
 #: How long start-up waits for a Zenoh link to the endpoint before saying it cannot connect.
 CONNECT_WAIT_S = 2.0
@@ -45,15 +45,20 @@ class ClientSession(Protocol):
     def close(self) -> None: ...
 
 
+def opening_wait_s(settings: ZenohSettings, discovery_timeout_s: float) -> float:
+    """How long a client-mode robot waits for its endpoint: CONNECT_WAIT_S unless
+    --zenoh.connect_timeout_s was given (any value, 30 included), never past discovery_timeout_s."""
+    wait_s = CONNECT_WAIT_S if settings.connect_timeout_s is None else settings.connect_timeout_s
+    return min(wait_s, discovery_timeout_s)
+
+
 def open_session(settings: ZenohSettings, discovery_timeout_s: float) -> ZenohSession:
     """Open the client's Zenoh session; CompatibilityError, in one line, when nothing answers at the endpoint."""
     endpoints = ", ".join(settings.connect)
     if settings.effective_mode == "client":
         # Opening waits for an endpoint. A dead one is reported within CONNECT_WAIT_S unless
         # --zenoh.connect_timeout_s asks to wait longer (say, for a server that is still starting).
-        wait_s = (CONNECT_WAIT_S if settings.connect_timeout_s == ZenohSettings.connect_timeout_s
-                  else settings.connect_timeout_s)
-        settings = settings.replace(connect_timeout_s=min(wait_s, discovery_timeout_s))
+        settings = settings.replace(connect_timeout_s=opening_wait_s(settings, discovery_timeout_s))
     unreachable = (f"cannot connect to {endpoints}: nothing answers there (is the server or router running, and is "
                    "the address right?)")
     try:

@@ -39,6 +39,8 @@ ACTION_TX_QUEUE_BATCHES = 16
 #: What a link reassembles at most: the codec's 16 MiB message limit (docs/protocol.md §8.1) plus
 #: room for the Zenoh message around it (an observation's header attachment, key, framing).
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024 + 64 * 1024
+#: How long a client-mode session waits for an endpoint when `connect_timeout_s` is unset.
+DEFAULT_CONNECT_TIMEOUT_S = 30.0
 
 
 def _help(text: str) -> dict:
@@ -58,9 +60,10 @@ class ZenohSettings:
     multicast_scouting: bool | None = field(default=None, metadata=_help(
         "Find peers on the LAN by multicast (224.0.0.224:7446). Unset: off when `connect` endpoints are "
         "given, on otherwise."))
-    connect_timeout_s: float = field(default=30.0, metadata=_help(
+    connect_timeout_s: float | None = field(default=None, metadata=_help(
         "In client mode, how long opening the session waits for one of the `connect` endpoints to answer "
-        "before failing (Zenoh retries meanwhile). Once connected, a client reconnects by itself."))
+        "before failing (Zenoh retries meanwhile). Unset: 30 s, except that the robot client and the "
+        "monitor report a dead endpoint within 2 s. Once connected, a client reconnects by itself."))
     shared_memory: bool = field(default=False, metadata=_help(
         "Zenoh shared memory between processes of one host (payloads over ~3 KB skip the TCP copy). Off by "
         "default: see docs/security.md for what it costs with eclipse-zenoh 1.10."))
@@ -123,7 +126,7 @@ class ZenohSettings:
             for endpoint in getattr(self, name):
                 if not isinstance(endpoint, str) or "/" not in endpoint:
                     raise ConfigError(f"{prefix}.{name}", f"{endpoint!r} is not an endpoint like tcp/127.0.0.1:7447")
-        if not 0 < self.connect_timeout_s <= 3600:
+        if self.connect_timeout_s is not None and not 0 < self.connect_timeout_s <= 3600:
             raise ConfigError(f"{prefix}.connect_timeout_s", f"must be in (0, 3600], got {self.connect_timeout_s}")
         if not 64 * 1024 <= self.max_message_bytes <= 2**30:
             raise ConfigError(f"{prefix}.max_message_bytes", f"must be in [64 KiB, 1 GiB], got {self.max_message_bytes}")
@@ -174,7 +177,8 @@ class ZenohSettings:
         if self.connect:
             entries.append(("connect/endpoints", json.dumps(list(self.connect))))
         if mode == "client":  # Zenoh's default (0) fails at once when the server is not up yet
-            entries.append(("connect/timeout_ms", json.dumps(int(self.connect_timeout_s * 1000))))
+            wait_s = DEFAULT_CONNECT_TIMEOUT_S if self.connect_timeout_s is None else self.connect_timeout_s
+            entries.append(("connect/timeout_ms", json.dumps(int(wait_s * 1000))))
         # Zenoh queues 2 batches per priority per link and drops (congestion control DROP) after
         # 1 ms when both are taken. Chunks are express (one batch each), so a batch of inferences
         # answered to robots that share a link (a router, one process) overflowed 2 whenever the
