@@ -129,6 +129,8 @@ def test_help_lists_every_option():
     assert "the robot is held, nothing is recorded" in words  # help in a user's words
     assert "Most observations awaiting their action chunk at once" in words  # field(metadata={"help": ...})
     assert "Zenoh mode: auto" in words and "Control rate; every send_action" in words
+    for result in (monitor, router):  # draccus lists a group's config-file option twice; we once
+        assert result.stdout.count("Config file for zenoh") == 1, result.stdout[:3000]
     assert "--manifest" in server.stdout and "--server_id" in server.stdout
     for flag in ("--endpoint", "--zenoh.mode", "--prometheus_port", "--json", "--duration_s", "--cluster_uuid"):
         assert flag in monitor.stdout, flag

@@ -106,20 +106,12 @@ _SECTION = re.compile(r"^(?P<cls>\w+)(?: \['(?P<path>[\w.]+)'\])?:$")
 def short_help(config_class, robot_type: str | None) -> str:
     """`--help`: this client's own options first, then the robot types; a robot's own options only
     for the `--robot.type` given (draccus would expand every robot LeRobot knows: 1,300 lines)."""
-    import contextlib
-    import io
-
-    import draccus
     from lerobot.robots import RobotConfig
 
-    from lerobot_zenoh.cli.parsing import use_metadata_help
+    from lerobot_zenoh.cli.parsing import help_text
 
-    use_metadata_help()
-    text = io.StringIO()
-    with contextlib.redirect_stdout(text), contextlib.suppress(SystemExit):
-        draccus.parse(config_class=config_class, args=["--help"], prog=PROG)
     sections: list[tuple[str, str | None, list[str]]] = []  # (class, dotted path, lines)
-    for line in text.getvalue().splitlines():
+    for line in help_text(config_class, PROG).splitlines():
         m = _SECTION.match(line)
         if m and not line.startswith("usage"):
             sections.append((m.group("cls"), m.group("path"), [line]))

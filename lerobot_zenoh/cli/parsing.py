@@ -183,6 +183,9 @@ def parse(config_class: type[T], argv: list[str] | None, prog: str, spellings: S
     use_metadata_help()
 
     args = sys.argv[1:] if argv is None else list(argv)
+    if "-h" in args or "--help" in args:
+        print(help_text(config_class, prog), end="")
+        raise SystemExit(0)
     try:
         if spellings is not None:
             args = spellings.rewrite(args)
@@ -191,6 +194,25 @@ def parse(config_class: type[T], argv: list[str] | None, prog: str, spellings: S
         raise
     except Exception as exc:  # noqa: BLE001 - every parse error becomes one line, none a traceback
         fail(prog, explain(exc))
+
+
+def help_text(config_class: type, prog: str) -> str:
+    """draccus' `--help` text, less the second copy of each nested group's "Config file for ..."
+    line (draccus 0.10 registers that option once for the parent and once for the group)."""
+    import contextlib
+    import io
+
+    import draccus
+
+    use_metadata_help()
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text), contextlib.suppress(SystemExit):
+        draccus.parse(config_class=config_class, args=["--help"], prog=prog)
+    lines: list[str] = []
+    for line in text.getvalue().splitlines(keepends=True):
+        if not (lines and line == lines[-1] and line.lstrip().startswith("--")):
+            lines.append(line)
+    return "".join(lines)
 
 
 def require_role(prog: str, module: str, extra: str) -> None:
