@@ -54,5 +54,3 @@ _.age_p50_ms
 
 # Unread, kept on purpose (remove with the code):
 _.no_stamp  # client/config.py: read by LeRobot's own DatasetRecordConfig.stamp_repo_id
-_.members_refused  # telemetry/fleet.py: counted, never reported
-_.members_forgotten

@@ -333,7 +333,30 @@ def test_members_are_bounded_and_forgotten_with_their_series():
     assert not any(labels.get("client", "").startswith("x") for _, _, labels, _ in view.samples())
     view.on_liveliness("c/e/m/v/a/r1/metrics", False, 20.0)  # gone: forgotten after the grace too
     assert view.forget(29.0) == [] and [m.member_id for m in view.forget(30.0)] == ["r1"]
-    assert view.samples() == []
+    # What is left is the monitor's own count of what it refused and forgot: 20,001 members seen,
+    # none kept, every one forgotten (displaced or expired), none refused (no live token held a place).
+    own = {figure: value for kind, figure, _, value in view.samples() if kind == "monitor"}
+    assert all(kind == "monitor" for kind, *_ in view.samples())
+    assert own == {"messages": 20_001, "rejected": 0, "per_client_ignored": 0, "members": 0, "members_refused": 0,
+                   "members_forgotten": 20_001}
+    assert view.status_line() == "monitor: 20001 messages, 0 members, 20001 forgotten"
+
+
+def test_the_monitor_counts_new_members_refused_while_every_kept_one_has_a_token_and_exports_it():
+    from lerobot_zenoh.telemetry.prometheus import families
+
+    view = FleetView(max_members=4)
+    for i in range(4):
+        view.on_liveliness(f"c/e/m/v/a/r{i}/metrics", True, 0.0)
+    view.on_telemetry("c/e/m/v/a/x/metrics", Telemetry("client", "x", 0, 1.0, 1.0, {"loop_hz": 1.0}), 1.0)
+    view.on_telemetry("c/e/m/v/a/server/gpu0/metrics", Telemetry("client", "gpu0", 0, 1.0, 1.0, {}), 1.0)  # posing
+    assert [m.member_id for m in view.members()] == ["r0", "r1", "r2", "r3"]
+    assert (view.members_refused, view.rejected) == (1, 1)
+    exported = {f.name: (f.kind, f.samples) for f in families(view.samples()) if "_monitor_" in f.name}
+    assert exported["lerobot_zenoh_monitor_members_refused"] == ("counter", [({}, 1.0)])
+    assert exported["lerobot_zenoh_monitor_rejected"] == ("counter", [({}, 1.0)])
+    assert exported["lerobot_zenoh_monitor_members"] == ("gauge", [({}, 4.0)])
+    assert "1 refused (table full)" in view.status_line() and "1 rejected" in view.status_line()
 
 
 def test_the_monitor_over_zenoh_ignores_a_robots_server_figures_and_forgets_a_flood(port, app_key):

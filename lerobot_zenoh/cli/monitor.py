@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                 fleet.forget(now)  # members gone or silent for --forget_after_s, and their series
             if not config.json and now >= next_draw:
                 next_draw = now + config.refresh_s
-                table = format_table(fleet.rows(now))
+                table = format_table(fleet.rows(now)) + "\n\n" + fleet.status_line()
                 with out_lock:
                     print("\033[2J\033[H" + f"lerobot-zenoh fleet ({prefix})  {time.strftime('%H:%M:%S')}\n\n" + table,
                           flush=True)

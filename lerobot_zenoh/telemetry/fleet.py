@@ -215,7 +215,8 @@ class FleetView:
     def samples(self) -> list[tuple[str, str, dict[str, str], float]]:
         """(member kind, figure name, labels, value) for every figure of every member (Prometheus).
 
-        Member kind: "server", "client", or "server_client" for a server's per-client figures;
+        Member kind: "server", "client", "server_client" for a server's per-client figures, or
+        "monitor" for the monitor's own counts (`own_figures`, no labels);
         `alive` is the liveliness token (1 present, 0 vanished). telemetry/prometheus.py names them.
         """
         out = []
@@ -230,7 +231,24 @@ class FleetView:
                     out.append(("server_client", name, {**own, "client": client_id}, float(value)))
             if m.alive is not None:
                 out.append((m.kind, "alive", own, 1.0 if m.alive else 0.0))
+        out.extend(("monitor", name, {}, float(value)) for name, value in self.own_figures().items())
         return out
+
+    def own_figures(self) -> dict[str, int]:
+        """What the monitor itself counted: accepted and refused messages, members kept, forgotten
+        and refused (the bounds of "What the monitor trusts", docs/telemetry.md)."""
+        with self._lock:
+            return {"messages": self.messages, "rejected": self.rejected, "per_client_ignored": self.per_client_ignored,
+                    "members": len(self._members), "members_refused": self.members_refused,
+                    "members_forgotten": self.members_forgotten}
+
+    def status_line(self) -> str:
+        """The table's last line: the monitor's own counts, those that are not 0."""
+        figures = self.own_figures()
+        words = {"messages": "messages", "rejected": "rejected", "per_client_ignored": "robot-sent per-robot figures dropped",
+                 "members": "members", "members_forgotten": "forgotten", "members_refused": "refused (table full)"}
+        return "monitor: " + ", ".join(f"{figures[k]} {w}" for k, w in words.items()
+                                       if figures[k] or k in ("messages", "members"))
 
 
 def slo_summary(metrics: dict) -> str | None:

@@ -83,6 +83,19 @@ ENGINE_GAUGES = {
     "queue_actual_ms_mean": "Queueing delay that happened (admission to batch start) on this engine, mean of the last 256",
 }
 
+#: The monitor's own figures (FleetView.own_figures): (type, help).
+MONITOR = {
+    "messages": ("counter", "Telemetry messages the monitor accepted"),
+    "rejected": ("counter", "Telemetry messages refused: undecodable, on a key that is no member's, a client posing "
+                            "as a server, or dropped for a full inbox"),
+    "per_client_ignored": ("counter", "Robot telemetry messages whose per-robot figures were dropped (only a "
+                                      "server's are trusted)"),
+    "members": ("gauge", "Servers and robots the monitor keeps now"),
+    "members_refused": ("counter", "Messages of new members refused while every kept member had a live token"),
+    "members_forgotten": ("counter", "Members forgotten: gone or silent for forget_after_s, or displaced when "
+                                     "the table was full"),
+}
+
 #: Help texts of the gauges (figures not listed get a generic one).
 GAUGES = {
     "clients": "Clients with an admitted observation so far",
@@ -124,10 +137,14 @@ def _sanitize(name: str) -> str:
 def describe(member_kind: str, figure: str) -> tuple[str, str, str, float, dict[str, str]]:
     """(family name, type, help, scale to base units, extra labels) of one telemetry figure.
 
-    `member_kind`: "server", "client", or "server_client" (a server's per-client figure).
+    `member_kind`: "server", "client", "server_client" (a server's per-client figure) or "monitor"
+    (the monitor's own counts).
     """
     base = f"{PREFIX}_{member_kind}"
     extra: dict[str, str] = {}
+    if member_kind == "monitor" and figure in MONITOR:
+        kind, help_text = MONITOR[figure]
+        return f"{base}_{figure}", kind, help_text, 1.0, extra
     if figure.startswith("rejected."):
         return (f"{base}_observations_rejected_by_reason", "counter", "Observations rejected, by reason",
                 1.0, {"reason": figure.split(".", 1)[1]})
