@@ -146,7 +146,7 @@ def main(argv=None) -> None:
     with Network(str(run_dir.logs), use_namespaces=not args.no_netns, with_link=False) as net:
         result = run(args, run_dir, net)
     run_dir.write_json("control_loop", result)
-    plot(result, run_dir.out / "control_loop.png")
+    run_dir.write_plot("control_loop", plot, result)
     print(table(result))
 
 

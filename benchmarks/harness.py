@@ -96,6 +96,18 @@ class Run:
         path.write_text(json.dumps(data, indent=2, default=float))
         return path
 
+    def write_plot(self, name: str, plot, result: dict) -> Path | None:
+        """`plot(result, path)` into `out/<name>.png`; without matplotlib (the `bench` extra) one line
+        says so and the run still ends well: its numbers are in the JSON and the table."""
+        path = self.out / f"{name}.png"
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print(f"(no {path.name}: matplotlib is not installed; pip install '.[bench]' or make bench draws it)")
+            return None
+        plot(result, path)
+        return path
+
 
 def machine() -> dict:
     """What the numbers were measured on."""

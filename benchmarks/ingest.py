@@ -175,7 +175,7 @@ def main(argv=None) -> None:
     with Network(str(run_dir.logs), use_namespaces=not args.no_netns, with_link=False) as net:
         result = run(args, run_dir, net)
     run_dir.write_json("ingest", result)
-    plot(result, run_dir.out / "ingest.png")
+    run_dir.write_plot("ingest", plot, result)
     print(table(result))
 
 

@@ -262,7 +262,7 @@ def main(argv=None) -> None:
     with Network(str(run_dir.logs), use_namespaces=not args.no_netns) as net:
         result = run(args, run_dir, net)
     run_dir.write_json("latency", result)
-    plot(result, run_dir.out / "latency.png")
+    run_dir.write_plot("latency", plot, result)
     print(table(result))
 
 

@@ -37,3 +37,20 @@ def test_our_bench_client_round_trips_and_runs_its_loop_through_the_injected_par
     finally:
         client.close()
         server.close()
+
+
+def test_a_benchmark_without_matplotlib_says_so_in_one_line_and_keeps_its_numbers(tmp_path, capsys, monkeypatch):
+    """latency, ingest and control_loop draw their figure with matplotlib (the `bench` extra); run
+    by hand without it they used to print their table only after failing on the plot."""
+    import sys
+
+    from benchmarks.harness import Run
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    run = Run(str(tmp_path))
+    drawn = []
+    assert run.write_plot("latency", lambda result, path: drawn.append(path), {"cases": []}) is None
+    assert drawn == [] and "no latency.png: matplotlib is not installed" in capsys.readouterr().out
+    monkeypatch.setitem(sys.modules, "matplotlib", sys)  # any module: "installed"
+    assert run.write_plot("latency", lambda result, path: drawn.append(path), {}) == tmp_path / "latency.png"
+    assert drawn == [tmp_path / "latency.png"]
