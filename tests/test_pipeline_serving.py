@@ -218,6 +218,31 @@ def test_forged_ids_on_a_task_stream_leave_nothing_behind(port, app_key):
             session.close()
 
 
+def test_a_robot_that_moves_to_another_task_is_served_as_that_task(port, app_key):
+    """One safety model serves two tasks with different label sets. A robot heard first on task
+    `kit` and then on `kit2` (and then on the model's own app) is answered with each task's labels:
+    what a request is served as comes with its observation, not from the robot's first task."""
+    guard = entry(app_key, "guard", bit=0, component="safety", output="verdict")
+    guard["pipeline"] = [{"task": TASK, "component": "safety", "bit": 0, "labels": ["unsafe", "safe"]},
+                         {"task": "kit2", "component": "safety", "bit": 0, "labels": ["done", "failed", "ongoing"]}]
+    m = parse_manifest(manifest(port, app_key, [guard], telemetry_period_s=0))
+    with PolicyServer(m) as server:
+        session = ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))).open()
+        try:
+            app = m.app_key(m.server[0])
+            assert wait_for(lambda: session.query(app.status, 0.3))
+            robot = PipelineRobot(session, app_key, {"guard": app})
+            assert robot.ask("guard", 1, 0b1).label == "unsafe"
+            stream = pipeline_app(app_key.cluster, app_key.experiment, "kit2").client(ROBOT)
+            robot.pub = session.publisher(stream.obs, OBSERVATION_QOS)  # the same robot, now on kit2
+            assert robot.ask("guard", 2, 0b1).label == "done"
+            assert server.models[0].routing.component_of[ROBOT] == "kit2"
+            robot.pub = session.publisher(app.client(ROBOT).obs, OBSERVATION_QOS)  # and on the model's own app
+            assert robot.ask("guard", 3, None).label == "safe"
+        finally:
+            session.close()
+
+
 @pytest.mark.parametrize("change, field, words", [
     ({"pipeline": [{"task": TASK, "component": "plan", "bit": 32}]}, "server.0.pipeline.0.bit", "less than 32"),
     ({"pipeline": [{"task": TASK, "component": "plan", "bit": 1, "labels": ["maybe"]}]},

@@ -96,7 +96,7 @@ def prepare(model: ServedModel, batch: Batch, reject: Reject) -> list[Ready]:
             if routing is None:
                 request = model.executor.prepare(session.client_id, obs)
             else:
-                request = routing.request(model.executor, model.runner, session.client_id, obs)
+                request = routing.request(model.executor, model.runner, session.client_id, obs, slot.task)
                 if request is None:
                     continue  # it asks another component of its task
         except ProtocolError as exc:

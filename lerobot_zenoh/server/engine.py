@@ -127,6 +127,9 @@ class Slot:
     # A refresh that replaced its request before the scheduler heard of it carries the request's
     # first arrival (and its ExecutionInfo), so that the request keeps its place in line.
     first_arrival: tuple[float, ExecutionInfo | None] | None = None
+    # The multi-model task whose stream it came on (`server/routing.py`); None: the model's own app.
+    # Each observation carries its own, so a robot that moves to another task is served as that task.
+    task: str | None = None
 
     @property
     def known(self) -> Observation | ObservationHeader | None:
@@ -289,13 +292,14 @@ class Engine:
     # -- Zenoh callback thread ----------------------------------------------------------------
 
     def admit(self, client_id: str, payload: bytes, now_s: float, header: ObservationHeader | None = None,
-              header_error: ProtocolError | None = None) -> str | None:
+              header_error: ProtocolError | None = None, task: str | None = None) -> str | None:
         """Put an observation in its session's slot; None if kept, else why it was dropped (counted).
 
         `header` is what admission read of it (`server/admission.py`; None: sent without one, or
         in a version this server does not read), so that a late re-fetch refresh is dropped before
         it takes a slot; `header_error`: its header is malformed (kept with the slot and rejected,
-        with its reason, by `schedule`).
+        with its reason, by `schedule`); `task`: the multi-model task whose stream it came on, kept
+        with it in the slot.
         """
         listed = client_id in self.config.listed
         with self._lock:
@@ -333,7 +337,7 @@ class Engine:
                 if (not old.announced and header is not None and header.refreshes_seq_id is not None
                         and old.request_seq == header.refreshes_seq_id):
                     first = old.first_arrival or (old.arrival_s, old.known.execution)
-            session.slot = Slot(payload, now_s, header=header, error=header_error, first_arrival=first)
+            session.slot = Slot(payload, now_s, header=header, error=header_error, first_arrival=first, task=task)
             if header is None and header_error is None:
                 self._maybe_unread = True
         return None

@@ -9,9 +9,10 @@ arrives there to the model's `TaskRouting`, which alone knows about tasks and co
   observation asks this component, from the header admission read (`server/admission.py`): its
   `component_mask` has the item's bit (or the bit of its System 2 text), or it has no mask. One that
   does not is dropped unread and counted (`observations_for_other_components`); one that does
-  records which task the client publishes on, before it is admitted.
-- `request(executor, runner, client_id, obs)` (inference thread, from the admission step): the
-  runner's request for a robot heard on a task stream: only this component's cameras of the robot's,
+  records the task the client was last heard on (for a reload), and is admitted with its task.
+- `request(executor, runner, client_id, obs, task)` (inference thread, from the admission step):
+  the runner's request for an observation that came on `task`'s stream (its slot says which):
+  only this component's cameras of the robot's,
   the task's query (prompt, labels) in its extras, and System 2 text from the same prefill when the
   item asks for it (`server/text_stream.py`); None when a header-less observation turns out to ask
   another component. A client heard on the model's own app gets `executor.prepare` unchanged.
@@ -69,9 +70,10 @@ class TaskRouting:
         # task -> its stream and what it asks of this model. Replaced whole by a reload, never
         # changed in place (read by callbacks and the inference thread).
         self.streams = streams
-        # client id -> the task whose stream it publishes on (set on the callback thread at its
-        # first observation, one dict store; read on the inference thread). Bounded by sessions:
-        # forgotten when its session closes, or when it is refused one.
+        # client id -> the task whose stream it was last heard on (one dict store on the callback
+        # thread), for a reload to find the clients no longer heard. What a request is served as
+        # comes from its own slot (`Slot.task`). Bounded by sessions: forgotten when its session
+        # closes, or when it is refused one.
         self.component_of: dict[str, str] = {}
         self.for_other_components = 0  # observations whose component_mask does not ask this model
         self.text_publishers: dict[str, Publisher] = {}  # a language runner's text (server/text_stream.py)
@@ -90,8 +92,7 @@ class TaskRouting:
                 self.for_other_components += 1  # never decoded, never in a slot
                 return False
         # (no header, or a malformed one: the body is checked when served, or the header rejected)
-        if client_id not in self.component_of:
-            self.component_of[client_id] = task  # before admit: the inference thread may serve it at once
+        self.component_of[client_id] = task
         return True
 
     def refused(self, client_id: str) -> None:
@@ -100,11 +101,12 @@ class TaskRouting:
 
     # -- inference thread ------------------------------------------------------------------------
 
-    def request(self, executor: Executor, runner: PolicyRunner, client_id: str,
-                obs: Observation) -> InferenceRequest | None:
-        """The runner's request for `obs` (ProtocolError when it cannot be served); None when it asks
-        another component (a header-less observation: found out only now, counted)."""
-        stream = self.streams.get(self.component_of.get(client_id))
+    def request(self, executor: Executor, runner: PolicyRunner, client_id: str, obs: Observation,
+                task: str | None) -> InferenceRequest | None:
+        """The runner's request for `obs`, which came on `task`'s stream (None: the model's own app);
+        ProtocolError when it cannot be served; None when it asks another component (a header-less
+        observation: found out only now, counted)."""
+        stream = None if task is None else self.streams.get(task)
         if stream is None:
             return executor.prepare(client_id, obs)  # heard on the model's own app
         actions, text = text_stream.asked(stream.item, obs)

@@ -458,7 +458,7 @@ class PolicyServer:
         routing = model.routing
         if routing is None or not routing.accepts(task, client_id, header, header_error):
             return
-        if self._admit(model, client_id, payload, header, header_error) in (UNKNOWN_CLIENT, TOO_MANY_CLIENTS):
+        if self._admit(model, client_id, payload, header, header_error, task) in (UNKNOWN_CLIENT, TOO_MANY_CLIENTS):
             routing.refused(client_id)
 
     def _client_of(self, model: ServedModel, key: str) -> str | None:
@@ -477,8 +477,9 @@ class PolicyServer:
             self._client_of_key[key] = client_id
         return client_id
 
-    def _admit(self, model: ServedModel, client_id: str, payload: Payload | bytes, header, header_error) -> str | None:
-        dropped = model.engine.admit(client_id, payload, time.monotonic(), header, header_error)
+    def _admit(self, model: ServedModel, client_id: str, payload: Payload | bytes, header, header_error,
+               task: str | None = None) -> str | None:
+        dropped = model.engine.admit(client_id, payload, time.monotonic(), header, header_error, task)
         if dropped is None:
             self._wake.set()
         elif dropped == UNKNOWN_CLIENT:
