@@ -368,6 +368,8 @@ def test_served_actions_and_streamed_text_from_one_entry(checkpoint, port, app_k
                                                                        lock.release()))
         for app in apps.values():
             assert wait_for(lambda a=app: session.query(a.status, 0.3)), "status never answered"
+        # The status says it streams text from the prefill of its actions (what a pipeline client checks).
+        assert codec.decode_status(session.query(apps["pi"].status, 2.0)[0][1]).streams_text is True
         # A robot belongs to one task: each refused task has a robot of its own.
         who = {"kit": robot, "kit2": robot, "kit4": "kit-r4"}
         streams = {t: pipeline_app(app_key.cluster, app_key.experiment, t).client(who[t]) for t in who}
@@ -775,12 +777,18 @@ def test_the_client_takes_system2_on_system1s_server_only_from_a_pi05_answering_
     from lerobot_zenoh.errors import CompatibilityError
     from lerobot_zenoh.protocol.messages import Status
 
-    def status(policy_type, output):
-        return Status("m", "v1", {}, 6, 10, {}, policy_type=policy_type, server_id="srv0", output=output)
+    def status(policy_type, output, streams_text=True):
+        return Status("m", "v1", {}, 6, 10, {}, policy_type=policy_type, server_id="srv0", output=output,
+                      streams_text=streams_text)
 
     PipelineTask._check_shared_prefill("plan", status("pi05", "actions"))
-    PipelineTask._check_shared_prefill("plan", status("pi05", None))  # an older server: actions
-    with pytest.raises(CompatibilityError, match="component 'plan' .* planned on System 1's server srv0 .* serves act"):
-        PipelineTask._check_shared_prefill("plan", status("act", "actions"))
+    PipelineTask._check_shared_prefill("plan", status("pi05", None))  # `output` not said: actions
+    with pytest.raises(CompatibilityError, match="component 'plan' .* planned on System 1's server srv0 .* serves act "
+                                                 "answering actions and streaming no text"):
+        PipelineTask._check_shared_prefill("plan", status("act", "actions", None))
+    # A pi0.5 without a `language` block answers actions only: the status says so, not its policy type.
+    with pytest.raises(CompatibilityError, match="a pi0.5 with a `language` block.* serves pi05 answering actions and "
+                                                 "streaming no text"):
+        PipelineTask._check_shared_prefill("plan", status("pi05", "actions", None))
     with pytest.raises(CompatibilityError, match="answering text"):
         PipelineTask._check_shared_prefill("plan", status("pi05", "text"))

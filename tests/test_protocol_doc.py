@@ -58,7 +58,7 @@ FULL = {
         refreshes_seq_id=6, component_mask=1),
     "5.2 ActionChunk": ActionChunk(7, 1.0, np.zeros((2, 2), np.float32), "gpu0", 0.5, 2, 1, "cloud0", "cloud"),
     "5.3 Status": Status("m", "v", {"front": (8, 8)}, 2, 10, {}, "act", 30, "gpu0", 2, ("a", "b"), True, True, 10,
-                         True, 2, RtcAdvert(8), SameHostAdvert("p", "t"), "actions", True),
+                         True, 2, RtcAdvert(8), SameHostAdvert("p", "t"), "actions", True, True),
     "5.4 Telemetry": Telemetry("server", "gpu0", 1, 1.0, 1.0, {"x": 1}, {"r1": {"y": 2}}, {"l": "v"}),
     "5.5 TextResult": TextResult(7, "next", 1.0, "gpu0", 0.5, partial=True),
     "5.6 Verdict": Verdict(7, "safe", 1.0, 0.9, "gpu0", 0.5),

@@ -165,13 +165,14 @@ class PipelineTask(Task):
     @staticmethod
     def _check_shared_prefill(name: str, status) -> None:
         """System 2 planned on System 1's own server and app (one stream, one prefill): that server
-        answers actions and streams text on the same app, which only a pi0.5 with a `language` block
-        does (docs/policies.md)."""
-        if (status.output or OutputKind.ACTIONS) != OutputKind.ACTIONS or status.policy_type != "pi05":
+        must answer actions and say that it streams text on the same app (`Status.streams_text`), as a
+        pi0.5 with a `language` block does (docs/policies.md)."""
+        if (status.output or OutputKind.ACTIONS) != OutputKind.ACTIONS or status.streams_text is not True:
             raise CompatibilityError(
                 f"component {name!r} (system2) is planned on System 1's server {status.server_id} (one stream), "
-                f"which needs a pi0.5 answering actions and text from one prefill, but it serves "
-                f"{status.policy_type or 'an unnamed policy'} answering {status.output or 'actions'}")
+                f"which needs a server answering actions and streaming text from one prefill (a pi0.5 with a "
+                f"`language` block), but it serves {status.policy_type or 'an unnamed policy'} answering "
+                f"{status.output or 'actions'}" + ("" if status.streams_text else " and streaming no text"))
 
     @staticmethod
     def _check_output(name: str, kind: str, status) -> None:

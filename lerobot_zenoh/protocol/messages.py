@@ -206,6 +206,9 @@ class Status:
     # it puts one in its request's place and drops a late one unserved. None/False: not said, so a
     # client sends none to it (each would be served as a new request).
     refreshes: bool | None = None
+    # The server also streams System 2 text (TextResult, on `.../<client>/text`) from the prefill
+    # that computes its actions (a pi0.5 with a `language` block, docs/policies.md). None: it does not.
+    streams_text: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -486,6 +486,7 @@ STATUS = Record(Status, [
                                                Field("token", Str(64), required=True)])),
     Field("output", Str(choices=OutputKind)),
     Field("refreshes", BOOL),
+    Field("streams_text", BOOL),
 ])
 
 TELEMETRY = Record(Telemetry, [

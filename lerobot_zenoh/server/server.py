@@ -50,7 +50,7 @@ from lerobot_zenoh.protocol.keys import ANSWER_TOPICS, AppKey, Topic, parse_clie
 from lerobot_zenoh.protocol.messages import RtcAdvert, SameHostAdvert, Status
 from lerobot_zenoh.protocol.reasons import OutputKind, Reason
 from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
-from lerobot_zenoh.server import admission
+from lerobot_zenoh.server import admission, text_stream
 from lerobot_zenoh.server.admission import Ready
 from lerobot_zenoh.server.batch_profiling import measure_batch_profile
 from lerobot_zenoh.server.engine import (
@@ -145,6 +145,7 @@ class ServedModel:
                  else None),
             same_host=same_host,  # clients on this host and user send raw frames through /dev/shm
             refreshes=True,  # the engine keeps a refresh's place and drops a late one (protocol.md §10.7)
+            streams_text=True if text_stream.writes_text(runner) else None,  # System 2 from the same prefill
         )
         self.status_bytes = codec.encode(self.status)
         self.publishers: dict[str, Publisher] = {}  # client id -> action publisher, closed with its session
