@@ -287,6 +287,33 @@ def test_a_cloud_engine_holds_its_max_in_flight_and_no_more(app_key, ports, robo
         fake.close()
 
 
+def test_a_cloud_engine_with_room_in_flight_takes_a_request_at_once_past_one_batch(app_key, ports, robot_session):
+    """Cloud only, capacity 2, `max_in_flight: 4`, answers after 0.8 s. Two robots fill one batch;
+    two more arriving while it runs go at once, to wait in the engine's inbox. (The scheduler's
+    loop once skipped placement while a cloud engine held `capacity` requests: they waited for the
+    first answers, 146 ms a request in the hybrid benchmark's cloud-only runs.)"""
+    fake = FakeEngine(app_key, ports[1], "cloud0", mode="late", delay_s=0.8)
+    edge = PolicyServer(manifest(app_key, ports[0], engines=[cloud("cloud0", ports[1], capacity=2, max_in_flight=4)],
+                                 dispatch_settings={"answer_timeout_s": 3.0})).start()
+    try:
+        robots = [Robot(robot_session, app_key, f"r{i}", np.random.default_rng(i)) for i in range(4)]
+        run_rounds(robots, 1)  # every robot's key is known to the edge (and answered)
+        seen = len(fake.log)
+        for robot in robots[:2]:
+            robot.send(2)
+        assert wait_for(lambda: len(fake.log) >= seen + 2, 5.0), engine_figures(edge)
+        first = fake.log[seen][0]
+        for robot in robots[2:]:
+            robot.send(2)
+        assert wait_for(lambda: len(fake.log) >= seen + 4, 5.0), engine_figures(edge)
+        late = [t - first for t, _ in fake.log[seen + 2:seen + 4]]
+        assert max(late) < 0.6, late  # before any answer of the first batch (0.8 s)
+        run_rounds(robots, 1, first=2)
+    finally:
+        edge.stop()
+        fake.close()
+
+
 def test_late_answer_of_a_requeued_request_is_dropped(app_key, ports, robot_session):
     """An engine answering after the bound: its request was re-queued and served at the edge; the
     late answer is counted and dropped, so each request gets exactly one chunk."""

@@ -364,9 +364,10 @@ class Dispatcher:
                                     for c, n in self.served_by_client.items()}
         usable = [e for e in self.engines.values() if e.usable()]
         views = [e.view(self._running_for_placement(e, now_s)) for e in usable]
-        # Placement feeds an edge engine only when it is idle and a cloud engine while it has room:
-        # with neither, nothing can go now, and a decision would only count every request as skipped.
-        if not any(v.running == 0 if v.tier == EDGE else v.running < v.capacity for v in views):
+        # Placement feeds an edge engine only when it is idle and a cloud engine while it has room
+        # (up to its in-flight limit, which may be more than one batch): with neither, nothing can go
+        # now, and a decision would only count every request as skipped.
+        if not any(v.running == 0 if v.tier == EDGE else v.running < v.in_flight_limit for v in views):
             return False
         box: dict = {}
 
