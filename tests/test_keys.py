@@ -71,3 +71,28 @@ def test_pipeline_keys_and_result_topics():
     ck = ClientKey(AppKey("factory", "mix2", "qwen7b", "v1", "system2-srv1"), "robot-3")
     assert ck.text.endswith("/robot-3/text") and ck.verdict.endswith("/robot-3/verdict")
     assert parse_client_key(ck.verdict, "verdict")[1] == "robot-3"
+
+
+def test_a_task_observation_key_names_the_components_it_asks_one_key_per_mask():
+    """An observation on a task's stream is put on `.../obs/c<i>/c<j>` (bits lowest first), so that a
+    router sends it only to the servers of those components; its server subscribes per bit."""
+    from lerobot_zenoh.protocol.keys import names_components, pipeline_app
+
+    app = pipeline_app("factory", "mix2", "assemble_kit")
+    key = app.client("robot-3").obs_for(0b101)
+    assert key == "factory/mix2/_pipeline/1/assemble_kit/robot-3/obs/c0/c2"
+    assert app.client("robot-3").obs_for(None) == app.client("robot-3").obs
+    parsed = parse_key(key)
+    assert (parsed.client_id, parsed.topic, parsed.component_mask) == ("robot-3", "obs", 0b101)
+    assert parse_client_key(key, "obs") == (app, "robot-3") and parse_key(app.client("r").obs).component_mask is None
+    assert app.component_observations(2) == "factory/mix2/_pipeline/1/assemble_kit/*/obs/**/c2/**"
+    assert names_components(key, (2,)) and names_components(key, (1, 0)) and not names_components(key, (1, 3))
+    assert not names_components(app.client("c0").obs, (0,))  # a client id that looks like a component chunk
+    assert names_components(pipeline_app("f", "m", "obs").client("c1").obs_for(0b1), (0,))
+    for bad in (0, -1, 1 << 32):
+        with pytest.raises(KeyExprError, match="component_mask"):
+            app.client("r").obs_for(bad)
+    # One mask, one key: chunks other than increasing c<bit> below 32 are refused.
+    for suffix in ("c2/c0", "c1/c1", "c02", "c32", "x", "c", "c-1", "obs"):
+        with pytest.raises(KeyExprError, match="component chunks"):
+            parse_key(f"{app.client('r').obs}/{suffix}")

@@ -373,7 +373,7 @@ def test_served_actions_and_streamed_text_from_one_entry(checkpoint, port, app_k
         # A robot belongs to one task: each refused task has a robot of its own.
         who = {"kit": robot, "kit2": robot, "kit4": "kit-r4"}
         streams = {t: pipeline_app(app_key.cluster, app_key.experiment, t).client(who[t]) for t in who}
-        pubs = {t: session.publisher(s.obs, OBSERVATION_QOS) for t, s in streams.items()}
+        pubs: dict = {}  # observation key -> publisher
         token = session.declare_token(streams["kit"].metrics)
         rng = np.random.default_rng(0)
 
@@ -381,7 +381,11 @@ def test_served_actions_and_streamed_text_from_one_entry(checkpoint, port, app_k
             images = {c: codec.encode_jpeg(rng.integers(0, 255, (*hw, 3), dtype=np.uint8), 90) for c, hw in CAMERAS.items()}
             obs = Observation(seq_id, who[task], np.zeros(len(STATE), np.float32), images, "pick up the red cube",
                               episode_id=episode, session_nonce=1, component_mask=mask)
-            pubs[task].put(codec.encode(obs), codec.encode_observation_header(obs))
+            # On the key naming the components it asks, as a pipeline client publishes it.
+            key = streams[task].obs_for(mask)
+            if key not in pubs:
+                pubs[key] = session.publisher(key, OBSERVATION_QOS)
+            pubs[key].put(codec.encode(obs), codec.encode_observation_header(obs))
 
         def texts(seq_id):
             with lock:
@@ -393,6 +397,8 @@ def test_served_actions_and_streamed_text_from_one_entry(checkpoint, port, app_k
 
         send(1, 0b11)
         assert wait_for(lambda: chunks(1) and any(not t.partial for t in texts(1)), 30)
+        # Asking both of its components, it matched both of the server's subscriptions: admitted once.
+        assert server.stats()[apps["pi"].prefix]["clients"][robot]["received"] == 1
         stream = texts(1)
         assert stream[-1].partial is False and all(t.partial for t in stream[:-1]) and len(stream) >= 2
         assert all(stream[-1].text.startswith(t.text[:1]) for t in stream)

@@ -44,6 +44,7 @@ class PipelineRobot:
 
     def __init__(self, session: ZenohSession, app_key: AppKey, apps: dict[str, AppKey], token: bool = True):
         stream = pipeline_app(app_key.cluster, app_key.experiment, TASK).client(ROBOT)
+        self.session, self.stream, self.keyed = session, stream, {}
         self.pub = session.publisher(stream.obs, OBSERVATION_QOS)
         self.token = session.declare_token(stream.metrics) if token else None
         self.answers: dict[str, dict[int, object]] = {name: {} for name in apps}
@@ -61,11 +62,17 @@ class PipelineRobot:
             self.answers[name][message.response_to_seq_id] = message
             self.arrived.notify_all()
 
-    def send(self, seq_id: int, mask: int | None, task: str = "", header: bool = True) -> None:
+    def send(self, seq_id: int, mask: int | None, task: str = "", header: bool = True, keyed: bool = False) -> None:
+        """`keyed`: on the key naming the components asked (`ClientKey.obs_for`, what the pipeline
+        client does), else on the stream's plain observation key (the mask in the header only)."""
         images = {n: codec.encode_jpeg(self.rng.integers(0, 255, (*hw, 3), dtype=np.uint8), 90) for n, hw in CAMS.items()}
         obs = Observation(seq_id, ROBOT, np.zeros(6, np.float32), images, task, episode_id="e0", session_nonce=1,
                           component_mask=mask)
-        self.pub.put(codec.encode(obs), codec.encode_observation_header(obs) if header else None)
+        pub = self.pub
+        if keyed:
+            key = self.stream.obs_for(mask)
+            pub = self.keyed.get(key) or self.keyed.setdefault(key, self.session.publisher(key, OBSERVATION_QOS))
+        pub.put(codec.encode(obs), codec.encode_observation_header(obs) if header else None)
 
     def wait(self, name: str, seq_id: int, timeout_s: float = 5.0):
         with self.arrived:
@@ -168,6 +175,21 @@ def test_one_observation_for_every_component_and_masked_ones_are_dropped_unread(
     # Telemetry names the count.
     metrics, _ = server.telemetry_figures(server.models[0])
     assert metrics["observations_for_other_components"] >= 2 and metrics["answers.actions"] >= 1
+
+
+def test_on_keys_naming_components_each_server_hears_only_what_asks_it(served):
+    """Published as the pipeline client does (`.../obs/c<i>/...`), an observation reaches only the
+    subscriptions of the components it asks: the others never see it (not even to drop it)."""
+    server, _, robot, apps = served
+    robot.send(1, 0b001, keyed=True)
+    assert robot.wait("s1", 1, 5.0) is not None
+    robot.send(2, 0b101, keyed=True)  # System 1 and safety
+    assert robot.wait("s1", 2, 5.0) is not None and robot.wait("guard", 2, 5.0) is not None
+    robot.send(3, 0b010, keyed=True)
+    assert robot.wait("s2", 3, 5.0) is not None
+    heard = {n: stats(server, a)["clients"].get(ROBOT, {}).get("received", 0) for n, a in apps.items()}
+    assert heard == {"s1": 2, "s2": 1, "guard": 1}, heard
+    assert all(stats(server, a)["observations_for_other_components"] == 0 for a in apps.values())
 
 
 def robot_id():

@@ -894,8 +894,9 @@ def test_an_exif_orientation_is_ignored_the_pixels_are_used_as_stored(orientatio
 
 def test_a_task_component_over_mutual_tls_answers_each_robot_on_its_own_stream_only(port, app_key, layout, tmp_path):
     """The ACL of a System 2 server that serves a task's observation stream (docs/pipelines.md): each
-    robot publishes on its own stream key and reads its own text; one robot's certificate cannot
-    publish on another's stream key."""
+    robot publishes on its own stream key (robA on the key naming the component it asks, robB on
+    the plain one) and reads its own text; one robot's certificate cannot publish on another's
+    stream key, with or without component chunks."""
     from lerobot_zenoh.protocol.keys import pipeline_app
 
     acl_path = tmp_path / "acl.json5"
@@ -917,12 +918,15 @@ def test_a_task_component_over_mutual_tls_answers_each_robot_on_its_own_stream_o
                 session.subscribe(app_key.client(name).text,
                                   lambda k, b, n=name: texts[n].append(codec.decode_text_result(b)))
                 session.declare_token(stream.client(name).metrics)
-                pubs[name] = session.publisher(stream.client(name).obs, OBSERVATION_QOS)
+                key = stream.client(name).obs_for(0b10) if name == "robA" else stream.client(name).obs
+                pubs[name] = session.publisher(key, OBSERVATION_QOS)
             wait_status(sessions[0], app_key)
             rng = np.random.default_rng(3)
-            forged = sessions[0].publisher(stream.client("robB").obs, OBSERVATION_QOS)  # robA's certificate
+            forged = [sessions[0].publisher(k, OBSERVATION_QOS)  # robA's certificate
+                      for k in (stream.client("robB").obs, stream.client("robB").obs_for(0b10))]
             for seq in range(1, 4):
-                forged.put(observation(900 + seq, "robB", rng))
+                for pub in forged:
+                    pub.put(observation(900 + seq, "robB", rng))
             for name in ("robA", "robB"):
                 deadline = time.monotonic() + 8.0
                 while not texts[name] and time.monotonic() < deadline:

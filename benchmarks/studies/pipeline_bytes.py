@@ -8,7 +8,8 @@ in this process: they answer status with the right `output`, System 1 with a chu
 text, safety and monitor with `safe` / `ongoing`, at once) connected to the same router on a second
 port, so that the robot's port carries only the robot's traffic.
 
-- **pipeline**: each observation is published once on the task's stream with its component mask;
+- **pipeline**: each observation is published once on the task's stream, on the key naming the components it
+  asks (`.../obs/c0/c2`, `ClientKey.obs_for`);
 - **naive**: the same client and decisions, but each observation is put once per component it asks,
   on that component's own key (`<app>/<robot>/obs`), as a deployment without the shared stream would.
 
@@ -70,7 +71,9 @@ def tasks():
 
 class StandInServers:
     """Every component's server of one task in one Zenoh session (client of the router): status on its
-    app key, answers on its topic; reads the shared stream and every per-component key."""
+    app key, answers on its topic; reads the shared stream as the servers do (each component the
+    observations whose key names it, and those on the plain key whose header asks it) and every
+    per-component key."""
 
     def __init__(self, task, cluster, experiment, router_port, cameras):
         self.task, self.cameras = task, cameras
@@ -93,6 +96,9 @@ class StandInServers:
             self.session.subscribe(app.all_observations, lambda k, b, a, n=name: self._inbox.put((n, b)),
                                    with_attachment=True)
         self.session.subscribe(self.stream.all_observations, self._on_stream, with_attachment=True)
+        for name, bit in self.bits.items():
+            self.session.subscribe(self.stream.component_observations(bit),
+                                   lambda k, b, a, n=name: self._inbox.put((n, b)), with_attachment=True)
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
@@ -123,19 +129,25 @@ class StandInServers:
         self.session.close()
 
 
-class CountingPublisher:
-    """What the client's publisher thread puts, counted (observation payload + header attachment); in
-    `naive` mode each put becomes one put per asked component on that component's own key."""
+class Tally:
+    """Observations the client put (decisions), the puts they became and their bytes, in all."""
 
-    def __init__(self, session, stream_pub, component_keys: list[str] | None):
+    def __init__(self):
+        self.decisions = self.puts = self.bytes = 0
+
+
+class CountingPublisher:
+    """What the client's publisher thread puts, counted in `tally` (observation payload + header
+    attachment); in `naive` mode each put becomes one put per asked component on that component's own
+    key."""
+
+    def __init__(self, session, stream_pub, component_keys: list[str] | None, tally: Tally):
         self.stream_pub = stream_pub
         self.fanout = None if component_keys is None else [session.publisher(k, OBSERVATION_QOS) for k in component_keys]
-        self.decisions = 0
-        self.puts = 0
-        self.bytes = 0
+        self.tally = tally
 
     def put(self, payload: bytes, attachment: bytes | None = None) -> None:
-        self.decisions += 1
+        self.tally.decisions += 1
         size = len(payload) + len(attachment or b"")
         if self.fanout is None:
             targets = [self.stream_pub]
@@ -144,23 +156,23 @@ class CountingPublisher:
             targets = [p for i, p in enumerate(self.fanout) if mask >> i & 1]
         for pub in targets:
             pub.put(payload, attachment)
-            self.puts += 1
-            self.bytes += size
+            self.tally.puts += 1
+            self.tally.bytes += size
 
 
 class CountingSession:
-    """The client's session, its observation publisher (on `obs_key`) replaced by a CountingPublisher."""
+    """The client's session, its observation publishers (on `obs_key`, and the keys naming components
+    under it) replaced by CountingPublishers, all counted in `counting`."""
 
     def __init__(self, session, obs_key: str, component_keys: list[str] | None):
         self._session, self._obs_key, self._keys = session, obs_key, component_keys
-        self.counting: CountingPublisher | None = None
+        self.counting = Tally()
 
     def publisher(self, key: str, qos):
         publisher = self._session.publisher(key, qos)
-        if key != self._obs_key:
+        if key != self._obs_key and not key.startswith(f"{self._obs_key}/"):
             return publisher
-        self.counting = CountingPublisher(self._session, publisher, self._keys)
-        return self.counting
+        return CountingPublisher(self._session, publisher, self._keys, self.counting)
 
     def __getattr__(self, name):
         return getattr(self._session, name)

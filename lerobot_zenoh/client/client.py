@@ -129,7 +129,8 @@ class RobotClient:
         self.publisher = ObservationPublisher(
             session.publisher(obs_key, OBSERVATION_QOS), self.outbox, self.features, client_uuid=cfg.client_uuid,
             task_text=cfg.task_text, jpeg_quality=cfg.jpeg_quality, counters=self.counters,
-            same_host_active=lambda: self.watch.same_host_active, on_same_host_failed=self.watch.same_host_failed)
+            same_host_active=lambda: self.watch.same_host_active, on_same_host_failed=self.watch.same_host_failed,
+            route=self.task.observation_route(session))
         self.receiver = ChunkReceiver(self.intake, self.buffer, action_dim=len(self.features.action_names),
                                       watch=self.watch, counters=self.counters, client_uuid=cfg.client_uuid,
                                       mispredict_steps=cfg.rtc.mispredict_steps, on_accepted=self.task.on_chunk)

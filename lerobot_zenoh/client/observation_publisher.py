@@ -93,6 +93,8 @@ class ObservationPublisher:
 
     Args:
         publisher: where observations go (``put(payload, attachment=...)``).
+        route: where an observation asking components (`Capture.component_mask`) goes instead: the
+            publisher of its key on a multi-model task's stream (one per mask, `Task.observation_route`).
         outbox: the hand-over from the control loop.
         features: the robot's cameras and state names.
         client_uuid, task_text, jpeg_quality: labels and encoding (the client's config).
@@ -104,8 +106,10 @@ class ObservationPublisher:
 
     def __init__(self, publisher, outbox: Outbox, features: RobotFeatures, *, client_uuid: str, task_text: str,
                  jpeg_quality: int, counters: ClientCounters, same_host_active: Callable[[], bool] = lambda: False,
-                 on_same_host_failed: Callable[[], None] = lambda: None) -> None:
+                 on_same_host_failed: Callable[[], None] = lambda: None,
+                 route: Callable[[int], object] | None = None) -> None:
         self.publisher = publisher
+        self._route = route
         self.outbox = outbox
         self.features = features
         self.client_uuid = client_uuid
@@ -171,7 +175,9 @@ class ObservationPublisher:
                                           shared_frames=shared, refreshes_seq_id=item.refreshes_seq_id,
                                           component_mask=item.component_mask)
                     # The header lets the server rank it without decoding it (protocol.md §5.1.1).
-                    self.publisher.put(codec.encode(message), attachment=codec.encode_observation_header(message))
+                    publisher = (self.publisher if item.component_mask is None or self._route is None
+                                 else self._route(item.component_mask))
+                    publisher.put(codec.encode(message), attachment=codec.encode_observation_header(message))
                     self.counters.observations_published += 1
                     self.counters.observations_same_host += shared is not None
                 except Exception as exc:  # one observation's failure must not end publishing for good

@@ -44,9 +44,13 @@ from lerobot_zenoh.pipelines.runtime import OUTPUT_OF_KIND, PipelineRuntime
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.reasons import OutputKind
 from lerobot_zenoh.telemetry.publisher import worth_logging
+from lerobot_zenoh.transport.session import OBSERVATION_QOS
 from lerobot_zenoh.transport.settings import ZenohSettings
 
 log = logging.getLogger(__name__)
+
+#: Most observation keys (component masks) a pipeline robot keeps a publisher for (`observation_route`).
+MAX_ROUTES = 64
 
 
 def configure(config: RobotClientConfig, plan: RobotPlan) -> RobotClientConfig:
@@ -114,6 +118,22 @@ class PipelineTask(Task):
     def stream_keys(self, config) -> tuple[str, str]:
         # Observations, the robot's token and its telemetry live on the task's stream (docs/protocol.md §2.2).
         return self.stream_key.obs, self.stream_key.metrics
+
+    def observation_route(self, session):
+        """Each observation on the key that names the components it asks (`ClientKey.obs_for`), so that
+        a router sends it only to their servers: a publisher per mask, declared at its first use (the
+        plan asks a few masks; past MAX_ROUTES the oldest is undeclared)."""
+        publishers: dict[int, object] = {}
+
+        def route(mask: int):
+            publisher = publishers.get(mask)
+            if publisher is None:
+                if len(publishers) >= MAX_ROUTES:
+                    publishers.pop(next(iter(publishers))).close()
+                publisher = publishers[mask] = session.publisher(self.stream_key.obs_for(mask), OBSERVATION_QOS)
+            return publisher
+
+        return route
 
     def telemetry_labels(self, robot) -> dict[str, str]:
         return {"robot_type": getattr(robot, "name", ""), "task": self.plan.task.name}

@@ -70,6 +70,11 @@ class Task:
         """(observation key, metrics key: liveliness token and telemetry)."""
         return config.client_key.obs, config.client_key.metrics
 
+    def observation_route(self, session) -> Callable[[int], object] | None:
+        """Where an observation asking components (`Ask.component_mask`) is put, if not on the
+        observation key: a publisher per mask (a multi-model task). None: the observation key."""
+        return None
+
     def telemetry_labels(self, robot) -> dict[str, str]:
         return {"robot_type": getattr(robot, "name", "")}
 

@@ -7,6 +7,8 @@ Schema (docs/protocol.md §2)::
     <cluster>/<experiment>/<model>/<version>/<app>/*/obs                the server's subscription
     <cluster>/<experiment>/<model>/<version>/<app>/server/<id>/metrics  server telemetry
     <cluster>/<experiment>/<model>/<version>/<app>/server/<id>          server liveliness token
+    <cluster>/<experiment>/_pipeline/1/<task>/<client>/obs/c<i>/c<j>     a multi-model task's observation,
+                                                                        with a chunk per component it asks
 
 A chunk is one path segment. It must be non-empty and must not contain any character Zenoh
 reserves (``/ * $ ? # @``) or whitespace; otherwise a ``KeyExprError`` names the field and value.
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from lerobot_zenoh.errors import KeyExprError
+from lerobot_zenoh.protocol.messages import MAX_COMPONENTS
 from lerobot_zenoh.protocol.reasons import OutputKind
 
 RESERVED_CHARS = frozenset("/*$?#@")
@@ -92,6 +95,12 @@ class AppKey:
         """What a server subscribes to: every client's observations for this app."""
         return f"{self.prefix}/*/{Topic.OBS}"
 
+    def component_observations(self, bit: int) -> str:
+        """A multi-model task stream's observations that ask component `bit` (their key has its chunk,
+        `ClientKey.obs_for`): what that component's server subscribes to besides `all_observations`,
+        so that a router sends it only those."""
+        return f"{self.prefix}/*/{Topic.OBS}/**/{component_chunk(bit)}/**"
+
     @property
     def all_client_tokens(self) -> str:
         """Liveliness selector for every client of this app (a client's token is its metrics key)."""
@@ -130,6 +139,14 @@ class ClientKey:
     def obs(self) -> str:
         return self.topic(Topic.OBS)
 
+    def obs_for(self, component_mask: int | None) -> str:
+        """The key of an observation asking the components of `component_mask` on a multi-model
+        task's stream: `obs` and one chunk per bit set, lowest first (``.../obs/c0/c2`` for 0b101),
+        so that Zenoh routes it only towards the servers of those components. None: `obs`."""
+        if component_mask is None:
+            return self.obs
+        return "/".join([self.obs, *(component_chunk(b) for b in mask_bits(component_mask))])
+
     @property
     def action(self) -> str:
         return self.topic(Topic.ACTION)
@@ -153,6 +170,41 @@ class ParsedKey:
     client_id: str | None  # None for status and server keys
     server_id: str | None
     topic: str  # "obs" | "action" | "metrics" | "status" | "server"
+    component_mask: int | None = None  # an observation key's component chunks (`ClientKey.obs_for`)
+
+
+def component_chunk(bit: int) -> str:
+    if not (isinstance(bit, int) and 0 <= bit < MAX_COMPONENTS):
+        raise KeyExprError("component bit", str(bit), f"must be an integer in [0, {MAX_COMPONENTS})")
+    return f"c{bit}"
+
+
+def mask_bits(mask: int) -> list[int]:
+    """The bits set in a component mask, lowest first (KeyExprError for 0 or a bit past the last)."""
+    if not (isinstance(mask, int) and 0 < mask < 1 << MAX_COMPONENTS):
+        raise KeyExprError("component_mask", str(mask), f"must be in [1, 2**{MAX_COMPONENTS})")
+    return [b for b in range(MAX_COMPONENTS) if mask >> b & 1]
+
+
+def names_components(key: str, bits: tuple[int, ...]) -> bool:
+    """Whether an observation key (`ClientKey.obs_for`) names any of `bits` (cheap: no full parse)."""
+    if not bits:
+        return False
+    _, sep, suffix = key.rpartition(f"/{Topic.OBS}/")  # (the last: component chunks are never "obs")
+    return bool(sep) and any(component_chunk(b) in suffix.split("/") for b in bits)
+
+
+def _component_mask(key: str, chunks: list[str]) -> int:
+    """The mask an observation key's component chunks name: `c<bit>` each, strictly increasing, so
+    that one mask has one key (KeyExprError otherwise)."""
+    mask, last = 0, -1
+    for chunk in chunks:
+        bit = int(chunk[1:]) if chunk[:1] == "c" and chunk[1:].isdigit() and chunk[1:] == str(int(chunk[1:])) else -1
+        if not last < bit < MAX_COMPONENTS:
+            raise KeyExprError("key", key, f"component chunks after obs must be c<bit>, increasing, bit < {MAX_COMPONENTS}")
+        mask |= 1 << bit
+        last = bit
+    return mask
 
 
 #: The model and version chunks of a multi-model task's observation stream (docs/pipelines.md).
@@ -199,6 +251,9 @@ def parse_key(key: str) -> ParsedKey:
         if len(rest) == 3 and rest[2] == Topic.METRICS:
             return ParsedKey(app, None, validate_chunk("server_id", rest[1]), Topic.METRICS.value)
         raise KeyExprError("key", key, "is not a server token or server metrics key")
+    if len(rest) > 2 and rest[1] == Topic.OBS:  # a multi-model task's observation, with its components
+        validate_client_id("client_id", rest[0])
+        return ParsedKey(app, rest[0], None, Topic.OBS.value, _component_mask(key, rest[2:]))
     if len(rest) != 2:
         raise KeyExprError("key", key, "must be <app prefix>/<client>/<topic>")
     client_id, topic = rest

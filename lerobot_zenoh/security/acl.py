@@ -193,8 +193,10 @@ def access_control(deployment: Deployment) -> dict:
         for c in grant.clients:
             key = app.client(c)
             own = [stream.client(c) for stream in streams]  # its keys on the task streams
+            # On a task stream an observation's key names the components it asks (`ClientKey.obs_for`).
+            own_obs = [k for o in own for k in (o.obs, f"{o.obs}/**")]
             rid = f"client/{c}@{p}"
-            b.allow(c, f"{rid}/put", INGRESS, ["put"], [key.obs, key.metrics, *(k for o in own for k in (o.obs, o.metrics))])
+            b.allow(c, f"{rid}/put", INGRESS, ["put"], [key.obs, key.metrics, *own_obs, *(o.metrics for o in own)])
             b.allow(c, f"{rid}/subscribe", INGRESS, ["declare_subscriber"], [key.topic(topic)])
             b.allow(c, f"{rid}/query", INGRESS, ["query"], [app.status])
             b.allow(c, f"{rid}/token", INGRESS, ["liveliness_token"], [key.metrics, *(o.metrics for o in own)])
@@ -203,12 +205,13 @@ def access_control(deployment: Deployment) -> dict:
             b.allow(c, f"{rid}/reply", EGRESS, ["reply"], [app.status])
             b.allow(c, f"{rid}/tokens", EGRESS, ["liveliness_token"], [app.all_servers])
             b.allow(c, f"{rid}/routes", EGRESS, ["declare_subscriber"],
-                    [app.all_observations, key.obs, ALL_METRICS, key.metrics,
-                     *(k for stream, o in zip(streams, own) for k in (stream.all_observations, o.obs))])
+                    [app.all_observations, key.obs, ALL_METRICS, key.metrics, *own_obs,
+                     *(k for stream in streams for k in (stream.all_observations, f"{stream.all_observations}/**"))])
             b.allow(c, f"{rid}/routes-status", EGRESS, ["declare_queryable"], [app.status])
         for s in grant.servers:
             rid = f"server/{s}@{p}"
-            observations = [app.all_observations, *(stream.all_observations for stream in streams)]
+            observations = [app.all_observations,
+                            *(k for stream in streams for k in (stream.all_observations, f"{stream.all_observations}/**"))]
             tokens = [app.all_client_tokens, *(stream.all_client_tokens for stream in streams)]
             b.allow(s, f"{rid}/subscribe", INGRESS, ["declare_subscriber"], observations)
             b.allow(s, f"{rid}/put", INGRESS, ["put"], [f"{p}/*/{topic}", app.server_metrics(s)])

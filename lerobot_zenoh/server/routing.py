@@ -55,6 +55,12 @@ class TaskStream:
     item: PipelineEntry
     query: ComponentQuery
 
+    @property
+    def bits(self) -> tuple[int, ...]:
+        """The task's components this model serves: the item's, and its System 2 text's (a pi0.5
+        language entry). Their observations come on keys naming them (`ClientKey.obs_for`)."""
+        return (self.item.bit,) + ((self.item.text.bit,) if self.item.text is not None else ())
+
 
 def task_streams(manifest: Manifest, entry: ModelEntry) -> dict[str, TaskStream]:
     """The entry's `pipeline` items by task."""

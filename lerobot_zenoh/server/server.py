@@ -46,7 +46,7 @@ import numpy as np
 
 from lerobot_zenoh.errors import ConfigError, KeyExprError, ProtocolError, TransportError
 from lerobot_zenoh.protocol import codec
-from lerobot_zenoh.protocol.keys import ANSWER_TOPICS, AppKey, Topic, parse_client_key
+from lerobot_zenoh.protocol.keys import ANSWER_TOPICS, AppKey, Topic, names_components, parse_client_key
 from lerobot_zenoh.protocol.messages import RtcAdvert, SameHostAdvert, Status
 from lerobot_zenoh.protocol.reasons import OutputKind, Reason
 from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
@@ -67,7 +67,7 @@ from lerobot_zenoh.server.engine_worker import EngineWorker
 from lerobot_zenoh.server.executor import Executor
 from lerobot_zenoh.server.failover import ServingRole
 from lerobot_zenoh.server.manifest import Manifest, ModelEntry, reload_refusal
-from lerobot_zenoh.server.routing import TaskRouting, stream_changes, task_streams
+from lerobot_zenoh.server.routing import TaskRouting, TaskStream, stream_changes, task_streams
 from lerobot_zenoh.server.runners import load_runner
 from lerobot_zenoh.server.runners.base import InferenceRequest, InferenceResult, PolicyRunner
 from lerobot_zenoh.telemetry.publisher import TelemetryPublisher, percentile, process_memory, worth_logging
@@ -243,9 +243,11 @@ class PolicyServer:
                 opened: list[tuple[ServedModel, str, list]] = []
                 try:
                     for model, new in zip(self.models, streams, strict=True):
-                        for task in sorted(new.keys() - model.streams.keys()):
+                        # New streams, and those whose components (bits) changed: their keys did.
+                        for task in sorted(t for t in new if t not in model.streams
+                                           or model.streams[t].bits != new[t].bits):
                             opened.append((model, task, []))
-                            self._subscribe(model, new[task].key, task, opened[-1][2])
+                            self._subscribe(model, new[task], task, opened[-1][2])
                 except TransportError as exc:
                     for *_, subscriptions in opened:
                         for sub in subscriptions:
@@ -256,6 +258,8 @@ class PolicyServer:
                           "restart the server for the rest); the running manifest stays in force", why)
                 return why
             for model, task, subscriptions in opened:
+                for sub in model.subscriptions.pop(task, []):  # a stream whose bits changed: its old keys
+                    sub.close()
                 model.subscriptions[task] = subscriptions
             for model, entry, new in zip(self.models, manifest.server, streams, strict=True):
                 before_streams, unheard = {}, set()
@@ -330,8 +334,9 @@ class PolicyServer:
                                      on_deactivate=model.engine.drop_slots)
             # Its own app's observations (a plain robot client routed here) and, for a component of
             # multi-model tasks, each task's observation stream.
-            for task, source in [(None, model.app), *((task, s.key) for task, s in model.streams.items())]:
-                self._subscribe(model, source, task, model.subscriptions.setdefault(task, []))
+            self._subscribe(model, model.app, None, model.subscriptions.setdefault(None, []))
+            for task, stream in model.streams.items():
+                self._subscribe(model, stream, task, model.subscriptions.setdefault(task, []))
         self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
         self._thread.start()
         for model in self.models:
@@ -347,23 +352,44 @@ class PolicyServer:
                             "device": model.entry.device}).start())
             serves = model.output + (" + text" if any(s.item.text is not None for s in model.streams.values()) else "")
             log.info("serving %s (%s; status: %s)", ", ".join(
-                [model.app.all_observations, *(s.key.all_observations for s in model.streams.values())]),
+                [model.app.all_observations, *(sel for s in model.streams.values() for sel in
+                                               (s.key.all_observations, *map(s.key.component_observations, s.bits)))]),
                 serves, model.app.status)
         self.started.set()
         return self
 
-    def _subscribe(self, model: ServedModel, source: AppKey, task: str | None, into: list) -> None:
+    def _subscribe(self, model: ServedModel, source: AppKey | TaskStream, task: str | None, into: list) -> None:
         """Subscribe `model` to the observations of `source` (its own app, or the stream of `task`) and
-        to the liveliness tokens of the clients there; each subscription is appended to `into`."""
-        on_observation = (
-            (lambda key, payload, attachment, m=model: self._on_observation(m, key, payload, attachment))
-            if task is None else
-            (lambda key, payload, attachment, m=model, t=task: self._on_task_observation(m, t, key, payload, attachment)))
-        into.append(self._session.subscribe(source.all_observations, on_observation, with_attachment=True,
-                                            copy=False))  # kept in Zenoh's buffer: copied once when decoded, never if superseded  # kept in Zenoh's buffer: copied once when decoded, never if superseded
+        to the liveliness tokens of the clients there; each subscription is appended to `into`.
+
+        On a task stream it subscribes to the observations whose key names one of the components it
+        serves there (`AppKey.component_observations`: a router sends it no other), and to those
+        whose key names none (a client that sends the mask in the header only, protocol.md §2.2)."""
+        bits = source.bits if isinstance(source, TaskStream) else ()
+        app = source.key if isinstance(source, TaskStream) else source
+
+        if task is None:
+            def on_observation(key, payload, attachment, m=model):
+                self._on_observation(m, key, payload, attachment)
+        else:
+            def on_observation(key, payload, attachment, m=model, t=task):
+                self._on_task_observation(m, t, key, payload, attachment)
+
+        def subscribe(selector: str, callback) -> None:
+            # copy=False: kept in Zenoh's buffer, copied once when decoded, never if superseded
+            into.append(self._session.subscribe(selector, callback, with_attachment=True, copy=False))
+
+        subscribe(app.all_observations, on_observation)
+        for i, bit in enumerate(bits):
+            # An observation that asks two of its components matches two subscriptions: the first serves it.
+            def on_component(key, payload, attachment, earlier=bits[:i]):
+                if not names_components(key, earlier):
+                    on_observation(key, payload, attachment)
+
+            subscribe(app.component_observations(bit), on_component)
         # Each client declares a token on its metrics key: its session closes when the token goes.
         into.append(self._session.watch_liveliness(
-            source.all_client_tokens, lambda key, alive, m=model: self._on_client_token(m, key, alive)))
+            app.all_client_tokens, lambda key, alive, m=model: self._on_client_token(m, key, alive)))
 
     @staticmethod
     def _profile(entry: ModelEntry, runner: PolicyRunner, force: bool = False) -> dict[int, float] | None:
