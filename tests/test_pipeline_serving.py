@@ -4,6 +4,7 @@ own topic, and an observation whose component_mask does not ask a component is d
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import numpy as np
@@ -36,6 +37,20 @@ def manifest(port, app_key, entries, **top):
     return {"cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": "srv0",
             "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False},
             "server": entries, **top}
+
+
+@contextlib.contextmanager
+def one_server(port, m):
+    """The server of manifest `m`, and a session of the robot's side that has heard its first entry's
+    status: (server, session, that entry's app key)."""
+    with PolicyServer(m) as server:
+        session = ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))).open()
+        try:
+            app = m.app_key(m.server[0])
+            assert wait_for(lambda: session.query(app.status, 0.3))
+            yield server, session, app
+        finally:
+            session.close()
 
 
 class PipelineRobot:
@@ -200,17 +215,11 @@ def test_a_robot_whose_token_goes_on_the_task_stream_loses_its_session(port, app
     entries = [entry(app_key, "s2", bit=1, component="plan", output="text")]
     m = parse_manifest(manifest(port, app_key, entries, telemetry_period_s=0,
                                 sessions={"liveliness_grace_s": 0.2, "idle_timeout_s": 60}))
-    with PolicyServer(m) as server:
-        session = ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))).open()
-        try:
-            app = m.app_key(m.server[0])
-            assert wait_for(lambda: session.query(app.status, 0.3))
-            robot = PipelineRobot(session, app_key, {"s2": app})
-            assert robot.ask("s2", 1, None).text == "subtask 0"
-            robot.token.undeclare()
-            assert wait_for(lambda: stats(server, app)["sessions_closed"].get("liveliness") == 1, 10.0)
-        finally:
-            session.close()
+    with one_server(port, m) as (server, session, app):
+        robot = PipelineRobot(session, app_key, {"s2": app})
+        assert robot.ask("s2", 1, None).text == "subtask 0"
+        robot.token.undeclare()
+        assert wait_for(lambda: stats(server, app)["sessions_closed"].get("liveliness") == 1, 10.0)
 
 
 def test_forged_ids_on_a_task_stream_leave_nothing_behind(port, app_key):
@@ -218,26 +227,20 @@ def test_forged_ids_on_a_task_stream_leave_nothing_behind(port, app_key):
     and counted, and the server keeps no per-id state for them (bounded by its sessions)."""
     entries = [entry(app_key, "s2", bit=1, component="plan", output="text")]
     m = parse_manifest(manifest(port, app_key, entries, telemetry_period_s=0))
-    with PolicyServer(m) as server:
-        session = ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))).open()
-        try:
-            app = m.app_key(m.server[0])
-            assert wait_for(lambda: session.query(app.status, 0.3))
-            stream = pipeline_app(app_key.cluster, app_key.experiment, TASK)
-            pubs = [session.publisher(stream.client(f"forged-{i}").obs, OBSERVATION_QOS) for i in range(200)]
-            dropped = lambda: server.models[0].engine.dropped["unknown_client"]  # noqa: E731
-            for seq in range(1, 11):  # best effort: under load a round may be lost in part; send it again
-                for i, pub in enumerate(pubs):
-                    obs = Observation(seq, f"forged-{i}", np.zeros(6, np.float32), {}, "", session_nonce=1,
-                                      component_mask=2)
-                    pub.put(codec.encode(obs), codec.encode_observation_header(obs))
-                if wait_for(lambda: dropped() >= 150, 2.0):
-                    break
-            assert dropped() >= 150, dropped()
-            assert PipelineRobot(session, app_key, {"s2": app}).ask("s2", 1, None).text == "subtask 0"
-            assert set(server.models[0].routing.component_of) == {ROBOT}
-        finally:
-            session.close()
+    with one_server(port, m) as (server, session, app):
+        stream = pipeline_app(app_key.cluster, app_key.experiment, TASK)
+        pubs = [session.publisher(stream.client(f"forged-{i}").obs, OBSERVATION_QOS) for i in range(200)]
+        dropped = lambda: server.models[0].engine.dropped["unknown_client"]  # noqa: E731
+        for seq in range(1, 11):  # best effort: under load a round may be lost in part; send it again
+            for i, pub in enumerate(pubs):
+                obs = Observation(seq, f"forged-{i}", np.zeros(6, np.float32), {}, "", session_nonce=1,
+                                  component_mask=2)
+                pub.put(codec.encode(obs), codec.encode_observation_header(obs))
+            if wait_for(lambda: dropped() >= 150, 2.0):
+                break
+        assert dropped() >= 150, dropped()
+        assert PipelineRobot(session, app_key, {"s2": app}).ask("s2", 1, None).text == "subtask 0"
+        assert set(server.models[0].routing.component_of) == {ROBOT}
 
 
 def test_a_robot_that_moves_to_another_task_is_served_as_that_task(port, app_key):
@@ -248,21 +251,15 @@ def test_a_robot_that_moves_to_another_task_is_served_as_that_task(port, app_key
     guard["pipeline"] = [{"task": TASK, "component": "safety", "bit": 0, "labels": ["unsafe", "safe"]},
                          {"task": "kit2", "component": "safety", "bit": 0, "labels": ["done", "failed", "ongoing"]}]
     m = parse_manifest(manifest(port, app_key, [guard], telemetry_period_s=0))
-    with PolicyServer(m) as server:
-        session = ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))).open()
-        try:
-            app = m.app_key(m.server[0])
-            assert wait_for(lambda: session.query(app.status, 0.3))
-            robot = PipelineRobot(session, app_key, {"guard": app})
-            assert robot.ask("guard", 1, 0b1).label == "unsafe"
-            stream = pipeline_app(app_key.cluster, app_key.experiment, "kit2").client(ROBOT)
-            robot.pub = session.publisher(stream.obs, OBSERVATION_QOS)  # the same robot, now on kit2
-            assert robot.ask("guard", 2, 0b1).label == "done"
-            assert server.models[0].routing.component_of[ROBOT] == "kit2"
-            robot.pub = session.publisher(app.client(ROBOT).obs, OBSERVATION_QOS)  # and on the model's own app
-            assert robot.ask("guard", 3, None).label == "safe"
-        finally:
-            session.close()
+    with one_server(port, m) as (server, session, app):
+        robot = PipelineRobot(session, app_key, {"guard": app})
+        assert robot.ask("guard", 1, 0b1).label == "unsafe"
+        stream = pipeline_app(app_key.cluster, app_key.experiment, "kit2").client(ROBOT)
+        robot.pub = session.publisher(stream.obs, OBSERVATION_QOS)  # the same robot, now on kit2
+        assert robot.ask("guard", 2, 0b1).label == "done"
+        assert server.models[0].routing.component_of[ROBOT] == "kit2"
+        robot.pub = session.publisher(app.client(ROBOT).obs, OBSERVATION_QOS)  # and on the model's own app
+        assert robot.ask("guard", 3, None).label == "safe"
 
 
 @pytest.mark.parametrize("change, field, words", [
@@ -377,18 +374,12 @@ def test_a_vlm_verdict_server_answers_the_task_stream(tiny_vlm, port, app_key):
          "pipeline": [{"task": TASK, "component": "safety", "bit": 2, "prompt": "is it safe?",
                        "labels": ["safe", "unsafe"]}]}
     m = parse_manifest(manifest(port, app_key, [e], telemetry_period_s=0))
-    with PolicyServer(m) as server:
-        session = ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))).open()
-        try:
-            app = m.app_key(m.server[0])
-            assert wait_for(lambda: session.query(app.status, 0.3))
-            assert codec.decode_status(session.query(app.status, 1.0)[0][1]).output == "verdict"
-            robot = PipelineRobot(session, app_key, {"guard": app})
-            verdict = robot.ask("guard", 1, 0b100, timeout_s=20.0)
-            assert verdict.label in ("safe", "unsafe") and 0.5 <= verdict.score <= 1.0
-            assert verdict.inference_time_ms > 0 and stats(server, app)["answers"] == {f"verdict.{verdict.label}": 1}
-        finally:
-            session.close()
+    with one_server(port, m) as (server, session, app):
+        assert codec.decode_status(session.query(app.status, 1.0)[0][1]).output == "verdict"
+        robot = PipelineRobot(session, app_key, {"guard": app})
+        verdict = robot.ask("guard", 1, 0b100, timeout_s=20.0)
+        assert verdict.label in ("safe", "unsafe") and 0.5 <= verdict.score <= 1.0
+        assert verdict.inference_time_ms > 0 and stats(server, app)["answers"] == {f"verdict.{verdict.label}": 1}
 
 
 def test_answer_counts_are_one_prometheus_family_labelled_by_output_and_label():
