@@ -93,6 +93,6 @@ def test_a_task_observation_key_names_the_components_it_asks_one_key_per_mask():
         with pytest.raises(KeyExprError, match="component_mask"):
             app.client("r").obs_for(bad)
     # One mask, one key: chunks other than increasing c<bit> below 32 are refused.
-    for suffix in ("c2/c0", "c1/c1", "c02", "c32", "x", "c", "c-1", "obs"):
+    for suffix in ("c2/c0", "c1/c1", "c02", "c32", "x", "c", "c-1", "obs", "c²", "c٣", "c+1", "c 1"):
         with pytest.raises(KeyExprError, match="component chunks"):
             parse_key(f"{app.client('r').obs}/{suffix}")

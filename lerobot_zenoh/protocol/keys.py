@@ -199,7 +199,8 @@ def _component_mask(key: str, chunks: list[str]) -> int:
     that one mask has one key (KeyExprError otherwise)."""
     mask, last = 0, -1
     for chunk in chunks:
-        bit = int(chunk[1:]) if chunk[:1] == "c" and chunk[1:].isdigit() and chunk[1:] == str(int(chunk[1:])) else -1
+        digits = chunk[1:]  # ASCII digits only: "c²" is a digit to str.isdigit and not to int()
+        bit = int(digits) if chunk[:1] == "c" and digits.isascii() and digits.isdigit() and digits == str(int(digits)) else -1
         if not last < bit < MAX_COMPONENTS:
             raise KeyExprError("key", key, f"component chunks after obs must be c<bit>, increasing, bit < {MAX_COMPONENTS}")
         mask |= 1 << bit
