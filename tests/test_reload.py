@@ -201,6 +201,15 @@ def test_a_reload_adding_a_task_stream_serves_a_robot_publishing_on_it(port, app
         assert not kitter.served(timeout_s=0.5) and server.models[0].for_other_components > other
         kitter.mask = 0b10
         assert kitter.served()
+        # On the keys naming the components (what the pipeline client sends): the changed bit's key is
+        # subscribed now, the old one no longer is (not even heard to be dropped).
+        stream = pipeline_app(app_key.cluster, app_key.experiment, "kit").client("kit-r0")
+        kitter.pub = session.publisher(stream.obs_for(0b10), OBSERVATION_QOS)
+        assert kitter.served()
+        kitter.pub, kitter.mask = session.publisher(stream.obs_for(0b01), OBSERVATION_QOS), 0b01
+        other = server.models[0].for_other_components
+        assert not kitter.served(timeout_s=0.5) and server.models[0].for_other_components == other
+        kitter.pub, kitter.mask = session.publisher(stream.obs, OBSERVATION_QOS), 0b10
 
         # kit is no longer listed: its stream is unsubscribed and kit-r0's session closes.
         assert server.reload(parse_manifest(manifest_data(port, app_key, ["pick-r0", "kit-r0"], pipeline=pick))) is None
