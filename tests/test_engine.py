@@ -179,9 +179,27 @@ def test_a_request_refused_after_it_was_picked_is_computed_no_longer():
     e = engine(scheduler="wait_ratio")
     admit(e, obs("robot", 5), 0.0)
     [(session, _)] = schedule(e, 0.0).items
+    e.release(session)  # (what admission and dispatch do with a picked request they refuse)
     e.reject(session, "bad_observation", 0.1)
     admit(e, obs("robot", 5), 0.5)
     assert [s.client_id for s, _ in schedule(e, 0.5).items] == ["robot"]
+
+
+def test_another_observation_refused_while_a_request_computes_leaves_it_computing():
+    """Seq 5 is on an engine; an unreadable observation on the robot's key is refused meanwhile (a
+    forged packet, say). That refusal is not the computing request's: a resend of seq 5 is still
+    `replayed`, not a second inference."""
+    e = engine(scheduler="wait_ratio")
+    admit(e, obs("robot", 5), 0.0)
+    [(session, _)] = schedule(e, 0.0).items
+    e.admit("robot", b"\x00garbage", 0.2)
+    refused = schedule(e, 0.2)
+    assert refused.items == [] and refused.rejected
+    for s, _slot, reason, _detail in refused.rejected:
+        e.reject(s, reason, 0.2)
+    admit(e, obs("robot", 5), 0.5)
+    again = schedule(e, 0.5)
+    assert again.items == [] and [r[2] for r in again.rejected] == [REPLAYED]
 
 
 def test_a_restarted_client_is_served_from_its_first_observation():

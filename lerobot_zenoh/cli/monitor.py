@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from lerobot_zenoh.transport.settings import ZenohSettings
+from lerobot_zenoh.transport.settings import QUICK_CONNECT_WAIT_S, ZenohSettings
 
 PROG = "lerobot-zenoh-monitor"
 
@@ -78,9 +78,8 @@ class MonitorConfig:
 
     def zenoh_settings(self) -> ZenohSettings:
         settings = self.zenoh.with_connect(self.endpoint)
-        if settings.connect_timeout_s is None:  # not set: report a dead endpoint soon
-            settings = settings.replace(connect_timeout_s=2.0)
-        return settings
+        # --zenoh.connect_timeout_s unset: a dead endpoint is reported soon, as the robot client does
+        return settings.replace(connect_timeout_s=settings.connect_wait_s(QUICK_CONNECT_WAIT_S))
 
     def selector_prefix(self) -> str:
         """cluster/experiment/model/version/app with `*` for what was not narrowed."""

@@ -21,12 +21,12 @@ from typing import Protocol
 from lerobot_zenoh.client.discovery import wait_connected
 from lerobot_zenoh.errors import CompatibilityError, TlsRefusedError, TransportError
 from lerobot_zenoh.transport.session import ZenohSession, tls_refusal
-from lerobot_zenoh.transport.settings import ZenohSettings
+from lerobot_zenoh.transport.settings import QUICK_CONNECT_WAIT_S, ZenohSettings
 
 __all__ = ["CONNECT_WAIT_S", "ClientSession", "open_session", "opening_wait_s"]
 
 #: How long start-up waits for a Zenoh link to the endpoint before saying it cannot connect.
-CONNECT_WAIT_S = 2.0
+CONNECT_WAIT_S = QUICK_CONNECT_WAIT_S
 
 
 class ClientSession(Protocol):
@@ -48,8 +48,7 @@ class ClientSession(Protocol):
 def opening_wait_s(settings: ZenohSettings, discovery_timeout_s: float) -> float:
     """How long a client-mode robot waits for its endpoint: CONNECT_WAIT_S unless
     --zenoh.connect_timeout_s was given (any value, 30 included), never past discovery_timeout_s."""
-    wait_s = CONNECT_WAIT_S if settings.connect_timeout_s is None else settings.connect_timeout_s
-    return min(wait_s, discovery_timeout_s)
+    return min(settings.connect_wait_s(CONNECT_WAIT_S), discovery_timeout_s)
 
 
 def open_session(settings: ZenohSettings, discovery_timeout_s: float) -> ZenohSession:

@@ -98,8 +98,10 @@ def prepare(model: ServedModel, batch: Batch, reject: Reject) -> list[Ready]:
             else:
                 request = routing.request(model.executor, model.runner, session.client_id, obs, slot.task)
                 if request is None:
+                    model.engine.release(session)
                     continue  # it asks another component of its task
         except ProtocolError as exc:
+            model.engine.release(session)  # picked, refused now: computed no longer
             reject(session, exc.reason, str(exc))
             continue
         if model.engine.take_reset(session):

@@ -453,6 +453,7 @@ class Dispatcher:
         try:
             obs = admission.observation(model, session, slot)  # (kept in the slot: a re-queued request is not decoded again)
         except ProtocolError as exc:
+            model.engine.release(session)  # picked, refused now: computed no longer
             self.server._reject(model, session, exc.reason, str(exc))
             return
         request_id = next(self._ids)

@@ -539,9 +539,14 @@ class Engine:
     def reject(self, session: Session, reason: str, now_s: float) -> int:
         """Count a rejection of one of this session's observations; returns the session's total."""
         with self._lock:
-            if reason != REPLAYED:  # (a picked request refused at dispatch or by its engine: computed no longer)
-                session.computing = None
             return self._count_rejection(session, reason, now_s)
+
+    def release(self, session: Session) -> None:
+        """The request picked for this session ends without being computed (refused once picked: its
+        body unreadable, its task not served here): a resend of it is served, not `replayed`. (A
+        computed one is released by `finish`, a re-queued one by `requeue`.)"""
+        with self._lock:
+            session.computing = None
 
     def finish(self, served: Sequence[tuple[Session, int, float, float]], picked: Sequence[str],
                now_s: float, duration_s: float) -> None:

@@ -39,8 +39,10 @@ ACTION_TX_QUEUE_BATCHES = 16
 #: What a link reassembles at most: the codec's 16 MiB message limit (docs/protocol.md §8.1) plus
 #: room for the Zenoh message around it (an observation's header attachment, key, framing).
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024 + 64 * 1024
-#: How long a client-mode session waits for an endpoint when `connect_timeout_s` is unset.
+#: How long a client-mode session waits for an endpoint when `connect_timeout_s` is unset; the robot
+#: client and the monitor wait QUICK_CONNECT_WAIT_S instead, so that a dead endpoint is reported soon.
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
+QUICK_CONNECT_WAIT_S = 2.0
 
 
 def _help(text: str) -> dict:
@@ -102,6 +104,11 @@ class ZenohSettings:
     @property
     def tls_enabled(self) -> bool:
         return any((self.tls_root_ca, self.tls_certificate, self.tls_private_key))
+
+    def connect_wait_s(self, unset_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> float:
+        """How long opening waits for an endpoint in client mode: `connect_timeout_s` when given (any
+        value), else `unset_s`."""
+        return unset_s if self.connect_timeout_s is None else self.connect_timeout_s
 
     def replace(self, **changes) -> ZenohSettings:
         return dataclasses.replace(self, **changes)
@@ -177,8 +184,7 @@ class ZenohSettings:
         if self.connect:
             entries.append(("connect/endpoints", json.dumps(list(self.connect))))
         if mode == "client":  # Zenoh's default (0) fails at once when the server is not up yet
-            wait_s = DEFAULT_CONNECT_TIMEOUT_S if self.connect_timeout_s is None else self.connect_timeout_s
-            entries.append(("connect/timeout_ms", json.dumps(int(wait_s * 1000))))
+            entries.append(("connect/timeout_ms", json.dumps(int(self.connect_wait_s() * 1000))))
         # Zenoh queues 2 batches per priority per link and drops (congestion control DROP) after
         # 1 ms when both are taken. Chunks are express (one batch each), so a batch of inferences
         # answered to robots that share a link (a router, one process) overflowed 2 whenever the
