@@ -232,7 +232,13 @@ def stop(proc: subprocess.Popen) -> str:
 
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=30)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:  # (a server exits within its stop grace, 20 s): say what it printed
+        proc.kill()
+        proc.wait()
+        raise AssertionError("still running 30 s after SIGINT:\n" + "".join(iter(proc.lines.get, None))[-4000:]
+                             if hasattr(proc, "lines") else "still running 30 s after SIGINT") from None
     lines = []
     while hasattr(proc, "lines") and (line := proc.lines.get(timeout=5)) is not None:
         lines.append(line)
@@ -319,6 +325,52 @@ def test_a_hub_id_in_a_manifest_and_a_missing_one(hf_home, tmp_path, port):
                                    "not in the Hugging Face cache", "HF_HUB_OFFLINE is set",
                           "`hf download someone/tiny_act --revision 0123456`")
     assert_fails_in_one_line(nothing, "--policy.path: nobody/nothing@v2", "`hf download nobody/nothing --revision v2`")
+
+
+STOPPING = """
+import logging, sys, threading, time
+from lerobot_zenoh.cli.stopping import begin_stop
+
+def stuck_in_close():
+    threading.Event().wait()  # a close that never returns
+
+print("serving", flush=True)
+try:
+    threading.Event().wait()
+except KeyboardInterrupt:
+    pass
+begin_stop(None, grace_s=float(sys.argv[1]))
+print("stopping", flush=True)
+stuck_in_close()
+"""
+
+
+def test_a_stop_that_hangs_prints_the_stacks_and_exits_after_its_grace():
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", STOPPING, "1.5"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    wait_line(proc, "serving", timeout_s=30)
+    proc.send_signal(signal.SIGINT)
+    wait_line(proc, "stopping", timeout_s=30)
+    t0 = time.monotonic()
+    assert proc.wait(timeout=30) == 1
+    assert time.monotonic() - t0 < 10
+    out = "".join(iter(proc.lines.get, None))
+    assert "stuck_in_close" in out, out  # the stack says where it hung
+
+
+def test_a_second_ctrl_c_ends_a_stop_at_once():
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-c", STOPPING, "600"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    wait_line(proc, "serving", timeout_s=30)
+    proc.send_signal(signal.SIGINT)
+    wait_line(proc, "stopping", timeout_s=30)
+    proc.send_signal(signal.SIGINT)  # the main thread waits inside a lock: no Python code runs
+    assert proc.wait(timeout=10) == -signal.SIGINT
 
 
 def test_hub_ids_and_folders_are_told_apart(tmp_path):

@@ -117,6 +117,7 @@ def serve_prometheus(fleet, port: int, host: str = "127.0.0.1"):
 
 def main(argv: list[str] | None = None) -> int:
     from lerobot_zenoh.cli.parsing import EXIT_CONFIG, explain, fail, parse
+    from lerobot_zenoh.cli.stopping import begin_stop
 
     config = parse(MonitorConfig, argv, PROG)
 
@@ -209,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
             if t_end is not None and now >= t_end:
                 break
     finally:
+        if stop.is_set():
+            begin_stop(None)
         if http is not None:
             threading.Thread(target=http.shutdown, daemon=True).start()  # up to 0.5 s poll: not waited for
         session.close()

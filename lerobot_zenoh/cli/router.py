@@ -90,6 +90,7 @@ _OPTION_OF_PATH = {"listen/endpoints": "listen", "connect/endpoints": "connect",
 
 def main(argv: list[str] | None = None) -> int:
     from lerobot_zenoh.cli.parsing import one_line, parse
+    from lerobot_zenoh.cli.stopping import begin_stop
 
     args = sys.argv[1:] if argv is None else list(argv)
     config = parse(RouterConfig, args, PROG, spellings())
@@ -126,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stop.wait()
     finally:
+        begin_stop(log)
         session.close()
     return 0
 

@@ -17,7 +17,8 @@ SIGHUP re-reads the manifest and takes its client lists (with integer `max_batch
 streams of `pipeline`) without a restart; a manifest that fails to load or that changes any other
 field is refused in one log line, and the running one stays in force (docs/server.md, "Reloading the client list").
 
-Exit codes: 0 when stopped by SIGINT/SIGTERM; 2 for a configuration mistake, in one line naming the
+Exit codes: 0 when stopped by SIGINT/SIGTERM (a second one ends it at once; a stop that takes more
+than 20 s prints every thread's stack and exits with 1, cli/stopping.py); 2 for a configuration mistake, in one line naming the
 flag or the manifest field (a bad manifest, a checkpoint that cannot be loaded, an endpoint that
 cannot be bound, an unknown flag).
 """
@@ -189,6 +190,7 @@ def bind_error(exc: BaseException, endpoints: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from lerobot_zenoh.cli.parsing import EXIT_CONFIG, explain, one_line, parse, require_role
+    from lerobot_zenoh.cli.stopping import begin_stop
 
     args = parse(ServerConfig, argv, PROG)
     require_role(PROG, "lerobot", "server")
@@ -199,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     from lerobot_zenoh.server.server import PolicyServer
 
     def interrupt(*_):
+        begin_stop(None)
         raise KeyboardInterrupt  # while loading: stop at once (the server closes what it opened)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -250,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                 hup.clear()
                 _reload(server, args, log)
     finally:
-        log.info("stopping")
+        begin_stop(log)
         server.stop()
         if pid_file is not None:
             pid_file.unlink(missing_ok=True)
