@@ -665,6 +665,8 @@ def test_profile_the_combined_runner_then_plan_with_it(checkpoint, tmp_path, cap
     from lerobot_zenoh.pipelines.profiles import load_profiles
     from lerobot_zenoh.server.manifest import parse_manifest
     from lerobot_zenoh.server.server import PolicyServer
+    from lerobot_zenoh.transport.session import ZenohSession
+    from lerobot_zenoh.transport.settings import loopback_settings
     from lz_testing import free_port
 
     port = free_port()
@@ -678,6 +680,11 @@ def test_profile_the_combined_runner_then_plan_with_it(checkpoint, tmp_path, cap
                                  "text": {"component": "plan", "bit": 1, "prompt": "next?"}}}],
     })).start()
     out = tmp_path / "profiles.yaml"
+    # The clients' observations are keyed by the components they ask (only their server hears them).
+    listener = ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))).open()
+    seen: dict[str, int] = {}
+    listener.subscribe(f"prof/t{port}/**/obs/**", lambda key, payload: seen.update(
+        {key.split("/obs")[1]: seen.get(key.split("/obs")[1], 0) + 1}))
     try:
         rc = main([f"--endpoint=tcp/127.0.0.1:{port}", f"--output={out}", "--profile_name=pi05-lang",
                    "--cluster_uuid=prof", f"--experiment_tag=t{port}", "--model_id=pi05", "--application_tag=both",
@@ -685,8 +692,10 @@ def test_profile_the_combined_runner_then_plan_with_it(checkpoint, tmp_path, cap
                    "--fractions=[0.5]", "--task=kit", "--text_every=2", "--hardware=synthetic-H200"])
         stats = server.stats()
     finally:
+        listener.close()
         server.stop()
     assert rc == 0, capsys.readouterr().err
+    assert set(seen) == {"/c0", "/c0/c1"}, seen  # none on the plain key
     prof = load_profiles(out).models["pi05-lang"]
     assert prof.serves_both and len(prof.points) == 1
     (p,) = prof.points

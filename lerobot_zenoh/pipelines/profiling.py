@@ -19,7 +19,7 @@ than 1% (and more than 2) of arrivals were dropped or unanswered ends the sweep 
 
 A model serving System 1 and System 2 from one stream (a pi0.5 with a `language` block and a
 pipeline item with `text`; `ProfileRun.text`): the clients publish on the task's observation stream
-with a component mask, asking actions every request and text with every `every`-th request of a
+with a component mask (in the header and the key), asking actions every request and text with every `every`-th request of a
 client that has no text being written; the rows are the actions' latencies while text streams, and
 each has `text_mean_ms` (send to the final `TextResult`) and the decode cost from the server's
 telemetry over the rate (``language.decode_ms``, ``step_ms``, ``step_rows``, ``tokens``,
@@ -143,7 +143,10 @@ class Profiler:
         state = np.zeros(status.state_dim or 1, dtype=np.float32)
         ids = [f"profile-{i}" for i in range(self.run.clients)]
         obs_app = pipeline_app(app.cluster, app.experiment, text.task) if text is not None else app
-        pubs = {cid: self.session.publisher(obs_app.client(cid).obs, OBSERVATION_QOS) for cid in ids}
+        # On a task stream keyed by the components asked (protocol.md §2.2): only their server hears them.
+        masks = (None,) if text is None else (1 << text.action_bit, 1 << text.action_bit | 1 << text.text_bit)
+        pubs = {(cid, mask): self.session.publisher(obs_app.client(cid).obs_for(mask), OBSERVATION_QOS)
+                for cid in ids for mask in masks}
         subs = [self.session.subscribe(f"{app.prefix}/*/{topic}",
                                        lambda key, payload: self._inbox.put((key, payload, time.perf_counter())))]
         if text is not None:
@@ -157,7 +160,7 @@ class Profiler:
                 self._sent[(cid, self._seq)] = now
                 obs = codec_observation(self._seq, cid, state, images, self._nonce)
                 if text is None:
-                    pubs[cid].put(codec.encode(obs))
+                    pubs[cid, None].put(codec.encode(obs))
                     return
                 k = self._asked[cid] = self._asked.get(cid, 0) + 1
                 mask = 1 << text.action_bit
@@ -166,7 +169,7 @@ class Profiler:
                     mask |= 1 << text.text_bit
                     self._text_sent[(cid, self._seq)] = now
                 obs = dataclasses.replace(obs, component_mask=mask)
-                pubs[cid].put(codec.encode(obs), codec.encode_observation_header(obs))
+                pubs[cid, mask].put(codec.encode(obs), codec.encode_observation_header(obs))
 
             busy: dict[str, int] = {}
 
