@@ -8,7 +8,7 @@ stops it (a terminal, `make demo`, systemd). So once the stop begins:
 - a second SIGINT or SIGTERM ends the process at once (the signal's default action: no Python
   code has to run, so it works even while the main thread waits inside Zenoh);
 - after :data:`STOP_GRACE_S` the stacks of every thread are printed on stderr (what was stuck)
-  and the process exits with :data:`EXIT_STOP_FORCED`. faulthandler's own watchdog thread does
+  and the process exits with 1. faulthandler's own watchdog thread does
   this, so it fires even while the interpreter is finalizing.
 """
 
@@ -22,8 +22,6 @@ import sys
 #: Seconds a stop may take before the stacks are printed and the process exits anyway. The
 #: server's own steps are bounded by 5 s each (inference thread, each dispatcher).
 STOP_GRACE_S = 20.0
-#: The exit status of a stop that did not finish within the grace (faulthandler's).
-EXIT_STOP_FORCED = 1
 
 
 def begin_stop(log: logging.Logger | None, grace_s: float = STOP_GRACE_S) -> None:
