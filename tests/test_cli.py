@@ -345,15 +345,22 @@ stuck_in_close()
 """
 
 
-def test_a_stop_that_hangs_prints_the_stacks_and_exits_after_its_grace():
+def stopping(grace_s: float) -> subprocess.Popen:
+    """STOPPING asked to stop (SIGINT) and now inside its close that never returns."""
     import signal
-    import time
 
-    proc = subprocess.Popen([sys.executable, "-c", STOPPING, "1.5"], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", STOPPING, str(grace_s)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     wait_line(proc, "serving", timeout_s=30)
     proc.send_signal(signal.SIGINT)
     wait_line(proc, "stopping", timeout_s=30)
+    return proc
+
+
+def test_a_stop_that_hangs_prints_the_stacks_and_exits_after_its_grace():
+    import time
+
+    proc = stopping(1.5)
     t0 = time.monotonic()
     assert proc.wait(timeout=30) == 1
     assert time.monotonic() - t0 < 10
@@ -364,11 +371,7 @@ def test_a_stop_that_hangs_prints_the_stacks_and_exits_after_its_grace():
 def test_a_second_ctrl_c_ends_a_stop_at_once():
     import signal
 
-    proc = subprocess.Popen([sys.executable, "-c", STOPPING, "600"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    wait_line(proc, "serving", timeout_s=30)
-    proc.send_signal(signal.SIGINT)
-    wait_line(proc, "stopping", timeout_s=30)
+    proc = stopping(600)
     proc.send_signal(signal.SIGINT)  # the main thread waits inside a lock: no Python code runs
     assert proc.wait(timeout=10) == -signal.SIGINT
 
