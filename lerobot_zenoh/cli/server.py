@@ -18,9 +18,9 @@ streams of `pipeline`) without a restart; a manifest that fails to load or that 
 field is refused in one log line, and the running one stays in force (docs/server.md, "Reloading the client list").
 
 Exit codes: 0 when stopped by SIGINT/SIGTERM (a second one ends it at once; a stop that takes more
-than 20 s prints every thread's stack and exits with 1, cli/stopping.py); 2 for a configuration mistake, in one line naming the
-flag or the manifest field (a bad manifest, a checkpoint that cannot be loaded, an endpoint that
-cannot be bound, an unknown flag).
+than 20 s prints every thread's stack and exits with 1, cli/stopping.py); 2 for a configuration
+mistake, in one line naming the flag or the manifest field (a bad manifest, a checkpoint that
+cannot be loaded, an endpoint that cannot be bound, an unknown flag).
 """
 
 from __future__ import annotations
