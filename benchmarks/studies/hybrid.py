@@ -257,7 +257,9 @@ def _env() -> dict:
 
 
 def start_servers(net, mode: str, work: Path, hosts: tuple[str, str], real: dict | None = None,
-                  profile: str = "gpu", cloud_in_flight: int = 0) -> list[subprocess.Popen]:
+                  profile: str = "gpu", cloud_in_flight: int = 0, edge_cpus: str | None = None) -> list[subprocess.Popen]:
+    """The servers of `mode`; `edge_cpus` (e.g. ``0,1``): the edge server pinned to those CPUs with
+    as many torch threads (an edge-class box beside a cloud GPU on one lent machine)."""
     import yaml
 
     procs = []
@@ -268,9 +270,13 @@ def start_servers(net, mode: str, work: Path, hosts: tuple[str, str], real: dict
         path = work / f"{mode}-{name}.yaml"
         path.write_text(yaml.safe_dump(data))
         log = open(work / f"{mode}-{name}.log", "w")
-        procs.append(subprocess.Popen([*net.prefix(name), sys.executable, "-m", "lerobot_zenoh.cli.server",
+        pin, env = [], _env()
+        if name == "edge" and edge_cpus:
+            pin = ["taskset", "-c", edge_cpus]
+            env["OMP_NUM_THREADS"] = str(len(edge_cpus.split(",")))
+        procs.append(subprocess.Popen([*net.prefix(name), *pin, sys.executable, "-m", "lerobot_zenoh.cli.server",
                                        f"--manifest={path}", "--log_level=WARNING"],
-                                      stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=ROOT))
+                                      stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT))
         if name == "cloud":
             time.sleep(3.0 if real is None else 30.0)  # its load, warm-up and start-up profile
     return procs
@@ -457,7 +463,8 @@ def wan_sweep(args) -> dict:
     rows = []
     net.start()
     try:
-        procs = start_servers(net, "hybrid", work, hosts, _real(args), args.profile, args.cloud_in_flight)
+        procs = start_servers(net, "hybrid", work, hosts, _real(args), args.profile, args.cloud_in_flight,
+                              args.edge_cpus)
         try:
             for one_way_ms, mbit in shapes:
                 net.reshape_wan(one_way_ms, mbit)
@@ -568,7 +575,8 @@ def study(args) -> dict:
     net.start()
     try:
         for mode in args.modes.split(","):
-            procs = start_servers(net, mode, work, hosts, _real(args), args.profile, args.cloud_in_flight)
+            procs = start_servers(net, mode, work, hosts, _real(args), args.profile, args.cloud_in_flight,
+                                  args.edge_cpus)
             try:
                 for rate in [float(r) for r in args.rates.split(",")]:
                     rows += _seed_rows(net, hosts, mode, rate, args, f"{mode}{int(rate * 10)}")
@@ -643,6 +651,9 @@ def main(argv: list[str] | None = None) -> int:
                              help="a LeRobot checkpoint both tiers load instead of the synthetic policies")
         parser_.add_argument("--device", default="cuda", help="with --checkpoint: the cloud engine's device")
         parser_.add_argument("--dtype", default="bfloat16", help="with --checkpoint: the cloud engine's dtype")
+        parser_.add_argument("--edge-cpus", default=None,
+                             help="pin the edge server to these CPUs (e.g. 0,1), as many torch threads: an edge-class "
+                                  "box beside the cloud GPU")
     so = sub.add_parser("scaleout", help="n edge engines behind one scheduler against n independent servers")
     so.add_argument("--engines", default="1,2,4", help="GPUs (engine processes, or servers) per run")
     so.add_argument("--rate-per-engine", type=float, default=5.0, help="task arrivals per GPU, tasks/s")
