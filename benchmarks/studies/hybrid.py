@@ -54,7 +54,9 @@ With a GPU (one real engine on the GPU as the cloud tier): `--checkpoint PATH` m
 both tiers load that LeRobot checkpoint instead of the synthetic policies, the edge on the CPU and the
 cloud engine on `--device cuda --dtype bfloat16`; both profiles are then measured at start-up (the
 edge's own, and the one the cloud engine reports), and the robots send what the status asks for
-(its cameras at their sizes, its state size).
+(its cameras at their sizes, its state size). `--edge-cpus 0,1` pins the edge server to those cores
+(as many torch threads), so that one lent GPU machine holds an edge slower than its cloud engine
+(docs/benchmarks.md, "A VLA on a GPU as the cloud tier").
 
 Needs root (`ip netns`) for the shaped links.
 """
