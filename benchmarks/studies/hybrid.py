@@ -679,6 +679,14 @@ def main(argv: list[str] | None = None) -> int:
     dr.add_argument("--tag", required=True)
     dr.add_argument("--resend-s", type=float, default=RESEND_S)
     args = parser.parse_args(argv)
+    if getattr(args, "edge_cpus", None):
+        try:
+            cpus = {int(c) for c in args.edge_cpus.split(",")}
+        except ValueError:
+            parser.error(f"--edge-cpus: a comma-separated list of CPU numbers, got {args.edge_cpus!r}")
+        if not cpus <= os.sched_getaffinity(0):
+            parser.error(f"--edge-cpus: {sorted(cpus - os.sched_getaffinity(0))} not among this host's CPUs "
+                         f"({min(os.sched_getaffinity(0))}-{max(os.sched_getaffinity(0))})")
     if args.cmd == "drive":
         print(json.dumps(drive(args.endpoint, args.rate, args.seed, args.duration_s, args.warmup_s, args.rounds,
                                args.steps, args.tag, args.resend_s)), flush=True)
