@@ -253,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if interrupted and server.poll() is None:
+            try:  # a terminal's Ctrl-C reached the server too; another SIGINT would cut its stop short
+                server.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass  # (the demo alone was interrupted: `kill -INT`)
         if server.poll() is None:
             server.send_signal(signal.SIGINT)
         try:
@@ -263,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         server_log.close()
     if interrupted:
         print_table(out, clients, [p.returncode for p in robots])
-        print(f"\ndemo stopped by Ctrl-C; logs and JSON summaries in {out}")
+        print(f"\ndemo stopped by Ctrl-C (server exit code {server.returncode}); logs and JSON summaries in {out}")
         return 0
     return print_summary(out, clients, [p.returncode for p in robots], server.returncode)
 
