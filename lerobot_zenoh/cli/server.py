@@ -19,9 +19,8 @@ field is refused in one log line, and the running one stays in force (docs/serve
 
 Exit codes: 0 when stopped by SIGINT/SIGTERM (a second one, a second or more later, ends it at once
 with 128 + its number; a stop that takes more than 20 s prints every thread's stack and exits with 1,
-cli/stopping.py); 2 for a configuration
-mistake, in one line naming the flag or the manifest field (a bad manifest, a checkpoint that
-cannot be loaded, an endpoint that cannot be bound, an unknown flag).
+cli/stopping.py); 2 for a configuration mistake, in one line naming the flag or the manifest field
+(a bad manifest, a checkpoint that cannot be loaded, an endpoint that cannot be bound, an unknown flag).
 """
 
 from __future__ import annotations

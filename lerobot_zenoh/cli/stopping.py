@@ -8,7 +8,9 @@ stops it (a terminal, `make demo`, systemd). So once the stop begins:
 - a second SIGINT or SIGTERM ends the process at once, with status 128 + the signal's number.
   One that comes within :data:`REPEAT_WINDOW_S` of the first is the same request delivered twice,
   and is ignored: a terminal's Ctrl-C reaches the whole process group, and a parent such as
-  `make demo` may forward it as well;
+  `make demo` may forward it as well. Once the process exits (the interpreter's teardown) they are
+  ignored too: the interpreter then puts the signals' default action back, and a repeat would kill
+  a process that has already closed everything;
 - after :data:`STOP_GRACE_S` the stacks of every thread are printed on stderr (what was stuck)
   and the process exits with 1. faulthandler's own watchdog thread does this, so it fires even
   while the main thread is inside native code (where a second signal's handler cannot run
@@ -17,6 +19,7 @@ stops it (a terminal, `make demo`, systemd). So once the stop begins:
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import logging
 import os
@@ -45,6 +48,12 @@ def begin_stop(log: logging.Logger | None, grace_s: float = STOP_GRACE_S,
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, again)
+    atexit.register(_ignore_stop_signals)  # (atexit runs on the main thread, before the teardown)
     faulthandler.dump_traceback_later(grace_s, exit=True, file=sys.stderr)
     if log is not None:
         log.info("stopping (a second Ctrl-C ends the process at once)")
+
+
+def _ignore_stop_signals() -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)

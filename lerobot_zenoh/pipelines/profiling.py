@@ -20,8 +20,8 @@ than 1% (and more than 2) of arrivals were dropped or unanswered ends the sweep 
 A model serving System 1 and System 2 from one stream (a pi0.5 with a `language` block and a
 pipeline item with `text`; `ProfileRun.text`): the clients publish on the task's observation stream
 with a component mask (in the header and the key), asking actions every request and text with
-every `every`-th request of a client that has no text being written; the rows are the actions' latencies while text streams, and
-each has `text_mean_ms` (send to the final `TextResult`) and the decode cost from the server's
+every `every`-th request of a client that has no text being written; the rows are the actions'
+latencies while text streams, and each has `text_mean_ms` (send to the final `TextResult`) and the decode cost from the server's
 telemetry over the rate (``language.decode_ms``, ``step_ms``, ``step_rows``, ``tokens``,
 ``decode_steps``): `decode_ms_per_token`, `decode_step_ms`, `decode_batch_mean`. A rate where no
 text finished ends the sweep.
