@@ -154,6 +154,7 @@ class FakeEngine:
                 shape = (20, 7) if self.mode == "wrong_shape" else (20, 6)
                 self.pub.put(dispatch.encode(EngineAnswer(
                     request.request_id, self.keys.engine_id, self.status.incarnation, self.app_key.model, version,
+                    request.edge_incarnation, request.client_id, request.seq_id, request.session_nonce,
                     actions=np.zeros(shape, np.float32), inference_ms=20.0,
                     queue_ms=max(0.0, (time.monotonic() - arrived) * 1000 - 20.0))))  # (held: it says so)
 
@@ -178,8 +179,7 @@ def robot_session(ports):
 
 def engine_figures(server) -> dict:
     model = server.models[0]
-    model.dispatcher._figures = model.dispatcher._compute_figures()  # (refreshed by the loop every 0.5 s)
-    return model.dispatcher.figures()
+    return model.dispatcher.figures(fresh=True)
 
 
 def test_dispatch_to_engine_process(app_key, ports, robot_session):
@@ -484,7 +484,7 @@ def test_secure_init_covers_engines_and_robots_cannot_reach_engine_keys(app_key,
         forged = session.publisher(EngineKeys(app_key, "cloud0").dispatch, ACTION_QOS)
         before = engine._worker.stats()[EngineKeys(app_key, "cloud0").token].get("received", 0)
         for _ in range(5):
-            forged.put(dispatch.encode(EngineRequest(999, "robot_1", app_key.model, app_key.version, b"x", 1)))
+            forged.put(dispatch.encode(EngineRequest(999, "robot_1", app_key.model, app_key.version, b"x", 1, "edge-1", 5)))
         assert not session.query(EngineKeys(app_key, "cloud0").status, timeout_s=0.5)
         time.sleep(0.3)
         assert engine._worker.stats()[EngineKeys(app_key, "cloud0").token].get("received", 0) == before
@@ -502,12 +502,14 @@ def test_engine_messages_round_trip_and_bad_bytes_are_protocol_errors(app_key):
     from lerobot_zenoh.errors import ProtocolError
     from lerobot_zenoh.protocol.messages import ActionChunk
 
-    request = EngineRequest(7, "r1", "m", "v1", b"\x00obs", seed=2**40, reset=True)
+    request = EngineRequest(7, "r1", "m", "v1", b"\x00obs", seed=2**40, edge_incarnation="edge-1", seq_id=41,
+                            session_nonce="n1", reset=True)
     assert dispatch.decode(dispatch.encode(request)) == request
-    answer = EngineAnswer(7, "cloud0", "inc", "m", "v1", actions=np.ones((20, 6), np.float32), rtc_delay_steps=3,
-                          inference_ms=12.5, queue_ms=1.0, batch_size=2)
+    answer = EngineAnswer(7, "cloud0", "inc", "m", "v1", "edge-1", "r1", 41, "n1", actions=np.ones((20, 6), np.float32),
+                          rtc_delay_steps=3, inference_ms=12.5, queue_ms=1.0, batch_size=2)
     back = dispatch.decode(dispatch.encode(answer))
     assert back.request_id == 7 and back.rtc_delay_steps == 3 and np.array_equal(back.actions, answer.actions)
+    assert (back.edge_incarnation, back.client_id, back.seq_id, back.session_nonce) == ("edge-1", "r1", 41, "n1")
     status = EngineStatus("cloud0", "inc", "m", "v1", "synthetic", 6, 20, 8, {1: 40.0, 8: 60.0})
     assert dispatch.decode(dispatch.encode(status)) == status
     for bad in (b"", b"\xc1", codec.encode(ActionChunk(1, 1.0, np.zeros((2, 6), np.float32))), b"\x81\xa1a\x01"):

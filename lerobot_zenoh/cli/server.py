@@ -33,6 +33,9 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
+#: Exit status when every model was withdrawn after serving-loop faults (the log says why).
+EXIT_FAILED = 1
+
 PROG = "lerobot-policy-server"
 
 #: Where a single-model server listens without --endpoint: loopback, as LeRobot's policy server.
@@ -249,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
         while not stop.is_set():
             wake.wait(1.0)
             wake.clear()
+            if server.failed.is_set():  # every model withdrawn after faults (logged): not a half-alive process
+                log.critical("server %s serves nothing any more; exiting", manifest.server_id)
+                return EXIT_FAILED
             if hup.is_set() and not stop.is_set():
                 hup.clear()
                 _reload(server, args, log)

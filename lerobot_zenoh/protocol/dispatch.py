@@ -70,7 +70,12 @@ class EngineRequest:
     delay, its history frames and its task travel inside); `seed` is the sampling seed the scheduler
     chose (`executor.request_seed`), so an answer does not depend on which engine ran it; `reset`
     asks the engine to drop the client's per-episode runner state first. `model_id`/`model_version`
-    name what the scheduler serves: an engine loading something else refuses (`wrong_model`)."""
+    name what the scheduler serves: an engine loading something else refuses (`wrong_model`).
+
+    `edge_incarnation` (new at every start of the scheduler's process), `client_id`, `session_nonce`
+    and `seq_id` name exactly which robot request this is; the engine echoes them in its answer and
+    the scheduler delivers an answer only to the outstanding request they name (`request_id` alone
+    restarts at 1 in every scheduler process)."""
 
     request_id: int
     client_id: str
@@ -78,6 +83,9 @@ class EngineRequest:
     model_version: str
     observation: bytes
     seed: int
+    edge_incarnation: str
+    seq_id: int
+    session_nonce: str | None = None
     reset: bool = False
 
 
@@ -87,13 +95,18 @@ class EngineAnswer:
 
     `inference_ms` is the engine's forward pass of the batch the request ran in (`batch_size`),
     `queue_ms` how long it waited at the engine before it; the scheduler subtracts both from its
-    dispatch-to-answer time to measure the network. `incarnation` changes when the engine restarts."""
+    dispatch-to-answer time to measure the network. `incarnation` changes when the engine restarts.
+    `edge_incarnation`, `client_id`, `session_nonce` and `seq_id` are the request's, echoed."""
 
     request_id: int
     engine_id: str
     incarnation: str
     model_id: str
     model_version: str
+    edge_incarnation: str
+    client_id: str
+    seq_id: int
+    session_nonce: str | None = None
     actions: np.ndarray | None = None
     refinement_updates: np.ndarray | None = None
     rtc_delay_steps: int | None = None
@@ -148,6 +161,9 @@ TABLES: dict[str, tuple[type, schema.Record]] = {
         Field("model_version", STR, required=True),
         Field("observation", schema.Bin(), required=True),
         Field("seed", UINT64, required=True),
+        Field("edge_incarnation", STR, required=True),
+        Field("seq_id", UINT64, required=True),
+        Field("session_nonce", STR),
         Field("reset", BOOL),
     ])),
     ENGINE_ANSWER: (EngineAnswer, schema.Record(EngineAnswer, [
@@ -156,6 +172,10 @@ TABLES: dict[str, tuple[type, schema.Record]] = {
         Field("incarnation", STR, required=True),
         Field("model_id", STR, required=True),
         Field("model_version", STR, required=True),
+        Field("edge_incarnation", STR, required=True),
+        Field("client_id", STR, required=True),
+        Field("seq_id", UINT64, required=True),
+        Field("session_nonce", STR),
         Field("inference_ms", NUMBER, required=True),
         Field("queue_ms", NUMBER, required=True),
         Field("batch_size", UINT64, required=True),

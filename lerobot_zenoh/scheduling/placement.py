@@ -122,6 +122,36 @@ class BatchProfile:
         return f"BatchProfile({self.points!r})"
 
 
+#: Limits on a profile another process declares (an engine's status): points, largest batch, and
+#: the slowest pass believed (ms). A larger batch may not take less than `MONOTONE_SLACK` times
+#: what a smaller one took (measurement noise, never a real speed-up).
+MAX_PROFILE_POINTS = 64
+MAX_PROFILE_BATCH = 4096
+MAX_PROFILE_MS = 600_000.0
+MONOTONE_SLACK = 0.5
+
+
+def profile_from_peer_ms(points_ms: Mapping[int, float]) -> BatchProfile:
+    """A `BatchProfile` from {batch size: ms} that another process sent (an engine's status):
+    validated as hostile input, so a bad one is refused with `ValueError` (its reason, in words)
+    before it reaches any estimate: 1 to `MAX_PROFILE_POINTS` points, integer batch sizes from 1 to
+    `MAX_PROFILE_BATCH`, finite times above 0 and at most `MAX_PROFILE_MS`, and no batch taking
+    less than `MONOTONE_SLACK` times a smaller one."""
+    if not isinstance(points_ms, Mapping) or not 1 <= len(points_ms) <= MAX_PROFILE_POINTS:
+        raise ValueError(f"a profile needs 1 to {MAX_PROFILE_POINTS} points")
+    last = None
+    for b in sorted(points_ms, key=lambda x: x if isinstance(x, int) else -1):
+        t = points_ms[b]
+        if not isinstance(b, int) or isinstance(b, bool) or not 1 <= b <= MAX_PROFILE_BATCH:
+            raise ValueError(f"batch size {b!r} is not an integer from 1 to {MAX_PROFILE_BATCH}")
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not (math.isfinite(t) and 0 < t <= MAX_PROFILE_MS):
+            raise ValueError(f"time at batch {b} is not a number of ms above 0 and at most {MAX_PROFILE_MS:g}")
+        if last is not None and t < MONOTONE_SLACK * last:
+            raise ValueError(f"batch {b} takes {t:g} ms, under {MONOTONE_SLACK:g} x a smaller batch's {last:g} ms")
+        last = t if last is None else max(last, t)
+    return BatchProfile.from_ms(points_ms)
+
+
 @dataclass(frozen=True)
 class EngineView:
     """What the scheduler knows of one engine at a decision.

@@ -3,72 +3,71 @@
 A model with `engines` in its manifest entry is served by one *edge scheduler*: this process keeps
 every robot's session, slot and wait-ratio bookkeeping (`server/engine.py`, the request scheduler)
 and places each request it picks, with `scheduling.placement.place` (Kairos' rule), on one of
-its engines:
+its engines. Every engine is an executor the dispatcher hands requests to and hears answers from:
 
 - the *local* engine (`local: true`): this process's own runner, run by `LocalWorker`'s thread
-  through the server's usual `_serve` (decode, one forward pass, publish);
+  through the host's batch path (decode, one forward pass, publish);
 - remote engines: `lerobot-policy-server` processes started with `role: engine`
-  (`server/engine_worker.py`) on this site or at a cloud site behind a Zenoh router. Each gets
-  `EngineRequest`s on its own dispatch key and answers on its answer key (`protocol/dispatch.py`);
-  the answer comes back by Zenoh callback into `events`, and the inference loop relays the chunk to
-  the robot (so the robot's server stays this one; docs/server.md says why).
+  (`server/engine_worker.py`). Each gets `EngineRequest`s on its own dispatch key and answers on its
+  answer key (`protocol/dispatch.py`); answers are decoded and checked on a thread of their own
+  (`server/engine_link.py`), and the inference loop relays the chunk to the robot.
 
-Nothing here waits on an engine: a dispatch is a queued publish, answers and probes arrive as
-events, and the loop (`PolicyServer._run` -> `Dispatcher.round`) only drains them. What a slow,
-dead, partitioned, restarted or wrong engine costs:
+One bookkeeping for everything in flight (`server/request_table.py`): each request is bound to this
+process's incarnation, its client, nonce and seq_id, and an answer that does not match an
+outstanding request exactly is refused and counted, never delivered. One placement bookkeeping per
+engine (`scheduling/engine_load.py`, the code the fleet model runs too): a dispatch adds a group,
+an answer removes its request and tells when the engine was free, so estimates are corrected by
+answers.
 
-- no answer within `dispatch.answer_timeout_s`: the request goes back to its session's slot
-  (`Engine.requeue`) and is placed again; counted (`requeued`). Its late answer, if one comes, is
-  dropped (`late`): a robot never gets two chunks for one request;
-- `probes_lost` status probes unanswered in a row, or the engine's liveliness token gone: the
-  engine is *down* (`partition`): no request is placed on it from the next round on (edge-only),
-  its requests in flight are re-queued at once; the first answered probe brings it back;
-- a new `incarnation` in its status (it restarted): its profile is taken again from the status it
-  measured at start-up (unless the manifest declares one) and its requests in flight re-queued;
-- an answer or a status naming another model or version, or actions of another shape: refused and
-  counted, the request re-queued, and the engine left out until its status is right again.
+Nothing here waits on an engine. What a slow, dead, partitioned, restarted or wrong engine costs:
 
-Measured continuously, never configured: each remote engine's round trip (the status probe,
-smoothed) and its bandwidth (from each answered request: the dispatch-to-answer time less the
-engine's reported queueing and inference time and the probe round trip, against the bytes moved).
+- no answer within `dispatch.answer_timeout_s`: the request goes back to its session's slot and is
+  placed again (`requeued`); the engine is *suspect*: nothing is placed on it until a probe sent at
+  least `answer_timeout_s` later answers, then one request at a time until one is answered;
+- `probes_lost` probes unanswered in a row (each waits at most `probe_period_s`), or its liveliness
+  token gone: the engine is *down* (`partition`); its requests are re-queued at once;
+- a new `incarnation` in its status: its profile is taken again and its requests re-queued;
+- a status that is malformed or whose profile is not believable (`placement.profile_from_peer_ms`),
+  or that names another model: the engine is refused (`refused.bad_status`, `refused.wrong_model`)
+  and left out until its status is right again;
+- an answer naming another model, or actions of another shape: refused and counted, the request
+  re-queued, the engine left out until its status is right again;
+- an error answer: its reason mapped to the protocol's (else `engine_error`), counted on the engine
+  and on the robot, but never towards the robot's rejection cool-down.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
+import os
 import queue
 import threading
 import time
-from collections import Counter, deque
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from lerobot_zenoh.errors import ConfigError, ProtocolError
 from lerobot_zenoh.protocol import dispatch
-from lerobot_zenoh.protocol.dispatch import EngineAnswer, EngineKeys, EngineRequest, EngineStatus
+from lerobot_zenoh.protocol.dispatch import EngineKeys, EngineRequest
 from lerobot_zenoh.protocol.reasons import OutputKind, Reason
-from lerobot_zenoh.scheduling.placement import CLOUD, EDGE, BatchProfile, EngineView, Estimate, RequestView, place, transfer_s
+from lerobot_zenoh.scheduling.placement import CLOUD, EDGE, BatchProfile, EngineView, RequestView, place, transfer_s
 from lerobot_zenoh.server import admission
 from lerobot_zenoh.server.engine import Batch, Session, Slot
+from lerobot_zenoh.server.engine_link import Answer, AnswerInbox, EngineState, Probe, Prober
 from lerobot_zenoh.server.executor import request_seed
-from lerobot_zenoh.server.manifest import EngineEntry
+from lerobot_zenoh.server.request_table import MATCHED, InFlight, RequestTable
 from lerobot_zenoh.server.runners.base import RTC_EXTRA_DELAY, InferenceResult
 from lerobot_zenoh.telemetry.publisher import worth_logging
-from lerobot_zenoh.transport.session import ACTION_QOS, ZenohSession
+from lerobot_zenoh.transport.session import ACTION_QOS
 
 if TYPE_CHECKING:
-    from lerobot_zenoh.server.server import PolicyServer, ServedModel
+    from lerobot_zenoh.server.engine_link import EngineLinkSession
+    from lerobot_zenoh.server.server import ServedModel
 
 log = logging.getLogger(__name__)
 
-#: The round trip is the smallest of the last RTT_WINDOW probes (a probe can only be delayed by a
-#: busy host, never sped up: the minimum filters that out; a longer path shows within the window).
-RTT_WINDOW = 8
-#: The bandwidth is the largest of the last BANDWIDTH_WINDOW samples (same reasoning: noise only
-#: adds time, so it only lowers a sample).
-BANDWIDTH_WINDOW = 32
 #: A network time this much above the probe's round trip is read as transfer time (below: noise).
 MIN_TRANSFER_S = 0.002
 #: A remote edge engine's next batch is dispatched this long (plus a round trip) before its
@@ -76,94 +75,20 @@ MIN_TRANSFER_S = 0.002
 DISPATCH_AHEAD_S = 0.010
 #: How often the inference loop refreshes the figures telemetry reads.
 FIGURES_PERIOD_S = 0.5
-#: Estimate-vs-actual pairs kept per engine for telemetry.
-KEPT_SAMPLES = 256
 
-__all__ = ["Dispatcher", "EngineState", "LocalWorker", "InFlight", "EDGE", "CLOUD"]
+__all__ = ["DispatchHost", "Dispatcher", "LocalWorker", "EDGE", "CLOUD"]
 
 
-@dataclass
-class InFlight:
-    """A request placed on an engine and not answered yet."""
+class DispatchHost(Protocol):
+    """What the dispatcher asks of the process around it (`PolicyServer` implements it; tests hand
+    in a fake)."""
 
-    request_id: int
-    engine_id: str
-    session: Session
-    slot: Slot
-    dispatched_s: float
-    request_bytes: int
-    estimate: Estimate | None
-    observation: object = None  # the decoded Observation (remote engines)
-    admitted_s: float = 0.0  # when the request reached this scheduler (its slot's first arrival)
-    queue_estimate_s: float | None = None  # expected admission -> start of its batch, at placement
-
-
-@dataclass
-class EngineState:
-    """One engine as the edge scheduler knows it."""
-
-    entry: EngineEntry
-    keys: EngineKeys | None  # None for the local engine
-    profile: BatchProfile | None = None
-    up: bool = False
-    down_reason: str | None = "not probed yet"
-    incarnation: str | None = None
-    rtt_s: float | None = None
-    bandwidth_bps: float = math.inf
-    lost_probes: int = 0
-    rtt_samples: deque = field(default_factory=lambda: deque(maxlen=RTT_WINDOW))
-    bandwidth_samples: deque = field(default_factory=lambda: deque(maxlen=BANDWIDTH_WINDOW))
-    busy_until_s: float = 0.0
-    in_flight: dict[int, InFlight] = field(default_factory=dict)
-    counts: Counter = field(default_factory=Counter)
-    estimates: deque = field(default_factory=lambda: deque(maxlen=KEPT_SAMPLES))  # (estimate s, actual s)
-    # Queueing delay, admission -> start of the batch that served it: (expected at placement, actual) s
-    queueing: deque = field(default_factory=lambda: deque(maxlen=KEPT_SAMPLES))
-    publisher: object = None
-
-    @property
-    def engine_id(self) -> str:
-        return self.entry.engine_id
-
-    @property
-    def tier(self) -> str:
-        return self.entry.tier
-
-    def usable(self) -> bool:
-        return self.up and self.profile is not None
-
-    def view(self, running: int | None = None) -> EngineView:
-        return EngineView(engine_id=self.engine_id, tier=self.tier, capacity=self.entry.capacity,
-                          running=len(self.in_flight) if running is None else running, busy_until_s=self.busy_until_s, profile=self.profile,
-                          rtt_s=self.rtt_s or 0.0, bandwidth_bps=self.bandwidth_bps,
-                          max_in_flight=self.entry.max_in_flight)
-
-    def figures(self, answered_total: int) -> dict:
-        """Telemetry of this engine (docs/telemetry.md, "Engines")."""
-        pairs = list(self.estimates)
-        waits = list(self.queueing)
-        answered = self.counts["answered"]
-        out = {
-            "up": int(self.up),
-            "in_flight": len(self.in_flight),  # (remote engines)
-            "dispatched": self.counts["dispatched"],
-            "answered": answered,
-            "requeued": self.counts["requeued"],
-            "late": self.counts["late"],
-            "refused": sum(v for k, v in self.counts.items() if k.startswith("refused.")),
-            "restarts": self.counts["restarts"],
-            "partitions": self.counts["partitions"],
-            "offload_share": answered / answered_total if answered_total else 0.0,
-            "estimate_ms_mean": 1000 * sum(e for e, _ in pairs) / len(pairs) if pairs else 0.0,
-            "actual_ms_mean": 1000 * sum(a for _, a in pairs) / len(pairs) if pairs else 0.0,
-            "queue_estimate_ms_mean": 1000 * sum(e for e, _ in waits) / len(waits) if waits else 0.0,
-            "queue_actual_ms_mean": 1000 * sum(a for _, a in waits) / len(waits) if waits else 0.0,
-        }
-        if self.keys is not None:
-            out["rtt_ms"] = 1000 * self.rtt_s if self.rtt_s is not None else -1.0
-            out["bandwidth_mbps"] = self.bandwidth_bps * 8 / 1e6 if math.isfinite(self.bandwidth_bps) else -1.0
-        out |= {k: v for k, v in self.counts.items() if k.startswith("refused.")}
-        return out
+    def reject(self, model: ServedModel, session: Session, reason: str, detail: str, *,
+               cool_down: bool = True) -> None: ...
+    def publish(self, model: ServedModel, client_id: str, payload: bytes) -> None: ...
+    def wake(self) -> None: ...
+    def serve_batch(self, model: ServedModel, batch: Batch) -> None: ...
+    def measure_profile(self, model: ServedModel) -> dict[int, float]: ...
 
 
 def _admitted_s(slot: Slot) -> float:
@@ -173,30 +98,28 @@ def _admitted_s(slot: Slot) -> float:
 
 def _queue_estimate_s(slot: Slot, view: EngineView, now_s: float) -> float:
     """The queueing delay placement expects for a request placed now on `view`'s engine: from its
-    admission to the start of its batch there (its wait so far, then the trip out and its bytes'
-    transfer, or the engine's current work when that ends later; as `placement.service_estimate_s`)."""
+    admission to the start of its batch there (as `placement.service_estimate_s`)."""
     trip_s = view.rtt_s / 2 + transfer_s(view, len(slot.payload))
     return now_s - _admitted_s(slot) + max(trip_s, view.busy_until_s - now_s)
 
 
 class LocalWorker:
-    """The local engine: a thread that runs the batches placed on it through `PolicyServer._serve`,
-    so the scheduler loop keeps placing (and relaying cloud answers) while this process's own
-    model computes. It alone calls the runner (forgetting a closed session's state included)."""
+    """The local engine: a thread that runs the batches placed on it through the host's batch path,
+    so the scheduler loop keeps placing (and relaying cloud answers) while this process's own model
+    computes. It alone calls the runner (forgetting a closed session's state included)."""
 
-    def __init__(self, server: PolicyServer, model: ServedModel, on_done):
-        self.server = server
-        self.model = model
-        self.on_done = on_done
+    def __init__(self, serve: Callable[[Batch], None], forget: Callable[[str], None], name: str,
+                 on_done: Callable[[list[int], float, float], None]):
+        self._serve, self._forget, self.on_done = serve, forget, on_done
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=f"local-engine:{model.entry.model_id}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"local-engine:{name}", daemon=True)
         self._thread.start()
 
-    def submit(self, batch: Batch, forget: list[str]) -> None:
-        self._jobs.put(("batch", batch, forget))
+    def submit(self, batch: Batch, forget: list[str], request_ids: list[int]) -> None:
+        self._jobs.put(("batch", batch, forget, request_ids))
 
     def forget(self, client_id: str) -> None:
-        self._jobs.put(("forget", client_id, None))
+        self._jobs.put(("forget", client_id, None, None))
 
     def stop(self, timeout_s: float) -> bool:
         self._jobs.put(None)
@@ -205,106 +128,118 @@ class LocalWorker:
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
-            kind, arg, forget = job
+            kind, arg, forget, request_ids = job
             if kind == "forget":
-                self.model.runner.forget(arg)
+                self._forget(arg)
                 continue
             for client_id in forget:
-                self.model.runner.forget(client_id)  # a new episode since this engine last served it
+                self._forget(client_id)  # a new episode since this engine last served it
             t0 = time.monotonic()
             try:
-                self.server._serve(self.model, arg)
+                self._serve(arg)
             except Exception:  # the loop must hear back whatever happened
-                log.exception("%s: local engine batch failed", self.model.app.prefix)
-            self.on_done([s.client_id for s, _ in arg.items], t0, time.monotonic())
+                log.exception("local engine batch failed")
+            self.on_done(request_ids, t0, time.monotonic())
 
 
 class Dispatcher:
     """The engines of one model and everything the scheduler loop does with them (`round`)."""
 
-    def __init__(self, server: PolicyServer, model: ServedModel, session: ZenohSession):
-        self.server = server
+    def __init__(self, host: DispatchHost, model: ServedModel, session: EngineLinkSession,
+                 clock: Callable[[], float] = time.monotonic, edge_incarnation: str | None = None):
+        self.host = host
         self.model = model
         self.session = session
+        self.clock = clock
         self.settings = model.entry.dispatch
+        self.max_bytes = model.executor.limits.max_message_bytes
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.engines: dict[str, EngineState] = {}
         for entry in model.entry.engines:
-            keys = None if entry.local else EngineKeys(model.app, entry.engine_id)
-            state = EngineState(entry, keys)
+            state = EngineState(entry, None if entry.local else EngineKeys(model.app, entry.engine_id))
             if isinstance(entry.profile, dict):
-                state.profile = BatchProfile.from_ms(entry.profile)
+                state.set_profile(BatchProfile.from_ms(entry.profile))
             self.engines[entry.engine_id] = state
         self.local: EngineState | None = next((e for e in self.engines.values() if e.entry.local), None)
-        self._ids = itertools.count(1)
-        self._stop = threading.Event()
-        self._probers: list[threading.Thread] = []
+        # New at every start of this process: an answer to a request an earlier process sent is refused.
+        self.table = RequestTable(edge_incarnation or f"{os.getpid()}-{time.time_ns():x}")
+        self.inbox = AnswerInbox(self.table.edge_incarnation, self.max_bytes, lambda rid: rid in self.table,
+                                 lambda a: self._event(("answer", a)), clock)
+        self._probers: list[Prober] = []
         self._worker: LocalWorker | None = None
-        self._local_clients: set[str] = set()  # clients whose request the local engine is running
-        self._local_batches: deque = deque()  # (clients, dispatched_s, estimates) per batch submitted
         # Per-episode runner state: each engine keeps its own, so a new episode (Engine.take_reset)
         # bumps the client's epoch and each engine drops its state when it next serves the client.
         self._epoch: Counter = Counter()
         self._served_epoch: dict[str, dict[str, int]] = {eid: {} for eid in self.engines}
         self.served_by_client: dict[str, Counter] = {}  # client -> {tier: chunks}, bounded by sessions
-        self.counts: Counter = Counter()  # model-wide: requeue_superseded, answers_closed, malformed
-        # What telemetry reads (another thread): copies the inference thread refreshes each period.
+        self.counts: Counter = Counter()  # model-wide: requeue_superseded, answers_closed, event_errors
         self._figures: dict = {}
         self._client_figures: dict[str, dict] = {}
-        self._figures_at_s = 0.0
+        self._figures_at_s = -math.inf
 
     # -- start / stop -------------------------------------------------------------------------
 
     def start(self) -> None:
         model = self.model
+        where = f"server[{model.entry.model_id}].engines"
+        if model.runner.spec.capabilities.iteration_level:
+            raise ConfigError(where, f"{model.runner.spec.policy_type} decodes at the iteration level; serve it "
+                              "without engines", source=model.source)
         if self.local is not None:
-            if self.local.profile is None:  # `measured`: this process's own start-up profile
-                if not model.batch_profile_s:
-                    model.batch_profile_s = self.server._profile(model.entry, model.runner, force=True) or {}
-                if not model.batch_profile_s:
-                    raise ConfigError(f"server[{model.entry.model_id}].engines[{self.local.engine_id}].profile",
+            if self.local.load is None:  # `measured`: this process's own start-up profile
+                profile = self.host.measure_profile(model)
+                if not profile:
+                    raise ConfigError(f"{where}[{self.local.engine_id}].profile",
                                       "measured, but this runner could not be profiled; declare {batch size: ms}",
-                                      source=self.server.manifest.source)
-                self.local.profile = BatchProfile(model.batch_profile_s)
+                                      source=model.source)
+                self.local.set_profile(BatchProfile(profile))
             self.local.up, self.local.down_reason, self.local.rtt_s = True, None, 0.0
             model.executor.served_by = (self.local.engine_id, self.local.tier)
-            self._worker = LocalWorker(self.server, model, self._on_local_done)
+            self._worker = LocalWorker(lambda batch: self.host.serve_batch(model, batch), model.runner.forget,
+                                       model.entry.model_id, lambda ids, t0, t1: self._event(("local_done", ids, t0, t1)))
         remote = [e for e in self.engines.values() if e.keys is not None]
+        self.inbox.start()
         for state in remote:
             state.publisher = self.session.publisher(state.keys.dispatch, ACTION_QOS)
-            self.session.subscribe(state.keys.answer, lambda key, payload, s=state: self._event(
-                ("answer", s.engine_id, time.monotonic(), payload)))
+            self.session.subscribe(state.keys.answer, lambda key, payload, s=state: self.inbox.on_answer(
+                s.engine_id, payload))
             self.session.watch_liveliness(state.keys.token, lambda key, alive, s=state: self._event(
                 ("token", s.engine_id, alive)))
+            self._probers.append(Prober(self.session, state, self.settings.probe_period_s, self.max_bytes,
+                                        lambda eid, probe: self._event(("probe", eid, probe)), self.clock))
         # Start-up: every remote engine answers its status (it is reachable, loads this model) in time.
         deadline = time.monotonic() + self.settings.start_timeout_s
-        for state in remote:
-            status, rtt = None, None
-            while status is None and time.monotonic() < deadline:
-                status, rtt = self._probe(state, timeout_s=min(1.0, max(0.05, deadline - time.monotonic())))
-                if status is None:
+        for state, prober in zip(remote, self._probers, strict=True):
+            probe = Probe(0.0, None, None)
+            while probe.status is None and time.monotonic() < deadline:
+                probe = prober.probe(timeout_s=min(1.0, max(0.05, deadline - time.monotonic())))
+                if probe.status is None:
+                    if probe.refusal is not None:
+                        break
                     time.sleep(0.1)
-            where = f"server[{model.entry.model_id}].engines[{state.engine_id}]"
-            if status is None:
-                raise ConfigError(where, f"engine unreachable: no answer on {state.keys.status} within "
-                                  f"{self.settings.start_timeout_s:g} s (start it with role: engine, engine_id: "
-                                  f"{state.engine_id}; check endpoint and routers)", source=self.server.manifest.source)
-            why = self._status_refusal(status)
+            if probe.status is None:
+                why = (f"its status is refused: {probe.refusal}" if probe.refusal else
+                       f"engine unreachable: no answer on {state.keys.status} within {self.settings.start_timeout_s:g} s "
+                       f"(start it with role: engine, engine_id: {state.engine_id}; check endpoint and routers)")
+                raise ConfigError(f"{where}[{state.engine_id}]", why, source=model.source)
+            why = self._status_refusal(probe.status)
             if why is not None:
-                raise ConfigError(where, why, source=self.server.manifest.source)
+                raise ConfigError(f"{where}[{state.engine_id}]", why, source=model.source)
             # The first answer also waited for the route to form: its time is not a round trip.
-            again = [self._probe(state, timeout_s=1.0) for _ in range(3)]
-            rtts = [r for st, r in again if st is not None]
-            self._on_probe(state, min(rtts) if rtts else 1.0, status, time.monotonic())
-        for state in remote:
-            thread = threading.Thread(target=self._prober, args=(state,), name=f"probe:{state.engine_id}", daemon=True)
-            thread.start()
-            self._probers.append(thread)
+            again = [prober.probe(timeout_s=1.0) for _ in range(3)]
+            rtts = [p.rtt_s for p in again if p.status is not None]
+            self._on_probe(state, Probe(probe.sent_s, min(rtts) if rtts else 1.0, probe.status, probe.profile))
+            if state.rtt_s is not None and state.rtt_s >= self.settings.probe_period_s:
+                log.warning("%s: engine %s's round trip (%.0f ms) is not under dispatch.probe_period_s (%.0f ms): "
+                            "its probes will be lost; raise probe_period_s", model.app.prefix, state.engine_id,
+                            state.rtt_s * 1000, self.settings.probe_period_s * 1000)
+        for prober in self._probers:
+            prober.start()
 
     def stop(self, timeout_s: float = 5.0) -> bool:
-        self._stop.set()
-        for thread in self._probers:
-            thread.join(timeout=timeout_s)
+        for prober in self._probers:
+            prober.stop(timeout_s)
+        self.inbox.stop(timeout_s)
         return self._worker.stop(timeout_s) if self._worker is not None else True
 
     def forget(self, client_id: str) -> None:
@@ -319,42 +254,17 @@ class Dispatcher:
         else:
             self.model.runner.forget(client_id)
 
-    # -- Zenoh callbacks and threads: events only -----------------------------------------------
-
     def _event(self, event: tuple) -> None:
+        """From Zenoh callbacks and threads: events only, handled on the inference thread."""
         self.events.put(event)
-        self.server._wake.set()
-
-    def _on_local_done(self, clients: list[str], t0: float, t1: float) -> None:
-        self._event(("local_done", clients, t0, t1))
-
-    def _prober(self, state: EngineState) -> None:
-        period = self.settings.probe_period_s
-        while not self._stop.wait(period):
-            status, rtt = self._probe(state, timeout_s=max(period, 1.0))
-            self._event(("probe", state.engine_id, rtt, status))
-
-    def _probe(self, state: EngineState, timeout_s: float) -> tuple[EngineStatus | None, float | None]:
-        t0 = time.monotonic()
-        try:
-            replies = self.session.query(state.keys.status, timeout_s=timeout_s)
-        except Exception:  # a closed session at stop, a transport error: an unanswered probe
-            return None, None
-        rtt = time.monotonic() - t0
-        for _, payload in replies:
-            try:
-                msg = dispatch.decode(payload)
-            except ProtocolError:
-                continue
-            if isinstance(msg, EngineStatus) and msg.engine_id == state.engine_id:
-                return msg, rtt
-        return None, None
+        self.host.wake()
 
     # -- the scheduler loop's round -------------------------------------------------------------
 
-    def round(self, now_s: float) -> bool:
+    def round(self, now_s: float | None = None) -> bool:
         """Drain answers and probes, re-queue what timed out, place and dispatch what waits.
         True when something was dispatched (the loop then goes round again at once)."""
+        now_s = self.clock() if now_s is None else now_s
         self._drain()
         self._timeouts(now_s)
         if now_s - self._figures_at_s >= FIGURES_PERIOD_S:
@@ -362,77 +272,49 @@ class Dispatcher:
             self._figures = self._compute_figures()
             self._client_figures = {c: {f"served.{tier}": n.get(tier, 0) for tier in (EDGE, CLOUD)}
                                     for c, n in self.served_by_client.items()}
-        usable = [e for e in self.engines.values() if e.usable()]
-        views = [e.view(self._running_for_placement(e, now_s)) for e in usable]
-        # Placement feeds an edge engine only when it is idle and a cloud engine while it has room
-        # (up to its in-flight limit, which may be more than one batch): with neither, nothing can go
-        # now, and a decision would only count every request as skipped.
+        views = [e.view(self._running_for_placement(e, now_s)) for e in self.engines.values() if e.usable()]
+        # Placement feeds an edge engine only when it is idle and a cloud engine while it has room.
         if not any(v.running == 0 if v.tier == EDGE else v.running < v.in_flight_limit for v in views):
             return False
         box: dict = {}
 
         def choose(order: list[str], slots: dict[str, Slot]) -> list[str]:
-            requests = [RequestView(c, len(slots[c].payload)) for c in order]
-            placement = place(requests, views, now_s)
-            box["placement"] = placement
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug("placement at %.3f: %s; views %s", now_s, placement, views)
+            box["placement"] = placement = place([RequestView(c, len(slots[c].payload)) for c in order], views, now_s)
             chosen = {c for ids in placement.assigned.values() for c in ids}
             return [c for c in order if c in chosen]
 
-        busy = set(self._local_clients)
-        for state in self.engines.values():
-            busy.update(f.session.client_id for f in state.in_flight.values())
         model = self.model
-        batch = admission.schedule(model, time.monotonic(), choose=choose, exclude=busy)
+        batch = admission.schedule(model, now_s, choose=choose, exclude=self.table.clients())
         if batch is None:
             return False
         for session, _slot, reason, detail in batch.rejected:
-            self.server._reject(model, session, reason, detail)
+            self.host.reject(model, session, reason, detail)
         placement = box.get("placement")
         if not batch.items or placement is None:
             return False
         engine_of = {c: eid for eid, ids in placement.assigned.items() for c in ids}
         view_of = {v.engine_id: v for v in views}
-        local_items = []
-        t = time.monotonic()
-        sent: Counter = Counter()  # remote engine -> requests dispatched to it now (its next batch)
+        groups: dict[str, list] = {}
         for session, slot in batch.items:
             state = self.engines[engine_of[session.client_id]]
-            estimate = placement.estimates.get(session.client_id)
-            waited = _queue_estimate_s(slot, view_of[state.engine_id], now_s)
-            if state is self.local:
-                local_items.append((session, slot, estimate, waited))
-            else:
-                self._dispatch(state, session, slot, estimate, t, waited)
-                sent[state.engine_id] += 1
-        for engine_id, n in sent.items():  # that batch starts when it is there and the engine is free
+            flight = self._flight(state, session, slot, placement.estimates.get(session.client_id),
+                                  _queue_estimate_s(slot, view_of[state.engine_id], now_s), now_s)
+            if flight is not None:
+                groups.setdefault(state.engine_id, []).append(flight)
+        for engine_id, flights in groups.items():
             state = self.engines[engine_id]
-            start = max(state.busy_until_s, t + (state.rtt_s or 0.0) / 2)
-            state.busy_until_s = start + state.profile.latency_s(n)
-        if local_items:
-            forget = []
-            for session, *_ in local_items:
-                if self._reset_for(self.local, session):
-                    forget.append(session.client_id)
-            clients = [s.client_id for s, *_ in local_items]
-            self._local_clients.update(clients)
-            self._local_batches.append((clients, t, [(e, _admitted_s(sl), w) for _, sl, e, w in local_items]))
-            self.local.counts["dispatched"] += len(local_items)
-            self.local.busy_until_s = t + self.local.profile.latency_s(len(local_items))
-            self._worker.submit(Batch([(s, sl) for s, sl, *_ in local_items], []), forget)
-        return True
+            if state is self.local:
+                self._submit_local(flights, now_s)
+            else:
+                self._send(state, flights, now_s)
+        return bool(groups)
 
     def _running_for_placement(self, state: EngineState, now_s: float) -> int:
-        """What placement is told an engine is running. Placement feeds an edge engine only when it
-        is idle; a remote one would then idle for a round trip between batches (the last answer
-        travels back, the next batch travels out). So a remote edge engine running one batch counts
-        as idle from a round trip before that batch's expected end: its next batch then waits in
-        the engine's inbox and starts as the current one ends."""
-        if state is self.local:
-            return len(self._local_clients)
-        running = len(state.in_flight)
-        if (state.tier == EDGE and 0 < running <= state.entry.capacity
+        """What placement is told an engine is running. A remote edge engine running one batch
+        counts as idle from a round trip before that batch's expected end, so its next batch waits
+        in the engine's inbox and starts as the current one ends instead of a round trip later."""
+        running = state.load.running
+        if (state is not self.local and state.tier == EDGE and 0 < running <= state.capacity
                 and now_s >= state.busy_until_s - (state.rtt_s or 0.0) - DISPATCH_AHEAD_S):
             return 0
         return running
@@ -447,30 +329,53 @@ class Dispatcher:
         served[session.client_id] = epoch
         return reset
 
-    def _dispatch(self, state: EngineState, session: Session, slot: Slot, estimate: Estimate | None,
-                  now_s: float, queue_estimate_s: float | None = None) -> None:
+    def _flight(self, state: EngineState, session: Session, slot: Slot, estimate, queue_estimate_s: float,
+                now_s: float) -> InFlight | None:
+        """The record of one placed request; None when its body is refused now (rejected)."""
         model = self.model
         try:
             obs = admission.observation(model, session, slot)  # (kept in the slot: a re-queued request is not decoded again)
         except ProtocolError as exc:
             model.engine.release(session)  # picked, refused now: computed no longer
-            self.server._reject(model, session, exc.reason, str(exc))
-            return
-        request_id = next(self._ids)
-        payload = dispatch.encode(EngineRequest(
-            request_id=request_id, client_id=session.client_id, model_id=model.entry.model_id,
-            model_version=model.entry.model_version, observation=bytes(slot.payload),
-            seed=request_seed(session.client_id, obs.seq_id), reset=self._reset_for(state, session)))
-        flight = InFlight(request_id, state.engine_id, session, slot, now_s, len(payload), estimate, obs,
-                          admitted_s=_admitted_s(slot), queue_estimate_s=queue_estimate_s)
-        try:
-            state.publisher.put(payload)
-        except Exception as exc:  # the link refused it: the request goes back to wait
-            log.warning("%s: dispatch to %s failed: %s", model.app.prefix, state.engine_id, exc)
-            self._requeue(state, flight, Reason.PUBLISH_ERROR)
-            return
-        state.in_flight[request_id] = flight
-        state.counts["dispatched"] += 1
+            self.host.reject(model, session, exc.reason, str(exc))
+            return None
+        return InFlight(self.table.next_id(), state.engine_id, session, slot, obs.seq_id, obs.session_nonce, now_s,
+                        estimate=estimate, observation=obs if state is not self.local else None,
+                        admitted_s=_admitted_s(slot), queue_estimate_s=queue_estimate_s)
+
+    def _submit_local(self, flights: list[InFlight], now_s: float) -> None:
+        state = self.local
+        forget = [f.client_id for f in flights if self._reset_for(state, f.session)]
+        for flight in flights:
+            self.table.add(flight)
+        state.load.dispatched([f.request_id for f in flights], now_s, now_s)
+        state.counts["dispatched"] += len(flights)
+        self._worker.submit(Batch([(f.session, f.slot) for f in flights], []), forget, [f.request_id for f in flights])
+
+    def _send(self, state: EngineState, flights: list[InFlight], now_s: float) -> None:
+        model = self.model
+        sent = []
+        for flight in flights:
+            session = flight.session
+            payload = dispatch.encode(EngineRequest(
+                request_id=flight.request_id, client_id=session.client_id, model_id=model.entry.model_id,
+                model_version=model.entry.model_version, observation=bytes(flight.slot.payload),
+                seed=request_seed(session.client_id, flight.seq_id), edge_incarnation=self.table.edge_incarnation,
+                seq_id=flight.seq_id, session_nonce=flight.nonce, reset=self._reset_for(state, session)))
+            flight.request_bytes = len(payload)
+            self.table.add(flight)
+            try:
+                state.publisher.put(payload)
+            except Exception as exc:  # the link refused it: the request goes back to wait
+                log.warning("%s: dispatch to %s failed: %s", model.app.prefix, state.engine_id, exc)
+                self.table.take(flight.request_id)
+                self._requeue(state, flight, Reason.PUBLISH_ERROR)
+                continue
+            sent.append(flight)
+        if sent:  # one group: it starts when it is there and the engine is free
+            state.counts["dispatched"] += len(sent)
+            arrival = now_s + (state.rtt_s or 0.0) / 2 + transfer_s(state.view(0), sum(f.request_bytes for f in sent))
+            state.load.dispatched([f.request_id for f in sent], now_s, arrival)
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -480,106 +385,110 @@ class Dispatcher:
                 event = self.events.get_nowait()
             except queue.Empty:
                 return
-            kind = event[0]
-            if kind == "answer":
-                self._on_answer(self.engines[event[1]], event[2], event[3])
-            elif kind == "local_done":
-                self._on_local(*event[1:])
-            elif kind == "probe":
-                self._on_probe(self.engines[event[1]], event[2], event[3], time.monotonic())
-            elif kind == "token":
-                state = self.engines[event[1]]
-                if not event[2] and state.up:
-                    self._down(state, "gone")
+            try:
+                self._handle(event)
+            except Exception:  # a bug here must not end the loop: counted, logged
+                self.counts["event_errors"] += 1
+                if worth_logging(self.counts["event_errors"]):
+                    log.exception("%s: engine event %s failed", self.model.app.prefix, event[0])
 
-    def _on_local(self, clients: list[str], t0: float, t1: float) -> None:
+    def _handle(self, event: tuple) -> None:
+        kind = event[0]
+        if kind == "answer":
+            self._on_answer(event[1])
+        elif kind == "local_done":
+            self._on_local(*event[1:])
+        elif kind == "probe":
+            self._on_probe(self.engines[event[1]], event[2])
+        elif kind == "token":
+            state = self.engines[event[1]]
+            if not event[2] and state.up:
+                self._down(state, "gone")
+
+    def _on_local(self, request_ids: list[int], t0: float, t1: float) -> None:
         state = self.local
-        self._local_clients.difference_update(clients)
-        if self._local_batches:
-            _, dispatched_s, items = self._local_batches.popleft()
-            for estimate, admitted_s, waited in items:
-                if estimate is not None:
-                    state.estimates.append((estimate.latency_s, t1 - dispatched_s))
-                if waited is not None:  # the batch started at t0, on the local engine's thread
-                    state.queueing.append((waited, t0 - admitted_s))
-        state.counts["answered"] += len(clients)
-        for client_id in clients:
-            self.served_by_client.setdefault(client_id, Counter())[state.tier] += 1
-        if not self._local_clients:
-            state.busy_until_s = min(state.busy_until_s, t1)
+        for request_id in request_ids:
+            flight = self.table.take(request_id)
+            state.load.answered(request_id, t1)
+            if flight is None:
+                continue
+            if flight.estimate is not None and math.isfinite(flight.estimate.latency_s):
+                state.estimates.append((flight.estimate.latency_s, t1 - flight.dispatched_s))
+            if flight.queue_estimate_s is not None:  # the batch started at t0, on the local engine's thread
+                state.queueing.append((flight.queue_estimate_s, t0 - flight.admitted_s))
+            state.counts["answered"] += 1
+            self.served_by_client.setdefault(flight.client_id, Counter())[state.tier] += 1
 
-    def _on_answer(self, state: EngineState, arrived_s: float, payload: bytes) -> None:
+    def _on_answer(self, received: Answer) -> None:
         model = self.model
-        try:
-            answer = dispatch.decode(payload)
-            if not isinstance(answer, EngineAnswer) or answer.engine_id != state.engine_id:
-                raise ProtocolError(Reason.WRONG_TYPE, "not an answer of this engine")
-        except ProtocolError as exc:
-            state.counts[f"refused.{exc.reason}"] += 1
+        state = self.engines[received.engine_id]
+        answer = received.answer
+        flight, why = self.table.match(state.engine_id, answer.request_id, answer.edge_incarnation,
+                                       answer.client_id, answer.seq_id, answer.session_nonce)
+        if why != MATCHED:
+            state.counts[why if why == "late" else f"refused.{why}"] += 1
             return
-        flight = state.in_flight.pop(answer.request_id, None)
-        if flight is None:  # re-queued already (timeout, partition, restart): never served twice
-            state.counts["late"] += 1
-            return
-        if state.incarnation is not None and answer.incarnation != state.incarnation:
-            state.counts["incarnation_changed"] += 1  # the next probe re-profiles it
+        state.load.answered(flight.request_id, received.arrived_s - (state.rtt_s or 0.0) / 2)
+        if state.probation or state.suspect_since_s is not None:
+            state.probation, state.suspect_since_s = False, None  # it answers again
         spec = model.runner.spec
         refusal = None
         if (answer.model_id, answer.model_version) != (model.entry.model_id, model.entry.model_version):
-            refusal = (Reason.WRONG_MODEL, f"answered as {answer.model_id}/{answer.model_version}")
-        elif answer.error == Reason.WRONG_MODEL:
-            refusal = (Reason.WRONG_MODEL, answer.detail)
-        elif answer.error is None and (answer.actions is None or answer.actions.ndim != 2
-                                       or answer.actions.shape[1] != spec.action_dim
-                                       or answer.actions.shape[0] < model.actions_per_chunk):
+            refusal = (Reason.WRONG_MODEL, f"answered as {answer.model_id}/{answer.model_version}"[:200])
+        elif received.error == Reason.WRONG_MODEL:
+            refusal = (Reason.WRONG_MODEL, answer.detail[:200])
+        elif received.error is None and (answer.actions is None or answer.actions.ndim != 2
+                                         or answer.actions.shape[1] != spec.action_dim
+                                         or answer.actions.shape[0] < model.actions_per_chunk):
             shape = None if answer.actions is None else answer.actions.shape
             refusal = ("wrong_shape", f"actions {shape}, expected (>= {model.actions_per_chunk}, {spec.action_dim})")
         if refusal is not None:
-            state.counts[f"refused.{refusal[0]}"] += 1
-            n = state.counts[f"refused.{refusal[0]}"]
-            if worth_logging(n):
-                log.warning("%s: engine %s refused (%s: %s); request re-queued [%d so far]", model.app.prefix,
-                            state.engine_id, refusal[0], refusal[1], n)
-            self._down(state, refusal[0])
-            self._requeue(state, flight, refusal[0])
+            self._refuse_engine(state, flight, *refusal)
             return
         session = flight.session
-        obs = flight.observation
-        elapsed_s = arrived_s - flight.dispatched_s
-        self._measure(state, answer, flight, elapsed_s, len(payload))
+        elapsed_s = received.arrived_s - flight.dispatched_s
+        self._measure(state, received, flight, elapsed_s)
         queue_ms = (flight.dispatched_s - flight.slot.arrival_s) * 1000 + answer.queue_ms
-        if answer.error is not None:  # the request's own fault (bad cameras, a failing inference)
-            self.server._reject(model, session, answer.error, f"engine {state.engine_id}: {answer.detail}")
-            model.engine.finish([], [session.client_id], time.monotonic(), elapsed_s)
+        if received.error is not None:  # the engine could not serve it: counted, never a cool-down
+            state.counts[f"errors.{received.error}"] += 1
+            self.host.reject(model, session, received.error, f"engine {state.engine_id}: {answer.detail[:200]}",
+                             cool_down=False)
+            model.engine.finish([], [session.client_id], self.clock(), elapsed_s)
             return
         result = InferenceResult(actions=answer.actions, refinement_updates=answer.refinement_updates,
                                  extras={} if answer.rtc_delay_steps is None else {RTC_EXTRA_DELAY: answer.rtc_delay_steps})
         try:
-            chunk = model.executor.chunk(obs, result, answer.inference_ms, queue_ms,
+            chunk = model.executor.chunk(flight.observation, result, answer.inference_ms, queue_ms,
                                          served_by=(state.engine_id, state.tier))
         except Exception as exc:
-            state.counts["refused.bad_answer"] += 1
-            self._down(state, "bad_answer")
-            self._requeue(state, flight, "bad_answer")
-            log.warning("%s: engine %s answer refused: %s", model.app.prefix, state.engine_id, exc)
+            self._refuse_engine(state, flight, "bad_answer", f"{type(exc).__name__}: {exc}"[:200])
             return
         published = []
         if model.engine.sessions.get(session.client_id) is session:
             try:
-                self.server._publisher(model, session.client_id).put(chunk)
+                self.host.publish(model, session.client_id, chunk)
                 model.inferences += 1
                 model.answers[OutputKind.ACTIONS] += 1
-                published.append((session, obs.seq_id, answer.inference_ms, queue_ms))
+                published.append((session, flight.seq_id, answer.inference_ms, queue_ms))
                 self.served_by_client.setdefault(session.client_id, Counter())[state.tier] += 1
             except Exception as exc:
-                self.server._reject(model, session, Reason.PUBLISH_ERROR, str(exc))
+                self.host.reject(model, session, Reason.PUBLISH_ERROR, str(exc))
         else:
             self.counts["answers_closed"] += 1  # its session closed meanwhile
         state.counts["answered"] += 1
-        model.engine.finish(published, [session.client_id], time.monotonic(), elapsed_s)
+        model.engine.finish(published, [session.client_id], self.clock(), elapsed_s)
 
-    def _measure(self, state: EngineState, answer: EngineAnswer, flight: InFlight, elapsed_s: float,
-                 answer_bytes: int) -> None:
+    def _refuse_engine(self, state: EngineState, flight: InFlight, reason: str, detail: str) -> None:
+        state.counts[f"refused.{reason}"] += 1
+        n = state.counts[f"refused.{reason}"]
+        if worth_logging(n):
+            log.warning("%s: engine %s refused (%s: %s); request re-queued [%d so far]", self.model.app.prefix,
+                        state.engine_id, reason, detail, n)
+        self._down(state, reason)
+        self._requeue(state, flight, reason)
+
+    def _measure(self, state: EngineState, received: Answer, flight: InFlight, elapsed_s: float) -> None:
+        answer = received.answer
         if flight.estimate is not None and math.isfinite(flight.estimate.latency_s):
             state.estimates.append((flight.estimate.latency_s, elapsed_s))
         network_s = elapsed_s - (answer.queue_ms + answer.inference_ms) / 1000
@@ -588,23 +497,28 @@ class Dispatcher:
             # engine's reported wait in its inbox.
             started_s = flight.dispatched_s + max(0.0, network_s) / 2 + answer.queue_ms / 1000
             state.queueing.append((flight.queue_estimate_s, started_s - flight.admitted_s))
-        rtt = state.rtt_s or 0.0
-        moving_s = network_s - rtt
+        moving_s = network_s - (state.rtt_s or 0.0)
         if moving_s > MIN_TRANSFER_S:
-            state.bandwidth_samples.append((flight.request_bytes + answer_bytes) / moving_s)
+            state.bandwidth_samples.append((flight.request_bytes + received.nbytes) / moving_s)
             state.bandwidth_bps = max(state.bandwidth_samples)
 
-    def _on_probe(self, state: EngineState, rtt: float | None, status: EngineStatus | None, now_s: float) -> None:
-        if status is None:
+    def _on_probe(self, state: EngineState, probe: Probe) -> None:
+        if probe.status is None:
+            if probe.refusal is not None:  # it answered, with a status that cannot be believed
+                state.counts["refused.bad_status"] += 1
+                if state.up and worth_logging(state.counts["refused.bad_status"]):
+                    log.warning("%s: engine %s refused: %s", self.model.app.prefix, state.engine_id, probe.refusal)
+                self._down(state, "bad_status")
+                return
             state.lost_probes += 1
             if state.up and state.lost_probes >= self.settings.probes_lost:
                 self._down(state, "partition")
             return
+        status = probe.status
         state.lost_probes = 0
-        state.rtt_samples.append(rtt)
+        state.rtt_samples.append(probe.rtt_s)
         state.rtt_s = min(state.rtt_samples)
-        why = self._status_refusal(status)
-        if why is not None:
+        if self._status_refusal(status) is not None:
             state.counts["refused.wrong_model"] += 1
             self._down(state, Reason.WRONG_MODEL)
             return
@@ -612,24 +526,27 @@ class Dispatcher:
             if state.incarnation is not None:
                 state.counts["restarts"] += 1
                 log.info("%s: engine %s restarted (%s); re-profiled", self.model.app.prefix, state.engine_id,
-                         status.incarnation)
-                for flight in list(state.in_flight.values()):  # lost with the old process
-                    state.in_flight.pop(flight.request_id, None)
+                         status.incarnation[:64])
+                for flight in self.table.take_all(state.engine_id):  # lost with the old process
                     self._requeue(state, flight, "restart")
             state.incarnation = status.incarnation
             if not isinstance(state.entry.profile, dict):  # measured: the engine's own start-up profile
-                state.profile = BatchProfile.from_ms(status.profile_ms) if status.profile_ms else None
-            state.busy_until_s = 0.0
+                state.set_profile(probe.profile)
+            elif state.load is not None:
+                state.load.reset()
+        if state.suspect_since_s is not None and probe.sent_s >= state.suspect_until_s:
+            state.suspect_since_s, state.probation = None, True  # alive: one request at a time until it answers
         if not state.up:
             if state.down_reason not in (None, "not probed yet"):
                 log.info("%s: engine %s is back (was %s); offloading resumes", self.model.app.prefix,
                          state.engine_id, state.down_reason)
             state.up, state.down_reason = True, None
 
-    def _status_refusal(self, status: EngineStatus) -> str | None:
+    def _status_refusal(self, status) -> str | None:
         entry, spec = self.model.entry, self.model.runner.spec
         if (status.model_id, status.model_version) != (entry.model_id, entry.model_version):
-            return f"engine loads {status.model_id}/{status.model_version}, this server {entry.model_id}/{entry.model_version}"
+            return (f"engine loads {status.model_id}/{status.model_version}, this server "
+                    f"{entry.model_id}/{entry.model_version}")[:300]
         if status.action_dim != spec.action_dim or status.chunk_size < self.model.actions_per_chunk:
             return (f"engine's model has action_dim {status.action_dim}, chunk {status.chunk_size}; this server's "
                     f"{spec.action_dim}, {self.model.actions_per_chunk}")
@@ -641,39 +558,51 @@ class Dispatcher:
             log.warning("%s: engine %s is down (%s): edge-only until it answers again", self.model.app.prefix,
                         state.engine_id, reason)
         state.up, state.down_reason = False, reason
-        for flight in list(state.in_flight.values()):
-            state.in_flight.pop(flight.request_id, None)
+        for flight in self.table.take_all(state.engine_id):
             self._requeue(state, flight, reason)
 
     def _timeouts(self, now_s: float) -> None:
-        bound = self.settings.answer_timeout_s
-        for state in self.engines.values():
-            for flight in [f for f in state.in_flight.values() if now_s - f.dispatched_s > bound]:
-                state.in_flight.pop(flight.request_id, None)
-                self._requeue(state, flight, "timeout")
+        remote = {eid for eid, e in self.engines.items() if e is not self.local}  # (the local one always reports back)
+        for flight in self.table.expired(now_s, self.settings.answer_timeout_s, remote):
+            state = self.engines[flight.engine_id]
+            if state.suspect_since_s is None:
+                log.warning("%s: engine %s did not answer within %.2f s: suspect, requests re-queued",
+                            self.model.app.prefix, state.engine_id, self.settings.answer_timeout_s)
+            state.suspect_since_s = now_s
+            state.suspect_until_s = now_s + self.settings.answer_timeout_s
+            state.probation = False
+            self._requeue(state, flight, "timeout")
 
     def _requeue(self, state: EngineState, flight: InFlight, reason: str) -> None:
         """Put an unanswered request back in its session's slot, to be placed again (counted)."""
+        if state.load is not None:
+            state.load.withdrawn(flight.request_id)
         state.counts["requeued"] += 1
         state.counts[f"requeued.{reason}"] += 1
         if not self.model.engine.requeue(flight.session, flight.slot):
             self.counts["requeue_superseded"] += 1  # a newer observation waits: it stands for the request
-        self.server._wake.set()
+        self.host.wake()
 
     # -- telemetry ------------------------------------------------------------------------------
 
-    def figures(self) -> dict:
-        """Per-engine and model-wide dispatch figures (any thread: a copy refreshed by the loop)."""
-        return self._figures
+    def figures(self, fresh: bool = False) -> dict:
+        """Per-engine and model-wide dispatch figures (any thread: a copy the loop refreshes every
+        `FIGURES_PERIOD_S`; `fresh`: computed now, for a caller that knows the loop is idle)."""
+        return self._compute_figures() if fresh else self._figures
 
     def client_figures(self, client_id: str) -> dict:
         """Chunks of this client computed per tier (any thread)."""
         return self._client_figures.get(client_id, {f"served.{EDGE}": 0, f"served.{CLOUD}": 0})
 
     def _compute_figures(self) -> dict:
+        counted_there: dict[str, Counter] = {eid: Counter() for eid in self.engines}  # on the answers' thread
+        for (engine_id, name), n in list(self.inbox.counts.items()):
+            counted_there[engine_id][name] += n
         answered = sum(e.counts["answered"] for e in self.engines.values())
-        out = {f"engine.{eid}.{k}": v for eid, e in self.engines.items() for k, v in e.figures(answered).items()}
+        out = {f"engine.{eid}.{k}": v for eid, e in self.engines.items()
+               for k, v in e.figures(self.table.count_on(eid), answered, counted_there[eid]).items()}
         offloaded = sum(e.counts["answered"] for e in self.engines.values() if e.tier == CLOUD)
         out["offload_share"] = offloaded / answered if answered else 0.0
         out |= {f"dispatch.{k}": v for k, v in self.counts.items()}
         return out
+

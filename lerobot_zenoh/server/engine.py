@@ -536,10 +536,11 @@ class Engine:
             reset, session.needs_reset = session.needs_reset, False
             return reset
 
-    def reject(self, session: Session, reason: str, now_s: float) -> int:
-        """Count a rejection of one of this session's observations; returns the session's total."""
+    def reject(self, session: Session, reason: str, now_s: float, *, cool_down: bool = True) -> int:
+        """Count a rejection of one of this session's observations; returns the session's total.
+        `cool_down=False`: not the client's fault (an engine's error), never towards its cool-down."""
         with self._lock:
-            return self._count_rejection(session, reason, now_s)
+            return self._count_rejection(session, reason, now_s, cool_down)
 
     def release(self, session: Session) -> None:
         """The request picked for this session ends without being computed (refused once picked: its
@@ -669,13 +670,13 @@ class Engine:
             session.needs_reset = True
             self.scheduler.forget(session.client_id)  # its task starts again (wait ratio: a new task)
 
-    def _count_rejection(self, session: Session, reason: str, now_s: float) -> int:
+    def _count_rejection(self, session: Session, reason: str, now_s: float, cool_down: bool = True) -> int:
         session.stats.rejected[reason] += 1
         # Neither a failed publish nor a session-rule refusal is the client's bad input: a duplicate
         # costs one MessagePack decode (a header read, with a header), a client restarting after one
         # must not find itself cooled down, and a forger must not be able to cool a robot down by
         # sending what the session rules refuse on its key.
-        if reason not in (Reason.PUBLISH_ERROR, REPLAYED, NONCE_REQUIRED, SEQ_JUMP):
+        if cool_down and reason not in (Reason.PUBLISH_ERROR, REPLAYED, NONCE_REQUIRED, SEQ_JUMP):
             self.rate_limit.on_rejection(session.client_id, now_s)
         return sum(session.stats.rejected.values())
 

@@ -214,7 +214,9 @@ class EngineWorker:
                 inference_ms=0.0, queue_ms=0.0, batch=1, error=None, detail="") -> EngineAnswer:
         entry = model.entry
         return EngineAnswer(request_id=msg.request_id, engine_id=self.engine_id, incarnation=self.incarnation,
-                            model_id=entry.model_id, model_version=entry.model_version, actions=actions,
+                            model_id=entry.model_id, model_version=entry.model_version,
+                            edge_incarnation=msg.edge_incarnation, client_id=msg.client_id, seq_id=msg.seq_id,
+                            session_nonce=msg.session_nonce, actions=actions,
                             refinement_updates=updates, rtc_delay_steps=rtc_delay, inference_ms=inference_ms,
                             queue_ms=queue_ms, batch_size=batch, error=error, detail=detail)
 

@@ -30,6 +30,7 @@ class ServingRole:
         self._on_deactivate = on_deactivate
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
+        self.failed = False  # its server can no longer serve it: it never serves again
 
     @property
     def is_standby(self) -> bool:
@@ -40,13 +41,29 @@ class ServingRole:
             self.active.set()
             return
         log.info("%s: other servers are up; serving in %.2f s (hand-over grace)", self.name, grace_s)
-        self._timer = threading.Timer(grace_s, self.active.set)
+        self._timer = threading.Timer(grace_s, self._activate)
         self._timer.daemon = True
         self._timer.start()
+
+    def _activate(self) -> None:
+        with self._lock:
+            if not self.failed:
+                self.active.set()
+
+    def fail(self) -> None:
+        """This server can no longer serve (its loop failed): stop now and never serve again."""
+        with self._lock:
+            self.failed = True
+            if self._timer is not None:
+                self._timer.cancel()
+            self.active.clear()
+            self._on_deactivate()
 
     def on_primary(self, alive: bool) -> None:
         """A standby learns that its primary's token appeared (alive) or vanished."""
         with self._lock:
+            if self.failed:
+                return
             if alive and self.active.is_set():
                 self.active.clear()
                 self.stepped_back += 1

@@ -80,6 +80,8 @@ log = logging.getLogger(__name__)
 EXPIRY_PERIOD_S = 0.25
 #: Parsed observation keys kept (one per client and model); beyond it the cache starts again.
 MAX_CACHED_KEYS = 4096
+#: Faults in a row in one model's serving turn after which it is withdrawn (`PolicyServer._withdraw`).
+MAX_FAULTS_IN_A_ROW = 3
 
 
 class ServedModel:
@@ -89,6 +91,7 @@ class ServedModel:
                  batch_profile_s: dict[int, float] | None = None,
                  codec_limits: codec.CodecLimits = codec.DEFAULT_LIMITS, same_host: SameHostAdvert | None = None):
         self.entry = entry
+        self.source = manifest.source  # (errors at start-up name the manifest file)
         self.app: AppKey = manifest.app_key(entry)
         self.runner = runner
         spec = runner.spec
@@ -167,6 +170,9 @@ class ServedModel:
         # The subscriptions (observations, client tokens) of its own app (None) and of each task stream.
         self.subscriptions: dict[str | None, list] = {}
         self.dispatcher = None  # server/dispatch.py Dispatcher, set at start() when the entry lists engines
+        self.loop_faults = 0  # faults in its serving turn (logged with their traceback)
+        self.faults_in_a_row = 0
+        self.failed: str | None = None  # why it is no longer served (`PolicyServer._withdraw`)
 
     @property
     def scheduler(self):
@@ -220,6 +226,10 @@ class PolicyServer:
         self._probe = (same_host.Probe() if manifest.same_host and manifest.role == "server"
                        and not any(e.engines for e in manifest.server) else None)
         self._worker: EngineWorker | None = None  # role: engine (server/engine_worker.py)
+        self._tokens: dict[str, object] = {}  # app prefix -> this server's liveliness token for it
+        # Set when no model is served any more (every one withdrawn after faults): the console
+        # script exits non-zero instead of leaving a process that serves nothing.
+        self.failed = threading.Event()
         self._publishers_lock = threading.Lock()  # the local engine's thread publishes too
 
     @property
@@ -322,7 +332,7 @@ class PolicyServer:
             if model.entry.engines:
                 from lerobot_zenoh.server.dispatch import Dispatcher  # (imports this module)
 
-                model.dispatcher = Dispatcher(self, model, self._session)
+                model.dispatcher = Dispatcher(self, model, self._session)  # (this server is its DispatchHost)
                 try:
                     model.dispatcher.start()  # every remote engine reachable, loading this model
                 except BaseException:
@@ -342,7 +352,7 @@ class PolicyServer:
         for model in self.models:
             self._session.serve(model.app.status, lambda params, m=model: m.status_reply(params) if m.role.active.is_set()
                                 else None, with_parameters=True)
-            self._session.declare_token(model.app.server_token(self.server_id))
+            self._tokens[model.app.prefix] = self._session.declare_token(model.app.server_token(self.server_id))
             self._start_role(model)
             if self.manifest.telemetry_period_s > 0:
                 self._telemetry.append(TelemetryPublisher(
@@ -532,6 +542,18 @@ class PolicyServer:
     # -- inference loop -----------------------------------------------------------------------
 
     def _run(self) -> None:
+        """The inference thread, supervised: a fault in one model's turn is logged with its
+        traceback and counted, and after `MAX_FAULTS_IN_A_ROW` in a row that model stops being
+        served *visibly* (`_withdraw`); a fault outside any model's turn withdraws them all. A dead
+        loop never leaves a server that still looks healthy."""
+        try:
+            self._loop()
+        except BaseException as exc:
+            log.critical("the inference loop died: %s: %s", type(exc).__name__, exc, exc_info=True)
+            for model in self.models:
+                self._withdraw(model, f"inference loop died ({type(exc).__name__})")
+
+    def _loop(self) -> None:
         turn = 0
         next_expiry = 0.0
         while not self._stop.is_set():
@@ -540,24 +562,71 @@ class PolicyServer:
             if now >= next_expiry:
                 next_expiry = now + EXPIRY_PERIOD_S
                 for model in self.models:
-                    for session in model.engine.expire(now):
-                        self._forget(model, session)
+                    self._supervised(model, self._expire, model, now)
             served = False
             for model in self.models:
-                if model.dispatcher is not None:  # an edge scheduler: place, dispatch, relay; never wait
-                    served = model.dispatcher.round(time.monotonic()) or served
+                if model.dispatcher is not None and model.failed is None:  # place, dispatch, relay; never wait
+                    served = bool(self._supervised(model, model.dispatcher.round, time.monotonic())) or served
             for i in range(len(self.models)):
                 model = self.models[(turn + i) % len(self.models)]
-                if model.dispatcher is not None:
+                if model.dispatcher is not None or model.failed is not None:
                     continue
-                batch = admission.schedule(model, time.monotonic())
+                batch = self._supervised(model, admission.schedule, model, time.monotonic())
                 if batch is not None:
                     turn = (turn + i + 1) % len(self.models)
-                    self._serve(model, batch)
+                    self._supervised(model, self._serve, model, batch, on_fault=lambda m=model, b=batch: m.engine.finish(
+                        [], [s.client_id for s, _ in b.items], time.monotonic(), 0.0))
                     served = True
                     break
-            if not served and not sum(self._advance_text(m) for m in self.models):
+            if not served and not sum(self._supervised(m, self._advance_text, m) or 0 for m in self.models):
                 self._wake.wait(EXPIRY_PERIOD_S)
+
+    def _expire(self, model: ServedModel, now: float) -> None:
+        for session in model.engine.expire(now):
+            self._forget(model, session)
+
+    def _supervised(self, model: ServedModel, fn, *args, on_fault=None):
+        """`fn(*args)` for one model's turn; a fault is logged, counted and, `MAX_FAULTS_IN_A_ROW`
+        in a row, ends the model's service (`_withdraw`). Returns what `fn` returned (None on a fault)."""
+        if model.failed is not None:
+            return None
+        try:
+            out = fn(*args)
+        except Exception as exc:
+            model.loop_faults += 1
+            model.faults_in_a_row += 1
+            log.error("%s: serving loop fault %d in a row (%s: %s)", model.app.prefix, model.faults_in_a_row,
+                      type(exc).__name__, exc, exc_info=True)
+            if on_fault is not None:
+                try:
+                    on_fault()
+                except Exception:
+                    log.exception("%s: could not release the batch of the failed turn", model.app.prefix)
+            if model.faults_in_a_row >= MAX_FAULTS_IN_A_ROW:
+                self._withdraw(model, f"{model.faults_in_a_row} serving loop faults in a row ({type(exc).__name__})")
+            return None
+        model.faults_in_a_row = 0
+        return out
+
+    def _withdraw(self, model: ServedModel, why: str) -> None:
+        """Stop serving a model where everyone can see it: its role never serves again (status
+        queries go unanswered, observations are dropped), its liveliness token is undeclared (a hot
+        standby takes over), telemetry says `serving: 0` and `failed: 1`. When no model is served
+        any more, `failed` is set and the console script exits non-zero."""
+        if model.failed is not None:
+            return
+        model.failed = why
+        if model.role is not None:
+            model.role.fail()
+        token = self._tokens.pop(model.app.prefix, None)
+        if token is not None:
+            try:
+                token.undeclare()
+            except Exception as exc:
+                log.warning("%s: could not withdraw its liveliness token: %s", model.app.prefix, exc)
+        log.critical("%s: no longer served (%s); its liveliness token and status are withdrawn", model.app.prefix, why)
+        if all(m.failed is not None for m in self.models):
+            self.failed.set()
 
     def _forget(self, model: ServedModel, session: Session) -> None:
         """A closed session: drop its runner state and its action publisher (inference thread only)."""
@@ -587,7 +656,7 @@ class PolicyServer:
             self._serve_streaming(model, batch)
             return
         t_start = time.monotonic()
-        ready = admission.prepare(model, batch, lambda *r: self._reject(model, *r))
+        ready = admission.prepare(model, batch, lambda *r: self.reject(model, *r))
         if not batch.items:
             return
         results = model.executor.infer([r.request for r in ready]) if ready else []
@@ -606,10 +675,10 @@ class PolicyServer:
         """Publish the answer to one request (both serving paths); whether it counts as served."""
         session = r.session
         if isinstance(result, ProtocolError):  # shm_stale, decode_limit, undecodable_action_tokens
-            self._reject(model, session, result.reason, str(result))
+            self.reject(model, session, result.reason, str(result))
             return False
         if isinstance(result, Exception):  # a failing inference is this client's problem, not the loop's
-            self._reject(model, session, Reason.INFERENCE_ERROR, f"{type(result).__name__}: {result}")
+            self.reject(model, session, Reason.INFERENCE_ERROR, f"{type(result).__name__}: {result}")
             return False
         if model.routing is not None and model.routing.text_only(model.runner, model.output, result):
             return True  # text only: it streams (`_advance_text`)
@@ -619,12 +688,12 @@ class PolicyServer:
         try:
             payload = model.executor.answer(r.observation, result, inference_ms, queue_ms)
         except Exception as exc:  # the runner returned something that is not an answer of its kind
-            self._reject(model, session, Reason.INFERENCE_ERROR, f"{type(exc).__name__}: {exc}")
+            self.reject(model, session, Reason.INFERENCE_ERROR, f"{type(exc).__name__}: {exc}")
             return False
         try:
             self._publisher(model, session.client_id).put(payload)
         except Exception as exc:
-            self._reject(model, session, Reason.PUBLISH_ERROR, str(exc))
+            self.reject(model, session, Reason.PUBLISH_ERROR, str(exc))
             return False
         model.inferences += 1
         model.answers[model.output if model.output != OutputKind.VERDICT else f"verdict.{result.label}"] += 1
@@ -648,10 +717,10 @@ class PolicyServer:
             if picked is None:
                 return []
             out = []
-            for r in admission.prepare(model, picked, lambda *rej: self._reject(model, *rej)):
+            for r in admission.prepare(model, picked, lambda *rej: self.reject(model, *rej)):
                 key = (r.session.client_id, r.observation.seq_id)
                 if key in in_flight:
-                    self._reject(model, r.session, REPLAYED, f"seq_id {key[1]} is being decoded")
+                    self.reject(model, r.session, REPLAYED, f"seq_id {key[1]} is being decoded")
                     continue
                 in_flight[key] = (r, time.monotonic())
                 out.append((key, r.request))
@@ -671,7 +740,9 @@ class PolicyServer:
             # the inference thread (the running batch then drains and the loop serves them).
             if self._stop.is_set() or (len(self.models) > 1 and now - started > EXPIRY_PERIOD_S):
                 return []
-            return prepare(admission.schedule(model, now))
+            # Fair admission: a robot has at most one request decoding; a free slot goes to the next
+            # robot by the scheduler's rank, never to a robot whose request is still decoding.
+            return prepare(admission.schedule(model, now, exclude={client for client, _ in in_flight}))
 
         def emit(key: tuple[str, int], result: InferenceResult | Exception) -> None:
             r, t_start = in_flight.pop(key)
@@ -690,6 +761,22 @@ class PolicyServer:
         if worth_logging(n):
             log.warning("client %s on %s: rejected (%s) %s [%d rejections]", session.client_id, model.app.prefix,
                         reason, detail, n)
+
+    def publish(self, model: ServedModel, client_id: str, payload: bytes) -> None:
+        """Put an answer on the client's key of the model's output (raises when the publish fails)."""
+        self._publisher(model, client_id).put(payload)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def serve_batch(self, model: ServedModel, batch: Batch) -> None:
+        self._serve(model, batch)
+
+    def measure_profile(self, model: ServedModel) -> dict[int, float]:
+        """The local engine's `profile: measured`: the start-up profile, measured now if it was not."""
+        if not model.batch_profile_s:
+            model.batch_profile_s = self._profile(model.entry, model.runner, force=True) or {}
+        return model.batch_profile_s
 
     def _publisher(self, model: ServedModel, client_id: str) -> Publisher:
         pub = model.publishers.get(client_id)
@@ -747,6 +834,8 @@ class PolicyServer:
             "queue_ms_p50": percentile(queue_ms, 50),
             "queue_ms_p99": percentile(queue_ms, 99),
             "serving": int(model.role is not None and model.role.active.is_set()),
+            "failed": int(model.failed is not None),
+            "loop_faults": model.loop_faults,
             "takeovers": model.role.takeovers if model.role is not None else 0,
             "standby_dropped": model.standby_dropped,
             "observations_for_other_components": model.for_other_components,
