@@ -149,3 +149,57 @@ def test_a_standby_continues_the_robots_motion_from_the_first_rtc_observation_it
     np.testing.assert_array_equal(first.actions[: rtc.delay_steps], rtc.prefix[: rtc.delay_steps])
     assert client.rtc_active and client.counters.rtc_fallback_chunks == 0
     assert client.counters.rtc_chunks == client.counters.chunks_received
+
+
+def test_a_serving_loop_that_keeps_failing_is_withdrawn_and_the_standby_serves_within_2_s(app_key):
+    """An injected fault in the primary's serving turn: after three in a row it stops being served
+    visibly (token and status withdrawn, `failed: 1`), so the hot standby takes over."""
+    import numpy as np
+
+    from lerobot_zenoh.protocol.messages import Observation
+    from lerobot_zenoh.transport.session import OBSERVATION_QOS
+
+    p1, p2 = free_port(), free_port()
+    primary = PolicyServer(manifest(app_key, p1, "gpu0")).start()
+    standby = PolicyServer(manifest(app_key, p2, "gpu1", standby_for="gpu0", connect=[f"tcp/127.0.0.1:{p1}"])).start()
+    seen = []  # (arrival, server_id) of every chunk
+    robot = ZenohSession(loopback_settings(None, listen=False, connect_ports=(p1, p2))).open()
+    try:
+        robot.subscribe(app_key.client("r1").action, lambda k, b: seen.append(
+            (time.monotonic(), codec.decode_action_chunk(b).server_id)))
+        pub = robot.publisher(app_key.client("r1").obs, OBSERVATION_QOS)
+        rng = np.random.default_rng(0)
+        jpegs = {n: codec.encode_jpeg(rng.integers(0, 255, (*hw, 3), dtype=np.uint8)) for n, hw in CAMS.items()}
+        stop = threading.Event()
+
+        def send():
+            seq = 0
+            while not stop.wait(1 / 30):
+                seq += 1
+                pub.put(codec.encode(Observation(seq, "r1", np.zeros(6, np.float32), jpegs, "t", session_nonce=1)))
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        assert wait_for(lambda: any(s == "gpu0" for _, s in seen), 10)
+        assert wait_for(lambda: not standby.models[0].role.active.is_set(), 10)
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("injected fault")
+
+        primary.models[0].engine.schedule = broken  # every turn of the primary's loop now fails
+        t_fault = time.monotonic()
+        assert wait_for(lambda: any(s == "gpu1" and t > t_fault for t, s in seen), 2.0), "the standby did not serve within 2 s"
+        took = min(t for t, s in seen if s == "gpu1") - t_fault
+        print(f"injected fault -> first chunk of the standby: {took * 1000:.0f} ms")
+        stop.set()
+        sender.join()
+        model = primary.models[0]
+        figures, _ = primary.telemetry_figures(model)
+        assert figures["serving"] == 0 and figures["failed"] == 1 and figures["loop_faults"] >= 3
+        assert primary.failed.is_set()  # nothing left to serve: the console script exits 1
+        assert app_key.server_token("gpu0") not in robot.alive(app_key.all_servers, timeout_s=0.5)
+        assert [codec.decode_status(p).server_id for _, p in robot.query(app_key.status, 0.5)] == ["gpu1"]
+    finally:
+        robot.close()
+        standby.stop()
+        primary.stop()

@@ -503,13 +503,13 @@ def test_engine_messages_round_trip_and_bad_bytes_are_protocol_errors(app_key):
     from lerobot_zenoh.protocol.messages import ActionChunk
 
     request = EngineRequest(7, "r1", "m", "v1", b"\x00obs", seed=2**40, edge_incarnation="edge-1", seq_id=41,
-                            session_nonce="n1", reset=True)
+                            session_nonce=1234, reset=True)
     assert dispatch.decode(dispatch.encode(request)) == request
-    answer = EngineAnswer(7, "cloud0", "inc", "m", "v1", "edge-1", "r1", 41, "n1", actions=np.ones((20, 6), np.float32),
+    answer = EngineAnswer(7, "cloud0", "inc", "m", "v1", "edge-1", "r1", 41, 1234, actions=np.ones((20, 6), np.float32),
                           rtc_delay_steps=3, inference_ms=12.5, queue_ms=1.0, batch_size=2)
     back = dispatch.decode(dispatch.encode(answer))
     assert back.request_id == 7 and back.rtc_delay_steps == 3 and np.array_equal(back.actions, answer.actions)
-    assert (back.edge_incarnation, back.client_id, back.seq_id, back.session_nonce) == ("edge-1", "r1", 41, "n1")
+    assert (back.edge_incarnation, back.client_id, back.seq_id, back.session_nonce) == ("edge-1", "r1", 41, 1234)
     status = EngineStatus("cloud0", "inc", "m", "v1", "synthetic", 6, 20, 8, {1: 40.0, 8: 60.0})
     assert dispatch.decode(dispatch.encode(status)) == status
     for bad in (b"", b"\xc1", codec.encode(ActionChunk(1, 1.0, np.zeros((2, 6), np.float32))), b"\x81\xa1a\x01"):

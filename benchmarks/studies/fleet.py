@@ -87,13 +87,13 @@ from benchmarks.harness import write_docs_block  # noqa: E402
 from lerobot_zenoh.protocol.messages import ExecutionInfo  # noqa: E402
 from lerobot_zenoh.scheduling.batch_profile import profile_batch_sizes, saturation_batch_size  # noqa: E402
 from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake  # noqa: E402
+from lerobot_zenoh.scheduling.engine_load import EngineLoad  # noqa: E402
 from lerobot_zenoh.scheduling.placement import (  # noqa: E402
     CLOUD,
     EDGE,
     BatchProfile,
     EngineView,
     RequestView,
-    expected_busy_until_s,
     place,
 )
 from lerobot_zenoh.scheduling.request_schedulers import RequestScheduler, make_scheduler  # noqa: E402
@@ -326,11 +326,18 @@ class _Engine:
     max_in_flight: int = 0
     overhead_s: float = 0.0  # per batch, beyond the profile (a remote engine's dispatch hop: Config.engine_overhead_s)
     running: int = 0  # dispatched and not answered (the scheduler's count)
-    busy_until_s: float = 0.0  # the scheduler's estimate of when it is done with what it has
-    outstanding: list = field(default_factory=list)  # the scheduler's: [expected arrival, requests, ids] per group
-    free_s: float = 0.0  # the scheduler's: when the engine was last known free
+    # The scheduler's bookkeeping of what it sent and what came back: the server's own code
+    # (`scheduling.engine_load.EngineLoad`, as `server/dispatch.py` keeps it per engine).
+    load: EngineLoad | None = None
     queue: list = field(default_factory=list)  # dispatched groups that reached it: (ids, dispatched at)
     gpu_busy: bool = False
+
+    def __post_init__(self) -> None:
+        self.load = EngineLoad(self.profile, self.capacity)
+
+    @property
+    def busy_until_s(self) -> float:
+        return self.load.busy_until_s
 
     def view(self) -> EngineView:
         return EngineView(self.engine_id, self.tier, self.capacity, self.running, self.busy_until_s, self.profile,
@@ -636,18 +643,9 @@ class FleetSim:
             return
         bytes_ = len(chosen) * (self.cfg.payload_bytes + self.cfg.history_bytes)
         there = t + engine.one_way_s + bytes_ / engine.bandwidth_bps
-        if not engine.running:
-            engine.free_s = t
         engine.running += len(chosen)
-        engine.outstanding.append((there, len(chosen), chosen))
-        self._update_busy_until(engine)
+        engine.load.dispatched([(c, t) for c in chosen], t, there)
         self._at(there, self._engine_receive, server, engine, chosen, t)
-
-    @staticmethod
-    def _update_busy_until(engine: _Engine) -> None:
-        """The scheduler's estimate, from what it sent and what came back (`expected_busy_until_s`)."""
-        engine.busy_until_s = expected_busy_until_s([(a, n) for a, n, _ in engine.outstanding], engine.free_s,
-                                                    engine.profile, engine.capacity)
 
     def _done(self, t: float, server: _Server, chosen: list[str], duration: float) -> None:
         server.scheduler.on_served(chosen, t, duration)
@@ -691,9 +689,8 @@ class FleetSim:
         included), the chunks go on to the robots (relayed by the edge), and it decides again."""
         server.scheduler.on_served(ids, t, t - sent_s)
         engine.running -= len(ids)
-        engine.outstanding = [g for g in engine.outstanding if g[2] is not ids]
-        engine.free_s = t - engine.one_way_s
-        self._update_busy_until(engine)
+        for client_id in ids:  # the server's own correction: each answer tells when the engine was free
+            engine.load.answered((client_id, sent_s), t - engine.one_way_s)
         for client_id in ids:
             robot = self.robots[client_id]
             self._at(t + self.one_way_s, self._deliver, robot, robot.seq)

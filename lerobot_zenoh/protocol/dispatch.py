@@ -85,7 +85,7 @@ class EngineRequest:
     seed: int
     edge_incarnation: str
     seq_id: int
-    session_nonce: str | None = None
+    session_nonce: int | None = None
     reset: bool = False
 
 
@@ -106,7 +106,7 @@ class EngineAnswer:
     edge_incarnation: str
     client_id: str
     seq_id: int
-    session_nonce: str | None = None
+    session_nonce: int | None = None
     actions: np.ndarray | None = None
     refinement_updates: np.ndarray | None = None
     rtc_delay_steps: int | None = None
@@ -163,7 +163,7 @@ TABLES: dict[str, tuple[type, schema.Record]] = {
         Field("seed", UINT64, required=True),
         Field("edge_incarnation", STR, required=True),
         Field("seq_id", UINT64, required=True),
-        Field("session_nonce", STR),
+        Field("session_nonce", UINT64),
         Field("reset", BOOL),
     ])),
     ENGINE_ANSWER: (EngineAnswer, schema.Record(EngineAnswer, [
@@ -175,7 +175,7 @@ TABLES: dict[str, tuple[type, schema.Record]] = {
         Field("edge_incarnation", STR, required=True),
         Field("client_id", STR, required=True),
         Field("seq_id", UINT64, required=True),
-        Field("session_nonce", STR),
+        Field("session_nonce", UINT64),
         Field("inference_ms", NUMBER, required=True),
         Field("queue_ms", NUMBER, required=True),
         Field("batch_size", UINT64, required=True),

@@ -61,6 +61,7 @@ class Reason(StrEnum):
     INFERENCE_ERROR = "inference_error"
     PUBLISH_ERROR = "publish_error"
     WRONG_MODEL = "wrong_model"  # an engine asked for another model (docs/protocol.md §11)
+    ENGINE_ERROR = "engine_error"  # an engine answered an error the protocol does not name (§11)
     # -- dropped in the server's Zenoh callback, never decoded
     UNKNOWN_CLIENT = "unknown_client"
     TOO_MANY_CLIENTS = "too_many_clients"

@@ -109,8 +109,8 @@ class LocalWorker:
     computes. It alone calls the runner (forgetting a closed session's state included)."""
 
     def __init__(self, serve: Callable[[Batch], None], forget: Callable[[str], None], name: str,
-                 on_done: Callable[[list[int], float, float], None]):
-        self._serve, self._forget, self.on_done = serve, forget, on_done
+                 on_done: Callable[[list[int], float, float], None], clock: Callable[[], float] = time.monotonic):
+        self._serve, self._forget, self.on_done, self.clock = serve, forget, on_done, clock
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=f"local-engine:{name}", daemon=True)
         self._thread.start()
@@ -134,12 +134,12 @@ class LocalWorker:
                 continue
             for client_id in forget:
                 self._forget(client_id)  # a new episode since this engine last served it
-            t0 = time.monotonic()
+            t0 = self.clock()
             try:
                 self._serve(arg)
             except Exception:  # the loop must hear back whatever happened
                 log.exception("local engine batch failed")
-            self.on_done(request_ids, t0, time.monotonic())
+            self.on_done(request_ids, t0, self.clock())
 
 
 class Dispatcher:
@@ -165,7 +165,7 @@ class Dispatcher:
         self.table = RequestTable(edge_incarnation or f"{os.getpid()}-{time.time_ns():x}")
         self.inbox = AnswerInbox(self.table.edge_incarnation, self.max_bytes, lambda rid: rid in self.table,
                                  lambda a: self._event(("answer", a)), clock)
-        self._probers: list[Prober] = []
+        self.probers: list[Prober] = []  # one per remote engine, in `engines` order
         self._worker: LocalWorker | None = None
         # Per-episode runner state: each engine keeps its own, so a new episode (Engine.take_reset)
         # bumps the client's epoch and each engine drops its state when it next serves the client.
@@ -179,7 +179,10 @@ class Dispatcher:
 
     # -- start / stop -------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, threads: bool = True) -> None:
+        """Check every engine and start listening; `threads=False` (tests with a fake clock) starts
+        neither the probe threads nor the answer thread: the caller drives `probers[i].probe` and
+        `inbox.drain` itself."""
         model = self.model
         where = f"server[{model.entry.model_id}].engines"
         if model.runner.spec.capabilities.iteration_level:
@@ -196,20 +199,22 @@ class Dispatcher:
             self.local.up, self.local.down_reason, self.local.rtt_s = True, None, 0.0
             model.executor.served_by = (self.local.engine_id, self.local.tier)
             self._worker = LocalWorker(lambda batch: self.host.serve_batch(model, batch), model.runner.forget,
-                                       model.entry.model_id, lambda ids, t0, t1: self._event(("local_done", ids, t0, t1)))
+                                       model.entry.model_id, lambda ids, t0, t1: self._event(("local_done", ids, t0, t1)),
+                                       self.clock)
         remote = [e for e in self.engines.values() if e.keys is not None]
-        self.inbox.start()
+        if threads:
+            self.inbox.start()
         for state in remote:
             state.publisher = self.session.publisher(state.keys.dispatch, ACTION_QOS)
             self.session.subscribe(state.keys.answer, lambda key, payload, s=state: self.inbox.on_answer(
                 s.engine_id, payload))
             self.session.watch_liveliness(state.keys.token, lambda key, alive, s=state: self._event(
                 ("token", s.engine_id, alive)))
-            self._probers.append(Prober(self.session, state, self.settings.probe_period_s, self.max_bytes,
+            self.probers.append(Prober(self.session, state, self.settings.probe_period_s, self.max_bytes,
                                         lambda eid, probe: self._event(("probe", eid, probe)), self.clock))
         # Start-up: every remote engine answers its status (it is reachable, loads this model) in time.
         deadline = time.monotonic() + self.settings.start_timeout_s
-        for state, prober in zip(remote, self._probers, strict=True):
+        for state, prober in zip(remote, self.probers, strict=True):
             probe = Probe(0.0, None, None)
             while probe.status is None and time.monotonic() < deadline:
                 probe = prober.probe(timeout_s=min(1.0, max(0.05, deadline - time.monotonic())))
@@ -233,11 +238,11 @@ class Dispatcher:
                 log.warning("%s: engine %s's round trip (%.0f ms) is not under dispatch.probe_period_s (%.0f ms): "
                             "its probes will be lost; raise probe_period_s", model.app.prefix, state.engine_id,
                             state.rtt_s * 1000, self.settings.probe_period_s * 1000)
-        for prober in self._probers:
+        for prober in self.probers if threads else ():
             prober.start()
 
     def stop(self, timeout_s: float = 5.0) -> bool:
-        for prober in self._probers:
+        for prober in self.probers:
             prober.stop(timeout_s)
         self.inbox.stop(timeout_s)
         return self._worker.stop(timeout_s) if self._worker is not None else True

@@ -50,7 +50,7 @@ KEPT_SAMPLES = 256
 #: Answers waiting to be decoded, per dispatcher; beyond it they are dropped (`answers_dropped_full`).
 ANSWER_INBOX = 256
 #: An engine's `error` that is not one of the protocol's reasons is counted as this one.
-ENGINE_ERROR = "engine_error"
+ENGINE_ERROR = Reason.ENGINE_ERROR
 #: Characters of an engine's `detail` text that reach the log.
 DETAIL_CHARS = 200
 _REASONS = frozenset(r.value for r in Reason)
@@ -162,7 +162,7 @@ class EngineState:
         if self.keys is not None:
             out["rtt_ms"] = 1000 * self.rtt_s if self.rtt_s is not None else -1.0
             out["bandwidth_mbps"] = self.bandwidth_bps * 8 / 1e6 if math.isfinite(self.bandwidth_bps) else -1.0
-        out |= {k: v for k, v in counts.items() if k.startswith(("refused.", "errors."))}
+        out |= {k: v for k, v in counts.items() if k.startswith(("refused.", "errors.", "requeued."))}
         return out
 
 
@@ -319,6 +319,16 @@ class AnswerInbox:
                 log.warning("engine %s answered an error the protocol does not name: %r [%d so far]", engine_id,
                             answer.error[:DETAIL_CHARS], self._logged[engine_id])
         return Answer(engine_id, arrived_s, answer, len(payload), error)
+
+    def drain(self) -> None:
+        """Read every queued answer now, on the caller's thread (tests that run no threads)."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None and (answer := self.take(*item)) is not None:
+                self.deliver(answer)
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:

@@ -32,7 +32,7 @@ class InFlight:
     session: Any  # server.engine.Session
     slot: Any  # server.engine.Slot
     seq_id: int
-    nonce: str | None
+    nonce: int | None
     dispatched_s: float
     request_bytes: int = 0
     estimate: Estimate | None = None
@@ -103,7 +103,7 @@ class RequestTable:
         return out
 
     def match(self, engine_id: str, request_id: int, edge_incarnation: str, client_id: str, seq_id: int,
-              nonce: str | None) -> tuple[InFlight | None, str]:
+              nonce: int | None) -> tuple[InFlight | None, str]:
         """The record an answer is for, removed, and `MATCHED`; or None and why it is refused:
         `stale_incarnation` (asked by an earlier process of this scheduler), `late` (no such request
         outstanding: re-queued, answered, or never sent), `mismatched` (another engine's request, or

@@ -574,7 +574,7 @@ class PolicyServer:
                 batch = self._supervised(model, admission.schedule, model, time.monotonic())
                 if batch is not None:
                     turn = (turn + i + 1) % len(self.models)
-                    self._supervised(model, self._serve, model, batch, on_fault=lambda m=model, b=batch: m.engine.finish(
+                    self._supervised(model, self._serve, model, batch, served=True, on_fault=lambda m=model, b=batch: m.engine.finish(
                         [], [s.client_id for s, _ in b.items], time.monotonic(), 0.0))
                     served = True
                     break
@@ -585,9 +585,10 @@ class PolicyServer:
         for session in model.engine.expire(now):
             self._forget(model, session)
 
-    def _supervised(self, model: ServedModel, fn, *args, on_fault=None):
+    def _supervised(self, model: ServedModel, fn, *args, on_fault=None, served: bool = False):
         """`fn(*args)` for one model's turn; a fault is logged, counted and, `MAX_FAULTS_IN_A_ROW`
-        in a row, ends the model's service (`_withdraw`). Returns what `fn` returned (None on a fault)."""
+        with no work done in between (`served`, or `fn` returned something: a batch, a dispatch),
+        ends the model's service (`_withdraw`). Returns what `fn` returned (None on a fault)."""
         if model.failed is not None:
             return None
         try:
@@ -605,7 +606,8 @@ class PolicyServer:
             if model.faults_in_a_row >= MAX_FAULTS_IN_A_ROW:
                 self._withdraw(model, f"{model.faults_in_a_row} serving loop faults in a row ({type(exc).__name__})")
             return None
-        model.faults_in_a_row = 0
+        if served or out:
+            model.faults_in_a_row = 0
         return out
 
     def _withdraw(self, model: ServedModel, why: str) -> None:
