@@ -758,8 +758,12 @@ class PolicyServer:
 
         model.executor.stream(prepare(batch), join, emit)
 
-    def _reject(self, model: ServedModel, session: Session, reason: str, detail: str) -> None:
-        n = model.engine.reject(session, reason, time.monotonic())
+    # -- what the dispatcher asks of this process (`dispatch.DispatchHost`) -----------------------
+
+    def reject(self, model: ServedModel, session: Session, reason: str, detail: str, *, cool_down: bool = True) -> None:
+        """Count a rejection against a client; `cool_down=False`: not its fault (an engine's), so it
+        never counts towards the client's rejection cool-down."""
+        n = model.engine.reject(session, reason, time.monotonic(), cool_down=cool_down)
         if worth_logging(n):
             log.warning("client %s on %s: rejected (%s) %s [%d rejections]", session.client_id, model.app.prefix,
                         reason, detail, n)
