@@ -7,12 +7,16 @@ off, so tests never see each other (or anything else on the network).
 from __future__ import annotations
 
 import os
-import uuid
 
-import pytest
-from lz_testing import free_port
+# Before anything imports huggingface_hub (lz_testing imports LeRobot, which does): it reads the
+# variable once, at import. Set whatever the caller's environment says: the hub is never reached
+# from the tests, and a test must not pass or fail with the caller's setting.
+os.environ["HF_HUB_OFFLINE"] = "1"
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import uuid  # noqa: E402
+
+import pytest  # noqa: E402
+from lz_testing import free_port  # noqa: E402
 
 
 @pytest.fixture

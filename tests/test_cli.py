@@ -328,17 +328,16 @@ def test_a_hub_id_in_a_manifest_and_a_missing_one(hf_home, tmp_path, port):
 
 
 STOPPING = """
-import logging, sys, threading, time
+import logging, signal, sys, threading, time
 from lerobot_zenoh.cli.stopping import begin_stop
 
 def stuck_in_close():
     threading.Event().wait()  # a close that never returns
 
+asked = threading.Event()  # the handler is in place before "serving" is printed: no signal can come too early
+signal.signal(signal.SIGINT, lambda *_: asked.set())
 print("serving", flush=True)
-try:
-    threading.Event().wait()
-except KeyboardInterrupt:
-    pass
+asked.wait()
 begin_stop(None, grace_s=float(sys.argv[1]), repeat_window_s=float(sys.argv[2]))
 print("stopping", flush=True)
 stuck_in_close()
