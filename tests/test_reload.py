@@ -152,7 +152,7 @@ def test_a_reload_that_changes_another_field_is_refused_and_logged(port, app_key
     try:
         assert wait_for(lambda: admitted(session, app_key, "a") is True), "status never answered"
         changed = manifest_data(port, app_key, ["a", "b"], max_batch_size=1, fps=15)
-        with caplog.at_level(logging.ERROR, logger="lerobot_zenoh.server.server"):
+        with caplog.at_level(logging.ERROR, logger="lerobot_zenoh.server"):
             assert server.reload(parse_manifest(changed)) == "server.0.fps changed"
         refusals = [r.getMessage() for r in caplog.records if "reload refused" in r.getMessage()]
         assert len(refusals) == 1 and "server.0.fps changed" in refusals[0] and "\n" not in refusals[0]
@@ -183,7 +183,7 @@ def test_a_reload_adding_a_task_stream_serves_a_robot_publishing_on_it(port, app
         assert server.stats()[app_key.prefix]["unknown_rejected"] == 0  # never reached the server
 
         kit = {"task": "kit", "component": "act", "bit": 0, "prompt": "assemble the kit"}
-        with caplog.at_level(logging.INFO, logger="lerobot_zenoh.server.server"):
+        with caplog.at_level(logging.INFO, logger="lerobot_zenoh.server"):
             assert server.reload(parse_manifest(manifest_data(port, app_key, ["pick-r0", "kit-r0"],
                                                               pipeline=[*pick, kit]))) is None
         assert any("task streams +['kit']" in r.getMessage() for r in caplog.records)

@@ -530,7 +530,7 @@ def test_an_oversize_observation_is_rejected_before_it_takes_a_slot(port, app_ke
     with server, ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as session:
         model = server.models[0]
         key = app_key.client("flood").obs
-        server._on_observation(model, key, b"\x00" * (64 * 1024 + 1))  # the callback, as Zenoh calls it
+        server.ingest.on_observation(model, key, b"\x00" * (64 * 1024 + 1))  # the callback, as Zenoh calls it
         assert model.engine.sessions["flood"].slot is None
         assert server.stats()[app_key.prefix]["clients"]["flood"]["rejected"] == {"too_large": 1}
         session.publisher(key, OBSERVATION_QOS).put(b"\x00" * 200_000)  # and over the network

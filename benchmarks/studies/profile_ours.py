@@ -43,7 +43,7 @@ MARKERS = [
     ("Zenoh callback -> handler (Subscription._on_sample)", _fn("_on_sample")),
     ("  of which payload.to_bytes (copy, client's chunks)", _fn("_key_and_payload")),
     ("server: observation copy out of Zenoh's buffer (Payload.__bytes__)", _fn("__bytes__", "lerobot_zenoh/transport/session")),
-    ("server: admission (_on_observation)", _fn("_on_observation")),
+    ("server: admission (Ingest.on_observation)", _fn("on_observation", "lerobot_zenoh/server/ingest")),
     ("server: _take (announce + msgpack decode of fresh slots)", _fn("_take")),
     ("server: _prepare (checks + JPEG decode)", _fn("_prepare")),
     ("server: policy (runner.run, subtracted from RTT)", _fn("run", "lerobot_zenoh/server/runners")),

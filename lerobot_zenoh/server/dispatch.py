@@ -51,25 +51,24 @@ from typing import TYPE_CHECKING, Protocol
 from lerobot_zenoh.errors import ConfigError, ProtocolError
 from lerobot_zenoh.protocol import dispatch
 from lerobot_zenoh.protocol.dispatch import EngineKeys, EngineRequest
-from lerobot_zenoh.protocol.reasons import OutputKind, Reason
+from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.scheduling.placement import CLOUD, EDGE, BatchProfile, EngineView, RequestView, place, transfer_s
 from lerobot_zenoh.server import admission
 from lerobot_zenoh.server.engine import Batch, Session, Slot
-from lerobot_zenoh.server.engine_link import Answer, AnswerInbox, EngineState, Probe, Prober
+from lerobot_zenoh.server.answer_relay import AnswerRelay
+from lerobot_zenoh.server.engine_health import EngineHealth
+from lerobot_zenoh.server.engine_link import AnswerInbox, EngineState, Probe, Prober
 from lerobot_zenoh.server.executor import request_seed
-from lerobot_zenoh.server.request_table import MATCHED, InFlight, RequestTable
-from lerobot_zenoh.server.runners.base import RTC_EXTRA_DELAY, InferenceResult
+from lerobot_zenoh.server.request_table import InFlight, RequestTable
 from lerobot_zenoh.telemetry.publisher import worth_logging
 from lerobot_zenoh.transport.session import ACTION_QOS
 
 if TYPE_CHECKING:
     from lerobot_zenoh.server.engine_link import EngineLinkSession
-    from lerobot_zenoh.server.server import ServedModel
+    from lerobot_zenoh.server.served_model import ServedModel
 
 log = logging.getLogger(__name__)
 
-#: A network time this much above the probe's round trip is read as transfer time (below: noise).
-MIN_TRANSFER_S = 0.002
 #: A remote edge engine's next batch is dispatched this long (plus a round trip) before its
 #: current batch is expected to end (`Dispatcher._running_for_placement`).
 DISPATCH_AHEAD_S = 0.010
@@ -171,8 +170,10 @@ class Dispatcher:
         # bumps the client's epoch and each engine drops its state when it next serves the client.
         self._epoch: Counter = Counter()
         self._served_epoch: dict[str, dict[str, int]] = {eid: {} for eid in self.engines}
-        self.served_by_client: dict[str, Counter] = {}  # client -> {tier: chunks}, bounded by sessions
         self.counts: Counter = Counter()  # model-wide: requeue_superseded, answers_closed, event_errors
+        self.health = EngineHealth(model, self.engines, self.table, self.settings, host.wake, self.counts)
+        self.relay = AnswerRelay(host, model, self.engines, self.table, self.health, self.counts, clock)
+        self.served_by_client = self.relay.served_by_client
         self._figures: dict = {}
         self._client_figures: dict[str, dict] = {}
         self._figures_at_s = -math.inf
@@ -227,13 +228,13 @@ class Dispatcher:
                        f"engine unreachable: no answer on {state.keys.status} within {self.settings.start_timeout_s:g} s "
                        f"(start it with role: engine, engine_id: {state.engine_id}; check endpoint and routers)")
                 raise ConfigError(f"{where}[{state.engine_id}]", why, source=model.source)
-            why = self._status_refusal(probe.status)
+            why = self.health.status_refusal(probe.status)
             if why is not None:
                 raise ConfigError(f"{where}[{state.engine_id}]", why, source=model.source)
             # The first answer also waited for the route to form: its time is not a round trip.
             again = [prober.probe(timeout_s=1.0) for _ in range(3)]
             rtts = [p.rtt_s for p in again if p.status is not None]
-            self._on_probe(state, Probe(probe.sent_s, min(rtts) if rtts else 1.0, probe.status, probe.profile))
+            self.health.on_probe(state, Probe(probe.sent_s, min(rtts) if rtts else 1.0, probe.status, probe.profile))
             if state.rtt_s is not None and state.rtt_s >= self.settings.probe_period_s:
                 log.warning("%s: engine %s's round trip (%.0f ms) is not under dispatch.probe_period_s (%.0f ms): "
                             "its probes will be lost; raise probe_period_s", model.app.prefix, state.engine_id,
@@ -271,7 +272,7 @@ class Dispatcher:
         True when something was dispatched (the loop then goes round again at once)."""
         now_s = self.clock() if now_s is None else now_s
         self._drain()
-        self._timeouts(now_s)
+        self.health.timeouts(now_s)
         if now_s - self._figures_at_s >= FIGURES_PERIOD_S:
             self._figures_at_s = now_s
             self._figures = self._compute_figures()
@@ -374,7 +375,7 @@ class Dispatcher:
             except Exception as exc:  # the link refused it: the request goes back to wait
                 log.warning("%s: dispatch to %s failed: %s", model.app.prefix, state.engine_id, exc)
                 self.table.take(flight.request_id)
-                self._requeue(state, flight, Reason.PUBLISH_ERROR)
+                self.health.requeue(state, flight, Reason.PUBLISH_ERROR)
                 continue
             sent.append(flight)
         if sent:  # one group: it starts when it is there and the engine is free
@@ -400,193 +401,13 @@ class Dispatcher:
     def _handle(self, event: tuple) -> None:
         kind = event[0]
         if kind == "answer":
-            self._on_answer(event[1])
+            self.relay.on_answer(event[1])
         elif kind == "local_done":
-            self._on_local(*event[1:])
+            self.relay.on_local(*event[1:])
         elif kind == "probe":
-            self._on_probe(self.engines[event[1]], event[2])
+            self.health.on_probe(self.engines[event[1]], event[2])
         elif kind == "token":
-            state = self.engines[event[1]]
-            if not event[2] and state.up:
-                self._down(state, "gone")
-
-    def _on_local(self, request_ids: list[int], t0: float, t1: float) -> None:
-        state = self.local
-        for request_id in request_ids:
-            flight = self.table.take(request_id)
-            state.load.answered(request_id, t1)
-            if flight is None:
-                continue
-            if flight.estimate is not None and math.isfinite(flight.estimate.latency_s):
-                state.estimates.append((flight.estimate.latency_s, t1 - flight.dispatched_s))
-            if flight.queue_estimate_s is not None:  # the batch started at t0, on the local engine's thread
-                state.queueing.append((flight.queue_estimate_s, t0 - flight.admitted_s))
-            state.counts["answered"] += 1
-            self.served_by_client.setdefault(flight.client_id, Counter())[state.tier] += 1
-
-    def _on_answer(self, received: Answer) -> None:
-        model = self.model
-        state = self.engines[received.engine_id]
-        answer = received.answer
-        flight, why = self.table.match(state.engine_id, answer.request_id, answer.edge_incarnation,
-                                       answer.client_id, answer.seq_id, answer.session_nonce)
-        if why != MATCHED:
-            state.counts[why if why == "late" else f"refused.{why}"] += 1
-            return
-        state.load.answered(flight.request_id, received.arrived_s - (state.rtt_s or 0.0) / 2)
-        if state.probation or state.suspect_since_s is not None:
-            state.probation, state.suspect_since_s = False, None  # it answers again
-        spec = model.runner.spec
-        refusal = None
-        if (answer.model_id, answer.model_version) != (model.entry.model_id, model.entry.model_version):
-            refusal = (Reason.WRONG_MODEL, f"answered as {answer.model_id}/{answer.model_version}"[:200])
-        elif received.error == Reason.WRONG_MODEL:
-            refusal = (Reason.WRONG_MODEL, answer.detail[:200])
-        elif received.error is None and (answer.actions is None or answer.actions.ndim != 2
-                                         or answer.actions.shape[1] != spec.action_dim
-                                         or answer.actions.shape[0] < model.actions_per_chunk):
-            shape = None if answer.actions is None else answer.actions.shape
-            refusal = ("wrong_shape", f"actions {shape}, expected (>= {model.actions_per_chunk}, {spec.action_dim})")
-        if refusal is not None:
-            self._refuse_engine(state, flight, *refusal)
-            return
-        session = flight.session
-        elapsed_s = received.arrived_s - flight.dispatched_s
-        self._measure(state, received, flight, elapsed_s)
-        queue_ms = (flight.dispatched_s - flight.slot.arrival_s) * 1000 + answer.queue_ms
-        if received.error is not None:  # the engine could not serve it: counted, never a cool-down
-            state.counts[f"errors.{received.error}"] += 1
-            self.host.reject(model, session, received.error, f"engine {state.engine_id}: {answer.detail[:200]}",
-                             cool_down=False)
-            model.engine.finish([], [session.client_id], self.clock(), elapsed_s)
-            return
-        result = InferenceResult(actions=answer.actions, refinement_updates=answer.refinement_updates,
-                                 extras={} if answer.rtc_delay_steps is None else {RTC_EXTRA_DELAY: answer.rtc_delay_steps})
-        try:
-            chunk = model.executor.chunk(flight.observation, result, answer.inference_ms, queue_ms,
-                                         served_by=(state.engine_id, state.tier))
-        except Exception as exc:
-            self._refuse_engine(state, flight, "bad_answer", f"{type(exc).__name__}: {exc}"[:200])
-            return
-        published = []
-        if model.engine.sessions.get(session.client_id) is session:
-            try:
-                self.host.publish(model, session.client_id, chunk)
-                model.inferences += 1
-                model.answers[OutputKind.ACTIONS] += 1
-                published.append((session, flight.seq_id, answer.inference_ms, queue_ms))
-                self.served_by_client.setdefault(session.client_id, Counter())[state.tier] += 1
-            except Exception as exc:
-                self.host.reject(model, session, Reason.PUBLISH_ERROR, str(exc))
-        else:
-            self.counts["answers_closed"] += 1  # its session closed meanwhile
-        state.counts["answered"] += 1
-        model.engine.finish(published, [session.client_id], self.clock(), elapsed_s)
-
-    def _refuse_engine(self, state: EngineState, flight: InFlight, reason: str, detail: str) -> None:
-        state.counts[f"refused.{reason}"] += 1
-        n = state.counts[f"refused.{reason}"]
-        if worth_logging(n):
-            log.warning("%s: engine %s refused (%s: %s); request re-queued [%d so far]", self.model.app.prefix,
-                        state.engine_id, reason, detail, n)
-        self._down(state, reason)
-        self._requeue(state, flight, reason)
-
-    def _measure(self, state: EngineState, received: Answer, flight: InFlight, elapsed_s: float) -> None:
-        answer = received.answer
-        if flight.estimate is not None and math.isfinite(flight.estimate.latency_s):
-            state.estimates.append((flight.estimate.latency_s, elapsed_s))
-        network_s = elapsed_s - (answer.queue_ms + answer.inference_ms) / 1000
-        if flight.queue_estimate_s is not None:
-            # The batch started after the trip out (half this request's own network time) and the
-            # engine's reported wait in its inbox.
-            started_s = flight.dispatched_s + max(0.0, network_s) / 2 + answer.queue_ms / 1000
-            state.queueing.append((flight.queue_estimate_s, started_s - flight.admitted_s))
-        moving_s = network_s - (state.rtt_s or 0.0)
-        if moving_s > MIN_TRANSFER_S:
-            state.bandwidth_samples.append((flight.request_bytes + received.nbytes) / moving_s)
-            state.bandwidth_bps = max(state.bandwidth_samples)
-
-    def _on_probe(self, state: EngineState, probe: Probe) -> None:
-        if probe.status is None:
-            if probe.refusal is not None:  # it answered, with a status that cannot be believed
-                state.counts["refused.bad_status"] += 1
-                if state.up and worth_logging(state.counts["refused.bad_status"]):
-                    log.warning("%s: engine %s refused: %s", self.model.app.prefix, state.engine_id, probe.refusal)
-                self._down(state, "bad_status")
-                return
-            state.lost_probes += 1
-            if state.up and state.lost_probes >= self.settings.probes_lost:
-                self._down(state, "partition")
-            return
-        status = probe.status
-        state.lost_probes = 0
-        state.rtt_samples.append(probe.rtt_s)
-        state.rtt_s = min(state.rtt_samples)
-        if self._status_refusal(status) is not None:
-            state.counts["refused.wrong_model"] += 1
-            self._down(state, Reason.WRONG_MODEL)
-            return
-        if status.incarnation != state.incarnation:
-            if state.incarnation is not None:
-                state.counts["restarts"] += 1
-                log.info("%s: engine %s restarted (%s); re-profiled", self.model.app.prefix, state.engine_id,
-                         status.incarnation[:64])
-                for flight in self.table.take_all(state.engine_id):  # lost with the old process
-                    self._requeue(state, flight, "restart")
-            state.incarnation = status.incarnation
-            if not isinstance(state.entry.profile, dict):  # measured: the engine's own start-up profile
-                state.set_profile(probe.profile)
-            elif state.load is not None:
-                state.load.reset()
-        if state.suspect_since_s is not None and probe.sent_s >= state.suspect_until_s:
-            state.suspect_since_s, state.probation = None, True  # alive: one request at a time until it answers
-        if not state.up:
-            if state.down_reason not in (None, "not probed yet"):
-                log.info("%s: engine %s is back (was %s); offloading resumes", self.model.app.prefix,
-                         state.engine_id, state.down_reason)
-            state.up, state.down_reason = True, None
-
-    def _status_refusal(self, status) -> str | None:
-        entry, spec = self.model.entry, self.model.runner.spec
-        if (status.model_id, status.model_version) != (entry.model_id, entry.model_version):
-            return (f"engine loads {status.model_id}/{status.model_version}, this server "
-                    f"{entry.model_id}/{entry.model_version}")[:300]
-        if status.action_dim != spec.action_dim or status.chunk_size < self.model.actions_per_chunk:
-            return (f"engine's model has action_dim {status.action_dim}, chunk {status.chunk_size}; this server's "
-                    f"{spec.action_dim}, {self.model.actions_per_chunk}")
-        return None
-
-    def _down(self, state: EngineState, reason: str) -> None:
-        if state.up:
-            state.counts["partitions" if reason in ("partition", "gone") else "quarantined"] += 1
-            log.warning("%s: engine %s is down (%s): edge-only until it answers again", self.model.app.prefix,
-                        state.engine_id, reason)
-        state.up, state.down_reason = False, reason
-        for flight in self.table.take_all(state.engine_id):
-            self._requeue(state, flight, reason)
-
-    def _timeouts(self, now_s: float) -> None:
-        remote = {eid for eid, e in self.engines.items() if e is not self.local}  # (the local one always reports back)
-        for flight in self.table.expired(now_s, self.settings.answer_timeout_s, remote):
-            state = self.engines[flight.engine_id]
-            if state.suspect_since_s is None:
-                log.warning("%s: engine %s did not answer within %.2f s: suspect, requests re-queued",
-                            self.model.app.prefix, state.engine_id, self.settings.answer_timeout_s)
-            state.suspect_since_s = now_s
-            state.suspect_until_s = now_s + self.settings.answer_timeout_s
-            state.probation = False
-            self._requeue(state, flight, "timeout")
-
-    def _requeue(self, state: EngineState, flight: InFlight, reason: str) -> None:
-        """Put an unanswered request back in its session's slot, to be placed again (counted)."""
-        if state.load is not None:
-            state.load.withdrawn(flight.request_id)
-        state.counts["requeued"] += 1
-        state.counts[f"requeued.{reason}"] += 1
-        if not self.model.engine.requeue(flight.session, flight.slot):
-            self.counts["requeue_superseded"] += 1  # a newer observation waits: it stands for the request
-        self.host.wake()
+            self.health.on_token(self.engines[event[1]], event[2])
 
     # -- telemetry ------------------------------------------------------------------------------
 

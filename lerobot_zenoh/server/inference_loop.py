@@ -1,0 +1,139 @@
+"""The inference thread and its supervision.
+
+One thread drives every model: it closes expired sessions, runs each model with engines through its
+dispatcher (`server/dispatch.py`: place, dispatch, relay; never waits on an engine) and each other
+model's next batch through `server/serving.py`, round robin, and sleeps when nothing waits.
+
+Supervised: a fault in one model's turn is logged with its traceback and counted (`loop_faults`);
+after `MAX_FAULTS_IN_A_ROW` with no work done in between, that model stops being served *visibly*
+(`_withdraw`: its role never serves again, so status queries go unanswered; its liveliness token is
+undeclared, so a hot standby takes over; telemetry says `serving: 0`, `failed: 1`). A fault outside
+any model's turn withdraws them all. When no model is served any more, `failed` is set and the
+console script exits non-zero: never a half-alive process that still looks healthy.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from lerobot_zenoh.server import admission
+from lerobot_zenoh.server.served_model import ServedModel
+from lerobot_zenoh.server.serving import EXPIRY_PERIOD_S, Serving
+
+log = logging.getLogger(__name__)
+
+#: Faults in one model's turns, with no work done in between, after which it is withdrawn.
+MAX_FAULTS_IN_A_ROW = 3
+
+__all__ = ["InferenceLoop", "MAX_FAULTS_IN_A_ROW"]
+
+
+class InferenceLoop:
+    """`start()` the thread; `stop` and `wake` are the server's events; `tokens` its liveliness
+    tokens by app prefix (undeclared when a model is withdrawn)."""
+
+    def __init__(self, models: list[ServedModel], serving: Serving, stop: threading.Event, wake: threading.Event,
+                 tokens: dict[str, object]):
+        self.models = models
+        self.serving = serving
+        self.stop = stop
+        self.wake = wake
+        self.tokens = tokens
+        self.failed = threading.Event()  # no model is served any more
+        self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait for the thread; True when it finished."""
+        if self._thread.ident is not None:
+            self._thread.join(timeout=timeout_s)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        """The inference thread, supervised: a fault in one model's turn is logged with its
+        traceback and counted, and after `MAX_FAULTS_IN_A_ROW` in a row that model stops being
+        served *visibly* (`_withdraw`); a fault outside any model's turn withdraws them all. A dead
+        loop never leaves a server that still looks healthy."""
+        try:
+            self._loop()
+        except BaseException as exc:
+            log.critical("the inference loop died: %s: %s", type(exc).__name__, exc, exc_info=True)
+            for model in self.models:
+                self._withdraw(model, f"inference loop died ({type(exc).__name__})")
+
+    def _loop(self) -> None:
+        turn = 0
+        next_expiry = 0.0
+        while not self.stop.is_set():
+            self.wake.clear()
+            now = time.monotonic()
+            if now >= next_expiry:
+                next_expiry = now + EXPIRY_PERIOD_S
+                for model in self.models:
+                    self._supervised(model, self.serving.expire, model, now)
+            served = False
+            for model in self.models:
+                if model.dispatcher is not None and model.failed is None:  # place, dispatch, relay; never wait
+                    served = bool(self._supervised(model, model.dispatcher.round, time.monotonic())) or served
+            for i in range(len(self.models)):
+                model = self.models[(turn + i) % len(self.models)]
+                if model.dispatcher is not None or model.failed is not None:
+                    continue
+                batch = self._supervised(model, admission.schedule, model, time.monotonic())
+                if batch is not None:
+                    turn = (turn + i + 1) % len(self.models)
+                    self._supervised(model, self.serving.serve, model, batch, served=True, on_fault=lambda m=model, b=batch: m.engine.finish(
+                        [], [s.client_id for s, _ in b.items], time.monotonic(), 0.0))
+                    served = True
+                    break
+            if not served and not sum(self._supervised(m, self.serving.advance_text, m) or 0 for m in self.models):
+                self.wake.wait(EXPIRY_PERIOD_S)
+
+    def _supervised(self, model: ServedModel, fn, *args, on_fault=None, served: bool = False):
+        """`fn(*args)` for one model's turn; a fault is logged, counted and, `MAX_FAULTS_IN_A_ROW`
+        with no work done in between (`served`, or `fn` returned something: a batch, a dispatch),
+        ends the model's service (`_withdraw`). Returns what `fn` returned (None on a fault)."""
+        if model.failed is not None:
+            return None
+        try:
+            out = fn(*args)
+        except Exception as exc:
+            model.loop_faults += 1
+            model.faults_in_a_row += 1
+            log.error("%s: serving loop fault %d in a row (%s: %s)", model.app.prefix, model.faults_in_a_row,
+                      type(exc).__name__, exc, exc_info=True)
+            if on_fault is not None:
+                try:
+                    on_fault()
+                except Exception:
+                    log.exception("%s: could not release the batch of the failed turn", model.app.prefix)
+            if model.faults_in_a_row >= MAX_FAULTS_IN_A_ROW:
+                self._withdraw(model, f"{model.faults_in_a_row} serving loop faults in a row ({type(exc).__name__})")
+            return None
+        if served or out:
+            model.faults_in_a_row = 0
+        return out
+
+    def _withdraw(self, model: ServedModel, why: str) -> None:
+        """Stop serving a model where everyone can see it: its role never serves again (status
+        queries go unanswered, observations are dropped), its liveliness token is undeclared (a hot
+        standby takes over), telemetry says `serving: 0` and `failed: 1`. When no model is served
+        any more, `failed` is set and the console script exits non-zero."""
+        if model.failed is not None:
+            return
+        model.failed = why
+        if model.role is not None:
+            model.role.fail()
+        token = self.tokens.pop(model.app.prefix, None)
+        if token is not None:
+            try:
+                token.undeclare()
+            except Exception as exc:
+                log.warning("%s: could not withdraw its liveliness token: %s", model.app.prefix, exc)
+        log.critical("%s: no longer served (%s); its liveliness token and status are withdrawn", model.app.prefix, why)
+        if all(m.failed is not None for m in self.models):
+            self.failed.set()

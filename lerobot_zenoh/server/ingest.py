@@ -1,0 +1,183 @@
+"""What reaches the server from the robots: its subscriptions and Zenoh callbacks, hand-over only.
+
+`on_observation` parses the key, reads the observation's small header (`admission.read_header`, a
+struct unpack; nothing is decoded) and calls `engine.admit` (the raw bytes and that verdict go into
+the session's newest-only slot); `on_client_token` tells the engine a client's liveliness token
+appeared or vanished. Both take only the engine's short lock. A model serving a component of
+multi-model tasks (`pipeline` in its manifest entry) also subscribes to each task's observation
+stream (and its robots' tokens there): `on_task_observation` asks the model's task routing
+(`server/routing.py`) first. `reload` takes a re-read manifest's client lists, batch sizes and task
+streams (SIGHUP): a model's streams are one dict replaced whole, so the callbacks and the inference
+thread read either the old map or the new one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from lerobot_zenoh.errors import KeyExprError, TransportError
+from lerobot_zenoh.protocol.keys import AppKey, Topic, names_components, parse_client_key
+from lerobot_zenoh.server import admission
+from lerobot_zenoh.server.engine import TOO_MANY_CLIENTS, UNKNOWN_CLIENT
+from lerobot_zenoh.server.manifest import Manifest
+from lerobot_zenoh.server.routing import TaskRouting, TaskStream, stream_changes, task_streams
+from lerobot_zenoh.server.served_model import ServedModel
+from lerobot_zenoh.telemetry.publisher import worth_logging
+from lerobot_zenoh.transport.session import Payload
+
+log = logging.getLogger(__name__)
+
+#: Parsed observation keys kept (one per client and model); beyond it the cache starts again.
+MAX_CACHED_KEYS = 4096
+
+__all__ = ["Ingest", "MAX_CACHED_KEYS"]
+
+
+class Ingest:
+    """The subscriptions and callbacks of `models`; `session` is set once Zenoh is open."""
+
+    def __init__(self, models: list[ServedModel], wake: threading.Event):
+        self.models = models
+        self.wake = wake
+        self.session = None
+        # Observation key -> client id, for keys that parsed as client observation keys: parsing
+        # (split, AppKey, chunk validation) cost 12 us per sample, a dict hit 0.1 us (docs/benchmarks.md,
+        # "Server ingest"). Bounded: emptied when it reaches MAX_CACHED_KEYS (a client per key).
+        self._client_of_key: dict[str, str] = {}
+
+    def reload(self, manifest: Manifest) -> str | None:
+        """Take a re-read manifest's task streams, client lists and batch sizes; None when applied,
+        else why not (nothing applied). New task streams are subscribed before any client is listed,
+        so a robot that the status query says is served is heard on its stream."""
+        streams = [task_streams(manifest, entry) for entry in manifest.server]
+        opened: list[tuple[ServedModel, str, list]] = []
+        try:
+            for model, new in zip(self.models, streams, strict=True):
+                # New streams, and those whose components (bits) changed: their keys did.
+                for task in sorted(t for t in new if t not in model.streams or model.streams[t].bits != new[t].bits):
+                    opened.append((model, task, []))
+                    self.subscribe(model, new[task], task, opened[-1][2])
+        except TransportError as exc:
+            for *_, subscriptions in opened:
+                for sub in subscriptions:
+                    sub.close()
+            return f"a task stream could not be subscribed: {exc}"
+        for model, task, subscriptions in opened:
+            for sub in model.subscriptions.pop(task, []):  # a stream whose bits changed: its old keys
+                sub.close()
+            model.subscriptions[task] = subscriptions
+        for model, entry, new in zip(self.models, manifest.server, streams, strict=True):
+            before_streams, unheard = {}, set()
+            if model.routing is not None:
+                before_streams, unheard = model.routing.update(new)
+            elif new:
+                model.routing = TaskRouting(new)  # (until now its new streams' observations were dropped)
+            for task in before_streams.keys() - new.keys():
+                for sub in model.subscriptions.pop(task, []):
+                    sub.close()
+            cap = model.runner.spec.capabilities.max_batch
+            batch = entry.max_batch_size if entry.max_batch_size != "auto" else model.max_batch_size
+            before = model.engine.config.listed
+            listed = frozenset(c.client_uuid for c in entry.clients)
+            model.entry, model.max_batch_size = entry, batch if cap is None else min(batch, cap)
+            closed = model.engine.update_clients(listed, model.max_batch_size, close=unheard)
+            log.info("%s: clients reloaded: +%s -%s (sessions closed: %s), max_batch_size %d%s", model.app.prefix,
+                     sorted(listed - before) or "none", sorted(before - listed) or "none", closed or "none",
+                     model.max_batch_size, stream_changes(before_streams, new))
+        return None
+
+    def subscribe(self, model: ServedModel, source: AppKey | TaskStream, task: str | None, into: list) -> None:
+        """Subscribe `model` to the observations of `source` (its own app, or the stream of `task`) and
+        to the liveliness tokens of the clients there; each subscription is appended to `into`.
+
+        On a task stream it subscribes to the observations whose key names one of the components it
+        serves there (`AppKey.component_observations`: a router sends it no other), and to those
+        whose key names none (a client that sends the mask in the header only, protocol.md §2.2)."""
+        bits = source.bits if isinstance(source, TaskStream) else ()
+        app = source.key if isinstance(source, TaskStream) else source
+
+        if task is None:
+            def on_observation(key, payload, attachment, m=model):
+                self.on_observation(m, key, payload, attachment)
+        else:
+            def on_observation(key, payload, attachment, m=model, t=task):
+                self.on_task_observation(m, t, key, payload, attachment)
+
+        def subscribe(selector: str, callback) -> None:
+            # copy=False: kept in Zenoh's buffer, copied once when decoded, never if superseded
+            into.append(self.session.subscribe(selector, callback, with_attachment=True, copy=False))
+
+        subscribe(app.all_observations, on_observation)
+        for i, bit in enumerate(bits):
+            # An observation that asks two of its components matches two subscriptions: the first serves it.
+            def on_component(key, payload, attachment, earlier=bits[:i]):
+                if not names_components(key, earlier):
+                    on_observation(key, payload, attachment)
+
+            subscribe(app.component_observations(bit), on_component)
+        # Each client declares a token on its metrics key: its session closes when the token goes.
+        into.append(self.session.watch_liveliness(
+            app.all_client_tokens, lambda key, alive, m=model: self.on_client_token(m, key, alive)))
+
+    def on_observation(self, model: ServedModel, key: str, payload: Payload | bytes,
+                        attachment: bytes | None = None) -> None:
+        """An observation on the model's own app: its header read once, then admitted."""
+        client_id = self.client_of(model, key)
+        if client_id is not None:
+            self.admit(model, client_id, payload, *admission.read_header(attachment))
+
+    def on_task_observation(self, model: ServedModel, task: str, key: str, payload: Payload | bytes,
+                             attachment: bytes | None = None) -> None:
+        """An observation on a multi-model task's stream: admitted when the task routing says it asks this model."""
+        client_id = self.client_of(model, key)
+        if client_id is None:
+            return
+        header, header_error = admission.read_header(attachment)
+        routing = model.routing
+        if routing is None or not routing.accepts(task, client_id, header, header_error):
+            return
+        if self.admit(model, client_id, payload, header, header_error, task) in (UNKNOWN_CLIENT, TOO_MANY_CLIENTS):
+            routing.refused(client_id)
+
+    def client_of(self, model: ServedModel, key: str) -> str | None:
+        """The client whose observation key `key` is; None when it is none, or while standing by."""
+        if not model.role.active.is_set():  # a standby drops observations unseen
+            model.standby_dropped += 1
+            return None
+        client_id = self._client_of_key.get(key)
+        if client_id is None:
+            try:
+                _, client_id = parse_client_key(key, Topic.OBS)
+            except KeyExprError:
+                return None  # the wildcard only matches .../*/obs; a reserved id like "server" ends here
+            if len(self._client_of_key) >= MAX_CACHED_KEYS:
+                self._client_of_key.clear()
+            self._client_of_key[key] = client_id
+        return client_id
+
+    def admit(self, model: ServedModel, client_id: str, payload: Payload | bytes, header, header_error,
+               task: str | None = None) -> str | None:
+        dropped = model.engine.admit(client_id, payload, time.monotonic(), header, header_error, task)
+        if dropped is None:
+            self.wake.set()
+        elif dropped == UNKNOWN_CLIENT:
+            n = model.engine.dropped[UNKNOWN_CLIENT]
+            if n in (1, 10, 100, 1000):
+                log.warning("rejected observation(s) from unknown client %r on %s (%d so far)",
+                            client_id, model.app.prefix, n)
+        elif dropped == TOO_MANY_CLIENTS:
+            n = model.engine.dropped[TOO_MANY_CLIENTS]
+            if worth_logging(n):
+                log.warning("dropped observation(s) from %r on %s: %d unknown clients already have a session "
+                            "(max_unknown_clients) [%d so far]", client_id, model.app.prefix,
+                            model.entry.max_unknown_clients, n)
+        return dropped
+
+    def on_client_token(self, model: ServedModel, key: str, alive: bool) -> None:
+        try:
+            _, client_id = parse_client_key(key, Topic.METRICS)
+        except KeyExprError:
+            return
+        model.engine.on_token(client_id, alive, time.monotonic())

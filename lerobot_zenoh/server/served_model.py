@@ -1,0 +1,139 @@
+"""One served model: its runner, engine (sessions and whom to serve), executor, status and action
+publishers, and what the server counts for it. Built once per manifest entry at start-up."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import replace
+
+from lerobot_zenoh.errors import ConfigError
+from lerobot_zenoh.protocol import codec
+from lerobot_zenoh.protocol.keys import ANSWER_TOPICS, AppKey
+from lerobot_zenoh.protocol.messages import RtcAdvert, SameHostAdvert, Status
+from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
+from lerobot_zenoh.server import text_stream
+from lerobot_zenoh.server.engine import Engine, EngineConfig
+from lerobot_zenoh.server.executor import Executor
+from lerobot_zenoh.server.failover import ServingRole
+from lerobot_zenoh.server.manifest import Manifest, ModelEntry
+from lerobot_zenoh.server.routing import TaskRouting, task_streams
+from lerobot_zenoh.server.runners.base import PolicyRunner
+from lerobot_zenoh.transport.session import Publisher
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ServedModel"]
+
+
+class ServedModel:
+    """One manifest entry: its runner, engine, executor, status and action publishers."""
+
+    def __init__(self, manifest: Manifest, entry: ModelEntry, runner: PolicyRunner, server_id: str,
+                 batch_profile_s: dict[int, float] | None = None,
+                 codec_limits: codec.CodecLimits = codec.DEFAULT_LIMITS, same_host: SameHostAdvert | None = None):
+        self.entry = entry
+        self.source = manifest.source  # (errors at start-up name the manifest file)
+        self.app: AppKey = manifest.app_key(entry)
+        self.runner = runner
+        spec = runner.spec
+        # `max_batch_size: auto`: the saturation point of the profile measured at start-up
+        # (`batch_profile_s`, {batch size: seconds per pass}); 1 without a profile. A runner takes at
+        # most `capabilities.max_batch` requests per call, whatever the manifest says.
+        self.batch_profile_s = dict(batch_profile_s or {})
+        if entry.max_batch_size == "auto":
+            wanted = saturation_batch_size(self.batch_profile_s) if self.batch_profile_s else 1
+        else:
+            wanted = entry.max_batch_size
+        cap = spec.capabilities.max_batch
+        self.max_batch_size = wanted if cap is None else min(wanted, cap)
+        if self.max_batch_size < wanted:
+            log.warning("%s: %s runners take at most %d request(s) per pass; max_batch_size %d -> %d",
+                        entry.model_id, spec.policy_type, cap, wanted, self.max_batch_size)
+        actions_per_chunk = entry.actions_per_chunk or spec.chunk_size
+        if actions_per_chunk > spec.chunk_size:
+            raise ConfigError(
+                f"server[{entry.model_id}].actions_per_chunk",
+                f"{actions_per_chunk} is more than the model's chunk size {spec.chunk_size}",
+                source=manifest.source,
+            )
+        self.actions_per_chunk = actions_per_chunk
+        sessions = manifest.sessions
+        self.engine = Engine(EngineConfig(
+            listed=frozenset(c.client_uuid for c in entry.clients),
+            accept_unknown=entry.accept_unknown_clients,
+            max_unknown_clients=entry.max_unknown_clients,
+            idle_timeout_s=sessions.idle_timeout_s,
+            liveliness_grace_s=sessions.liveliness_grace_s,
+            max_message_bytes=codec_limits.max_message_bytes,
+            max_batch_size=self.max_batch_size,
+        ), entry.scheduler.build(f"server.{entry.model_id}.scheduler"))
+        self.executor = Executor(self.app.prefix, runner, actions_per_chunk=actions_per_chunk,
+                                 server_id=server_id, horizon=entry.horizon.build(spec.capabilities.refinement_kind),
+                                 limits=codec_limits)
+        self.status = Status(
+            model_id=entry.model_id,
+            model_version=entry.model_version,
+            expected_cameras=dict(spec.cameras),
+            action_dim=spec.action_dim,
+            max_actions_per_chunk=actions_per_chunk,
+            observation_features=spec.observation_features(),
+            policy_type=spec.policy_type,
+            fps=entry.fps,
+            server_id=server_id,
+            state_dim=spec.state_dim,
+            action_names=tuple(spec.action_names),
+            accepts_unknown_clients=entry.accept_unknown_clients,
+            **spec.status_fields(),
+            # Real-time chunking: observations may carry a prefix and a delay (docs/protocol.md §5.1).
+            rtc=(RtcAdvert(entry.rtc.execution_horizon if entry.rtc.enabled else None) if spec.capabilities.rtc
+                 else None),
+            same_host=same_host,  # clients on this host and user send raw frames through /dev/shm
+            refreshes=True,  # the engine keeps a refresh's place and drops a late one (protocol.md §10.7)
+            streams_text=True if text_stream.writes_text(runner) else None,  # System 2 from the same prefill
+        )
+        self.status_bytes = codec.encode(self.status)
+        self.publishers: dict[str, Publisher] = {}  # client id -> action publisher, closed with its session
+        self.actions_dropped_closed = 0  # chunks dropped by publishers of sessions since closed
+        # A query naming a client (`status?client=<id>`) learns whether this model serves it.
+        self._status_for = {admitted: codec.encode(replace(self.status, client_admitted=admitted))
+                            for admitted in (True, False)}
+        self.role: ServingRole | None = None  # set at start(): primary or hot standby
+        self.standby_dropped = 0  # observations not admitted while standing by
+        self.inferences = 0
+        # What the model answers, on which topic (the runner's declared output, never probed).
+        self.output = spec.capabilities.output
+        self.topic = ANSWER_TOPICS[self.output]
+        self.answers: Counter = Counter()  # answers published: "actions", "text", "verdict.<label>"
+        self.answers_withheld = 0  # results the runner marked silent (fault injection)
+        # Multi-model tasks (`entry.pipeline`, server/routing.py); None: a model of robots alone, which
+        # never goes through task routing. Set (once) by a reload that gives it task streams.
+        self.routing: TaskRouting | None = TaskRouting(task_streams(manifest, entry)) if entry.pipeline else None
+        # The subscriptions (observations, client tokens) of its own app (None) and of each task stream.
+        self.subscriptions: dict[str | None, list] = {}
+        self.dispatcher = None  # server/dispatch.py Dispatcher, set at start() when the entry lists engines
+        self.loop_faults = 0  # faults in its serving turn (logged with their traceback)
+        self.faults_in_a_row = 0
+        self.failed: str | None = None  # why it is no longer served (`PolicyServer._withdraw`)
+
+    @property
+    def scheduler(self):
+        return self.engine.scheduler
+
+    @property
+    def streams(self) -> dict:
+        """The task streams it serves (task -> `routing.TaskStream`; empty without task routing)."""
+        return self.routing.streams if self.routing is not None else {}
+
+    @property
+    def for_other_components(self) -> int:
+        """Task-stream observations that asked another component (dropped unread, or once decoded)."""
+        return self.routing.for_other_components if self.routing is not None else 0
+
+    def status_reply(self, parameters: dict[str, str]) -> bytes:
+        """The status bytes for a query; with `client=<id>`, `client_admitted` says if it is served."""
+        client = parameters.get("client")
+        if not client:
+            return self.status_bytes
+        config = self.engine.config
+        return self._status_for[config.accept_unknown or client in config.listed]

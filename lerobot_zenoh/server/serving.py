@@ -1,0 +1,202 @@
+"""The serving paths of the inference thread, for every model served by this process's own runner.
+
+`Serving.serve` takes a picked batch through admission (decode, route, prepare), one forward pass
+and one answer per request on the client's key; an iteration-level runner (pi0-FAST) instead
+decodes step by step and takes new requests between steps (`serve_streaming`: at most one request
+decoding per robot, the free slots going to the next robots by the scheduler's rank). Both paths
+publish through `answer`. It is called by the inference thread, and by a local engine's thread for
+a model with `engines` (`server/dispatch.py`): action publishers are created under a small lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from lerobot_zenoh.errors import ProtocolError
+from lerobot_zenoh.protocol.keys import Topic
+from lerobot_zenoh.protocol.reasons import OutputKind, Reason
+from lerobot_zenoh.server import admission
+from lerobot_zenoh.server.admission import Ready
+from lerobot_zenoh.server.engine import REPLAYED, Batch, Session
+from lerobot_zenoh.server.runners.base import InferenceRequest, InferenceResult
+from lerobot_zenoh.server.served_model import ServedModel
+from lerobot_zenoh.telemetry.publisher import worth_logging
+from lerobot_zenoh.transport.session import ACTION_QOS, Publisher
+
+log = logging.getLogger(__name__)
+
+#: How often sessions are looked at for expiry (the inference loop, and between decode steps).
+EXPIRY_PERIOD_S = 0.25
+
+__all__ = ["Serving", "EXPIRY_PERIOD_S"]
+
+
+class Serving:
+    """The batch and iteration-level serving paths over `models`; `session` is set once Zenoh is open."""
+
+    def __init__(self, server_id: str, models: list[ServedModel], stop: threading.Event):
+        self.server_id = server_id
+        self.models = models
+        self.stop = stop
+        self.session = None
+        self._publishers_lock = threading.Lock()  # the local engine's thread publishes too
+
+    def expire(self, model: ServedModel, now: float) -> None:
+        """Close the model's expired sessions and forget their state (inference thread only)."""
+        for session in model.engine.expire(now):
+            self.forget(model, session)
+
+    def forget(self, model: ServedModel, session: Session) -> None:
+        """A closed session: drop its runner state and its action publisher (inference thread only)."""
+        if model.dispatcher is not None:
+            model.dispatcher.forget(session.client_id)  # the local runner's state: on its own thread
+        else:
+            model.runner.forget(session.client_id)
+        if model.routing is not None:
+            model.routing.forget(session.client_id)
+        with self._publishers_lock:
+            pub = model.publishers.pop(session.client_id, None)
+        if pub is not None:
+            model.actions_dropped_closed += pub.dropped
+            pub.close()
+        st = session.stats
+        log.info("%s %s: received %d, superseded %d, served %d, rejected %s (session closed: %s)", model.app.prefix,
+                 session.client_id, st.received, st.superseded, st.served, dict(st.rejected) or 0,
+                 session.closed_reason)
+
+    def serve(self, model: ServedModel, batch: Batch) -> None:
+        """Admit each picked observation on its own, infer the valid ones together, publish each answer.
+
+        A bad observation is rejected before batching; a batch that fails is served again one request
+        at a time, so one bad request costs the others a retry, never their chunk.
+        """
+        if model.runner.spec.capabilities.iteration_level:
+            self._serve_streaming(model, batch)
+            return
+        t_start = time.monotonic()
+        ready = admission.prepare(model, batch, lambda *r: self.reject(model, *r))
+        if not batch.items:
+            return
+        results = model.executor.infer([r.request for r in ready]) if ready else []
+        t_done = time.monotonic()
+        inference_ms = (t_done - t_start) * 1000
+        published: list[tuple[Session, int, float, float]] = []
+        for r, result in zip(ready, results, strict=True):
+            queue_ms = (t_start - r.slot.arrival_s) * 1000
+            if self._answer(model, r, result, inference_ms, queue_ms):
+                published.append((r.session, r.observation.seq_id, inference_ms, queue_ms))
+        model.engine.finish(published, [r.session.client_id for r in ready], time.monotonic(), t_done - t_start)
+        self.advance_text(model)
+
+    def _answer(self, model: ServedModel, r: Ready, result: InferenceResult | Exception, inference_ms: float,
+                queue_ms: float) -> bool:
+        """Publish the answer to one request (both serving paths); whether it counts as served."""
+        session = r.session
+        if isinstance(result, ProtocolError):  # shm_stale, decode_limit, undecodable_action_tokens
+            self.reject(model, session, result.reason, str(result))
+            return False
+        if isinstance(result, Exception):  # a failing inference is this client's problem, not the loop's
+            self.reject(model, session, Reason.INFERENCE_ERROR, f"{type(result).__name__}: {result}")
+            return False
+        if model.routing is not None and model.routing.text_only(model.runner, model.output, result):
+            return True  # text only: it streams (`_advance_text`)
+        if result.silent:  # a fault-injecting runner withholds this answer
+            model.answers_withheld += 1
+            return False
+        try:
+            payload = model.executor.answer(r.observation, result, inference_ms, queue_ms)
+        except Exception as exc:  # the runner returned something that is not an answer of its kind
+            self.reject(model, session, Reason.INFERENCE_ERROR, f"{type(exc).__name__}: {exc}")
+            return False
+        try:
+            self._publisher(model, session.client_id).put(payload)
+        except Exception as exc:
+            self.reject(model, session, Reason.PUBLISH_ERROR, str(exc))
+            return False
+        model.inferences += 1
+        model.answers[model.output if model.output != OutputKind.VERDICT else f"verdict.{result.label}"] += 1
+        return True
+
+    def advance_text(self, model: ServedModel) -> int:
+        """A language runner's text of every robot, one frame's worth (a task's System 2, server/routing.py)."""
+        if model.routing is None:
+            return 0
+        return model.routing.advance_text(model, lambda client_id: self.session.publisher(
+            model.app.client(client_id).topic(Topic.TEXT), ACTION_QOS), self.server_id)
+
+    def _serve_streaming(self, model: ServedModel, batch: Batch) -> None:
+        """Iteration-level serving (docs/server.md): the picked observations start decoding; between
+        decode steps the engine picks the next observations of this model, which join the running
+        batch; each answer is published the step its request finishes. Returns when nothing of this
+        model is left to decode (or the server stops taking new ones)."""
+        in_flight: dict[tuple[str, int], tuple[Ready, float]] = {}
+
+        def prepare(picked: Batch | None) -> list[tuple[tuple[str, int], InferenceRequest]]:
+            if picked is None:
+                return []
+            out = []
+            for r in admission.prepare(model, picked, lambda *rej: self.reject(model, *rej)):
+                key = (r.session.client_id, r.observation.seq_id)
+                if key in in_flight:
+                    self.reject(model, r.session, REPLAYED, f"seq_id {key[1]} is being decoded")
+                    continue
+                in_flight[key] = (r, time.monotonic())
+                out.append((key, r.request))
+            return out
+
+        started = next_expiry = time.monotonic()
+
+        def join() -> list[tuple[tuple[str, int], InferenceRequest]]:
+            nonlocal next_expiry
+            now = time.monotonic()
+            if now >= next_expiry:  # the loop's chores go on while a decode runs (sessions expire)
+                next_expiry = now + EXPIRY_PERIOD_S
+                for other in self.models:
+                    for session in other.engine.expire(now):
+                        self.forget(other, session)
+            # Stop taking new requests when stopping, or after a while when other models wait for
+            # the inference thread (the running batch then drains and the loop serves them).
+            if self.stop.is_set() or (len(self.models) > 1 and now - started > EXPIRY_PERIOD_S):
+                return []
+            # Fair admission: a robot has at most one request decoding; a free slot goes to the next
+            # robot by the scheduler's rank, never to a robot whose request is still decoding.
+            return prepare(admission.schedule(model, now, exclude={client for client, _ in in_flight}))
+
+        def emit(key: tuple[str, int], result: InferenceResult | Exception) -> None:
+            r, t_start = in_flight.pop(key)
+            t_done = time.monotonic()
+            inference_ms = (t_done - t_start) * 1000
+            queue_ms = (t_start - r.slot.arrival_s) * 1000
+            published = []
+            if self._answer(model, r, result, inference_ms, queue_ms):
+                published.append((r.session, r.observation.seq_id, inference_ms, queue_ms))
+            model.engine.finish(published, [r.session.client_id], t_done, t_done - t_start)
+
+        model.executor.stream(prepare(batch), join, emit)
+
+    def reject(self, model: ServedModel, session: Session, reason: str, detail: str, *, cool_down: bool = True) -> None:
+        """Count a rejection against a client; `cool_down=False`: not its fault (an engine's), so it
+        never counts towards the client's rejection cool-down."""
+        n = model.engine.reject(session, reason, time.monotonic(), cool_down=cool_down)
+        if worth_logging(n):
+            log.warning("client %s on %s: rejected (%s) %s [%d rejections]", session.client_id, model.app.prefix,
+                        reason, detail, n)
+
+
+    def publish(self, model: ServedModel, client_id: str, payload: bytes) -> None:
+        """Put an answer on the client's key of the model's output (raises when the publish fails)."""
+        self._publisher(model, client_id).put(payload)
+
+
+    def _publisher(self, model: ServedModel, client_id: str) -> Publisher:
+        pub = model.publishers.get(client_id)
+        if pub is None:
+            with self._publishers_lock:
+                pub = model.publishers.get(client_id)
+                if pub is None:
+                    # Chunks, texts and verdicts alike: reliable, never waited for (ACTION_QOS).
+                    pub = model.publishers[client_id] = self.session.publisher(
+                        model.app.client(client_id).topic(model.topic), ACTION_QOS)
+        return pub
