@@ -223,6 +223,7 @@ def test_every_reason_the_code_writes_as_a_string_is_a_documented_member():
     # The decode engine's normal finish ("end": the end-of-action token) is no refusal.
     literals = {k: v for k, v in _reason_literals().items() if k != "end"}
     assert {"decode_limit", "undecodable_action_tokens"} <= set(literals)  # the scan sees them
+    assert (Reason.DECODE_LIMIT, Reason.UNDECODABLE_ACTION_TOKENS) == ("decode_limit", "undecodable_action_tokens")
     unknown = {k: v for k, v in literals.items() if k not in {r.value for r in Reason}}
     assert not unknown, f"reasons counted but not in the Reason enum (nor in docs/protocol.md §8): {unknown}"
 
