@@ -30,7 +30,10 @@ def _num(value: float | None, digits: int = 2) -> str:
 
 
 def _ratio(theirs: float | None, ours: float | None) -> str:
-    return f"{theirs / ours:.1f}×" if theirs and ours else DASH
+    if not (theirs and ours):
+        return DASH
+    ratio = theirs / ours
+    return f"{ratio:.0f}×" if ratio >= 100 else f"{ratio:.1f}×"
 
 
 def _added_p50(latency: dict | None, link: str, system: str) -> float | None:
@@ -124,10 +127,22 @@ def block(results: dict, machine: dict, command: str) -> str:
         + (f" at commit `{commit}`" if commit else "")
         + (f": {machine['cores']} cores" if machine.get("cores") else "")
         + (f" ({machine['cpu']})" if machine.get("cpu") else "") + (", no GPU" if machine else "")
-        + (f", load average {machine['load_avg_at_start'][0]:.2f} at the start" if machine.get("load_avg_at_start") else "")
+        + (f", load average {machine['load_avg_at_start'][0]:.2f} as it ended" if machine.get("load_avg_at_start") else "")
         + (f"; {soft}" if soft else "")
         + ". What each figure means, and the other benchmarks: [docs/benchmarks.md](docs/benchmarks.md).",
+        *_loaded(machine),
     ])
+
+
+def _loaded(machine: dict) -> list[str]:
+    """A warning under the table when the run shared its cores: more runnable work than cores.
+    (`harness.machine()` is read when a benchmark ends, so its load average is the run's last minute.)"""
+    load, cores = machine.get("load_avg_at_start"), machine.get("cores")
+    if not load or not cores or load[0] <= cores:
+        return []
+    return ["", f"**A loaded machine** (load average {load[0]:.1f} on {cores} cores as the run ended): absolute "
+                "times and missed deadlines are inflated by the other work; the ratios, measured side by side, "
+                "hold better. The quiet-machine reference: [docs/benchmarks.md](docs/benchmarks.md#added-latency)."]
 
 
 def write(path: Path, content: str) -> None:

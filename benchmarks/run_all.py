@@ -133,17 +133,17 @@ def main(argv=None) -> int:
         if "latency" in args.only:
             results["latency"] = latency.run(args, run_dir, net, log)
             run_dir.write_json("latency", results["latency"])
-            latency.plot(results["latency"], run_dir.out / "latency.png")
+            run_dir.write_plot("latency", latency.plot, results["latency"])
         if "control_loop" in args.only:
             args.seconds = args.seconds_control
             results["control_loop"] = control_loop.run(args, run_dir, net, log)
             run_dir.write_json("control_loop", results["control_loop"])
-            control_loop.plot(results["control_loop"], run_dir.out / "control_loop.png")
+            run_dir.write_plot("control_loop", control_loop.plot, results["control_loop"])
         if "ingest" in args.only:
             args.seconds = args.seconds_ingest
             results["ingest"] = ingest.run(args, run_dir, net, log)
             run_dir.write_json("ingest", results["ingest"])
-            ingest.plot(results["ingest"], run_dir.out / "ingest.png")
+            run_dir.write_plot("ingest", ingest.plot, results["ingest"])
         network = {"method": net.method, "note": net.reason}
     print()
     for name, module in (("latency", latency), ("control_loop", control_loop), ("ingest", ingest)):
@@ -159,8 +159,9 @@ def main(argv=None) -> int:
           f"in {time.monotonic() - t0:.0f} s")
     if args.write_readme:
         given = list(argv if argv is not None else sys.argv[1:])
-        rest = [a for i, a in enumerate(given) if not a.startswith("--write-readme")
-                and not (i and given[i - 1] == "--write-readme")]
+        # What was measured, not where it was written: --out and --write-readme are left out.
+        rest = [a for i, a in enumerate(given) if not a.startswith(("--write-readme", "--out"))
+                and not (i and given[i - 1] in ("--write-readme", "--out"))]
         command = "make bench" + (f" BENCH_ARGS='{' '.join(rest)}'" if rest else "")
         results_table.write(args.write_readme, results_table.block(results, summary["machine"], command))
         print(f"rewrote the results table of {args.write_readme}")

@@ -42,11 +42,17 @@ def test_the_table_holds_the_main_workloads_figures_side_by_side_with_their_rati
     assert "| **3.92** | 17.24 | 0.29 | 4.4× |" in rows["added latency, loopback, network path (JPEG) (ms, median)"]
     assert "| **15.20** | 78.58 | 9.29 | 5.2× |" in text  # the Wi-Fi-like link, named by its shape
     assert "1.00" not in text  # another workload's figures stay out
-    assert "| **52** | 12761 | — | 245.4× |" in rows["control loop blocked per hand-over (µs, p99)"]
+    assert "| **52** | 12761 | — | 245× |" in rows["control loop blocked per hand-over (µs, p99)"]
     assert "| **0 / 0** | 0 / 151 |" in text
     assert "| **0.60** | not run (did not keep up with 10 clients) | 0.37 |" in text
     assert "`make bench` on 2026-11-23 08:05:00 UTC at commit `a0ea77d`: 2 cores (Intel Xeon)" in text
-    assert "load average 0.40 at the start" in text and "docs/benchmarks.md" in text
+    assert "load average 0.40 as it ended" in text and "docs/benchmarks.md" in text
+    assert "loaded machine" not in text
+
+
+def test_a_run_on_a_loaded_machine_says_so_under_the_table():
+    text = results_table.block(RESULTS, {**MACHINE, "load_avg_at_start": [7.9, 7.0, 4.7]}, "make bench")
+    assert "**A loaded machine** (load average 7.9 on 2 cores as the run ended)" in text.splitlines()[-1]
 
 
 def test_a_figure_the_run_did_not_measure_is_a_dash_not_a_stale_number():
