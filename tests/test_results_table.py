@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from benchmarks import results_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,3 +75,14 @@ def test_write_replaces_only_the_block_and_the_readme_has_one(tmp_path):
     head, rest = readme.split(results_table.BEGIN)
     tail = rest.split(results_table.END, 1)[1]
     assert copy.read_text() == f"{head}{results_table.BEGIN}\nNEW TABLE\n{results_table.END}{tail}"
+
+
+def test_make_bench_refuses_a_readme_without_the_block_before_it_runs_anything(tmp_path, capsys):
+    from benchmarks import run_all
+
+    readme = tmp_path / "README.md"
+    readme.write_text("# no table here\n")
+    with pytest.raises(SystemExit) as exit_:
+        run_all.main(["--write-readme", str(readme), "--out", str(tmp_path / "out"), "--only", "latency"])
+    assert exit_.value.code == 2 and "has no results block" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
