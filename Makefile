@@ -85,27 +85,27 @@ clean:
 # Fleet study over real Zenoh and a real server (virtual robots in one process), the model's rungs
 # and metrics, 3 seeds per point, capacity to one robot, set beside the model at the same scale
 # (about 35 min on 2 cores; cached per run and code version in outputs/fleet_zenoh/): rewrites the
-# generated block of "Fleet over real Zenoh" in docs/benchmarks.md. FLEET_ARGS=--fresh re-runs
-# everything; FLEET_ARGS="--lock /work/notes/bench.lock" serialises it with other benchmarks.
+# generated block of "Fleet over real Zenoh" in docs/studies/fleet.md. FLEET_ARGS=--fresh re-runs
+# everything; FLEET_ARGS="--lock <file>" serialises it with other benchmarks.
 # bench-fleet-sim: the discrete-event model of the same fleet (a few minutes), "Fleet scheduling".
 FLEET_ARGS ?=
 .PHONY: bench-fleet bench-fleet-sim
 bench-fleet: $(BENCH_STAMP)
-	$(PY) -m benchmarks.studies.fleet_zenoh study --write-docs docs/benchmarks.md $(FLEET_ARGS)
+	$(PY) -m benchmarks.studies.fleet_zenoh study --write-docs docs/studies/fleet.md $(FLEET_ARGS)
 
 bench-fleet-sim: $(STAMP)
-	$(PY) -m benchmarks.studies.fleet --write-docs docs/benchmarks.md
+	$(PY) -m benchmarks.studies.fleet --write-docs docs/studies/fleet.md
 
-# The same model with tiers (docs/benchmarks.md, "Edge and cloud in the model"): edge-only / cloud-only /
+# The same model with tiers (docs/studies/edge-cloud-model.md, "Edge and cloud in the model"): edge-only / cloud-only /
 # hybrid against the task arrival rate (Kairos Fig. 13, gpu and vla profiles), the WAN sweep (Fig. 17)
 # and scale-out on one site; then wait ratio against FIFO over loads on fresh seeds ("Wait ratio
 # against FIFO, re-measured"). Long: several hours on a shared 2-core machine (overloaded tiers are slow to simulate).
 .PHONY: bench-hybrid-sim
 bench-hybrid-sim: $(STAMP)
-	$(PY) -m benchmarks.studies.fleet --hybrid --seeds 3 --duration-s 150 --write-docs docs/benchmarks.md
-	$(PY) -m benchmarks.studies.fleet --order --order-batches 1 16 --profiles gpu --seeds 10 --first-seed 10 --loads 0.5 0.7 0.8 0.9 0.95 1.0 --write-docs docs/benchmarks.md
+	$(PY) -m benchmarks.studies.fleet --hybrid --seeds 3 --duration-s 150 --write-docs docs/studies/edge-cloud-model.md
+	$(PY) -m benchmarks.studies.fleet --order --order-batches 1 16 --profiles gpu --seeds 10 --first-seed 10 --loads 0.5 0.7 0.8 0.9 0.95 1.0 --write-docs docs/studies/edge-cloud-model.md
 
-# Real-time chunking against blending (docs/benchmarks.md, "Real-time chunking"): records a dataset
+# Real-time chunking against blending (docs/studies/rtc.md, "Real-time chunking"): records a dataset
 # with the client, trains a tiny SmolVLA on it with lerobot-train (once, ~10-15 min on 2 cores; cached
 # in outputs/rtc/<settings>/), then about 15 min of measurements over real Zenoh. RTC_ARGS=--seeds 1 ...
 RTC_STAMP := $(VENV)/.rtc-stamp
@@ -116,7 +116,7 @@ $(RTC_STAMP): $(STAMP)
 	@touch $@
 
 bench-rtc: $(RTC_STAMP)
-	$(PY) -m benchmarks.studies.rtc all --write-docs docs/benchmarks.md $(RTC_ARGS)
+	$(PY) -m benchmarks.studies.rtc all --write-docs docs/studies/rtc.md $(RTC_ARGS)
 
 # Fault tests in network namespaces (root; part of `make test` too) and a soak run.
 SOAK_MINUTES ?= 30
@@ -133,6 +133,7 @@ soak: $(STAMP)
 
 # Benchmarks against LeRobot's gRPC async inference and the physical floor (docs/benchmarks.md): a few
 # minutes on 2 cores; BENCH_ARGS=--full for the long runs. Shaped links need root (network namespaces).
+# Rewrites the results table of README.md from the run (benchmarks/results_table.py).
 
 $(BENCH_STAMP): pyproject.toml $(STAMP)
 	$(PY) -m pip install -e '.[test,robot,server,hardware,vla,planner,bench]'
@@ -140,24 +141,24 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 
 .PHONY: bench
 bench: $(BENCH_STAMP)
-	$(PY) -m benchmarks.run_all $(BENCH_ARGS)
+	$(PY) -m benchmarks.run_all --write-readme README.md $(BENCH_ARGS)
 
 # The JPEG codecs side by side (OpenCV, simplejpeg, PyTurboJPEG if its system library is there).
 .PHONY: bench-codec
 bench-codec: $(STAMP)
 	$(PY) -m benchmarks.studies.codec
 
-# Rosa's workloads on the real stack (docs/benchmarks.md, "Multi-model pipelines: planned fleet vs
+# Rosa's workloads on the real stack (docs/studies/pipelines.md, "Multi-model pipelines: planned fleet vs
 # baselines, measured"; rewrites its generated block): planned, shared and dedicated deployments written by the deployment code,
 # server processes from their manifests, the real pipeline clients; ~25 min on 2 cores with the
 # defaults (P4 and Mix2 at 8, 16, 32 robots, 3 runs each). PIPELINES_RUN_ARGS="--sizes 8 --seeds 1" ...
 PIPELINES_RUN_ARGS ?= --workloads P4 Mix2 --sizes 8 16 32 --seeds 3 --seconds 15 --warmup 5
 .PHONY: bench-pipelines-run
 bench-pipelines-run: $(STAMP)
-	$(PY) -m benchmarks.studies.pipelines_run $(PIPELINES_RUN_ARGS) --write-docs docs/benchmarks.md
+	$(PY) -m benchmarks.studies.pipelines_run $(PIPELINES_RUN_ARGS) --write-docs docs/studies/pipelines.md
 
 # A multi-model task's bytes on the link per control decision: published once vs once per component
-# (docs/benchmarks.md, "Multi-model pipelines: bytes on the link"; iptables counters need root).
+# (docs/studies/pipelines.md, "Multi-model pipelines: bytes on the link"; iptables counters need root).
 .PHONY: bench-pipeline-bytes
 bench-pipeline-bytes: $(STAMP)
 	$(PY) -m benchmarks.studies.pipeline_bytes
@@ -168,7 +169,7 @@ bench-pipeline-bytes: $(STAMP)
 bench-session-attacks: $(STAMP)
 	$(PY) -m benchmarks.studies.session_attacks
 
-# pi0.5 actions + language from one prefill, and the VLM runner's batched text (docs/benchmarks.md,
+# pi0.5 actions + language from one prefill, and the VLM runner's batched text (docs/studies/pi05-language.md,
 # "pi0.5: actions and language from one prefill"); needs lerobot[pi] (the `vla` extra), no Zenoh.
 # LANGUAGE_ARGS="--device cuda --dtype bfloat16" runs the same table on a GPU.
 LANGUAGE_ARGS ?= --threads 1
@@ -182,7 +183,7 @@ bench-language: $(LANGUAGE_STAMP)
 	$(PY) -m benchmarks.studies.language $(LANGUAGE_ARGS)
 
 
-# Edge-only vs cloud-only vs hybrid (Kairos Fig. 13; docs/benchmarks.md, "Edge-cloud serving"): an edge
+# Edge-only vs cloud-only vs hybrid (Kairos Fig. 13; docs/studies/edge-cloud-serving.md, "Edge-cloud serving"): an edge
 # scheduler, a cloud engine process and Poisson task arrivals over shaped links (robots-edge 2.5 ms
 # one way, edge-cloud 100 ms ONE WAY / 1 Gbit/s as Kairos' WAN, --wan-ms 50 for a 100 ms round trip;
 # root for the namespaces); ~12 min on 2 cores with these defaults. HYBRID_ARGS="--rates 2,6,10,14
@@ -193,7 +194,7 @@ HYBRID_ARGS ?= --rates 2,6,10 --seeds 3 --duration-s 12 --warmup-s 3
 bench-hybrid: $(STAMP)
 	$(PY) -m benchmarks.studies.hybrid study $(HYBRID_ARGS)
 
-# Scale-out on one site (docs/benchmarks.md, "Edge-cloud serving"): robots carried within the stall
+# Scale-out on one site (docs/studies/edge-cloud-serving.md, "Edge-cloud serving"): robots carried within the stall
 # budget by 1, 2, 4 engine processes behind one scheduler against as many servers with robots
 # assigned statically, over real Zenoh on loopback (synthetic GPUs that sleep); ~15 min on 2 cores.
 SCALEOUT_ARGS ?= --engines 1 2 4 --grid 2 3 4 5 --seeds 0 1 2 --measure-s 20
@@ -202,7 +203,7 @@ bench-hybrid-scaleout: $(STAMP)
 	$(PY) -m benchmarks.studies.fleet_scaleout $(SCALEOUT_ARGS)
 
 
-# pi0-FAST decoding across robots (docs/benchmarks.md, "pi0-FAST: continuous batching across robots"):
+# pi0-FAST decoding across robots (docs/studies/pi0-fast.md, "pi0-FAST: continuous batching across robots"):
 # one at a time vs static vs continuous batching, tiny and small shapes, 1..16 robots. Needs only
 # lerobot, torch, transformers, tokenizers, numpy. On a GPU: AR_ARGS="--device cuda --dtype bfloat16".
 .PHONY: bench-autoregressive

@@ -1,11 +1,14 @@
 """`make bench`: the three benchmarks side by side, a table, JSON and one PNG per benchmark.
 
     python -m benchmarks.run_all [--full] [--out outputs/bench] [--only latency,control_loop,ingest]
+                                 [--write-readme README.md]
 
 Short by default (a few minutes on 2 cores): 200 round trips per system and case, 20 s control-loop
 phases, 5 s ingest stages. `--full`: 500 round trips and every workload on every link, 60 s phases,
 15 s stages and 200 clients. Writes `<out>/{latency,control_loop,ingest}.{json,png}`,
-`<out>/summary.json` and worker logs under `<out>/logs/`. docs/benchmarks.md explains every column.
+`<out>/summary.json` and worker logs under `<out>/logs/`; `--write-readme` rewrites the README's results
+table from this run (`benchmarks/results_table.py`, what `make bench` does). docs/benchmarks.md explains
+every column.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 
-from benchmarks import control_loop, ingest, latency
+from benchmarks import control_loop, ingest, latency, results_table
 from benchmarks.common import MAIN_WORKLOAD, fmt
 from benchmarks.harness import Run, add_common_args, machine
 from benchmarks.netns import Network
@@ -105,7 +109,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(parser)
     parser.add_argument("--only", type=lambda s: s.split(","), default=list(BENCHMARKS))
+    parser.add_argument("--write-readme", type=Path, default=None,
+                        help="rewrite the results table of this file (README.md) from this run")
     args = parser.parse_args(argv)
+    if args.write_readme and results_table.BEGIN not in (args.write_readme.read_text() if args.write_readme.exists() else ""):
+        parser.error(f"--write-readme: {args.write_readme} has no results block ({results_table.BEGIN})")
     # The individual benchmarks' defaults, short or full.
     args.round_trips = 500 if args.full else 200
     args.batch = 25
@@ -125,17 +133,17 @@ def main(argv=None) -> int:
         if "latency" in args.only:
             results["latency"] = latency.run(args, run_dir, net, log)
             run_dir.write_json("latency", results["latency"])
-            latency.plot(results["latency"], run_dir.out / "latency.png")
+            run_dir.write_plot("latency", latency.plot, results["latency"])
         if "control_loop" in args.only:
             args.seconds = args.seconds_control
             results["control_loop"] = control_loop.run(args, run_dir, net, log)
             run_dir.write_json("control_loop", results["control_loop"])
-            control_loop.plot(results["control_loop"], run_dir.out / "control_loop.png")
+            run_dir.write_plot("control_loop", control_loop.plot, results["control_loop"])
         if "ingest" in args.only:
             args.seconds = args.seconds_ingest
             results["ingest"] = ingest.run(args, run_dir, net, log)
             run_dir.write_json("ingest", results["ingest"])
-            ingest.plot(results["ingest"], run_dir.out / "ingest.png")
+            run_dir.write_plot("ingest", ingest.plot, results["ingest"])
         network = {"method": net.method, "note": net.reason}
     print()
     for name, module in (("latency", latency), ("control_loop", control_loop), ("ingest", ingest)):
@@ -149,6 +157,14 @@ def main(argv=None) -> int:
     (run_dir.out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"\nwrote {run_dir.out}/{{latency,control_loop,ingest}}.{{json,png}} and summary.json "
           f"in {time.monotonic() - t0:.0f} s")
+    if args.write_readme:
+        given = list(argv if argv is not None else sys.argv[1:])
+        # What was measured, not where it was written: --out and --write-readme are left out.
+        rest = [a for i, a in enumerate(given) if not a.startswith(("--write-readme", "--out"))
+                and not (i and given[i - 1] in ("--write-readme", "--out"))]
+        command = "make bench" + (f" BENCH_ARGS='{' '.join(rest)}'" if rest else "")
+        results_table.write(args.write_readme, results_table.block(results, summary["machine"], command))
+        print(f"rewrote the results table of {args.write_readme}")
     return 0
 
 

@@ -187,3 +187,59 @@ def test_each_message_table_marks_required_what_the_schema_requires(heading):
     kind = msgpack.unpackb(codec.encode(FULL[heading]))["type"]
     declared = {f.key: f.required for f in TABLES[kind][1].rows} | {"protocol_version": True, "type": True}
     assert documented == declared, heading
+
+
+def _reason_literals() -> dict[str, str]:
+    """Reason names written as string literals where the package counts a refusal: the first
+    argument of `ProtocolError`/`VersionError`/`_refuse`, the second of `DecodedTokens`, any
+    `reason=` keyword, and `reason = "..."` assignments (the decode engine's finish reasons)."""
+    import ast
+
+    package = Path(__file__).resolve().parents[1] / "lerobot_zenoh"
+    found: dict[str, str] = {}
+    position = {"ProtocolError": 0, "VersionError": 0, "_refuse": 0, "DecodedTokens": 1}
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            values = []
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                i = position.get(name)
+                if i is not None and len(node.args) > i:
+                    values.append(node.args[i])
+                values += [k.value for k in node.keywords if k.arg == "reason"]
+            elif isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "reason" for t in node.targets):
+                values.append(node.value)
+            for v in values:
+                if isinstance(v, ast.Constant) and isinstance(v.value, str):
+                    found.setdefault(v.value, f"{path.relative_to(package.parent)}:{node.lineno}")
+    return found
+
+
+def test_every_reason_the_code_writes_as_a_string_is_a_documented_member():
+    """A refusal counted under a literal (e.g. pi0-FAST's `decode_limit`) is a counter name too: it must
+    be a `Reason` member, and so (by the test above) a row of §8."""
+    from lerobot_zenoh.protocol.reasons import Reason
+
+    # The decode engine's normal finish ("end": the end-of-action token) is no refusal.
+    literals = {k: v for k, v in _reason_literals().items() if k != "end"}
+    assert {"decode_limit", "undecodable_action_tokens"} <= set(literals)  # the scan sees them
+    assert (Reason.DECODE_LIMIT, Reason.UNDECODABLE_ACTION_TOKENS) == ("decode_limit", "undecodable_action_tokens")
+    unknown = {k: v for k, v in literals.items() if k not in {r.value for r in Reason}}
+    assert not unknown, f"reasons counted but not in the Reason enum (nor in docs/protocol.md §8): {unknown}"
+
+
+def test_appendix_a_captions_name_the_version_their_bytes_carry():
+    """Appendix A's prose names a protocol version only where it is the one the golden files and the
+    codec carry (its captions once said 1.3 over 1.4 bytes)."""
+    from lerobot_zenoh.protocol.codec import PROTOCOL_VERSION
+
+    current = "{}.{}".format(*PROTOCOL_VERSION)
+    golden = Path(__file__).resolve().parent / "golden"
+    for path in golden.glob("*.msgpack"):
+        assert msgpack.unpackb(path.read_bytes())["protocol_version"] == list(PROTOCOL_VERSION), path.name
+    appendix = DOC[DOC.index("## Appendix A."):]
+    prose = re.sub(r"```.*?```", "", appendix, flags=re.S)
+    named = re.findall(r"(?:[Pp]rotocol |^)(\d+\.\d+)\b", prose, flags=re.M)
+    named += ["{}.{}".format(*map(int, v)) for v in re.findall(r"fixarray\(2\) `\[(\d+), (\d+)\]`", prose)]
+    assert named and set(named) == {current}, f"Appendix A names {sorted(set(named))}, the codec sends {current}"
+    assert DOC.startswith(f"# lerobot-zenoh wire protocol, version {current}\n")

@@ -50,7 +50,7 @@ Modes: ``fleet``: N robots doing tasks back to back (Kairos' offline setting; wh
 ``online``: tasks arrive by a Poisson process and each takes an idle robot of a pool.
 
     python -m benchmarks.studies.fleet_zenoh run --robots 20 --scheduler fifo --max-batch 16
-    python -m benchmarks.studies.fleet_zenoh study --write-docs docs/benchmarks.md     # make bench-fleet
+    python -m benchmarks.studies.fleet_zenoh study --write-docs docs/studies/fleet.md     # make bench-fleet
 
 The study caches every run's result in ``outputs/fleet_zenoh/runs/``, keyed by the run's
 configuration and the code version (`code_version`: a hash of the package's sources, the shared

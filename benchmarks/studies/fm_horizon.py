@@ -23,7 +23,7 @@ episode as the leftover, ``--rtc-rows`` rows, delay ``--rtc-delay``): the guided
 
 No timings: CPU only, nothing here is timed.
 
-    python -m benchmarks.studies.fm_horizon --rtc-dir /work/main/outputs/rtc --write-docs docs/benchmarks.md
+    python -m benchmarks.studies.fm_horizon --rtc-dir outputs/rtc --write-docs docs/studies/rtc.md
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Rosa's workloads (its Tables 1-2, as docs/benchmarks.md lists them) planned on synthetic GPU-like profiles: a *model*, not a run.
 
-    python -m benchmarks.studies.pipelines_plan [--write-docs docs/benchmarks.md]
+    python -m benchmarks.studies.pipelines_plan [--write-docs docs/studies/pipelines.md]
 
 For P1-P4, Mix2 and Mix4 at several fleet sizes on 8 servers, the SLO-qualified action throughput
 (chunks/s of the whole fleet) of

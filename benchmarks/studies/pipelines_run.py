@@ -1,7 +1,7 @@
 """Rosa's workloads run on the real stack: planned fleet vs shared servers vs dedicated servers, measured.
 
     PYTHONPATH=. python -m benchmarks.studies.pipelines_run [--workloads P4 Mix2] [--sizes 8 16] [--seeds 3]
-        [--scale 2] [--seconds 15] [--json outputs/pipelines_run.jsonl] [--write-docs docs/benchmarks.md]
+        [--scale 2] [--seconds 15] [--json outputs/pipelines_run.jsonl] [--write-docs docs/studies/pipelines.md]
     PYTHONPATH=. python -m benchmarks.studies.pipelines_run --report outputs/pipelines_run.jsonl [--write-docs ...]
 
 For one workload (benchmarks/studies/pipelines_plan.py: P1-P4, Mix2, Mix4 of Rosa's Tables 1-2), a fleet size

@@ -49,7 +49,7 @@ server does): 4, 8, 16 robots, all in ``rtc`` mode; chunks/s, RTT p50/p99, stall
 mean batch. Timing figures depend on the machine's load: each point runs ``--seeds`` times and the
 spread is printed.
 
-    python -m benchmarks.studies.rtc all --write-docs docs/benchmarks.md
+    python -m benchmarks.studies.rtc all --write-docs docs/studies/rtc.md
     python -m benchmarks.studies.rtc prepare                 # only the checkpoint (cached)
     python -m benchmarks.studies.rtc measure --delays-ms 0 300 --seeds 1 --measure-s 10
 """

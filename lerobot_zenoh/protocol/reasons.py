@@ -62,6 +62,9 @@ class Reason(StrEnum):
     PUBLISH_ERROR = "publish_error"
     WRONG_MODEL = "wrong_model"  # an engine asked for another model (docs/protocol.md §11)
     ENGINE_ERROR = "engine_error"  # an engine answered an error the protocol does not name (§11)
+    # -- an autoregressive runner's (pi0-FAST) decode that yields no chunk
+    DECODE_LIMIT = "decode_limit"  # no end-of-action token within max_decoding_steps
+    UNDECODABLE_ACTION_TOKENS = "undecodable_action_tokens"  # tokens that are no valid FAST action sequence
     # -- dropped in the server's Zenoh callback, never decoded
     UNKNOWN_CLIENT = "unknown_client"
     TOO_MANY_CLIENTS = "too_many_clients"
