@@ -23,13 +23,14 @@ SECONDS ?= 20
 POLICY  ?= act
 DEMO_CHECKPOINT ?= checkpoints/demo_$(POLICY)
 
-.PHONY: help install test test-fast demo checkpoint clean ci-tools lint
+.PHONY: help install test test-fast test-core demo checkpoint clean ci-tools lint
 
 help:
 	@echo "make demo    one policy server ($(POLICY)) on port $(PORT) + $(ROBOTS) simulated robots for $(SECONDS) s"
 	@echo "             variables: PORT, ROBOTS, SECONDS, POLICY (act, diffusion, smolvla, pi0, pi05)"
 	@echo "make checkpoint POLICY=smolvlm   a tiny VLM for task components (checkpoints/demo_smolvlm; docs/policies.md)"
 	@echo "make test    the whole test suite (creates $(VENV) with Python 3.12 on first use)"
+	@echo "make test-core   the serving core's unit tier (seconds)"
 	@echo "make PYTHON=/path/to/python3.12 ...   to pick the interpreter"
 
 # pip prints its own progress: the first install downloads ~5 GB (torch) and takes a few minutes.
@@ -69,6 +70,10 @@ lint: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"
+
+# The serving core's pure parts (scheduler, placement, the dispatcher with a fake link and clock): seconds.
+test-core: $(STAMP)
+	$(PY) -m pytest -m core
 
 checkpoint: $(STAMP)
 	@test -f $(DEMO_CHECKPOINT)/config.json || $(VENV)/bin/lerobot-zenoh-build-checkpoint \

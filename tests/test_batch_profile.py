@@ -18,6 +18,8 @@ from lerobot_zenoh.transport.session import ZenohSession
 from lerobot_zenoh.transport.settings import loopback_settings
 from lz_testing import wait_for
 
+pytestmark = pytest.mark.core  # the pure serving core: make test-core
+
 # -- the rule -----------------------------------------------------------------------------------
 
 

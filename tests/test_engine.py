@@ -24,6 +24,8 @@ from lerobot_zenoh.server.engine import (
     EngineConfig,
 )
 
+pytestmark = pytest.mark.core  # the pure serving core: make test-core
+
 
 def obs(client: str, seq: int, *, episode: str | None = "0", nonce: int | None = 7, buffered: int = 0,
         refreshes: int | None = None) -> Observation:

@@ -18,6 +18,8 @@ from lerobot_zenoh.scheduling.placement import (
     service_estimate_s,
 )
 
+pytestmark = pytest.mark.core  # the pure serving core: make test-core
+
 # An edge GPU at 100 ms for a batch of 1 .. 140 ms for 4; a cloud GPU twice as fast.
 EDGE_PROFILE = BatchProfile({1: 0.100, 2: 0.110, 4: 0.140})
 CLOUD_PROFILE = EDGE_PROFILE.scaled(0.5)

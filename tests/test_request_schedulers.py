@@ -3,6 +3,8 @@ import pytest
 from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.scheduling.request_schedulers import FifoScheduler, RoundRobinScheduler, make_scheduler
 
+pytestmark = pytest.mark.core  # the pure serving core: make test-core
+
 
 def drive(scheduler, ready_each_turn, turns):
     served = []

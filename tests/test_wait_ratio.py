@@ -11,6 +11,8 @@ from lerobot_zenoh.protocol.messages import ExecutionInfo
 from lerobot_zenoh.scheduling.request_schedulers import SCHEDULERS, make_scheduler
 from lerobot_zenoh.scheduling.wait_ratio import WaitRatioScheduler, round_wait
 
+pytestmark = pytest.mark.core  # the pure serving core: make test-core
+
 DT = 0.1  # a 10 Hz robot keeps the arithmetic readable
 
 
