@@ -31,10 +31,8 @@ log = logging.getLogger(__name__)
 
 
 def writes_text(runner: Any) -> bool:
-    """Whether `runner` streams text across frames (a pi0.5 language runner)."""
-    from lerobot_zenoh.server.runners.pi05_language import Pi05LanguageRunner
-
-    return isinstance(runner, Pi05LanguageRunner)
+    """Whether `runner` streams text across frames (it declares `streams_text`: a pi0.5 language runner)."""
+    return runner.spec.capabilities.streams_text
 
 
 def asked(item: Any, obs: Observation) -> tuple[bool, bool]:

@@ -15,9 +15,12 @@
     pi05_language.py  pi0.5 answering System 1 and System 2 from one prefill, text batched across
                    frames and robots (a manifest entry's `language` block)
 
-`RUNNERS` maps LeRobot's policy type (``config.json``'s ``type``) to the runner class serving it. A new
-family is one module with a `LeRobotRunner` subclass plus one entry here (docs/policies.md). Importing
-this package imports neither torch nor lerobot.
+`RUNNERS` maps LeRobot's policy type (``config.json``'s ``type``) to the runner class serving it, as
+`register_scheduler` does for schedulers: a new family is one module with a `LeRobotRunner` subclass
+that declares its capabilities (`capabilities_for`), registered with `register_runner` (here for the
+built-in ones, or by a plugin at import; docs/policies.md). The server decides from the declared
+capabilities, never by probing a runner's class. Importing this package imports neither torch nor
+lerobot.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ __all__ = [
     "RunnerCapabilities",
     "load_policy_runner",
     "load_runner",
+    "register_runner",
 ]
 
 #: LeRobot policy type -> the runner class that serves its checkpoints.
@@ -100,6 +104,19 @@ REFUSED: dict[str, str] = {
     "fastwam": "builds its Wan 2.2 video model, T5 tokenizer and text encoder (base_model_id: the hub id or a "
                "local Wan 2.2 folder) at construction; no runner and no offline tiny model yet",
 }
+
+
+def register_runner(policy_type: str, runner_cls: type[LeRobotRunner], *, replace: bool = False) -> None:
+    """Serve checkpoints of LeRobot policy type `policy_type` with `runner_cls` (a `LeRobotRunner`
+    subclass: `from_checkpoint`, `capabilities_for`). A type already served is refused unless
+    `replace`; a type the server refuses (`REFUSED`) becomes served once registered."""
+    if not (isinstance(runner_cls, type) and issubclass(runner_cls, LeRobotRunner)):
+        raise TypeError(f"register_runner({policy_type!r}): {runner_cls!r} is not a LeRobotRunner subclass")
+    if policy_type in RUNNERS and not replace:
+        raise ValueError(f"policy type {policy_type!r} is served by {RUNNERS[policy_type].__name__} already "
+                         "(replace=True to serve it with another runner)")
+    RUNNERS[policy_type] = runner_cls
+    REFUSED.pop(policy_type, None)
 
 
 def load_policy_runner(pretrained_path: str | Path, device: str = "cpu", *,
@@ -159,14 +176,25 @@ def load_runner(manifest: Manifest, entry: ModelEntry) -> PolicyRunner:
             raise PolicyError(f"{field}language: {path} is a {config.type!r} checkpoint; text from the shared "
                               "prefill needs pi05")
         runner = Pi05LanguageRunner.from_checkpoint(path, config, options)
-        runner.configure_language(entry.language)
-        return runner
-    runner = load_policy_runner(path, options=options)
-    if entry.decode is not None:
-        from lerobot_zenoh.server.runners.pi0_fast import Pi0FastRunner
-
-        if not isinstance(runner, Pi0FastRunner):
-            raise PolicyError(f"{field}decode: {path} is a {runner.spec.policy_type!r} checkpoint; the decode block "
-                              "configures pi0_fast's continuous batching")
-        runner.configure_decode(entry.decode)
+    else:
+        runner = load_policy_runner(path, options=options)
+    # The family blocks the manifest gives (each validated by the runner's own settings class),
+    # handed to the runner that declares it takes them.
+    takes = dict(runner.spec.capabilities.settings_blocks)
+    for block in FAMILY_BLOCKS:
+        settings = getattr(entry, block)
+        if settings is None:
+            continue
+        if block not in takes:
+            raise PolicyError(f"{field}{block}: {path} is a {runner.spec.policy_type!r} checkpoint, whose runner "
+                              f"takes no {block} block ({FAMILY_BLOCKS[block]})")
+        getattr(runner, takes[block])(settings)
     return runner
+
+
+#: Manifest blocks that configure one policy family, and what each is for (the runner declares
+#: which it takes: `RunnerCapabilities.settings_blocks`).
+FAMILY_BLOCKS = {
+    "decode": "it configures pi0_fast's continuous batching",
+    "language": "it configures pi0.5's text from the shared prefill",
+}

@@ -80,6 +80,11 @@ class RunnerCapabilities:
     - `iteration_level`: the runner decodes step by step and can take requests into a running batch
       and answer each the step it finishes (``stream(first, join, emit)``, as `pi0_fast.Pi0FastRunner`);
       the server then serves it through `Executor.stream` instead of one `run` per batch.
+    - `streams_text`: besides its answers, it writes text across frames from the same prefill (a
+      pi0.5 with a `language` block): the status says so, and the server advances it between batches.
+    - `settings_blocks`: the manifest blocks that configure this family and the method that takes
+      each validated block (``{"decode": "configure_decode"}`` for pi0-FAST); a block given to a
+      runner that does not declare it is refused at start-up naming the field.
     """
 
     max_batch: int | None = 1
@@ -90,6 +95,8 @@ class RunnerCapabilities:
     reads_task: bool = False
     output: str = OutputKind.ACTIONS
     iteration_level: bool = False
+    streams_text: bool = False
+    settings_blocks: tuple[tuple[str, str], ...] = ()  # (manifest block, method taking it)
 
     def __post_init__(self) -> None:
         if self.max_batch is not None and (not isinstance(self.max_batch, int) or self.max_batch < 1):

@@ -35,6 +35,7 @@ the batch (equal to one-at-a-time decoding; tested).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -48,6 +49,7 @@ from lerobot_zenoh.config import Settings
 from lerobot_zenoh.errors import ConfigError, PolicyError, ProtocolError
 from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.server.runners.base import (
+    RunnerCapabilities,
     COMPONENT_EXTRA,
     InferenceRequest,
     InferenceResult,
@@ -242,6 +244,11 @@ class _Running:
 
 class Pi05LanguageRunner(FlowMatchingRunner):
     """pi0.5 actions + language from one prefill (module docstring)."""
+
+    @classmethod
+    def capabilities_for(cls, config: Any) -> RunnerCapabilities:
+        return dataclasses.replace(super().capabilities_for(config), streams_text=True,
+                                   settings_blocks=(("language", "configure_language"),))
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

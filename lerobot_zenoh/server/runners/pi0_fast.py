@@ -143,7 +143,8 @@ class Pi0FastRunner(LeRobotRunner):
 
     @classmethod
     def capabilities_for(cls, config: Any) -> RunnerCapabilities:
-        return RunnerCapabilities(max_batch=None, reads_task=True, iteration_level=True)
+        return RunnerCapabilities(max_batch=None, reads_task=True, iteration_level=True,
+                                  settings_blocks=(("decode", "configure_decode"),))
 
     # -- loading -------------------------------------------------------------------------------------
 
