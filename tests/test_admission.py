@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lerobot_zenoh.pipelines.admission import admit
+from lerobot_zenoh.pipelines.fleet_admission import admit
 from lerobot_zenoh.pipelines.descriptor import parse_factory
 from lerobot_zenoh.pipelines.planner import evaluate_server, plan
 from lerobot_zenoh.pipelines.profiles import rosa_profiles

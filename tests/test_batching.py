@@ -162,10 +162,10 @@ def test_clients_are_batched_and_each_gets_exactly_its_own_chunk(port, app_key, 
         for robot in robots:
             robot.check()
         model = server.models[0]
-        assert max(model.engine.batch_sizes) > 1 and max(model.engine.batch_sizes) <= 4
+        assert max(model.session_table.batch_sizes) > 1 and max(model.session_table.batch_sizes) <= 4
         metrics, _ = server.telemetry_figures(model)
         assert metrics["batch_size_mean"] > 1.0
-        assert metrics["inferences"] == sum(model.engine.batch_sizes)
+        assert metrics["inferences"] == sum(model.session_table.batch_sizes)
 
 
 def test_a_failing_batch_is_served_again_one_by_one(port, app_key, session):
@@ -232,7 +232,7 @@ def test_a_runner_that_cannot_batch_serves_one_at_a_time(port, app_key, session)
         run_rounds(server, session, app_key, robots, 2)
         for robot in robots:
             robot.check()
-        assert set(server.models[0].engine.batch_sizes) == {1}
+        assert set(server.models[0].session_table.batch_sizes) == {1}
 
 
 def test_max_batch_size_defaults_to_one_and_is_validated(port, app_key):

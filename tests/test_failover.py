@@ -186,7 +186,7 @@ def test_a_serving_loop_that_keeps_failing_is_withdrawn_and_the_standby_serves_w
         def broken(*args, **kwargs):
             raise RuntimeError("injected fault")
 
-        primary.models[0].engine.schedule = broken  # every turn of the primary's loop now fails
+        primary.models[0].session_table.schedule = broken  # every turn of the primary's loop now fails
         t_fault = time.monotonic()
         assert wait_for(lambda: any(s == "gpu1" and t > t_fault for t, s in seen), 2.0), "the standby did not serve within 2 s"
         took = min(t for t, s in seen if s == "gpu1") - t_fault

@@ -16,7 +16,7 @@ from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation, ObservationHeader
 from lerobot_zenoh.scheduling.request_schedulers import make_scheduler
 from lerobot_zenoh.server.admission import read_header
-from lerobot_zenoh.server.engine import REPLAYED, Engine, EngineConfig
+from lerobot_zenoh.server.session_table import REPLAYED, SessionTable, SessionTableConfig
 from lerobot_zenoh.server.manifest import parse_manifest
 from lerobot_zenoh.server.server import PolicyServer
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
@@ -83,7 +83,7 @@ def test_another_version_is_not_read_and_malformed_ones_are_rejected():
 
 
 def engine():
-    return Engine(EngineConfig(listed=frozenset({"r1", "r2"})), make_scheduler("wait_ratio"))
+    return SessionTable(SessionTableConfig(listed=frozenset({"r1", "r2"})), make_scheduler("wait_ratio"))
 
 
 def unread_decoded(e):
@@ -165,9 +165,9 @@ def test_with_headers_the_server_decodes_only_what_it_serves(port, app_key, monk
             time.sleep(1 / 30)  # the robots' control period, not a wait for the server
         o = obs(100, client="r0")
         pubs["r0"].put(codec.encode(o), attachment=codec.encode_observation_header(obs(101, client="r0")))
-        assert wait_for(lambda: model.engine.snapshot().sessions["r0"].stats.rejected.get("header_mismatch") == 1)
+        assert wait_for(lambda: model.session_table.snapshot().sessions["r0"].stats.rejected.get("header_mismatch") == 1)
         def counts():
-            snap = model.engine.snapshot()
+            snap = model.session_table.snapshot()
             return snap.total().served, snap.total().received, snap
 
         # the last pass may still be in flight when the rejection is counted: wait for it to finish

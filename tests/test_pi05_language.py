@@ -518,7 +518,7 @@ def test_deployment_writes_the_text_item_and_admission_keeps_one_stream(tmp_path
     """A planned combined pi0.5: its manifest serves System 1 with System 2 as the item's `text` (and
     the factory's `language` block), every robot's two routes name the same app, and an admitted
     robot joins System 1's stream on that server for both components (no System 2 stream)."""
-    from lerobot_zenoh.pipelines.admission import admit
+    from lerobot_zenoh.pipelines.fleet_admission import admit
     from lerobot_zenoh.pipelines.deployment import apply_admission, load_deployment, write_deployment
     from lerobot_zenoh.pipelines.descriptor import parse_factory
     from lerobot_zenoh.pipelines.planner import plan

@@ -230,7 +230,7 @@ def test_forged_ids_on_a_task_stream_leave_nothing_behind(port, app_key):
     with one_server(port, m) as (server, session, app):
         stream = pipeline_app(app_key.cluster, app_key.experiment, TASK)
         pubs = [session.publisher(stream.client(f"forged-{i}").obs, OBSERVATION_QOS) for i in range(200)]
-        dropped = lambda: server.models[0].engine.dropped["unknown_client"]  # noqa: E731
+        dropped = lambda: server.models[0].session_table.dropped["unknown_client"]  # noqa: E731
         for seq in range(1, 11):  # best effort: under load a round may be lost in part; send it again
             for i, pub in enumerate(pubs):
                 obs = Observation(seq, f"forged-{i}", np.zeros(6, np.float32), {}, "", session_nonce=1,

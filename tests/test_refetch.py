@@ -55,7 +55,7 @@ def test_a_waiting_request_is_served_with_its_refresh_and_a_late_refresh_is_coun
     session = ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))).open()
     try:
         assert wait_for(lambda: session.query(app_key.status, 0.3)), "status never answered"
-        engine = server.models[0].engine
+        engine = server.models[0].session_table
         busy, robot = Wire(session, app_key, "busy"), Wire(session, app_key, "robot")
         busy.put(1, 0.0)
         assert wait_for(lambda: "busy" in engine.sessions and engine.sessions["busy"].last_picked is not None)

@@ -91,7 +91,7 @@ def admitted(session, app_key, client_id) -> bool | None:
 
 
 def snapshot(server, app_key):
-    return server.models[0].engine.snapshot()
+    return server.models[0].session_table.snapshot()
 
 
 def test_a_client_added_by_reload_is_served_and_one_removed_is_closed(port, app_key):
@@ -157,11 +157,11 @@ def test_a_reload_that_changes_another_field_is_refused_and_logged(port, app_key
         refusals = [r.getMessage() for r in caplog.records if "reload refused" in r.getMessage()]
         assert len(refusals) == 1 and "server.0.fps changed" in refusals[0] and "\n" not in refusals[0]
         assert server.manifest.server[0].fps == 30 and admitted(session, app_key, "b") is False  # nothing applied
-        assert "b" not in server.models[0].engine.config.listed
+        assert "b" not in server.models[0].session_table.config.listed
 
         # The planned batch size is reloaded with the client list (admission may change it).
         assert server.reload(parse_manifest(manifest_data(port, app_key, ["a", "b"], max_batch_size=2))) is None
-        assert server.models[0].engine.config.max_batch_size == 2 and admitted(session, app_key, "b") is True
+        assert server.models[0].session_table.config.max_batch_size == 2 and admitted(session, app_key, "b") is True
         assert "auto" in server.reload(parse_manifest(manifest_data(port, app_key, ["a"], max_batch_size="auto")))
     finally:
         session.close()

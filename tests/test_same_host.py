@@ -255,7 +255,7 @@ def test_a_vanished_shared_frame_is_a_counted_rejection_and_the_server_goes_on(p
             ref = ring.write(frames(rng))
             os.unlink(os.path.join(same_host.SHM_DIR, ref.segment))
             state = np.zeros(6, np.float32)
-            engine = server.models[0].engine
+            engine = server.models[0].session_table
 
             def rejected():
                 s = engine.sessions.get("r9")
@@ -303,7 +303,7 @@ def test_many_short_same_host_sessions_leave_no_file_and_no_memory(port, app_key
                 sub.close()
             if i in (19, 99):
                 rss.append(process_memory()["cpu_rss_mb"])
-        assert sum(m.engine.sessions_opened for m in server.models) == 100
+        assert sum(m.session_table.sessions_opened for m in server.models) == 100
     assert lz_files() == before_files
     assert rss[1] - rss[0] < 32, f"RSS grew {rss[1] - rss[0]:.1f} MiB over 80 sessions"
 

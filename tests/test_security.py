@@ -491,7 +491,7 @@ def test_a_flood_of_bad_observations_is_rate_limited_without_starving_others(por
     with PolicyServer(parse_manifest(plain_manifest(port, app_key))) as server, \
             ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as session:
         model = server.models[0]
-        model.engine.rate_limit = RejectionRateLimit(max_rejections=5, window_s=2.0, cooldown_s=30.0)
+        model.session_table.rate_limit = RejectionRateLimit(max_rejections=5, window_s=2.0, cooldown_s=30.0)
         good = Robot(session, app_key, "good")
         wait_status(session, app_key)
         flood_pub = session.publisher(app_key.client("flood").obs, OBSERVATION_QOS)
@@ -531,7 +531,7 @@ def test_an_oversize_observation_is_rejected_before_it_takes_a_slot(port, app_ke
         model = server.models[0]
         key = app_key.client("flood").obs
         server.ingest.on_observation(model, key, b"\x00" * (64 * 1024 + 1))  # the callback, as Zenoh calls it
-        assert model.engine.sessions["flood"].slot is None
+        assert model.session_table.sessions["flood"].slot is None
         assert server.stats()[app_key.prefix]["clients"]["flood"]["rejected"] == {"too_large": 1}
         session.publisher(key, OBSERVATION_QOS).put(b"\x00" * 200_000)  # and over the network
         assert wait_for(lambda: server.stats()[app_key.prefix]["clients"]["flood"]["rejected"]["too_large"] == 2, 5.0)

@@ -163,12 +163,12 @@ def test_unknown_clients_are_rejected_and_counted(served, app_key):
     wait_discovered(session, app_key)
     stranger = FakeClient(session, app_key, "stranger")
     rng = np.random.default_rng(2)
-    assert wait_for(lambda: (stranger.send(1, rng), server.models[0].engine.dropped["unknown_client"] > 2)[1])
+    assert wait_for(lambda: (stranger.send(1, rng), server.models[0].session_table.dropped["unknown_client"] > 2)[1])
     # A known client's chunk after the refusals: the server's chunks reach this session in order
     # (one reliable link), so a chunk answering the stranger would have arrived before it.
     send_until_served(FakeClient(session, app_key, "r1"), 1, rng)
     assert stranger.chunks == []
-    assert server.models[0].engine.unknown_refused["stranger"] >= 3
+    assert server.models[0].session_table.unknown_refused["stranger"] >= 3
     assert "stranger" not in server.stats()[app_key.prefix]["clients"]
 
 

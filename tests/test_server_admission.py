@@ -10,7 +10,7 @@ from lerobot_zenoh.protocol.keys import pipeline_app
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation
 from lerobot_zenoh.scheduling.request_schedulers import make_scheduler
 from lerobot_zenoh.server.admission import read_header
-from lerobot_zenoh.server.engine import REPLAYED, Engine, EngineConfig
+from lerobot_zenoh.server.session_table import REPLAYED, SessionTable, SessionTableConfig
 from lerobot_zenoh.server.manifest import parse_manifest
 from lerobot_zenoh.server.server import PolicyServer
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
@@ -27,8 +27,8 @@ def obs(seq: int, client: str, mask: int | None = None) -> Observation:
 
 def test_a_header_less_observation_waits_unannounced_until_its_body_is_read():
     """The engine decodes nothing: what it knows nothing of stays in its slot until the shell has
-    the executor decode it (`Engine.unread`), then it is judged and scheduled like any other."""
-    e = Engine(EngineConfig(listed=frozenset({"r1", "r2"})), make_scheduler("wait_ratio"))
+    the executor decode it (`SessionTable.unread`), then it is judged and scheduled like any other."""
+    e = SessionTable(SessionTableConfig(listed=frozenset({"r1", "r2"})), make_scheduler("wait_ratio"))
     e.admit("r1", codec.encode(obs(1, "r1")), 0.0)  # no header
     e.admit("r2", codec.encode(obs(1, "r2")), 0.0, *read_header(codec.encode_observation_header(obs(1, "r2"))))
     batch = e.schedule(0.0)
@@ -44,7 +44,7 @@ def test_a_header_less_observation_waits_unannounced_until_its_body_is_read():
 def test_without_a_header_a_scheduler_that_does_not_rank_costs_no_decode_before_the_pick():
     """Round robin and FIFO never read ExecutionInfo: a header-less observation is announced as it
     lands, decoded only if picked (a superseded one costs nothing), and judged then."""
-    e = Engine(EngineConfig(listed=frozenset({"r1"})), make_scheduler("fifo"))
+    e = SessionTable(SessionTableConfig(listed=frozenset({"r1"})), make_scheduler("fifo"))
     for seq in (1, 2, 3):
         e.admit("r1", codec.encode(obs(seq, "r1")), 0.0)
     assert e.unread() == []
@@ -84,7 +84,7 @@ def test_each_header_is_read_once_on_a_task_stream_as_on_the_models_own_app(port
         model = server.models[0]
 
         def heard() -> int:
-            return model.engine.snapshot().total().received + model.for_other_components
+            return model.session_table.snapshot().total().received + model.for_other_components
 
         sent = 0
         for seq in range(1, 11):

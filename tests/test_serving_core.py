@@ -92,7 +92,7 @@ class FakeHost:
         self.rejected: list[tuple[str, str, bool]] = []
 
     def reject(self, model, session, reason, detail, *, cool_down=True):
-        model.engine.reject(session, reason, 0.0, cool_down=cool_down)
+        model.session_table.reject(session, reason, 0.0, cool_down=cool_down)
         self.rejected.append((session.client_id, reason, cool_down))
 
     def publish(self, model, client_id, payload):
@@ -146,7 +146,7 @@ class Edge:
         jpegs = {n: codec.encode_jpeg(rng.integers(0, 255, (*hw, 3), dtype=np.uint8)) for n, hw in CAMS.items()}
         payload = codec.encode(Observation(seq_id, client_id, rng.normal(size=6).astype(np.float32), jpegs, "task",
                                            session_nonce=nonce))
-        assert self.model.engine.admit(client_id, payload, self.clock(), None, None) is None
+        assert self.model.session_table.admit(client_id, payload, self.clock(), None, None) is None
 
     def round(self) -> bool:
         self.dispatcher.inbox.drain()
@@ -263,7 +263,7 @@ def test_error_answers_are_bounded_reasons_and_never_cool_a_robot_down(link, clo
     assert figures[f"engine.cloud0.errors.{ENGINE_ERROR}"] == 20 and figures["engine.cloud0.errors.bad_jpeg"] == 20
     assert not any(k.startswith("engine.cloud0.errors.x") for k in figures)
     assert {(reason, cool) for _, reason, cool in edge.host.rejected} == {(ENGINE_ERROR, False), ("bad_jpeg", False)}
-    assert not edge.model.engine.rate_limit.blocked("robot_1", clock())
+    assert not edge.model.session_table.rate_limit.blocked("robot_1", clock())
     edge.send("robot_1", 41)  # still admitted and served
     assert edge.round()
     edge.close()

@@ -73,7 +73,7 @@ def run(n: int, seconds: float, policy_ms: float, with_header: bool, port: int, 
             deadline = time.monotonic() + 10
             while not session.query(key.status, 0.3) and time.monotonic() < deadline:
                 pass
-            engine = server.models[0].engine
+            engine = server.models[0].session_table
             t0 = time.monotonic()
             step = 0
             while time.monotonic() - t0 < seconds:

@@ -1,7 +1,7 @@
 """`lerobot-zenoh-admit --deployment=DIR --task=T [--robot=ID]`: admit one robot into a running fleet.
 
 DIR is what `lerobot-zenoh-plan --output=DIR` wrote. Placement-preserving admission
-(`pipelines.admission.admit`, docs/pipelines.md "Admission control") decides on the factory, profiles
+(`pipelines.fleet_admission.admit`, docs/pipelines.md "Admission control") decides on the factory, profiles
 and exact plan stored there. Refused: the reason in one line on stderr, exit 1, no file touched.
 Admitted: plan.json, plan_state.json and the manifests of the servers that changed are rewritten,
 each running server among them (its `run/srvN.pid`, written by servers.sh) is sent SIGHUP and re-reads
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 def _admit(args: AdmitConfig) -> int:
     from lerobot_zenoh.cli.parsing import EXIT_CONFIG, one_line
     from lerobot_zenoh.errors import ConfigError
-    from lerobot_zenoh.pipelines.admission import admit
+    from lerobot_zenoh.pipelines.fleet_admission import admit
     from lerobot_zenoh.pipelines.deployment import apply_admission, client_command, load_deployment
 
     try:

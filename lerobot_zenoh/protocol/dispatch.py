@@ -132,7 +132,7 @@ class EngineStatus:
     profile_ms: dict[int, float] = field(default_factory=dict)  # measured at its start-up: {batch size: ms}
 
 
-class BatchProfile(schema.WireType):
+class ProfilePoints(schema.WireType):
     """`EngineStatus.profile_ms`: batch size (a decimal string on the wire) -> ms per pass."""
 
     what = "a map of decimal batch sizes to numbers"
@@ -194,7 +194,7 @@ TABLES: dict[str, tuple[type, schema.Record]] = {
         Field("action_dim", UINT64, required=True),
         Field("chunk_size", UINT64, required=True),
         Field("capacity", UINT64, required=True),
-        Field("profile_ms", BatchProfile(), required=True),
+        Field("profile_ms", ProfilePoints(), required=True),
     ])),
 }
 _KIND_OF = {cls: (kind, table) for kind, (cls, table) in TABLES.items()}

@@ -4,14 +4,14 @@ the engine picked goes through before it is run, whichever path runs it (docs/ar
 
 - `read_header(attachment)` (Zenoh callback thread): the observation's header (protocol.md §5.1.1,
   the put's attachment: a struct unpack, no msgpack), or why it is malformed. The server's only
-  read of a header: the verdict goes into the session's slot with the payload (`Engine.admit`),
+  read of a header: the verdict goes into the session's slot with the payload (`SessionTable.admit`),
   and task routing (`server/routing.py`) reads the component mask from it.
 - `schedule(model, now_s, ...)` (inference thread): for a scheduler that ranks by `ExecutionInfo`,
   the executor decodes the new observations sent without a header (nothing else tells it what they
-  are), then the engine judges and picks (`Engine.unread`, `Engine.schedule`).
+  are), then the engine judges and picks (`SessionTable.unread`, `SessionTable.schedule`).
 - `observation(model, session, slot)`: the picked observation's body, decoded once by the executor
   (or the decode of a header-less one on arrival) and checked against its header; a header-less
-  one not judged yet is judged now (`Engine.judge`). Used by every path, the remote dispatch too.
+  one not judged yet is judged now (`SessionTable.judge`). Used by every path, the remote dispatch too.
 - `prepare(model, batch, reject)`: the admission step of a batch, shared by the batch path
   (`PolicyServer._serve`, and the local engine of a model with engines) and the iteration-level
   path (`PolicyServer._serve_streaming`): the engine's rejections counted; each item decoded,
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from lerobot_zenoh.errors import ProtocolError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import Observation, ObservationHeader
-from lerobot_zenoh.server.engine import Batch, Session, Slot
+from lerobot_zenoh.server.session_table import Batch, Session, Slot
 from lerobot_zenoh.server.runners.base import InferenceRequest
 
 if TYPE_CHECKING:
@@ -61,14 +61,14 @@ def read_header(attachment: bytes | None) -> tuple[ObservationHeader | None, Pro
 
 
 def schedule(model: ServedModel, now_s: float, **kw) -> Batch | None:
-    """The engine's next batch (`Engine.schedule`, keyword arguments passed on), after the executor
+    """The engine's next batch (`SessionTable.schedule`, keyword arguments passed on), after the executor
     decoded the new header-less observations."""
-    for slot in model.engine.unread():
+    for slot in model.session_table.unread():
         try:
             slot.observation = model.executor.decode(slot.payload)
         except ProtocolError as exc:
             slot.error = exc  # rejected with its reason by `schedule`
-    return model.engine.schedule(now_s, **kw)
+    return model.session_table.schedule(now_s, **kw)
 
 
 def observation(model: ServedModel, session: Session, slot: Slot) -> Observation:
@@ -78,7 +78,7 @@ def observation(model: ServedModel, session: Session, slot: Slot) -> Observation
     if slot.observation is None:
         slot.observation = model.executor.decode(slot.payload, slot.header)
     if not slot.judged:
-        refused = model.engine.judge(session, slot)
+        refused = model.session_table.judge(session, slot)
         if refused is not None:  # (docs/protocol.md §10.5)
             raise ProtocolError(*refused)
     return slot.observation
@@ -98,13 +98,13 @@ def prepare(model: ServedModel, batch: Batch, reject: Reject) -> list[Ready]:
             else:
                 request = routing.request(model.executor, model.runner, session.client_id, obs, slot.task)
                 if request is None:
-                    model.engine.release(session)
+                    model.session_table.release(session)
                     continue  # it asks another component of its task
         except ProtocolError as exc:
-            model.engine.release(session)  # picked, refused now: computed no longer
+            model.session_table.release(session)  # picked, refused now: computed no longer
             reject(session, exc.reason, str(exc))
             continue
-        if model.engine.take_reset(session):
+        if model.session_table.take_reset(session):
             model.runner.forget(session.client_id)  # a new episode or a restarted client
         ready.append(Ready(session, slot, obs, request))
     return ready

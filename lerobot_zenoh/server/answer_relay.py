@@ -95,7 +95,7 @@ class AnswerRelay:
             state.counts[f"errors.{received.error}"] += 1
             self.host.reject(model, session, received.error, f"engine {state.engine_id}: {answer.detail[:200]}",
                              cool_down=False)
-            model.engine.finish([], [session.client_id], self.clock(), elapsed_s)
+            model.session_table.finish([], [session.client_id], self.clock(), elapsed_s)
             return
         result = InferenceResult(actions=answer.actions, refinement_updates=answer.refinement_updates,
                                  extras={} if answer.rtc_delay_steps is None else {RTC_EXTRA_DELAY: answer.rtc_delay_steps})
@@ -106,7 +106,7 @@ class AnswerRelay:
             self._refuse_engine(state, flight, "bad_answer", f"{type(exc).__name__}: {exc}"[:200])
             return
         published = []
-        if model.engine.sessions.get(session.client_id) is session:
+        if model.session_table.sessions.get(session.client_id) is session:
             try:
                 self.host.publish(model, session.client_id, chunk)
                 model.inferences += 1
@@ -118,7 +118,7 @@ class AnswerRelay:
         else:
             self.counts["answers_closed"] += 1  # its session closed meanwhile
         state.counts["answered"] += 1
-        model.engine.finish(published, [session.client_id], self.clock(), elapsed_s)
+        model.session_table.finish(published, [session.client_id], self.clock(), elapsed_s)
 
     def _refuse_engine(self, state: EngineState, flight: InFlight, reason: str, detail: str) -> None:
         state.counts[f"refused.{reason}"] += 1

@@ -1,7 +1,7 @@
 """The edge scheduler's engines: where each batch it picks runs (docs/server.md, "Engines").
 
 A model with `engines` in its manifest entry is served by one *edge scheduler*: this process keeps
-every robot's session, slot and wait-ratio bookkeeping (`server/engine.py`, the request scheduler)
+every robot's session, slot and wait-ratio bookkeeping (`server/session_table.py`, the request scheduler)
 and places each request it picks, with `scheduling.placement.place` (Kairos' rule), on one of
 its engines. Every engine is an executor the dispatcher hands requests to and hears answers from:
 
@@ -54,7 +54,7 @@ from lerobot_zenoh.protocol.dispatch import EngineKeys, EngineRequest
 from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.scheduling.placement import CLOUD, EDGE, BatchProfile, EngineView, RequestView, place, transfer_s
 from lerobot_zenoh.server import admission
-from lerobot_zenoh.server.engine import Batch, Session, Slot
+from lerobot_zenoh.server.session_table import Batch, Session, Slot
 from lerobot_zenoh.server.answer_relay import AnswerRelay
 from lerobot_zenoh.server.engine_health import EngineHealth
 from lerobot_zenoh.server.engine_link import AnswerInbox, EngineState, Probe, Prober
@@ -166,7 +166,7 @@ class Dispatcher:
                                  lambda a: self._event(("answer", a)), clock)
         self.probers: list[Prober] = []  # one per remote engine, in `engines` order
         self._worker: LocalWorker | None = None
-        # Per-episode runner state: each engine keeps its own, so a new episode (Engine.take_reset)
+        # Per-episode runner state: each engine keeps its own, so a new episode (SessionTable.take_reset)
         # bumps the client's epoch and each engine drops its state when it next serves the client.
         self._epoch: Counter = Counter()
         self._served_epoch: dict[str, dict[str, int]] = {eid: {} for eid in self.engines}
@@ -327,7 +327,7 @@ class Dispatcher:
 
     def _reset_for(self, state: EngineState, session: Session) -> bool:
         """Whether `state`'s engine must drop the client's runner state before serving it."""
-        if self.model.engine.take_reset(session):
+        if self.model.session_table.take_reset(session):
             self._epoch[session.client_id] += 1
         served = self._served_epoch[state.engine_id]
         epoch = self._epoch[session.client_id]
@@ -342,7 +342,7 @@ class Dispatcher:
         try:
             obs = admission.observation(model, session, slot)  # (kept in the slot: a re-queued request is not decoded again)
         except ProtocolError as exc:
-            model.engine.release(session)  # picked, refused now: computed no longer
+            model.session_table.release(session)  # picked, refused now: computed no longer
             self.host.reject(model, session, exc.reason, str(exc))
             return None
         return InFlight(self.table.next_id(), state.engine_id, session, slot, obs.seq_id, obs.session_nonce, now_s,

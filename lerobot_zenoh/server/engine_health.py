@@ -13,7 +13,7 @@ takes back what an engine will not answer:
   placed on it until a probe sent at least `answer_timeout_s` later answers, then one request at a
   time (probation) until one is answered.
 
-A re-queued request goes back to its session's slot, keeping its place in line (`Engine.requeue`).
+A re-queued request goes back to its session's slot, keeping its place in line (`SessionTable.requeue`).
 """
 
 from __future__ import annotations
@@ -124,6 +124,6 @@ class EngineHealth:
             state.load.withdrawn(flight.request_id)
         state.counts["requeued"] += 1
         state.counts[f"requeued.{reason}"] += 1
-        if not self.model.engine.requeue(flight.session, flight.slot):
+        if not self.model.session_table.requeue(flight.session, flight.slot):
             self.counts["requeue_superseded"] += 1  # a newer observation waits: it stands for the request
         self.wake()

@@ -1,6 +1,6 @@
 """What the server reports of each model: its telemetry figures and a snapshot of its counters.
 
-The engine's lock is held only while its counters are copied (`Engine.snapshot`, typed); percentiles
+The session table's lock is held only while its counters are copied (`SessionTable.snapshot`, typed); percentiles
 and sums are computed here, outside it (docs/telemetry.md).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from lerobot_zenoh.protocol.reasons import Reason
-from lerobot_zenoh.server.engine import UNKNOWN_CLIENT, SessionStats
+from lerobot_zenoh.server.session_table import UNKNOWN_CLIENT, SessionStats
 from lerobot_zenoh.server.served_model import ServedModel
 from lerobot_zenoh.telemetry.publisher import percentile, process_memory
 
@@ -19,10 +19,10 @@ __all__ = ["model_figures", "model_stats"]
 def model_figures(model: ServedModel) -> tuple[dict, dict]:
     """(model-level figures, per-client figures) for the Telemetry message (docs/telemetry.md).
 
-    The engine's lock is held only while its counters are copied (`Engine.snapshot`, typed);
+    The session table's lock is held only while its counters are copied (`SessionTable.snapshot`, typed);
     percentiles are computed here.
     """
-    snap = model.engine.snapshot()
+    snap = model.session_table.snapshot()
     publishers = dict(model.publishers)
     per_client: dict[str, dict] = {}
     for cid, s in snap.sessions.items():
@@ -82,7 +82,7 @@ def model_figures(model: ServedModel) -> tuple[dict, dict]:
 
 def model_stats(model: ServedModel) -> dict:
     """A snapshot of every counter of one model, and per open session."""
-    snap = model.engine.snapshot()
+    snap = model.session_table.snapshot()
     closed = snap.closed
     return {
         "unknown_rejected": snap.unknown_refused,

@@ -86,7 +86,7 @@ class InferenceLoop:
                 batch = self._supervised(model, admission.schedule, model, time.monotonic())
                 if batch is not None:
                     turn = (turn + i + 1) % len(self.models)
-                    self._supervised(model, self.serving.serve, model, batch, served=True, on_fault=lambda m=model, b=batch: m.engine.finish(
+                    self._supervised(model, self.serving.serve, model, batch, served=True, on_fault=lambda m=model, b=batch: m.session_table.finish(
                         [], [s.client_id for s, _ in b.items], time.monotonic(), 0.0))
                     served = True
                     break

@@ -20,7 +20,7 @@ import time
 from lerobot_zenoh.errors import KeyExprError, TransportError
 from lerobot_zenoh.protocol.keys import AppKey, Topic, names_components, parse_client_key
 from lerobot_zenoh.server import admission
-from lerobot_zenoh.server.engine import TOO_MANY_CLIENTS, UNKNOWN_CLIENT
+from lerobot_zenoh.server.session_table import TOO_MANY_CLIENTS, UNKNOWN_CLIENT
 from lerobot_zenoh.server.manifest import Manifest
 from lerobot_zenoh.server.routing import TaskRouting, TaskStream, stream_changes, task_streams
 from lerobot_zenoh.server.served_model import ServedModel
@@ -79,10 +79,10 @@ class Ingest:
                     sub.close()
             cap = model.runner.spec.capabilities.max_batch
             batch = entry.max_batch_size if entry.max_batch_size != "auto" else model.max_batch_size
-            before = model.engine.config.listed
+            before = model.session_table.config.listed
             listed = frozenset(c.client_uuid for c in entry.clients)
             model.entry, model.max_batch_size = entry, batch if cap is None else min(batch, cap)
-            closed = model.engine.update_clients(listed, model.max_batch_size, close=unheard)
+            closed = model.session_table.update_clients(listed, model.max_batch_size, close=unheard)
             log.info("%s: clients reloaded: +%s -%s (sessions closed: %s), max_batch_size %d%s", model.app.prefix,
                      sorted(listed - before) or "none", sorted(before - listed) or "none", closed or "none",
                      model.max_batch_size, stream_changes(before_streams, new))
@@ -159,16 +159,16 @@ class Ingest:
 
     def admit(self, model: ServedModel, client_id: str, payload: Payload | bytes, header, header_error,
                task: str | None = None) -> str | None:
-        dropped = model.engine.admit(client_id, payload, time.monotonic(), header, header_error, task)
+        dropped = model.session_table.admit(client_id, payload, time.monotonic(), header, header_error, task)
         if dropped is None:
             self.wake.set()
         elif dropped == UNKNOWN_CLIENT:
-            n = model.engine.dropped[UNKNOWN_CLIENT]
+            n = model.session_table.dropped[UNKNOWN_CLIENT]
             if n in (1, 10, 100, 1000):
                 log.warning("rejected observation(s) from unknown client %r on %s (%d so far)",
                             client_id, model.app.prefix, n)
         elif dropped == TOO_MANY_CLIENTS:
-            n = model.engine.dropped[TOO_MANY_CLIENTS]
+            n = model.session_table.dropped[TOO_MANY_CLIENTS]
             if worth_logging(n):
                 log.warning("dropped observation(s) from %r on %s: %d unknown clients already have a session "
                             "(max_unknown_clients) [%d so far]", client_id, model.app.prefix,
@@ -180,4 +180,4 @@ class Ingest:
             _, client_id = parse_client_key(key, Topic.METRICS)
         except KeyExprError:
             return
-        model.engine.on_token(client_id, alive, time.monotonic())
+        model.session_table.on_token(client_id, alive, time.monotonic())

@@ -29,8 +29,8 @@ class InFlight:
 
     request_id: int
     engine_id: str
-    session: Any  # server.engine.Session
-    slot: Any  # server.engine.Slot
+    session: Any  # server.session_table.Session
+    slot: Any  # server.session_table.Slot
     seq_id: int
     nonce: int | None
     dispatched_s: float

@@ -13,7 +13,7 @@ from lerobot_zenoh.protocol.keys import ANSWER_TOPICS, AppKey
 from lerobot_zenoh.protocol.messages import RtcAdvert, SameHostAdvert, Status
 from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
 from lerobot_zenoh.server import text_stream
-from lerobot_zenoh.server.engine import Engine, EngineConfig
+from lerobot_zenoh.server.session_table import SessionTable, SessionTableConfig
 from lerobot_zenoh.server.executor import Executor
 from lerobot_zenoh.server.failover import ServingRole
 from lerobot_zenoh.server.manifest import Manifest, ModelEntry
@@ -59,7 +59,7 @@ class ServedModel:
             )
         self.actions_per_chunk = actions_per_chunk
         sessions = manifest.sessions
-        self.engine = Engine(EngineConfig(
+        self.session_table = SessionTable(SessionTableConfig(
             listed=frozenset(c.client_uuid for c in entry.clients),
             accept_unknown=entry.accept_unknown_clients,
             max_unknown_clients=entry.max_unknown_clients,
@@ -118,7 +118,7 @@ class ServedModel:
 
     @property
     def scheduler(self):
-        return self.engine.scheduler
+        return self.session_table.scheduler
 
     @property
     def streams(self) -> dict:
@@ -135,5 +135,5 @@ class ServedModel:
         client = parameters.get("client")
         if not client:
             return self.status_bytes
-        config = self.engine.config
+        config = self.session_table.config
         return self._status_for[config.accept_unknown or client in config.listed]

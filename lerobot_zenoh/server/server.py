@@ -1,5 +1,5 @@
 """The policy server's shell: wires Zenoh, liveliness, failover and telemetry around each model's
-engine (`server/engine.py`: sessions, slots, whom to serve) and executor (`server/executor.py`:
+engine (`server/session_table.py`: sessions, slots, whom to serve) and executor (`server/executor.py`:
 decode, infer, encode), through admission (`server/admission.py`: the header read once, the one
 step every picked request goes through).
 
@@ -11,7 +11,7 @@ Who owns what (docs/architecture.md, "Server process"):
 - `server/serving.py`: the batch and iteration-level serving paths and the action publishers;
 - `server/dispatch.py`: a model with `engines` (docs/server.md, "Engines"): placement across
   engines, each an executor the dispatcher hands requests to; this class is its `DispatchHost`;
-- `server/figures.py`: telemetry figures and counters, computed outside the engine's lock.
+- `server/figures.py`: telemetry figures and counters, computed outside the session table's lock.
 
 This shell starts and stops them: pre-warm and profile each model, open Zenoh, declare status
 responders and liveliness tokens, hot standby roles, telemetry publishers.
@@ -31,7 +31,7 @@ from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import SameHostAdvert
 from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
 from lerobot_zenoh.server.batch_profiling import measure_batch_profile
-from lerobot_zenoh.server.engine import (
+from lerobot_zenoh.server.session_table import (
     Batch,
     Session,
 )
@@ -161,7 +161,7 @@ class PolicyServer:
                     raise
         for model in self.models:
             model.role = ServingRole(f"{self.server_id}:{model.app.prefix}", self.manifest.standby_for,
-                                     on_deactivate=model.engine.drop_slots)
+                                     on_deactivate=model.session_table.drop_slots)
             # Its own app's observations (a plain robot client routed here) and, for a component of
             # multi-model tasks, each task's observation stream.
             self.ingest.subscribe(model, model.app, None, model.subscriptions.setdefault(None, []))
@@ -231,7 +231,7 @@ class PolicyServer:
                 stuck = True  # the local engine's thread may still be inside the runner
         for model in self.models:
             if not stuck:  # (a stuck inference thread may still be inside the runner)
-                for session in model.engine.close_all():
+                for session in model.session_table.close_all():
                     self.serving.forget(model, session)  # (logs each session's counts)
                 model.executor.close()
         if self._session is not None:

@@ -19,7 +19,7 @@ from lerobot_zenoh.protocol.keys import Topic
 from lerobot_zenoh.protocol.reasons import OutputKind, Reason
 from lerobot_zenoh.server import admission
 from lerobot_zenoh.server.admission import Ready
-from lerobot_zenoh.server.engine import REPLAYED, Batch, Session
+from lerobot_zenoh.server.session_table import REPLAYED, Batch, Session
 from lerobot_zenoh.server.runners.base import InferenceRequest, InferenceResult
 from lerobot_zenoh.server.served_model import ServedModel
 from lerobot_zenoh.telemetry.publisher import worth_logging
@@ -45,7 +45,7 @@ class Serving:
 
     def expire(self, model: ServedModel, now: float) -> None:
         """Close the model's expired sessions and forget their state (inference thread only)."""
-        for session in model.engine.expire(now):
+        for session in model.session_table.expire(now):
             self.forget(model, session)
 
     def forget(self, model: ServedModel, session: Session) -> None:
@@ -87,7 +87,7 @@ class Serving:
             queue_ms = (t_start - r.slot.arrival_s) * 1000
             if self._answer(model, r, result, inference_ms, queue_ms):
                 published.append((r.session, r.observation.seq_id, inference_ms, queue_ms))
-        model.engine.finish(published, [r.session.client_id for r in ready], time.monotonic(), t_done - t_start)
+        model.session_table.finish(published, [r.session.client_id for r in ready], time.monotonic(), t_done - t_start)
         self.advance_text(model)
 
     def _answer(self, model: ServedModel, r: Ready, result: InferenceResult | Exception, inference_ms: float,
@@ -154,7 +154,7 @@ class Serving:
             if now >= next_expiry:  # the loop's chores go on while a decode runs (sessions expire)
                 next_expiry = now + EXPIRY_PERIOD_S
                 for other in self.models:
-                    for session in other.engine.expire(now):
+                    for session in other.session_table.expire(now):
                         self.forget(other, session)
             # Stop taking new requests when stopping, or after a while when other models wait for
             # the inference thread (the running batch then drains and the loop serves them).
@@ -172,14 +172,14 @@ class Serving:
             published = []
             if self._answer(model, r, result, inference_ms, queue_ms):
                 published.append((r.session, r.observation.seq_id, inference_ms, queue_ms))
-            model.engine.finish(published, [r.session.client_id], t_done, t_done - t_start)
+            model.session_table.finish(published, [r.session.client_id], t_done, t_done - t_start)
 
         model.executor.stream(prepare(batch), join, emit)
 
     def reject(self, model: ServedModel, session: Session, reason: str, detail: str, *, cool_down: bool = True) -> None:
         """Count a rejection against a client; `cool_down=False`: not its fault (an engine's), so it
         never counts towards the client's rejection cool-down."""
-        n = model.engine.reject(session, reason, time.monotonic(), cool_down=cool_down)
+        n = model.session_table.reject(session, reason, time.monotonic(), cool_down=cool_down)
         if worth_logging(n):
             log.warning("client %s on %s: rejected (%s) %s [%d rejections]", session.client_id, model.app.prefix,
                         reason, detail, n)

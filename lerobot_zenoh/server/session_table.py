@@ -1,4 +1,5 @@
-"""The serving engine of one model: sessions, newest-only slots, and whom to serve next.
+"""The session table of one model: sessions, newest-only slots, and whom to serve next (with its
+request scheduler). Not an engine: engines (`server/dispatch.py`) run what this table picks.
 
 Pure decisions: no Zenoh, no torch, no decoding and no clock (every call takes `now_s`, seconds
 of one process's monotonic clock), and no calls back into the shell. The shell (`server/server.py`,
@@ -12,7 +13,7 @@ through `server/admission.py`) calls it from two threads:
                              schedule(now) -> Batch              (session rules, whom to serve in one forward pass)
                              judge(session, slot)                (session rules of a picked header-less one, decoded)
                              take_reset / finish / requeue       (bookkeeping after the pass)
-    telemetry thread         snapshot() -> EngineSnapshot        (a typed copy of the counters; no percentiles)
+    telemetry thread         snapshot() -> SessionTableSnapshot        (a typed copy of the counters; no percentiles)
 
 What an observation is (its `seq_id`, `session_nonce`, `episode_id`, `ExecutionInfo`) is read once:
 from its header, by the shell at admission (`server/admission.py`), and kept in the slot with the
@@ -98,7 +99,7 @@ MAX_TRACKED_TOKENS = 4096
 
 
 @dataclass(frozen=True)
-class EngineConfig:
+class SessionTableConfig:
     listed: frozenset[str]  # client ids named in the manifest: always admitted
     accept_unknown: bool = False  # whether other ids are served (from a bounded pool)
     max_unknown_clients: int = 64
@@ -152,7 +153,7 @@ LATENCY_WINDOW = 256
 
 @dataclass
 class SessionStats:
-    """One session's counters (or, in `EngineSnapshot.closed`, those of every session since closed)."""
+    """One session's counters (or, in `SessionTableSnapshot.closed`, those of every session since closed)."""
 
     received: int = 0
     superseded: int = 0
@@ -191,8 +192,8 @@ class SessionSnapshot:
 
 
 @dataclass(frozen=True)
-class EngineSnapshot:
-    """A copy of every counter of one engine (`Engine.snapshot`); percentiles are the caller's."""
+class SessionTableSnapshot:
+    """A copy of every counter of one engine (`SessionTable.snapshot`); percentiles are the caller's."""
 
     sessions: dict[str, SessionSnapshot]  # the open sessions
     closed: SessionStats  # the counts of every session since closed (served: chunks of sessions closed meanwhile too)
@@ -262,8 +263,8 @@ class _Accepted:
     reset: bool  # per-episode state to drop (a new episode or a restarted client)
 
 
-class Engine:
-    def __init__(self, config: EngineConfig, scheduler: RequestScheduler,
+class SessionTable:
+    def __init__(self, config: SessionTableConfig, scheduler: RequestScheduler,
                  rate_limit: RejectionRateLimit | None = None):
         self.config = config
         self.scheduler = scheduler
@@ -579,10 +580,10 @@ class Engine:
 
     # -- telemetry thread ---------------------------------------------------------------------
 
-    def snapshot(self) -> EngineSnapshot:
+    def snapshot(self) -> SessionTableSnapshot:
         """A copy of every counter (per session and of closed ones); the caller computes percentiles."""
         with self._lock:
-            return EngineSnapshot(
+            return SessionTableSnapshot(
                 sessions={cid: SessionSnapshot(s.listed, s.stats.copy()) for cid, s in self.sessions.items()},
                 closed=self.closed.copy(),
                 dropped=dict(self.dropped),

@@ -9,7 +9,7 @@ from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation
 from lerobot_zenoh.scheduling.request_schedulers import FifoScheduler, make_scheduler
 from lerobot_zenoh.server.admission import read_header
-from lerobot_zenoh.server.engine import (
+from lerobot_zenoh.server.session_table import (
     MAX_SEQ_RATE_HZ,
     MAX_SEQ_STEP,
     NONCE_REQUIRED,
@@ -20,8 +20,8 @@ from lerobot_zenoh.server.engine import (
     TOO_LARGE,
     TOO_MANY_CLIENTS,
     UNKNOWN_CLIENT,
-    Engine,
-    EngineConfig,
+    SessionTable,
+    SessionTableConfig,
 )
 
 pytestmark = pytest.mark.core  # the pure serving core: make test-core
@@ -33,12 +33,12 @@ def obs(client: str, seq: int, *, episode: str | None = "0", nonce: int | None =
                        control_period_s=1 / 30), episode_id=episode, session_nonce=nonce, refreshes_seq_id=refreshes)
 
 
-def admit(e: Engine, o: Observation, now: float) -> str | None:
+def admit(e: SessionTable, o: Observation, now: float) -> str | None:
     """Admit with its header, read as the server's callback does."""
     return e.admit(o.client_uuid, codec.encode(o), now, *read_header(codec.encode_observation_header(o)))
 
 
-def schedule(e: Engine, now: float):
+def schedule(e: SessionTable, now: float):
     """Decode what came without a header (the executor's job in the server), then schedule."""
     for slot in e.unread():
         try:
@@ -48,11 +48,11 @@ def schedule(e: Engine, now: float):
     return e.schedule(now)
 
 
-def engine(listed=("robot",), *, scheduler="round_robin", **kw) -> Engine:
-    return Engine(EngineConfig(listed=frozenset(listed), **kw), make_scheduler(scheduler))
+def engine(listed=("robot",), *, scheduler="round_robin", **kw) -> SessionTable:
+    return SessionTable(SessionTableConfig(listed=frozenset(listed), **kw), make_scheduler(scheduler))
 
 
-def serve(e: Engine, now: float) -> list[str]:
+def serve(e: SessionTable, now: float) -> list[str]:
     """Schedule and finish one batch the way the server does; the ids served."""
     batch = schedule(e, now)
     if batch is None:
@@ -312,7 +312,7 @@ class Recording(FifoScheduler):
 
 @pytest.mark.parametrize("announced_first", [True, False])
 def test_the_scheduler_hears_a_refresh_as_a_newer_observation_after_its_request(announced_first):
-    e = Engine(EngineConfig(listed=frozenset({"b"})), Recording())
+    e = SessionTable(SessionTableConfig(listed=frozenset({"b"})), Recording())
     admit(e, obs("b", 2, buffered=30), 0.2)
     if announced_first:
         schedule(e, 0.25)  # the inference thread saw the request before its refresh replaced it
