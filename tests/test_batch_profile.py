@@ -151,8 +151,8 @@ def test_auto_picks_the_saturation_point_of_the_profile_measured_at_start_up(por
         assert model.max_batch_size == 4
         metrics, _ = server.telemetry_figures(model)
         assert metrics["max_batch_size"] == 4
-        for b, expected_ms in FAST_PROFILE_MS.items():
-            assert expected_ms <= metrics[f"batch_profile.{b}_ms"] < expected_ms + 5
+        for b, expected_ms in FAST_PROFILE_MS.items():  # measured: the policy's sleep at least (a busy host adds)
+            assert metrics[f"batch_profile.{b}_ms"] >= expected_ms
         # announced only after profiling: the status answers at once
         with ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as s:
             assert wait_for(lambda: s.query(app_key.status, 0.3))

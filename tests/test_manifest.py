@@ -109,10 +109,9 @@ class TicketScheduler:
     def on_arrival(self, client_id, now_s, execution=None):
         pass
 
-    def pick(self, ready, now_s, max_batch=1, choose=None):
+    def pick(self, ready, now_s, max_batch=1):
         self.picks += 1
-        order = sorted(ready)
-        return choose(order) if choose is not None else order[:min(max_batch, self.config.tickets)]
+        return sorted(ready)[:min(max_batch, self.config.tickets)]
 
     def on_served(self, client_ids, now_s, duration_s):
         pass

@@ -122,12 +122,12 @@ def _lottery_type():
         def on_arrival(self, client_id, now_s, execution=None):
             pass
 
-        def pick(self, ready, now_s, max_batch=1, choose=None):
+        def pick(self, ready, now_s, max_batch=1):
             import random
 
             self.draws += 1
             order = sorted(ready, key=lambda c: random.Random(f"{self.config.seed}{c}").randrange(self.config.tickets))
-            return choose(order) if choose is not None else order[:max_batch]
+            return order[:max_batch]
 
         def on_served(self, client_ids, now_s, duration_s):
             pass

@@ -1,4 +1,4 @@
-"""The serving engine alone (no Zenoh, no model): sessions, reserved places, expiry, replays, episodes."""
+"""The session table alone (no Zenoh, no model): sessions, reserved places, expiry, replays, episodes."""
 
 from __future__ import annotations
 
@@ -527,3 +527,21 @@ def test_an_unknown_id_that_never_declares_a_token_frees_its_place_after_the_gra
     for i in range(10_000):
         e.on_token(f"t{i}", True, 2.0)
     assert len(e._tokens) <= 4096
+
+
+def test_rank_then_take_records_a_decision_only_when_taken_and_never_takes_an_unjudged_slot():
+    """The edge scheduler ranks under the table's lock, places outside it, then takes what it placed;
+    the wait-ratio scheduler counts the rest as skipped only then."""
+    e = engine(("a", "b", "c"), scheduler="wait_ratio")
+    for client in ("a", "b", "c"):
+        assert admit(e, obs(client, 1), 0.0) is None
+    ranking = e.rank(0.1)
+    assert sorted(ranking.order) == ["a", "b", "c"] and set(ranking.sizes) == {"a", "b", "c"}
+    assert e.scheduler.decisions == 0  # ranking records nothing
+    assert admit(e, obs("c", 2), 0.15) is None  # c's slot holds a newer, not yet judged observation
+    batch = e.take(["a", "c"], ranking, 0.2)
+    assert [s.client_id for s, _ in batch.items] == ["a"]  # c waits for the next round
+    assert e.scheduler.decisions == 1
+    assert e.scheduler._tasks["b"].skipped == 1 and e.scheduler._tasks["a"].skipped == 0
+    again = e.rank(0.3)
+    assert sorted(again.order) == ["b", "c"]

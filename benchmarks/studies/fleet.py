@@ -220,10 +220,14 @@ class FifoRunningFirst:
     def on_arrival(self, client_id, now_s, execution=None):
         self._fifo.on_arrival(client_id, now_s, execution)
 
-    def pick(self, ready, now_s, max_batch=1, choose=None):
-        order = self._fifo.pick(ready, now_s, len(ready))
-        order = sorted(order, key=lambda c: c not in self._running)  # stable: FIFO inside
-        return choose(order) if choose is not None else order[:max_batch]
+    def rank(self, ready, now_s):
+        return sorted(self._fifo.rank(ready, now_s), key=lambda c: c not in self._running)  # stable: FIFO inside
+
+    def took(self, chosen, ranked, now_s):
+        pass
+
+    def pick(self, ready, now_s, max_batch=1):
+        return self.rank(ready, now_s)[:max_batch]
 
     def on_served(self, client_ids, now_s, duration_s):
         self._fifo.on_served(client_ids, now_s, duration_s)
@@ -612,15 +616,14 @@ class FleetSim:
                    for e in server.engines):
             return  # every engine busy or full: nothing can go before one answers
         ready = list(server.ready)
-        order = _order(server.scheduler, ready, t)
+        order = server.scheduler.rank(ready, t)  # rank, then take: as the edge scheduler does
         requests = [RequestView(c, self.cfg.payload_bytes, self.cfg.history_bytes) for c in order]
         placement = place(requests, [e.view() for e in server.engines], t)
         if not placement.assigned:
             return  # a decision that sends nothing is no round: no request counts as skipped
         staying = set(placement.waiting)
-        chosen = server.scheduler.pick(ready, t, choose=lambda o: [c for c in o if c not in staying])
-        if sorted(chosen) != sorted(c for c in order if c not in staying):
-            raise RuntimeError("the scheduler's order changed between placement and pick")
+        chosen = [c for c in order if c not in staying]
+        server.scheduler.took(chosen, order, t)
         by_id = {e.engine_id: e for e in server.engines}
         for engine_id, ids in placement.assigned.items():
             self._send_batch(t, server, by_id[engine_id], ids)
@@ -725,14 +728,6 @@ class FleetSim:
 
 def _scaled(latency_s: Callable[[int], float], factor: float) -> Callable[[int], float]:
     return lambda b: latency_s(b) * factor
-
-
-def _order(scheduler: RequestScheduler, ready: list[str], now_s: float) -> list[str]:
-    """Every ready client in the scheduler's order, without recording a decision (placement needs the
-    whole order; `pick(..., choose=...)` then records the one taken)."""
-    if isinstance(scheduler, WaitRatioScheduler):
-        return [c for c, _, _ in scheduler.ranking(ready, now_s)]
-    return scheduler.pick(ready, now_s, len(ready))  # fifo, round_robin, fifo_running_first: no side effect
 
 
 def gpu_latency(profile: str = "gpu") -> Callable[[int], float]:

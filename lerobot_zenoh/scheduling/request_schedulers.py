@@ -15,7 +15,6 @@ from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.protocol.messages import ExecutionInfo
 from lerobot_zenoh.scheduling.scheduler_interface import (
     SCHEDULERS,
-    Choose,
     RequestScheduler,
     SchedulerConfig,
     SchedulerType,
@@ -54,8 +53,7 @@ class RoundRobinScheduler:
         if client_id not in self._order:
             self._order.append(client_id)
 
-    def pick(self, ready: Sequence[str], now_s: float, max_batch: int = 1,
-             choose: Choose | None = None) -> list[str]:
+    def rank(self, ready: Sequence[str], now_s: float) -> list[str]:
         ready_set = set(ready)
         for client_id in ready:
             self.on_arrival(client_id, now_s)
@@ -63,8 +61,13 @@ class RoundRobinScheduler:
             return []
         start = self._order.index(self._last) + 1 if self._last in self._order else 0
         rotation = self._order[start:] + self._order[:start]
-        order = [c for c in rotation if c in ready_set]
-        return choose(order) if choose is not None else order[:max_batch]
+        return [c for c in rotation if c in ready_set]
+
+    def took(self, chosen: Sequence[str], ranked: Sequence[str], now_s: float) -> None:
+        pass  # the rotation moves on when they are served (`on_served`)
+
+    def pick(self, ready: Sequence[str], now_s: float, max_batch: int = 1) -> list[str]:
+        return self.rank(ready, now_s)[:max_batch]
 
     def on_served(self, client_ids: Sequence[str], now_s: float, duration_s: float) -> None:
         if client_ids:
@@ -96,10 +99,14 @@ class FifoScheduler:
         # the client has been waiting since its first unserved arrival.
         self._arrival_s.setdefault(client_id, now_s)
 
-    def pick(self, ready: Sequence[str], now_s: float, max_batch: int = 1,
-             choose: Choose | None = None) -> list[str]:
-        order = sorted(ready, key=lambda c: (self._arrival_s.get(c, now_s), c))
-        return choose(order) if choose is not None else order[:max_batch]
+    def rank(self, ready: Sequence[str], now_s: float) -> list[str]:
+        return sorted(ready, key=lambda c: (self._arrival_s.get(c, now_s), c))
+
+    def took(self, chosen: Sequence[str], ranked: Sequence[str], now_s: float) -> None:
+        pass  # served ones leave the line in `on_served`
+
+    def pick(self, ready: Sequence[str], now_s: float, max_batch: int = 1) -> list[str]:
+        return self.rank(ready, now_s)[:max_batch]
 
     def on_served(self, client_ids: Sequence[str], now_s: float, duration_s: float) -> None:
         for client_id in client_ids:

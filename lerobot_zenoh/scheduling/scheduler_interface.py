@@ -8,10 +8,12 @@ through five calls and one attribute:
     needs_execution_info                      read once at start: True makes the server decode each
                                               observation's `ExecutionInfo` on arrival to hand it over
     on_arrival(client_id, now_s, execution)   a new observation landed in the client's slot
-    pick(ready, now_s, max_batch) -> [ids]    choose whom to serve now (ready = clients with a slot);
-                                              with `choose`, the scheduler orders every ready client
-                                              and `choose(order)` says which of them go now (the
-                                              edge scheduler's placement across engines)
+    pick(ready, now_s, max_batch) -> [ids]    choose whom to serve now (ready = clients with a slot)
+    rank(ready, now_s) -> [ids]               rank, then take: every ready client in order, nothing
+    took(chosen, ranked, now_s)               recorded; the caller (the edge scheduler's placement
+                                              across engines, outside any lock) takes a subset and
+                                              says which (the rest count as skipped). `pick` is
+                                              `rank`, the first `max_batch`, then `took`
     on_served(client_ids, now_s, duration_s)  the inference for them finished
     forget(client_id)                         the client is gone, or its episode changed
     stats() -> {name: number}                 counters and gauges, published as the model's
@@ -34,10 +36,6 @@ from lerobot_zenoh.config import Settings, misplaced_settings
 from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.protocol.messages import ExecutionInfo
 
-#: Given every ready client in the scheduler's order, those to serve now (a subset, in order).
-Choose = Callable[[list[str]], list[str]]
-
-
 class SchedulerConfig(Settings):
     """The settings of a scheduler type. A type with settings subclasses it and declares them as
     fields; this base is the config of a type that has none (round robin, FIFO)."""
@@ -54,10 +52,16 @@ class RequestScheduler(Protocol):
     def on_arrival(self, client_id: str, now_s: float, execution: ExecutionInfo | None = None) -> None:
         """A new observation of `client_id` is waiting (it may replace an unserved one)."""
 
-    def pick(self, ready: Sequence[str], now_s: float, max_batch: int = 1,
-             choose: Choose | None = None) -> list[str]:
-        """Whom to serve now, in order: at most `max_batch` of `ready`, or `choose(order)` over all of
-        them. Records a decision: the server calls it once per dispatch."""
+    def pick(self, ready: Sequence[str], now_s: float, max_batch: int = 1) -> list[str]:
+        """Whom to serve now, in order: at most `max_batch` of `ready`. Records a decision: the
+        server calls it once per dispatch."""
+
+    def rank(self, ready: Sequence[str], now_s: float) -> list[str]:
+        """Every client of `ready`, most urgent first; records nothing (optional: a scheduler without
+        it is ranked by `pick(ready, now_s, len(ready))`)."""
+
+    def took(self, chosen: Sequence[str], ranked: Sequence[str], now_s: float) -> None:
+        """Of the order `rank` gave, `chosen` were taken now and the others skipped (optional)."""
 
     def on_served(self, client_ids: Sequence[str], now_s: float, duration_s: float) -> None:
         """The inference for `client_ids` ended at `now_s` after `duration_s`."""

@@ -56,7 +56,7 @@ from typing import Literal, TypedDict
 from pydantic import Field
 
 from lerobot_zenoh.protocol.messages import ExecutionInfo
-from lerobot_zenoh.scheduling.scheduler_interface import Choose, SchedulerConfig
+from lerobot_zenoh.scheduling.scheduler_interface import SchedulerConfig
 
 #: Aging interval A: chosen by the model sweep (docs/scheduling.md, "Settings and defaults").
 AGING_DEFAULT = 1
@@ -186,22 +186,27 @@ class WaitRatioScheduler:
         rows.sort(key=lambda r: (-r[0], -r[1], r[2], r[3]))
         return [(client_id, bucket, estimate) for bucket, estimate, _, client_id in rows]
 
-    def pick(self, ready: Sequence[str], now_s: float, max_batch: int = 1,
-             choose: Choose | None = None) -> list[str]:
-        """The first `max_batch` of the order, or, with `choose` (placement across engines), those
-        `choose(order)` returns; every other ready request counts as skipped."""
+    def rank(self, ready: Sequence[str], now_s: float) -> list[str]:
+        """Every ready client in Algorithm 1's order; records nothing."""
         for client_id in ready:
             if client_id not in self._tasks:
                 self.on_arrival(client_id, now_s)
-        order = [c for c, _, _ in self.ranking(ready, now_s)]
-        chosen = choose(order) if choose is not None else order[:max_batch]
+        return [c for c, _, _ in self.ranking(ready, now_s)]
+
+    def took(self, chosen: Sequence[str], ranked: Sequence[str], now_s: float) -> None:
+        """One decision: every ranked request not taken counts as skipped (aging)."""
         picked = set(chosen)
-        for client_id in order:
-            if client_id not in picked:
-                self._tasks[client_id].skipped += 1
-        for client_id in chosen:
-            self._tasks[client_id].skipped = 0
+        for client_id in ranked:
+            task = self._tasks.get(client_id)
+            if task is not None:
+                task.skipped = 0 if client_id in picked else task.skipped + 1
         self.decisions += 1
+
+    def pick(self, ready: Sequence[str], now_s: float, max_batch: int = 1) -> list[str]:
+        """The first `max_batch` of the order; every other ready request counts as skipped."""
+        order = self.rank(ready, now_s)
+        chosen = order[:max_batch]
+        self.took(chosen, order, now_s)
         return chosen
 
     # -- introspection ------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from lerobot_zenoh.errors import ProtocolError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import Observation, ObservationHeader
-from lerobot_zenoh.server.session_table import Batch, Session, Slot
+from lerobot_zenoh.server.session_table import Batch, Ranking, Session, Slot
 from lerobot_zenoh.server.runners.base import InferenceRequest
 
 if TYPE_CHECKING:
@@ -61,14 +61,25 @@ def read_header(attachment: bytes | None) -> tuple[ObservationHeader | None, Pro
 
 
 def schedule(model: ServedModel, now_s: float, **kw) -> Batch | None:
-    """The engine's next batch (`SessionTable.schedule`, keyword arguments passed on), after the executor
-    decoded the new header-less observations."""
+    """The session table's next batch (`SessionTable.schedule`, keyword arguments passed on), after
+    the executor decoded the new header-less observations."""
+    _decode_unread(model)
+    return model.session_table.schedule(now_s, **kw)
+
+
+def rank(model: ServedModel, now_s: float, **kw) -> Ranking:
+    """Every ready client in the scheduler's order (`SessionTable.rank`: rank, then `take`), after
+    the executor decoded the new header-less observations."""
+    _decode_unread(model)
+    return model.session_table.rank(now_s, **kw)
+
+
+def _decode_unread(model: ServedModel) -> None:
     for slot in model.session_table.unread():
         try:
             slot.observation = model.executor.decode(slot.payload)
         except ProtocolError as exc:
-            slot.error = exc  # rejected with its reason by `schedule`
-    return model.session_table.schedule(now_s, **kw)
+            slot.error = exc  # rejected with its reason by `schedule` / `rank`
 
 
 def observation(model: ServedModel, session: Session, slot: Slot) -> Observation:

@@ -282,21 +282,20 @@ class Dispatcher:
         # Placement feeds an edge engine only when it is idle and a cloud engine while it has room.
         if not any(v.running == 0 if v.tier == EDGE else v.running < v.in_flight_limit for v in views):
             return False
-        box: dict = {}
-
-        def choose(order: list[str], slots: dict[str, Slot]) -> list[str]:
-            box["placement"] = placement = place([RequestView(c, len(slots[c].payload)) for c in order], views, now_s)
-            chosen = {c for ids in placement.assigned.values() for c in ids}
-            return [c for c in order if c in chosen]
-
+        # Rank, then take: the scheduler's order under the session table's lock, placement outside it.
+        # A round that places nothing is no decision (nobody counts as skipped), as in the fleet model.
         model = self.model
-        batch = admission.schedule(model, now_s, choose=choose, exclude=self.table.clients())
-        if batch is None:
-            return False
-        for session, _slot, reason, detail in batch.rejected:
+        ranking = admission.rank(model, now_s, exclude=self.table.clients())
+        for session, _slot, reason, detail in ranking.rejected:
             self.host.reject(model, session, reason, detail)
-        placement = box.get("placement")
-        if not batch.items or placement is None:
+        if not ranking.order:
+            return False
+        placement = place([RequestView(c, ranking.sizes[c]) for c in ranking.order], views, now_s)
+        placed = {c for ids in placement.assigned.values() for c in ids}
+        if not placed:
+            return False
+        batch = model.session_table.take([c for c in ranking.order if c in placed], ranking, now_s)
+        if batch is None or not batch.items:
             return False
         engine_of = {c: eid for eid, ids in placement.assigned.items() for c in ids}
         view_of = {v.engine_id: v for v in views}

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from lerobot_zenoh.errors import ProtocolError
@@ -241,6 +241,16 @@ class Session:
     closed_reason: str | None = None  # liveliness | no_token | idle | delisted | server_stop, once closed
     slot: Slot | None = None
     stats: SessionStats = field(default_factory=SessionStats)
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """What `SessionTable.rank` returns: the ready clients in the scheduler's order, each one's
+    payload size (for placement), and the observations rejected while announcing."""
+
+    order: list[str]
+    sizes: dict[str, int]
+    rejected: list[tuple[Session, Slot, str, str]]
 
 
 @dataclass
@@ -440,8 +450,7 @@ class SessionTable:
             return [s.slot for s in self.sessions.values()
                     if s.slot is not None and not s.slot.announced and s.slot.known is None and s.slot.error is None]
 
-    def schedule(self, now_s: float, *, choose: Callable[[list[str], dict[str, Slot]], list[str]] | None = None,
-                 exclude: Collection[str] = ()) -> Batch | None:
+    def schedule(self, now_s: float, *, exclude: Collection[str] = ()) -> Batch | None:
         """Announce new observations to the scheduler and let it pick up to `max_batch_size` sessions.
 
         Each new observation known here (from its header, or the executor's decode of a header-less
@@ -449,59 +458,89 @@ class SessionTable:
         scheduler and comes back in `Batch.rejected`, as does one whose header or body could not be
         read. The scheduler hears each accepted one with its `ExecutionInfo`. A header-less one not
         decoded yet waits in its slot for the next call when the scheduler ranks by `ExecutionInfo`,
-        else is announced without it and judged once picked and decoded (`judge`).
-
-        With `choose` (an edge scheduler placing across engines, `server/dispatch.py`), the scheduler
-        orders every ready session and `choose(order, slots)` picks those to dispatch now, any number;
-        clients in `exclude` (a request of theirs is still running on an engine) wait in their slot.
+        else is announced without it and judged once picked and decoded (`judge`). Clients in
+        `exclude` (a request of theirs is still being computed) wait in their slot.
         """
         rejected: list[tuple[Session, Slot, str, str]] = []
         with self._lock:
-            for session in self.sessions.values():
-                slot = session.slot
-                if slot is None or slot.announced:
-                    continue
-                if slot.error is not None:
-                    rejected.append((session, slot, slot.error.reason, str(slot.error)))
-                    session.slot = None
-                    continue
-                known = slot.known
-                if known is None and self.needs_execution_info:
-                    continue  # not read yet: the next round's `unread`
-                slot.announced = True
-                if known is not None:
-                    if slot.header is not None:
-                        self.headers_read += 1
-                    else:
-                        self.decoded_on_arrival += 1
-                    why = None if slot.judged else self._judge(session, slot)  # (judged: a re-queued request)
-                    if why is not None:
-                        rejected.append((session, slot, why, _rule_detail(session, known, why)))
-                        session.slot = None
-                        continue
-                if slot.first_arrival is not None:  # a refresh: its request arrived first
-                    self.scheduler.on_arrival(session.client_id, *slot.first_arrival)
-                self.scheduler.on_arrival(session.client_id, slot.arrival_s, known.execution if known else None)
-            ready = [cid for cid, s in self.sessions.items()
-                     if s.slot is not None and s.slot.announced and cid not in exclude]
-            if choose is None:
-                chosen = self.scheduler.pick(ready, now_s, self.config.max_batch_size) if ready else []
-            else:
-                chosen = self.scheduler.pick(ready, now_s, len(ready), choose=lambda order: choose(
-                    order, {c: self.sessions[c].slot for c in order})) if ready else []
-            items: list[tuple[Session, Slot]] = []
-            for cid in dict.fromkeys(chosen):
-                session = self.sessions.get(cid)
-                if session is not None and session.slot is not None:
-                    items.append((session, session.slot))
-                    known = session.slot.known
-                    if known is not None:  # (a header-less one: once it is judged)
-                        self._picked(session, known.session_nonce, known.seq_id)
-                        session.computing = (known.session_nonce, known.seq_id)
-                    session.slot = None
+            ready = self._announce(rejected, exclude)
+            chosen = self.scheduler.pick(ready, now_s, self.config.max_batch_size) if ready else []
+            items = self._take_slots(chosen)
         if not items and not rejected:
             return None
         return Batch(items, rejected)
+
+    def rank(self, now_s: float, *, exclude: Collection[str] = ()) -> Ranking:
+        """Rank, then take (an edge scheduler placing across engines, `server/dispatch.py`): announce
+        and judge as `schedule` does, and return every ready client in the scheduler's order with its
+        payload's size, and what was rejected. Nothing is taken: the caller places the order outside
+        this table's lock and hands back what it dispatches (`take`)."""
+        rejected: list[tuple[Session, Slot, str, str]] = []
+        with self._lock:
+            ready = self._announce(rejected, exclude)
+            rank = getattr(self.scheduler, "rank", None)
+            if not ready:
+                order = []
+            elif rank is not None:
+                order = list(rank(ready, now_s))
+            else:  # a scheduler with `pick` only: its whole order, taken as one decision
+                order = list(self.scheduler.pick(ready, now_s, len(ready)))
+            sizes = {c: len(self.sessions[c].slot.payload) for c in order}
+        return Ranking(order, sizes, rejected)
+
+    def take(self, chosen: Sequence[str], ranking: Ranking, now_s: float) -> Batch | None:
+        """Take the slots of `chosen` (a subset of `ranking.order`, in order) and tell the scheduler
+        what was taken of its order (`took`: the others were skipped). A client whose slot emptied
+        meanwhile, or now holds a newer observation not yet judged, is left out (that one is
+        announced and judged at the next round)."""
+        with self._lock:
+            took = getattr(self.scheduler, "took", None)
+            if took is not None and ranking.order:
+                took(list(chosen), ranking.order, now_s)
+            items = self._take_slots(chosen)
+        return Batch(items, []) if items else None  # (the ranking's rejections are the ranking's)
+
+    def _announce(self, rejected: list, exclude: Collection[str]) -> list[str]:
+        """Judge and announce the new observations (lock held); the ready clients not in `exclude`."""
+        for session in self.sessions.values():
+            slot = session.slot
+            if slot is None or slot.announced:
+                continue
+            if slot.error is not None:
+                rejected.append((session, slot, slot.error.reason, str(slot.error)))
+                session.slot = None
+                continue
+            known = slot.known
+            if known is None and self.needs_execution_info:
+                continue  # not read yet: the next round's `unread`
+            slot.announced = True
+            if known is not None:
+                if slot.header is not None:
+                    self.headers_read += 1
+                else:
+                    self.decoded_on_arrival += 1
+                why = None if slot.judged else self._judge(session, slot)  # (judged: a re-queued request)
+                if why is not None:
+                    rejected.append((session, slot, why, _rule_detail(session, known, why)))
+                    session.slot = None
+                    continue
+            if slot.first_arrival is not None:  # a refresh: its request arrived first
+                self.scheduler.on_arrival(session.client_id, *slot.first_arrival)
+            self.scheduler.on_arrival(session.client_id, slot.arrival_s, known.execution if known else None)
+        return [cid for cid, s in self.sessions.items() if s.slot is not None and s.slot.announced and cid not in exclude]
+
+    def _take_slots(self, chosen: Sequence[str]) -> list[tuple[Session, Slot]]:
+        items: list[tuple[Session, Slot]] = []
+        for cid in dict.fromkeys(chosen):
+            session = self.sessions.get(cid)
+            if session is not None and session.slot is not None and session.slot.announced:
+                items.append((session, session.slot))
+                known = session.slot.known
+                if known is not None:  # (a header-less one: once it is judged)
+                    self._picked(session, known.session_nonce, known.seq_id)
+                    session.computing = (known.session_nonce, known.seq_id)
+                session.slot = None
+        return items
 
     def requeue(self, session: Session, slot: Slot) -> bool:
         """Put a picked request back in its session's slot (an engine did not answer it in time, or
