@@ -81,7 +81,7 @@ class EngineState:
     suspect_until_s: float = 0.0
     probation: bool = False
     incarnation: str | None = None
-    capacity: int = 1  # the manifest's; a remote engine's status may lower it
+    capacity: int = 1  # the manifest's (`engines[].capacity`)
     rtt_s: float | None = None
     bandwidth_bps: float = math.inf
     lost_probes: int = 0

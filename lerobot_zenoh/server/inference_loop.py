@@ -5,7 +5,8 @@ dispatcher (`server/dispatch.py`: place, dispatch, relay; never waits on an engi
 model's next batch through `server/serving.py`, round robin, and sleeps when nothing waits.
 
 Supervised: a fault in one model's turn is logged with its traceback and counted (`loop_faults`);
-after `MAX_FAULTS_IN_A_ROW` with no work done in between, that model stops being served *visibly*
+after `MAX_FAULTS_IN_A_ROW` with no work done in between (each within `FAULT_WINDOW_S` of the
+last), that model stops being served *visibly*
 (`_withdraw`: its role never serves again, so status queries go unanswered; its liveliness token is
 undeclared, so a hot standby takes over; telemetry says `serving: 0`, `failed: 1`). A fault outside
 any model's turn withdraws them all. When no model is served any more, `failed` is set and the
@@ -24,8 +25,10 @@ from lerobot_zenoh.server.serving import EXPIRY_PERIOD_S, Serving
 
 log = logging.getLogger(__name__)
 
-#: Faults in one model's turns, with no work done in between, after which it is withdrawn.
+#: Faults in one model's turns, with no work done in between and each within FAULT_WINDOW_S of
+#: the one before, after which it is withdrawn.
 MAX_FAULTS_IN_A_ROW = 3
+FAULT_WINDOW_S = 10.0
 
 __all__ = ["InferenceLoop", "MAX_FAULTS_IN_A_ROW"]
 
@@ -86,8 +89,8 @@ class InferenceLoop:
                 batch = self._supervised(model, admission.schedule, model, time.monotonic())
                 if batch is not None:
                     turn = (turn + i + 1) % len(self.models)
-                    self._supervised(model, self.serving.serve, model, batch, served=True, on_fault=lambda m=model, b=batch: m.session_table.finish(
-                        [], [s.client_id for s, _ in b.items], time.monotonic(), 0.0))
+                    self._supervised(model, self.serving.serve, model, batch, served=True,
+                                     on_fault=lambda m=model, b=batch: _release(m, b))
                     served = True
                     break
             if not served and not sum(self._supervised(m, self.serving.advance_text, m) or 0 for m in self.models):
@@ -102,6 +105,10 @@ class InferenceLoop:
         try:
             out = fn(*args)
         except Exception as exc:
+            now = time.monotonic()
+            if now - model.last_fault_s > FAULT_WINDOW_S:  # an isolated fault long after the last one
+                model.faults_in_a_row = 0
+            model.last_fault_s = now
             model.loop_faults += 1
             model.faults_in_a_row += 1
             log.error("%s: serving loop fault %d in a row (%s: %s)", model.app.prefix, model.faults_in_a_row,
@@ -137,3 +144,8 @@ class InferenceLoop:
         log.critical("%s: no longer served (%s); its liveliness token and status are withdrawn", model.app.prefix, why)
         if all(m.failed is not None for m in self.models):
             self.failed.set()
+
+
+def _release(model: ServedModel, batch) -> None:
+    """A batch whose turn failed: computed no longer, so its robots' next requests are served."""
+    model.session_table.finish([], [s.client_id for s, _ in batch.items], time.monotonic(), 0.0)

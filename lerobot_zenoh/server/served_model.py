@@ -114,6 +114,7 @@ class ServedModel:
         self.dispatcher = None  # server/dispatch.py Dispatcher, set at start() when the entry lists engines
         self.loop_faults = 0  # faults in its serving turn (logged with their traceback)
         self.faults_in_a_row = 0
+        self.last_fault_s = float("-inf")
         self.failed: str | None = None  # why it is no longer served (`PolicyServer._withdraw`)
 
     @property
