@@ -231,6 +231,7 @@ def manifests(mode: str, edge_host: str, cloud_host: str, real: dict | None = No
     common = {"cluster_uuid": cluster, "experiment_tag": experiment, "telemetry_period_s": 0,
               "sessions": {"idle_timeout_s": 5, "liveliness_grace_s": 1}, "same_host": False}
     edge_ms, cloud_ms = PROFILES[profile]
+    # (the edge publishes telemetry: the driver reads each engine's estimate against its actual)
     engines = []
     if mode in ("edge", "hybrid"):
         engines.append({"engine_id": "local", "tier": "edge", "capacity": EDGE_CAPACITY, "local": True,
@@ -239,7 +240,7 @@ def manifests(mode: str, edge_host: str, cloud_host: str, real: dict | None = No
         engines.append({"engine_id": "cloud0", "tier": "cloud", "capacity": CLOUD_CAPACITY,
                         "endpoint": f"tcp/{cloud_host}:{CLOUD_PORT}", "profile": "measured",
                         "max_in_flight": cloud_in_flight})
-    edge = {**common, "server_id": "edge0",
+    edge = {**common, "server_id": "edge0", "telemetry_period_s": 1.0,
             "zenoh": {"listen": [f"tcp/{edge_host}:{EDGE_PORT}"], "multicast_scouting": False},
             "server": [{**_entry(edge_ms, EDGE_CAPACITY,
                                  None if real is None else {**real, "device": "cpu", "dtype": "float32"}),
@@ -340,6 +341,19 @@ def drive(endpoint: str, rate: float, seed: int, duration_s: float, warmup_s: fl
 
     for session in sessions:
         session.subscribe(f"{app.prefix}/*/action", on_chunk)
+    # The edge scheduler's own account of each engine (its telemetry): placement's latency estimate
+    # against the dispatch-to-answer time, over its last 256 requests, as the run ends.
+    engine_figures: dict[str, float] = {}
+
+    def on_metrics(key: str, payload: bytes) -> None:
+        try:
+            figures = codec.decode_telemetry(payload).metrics
+        except Exception:
+            return
+        engine_figures.update({k: v for k, v in figures.items() if k.startswith("engine.")
+                               and k.endswith(("estimate_ms_mean", "actual_ms_mean"))})
+
+    sessions[0].subscribe(f"{app.prefix}/server/*/metrics", on_metrics)
     dt = 1 / 30
     results: list[dict] = []
     lock = threading.Lock()
@@ -401,7 +415,7 @@ def drive(endpoint: str, rate: float, seed: int, duration_s: float, warmup_s: fl
             "p25_s": _q(kept, 0.25), "p95_s": _q(kept, 0.95),
             "offload_share": tiers.count("cloud") / len(tiers) if tiers else 0.0,
             "round_ms_mean": statistics.fmean(rounds_ms) if rounds_ms else None,
-            "resends": sum(r["resends"] for r in results)}
+            "resends": sum(r["resends"] for r in results), "engines": dict(engine_figures)}
 
 
 def arrival_times(rate: float, seed: int, until_s: float) -> list[float]:
@@ -609,6 +623,19 @@ def table(result: dict) -> str:
             out.append(f"| {rate:g} | {mode} | {statistics.fmean(mean):.2f}{sd} | "
                        f"{statistics.fmean(p['p25_s'] for p in pts):.2f} | {statistics.fmean(p['p95_s'] for p in pts):.2f} | "
                        f"{100 * statistics.fmean(p['offload_share'] for p in pts):.0f} % | {sum(p['tasks'] for p in pts)} | {len(pts)} |")
+    engines = [(r, m, e) for r in rates for m in modes for e in ("local", "cloud0")
+               if any(f"engine.{e}.actual_ms_mean" in p.get("engines", {}) for p in rows
+                      if p["rate"] == r and p["mode"] == m)]
+    if engines:  # placement's estimate against what happened, per engine (the edge's telemetry)
+        out += ["", "| tasks/s | mode | engine | estimate ms (mean) | actual ms (mean) | estimate / actual |",
+                "|---|---|---|---|---|---|"]
+        for rate, mode, engine in engines:
+            pairs = [(p["engines"][f"engine.{engine}.estimate_ms_mean"], p["engines"][f"engine.{engine}.actual_ms_mean"])
+                     for p in rows if p["rate"] == rate and p["mode"] == mode
+                     and p.get("engines", {}).get(f"engine.{engine}.actual_ms_mean")]
+            if pairs:
+                est, act = statistics.fmean(e for e, _ in pairs), statistics.fmean(a for _, a in pairs)
+                out.append(f"| {rate:g} | {mode} | {engine} | {est:.0f} | {act:.0f} | {est / act:.2f} |")
     top = rates[-1] if rates else None
     if top is not None and all((top, m) in summary for m in MODES):
         h, e, c = summary[(top, "hybrid")], summary[(top, "edge")], summary[(top, "cloud")]
