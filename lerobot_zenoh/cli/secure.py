@@ -10,6 +10,9 @@
 <id>.pem/<id>.key per server id, client uuid, monitor (and router), acl.json5, and what each
 program needs to use them: <server_id>.manifest.yaml (the manifest, secured), <id>.flags for each
 client and monitor, <router>.zenoh.json5 for a router; README.md says which is which.
+`init` prints, for each certificate, the names it may serve as a TLS listener: a server's and the
+router's carry the names robots and monitors dial; an engine's only where its scheduler dials it
+(a name a server or router also carries is refused); robots' and monitors' none.
 `acl` writes only the ACL, for certificates you already have (their common names must be the ids).
 Exit codes: 0 done, 2 bad arguments or configuration.
 """
@@ -109,7 +112,7 @@ def _init(args) -> int:
     from lerobot_zenoh.security import pki
     from lerobot_zenoh.security.acl import access_control, write_acl
     from lerobot_zenoh.security.identities import (
-        WILDCARD_HOSTS, PkiLayout, check_host_names, connect_endpoint, host_of, member_settings, router_settings,
+        PkiLayout, check_engine_names, check_host_names, connect_endpoint, member_settings, router_settings,
         server_settings,
     )
 
@@ -123,7 +126,6 @@ def _init(args) -> int:
                                       "peer-to-peer deployment clients talk to exactly one server")
 
     # 1. where servers (or the router) listen, and where everyone else connects
-    hosts = list(pki.DEFAULT_HOSTS) + list(args.host)
     connect_host = args.host[0] if args.host else "127.0.0.1"
     # An engine process (`role: engine`) is named by its engine_id: its certificate, its ACL subject.
     server_listen = {_identity(m): m.zenoh_settings().listen for m in manifests}
@@ -137,15 +139,16 @@ def _init(args) -> int:
             raise ConfigError("zenoh.listen", f"server {sid} listens nowhere: give the manifest an endpoint")
         connect = [connect_endpoint(e, connect_host) for e in listen]
 
-    # 2. the identities
+    # 2. the identities, and the names each certificate may serve
     identities = dict(deployment.identities)
     if args.router:
         if args.router in identities:
             raise ConfigError("router", f"{args.router!r} is already a {identities[args.router]}")
         identities[args.router] = "router"
-
-    endpoint_hosts = [host_of(e) for e in [*args.router_endpoint, *sum(server_listen.values(), [])]]
-    check_host_names([*pki.DEFAULT_HOSTS, *args.host, *(h for h in endpoint_hosts if h not in WILDCARD_HOSTS)], identities)
+    names = _served_names(args, manifests, server_listen)
+    check_host_names([n.host for served in names.values() for n in served], identities)
+    check_engine_names({i: names.get(i, []) for i, role in identities.items() if role == "engine"},
+                       {i: names.get(i, []) for i, role in identities.items() if role in ("server", "router")})
 
     # 3. the CA (nothing is written before the arguments are checked)
     if bool(args.ca_cert) != bool(args.ca_key):
@@ -161,12 +164,9 @@ def _init(args) -> int:
         ca = pki.create_ca()
         pki.save_ca(ca, layout.root)
 
-    # 4. one certificate per identity, named by its id; only servers and the router name hosts
+    # 4. one certificate per identity, named by its id; only servers, the router and listening engines name hosts
     for name, role in identities.items():
-        endpoints = (server_listen.get(name, []) if role in ("server", "engine")
-                     else args.router_endpoint if role == "router" else [])
-        names = hosts + [h for h in map(host_of, endpoints) if h and h not in WILDCARD_HOSTS] if pki.ROLES[role] else []
-        pki.write_identity(ca, name, layout.root, names, args.valid_days, role=role)
+        pki.write_identity(ca, name, layout.root, [n.host for n in names.get(name, [])], args.valid_days, role=role)
 
     # 5. the ACL, and what each program needs
     write_acl(access_control(deployment), layout.acl)
@@ -191,11 +191,63 @@ def _init(args) -> int:
         path = layout.root / f"{args.router}.zenoh.json5"
         path.write_text(json.dumps(_zenoh_json(settings), indent=2) + "\n")
         written.append(("router", args.router, f"lerobot-zenoh-router --config {path}"))
-    (layout.root / "README.md").write_text(_readme(layout, written, bool(args.router)))
+    served = [(role, name, _serves(role, pki.served_names(layout.cert(name).read_bytes())))
+              for name, role in identities.items()]
+    (layout.root / "README.md").write_text(_readme(layout, written, served, bool(args.router)))
     for role, name, command in written:
         print(f"{role:8} {name:24} {command}")
+    print("certificates, and the names each may serve as a TLS listener (robots and monitors accept only a "
+          "server's or router's):")
+    for role, name, what in served:
+        print(f"  {role:8} {name:24} {what}")
     print(f"ACL: {layout.acl}; CA: {layout.ca_cert}")
     return 0
+
+
+def _served_names(args, manifests, server_listen: dict[str, list[str]]) -> dict:
+    """identity -> the names (`DialledName`) its certificate will carry.
+
+    Servers and the router: `DEFAULT_HOSTS`, every --host and the hosts they listen on: the names
+    robots and monitors dial. An engine: only where its scheduler dials it (its own listen hosts, and
+    the hosts of the `engines[].endpoint` naming it), never a default, so that a robot dialling a
+    server refuses an engine's certificate; behind routers an engine listens nowhere and names none.
+    """
+    from lerobot_zenoh.errors import ConfigError
+    from lerobot_zenoh.security import pki
+    from lerobot_zenoh.security.identities import WILDCARD_HOSTS, DialledName, host_of
+
+    def own(endpoints, field, source=None) -> list[DialledName]:
+        return [DialledName(h, field, source) for h in map(host_of, endpoints) if h and h not in WILDCARD_HOSTS]
+
+    dialled = [DialledName(h, "host") for h in (*pki.DEFAULT_HOSTS, *args.host)]
+    names: dict[str, list[DialledName]] = {}
+    for m in manifests:
+        ident = _identity(m)
+        if m.role == "server":
+            names[ident] = dialled + own(server_listen[ident], "zenoh.listen", m.source)
+        elif not args.router:  # behind routers an engine connects to them and listens nowhere
+            names.setdefault(ident, []).extend(own(server_listen[ident], "zenoh.listen", m.source))
+        for i, entry in enumerate(m.server):
+            for j, engine in enumerate(entry.engines):
+                if engine.endpoint and not args.router:
+                    names.setdefault(engine.engine_id, []).extend(
+                        own([engine.endpoint], f"server.{i}.engines.{j}.endpoint", m.source))
+    for m in manifests:
+        if m.role == "engine" and not args.router and server_listen[m.engine_id] and not names.get(m.engine_id):
+            raise ConfigError("zenoh.listen", f"engine {m.engine_id!r} listens on {server_listen[m.engine_id]} but "
+                                              "no host it is dialled at is known: give init its scheduler's manifest "
+                                              "too (its engines[].endpoint names the host), or listen on the "
+                                              "engine's own address", source=m.source)
+    if args.router:
+        names[args.router] = dialled + own(args.router_endpoint, "router_endpoint")
+    return names
+
+
+def _serves(role: str, names: list[str]) -> str:
+    """What `lerobot-zenoh-secure init` says a certificate may serve."""
+    if not names:
+        return "nothing: client only"
+    return ", ".join(names) + (" (to its scheduler only)" if role == "engine" else "")
 
 
 def _secured_manifest(manifest, settings, root: Path) -> dict:
@@ -226,7 +278,9 @@ def _secured_manifest(manifest, settings, root: Path) -> dict:
         if local is not None and (local.exists() or HubRef.parse(entry.pretrained_path) is None):
             raw["pretrained_path"] = str(local.resolve())  # a hub id stays as written
         for engine in raw.get("engines", []):  # the scheduler dials its engines over TLS too
-            if engine.get("endpoint"):
+            if engine.get("endpoint") and settings.mode == "client":
+                engine.pop("endpoint")  # behind routers: they join the two, and the engine listens nowhere
+            elif engine.get("endpoint"):
                 engine["endpoint"] = tls_endpoint(engine["endpoint"])
     return data
 
@@ -254,7 +308,7 @@ def _zenoh_json(settings) -> dict:
             for key in ("mode", "listen", "connect", "scouting", "transport", "access_control")}
 
 
-def _readme(layout, written, router: bool) -> str:
+def _readme(layout, written, served, router: bool) -> str:
     where = ("the router (its <router>.zenoh.json5 holds the ACL); everyone else connects to it in client mode"
              if router else "the server's own session (its manifest points at acl.json5); clients and monitors "
                             "connect to it in client mode")
@@ -269,6 +323,13 @@ def _readme(layout, written, router: bool) -> str:
         "| role | identity | run |",
         "|---|---|---|",
         *(f"| {role} | {name} | `{command}` |" for role, name, command in written),
+        "",
+        "What each certificate may serve as a TLS listener (the names a connecting node accepts it under):",
+        "robots and monitors dial only server and router names, so only those certificates can answer them.",
+        "",
+        "| role | identity | may serve |",
+        "|---|---|---|",
+        *(f"| {role} | {name} | {what} |" for role, name, what in served),
         "",
     ]
     return "\n".join(lines)
