@@ -11,6 +11,7 @@ import queue
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -432,6 +433,18 @@ def test_engine_loading_another_model_fails_start(app_key, ports):
         assert "engines[cloud0]" in str(info.value) and "action_dim 7" in str(info.value)
     finally:
         engine.stop()
+
+
+def test_the_engines_example_of_the_server_docs_validates():
+    """docs/server.md's scheduler and engine manifests ("Engines") pass the manifest's checks (its
+    engine example once failed at start-up: no clients listed)."""
+    import yaml
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "server.md").read_text()
+    block = "# edge.yaml" + text.split("# edge.yaml", 1)[1].split("```", 1)[0]
+    edge, engine = block.split("# cloud0.yaml", 1)
+    assert [e.engine_id for e in parse_manifest(yaml.safe_load(edge)).server[0].engines] == ["local", "gpu1", "cloud0"]
+    assert parse_manifest(yaml.safe_load("# cloud0.yaml" + engine)).engine_id == "cloud0"
 
 
 def test_engine_role_manifest_errors(app_key):

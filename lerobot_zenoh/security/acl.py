@@ -59,8 +59,11 @@ Zenoh 1.10: without them, a peer-mode client's observations never leave it; `cli
 remotes do not need them). They reveal key expressions, never data.
 
 An engine (docs/server.md, "Engines") is named by its `engine_id` (its certificate's common name)
-and reaches only its own keys: it never sees a robot's observation or chunk, and no robot reaches
-an engine key (nothing grants a client anything under `P/engine`).
+and reaches only its own keys `E`. It subscribes to no robot key, but it receives every observation
+its scheduler dispatches to it (the robot's observation bytes inside each request on `E/dispatch`),
+and its answers on `E/answer` become those robots' chunks once the scheduler has checked them: for
+the requests placed on it, it is trusted like a server. It never sees the observations placed
+elsewhere, and no robot reaches an engine key (nothing grants a client anything under `P/engine`).
 
 Server grants matter when a router enforces the ACL (servers connect to it); in a peer-to-peer
 deployment the server's own session enforces it and its own entities are local.
