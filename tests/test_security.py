@@ -662,6 +662,63 @@ def test_secure_init_with_a_router_enforces_the_acl_there(app_key, tmp_path):
         router.wait(10)
 
 
+def test_secure_init_with_two_meshed_routers_serves_through_either(app_key, tmp_path):
+    """`init --router za=… --router zb=…`: both routers enforce the ACL and connect to each other, the
+    server and the robots are given both (the robots' lists start at different routers). robA on
+    za and robB on zb are both served by the server (on za) across the mesh; after kill -9 of za,
+    both are served through zb."""
+    from lerobot_zenoh.cli import client as client_cli
+    from lerobot_zenoh.cli import secure
+
+    ports = {"za": free_port(), "zb": free_port()}
+    write_plain_manifest(tmp_path / "m.yaml", free_port(), app_key, clients=("robA", "robB"))
+    out = tmp_path / "pki"
+    assert secure.main(["init", "--manifest", str(tmp_path / "m.yaml"), "--out", str(out),
+                        *(f"--router={name}=tls/127.0.0.1:{port}" for name, port in ports.items())]) == 0
+    ep = {name: f"tls/127.0.0.1:{port}" for name, port in ports.items()}
+    manifest = load_manifest(out / "gpu0.manifest.yaml")
+    assert manifest.zenoh_settings().connect == [ep["za"], ep["zb"]]
+    acl = json.loads((out / "acl.json5").read_text().split("\n", 3)[3])
+    assert {"cn/za", "cn/zb"} <= {s["id"] for s in acl["subjects"]}
+
+    def robot(name):
+        cfg = client_cli.parse_config([
+            "--robot.type=zenoh_sim", f"--client_uuid={name}", f"--cluster_uuid={app_key.cluster}",
+            f"--experiment_tag={app_key.experiment}", f"--model_id={app_key.model}",
+            f"--model_version={app_key.version}", f"--application_tag={app_key.app}",
+            *(out / f"{name}.flags").read_text().split()])
+        return cfg.zenoh_settings()
+
+    assert robot("robA").connect == [ep["za"], ep["zb"]] and robot("robB").connect == [ep["zb"], ep["za"]]
+    routers = {name: subprocess.Popen([sys.executable, "-m", "lerobot_zenoh.cli.router", "--config",
+                                       str(out / f"{name}.zenoh.json5")], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, text=True) for name in ports}
+    try:
+        for name, port in ports.items():
+            proc = routers[name]
+            assert wait_for(lambda: _port_open(port) or proc.poll() is not None, 30) and proc.poll() is None, \
+                proc.stderr.read() if proc.poll() is not None else ""
+        with PolicyServer(manifest), ZenohSession(robot("robA")) as sa, ZenohSession(robot("robB")) as sb:
+            a, b = Robot(sa, app_key, "robA"), Robot(sb, app_key, "robB")
+            wait_status(sb, app_key, timeout_s=15)  # robB on zb reaches the server on za: the mesh
+            rng = np.random.default_rng(3)
+            a.send_until_served(1, rng)
+            b.send_until_served(1, rng)
+            routers["za"].send_signal(signal.SIGKILL)
+            routers["za"].wait(10)
+            a.send_until_served(2, rng, timeout_s=20)  # robA and the server moved to zb
+            b.send_until_served(2, rng, timeout_s=20)
+    finally:
+        for proc in routers.values():
+            if proc.poll() is None:
+                proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
 def _port_open(port: int) -> bool:
     import socket
 
@@ -677,6 +734,10 @@ def _port_open(port: int) -> bool:
     (["--host", "0.0.0.0"], "'0.0.0.0'"),               # a wildcard is no host a client dials
     (["--host", "*.lab"], "'*.lab'"),
     (["--router", "robot_2", "--router_endpoint", "tls/127.0.0.1:7447"], "'robot_2'"),
+    (["--router", "za"], "router_endpoint: router 'za' has no endpoint"),
+    (["--router", "za=tls/127.0.0.1:7447", "--router_endpoint", "tls/127.0.0.1:7448"], "router_endpoint: "),
+    (["--router", "za", "--router", "zb", "--router_endpoint", "tls/127.0.0.1:7448"], "router_endpoint: "),
+    (["--router", "za=tls/0.0.0.0:7447", "--router", "zb=tls/127.0.0.1:7448"], "router: router 'za'"),
 ])
 def test_secure_init_refuses_names_that_collide_with_a_role_in_one_line(tmp_path, app_key, capsys, extra, named):
     from lerobot_zenoh.cli import secure

@@ -130,10 +130,13 @@ def check_engine_names(engine_names: dict[str, list[DialledName]], dialled: dict
                                               "tls/127.0.0.2:<port>)", source=name.source)
 
 
-def server_settings(layout: PkiLayout, server_id: str, listen: list[str], *, router: str | None = None) -> ZenohSettings:
-    """The policy server: listens and enforces the ACL, or (with `router`) connects to the router."""
+def server_settings(layout: PkiLayout, server_id: str, listen: list[str], *,
+                    router: str | list[str] | None = None) -> ZenohSettings:
+    """The policy server: listens and enforces the ACL, or (with `router`: one endpoint, or the
+    endpoints of several routers) connects to a router, moving to the next one when its link drops."""
     if router is not None:
-        return ZenohSettings(mode="client", connect=[router], multicast_scouting=False, **layout.tls(server_id))
+        routers = [router] if isinstance(router, str) else list(router)
+        return ZenohSettings(mode="client", connect=routers, multicast_scouting=False, **layout.tls(server_id))
     if not listen:
         raise ConfigError("zenoh.listen", "a peer-to-peer secured server must listen on a tls/ endpoint")
     return ZenohSettings(mode="peer", listen=[tls_endpoint(e) for e in listen], multicast_scouting=False,
@@ -145,7 +148,8 @@ def member_settings(layout: PkiLayout, name: str, connect: list[str]) -> ZenohSe
     return ZenohSettings(mode="client", connect=list(connect), multicast_scouting=False, **layout.tls(name))
 
 
-def router_settings(layout: PkiLayout, name: str, listen: list[str]) -> ZenohSettings:
-    """A router that enforces the ACL for everyone connected to it."""
-    return ZenohSettings(mode="router", listen=[tls_endpoint(e) for e in listen], multicast_scouting=False,
-                         access_control_file=str(layout.acl), **layout.tls(name))
+def router_settings(layout: PkiLayout, name: str, listen: list[str], connect: list[str] = ()) -> ZenohSettings:
+    """A router that enforces the ACL for everyone connected to it; `connect`: the other routers of its
+    mesh (each router lists the others, so a restarted one joins again by itself)."""
+    return ZenohSettings(mode="router", listen=[tls_endpoint(e) for e in listen], connect=list(connect),
+                         multicast_scouting=False, access_control_file=str(layout.acl), **layout.tls(name))
