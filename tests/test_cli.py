@@ -99,6 +99,11 @@ ROUTING_MISTAKES = [
     ("lerobot-policy-server", ["--policy.path=x", "--fps=0"], ["--fps", "1"]),
     ("lerobot-robot-client", [*CLIENT, "--model_id=a/b"], ["--model_id", "'/'"]),
     ("lerobot-robot-client", [*CLIENT, "--server_address=nowhere"], ["--server_address", "HOST:PORT"]),
+    # several routers are several items: --zenoh.connect once per endpoint (or a list), --endpoint one
+    ("lerobot-robot-client", [*CLIENT, "--endpoint=tcp/a:7447,tcp/b:7447"], ["--endpoint", "--zenoh.connect"]),
+    ("lerobot-robot-client", [*CLIENT, "--zenoh.connect=tcp/a:7447", "--zenoh.connect=tcp/b:7447,tcp/c:7447"],
+     ["--zenoh.connect", "not one endpoint"]),
+    ("lerobot-zenoh-monitor", ["--endpoint=tcp/a:7447,tcp/b:7447"], ["--endpoint", "--zenoh.connect"]),
 ]
 
 

@@ -11,6 +11,7 @@ import queue
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -434,6 +435,18 @@ def test_engine_loading_another_model_fails_start(app_key, ports):
         engine.stop()
 
 
+def test_the_engines_example_of_the_server_docs_validates():
+    """docs/server.md's scheduler and engine manifests ("Engines") pass the manifest's checks (its
+    engine example once failed at start-up: no clients listed)."""
+    import yaml
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "server.md").read_text()
+    block = "# edge.yaml" + text.split("# edge.yaml", 1)[1].split("```", 1)[0]
+    edge, engine = block.split("# cloud0.yaml", 1)
+    assert [e.engine_id for e in parse_manifest(yaml.safe_load(edge)).server[0].engines] == ["local", "gpu1", "cloud0"]
+    assert parse_manifest(yaml.safe_load("# cloud0.yaml" + engine)).engine_id == "cloud0"
+
+
 def test_engine_role_manifest_errors(app_key):
     with pytest.raises(ConfigError, match="engine_id"):
         manifest(app_key, 1, role="engine", engine_id=None)
@@ -451,20 +464,24 @@ def test_secure_init_covers_engines_and_robots_cannot_reach_engine_keys(app_key,
     from lerobot_zenoh.security.identities import PkiLayout, member_settings
     from lerobot_zenoh.server.manifest import load_manifest
 
-    edge_data = manifest(app_key, ports[0], engines=[LOCAL, cloud("cloud0", ports[1])]).model_dump(
-        mode="json", exclude_none=True)
+    # The engine is dialled at an address of its own (127.0.0.2): its certificate names only that, so a
+    # robot dialling the edge (127.0.0.1) would refuse it (test_security.py).
+    engine_at = f"tcp/127.0.0.2:{ports[1]}"
+    edge_data = manifest(app_key, ports[0], engines=[LOCAL, {**cloud("cloud0", ports[1]), "endpoint": engine_at}]
+                         ).model_dump(mode="json", exclude_none=True)
     edge_data["server"][0] |= {"accept_unknown_clients": False,
                                "clients": [{"client_uuid": f"robot_{i}"} for i in range(3)]}
     edge_data["server_id"] = "edge0"
     engine_data = manifest(app_key, ports[1], role="engine", engine_id="cloud0", latency_ms=20).model_dump(
         mode="json", exclude_none=True)
+    engine_data["zenoh"]["listen"] = [engine_at]
     (tmp_path / "edge.yaml").write_text(yaml.safe_dump(edge_data))
     (tmp_path / "engine.yaml").write_text(yaml.safe_dump(engine_data))
     out = tmp_path / "pki"
     assert secure.main(["init", "--manifest", str(tmp_path / "edge.yaml"), "--manifest", str(tmp_path / "engine.yaml"),
                         "--out", str(out)]) == 0
     layout = PkiLayout(out)
-    assert pki.can_serve_tls((out / "cloud0.pem").read_bytes())  # an engine certificate of its own role
+    assert pki.served_names((out / "cloud0.pem").read_bytes()) == ["127.0.0.2"]  # where its scheduler dials it only
     acl = access_control(Deployment.from_manifests([load_manifest(tmp_path / "edge.yaml")]))
     robot_keys = [k for r in acl["rules"] if r["id"].startswith("client/") for k in r["key_exprs"]]
     assert robot_keys and not any("/engine/" in k for k in robot_keys)

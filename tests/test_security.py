@@ -662,6 +662,63 @@ def test_secure_init_with_a_router_enforces_the_acl_there(app_key, tmp_path):
         router.wait(10)
 
 
+def test_secure_init_with_two_meshed_routers_serves_through_either(app_key, tmp_path):
+    """`init --router za=… --router zb=…`: both routers enforce the ACL and connect to each other, the
+    server and the robots are given both (the robots' lists start at different routers). robA on
+    za and robB on zb are both served by the server (on za) across the mesh; after kill -9 of za,
+    both are served through zb."""
+    from lerobot_zenoh.cli import client as client_cli
+    from lerobot_zenoh.cli import secure
+
+    ports = {"za": free_port(), "zb": free_port()}
+    write_plain_manifest(tmp_path / "m.yaml", free_port(), app_key, clients=("robA", "robB"))
+    out = tmp_path / "pki"
+    assert secure.main(["init", "--manifest", str(tmp_path / "m.yaml"), "--out", str(out),
+                        *(f"--router={name}=tls/127.0.0.1:{port}" for name, port in ports.items())]) == 0
+    ep = {name: f"tls/127.0.0.1:{port}" for name, port in ports.items()}
+    manifest = load_manifest(out / "gpu0.manifest.yaml")
+    assert manifest.zenoh_settings().connect == [ep["za"], ep["zb"]]
+    acl = json.loads((out / "acl.json5").read_text().split("\n", 3)[3])
+    assert {"cn/za", "cn/zb"} <= {s["id"] for s in acl["subjects"]}
+
+    def robot(name):
+        cfg = client_cli.parse_config([
+            "--robot.type=zenoh_sim", f"--client_uuid={name}", f"--cluster_uuid={app_key.cluster}",
+            f"--experiment_tag={app_key.experiment}", f"--model_id={app_key.model}",
+            f"--model_version={app_key.version}", f"--application_tag={app_key.app}",
+            *(out / f"{name}.flags").read_text().split()])
+        return cfg.zenoh_settings()
+
+    assert robot("robA").connect == [ep["za"], ep["zb"]] and robot("robB").connect == [ep["zb"], ep["za"]]
+    routers = {name: subprocess.Popen([sys.executable, "-m", "lerobot_zenoh.cli.router", "--config",
+                                       str(out / f"{name}.zenoh.json5")], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, text=True) for name in ports}
+    try:
+        for name, port in ports.items():
+            proc = routers[name]
+            assert wait_for(lambda: _port_open(port) or proc.poll() is not None, 30) and proc.poll() is None, \
+                proc.stderr.read() if proc.poll() is not None else ""
+        with PolicyServer(manifest), ZenohSession(robot("robA")) as sa, ZenohSession(robot("robB")) as sb:
+            a, b = Robot(sa, app_key, "robA"), Robot(sb, app_key, "robB")
+            wait_status(sb, app_key, timeout_s=15)  # robB on zb reaches the server on za: the mesh
+            rng = np.random.default_rng(3)
+            a.send_until_served(1, rng)
+            b.send_until_served(1, rng)
+            routers["za"].send_signal(signal.SIGKILL)
+            routers["za"].wait(10)
+            a.send_until_served(2, rng, timeout_s=20)  # robA and the server moved to zb
+            b.send_until_served(2, rng, timeout_s=20)
+    finally:
+        for proc in routers.values():
+            if proc.poll() is None:
+                proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
 def _port_open(port: int) -> bool:
     import socket
 
@@ -677,6 +734,10 @@ def _port_open(port: int) -> bool:
     (["--host", "0.0.0.0"], "'0.0.0.0'"),               # a wildcard is no host a client dials
     (["--host", "*.lab"], "'*.lab'"),
     (["--router", "robot_2", "--router_endpoint", "tls/127.0.0.1:7447"], "'robot_2'"),
+    (["--router", "za"], "router_endpoint: router 'za' has no endpoint"),
+    (["--router", "za=tls/127.0.0.1:7447", "--router_endpoint", "tls/127.0.0.1:7448"], "router_endpoint: "),
+    (["--router", "za", "--router", "zb", "--router_endpoint", "tls/127.0.0.1:7448"], "router_endpoint: "),
+    (["--router", "za=tls/0.0.0.0:7447", "--router", "zb=tls/127.0.0.1:7448"], "router: router 'za'"),
 ])
 def test_secure_init_refuses_names_that_collide_with_a_role_in_one_line(tmp_path, app_key, capsys, extra, named):
     from lerobot_zenoh.cli import secure
@@ -687,6 +748,83 @@ def test_secure_init_refuses_names_that_collide_with_a_role_in_one_line(tmp_path
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and named in err, err
     assert not out.exists()  # nothing written
+
+
+# -- roles cannot be borrowed: only a server's certificate answers where a robot dials ---------------
+
+
+def write_edge_and_engine(tmp_path, app_key, port: int, engine_endpoint: str) -> list[str]:
+    """An edge scheduler `edge0` (robots robot_1, robot_2) dispatching to engine `cloud0` at
+    `engine_endpoint`, and the engine's own manifest listening there: the `--manifest` arguments."""
+    engines = [{"engine_id": "local", "tier": "edge", "capacity": 1, "local": True, "profile": {1: 5}},
+               {"engine_id": "cloud0", "tier": "cloud", "capacity": 2, "endpoint": engine_endpoint, "profile": {1: 5}}]
+    edge = plain_manifest(port, app_key, clients=[{"client_uuid": c} for c in ("robot_1", "robot_2")], engines=engines)
+    edge["server_id"] = "edge0"
+    engine = plain_manifest(port, app_key, clients=[], accept_unknown_clients=True)
+    del engine["server_id"]
+    engine |= {"role": "engine", "engine_id": "cloud0",
+               "zenoh": {"listen": [engine_endpoint.replace("tls/", "tcp/")], "multicast_scouting": False}}
+    (tmp_path / "edge.yaml").write_text(yaml.safe_dump(edge))
+    (tmp_path / "cloud0.yaml").write_text(yaml.safe_dump(engine))
+    return ["--manifest", str(tmp_path / "edge.yaml"), "--manifest", str(tmp_path / "cloud0.yaml")]
+
+
+@pytest.mark.parametrize("holder, accepted", [("cloud0", False), ("robot_2", False), ("ops", False), ("edge0", True)])
+def test_a_robot_accepts_only_the_servers_certificate_where_it_dials_the_server(tmp_path, app_key, capsys,
+                                                                               holder, accepted):
+    """`init` for an edge scheduler and its engine (dialled at 127.0.0.2). A listener on the server's
+    address holding the engine's, another robot's or the monitor's certificate: robot_1, with its
+    generated flags (mutual TLS, name check), refuses the link; holding the server's, it is accepted.
+    With the former engine certificates (serverAuth and every server host name) the engine's was
+    accepted."""
+    from lerobot_zenoh.cli import client as client_cli
+    from lerobot_zenoh.cli import secure
+
+    port, engine_port = free_port(), free_port()
+    out = tmp_path / "pki"
+    assert secure.main(["init", *write_edge_and_engine(tmp_path, app_key, port, f"tcp/127.0.0.2:{engine_port}"),
+                        "--out", str(out), "--monitor", "ops"]) == 0
+    printed = capsys.readouterr().out
+    serves = {line.split()[1]: line.split(None, 2)[2] for line in printed.splitlines() if line.startswith("  ")}
+    assert serves == {"edge0": "localhost, 127.0.0.1, ::1", "cloud0": "127.0.0.2 (to its scheduler only)",
+                      "robot_1": "nothing: client only",
+                      "robot_2": "nothing: client only", "ops": "nothing: client only"}, printed
+    layout = PkiLayout(out)
+    assert pki.served_names(layout.cert("cloud0").read_bytes()) == ["127.0.0.2"]
+
+    flags = (out / "robot_1.flags").read_text().split()
+    cfg = client_cli.parse_config([
+        "--robot.type=zenoh_sim", "--client_uuid=robot_1", f"--cluster_uuid={app_key.cluster}",
+        f"--experiment_tag={app_key.experiment}", f"--model_id={app_key.model}",
+        f"--model_version={app_key.version}", f"--application_tag={app_key.app}", *flags])
+    robot = dataclasses.replace(cfg.zenoh_settings(), connect_timeout_s=1.0)
+    assert robot.connect == [f"tls/127.0.0.1:{port}"] and robot.tls_mtls and robot.tls_verify_name
+    rogue = ZenohSettings(mode="peer", listen=[f"tls/127.0.0.1:{port}"], multicast_scouting=False, **layout.tls(holder))
+    with ZenohSession(rogue) as listener:
+        if accepted:
+            with ZenohSession(robot) as session:
+                assert str(listener.zid) in [str(z) for z in session.raw.info.peers_zid()]
+        else:
+            with pytest.raises(TlsRefusedError, match="its TLS certificate is refused"):
+                ZenohSession(robot).open()
+
+
+def test_secure_init_refuses_an_engine_dialled_at_a_server_name_in_one_line(tmp_path, app_key, capsys):
+    """An engine dialled at 127.0.0.1 (a name every server certificate carries) would get a certificate
+    a robot dialling the server accepts: init refuses it, naming the field, and writes nothing."""
+    from lerobot_zenoh.cli import secure
+
+    out = tmp_path / "pki"
+    manifests = write_edge_and_engine(tmp_path, app_key, free_port(), f"tcp/127.0.0.1:{free_port()}")
+    assert secure.main(["init", *manifests, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "server.0.engines.1.endpoint" in err and "'127.0.0.1'" in err, err
+    assert "'cloud0'" in err and "edge.yaml" in err, err
+    assert not out.exists()
+    # the engine's own address, or a host name no server carries, is accepted
+    manifests = write_edge_and_engine(tmp_path, app_key, free_port(), "tcp/gpu-engine.lan:7448")
+    assert secure.main(["init", *manifests, "--out", str(out)]) == 0
+    assert pki.served_names((out / "cloud0.pem").read_bytes()) == ["gpu-engine.lan"]
 
 
 # -- no stray listeners: a robot and a monitor on a LAN of network namespaces -----------------------

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -15,7 +18,7 @@ from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import ActionChunk, Observation, Status
 from lerobot_zenoh.transport.session import ACTION_QOS, OBSERVATION_QOS, ZenohSession
 from lerobot_zenoh.transport.settings import ZenohSettings
-from lz_testing import wait_for
+from lz_testing import free_port, wait_for
 
 
 
@@ -272,3 +275,48 @@ def test_the_action_priority_gets_a_transmit_queue_that_holds_a_batch_of_chunks(
     assert json.loads(config.get_json(f"transport/link/tx/queue/size/{ACTION_TX_PRIORITY}")) == ACTION_TX_QUEUE_BATCHES
     override = ZenohSettings(json5_overrides={f"transport/link/tx/queue/size/{ACTION_TX_PRIORITY}": "4"})
     assert json.loads(override.to_zenoh_config().get_json(f"transport/link/tx/queue/size/{ACTION_TX_PRIORITY}")) == 4
+
+
+# -- several routers: Zenoh's own mesh, no single point of failure (docs/reliability.md) -------------
+
+
+def test_two_meshed_routers_a_client_moves_to_the_other_when_one_is_killed():
+    """Routers A and B, each connected to the other; a subscriber in client mode given [A, B] (on A)
+    and a publisher given [B, A] (on B): samples cross the mesh; after kill -9 of A the subscriber
+    moves to B by itself and receives again. Two endpoints in one item fail naming the field."""
+    ep = {name: f"tcp/127.0.0.1:{free_port()}" for name in "AB"}
+    routers = {name: subprocess.Popen([sys.executable, "-m", "lerobot_zenoh.cli.router", f"--zenoh.listen={ep[name]}",
+                                       f"--zenoh.connect={ep[other]}", "--zenoh.multicast_scouting=false",
+                                       "--log_level=WARNING"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+               for name, other in (("A", "B"), ("B", "A"))}
+    stop = threading.Event()
+    try:
+        got: list[float] = []
+        with ZenohSession(ZenohSettings(mode="client", connect=[ep["A"], ep["B"]], multicast_scouting=False,
+                                        connect_timeout_s=30)) as robot, \
+                ZenohSession(ZenohSettings(mode="client", connect=[ep["B"], ep["A"]], multicast_scouting=False,
+                                           connect_timeout_s=30)) as server:
+            robot.subscribe("mesh/action", lambda key, payload: got.append(time.monotonic()))
+            pub = server.publisher("mesh/action", ACTION_QOS)
+
+            def publish():
+                while not stop.is_set():
+                    pub.put(b"chunk")
+                    stop.wait(0.02)
+
+            threading.Thread(target=publish, daemon=True).start()
+            assert wait_for(lambda: got, 15.0), "no sample crossed the mesh"
+            routers["A"].send_signal(signal.SIGKILL)
+            routers["A"].wait(10)
+            t_kill = time.monotonic()
+            assert wait_for(lambda: got[-1] > t_kill, 15.0), "the subscriber never moved to router B"
+            stop.set()
+    finally:
+        stop.set()
+        for proc in routers.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        for proc in routers.values():
+            proc.wait(20)
+    with pytest.raises(ConfigError, match=r"zenoh\.connect: .*is not one endpoint"):
+        ZenohSettings(connect=[f"{ep['A']},{ep['B']}"]).validate()

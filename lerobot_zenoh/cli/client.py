@@ -79,7 +79,7 @@ def parse_config(argv: list[str] | None = None):
     from lerobot.utils.import_utils import register_third_party_plugins
 
     import lerobot_zenoh.client.sim_robot  # noqa: F401  (registers --robot.type=zenoh_sim)
-    from lerobot_zenoh.cli.parsing import UsageError, fail, parse
+    from lerobot_zenoh.cli.parsing import CONNECT_SPELLINGS, UsageError, fail, parse
     from lerobot_zenoh.client.config import RobotClientConfig
 
     register_lerobot_robots()
@@ -92,7 +92,7 @@ def parse_config(argv: list[str] | None = None):
         robot_type = next((a.split("=", 1)[1] for a in argv if a.startswith("--robot.type=")), None)
         print(short_help(RobotClientConfig, robot_type))
         raise SystemExit(0)
-    config = parse(RobotClientConfig, argv, PROG)
+    config = parse(RobotClientConfig, argv, PROG, CONNECT_SPELLINGS)
     if config.dataset is not None and not config.resume:
         # LeRobot's own rule: a new recording's repo_id gets a date-time tag unless --dataset.no_stamp
         # (our default: true, so that LeRobotDataset(repo_id) finds what was recorded).

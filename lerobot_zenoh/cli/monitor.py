@@ -74,6 +74,9 @@ class MonitorConfig:
             raise ConfigError("duration_s", f"must be positive, got {self.duration_s}")
         if self.endpoint is not None and "/" not in self.endpoint:
             raise ConfigError("endpoint", f"{self.endpoint!r} is not an endpoint like tcp/127.0.0.1:7447")
+        if self.endpoint is not None and "," in self.endpoint:
+            raise ConfigError("endpoint", f"{self.endpoint!r}: one endpoint here; give several routers with "
+                                          "--zenoh.connect (once per endpoint, or as a list)")
         self.zenoh.validate("zenoh")
 
     def zenoh_settings(self) -> ZenohSettings:
@@ -116,10 +119,10 @@ def serve_prometheus(fleet, port: int, host: str = "127.0.0.1"):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, explain, fail, parse
+    from lerobot_zenoh.cli.parsing import CONNECT_SPELLINGS, EXIT_CONFIG, explain, fail, parse
     from lerobot_zenoh.cli.stopping import begin_stop
 
-    config = parse(MonitorConfig, argv, PROG)
+    config = parse(MonitorConfig, argv, PROG, CONNECT_SPELLINGS)
 
     from lerobot_zenoh.errors import LeRobotZenohError, ProtocolError, TlsRefusedError
     from lerobot_zenoh.protocol import codec

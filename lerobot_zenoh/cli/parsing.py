@@ -175,6 +175,12 @@ class Spellings:
         return out + [f"{flag}={json.dumps(value)}" for flag, value in collected.items()]
 
 
+#: The robot client's and the monitor's: `--zenoh.connect` may be given once per endpoint, as the
+#: router's (`--zenoh.connect=tcp/ra:7447 --zenoh.connect=tcp/rb:7447`: several routers), besides
+#: draccus' `--zenoh.connect=[tcp/ra:7447, tcp/rb:7447]`.
+CONNECT_SPELLINGS = Spellings(repeatable=frozenset({"--zenoh.connect"}))
+
+
 def parse(config_class: type[T], argv: list[str] | None, prog: str, spellings: Spellings | None = None) -> T:
     """draccus.parse with one-line errors (exit 2); `--help` prints every option as usual. `spellings`
     rewrites a script's other accepted spellings into draccus flags first."""

@@ -3,6 +3,8 @@
     lerobot-zenoh-secure init --manifest manifests/demo.yaml --out pki --monitor ops
     lerobot-zenoh-secure init --manifest a.yaml --manifest b.yaml --out pki --router zrouter \\
         --router_endpoint tls/10.0.0.2:7447 --host 10.0.0.2
+    lerobot-zenoh-secure init --manifest a.yaml --out pki \\
+        --router za=tls/10.0.0.2:7447 --router zb=tls/10.0.0.3:7447     # two routers, meshed
     lerobot-zenoh-secure init ... --ca_cert corp-ca.pem --ca_key corp-ca.key    # sign with your CA
     lerobot-zenoh-secure acl --manifest manifests/demo.yaml --monitor ops --certs pki --out pki/acl.json5
 
@@ -10,6 +12,9 @@
 <id>.pem/<id>.key per server id, client uuid, monitor (and router), acl.json5, and what each
 program needs to use them: <server_id>.manifest.yaml (the manifest, secured), <id>.flags for each
 client and monitor, <router>.zenoh.json5 for a router; README.md says which is which.
+`init` prints, for each certificate, the names it may serve as a TLS listener: a server's and the
+router's carry the names robots and monitors dial; an engine's only where its scheduler dials it
+(a name a server or router also carries is refused); robots' and monitors' none.
 `acl` writes only the ACL, for certificates you already have (their common names must be the ids).
 Exit codes: 0 done, 2 bad arguments or configuration.
 """
@@ -44,8 +49,12 @@ def main(argv: list[str] | None = None) -> int:
                       help="extra host name or IP the server and router certificates carry (robot and monitor "
                            "certificates name no host) (repeatable); the first one replaces a "
                            "wildcard listen address (0.0.0.0) in the endpoints given to clients")
-    init.add_argument("--router", help="issue a certificate for this router and enforce the ACL there")
-    init.add_argument("--router_endpoint", action="append", default=[], help="where the router listens (tls/host:port)")
+    init.add_argument("--router", action="append", default=[],
+                      help="issue a certificate for this router and enforce the ACL there: NAME (its endpoints in "
+                           "--router_endpoint), or NAME=tls/host:port, repeatable: several routers, meshed (each "
+                           "connects to the others; everyone else is given them all)")
+    init.add_argument("--router_endpoint", action="append", default=[],
+                      help="where the router of --router NAME listens (tls/host:port) (repeatable)")
     init.add_argument("--ca_cert", help="sign with this CA certificate (PEM) instead of a new development CA")
     init.add_argument("--ca_key", help="the private key of --ca_cert (unencrypted PEM)")
     init.add_argument("--valid_days", type=int, default=365, help="validity of the issued certificates")
@@ -107,28 +116,26 @@ def _init(args) -> int:
 
     from lerobot_zenoh.errors import ConfigError
     from lerobot_zenoh.security import pki
-    from lerobot_zenoh.security.acl import access_control, write_acl
+    from lerobot_zenoh.security.acl import access_control, with_router_mesh, write_acl
     from lerobot_zenoh.security.identities import (
-        WILDCARD_HOSTS, PkiLayout, check_host_names, connect_endpoint, host_of, member_settings, router_settings,
+        PkiLayout, check_engine_names, check_host_names, connect_endpoint, member_settings, router_settings,
         server_settings,
     )
 
     manifests, deployment = _deployment(args)
     layout = PkiLayout(Path(args.out).resolve())
-    if args.router and not args.router_endpoint:
-        raise ConfigError("router_endpoint", "--router needs --router_endpoint tls/host:port")
+    routers = _routers(args)
     servers = [m for m in manifests if m.role == "server"]
-    if not args.router and len(servers) > 1:
+    if not routers and len(servers) > 1:
         raise ConfigError("manifest", "several servers need a router (--router, --router_endpoint): in a "
                                       "peer-to-peer deployment clients talk to exactly one server")
 
     # 1. where servers (or the router) listen, and where everyone else connects
-    hosts = list(pki.DEFAULT_HOSTS) + list(args.host)
     connect_host = args.host[0] if args.host else "127.0.0.1"
     # An engine process (`role: engine`) is named by its engine_id: its certificate, its ACL subject.
     server_listen = {_identity(m): m.zenoh_settings().listen for m in manifests}
-    if args.router:
-        connect = [connect_endpoint(e, connect_host) for e in args.router_endpoint]
+    if routers:
+        connect = [connect_endpoint(e, connect_host) for endpoints in routers.values() for e in endpoints]
     else:
         if len(servers) != 1:
             raise ConfigError("manifest", "a peer-to-peer deployment needs exactly one server manifest (role: server)")
@@ -137,15 +144,16 @@ def _init(args) -> int:
             raise ConfigError("zenoh.listen", f"server {sid} listens nowhere: give the manifest an endpoint")
         connect = [connect_endpoint(e, connect_host) for e in listen]
 
-    # 2. the identities
+    # 2. the identities, and the names each certificate may serve
     identities = dict(deployment.identities)
-    if args.router:
-        if args.router in identities:
-            raise ConfigError("router", f"{args.router!r} is already a {identities[args.router]}")
-        identities[args.router] = "router"
-
-    endpoint_hosts = [host_of(e) for e in [*args.router_endpoint, *sum(server_listen.values(), [])]]
-    check_host_names([*pki.DEFAULT_HOSTS, *args.host, *(h for h in endpoint_hosts if h not in WILDCARD_HOSTS)], identities)
+    for router in routers:
+        if router in identities:
+            raise ConfigError("router", f"{router!r} is already a {identities[router]}")
+        identities[router] = "router"
+    names = _served_names(args, routers, manifests, server_listen)
+    check_host_names([n.host for served in names.values() for n in served], identities)
+    check_engine_names({i: names.get(i, []) for i, role in identities.items() if role == "engine"},
+                       {i: names.get(i, []) for i, role in identities.items() if role in ("server", "router")})
 
     # 3. the CA (nothing is written before the arguments are checked)
     if bool(args.ca_cert) != bool(args.ca_key):
@@ -161,41 +169,122 @@ def _init(args) -> int:
         ca = pki.create_ca()
         pki.save_ca(ca, layout.root)
 
-    # 4. one certificate per identity, named by its id; only servers and the router name hosts
+    # 4. one certificate per identity, named by its id; only servers, the router and listening engines name hosts
     for name, role in identities.items():
-        endpoints = (server_listen.get(name, []) if role in ("server", "engine")
-                     else args.router_endpoint if role == "router" else [])
-        names = hosts + [h for h in map(host_of, endpoints) if h and h not in WILDCARD_HOSTS] if pki.ROLES[role] else []
-        pki.write_identity(ca, name, layout.root, names, args.valid_days, role=role)
+        pki.write_identity(ca, name, layout.root, [n.host for n in names.get(name, [])], args.valid_days, role=role)
 
     # 5. the ACL, and what each program needs
-    write_acl(access_control(deployment), layout.acl)
+    write_acl(with_router_mesh(access_control(deployment), routers), layout.acl)
     written = []
     for manifest in manifests:
         name = _identity(manifest)
-        settings = server_settings(layout, name, server_listen[name], router=connect[0] if args.router else None)
+        settings = server_settings(layout, name, server_listen[name], router=connect if routers else None)
         path = layout.root / f"{name}.manifest.yaml"
         path.write_text(f"# {manifest.source}, secured by lerobot-zenoh-secure (docs/security.md)\n"
                         + yaml.safe_dump(_secured_manifest(manifest, settings, layout.root), sort_keys=False))
         written.append((manifest.role, name, f"lerobot-policy-server --manifest {path}"))
-    for name, role in identities.items():
-        if role in ("client", "monitor"):
-            settings = member_settings(layout, name, connect)
-            flags = _client_flags(settings) if role == "client" else _monitor_flags(settings)
-            path = layout.root / f"{name}.flags"
-            path.write_text("\n".join(flags) + "\n")
-            program = "lerobot-robot-client --robot.type=... <routing flags>" if role == "client" else "lerobot-zenoh-monitor"
-            written.append((role, name, f"{program} $(cat {path})"))
-    if args.router:
-        settings = router_settings(layout, args.router, args.router_endpoint)
-        path = layout.root / f"{args.router}.zenoh.json5"
+    for i, (name, role) in enumerate((n, r) for n, r in identities.items() if r in ("client", "monitor")):
+        # with several routers each member's list starts at another one: the members are spread over them
+        first = sum(len(e) for e in list(routers.values())[:i % len(routers)]) if routers else 0
+        settings = member_settings(layout, name, connect[first:] + connect[:first])
+        flags = _client_flags(settings) if role == "client" else _monitor_flags(settings)
+        path = layout.root / f"{name}.flags"
+        path.write_text("\n".join(flags) + "\n")
+        program = "lerobot-robot-client --robot.type=... <routing flags>" if role == "client" else "lerobot-zenoh-monitor"
+        written.append((role, name, f"{program} $(cat {path})"))
+    for router, endpoints in routers.items():
+        others = [connect_endpoint(e, connect_host) for r, es in routers.items() if r != router for e in es]
+        settings = router_settings(layout, router, endpoints, others)
+        path = layout.root / f"{router}.zenoh.json5"
         path.write_text(json.dumps(_zenoh_json(settings), indent=2) + "\n")
-        written.append(("router", args.router, f"lerobot-zenoh-router --config {path}"))
-    (layout.root / "README.md").write_text(_readme(layout, written, bool(args.router)))
+        written.append(("router", router, f"lerobot-zenoh-router --config {path}"))
+    served = [(role, name, _serves(role, pki.served_names(layout.cert(name).read_bytes())))
+              for name, role in identities.items()]
+    (layout.root / "README.md").write_text(_readme(layout, written, served, bool(routers)))
     for role, name, command in written:
         print(f"{role:8} {name:24} {command}")
+    print("certificates, and the names each may serve as a TLS listener (robots and monitors accept only a "
+          "server's or router's):")
+    for role, name, what in served:
+        print(f"  {role:8} {name:24} {what}")
     print(f"ACL: {layout.acl}; CA: {layout.ca_cert}")
     return 0
+
+
+def _routers(args) -> dict[str, list[str]]:
+    """router name -> its endpoints, from `--router NAME --router_endpoint E ...` (one router) or
+    `--router NAME=E ...` (one or several; a name given again adds an endpoint)."""
+    from lerobot_zenoh.errors import ConfigError
+    from lerobot_zenoh.security.identities import WILDCARD_HOSTS, host_of
+
+    routers: dict[str, list[str]] = {}
+    for spec in args.router:
+        name, eq, endpoint = spec.partition("=")
+        if eq and args.router_endpoint:
+            raise ConfigError("router_endpoint", "give routers either as --router NAME=tls/host:port, or as one "
+                                                 "--router NAME with --router_endpoint, not both")
+        if eq and not endpoint:
+            raise ConfigError("router", f"{spec!r}: NAME=tls/host:port, the endpoint is missing")
+        routers.setdefault(name, []).extend([endpoint] if eq else [])
+    if args.router_endpoint:
+        if len(routers) != 1:
+            raise ConfigError("router_endpoint", "--router_endpoint belongs to one --router NAME; with several "
+                                                 "routers give each as --router NAME=tls/host:port")
+        routers[next(iter(routers))] = list(args.router_endpoint)
+    for name, endpoints in routers.items():
+        if not endpoints:
+            raise ConfigError("router_endpoint", f"router {name!r} has no endpoint: --router {name} needs "
+                                                 "--router_endpoint tls/host:port (or --router NAME=tls/host:port)")
+        if len(routers) > 1 and any(host_of(e) in WILDCARD_HOSTS for e in endpoints):
+            raise ConfigError("router", f"router {name!r} listens on a wildcard address ({endpoints}): with several "
+                                        "routers give each the host the others dial")
+    return routers
+
+
+def _served_names(args, routers: dict[str, list[str]], manifests, server_listen: dict[str, list[str]]) -> dict:
+    """identity -> the names (`DialledName`) its certificate will carry.
+
+    Servers and the router: `DEFAULT_HOSTS`, every --host and the hosts they listen on: the names
+    robots and monitors dial. An engine: only where its scheduler dials it (its own listen hosts, and
+    the hosts of the `engines[].endpoint` naming it), never a default, so that a robot dialling a
+    server refuses an engine's certificate; behind routers an engine listens nowhere and names none.
+    """
+    from lerobot_zenoh.errors import ConfigError
+    from lerobot_zenoh.security import pki
+    from lerobot_zenoh.security.identities import WILDCARD_HOSTS, DialledName, host_of
+
+    def own(endpoints, field, source=None) -> list[DialledName]:
+        return [DialledName(h, field, source) for h in map(host_of, endpoints) if h and h not in WILDCARD_HOSTS]
+
+    dialled = [DialledName(h, "host") for h in (*pki.DEFAULT_HOSTS, *args.host)]
+    names: dict[str, list[DialledName]] = {}
+    for m in manifests:
+        ident = _identity(m)
+        if m.role == "server":
+            names[ident] = dialled + own(server_listen[ident], "zenoh.listen", m.source)
+        elif not routers:  # behind routers an engine connects to them and listens nowhere
+            names.setdefault(ident, []).extend(own(server_listen[ident], "zenoh.listen", m.source))
+        for i, entry in enumerate(m.server):
+            for j, engine in enumerate(entry.engines):
+                if engine.endpoint and not routers:
+                    names.setdefault(engine.engine_id, []).extend(
+                        own([engine.endpoint], f"server.{i}.engines.{j}.endpoint", m.source))
+    for m in manifests:
+        if m.role == "engine" and not routers and server_listen[m.engine_id] and not names.get(m.engine_id):
+            raise ConfigError("zenoh.listen", f"engine {m.engine_id!r} listens on {server_listen[m.engine_id]} but "
+                                              "no host it is dialled at is known: give init its scheduler's manifest "
+                                              "too (its engines[].endpoint names the host), or listen on the "
+                                              "engine's own address", source=m.source)
+    for router, endpoints in routers.items():
+        names[router] = dialled + own(endpoints, "router")
+    return names
+
+
+def _serves(role: str, names: list[str]) -> str:
+    """What `lerobot-zenoh-secure init` says a certificate may serve."""
+    if not names:
+        return "nothing: client only"
+    return ", ".join(names) + (" (to its scheduler only)" if role == "engine" else "")
 
 
 def _secured_manifest(manifest, settings, root: Path) -> dict:
@@ -226,7 +315,9 @@ def _secured_manifest(manifest, settings, root: Path) -> dict:
         if local is not None and (local.exists() or HubRef.parse(entry.pretrained_path) is None):
             raw["pretrained_path"] = str(local.resolve())  # a hub id stays as written
         for engine in raw.get("engines", []):  # the scheduler dials its engines over TLS too
-            if engine.get("endpoint"):
+            if engine.get("endpoint") and settings.mode == "client":
+                engine.pop("endpoint")  # behind routers: they join the two, and the engine listens nowhere
+            elif engine.get("endpoint"):
                 engine["endpoint"] = tls_endpoint(engine["endpoint"])
     return data
 
@@ -237,8 +328,10 @@ def _identity(manifest) -> str:
 
 
 def _client_flags(settings) -> list[str]:
-    return [f"--zenoh.mode={settings.mode}", "--zenoh.multicast_scouting=false",
-            *(f"--endpoint={e}" for e in settings.connect[:1]),
+    # one endpoint: --endpoint; several (routers): --zenoh.connect once each, in order (the first is tried first)
+    where = ([f"--endpoint={e}" for e in settings.connect] if len(settings.connect) == 1
+             else [f"--zenoh.connect={e}" for e in settings.connect])
+    return [f"--zenoh.mode={settings.mode}", "--zenoh.multicast_scouting=false", *where,
             f"--zenoh.tls_root_ca={settings.tls_root_ca}", f"--zenoh.tls_certificate={settings.tls_certificate}",
             f"--zenoh.tls_private_key={settings.tls_private_key}"]
 
@@ -254,8 +347,8 @@ def _zenoh_json(settings) -> dict:
             for key in ("mode", "listen", "connect", "scouting", "transport", "access_control")}
 
 
-def _readme(layout, written, router: bool) -> str:
-    where = ("the router (its <router>.zenoh.json5 holds the ACL); everyone else connects to it in client mode"
+def _readme(layout, written, served, router: bool) -> str:
+    where = ("the router(s) (each <router>.zenoh.json5 holds the ACL); everyone else connects to them in client mode"
              if router else "the server's own session (its manifest points at acl.json5); clients and monitors "
                             "connect to it in client mode")
     lines = [
@@ -269,6 +362,13 @@ def _readme(layout, written, router: bool) -> str:
         "| role | identity | run |",
         "|---|---|---|",
         *(f"| {role} | {name} | `{command}` |" for role, name, command in written),
+        "",
+        "What each certificate may serve as a TLS listener (the names a connecting node accepts it under):",
+        "robots and monitors dial only server and router names, so only those certificates can answer them.",
+        "",
+        "| role | identity | may serve |",
+        "|---|---|---|",
+        *(f"| {role} | {name} | {what} |" for role, name, what in served),
         "",
     ]
     return "\n".join(lines)

@@ -190,6 +190,9 @@ class RobotClientConfig:
             raise ConfigError("server_address", f"differs from --endpoint ({self.endpoint}); give one of them")
         for name in ("endpoint", "server_address"):
             value = getattr(self, name)
+            if value and "," in value:
+                raise ConfigError(name, f"{value!r}: one endpoint here; give several routers with --zenoh.connect "
+                                        "(once per endpoint, or as a list)")
             if value and as_endpoint(value) is None:
                 raise ConfigError(name, f"{value!r} is neither a Zenoh endpoint (tcp/HOST:PORT) nor HOST:PORT")
         if not 1 <= self.fps <= 1000:

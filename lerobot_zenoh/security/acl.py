@@ -59,11 +59,16 @@ Zenoh 1.10: without them, a peer-mode client's observations never leave it; `cli
 remotes do not need them). They reveal key expressions, never data.
 
 An engine (docs/server.md, "Engines") is named by its `engine_id` (its certificate's common name)
-and reaches only its own keys: it never sees a robot's observation or chunk, and no robot reaches
-an engine key (nothing grants a client anything under `P/engine`).
+and reaches only its own keys `E`. It subscribes to no robot key, but it receives every observation
+its scheduler dispatches to it (the robot's observation bytes inside each request on `E/dispatch`),
+and its answers on `E/answer` become those robots' chunks once the scheduler has checked them: for
+the requests placed on it, it is trusted like a server. It never sees the observations placed
+elsewhere, and no robot reaches an engine key (nothing grants a client anything under `P/engine`).
 
 Server grants matter when a router enforces the ACL (servers connect to it); in a peer-to-peer
-deployment the server's own session enforces it and its own entities are local.
+deployment the server's own session enforces it and its own entities are local. Several routers,
+meshed, each enforce the same ACL on their own clients' links and pass everything to one another
+(`with_router_mesh`).
 
 Clients are named one by one (ACL subjects are certificate common names; Zenoh cannot derive a
 key from a name), so a client accepted through `accept_unknown_clients` must still be listed
@@ -258,6 +263,27 @@ def access_control(deployment: Deployment) -> dict:
                 for name in deployment.identities if b.policies.get(name)]
     return {"enabled": True, "default_permission": "deny", "rules": b.rules, "subjects": subjects,
             "policies": policies}
+
+
+#: Every message kind Zenoh's access control knows.
+ALL_MESSAGES = ["put", "delete", "declare_subscriber", "query", "reply", "declare_queryable", "liveliness_token",
+                "declare_liveliness_subscriber", "liveliness_query"]
+
+
+def with_router_mesh(acl: dict, routers: Iterable[str]) -> dict:
+    """`acl` with every message allowed, both ways, between the routers of a mesh (their certificate
+    common names). Each router enforces the same ACL on the links of its own clients, so what crosses
+    a router-to-router link was checked where it entered the mesh and is checked again where it
+    leaves it; without these rules the routers (no role of the manifests) would drop it all."""
+    routers = list(dict.fromkeys(routers))
+    if len(routers) < 2:
+        return acl
+    rules = [{"id": "router-mesh", "permission": "allow", "flows": INGRESS + EGRESS, "messages": list(ALL_MESSAGES),
+              "key_exprs": ["**"]}]
+    subjects = [{"id": f"cn/{name}", "cert_common_names": [name]} for name in routers]
+    policy = {"id": "policy/router-mesh", "subjects": [s["id"] for s in subjects], "rules": ["router-mesh"]}
+    return {**acl, "rules": [*acl["rules"], *rules], "subjects": [*acl["subjects"], *subjects],
+            "policies": [*acl["policies"], policy]}
 
 
 def _answer_topic(entry) -> str:

@@ -12,8 +12,9 @@ Two deployments, and where the ACL is enforced in each (docs/security.md):
 
 Every node uses mutual TLS with the same CA, has multicast scouting off, and lists its endpoints
 explicitly (an unset `listen` would make a peer listen on every interface). Only the server and
-the router hold certificates that may serve TLS and name hosts (security/pki.py); robots and
-monitors hold client-only certificates and verify the listener they connect to.
+the router hold certificates that name the hosts robots and monitors dial (security/pki.py); an
+engine's names only where its scheduler dials it (`check_engine_names` keeps the two apart);
+robots and monitors hold client-only certificates and verify the listener they connect to.
 """
 
 from __future__ import annotations
@@ -87,23 +88,55 @@ def connect_endpoint(listen_endpoint: str, host: str) -> str:
 
 
 def check_host_names(hosts: list[str], identities: dict[str, str]) -> None:
-    """Refuse host names a server certificate must not carry: empty, wildcard, or equal to the id of
-    a client or monitor (a TLS stack that falls back to the common name would then take that
+    """Refuse host names a certificate must not carry: empty, wildcard, or equal to the id of a
+    client, monitor or engine (a TLS stack that falls back to the common name would then take that
     identity's certificate for the server's)."""
     by_id = {name.lower(): (name, role) for name, role in identities.items()}
     for host in hosts:
         if not host or any(ch.isspace() for ch in host) or "*" in host or host in WILDCARD_HOSTS:
             raise ConfigError("host", f"{host!r} is not a host name or address a client can dial")
         name, role = by_id.get(host.lower(), (None, None))
-        if role in ("client", "monitor"):
-            raise ConfigError("host", f"{host!r} is a server host name and also the id of {role} {name!r}: "
+        if role in ("client", "monitor", "engine"):
+            raise ConfigError("host", f"{host!r} is a host name of a certificate and also the id of {role} {name!r}: "
                                       "rename one of them")
 
 
-def server_settings(layout: PkiLayout, server_id: str, listen: list[str], *, router: str | None = None) -> ZenohSettings:
-    """The policy server: listens and enforces the ACL, or (with `router`) connects to the router."""
+@dataclass(frozen=True)
+class DialledName:
+    """A host name (or address) a certificate will carry, and the setting it comes from."""
+
+    host: str
+    field: str  # the setting that names it, for the error message: `zenoh.listen`, `engines[gpu1].endpoint`, `host`
+    source: str | None = None  # the manifest file it is in, if any
+
+
+def check_engine_names(engine_names: dict[str, list[DialledName]], dialled: dict[str, list[DialledName]]) -> None:
+    """Refuse an engine name that a server or router certificate also carries.
+
+    `dialled` maps each server and router id to the names its certificate carries (the names robots
+    and monitors dial); `engine_names` maps each engine id to the names its scheduler dials it by.
+    With one name on both, the engine's certificate would be accepted by a robot dialling the
+    server, so its holder could pose as the server. TLS compares names literally (`localhost` and
+    `127.0.0.1` are two names), and so does this check.
+    """
+    owner = {n.host.lower(): ident for ident, names in dialled.items() for n in names}
+    for engine_id, names in engine_names.items():
+        for name in names:
+            if name.host.lower() in owner:
+                raise ConfigError(name.field, f"engine {engine_id!r} would be dialled at {name.host!r}, a name the "
+                                              f"certificate of {owner[name.host.lower()]!r} carries (robots dial it): "
+                                              "an engine certificate naming it could pose as that server; give the "
+                                              "engine an address or host name of its own (on one Linux host e.g. "
+                                              "tls/127.0.0.2:<port>)", source=name.source)
+
+
+def server_settings(layout: PkiLayout, server_id: str, listen: list[str], *,
+                    router: str | list[str] | None = None) -> ZenohSettings:
+    """The policy server: listens and enforces the ACL, or (with `router`: one endpoint, or the
+    endpoints of several routers) connects to a router, moving to the next one when its link drops."""
     if router is not None:
-        return ZenohSettings(mode="client", connect=[router], multicast_scouting=False, **layout.tls(server_id))
+        routers = [router] if isinstance(router, str) else list(router)
+        return ZenohSettings(mode="client", connect=routers, multicast_scouting=False, **layout.tls(server_id))
     if not listen:
         raise ConfigError("zenoh.listen", "a peer-to-peer secured server must listen on a tls/ endpoint")
     return ZenohSettings(mode="peer", listen=[tls_endpoint(e) for e in listen], multicast_scouting=False,
@@ -115,7 +148,8 @@ def member_settings(layout: PkiLayout, name: str, connect: list[str]) -> ZenohSe
     return ZenohSettings(mode="client", connect=list(connect), multicast_scouting=False, **layout.tls(name))
 
 
-def router_settings(layout: PkiLayout, name: str, listen: list[str]) -> ZenohSettings:
-    """A router that enforces the ACL for everyone connected to it."""
-    return ZenohSettings(mode="router", listen=[tls_endpoint(e) for e in listen], multicast_scouting=False,
-                         access_control_file=str(layout.acl), **layout.tls(name))
+def router_settings(layout: PkiLayout, name: str, listen: list[str], connect: list[str] = ()) -> ZenohSettings:
+    """A router that enforces the ACL for everyone connected to it; `connect`: the other routers of its
+    mesh (each router lists the others, so a restarted one joins again by itself)."""
+    return ZenohSettings(mode="router", listen=[tls_endpoint(e) for e in listen], connect=list(connect),
+                         multicast_scouting=False, access_control_file=str(layout.acl), **layout.tls(name))

@@ -1,20 +1,27 @@
-"""A development certificate authority and one certificate per identity (server, client, monitor).
+"""A development certificate authority and one certificate per identity (server, router, engine, robot, monitor).
 
 Zenoh's TLS link (rustls) verifies the peer's chain against `root_ca_certificate`; with mutual
 TLS each side presents a certificate, and Zenoh's access control matches the remote
 certificate's **common name** against `cert_common_names`. So the common name of every
-certificate is the identity the ACL knows it by: a server's `server_id`, a client's
-`client_uuid`, a monitor's name.
+certificate is the identity the ACL knows it by: a server's `server_id`, an engine's `engine_id`,
+a client's `client_uuid`, a monitor's name.
 
-Certificates are issued by role, so that only a server can pose as one:
+Certificates are issued by role, so that only a server (or router) can pose as what a robot dials:
 
-- **server**, **engine** and **router** certificates carry the host names and addresses the server is
-  reached at (subject alternative names) and both TLS usages (serverAuth, to listen; clientAuth,
-  to connect to a router or to the primary a standby watches);
+- **server** and **router** certificates carry the host names and addresses robots and monitors
+  dial (subject alternative names; `DEFAULT_HOSTS` when none are given) and both TLS usages
+  (serverAuth, to listen; clientAuth, to connect to a router or to the primary a standby watches);
+- an **engine** certificate names only the hosts its edge scheduler dials it at, never a default,
+  and `lerobot-zenoh-secure` refuses a name that a server or router certificate of the deployment
+  carries (`identities.check_engine_names`). So it can serve TLS to its scheduler only: a robot
+  dialling a server name refuses it. An engine that listens nowhere (it dials a router, or its
+  scheduler) gets a client-only certificate, like a robot;
 - **client** (robot) and **monitor** certificates are client-only: clientAuth alone, no subject
-  alternative name. A connecting side checks the listener's certificate (rustls: serverAuth
-  usage, and with `verify_name_on_connect` a SAN equal to the host it dialled), so a robot's
-  certificate cannot serve as anyone's TLS server identity (tested in tests/test_security.py).
+  alternative name.
+
+A connecting side checks the listener's certificate (rustls: serverAuth usage, and with
+`verify_name_on_connect` a SAN equal to the host it dialled), so neither a robot's, a monitor's nor
+an engine's certificate can serve as a server's TLS identity (tested in tests/test_security.py).
 
 Keys are ECDSA P-256 in unencrypted PKCS#8 PEM (what rustls reads), written with mode 0600.
 This is a development CA: it has no revocation, and its key sits in a file. Production
@@ -36,10 +43,13 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from lerobot_zenoh.errors import ConfigError
 
-#: Names every certificate answers to, so loopback deployments verify without extra flags.
+#: Names every server and router certificate answers to, so loopback deployments verify without extra flags.
 DEFAULT_HOSTS = ("localhost", "127.0.0.1", "::1")
-#: role -> may it act as a TLS server (listen, carry host names)?
-ROLES = {"server": True, "router": True, "engine": True, "client": False, "monitor": False}
+#: role -> which names its certificate may serve as a TLS listener:
+#:   "dialled": the names robots and monitors dial (servers, routers; DEFAULT_HOSTS when none are given);
+#:   "own": only the names given, no default (engines: where their scheduler dials them; none: client-only);
+#:   None: none at all (robots, monitors: client-only).
+ROLES = {"server": "dialled", "router": "dialled", "engine": "own", "client": None, "monitor": None}
 DEFAULT_VALID_DAYS = 365
 CA_COMMON_NAME = "lerobot-zenoh development CA"
 
@@ -105,9 +115,10 @@ def issue(ca: CertificateAuthority, common_name: str, hosts: tuple[str, ...] | l
 
     A server or router certificate is usable as TLS server and TLS client and names `hosts`
     (default: DEFAULT_HOSTS) as subject alternative names: IP addresses as IP entries, anything
-    else as DNS names. A client or monitor certificate is TLS-client only and names no host:
-    giving it `hosts` is an error. The common name is never added as a name (ids such as
-    `robot_a4b9` are not host names).
+    else as DNS names. An engine certificate names exactly `hosts` (no default) and is a TLS server
+    only when given some; without, it is client-only. A client or monitor certificate is TLS-client
+    only and names no host: giving it `hosts` is an error. The common name is never added as a
+    name (ids such as `robot_a4b9` are not host names).
     """
     if role not in ROLES:
         raise ConfigError("role", f"{role!r} is not one of {', '.join(ROLES)}")
@@ -115,10 +126,10 @@ def issue(ca: CertificateAuthority, common_name: str, hosts: tuple[str, ...] | l
         raise ConfigError("common_name", f"{common_name!r} must be a non-empty id without / * $ ? # @ or whitespace")
     serves = ROLES[role]
     if hosts and not serves:
-        raise ConfigError("hosts", f"a {role} certificate names no host: only server, engine and router certificates may "
-                                   f"serve TLS (got {list(hosts)} for {common_name!r})")
-    hosts = (tuple(hosts) or DEFAULT_HOSTS) if serves else ()
-    usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH] if serves else [ExtendedKeyUsageOID.CLIENT_AUTH]
+        raise ConfigError("hosts", f"a {role} certificate names no host: only server, router and engine certificates "
+                                   f"may serve TLS (got {list(hosts)} for {common_name!r})")
+    hosts = tuple(hosts) or (DEFAULT_HOSTS if serves == "dialled" else ())
+    usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH] if hosts else [ExtendedKeyUsageOID.CLIENT_AUTH]
     key = ec.generate_private_key(ec.SECP256R1())
     now = _now()
     builder = (
@@ -162,6 +173,12 @@ def can_serve_tls(cert_pem: bytes) -> bool:
     except x509.ExtensionNotFound:
         return True
     return ExtendedKeyUsageOID.SERVER_AUTH in usages or ExtendedKeyUsageOID.ANY_EXTENDED_KEY_USAGE in usages
+
+
+def served_names(cert_pem: bytes) -> list[str]:
+    """The names a certificate may be accepted under as a TLS listener (by a node that checks names):
+    its subject alternative names if it allows serverAuth, else none."""
+    return host_names(cert_pem) if can_serve_tls(cert_pem) else []
 
 
 def common_name(cert_pem: bytes) -> str:

@@ -133,6 +133,9 @@ class ZenohSettings:
             for endpoint in getattr(self, name):
                 if not isinstance(endpoint, str) or "/" not in endpoint:
                     raise ConfigError(f"{prefix}.{name}", f"{endpoint!r} is not an endpoint like tcp/127.0.0.1:7447")
+                if "," in endpoint or any(ch.isspace() for ch in endpoint):
+                    raise ConfigError(f"{prefix}.{name}", f"{endpoint!r} is not one endpoint: give each its own item, "
+                                                          "e.g. [tcp/ra:7447, tcp/rb:7447] (several routers)")
         if self.connect_timeout_s is not None and not 0 < self.connect_timeout_s <= 3600:
             raise ConfigError(f"{prefix}.connect_timeout_s", f"must be in (0, 3600], got {self.connect_timeout_s}")
         if not 64 * 1024 <= self.max_message_bytes <= 2**30:
