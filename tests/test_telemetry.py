@@ -20,7 +20,7 @@ from lerobot.robots import make_robot_from_config
 
 from lerobot_zenoh.client.client import RobotClient
 from lerobot_zenoh.protocol.messages import Telemetry
-from lerobot_zenoh.telemetry.fleet import FleetView, format_table
+from lerobot_zenoh.telemetry.fleet import CLIENT_BYTES, MAX_FIGURES, FleetView, format_table
 from lerobot_zenoh.transport.session import ZenohSession
 from lerobot_zenoh.transport.settings import loopback_settings
 
@@ -92,15 +92,12 @@ def test_monitor_json_and_prometheus(fleet, port, app_key):
         session.subscribe("**/metrics", lambda k, b: view.on_telemetry(k, codec.decode_telemetry(b), time.monotonic()))
         session.watch_liveliness("**", lambda k, alive: view.on_liveliness(k, alive, time.monotonic()))
         http_port = free_port()
-        http, collector = serve_prometheus(view, http_port)
+        http = serve_prometheus(view, http_port)
         try:
             assert wait_for(lambda: len(view.members()) == 2 and all(m.metrics for m in view.members()))
             body = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=5).read().decode()
         finally:
             http.shutdown()
-            from prometheus_client.core import REGISTRY
-
-            REGISTRY.unregister(collector)
     labels = f'app="{app_key.app}",client="r1",cluster="{app_key.cluster}",experiment="{app_key.experiment}"'
     assert f"lerobot_zenoh_client_chunks_received_total{{{labels}" in body
     assert 'lerobot_zenoh_server_inferences_total{' in body and 'server="gpu0"' in body
@@ -113,6 +110,70 @@ def test_monitor_json_and_prometheus(fleet, port, app_key):
     if promtool:  # Debian's `prometheus` package ships it (make ci-tools installs it in CI)
         check = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True, timeout=60)
         assert check.returncode == 0 and not check.stdout.strip() and not check.stderr.strip(), check.stdout + check.stderr
+
+
+#: Counts the issue tracker once found exported as gauges: they only grow, so they are counters.
+MONOTONIC = {
+    "client": ["requests_unanswered", "refreshes_sent", "rtc_chunks", "rtc_delay_mispredicted", "rtc_delay_overridden",
+               "rtc_fallback_chunks", "steps", "chunks_received", "loop_overruns"],
+    "server": ["sessions_opened", "sessions_closed.liveliness", "actions_dropped", "batch_fallbacks",
+               "observations_rate_limited", "observations_refreshes", "refreshes_late", "inferences",
+               "engine.e0.dispatched", "engine.e0.requeued", "engine.e0.refused.wrong_model", "language.tokens",
+               "decode.prefill_ms", "scheduler.decisions"],
+    "server_client": ["observations_rate_limited", "observations_refreshes", "refreshes_late", "actions_dropped",
+                      "rejected.replayed", "served.edge"],
+}
+
+
+def test_a_running_fleets_figures_are_all_declared_and_those_that_only_grow_are_counters(fleet, port, app_key):
+    """Scrape the monitor fed by a real server and robot: every figure they publish is declared (none
+    falls through untyped), every figure that only grew during the run is a counter named `_total`,
+    and nothing is a gauge named like a counter."""
+    from lerobot_zenoh.cli.monitor import serve_prometheus
+    from lerobot_zenoh.protocol import codec
+    from lerobot_zenoh.telemetry.prometheus import describe
+
+    history: dict[tuple[str, str, str], list[float]] = {}  # (member kind, member, figure) -> values in order
+    view = FleetView()
+
+    def on_metrics(key: str, payload: bytes) -> None:
+        msg = codec.decode_telemetry(payload)
+        view.on_telemetry(key, msg, time.monotonic())
+        for name, value in msg.metrics.items():
+            history.setdefault((msg.source, msg.source_id, name), []).append(value)
+        for client_id, figures in msg.per_client.items():
+            for name, value in figures.items():
+                history.setdefault(("server_client", client_id, name), []).append(value)
+
+    with ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as session:
+        session.subscribe("**/metrics", on_metrics)
+        http_port = free_port()
+        http = serve_prometheus(view, http_port)
+        try:
+            # a few periods of a robot being served: counters move (0.2 s telemetry period)
+            assert wait_for(lambda: len(history.get(("client", "r1", "steps"), [])) >= 8
+                            and len(history.get(("server", "gpu0", "inferences"), [])) >= 8, 30)
+            body = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=5).read().decode()
+        finally:
+            http.shutdown()
+    undeclared = sorted({(kind, name) for kind, _, name in history if not describe(kind, name).declared})
+    assert not undeclared, f"figures published but not declared in telemetry/prometheus.py: {undeclared}"
+    # A figure that only grew, by whole numbers, and moved at least twice is a count: it must be a counter.
+    grew = sorted({(kind, name) for (kind, _, name), values in history.items()
+                   if all(float(v).is_integer() for v in values) and all(b >= a for a, b in zip(values, values[1:]))
+                   and sum(b > a for a, b in zip(values, values[1:])) >= 2})
+    assert grew, "nothing grew: the run was too short to tell"
+    gauges = [(kind, name) for kind, name in grew if describe(kind, name).kind != "counter"]
+    assert not gauges, f"figures that only grow exported as gauges: {gauges}"
+    for kind, names in MONOTONIC.items():
+        assert [n for n in names if describe(kind, n).kind != "counter"] == [], kind
+    from prometheus_client.parser import text_string_to_metric_families
+
+    exported = {f.name: f.type for f in text_string_to_metric_families(body) if f.name.startswith("lerobot_zenoh_")}
+    assert "untyped" not in exported.values() and "unknown" not in exported.values(), exported
+    assert exported["lerobot_zenoh_client_requests_unanswered"] == "counter"  # the parser drops `_total`
+    assert exported["lerobot_zenoh_server_sessions_opened"] == "counter"
+    _lint_exposition(body)
 
 
 def _lint_exposition(body: str) -> None:
@@ -230,10 +291,7 @@ def test_the_monitor_shows_a_pipeline_clients_slo_attainment_in_one_cell():
 
 
 def test_a_pipeline_clients_slo_figures_export_as_prometheus_families_labelled_by_component():
-    from prometheus_client import CollectorRegistry, generate_latest
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-    from lerobot_zenoh.telemetry.prometheus import families
+    from lerobot_zenoh.telemetry.prometheus import families, render
 
     fleet = FleetView()
     metrics = {"loop_hz": 30.0, "pipeline.attempt": 1, "pipeline.failures": 0, "pipeline.mode": 3,
@@ -246,18 +304,9 @@ def test_a_pipeline_clients_slo_figures_export_as_prometheus_families_labelled_b
                         f"slo.{comp}.attainment": 0.5})
     fleet.on_telemetry("f/e/_pipeline/1/kit/r1/metrics", Telemetry("client", "r1", 0, 1.0, 1.0, metrics=metrics), 0.0)
 
-    class Collector:
-        def collect(self):
-            for fam in families(fleet.samples()):
-                names = sorted({k for labels, _ in fam.samples for k in labels})
-                family = (CounterMetricFamily if fam.kind == "counter" else GaugeMetricFamily)(fam.name, fam.help, labels=names)
-                for labels, value in fam.samples:
-                    family.add_metric([labels.get(k, "") for k in names], value)
-                yield family
-
-    registry = CollectorRegistry()
-    registry.register(Collector())
-    body = generate_latest(registry).decode()
+    fams, taken = families(fleet.samples())
+    body, _ = render(fams)
+    assert taken == fleet.series_count()
     assert 'lerobot_zenoh_client_slo_missed_total{' in body and 'component="safety"' in body
     assert "lerobot_zenoh_client_slo_latency_p99_seconds{" in body and "lerobot_zenoh_client_slo_attainment_ratio{" in body
     assert "lerobot_zenoh_client_pipeline_danger_reaction_max_seconds{" in body
@@ -322,24 +371,25 @@ def test_members_are_bounded_and_forgotten_with_their_series():
     view.on_liveliness("c/e/m/v/a/r1/metrics", True, 0.0)
     view.on_telemetry("c/e/m/v/a/r1/metrics", Telemetry("client", "r1", 0, 1.0, 1.0, {"loop_hz": 30.0}), 0.0)
     many = {f"figure_{j}": j for j in range(600)}
-    for i in range(20_000):  # invented ids, no token, 600 figures each
+    for i in range(5_000):  # invented ids, no token, 600 figures each
         view.on_telemetry(f"c/e/m/v/a/x{i}/metrics", Telemetry("client", f"x{i}", 0, 1.0, 1.0, many), 1.0 + i * 1e-4)
     members = view.members()
     assert len(members) <= 100 and any(m.member_id == "r1" for m in members)  # the robot with a token stays
-    assert all(len(m.metrics) <= 256 for m in members)
+    assert all(len(m.metrics) <= MAX_FIGURES and m.cost <= CLIENT_BYTES for m in members)
     assert view.forget(5.0) == []
     forgotten = view.forget(13.5)
     assert {m.member_id for m in view.members()} == {"r1"} and len(forgotten) == len(members) - 1
     assert not any(labels.get("client", "").startswith("x") for _, _, labels, _ in view.samples())
     view.on_liveliness("c/e/m/v/a/r1/metrics", False, 20.0)  # gone: forgotten after the grace too
     assert view.forget(29.0) == [] and [m.member_id for m in view.forget(30.0)] == ["r1"]
-    # What is left is the monitor's own count of what it refused and forgot: 20,001 members seen,
+    # What is left is the monitor's own count of what it refused and forgot: 5,001 members seen,
     # none kept, every one forgotten (displaced or expired), none refused (no live token held a place).
-    own = {figure: value for kind, figure, _, value in view.samples() if kind == "monitor"}
+    own = {figure: value for kind, figure, _, value in view.samples() if kind == "monitor" and value}
     assert all(kind == "monitor" for kind, *_ in view.samples())
-    assert own == {"messages": 20_001, "rejected": 0, "per_client_ignored": 0, "members": 0, "members_refused": 0,
-                   "members_forgotten": 20_001}
-    assert view.status_line() == "monitor: 20001 messages, 0 members, 20001 forgotten"
+    refused = own.pop("figures_refused.too_many")
+    assert refused >= 5_000 * (600 - MAX_FIGURES)  # over the count or the byte budget
+    assert own == {"messages": 5_001, "members_forgotten": 5_001}
+    assert view.status_line() == f"monitor: 5001 messages, {refused:.0f} figures refused, 0 members, 5001 forgotten"
 
 
 def test_the_monitor_counts_new_members_refused_while_every_kept_one_has_a_token_and_exports_it():
@@ -352,9 +402,10 @@ def test_the_monitor_counts_new_members_refused_while_every_kept_one_has_a_token
     view.on_telemetry("c/e/m/v/a/server/gpu0/metrics", Telemetry("client", "gpu0", 0, 1.0, 1.0, {}), 1.0)  # posing
     assert [m.member_id for m in view.members()] == ["r0", "r1", "r2", "r3"]
     assert (view.members_refused, view.rejected) == (1, 1)
-    exported = {f.name: (f.kind, f.samples) for f in families(view.samples()) if "_monitor_" in f.name}
+    exported = {f.name: (f.kind, f.samples) for f in families(view.samples())[0] if "_monitor_" in f.name}
     assert exported["lerobot_zenoh_monitor_members_refused"] == ("counter", [({}, 1.0)])
-    assert exported["lerobot_zenoh_monitor_rejected"] == ("counter", [({}, 1.0)])
+    kind, rejected = exported["lerobot_zenoh_monitor_messages_rejected"]
+    assert kind == "counter" and ({"reason": "posing"}, 1.0) in rejected and sum(v for _, v in rejected) == 1
     assert exported["lerobot_zenoh_monitor_members"] == ("gauge", [({}, 4.0)])
     assert "1 refused (table full)" in view.status_line() and "1 rejected" in view.status_line()
 
@@ -488,3 +539,23 @@ def test_repeated_events_are_logged_on_the_1st_10th_100th_and_every_1000th():
     from lerobot_zenoh.telemetry.publisher import worth_logging
 
     assert [n for n in range(0, 10_001) if worth_logging(n)] == [1, 10, 100, *range(1000, 10_001, 1000)]
+
+
+def test_the_dashboard_rates_counters_only_and_every_panel_has_a_unit():
+    """Grafana: a counter is read through rate() or increase() (its running total says nothing), a
+    gauge never is, every metric queried is one the monitor declares, and every panel has a unit."""
+    import re
+    from pathlib import Path
+
+    from lerobot_zenoh.telemetry.prometheus import reference_rows
+
+    declared = {m.group(1) for row in reference_rows() for m in [re.search(r"\| `(lerobot_zenoh_\w+)` \|", row)] if m}
+    dashboard = json.loads((Path(__file__).resolve().parents[1] / "dashboards" / "grafana-lerobot-zenoh.json").read_text())
+    for panel in dashboard["panels"]:
+        assert panel["fieldConfig"]["defaults"].get("unit") not in (None, "", "none"), panel["title"]
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for name in re.findall(r"\blerobot_zenoh_\w+", expr):
+                assert name in declared, (panel["title"], name)
+                rated = re.search(rf"\b(rate|increase)\(\s*{name}\b", expr) is not None
+                assert rated == name.endswith("_total"), (panel["title"], expr)
