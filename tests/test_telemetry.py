@@ -559,3 +559,112 @@ def test_the_dashboard_rates_counters_only_and_every_panel_has_a_unit():
                 assert name in declared, (panel["title"], name)
                 rated = re.search(rf"\b(rate|increase)\(\s*{name}\b", expr) is not None
                 assert rated == name.endswith("_total"), (panel["title"], expr)
+
+
+# -- what the monitor holds, bounded in bytes (docs/telemetry.md, "What the monitor trusts") ----------
+
+
+class _Untouchable:
+    """A payload whose bytes must not be read (refused by its length alone)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __bytes__(self) -> bytes:
+        raise AssertionError("copied before its size was checked")
+
+
+def test_the_inbox_refuses_by_length_before_copying_and_holds_a_byte_budget_at_a_bounded_rate():
+    from lerobot_zenoh.telemetry.fleet import TelemetryInbox
+
+    inbox = TelemetryInbox(max_bytes=10_000, max_message_bytes=4_000, bytes_per_s=1_000)
+    assert inbox.offer("k", _Untouchable(15 << 20), 0.0) == "too_large"  # a 15 MiB message: never copied
+    assert inbox.offer("k", b"x" * 3_999, 0.0) is None and inbox.offer("k", b"x" * 3_999, 0.0) is None
+    assert inbox.offer("k", b"x" * 3_999, 0.0) == "inbox_full" and inbox.bytes() == 8_000
+    key, payload, _ = inbox.take(0.1)
+    assert (key, payload) == ("k", b"x" * 3_999) and inbox.bytes() == 4_000
+    # 2,000 bytes of its 10,000-byte bucket are left: the next 3,999 wait for 2 s of intake
+    assert inbox.offer("k", b"x" * 3_999, 0.5) == "rate_limited"
+    assert inbox.offer("k", b"x" * 3_999, 2.5) is None
+
+
+def test_figure_names_ids_and_sizes_are_checked_before_anything_is_kept():
+    from lerobot_zenoh.telemetry.fleet import MAX_FIGURE_CHARS, MAX_ID_CHARS
+
+    view = FleetView()
+    figures = {"loop_hz": 30.0, "n" * 60_000: 1.0, "x" * (MAX_FIGURE_CHARS + 1): 1.0, "bad name{}": 1.0,
+               "flag": True, "text": "word", "steps": 5}
+    view.on_telemetry("c/e/m/v/a/r1/metrics", Telemetry("client", "r1", 0, 1.0, 1.0, figures), 0.0)
+    view.on_telemetry(f"c/e/m/v/a/{'r' * (MAX_ID_CHARS + 1)}/metrics",
+                      Telemetry("client", "r" * (MAX_ID_CHARS + 1), 0, 1.0, 1.0, {"steps": 1}), 0.0)
+    [member] = view.members()
+    assert member.metrics == {"loop_hz": 30.0, "steps": 5}
+    assert dict(view.figures_refused) == {"too_long": 2, "bad_name": 1, "not_a_number": 2}
+    assert dict(view.rejected_by) == {"unknown_key": 1}
+
+
+def test_a_heavy_server_member_is_capped_in_figures_and_bytes_and_many_stay_within_the_state_budget():
+    from lerobot_zenoh.telemetry.fleet import MAX_CLIENT_FIGURES, SERVER_BYTES
+
+    per_client = {f"robot-{i:04d}": {f"f_{j:02d}": float(j) for j in range(100)} for i in range(1024)}
+    view = FleetView(state_bytes=3 * SERVER_BYTES)
+    view.on_liveliness("c/e/m/v/a/r1/metrics", True, 0.0)
+    for i in range(3):
+        view.on_telemetry("c/e/m/v/a/r1/metrics", Telemetry("client", "r1", i, 1.0, 1.0, {"steps": i}), float(i))
+    for k in range(8):  # forged heavy servers, plain mode
+        view.on_telemetry(f"c/e/m/v/a/server/forged{k}/metrics",
+                          Telemetry("server", f"forged{k}", 0, 1.0, 1.0, {"inferences": 1}, per_client), 10.0 + k)
+    members = view.members()
+    assert view.state_bytes <= 3 * SERVER_BYTES and sum(m.cost for m in members) == view.state_bytes
+    assert all(m.cost <= SERVER_BYTES for m in members)
+    assert all(len(f) <= MAX_CLIENT_FIGURES for m in members for f in m.per_client.values())
+    assert any(m.member_id == "r1" for m in members)  # the honest robot (live token) stays
+    assert view.figures_refused["too_many"] > 0 and view.members_forgotten > 0
+
+
+def test_the_state_budget_is_a_bound_on_what_python_holds():
+    """The accounting (FIGURE_BYTES per figure) is not below what CPython really spends on kept figures."""
+    import gc
+    import tracemalloc
+
+    from lerobot_zenoh.protocol import codec
+
+    server = codec.encode(Telemetry("server", "g", 0, 1.0, 1.0, {"inferences": 1},
+                                    {f"robot-{i:04d}": {f"f_{j:02d}": float(j) for j in range(32)} for i in range(256)}))
+    robot = codec.encode(Telemetry("client", "x", 0, 1.0, 1.0, {f"figure_{j}": float(j) for j in range(64)}))
+    view = FleetView()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for k in range(4):
+            view.on_telemetry(f"c/e/m/v/a/server/g{k}/metrics", codec.decode_telemetry(server), 0.0)
+        for k in range(200):
+            view.on_telemetry(f"c/e/m/v/a/x{k}/metrics", codec.decode_telemetry(robot), 0.0)
+        gc.collect()
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held <= view.state_bytes, (held, view.state_bytes)
+
+
+def test_metrics_stay_within_their_byte_budget_and_the_fleet_comes_before_a_flood():
+    from lerobot_zenoh.telemetry.prometheus import families, render, valid_label_name, valid_metric_name
+
+    assert valid_metric_name("lerobot_zenoh_server_inferences") and not valid_metric_name("a-b")
+    assert not valid_metric_name("x" * 201) and not valid_metric_name("1abc")
+    assert valid_label_name("client") and not valid_label_name("__name__") and not valid_label_name("a.b")
+    view = FleetView()
+    for i in range(3):
+        view.on_telemetry("c/e/m/v/a/r1/metrics", Telemetry("client", "r1", i, 1.0, 1.0, {"steps": 10 + i}), float(i))
+    for i in range(2000):  # invented ids, 64 figures each, after the honest robot
+        view.on_telemetry(f"c/e/m/v/a/x{i}/metrics",
+                          Telemetry("client", f"x{i}", 0, 1.0, 1.0, {f"figure_{j}": j for j in range(64)}), 5.0)
+    budget = 256 << 10
+    fams, taken = families(view.samples(), budget)
+    body, cut = render(fams, budget)
+    assert len(body.encode()) <= budget and taken < view.series_count()
+    assert 'lerobot_zenoh_client_steps_total{app="a",client="r1"' in body  # the honest robot first
+    assert "lerobot_zenoh_monitor_messages_total " in body  # and the monitor's own counts

@@ -36,13 +36,6 @@ _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 SERVER, SERVER_CLIENT, CLIENT, MONITOR = "server", "server_client", "client", "monitor"
 _SERVERS = frozenset({SERVER, SERVER_CLIENT})
 
-#: The labels every sample of a member carries (FleetView.samples), per member kind.
-MEMBER_LABELS = {
-    SERVER: ("cluster", "experiment", "model", "version", "app", "server"),
-    SERVER_CLIENT: ("cluster", "experiment", "model", "version", "app", "server", "client"),
-    CLIENT: ("cluster", "experiment", "model", "version", "app", "client"),
-    MONITOR: (),
-}
 _FAMILY_PREFIX = {SERVER: "server", SERVER_CLIENT: "server_client", CLIENT: "client", MONITOR: "monitor"}
 
 
