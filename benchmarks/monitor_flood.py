@@ -141,7 +141,11 @@ def run(scenario: str, port: int, http_port: int, flood_s: float, congestion: st
             t0 = time.monotonic()
             put = _flood(scenario, hub, codec, Telemetry, t0 + flood_s, getattr(zenoh.CongestionControl, congestion.upper()))
             rss_after, hwm = _rss_mb(monitor.pid)
-            scrapes = [_scrape(http_port) for _ in range(3)]
+            try:
+                scrapes = [_scrape(http_port) for _ in range(3)]
+            except OSError as exc:  # no answer within the scrape timeout
+                print(f"{scenario}: /metrics did not answer: {exc}", flush=True)
+                scrapes = [(b"", float("inf"))]
             body = max((b for b, _ in scrapes), key=len)
             honest_seen = b'server="gpu0"' in body and b'client="r1"' in body
             refused = {}
@@ -155,7 +159,11 @@ def run(scenario: str, port: int, http_port: int, flood_s: float, congestion: st
             stop.set()
             honest.join(2)
             monitor.terminate()
-            monitor.wait(10)
+            try:
+                monitor.wait(10)
+            except subprocess.TimeoutExpired:  # (a monitor without these bounds, deep in a flood)
+                monitor.kill()
+                monitor.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
