@@ -15,6 +15,9 @@ largest /metrics answer and the slowest scrape of three after the flood, whether
 members are still on /metrics, and the monitor's refusals by reason.
 
     python -m benchmarks.monitor_flood --port=7701 --http_port=7702
+
+`FLOOD_MONITOR` (environment) replaces `-m lerobot_zenoh.cli.monitor` by another command line for the
+monitor, e.g. a script that runs an older checkout's, to measure it the same way.
 """
 
 from __future__ import annotations

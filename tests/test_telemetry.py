@@ -681,3 +681,23 @@ def test_the_docs_metric_reference_is_the_declared_table():
     table = [line for line in section if line.startswith("|")]
     assert table == reference_rows(), ("regenerate: python -c 'from lerobot_zenoh.telemetry.prometheus import "
                                        "reference_rows; print(chr(10).join(reference_rows()))'")
+
+
+def test_the_monitors_intake_channel_hands_over_samples_and_ends_when_closed(port):
+    """ZenohSession.subscribe_channel: samples wait in Zenoh's bounded FIFO until taken; recv gives
+    (key, payload) with its length readable before any copy, and None once the subscription closed."""
+    from lerobot_zenoh.transport.session import METRICS_QOS
+
+    with ZenohSession(loopback_settings(port)) as hub, \
+            ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as monitor:
+        channel = monitor.subscribe_channel("**/metrics", 4)
+        taken: list = []
+        reader = threading.Thread(target=lambda: taken.extend(iter(channel.recv, None)), daemon=True)
+        reader.start()
+        pub = hub.publisher("c/e/m/v/a/r1/metrics", METRICS_QOS)
+        assert wait_for(lambda: pub.put(b"x" * 5000) is None and len(taken) >= 3, 10, poll_s=0.1)
+        key, payload = taken[0]
+        assert key == "c/e/m/v/a/r1/metrics" and len(payload) == 5000 and bytes(payload) == b"x" * 5000
+        channel.close()
+        reader.join(5)
+        assert not reader.is_alive()

@@ -192,14 +192,14 @@ class ChannelSubscription:
     def __init__(self, key: str, subscriber: zenoh.Subscriber):
         self.key = key
         self._subscriber: zenoh.Subscriber | None = subscriber
+        # The channel's receiving end, apart from the subscriber: a thread blocked in its recv does
+        # not hold the subscriber, which `close` undeclares from another thread.
+        self._receiver = subscriber.handler
 
     def recv(self) -> tuple[str, Payload] | None:
         """The next (key, payload), waiting for it; None once the subscription or its session closed."""
-        subscriber = self._subscriber
-        if subscriber is None:
-            return None
         try:
-            sample = subscriber.recv()
+            sample = self._receiver.recv()
         except zenoh.ZError:
             return None
         return str(sample.key_expr), Payload(sample.payload)
