@@ -701,3 +701,42 @@ def test_the_monitors_intake_channel_hands_over_samples_and_ends_when_closed(por
         channel.close()
         reader.join(5)
         assert not reader.is_alive()
+
+
+def test_figures_a_small_fleet_does_not_publish_are_declared_too():
+    """Engines, language, pi0-FAST decoding, VLMs, schedulers and pipelines publish figures the
+    running-fleet test does not see: each is declared with the type its meaning gives it."""
+    from lerobot_zenoh.telemetry.prometheus import describe
+
+    counters = {
+        "server": ["language.tokens", "language.decode_steps", "language.step_rows", "language.started",
+                   "language.finished.stop", "language.finished.limit", "language.evicted", "language.forgotten",
+                   "language.busy", "language.budget_shrunk", "language.decode_ms", "language.step_ms",
+                   "decode.kv_allocations", "decode.kv_evictions", "decode.finished_end", "decode.finished_limit",
+                   "decode.prefills", "decode.prefill_ms", "decode.decode_steps", "decode.decode_rows", "decode.decode_ms",
+                   "decode.packed_steps", "decode.packed_ms", "vlm.prefill_batches", "vlm.decode_steps",
+                   "engine.c0.dispatched", "engine.c0.answered", "engine.c0.requeued", "engine.c0.late",
+                   "engine.c0.refused", "engine.c0.refused.bad_answer", "engine.c0.restarts", "engine.c0.partitions",
+                   "dispatch.requeue_superseded", "dispatch.answers_closed", "scheduler.decisions", "takeovers",
+                   "standby_dropped", "answers.actions", "answers.verdict.safe", "sessions_closed.idle",
+                   "shm_rings_opened", "shm_orphans_removed", "batch_fallbacks", "observations_for_other_components"],
+        "server_client": ["served.edge", "served.cloud", "rejected.task_too_long"],
+        "client": ["slo.act.requests", "slo.act.met", "slo.act.missed", "pipeline.failures", "pipeline.override_steps",
+                   "pipeline.results_dropped", "pipeline.results_rejected", "dataset_frames", "session_renewals"],
+    }
+    gauges = {
+        "server": ["language.active", "language.cached_tokens", "decode.slots", "decode.running", "decode.waiting",
+                   "decode.kv_bytes", "engine.c0.up", "engine.c0.in_flight", "engine.c0.offload_share", "engine.c0.rtt_ms",
+                   "engine.c0.bandwidth_mbps", "engine.c0.estimate_ms_mean", "engine.c0.queue_actual_ms_mean",
+                   "offload_share", "scheduler.waiting", "scheduler.clients", "scheduler.tasks", "scheduler.skipped_max",
+                   "batch_profile.8_ms", "serving", "gpu_allocated_mb", "shm_rings_mapped", "max_batch_size"],
+        "client": ["slo.act.latency_ms_p99", "slo.act.attainment", "slo.act.slo_violated", "pipeline.attempt",
+                   "pipeline.mode", "pipeline.danger_reaction_ms_max", "rtc_active", "rtc_delay_error_steps_p90"],
+    }
+    for expected, table in (("counter", counters), ("gauge", gauges)):
+        for kind, figures in table.items():
+            wrong = [(f, describe(kind, f).kind) for f in figures if not describe(kind, f).declared
+                     or describe(kind, f).kind != expected]
+            assert not wrong, (kind, expected, wrong)
+    assert describe("server", "language.decode_ms").name.endswith("_seconds") and describe("server", "language.decode_ms").scale == 1e-3
+    assert dict(describe("server", "decode.finished_limit").labels) == {"reason": "limit"}
