@@ -12,8 +12,10 @@ pytest's ``pytestmark`` and fixtures) are in pyproject.toml, ``[tool.vulture]``.
 _.calibrate
 _.calibration
 _.calibration_fpath
-# prometheus_client's collector interface (cli/monitor.py, tests/test_telemetry.py).
-_.collect
+# http.server's handler interface and server attribute (cli/monitor.py's /metrics).
+_.do_GET
+_.log_message
+_.daemon_threads
 # Attributes set on another library's objects, which that library reads.
 _.pre_tokenizer  # tokenizers.Tokenizer
 _.tokenizer_name  # LeRobot's tokenizer processor steps

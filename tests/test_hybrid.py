@@ -542,11 +542,12 @@ def test_engine_messages_round_trip_and_bad_bytes_are_protocol_errors(app_key):
 def test_engine_figures_export_as_labelled_prometheus_families():
     from lerobot_zenoh.telemetry.prometheus import describe
 
-    name, kind, _, _, labels = describe("server", "engine.cloud0.requeued")
-    assert (name, kind, labels) == ("lerobot_zenoh_server_engine_requeued", "counter", {"engine": "cloud0"})
-    name, kind, _, scale, labels = describe("server", "engine.cloud0.rtt_ms")
-    assert (name, kind, scale, labels) == ("lerobot_zenoh_server_engine_rtt_seconds", "gauge", 1e-3, {"engine": "cloud0"})
-    assert describe("server_client", "served.cloud")[4] == {"tier": "cloud"}
+    d = describe("server", "engine.cloud0.requeued")
+    assert (d.name, d.kind, dict(d.labels)) == ("lerobot_zenoh_server_engine_requeued", "counter", {"engine": "cloud0"})
+    d = describe("server", "engine.cloud0.rtt_ms")
+    assert (d.name, d.kind, d.scale, dict(d.labels)) == ("lerobot_zenoh_server_engine_rtt_seconds", "gauge", 1e-3,
+                                                         {"engine": "cloud0"})
+    assert dict(describe("server_client", "served.cloud").labels) == {"tier": "cloud"}
 
 
 # -- a real WAN partition: the cloud engine in its own network namespace --------------------------------

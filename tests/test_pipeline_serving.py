@@ -385,10 +385,11 @@ def test_a_vlm_verdict_server_answers_the_task_stream(tiny_vlm, port, app_key):
 def test_answer_counts_are_one_prometheus_family_labelled_by_output_and_label():
     from lerobot_zenoh.telemetry.prometheus import describe
 
-    assert describe("server", "answers.verdict.unsafe")[:2] == ("lerobot_zenoh_server_answers", "counter")
-    assert describe("server", "answers.verdict.unsafe")[4] == {"output": "verdict", "label": "unsafe"}
-    assert describe("server", "answers.text")[4] == {"output": "text"}
-    assert describe("server", "observations_for_other_components")[1] == "counter"
+    d = describe("server", "answers.verdict.unsafe")
+    assert (d.name, d.kind) == ("lerobot_zenoh_server_answers", "counter")
+    assert dict(d.labels) == {"output": "verdict", "label": "unsafe"}
+    assert dict(describe("server", "answers.text").labels) == {"output": "text"}
+    assert describe("server", "observations_for_other_components").kind == "counter"
 
 
 def test_the_example_manifest_serves_four_components_of_one_task():

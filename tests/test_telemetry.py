@@ -20,7 +20,7 @@ from lerobot.robots import make_robot_from_config
 
 from lerobot_zenoh.client.client import RobotClient
 from lerobot_zenoh.protocol.messages import Telemetry
-from lerobot_zenoh.telemetry.fleet import FleetView, format_table
+from lerobot_zenoh.telemetry.fleet import CLIENT_BYTES, MAX_FIGURES, FleetView, format_table
 from lerobot_zenoh.transport.session import ZenohSession
 from lerobot_zenoh.transport.settings import loopback_settings
 
@@ -92,15 +92,12 @@ def test_monitor_json_and_prometheus(fleet, port, app_key):
         session.subscribe("**/metrics", lambda k, b: view.on_telemetry(k, codec.decode_telemetry(b), time.monotonic()))
         session.watch_liveliness("**", lambda k, alive: view.on_liveliness(k, alive, time.monotonic()))
         http_port = free_port()
-        http, collector = serve_prometheus(view, http_port)
+        http = serve_prometheus(view, http_port)
         try:
             assert wait_for(lambda: len(view.members()) == 2 and all(m.metrics for m in view.members()))
             body = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=5).read().decode()
         finally:
             http.shutdown()
-            from prometheus_client.core import REGISTRY
-
-            REGISTRY.unregister(collector)
     labels = f'app="{app_key.app}",client="r1",cluster="{app_key.cluster}",experiment="{app_key.experiment}"'
     assert f"lerobot_zenoh_client_chunks_received_total{{{labels}" in body
     assert 'lerobot_zenoh_server_inferences_total{' in body and 'server="gpu0"' in body
@@ -113,6 +110,70 @@ def test_monitor_json_and_prometheus(fleet, port, app_key):
     if promtool:  # Debian's `prometheus` package ships it (make ci-tools installs it in CI)
         check = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True, timeout=60)
         assert check.returncode == 0 and not check.stdout.strip() and not check.stderr.strip(), check.stdout + check.stderr
+
+
+#: Counts the issue tracker once found exported as gauges: they only grow, so they are counters.
+MONOTONIC = {
+    "client": ["requests_unanswered", "refreshes_sent", "rtc_chunks", "rtc_delay_mispredicted", "rtc_delay_overridden",
+               "rtc_fallback_chunks", "steps", "chunks_received", "loop_overruns"],
+    "server": ["sessions_opened", "sessions_closed.liveliness", "actions_dropped", "batch_fallbacks",
+               "observations_rate_limited", "observations_refreshes", "refreshes_late", "inferences",
+               "engine.e0.dispatched", "engine.e0.requeued", "engine.e0.refused.wrong_model", "language.tokens",
+               "decode.prefill_ms", "scheduler.decisions"],
+    "server_client": ["observations_rate_limited", "observations_refreshes", "refreshes_late", "actions_dropped",
+                      "rejected.replayed", "served.edge"],
+}
+
+
+def test_a_running_fleets_figures_are_all_declared_and_those_that_only_grow_are_counters(fleet, port, app_key):
+    """Scrape the monitor fed by a real server and robot: every figure they publish is declared (none
+    falls through untyped), every figure that only grew during the run is a counter named `_total`,
+    and nothing is a gauge named like a counter."""
+    from lerobot_zenoh.cli.monitor import serve_prometheus
+    from lerobot_zenoh.protocol import codec
+    from lerobot_zenoh.telemetry.prometheus import describe
+
+    history: dict[tuple[str, str, str], list[float]] = {}  # (member kind, member, figure) -> values in order
+    view = FleetView()
+
+    def on_metrics(key: str, payload: bytes) -> None:
+        msg = codec.decode_telemetry(payload)
+        view.on_telemetry(key, msg, time.monotonic())
+        for name, value in msg.metrics.items():
+            history.setdefault((msg.source, msg.source_id, name), []).append(value)
+        for client_id, figures in msg.per_client.items():
+            for name, value in figures.items():
+                history.setdefault(("server_client", client_id, name), []).append(value)
+
+    with ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as session:
+        session.subscribe("**/metrics", on_metrics)
+        http_port = free_port()
+        http = serve_prometheus(view, http_port)
+        try:
+            # a few periods of a robot being served: counters move (0.2 s telemetry period)
+            assert wait_for(lambda: len(history.get(("client", "r1", "steps"), [])) >= 8
+                            and len(history.get(("server", "gpu0", "inferences"), [])) >= 8, 30)
+            body = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=5).read().decode()
+        finally:
+            http.shutdown()
+    undeclared = sorted({(kind, name) for kind, _, name in history if not describe(kind, name).declared})
+    assert not undeclared, f"figures published but not declared in telemetry/prometheus.py: {undeclared}"
+    # A figure that only grew, by whole numbers, and moved at least twice is a count: it must be a counter.
+    grew = sorted({(kind, name) for (kind, _, name), values in history.items()
+                   if all(float(v).is_integer() for v in values) and all(b >= a for a, b in zip(values, values[1:]))
+                   and sum(b > a for a, b in zip(values, values[1:])) >= 2})
+    assert grew, "nothing grew: the run was too short to tell"
+    gauges = [(kind, name) for kind, name in grew if describe(kind, name).kind != "counter"]
+    assert not gauges, f"figures that only grow exported as gauges: {gauges}"
+    for kind, names in MONOTONIC.items():
+        assert [n for n in names if describe(kind, n).kind != "counter"] == [], kind
+    from prometheus_client.parser import text_string_to_metric_families
+
+    exported = {f.name: f.type for f in text_string_to_metric_families(body) if f.name.startswith("lerobot_zenoh_")}
+    assert "untyped" not in exported.values() and "unknown" not in exported.values(), exported
+    assert exported["lerobot_zenoh_client_requests_unanswered"] == "counter"  # the parser drops `_total`
+    assert exported["lerobot_zenoh_server_sessions_opened"] == "counter"
+    _lint_exposition(body)
 
 
 def _lint_exposition(body: str) -> None:
@@ -230,10 +291,7 @@ def test_the_monitor_shows_a_pipeline_clients_slo_attainment_in_one_cell():
 
 
 def test_a_pipeline_clients_slo_figures_export_as_prometheus_families_labelled_by_component():
-    from prometheus_client import CollectorRegistry, generate_latest
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-    from lerobot_zenoh.telemetry.prometheus import families
+    from lerobot_zenoh.telemetry.prometheus import families, render
 
     fleet = FleetView()
     metrics = {"loop_hz": 30.0, "pipeline.attempt": 1, "pipeline.failures": 0, "pipeline.mode": 3,
@@ -246,18 +304,9 @@ def test_a_pipeline_clients_slo_figures_export_as_prometheus_families_labelled_b
                         f"slo.{comp}.attainment": 0.5})
     fleet.on_telemetry("f/e/_pipeline/1/kit/r1/metrics", Telemetry("client", "r1", 0, 1.0, 1.0, metrics=metrics), 0.0)
 
-    class Collector:
-        def collect(self):
-            for fam in families(fleet.samples()):
-                names = sorted({k for labels, _ in fam.samples for k in labels})
-                family = (CounterMetricFamily if fam.kind == "counter" else GaugeMetricFamily)(fam.name, fam.help, labels=names)
-                for labels, value in fam.samples:
-                    family.add_metric([labels.get(k, "") for k in names], value)
-                yield family
-
-    registry = CollectorRegistry()
-    registry.register(Collector())
-    body = generate_latest(registry).decode()
+    fams, taken = families(fleet.samples())
+    body, _ = render(fams)
+    assert taken == fleet.series_count()
     assert 'lerobot_zenoh_client_slo_missed_total{' in body and 'component="safety"' in body
     assert "lerobot_zenoh_client_slo_latency_p99_seconds{" in body and "lerobot_zenoh_client_slo_attainment_ratio{" in body
     assert "lerobot_zenoh_client_pipeline_danger_reaction_max_seconds{" in body
@@ -322,24 +371,25 @@ def test_members_are_bounded_and_forgotten_with_their_series():
     view.on_liveliness("c/e/m/v/a/r1/metrics", True, 0.0)
     view.on_telemetry("c/e/m/v/a/r1/metrics", Telemetry("client", "r1", 0, 1.0, 1.0, {"loop_hz": 30.0}), 0.0)
     many = {f"figure_{j}": j for j in range(600)}
-    for i in range(20_000):  # invented ids, no token, 600 figures each
+    for i in range(5_000):  # invented ids, no token, 600 figures each
         view.on_telemetry(f"c/e/m/v/a/x{i}/metrics", Telemetry("client", f"x{i}", 0, 1.0, 1.0, many), 1.0 + i * 1e-4)
     members = view.members()
     assert len(members) <= 100 and any(m.member_id == "r1" for m in members)  # the robot with a token stays
-    assert all(len(m.metrics) <= 256 for m in members)
+    assert all(len(m.metrics) <= MAX_FIGURES and m.cost <= CLIENT_BYTES for m in members)
     assert view.forget(5.0) == []
     forgotten = view.forget(13.5)
     assert {m.member_id for m in view.members()} == {"r1"} and len(forgotten) == len(members) - 1
     assert not any(labels.get("client", "").startswith("x") for _, _, labels, _ in view.samples())
     view.on_liveliness("c/e/m/v/a/r1/metrics", False, 20.0)  # gone: forgotten after the grace too
     assert view.forget(29.0) == [] and [m.member_id for m in view.forget(30.0)] == ["r1"]
-    # What is left is the monitor's own count of what it refused and forgot: 20,001 members seen,
+    # What is left is the monitor's own count of what it refused and forgot: 5,001 members seen,
     # none kept, every one forgotten (displaced or expired), none refused (no live token held a place).
-    own = {figure: value for kind, figure, _, value in view.samples() if kind == "monitor"}
+    own = {figure: value for kind, figure, _, value in view.samples() if kind == "monitor" and value}
     assert all(kind == "monitor" for kind, *_ in view.samples())
-    assert own == {"messages": 20_001, "rejected": 0, "per_client_ignored": 0, "members": 0, "members_refused": 0,
-                   "members_forgotten": 20_001}
-    assert view.status_line() == "monitor: 20001 messages, 0 members, 20001 forgotten"
+    refused = own.pop("figures_refused.too_many")
+    assert refused >= 5_000 * (600 - MAX_FIGURES)  # over the count or the byte budget
+    assert own == {"messages": 5_001, "members_forgotten": 5_001}
+    assert view.status_line() == f"monitor: 5001 messages, {refused:.0f} figures refused, 0 members, 5001 forgotten"
 
 
 def test_the_monitor_counts_new_members_refused_while_every_kept_one_has_a_token_and_exports_it():
@@ -352,9 +402,10 @@ def test_the_monitor_counts_new_members_refused_while_every_kept_one_has_a_token
     view.on_telemetry("c/e/m/v/a/server/gpu0/metrics", Telemetry("client", "gpu0", 0, 1.0, 1.0, {}), 1.0)  # posing
     assert [m.member_id for m in view.members()] == ["r0", "r1", "r2", "r3"]
     assert (view.members_refused, view.rejected) == (1, 1)
-    exported = {f.name: (f.kind, f.samples) for f in families(view.samples()) if "_monitor_" in f.name}
+    exported = {f.name: (f.kind, f.samples) for f in families(view.samples())[0] if "_monitor_" in f.name}
     assert exported["lerobot_zenoh_monitor_members_refused"] == ("counter", [({}, 1.0)])
-    assert exported["lerobot_zenoh_monitor_rejected"] == ("counter", [({}, 1.0)])
+    kind, rejected = exported["lerobot_zenoh_monitor_messages_rejected"]
+    assert kind == "counter" and ({"reason": "posing"}, 1.0) in rejected and sum(v for _, v in rejected) == 1
     assert exported["lerobot_zenoh_monitor_members"] == ("gauge", [({}, 4.0)])
     assert "1 refused (table full)" in view.status_line() and "1 rejected" in view.status_line()
 
@@ -395,7 +446,7 @@ def test_the_monitor_over_zenoh_ignores_a_robots_server_figures_and_forgets_a_fl
 
             assert wait_for(both_seen, 15, poll_s=0.2)
             body = scrape()
-            assert "999999" not in body and 'client="robot_2"' not in body
+            assert 'client="robot_2"' not in body and not any(line.endswith(" 999999.0") for line in body.splitlines())
             assert "lerobot_zenoh_server_client_observations_rejected_total{" in body
             before = rss_mb()
             flood = codec.encode(Telemetry("client", "x", 0, 1.0, 1.0, {f"figure_{j}": j for j in range(20)}))
@@ -488,3 +539,204 @@ def test_repeated_events_are_logged_on_the_1st_10th_100th_and_every_1000th():
     from lerobot_zenoh.telemetry.publisher import worth_logging
 
     assert [n for n in range(0, 10_001) if worth_logging(n)] == [1, 10, 100, *range(1000, 10_001, 1000)]
+
+
+def test_the_dashboard_rates_counters_only_and_every_panel_has_a_unit():
+    """Grafana: a counter is read through rate() or increase() (its running total says nothing), a
+    gauge never is, every metric queried is one the monitor declares, and every panel has a unit."""
+    import re
+    from pathlib import Path
+
+    from lerobot_zenoh.telemetry.prometheus import reference_rows
+
+    declared = {m.group(1) for row in reference_rows() for m in [re.search(r"\| `(lerobot_zenoh_\w+)` \|", row)] if m}
+    dashboard = json.loads((Path(__file__).resolve().parents[1] / "dashboards" / "grafana-lerobot-zenoh.json").read_text())
+    for panel in dashboard["panels"]:
+        assert panel["fieldConfig"]["defaults"].get("unit") not in (None, "", "none"), panel["title"]
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for name in re.findall(r"\blerobot_zenoh_\w+", expr):
+                assert name in declared, (panel["title"], name)
+                rated = re.search(rf"\b(rate|increase)\(\s*{name}\b", expr) is not None
+                assert rated == name.endswith("_total"), (panel["title"], expr)
+
+
+# -- what the monitor holds, bounded in bytes (docs/telemetry.md, "What the monitor trusts") ----------
+
+
+class _Untouchable:
+    """A payload whose bytes must not be read (refused by its length alone)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __bytes__(self) -> bytes:
+        raise AssertionError("copied before its size was checked")
+
+
+def test_the_inbox_refuses_by_length_before_copying_and_holds_a_byte_budget_at_a_bounded_rate():
+    from lerobot_zenoh.telemetry.fleet import TelemetryInbox
+
+    inbox = TelemetryInbox(max_bytes=10_000, max_message_bytes=4_000, bytes_per_s=1_000)
+    assert inbox.offer("k", _Untouchable(15 << 20), 0.0) == "too_large"  # a 15 MiB message: never copied
+    assert inbox.offer("k", b"x" * 3_999, 0.0) is None and inbox.offer("k", b"x" * 3_999, 0.0) is None
+    assert inbox.offer("k", b"x" * 3_999, 0.0) == "inbox_full" and inbox.bytes() == 8_000
+    key, payload, _ = inbox.take(0.1)
+    assert (key, payload) == ("k", b"x" * 3_999) and inbox.bytes() == 4_000
+    # 2,000 bytes of its 10,000-byte bucket are left: the next 3,999 wait for 2 s of intake
+    assert inbox.offer("k", b"x" * 3_999, 0.5) == "rate_limited"
+    assert inbox.offer("k", b"x" * 3_999, 2.5) is None
+
+
+def test_figure_names_ids_and_sizes_are_checked_before_anything_is_kept():
+    from lerobot_zenoh.telemetry.fleet import MAX_FIGURE_CHARS, MAX_ID_CHARS
+
+    view = FleetView()
+    figures = {"loop_hz": 30.0, "n" * 60_000: 1.0, "x" * (MAX_FIGURE_CHARS + 1): 1.0, "bad name{}": 1.0,
+               "flag": True, "text": "word", "steps": 5}
+    view.on_telemetry("c/e/m/v/a/r1/metrics", Telemetry("client", "r1", 0, 1.0, 1.0, figures), 0.0)
+    view.on_telemetry(f"c/e/m/v/a/{'r' * (MAX_ID_CHARS + 1)}/metrics",
+                      Telemetry("client", "r" * (MAX_ID_CHARS + 1), 0, 1.0, 1.0, {"steps": 1}), 0.0)
+    [member] = view.members()
+    assert member.metrics == {"loop_hz": 30.0, "steps": 5}
+    assert dict(view.figures_refused) == {"too_long": 2, "bad_name": 1, "not_a_number": 2}
+    assert dict(view.rejected_by) == {"unknown_key": 1}
+
+
+def test_a_heavy_server_member_is_capped_in_figures_and_bytes_and_many_stay_within_the_state_budget():
+    from lerobot_zenoh.telemetry.fleet import MAX_CLIENT_FIGURES, SERVER_BYTES
+
+    per_client = {f"robot-{i:04d}": {f"f_{j:02d}": float(j) for j in range(100)} for i in range(1024)}
+    view = FleetView(state_bytes=3 * SERVER_BYTES)
+    view.on_liveliness("c/e/m/v/a/r1/metrics", True, 0.0)
+    for i in range(3):
+        view.on_telemetry("c/e/m/v/a/r1/metrics", Telemetry("client", "r1", i, 1.0, 1.0, {"steps": i}), float(i))
+    for k in range(8):  # forged heavy servers, plain mode
+        view.on_telemetry(f"c/e/m/v/a/server/forged{k}/metrics",
+                          Telemetry("server", f"forged{k}", 0, 1.0, 1.0, {"inferences": 1}, per_client), 10.0 + k)
+    members = view.members()
+    assert view.state_bytes <= 3 * SERVER_BYTES and sum(m.cost for m in members) == view.state_bytes
+    assert all(m.cost <= SERVER_BYTES for m in members)
+    assert all(len(f) <= MAX_CLIENT_FIGURES for m in members for f in m.per_client.values())
+    assert any(m.member_id == "r1" for m in members)  # the honest robot (live token) stays
+    assert view.figures_refused["too_many"] > 0 and view.members_forgotten > 0
+
+
+def test_the_state_budget_is_a_bound_on_what_python_holds():
+    """The accounting (FIGURE_BYTES per figure) is not below what CPython really spends on kept figures."""
+    import gc
+    import tracemalloc
+
+    from lerobot_zenoh.protocol import codec
+
+    server = codec.encode(Telemetry("server", "g", 0, 1.0, 1.0, {"inferences": 1},
+                                    {f"robot-{i:04d}": {f"f_{j:02d}": float(j) for j in range(32)} for i in range(256)}))
+    robot = codec.encode(Telemetry("client", "x", 0, 1.0, 1.0, {f"figure_{j}": float(j) for j in range(64)}))
+    view = FleetView()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for k in range(4):
+            view.on_telemetry(f"c/e/m/v/a/server/g{k}/metrics", codec.decode_telemetry(server), 0.0)
+        for k in range(200):
+            view.on_telemetry(f"c/e/m/v/a/x{k}/metrics", codec.decode_telemetry(robot), 0.0)
+        gc.collect()
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held <= view.state_bytes, (held, view.state_bytes)
+
+
+def test_metrics_stay_within_their_byte_budget_and_the_fleet_comes_before_a_flood():
+    from lerobot_zenoh.telemetry.prometheus import families, render, valid_label_name, valid_metric_name
+
+    assert valid_metric_name("lerobot_zenoh_server_inferences") and not valid_metric_name("a-b")
+    assert not valid_metric_name("x" * 201) and not valid_metric_name("1abc")
+    assert valid_label_name("client") and not valid_label_name("__name__") and not valid_label_name("a.b")
+    view = FleetView()
+    for i in range(3):
+        view.on_telemetry("c/e/m/v/a/r1/metrics", Telemetry("client", "r1", i, 1.0, 1.0, {"steps": 10 + i}), float(i))
+    for i in range(2000):  # invented ids, 64 figures each, after the honest robot
+        view.on_telemetry(f"c/e/m/v/a/x{i}/metrics",
+                          Telemetry("client", f"x{i}", 0, 1.0, 1.0, {f"figure_{j}": j for j in range(64)}), 5.0)
+    budget = 256 << 10
+    fams, taken = families(view.samples(), budget)
+    body, cut = render(fams, budget)
+    assert len(body.encode()) <= budget and taken < view.series_count()
+    assert 'lerobot_zenoh_client_steps_total{app="a",client="r1"' in body  # the honest robot first
+    assert "lerobot_zenoh_monitor_messages_total " in body  # and the monitor's own counts
+
+
+def test_the_docs_metric_reference_is_the_declared_table():
+    """docs/telemetry.md lists every metric with its type, unit and labels: the table the export uses."""
+    from pathlib import Path
+
+    from lerobot_zenoh.telemetry.prometheus import reference_rows
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "telemetry.md").read_text()
+    section = doc.split("#### Metric reference", 1)[1].strip().splitlines()
+    table = [line for line in section if line.startswith("|")]
+    assert table == reference_rows(), ("regenerate: python -c 'from lerobot_zenoh.telemetry.prometheus import "
+                                       "reference_rows; print(chr(10).join(reference_rows()))'")
+
+
+def test_the_monitors_intake_channel_hands_over_samples_and_ends_when_closed(port):
+    """ZenohSession.subscribe_channel: samples wait in Zenoh's bounded FIFO until taken; recv gives
+    (key, payload) with its length readable before any copy, and None once the subscription closed."""
+    from lerobot_zenoh.transport.session import METRICS_QOS
+
+    with ZenohSession(loopback_settings(port)) as hub, \
+            ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as monitor:
+        channel = monitor.subscribe_channel("**/metrics", 4)
+        taken: list = []
+        reader = threading.Thread(target=lambda: taken.extend(iter(channel.recv, None)), daemon=True)
+        reader.start()
+        pub = hub.publisher("c/e/m/v/a/r1/metrics", METRICS_QOS)
+        assert wait_for(lambda: pub.put(b"x" * 5000) is None and len(taken) >= 3, 10, poll_s=0.1)
+        key, payload = taken[0]
+        assert key == "c/e/m/v/a/r1/metrics" and len(payload) == 5000 and bytes(payload) == b"x" * 5000
+        channel.close()
+        reader.join(5)
+        assert not reader.is_alive()
+
+
+def test_figures_a_small_fleet_does_not_publish_are_declared_too():
+    """Engines, language, pi0-FAST decoding, VLMs, schedulers and pipelines publish figures the
+    running-fleet test does not see: each is declared with the type its meaning gives it."""
+    from lerobot_zenoh.telemetry.prometheus import describe
+
+    counters = {
+        "server": ["language.tokens", "language.decode_steps", "language.step_rows", "language.started",
+                   "language.finished.stop", "language.finished.limit", "language.evicted", "language.forgotten",
+                   "language.busy", "language.budget_shrunk", "language.decode_ms", "language.step_ms",
+                   "decode.kv_allocations", "decode.kv_evictions", "decode.finished_end", "decode.finished_limit",
+                   "decode.prefills", "decode.prefill_ms", "decode.decode_steps", "decode.decode_rows", "decode.decode_ms",
+                   "decode.packed_steps", "decode.packed_ms", "vlm.prefill_batches", "vlm.decode_steps",
+                   "engine.c0.dispatched", "engine.c0.answered", "engine.c0.requeued", "engine.c0.late",
+                   "engine.c0.refused", "engine.c0.refused.bad_answer", "engine.c0.restarts", "engine.c0.partitions",
+                   "dispatch.requeue_superseded", "dispatch.answers_closed", "scheduler.decisions", "takeovers",
+                   "standby_dropped", "answers.actions", "answers.verdict.safe", "sessions_closed.idle",
+                   "shm_rings_opened", "shm_orphans_removed", "batch_fallbacks", "observations_for_other_components"],
+        "server_client": ["served.edge", "served.cloud", "rejected.task_too_long"],
+        "client": ["slo.act.requests", "slo.act.met", "slo.act.missed", "pipeline.failures", "pipeline.override_steps",
+                   "pipeline.results_dropped", "pipeline.results_rejected", "dataset_frames", "session_renewals"],
+    }
+    gauges = {
+        "server": ["language.active", "language.cached_tokens", "decode.slots", "decode.running", "decode.waiting",
+                   "decode.kv_bytes", "engine.c0.up", "engine.c0.in_flight", "engine.c0.offload_share", "engine.c0.rtt_ms",
+                   "engine.c0.bandwidth_mbps", "engine.c0.estimate_ms_mean", "engine.c0.queue_actual_ms_mean",
+                   "offload_share", "scheduler.waiting", "scheduler.clients", "scheduler.tasks", "scheduler.skipped_max",
+                   "batch_profile.8_ms", "serving", "gpu_allocated_mb", "shm_rings_mapped", "max_batch_size"],
+        "client": ["slo.act.latency_ms_p99", "slo.act.attainment", "slo.act.slo_violated", "pipeline.attempt",
+                   "pipeline.mode", "pipeline.danger_reaction_ms_max", "rtc_active", "rtc_delay_error_steps_p90"],
+    }
+    for expected, table in (("counter", counters), ("gauge", gauges)):
+        for kind, figures in table.items():
+            wrong = [(f, describe(kind, f).kind) for f in figures if not describe(kind, f).declared
+                     or describe(kind, f).kind != expected]
+            assert not wrong, (kind, expected, wrong)
+    assert describe("server", "language.decode_ms").name.endswith("_seconds") and describe("server", "language.decode_ms").scale == 1e-3
+    assert dict(describe("server", "decode.finished_limit").labels) == {"reason": "limit"}

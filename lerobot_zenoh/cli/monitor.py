@@ -80,7 +80,13 @@ class MonitorConfig:
         self.zenoh.validate("zenoh")
 
     def zenoh_settings(self) -> ZenohSettings:
+        from lerobot_zenoh.telemetry.fleet import MAX_MESSAGE_BYTES
+
         settings = self.zenoh.with_connect(self.endpoint)
+        if settings.max_message_bytes == ZenohSettings().max_message_bytes:
+            # --zenoh.max_message_bytes unset: the monitor only takes telemetry, so a link of its
+            # session reassembles no message larger than one (Zenoh drops a larger one as it arrives).
+            settings = settings.replace(max_message_bytes=MAX_MESSAGE_BYTES + (64 << 10))
         # --zenoh.connect_timeout_s unset: a dead endpoint is reported soon, as the robot client does
         return settings.replace(connect_timeout_s=settings.connect_wait_s(QUICK_CONNECT_WAIT_S))
 
@@ -92,30 +98,48 @@ class MonitorConfig:
         return "/".join(p or "*" for p in parts)
 
 
-def serve_prometheus(fleet, port: int, host: str = "127.0.0.1"):
-    """Serve the fleet's figures at http://host:port/metrics. Returns (HTTP server, collector).
+#: Telemetry messages Zenoh may hold for the monitor before the link is held back (each at most
+#: MAX_MESSAGE_BYTES, telemetry/fleet.py).
+INTAKE_CHANNEL = 8
+
+#: Most bytes of fleet series one /metrics answer carries (the monitor's own figures first, then
+#: members' own, those with a live token and the longest known first, then servers' per-robot ones;
+#: what does not fit is left out and counted, docs/telemetry.md).
+MAX_METRICS_BYTES = 2 << 20
+
+
+def serve_prometheus(fleet, port: int, host: str = "127.0.0.1", max_bytes: int = MAX_METRICS_BYTES):
+    """Serve the fleet's figures at http://host:port/metrics (with the client library's process
+    metrics), on a thread of its own. Returns the HTTP server (`shutdown()` stops it).
 
     Raises OSError when the port cannot be bound (in use, or a privileged port).
     """
-    from prometheus_client import start_http_server
-    from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from lerobot_zenoh.telemetry.prometheus import families
+    from prometheus_client import REGISTRY, generate_latest
 
-    class FleetCollector:
-        def collect(self):
-            for fam in families(fleet.samples()):
-                label_names = sorted({k for labels, _ in fam.samples for k in labels})
-                cls = CounterMetricFamily if fam.kind == "counter" else GaugeMetricFamily
-                family = cls(fam.name, fam.help, labels=label_names)
-                for labels, value in fam.samples:
-                    family.add_metric([labels.get(k, "") for k in label_names], value)
-                yield family
+    from lerobot_zenoh.telemetry.prometheus import families, render
 
-    server, _thread = start_http_server(port, addr=host)  # bind first: a busy port registers nothing
-    collector = FleetCollector()
-    REGISTRY.register(collector)
-    return server, collector
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            fams, taken = families(fleet.samples(), max_bytes)
+            text, cut = render(fams, max_bytes)  # (the estimate above is close: this rarely cuts)
+            fleet.series_dropped += max(0, fleet.series_count() - taken) + cut
+            body = text.encode() + generate_latest(REGISTRY)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:  # no line per scrape on stderr
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)  # binds now: a busy port raises here
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="metrics-http",
+                     daemon=True).start()
+    return server
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from lerobot_zenoh.errors import LeRobotZenohError, ProtocolError, TlsRefusedError
     from lerobot_zenoh.protocol import codec
-    from lerobot_zenoh.telemetry.fleet import FleetView, format_table
+    from lerobot_zenoh.protocol.schema import CodecLimits
+    from lerobot_zenoh.telemetry.fleet import MAX_MESSAGE_BYTES, FleetView, TelemetryInbox, format_table
     from lerobot_zenoh.transport.session import ZenohSession
 
     prefix = config.selector_prefix()
@@ -135,21 +160,27 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     out_lock = threading.Lock()
-    # The Zenoh callback only hands the bytes over; this thread decodes them (a full inbox drops and
-    # counts, it never blocks Zenoh).
-    inbox: queue.Queue = queue.Queue(maxsize=4096)
+    # Telemetry waits in a bounded Zenoh channel (INTAKE_CHANNEL messages of at most MAX_MESSAGE_BYTES:
+    # Zenoh's threads never wait for Python's lock, a full channel holds the link back); the intake
+    # thread checks each message's size and hands it to the inbox (copied once accepted); this thread
+    # decodes it. A message over MAX_MESSAGE_BYTES, or over the inbox's byte budget or intake rate, is
+    # refused and counted, never decoded.
+    inbox = TelemetryInbox()
+    fleet.inbox_bytes = inbox.bytes
+    # Decoding limits: no string of a telemetry message (figure name, id, label) is longer than 1 KiB.
+    limits = CodecLimits(max_message_bytes=MAX_MESSAGE_BYTES, max_str_bytes=1024)
 
-    def on_metrics(key: str, payload: bytes) -> None:
-        try:
-            inbox.put_nowait((key, payload, time.monotonic()))
-        except queue.Full:
-            fleet.rejected += 1
+    def intake(channel) -> None:
+        while (sample := channel.recv()) is not None:
+            refused = inbox.offer(*sample, time.monotonic())
+            if refused is not None:
+                fleet.reject(refused)
 
     def handle(key: str, payload: bytes, arrived_s: float) -> None:
         try:
-            msg = codec.decode_telemetry(payload)
+            msg = codec.decode_telemetry(payload, limits)
         except ProtocolError:
-            fleet.rejected += 1
+            fleet.reject("undecodable")
             return
         fleet.on_telemetry(key, msg, arrived_s)
         if config.json:
@@ -164,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     http = None
     if config.prometheus_port:
         try:
-            http, _ = serve_prometheus(fleet, config.prometheus_port, config.prometheus_host)
+            http = serve_prometheus(fleet, config.prometheus_port, config.prometheus_host)
         except OSError as exc:
             fail(PROG, f"--prometheus_port: cannot listen on {config.prometheus_host}:{config.prometheus_port}: "
                        f"{exc.strerror or exc} (another monitor or exporter? pick another port)")
@@ -180,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise LeRobotZenohError(f"cannot connect to {', '.join(settings.connect)}: {exc}") from exc
             raise LeRobotZenohError(f"cannot connect to {', '.join(settings.connect)}: nothing answers there "
                                     "(is the server or router running, and is the address right?)") from exc
-        session.subscribe(f"{prefix}/**/metrics" if prefix != "**" else "**/metrics", on_metrics)
+        channel = session.subscribe_channel(f"{prefix}/**/metrics" if prefix != "**" else "**/metrics", INTAKE_CHANNEL)
+        threading.Thread(target=intake, args=(channel,), name="telemetry-intake", daemon=True).start()
         session.watch_liveliness(f"{prefix}/**" if prefix != "**" else "**",
                                  lambda key, alive: fleet.on_liveliness(key, alive, time.monotonic()))
     except LeRobotZenohError as exc:
@@ -195,9 +227,9 @@ def main(argv: list[str] | None = None) -> int:
         # Wake at least every 0.2 s whatever --refresh_s is, so that a signal ends the monitor at once.
         while not stop.is_set():
             try:
-                handle(*inbox.get(timeout=0.2))
+                handle(*inbox.take(0.2))
                 for _ in range(1000):  # bounded: a flood must not keep the table and the signals waiting
-                    handle(*inbox.get_nowait())
+                    handle(*inbox.take())
             except queue.Empty:
                 pass
             now = time.monotonic()

@@ -181,6 +181,38 @@ class Subscription:
             self._subscriber = None
 
 
+class ChannelSubscription:
+    """A subscriber whose samples wait in a bounded Zenoh FIFO channel, taken by a thread of the
+    owner's with `recv`. Zenoh's threads push into the channel without taking Python's lock, and
+    a full channel holds the link back (congestion control applies upstream) instead of growing:
+    what it holds is bounded by `capacity` times the session's `max_message_bytes`. (A Python
+    callback, by contrast, waits for the lock while the owner's threads run Python, and Zenoh keeps
+    what arrives meanwhile.)"""
+
+    def __init__(self, key: str, subscriber: zenoh.Subscriber):
+        self.key = key
+        self._subscriber: zenoh.Subscriber | None = subscriber
+        # The channel's receiving end, apart from the subscriber: a thread blocked in its recv does
+        # not hold the subscriber, which `close` undeclares from another thread.
+        self._receiver = subscriber.handler
+
+    def recv(self) -> tuple[str, Payload] | None:
+        """The next (key, payload), waiting for it; None once the subscription or its session closed."""
+        try:
+            sample = self._receiver.recv()
+        except zenoh.ZError:
+            return None
+        return str(sample.key_expr), Payload(sample.payload)
+
+    def close(self) -> None:
+        subscriber, self._subscriber = self._subscriber, None
+        if subscriber is not None:
+            try:
+                subscriber.undeclare()
+            except zenoh.ZError:
+                pass
+
+
 class Responder:
     """Answers queries on one key with bytes from `make_reply` (None: no answer), on a thread of its own.
 
@@ -380,6 +412,15 @@ class ZenohSession:
         sub = Subscription(key, handler, _UNPACKERS[(with_attachment, copy)])
         try:
             sub._subscriber = self.raw.declare_subscriber(key, sub._on_sample)
+        except zenoh.ZError as exc:
+            raise TransportError(f"could not subscribe to {key}: {exc}") from exc
+        self._owned.append(sub)
+        return sub
+
+    def subscribe_channel(self, key: str, capacity: int) -> ChannelSubscription:
+        """Samples of `key` in a bounded FIFO channel of `capacity` (see ChannelSubscription)."""
+        try:
+            sub = ChannelSubscription(key, self.raw.declare_subscriber(key, zenoh.handlers.FifoChannel(capacity)))
         except zenoh.ZError as exc:
             raise TransportError(f"could not subscribe to {key}: {exc}") from exc
         self._owned.append(sub)
