@@ -418,19 +418,24 @@ def main(argv: list[str] | None = None) -> int:
     stopped = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopped.set())
-    served = None
-    if options is not None and (options.endpoint or options.server_address) and not options.pipeline.plan:
+    log = logging.getLogger(PROG)
+    if options is not None:
         logging.basicConfig(level=options.log_level.upper(), force=True,
                             format=f"%(asctime)s %(levelname)s [{options.client_uuid}] %(name)s: %(message)s")
+    served = None
+    if options is not None and (options.endpoint or options.server_address) and not options.pipeline.plan:
+        # Each "starting:" line names the step under way (make demo shows it while a robot starts).
+        log.info("starting: asking %s what it serves", options.endpoint or options.server_address)
         try:
             served = lookup_early(options, stopped)
         except CompatibilityError as exc:
             if stopped.is_set():
                 return 0
-            logging.getLogger(PROG).error("not starting: %s", exc)
+            log.error("not starting: %s", exc)
             return EXIT_NO_SERVER
         if stopped.is_set():
             return 0
+    log.info("starting: importing LeRobot")
     config = parse_config(argv)
     found_app = served is not None and len(config.routing_given) < 5  # (a routing flag left unset)
     if served is not None:
@@ -448,7 +453,6 @@ def main(argv: list[str] | None = None) -> int:
             fail(PROG, str(exc).replace("\n", " "))
     logging.basicConfig(level=config.log_level.upper(),
                         force=True, format=f"%(asctime)s %(levelname)s [{config.client_uuid}] %(name)s: %(message)s")
-    log = logging.getLogger(PROG)
     if found_app:
         log.info("the endpoint serves %s (server %s): using it", served.app.prefix, served.status.server_id)
 
@@ -463,10 +467,12 @@ def main(argv: list[str] | None = None) -> int:
             check_dataset_root(config.dataset_root, config.resume)
         except ConfigError as exc:
             fail(PROG, explain(exc))
+    log.info("starting: connecting the %s robot", config.robot.type)
     robot = make_robot(config)  # a robot mistake is reported before a wait for a server
     if stopped.is_set():  # Ctrl-C while LeRobot was loading
         robot.disconnect()
         return 0
+    log.info("starting: asking the server for its status")
     if plan is None and served is None:
         try:
             resolve_app(config, stopped)
