@@ -20,6 +20,7 @@ SCRIPTS = {
     "lerobot-zenoh-build-checkpoint": "lerobot_zenoh.cli.build_checkpoint",
     "lerobot-zenoh-router": "lerobot_zenoh.cli.router",
     "lerobot-zenoh-secure": "lerobot_zenoh.cli.secure",
+    "lerobot-zenoh-cache": "lerobot_zenoh.cli.cache",
 }
 
 
@@ -307,9 +308,9 @@ def test_a_hub_id_in_a_manifest_and_a_missing_one(hf_home, tmp_path, port):
 
     manifest = yaml.safe_load(Path("manifests/demo.yaml").read_text())
     entry = manifest["server"][0]
-    entry.update(pretrained_path=f"someone/tiny_act@{COMMIT[:7]}", endpoint=f"tcp/127.0.0.1:{port}", actions_per_chunk=20)
+    entry.update(pretrained_path="someone/tiny_act@fedcba9", endpoint=f"tcp/127.0.0.1:{port}", actions_per_chunk=20)
     (tmp_path / "missing.yaml").write_text(yaml.safe_dump(manifest))
-    entry["pretrained_path"] = "someone/tiny_act"
+    entry["pretrained_path"] = f"someone/tiny_act@{COMMIT}"  # a commit, served from the cache offline
     (tmp_path / "cached.yaml").write_text(yaml.safe_dump(manifest))
     env = {"HF_HOME": str(hf_home)}
     missing, _ = timed("lerobot-policy-server", [f"--manifest={tmp_path / 'missing.yaml'}"], env)
@@ -321,9 +322,9 @@ def test_a_hub_id_in_a_manifest_and_a_missing_one(hf_home, tmp_path, port):
     finally:
         stop(server)
     assert any("serving local/demo/act/v1/pick_cube" in line for line in lines), "".join(lines)
-    assert_fails_in_one_line(missing, "server[act].pretrained_path: someone/tiny_act@0123456 is not a local folder and "
+    assert_fails_in_one_line(missing, "server[act].pretrained_path: someone/tiny_act@fedcba9 is not a local folder and "
                                    "not in the Hugging Face cache", "HF_HUB_OFFLINE is set",
-                          "`hf download someone/tiny_act --revision 0123456`")
+                          "`hf download someone/tiny_act --revision fedcba9`")
     assert_fails_in_one_line(nothing, "--policy.path: nobody/nothing@v2", "`hf download nobody/nothing --revision v2`")
 
 

@@ -132,6 +132,24 @@ def single_model_manifest(args: ServerConfig):
         raise ConfigError(flags.get(name, name), message) from None
 
 
+def check_policy_path(path: str) -> None:
+    """A --policy.path that cannot be served, in one line before the server imports torch: a missing
+    folder, a training output folder (its checkpoint named), and offline a hub id the cache lacks.
+    Online, a hub id is fetched when the model loads, as before."""
+    from pathlib import Path
+
+    from lerobot_zenoh.cli.parsing import fail
+    from lerobot_zenoh.errors import PolicyError
+    from lerobot_zenoh.server.hub import checkpoint_folder, is_offline
+
+    if not os.path.exists(path) and not is_offline():
+        return
+    try:
+        checkpoint_folder(path, Path(path), "--policy.path")
+    except PolicyError as exc:
+        fail(PROG, str(exc))
+
+
 def _chunk(name: str) -> str:
     """A checkpoint's name as a key chunk (the model id): what Zenoh reserves becomes `_`."""
     return re.sub(r"[/*$?#@\s]", "_", name) or "policy"
@@ -194,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse(ServerConfig, argv, PROG)
     require_role(PROG, "lerobot", "server")
+    if args.policy.path is not None:
+        check_policy_path(args.policy.path)
     logging.basicConfig(level=args.log_level.upper(), force=True, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger(PROG)
 
