@@ -437,7 +437,7 @@ def demo(args: list[str]) -> subprocess.Popen:
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
-def test_the_demo_names_the_server_that_failed_on_a_busy_port(demo_checkpoint, tmp_path, port):
+def test_the_demo_refuses_a_busy_port_before_starting_anything(demo_checkpoint, tmp_path, port):
     import socket
 
     with socket.socket() as taken:
@@ -446,10 +446,9 @@ def test_the_demo_names_the_server_that_failed_on_a_busy_port(demo_checkpoint, t
         proc = demo([f"--checkpoint={demo_checkpoint}", f"--port={port}", "--robots=1", "--seconds=5",
                      f"--out={tmp_path}"])
         out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 1, out
-    assert "demo FAILED: the policy server did not start" in out
-    assert "-- policy server (exit code 2); last lines of" in out
-    assert f"cannot listen on tcp/127.0.0.1:{port}: the address is in use" in out
+    assert proc.returncode == 2, out
+    assert f"port {port} on 127.0.0.1 is in use" in out and "choose another with --port=" in out
+    assert "starting the policy server" not in out  # found before anything started
     assert "starting 1 simulated robots" not in out  # never drove robots against someone else's server
 
 
