@@ -46,7 +46,11 @@ def run_all(cases: list[tuple[str, list[str]]], timeout_s: float = 120) -> list[
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
-    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    """Exit 2 and one line (two at most) saying why, after the progress log lines (INFO) if any."""
+    import re
+
+    info = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ INFO ")
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip() and not info.match(line)]
     assert result.returncode == 2, (result.args, result.returncode, result.stderr[-2000:])
     assert 1 <= len(lines) <= 2, (result.args, result.stderr[-2000:])
     for needle in needles:

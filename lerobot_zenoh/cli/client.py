@@ -75,17 +75,21 @@ PROG = "lerobot-robot-client"
 LEROBOT_GROUPS = ("robot", "dataset")
 
 
-def parse_config(argv: list[str]):
-    """The full configuration (imports LeRobot): `argv` after `--plugins` was taken out. Mistakes the
-    fast pass (`preflight`) cannot see, such as a LeRobot robot's own flags, are one line here."""
+def parse_config(argv: list[str] | None = None):
+    """The full configuration (imports LeRobot). Mistakes the fast pass (`preflight`) cannot see,
+    such as a LeRobot robot's own flags, are one line here."""
     from lerobot.utils.import_utils import register_third_party_plugins
 
     import lerobot_zenoh.client.sim_robot  # noqa: F401  (registers --robot.type=zenoh_sim)
-    from lerobot_zenoh.cli.parsing import parse
+    from lerobot_zenoh.cli.parsing import UsageError, fail, parse
     from lerobot_zenoh.client.config import RobotClientConfig
 
     register_lerobot_robots()
     register_third_party_plugins()  # lerobot_robot_* packages, as LeRobot's own CLIs do
+    try:
+        argv = import_plugins(sys.argv[1:] if argv is None else list(argv))
+    except ImportError as exc:
+        fail(PROG, str(UsageError("--plugins", f"cannot import {exc.name or exc}: {exc}")))
     config = parse(RobotClientConfig, argv, PROG)
     if config.dataset is not None and not config.resume:
         # LeRobot's own rule: a new recording's repo_id gets a date-time tag unless --dataset.no_stamp
