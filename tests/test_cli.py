@@ -30,9 +30,10 @@ def command(script: str) -> list[str]:
     return [str(installed)] if installed.exists() else [sys.executable, "-m", SCRIPTS[script]]
 
 
-def run_all(cases: list[tuple[str, list[str]]], timeout_s: float = 120) -> list[subprocess.CompletedProcess]:
+def run_all(cases: list[tuple[str, list[str]]], timeout_s: float = 120,
+            env: dict | None = None) -> list[subprocess.CompletedProcess]:
     """Run the cases side by side (each is a cold start of a LeRobot-importing process)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     procs = [subprocess.Popen(command(script) + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for script, args in cases]
     results = []
@@ -274,7 +275,7 @@ def test_one_model_from_a_cached_hub_id_is_found_by_a_client_given_only_the_endp
                                            "--model_id=smolvla", "--discovery_timeout_s=60"]),
                  ("lerobot-policy-server", ["--policy.path=someone/tiny_act", f"--endpoint=tcp/127.0.0.1:{port}"])]
         listed, list_s = timed("lerobot-robot-client", ["--list", f"--endpoint=tcp/127.0.0.1:{port}"])
-        runs = run_all(cases)
+        runs = run_all(cases, env=env)
     finally:
         out = stop(server)
     assert server.returncode == 0, out[-2000:]

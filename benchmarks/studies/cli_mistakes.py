@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -72,9 +73,10 @@ def run_case(tree: Path, script: str, args: list[str]) -> tuple[float, int | Non
     except subprocess.TimeoutExpired:
         return time.perf_counter() - t0, None, "(timed out after 120 s)"
     elapsed = time.perf_counter() - t0
-    if proc.returncode == 1 and "No module named 'lerobot_zenoh.cli." in proc.stderr:
+    if proc.returncode == 1 and "No module named" in proc.stderr and "lerobot_zenoh.cli." in proc.stderr:
         return elapsed, None, "(no such script in this tree)"
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    progress = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ INFO ")  # the client's "starting: ..." lines
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and not progress.match(line)]
     if "--help" in args:
         lines = [f"{len(proc.stdout.splitlines())} lines of help"]
     return elapsed, proc.returncode, (lines[-1] if "Traceback" in proc.stderr else lines[0]) if lines else ""
@@ -117,6 +119,7 @@ def main() -> int:
         trees = {"now": ROOT}
         if args.baseline:
             trees = {"before": baseline_tree(args.baseline, tmp), **trees}
+        (tmp / "checkpoints" / "demo_act").mkdir(parents=True)  # the folder a typo misses
         dead, live = free_port(), free_port()
         cases = [c for c in CASES if not args.only or args.only in c[0]]
         server = start_server(ROOT, live, tmp / "server.log") if any("{live}" in " ".join(c[2]) for c in cases) else None

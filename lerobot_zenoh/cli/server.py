@@ -93,6 +93,8 @@ class ServerConfig:
             for name in ("model_id", "clients"):
                 if getattr(self, name) is not None:
                     raise ConfigError(name, "applies to --policy.path only (a manifest names its own)")
+        if not 1 <= self.fps <= 1000:  # (the manifest's bound) before --policy.path is looked at
+            raise ConfigError("fps", f"must be in 1..1000, got {self.fps}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ConfigError("log_level", f"{self.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR")
         if self.endpoint is not None and not re.match(r"^(tcp|udp|tls|quic|ws|unixsock-stream)/\S+$", self.endpoint):
