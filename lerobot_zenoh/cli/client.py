@@ -419,6 +419,14 @@ def main(argv: list[str] | None = None) -> int:
             print(short_help(RobotClientConfig, robot_type))
         return 0
     options = preflight(argv)
+    if options is not None and options.pipeline.plan:  # this robot in the plan: before LeRobot loads, too
+        from lerobot_zenoh.errors import ConfigError
+        from lerobot_zenoh.pipelines.robot_plan import load_robot_plan
+
+        try:
+            load_robot_plan(options.pipeline.plan, options.client_uuid)
+        except ConfigError as exc:
+            fail(PROG, str(exc).replace("\n", " "))
     stopped = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopped.set())
@@ -440,7 +448,16 @@ def main(argv: list[str] | None = None) -> int:
         if stopped.is_set():
             return 0
     log.info("starting: importing LeRobot")
-    config = parse_config(argv)
+    root = logging.getLogger()
+    quiet = root.level > logging.DEBUG
+    if quiet:  # what LeRobot logs while its configurations load (its video codec, ...) is not for the user
+        saved = root.level
+        root.setLevel(logging.WARNING)
+    try:
+        config = parse_config(argv)
+    finally:
+        if quiet:
+            root.setLevel(saved)
     found_app = served is not None and len(config.routing_given) < 5  # (a routing flag left unset)
     if served is not None:
         config.use_app(served.app)
