@@ -81,7 +81,7 @@ checkpoint: $(STAMP)
 		--cameras=front:96x128,wrist:96x128 --chunk_size=50 --fps=30
 
 demo: $(STAMP) checkpoint
-	$(PY) -m lerobot_zenoh.demo --policy=$(POLICY) --checkpoint=$(DEMO_CHECKPOINT) --port=$(PORT) \
+	DEMO_PORT_VARIABLE=PORT $(PY) -m lerobot_zenoh.demo --policy=$(POLICY) --checkpoint=$(DEMO_CHECKPOINT) --port=$(PORT) \
 		--robots=$(ROBOTS) --seconds=$(SECONDS)
 
 clean:

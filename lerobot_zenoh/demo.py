@@ -149,6 +149,30 @@ def _wait_ready(port: int, app_status: str, server_id: str, server: subprocess.P
     return False
 
 
+def port_in_use(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:`port` (or on every interface at that port)."""
+    import socket
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is free for a listener
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def next_free_port(port: int) -> int:
+    return next((p for p in range(port + 1, min(port + 100, 65535)) if not port_in_use(p)), port + 1)
+
+
+def port_hint(port: int) -> str:
+    """How the user sets the port: `make demo PORT=N` when make started the demo (the Makefile names
+    its variable in DEMO_PORT_VARIABLE), else this script's --port=N."""
+    variable = os.environ.get("DEMO_PORT_VARIABLE")
+    return f"make demo {variable}={port}" if variable else f"--port={port}"
+
+
 def _tail(path: Path, n: int) -> list[str]:
     try:
         lines = path.read_text(errors="replace").splitlines()
@@ -157,14 +181,37 @@ def _tail(path: Path, n: int) -> list[str]:
     return [line for line in lines if line.strip()][-n:]
 
 
-def live_line(fleet, clients: list[str], elapsed_s: float) -> str:
-    """One line: every robot's loop rate, round-trip median and chunks so far (from its telemetry)."""
+#: The client's "starting: ..." log lines (cli/client.py) -> the stage a robot shows until it runs.
+STAGES = (("starting: asking", "connecting"), ("starting: importing LeRobot", "importing LeRobot"),
+          ("starting: connecting the", "opening the robot"), ("starting: asking the server", "status"),
+          (": server ", "waiting for its first chunk"))
+
+
+def robot_stage(log_path: Path) -> str:
+    """Where a robot that sends no telemetry yet is in its start, from the last step its log names."""
+    stage = "reading its flags"
+    for line in _tail(log_path, 40):
+        for marker, name in STAGES:
+            if marker in line and (marker != ": server " or " serves " in line):
+                stage = name
+    return stage
+
+
+def live_line(fleet, clients: list[str], elapsed_s: float, out: Path | None = None,
+              exit_codes: dict[str, int | None] | None = None) -> str:
+    """One line: every robot's loop rate, round-trip median and chunks so far (from its telemetry);
+    while a robot starts, the step it is at (from its log in `out`); once it exited, that it finished."""
     figures = {m.member_id: m.metrics for m in fleet.members() if m.kind == "client"}
     parts = []
     for cid in clients:
         m = figures.get(cid)
-        if not m:
-            parts.append(f"{cid}: starting")
+        code = (exit_codes or {}).get(cid)
+        if code is not None:
+            parts.append(f"{cid}: finished" if code == 0 else f"{cid}: exited with code {code}")
+            continue
+        if not m or not m.get("chunks_received"):
+            stage = "waiting for its first chunk" if m else robot_stage(out / f"{cid}.log") if out else "starting"
+            parts.append(f"{cid}: {stage}")
             continue
         hz, rtt = m.get("loop_hz"), m.get("rtt_ms_p50")
         parts.append(f"{cid}: {hz or 0:.0f} Hz, rtt {'-' if rtt is None else f'{rtt:.0f} ms'}, "
@@ -176,8 +223,12 @@ def main(argv: list[str] | None = None) -> int:
     from lerobot_zenoh.cli.parsing import parse
 
     cfg = parse(DemoConfig, argv, PROG)
+    if port_in_use(cfg.port):  # before anything starts: another server (or an earlier demo) holds it
+        print(f"{PROG}: port {cfg.port} on 127.0.0.1 is in use (another policy server, or a demo still running?): "
+              f"choose another with {port_hint(next_free_port(cfg.port))}", file=sys.stderr)
+        return 2
 
-    from lerobot_zenoh.client.config import routing_args
+    from lerobot_zenoh.client.options import routing_args
     from lerobot_zenoh.protocol import codec
     from lerobot_zenoh.server.manifest import load_manifest
     from lerobot_zenoh.telemetry.fleet import FleetView
@@ -211,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not _wait_ready(cfg.port, app.status, server_id, server, out / "server.log"):
             server.wait()
-            return report_failure(out, clients, [], server.returncode, "the policy server did not start")
+            return report_failure(out, clients, [], server.returncode, "the policy server did not start", cfg.port)
         print(f"== server ready in {time.monotonic() - t_start:.0f} s; starting {len(clients)} simulated robots "
               f"for {cfg.seconds:g} s", flush=True)
         for i, client_id in enumerate(clients):
@@ -237,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
             # demo waits for them all, unless the server dies under them.
             while any(p.poll() is None for p in robots) and server.poll() is None:
                 time.sleep(1.0)
-                print(live_line(fleet, clients, time.monotonic() - t0), flush=True)
+                codes = {cid: proc.poll() for cid, proc in zip(clients, robots)}
+                print(live_line(fleet, clients, time.monotonic() - t0, out, codes), flush=True)
     except KeyboardInterrupt:
         interrupted = True
     finally:
@@ -273,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     return print_summary(out, clients, [p.returncode for p in robots], server.returncode)
 
 
-def report_failure(out: Path, clients: list[str], codes: list[int | None], server_code: int | None, why: str) -> int:
+def report_failure(out: Path, clients: list[str], codes: list[int | None], server_code: int | None, why: str,
+                   port: int | None = None) -> int:
     """Name each process that failed, its exit code and the last lines of its log."""
     print(f"\ndemo FAILED: {why}", file=sys.stderr)
     failed = [("policy server", "server.log", server_code)] if server_code not in (0, None) or not codes else []
@@ -287,6 +340,10 @@ def report_failure(out: Path, clients: list[str], codes: list[int | None], serve
         print(f"-- {name} ({what}); last lines of {out / log_name}:", file=sys.stderr)
         for line in _tail(out / log_name, 8):
             print(f"   {line}", file=sys.stderr)
+    if port is not None and failed and failed[0][0] == "policy server" and any("the address is in use" in line
+                                                         for line in _tail(out / "server.log", 8)):
+        print(f"-- the port was taken while the demo started: choose another with {port_hint(next_free_port(port))}",
+              file=sys.stderr)
     return 1
 
 
@@ -309,7 +366,18 @@ def print_table(out: Path, clients: list[str], codes: list[int | None]) -> bool:
                str(s.get("empty_buffer_cycles", "-")), str(s.get("trimmed_steps", "-")), str(s.get("loop_overruns", "-")),
                _rtc_cell(s.get("rtc") or {})]
         print("  ".join(v.rjust(width) for v, (_, width) in zip(row, cols)))
+    print(COLUMNS)
     return ok
+
+
+#: What the table's columns mean (printed under it; README, "make demo").
+COLUMNS = """
+steps: control steps run; actions: steps that executed a policy action; chunks: action chunks received.
+rtt: observation sent -> its chunk back; infer: the server's inference per chunk; period: the control
+loop's step period (1/fps when on time). empty: steps with no action to execute (the robot held its
+position); trimmed: actions dropped because their step had passed when their chunk arrived; overruns:
+steps that ended after their deadline; rtc delay: real-time chunking's inference delay, predicted/actual
+median in steps ("off": the server does not offer it)."""
 
 
 def print_summary(out: Path, clients: list[str], codes: list[int | None], server_code: int | None) -> int:

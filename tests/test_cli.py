@@ -20,6 +20,7 @@ SCRIPTS = {
     "lerobot-zenoh-build-checkpoint": "lerobot_zenoh.cli.build_checkpoint",
     "lerobot-zenoh-router": "lerobot_zenoh.cli.router",
     "lerobot-zenoh-secure": "lerobot_zenoh.cli.secure",
+    "lerobot-zenoh-cache": "lerobot_zenoh.cli.cache",
 }
 
 
@@ -29,9 +30,10 @@ def command(script: str) -> list[str]:
     return [str(installed)] if installed.exists() else [sys.executable, "-m", SCRIPTS[script]]
 
 
-def run_all(cases: list[tuple[str, list[str]]], timeout_s: float = 120) -> list[subprocess.CompletedProcess]:
+def run_all(cases: list[tuple[str, list[str]]], timeout_s: float = 120,
+            env: dict | None = None) -> list[subprocess.CompletedProcess]:
     """Run the cases side by side (each is a cold start of a LeRobot-importing process)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     procs = [subprocess.Popen(command(script) + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for script, args in cases]
     results = []
@@ -45,7 +47,11 @@ def run_all(cases: list[tuple[str, list[str]]], timeout_s: float = 120) -> list[
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
-    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    """Exit 2 and one line (two at most) saying why, after the progress log lines (INFO) if any."""
+    import re
+
+    info = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ INFO ")
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip() and not info.match(line)]
     assert result.returncode == 2, (result.args, result.returncode, result.stderr[-2000:])
     assert 1 <= len(lines) <= 2, (result.args, result.stderr[-2000:])
     for needle in needles:
@@ -274,7 +280,7 @@ def test_one_model_from_a_cached_hub_id_is_found_by_a_client_given_only_the_endp
                                            "--model_id=smolvla", "--discovery_timeout_s=60"]),
                  ("lerobot-policy-server", ["--policy.path=someone/tiny_act", f"--endpoint=tcp/127.0.0.1:{port}"])]
         listed, list_s = timed("lerobot-robot-client", ["--list", f"--endpoint=tcp/127.0.0.1:{port}"])
-        runs = run_all(cases)
+        runs = run_all(cases, env=env)
     finally:
         out = stop(server)
     assert server.returncode == 0, out[-2000:]
@@ -312,9 +318,9 @@ def test_a_hub_id_in_a_manifest_and_a_missing_one(hf_home, tmp_path, port):
 
     manifest = yaml.safe_load(Path("manifests/demo.yaml").read_text())
     entry = manifest["server"][0]
-    entry.update(pretrained_path=f"someone/tiny_act@{COMMIT[:7]}", endpoint=f"tcp/127.0.0.1:{port}", actions_per_chunk=20)
+    entry.update(pretrained_path="someone/tiny_act@fedcba9", endpoint=f"tcp/127.0.0.1:{port}", actions_per_chunk=20)
     (tmp_path / "missing.yaml").write_text(yaml.safe_dump(manifest))
-    entry["pretrained_path"] = "someone/tiny_act"
+    entry["pretrained_path"] = f"someone/tiny_act@{COMMIT}"  # a commit, served from the cache offline
     (tmp_path / "cached.yaml").write_text(yaml.safe_dump(manifest))
     env = {"HF_HOME": str(hf_home)}
     missing, _ = timed("lerobot-policy-server", [f"--manifest={tmp_path / 'missing.yaml'}"], env)
@@ -326,9 +332,9 @@ def test_a_hub_id_in_a_manifest_and_a_missing_one(hf_home, tmp_path, port):
     finally:
         stop(server)
     assert any("serving local/demo/act/v1/pick_cube" in line for line in lines), "".join(lines)
-    assert_fails_in_one_line(missing, "server[act].pretrained_path: someone/tiny_act@0123456 is not a local folder and "
+    assert_fails_in_one_line(missing, "server[act].pretrained_path: someone/tiny_act@fedcba9 is not a local folder and "
                                    "not in the Hugging Face cache", "HF_HUB_OFFLINE is set",
-                          "`hf download someone/tiny_act --revision 0123456`")
+                          "`hf download someone/tiny_act --revision fedcba9`")
     assert_fails_in_one_line(nothing, "--policy.path: nobody/nothing@v2", "`hf download nobody/nothing --revision v2`")
 
 
@@ -440,7 +446,7 @@ def demo(args: list[str]) -> subprocess.Popen:
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
-def test_the_demo_names_the_server_that_failed_on_a_busy_port(demo_checkpoint, tmp_path, port):
+def test_the_demo_refuses_a_busy_port_before_starting_anything(demo_checkpoint, tmp_path, port):
     import socket
 
     with socket.socket() as taken:
@@ -449,10 +455,9 @@ def test_the_demo_names_the_server_that_failed_on_a_busy_port(demo_checkpoint, t
         proc = demo([f"--checkpoint={demo_checkpoint}", f"--port={port}", "--robots=1", "--seconds=5",
                      f"--out={tmp_path}"])
         out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 1, out
-    assert "demo FAILED: the policy server did not start" in out
-    assert "-- policy server (exit code 2); last lines of" in out
-    assert f"cannot listen on tcp/127.0.0.1:{port}: the address is in use" in out
+    assert proc.returncode == 2, out
+    assert f"port {port} on 127.0.0.1 is in use" in out and "choose another with --port=" in out
+    assert "starting the policy server" not in out  # found before anything started
     assert "starting 1 simulated robots" not in out  # never drove robots against someone else's server
 
 

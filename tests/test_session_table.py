@@ -545,3 +545,14 @@ def test_rank_then_take_records_a_decision_only_when_taken_and_never_takes_an_un
     assert e.scheduler._tasks["b"].skipped == 1 and e.scheduler._tasks["a"].skipped == 0
     again = e.rank(0.3)
     assert sorted(again.order) == ["b", "c"]
+
+
+def test_opened_sessions_are_handed_to_the_log_once_and_boundedly():
+    e = engine(("robot",), accept_unknown=True, max_unknown_clients=500)
+    assert admit(e, obs("robot", 1), 0.0) is None
+    assert admit(e, obs("guest", 1), 0.0) is None
+    assert e.take_opened() == [("robot", True), ("guest", False)]
+    assert e.take_opened() == []
+    for i in range(200):
+        admit(e, obs(f"x{i}", 1), 0.0)
+    assert len(e.take_opened()) == 64  # a flood of new ids logs a bounded number of lines

@@ -26,6 +26,8 @@ PROG = "lerobot-zenoh-build-checkpoint"
 # ConfigError.field of build_checkpoint -> the flag a user typed.
 # What the builder builds (checkpoint_builder.build.DEMO_OVERRIDES; kept here so --help needs no torch).
 POLICY_TYPES = ("act", "diffusion", "smolvla", "pi0", "pi05", "pi0_fast", "smolvlm")
+#: The types built with transformers (a VLM inside, or the VLM itself): the [vla] extra.
+VLA_TYPES = ("smolvla", "pi0", "pi05", "pi0_fast", "smolvlm")
 #: Not a LeRobot policy: a transformers VLM folder for `vlm:` manifest entries (checkpoint_builder.build.build_tiny_vlm).
 VLM_TYPE = "smolvlm"
 
@@ -110,9 +112,13 @@ def _cameras(text: str) -> dict[str, tuple[int, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, fail, parse
+    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, fail, parse, require_extra
 
     args = parse(BuildCheckpointConfig, argv, PROG)
+    if args.policy_type in VLA_TYPES:  # transformers (and LeRobot's VLA code), from the [vla] extra
+        require_extra(PROG, "vla", "lerobot", "torch", "transformers")
+    else:
+        require_extra(PROG, "server", "lerobot", "torch", *(("diffusers",) if args.policy_type == "diffusion" else ()))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here needs the hub; avoid its long timeouts
     logging.basicConfig(level=logging.INFO, format=f"{PROG}: %(message)s", stream=sys.stderr)
     try:

@@ -71,11 +71,13 @@ def register_lerobot_robots() -> None:
 
 PROG = "lerobot-robot-client"
 
+#: Flags of the robot and of the dataset: parsed against LeRobot's configurations (slow: they import torch).
+LEROBOT_GROUPS = ("robot", "dataset")
+
 
 def parse_config(argv: list[str] | None = None):
-    from lerobot_zenoh.cli.parsing import require_role
-
-    require_role(PROG, "lerobot", "robot")
+    """The full configuration (imports LeRobot). Mistakes the fast pass (`preflight`) cannot see,
+    such as a LeRobot robot's own flags, are one line here."""
     from lerobot.utils.import_utils import register_third_party_plugins
 
     import lerobot_zenoh.client.sim_robot  # noqa: F401  (registers --robot.type=zenoh_sim)
@@ -88,10 +90,6 @@ def parse_config(argv: list[str] | None = None):
         argv = import_plugins(sys.argv[1:] if argv is None else list(argv))
     except ImportError as exc:
         fail(PROG, str(UsageError("--plugins", f"cannot import {exc.name or exc}: {exc}")))
-    if "-h" in argv or "--help" in argv:
-        robot_type = next((a.split("=", 1)[1] for a in argv if a.startswith("--robot.type=")), None)
-        print(short_help(RobotClientConfig, robot_type))
-        raise SystemExit(0)
     config = parse(RobotClientConfig, argv, PROG, CONNECT_SPELLINGS)
     if config.dataset is not None and not config.resume:
         # LeRobot's own rule: a new recording's repo_id gets a date-time tag unless --dataset.no_stamp
@@ -100,14 +98,159 @@ def parse_config(argv: list[str] | None = None):
     return config
 
 
+# -- the fast pass: everything that can be checked before LeRobot (and torch) is imported -----------
+
+def split_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """(the client's own arguments, {flag: value} of the --robot.* and --dataset.* ones). A value may
+    follow its flag as the next argument (`--robot.type so101_follower`), as draccus accepts."""
+    own: list[str] = []
+    lerobot: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        name, eq, value = arg.partition("=")
+        if name.startswith("--") and name[2:].split(".")[0] in LEROBOT_GROUPS:
+            if not eq and i < len(argv) and not argv[i].startswith("--"):
+                value, i = argv[i], i + 1
+            lerobot[name] = value
+        else:
+            own.append(arg)
+    return own, lerobot
+
+
+def lerobot_robot_types() -> set[str]:
+    """The --robot.type choices of LeRobot's robot packages (LEROBOT_ROBOT_PACKAGES) and of this
+    project, read from their source files' `register_subclass("...")` lines: importing them takes
+    seconds (torch); reading them, milliseconds. A package whose import fails later is not a choice
+    then, which the full parse reports."""
+    import importlib.util
+    from pathlib import Path
+
+    names = {"zenoh_sim"}
+    spec = importlib.util.find_spec("lerobot")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        for package in LEROBOT_ROBOT_PACKAGES:
+            for source in (Path(folder) / "robots" / package).glob("*.py"):
+                try:
+                    text = source.read_text(errors="replace")
+                except OSError:
+                    continue
+                names.update(re.findall(r"register_subclass\(\s*[\"'](\w+)[\"']", text))
+    return names
+
+
+def robot_plugins_installed() -> bool:
+    """Whether a LeRobot plugin distribution (lerobot_robot_*, ...) may register more robot types."""
+    from importlib import metadata
+
+    prefixes = ("lerobot_robot_", "lerobot_teleoperator_", "lerobot_camera_")
+    return any((d.metadata["Name"] or "").startswith(prefixes) for d in metadata.distributions())
+
+
+def check_robot_type(robot_type: str) -> None:
+    """Exit 2 in one line when no robot of `robot_type` can exist here. Types registered by a plugin
+    (`--plugins`, or a lerobot_robot_* distribution) are left to the full parse."""
+    from lerobot_zenoh.cli.parsing import fail
+
+    known = lerobot_robot_types()
+    if robot_type in known:
+        return
+    if "lerobot.robots" in sys.modules:  # a --plugins module imported LeRobot's registry: ask it
+        from lerobot.robots import RobotConfig
+
+        if robot_type in RobotConfig.get_known_choices():
+            return
+    if robot_plugins_installed():
+        return
+    import difflib
+
+    near = difflib.get_close_matches(robot_type, sorted(known), n=1)
+    hint = f"did you mean {near[0]}? " if near else ""
+    fail(PROG, f"--robot.type: {robot_type!r} is not a robot type here ({hint}--help lists the types; a plugin's "
+               "robot: install its lerobot_robot_* package, or --plugins=your.module)")
+
+
+def preflight(argv: list[str]):
+    """The client's own options, parsed and checked without LeRobot (client/options.py), and the
+    mistakes of --robot.* and --dataset.* that need no LeRobot: a missing or unknown --robot.type, a
+    serial port that does not exist, a dataset id that is not <user>/<name>, a dataset folder that
+    cannot be written. Each is one line and exit 2 (`fail`). None when a --config_path file (read
+    by draccus only) may hold any of them."""
+    from lerobot_zenoh.cli.parsing import CONNECT_SPELLINGS, explain, fail, parse
+    from lerobot_zenoh.client.options import ClientOptions, check_dataset_root, default_dataset_root
+    from lerobot_zenoh.errors import ConfigError
+
+    if any(a.split("=", 1)[0] == "--config_path" for a in argv):
+        return None
+    own, lerobot = split_flags(argv)
+    options = parse(ClientOptions, own, PROG, CONNECT_SPELLINGS)
+    if "--robot" not in lerobot:  # (a whole --robot={...} is left to draccus)
+        robot_type = lerobot.get("--robot.type")
+        if not robot_type:
+            fail(PROG, "missing required flag --robot.type (e.g. --robot.type=so101_follower; --help lists the types)")
+        check_robot_type(robot_type)
+        port = lerobot.get("--robot.port")
+        if port and port.startswith("/dev/") and not os.path.exists(port):
+            fail(PROG, f"--robot.port: {port} does not exist: is the robot plugged in and powered? "
+                       "(lerobot-find-port lists the serial ports)")
+    dataset = {k.removeprefix("--dataset."): v for k, v in lerobot.items() if k.startswith("--dataset.")}
+    try:
+        if not dataset and "--dataset" not in lerobot:
+            if options.resume:
+                raise ConfigError("resume", "needs --dataset.repo_id (and --dataset.root if not the default)")
+        elif "repo_id" in dataset:
+            repo_id = dataset["repo_id"]
+            if "/" not in repo_id:
+                raise ConfigError("dataset.repo_id", f"expected <user>/<name>, e.g. local/pick_cube, got {repo_id!r}")
+            single_task = dataset.get("single_task")
+            if options.task and single_task and options.task != single_task:
+                raise ConfigError("task", f"differs from --dataset.single_task ({single_task!r}); give one of them")
+            from pathlib import Path
+
+            root = Path(dataset["root"]).expanduser() if dataset.get("root") else default_dataset_root(repo_id)
+            check_dataset_root(root, options.resume)
+    except ConfigError as exc:
+        fail(PROG, explain(exc))
+    return options
+
+
+def lookup_early(options, stop) -> object | None:
+    """With an endpoint given: the application the routing flags name, found before LeRobot is
+    imported, so that a dead endpoint or a server serving something else is reported in a second.
+    CompatibilityError for those; None while no server answers yet (one still loading: the client
+    then opens its robot and waits for it as before, up to --discovery_timeout_s)."""
+    from lerobot_zenoh.client.discovery import find_app
+    from lerobot_zenoh.errors import CompatibilityError
+
+    with open_lookup_session(options) as session:
+        try:
+            return find_app(session, options.routing_given, min(1.0, options.discovery_timeout_s), stop)
+        except CompatibilityError as exc:
+            if str(exc).startswith("no server answers"):
+                return None
+            raise
+
+
 _SECTION = re.compile(r"^(?P<cls>\w+)(?: \['(?P<path>[\w.]+)'\])?:$")
 
 
-def short_help(config_class, robot_type: str | None) -> str:
-    """`--help`: this client's own options first, then the robot types; a robot's own options only
-    for the `--robot.type` given (draccus would expand every robot LeRobot knows: 1,300 lines)."""
-    from lerobot.robots import RobotConfig
+def fast_help() -> str:
+    """`--help` without LeRobot: the client's own options, the robot types (read from LeRobot's
+    sources) and how to see a robot's or the dataset's options (those import LeRobot)."""
+    from lerobot_zenoh.client.options import ClientOptions
 
+    types = ", ".join(sorted(lerobot_robot_types()))
+    text = short_help(ClientOptions, None, robot_types=f"--robot.type: one of {types} (or a plugin's)")
+    return text.rstrip("\n") + (
+        f"\n\nRecording a LeRobotDataset: --dataset.repo_id=<user>/<name> and lerobot-record's other --dataset.* "
+        f"options; {PROG} --help --dataset lists them\n")
+
+
+def short_help(config_class, robot_type: str | None, robot_types: str | None = None) -> str:
+    """`--help`: this client's own options first, then the robot types; a robot's own options only
+    for the `--robot.type` given (draccus would expand every robot LeRobot knows: 1,300 lines).
+    `robot_types`: the line listing them, when `config_class` has no robot (fast_help)."""
     from lerobot_zenoh.cli.parsing import help_text
 
     sections: list[tuple[str, str | None, list[str]]] = []  # (class, dotted path, lines)
@@ -119,12 +262,14 @@ def short_help(config_class, robot_type: str | None) -> str:
             sections[-1][2].append(line)
     chosen = None
     if robot_type is not None:
+        from lerobot.robots import RobotConfig
+
         try:
             chosen = RobotConfig.get_choice_class(robot_type)
         except Exception:  # noqa: BLE001 - an unknown type: list the known ones below
             chosen = None
     nested = {f"robot.{f}" for f in getattr(chosen, "__dataclass_fields__", {})}
-    own, robot_types, robot = [], [], []
+    own, robot_types, robot = [], [robot_types] if robot_types else [], []
     for cls, path, lines in sections:
         if cls == config_class.__name__:
             own.append("\n".join([f"{PROG} options:", *lines[1:]]).rstrip())
@@ -247,16 +392,77 @@ def _first_line(exc: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, EXIT_NO_SERVER
+    """Everything that needs no LeRobot first (flags, --help, the endpoint and what it serves), then
+    LeRobot: the robot's own flags, the robot, the dataset."""
+    import threading
+
+    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, EXIT_NO_SERVER, UsageError, fail, require_role
     from lerobot_zenoh.errors import CompatibilityError, LeRobotZenohError
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--list" in argv:
         return list_main(argv)
-    config = parse_config(argv)
+    require_role(PROG, "lerobot", "robot")
+    try:
+        argv = import_plugins(argv)
+    except ImportError as exc:
+        fail(PROG, str(UsageError("--plugins", f"cannot import {exc.name or exc}: {exc}")))
+    if "-h" in argv or "--help" in argv:
+        robot_type = next((a.split("=", 1)[1] for a in argv if a.startswith("--robot.type=")), None)
+        if robot_type is None and not any(a.split("=")[0].split(".")[0] == "--dataset" for a in argv):
+            print(fast_help(), end="")
+        else:  # a robot's own options, or the dataset's: LeRobot's configurations
+            from lerobot_zenoh.client.config import RobotClientConfig
+
+            import lerobot_zenoh.client.sim_robot  # noqa: F401
+            register_lerobot_robots()
+            print(short_help(RobotClientConfig, robot_type))
+        return 0
+    options = preflight(argv)
+    if options is not None and options.pipeline.plan:  # this robot in the plan: before LeRobot loads, too
+        from lerobot_zenoh.errors import ConfigError
+        from lerobot_zenoh.pipelines.robot_plan import load_robot_plan
+
+        try:
+            load_robot_plan(options.pipeline.plan, options.client_uuid)
+        except ConfigError as exc:
+            fail(PROG, str(exc).replace("\n", " "))
+    stopped = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopped.set())
+    log = logging.getLogger(PROG)
+    if options is not None:
+        logging.basicConfig(level=options.log_level.upper(), force=True,
+                            format=f"%(asctime)s %(levelname)s [{options.client_uuid}] %(name)s: %(message)s")
+    served = None
+    if options is not None and (options.endpoint or options.server_address) and not options.pipeline.plan:
+        # Each "starting:" line names the step under way (make demo shows it while a robot starts).
+        log.info("starting: asking %s what it serves", options.endpoint or options.server_address)
+        try:
+            served = lookup_early(options, stopped)
+        except CompatibilityError as exc:
+            if stopped.is_set():
+                return 0
+            log.error("not starting: %s", exc)
+            return EXIT_NO_SERVER
+        if stopped.is_set():
+            return 0
+    log.info("starting: importing LeRobot")
+    root = logging.getLogger()
+    quiet = root.level > logging.DEBUG
+    if quiet:  # what LeRobot logs while its configurations load (its video codec, ...) is not for the user
+        saved = root.level
+        root.setLevel(logging.WARNING)
+    try:
+        config = parse_config(argv)
+    finally:
+        if quiet:
+            root.setLevel(saved)
+    found_app = served is not None and len(config.routing_given) < 5  # (a routing flag left unset)
+    if served is not None:
+        config.use_app(served.app)
     plan = None
     if config.pipeline.plan:  # a multi-model task: the plan names the servers, rates and fps
-        from lerobot_zenoh.cli.parsing import fail
         from lerobot_zenoh.client.pipeline import configure
         from lerobot_zenoh.errors import ConfigError
         from lerobot_zenoh.pipelines.robot_plan import load_robot_plan
@@ -268,26 +474,27 @@ def main(argv: list[str] | None = None) -> int:
             fail(PROG, str(exc).replace("\n", " "))
     logging.basicConfig(level=config.log_level.upper(),
                         force=True, format=f"%(asctime)s %(levelname)s [{config.client_uuid}] %(name)s: %(message)s")
-    log = logging.getLogger(PROG)
+    if found_app:
+        log.info("the endpoint serves %s (server %s): using it", served.app.prefix, served.status.server_id)
 
     from lerobot_zenoh.client.client import RobotClient
 
     if config.dataset is not None:  # before waiting for a server or opening the robot
-        from lerobot_zenoh.cli.parsing import explain, fail
-        from lerobot_zenoh.client.recorder import check_dataset_root
+        from lerobot_zenoh.cli.parsing import explain
+        from lerobot_zenoh.client.options import check_dataset_root
         from lerobot_zenoh.errors import ConfigError
 
         try:
             check_dataset_root(config.dataset_root, config.resume)
         except ConfigError as exc:
             fail(PROG, explain(exc))
-    robot = make_robot(config)  # a robot mistake is reported before the network is
-    if plan is None:
-        import threading
-
-        stopped = threading.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stopped.set())
+    log.info("starting: connecting the %s robot", config.robot.type)
+    robot = make_robot(config)  # a robot mistake is reported before a wait for a server
+    if stopped.is_set():  # Ctrl-C while LeRobot was loading
+        robot.disconnect()
+        return 0
+    log.info("starting: asking the server for its status")
+    if plan is None and served is None:
         try:
             resolve_app(config, stopped)
         except CompatibilityError as exc:

@@ -222,11 +222,24 @@ def help_text(config_class: type, prog: str) -> str:
 
 
 def require_role(prog: str, module: str, extra: str) -> None:
-    """Exit 2 in one line when this install lacks what `prog` needs (`module`, from the `extra`):
-    the base install serves the monitor, the router and the planner only (README, "Install")."""
+    """Exit 2 in one line when this install lacks what `prog` needs (`module` and torch, from the
+    `extra`): the base install serves the monitor, the router and the secure tool only (README, "Install")."""
+    require_extra(prog, extra, module, "torch")
+
+
+def require_extra(prog: str, extra: str, *modules: str) -> None:
+    """Exit 2 in one line naming the extra to install when any of `modules` is not installed
+    (checked without importing them)."""
     import importlib.util
 
-    missing = [m for m in (module, "torch") if importlib.util.find_spec(m) is None]
+    missing = []
+    for module in modules:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a broken install is as good as none
+            found = False
+        if not found:
+            missing.append(module)
     if missing:
         fail(prog, f"this install lacks {' and '.join(missing)}: {prog} needs the [{extra}] extra "
                    f"(pip install '.[{extra}]' in the lerobot-zenoh checkout, or 'lerobot_zenoh-*.whl[{extra}]')")

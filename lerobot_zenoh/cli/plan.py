@@ -29,14 +29,15 @@ class PlanConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, one_line, parse
+    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, one_line, parse, require_extra
+
+    args = parse(PlanConfig, argv, PROG)  # before the imports below: --help and a mistake at once
+    require_extra(PROG, "planner", "ortools")  # the ILP packing (OR-Tools CP-SAT)
     from lerobot_zenoh.errors import ConfigError
     from lerobot_zenoh.pipelines.deployment import write_deployment
     from lerobot_zenoh.pipelines.descriptor import load_factory
     from lerobot_zenoh.pipelines.planner import Infeasible, plan
     from lerobot_zenoh.pipelines.profiles import load_profiles
-
-    args = parse(PlanConfig, argv, PROG)
     try:
         factory = load_factory(args.factory)
         profiles = load_profiles(args.profiles)

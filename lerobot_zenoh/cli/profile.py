@@ -88,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     from pathlib import Path
 
     from lerobot_zenoh.cli.parsing import EXIT_CONFIG, one_line, parse
+
+    args = parse(ProfileConfig, argv, PROG)  # before the imports below: --help and a mistake at once
     from lerobot_zenoh.errors import ConfigError, KeyExprError, TransportError
     from lerobot_zenoh.pipelines.profiles import dump_profiles, load_profiles
     from lerobot_zenoh.pipelines.profiles import TWO_COMPONENTS
@@ -97,7 +99,6 @@ def main(argv: list[str] | None = None) -> int:
     from lerobot_zenoh.transport.session import ZenohSession
     from lerobot_zenoh.transport.settings import ZenohSettings
 
-    args = parse(ProfileConfig, argv, PROG)
     try:
         app = AppKey(args.cluster_uuid, args.experiment_tag, args.model_id, args.model_version, args.application_tag)
         _ = app.status  # validates every chunk

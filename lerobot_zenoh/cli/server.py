@@ -96,6 +96,8 @@ class ServerConfig:
             for name in ("model_id", "clients"):
                 if getattr(self, name) is not None:
                     raise ConfigError(name, "applies to --policy.path only (a manifest names its own)")
+        if not 1 <= self.fps <= 1000:  # (the manifest's bound) before --policy.path is looked at
+            raise ConfigError("fps", f"must be in 1..1000, got {self.fps}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ConfigError("log_level", f"{self.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR")
         if self.endpoint is not None and not re.match(r"^(tcp|udp|tls|quic|ws|unixsock-stream)/\S+$", self.endpoint):
@@ -133,6 +135,24 @@ def single_model_manifest(args: ServerConfig):
             name = "clients"
         message = str(exc).split(f"{exc.field}: ", 1)[-1]
         raise ConfigError(flags.get(name, name), message) from None
+
+
+def check_policy_path(path: str) -> None:
+    """A --policy.path that cannot be served, in one line before the server imports torch: a missing
+    folder, a training output folder (its checkpoint named), and offline a hub id the cache lacks.
+    Online, a hub id is fetched when the model loads, as before."""
+    from pathlib import Path
+
+    from lerobot_zenoh.cli.parsing import fail
+    from lerobot_zenoh.errors import PolicyError
+    from lerobot_zenoh.server.hub import checkpoint_folder, is_offline
+
+    if not os.path.exists(path) and not is_offline():
+        return
+    try:
+        checkpoint_folder(path, Path(path), "--policy.path")
+    except PolicyError as exc:
+        fail(PROG, str(exc))
 
 
 def _chunk(name: str) -> str:
@@ -197,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse(ServerConfig, argv, PROG)
     require_role(PROG, "lerobot", "server")
+    if args.policy.path is not None:
+        check_policy_path(args.policy.path)
     logging.basicConfig(level=args.log_level.upper(), force=True, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger(PROG)
 

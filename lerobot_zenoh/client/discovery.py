@@ -112,7 +112,7 @@ def discover(session: ZenohSession, app: AppKey, timeout_s: float, stop=None, cl
 
 #: How long the applications an endpoint serves must keep not including the one asked for before the
 #: client gives up: a server declares all its models within milliseconds of each other.
-OTHERS_GRACE_S = 1.5
+OTHERS_GRACE_S = 0.5
 
 
 @dataclass(frozen=True)

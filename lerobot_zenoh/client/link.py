@@ -60,6 +60,8 @@ def open_session(settings: ZenohSettings, discovery_timeout_s: float) -> ZenohSe
         settings = settings.replace(connect_timeout_s=opening_wait_s(settings, discovery_timeout_s))
     unreachable = (f"cannot connect to {endpoints}: nothing answers there (is the server or router running, and is "
                    "the address right?)")
+    if settings.connect and all(_refused(e) for e in settings.connect):
+        raise CompatibilityError(unreachable)  # at once: Zenoh would retry until its timeout
     try:
         session = ZenohSession(settings).open()
     except TransportError as exc:
@@ -76,3 +78,21 @@ def open_session(settings: ZenohSettings, discovery_timeout_s: float) -> ZenohSe
                 raise CompatibilityError(f"cannot connect to {endpoints}: {why}")
         raise CompatibilityError(unreachable)
     return session
+
+
+def _refused(endpoint: str, timeout_s: float = 0.5) -> bool:
+    """True when a TCP endpoint (tcp/ or tls/HOST:PORT) refuses a connection: nothing listens there.
+    False for anything else (it answers, it is slow to answer, another protocol): Zenoh decides."""
+    import re
+    import socket
+
+    m = re.match(r"^(?:tcp|tls)/(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:/\[\]]+)):(?P<port>\d+)$", endpoint.split("#")[0])
+    if m is None:
+        return False
+    try:
+        with socket.create_connection((m.group("v6") or m.group("host"), int(m.group("port"))), timeout=timeout_s):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:  # unreachable, timed out, a name that does not resolve: let Zenoh say
+        return False

@@ -48,6 +48,7 @@ from lerobot.robots import Robot
 from lerobot.utils.constants import ACTION, OBS_STR
 from lerobot.utils.feature_utils import build_dataset_frame, hw_to_dataset_features
 
+from lerobot_zenoh.client.options import check_dataset_root
 from lerobot_zenoh.errors import ConfigError
 
 __all__ = ["FAILSAFE_FEATURE", "DatasetRecorder", "RecorderStats"]
@@ -327,30 +328,6 @@ class DatasetRecorder:
             return
         self._episodes_saved += 1
         logger.info("saved episode %d (%d frames so far) in %s", dataset.num_episodes - 1, self._frames_written, self.root)
-
-
-def check_dataset_root(root: Path, resume: bool) -> None:
-    """Raise ConfigError (one line, naming the flag) unless a dataset can be written at `root`: free
-    for a new dataset, holding one to resume, and its folder writable by this process. Probes by
-    creating and removing a temporary folder, so it holds for root and read-only mounts alike."""
-    import os
-    import tempfile
-
-    root = Path(root)
-    where = "--dataset.root (the default is $HF_LEROBOT_HOME/<repo_id>)"
-    if resume and not (root / "meta" / "info.json").is_file():
-        raise ConfigError("resume", f"no dataset at {root} to resume; drop --resume to create one")
-    if not resume and root.exists():
-        raise ConfigError("dataset.root", f"{root} already exists; add --resume=true to append episodes "
-                                          "to it, or choose another --dataset.root")
-    probe_in = root if resume else next((p for p in root.parents if p.exists()), Path("/"))
-    if not probe_in.is_dir():
-        raise ConfigError("dataset.root", f"cannot create {root}: {probe_in} is not a folder; choose another {where}")
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".lerobot-zenoh-probe-", dir=probe_in))
-    except OSError as exc:
-        raise ConfigError("dataset.root", f"cannot write under {probe_in}: {exc.strerror or exc}; choose another "
-                                          f"{where}") from None
 
 
 def quiet_encoders() -> None:

@@ -44,7 +44,10 @@ class Serving:
         self._publishers_lock = threading.Lock()  # the local engine's thread publishes too
 
     def expire(self, model: ServedModel, now: float) -> None:
-        """Close the model's expired sessions and forget their state (inference thread only)."""
+        """Log the sessions opened since, close the model's expired sessions and forget their state
+        (inference thread only)."""
+        for client_id, listed in model.session_table.take_opened():
+            log.info("%s %s: session opened (%s)", model.app.prefix, client_id, "listed" if listed else "unknown client")
         for session in model.session_table.expire(now):
             self.forget(model, session)
 
@@ -62,9 +65,9 @@ class Serving:
             model.actions_dropped_closed += pub.dropped
             pub.close()
         st = session.stats
-        log.info("%s %s: received %d, superseded %d, served %d, rejected %s (session closed: %s)", model.app.prefix,
-                 session.client_id, st.received, st.superseded, st.served, dict(st.rejected) or 0,
-                 session.closed_reason)
+        rejected = ", ".join(f"{n} {reason}" for reason, n in sorted(st.rejected.items())) or "none"
+        log.info("%s %s: session closed (%s): received %d, superseded %d, served %d, rejected %s", model.app.prefix,
+                 session.client_id, session.closed_reason, st.received, st.superseded, st.served, rejected)
 
     def serve(self, model: ServedModel, batch: Batch) -> None:
         """Admit each picked observation on its own, infer the valid ones together, publish each answer.

@@ -96,6 +96,8 @@ MAX_PAST_NONCES = 8
 #: Liveliness tokens remembered for ids that have no session yet (a client declares its token
 #: before its first observation); the oldest are forgotten first.
 MAX_TRACKED_TOKENS = 4096
+#: Session openings kept for the log between two expiry passes (a flood of new ids logs this many).
+OPENED_KEPT = 64
 
 
 @dataclass(frozen=True)
@@ -292,6 +294,7 @@ class SessionTable:
         self.dropped: Counter = Counter()  # observations dropped before any session: reason -> count
         self.batch_sizes: deque = deque(maxlen=256)
         self.sessions_opened = 0
+        self._opened: deque = deque(maxlen=OPENED_KEPT)  # sessions opened, not yet logged
         self.sessions_closed: Counter = Counter()  # reason -> count
         self.decoded_on_arrival = 0  # header-less observations decoded before the scheduler heard of them
         self.headers_read = 0  # observations whose header told the scheduler instead
@@ -619,6 +622,13 @@ class SessionTable:
 
     # -- telemetry thread ---------------------------------------------------------------------
 
+    def take_opened(self) -> list[tuple[str, bool]]:
+        """(client id, listed) of the sessions opened since the last call (the newest `OPENED_KEPT`)."""
+        with self._lock:
+            out = list(self._opened)
+            self._opened.clear()
+            return out
+
     def snapshot(self) -> SessionTableSnapshot:
         """A copy of every counter (per session and of closed ones); the caller computes percentiles."""
         with self._lock:
@@ -646,6 +656,7 @@ class SessionTable:
         if not listed:
             self._unknown_open += 1
         self.sessions_opened += 1
+        self._opened.append((client_id, listed))  # logged by the inference thread (`take_opened`)
         return session
 
     def _close(self, session: Session, reason: str) -> None:
