@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -342,8 +343,12 @@ def test_the_server_streams_chunks_to_robots_joining_a_running_decode(checkpoint
         robots = [Robot(session, app_key, c) for c in ("a", "b", "c")]
         for r in robots:
             r.send(1)
-        for r in robots:
-            chunk = r.wait(1, 120)
+        for r in robots:  # (observations are best effort: one lost on a busy machine is sent again)
+            chunk = r.wait(1, 10)
+            deadline = time.monotonic() + 120
+            while chunk is None and time.monotonic() < deadline:
+                r.send(1)
+                chunk = r.wait(1, 10)
             assert chunk is not None, f"{r.client_id} got no chunk"
             assert chunk.actions.shape == (CHUNK, len(STATE_NAMES)) and chunk.actions.dtype == np.float32
         # A decode that reaches the limit is a counted rejection; the others are still served.

@@ -51,7 +51,8 @@ def test_each_documented_start_up_error_is_the_one_the_manifest_check_prints(mis
 
 
 def test_the_errors_found_when_the_engines_answer_are_the_dispatchers_own_words():
-    source = (ROOT / "lerobot_zenoh" / "server" / "dispatch.py").read_text()
+    source = "".join((ROOT / "lerobot_zenoh" / "server" / name).read_text()
+                     for name in ("dispatch.py", "engine_health.py"))  # (start-up, and the status checks)
     for phrase in ("engine unreachable: no answer on", "(start it with role: engine, engine_id: ",
                    "; check endpoint and routers)", "engine loads ", ", this server ", "engine's model has action_dim ",
                    "measured, but this runner could not be profiled; declare {batch size: ms}"):
