@@ -13,8 +13,8 @@ the engine picked goes through before it is run, whichever path runs it (docs/ar
   (or the decode of a header-less one on arrival) and checked against its header; a header-less
   one not judged yet is judged now (`SessionTable.judge`). Used by every path, the remote dispatch too.
 - `prepare(model, batch, reject)`: the admission step of a batch, shared by the batch path
-  (`PolicyServer._serve`, and the local engine of a model with engines) and the iteration-level
-  path (`PolicyServer._serve_streaming`): the engine's rejections counted; each item decoded,
+  (`Serving.serve`, and the local engine of a model with engines) and the iteration-level
+  path (`Serving.serve` of an iteration-level runner): the engine's rejections counted; each item decoded,
   routed (task streams) and prepared by the executor; the runner's state of a session whose
   episode or client process changed dropped. A request that cannot be served is rejected with its
   reason (counted against its client) and costs the others nothing.
@@ -35,7 +35,7 @@ from lerobot_zenoh.server.runners.base import InferenceRequest
 if TYPE_CHECKING:
     from lerobot_zenoh.server.server import ServedModel
 
-#: reject(session, reason, detail): count a rejection against its client (`PolicyServer._reject`).
+#: reject(session, reason, detail): count a rejection against its client (`Serving.reject`).
 Reject = Callable[[Session, str, str], None]
 
 
