@@ -870,18 +870,23 @@ def test_a_robot_and_a_monitor_open_no_listener_and_a_lan_peer_cannot_reach_them
             procs.append(server.popen([sys.executable, "-m", "lerobot_zenoh.cli.server", "--manifest",
                                        str(tmp_path / "m.yaml")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             summary = tmp_path / "robot.json"
+            robot_log = tmp_path / "robot.log"
             procs.append(robot.popen([
                 sys.executable, "-m", "lerobot_zenoh.cli.client", "--robot.type=zenoh_sim",
                 "--robot.cameras={front: [48, 64], wrist: [48, 64]}", "--client_uuid=robot_1",
                 f"--cluster_uuid={app_key.cluster}", f"--experiment_tag={app_key.experiment}",
                 f"--model_id={app_key.model}", f"--model_version={app_key.version}",
                 f"--application_tag={app_key.app}", f"--endpoint={endpoint}", "--duration_s=20",
-                "--discovery_timeout_s=60", f"--summary_path={summary}"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                "--discovery_timeout_s=60", "--zenoh.connect_timeout_s=60",  # (the server may still be starting)
+                f"--summary_path={summary}"],
+                stdout=subprocess.DEVNULL, stderr=robot_log.open("w")))
             procs.append(monitor.popen([sys.executable, "-m", "lerobot_zenoh.cli.monitor", f"--endpoint={endpoint}",
                                         "--json=true", "--duration_s=25"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                        text=True))
-            # running: the robot has its link to the server, the monitor its own
+            # running: the robot has its own session open (it checks its endpoint before it loads
+            # LeRobot, with a short-lived link) and its link to the server, the monitor its own
+            assert wait_for(lambda: "asking the server for its status" in robot_log.read_text(), 120), \
+                robot_log.read_text()
             assert wait_for(lambda: any(f"{server.ip}:7447" in s for s in robot.sockets("-tn")), 90), "robot never connected"
             assert wait_for(lambda: any(f"{server.ip}:7447" in s for s in monitor.sockets("-tn")), 30)
             assert any(":7447" in s for s in server.sockets("-ltnp"))  # `ss` does see a listener where there is one
@@ -890,6 +895,9 @@ def test_a_robot_and_a_monitor_open_no_listener_and_a_lan_peer_cannot_reach_them
             robot_ports = [s.split()[3].rsplit(":", 1)[1] for s in robot.sockets("-tn")]
             probe = attacker.run([sys.executable, "-c", SCOUT_AND_CONNECT, robot.ip, ",".join(robot_ports)], timeout=60)
             seen = json.loads(probe.stdout.strip().splitlines()[-1])
+            # The robot checks its endpoint before it loads LeRobot, so its link shows before it runs:
+            # let it finish its --duration_s (it writes its summary then) instead of stopping it early.
+            procs[1].wait(timeout=180)
         finally:
             for proc in procs:
                 proc.send_signal(signal.SIGINT)

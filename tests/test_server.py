@@ -276,7 +276,7 @@ def test_missing_checkpoint_stops_start_up(port, app_key, tmp_path):
     m = manifest_dict(port, app_key)
     del m["server"][0]["synthetic"]
     m["server"][0]["pretrained_path"] = str(tmp_path / "nope")
-    with pytest.raises(PolicyError, match="does not exist"):
+    with pytest.raises(PolicyError, match=r"pretrained_path: no folder .*nope"):
         PolicyServer(parse_manifest(m)).start()
 
 

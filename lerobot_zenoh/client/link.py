@@ -60,7 +60,8 @@ def open_session(settings: ZenohSettings, discovery_timeout_s: float) -> ZenohSe
         settings = settings.replace(connect_timeout_s=opening_wait_s(settings, discovery_timeout_s))
     unreachable = (f"cannot connect to {endpoints}: nothing answers there (is the server or router running, and is "
                    "the address right?)")
-    if settings.connect and all(_refused(e) for e in settings.connect):
+    waits = settings.connect_timeout_s is not None  # asked to wait (a server that is still starting)
+    if settings.connect and not waits and all(_refused(e) for e in settings.connect):
         raise CompatibilityError(unreachable)  # at once: Zenoh would retry until its timeout
     try:
         session = ZenohSession(settings).open()
