@@ -327,15 +327,18 @@ class AnswerInbox:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return
-            if item is not None and (answer := self.take(*item)) is not None:
-                self.deliver(answer)
+            if item is not None:
+                self._read(item)
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            try:
-                answer = self.take(*item)
-            except Exception:  # never let one answer end the thread
-                log.exception("engine answer could not be read")
-                continue
-            if answer is not None:
-                self.deliver(answer)
+            self._read(item)
+
+    def _read(self, item: tuple[str, float, bytes]) -> None:
+        try:
+            answer = self.take(*item)
+        except Exception:  # never let one answer end the thread
+            log.exception("engine answer could not be read")
+            return
+        if answer is not None:
+            self.deliver(answer)
