@@ -104,7 +104,7 @@ class ServerProcess:
 
     def served(self, client_id: str) -> int:
         for line in self.log_path.read_text().splitlines():
-            if f" {client_id}: received" in line:
+            if f" {client_id}: session closed" in line:
                 return int(line.split("served ")[1].split(",")[0])
         raise AssertionError(f"no totals for {client_id} in the server log:\n{self.log_path.read_text()[-2000:]}")
 
@@ -257,7 +257,7 @@ def test_loss_and_delay_every_chunk_arrives_and_the_loop_keeps_its_period(tmp_pa
                                 capture_output=True, text=True, timeout=180)
         # The server closes r1's session (logging its totals) once the robot's token is gone: every
         # chunk it answered is counted by then. Stopping it closes the session anyway.
-        wait_for(lambda: " r1: received" in (tmp_path / "server.log").read_text(), 15)
+        wait_for(lambda: " r1: session closed" in (tmp_path / "server.log").read_text(), 15)
         server.send_signal(signal.SIGINT)
         server.wait(20)
         log.close()
@@ -267,7 +267,7 @@ def test_loss_and_delay_every_chunk_arrives_and_the_loop_keeps_its_period(tmp_pa
     assert client.returncode == 0, client.stdout[-2000:] + client.stderr[-2000:]
     summary = json.loads(summary_path.read_text())
     served = next(int(line.split("served ")[1].split(",")[0]) for line in (tmp_path / "server.log").read_text().splitlines()
-                  if " r1: received" in line)
+                  if " r1: session closed" in line)
     figures = {"link": f"{net.method}, 50 ms one way, 10 % loss each way (iptables)",
                "chunks_sent_by_server": served,
                "chunks_received": summary["chunks_received"] + summary["chunks_rejected"],
