@@ -303,7 +303,7 @@ def test_many_short_same_host_sessions_leave_no_file_and_no_memory(port, app_key
                 sub.close()
             if i in (19, 99):
                 rss.append(process_memory()["cpu_rss_mb"])
-        assert sum(m.session_table.sessions_opened for m in server.models) == 100
+        assert sum(m.session_table.snapshot().sessions_opened for m in server.models) == 100
     assert lz_files() == before_files
     assert rss[1] - rss[0] < 32, f"RSS grew {rss[1] - rss[0]:.1f} MiB over 80 sessions"
 

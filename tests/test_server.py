@@ -168,7 +168,7 @@ def test_unknown_clients_are_rejected_and_counted(served, app_key):
     # (one reliable link), so a chunk answering the stranger would have arrived before it.
     send_until_served(FakeClient(session, app_key, "r1"), 1, rng)
     assert stranger.chunks == []
-    assert server.models[0].session_table.unknown_refused["stranger"] >= 3
+    assert server.models[0].session_table.roster.unknown_refused["stranger"] >= 3
     assert "stranger" not in server.stats()[app_key.prefix]["clients"]
 
 

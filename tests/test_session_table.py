@@ -77,7 +77,7 @@ def test_unknown_ids_are_refused_when_not_accepted_and_counted_boundedly():
     for i in range(1000):
         assert e.admit(f"x{i}", b"p", 0.0) == UNKNOWN_CLIENT
     snap = e.snapshot()
-    assert snap.dropped[UNKNOWN_CLIENT] == 1000 and len(e.unknown_refused) == 256
+    assert snap.dropped[UNKNOWN_CLIENT] == 1000 and len(e.roster.unknown_refused) == 256
     assert snap.sessions == {}
 
 
@@ -526,7 +526,7 @@ def test_an_unknown_id_that_never_declares_a_token_frees_its_place_after_the_gra
     # Tokens of ids without a session are remembered, boundedly.
     for i in range(10_000):
         e.on_token(f"t{i}", True, 2.0)
-    assert len(e._tokens) <= 4096
+    assert e.roster.tokens_remembered <= 4096
 
 
 def test_rank_then_take_records_a_decision_only_when_taken_and_never_takes_an_unjudged_slot():

@@ -104,6 +104,22 @@ class ComponentStats:
         decided = self.met + self.missed
         return None if decided == 0 else self.met / decided
 
+    def figures(self, prefix: str, target: float) -> dict[str, float | int | None]:
+        """These figures, flat under `prefix`; `target`: the SLO's share of requests in time."""
+        lat = list(self.latencies_ms)
+        recent = list(self.recent)
+        p = prefix
+        return {
+            p + "requests": self.requests, p + "answered": self.answered, p + "met": self.met,
+            p + "missed": self.missed, p + "late": self.late, p + "fallbacks": self.fallbacks,
+            p + "rejected": self.rejected,
+            p + "latency_ms_p50": float(np.percentile(lat, 50)) if lat else None,
+            p + "latency_ms_p99": float(np.percentile(lat, 99)) if lat else None,
+            p + "attainment": self.attainment(),
+            # the SLO holds when the share of the last 200 decided requests in time reaches its percentile
+            p + "slo_violated": None if not recent else int(sum(recent) / len(recent) < target),
+        }
+
 
 @dataclass
 class _Component:
@@ -161,7 +177,7 @@ class PipelineRuntime:
         self.attempt = 0
         self.failures = 0
         self.halted: Mode | None = None  # the task retry budget is spent: this mode for the rest of the run
-        self._safe_pose = self._any_safe_pose()
+        self._safe_pose = _any_safe_pose(task)
         if task.retry.then == "safe_pose" and self._safe_pose is None:
             raise ConfigError("retry.then", "safe_pose needs a pose: give one in some component's safe_pose fallback")
 
@@ -400,13 +416,6 @@ class PipelineRuntime:
             pose = self._safe_pose
         return Mode(fb.action, pose, reason)
 
-    def _any_safe_pose(self) -> tuple[float, ...] | None:
-        for comp in self.task.components.values():
-            for fb in (comp.on_danger, comp.on_slo_miss):
-                if fb is not None and fb.action == "safe_pose" and fb.pose:
-                    return tuple(fb.pose)
-        return None
-
     # -- figures -------------------------------------------------------------------------------
 
     def stats(self) -> dict[str, ComponentStats]:
@@ -416,22 +425,18 @@ class PipelineRuntime:
         """Per-component SLO figures, flat (`slo.<component>.<figure>`), for telemetry and summaries."""
         out: dict[str, float | int | None] = {}
         for name, c in self._components.items():
-            s = c.stats
-            lat = list(s.latencies_ms)
-            recent = list(s.recent)
-            target = c.spec.slo.percentile / 100.0
-            p = f"slo.{name}."
-            out.update({
-                p + "requests": s.requests, p + "answered": s.answered, p + "met": s.met, p + "missed": s.missed,
-                p + "late": s.late, p + "fallbacks": s.fallbacks, p + "rejected": s.rejected,
-                p + "latency_ms_p50": float(np.percentile(lat, 50)) if lat else None,
-                p + "latency_ms_p99": float(np.percentile(lat, 99)) if lat else None,
-                p + "attainment": s.attainment(),
-                # the SLO holds when the share of the last 200 decided requests in time reaches its percentile
-                p + "slo_violated": None if not recent else int(sum(recent) / len(recent) < target),
-            })
+            out.update(c.stats.figures(f"slo.{name}.", c.spec.slo.percentile / 100.0))
         out["pipeline.attempt"] = self.attempt
         out["pipeline.failures"] = self.failures
         mode = self.mode
         out["pipeline.mode"] = 0 if mode is None else 1 + mode.severity
         return out
+
+
+def _any_safe_pose(task: Task) -> tuple[float, ...] | None:
+    """The first safe pose any component's fallback gives (for a fallback or retry policy that names none)."""
+    for comp in task.components.values():
+        for fb in (comp.on_danger, comp.on_slo_miss):
+            if fb is not None and fb.action == "safe_pose" and fb.pose:
+                return tuple(fb.pose)
+    return None

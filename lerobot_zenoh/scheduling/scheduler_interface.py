@@ -73,6 +73,20 @@ class RequestScheduler(Protocol):
         """The scheduler's numbers (each a ``scheduler.<key>`` metric)."""
 
 
+def ranked(scheduler: RequestScheduler, ready: Sequence[str], now_s: float) -> list[str]:
+    """`scheduler`'s whole order of `ready`, recording nothing; a scheduler without `rank`: its
+    `pick` of all of them, taken as one decision."""
+    rank = getattr(scheduler, "rank", None)
+    return list(rank(ready, now_s)) if rank is not None else list(scheduler.pick(ready, now_s, len(ready)))
+
+
+def tell_took(scheduler: RequestScheduler, chosen: Sequence[str], ranked_order: Sequence[str], now_s: float) -> None:
+    """Tell a scheduler that has `took` what was taken of the order it ranked."""
+    took = getattr(scheduler, "took", None)
+    if took is not None and ranked_order:
+        took(list(chosen), ranked_order, now_s)
+
+
 # -- the registry ---------------------------------------------------------------------------------
 
 
