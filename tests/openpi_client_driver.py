@@ -2,10 +2,11 @@
 
     python openpi_client_driver.py '<json: {"port", "mode", ...}>'   -> one JSON line on stdout
 
-Modes: `broker` (ActionChunkBroker over WebsocketClientPolicy for `steps` steps), `chunks` (`repeat`
-plain `infer` calls on one observation), `bad` (each listed bad request, then a good one), `raw`
+Modes: `broker` (ActionChunkBroker over WebsocketClientPolicy for `steps` steps), `chunks` (plain
+`infer` calls on one observation: `repeat` of them, and more until `seconds` have passed), `bad` (each listed bad request, then a good one), `raw`
 (bytes written on the client's own connection, for what its packer refuses to send).
-Observations are made from `seed` exactly as `observation()` in tests/test_openpi.py makes them.
+Observations are made from `seed` exactly as `observation()` in tests/test_openpi.py makes them, or
+read from `obs_file` (benchmarks/studies/openpi_front_door.py).
 """
 
 import json
@@ -44,6 +45,10 @@ def main():
     out["metadata"] = policy.get_server_metadata()
     mode = args["mode"]
     obs = observation(args.get("seed", 0), shapes, state_dim)
+    if args.get("obs_file"):  # a benchmark's observation (npz of arrays, never pickled)
+        with np.load(args["obs_file"], allow_pickle=False) as saved:
+            obs = {key: saved[key] for key in saved.files}
+        obs["prompt"] = "pick up the cube"
     if mode == "broker":
         broker = ActionChunkBroker(policy, action_horizon=args["horizon"])
         steps = []
@@ -53,7 +58,10 @@ def main():
         out["steps"] = steps
     elif mode == "chunks":
         out["chunks"], out["timing"] = [], []
-        for _ in range(args["repeat"]):
+        end = time.monotonic() + args.get("seconds", 0)
+        for i in range(10**9):
+            if i >= args.get("repeat", 0) and time.monotonic() >= end:
+                break
             t0 = time.perf_counter()
             result = policy.infer(obs)
             out["timing"].append({"client_ms": (time.perf_counter() - t0) * 1000, **result["server_timing"]})

@@ -302,4 +302,5 @@ def test_closing_the_front_door_ends_its_connections(client_python, port, app_ke
         closer.join(30)
         assert not closer.is_alive()
         _, err = proc.communicate(timeout=60)
-        assert proc.returncode != 0 and "ConnectionClosed" in err, err[-1000:]  # the client sees it closed
+        assert proc.returncode != 0 and "1001" in err, err[-1000:]  # the client sees it closed: going away
+        assert door.counters.snapshot()["connections_closed"] == 1

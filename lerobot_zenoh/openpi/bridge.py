@@ -75,7 +75,7 @@ class RobotLink:
 
     def __init__(self, session: ZenohSession, app: AppKey, client_id: str, *, jpeg_quality: int,
                  resend_after_s: float, timeout_s: float, control_period_s: float | None,
-                 jpeg_pool: ThreadPoolExecutor | None = None):
+                 jpeg_pool: ThreadPoolExecutor | None = None, stop: threading.Event | None = None):
         self.session = session
         self.key = app.client(client_id)
         self.client_id = client_id
@@ -84,6 +84,7 @@ class RobotLink:
         self.timeout_s = timeout_s
         self.control_period_s = control_period_s
         self._jpeg_pool = jpeg_pool
+        self._stop = stop if stop is not None else threading.Event()  # the front door closing: give up
         self._nonce = secrets.randbits(63)
         self._seq = 0
         self._chunks: queue.Queue = queue.Queue(maxsize=64)
@@ -126,6 +127,8 @@ class RobotLink:
         deadline = start + self.timeout_s
         while True:
             now = time.perf_counter()
+            if self._stop.is_set():
+                raise ProtocolError(OpenPIReason.UNANSWERED, "the front door is closing")
             if now >= deadline:
                 raise ProtocolError(OpenPIReason.UNANSWERED, f"no chunk from the fleet in {self.timeout_s:g} s "
                                     f"({len(asked)} observations sent as {self.client_id})")
@@ -137,11 +140,11 @@ class RobotLink:
             self._publisher.put(codec.encode(message), attachment=codec.encode_observation_header(message))
             asked.add(self._seq)
             resend_at = min(time.perf_counter() + self.resend_after_s, deadline)
-            while (left := resend_at - time.perf_counter()) > 0:
+            while (left := resend_at - time.perf_counter()) > 0 and not self._stop.is_set():
                 try:
-                    payload = self._chunks.get(timeout=left)
+                    payload = self._chunks.get(timeout=min(left, 0.1))
                 except queue.Empty:
-                    break
+                    continue
                 try:
                     chunk = codec.decode_action_chunk(payload)
                 except ProtocolError as exc:

@@ -144,6 +144,9 @@ class FrontDoor:
         self._telemetry = None
         self._jpeg = ThreadPoolExecutor(max_workers=4, thread_name_prefix="openpi:jpeg")
         self._metadata: bytes = b""
+        self._closing = threading.Event()
+        self._connections: set = set()
+        self._connections_lock = threading.Condition()
 
     # -- start-up ----------------------------------------------------------------------------
 
@@ -244,7 +247,10 @@ class FrontDoor:
             return
         link = RobotLink(self._session, self.app, client_id, jpeg_quality=cfg.jpeg_quality,
                          resend_after_s=cfg.resend_after_s, timeout_s=cfg.request_timeout_s,
-                         control_period_s=1 / cfg.fps if cfg.fps else None, jpeg_pool=self._jpeg)
+                         control_period_s=1 / cfg.fps if cfg.fps else None, jpeg_pool=self._jpeg,
+                         stop=self._closing)
+        with self._connections_lock:
+            self._connections.add(connection)
         self.counters.add("connections_opened")
         peer = connection.remote_address
         log.info("%s: connected from %s", client_id, peer)
@@ -272,6 +278,9 @@ class FrontDoor:
                 pass
         finally:
             link.close()
+            with self._connections_lock:
+                self._connections.discard(connection)
+                self._connections_lock.notify_all()
             with self._limit_lock:
                 self._limit.forget(client_id)
             self._ids.give_back(client_id)
@@ -315,11 +324,22 @@ class FrontDoor:
 
     # -- shutdown -----------------------------------------------------------------------------
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop listening, close every connection (1001, going away), then leave the fleet."""
+        self._closing.set()
         if self._server is not None:
-            self._server.shutdown()
+            self._server.shutdown()  # the listening socket only: websockets leaves connections open
         if self._thread is not None:
-            self._thread.join(timeout=5.0)
+            self._thread.join(timeout=timeout_s)
+        with self._connections_lock:
+            open_now = list(self._connections)
+        for connection in open_now:
+            try:
+                connection.close(1001, "the front door is closing")
+            except Exception as exc:
+                log.debug("closing a connection: %s", exc)
+        with self._connections_lock:
+            self._connections_lock.wait_for(lambda: not self._connections, timeout=timeout_s)
         if self._telemetry is not None:
             self._telemetry.close()
         self._jpeg.shutdown(wait=False)
