@@ -38,7 +38,10 @@ def main():
     state_dim = args.get("state_dim", 6)
     out = {}
     try:
-        policy = WebsocketClientPolicy("127.0.0.1", args["port"], api_key=args.get("api_key"))
+        if args.get("tls"):  # wss://, trusting the CA named by SSL_CERT_FILE
+            policy = WebsocketClientPolicy(f"wss://127.0.0.1:{args['port']}", api_key=args.get("api_key"))
+        else:
+            policy = WebsocketClientPolicy("127.0.0.1", args["port"], api_key=args.get("api_key"))
     except Exception as exc:
         print(json.dumps({"connect_error": f"{type(exc).__name__}: {exc}"}))
         return

@@ -151,10 +151,11 @@ def client_python() -> Path:
     return python
 
 
-def drive(python: Path, port: int, **args) -> subprocess.Popen:
+def drive(python: Path, port: int, env: dict | None = None, **args) -> subprocess.Popen:
     return subprocess.Popen([str(python), str(DRIVER), json.dumps({"port": port, "shapes": SHAPES, **args})],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})  # its own packages only
+                            env={**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},  # its own packages only
+                                 **(env or {})})
 
 
 def result(proc: subprocess.Popen, timeout_s: float = 120) -> dict:
@@ -274,6 +275,25 @@ def test_token_healthz_size_limit_and_loopback_default(client_python, port, app_
         assert "1009" in big["errors"][0] or "too big" in big["errors"][0], big
         assert wait_for(lambda: door.counters.rejected["too_large"] == 1)
         assert door.counters.rejected["unauthorized"] == 2
+
+
+def test_the_front_door_speaks_wss_with_a_certificate(client_python, port, app_key, tmp_path):
+    from lerobot_zenoh.openpi.front_door import FrontDoor
+    from lerobot_zenoh.security.pki import create_ca, issue
+
+    ca = create_ca()
+    cert = issue(ca, "openpi-door", ["127.0.0.1"], role="server")
+    (tmp_path / "ca.pem").write_bytes(ca.cert_pem)
+    (tmp_path / "door.pem").write_bytes(cert.cert_pem)
+    (tmp_path / "door.key").write_bytes(cert.key_pem)
+    with PolicyServer(server_manifest(port, app_key)), \
+            FrontDoor(door_config(port, app_key, tls_certificate=str(tmp_path / "door.pem"),
+                                  tls_private_key=str(tmp_path / "door.key"))) as door:
+        ok = result(drive(client_python, door.port, mode="chunks", repeat=1, seed=4, tls=True,
+                          env={"SSL_CERT_FILE": str(tmp_path / "ca.pem")}))
+        np.testing.assert_allclose(np.array(ok["chunks"][0]), expected_chunk(4), atol=1e-5)
+        untrusted = result(drive(client_python, door.port, mode="chunks", repeat=1, seed=4, tls=True))
+        assert "CERTIFICATE_VERIFY_FAILED" in untrusted["connect_error"], untrusted
 
 
 def test_cli_refuses_a_mapping_naming_a_camera_the_model_lacks_in_one_line(port, app_key):

@@ -13,7 +13,6 @@ mapping that does not fit the model (one line naming the field), 3 when no serve
 
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
 import sys
@@ -31,7 +30,9 @@ def parse(argv: list[str] | None = None):
     from lerobot_zenoh.errors import ConfigError
     from lerobot_zenoh.openpi.front_door import FrontDoorConfig
 
-    p = argparse.ArgumentParser(prog=PROG, description="OpenPI websocket front door for a lerobot-zenoh fleet.")
+    from lerobot_zenoh.cli.parsing import OneLineArgumentParser
+
+    p = OneLineArgumentParser(prog=PROG, description="OpenPI websocket front door for a lerobot-zenoh fleet.")
     p.add_argument("--config", help="YAML or JSON file of the front door's settings")
     for name in _SCALARS:
         p.add_argument(f"--{name}", default=None)
@@ -84,12 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
+    from lerobot_zenoh.cli.parsing import require_extra
+
+    require_extra(PROG, "openpi", "websockets")
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        from lerobot_zenoh.openpi.front_door import FrontDoor
-    except ImportError as exc:
-        print(f"{PROG}: {exc.name} is missing: pip install 'lerobot-zenoh[openpi]'", file=sys.stderr)
-        return 2
+    from lerobot_zenoh.openpi.front_door import FrontDoor
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 __all__ = ["FrontDoor", "FrontDoorConfig", "LOOPBACK_HOSTS"]
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+#: websockets' own log: every health check and refused handshake is an INFO line there; warnings only.
+_WEBSOCKETS_LOG = logging.getLogger("lerobot_zenoh.openpi.websockets")
 
 
 class FrontDoorConfig(Settings):
@@ -178,9 +180,12 @@ class FrontDoor:
                 tls.load_cert_chain(cfg.tls_certificate, cfg.tls_private_key)
             except (OSError, ssl.SSLError) as exc:
                 raise ConfigError("tls_certificate", f"cannot load the certificate and key: {exc}") from None
+        if _WEBSOCKETS_LOG.level == logging.NOTSET:
+            _WEBSOCKETS_LOG.setLevel(logging.WARNING)
         try:
             self._server = serve(self._handle, cfg.host, cfg.port, process_request=self._process_request,
-                                 max_size=cfg.max_message_bytes, compression=None, ssl=tls)
+                                 max_size=cfg.max_message_bytes, compression=None, ssl=tls,
+                                 logger=_WEBSOCKETS_LOG)
         except OSError as exc:
             raise ConfigError("port", f"cannot listen on {cfg.host}:{cfg.port}: {exc}") from None
         self._thread = threading.Thread(target=self._server.serve_forever, name="openpi:listen", daemon=True)
