@@ -227,6 +227,33 @@ def test_several_openpi_clients_are_batched_and_each_answer_equals_its_answer_al
     np.testing.assert_array_equal(np.array(alone["chunks"][0]), np.array(outs[1]["chunks"][0]))
 
 
+@pytest.mark.slow
+def test_a_real_act_checkpoint_batches_openpi_clients_and_answers_each_as_alone(client_python, port, app_key, tmp_path):
+    from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
+    from lerobot_zenoh.openpi.front_door import FrontDoor
+
+    joints = tuple(f"j{i}.pos" for i in range(6))
+    path = build_checkpoint(tmp_path / "act", policy_type="act", state_names=joints, action_names=joints,
+                            cameras=CAMS, chunk_size=CHUNK, fps=30,
+                            overrides={"dim_model": 64, "n_heads": 2, "dim_feedforward": 128, "n_encoder_layers": 1,
+                                       "n_decoder_layers": 1, "n_vae_encoder_layers": 1, "latent_dim": 8})
+    manifest = {
+        "cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": "gpu0",
+        "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False}, "telemetry_period_s": 0,
+        "server": [{"model_id": app_key.model, "model_version": app_key.version, "application_tag": app_key.app,
+                    "pretrained_path": str(path), "max_batch_size": 8, "accept_unknown_clients": True}]}
+    with PolicyServer(parse_manifest(manifest)) as server, FrontDoor(door_config(port, app_key)) as door:
+        seeds = [31, 32, 33]
+        together = [result(p) for p in [drive(client_python, door.port, mode="chunks", repeat=15, seed=s)
+                                        for s in seeds]]
+        assert max(server.models[0].session_table.batch_sizes) > 1, server.models[0].session_table.batch_sizes
+        for seed, out in zip(seeds, together):
+            alone = result(drive(client_python, door.port, mode="chunks", repeat=1, seed=seed))["chunks"][0]
+            assert np.isfinite(alone).all()
+            for chunk in out["chunks"]:
+                np.testing.assert_allclose(np.array(chunk), np.array(alone), atol=1e-5)
+
+
 def test_bad_requests_get_a_clear_error_on_their_socket_and_disturb_no_one(client_python, fleet):
     server, door = fleet
     good = drive(client_python, door.port, mode="chunks", repeat=8, seed=21)
@@ -275,6 +302,24 @@ def test_token_healthz_size_limit_and_loopback_default(client_python, port, app_
         assert "1009" in big["errors"][0] or "too big" in big["errors"][0], big
         assert wait_for(lambda: door.counters.rejected["too_large"] == 1)
         assert door.counters.rejected["unauthorized"] == 2
+
+
+def test_the_front_door_publishes_its_counters_as_telemetry(client_python, port, app_key):
+    from lerobot_zenoh.openpi.front_door import FrontDoor
+    from lerobot_zenoh.transport.session import ZenohSession
+    from lerobot_zenoh.transport.settings import loopback_settings
+
+    seen = []
+    with PolicyServer(server_manifest(port, app_key)), \
+            ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as session, \
+            FrontDoor(door_config(port, app_key).replace(telemetry_period_s=0.2)) as door:
+        session.subscribe(app_key.client("openpi-door").metrics,
+                          lambda key, payload: seen.append(codec.decode_telemetry(payload)))
+        bad = result(drive(client_python, door.port, mode="bad", seed=1, requests=[{"prompt": None, "x": {
+            "shape": [1], "dtype": "uint8"}}]))
+        assert "unknown_key" in bad["errors"][0]
+        assert wait_for(lambda: any(t.metrics.get("requests_answered") == 1 and t.metrics.get("rejected.unknown_key") == 1
+                                    for t in seen), 20), seen[-1:]
 
 
 def test_the_front_door_speaks_wss_with_a_certificate(client_python, port, app_key, tmp_path):
