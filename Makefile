@@ -31,6 +31,7 @@ help:
 	@echo "make checkpoint POLICY=smolvlm   a tiny VLM for task components (checkpoints/demo_smolvlm; docs/policies.md)"
 	@echo "make test    the whole test suite (creates $(VENV) with Python 3.12 on first use)"
 	@echo "make test-core   the serving core's unit tier (seconds)"
+	@echo "make openpi-client-venv   the official openpi-client in .venv-openpi (the OpenPI front door's tests)"
 	@echo "make PYTHON=/path/to/python3.12 ...   to pick the interpreter"
 
 # pip prints its own progress: the first install downloads ~5 GB (torch) and takes a few minutes.
