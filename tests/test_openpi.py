@@ -225,6 +225,9 @@ def test_several_openpi_clients_are_batched_and_each_answer_equals_its_answer_al
             np.testing.assert_allclose(np.array(chunk), expected_chunk(seed), atol=1e-5)
     alone = result(drive(client_python, door.port, mode="chunks", repeat=1, seed=12))
     np.testing.assert_array_equal(np.array(alone["chunks"][0]), np.array(outs[1]["chunks"][0]))
+    # Five connections came and went: none left an entity declared on the front door's session.
+    assert wait_for(lambda: door.counters.snapshot().get("connections_closed") == 5)
+    assert len(door._session._owned) == 0, door._session._owned
 
 
 @pytest.mark.slow

@@ -14,7 +14,6 @@ answering it. Observations are best effort, so an unanswered one is sent again a
 
 from __future__ import annotations
 
-import logging
 import queue
 import secrets
 import threading
@@ -30,8 +29,6 @@ from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.keys import AppKey
 from lerobot_zenoh.protocol.messages import ActionChunk, ExecutionInfo, Observation
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
-
-log = logging.getLogger(__name__)
 
 __all__ = ["Answer", "ClientIds", "RobotLink"]
 
@@ -153,9 +150,9 @@ class RobotLink:
                     return Answer(chunk, encode_ms, (time.perf_counter() - start) * 1000, len(asked))
 
     def close(self) -> None:
+        """Undeclare this connection's publisher, subscriber and token (the session stays open)."""
         for entity in self._owned:
-            try:
-                (entity.undeclare if hasattr(entity, "undeclare") else entity.close)()
-            except Exception as exc:  # the session may be closing already
-                log.debug("%s: closing %r: %s", self.client_id, entity, exc)
+            self.session.release(entity)
         self._owned = []
+        while not self._chunks.empty():
+            self._chunks.get_nowait()

@@ -118,6 +118,12 @@ class FrontDoorCounters:
         with self._lock:
             self.rejected[str(reason)] += 1
 
+    def answered(self, added_ms: float, resent: int) -> None:
+        with self._lock:
+            self.counts["requests_answered"] += 1
+            self.counts["observations_resent"] += resent
+            self.added_ms.append(added_ms)
+
     def snapshot(self) -> dict[str, float | int]:
         with self._lock:
             out: dict[str, float | int] = dict(self.counts)
@@ -321,10 +327,7 @@ class FrontDoor:
                   "front_door_ms": added_ms}
         if prev_total_ms is not None:
             timing["prev_total_ms"] = prev_total_ms
-        self.counters.add("requests_answered")
-        self.counters.add("observations_resent", answer.sends - 1)
-        with self.counters._lock:
-            self.counters.added_ms.append(added_ms)
+        self.counters.answered(added_ms, answer.sends - 1)
         return pack({"actions": np.asarray(chunk.actions, dtype=np.float32), "server_timing": timing})
 
     # -- shutdown -----------------------------------------------------------------------------
