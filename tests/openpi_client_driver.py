@@ -93,7 +93,8 @@ def main():
                 out["errors"].append(f"{type(exc).__name__}: {exc}")
                 print(json.dumps(out))
                 return
-        out["after"] = listed(policy.infer(obs)["actions"])
+        if args.get("after", True):
+            out["after"] = listed(policy.infer(obs)["actions"])
     print(json.dumps(out, default=listed))
 
 

@@ -307,6 +307,21 @@ def test_token_healthz_size_limit_and_loopback_default(client_python, port, app_
         assert door.counters.rejected["unauthorized"] == 2
 
 
+def test_a_connection_that_keeps_sending_bad_requests_is_cooled_down_alone(client_python, port, app_key):
+    from lerobot_zenoh.openpi.front_door import FrontDoor
+
+    unknown = {"observation/extra": {"shape": [1], "dtype": "uint8"}}
+    with PolicyServer(server_manifest(port, app_key)), \
+            FrontDoor(door_config(port, app_key, max_rejections=2, cooldown_s=60)) as door:
+        bad = result(drive(client_python, door.port, mode="bad", seed=1, after=False,
+                           requests=[unknown, unknown, unknown, {}]))
+        assert all("unknown_key" in e for e in bad["errors"][:3]), bad
+        assert bad["errors"][3].endswith("requests are refused for 60 s") and "rate_limited" in bad["errors"][3]
+        other = result(drive(client_python, door.port, mode="chunks", repeat=1, seed=2))
+        np.testing.assert_allclose(np.array(other["chunks"][0]), expected_chunk(2), atol=1e-5)
+        assert door.counters.rejected["rate_limited"] == 1 and door.counters.rejected["unknown_key"] == 3
+
+
 def test_the_front_door_publishes_its_counters_as_telemetry(client_python, port, app_key):
     from lerobot_zenoh.openpi.front_door import FrontDoor
     from lerobot_zenoh.transport.session import ZenohSession

@@ -8,7 +8,8 @@
 The file (YAML or JSON) holds `FrontDoorConfig`'s fields (lerobot_zenoh/openpi/front_door.py), its
 `mapping` block the key mapping; a flag given overrides the file. Binds to 127.0.0.1 unless --host
 says otherwise. Exit codes: 0 when stopped by SIGINT/SIGTERM, 2 for a configuration mistake or a
-mapping that does not fit the model (one line naming the field), 3 when no server answers.
+mapping that does not fit the model (one line naming the field), 3 when no server answers or it does
+not serve the front door's client ids.
 """
 
 from __future__ import annotations

@@ -48,6 +48,8 @@ __all__ = ["FrontDoor", "FrontDoorConfig", "LOOPBACK_HOSTS"]
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 #: websockets' own log: every health check and refused handshake is an INFO line there; warnings only.
 _WEBSOCKETS_LOG = logging.getLogger("lerobot_zenoh.openpi.websockets")
+#: Refusals that are the fleet's doing, not the client's: they do not count towards its cool-down.
+_FLEET_FAULTS = frozenset({OpenPIReason.UNANSWERED, OpenPIReason.SERVER_ERROR})
 
 
 class FrontDoorConfig(Settings):
@@ -314,8 +316,9 @@ class FrontDoor:
             answer = link.infer(state, images, task)
         except ProtocolError as exc:
             self.counters.reject(exc.reason)
-            with self._limit_lock:
-                self._limit.on_rejection(client_id, time.monotonic())
+            if exc.reason not in _FLEET_FAULTS:  # the client's own mistakes feed its cool-down, an outage does not
+                with self._limit_lock:
+                    self._limit.on_rejection(client_id, time.monotonic())
             return f"{exc}"
         chunk = answer.chunk
         t_reply = time.perf_counter()
