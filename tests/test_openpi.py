@@ -126,6 +126,12 @@ def test_the_mapping_turns_a_request_into_state_cameras_and_task():
     m2 = KeyMapping(images={"images/cam": "front", "w": "wrist"}, state="observation/state", ignore=("w",))
     with pytest.raises(ProtocolError, match="missing_key.*'w'"):
         m2.apply(nested, status())
+    droid = KeyMapping(images=MAPPING["images"], state=["observation/joint_position", "observation/gripper_position"])
+    joints = {**{k: v for k, v in obs.items() if k != "observation/state"}, "observation/joint_position": np.arange(5.0),
+              "observation/gripper_position": np.array([0.5])}
+    np.testing.assert_array_equal(droid.apply(joints, status())[0], [0, 1, 2, 3, 4, 0.5])
+    with pytest.raises(ProtocolError, match="'observation/joint_position' \\+ 'observation/gripper_position' give 7"):
+        droid.apply({**joints, "observation/gripper_position": np.array([0.5, 1.0])}, status())
     for change, reason in [({"extra": 1}, "unknown_key"), ({"observation/state": np.zeros(5)}, "bad_state"),
                            ({"observation/image": np.zeros((48, 64, 3), np.float32)}, "bad_dtype"),
                            ({"observation/image": np.zeros((64, 48, 3), np.uint8)}, "wrong_image_shape"),

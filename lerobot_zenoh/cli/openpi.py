@@ -39,7 +39,8 @@ def parse(argv: list[str] | None = None):
         p.add_argument(f"--{name}", default=None)
     p.add_argument("--token_file", help="read the token from this file (kept out of the process list)")
     p.add_argument("--image", action="append", default=[], metavar="OPENPI_KEY=CAMERA")
-    p.add_argument("--state", help="the OpenPI key of the state array")
+    p.add_argument("--state", action="append", default=[], metavar="OPENPI_KEY",
+                   help="the OpenPI key of the state array (several: joined in order)")
     p.add_argument("--prompt", help="the OpenPI key of the task string")
     p.add_argument("--default_prompt")
     p.add_argument("--ignore", action="append", default=[], metavar="OPENPI_KEY", help="a key to accept and drop")
@@ -69,7 +70,9 @@ def parse(argv: list[str] | None = None):
         if not sep or not key or not cam:
             raise ConfigError("image", f"{item!r} is not OPENPI_KEY=CAMERA")
         mapping.setdefault("images", {})[key] = cam
-    for name in ("state", "prompt", "default_prompt"):
+    if args.state:
+        mapping["state"] = args.state[0] if len(args.state) == 1 else args.state
+    for name in ("prompt", "default_prompt"):
         if (value := getattr(args, name)) is not None:
             mapping[name] = value
     if args.ignore:

@@ -3,7 +3,8 @@
     images:                        # OpenPI key -> the model's camera
       observation/image: front
       observation/wrist_image: wrist
-    state: observation/state       # a 1-D numeric array of the model's state_dim
+    state: observation/state       # a 1-D numeric array of the model's state_dim, or a list of keys
+                                   # whose arrays are joined in order (DROID: joint_position, gripper_position)
     prompt: prompt                 # the task string (optional; default_prompt when absent)
     ignore: []                     # keys a client sends that the model does not use (dropped)
 
@@ -33,7 +34,7 @@ class KeyMapping(Settings):
     config_prefix = "mapping"
 
     images: dict[str, str] = Field(default_factory=dict)
-    state: str | None = None
+    state: str | tuple[str, ...] | None = None
     prompt: str | None = "prompt"
     default_prompt: str = Field("", max_length=4096)
     ignore: tuple[str, ...] = ()
@@ -47,8 +48,12 @@ class KeyMapping(Settings):
             raise ValueError(f"camera {twice[0]!r} is named by more than one OpenPI key")
         return value
 
+    @property
+    def state_keys(self) -> tuple[str, ...]:
+        return (self.state,) if isinstance(self.state, str) else tuple(self.state or ())
+
     def keys(self) -> set[str]:
-        return {*self.images, *([self.state] if self.state else []), *([self.prompt] if self.prompt else [])}
+        return {*self.images, *self.state_keys, *([self.prompt] if self.prompt else [])}
 
     def check(self, status: Status) -> None:
         """ConfigError (one line naming the key) when the mapping does not fit the served model."""
@@ -61,7 +66,7 @@ class KeyMapping(Settings):
         if unmapped:
             raise ConfigError("mapping.images", f"the model's camera {unmapped[0]!r} has no OpenPI key "
                               f"(add '<openpi key>: {unmapped[0]}')")
-        if status.state_dim and not self.state:
+        if status.state_dim and not self.state_keys:
             raise ConfigError("mapping.state", f"model {status.model_id!r} takes a state of {status.state_dim} "
                               "values: name the OpenPI key that carries it (e.g. observation/state)")
 
@@ -102,19 +107,24 @@ class KeyMapping(Settings):
                             f"takes ({h}, {w}, 3) or (3, {h}, {w})")
 
     def _state(self, obs: dict, state_dim: int | None) -> np.ndarray:
-        if not self.state:
+        keys = self.state_keys
+        if not keys:
             return np.zeros(0, np.float32)
-        value = _lookup(obs, self.state)
-        if value is _MISSING:
-            raise ProtocolError(OpenPIReason.MISSING_KEY, f"state key {self.state!r} is missing")
-        if not isinstance(value, np.ndarray) or value.dtype.kind not in "biuf":
-            raise ProtocolError(OpenPIReason.BAD_STATE, f"{self.state!r} must be a numeric array")
-        state = value.reshape(-1).astype(np.float32)
-        if value.ndim != 1 or (state_dim is not None and state.size != state_dim):
-            raise ProtocolError(OpenPIReason.BAD_STATE, f"{self.state!r} has shape {value.shape}, the model takes "
-                                f"({state_dim},)")
+        parts = []
+        for key in keys:
+            value = _lookup(obs, key)
+            if value is _MISSING:
+                raise ProtocolError(OpenPIReason.MISSING_KEY, f"state key {key!r} is missing")
+            if not isinstance(value, np.ndarray) or value.dtype.kind not in "biuf" or value.ndim > 1:
+                raise ProtocolError(OpenPIReason.BAD_STATE, f"{key!r} must be a 1-D numeric array")
+            parts.append(value.reshape(-1).astype(np.float32))
+        state = np.concatenate(parts)
+        named = " + ".join(repr(k) for k in keys)
+        if state_dim is not None and state.size != state_dim:
+            raise ProtocolError(OpenPIReason.BAD_STATE, f"{named} {'gives' if len(keys) == 1 else 'give'} "
+                                f"{state.size} values, the model takes ({state_dim},)")
         if not np.all(np.isfinite(state)):
-            raise ProtocolError(OpenPIReason.BAD_STATE, f"{self.state!r} holds a NaN or an infinity")
+            raise ProtocolError(OpenPIReason.BAD_STATE, f"{named}: a NaN or an infinity")
         return state
 
 
