@@ -328,6 +328,22 @@ def test_a_connection_that_keeps_sending_bad_requests_is_cooled_down_alone(clien
         assert door.counters.rejected["rate_limited"] == 1 and door.counters.rejected["unknown_key"] == 3
 
 
+def test_a_request_the_fleet_never_answers_is_refused_after_its_time_out(client_python, port, app_key):
+    from lerobot_zenoh.openpi.front_door import FrontDoor
+
+    server = PolicyServer(server_manifest(port, app_key)).start()
+    try:
+        door = FrontDoor(door_config(port, app_key, request_timeout_s=1.0, resend_after_s=0.3)).start()
+    finally:
+        server.stop()
+    try:
+        out = result(drive(client_python, door.port, mode="bad", seed=1, after=False, requests=[{}]))
+        assert "unanswered: no chunk from the fleet in 1 s" in out["errors"][0], out
+        assert door.counters.rejected["unanswered"] == 1
+    finally:
+        door.close()
+
+
 def test_the_front_door_publishes_its_counters_as_telemetry(client_python, port, app_key):
     from lerobot_zenoh.openpi.front_door import FrontDoor
     from lerobot_zenoh.transport.session import ZenohSession
