@@ -31,6 +31,7 @@ help:
 	@echo "make checkpoint POLICY=smolvlm   a tiny VLM for task components (checkpoints/demo_smolvlm; docs/policies.md)"
 	@echo "make test    the whole test suite (creates $(VENV) with Python 3.12 on first use)"
 	@echo "make test-core   the serving core's unit tier (seconds)"
+	@echo "make openpi-client-venv   the official openpi-client in .venv-openpi (the OpenPI front door's tests)"
 	@echo "make PYTHON=/path/to/python3.12 ...   to pick the interpreter"
 
 # pip prints its own progress: the first install downloads ~5 GB (torch) and takes a few minutes.
@@ -42,8 +43,8 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || { echo "== creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
 	@echo "== upgrading pip"
 	$(PY) -m pip install --upgrade pip
-	@echo "== installing lerobot-zenoh with its test, robot, server, hardware, vla and planner extras (torch and LeRobot: ~5 GB the first time)"
-	$(PY) -m pip install -e '.[test,robot,server,hardware,vla,planner]'
+	@echo "== installing lerobot-zenoh with its test, robot, server, hardware, vla, planner and openpi extras (torch and LeRobot: ~5 GB the first time)"
+	$(PY) -m pip install -e '.[test,robot,server,hardware,vla,planner,openpi]'
 	@echo "== installed into $(VENV)"
 	@touch $(STAMP)
 
@@ -60,7 +61,14 @@ ci-tools:
 		apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 \
 		|| echo "promtool could not be installed: the promtool check of the monitor will be skipped"; fi
 
-test: $(STAMP) ci-tools lint
+# The official openpi-client (numpy < 2) in an environment of its own, for the front door's tests
+# (tests/test_openpi.py); without the package index they skip with the reason.
+OPENPI_VENV ?= .venv-openpi
+.PHONY: openpi-client-venv
+openpi-client-venv:
+	@scripts/openpi-client-venv.sh $(OPENPI_VENV) || echo "openpi-client could not be installed: the OpenPI front door's client tests will be skipped"
+
+test: $(STAMP) ci-tools lint openpi-client-venv
 	$(PY) -m pytest
 
 # ruff, then the dead-code check (vulture; its paths and exceptions: pyproject.toml [tool.vulture]).
@@ -85,7 +93,7 @@ demo: $(STAMP) checkpoint
 		--robots=$(ROBOTS) --seconds=$(SECONDS)
 
 clean:
-	rm -rf $(VENV) checkpoints outputs .pytest_cache
+	rm -rf $(VENV) $(OPENPI_VENV) checkpoints outputs .pytest_cache
 
 # Fleet study over real Zenoh and a real server (virtual robots in one process), the model's rungs
 # and metrics, 3 seeds per point, capacity to one robot, set beside the model at the same scale
@@ -141,7 +149,7 @@ soak: $(STAMP)
 # Rewrites the results table of README.md from the run (benchmarks/results_table.py).
 
 $(BENCH_STAMP): pyproject.toml $(STAMP)
-	$(PY) -m pip install -e '.[test,robot,server,hardware,vla,planner,bench]'
+	$(PY) -m pip install -e '.[test,robot,server,hardware,vla,planner,openpi,bench]'
 	@touch $(BENCH_STAMP)
 
 .PHONY: bench

@@ -96,7 +96,7 @@ def test_a_wrong_model_id_is_found_before_lerobot_is_imported(port, app_key):
 
 
 HELP_SCRIPTS = ["client", "server", "build_checkpoint", "monitor", "router", "secure", "plan", "profile", "admit",
-                "cache"]
+                "cache", "openpi"]
 
 
 @pytest.mark.parametrize("script", HELP_SCRIPTS)
@@ -138,7 +138,7 @@ importlib.util.find_spec = _find_spec
 """
 #: What `pip install .` does not bring: the extras' packages.
 NOT_IN_CORE = ("lerobot,torch,torchvision,torchcodec,transformers,diffusers,datasets,huggingface_hub,safetensors,"
-               "accelerate,ortools,matplotlib,grpc")
+               "accelerate,ortools,matplotlib,grpc,websockets")
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +157,7 @@ CORE_CASES = [
     ("build_checkpoint", ["--output={tmp}/vlm", "--policy_type=smolvlm"], "vla"),
     ("plan", ["--factory=factories/mix2.yaml", "--profiles=factories/rosa_profiles.yaml"], "planner"),
     ("cache", ["--folder={tmp}", "--repo_id=me/x"], "server"),
+    ("openpi", ["--port=0"], "openpi"),
     ("secure", ["init", "--manifest", "manifests/demo.yaml", "--out", "{tmp}/pki"], None),
     ("monitor", ["--duration_s=0.5", "--zenoh.multicast_scouting=false"], None),
     ("client", ["--list", "--endpoint=127.0.0.1:{dead}", "--timeout_s=0.5"], None),

@@ -369,6 +369,19 @@ class ZenohSession:
                 pass
             self._session = None
 
+    def release(self, entity) -> None:
+        """Undeclare one entity this session declared (publisher, subscription, token, responder) and
+        forget it: for a long-lived session whose entities come and go with its users (the OpenPI front
+        door declares three per websocket connection). Never raises."""
+        try:
+            self._owned.remove(entity)
+        except ValueError:
+            pass
+        try:
+            entity.close() if hasattr(entity, "close") else entity.undeclare()
+        except Exception:
+            pass
+
     def __enter__(self) -> ZenohSession:
         return self.open()
 
