@@ -1,6 +1,6 @@
 """Benchmark 1: latency added between handing an observation over and having its chunk in the buffer.
 
-    python -m benchmarks.latency [--full] [--round-trips 200] [--batch 25]
+    python -m benchmarks.latency [--full] [--round-trips 200] [--batch 25] [--base CHECKOUT]
 
 For each case (workload x link) the three systems run in turns of `--batch` round trips, rotating
 the order each turn, until each has done its share: a slow phase of the machine hits all three
@@ -12,6 +12,11 @@ in the server around the policy call (the synthetic policy averages every pixel;
 policy returns at once). Per round trip it also reports the bytes on the link (interface counters
 of the server's namespace, so headers and acknowledgements included), and the CPU time of the
 client and of the server process.
+
+`--base CHECKOUT` adds `base` (and `base_shm` on loopback): the same server and client run from
+another checkout of this project (e.g. the commit before a change, `git worktree add ../base REV`),
+in the same rotation, so that a change is compared with the code before it on the same machine at
+the same moments.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ PORTS = {"ours": 7447, "lerobot": 8080, "floor": 7448}
 
 
 def _server_of(system: str) -> str:
-    return "ours" if system == "ours_shm" else system
+    return system.removesuffix("_shm")
 
 
 def cases(full: bool, round_trips: int) -> list[tuple[str, str, int]]:
@@ -54,9 +59,9 @@ def cases(full: bool, round_trips: int) -> list[tuple[str, str, int]]:
 
 
 def _client_spec(system: str, workload: str, host: str, port_of: dict) -> tuple[str, dict]:
-    if system in ("ours", "ours_shm"):
-        return "OursClient", {"workload": workload, "endpoint": f"tcp/{host}:{port_of['ours']}",
-                              "same_host": system == "ours_shm"}
+    if system in ("ours", "ours_shm", "base", "base_shm"):
+        return "OursClient", {"workload": workload, "endpoint": f"tcp/{host}:{port_of[_server_of(system)]}",
+                              "same_host": system.endswith("_shm")}
     if system == "lerobot":
         return "LeRobotClient", {"workload": workload, "address": f"{host}:{port_of['lerobot']}"}
     return "FloorClient", {"workload": workload, "endpoint": f"tcp/{host}:{port_of['floor']}"}
@@ -68,15 +73,20 @@ def run(args, run_dir: Run, net: Network, log=print) -> dict:
         selected = [c for c in selected if c[0] in args.workloads]
     if not net.has_link:
         selected = [c for c in selected if c[1] == "loopback"]
-    port_of = dict(PORTS)
+    base = getattr(args, "base", None)
+    all_systems = SYSTEMS + (("base", "base_shm") if base else ())
+    server_names = SERVERS + (("base",) if base else ())
+    roots = {"base": base} if base else {}
+    port_of = dict(PORTS, base=7449)
     if not net.in_namespaces:  # the host's loopback is shared with everything else: take free ports
         from benchmarks.common import free_port
 
-        port_of = {s: free_port() for s in SERVERS}
+        port_of = {s: free_port() for s in server_names}
     hosts = ["127.0.0.1"] + ([SERVER_ADDR] if net.has_link else [])
     workloads = sorted({wl for wl, _, _ in selected})
     t_start = time.monotonic()
-    servers = {s: Worker(f"latency-server-{s}", net.prefix("server"), str(run_dir.logs), str(run_dir.work)) for s in SERVERS}
+    servers = {s: Worker(f"latency-server-{s}", net.prefix("server"), str(run_dir.logs), str(run_dir.work),
+                         **({"root": roots[s]} if s in roots else {})) for s in server_names}
     clients: dict[tuple[str, str], Worker] = {}
     results = []
     try:
@@ -85,6 +95,9 @@ def run(args, run_dir: Run, net: Network, log=print) -> dict:
         if "lerobot" in (getattr(args, "systems", None) or SYSTEMS):
             servers["lerobot"].create("LeRobotServer", addresses=[f"{h}:{port_of['lerobot']}" for h in hosts])
         servers["floor"].create("FloorServer", listen=[f"tcp/{h}:{port_of['floor']}" for h in hosts])
+        if base:
+            servers["base"].create("OursServer", listen=[f"tcp/{h}:{port_of['base']}" for h in hosts],
+                                   models=[{"app": wl, "workload": wl} for wl in workloads])
         for wl, link_name, n in selected:
             link = LINKS[link_name]
             net.shape(link)
@@ -92,13 +105,15 @@ def run(args, run_dir: Run, net: Network, log=print) -> dict:
             host = net.server_host(link)
             iface = net.server_iface(link)
             case_id = f"{wl}-{link_name}"
-            systems = SYSTEMS if link_name == "loopback" else tuple(s for s in SYSTEMS if s != "ours_shm")
-            systems = tuple(s for s in systems if s == "floor" or s in (getattr(args, "systems", None) or SYSTEMS))
+            wanted = set(getattr(args, "systems", None) or SYSTEMS) | ({"base", "base_shm"} if base else set())
+            systems = tuple(s for s in all_systems if (s == "floor" or s in wanted)
+                            and (link_name == "loopback" or not s.endswith("_shm")))
             log(f"latency: {WORKLOADS[wl].label} on {link.label}: {n} round trips per system")
             for s in systems:
                 if (s, topo) not in clients:
+                    root = roots.get(_server_of(s))
                     clients[(s, topo)] = Worker(f"latency-client-{s}-{topo}", net.prefix("client", link),
-                                                str(run_dir.logs), str(run_dir.work))
+                                                str(run_dir.logs), str(run_dir.work), **({"root": root} if root else {}))
                 kind, kwargs = _client_spec(s, wl, host, port_of)
                 clients[(s, topo)].create(kind, name=case_id, **kwargs)
             jpeg_raw: dict[str, list] = {}
@@ -197,6 +212,11 @@ def format_case(row: dict) -> str:
         shm = row["systems"]["ours_shm"]["added_ms"]["p50"]
         lines.append(f"  same-host path (ours_shm): {fmt(shm)} ms median added"
                      + (f", LeRobot / ours_shm {ler / shm:.1f}x" if shm and ler else ""))
+    for s in ("base", "base_shm"):
+        head = p50.get(s.replace("base", "ours"))
+        if p50.get(s) and head:
+            lines.append(f"  {s.replace('base', 'ours')} / {s} (this checkout / the base checkout), median added: "
+                         f"{head / p50[s]:.2f}")
     if row.get("delay_line"):
         d = row["delay_line"]
         lines.append(f"  delay line (all three systems): {d['packets']} packets, {d['dropped']} dropped, "
@@ -255,6 +275,8 @@ def main(argv=None) -> None:
                         help=f"a subset of {','.join(SYSTEMS)} (floor always runs: JPEG alone is timed there)")
     parser.add_argument("--workloads", type=lambda s: s.split(","), default=None,
                         help=f"a subset of {','.join(WORKLOADS)}")
+    parser.add_argument("--base", default=None, metavar="CHECKOUT",
+                        help="another checkout of this project, run side by side as `base` (module docstring)")
     args = parser.parse_args(argv)
     if args.round_trips is None:
         args.round_trips = 500 if args.full else 200

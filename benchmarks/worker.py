@@ -36,12 +36,15 @@ class WorkerError(RuntimeError):
 class Worker:
     """Driver-side handle of one worker process."""
 
-    def __init__(self, name: str, prefix: list[str], log_dir: str, work_dir: str):
+    def __init__(self, name: str, prefix: list[str], log_dir: str, work_dir: str, root: str = ROOT):
+        """`root`: the checkout whose code the process runs (another one: a side-by-side comparison)."""
         self.name = name
         self.log_path = os.path.join(log_dir, f"{name}.log")
         env = dict(os.environ, LZB_WORK_DIR=work_dir, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+        if root != ROOT:
+            env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         self._log = open(self.log_path, "a")
-        self.proc = subprocess.Popen(prefix + [sys.executable, "-m", "benchmarks.worker"], cwd=ROOT, env=env,
+        self.proc = subprocess.Popen(prefix + [sys.executable, "-m", "benchmarks.worker"], cwd=root, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
                                      text=True, bufsize=1)
         self.pid = self._recv(120.0)["pid"]  # `ip netns exec` execs, but ask rather than assume
