@@ -215,7 +215,17 @@ class Ingest:
 
     def admit(self, model: ServedModel, client_id: str, payload: Payload | bytes, header, header_error,
                task: str | None = None) -> str | None:
-        dropped = model.session_table.admit(client_id, payload, time.monotonic(), header, header_error, task)
+        now, table = time.monotonic(), model.session_table
+        # A fresh id the manifest does not list, while the cool-down such ids share runs
+        # (server/rate_limit.py): dropped before it opens a session and takes a place in the pool,
+        # which the inference thread would then close again.
+        if client_id not in table.sessions and client_id not in table.config.listed and table.rate_limit.blocked(client_id, now):
+            n = model.refuse_unread(Reason.RATE_LIMITED)
+            if worth_logging(n):
+                log.warning("dropped observation(s) from new unknown clients on %s: their shared rejection cool-down "
+                            "runs [%d so far]", model.app.prefix, n)
+            return Reason.RATE_LIMITED
+        dropped = table.admit(client_id, payload, now, header, header_error, task)
         if dropped is None:
             self.wake.set()
         elif dropped == UNKNOWN_CLIENT:
