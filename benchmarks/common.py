@@ -242,12 +242,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 class ServerProcess:
     """A policy server on `manifest` (a dict written to a temporary YAML file), in its own process
-    running this checkout's code; `ready()`, when given, is polled until true (at most `ready_timeout_s`)
-    before the block starts. Stopped with SIGTERM at exit (killed after `stop_timeout_s`)."""
+    running this checkout's code (or that of `source`, another checkout: a before/after pair);
+    `ready()`, when given, is polled until true (at most `ready_timeout_s`) before the block starts.
+    Stopped with SIGTERM at exit (killed after `stop_timeout_s`)."""
 
     def __init__(self, manifest: dict, log_path: Path, *, launcher: Sequence[str] = ("-m", "lerobot_zenoh.cli.server"),
-                 ready: Callable[[], bool] | None = None, ready_timeout_s: float = 180.0, stop_timeout_s: float = 10.0):
-        self.manifest, self.log_path, self.launcher = manifest, Path(log_path), tuple(launcher)
+                 ready: Callable[[], bool] | None = None, ready_timeout_s: float = 180.0, stop_timeout_s: float = 10.0,
+                 source: Path = ROOT):
+        self.manifest, self.log_path, self.launcher, self.source = manifest, Path(log_path), tuple(launcher), Path(source)
         self.ready, self.ready_timeout_s, self.stop_timeout_s = ready, ready_timeout_s, stop_timeout_s
         self.proc: subprocess.Popen | None = None
 
@@ -258,9 +260,9 @@ class ServerProcess:
         path = self._folder / "manifest.yaml"
         path.write_text(yaml.safe_dump(self.manifest))
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in __exit__
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(self.source)}
         self.proc = subprocess.Popen([sys.executable, *self.launcher, "--manifest", str(path)], stdout=self._log,
-                                     stderr=subprocess.STDOUT, env=env)
+                                     stderr=subprocess.STDOUT, env=env, cwd=self.source)  # (-m reads cwd first)
         if self.ready is not None:
             deadline = time.monotonic() + self.ready_timeout_s
             while not self.ready():

@@ -12,7 +12,9 @@ Schema (docs/protocol.md §2)::
 
 A chunk is one path segment. It must be non-empty and must not contain any character Zenoh
 reserves (``/ * $ ? # @``) or whitespace; otherwise a ``KeyExprError`` names the field and value.
-``server``, ``status`` and ``engine`` are reserved and cannot be used as client ids.
+``server``, ``status`` and ``engine`` are reserved and cannot be used as client ids, and a client
+id is at most ``MAX_CLIENT_ID_BYTES`` (128) bytes of UTF-8: a server keeps ids (in its sessions,
+its parsed-key cache and its counters), so their size is bounded before any of that.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ from lerobot_zenoh.protocol.reasons import OutputKind
 
 RESERVED_CHARS = frozenset("/*$?#@")
 RESERVED_CLIENT_IDS = frozenset({"server", "status", "engine"})  # engine: the dispatch keys (protocol/dispatch.py)
+
+#: The longest client id, in bytes of UTF-8 (docs/protocol.md §2.3). A server refuses an observation
+#: whose key names a longer one before it parses the rest of the key or keeps anything of it.
+MAX_CLIENT_ID_BYTES = 128
 
 STATUS = "status"
 SERVER = "server"
@@ -62,10 +68,37 @@ def validate_chunk(field: str, value: str) -> str:
 
 
 def validate_client_id(field: str, value: str) -> str:
+    # Length first: the character checks below walk the whole string.
+    if isinstance(value, str) and len(value) > MAX_CLIENT_ID_BYTES // 4 and len(value.encode()) > MAX_CLIENT_ID_BYTES:
+        raise KeyExprError(field, _shortened(value), f"is {len(value.encode())} bytes of UTF-8, a client id has at most "
+                                                     f"{MAX_CLIENT_ID_BYTES}")
     validate_chunk(field, value)
     if value in RESERVED_CLIENT_IDS:
         raise KeyExprError(field, value, f"is reserved ({', '.join(sorted(RESERVED_CLIENT_IDS))})")
     return value
+
+
+def _shortened(value: str) -> str:
+    return value if len(value) <= 40 else f"{value[:40]}... ({len(value)} characters)"
+
+
+def client_chunk_too_long(key: str) -> bool:
+    """Whether the sixth chunk of `key` (where a client key names its client, after the five of the
+    app prefix) is longer than `MAX_CLIENT_ID_BYTES`, found without reading the key past it: what a
+    server checks first of an observation's key, before looking it up, parsing it or keeping it.
+    False for a key with fewer chunks (`parse_key` refuses it)."""
+    start = 0
+    for _ in range(5):
+        start = key.find("/", start) + 1
+        if start == 0:
+            return False
+    end = key.find("/", start, start + MAX_CLIENT_ID_BYTES + 1)
+    if end < 0:  # no "/" within the limit: the chunk runs past it, or it is the key's last chunk
+        end = len(key) if len(key) - start <= MAX_CLIENT_ID_BYTES else -1
+    if end < 0:
+        return True
+    # Within MAX_CLIENT_ID_BYTES characters; UTF-8 may still take more bytes.
+    return end - start > MAX_CLIENT_ID_BYTES // 4 and len(key[start:end].encode()) > MAX_CLIENT_ID_BYTES
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,10 @@ class MessageType(StrEnum):
 VERDICT_LABELS = frozenset(label.value for label in VerdictLabel)
 #: `Observation.component_mask` has one bit per component of a task, so a task has at most 32.
 MAX_COMPONENTS = 32
+#: The longest `Observation.task`, in bytes of UTF-8 (docs/protocol.md §5.1): a sentence is under 200,
+#: pi0.5's 200-token prompt under about 1,000. A longer task is refused (`task_too_long`) while the
+#: observation is decoded, by its length alone, before any tokenizer reads it.
+MAX_TASK_BYTES = 2048
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,6 +69,7 @@ class Reason(StrEnum):
     UNKNOWN_CLIENT = "unknown_client"
     TOO_MANY_CLIENTS = "too_many_clients"
     RATE_LIMITED = "rate_limited"
+    CLIENT_ID_TOO_LONG = "client_id_too_long"  # the key's client id is over MAX_CLIENT_ID_BYTES (protocol/keys.py)
     # -- the client's refusals of an answer
     ACTION_SHAPE = "action_shape"
     NON_FINITE = "non_finite"

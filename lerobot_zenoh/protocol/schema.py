@@ -30,6 +30,7 @@ import numpy as np
 from lerobot_zenoh.errors import ProtocolError
 from lerobot_zenoh.protocol.messages import (
     MAX_COMPONENTS,
+    MAX_TASK_BYTES,
     ActionChunk,
     ExecutionInfo,
     HistoryFrame,
@@ -118,8 +119,11 @@ class WireType:
 
 
 class Str(WireType):
-    def __init__(self, max_len: int | None = None, choices: type | None = None, reason: Reason = Reason.BAD_FIELD):
-        self.max_len, self.choices, self.reason = max_len, choices, reason
+    """A str; `max_len` bounds its characters, `max_bytes` its UTF-8 bytes (both checked on decode)."""
+
+    def __init__(self, max_len: int | None = None, choices: type | None = None, reason: Reason = Reason.BAD_FIELD,
+                 max_bytes: int | None = None):
+        self.max_len, self.choices, self.reason, self.max_bytes = max_len, choices, reason, max_bytes
         self.what = "a string" if choices is None else f"one of {', '.join(choices)}"
 
     def encode(self, value: Any) -> str:
@@ -132,6 +136,10 @@ class Str(WireType):
             raise self.wrong(value, name)
         if self.max_len is not None and len(value) > self.max_len:
             raise ProtocolError(self.reason, f"{name} longer than {self.max_len} characters")
+        if self.max_bytes is not None and len(value) > self.max_bytes // 4:  # (4 bytes a character at most)
+            n = len(value) if value.isascii() else len(value.encode())
+            if n > self.max_bytes:
+                raise ProtocolError(self.reason, f"{name} is {n} bytes of UTF-8, at most {self.max_bytes}")
         if self.choices is not None and value not in self.choices:
             raise ProtocolError(self.reason, f"{name} {value!r} is not {self.what}"[:200])
         return value
@@ -441,7 +449,7 @@ OBSERVATION = Record(Observation, [
     Field("client_uuid", STR, required=True),
     Field("state", NdArray(1, "fiu", reason=Reason.BAD_STATE), required=True),
     Field("images", JPEGS, required=True),
-    Field("task", STR),
+    Field("task", Str(max_bytes=MAX_TASK_BYTES, reason=Reason.TASK_TOO_LONG)),
     Field("episode_id", STR),
     Field("session_nonce", UINT64),
     Field("execution", EXECUTION_INFO),

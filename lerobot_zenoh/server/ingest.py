@@ -1,6 +1,8 @@
 """What reaches the server from the robots: its subscriptions and Zenoh callbacks, hand-over only.
 
-`on_observation` parses the key, reads the observation's small header (`admission.read_header`, a
+`on_observation` checks the length of the key's client id (`client_id_too_long`, before anything
+else is read or kept of the key), parses the key (once: parsed keys are cached, bounded in number
+and in bytes), reads the observation's small header (`admission.read_header`, a
 struct unpack; nothing is decoded) and calls `engine.admit` (the raw bytes and that verdict go into
 the session's newest-only slot); `on_client_token` tells the engine a client's liveliness token
 appeared or vanished. Both take only the engine's short lock. A model serving a component of
@@ -14,11 +16,14 @@ thread read either the old map or the new one.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 
 from lerobot_zenoh.errors import KeyExprError, TransportError
-from lerobot_zenoh.protocol.keys import AppKey, Topic, names_components, parse_client_key
+from lerobot_zenoh.protocol.keys import (MAX_CLIENT_ID_BYTES, AppKey, Topic, client_chunk_too_long, names_components,
+                                         parse_client_key)
+from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.server import admission
 from lerobot_zenoh.server.session_table import TOO_MANY_CLIENTS, UNKNOWN_CLIENT
 from lerobot_zenoh.server.manifest import Manifest
@@ -29,10 +34,54 @@ from lerobot_zenoh.transport.session import Payload
 
 log = logging.getLogger(__name__)
 
-#: Parsed observation keys kept (one per client and model); beyond it the cache starts again.
+#: Parsed observation keys kept (one per client and model), and the memory they may take (keys and
+#: ids, as Python holds them); beyond either, the oldest are forgotten (and parsed again if they come back).
 MAX_CACHED_KEYS = 4096
+MAX_CACHED_KEY_BYTES = 2**20
+#: A key longer than this is never cached, nor looked up (hashing a 60 kB key costs 16 us): the five
+#: chunks of an app prefix, a client id of at most MAX_CLIENT_ID_BYTES and `obs` fit in it.
+MAX_CACHED_KEY_CHARS = 1024
 
-__all__ = ["Ingest", "MAX_CACHED_KEYS"]
+__all__ = ["Ingest", "KeyCache", "MAX_CACHED_KEYS", "MAX_CACHED_KEY_BYTES", "MAX_CACHED_KEY_CHARS"]
+
+
+class KeyCache:
+    """Observation key -> client id, for keys that parsed as client observation keys, bounded in
+    entries and in bytes (`sys.getsizeof` of the key and of the id, so a key of wide characters
+    counts what it takes); the oldest entries go first. Keys over `max_key_chars` are neither kept
+    nor looked up. Callbacks run on several Zenoh threads: one lock, held for dictionary work only."""
+
+    def __init__(self, max_keys: int = MAX_CACHED_KEYS, max_bytes: int = MAX_CACHED_KEY_BYTES,
+                 max_key_chars: int = MAX_CACHED_KEY_CHARS):
+        self.max_keys, self.max_bytes, self.max_key_chars = max_keys, max_bytes, max_key_chars
+        self._entries: dict[str, tuple[str, int]] = {}  # key -> (client id, its bytes with the key's)
+        self.bytes = 0
+        self.evicted = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: str) -> str | None:
+        if len(key) > self.max_key_chars:
+            return None
+        entry = self._entries.get(key)
+        return None if entry is None else entry[0]
+
+    def put(self, key: str, client_id: str) -> None:
+        size = sys.getsizeof(key) + sys.getsizeof(client_id)
+        if len(key) > self.max_key_chars or size > self.max_bytes:
+            return
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.bytes -= old[1]
+            while self._entries and (len(self._entries) >= self.max_keys or self.bytes + size > self.max_bytes):
+                _, freed = self._entries.pop(next(iter(self._entries)))
+                self.bytes -= freed
+                self.evicted += 1
+            self._entries[key] = (client_id, size)
+            self.bytes += size
 
 
 class Ingest:
@@ -44,8 +93,8 @@ class Ingest:
         self.session = None
         # Observation key -> client id, for keys that parsed as client observation keys: parsing
         # (split, AppKey, chunk validation) cost 12 us per sample, a dict hit 0.1 us (docs/benchmarks.md,
-        # "Server ingest"). Bounded: emptied when it reaches MAX_CACHED_KEYS (a client per key).
-        self._client_of_key: dict[str, str] = {}
+        # "Server ingest"). Bounded in keys and in bytes; ids are at most MAX_CLIENT_ID_BYTES.
+        self.keys = KeyCache()
 
     def reload(self, manifest: Manifest) -> str | None:
         """Take a re-read manifest's task streams, client lists and batch sizes; None when applied,
@@ -146,20 +195,37 @@ class Ingest:
         if not model.role.active.is_set():  # a standby drops observations unseen
             model.standby_dropped += 1
             return None
-        client_id = self._client_of_key.get(key)
-        if client_id is None:
-            try:
-                _, client_id = parse_client_key(key, Topic.OBS)
-            except KeyExprError:
-                return None  # the wildcard only matches .../*/obs; a reserved id like "server" ends here
-            if len(self._client_of_key) >= MAX_CACHED_KEYS:
-                self._client_of_key.clear()
-            self._client_of_key[key] = client_id
+        client_id = self.keys.get(key)  # (only keys whose id was checked are kept; long keys are not looked up)
+        if client_id is not None:
+            return client_id
+        # The id's length before anything else, found without reading the key past it: nothing of a
+        # key naming a longer id is parsed or kept (a key is as long as its publisher wants).
+        if client_chunk_too_long(key):
+            n = model.refuse_unread(Reason.CLIENT_ID_TOO_LONG)
+            if worth_logging(n):
+                log.warning("dropped observation(s) on %s whose key names a client id over %d bytes (%d so far)",
+                            model.app.prefix, MAX_CLIENT_ID_BYTES, n)
+            return None
+        try:
+            _, client_id = parse_client_key(key, Topic.OBS)
+        except KeyExprError:
+            return None  # the wildcard only matches .../*/obs; a reserved id like "server" ends here
+        self.keys.put(key, client_id)
         return client_id
 
     def admit(self, model: ServedModel, client_id: str, payload: Payload | bytes, header, header_error,
                task: str | None = None) -> str | None:
-        dropped = model.session_table.admit(client_id, payload, time.monotonic(), header, header_error, task)
+        now, table = time.monotonic(), model.session_table
+        # A fresh id the manifest does not list, while the cool-down such ids share runs
+        # (server/rate_limit.py): dropped before it opens a session and takes a place in the pool,
+        # which the inference thread would then close again.
+        if client_id not in table.sessions and client_id not in table.config.listed and table.rate_limit.blocked(client_id, now):
+            n = model.refuse_unread(Reason.RATE_LIMITED)
+            if worth_logging(n):
+                log.warning("dropped observation(s) from new unknown clients on %s: their shared rejection cool-down "
+                            "runs [%d so far]", model.app.prefix, n)
+            return Reason.RATE_LIMITED
+        dropped = table.admit(client_id, payload, now, header, header_error, task)
         if dropped is None:
             self.wake.set()
         elif dropped == UNKNOWN_CLIENT:

@@ -4,6 +4,7 @@ publishers, and what the server counts for it. Built once per manifest entry at 
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from dataclasses import replace
 
@@ -16,6 +17,7 @@ from lerobot_zenoh.server import text_stream
 from lerobot_zenoh.server.session_table import SessionTable, SessionTableConfig
 from lerobot_zenoh.server.executor import Executor
 from lerobot_zenoh.server.failover import ServingRole
+from lerobot_zenoh.server.rate_limit import RejectionRateLimit
 from lerobot_zenoh.server.manifest import Manifest, ModelEntry
 from lerobot_zenoh.server.routing import TaskRouting, task_streams
 from lerobot_zenoh.server.runners.base import PolicyRunner
@@ -59,6 +61,9 @@ class ServedModel:
             )
         self.actions_per_chunk = actions_per_chunk
         sessions = manifest.sessions
+        # Unknown ids (`accept_unknown_clients`) share one cool-down: ids cost nothing to invent
+        # (server/rate_limit.py). Listed ones are read at each call: a reload changes them.
+        rate_limit = RejectionRateLimit(listed=lambda client_id: client_id in self.session_table.config.listed)
         self.session_table = SessionTable(SessionTableConfig(
             listed=frozenset(c.client_uuid for c in entry.clients),
             accept_unknown=entry.accept_unknown_clients,
@@ -67,7 +72,7 @@ class ServedModel:
             liveliness_grace_s=sessions.liveliness_grace_s,
             max_message_bytes=codec_limits.max_message_bytes,
             max_batch_size=self.max_batch_size,
-        ), entry.scheduler.build(f"server.{entry.model_id}.scheduler"))
+        ), entry.scheduler.build(f"server.{entry.model_id}.scheduler"), rate_limit)
         self.executor = Executor(self.app.prefix, runner, actions_per_chunk=actions_per_chunk,
                                  server_id=server_id, horizon=entry.horizon.build(spec.capabilities.refinement_kind),
                                  limits=codec_limits)
@@ -100,6 +105,10 @@ class ServedModel:
                             for admitted in (True, False)}
         self.role: ServingRole | None = None  # set at start(): primary or hot standby
         self.standby_dropped = 0  # observations not admitted while standing by
+        # Observations dropped in the Zenoh callback before the session table hears of them, by
+        # reason (`client_id_too_long`); callbacks run on several Zenoh threads, hence the lock.
+        self._refused_unread: Counter = Counter()
+        self._refused_lock = threading.Lock()
         self.inferences = 0
         # What the model answers, on which topic (the runner's declared output, never probed).
         self.output = spec.capabilities.output
@@ -116,6 +125,18 @@ class ServedModel:
         self.faults_in_a_row = 0
         self.last_fault_s = float("-inf")
         self.failed: str | None = None  # why it is no longer served (`PolicyServer._withdraw`)
+
+    def refuse_unread(self, reason: str) -> int:
+        """Count an observation dropped in the callback, unread, for `reason`; returns the count so far."""
+        with self._refused_lock:
+            self._refused_unread[reason] += 1
+            return self._refused_unread[reason]
+
+    @property
+    def refused_unread(self) -> dict[str, int]:
+        """Observations dropped in the callback before the session table heard of them, by reason."""
+        with self._refused_lock:
+            return dict(self._refused_unread)
 
     @property
     def scheduler(self):
