@@ -197,12 +197,12 @@ def test_unknown_ids_share_one_cool_down_and_a_listed_robot_keeps_its_own():
     assert table.admit("fresh_new", payload, now) == Reason.RATE_LIMITED
     assert limit.blocked("fresh_0", now) and limit.blocked("anyone_else", now)
     assert table.admit("robot", observation("robot")[0], now) is None  # listed: its own limit
-    # Through the callback, a fresh id does not even open a session (nor take a place) meanwhile.
+    # Meanwhile a fresh id does not even open a session (nor take a place in the pool), through the callback too.
     ingest = Ingest([model], threading.Event())
     opened = table.snapshot().sessions_opened
     ingest.on_observation(model, obs_key("fresh_other"), *observation("fresh_other"))
     assert "fresh_other" not in table.sessions and table.snapshot().sessions_opened == opened
-    assert model.refused_unread == {Reason.RATE_LIMITED: 1}
+    assert table.snapshot().dropped[Reason.RATE_LIMITED] == 2  # fresh_new and fresh_other, counted
     # Closing the unknown sessions does not lift the shared cool-down; its end does.
     unknown = [cid for cid, session in table.sessions.items() if not session.listed]
     assert table.update_clients(table.config.listed, close=unknown) == unknown

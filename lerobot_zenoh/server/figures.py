@@ -40,6 +40,7 @@ def model_figures(model: ServedModel) -> tuple[dict, dict]:
             "actions_dropped": pub.dropped if pub is not None else 0,
         }
     total = snap.total()  # open and closed sessions
+    unread = model.refused_unread
     inference_ms = [x for s in snap.sessions.values() for x in s.stats.inference_ms]
     queue_ms = [x for s in snap.sessions.values() for x in s.stats.queue_ms]
     metrics = {
@@ -49,8 +50,10 @@ def model_figures(model: ServedModel) -> tuple[dict, dict]:
         "sessions_opened": snap.sessions_opened,
         **{f"sessions_closed.{reason}": n for reason, n in snap.sessions_closed.items()},
         **_session_figures(total),
-        # (rejected: also those dropped before any session, unknown_client and too_many_clients)
-        "observations_rejected": total.rejected_total + sum(snap.dropped.values()),
+        # (rejected: also those dropped before any session, unknown_client, too_many_clients and a
+        # fresh unknown id's rate_limited, and those refused before their key was read: client_id_too_long)
+        "observations_rejected": total.rejected_total + sum(snap.dropped.values()) + sum(unread.values()),
+        **{f"rejected.{reason}": n for reason, n in unread.items()},
         **{f"rejected.{reason}": n for reason, n in snap.dropped.items()},
         **{f"rejected.{reason}": n for reason, n in total.rejected.items()},
         "actions_dropped": model.actions_dropped_closed + sum(p.dropped for p in publishers.values()),
@@ -86,7 +89,7 @@ def model_stats(model: ServedModel) -> dict:
     closed = snap.closed
     return {
         "unknown_rejected": snap.unknown_refused,
-        "dropped": {k: v for k, v in snap.dropped.items() if k != UNKNOWN_CLIENT},
+        "dropped": {**{k: v for k, v in snap.dropped.items() if k != UNKNOWN_CLIENT}, **model.refused_unread},
         "sessions_opened": snap.sessions_opened,
         "sessions_closed": snap.sessions_closed,
         # the counts of sessions since closed; served: every chunk served

@@ -25,7 +25,7 @@ from lerobot_zenoh.protocol.keys import (MAX_CLIENT_ID_BYTES, AppKey, Topic, cli
                                          parse_client_key)
 from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.server import admission
-from lerobot_zenoh.server.session_table import TOO_MANY_CLIENTS, UNKNOWN_CLIENT
+from lerobot_zenoh.server.session_table import RATE_LIMITED, TOO_MANY_CLIENTS, UNKNOWN_CLIENT
 from lerobot_zenoh.server.manifest import Manifest
 from lerobot_zenoh.server.routing import TaskRouting, TaskStream, stream_changes, task_streams
 from lerobot_zenoh.server.served_model import ServedModel
@@ -216,18 +216,14 @@ class Ingest:
     def admit(self, model: ServedModel, client_id: str, payload: Payload | bytes, header, header_error,
                task: str | None = None) -> str | None:
         now, table = time.monotonic(), model.session_table
-        # A fresh id the manifest does not list, while the cool-down such ids share runs
-        # (server/rate_limit.py): dropped before it opens a session and takes a place in the pool,
-        # which the inference thread would then close again.
-        if client_id not in table.sessions and client_id not in table.config.listed and table.rate_limit.blocked(client_id, now):
-            n = model.refuse_unread(Reason.RATE_LIMITED)
-            if worth_logging(n):
-                log.warning("dropped observation(s) from new unknown clients on %s: their shared rejection cool-down "
-                            "runs [%d so far]", model.app.prefix, n)
-            return Reason.RATE_LIMITED
         dropped = table.admit(client_id, payload, now, header, header_error, task)
         if dropped is None:
             self.wake.set()
+        elif dropped == RATE_LIMITED and client_id not in table.sessions:
+            n = table.dropped[RATE_LIMITED]
+            if worth_logging(n):
+                log.warning("dropped observation(s) from new unknown clients on %s: their shared rejection cool-down "
+                            "runs [%d so far]", model.app.prefix, n)
         elif dropped == UNKNOWN_CLIENT:
             n = model.session_table.dropped[UNKNOWN_CLIENT]
             if n in (1, 10, 100, 1000):

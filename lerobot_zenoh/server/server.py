@@ -51,9 +51,6 @@ from lerobot_zenoh.transport.session import ZenohSession
 
 log = logging.getLogger(__name__)
 
-#: Parsed observation keys kept (one per client and model); beyond it the cache starts again.
-MAX_CACHED_KEYS = 4096
-
 
 class PolicyServer:
     """Construct with a manifest (no I/O); `start()` pre-warms every model, then opens Zenoh.

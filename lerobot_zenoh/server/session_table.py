@@ -122,7 +122,13 @@ class SessionTable:
         """
         listed = client_id in self.config.listed
         with self._lock:
-            session = self.sessions.get(client_id) or self.roster.place(client_id, listed, self.config, now_s)
+            session = self.sessions.get(client_id)
+            if session is None and not listed and self.rate_limit.blocked(client_id, now_s):
+                # unknown ids share one cool-down (server/rate_limit.py): a fresh one waits it out
+                # before it opens a session and takes a place in the pool
+                self.dropped[RATE_LIMITED] += 1
+                return RATE_LIMITED
+            session = session or self.roster.place(client_id, listed, self.config, now_s)
             if isinstance(session, str):
                 return session  # unknown_client, too_many_clients
             stats = session.stats
