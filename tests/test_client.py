@@ -628,3 +628,14 @@ def test_a_client_uses_the_session_it_is_given_and_leaves_it_open(port, app_key)
             assert client.counters.chunks_received >= 1
             # closed the client, not the session: it still answers a status query
             assert session.query(app_key.status, timeout_s=2.0)
+
+
+def test_a_task_longer_than_a_server_reads_fails_at_start_up_naming_the_field(app_key):
+    """A server refuses every observation whose task is over MAX_TASK_BYTES (task_too_long): the
+    client says so before it starts, naming the flag that gave the task."""
+    from lerobot_zenoh.errors import ConfigError
+    from lerobot_zenoh.protocol.messages import MAX_TASK_BYTES
+
+    make_config(7447, app_key, task="ü" * (MAX_TASK_BYTES // 2)).validate()  # exactly the limit: fine
+    with pytest.raises(ConfigError, match=r"^task: is 2050 bytes"):
+        make_config(7447, app_key, task="ü" * (MAX_TASK_BYTES // 2) + "xx").validate()
