@@ -186,6 +186,15 @@ def test_system2_text_becomes_system1_task_and_resets_each_attempt():
     assert rt.on_text("plan", 7, "stale", 6.1) == "stale" and rt.task_text == "pick"
 
 
+def test_a_plan_longer_than_a_server_reads_is_cut_at_a_character_boundary():
+    from lerobot_zenoh.protocol.messages import MAX_TASK_BYTES
+
+    rt = runtime()
+    send(rt, 1, 0.0)
+    assert rt.on_text("plan", 1, "x" + "ü" * MAX_TASK_BYTES, 0.5) == "met"
+    assert len(rt.task_text.encode()) == MAX_TASK_BYTES - 1 and rt.task_text.startswith("xü")
+
+
 def test_failed_ends_the_attempt_then_the_task_retry_policy():
     rt = runtime()
     send(rt, 1, 0.0)

@@ -49,7 +49,7 @@ import numpy as np
 
 from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.pipelines.descriptor import Fallback, Task
-from lerobot_zenoh.protocol.messages import MAX_COMPONENTS, MONITOR_LABELS, SAFETY_LABELS
+from lerobot_zenoh.protocol.messages import MAX_COMPONENTS, MAX_TASK_BYTES, MONITOR_LABELS, SAFETY_LABELS
 from lerobot_zenoh.protocol.reasons import OutputKind
 
 #: What each kind answers with (Status.output) and on which topic.
@@ -312,7 +312,8 @@ class PipelineRuntime:
         return self._answer(self._components[self.system1], seq_id, now_s)
 
     def on_text(self, component: str, seq_id: int, text: str, now_s: float) -> str:
-        """System 2 answered: its text becomes System 1's task string (the newest request's wins)."""
+        """System 2 answered: its text becomes System 1's task string (the newest request's wins),
+        cut to the `MAX_TASK_BYTES` a server reads (at a character boundary)."""
         c = self._components[component]
         if c.kind != "system2":
             c.stats.rejected += 1
@@ -320,7 +321,7 @@ class PipelineRuntime:
         result = self._answer(c, seq_id, now_s)
         if result in ("met", "late") and seq_id > self._text_seq and self.outcome is None:
             self._text_seq = seq_id
-            self.task_text = text
+            self.task_text = text.encode()[:MAX_TASK_BYTES].decode(errors="ignore")
         return result
 
     def on_verdict(self, component: str, seq_id: int, label: str, now_s: float) -> str:
