@@ -113,6 +113,9 @@ class Serving:
         except Exception as exc:  # the runner returned something that is not an answer of its kind
             self.reject(model, session, Reason.INFERENCE_ERROR, f"{type(exc).__name__}: {exc}")
             return False
+        if model.role is not None and not model.role.may_serve(time.monotonic()):
+            model.role.answers_held += 1  # woke from a freeze, or replaced meanwhile (server/failover.py)
+            return False
         try:
             self._publisher(model, session.client_id).put(payload)
         except Exception as exc:
