@@ -277,7 +277,6 @@ class Heartbeats:
         self._seq = 0
         self._t0 = time.monotonic()
         self._last_tick_s: float | None = None
-        self.unreadable = 0  # heartbeats that could not be decoded
 
     def start(self) -> Heartbeats:
         for i, model in enumerate(self.models):
@@ -324,8 +323,8 @@ class Heartbeats:
             i, payload = self._inbox.popleft()
             try:
                 beat = Beat.decode(bytes(payload))
-            except ProtocolError:
-                self.unreadable += 1
+            except ProtocolError as exc:  # another version's, or not a heartbeat: ignored
+                log.debug("unreadable heartbeat: %s", exc)
                 continue
             if beat.server_id != self.server_id:
                 self._heard(self.models[i], self._watches[i], beat, now_s)
