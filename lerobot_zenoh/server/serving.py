@@ -91,7 +91,8 @@ class Serving:
             if self._answer(model, r, result, inference_ms, queue_ms):
                 published.append((r.session, r.observation.seq_id, inference_ms, queue_ms))
         model.session_table.finish(published, [r.session.client_id for r in ready], time.monotonic(), t_done - t_start)
-        self.advance_text(model)
+        if not _observations_wait(model):  # actions first: text decodes in the time they leave
+            self.advance_text(model)
 
     def _answer(self, model: ServedModel, r: Ready, result: InferenceResult | Exception, inference_ms: float,
                 queue_ms: float) -> bool:
@@ -206,3 +207,12 @@ class Serving:
                     pub = model.publishers[client_id] = self.session.publisher(
                         model.app.client(client_id).topic(model.topic), ACTION_QOS)
         return pub
+
+
+def _observations_wait(model: ServedModel) -> bool:
+    """Whether an observation waits in a session's slot (read without the table's lock: a hint; the
+    inference loop decodes text when `schedule` finds nothing, so text is only delayed, never lost)."""
+    try:
+        return any(s.slot is not None for s in list(model.session_table.sessions.values()))
+    except RuntimeError:  # the dict changed size while being copied
+        return True

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +27,10 @@ from lerobot_zenoh.errors import ConfigError, ProtocolError
 from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.server.runners.base import InferenceRequest
 
+#: `InferenceRequest.extras` key of a request that also asks this observation's text: a `LanguageQuery`.
 LANGUAGE_EXTRA = "language"
+#: Action calls whose slowest bounds a frame of text under an SLO (`DecodeBudget.frame_ms`).
+ACTION_WINDOW = 32
 
 
 class LanguageSettings(Settings):
@@ -42,8 +46,9 @@ class LanguageSettings(Settings):
       end-of-sequence token.
     - `max_requests`, `max_cached_tokens`: the memory cap (generations, KV entries); the oldest is
       evicted beyond it.
-    - `action_slo_ms`: the actions' latency SLO; when set, the budget shrinks as the measured action
-      time plus the frame's decoding nears it (`DecodeBudget`).
+    - `action_slo_ms`: the actions' latency SLO; when set, a frame of text may take the SLO less 10 %
+      less the slowest recent action call, and its prompt passes and steps are fitted into that
+      from their measured times (`DecodeBudget`).
     """
 
     config_prefix = "language"
@@ -92,33 +97,66 @@ class TextUpdate:
 
 
 class DecodeBudget:
-    """How many decode steps a frame gets: `tokens_per_frame`, shrunk when the actions near their SLO.
+    """What one frame of text (`TextDecoder.advance`) may cost, declared against the actions' SLO.
 
-    Pure (no torch, no clock): `observe` takes measured times. With an SLO, the steps that fit in
-    ``slo * (1 - margin) - action_ms`` at the measured step time (EWMA), clamped to
-    ``min_tokens_per_frame .. tokens_per_frame``; without one, always `tokens_per_frame`. The next
-    robot's actions wait for this frame's decoding, so this keeps action latency under the SLO.
+    Without `action_slo_ms`: `tokens_per_frame` decode steps and every pending prompt pass. With it,
+    a frame may take ``frame_ms() = slo * (1 - margin) - the slowest of the last 32 action calls``.
+    The server decodes text only while no observation waits (server/serving.py), so an observation
+    that arrives during a frame of text waits at most that long before its own call starts: its
+    action latency stays within the SLO. The frame's prompt passes (`admits`) and decode steps
+    (`tokens`, and a check of the clock between steps) are fitted into it from their measured times;
+    at least `min_tokens_per_frame` steps, and one prompt pass when nothing runs: that floor is all
+    text may cost the actions when the SLO leaves no room.
+
+    Pure (no torch, no clock): `observe` takes measured times (EWMA per step and per prompt pass).
     """
 
     def __init__(self, settings: LanguageSettings, *, margin: float = 0.1, alpha: float = 0.2):
         self.settings = settings
         self.margin = margin
         self.alpha = alpha
-        self.action_ms: float | None = None
+        self._actions: deque[float] = deque(maxlen=ACTION_WINDOW)
         self.step_ms: float | None = None
+        self.admit_ms: float | None = None  # one generation's share of a prompt pass
 
-    def observe(self, *, action_ms: float | None = None, step_ms: float | None = None) -> None:
+    @property
+    def action_ms(self) -> float | None:
+        """The slowest recent action call (what an observation waiting behind text then pays)."""
+        return max(self._actions, default=None)
+
+    def observe(self, *, action_ms: float | None = None, step_ms: float | None = None,
+                admit_ms: float | None = None) -> None:
         if action_ms is not None:
-            self.action_ms = action_ms if self.action_ms is None else self.action_ms + self.alpha * (action_ms - self.action_ms)
+            self._actions.append(action_ms)
         if step_ms is not None:
             self.step_ms = step_ms if self.step_ms is None else self.step_ms + self.alpha * (step_ms - self.step_ms)
+        if admit_ms is not None:
+            self.admit_ms = admit_ms if self.admit_ms is None else self.admit_ms + self.alpha * (admit_ms - self.admit_ms)
+
+    def frame_ms(self) -> float | None:
+        """The time one frame of text may take (None: no SLO, or no action measured yet)."""
+        s = self.settings
+        if s.action_slo_ms is None or self.action_ms is None:
+            return None
+        return max(0.0, s.action_slo_ms * (1 - self.margin) - self.action_ms)
 
     def tokens(self) -> int:
         s = self.settings
-        if s.action_slo_ms is None or self.action_ms is None or not self.step_ms:
+        frame = self.frame_ms()
+        if frame is None or not self.step_ms:
             return s.tokens_per_frame
-        headroom = s.action_slo_ms * (1 - self.margin) - self.action_ms
-        return max(s.min_tokens_per_frame, min(s.tokens_per_frame, math.floor(headroom / self.step_ms)))
+        return max(s.min_tokens_per_frame, min(s.tokens_per_frame, math.floor(frame / self.step_ms)))
+
+    def admits(self, pending: int, running: int) -> int:
+        """How many of `pending` generations (oldest first) get their prompt pass this frame."""
+        frame = self.frame_ms()
+        if frame is None:
+            return pending
+        floor = 1 if running == 0 else 0  # text never starves: one prompt pass when nothing runs
+        if self.admit_ms is None:
+            return min(pending, 1)  # one, to measure what a prompt pass costs
+        room = frame - (self.step_ms or 0.0) * self.settings.min_tokens_per_frame  # the floor's steps go too
+        return min(pending, max(floor, math.floor(max(0.0, room) / max(self.admit_ms, 1e-6))))
 
 
 @dataclass
@@ -320,23 +358,32 @@ class TextDecoder:
 
 
     def advance(self, max_tokens: int | None = None) -> list[TextUpdate]:
-        """Decode one frame's worth: pending generations append their prompt (first token), then every
-        running generation decodes up to the budget's tokens in one batch per step. Returns the text
-        updates (new tokens, final answers)."""
+        """Decode one frame's worth (`DecodeBudget`; `max_tokens`: that many steps, unbudgeted): pending
+        generations append their prompt (first token), then every running generation decodes one token
+        per step, in one batch. Returns the text updates (new tokens, final answers)."""
         import torch
 
         if not self.active:
             return []
-        steps = self.budget.tokens() if max_tokens is None else max_tokens
-        if steps < self.settings.tokens_per_frame:
-            self.counters["budget_shrunk"] += 1
+        budget = self.budget
+        frame_ms = budget.frame_ms() if max_tokens is None else None
+        steps = budget.tokens() if max_tokens is None else max_tokens
+        floor = min(self.settings.min_tokens_per_frame, steps)
+        shrunk = steps < self.settings.tokens_per_frame
         with self._lock, torch.no_grad():
             t_start = time.perf_counter()
-            self._admit_pending()
+            admitted = self._admit_pending(None if max_tokens is not None else
+                                           budget.admits(len(self._pending), len(self._running.rows)))
             t0 = time.perf_counter()
+            if admitted:
+                budget.observe(admit_ms=(t0 - t_start) * 1000 / admitted)
             done_steps = 0
             for _ in range(steps):
                 if not any(g.done is None for g in self._running.rows):
+                    break
+                if (frame_ms is not None and done_steps >= floor
+                        and (time.perf_counter() - t_start) * 1000 + (budget.step_ms or 0.0) > frame_ms):
+                    shrunk = True  # the clock says the frame is spent
                     break
                 while self._running.rows and self._running.cached_tokens(1) > self.settings.max_cached_tokens:
                     self._evict_running_oldest()
@@ -346,23 +393,25 @@ class TextDecoder:
                 done_steps += 1
             t_end = time.perf_counter()
             if done_steps:
-                self.budget.observe(step_ms=(t_end - t0) * 1000 / done_steps)
+                budget.observe(step_ms=(t_end - t0) * 1000 / done_steps)
+            self.counters["budget_shrunk"] += shrunk or bool(self._pending)
             self.counters["decode_ms"] += (t_end - t_start) * 1000
             self.counters["step_ms"] += (t_end - t0) * 1000
             updates = self._updates()
             self._running.keep([i for i, g in enumerate(self._running.rows) if g.done is None])
         return updates
 
-
-    def _admit_pending(self) -> None:
-        """Append each pending generation's prompt to its prefix cache (one batched forward, prompts
-        right-padded and masked) and take its first token; then join them to the running batch."""
+    def _admit_pending(self, limit: int | None) -> int:
+        """Append the prompt of each pending generation (the `limit` oldest; None: all) to its prefix
+        cache (one batched forward, prompts right-padded and masked) and take its first token; then
+        join them to the running batch. Returns how many were admitted; the others wait."""
         import torch
 
-        if not self._pending:
-            return
+        if not self._pending or limit == 0:
+            return 0
         pending = sorted(self._pending.values(), key=lambda g: g.started)
-        self._pending.clear()
+        pending, later = (pending, []) if limit is None else (pending[:limit], pending[limit:])
+        self._pending = {g.session_id: g for g in later}
         # A generation that joins needs room: the oldest running (or pending) ones make way.
         fits = list(pending)
         s = self.settings
@@ -373,7 +422,7 @@ class TextDecoder:
                 fits.pop(0).done = "evicted"
                 self.counters["evicted"] += 1
         if not fits:
-            return
+            return 0
         device = fits[0].valid.device
         widths = [int(g.valid.shape[1]) for g in fits]
         prompt_len = max(len(g.prompt_ids) for g in fits)
@@ -405,6 +454,7 @@ class TextDecoder:
         for g, t in zip(fits, first.tolist(), strict=True):
             self._take(g, int(t))
         self._running.join(fits, k_b, v_b, valid, next_pos, first)
+        return len(fits)
 
 
     def _evict_running_oldest(self) -> None:
