@@ -173,6 +173,26 @@ def test_budget_partial_text_then_final(runner):
     runner.configure_language(LanguageSettings())
 
 
+
+def test_text_yields_to_waiting_actions_after_its_floor(runner):
+    """While an observation waits for its actions, a frame of text stops after min_tokens_per_frame
+    steps; the text goes on in later frames, to the same tokens."""
+    runner.configure_language(LanguageSettings(max_new_tokens=7, tokens_per_frame=3, min_tokens_per_frame=1))
+    try:
+        runner.yield_to_actions(lambda: True)
+        runner.run([_request(0)])
+        (u,) = runner.advance()
+        assert u.tokens == 2 and not u.final  # the prompt pass's token + the floor's one step
+        shrunk = runner.counters["budget_shrunk"]
+        runner.yield_to_actions(lambda: False)
+        seen = [u]
+        while runner.language_active:
+            seen += runner.advance()
+        assert [x.tokens for x in seen] == [2, 5, 7] and seen[-1].final and runner.counters["budget_shrunk"] == shrunk
+    finally:
+        runner.yield_to_actions(None)
+        runner.configure_language(LanguageSettings())
+
 def test_stop_token_ends_the_generation(checkpoint):
     runner = _load(checkpoint, LanguageSettings(max_new_tokens=5, tokens_per_frame=5))
     ids = _fresh_prefill_tokens(runner, _request(0), 5)

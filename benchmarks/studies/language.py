@@ -20,6 +20,13 @@ asks robots with (f + j) % M == 0), k = `--per-frame`. Every mode does the same 
    decodes k tokens in one batch per step, across frames (the runner's `language.tokens_per_frame`);
 4s. as 4 with the decode budget tied to an action SLO (`--slo-factor` x the actions-alone p50).
 
+`--served`: only the served-loop table instead. The server's inference loop over the runner in real
+time (batches of waiting observations, then text as server/serving.py decodes it), 16 robots (at
+`--served-fps`) asking actions and text (tasks of ~190 tokens) and one honest robot asking actions
+only, each driven as the reference client drives it; side by side in one run: the same fleet
+without text, with text, and with text under `--served-slo-ms`. Reported: the honest robot's empty
+ticks and p99 latency, every robot's action latency p50/p99, text tokens/s.
+
 Per mode: frame latency p50/p99 (whole frame), action latency p50/p99 (frame start to chunks out;
 text comes after), action rate (chunks/s), text tokens/s; then the ratios. `--vlm-robots`: the VLM
 runner's text generation for B robots batched (iteration-level) vs one at a time, tokens identical.
@@ -273,9 +280,11 @@ class SimRobot:
             if record:
                 self.ticks += 1
 
-    def wants(self) -> bool:
+    def wants(self, now: float | None = None) -> bool:
+        """Whether it sends an observation now (`now`: as of then, without running its ticks)."""
+        buffer = self.buffer if now is None else max(0, self.buffer - (int((now - self.t0) * self.fps) - self.tick))
         threshold = 0.5 if not self.rtts else float(np.percentile(self.rtts[-20:], 90)) + 2 / self.fps
-        return self.in_flight is None and self.buffer / self.fps < threshold
+        return self.in_flight is None and buffer / self.fps < threshold
 
     def answered(self, now: float, record: bool) -> None:
         capture_tick, t_capture = self.in_flight
@@ -305,7 +314,12 @@ def served_loop(runner, *, text_robots: int, text: bool, seconds: float, warm_s:
     robots = [SimRobot(j, t0, fps, chunk, text=text and j > 0) for j in range(n)]  # robot0: the honest one
     obs = observations(n, 0)
     waiting: list[int] = []  # robots whose observation waits, in arrival order
+    if actions_first:  # what server/serving.py hands the runner: text yields between steps
+        runner.yield_to_actions(lambda: bool(waiting) or any(r.wants(time.perf_counter()) for r in robots))
+    else:
+        runner.yield_to_actions(None)
     t_tok, tokens_rec0 = None, 0
+    shrunk0 = runner.counters["budget_shrunk"]
     seq = 0
     t_rec = t0 + warm_s
     while True:
@@ -347,7 +361,7 @@ def served_loop(runner, *, text_robots: int, text: bool, seconds: float, warm_s:
     return {"honest_empty": honest.empty, "honest_ticks": honest.ticks, "honest_p99": pct(honest.latency_ms, 99),
             "p50": pct(every, 50), "p99": pct(every, 99),
             "tokens_s": (runner.counters["tokens"] - tokens_rec0) / elapsed,
-            "shrunk": runner.counters["budget_shrunk"]}
+            "shrunk": runner.counters["budget_shrunk"] - shrunk0}
 
 
 def served_table(args) -> None:

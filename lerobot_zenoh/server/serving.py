@@ -17,7 +17,7 @@ import time
 from lerobot_zenoh.errors import ProtocolError
 from lerobot_zenoh.protocol.keys import Topic
 from lerobot_zenoh.protocol.reasons import OutputKind, Reason
-from lerobot_zenoh.server import admission
+from lerobot_zenoh.server import admission, text_stream
 from lerobot_zenoh.server.admission import Ready
 from lerobot_zenoh.server.session_table import REPLAYED, Batch, Session
 from lerobot_zenoh.server.runners.base import InferenceRequest, InferenceResult
@@ -130,6 +130,8 @@ class Serving:
         """A language runner's text of every robot, one frame's worth (a task's System 2, server/routing.py)."""
         if model.routing is None:
             return 0
+        if text_stream.writes_text(model.runner):  # (a declared capability: a pi0.5 language runner)
+            model.runner.yield_to_actions(lambda: _observations_wait(model))  # actions first, between steps
         return model.routing.advance_text(model, lambda client_id: self.session.publisher(
             model.app.client(client_id).topic(Topic.TEXT), ACTION_QOS), self.server_id)
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from lerobot_zenoh.errors import PolicyError, ProtocolError
@@ -243,6 +243,11 @@ class Pi05LanguageRunner(FlowMatchingRunner):
         except Exception as exc:
             raise PolicyError(f"{self.path}: the prefix pass of {len(requests)} request(s) failed: {exc}") from exc
         self.text.start(cache, mask, starting, requests)
+
+    def yield_to_actions(self, waiting: Callable[[], bool] | None) -> None:
+        """`waiting()`: whether an observation waits for its actions; a frame of text then stops
+        after its floor (`min_tokens_per_frame` steps), between steps (server/serving.py)."""
+        self.text.actions_wait = waiting
 
     def advance(self, max_tokens: int | None = None) -> list[TextUpdate]:
         """Decode one frame's worth of every robot's text (`TextDecoder.advance`)."""

@@ -101,9 +101,9 @@ class DecodeBudget:
 
     Without `action_slo_ms`: `tokens_per_frame` decode steps and every pending prompt pass. With it,
     a frame may take ``frame_ms() = slo * (1 - margin) - the slowest of the last 32 action calls``.
-    The server decodes text only while no observation waits (server/serving.py), so an observation
-    that arrives during a frame of text waits at most that long before its own call starts: its
-    action latency stays within the SLO. The frame's prompt passes (`admits`) and decode steps
+    The server decodes text only while no observation waits and stops a frame between steps when one
+    arrives (server/serving.py, `TextDecoder.actions_wait`), so an observation waits at most that long
+    (usually one step) before its own call starts: its action latency stays within the SLO. The frame's prompt passes (`admits`) and decode steps
     (`tokens`, and a check of the clock between steps) are fitted into it from their measured times;
     at least `min_tokens_per_frame` steps, and one prompt pass when nothing runs: that floor is all
     text may cost the actions when the SLO leaves no room.
@@ -268,6 +268,7 @@ class TextDecoder:
         self._pending: dict[str, _Generation] = {}
         self._running = _Running()
         self._admitted = 0
+        self.actions_wait: Callable[[], bool] | None = None  # the server's: an observation waits (yield)
         self.counters: dict[str, int] = {
             "started": 0, "finished.stop": 0, "finished.limit": 0, "evicted": 0, "forgotten": 0, "busy": 0,
             "tokens": 0, "decode_steps": 0, "budget_shrunk": 0,
@@ -372,8 +373,11 @@ class TextDecoder:
         shrunk = steps < self.settings.tokens_per_frame
         with self._lock, torch.no_grad():
             t_start = time.perf_counter()
-            admitted = self._admit_pending(None if max_tokens is not None else
-                                           budget.admits(len(self._pending), len(self._running.rows)))
+            waits = self.actions_wait if max_tokens is None else None
+            admits = None if max_tokens is not None else budget.admits(len(self._pending), len(self._running.rows))
+            if waits is not None and waits():  # an observation waits: the least that keeps text going
+                admits = min(admits, 0 if self._running.rows else 1)
+            admitted = self._admit_pending(admits)
             t0 = time.perf_counter()
             if admitted:
                 budget.observe(admit_ms=(t0 - t_start) * 1000 / admitted)
@@ -381,9 +385,10 @@ class TextDecoder:
             for _ in range(steps):
                 if not any(g.done is None for g in self._running.rows):
                     break
-                if (frame_ms is not None and done_steps >= floor
-                        and (time.perf_counter() - t_start) * 1000 + (budget.step_ms or 0.0) > frame_ms):
-                    shrunk = True  # the clock says the frame is spent
+                if done_steps >= floor and ((waits is not None and waits()) or (
+                        frame_ms is not None
+                        and (time.perf_counter() - t_start) * 1000 + (budget.step_ms or 0.0) > frame_ms)):
+                    shrunk = True  # an observation waits, or the clock says the frame is spent
                     break
                 while self._running.rows and self._running.cached_tokens(1) > self.settings.max_cached_tokens:
                     self._evict_running_oldest()
