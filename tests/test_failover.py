@@ -20,7 +20,11 @@ import pytest
 
 
 def manifest(app_key, port, server_id, standby_for=None, connect=(), rtc=False, chunk_size=30):
-    return parse_manifest({
+    return parse_manifest(manifest_dict(app_key, port, server_id, standby_for, connect, rtc, chunk_size))
+
+
+def manifest_dict(app_key, port, server_id, standby_for=None, connect=(), rtc=False, chunk_size=30):
+    return ({
         "cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": server_id,
         "standby_for": standby_for, "handover_grace_s": 0.3, "telemetry_period_s": 0,
         "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "connect": list(connect), "multicast_scouting": False},
@@ -200,6 +204,178 @@ def test_a_serving_loop_that_keeps_failing_is_withdrawn_and_the_standby_serves_w
         assert app_key.server_token("gpu0") not in robot.alive(app_key.all_servers, timeout_s=0.5)
         assert [codec.decode_status(p).server_id for _, p in robot.query(app_key.status, 0.5)] == ["gpu1"]
     finally:
+        robot.close()
+        standby.stop()
+        primary.stop()
+
+
+def test_a_frozen_primary_is_taken_over_by_served_work_and_withdraws_when_it_wakes(app_key, tmp_path):
+    """SIGSTOP of a real primary process: its token stays (the Zenoh lease is 10 s), but its
+    heartbeat of served work stops while the robot waits, so the standby takes over; woken with
+    SIGCONT, the primary holds its answers, hears that it was replaced, and withdraws (exit 1).
+    No observation is answered twice."""
+    import signal
+    import subprocess
+    import sys
+
+    import yaml
+
+    p1, p2 = free_port(), free_port()
+    path = tmp_path / "primary.yaml"
+    path.write_text(yaml.safe_dump(manifest_dict(app_key, p1, "gpu0")))
+    log_path = tmp_path / "primary.log"
+    with open(log_path, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "lerobot_zenoh.cli.server", "--manifest", str(path)],
+                                stdout=out, stderr=subprocess.STDOUT)
+    standby = client = runner = mon = None
+    try:
+        assert wait_for(lambda: "ready" in log_path.read_text() or proc.poll() is not None, 90), log_path.read_text()
+        standby = PolicyServer(manifest(app_key, p2, "gpu1", standby_for="gpu0", connect=[f"tcp/127.0.0.1:{p1}"])).start()
+        cfg = make_config(p1, app_key, watchdog_timeout_s=0.5)
+        cfg.zenoh = ZenohSettings(multicast_scouting=False, connect=[f"tcp/127.0.0.1:{p2}"])
+        seen = []  # (arrival, server_id, seq) of every chunk on the wire
+        mon = ZenohSession(loopback_settings(None, listen=False, connect_ports=(p2,))).open()
+        mon.subscribe(app_key.client("r1").action, lambda k, b: seen.append(
+            (time.monotonic(), (c := codec.decode_action_chunk(b)).server_id, c.response_to_seq_id)))
+        client = RobotClient(cfg, make_robot_from_config(cfg.robot)).start()
+        runner = threading.Thread(target=client.run)
+        runner.start()
+        role = standby.models[0].role
+        assert wait_for(lambda: sum(1 for _, s, _ in seen if s == "gpu0") >= 3, 20)
+        assert wait_for(lambda: standby._heartbeats._watches[0].last is not None and not role.active.is_set(), 10)
+
+        empty_before = client.counters.empty_cycles
+        t_stop = time.monotonic()
+        proc.send_signal(signal.SIGSTOP)
+        assert wait_for(lambda: any(s == "gpu1" for _, s, _ in seen), 15), "the standby never served"
+        took_s = min(t for t, s, _ in seen if s == "gpu1") - t_stop
+        assert role.replaced is not None and role.replaced.startswith("gpu0/")  # by served work, not the token
+        assert wait_for(lambda: sum(1 for _, s, _ in seen if s == "gpu1") >= 3, 10)
+        print(f"SIGSTOP -> first chunk of the standby {took_s * 1000:.0f} ms; empty ticks meanwhile "
+              f"{client.counters.empty_cycles - empty_before}")
+
+        proc.send_signal(signal.SIGCONT)  # it wakes: replaced, so it withdraws and exits 1
+        assert proc.wait(30) == 1, log_path.read_text()[-3000:]
+        n = len(seen)
+        assert wait_for(lambda: sum(1 for _, s, _ in seen[n:] if s == "gpu1") >= 5, 10)
+        assert role.active.is_set() and role.replaced is not None  # it never stepped back for the replaced one
+        assert "replaced by standby gpu1" in log_path.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+            proc.wait(10)
+        if client is not None:
+            client.stop()
+            runner.join(5)
+            client.close()
+        if mon is not None:
+            mon.close()
+        if standby is not None:
+            standby.stop()
+    seqs = [q for _, _, q in seen]
+    assert len(seqs) == len(set(seqs)), "an observation was answered twice"
+
+
+def test_a_stuck_inference_is_taken_over_and_the_stuck_primary_withdraws(app_key):
+    """The primary's inference never returns (a hung device): its heartbeats go on, but with work
+    waiting and nothing served, the standby takes over; the primary hears it was replaced and
+    withdraws; the answer of the stuck batch, when it finally returns, is never published."""
+    import numpy as np
+
+    from lerobot_zenoh.protocol.messages import Observation
+    from lerobot_zenoh.transport.session import OBSERVATION_QOS
+
+    p1, p2 = free_port(), free_port()
+    primary = PolicyServer(manifest(app_key, p1, "gpu0")).start()
+    standby = PolicyServer(manifest(app_key, p2, "gpu1", standby_for="gpu0", connect=[f"tcp/127.0.0.1:{p1}"])).start()
+    seen = []  # (arrival, server_id, seq) of every chunk
+    robot = ZenohSession(loopback_settings(None, listen=False, connect_ports=(p1, p2))).open()
+    release = threading.Event()
+    stop = threading.Event()
+    sender = None
+    try:
+        robot.subscribe(app_key.client("r1").action, lambda k, b: seen.append(
+            (time.monotonic(), (c := codec.decode_action_chunk(b)).server_id, c.response_to_seq_id)))
+        pub = robot.publisher(app_key.client("r1").obs, OBSERVATION_QOS)
+        rng = np.random.default_rng(0)
+        jpegs = {n: codec.encode_jpeg(rng.integers(0, 255, (*hw, 3), dtype=np.uint8)) for n, hw in CAMS.items()}
+
+        def send():
+            seq = 0
+            while not stop.wait(1 / 30):
+                seq += 1
+                pub.put(codec.encode(Observation(seq, "r1", np.zeros(6, np.float32), jpegs, "t", session_nonce=1)))
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        assert wait_for(lambda: any(s == "gpu0" for _, s, _ in seen), 10)
+        role = standby.models[0].role
+        assert wait_for(lambda: standby._heartbeats._watches[0].last is not None and not role.active.is_set(), 10)
+        executor = primary.models[0].executor
+        infer = executor.infer
+        executor.infer = lambda requests: (release.wait(30), infer(requests))[1]  # hangs until released
+        t_hang = time.monotonic()
+        assert wait_for(lambda: any(s == "gpu1" for _, s, _ in seen), 15), "the standby never served"
+        print(f"inference hung -> first chunk of the standby: {(min(t for t, s, _ in seen if s == 'gpu1') - t_hang) * 1000:.0f} ms")
+        assert role.replaced is not None
+        assert wait_for(lambda: primary.models[0].failed is not None, 5)  # replaced: withdrawn
+        assert "replaced" in primary.models[0].failed
+        release.set()  # the stuck batch returns: its answer is held, not published
+        assert wait_for(lambda: primary.models[0].role.answers_held >= 1, 10)
+        n = len(seen)
+        assert wait_for(lambda: sum(1 for _, s, _ in seen[n:] if s == "gpu1") >= 5, 10)
+        assert all(s == "gpu1" for _, s, _ in seen[n:])
+    finally:
+        release.set()
+        stop.set()
+        if sender is not None:
+            sender.join()
+        robot.close()
+        standby.stop()
+        primary.stop()
+    seqs = [q for _, _, q in seen]
+    assert len(seqs) == len(set(seqs)), "an observation was answered twice"
+
+
+def test_a_primary_slow_on_long_batches_is_not_taken_over(app_key):
+    """Passes of 1.3 s, longer than the 1 s takeover limit: its heartbeats go on during each pass
+    and its slowest turn (3 x 1.3 s) sets the limit, so the standby stays standing by."""
+    import numpy as np
+
+    from lerobot_zenoh.protocol.messages import Observation
+    from lerobot_zenoh.transport.session import OBSERVATION_QOS
+
+    p1, p2 = free_port(), free_port()
+    slow = manifest_dict(app_key, p1, "gpu0")
+    slow["server"][0]["synthetic"]["latency_ms"] = 1300
+    primary = PolicyServer(parse_manifest(slow)).start()
+    standby = PolicyServer(manifest(app_key, p2, "gpu1", standby_for="gpu0", connect=[f"tcp/127.0.0.1:{p1}"])).start()
+    seen = []
+    robot = ZenohSession(loopback_settings(None, listen=False, connect_ports=(p1, p2))).open()
+    stop = threading.Event()
+    sender = None
+    try:
+        robot.subscribe(app_key.client("r1").action, lambda k, b: seen.append(codec.decode_action_chunk(b).server_id))
+        pub = robot.publisher(app_key.client("r1").obs, OBSERVATION_QOS)
+        rng = np.random.default_rng(0)
+        jpegs = {n: codec.encode_jpeg(rng.integers(0, 255, (*hw, 3), dtype=np.uint8)) for n, hw in CAMS.items()}
+
+        def send():
+            seq = 0
+            while not stop.wait(0.1):
+                seq += 1
+                pub.put(codec.encode(Observation(seq, "r1", np.zeros(6, np.float32), jpegs, "t", session_nonce=1)))
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        assert wait_for(lambda: len(seen) >= 3, 30)
+        assert seen == ["gpu0"] * len(seen)
+        assert standby.models[0].role.takeovers == 0 and standby._heartbeats._watches[0].last is not None
+    finally:
+        stop.set()
+        if sender is not None:
+            sender.join()
         robot.close()
         standby.stop()
         primary.stop()

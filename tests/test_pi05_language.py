@@ -173,6 +173,26 @@ def test_budget_partial_text_then_final(runner):
     runner.configure_language(LanguageSettings())
 
 
+
+def test_text_yields_to_waiting_actions_after_its_floor(runner):
+    """While an observation waits for its actions, a frame of text stops after min_tokens_per_frame
+    steps; the text goes on in later frames, to the same tokens."""
+    runner.configure_language(LanguageSettings(max_new_tokens=7, tokens_per_frame=3, min_tokens_per_frame=1))
+    try:
+        runner.yield_to_actions(lambda: True)
+        runner.run([_request(0)])
+        (u,) = runner.advance()
+        assert u.tokens == 2 and not u.final  # the prompt pass's token + the floor's one step
+        shrunk = runner.counters["budget_shrunk"]
+        runner.yield_to_actions(lambda: False)
+        seen = [u]
+        while runner.language_active:
+            seen += runner.advance()
+        assert [x.tokens for x in seen] == [2, 5, 7] and seen[-1].final and runner.counters["budget_shrunk"] == shrunk
+    finally:
+        runner.yield_to_actions(None)
+        runner.configure_language(LanguageSettings())
+
 def test_stop_token_ends_the_generation(checkpoint):
     runner = _load(checkpoint, LanguageSettings(max_new_tokens=5, tokens_per_frame=5))
     ids = _fresh_prefill_tokens(runner, _request(0), 5)
@@ -243,6 +263,24 @@ def test_decode_budget_shrinks_near_the_action_slo():
     budget.observe(action_ms=95, step_ms=5)
     assert budget.tokens() == 1  # the floor
     assert DecodeBudget(LanguageSettings(tokens_per_frame=3)).tokens() == 3  # no SLO: fixed
+
+
+def test_a_frame_of_text_fits_the_action_slo_prompt_passes_included():
+    """Under an SLO a frame of text may take the SLO less its margin less the slowest recent action
+    call; prompt passes are admitted only as far as they fit (one to measure, one when nothing runs)."""
+    s = LanguageSettings(tokens_per_frame=8, min_tokens_per_frame=1, action_slo_ms=100)
+    budget = DecodeBudget(s, margin=0.1)
+    assert budget.frame_ms() is None and budget.admits(5, 0) == 5  # nothing measured: as without an SLO
+    budget.observe(action_ms=20)
+    budget.observe(action_ms=40)
+    budget.observe(action_ms=30)
+    assert budget.frame_ms() == 50  # 90 - the slowest (40), not the mean
+    assert budget.admits(5, 3) == 1  # one, to measure a prompt pass
+    budget.observe(admit_ms=10, step_ms=5)
+    assert budget.admits(5, 3) == 4  # (50 - 1 floor step x 5) / 10
+    budget.observe(action_ms=89)
+    assert budget.admits(5, 3) == 0 and budget.admits(5, 0) == 1  # no room: only when nothing runs
+    assert DecodeBudget(LanguageSettings(tokens_per_frame=3)).admits(7, 2) == 7  # no SLO: all
     with pytest.raises(ConfigError):
         LanguageSettings(min_tokens_per_frame=5, tokens_per_frame=4)
     with pytest.raises(ConfigError):

@@ -20,6 +20,13 @@ asks robots with (f + j) % M == 0), k = `--per-frame`. Every mode does the same 
    decodes k tokens in one batch per step, across frames (the runner's `language.tokens_per_frame`);
 4s. as 4 with the decode budget tied to an action SLO (`--slo-factor` x the actions-alone p50).
 
+`--served`: only the served-loop table instead. The server's inference loop over the runner in real
+time (batches of waiting observations, then text as server/serving.py decodes it), 16 robots (at
+`--served-fps`) asking actions and text (tasks of ~190 tokens) and one honest robot asking actions
+only, each driven as the reference client drives it; side by side in one run: the same fleet
+without text, with text, and with text under `--served-slo-ms`. Reported: the honest robot's empty
+ticks and p99 latency, every robot's action latency p50/p99, text tokens/s.
+
 Per mode: frame latency p50/p99 (whole frame), action latency p50/p99 (frame start to chunks out;
 text comes after), action rate (chunks/s), text tokens/s; then the ratios. `--vlm-robots`: the VLM
 runner's text generation for B robots batched (iteration-level) vs one at a time, tokens identical.
@@ -243,6 +250,150 @@ def pi05_table(args) -> None:
                       f"time ({together / alone:.2f}x)", flush=True)
 
 
+LONG_TASK = ("pick up the red cube from the left side of the table and place it gently into the blue bowl, "
+             "then push the green block towards the back wall, open the top drawer halfway, take out the "
+             "folded towel, unfold it on the table, wipe the spilled water next to the bowl, fold the towel "
+             "again, put it back into the drawer and close the drawer slowly without hitting the cube")
+
+
+class SimRobot:
+    """A robot at `fps` as the reference client drives it, in the served-loop study: it consumes one
+    action per tick, sends an observation when its buffer runs under the send threshold (the client's
+    automatic `buffer_time_s`: p90 of its last round trips + 2 ticks, 0.5 s until the first), one in
+    flight, and takes a chunk's actions from its capture tick on (stale ones trimmed)."""
+
+    def __init__(self, j: int, t0: float, fps: int, chunk: int, text: bool):
+        self.j, self.t0, self.fps, self.chunk, self.text = j, t0, fps, chunk, text
+        self.buffer, self.tick, self.empty, self.ticks = 0, 0, 0, 0
+        self.in_flight: tuple[int, float] | None = None  # (capture tick, capture time)
+        self.rtts: list[float] = []
+        self.latency_ms: list[float] = []
+
+    def advance_to(self, now: float, record: bool) -> None:
+        k = int((now - self.t0) * self.fps)
+        while self.tick < k:
+            self.tick += 1
+            if self.buffer > 0:
+                self.buffer -= 1
+            elif record:
+                self.empty += 1
+            if record:
+                self.ticks += 1
+
+    def wants(self, now: float | None = None) -> bool:
+        """Whether it sends an observation now (`now`: as of then, without running its ticks)."""
+        buffer = self.buffer if now is None else max(0, self.buffer - (int((now - self.t0) * self.fps) - self.tick))
+        threshold = 0.5 if not self.rtts else float(np.percentile(self.rtts[-20:], 90)) + 2 / self.fps
+        return self.in_flight is None and buffer / self.fps < threshold
+
+    def answered(self, now: float, record: bool) -> None:
+        capture_tick, t_capture = self.in_flight
+        self.in_flight = None
+        self.buffer = max(0, self.chunk - (self.tick - capture_tick))
+        self.rtts.append(now - t_capture)
+        if record:
+            self.latency_ms.append((now - t_capture) * 1000)
+
+
+def served_loop(runner, *, text_robots: int, text: bool, seconds: float, warm_s: float, max_batch: int,
+                tokens: int, actions_first: bool, fps: int = 30, chunk: int = 50) -> dict:
+    """The server's inference loop over `runner` in real time (the order of server/inference_loop.py
+    and server/serving.py: pick up to `max_batch` waiting observations, oldest first, one call, the
+    chunks out; then one frame of text, after the batch only when no observation waits if
+    `actions_first`, else after every batch (the serving path before text was budgeted); text alone
+    when nothing waits), with `text_robots` robots asking actions and text (if `text`) every
+    observation and one honest robot asking actions only. Returns the honest robot's empty ticks, the
+    action latency percentiles of every robot, and the text tokens/s."""
+    from lerobot_zenoh.server.runners.base import InferenceRequest
+    from lerobot_zenoh.server.runners.pi05_language import LANGUAGE_EXTRA, LanguageQuery
+
+    n = text_robots + 1
+    for j in range(n):
+        runner.forget(f"robot{j}")
+    t0 = time.perf_counter()
+    robots = [SimRobot(j, t0, fps, chunk, text=text and j > 0) for j in range(n)]  # robot0: the honest one
+    obs = observations(n, 0)
+    waiting: list[int] = []  # robots whose observation waits, in arrival order
+    if actions_first:  # what server/serving.py hands the runner: text yields between steps
+        runner.yield_to_actions(lambda: bool(waiting) or any(r.wants(time.perf_counter()) for r in robots))
+    else:
+        runner.yield_to_actions(None)
+    t_tok, tokens_rec0 = None, 0
+    shrunk0 = runner.counters["budget_shrunk"]
+    seq = 0
+    t_rec = t0 + warm_s
+    while True:
+        now = time.perf_counter()
+        if now >= t_rec + seconds:
+            break
+        record = now >= t_rec
+        if record and t_tok is None:
+            t_tok, tokens_rec0 = now, runner.counters["tokens"]
+        for r in robots:
+            r.advance_to(now, record)
+            if r.wants():
+                r.in_flight = (r.tick, now)
+                waiting.append(r.j)
+        if waiting:
+            picked, waiting = waiting[:max_batch], waiting[max_batch:]
+            reqs = []
+            for j in picked:
+                seq += 1
+                state, images, _ = obs[j]
+                task = LONG_TASK if robots[j].text else TASKS[0]
+                extras = ({LANGUAGE_EXTRA: LanguageQuery(max_new_tokens=tokens, tag=seq)} if robots[j].text else {})
+                reqs.append(InferenceRequest(f"robot{j}", state, images, task, seed=seq, extras=extras))
+            runner.run(reqs)
+            done = time.perf_counter()
+            for j in picked:
+                robots[j].advance_to(done, record)
+                robots[j].answered(done, record)
+            if runner.language_active and (not actions_first or not any(
+                    r.in_flight is None and r.wants() for r in robots) and not waiting):
+                runner.advance()
+        elif runner.language_active:
+            runner.advance()
+        else:
+            time.sleep(0.001)
+    elapsed = time.perf_counter() - t_tok if t_tok is not None else float("nan")
+    honest = robots[0]
+    every = [ms for r in robots for ms in r.latency_ms]
+    return {"honest_empty": honest.empty, "honest_ticks": honest.ticks, "honest_p99": pct(honest.latency_ms, 99),
+            "p50": pct(every, 50), "p99": pct(every, 99),
+            "tokens_s": (runner.counters["tokens"] - tokens_rec0) / elapsed,
+            "shrunk": runner.counters["budget_shrunk"] - shrunk0}
+
+
+def served_table(args) -> None:
+    """The honest robot beside 16 robots asking text, and the same fleet without text, side by side."""
+    from lerobot_zenoh.server.runners.pi05_language import LanguageSettings
+
+    root = Path(args.out or tempfile.mkdtemp(prefix="bench_language_"))
+    shape = args.shapes.split(",")[0]
+    runner = load(build(root, shape), args.device, args.dtype)
+    runner.run([request(0, 0, observations(1, 0)[0])])  # warm-up
+    slo = args.served_slo_ms
+    every = {"no-text": ("no text", False, None, True), "text": ("text", True, None, True),
+             "text-slo": (f"text, action_slo_ms {slo:.0f}", True, slo, True),
+             "old": ("text after every batch", True, None, False),
+             "old-slo": (f"text after every batch, slo {slo:.0f}", True, slo, False)}
+    conditions = [every[c] for c in args.served_conditions.split(",")]
+    print(f"\n## pi05 {shape} served loop ({args.device}): {args.served_robots} robots asking text "
+          f"({args.tokens} tokens, tasks of ~190 tokens) + 1 honest robot, {args.served_fps} Hz, chunks of 50, max batch "
+          f"{args.served_batch}, {args.served_seconds:.0f} s each after {args.served_warm:.0f} s", flush=True)
+    print(f"{'condition':32} {'honest empty':>12} {'honest p99':>10} {'all p50':>8} {'all p99':>8} "
+          f"{'tokens/s':>8} {'shrunk':>6}", flush=True)
+    for _round in range(args.served_rounds):
+        for name, text, slo_ms, actions_first in conditions:
+            runner.configure_language(LanguageSettings(max_new_tokens=args.tokens, tokens_per_frame=args.per_frame,
+                                                       max_requests=64, action_slo_ms=slo_ms))
+            r = served_loop(runner, text_robots=args.served_robots, text=text, seconds=args.served_seconds,
+                            warm_s=args.served_warm, max_batch=args.served_batch, tokens=args.tokens,
+                            actions_first=actions_first, fps=args.served_fps)
+            print(f"{name:32} {r['honest_empty']:5d} of {r['honest_ticks']:4d} {r['honest_p99']:10.0f} "
+                  f"{r['p50']:8.0f} {r['p99']:8.0f} {r['tokens_s']:8.1f} {r['shrunk']:6d}", flush=True)
+
+
 def vlm_table(args) -> None:
     from lerobot_zenoh.checkpoint_builder.build import build_tiny_vlm
     from lerobot_zenoh.server.runners.base import InferenceRequest
@@ -301,11 +452,26 @@ def main() -> None:
     parser.add_argument("--profile-out", default=None,
                         help="write the combined runner's serving profile (pipelines/profiles.py format) here")
     parser.add_argument("--hardware", default="cpu", help="the profile's hardware name")
+    parser.add_argument("--served", action="store_true",
+                        help="only the served-loop table: an honest robot beside robots asking text, vs no text")
+    parser.add_argument("--served-robots", type=int, default=16)
+    parser.add_argument("--served-batch", type=int, default=8)
+    parser.add_argument("--served-seconds", type=float, default=8.0)
+    parser.add_argument("--served-warm", type=float, default=2.0)
+    parser.add_argument("--served-rounds", type=int, default=1)
+    parser.add_argument("--served-slo-ms", type=float, default=200.0)
+    parser.add_argument("--served-fps", type=int, default=30, help="the robots' control rate")
+    parser.add_argument("--served-conditions", default="no-text,text,text-slo",
+                        help="of no-text, text, text-slo, old, old-slo (old: text after every batch, whether "
+                             "observations wait or not, as the serving path did before text was budgeted)")
     args = parser.parse_args()
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
+    if args.served:
+        served_table(args)
+        return
     if args.shapes:
         pi05_table(args)
     if args.vlm_robots:

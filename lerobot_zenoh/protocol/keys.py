@@ -35,6 +35,7 @@ MAX_CLIENT_ID_BYTES = 128
 
 STATUS = "status"
 SERVER = "server"
+HEARTBEAT = "heartbeat"
 
 #: Selector that matches the telemetry of every server and client of every cluster.
 ALL_METRICS = "**/metrics"
@@ -153,6 +154,14 @@ class AppKey:
 
     def server_metrics(self, server_id: str) -> str:
         return f"{self.server_token(server_id)}/{Topic.METRICS}"
+
+    def server_heartbeat(self, server_id: str) -> str:
+        """A server's heartbeat of served work, several times a second (hot standby, docs/reliability.md)."""
+        return f"{self.server_token(server_id)}/{HEARTBEAT}"
+
+    @property
+    def all_server_heartbeats(self) -> str:
+        return f"{self.prefix}/{SERVER}/*/{HEARTBEAT}"
 
 
 @dataclass(frozen=True)

@@ -2,28 +2,68 @@
 
 A primary serves from start-up. A standby (manifest `standby_for: <primary server_id>`) pre-warms
 the same models and announces itself with its own liveliness token, but serves nobody (it drops
-observations and stays silent on status queries) while the primary's token is present. When the
-token vanishes (process killed, host or network gone, lease expired) the standby takes over at
-once; when it reappears the standby steps back.
+observations and stays silent on status queries) while its primary is up and serving. It takes over:
 
-Exactly one server serves at a time, so a client never gets two chunks for one observation: a
-primary that starts while other servers of its app are alive (a standby may be serving) waits
-`handover_grace_s` before serving, long enough for the standby to see its token and stop.
+- when the primary's liveliness token vanishes (process killed, host or network gone, lease
+  expired), at once; it steps back when the token reappears;
+- when the primary stops serving while its token stays: frozen (SIGSTOP, a hung host), a stuck
+  inference loop, a dead GPU. Every server publishes a heartbeat of served work (`Beat`, ten a
+  second, `<app>/server/<id>/heartbeat`): the work it has waiting and a counter of its serving turns
+  that did work. `ServedWorkWatch` (pure) calls the primary stalled when work is pending and
+  nothing has been served for `TAKEOVER_AFTER_S`, or for `SLOW_TURN_SLACK` times its slowest recent
+  turn if that is longer (a slow model is not a stuck one). A frozen process sends no heartbeat at
+  all (a slow batch does: the heartbeat has its own thread); then robots' observations reaching the
+  standby are the pending work. An idle primary is never taken over: no work pending, nothing to
+  prove. A standby that never heard a heartbeat (an older primary, an ACL that does not pass them)
+  decides by the token alone.
+
+Exactly one server serves at a time, so a client never gets two chunks for one observation:
+- a primary that starts while other servers of its app are alive waits `handover_grace_s` before
+  serving, long enough for the standby to see it and stop;
+- a standby that replaced a stalled primary names it (server and incarnation) in its heartbeat; the
+  replaced primary, on hearing it, withdraws (token undeclared, `failed`; its supervisor restarts
+  it) and the standby ignores that incarnation's token and heartbeats. It steps back only for a new
+  incarnation: a restarted primary;
+- a primary that finds it was frozen (its own heartbeat thread missed `TAKEOVER_AFTER_S`) holds its
+  answers for `RESUME_HOLD_S`, long enough to hear the standby that may have replaced it.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
+
+from lerobot_zenoh.errors import ProtocolError, TransportError
+from lerobot_zenoh.protocol import codec
+from lerobot_zenoh.protocol.messages import Telemetry
+from lerobot_zenoh.transport.session import METRICS_QOS
 
 log = logging.getLogger(__name__)
 
+#: How often every server publishes its heartbeat (and a standby judges its primary).
+HEARTBEAT_PERIOD_S = 0.1
+#: Work pending and nothing served for this long (or no heartbeat for this long): the primary is stalled.
+TAKEOVER_AFTER_S = 1.0
+#: ... or for this many times the primary's slowest recent serving turn, when that is longer.
+SLOW_TURN_SLACK = 3.0
+#: A primary that was frozen longer than TAKEOVER_AFTER_S holds its answers this long on waking.
+RESUME_HOLD_S = 0.5
+#: Serving turns whose duration gives the slowest recent turn.
+TURN_WINDOW = 32
+#: Heartbeats received and not yet read (the oldest are dropped beyond it).
+INBOX = 256
+
 
 class ServingRole:
-    def __init__(self, name: str, standby_for: str | None, on_deactivate: Callable[[], None] = lambda: None):
+    def __init__(self, name: str, standby_for: str | None, on_deactivate: Callable[[], None] = lambda: None,
+                 incarnation: str = ""):
         self.name = name
         self.standby_for = standby_for
+        self.incarnation = incarnation  # this process's: new at every start
         self.active = threading.Event()
         self.takeovers = 0
         self.stepped_back = 0
@@ -31,10 +71,40 @@ class ServingRole:
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
         self.failed = False  # its server can no longer serve it: it never serves again
+        # Set when this standby took over a stalled primary: "<server_id>/<incarnation>" of the one replaced.
+        self.replaced: str | None = None
+        # Served work, for the heartbeat: turns of the inference loop that did work, their durations.
+        self.served_turns = 0
+        self._turn_s: deque[float] = deque(maxlen=TURN_WINDOW)
+        self.hold_until_s = 0.0  # (monotonic) answers held until then: woken from a freeze
+        self.beat_tick_s: float | None = None  # last tick of the heartbeat thread (None: none runs)
+        self.answers_held = 0  # computed answers not published: woken from a freeze, or replaced meanwhile
 
     @property
     def is_standby(self) -> bool:
         return self.standby_for is not None
+
+    # -- served work ------------------------------------------------------------------------
+
+    def note_turn(self, duration_s: float | None = None) -> None:
+        """The inference loop did work for this model (a batch served: its duration)."""
+        self.served_turns += 1
+        if duration_s is not None:
+            self._turn_s.append(duration_s)
+
+    @property
+    def slowest_turn_s(self) -> float:
+        return max(self._turn_s, default=0.0)
+
+    def may_serve(self, now_s: float) -> bool:
+        """Whether answers may go out now: active, not held after a freeze, and the heartbeat thread
+        has ticked recently (the inference thread may wake from a SIGSTOP before it)."""
+        if not self.active.is_set() or now_s < self.hold_until_s:
+            return False
+        tick = self.beat_tick_s
+        return tick is None or now_s - tick <= TAKEOVER_AFTER_S
+
+    # -- primary ----------------------------------------------------------------------------
 
     def start_primary(self, others_alive: bool, grace_s: float) -> None:
         if not others_alive or grace_s <= 0:
@@ -51,7 +121,7 @@ class ServingRole:
                 self.active.set()
 
     def fail(self) -> None:
-        """This server can no longer serve (its loop failed): stop now and never serve again."""
+        """This server can no longer serve (its loop failed, or it was replaced): stop now and never serve again."""
         with self._lock:
             self.failed = True
             if self._timer is not None:
@@ -59,21 +129,236 @@ class ServingRole:
             self.active.clear()
             self._on_deactivate()
 
+    # -- standby ----------------------------------------------------------------------------
+
     def on_primary(self, alive: bool) -> None:
         """A standby learns that its primary's token appeared (alive) or vanished."""
         with self._lock:
             if self.failed:
                 return
             if alive and self.active.is_set():
-                self.active.clear()
-                self.stepped_back += 1
-                log.warning("%s: primary %s is back; standing by", self.name, self.standby_for)
-                self._on_deactivate()
+                if self.replaced is not None:
+                    log.info("%s: the token of %s is back, but this standby replaced that process (stalled);"
+                             " serving until a restarted primary is heard", self.name, self.replaced)
+                    return
+                self._step_back(f"primary {self.standby_for} is back")
             elif not alive and not self.active.is_set():
                 self.active.set()
                 self.takeovers += 1
                 log.warning("%s: primary %s is gone; taking over", self.name, self.standby_for)
 
+    def take_over_stalled(self, incarnation: str, why: str) -> None:
+        """The primary's token is there but it serves no more (`ServedWorkWatch`): serve in its place."""
+        with self._lock:
+            if self.failed or self.active.is_set():
+                return
+            self.replaced = f"{self.standby_for}/{incarnation}"
+            self.active.set()
+            self.takeovers += 1
+            log.warning("%s: primary %s stalled (%s); taking over", self.name, self.standby_for, why)
+
+    def on_primary_incarnation(self, incarnation: str) -> None:
+        """A heartbeat of the primary: a new incarnation (a restart) takes back what a stalled one lost."""
+        with self._lock:
+            if (self.replaced is not None and self.active.is_set() and not self.failed
+                    and self.replaced != f"{self.standby_for}/{incarnation}"):
+                self._step_back(f"primary {self.standby_for} restarted")
+
+    def _step_back(self, why: str) -> None:
+        self.active.clear()
+        self.replaced = None
+        self.stepped_back += 1
+        log.warning("%s: %s; standing by", self.name, why)
+        self._on_deactivate()
+
     def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One heartbeat of one server for one model: what it serves and how its work goes."""
+
+    server_id: str
+    incarnation: str
+    serving: bool
+    served: int  # turns of its inference loop that did work (a counter)
+    waiting: int  # observations waiting or being computed
+    slowest_turn_s: float  # of its recent serving turns
+    replaces: str | None = None  # "<server_id>/<incarnation>" of a stalled primary this standby replaced
+
+    def encode(self, seq: int, uptime_s: float) -> bytes:
+        labels = {"incarnation": self.incarnation}
+        if self.replaces is not None:
+            labels["replaces"] = self.replaces
+        return codec.encode(Telemetry(
+            "server", self.server_id, seq, uptime_s, HEARTBEAT_PERIOD_S,
+            metrics={"serving": int(self.serving), "served": self.served, "waiting": self.waiting,
+                     "slowest_turn_s": self.slowest_turn_s}, labels=labels))
+
+    @staticmethod
+    def decode(payload: bytes) -> Beat:
+        msg = codec.decode_telemetry(payload)
+        m = msg.metrics
+        return Beat(msg.source_id, msg.labels.get("incarnation", ""), bool(m.get("serving", 0)),
+                    int(m.get("served", 0)), int(m.get("waiting", 0)), float(m.get("slowest_turn_s", 0.0)),
+                    msg.labels.get("replaces"))
+
+
+class ServedWorkWatch:
+    """A standby's judgement of its primary from its heartbeats and the work it sees (pure; times passed in).
+
+    Stalled, when the primary serves (its last heartbeat said so) and
+    - its heartbeats stopped for `takeover_after_s` while work is pending (it said it had work
+      waiting, or an observation reached the standby since): frozen, or cut off; a slow batch does not
+      stop heartbeats;
+    - or its heartbeats go on, it has work waiting, and its served counter has not moved for
+      `max(takeover_after_s, slack * slowest recent turn)`: a stuck loop or a dead device.
+    Work waiting is counted from the last heartbeat that showed progress or nothing waiting."""
+
+    def __init__(self, takeover_after_s: float = TAKEOVER_AFTER_S, slack: float = SLOW_TURN_SLACK):
+        self.takeover_after_s = takeover_after_s
+        self.slack = slack
+        self.last: Beat | None = None  # the primary's last heartbeat (None: never heard one)
+        self.last_beat_s = 0.0
+        self.progress_s = 0.0  # when progress (or nothing waiting) was last seen
+        self.work_seen_s: float | None = None  # an observation reached the standby after the last heartbeat
+
+    def on_beat(self, beat: Beat, now_s: float) -> None:
+        last = self.last
+        if (last is None or beat.incarnation != last.incarnation or beat.served != last.served
+                or beat.waiting == 0 or not beat.serving):
+            self.progress_s = now_s
+        self.last, self.last_beat_s, self.work_seen_s = beat, now_s, None
+
+    def on_work(self, now_s: float) -> None:
+        """An observation reached the standby (and was dropped: it stands by)."""
+        if self.work_seen_s is None:
+            self.work_seen_s = now_s
+
+    def verdict(self, now_s: float) -> str | None:
+        """Why the primary counts as stalled now; None while it is not (or cannot be judged)."""
+        beat = self.last
+        if beat is None or not beat.serving:
+            return None  # never heard (judged by its token alone), or not serving (hand-over grace)
+        silent_s = now_s - self.last_beat_s
+        if silent_s > self.takeover_after_s:
+            if beat.waiting > 0 or self.work_seen_s is not None:
+                return f"no heartbeat for {silent_s:.2f} s with work pending"
+            return None  # idle: nothing to prove
+        limit_s = max(self.takeover_after_s, self.slack * beat.slowest_turn_s)
+        stuck_s = now_s - self.progress_s
+        if beat.waiting > 0 and stuck_s > limit_s:
+            return f"{beat.waiting} waiting and nothing served for {stuck_s:.2f} s (limit {limit_s:.2f} s)"
+        return None
+
+
+class Heartbeats:
+    """The heartbeat thread of a server: publishes each model's `Beat`, reads the others', and acts.
+
+    `models`: the served models (each with `app`, `role`, `session_table`, `standby_dropped`);
+    `withdraw(model, why)`: ends this server's service of a model (a replaced primary)."""
+
+    def __init__(self, session, server_id: str, models: list, withdraw: Callable[[object, str], None],
+                 period_s: float = HEARTBEAT_PERIOD_S):
+        self.session = session
+        self.server_id = server_id
+        self.models = models
+        self.withdraw = withdraw
+        self.period_s = period_s
+        self._inbox: deque[tuple[int, bytes]] = deque(maxlen=INBOX)
+        self._watches = [ServedWorkWatch() for _ in models]
+        self._dropped_seen = [0] * len(models)
+        self._publishers = []
+        self._subscriptions = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+        self._seq = 0
+        self._t0 = time.monotonic()
+        self._last_tick_s: float | None = None
+
+    def start(self) -> Heartbeats:
+        for i, model in enumerate(self.models):
+            self._publishers.append(self.session.publisher(model.app.server_heartbeat(self.server_id), METRICS_QOS))
+            self._subscriptions.append(self.session.subscribe(
+                model.app.all_server_heartbeats, lambda key, payload, i=i: self._inbox.append((i, payload))))
+        self._thread.start()
+        return self
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join(timeout_s)
+        for sub in self._subscriptions:
+            sub.close()
+        for model in self.models:
+            model.role.beat_tick_s = None
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self.period_s):
+                try:
+                    self.tick(time.monotonic())
+                except (TransportError, OSError) as exc:
+                    log.warning("heartbeat: %s", exc)
+        except BaseException:
+            log.exception("the heartbeat thread died; failover falls back to liveliness alone")
+            for model in self.models:
+                model.role.beat_tick_s = None  # answers must not wait on a thread that is gone
+            raise
+
+    def tick(self, now_s: float) -> None:
+        """One period: notice a freeze of this process, read the heartbeats received, judge the
+        primary (standby), publish this server's heartbeats."""
+        frozen_s = None if self._last_tick_s is None else now_s - self._last_tick_s
+        self._last_tick_s = now_s
+        for model in self.models:
+            if frozen_s is not None and frozen_s > TAKEOVER_AFTER_S and model.role.active.is_set():
+                model.role.hold_until_s = now_s + RESUME_HOLD_S
+                log.warning("%s: this process did not run for %.2f s (frozen?); answers held %.2f s, until a "
+                            "standby that may have replaced it is heard", model.role.name, frozen_s, RESUME_HOLD_S)
+            model.role.beat_tick_s = now_s
+        while self._inbox:
+            i, payload = self._inbox.popleft()
+            try:
+                beat = Beat.decode(bytes(payload))
+            except ProtocolError as exc:  # another version's, or not a heartbeat: ignored
+                log.debug("unreadable heartbeat: %s", exc)
+                continue
+            if beat.server_id != self.server_id:
+                self._heard(self.models[i], self._watches[i], beat, now_s)
+        for i, model in enumerate(self.models):
+            role = model.role
+            if role.is_standby and not role.active.is_set() and not role.failed:
+                if model.standby_dropped != self._dropped_seen[i]:
+                    self._watches[i].on_work(now_s)
+                why = self._watches[i].verdict(now_s)
+                if why is not None:
+                    role.take_over_stalled(self._watches[i].last.incarnation, why)
+            self._dropped_seen[i] = model.standby_dropped
+            self._seq += 1
+            beat = Beat(self.server_id, role.incarnation, role.active.is_set(), role.served_turns,
+                        _waiting(model.session_table), role.slowest_turn_s, role.replaced)
+            self._publishers[i].put(beat.encode(self._seq, now_s - self._t0))
+
+    def _heard(self, model, watch: ServedWorkWatch, beat: Beat, now_s: float) -> None:
+        role = model.role
+        if beat.serving and beat.replaces == f"{self.server_id}/{role.incarnation}" and not role.failed:
+            self.withdraw(model, f"replaced by standby {beat.server_id} after this server stalled")
+            return
+        if role.standby_for != beat.server_id:
+            return
+        if role.replaced == f"{beat.server_id}/{beat.incarnation}":
+            return  # the stalled process it replaced, woken: it withdraws on hearing this standby
+        watch.on_beat(beat, now_s)
+        role.on_primary_incarnation(beat.incarnation)
+
+
+def _waiting(table) -> int:
+    """Observations waiting in a session's slot or being computed (read without the table's lock:
+    an estimate for the heartbeat; a session table changing meanwhile is read again next period)."""
+    try:
+        return sum(1 for s in list(table.sessions.values()) if s.slot is not None or s.computing is not None)
+    except RuntimeError:  # the dict changed size while being copied
+        return 0

@@ -81,20 +81,33 @@ class InferenceLoop:
             served = False
             for model in self.models:
                 if model.dispatcher is not None and model.failed is None:  # place, dispatch, relay; never wait
-                    served = bool(self._supervised(model, model.dispatcher.round, time.monotonic())) or served
+                    if self._supervised(model, model.dispatcher.round, time.monotonic()):
+                        served = True
+                        _served_work(model)
             for i in range(len(self.models)):
                 model = self.models[(turn + i) % len(self.models)]
                 if model.dispatcher is not None or model.failed is not None:
                     continue
+                if model.role is not None and not model.role.may_serve(time.monotonic()):
+                    continue  # standing by, or held after waking from a freeze (server/failover.py)
                 batch = self._supervised(model, admission.schedule, model, time.monotonic())
                 if batch is not None:
                     turn = (turn + i + 1) % len(self.models)
+                    t0 = time.monotonic()
                     self._supervised(model, self.serving.serve, model, batch, served=True,
                                      on_fault=lambda m=model, b=batch: _release(m, b))
+                    _served_work(model, time.monotonic() - t0)
                     served = True
                     break
-            if not served and not sum(self._supervised(m, self.serving.advance_text, m) or 0 for m in self.models):
+            if not served and not sum(self._text_turn(m) for m in self.models):
                 self.wake.wait(EXPIRY_PERIOD_S)
+
+    def _text_turn(self, model: ServedModel) -> int:
+        """One frame's worth of a language runner's text; the tokens (or answers) it advanced."""
+        advanced = self._supervised(model, self.serving.advance_text, model) or 0
+        if advanced:
+            _served_work(model)
+        return advanced
 
     def _supervised(self, model: ServedModel, fn, *args, on_fault=None, served: bool = False):
         """`fn(*args)` for one model's turn; a fault is logged, counted and, `MAX_FAULTS_IN_A_ROW`
@@ -125,6 +138,10 @@ class InferenceLoop:
             model.faults_in_a_row = 0
         return out
 
+    def withdraw(self, model: ServedModel, why: str) -> None:
+        """End this server's service of `model` visibly (a replaced primary, server/failover.py)."""
+        self._withdraw(model, why)
+
     def _withdraw(self, model: ServedModel, why: str) -> None:
         """Stop serving a model where everyone can see it: its role never serves again (status
         queries go unanswered, observations are dropped), its liveliness token is undeclared (a hot
@@ -144,6 +161,12 @@ class InferenceLoop:
         log.critical("%s: no longer served (%s); its liveliness token and status are withdrawn", model.app.prefix, why)
         if all(m.failed is not None for m in self.models):
             self.failed.set()
+
+
+def _served_work(model: ServedModel, duration_s: float | None = None) -> None:
+    """A turn that did work, for the heartbeat a hot standby judges this server by (server/failover.py)."""
+    if model.role is not None:
+        model.role.note_turn(duration_s)
 
 
 def _release(model: ServedModel, batch) -> None:

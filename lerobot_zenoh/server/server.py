@@ -23,6 +23,7 @@ one client can cost the others at most one inference (a failed batch is re-run o
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
@@ -41,7 +42,7 @@ from lerobot_zenoh.server.inference_loop import InferenceLoop
 from lerobot_zenoh.server.ingest import Ingest
 from lerobot_zenoh.server.served_model import ServedModel
 from lerobot_zenoh.server.serving import Serving
-from lerobot_zenoh.server.failover import ServingRole
+from lerobot_zenoh.server.failover import Heartbeats, ServingRole
 from lerobot_zenoh.server.manifest import Manifest, ModelEntry, reload_refusal
 from lerobot_zenoh.server.runners import load_runner
 from lerobot_zenoh.server.runners.base import PolicyRunner
@@ -80,6 +81,8 @@ class PolicyServer:
         self.serving = Serving(self.server_id, self.models, self._stop)  # the serving paths (server/serving.py)
         self.ingest = Ingest(self.models, self._wake)  # Zenoh callbacks and subscriptions (server/ingest.py)
         self._loop = InferenceLoop(self.models, self.serving, self._stop, self._wake, self._tokens)
+        self.incarnation = f"{os.getpid()}-{time.time_ns():x}"  # this process: heartbeats name it
+        self._heartbeats: Heartbeats | None = None  # served work, for a hot standby (server/failover.py)
 
     @property
     def failed(self) -> threading.Event:
@@ -130,6 +133,7 @@ class PolicyServer:
     def _start(self, advert: SameHostAdvert | None) -> PolicyServer:
         # The endpoints are bound before any model loads: a busy port fails at once, not after the warm-up.
         self._session = self.serving.session = self.ingest.session = ZenohSession(self.manifest.zenoh_settings()).open()
+        warmup_s: dict[str, float] = {}
         for entry in self.manifest.server:
             if entry.model_id not in self._injected:
                 log.info("loading %s/%s ...", entry.model_id, entry.model_version)  # progress: seconds for a big model
@@ -137,6 +141,7 @@ class PolicyServer:
             log.info("warming up %s/%s (%s) ...", entry.model_id, entry.model_version, runner.spec.policy_type)
             t0 = time.perf_counter()
             runner.warmup()  # before anything is announced: a client never waits for a cold model
+            warmup_s[entry.model_id] = time.perf_counter() - t0
             log.info("pre-warmed %s/%s (%s) in %.0f ms", entry.model_id, entry.model_version,
                      runner.spec.policy_type, (time.perf_counter() - t0) * 1000)
             profile_s = self._profile(entry, runner) if entry.max_batch_size == "auto" else None
@@ -158,13 +163,16 @@ class PolicyServer:
                     raise
         for model in self.models:
             model.role = ServingRole(f"{self.server_id}:{model.app.prefix}", self.manifest.standby_for,
-                                     on_deactivate=model.session_table.drop_slots)
+                                     on_deactivate=model.session_table.drop_slots, incarnation=self.incarnation)
+            model.role.note_turn(warmup_s.get(model.entry.model_id))  # the slowest turn until it serves
             # Its own app's observations (a plain robot client routed here) and, for a component of
             # multi-model tasks, each task's observation stream.
             self.ingest.subscribe(model, model.app, None, model.subscriptions.setdefault(None, []))
             for task, stream in model.streams.items():
                 self.ingest.subscribe(model, stream, task, model.subscriptions.setdefault(task, []))
         self._loop.start()
+        # Heartbeats of served work, before the roles start: a restarted primary is heard in its grace.
+        self._heartbeats = Heartbeats(self._session, self.server_id, self.models, self._loop.withdraw).start()
         for model in self.models:
             self._session.serve(model.app.status, lambda params, m=model: m.status_reply(params) if m.role.active.is_set()
                                 else None, with_parameters=True)
@@ -215,6 +223,8 @@ class PolicyServer:
             model.subscriptions.clear()
         for pub in self._telemetry:
             pub.close()
+        if self._heartbeats is not None:
+            self._heartbeats.close()
         for model in self.models:
             if model.role is not None:
                 model.role.close()

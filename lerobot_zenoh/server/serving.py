@@ -17,7 +17,7 @@ import time
 from lerobot_zenoh.errors import ProtocolError
 from lerobot_zenoh.protocol.keys import Topic
 from lerobot_zenoh.protocol.reasons import OutputKind, Reason
-from lerobot_zenoh.server import admission
+from lerobot_zenoh.server import admission, text_stream
 from lerobot_zenoh.server.admission import Ready
 from lerobot_zenoh.server.session_table import REPLAYED, Batch, Session
 from lerobot_zenoh.server.runners.base import InferenceRequest, InferenceResult
@@ -91,7 +91,8 @@ class Serving:
             if self._answer(model, r, result, inference_ms, queue_ms):
                 published.append((r.session, r.observation.seq_id, inference_ms, queue_ms))
         model.session_table.finish(published, [r.session.client_id for r in ready], time.monotonic(), t_done - t_start)
-        self.advance_text(model)
+        if not _observations_wait(model):  # actions first: text decodes in the time they leave
+            self.advance_text(model)
 
     def _answer(self, model: ServedModel, r: Ready, result: InferenceResult | Exception, inference_ms: float,
                 queue_ms: float) -> bool:
@@ -113,6 +114,9 @@ class Serving:
         except Exception as exc:  # the runner returned something that is not an answer of its kind
             self.reject(model, session, Reason.INFERENCE_ERROR, f"{type(exc).__name__}: {exc}")
             return False
+        if model.role is not None and not model.role.may_serve(time.monotonic()):
+            model.role.answers_held += 1  # woke from a freeze, or replaced meanwhile (server/failover.py)
+            return False
         try:
             self._publisher(model, session.client_id).put(payload)
         except Exception as exc:
@@ -126,6 +130,8 @@ class Serving:
         """A language runner's text of every robot, one frame's worth (a task's System 2, server/routing.py)."""
         if model.routing is None:
             return 0
+        if text_stream.writes_text(model.runner):  # (a declared capability: a pi0.5 language runner)
+            model.runner.yield_to_actions(lambda: _observations_wait(model))  # actions first, between steps
         return model.routing.advance_text(model, lambda client_id: self.session.publisher(
             model.app.client(client_id).topic(Topic.TEXT), ACTION_QOS), self.server_id)
 
@@ -203,3 +209,12 @@ class Serving:
                     pub = model.publishers[client_id] = self.session.publisher(
                         model.app.client(client_id).topic(model.topic), ACTION_QOS)
         return pub
+
+
+def _observations_wait(model: ServedModel) -> bool:
+    """Whether an observation waits in a session's slot (read without the table's lock: a hint; the
+    inference loop decodes text when `schedule` finds nothing, so text is only delayed, never lost)."""
+    try:
+        return any(s.slot is not None for s in list(model.session_table.sessions.values()))
+    except RuntimeError:  # the dict changed size while being copied
+        return True

@@ -17,7 +17,8 @@ prefill").
   duration of a call in which some request asks for text (``extras[LANGUAGE_EXTRA]``), keeps a
   reference to the prefix cache LeRobot builds; each such row's slice is copied out and becomes that
   robot's pending generation. Nothing of LeRobot is replaced.
-- ``advance()``: called after the call's actions are out (actions are the hard deadline). Pending
+- ``advance()``: called after the call's actions are out (actions are the hard deadline); the text
+  side lives in runners/pi05_text.py (`TextDecoder`: the generations, their budget, the decode). Pending
   generations append their prompt to their cache (one batched forward; the first token comes from
   its last position), then every unfinished generation of every robot decodes together, one token per
   step, for the frame's budget (`DecodeBudget`): cross-frame continuous batching. Returns the
@@ -37,16 +38,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from pydantic import Field, model_validator
-
-from lerobot_zenoh.config import Settings
-from lerobot_zenoh.errors import ConfigError, PolicyError, ProtocolError
+from lerobot_zenoh.errors import PolicyError, ProtocolError
 from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.server.runners.base import (
     RunnerCapabilities,
@@ -56,190 +52,16 @@ from lerobot_zenoh.server.runners.base import (
     check_observation,
 )
 from lerobot_zenoh.server.runners.flow_matching import FlowMatchingRunner
+from lerobot_zenoh.server.runners.pi05_text import (  # noqa: F401 (the runner's settings and messages, named here too)
+    LANGUAGE_EXTRA,
+    DecodeBudget,
+    LanguageQuery,
+    LanguageSettings,
+    TextDecoder,
+    TextUpdate,
+)
 
 log = logging.getLogger(__name__)
-
-#: `InferenceRequest.extras` key of a request that also asks this observation's text: a `LanguageQuery`.
-LANGUAGE_EXTRA = "language"
-
-
-class LanguageSettings(Settings):
-    """How a pi0.5 runner decodes language (a manifest entry's ``language`` block).
-
-    - `prompt`: appended after the shared prefix when the component gives none (a language-trained
-      checkpoint defines what it expects).
-    - `max_new_tokens`: the token limit of one generation; a query asking more is refused.
-    - `tokens_per_frame`: the decode budget per frame (steps of the batched decode per `advance`);
-      `min_tokens_per_frame` the floor it shrinks to when actions near their SLO.
-    - `max_prompt_tokens`: a longer prompt is refused (``prompt_too_long``).
-    - `stop`: strings that end a generation (each must be one token of the tokenizer), besides its
-      end-of-sequence token.
-    - `max_requests`, `max_cached_tokens`: the memory cap (generations, KV entries); the oldest is
-      evicted beyond it.
-    - `action_slo_ms`: the actions' latency SLO; when set, the budget shrinks as the measured action
-      time plus the frame's decoding nears it (`DecodeBudget`).
-    """
-
-    config_prefix = "language"
-
-    prompt: str = Field("Subtask:", min_length=1)  # the text continues it: never empty
-    max_new_tokens: int = Field(32, ge=1, le=4096, strict=True)
-    tokens_per_frame: int = Field(4, ge=1, le=1024, strict=True)
-    min_tokens_per_frame: int = Field(1, ge=0, strict=True)
-    max_prompt_tokens: int = Field(32, ge=1, le=4096, strict=True)
-    stop: tuple[str, ...] = ()
-    max_requests: int = Field(16, ge=1, le=4096, strict=True)
-    max_cached_tokens: int = Field(65536, ge=1, strict=True)
-    action_slo_ms: float | None = Field(None, gt=0, allow_inf_nan=False)
-
-    @model_validator(mode="after")
-    def _floor(self):
-        if self.min_tokens_per_frame > self.tokens_per_frame:
-            raise ValueError(f"min_tokens_per_frame {self.min_tokens_per_frame} is more than "
-                             f"tokens_per_frame {self.tokens_per_frame}")
-        return self
-
-
-@dataclass(frozen=True)
-class LanguageQuery:
-    """What one observation asks of the language side: the prompt (empty: the settings'), the token
-    limit (None: the settings'), `tag`, echoed in its `TextUpdate`s (the server's seq id), and
-    whether the same observation also asks for actions (`actions`; False: a text-only request runs
-    LeRobot's prefix pass alone and its result carries no actions)."""
-
-    prompt: str = ""
-    max_new_tokens: int | None = None
-    tag: Any = None
-    actions: bool = True
-
-
-@dataclass(frozen=True)
-class TextUpdate:
-    """A generation's text so far (`final`: done; `reason` ``stop`` or ``limit``)."""
-
-    session_id: str
-    tag: Any
-    text: str
-    tokens: int
-    final: bool
-    reason: str | None = None
-
-
-class DecodeBudget:
-    """How many decode steps a frame gets: `tokens_per_frame`, shrunk when the actions near their SLO.
-
-    Pure (no torch, no clock): `observe` takes measured times. With an SLO, the steps that fit in
-    ``slo * (1 - margin) - action_ms`` at the measured step time (EWMA), clamped to
-    ``min_tokens_per_frame .. tokens_per_frame``; without one, always `tokens_per_frame`. The next
-    robot's actions wait for this frame's decoding, so this keeps action latency under the SLO.
-    """
-
-    def __init__(self, settings: LanguageSettings, *, margin: float = 0.1, alpha: float = 0.2):
-        self.settings = settings
-        self.margin = margin
-        self.alpha = alpha
-        self.action_ms: float | None = None
-        self.step_ms: float | None = None
-
-    def observe(self, *, action_ms: float | None = None, step_ms: float | None = None) -> None:
-        if action_ms is not None:
-            self.action_ms = action_ms if self.action_ms is None else self.action_ms + self.alpha * (action_ms - self.action_ms)
-        if step_ms is not None:
-            self.step_ms = step_ms if self.step_ms is None else self.step_ms + self.alpha * (step_ms - self.step_ms)
-
-    def tokens(self) -> int:
-        s = self.settings
-        if s.action_slo_ms is None or self.action_ms is None or not self.step_ms:
-            return s.tokens_per_frame
-        headroom = s.action_slo_ms * (1 - self.margin) - self.action_ms
-        return max(s.min_tokens_per_frame, min(s.tokens_per_frame, math.floor(headroom / self.step_ms)))
-
-
-@dataclass
-class _Generation:
-    session_id: str
-    tag: Any
-    prompt_ids: list[int]
-    max_new_tokens: int
-    started: int  # admission order (oldest = smallest)
-    # Pending (before `advance` appends its prompt): its prefix cache, one row.
-    keys: list | None = None
-    values: list | None = None
-    valid: Any = None  # (1, L) bool
-    next_pos: int = 0
-    tokens: list[int] = field(default_factory=list)
-    done: str | None = None  # stop | limit | evicted | forgotten
-    reported: int = 0  # tokens already reported
-
-
-class _Running:
-    """The batched decode state of every running generation (OxyGen's batched state): per layer keys
-    and values ``(B, kv_heads, L, head_dim)``, ``valid`` ``(B, L)`` (a generation that joined later has
-    invalid columns where others have tokens), the next position of each row and its last token
-    (generated, not yet in the cache)."""
-
-    def __init__(self) -> None:
-        self.rows: list[_Generation] = []
-        self.keys: list = []
-        self.values: list = []
-        self.valid: Any = None
-        self.positions: Any = None
-        self.last: Any = None
-
-    @property
-    def width(self) -> int:
-        return 0 if self.valid is None else int(self.valid.shape[1])
-
-    def cached_tokens(self, extra_columns: int = 0) -> int:
-        return len(self.rows) * (self.width + extra_columns)
-
-    def join(self, rows: list[_Generation], keys: list, values: list, valid: Any, positions: Any, last: Any) -> None:
-        import torch
-
-        if not self.rows:
-            self.rows, self.keys, self.values, self.valid, self.positions, self.last = (
-                list(rows), keys, values, valid, positions, last)
-            return
-        width = max(self.width, int(valid.shape[1]))
-
-        def pad(t: Any, n: int) -> Any:  # right-pad the sequence dimension to `width`
-            if n == width:
-                return t
-            shape = list(t.shape)
-            shape[-2 if t.dim() == 4 else -1] = width - n
-            return torch.cat([t, t.new_zeros(shape)], dim=-2 if t.dim() == 4 else -1)
-
-        w_old, w_new = self.width, int(valid.shape[1])
-        self.keys = [torch.cat([pad(a, w_old), pad(b, w_new)]) for a, b in zip(self.keys, keys, strict=True)]
-        self.values = [torch.cat([pad(a, w_old), pad(b, w_new)]) for a, b in zip(self.values, values, strict=True)]
-        self.valid = torch.cat([pad(self.valid, w_old), pad(valid, w_new)])
-        self.positions = torch.cat([self.positions, positions])
-        self.last = torch.cat([self.last, last])
-        self.rows += rows
-
-    def keep(self, keep: list[int]) -> None:
-        """Keep only the rows `keep` (indices, in order), and drop columns no kept row uses."""
-        import torch
-
-        if len(keep) == len(self.rows):
-            return
-        if not keep:
-            self.__init__()
-            return
-        idx = torch.tensor(keep, device=self.valid.device)
-        valid = self.valid.index_select(0, idx)
-        used = valid.any(dim=0)
-        cols = None if bool(used.all()) else used.nonzero().flatten()
-        def take(t: Any) -> Any:
-            t = t.index_select(0, idx)
-            return t if cols is None else t.index_select(2, cols)
-
-        self.keys = [take(k) for k in self.keys]
-        self.values = [take(v) for v in self.values]
-        self.valid = valid if cols is None else valid.index_select(1, cols)
-        self.positions = self.positions.index_select(0, idx)
-        self.last = self.last.index_select(0, idx)
-        self.rows = [self.rows[i] for i in keep]
 
 
 class Pi05LanguageRunner(FlowMatchingRunner):
@@ -257,37 +79,36 @@ class Pi05LanguageRunner(FlowMatchingRunner):
                               f"not {self.policy.config.type}")
         paligemma = self.policy.model.paligemma_with_expert.paligemma
         self._language_model = paligemma.model.language_model
-        self._lm_head = paligemma.lm_head
-        self._vocab = min(len(self._tokenizer), int(self._lm_head.weight.shape[0]))
-        self.settings = LanguageSettings()
-        self.budget = DecodeBudget(self.settings)
-        self._stop_ids: frozenset[int] = frozenset()
-        self._pending: dict[str, _Generation] = {}
-        self._running = _Running()
-        self._admitted = 0
-        self.counters: dict[str, int] = {
-            "started": 0, "finished.stop": 0, "finished.limit": 0, "evicted": 0, "forgotten": 0, "busy": 0,
-            "tokens": 0, "decode_steps": 0, "budget_shrunk": 0,
-            # Decode cost (lerobot-zenoh-profile reads them from telemetry): the time of every
-            # `advance` (prompt passes and steps), of the decode steps alone, and the rows they decoded.
-            "decode_ms": 0, "step_ms": 0, "step_rows": 0,
-        }
-        self.configure_language(self.settings)
+        self.text = TextDecoder(self._language_model, paligemma.lm_head,
+                                self.policy.model.paligemma_with_expert.embed_language_tokens, self._tokenizer,
+                                self._lock)
+
+    # The text side's state, as the runner's (tests and telemetry read these names).
+    settings = property(lambda self: self.text.settings)
+    budget = property(lambda self: self.text.budget)
+    _running = property(lambda self: self.text._running)
+    _vocab = property(lambda self: self.text._vocab)
+    _lm_head = property(lambda self: self.text._lm_head)
+
+    @property
+    def counters(self) -> dict[str, int]:
+        return self.text.counters
+
+    @counters.setter
+    def counters(self, value: dict[str, int]) -> None:
+        self.text.counters = value
+
+    @property
+    def _stop_ids(self) -> frozenset[int]:
+        return self.text._stop_ids
+
+    @_stop_ids.setter
+    def _stop_ids(self, value: frozenset[int]) -> None:
+        self.text._stop_ids = value
 
     def configure_language(self, settings: LanguageSettings) -> None:
         """Take `settings` (stop strings must each be one token: `ConfigError` naming the field)."""
-        stop = set()
-        eos = self._tokenizer.eos_token_id
-        if eos is not None:
-            stop.add(int(eos))
-        for s in settings.stop:
-            ids = self._tokenizer(s, add_special_tokens=False)["input_ids"]
-            if len(ids) != 1:
-                raise ConfigError("language.stop", f"{s!r} is {len(ids)} tokens of this tokenizer, not one")
-            stop.add(int(ids[0]))
-        self.settings = settings
-        self.budget = DecodeBudget(settings)
-        self._stop_ids = frozenset(stop)
+        self.text.configure(settings)
 
     def warmup(self) -> None:
         """The plain warm-up, then one text step (prompt pass + a decode step) under a private session,
@@ -310,14 +131,11 @@ class Pi05LanguageRunner(FlowMatchingRunner):
     @property
     def language_active(self) -> int:
         """Generations pending or running (the server calls `advance` while there are any)."""
-        return len(self._pending) + len(self._running.rows)
+        return self.text.active
 
     def figures(self) -> dict[str, float]:
         """Counters for telemetry (``language.*``)."""
-        out: dict[str, float] = {f"language.{k}": v for k, v in self.counters.items()}
-        out["language.active"] = self.language_active
-        out["language.cached_tokens"] = self._running.cached_tokens()
-        return out
+        return self.text.figures()
 
     def check_request(self, request: InferenceRequest) -> None:
         super().check_request(request)
@@ -326,38 +144,13 @@ class Pi05LanguageRunner(FlowMatchingRunner):
             raise ProtocolError(Reason.COMPONENT_NOT_SERVED, "pi0.5 serves actions and text, not verdicts")
         query = request.extras.get(LANGUAGE_EXTRA)
         if query is not None:
-            self._prompt_ids(query)
-            self._token_limit(query)
-
-    def _prompt_ids(self, query: LanguageQuery) -> list[int]:
-        prompt = query.prompt or self.settings.prompt
-        ids = self._tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        if not ids:
-            raise ProtocolError(Reason.PROMPT_TOO_LONG, "the prompt has no tokens")  # only an empty prompt
-        if len(ids) > self.settings.max_prompt_tokens:
-            raise ProtocolError(Reason.PROMPT_TOO_LONG, f"the prompt is {len(ids)} tokens, at most "
-                                                   f"{self.settings.max_prompt_tokens} (language.max_prompt_tokens)")
-        return list(ids)
-
-    def _token_limit(self, query: LanguageQuery) -> int:
-        n = query.max_new_tokens
-        if n is None:
-            return self.settings.max_new_tokens
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.settings.max_new_tokens:
-            raise ProtocolError(Reason.TEXT_OVER_TOKEN_LIMIT, f"asks {n!r} new tokens, at most "
-                                                         f"{self.settings.max_new_tokens} (language.max_new_tokens)")
-        return n
+            self.text.prompt_ids(query)
+            self.text.token_limit(query)
 
     def forget(self, session_id: str) -> None:
         """Drop the session's generation (pending or running): its robot left or began a new episode."""
         super().forget(session_id)
-        gone = self._pending.pop(session_id, None) is not None
-        keep = [i for i, g in enumerate(self._running.rows) if g.session_id != session_id]
-        if len(keep) != len(self._running.rows):
-            self._running.keep(keep)
-            gone = True
-        if gone:
-            self.counters["forgotten"] += 1
+        self.text.forget(session_id)
 
     # -- one frame ------------------------------------------------------------------------------
 
@@ -372,10 +165,10 @@ class Pi05LanguageRunner(FlowMatchingRunner):
             if query is None:
                 continue
             try:
-                prompt_ids, limit = self._prompt_ids(query), self._token_limit(query)
+                prompt_ids, limit = self.text.prompt_ids(query), self.text.token_limit(query)
             except ProtocolError as exc:
                 raise PolicyError(f"session {r.session_id}: {exc}") from exc
-            if r.session_id in self._pending or any(g.session_id == r.session_id for g in self._running.rows):
+            if self.text.writing(r.session_id):
                 self.counters["busy"] += 1  # its robot's text is still being written: that one answers
                 continue
             starting.append((i, prompt_ids, limit, query.tag))
@@ -415,7 +208,7 @@ class Pi05LanguageRunner(FlowMatchingRunner):
         if len(captured) != 1 or captured[0][0] is None or captured[0][1] is None:
             raise PolicyError(f"{self.path}: pi0.5's prefix pass was not seen ({len(captured)} passes): "
                               "LeRobot's sample_actions changed?")
-        self._start(*captured[0], starting, requests)
+        self.text.start(*captured[0], starting, requests)
         return results
 
     def _prefill(self, requests: Sequence[InferenceRequest], starting: list) -> None:
@@ -449,187 +242,13 @@ class Pi05LanguageRunner(FlowMatchingRunner):
                     inputs_embeds=[embs, None], use_cache=True)
         except Exception as exc:
             raise PolicyError(f"{self.path}: the prefix pass of {len(requests)} request(s) failed: {exc}") from exc
-        self._start(cache, mask, starting, requests)
+        self.text.start(cache, mask, starting, requests)
 
-    def _start(self, cache: Any, mask: Any, starting: list, requests: Sequence[InferenceRequest]) -> None:
-        """Copy each asking row's prefix cache out of the call's (the call's is freed with it).
-
-        `mask` is the prefix pass's additive 4D attention mask: every prefix token attends to every
-        valid one (pi0.5's prefix is bidirectional), so the row of the first (image) token gives the
-        valid columns: 0 where valid, the large negative constant at the padding of the task tokens."""
-        layers = [(k, v) for k, v, *_ in cache]
-        for i, prompt_ids, limit, tag in starting:
-            valid = mask[i: i + 1, 0, 0, :] == 0
-            self._admitted += 1
-            self._pending[requests[i].session_id] = _Generation(
-                session_id=requests[i].session_id, tag=tag, prompt_ids=prompt_ids, max_new_tokens=limit,
-                started=self._admitted,
-                keys=[k[i: i + 1].clone() for k, _ in layers], values=[v[i: i + 1].clone() for _, v in layers],
-                valid=valid, next_pos=int(valid.sum()))
-            self.counters["started"] += 1
+    def yield_to_actions(self, waiting: Callable[[], bool] | None) -> None:
+        """`waiting()`: whether an observation waits for its actions; a frame of text then stops
+        after its floor (`min_tokens_per_frame` steps), between steps (server/serving.py)."""
+        self.text.actions_wait = waiting
 
     def advance(self, max_tokens: int | None = None) -> list[TextUpdate]:
-        """Decode one frame's worth: pending generations append their prompt (first token), then every
-        running generation decodes up to the budget's tokens in one batch per step. Returns the text
-        updates (new tokens, final answers)."""
-        import torch
-
-        if not self.language_active:
-            return []
-        steps = self.budget.tokens() if max_tokens is None else max_tokens
-        if steps < self.settings.tokens_per_frame:
-            self.counters["budget_shrunk"] += 1
-        with self._lock, torch.no_grad():
-            t_start = time.perf_counter()
-            self._admit_pending()
-            t0 = time.perf_counter()
-            done_steps = 0
-            for _ in range(steps):
-                if not any(g.done is None for g in self._running.rows):
-                    break
-                while self._running.rows and self._running.cached_tokens(1) > self.settings.max_cached_tokens:
-                    self._evict_running_oldest()
-                if not self._running.rows:
-                    break
-                self._step()
-                done_steps += 1
-            t_end = time.perf_counter()
-            if done_steps:
-                self.budget.observe(step_ms=(t_end - t0) * 1000 / done_steps)
-            self.counters["decode_ms"] += (t_end - t_start) * 1000
-            self.counters["step_ms"] += (t_end - t0) * 1000
-            updates = self._updates()
-            self._running.keep([i for i, g in enumerate(self._running.rows) if g.done is None])
-        return updates
-
-    def _admit_pending(self) -> None:
-        """Append each pending generation's prompt to its prefix cache (one batched forward, prompts
-        right-padded and masked) and take its first token; then join them to the running batch."""
-        import torch
-
-        if not self._pending:
-            return
-        pending = sorted(self._pending.values(), key=lambda g: g.started)
-        self._pending.clear()
-        # A generation that joins needs room: the oldest running (or pending) ones make way.
-        fits = list(pending)
-        s = self.settings
-        while len(fits) + len(self._running.rows) > s.max_requests:
-            if self._running.rows:
-                self._evict_running_oldest()
-            else:
-                fits.pop(0).done = "evicted"
-                self.counters["evicted"] += 1
-        if not fits:
-            return
-        device = fits[0].valid.device
-        widths = [int(g.valid.shape[1]) for g in fits]
-        prompt_len = max(len(g.prompt_ids) for g in fits)
-        width = max(widths)
-        keys, values, valids = [], [], []
-        for g, w in zip(fits, widths, strict=True):
-            pad = width - w
-            keys.append([torch.nn.functional.pad(k, (0, 0, 0, pad)) for k in g.keys])
-            values.append([torch.nn.functional.pad(v, (0, 0, 0, pad)) for v in g.values])
-            valids.append(torch.nn.functional.pad(g.valid, (0, pad), value=False))
-            g.keys = g.values = None
-        n_layers = len(keys[0])
-        k_b = [torch.cat([row[layer] for row in keys]) for layer in range(n_layers)]
-        v_b = [torch.cat([row[layer] for row in values]) for layer in range(n_layers)]
-        valid = torch.cat(valids)
-        ids = torch.zeros((len(fits), prompt_len), dtype=torch.long, device=device)
-        prompt_valid = torch.zeros((len(fits), prompt_len), dtype=torch.bool, device=device)
-        positions = torch.zeros((len(fits), prompt_len), dtype=torch.long, device=device)
-        for r, g in enumerate(fits):
-            n = len(g.prompt_ids)
-            ids[r, :n] = torch.tensor(g.prompt_ids, device=device)
-            prompt_valid[r, :n] = True
-            positions[r] = g.next_pos + torch.arange(prompt_len, device=device).clamp(max=n - 1)
-        logits, k_b, v_b = self._forward(ids, k_b, v_b, valid, prompt_valid, positions)
-        last = torch.tensor([len(g.prompt_ids) - 1 for g in fits], device=device)
-        first = self._greedy(logits[torch.arange(len(fits), device=device), last])
-        valid = torch.cat([valid, prompt_valid], dim=1)
-        next_pos = torch.tensor([g.next_pos + len(g.prompt_ids) for g in fits], device=device)
-        for g, t in zip(fits, first.tolist(), strict=True):
-            self._take(g, int(t))
-        self._running.join(fits, k_b, v_b, valid, next_pos, first)
-
-    def _evict_running_oldest(self) -> None:
-        rows = self._running.rows
-        oldest = min(range(len(rows)), key=lambda i: rows[i].started)
-        if rows[oldest].done is None:
-            rows[oldest].done = "evicted"
-            self.counters["evicted"] += 1
-        self._running.keep([i for i in range(len(rows)) if i != oldest])
-
-    def _step(self) -> None:
-        """One decode step of the whole running batch: each row's last token in, its next token out."""
-        import torch
-
-        run = self._running
-        b = len(run.rows)
-        new_valid = torch.tensor([[g.done is None] for g in run.rows], dtype=torch.bool, device=run.valid.device)
-        logits, run.keys, run.values = self._forward(run.last[:, None], run.keys, run.values, run.valid,
-                                                     torch.ones((b, 1), dtype=torch.bool, device=run.valid.device),
-                                                     run.positions[:, None])
-        nxt = self._greedy(logits[:, -1])
-        # A finished row's column is masked (its token decoded nothing it will use).
-        run.valid = torch.cat([run.valid, new_valid], dim=1)
-        run.positions = run.positions + 1
-        run.last = nxt
-        for g, t in zip(run.rows, nxt.tolist(), strict=True):
-            if g.done is None:
-                self._take(g, int(t))
-        self.counters["decode_steps"] += 1
-        self.counters["step_rows"] += b
-
-    def _take(self, g: _Generation, token: int) -> None:
-        if token in self._stop_ids:
-            g.done = "stop"
-            self.counters["finished.stop"] += 1
-            return
-        g.tokens.append(token)
-        self.counters["tokens"] += 1
-        if len(g.tokens) >= g.max_new_tokens:
-            g.done = "limit"
-            self.counters["finished.limit"] += 1
-
-    def _forward(self, ids: Any, keys: list, values: list, valid: Any, new_valid: Any, positions: Any):
-        """PaliGemma's language model over `ids` ``(B, T)`` at `positions`, attending to the cached
-        columns where `valid` and causally among the new tokens (`new_valid` masks padding); returns
-        the logits ``(B, T, V)`` and the cache extended by the T new columns."""
-        import torch
-        from lerobot.policies.common.vla_utils import prepare_attention_masks_4d
-        from transformers import DynamicCache
-
-        b, t = ids.shape
-        cache = DynamicCache(tuple((k, v, None) for k, v in zip(keys, values, strict=True)))
-        causal = torch.tril(torch.ones((t, t), dtype=torch.bool, device=ids.device))
-        new = causal[None] & new_valid[:, None, :]
-        new = new | torch.eye(t, dtype=torch.bool, device=ids.device)[None]  # a padding row sees itself
-        past = valid[:, None, :].expand(b, t, valid.shape[1])
-        mask = prepare_attention_masks_4d(torch.cat([past, new], dim=2))
-        embeds = self.policy.model.paligemma_with_expert.embed_language_tokens(ids)
-        self._language_model.config._attn_implementation = "eager"  # as LeRobot's sample_actions sets it
-        out = self._language_model.forward(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
-                                           past_key_values=cache, use_cache=True)
-        hidden = out.last_hidden_state
-        logits = self._lm_head(hidden.to(self._lm_head.weight.dtype)).float()
-        layers = [(k, v) for k, v, *_ in out.past_key_values]
-        return logits, [k for k, _ in layers], [v for _, v in layers]
-
-    def _greedy(self, logits: Any) -> Any:
-        """Most likely token among those the tokenizer can decode."""
-        return logits[..., : self._vocab].argmax(dim=-1)
-
-    def _updates(self) -> list[TextUpdate]:
-        out = []
-        for g in self._running.rows:
-            if g.done == "evicted":
-                continue
-            if len(g.tokens) == g.reported and g.done is None:
-                continue
-            g.reported = len(g.tokens)
-            text = self._tokenizer.decode(g.tokens, skip_special_tokens=True).strip()
-            out.append(TextUpdate(g.session_id, g.tag, text, len(g.tokens), g.done is not None, g.done))
-        return out
+        """Decode one frame's worth of every robot's text (`TextDecoder.advance`)."""
+        return self.text.advance(max_tokens)
