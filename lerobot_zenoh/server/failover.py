@@ -339,7 +339,7 @@ class Heartbeats:
             self._dropped_seen[i] = model.standby_dropped
             self._seq += 1
             beat = Beat(self.server_id, role.incarnation, role.active.is_set(), role.served_turns,
-                        _waiting(model.session_table), role.slowest_turn_s, role.replaced)
+                        model.session_table.waiting(computing=True), role.slowest_turn_s, role.replaced)
             self._publishers[i].put(beat.encode(self._seq, now_s - self._t0))
 
     def _heard(self, model, watch: ServedWorkWatch, beat: Beat, now_s: float) -> None:
@@ -353,12 +353,3 @@ class Heartbeats:
             return  # the stalled process it replaced, woken: it withdraws on hearing this standby
         watch.on_beat(beat, now_s)
         role.on_primary_incarnation(beat.incarnation)
-
-
-def _waiting(table) -> int:
-    """Observations waiting in a session's slot or being computed (read without the table's lock:
-    an estimate for the heartbeat; a session table changing meanwhile is read again next period)."""
-    try:
-        return sum(1 for s in list(table.sessions.values()) if s.slot is not None or s.computing is not None)
-    except RuntimeError:  # the dict changed size while being copied
-        return 0

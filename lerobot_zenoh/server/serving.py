@@ -212,9 +212,6 @@ class Serving:
 
 
 def _observations_wait(model: ServedModel) -> bool:
-    """Whether an observation waits in a session's slot (read without the table's lock: a hint; the
-    inference loop decodes text when `schedule` finds nothing, so text is only delayed, never lost)."""
-    try:
-        return any(s.slot is not None for s in list(model.session_table.sessions.values()))
-    except RuntimeError:  # the dict changed size while being copied
-        return True
+    """Whether an observation waits in a session's slot (the inference loop decodes text when
+    `schedule` finds nothing, so text is only delayed, never lost)."""
+    return model.session_table.waiting() > 0

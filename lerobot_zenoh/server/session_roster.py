@@ -41,14 +41,20 @@ class SessionRoster:
         self._tokens: dict[str, None] = {}  # ids whose liveliness token is present and that have no session (bounded)
         self.pool_wanted = False  # an unknown id found the pool full since the last `expire`
 
-    def place(self, client_id: str, listed: bool, cfg: SessionTableConfig, now_s: float) -> Session | str:
+    def place(self, client_id: str, listed: bool, cfg: SessionTableConfig, now_s: float,
+              blocked: Callable[[str, float], bool]) -> Session | str:
         """A session for a client that has none (opened), or why it gets none (counted in `dropped`):
-        an unknown id when they are not accepted, or when the pool of unknown ids is full."""
+        an unknown id when they are not accepted, while the cool-down unknown ids share runs
+        (`blocked`, server/rate_limit.py: waited out before it takes a place), or when the pool of
+        unknown ids is full."""
         if not listed and not cfg.accept_unknown:
             self.dropped[Reason.UNKNOWN_CLIENT] += 1
             if client_id in self.unknown_refused or len(self.unknown_refused) < MAX_TRACKED_UNKNOWN:
                 self.unknown_refused[client_id] += 1
             return Reason.UNKNOWN_CLIENT
+        if not listed and blocked(client_id, now_s):
+            self.dropped[Reason.RATE_LIMITED] += 1
+            return Reason.RATE_LIMITED
         if not listed and self.unknown_open >= cfg.max_unknown_clients:
             self.dropped[Reason.TOO_MANY_CLIENTS] += 1
             self.pool_wanted = True  # the next `expire` frees the places of ids without a token

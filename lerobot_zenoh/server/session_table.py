@@ -113,24 +113,15 @@ class SessionTable:
     def admit(self, client_id: str, payload: bytes, now_s: float, header: ObservationHeader | None = None,
               header_error: ProtocolError | None = None, task: str | None = None) -> str | None:
         """Put an observation in its session's slot; None if kept, else why it was dropped (counted).
-
-        `header` is what admission read of it (`server/admission.py`; None: sent without one, or
-        in a version this server does not read), so that a late re-fetch refresh is dropped before
-        it takes a slot; `header_error`: its header is malformed (kept with the slot and rejected,
-        with its reason, by `schedule`); `task`: the multi-model task whose stream it came on, kept
-        with it in the slot.
-        """
+        `header`: what admission read of it (`server/admission.py`; None: none, or of a version this
+        server does not read); `header_error`: its header is malformed (rejected, with its reason, by
+        `schedule`); `task`: the multi-model task whose stream it came on."""
         listed = client_id in self.config.listed
         with self._lock:
-            session = self.sessions.get(client_id)
-            if session is None and not listed and self.rate_limit.blocked(client_id, now_s):
-                # unknown ids share one cool-down (server/rate_limit.py): a fresh one waits it out
-                # before it opens a session and takes a place in the pool
-                self.dropped[RATE_LIMITED] += 1
-                return RATE_LIMITED
-            session = session or self.roster.place(client_id, listed, self.config, now_s)
+            session = self.sessions.get(client_id) or self.roster.place(client_id, listed, self.config, now_s,
+                                                                         self.rate_limit.blocked)
             if isinstance(session, str):
-                return session  # unknown_client, too_many_clients
+                return session  # unknown_client, rate_limited (a fresh unknown id), too_many_clients
             stats = session.stats
             if self.rate_limit.blocked(client_id, now_s):
                 stats.dropped[RATE_LIMITED] += 1  # not a rejection: the cool-down ends on time
@@ -179,6 +170,11 @@ class SessionTable:
     def close_all(self) -> list[Session]:
         with self._lock:
             return self.roster.close_all()
+
+    def waiting(self, *, computing: bool = False) -> int:
+        """Observations waiting in a slot (and, with `computing`, requests being computed)."""
+        with self._lock:
+            return sum(1 for s in self.sessions.values() if s.slot is not None or (computing and s.computing is not None))
 
     def drop_slots(self) -> None:
         """Forget every waiting observation (a standby stepping back)."""
