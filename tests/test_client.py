@@ -80,10 +80,20 @@ def replay(events, blend):
     return popped
 
 
-def run_client(client, seconds):
+def run_client(client, seconds, until=None, deadline_s: float = 60.0):
+    """Run `client` for `seconds`; with `until`, for at least `seconds` and then until `until()`
+    holds (a busy machine serves fewer chunks in the same time) or `deadline_s`."""
     client.start()
     try:
-        client.run(duration_s=seconds)
+        if until is None:
+            client.run(duration_s=seconds)
+        else:
+            runner = threading.Thread(target=client.run)
+            runner.start()
+            t0 = time.monotonic()
+            wait_for(lambda: time.monotonic() - t0 >= seconds and until(), deadline_s)
+            client.stop()
+            runner.join(10)
     finally:
         client.close()
     return client
@@ -469,7 +479,8 @@ def test_rtc_observations_carry_the_leftover_and_the_buffer_is_replaced_not_blen
                           lambda k, b: seen_chunks.setdefault((c := codec.decode_action_chunk(b)).response_to_seq_id, c))
             robot = LoggingRobot(make_robot_from_config(cfg.robot))
             client = RobotClient(cfg, robot, buffer=RtcEventBuffer(cfg.aggregate))
-            run_client(client, 3.0)
+            run_client(client, 3.0, until=lambda: len(seen_obs) >= 5 and sum(
+                e[0] == "replace" for e in list(client.buffer.events)) >= 5)
     assert client.status.rtc is not None and client.rtc_active and client.intake.mode is MergeMode.RTC
     events = client.buffer.events
     leftovers = [e[1] for e in events if e[0] == "leftover"]
