@@ -185,7 +185,12 @@ def test_acl_grants_each_identity_only_its_own_keys(app_key):
     assert grants("robA", "ingress", "liveliness_token") == {a.metrics}
     assert grants("robA", "egress", "put") == {a.action}
     assert grants("robA", "ingress", "declare_queryable") == set()
-    assert grants("gpu0", "ingress", "put") == {f"{app_key.prefix}/*/action", app_key.server_metrics("gpu0")}
+    assert grants("gpu0", "ingress", "put") == {f"{app_key.prefix}/*/action", app_key.server_metrics("gpu0"),
+                                                app_key.server_heartbeat("gpu0")}
+    # servers of one app hear each other's heartbeats of served work (a hot standby's watch); a robot does not
+    assert grants("gpu0", "ingress", "declare_subscriber") >= {app_key.all_server_heartbeats}
+    assert grants("gpu0", "egress", "put") >= {app_key.all_server_heartbeats}
+    assert app_key.all_server_heartbeats not in grants("robA", "egress", "put")
     assert grants("gpu0", "ingress", "liveliness_token") == {app_key.server_token("gpu0")}
     assert grants("mon", "ingress", "declare_subscriber") == {"**/metrics"}
     assert grants("mon", "ingress", "put") == set()

@@ -20,16 +20,17 @@ Grants, per identity, from the enforcing node's point of view (`P` = an app pref
                     egress   liveliness_token               P/server/*
                     egress   declare_subscriber             P/*/obs, P/c/obs, **/metrics, P/c/metrics
                     egress   declare_queryable              P/status
-    server s of P   ingress  declare_subscriber             P/*/obs
-                    ingress  put                            P/*/action, P/server/s/metrics
+    server s of P   ingress  declare_subscriber             P/*/obs, P/server/*/heartbeat
+                    ingress  put                            P/*/action, P/server/s/metrics, P/server/s/heartbeat
                     ingress  declare_queryable, reply       P/status
                     ingress  liveliness_token               P/server/s
                     ingress  declare_liveliness_subscriber  P/server/*, P/*/metrics  (hot standby, handover;
                     ingress  liveliness_query               P/server/*, P/*/metrics   client sessions)
-                    egress   put                            P/*/obs
+                    egress   put                            P/*/obs, P/server/*/heartbeat
                     egress   query                          P/status
                     egress   liveliness_token               P/server/*, P/*/metrics
-                    egress   declare_subscriber             P/*/action, **/metrics, P/server/s/metrics
+                    egress   declare_subscriber             P/*/action, **/metrics, P/server/s/metrics,
+                                                            P/server/*/heartbeat
     engine e of P   ingress  declare_subscriber             E/dispatch          (E = P/engine/e: its keys only)
                     ingress  put                            E/answer
                     ingress  declare_queryable, reply       E/status
@@ -219,7 +220,11 @@ def access_control(deployment: Deployment) -> dict:
                             *(k for stream in streams for k in (stream.all_observations, f"{stream.all_observations}/**"))]
             tokens = [app.all_client_tokens, *(stream.all_client_tokens for stream in streams)]
             b.allow(s, f"{rid}/subscribe", INGRESS, ["declare_subscriber"], observations)
-            b.allow(s, f"{rid}/put", INGRESS, ["put"], [f"{p}/*/{topic}", app.server_metrics(s)])
+            b.allow(s, f"{rid}/put", INGRESS, ["put"], [f"{p}/*/{topic}", app.server_metrics(s), app.server_heartbeat(s)])
+            # the heartbeats of served work the servers of one app exchange (a hot standby's watch)
+            b.allow(s, f"{rid}/heartbeats", INGRESS, ["declare_subscriber"], [app.all_server_heartbeats])
+            b.allow(s, f"{rid}/heartbeats-in", EGRESS, ["put"], [app.all_server_heartbeats])
+            b.allow(s, f"{rid}/heartbeats-route", EGRESS, ["declare_subscriber"], [app.all_server_heartbeats])
             b.allow(s, f"{rid}/status", INGRESS, ["declare_queryable", "reply"], [app.status])
             b.allow(s, f"{rid}/token", INGRESS, ["liveliness_token"], [app.server_token(s)])
             b.allow(s, f"{rid}/watch", INGRESS, ["declare_liveliness_subscriber", "liveliness_query"],
