@@ -201,3 +201,24 @@ def test_a_compile_failure_at_start_up_refuses_or_serves_eager_never_half(pi0_fo
     if fallback == "eager":
         assert runner.figures() == {}
         assert runner.run([request("a", TASKS[0], 5)])[0].actions.shape == (CHUNK, 4)
+
+
+@pytest.mark.slow
+def test_the_single_model_flag_names_itself_for_a_bad_or_refused_mode(tmp_path, port):
+    """--policy.compile: a misspelt mode, and cuda_graphs on a CPU (refused before the model loads)."""
+    import json
+    import subprocess
+    import sys
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"type": "act"}))
+    (folder / "model.safetensors").write_bytes(b"w")
+    for mode, needle in (("fast", "--policy.compile: Input should be 'off', 'default'"),
+                         ("cuda_graphs", "--policy.compile: cuda_graphs needs a CUDA device (device is 'cpu')")):
+        out = subprocess.run([sys.executable, "-m", "lerobot_zenoh.cli.server", f"--policy.path={folder}",
+                              f"--policy.compile={mode}", "--policy.device=cpu", f"--endpoint=tcp/127.0.0.1:{port}"],
+                             capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert out.returncode == 2, out.stderr
+        lines = out.stderr.strip().splitlines()
+        assert needle in lines[-1] and lines[-1].startswith("lerobot-policy-server: "), out.stderr

@@ -12,7 +12,9 @@ start-up does), then for each batch size times `runner.run` on B requests from d
 different tasks: one untimed call each, then `--reps` calls alternating eager and compiled in the
 same process, so that a busy machine slows both alike. It prints per (type, batch) the median ms of
 each, the ratio, and the largest difference between the two chunks (robot units), then the compile
-time per bucket.
+time per bucket. For the flow-matching types it also times one request with a real-time-chunking
+prefix (eager: guidance is not compiled) with the served, frozen parameters against the same model
+left trainable as LeRobot loads it, alternately, and says whether the chunks are equal.
 
 `--restart`: runs each type a second time with the same inductor cache folder (`--cache-dir`, a new
 temporary one by default, so that the first run is cold), and prints the start-up compile time of
@@ -86,6 +88,10 @@ def child(policy_type: str, root: Path, args: argparse.Namespace, cache: Path, *
         if "batch" in record and timed:
             print(f"{policy_type:8} {record['batch']:5d} {record['eager_ms']:9.1f} {record['compiled_ms']:11.1f} "
                   f"{record['eager_ms'] / record['compiled_ms']:7.2f}x {record['max_diff']:10.1e}", flush=True)
+        elif "rtc_frozen_ms" in record and timed:
+            print(f"{policy_type:8} RTC batch 1 (eager): frozen parameters {record['rtc_frozen_ms']:.1f} ms, trainable "
+                  f"{record['rtc_trainable_ms']:.1f} ms ({record['rtc_trainable_ms'] / record['rtc_frozen_ms']:.2f}x), "
+                  f"chunks {'bit for bit equal' if record['rtc_equal'] else 'DIFFERENT'}", flush=True)
         elif "compile_s" in record:
             summary = record
     if summary is None:
@@ -108,9 +114,9 @@ def measure(policy_type: str, root: Path, batches: list[int], reps: int, mode: s
         build_checkpoint(folder, policy_type=policy_type, state_names=NAMES, action_names=NAMES,
                          cameras=CAMERAS, chunk_size=50, fps=30)
 
-    def runner(compile_block):
+    def runner(compile_block, **kw):
         entry = {"model_id": policy_type, "model_version": "v", "application_tag": "a", "pretrained_path": str(folder),
-                 "accept_unknown_clients": True, "max_batch_size": max(batches), "compile": compile_block}
+                 "accept_unknown_clients": True, "max_batch_size": max(batches), "compile": compile_block, **kw}
         manifest = parse_manifest({"cluster_uuid": "c", "experiment_tag": "e", "server": [entry]})
         return load_runner(manifest, manifest.server[0])
 
@@ -135,8 +141,38 @@ def measure(policy_type: str, root: Path, batches: list[int], reps: int, mode: s
                 times[name].append((time.perf_counter() - t) * 1000)
         print(json.dumps({"batch": batch, "eager_ms": statistics.median(times["eager"]),
                           "compiled_ms": statistics.median(times["compiled"]), "max_diff": diff}), flush=True)
+    if policy_type != "act":
+        frozen_rtc(runner("off", rtc={"enabled": True}), reps)
     print(json.dumps({"compile_s": compile_s, "buckets": {str(k): v for k, v in compiled._compiled.compile_s.items()},
                       "eager_calls": compiled.figures().get("compile.eager_calls")}), flush=True)
+
+
+def frozen_rtc(runner, reps: int) -> None:
+    """One request with an RTC prefix (eager: guidance is not compiled), the served frozen parameters
+    against the same model trainable (as LeRobot loads it), alternately."""
+    import numpy as np
+
+    from lerobot_zenoh.protocol.messages import RtcInputs
+    from lerobot_zenoh.server.runners import InferenceRequest
+    from lerobot_zenoh.server.runners.base import RTC_EXTRA
+
+    rng = np.random.default_rng(1)
+    prefix = rng.normal(size=(20, len(NAMES))).astype(np.float32)
+    request = InferenceRequest("robot0", rng.normal(size=len(NAMES)).astype(np.float32),
+                               {c: rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for c, (h, w) in CAMERAS.items()},
+                               TASKS[0], seed=0, extras={RTC_EXTRA: RtcInputs(prefix, 3)})
+    times: dict[bool, list[float]] = {True: [], False: []}
+    out = {}
+    for _ in range(reps + 1):
+        for frozen in (True, False):
+            runner.policy.requires_grad_(not frozen)
+            t = time.perf_counter()
+            out[frozen] = runner.run([request])[0].actions
+            times[frozen].append((time.perf_counter() - t) * 1000)
+    runner.policy.requires_grad_(False)
+    print(json.dumps({"rtc_frozen_ms": statistics.median(times[True][1:]),
+                      "rtc_trainable_ms": statistics.median(times[False][1:]),
+                      "rtc_equal": bool(np.array_equal(out[True], out[False]))}), flush=True)
 
 
 if __name__ == "__main__":

@@ -250,7 +250,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except ConfigError as exc:
         if args.manifest is None:
-            message = explain(exc)
+            # A field of the single model's entry, refused as it loads, is its --policy.<field> flag.
+            message = (re.sub(r"^server\[[^\]]*\]\.", "--policy.", str(exc)) if exc.field.startswith("server[")
+                       else explain(exc))
         else:
             message = str(exc) if exc.source else f"{args.manifest}: {exc}"
         print(f"{PROG}: {one_line(message)}", file=sys.stderr)
