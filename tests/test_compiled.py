@@ -83,6 +83,44 @@ def test_a_model_that_is_not_compiled_refuses_the_field():
     assert err.value.field == "server[m].compile" and "synthetic" in str(err.value)
 
 
+def test_a_batch_is_padded_to_its_bucket_with_its_last_row_and_a_larger_one_split():
+    """The bucket logic around the graph (the graph itself replaced by a recording function: no compile)."""
+    import torch
+
+    from lerobot_zenoh.server.runners.compiled import CompiledChunk
+
+    def fn(batch, noise):
+        return batch["x"] * 2 + noise
+
+    seen = []
+
+    def graph(batch, noise):
+        seen.append(batch["x"].clone())
+        assert set(batch) == {"x"}  # the task list and placeholders are not handed to the graph
+        return fn(batch, noise)
+
+    chunk = CompiledChunk(fn, CompileSettings(mode="default"), (2, 4), device_type="cpu", name="t",
+                          field="server[m].compile")
+    chunk._compiled = graph
+    chunk.active = chunk.serving = True
+    x = torch.arange(15.0).reshape(5, 3)
+    noise = torch.ones(5, 3)
+    for rows, sizes in ((1, [2]), (3, [4]), (4, [4]), (5, [4, 2])):
+        seen.clear()
+        out = chunk({"x": x[:rows], "task": ["a"] * rows, "next.reward": 0.0}, noise=noise[:rows])
+        assert torch.equal(out, fn({"x": x[:rows]}, noise[:rows]))
+        assert [len(b) for b in seen] == sizes
+    assert torch.equal(seen[-1][1], x[4])  # the piece of one row, padded with a copy of itself
+    assert chunk.eager_calls == 0
+
+    def recompiles(batch, noise):
+        raise RuntimeError("Detected recompile when torch.compile stance is 'fail_on_recompile'")
+
+    chunk._compiled = recompiles
+    assert torch.equal(chunk({"x": x[:3]}, noise=noise[:3]), fn({"x": x[:3]}, noise[:3]))  # eager, counted
+    assert chunk.figures() == {"compile.buckets": 2.0, "compile.eager_calls": 1.0}
+
+
 @pytest.mark.slow
 def test_diffusion_refuses_compile_at_load_naming_the_field(tmp_path):
     from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
