@@ -56,6 +56,10 @@ _TORCH_MODE = {
 }
 
 
+#: What ``torch.compiler.set_stance("fail_on_recompile")`` raises (a RuntimeError) says.
+_RECOMPILE = "Detected recompile"
+
+
 class CompileSettings(Settings):
     """Compiled inference of one model (the manifest entry's ``compile`` block; docs/policies.md,
     "Compiled inference"). ``compile: default`` is short for ``compile: {mode: default}``.
@@ -163,7 +167,10 @@ class CompiledChunk:
         try:
             with torch.compiler.set_stance("fail_on_recompile"):
                 return self._compiled(padded, **padded_kwargs)[:rows]
-        except Exception as exc:  # a guard failed (a shape or state not seen at start-up): eager, counted
+        except RuntimeError as exc:
+            if _RECOMPILE not in str(exc):
+                raise
+            # A guard failed (a shape or a state not seen at start-up): eager instead, counted.
             self.eager_calls += 1
             if self.eager_calls == 1 or self.eager_calls % 1000 == 0:
                 log.warning("%s: a batch of %d needed a graph not compiled at start-up; served eager (%d so far): %s",
