@@ -9,7 +9,8 @@ What is compiled is the whole ``predict_action_chunk`` of a policy (the granular
 without graph breaks for pi0 and pi0.5; SmolVLA keeps a few breaks inside transformers' vision
 embeddings and still gains): compiling only a denoise step leaves the prefix pass and the Python
 loop eager and gained less. Shapes are static (``dynamic=False``): every call is padded to the
-smallest bucket that holds it (a batch larger than the largest bucket runs in pieces of that size),
+smallest bucket that holds it (a batch larger than the largest bucket runs eager: list only the
+buckets where the graphs pay),
 and the tokenized task is padded to the tokenizer's fixed length, so that serving reuses the graphs
 compiled at start-up and never compiles again. Padding rows repeat the batch's last row: real inputs,
 whose outputs are dropped; a row's output does not depend on the others (the purity invariant).
@@ -148,18 +149,16 @@ class CompiledChunk:
         self.compile_s: dict[int, float] = {}
 
     def bucket(self, rows: int) -> int:
-        """The smallest bucket holding `rows` (the largest one when none does: the call is split)."""
-        return next((b for b in self.buckets if b >= rows), self.buckets[-1])
+        """The smallest bucket holding `rows` (`rows` is at most the largest bucket)."""
+        return next(b for b in self.buckets if b >= rows)
 
     def __call__(self, batch: dict[str, Any], **kwargs: Any) -> Any:
         import torch
 
         tensors = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
         rows = next(iter(tensors.values())).shape[0]
-        top = self.buckets[-1]
-        if rows > top:  # in pieces of the largest bucket
-            return torch.cat([self(_rows(tensors, i, i + top), **_rows(kwargs, i, i + top))
-                              for i in range(0, rows, top)])
+        if rows > self.buckets[-1]:  # larger than every bucket: eager, as the buckets listed ask
+            return self._eager(tensors, **kwargs)
         size = self.bucket(rows)
         padded, padded_kwargs = _pad(tensors, size), _pad(kwargs, size)
         if not self.serving:
@@ -216,12 +215,6 @@ class CompiledChunk:
     def figures(self) -> dict[str, float]:
         return {"compile.buckets": float(len(self.buckets) if self.active else 0),
                 "compile.eager_calls": float(self.eager_calls)}
-
-
-def _rows(tensors: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
-    import torch
-
-    return {k: v[start:stop] if isinstance(v, torch.Tensor) else v for k, v in tensors.items()}
 
 
 def _pad(tensors: dict[str, Any], size: int) -> dict[str, Any]:
