@@ -75,6 +75,18 @@ def test_cuda_graphs_on_a_cpu_is_refused_before_the_model_loads_in_one_line_nami
     check_compile(CompileSettings(mode="cuda_graphs"), "cuda:1", "server[m].compile")  # accepted
 
 
+def test_the_manifests_cache_folder_is_where_inductor_reads_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "unset")
+    (tmp_path / "m.yaml").write_text("")
+    m = parse_manifest({"cluster_uuid": "c", "experiment_tag": "e", "compile_cache_dir": "cache/inductor",
+                        "server": [{"model_id": "m", "model_version": "v", "application_tag": "a",
+                                    "pretrained_path": str(tmp_path / "missing"), "accept_unknown_clients": True,
+                                    "compile": "default"}]}, source=str(tmp_path / "m.yaml"))
+    with pytest.raises(PolicyError):  # no checkpoint there; the folder was set before loading
+        load_runner(m, m.server[0])
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "inductor")
+
+
 def test_a_model_that_is_not_compiled_refuses_the_field():
     m = manifest(pretrained_path=None, compile="default",
                  synthetic={"state_dim": 2, "action_dim": 2, "chunk_size": 4})
