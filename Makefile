@@ -23,7 +23,7 @@ SECONDS ?= 20
 POLICY  ?= act
 DEMO_CHECKPOINT ?= checkpoints/demo_$(POLICY)
 
-.PHONY: help install test test-fast test-core demo checkpoint clean ci-tools lint
+.PHONY: help install test test-fast test-core test-compile bench-compile demo checkpoint clean ci-tools lint
 
 help:
 	@echo "make demo    one policy server ($(POLICY)) on port $(PORT) + $(ROBOTS) simulated robots for $(SECONDS) s"
@@ -78,6 +78,16 @@ lint: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"
+
+# Compiled inference (docs/policies.md, "Compiled inference"): the tests that compile a tiny pi0 with
+# inductor (minutes on 2 cores; skipped by the other targets), and eager against compiled, side by side.
+# BENCH_COMPILE_ARGS="--types pi0 --batches 1 --reps 3" for a shorter run.
+BENCH_COMPILE_ARGS ?= --types pi0,pi05,smolvla,act --batches 1,8 --reps 7 --restart
+test-compile: $(STAMP)
+	LZ_TEST_COMPILE=1 $(PY) -m pytest tests/test_compiled.py
+
+bench-compile: $(STAMP)
+	$(PY) -m benchmarks.studies.compiled $(BENCH_COMPILE_ARGS)
 
 # The serving core's pure parts (scheduler, placement, the dispatcher with a fake link and clock): seconds.
 test-core: $(STAMP)

@@ -54,6 +54,11 @@ class PolicyArgs:
     device: str = "auto"
     # float32, or bfloat16 (VLAs only).
     dtype: str = "float32"
+    # Compiled inference: off, default or max-autotune (CPU or CUDA), cuda_graphs (CUDA only); batch
+    # buckets up to --max_batch_size are compiled at start-up (docs/policies.md, "Compiled inference").
+    compile: str = "off"
+    # With --policy.compile: when compiling fails at start-up, serve eager (eager) or do not start (refuse).
+    compile_fallback: str = "refuse"
 
 
 @dataclass
@@ -117,6 +122,7 @@ def single_model_manifest(args: ServerConfig):
     batch = args.max_batch_size if args.max_batch_size == "auto" else _int("max_batch_size", args.max_batch_size)
     entry = {"model_id": model_id, "pretrained_path": path, "device": _device(args.policy.device),
              "dtype": args.policy.dtype, "fps": args.fps, "max_batch_size": batch,
+             "compile": {"mode": args.policy.compile, "fallback": args.policy.compile_fallback},
              "accept_unknown_clients": not clients, "clients": [{"client_uuid": c} for c in clients],
              "application_tag": SINGLE_MODEL_APP["application_tag"],
              "model_version": SINGLE_MODEL_APP["model_version"]}
@@ -129,6 +135,7 @@ def single_model_manifest(args: ServerConfig):
         return parse_manifest(data)
     except ConfigError as exc:  # name the flag that set the field
         flags = {"model_id": "model_id", "device": "policy.device", "dtype": "policy.dtype", "fps": "fps",
+                 "compile": "policy.compile", "mode": "policy.compile", "fallback": "policy.compile_fallback",
                  "max_batch_size": "max_batch_size", "clients": "clients", "server_id": "server_id"}
         name = exc.field.split(".")[-1] if exc.field.startswith("server.0.") else exc.field
         if exc.field.startswith("server.0.clients"):
@@ -243,7 +250,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except ConfigError as exc:
         if args.manifest is None:
-            message = explain(exc)
+            # A field of the single model's entry, refused as it loads, is its --policy.<field> flag.
+            message = (re.sub(r"^server\[[^\]]*\]\.", "--policy.", str(exc)) if exc.field.startswith("server[")
+                       else explain(exc))
         else:
             message = str(exc) if exc.source else f"{args.manifest}: {exc}"
         print(f"{PROG}: {one_line(message)}", file=sys.stderr)

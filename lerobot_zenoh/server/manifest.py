@@ -20,6 +20,8 @@
         horizon: {type: diffusion_confidence, threshold: 0.4, h_min: 5}   # or none (default), static
         rtc: {enabled: false, execution_horizon: 10, max_guidance_weight: 10.0, prefix_attention_schedule: linear}
                                                   # real-time chunking (smolvla, pi0, pi05; docs/policies.md)
+        compile: off                              # or default, max-autotune, cuda_graphs (CUDA), or
+                                                  # {mode: default, buckets: [1, 4, 8], fallback: eager}
         max_batch_size: 1                         # clients per forward pass, or auto (profiled)
         accept_unknown_clients: false
         max_unknown_clients: 64                   # places shared by unlisted clients (when accepted)
@@ -60,6 +62,7 @@ from lerobot_zenoh.protocol.reasons import OutputKind
 from lerobot_zenoh.scheduling.horizon import HORIZON_CONFIGS, HorizonPolicy
 from lerobot_zenoh.scheduling.request_schedulers import RequestScheduler, scheduler_type
 from lerobot_zenoh.scheduling.scheduler_interface import scheduler_configs
+from lerobot_zenoh.server.runners.compiled import CompileSettings, parse_compile
 from lerobot_zenoh.server.runners.lerobot import RtcSettings
 from lerobot_zenoh.server.runners.pi05_language import LanguageSettings
 from lerobot_zenoh.server.runners.pi0_fast import DecodeSettings
@@ -281,6 +284,9 @@ class ModelEntry(Settings):
     horizon: HorizonEntry = Field(default_factory=HorizonEntry)
     # Real-time chunking (runners/lerobot.py): off by default.
     rtc: RtcSettings = Field(default_factory=RtcSettings)
+    # Compiled inference (runners/compiled.py): off (default), default, max-autotune, cuda_graphs, or a
+    # block {mode, buckets, fallback}; every batch bucket is compiled at start-up.
+    compile: CompileSettings = Field(default_factory=CompileSettings)
     accept_unknown_clients: bool = False
     # Sessions of clients not listed in `clients` (when accepted) share this many places; listed
     # clients always have their own. A place is freed when its session closes (see `sessions`).
@@ -297,6 +303,11 @@ class ModelEntry(Settings):
     @classmethod
     def _pipeline(cls, v):
         return [v] if isinstance(v, dict) else v
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _compile(cls, v):
+        return parse_compile(v)
 
     @field_validator("model_id", "model_version", "application_tag")
     @classmethod
@@ -379,6 +390,9 @@ class Manifest(Settings):
     # dispatches on this process's keys <app>/engine/<engine_id>/... (docs/server.md, "Engines").
     role: Literal["server", "engine"] = "server"
     engine_id: str | None = None
+    # Where inductor keeps what it compiled (compiled models, `compile`): a restart with the same folder
+    # loads the graphs instead of compiling them again. Default: torch's own (a folder under /tmp).
+    compile_cache_dir: str | None = None
     source: str = Field("<memory>", exclude=True)
 
     @field_validator("cluster_uuid", "experiment_tag", "server_id")

@@ -4,6 +4,7 @@
                    PolicyRunner, BaseRunner (warm-up, `infer` convenience); no torch
     lerobot.py     what every LeRobot family shares: reading a checkpoint, the spec, pre/post-processing,
                    load options (device, dtype, local assets), the loaded-weights check
+    compiled.py    compiled inference (the manifest's `compile`): one torch.compile graph per batch bucket
     act.py         ACT (one forward pass per batch)
     diffusion.py   Diffusion (per-session history, seeded noise, denoising updates)
     flow_matching.py  SmolVLA, pi0, pi0.5 (task-conditioned, one forward pass per batch, per-row noise)
@@ -143,6 +144,8 @@ def load_runner(manifest: Manifest, entry: ModelEntry) -> PolicyRunner:
     checkpoint folder.
     Raises `PolicyError` (or `ConfigError`: a synthetic entry with `rtc.enabled`) naming the entry or the path."""
     field = f"server[{entry.model_id}]."
+    if entry.compile.enabled:
+        _check_compile(manifest, entry, field)
     if entry.synthetic is not None:
         if entry.rtc.enabled:
             raise ConfigError(f"{field}rtc.enabled", "the synthetic policy has no RTC guidance to configure; "
@@ -166,6 +169,8 @@ def load_runner(manifest: Manifest, entry: ModelEntry) -> PolicyRunner:
         tokenizer_path=manifest.resolve_asset(entry.tokenizer_path),
         vlm_path=manifest.resolve_asset(entry.vlm_path),
         rtc=entry.rtc,
+        compile=entry.compile,
+        max_batch=entry.max_batch_size if isinstance(entry.max_batch_size, int) else entry.profile_max_batch,
         field_prefix=field,
     )
     if entry.language is not None:  # pi0.5 answering text from the prefill of its actions
@@ -190,6 +195,23 @@ def load_runner(manifest: Manifest, entry: ModelEntry) -> PolicyRunner:
                               f"takes no {block} block ({FAMILY_BLOCKS[block]})")
         getattr(runner, takes[block])(settings)
     return runner
+
+
+def _check_compile(manifest: Manifest, entry: ModelEntry, field: str) -> None:
+    """A `compile` block the model cannot take, refused before anything loads (`ConfigError` naming it);
+    the manifest's compile cache folder put where inductor reads it."""
+    import os
+
+    from lerobot_zenoh.server.runners.compiled import check_compile
+
+    check_compile(entry.compile, entry.device, f"{field}compile")
+    for block, what in (("synthetic", "the synthetic policy"), ("vlm", "a VLM component"),
+                        ("language", "a pi0.5 answering text (language)")):
+        if getattr(entry, block) is not None:
+            raise ConfigError(f"{field}compile", f"{what} is not compiled; use off")
+    if manifest.compile_cache_dir:
+        # Inductor reads it on each compilation: one folder for the process (the manifest's).
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(manifest.resolve_asset(manifest.compile_cache_dir))
 
 
 #: Manifest blocks that configure one policy family, and what each is for (the runner declares

@@ -28,6 +28,8 @@ class ActRunner(LeRobotRunner):
     ``select_action`` and is not used: the client blends chunks itself. `seed` and the task are unused.
     """
 
+    not_compiled = ""  # compiles whole without breaks, but gains little on a CPU (docs/benchmarks.md)
+
     @classmethod
     def chunk_size_for(cls, config: Any) -> int:
         return int(config.chunk_size)
@@ -37,7 +39,7 @@ class ActRunner(LeRobotRunner):
         return RunnerCapabilities(max_batch=None)
 
     def _chunk(self, request: InferenceRequest, batch: dict[str, Any], updates: list | None) -> torch.Tensor:
-        return self.policy.predict_action_chunk(batch)
+        return self._predict(batch)
 
     def run(
         self, requests: Sequence[InferenceRequest], *, capture_updates: bool = False
@@ -57,7 +59,7 @@ class ActRunner(LeRobotRunner):
         try:
             with torch.inference_mode():
                 batch = concat_batches([self._preprocess(r.state, r.images, r.task) for r in requests])
-                actions = self.postprocessor(self.policy.predict_action_chunk(batch))
+                actions = self.postprocessor(self._predict(batch))
         except PolicyError:
             raise
         except Exception as exc:  # torch/lerobot runtime failure: report, never return "no actions"

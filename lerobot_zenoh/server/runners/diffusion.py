@@ -44,6 +44,10 @@ class DiffusionRunner(LeRobotRunner):
     bit the one without capture (tested).
     """
 
+    not_compiled = ("its sampling loop is re-done here per request with a seeded generator and a scheduler "
+                    "shared inside the model, one request per pass")
+
+
     @classmethod
     def capabilities_for(cls, config: Any) -> RunnerCapabilities:
         return RunnerCapabilities(max_batch=None, history_length=int(config.n_obs_steps), refinement_updates=True)

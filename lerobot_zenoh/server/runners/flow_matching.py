@@ -71,6 +71,7 @@ class FlowMatchingRunner(LeRobotRunner):
 
     supported_dtypes = ("float32", "bfloat16")
     supports_rtc = True
+    not_compiled = ""
 
     @classmethod
     def chunk_size_for(cls, config: Any) -> int:
@@ -149,7 +150,12 @@ class FlowMatchingRunner(LeRobotRunner):
         folder = resolve_asset(path, "tokenizer", named, f"{_PREPROCESSOR_JSON}'s {_TOKENIZER_STEP}",
                                options.tokenizer_path, bundled, options.field("tokenizer_path"),
                                "tokenizer_config.json")
-        return {_TOKENIZER_STEP: {"tokenizer_name": str(folder)}}
+        step: dict[str, Any] = {"tokenizer_name": str(folder)}
+        if options.compile.enabled:
+            # Static shapes for the compiled graphs: SmolVLA's saved step pads to the longest task of
+            # the call; every task padded to the tokenizer's max_length instead (pi0/pi0.5 already do).
+            step["padding"] = "max_length"
+        return {_TOKENIZER_STEP: step}
 
     @classmethod
     def file_key_candidates(cls, key: str) -> tuple[str, ...]:
@@ -232,8 +238,11 @@ class FlowMatchingRunner(LeRobotRunner):
                     kwargs = {"prev_chunk_left_over": prefix, "inference_delay": tuple(delays),
                               "execution_horizon": row_horizons(rows, self._rtc_horizon)}
                 steps: list | None = [] if capture_updates else None
-                with self._step_recorder.recording_steps(steps) if steps is not None else nullcontext():
-                    chunk = self.policy.predict_action_chunk(batch, noise=noise, **kwargs)
+                if guided or steps is not None:  # guidance and step capture stay eager (runners/compiled.py)
+                    with self._step_recorder.recording_steps(steps) if steps is not None else nullcontext():
+                        chunk = self.policy.predict_action_chunk(batch, noise=noise, **kwargs)
+                else:
+                    chunk = self._predict(batch, noise=noise)
                 actions = self.postprocessor(chunk)
                 updates = self._updates(noise, steps) if steps is not None else None
         except PolicyError:

@@ -17,6 +17,7 @@ the torch-free synthetic policy does) must not pay for them.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,10 +37,16 @@ from lerobot_zenoh.server.runners.base import (
     PolicySpec,
     RunnerCapabilities,
     check_observation,
+    dummy_observation,
 )
+from lerobot_zenoh.server.runners.compiled import CompileSettings
 
 if TYPE_CHECKING:
     import torch
+
+    from lerobot_zenoh.server.runners.compiled import CompiledChunk
+
+log = logging.getLogger(__name__)
 
 # Written next to a checkpoint by `lerobot_zenoh.checkpoint_builder.build.build_checkpoint`; a LeRobot
 # config stores feature shapes but not the joint names or the control rate.
@@ -81,8 +88,9 @@ class LoadOptions:
     `device` and `dtype` (``float32``/``bfloat16``) place the model. `tokenizer_path` and `vlm_path`
     are local folders standing in for assets a checkpoint names but does not hold (a VLA's tokenizer,
     SmolVLA's VLM config and processor). `rtc`: real-time chunking (refused at load by a family
-    that cannot do it). `field_prefix` (e.g. ``"server[pi0]."``) makes errors name the manifest
-    field to set.
+    that cannot do it). `compile`: compiled inference (runners/compiled.py), with batch buckets up to
+    `max_batch` unless it lists its own. `field_prefix` (e.g. ``"server[pi0]."``) makes errors name
+    the manifest field to set.
     """
 
     device: str = "cpu"
@@ -90,6 +98,8 @@ class LoadOptions:
     tokenizer_path: Path | None = None
     vlm_path: Path | None = None
     rtc: RtcSettings = RtcSettings()
+    compile: CompileSettings = CompileSettings()
+    max_batch: int = 1
     field_prefix: str = ""
 
     def field(self, name: str) -> str:
@@ -154,6 +164,10 @@ class LeRobotRunner(BaseRunner):
     #: The family can apply real-time-chunking guidance (LoadOptions.rtc); ACT and Diffusion cannot.
     supports_rtc: bool = False
 
+    #: Why the family's chunk cannot be compiled (LoadOptions.compile is then refused at load), or ""
+    #: when its `_predict` goes through `compile_target` (runners/compiled.py).
+    not_compiled: str = "no compiled path is written for this family"
+
     @classmethod
     def from_checkpoint(cls, path: Path, config: Any, options: LoadOptions | str = "cpu") -> LeRobotRunner:
         """Load the checkpoint folder `path` whose config `read_config` returned, as `options` say
@@ -209,6 +223,9 @@ class LeRobotRunner(BaseRunner):
             if dtype != "float32":
                 cls.cast_policy(policy, getattr(torch, dtype))
             policy.eval()
+            # Served, never trained: parameters that do not require grad change no output and keep
+            # autograd from recording the model's graph where a call enables it (RTC's guidance does).
+            policy.requires_grad_(False)
             preprocessor, postprocessor = make_pre_post_processors(
                 config,
                 pretrained_path=str(path),
@@ -220,7 +237,9 @@ class LeRobotRunner(BaseRunner):
         except Exception as exc:  # safetensors/torch/processor errors: the checkpoint is unusable
             raise PolicyError(f"{path}: cannot load {config.type} checkpoint: {exc}") from exc
         check_weights(weights, policy, cls.file_key_candidates)
-        return cls(spec, policy, preprocessor, postprocessor, torch_device, path)
+        runner = cls(spec, policy, preprocessor, postprocessor, torch_device, path)
+        runner._set_compile(options)
+        return runner
 
     # -- loading hooks (a family overrides what it needs) ------------------------------------------
 
@@ -254,6 +273,63 @@ class LeRobotRunner(BaseRunner):
     def file_key_candidates(cls, key: str) -> tuple[str, ...]:
         """The model state-dict keys a ``model.safetensors`` key may load into."""
         return (key, f"model.{key}")
+
+    # -- compiled inference (runners/compiled.py) ---------------------------------------------------
+
+    _compiled: CompiledChunk | None = None
+
+    def _set_compile(self, options: LoadOptions) -> None:
+        settings = options.compile
+        if not settings.enabled:
+            return
+        field = options.field("compile")
+        if self.not_compiled:
+            raise PolicyError(f"{field}: {self.spec.policy_type} is not compiled: {self.not_compiled}; use off")
+        from lerobot_zenoh.server.runners.compiled import CompiledChunk, batch_buckets
+
+        largest = self.spec.capabilities.max_batch or options.max_batch
+        self._compiled = CompiledChunk(self.compile_target(), settings, batch_buckets(settings, largest),
+                                       device_type=self.device.type, name=f"{self.path.name} ({self.spec.policy_type})",
+                                       field=field)
+
+    def compile_target(self) -> Any:
+        """The function compiled: ``predict_action_chunk`` of the policy, whole."""
+        return self.policy.predict_action_chunk
+
+    def _predict(self, batch: dict[str, Any], **kwargs: Any) -> torch.Tensor:
+        """The policy's normalized chunk for a preprocessed `batch`: through the compiled graphs once
+        they are warm, else eager."""
+        compiled = self._compiled
+        if compiled is not None and compiled.active:
+            return compiled(batch, **kwargs)
+        return self.policy.predict_action_chunk(batch, **kwargs)
+
+    def warmup(self) -> None:
+        """Compile and warm every batch bucket first when compiled (a failure refuses to start, or
+        with ``compile.fallback: eager`` serves eager), then the plain warm-up."""
+        compiled = self._compiled
+        if compiled is not None and not compiled.serving:
+            try:
+                compiled.warm(self._dummy_chunks)
+            except PolicyError as exc:
+                if compiled.settings.fallback != "eager":
+                    raise
+                log.warning("%s; serving it eager (compile.fallback: eager)", exc)
+                self._compiled = None
+        super().warmup()
+
+    def _dummy_chunks(self, size: int) -> np.ndarray:
+        """``run`` on `size` dummy observations of distinct private sessions: (size, T, action_dim)."""
+        state, images = dummy_observation(self.spec)
+        requests = [InferenceRequest(f"\x00compile-{i}", state, images, "", seed=i) for i in range(size)]
+        try:
+            return np.stack([r.actions for r in self.run(requests)])
+        finally:
+            for r in requests:
+                self.forget(r.session_id)
+
+    def figures(self) -> dict[str, float]:
+        return self._compiled.figures() if self._compiled is not None else {}
 
     # -- serving -----------------------------------------------------------------------------------
 

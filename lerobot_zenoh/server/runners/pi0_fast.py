@@ -136,6 +136,8 @@ class Pi0FastRunner(LeRobotRunner):
     """A pi0-FAST checkpoint, its requests decoded together by iteration-level batching."""
 
     supported_dtypes = ("float32", "bfloat16")
+    not_compiled = ("its prefill and decode steps grow a KV cache one token at a time and requests join the "
+                    "running batch (new shapes every step)")
 
     @classmethod
     def chunk_size_for(cls, config: Any) -> int:

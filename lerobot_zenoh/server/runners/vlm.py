@@ -128,7 +128,7 @@ class VlmRunner(BaseRunner):
         if missing:  # transformers warns and initialises them at random: refuse instead
             raise PolicyError(f"{path}: the VLM's weights lack {len(missing)} tensors (e.g. {missing[0]}); "
                               "is model.safetensors there?")
-        model.to(device).eval()
+        model.to(device).eval().requires_grad_(False)  # served, never trained (no autograd records)
         return cls(model, processor, settings, fps=fps, device=device)
 
     # -- the seam -------------------------------------------------------------------------------
