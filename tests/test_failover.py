@@ -37,19 +37,26 @@ def manifest_dict(app_key, port, server_id, standby_for=None, connect=(), rtc=Fa
     })
 
 
-def test_standby_takes_over_and_steps_back_without_duplicates(app_key):
-    p1, p2 = free_port(), free_port()
-    primary = PolicyServer(manifest(app_key, p1, "gpu0")).start()
-    standby = PolicyServer(manifest(app_key, p2, "gpu1", standby_for="gpu0", connect=[f"tcp/127.0.0.1:{p1}"])).start()
+def _running_robot(app_key, p1: int, p2: int):
+    """A robot client running against the primary on `p1` (also connected to `p2`, the standby), and a
+    watcher on `p2` that records (arrival, server_id, seq) of every chunk on the wire."""
     cfg = make_config(p1, app_key, watchdog_timeout_s=0.5)
     cfg.zenoh = ZenohSettings(multicast_scouting=False, connect=[f"tcp/127.0.0.1:{p2}"])
-    seen = []  # (arrival, server_id, seq) of every chunk on the wire
+    seen = []
     mon = ZenohSession(loopback_settings(None, listen=False, connect_ports=(p2,))).open()
     mon.subscribe(app_key.client("r1").action, lambda k, b: seen.append(
         (time.monotonic(), (c := codec.decode_action_chunk(b)).server_id, c.response_to_seq_id)))
     client = RobotClient(cfg, make_robot_from_config(cfg.robot)).start()
     runner = threading.Thread(target=client.run)
     runner.start()
+    return client, runner, mon, seen
+
+
+def test_standby_takes_over_and_steps_back_without_duplicates(app_key):
+    p1, p2 = free_port(), free_port()
+    primary = PolicyServer(manifest(app_key, p1, "gpu0")).start()
+    standby = PolicyServer(manifest(app_key, p2, "gpu1", standby_for="gpu0", connect=[f"tcp/127.0.0.1:{p1}"])).start()
+    client, runner, mon, seen = _running_robot(app_key, p1, p2)
     try:
         assert client.serving_server_id == "gpu0"
         assert standby.models[0].role.active.is_set() is False
@@ -231,18 +238,10 @@ def test_a_frozen_primary_is_taken_over_by_served_work_and_withdraws_when_it_wak
     try:
         assert wait_for(lambda: "ready" in log_path.read_text() or proc.poll() is not None, 90), log_path.read_text()
         standby = PolicyServer(manifest(app_key, p2, "gpu1", standby_for="gpu0", connect=[f"tcp/127.0.0.1:{p1}"])).start()
-        cfg = make_config(p1, app_key, watchdog_timeout_s=0.5)
-        cfg.zenoh = ZenohSettings(multicast_scouting=False, connect=[f"tcp/127.0.0.1:{p2}"])
-        seen = []  # (arrival, server_id, seq) of every chunk on the wire
-        mon = ZenohSession(loopback_settings(None, listen=False, connect_ports=(p2,))).open()
-        mon.subscribe(app_key.client("r1").action, lambda k, b: seen.append(
-            (time.monotonic(), (c := codec.decode_action_chunk(b)).server_id, c.response_to_seq_id)))
-        client = RobotClient(cfg, make_robot_from_config(cfg.robot)).start()
-        runner = threading.Thread(target=client.run)
-        runner.start()
+        client, runner, mon, seen = _running_robot(app_key, p1, p2)
         role = standby.models[0].role
         assert wait_for(lambda: sum(1 for _, s, _ in seen if s == "gpu0") >= 3, 20)
-        assert wait_for(lambda: standby._heartbeats._watches[0].last is not None and not role.active.is_set(), 10)
+        assert wait_for(lambda: standby.heard_primary() and not role.active.is_set(), 10)
 
         empty_before = client.counters.empty_cycles
         t_stop = time.monotonic()
@@ -311,7 +310,7 @@ def test_a_stuck_inference_is_taken_over_and_the_stuck_primary_withdraws(app_key
         sender.start()
         assert wait_for(lambda: any(s == "gpu0" for _, s, _ in seen), 10)
         role = standby.models[0].role
-        assert wait_for(lambda: standby._heartbeats._watches[0].last is not None and not role.active.is_set(), 10)
+        assert wait_for(lambda: standby.heard_primary() and not role.active.is_set(), 10)
         executor = primary.models[0].executor
         infer = executor.infer
         executor.infer = lambda requests: (release.wait(30), infer(requests))[1]  # hangs until released
@@ -371,7 +370,7 @@ def test_a_primary_slow_on_long_batches_is_not_taken_over(app_key):
         sender.start()
         assert wait_for(lambda: len(seen) >= 3, 30)
         assert seen == ["gpu0"] * len(seen)
-        assert standby.models[0].role.takeovers == 0 and standby._heartbeats._watches[0].last is not None
+        assert standby.models[0].role.takeovers == 0 and standby.heard_primary()
     finally:
         stop.set()
         if sender is not None:

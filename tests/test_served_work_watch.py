@@ -106,3 +106,15 @@ def test_answers_wait_for_a_recent_heartbeat_tick_and_the_hold():
     role.hold_until_s = 12.0
     role.beat_tick_s = 11.9
     assert not role.may_serve(11.95) and role.may_serve(12.0)
+
+
+def test_a_watch_that_forgets_judges_nothing_until_the_next_heartbeat():
+    """A standby that stepped back for a restarted primary must not judge it by the heartbeats of
+    the process it had replaced: it waits for the new one's first heartbeat."""
+    watch = ServedWorkWatch()
+    watch.on_beat(beat(served=5, waiting=2), 0.0)
+    assert watch.verdict(5.0) is not None  # silent for 5 s with work waiting
+    watch.forget()
+    assert watch.verdict(5.0) is None and watch.last is None
+    watch.on_beat(beat(served=0, waiting=0, incarnation="b"), 5.1)
+    assert watch.verdict(5.5) is None

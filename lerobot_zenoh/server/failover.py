@@ -232,6 +232,11 @@ class ServedWorkWatch:
             self.progress_s = now_s
         self.last, self.last_beat_s, self.work_seen_s = beat, now_s, None
 
+    def forget(self) -> None:
+        """Start afresh (a standby that stepped back): what was heard before it served is stale, and
+        would judge a restarted primary stalled before its first heartbeat."""
+        self.last, self.work_seen_s = None, None
+
     def on_work(self, now_s: float) -> None:
         """An observation reached the standby (and was dropped: it stands by)."""
         if self.work_seen_s is None:
@@ -270,6 +275,7 @@ class Heartbeats:
         self._inbox: deque[tuple[int, bytes]] = deque(maxlen=INBOX)
         self._watches = [ServedWorkWatch() for _ in models]
         self._dropped_seen = [0] * len(models)
+        self._was_active = [False] * len(models)
         self._publishers = []
         self._subscriptions = []
         self._stop = threading.Event()
@@ -285,6 +291,10 @@ class Heartbeats:
                 model.app.all_server_heartbeats, lambda key, payload, i=i: self._inbox.append((i, payload))))
         self._thread.start()
         return self
+
+    def heard_primary(self, i: int) -> bool:
+        """Whether model `i`'s standby has heard its primary's heartbeat (it then decides by served work)."""
+        return self._watches[i].last is not None
 
     def close(self, timeout_s: float = 1.0) -> None:
         self._stop.set()
@@ -330,7 +340,11 @@ class Heartbeats:
                 self._heard(self.models[i], self._watches[i], beat, now_s)
         for i, model in enumerate(self.models):
             role = model.role
-            if role.is_standby and not role.active.is_set() and not role.failed:
+            active = role.active.is_set()
+            if self._was_active[i] and not active:
+                self._watches[i].forget()  # stepped back: judged afresh from the primary's next heartbeat
+            self._was_active[i] = active
+            if role.is_standby and not active and not role.failed:
                 if model.standby_dropped != self._dropped_seen[i]:
                     self._watches[i].on_work(now_s)
                 why = self._watches[i].verdict(now_s)

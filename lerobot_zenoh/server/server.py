@@ -211,6 +211,10 @@ class PolicyServer:
                            for b, t in profile_s.items()) or "none", chosen)
         return profile_s
 
+    def heard_primary(self, model_index: int = 0) -> bool:
+        """Whether this server, a standby, hears its primary's heartbeat of served work for that model."""
+        return self._heartbeats is not None and self._heartbeats.heard_primary(model_index)
+
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop taking observations, finish the inference in flight, close every session, undeclare."""
         if self._worker is not None:
