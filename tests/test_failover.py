@@ -5,11 +5,14 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
+
 from lerobot.robots import make_robot_from_config
 
 from lerobot_zenoh.client.client import RobotClient
 from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.protocol import codec
+from lerobot_zenoh.protocol.messages import Observation
 from lerobot_zenoh.server.manifest import parse_manifest
 from lerobot_zenoh.server.server import PolicyServer
 from lerobot_zenoh.transport.session import ZenohSession
@@ -35,6 +38,22 @@ def manifest_dict(app_key, port, server_id, standby_for=None, connect=(), rtc=Fa
             "fps": 30, "accept_unknown_clients": True,
         }],
     })
+
+
+def _send_observations(pub, stop: threading.Event, period_s: float = 1 / 30) -> threading.Thread:
+    """A robot's observations of r1 (one session nonce, seq 1, 2, ...) on `pub`, one per `period_s`, until `stop`."""
+    rng = np.random.default_rng(0)
+    jpegs = {n: codec.encode_jpeg(rng.integers(0, 255, (*hw, 3), dtype=np.uint8)) for n, hw in CAMS.items()}
+
+    def send():
+        seq = 0
+        while not stop.wait(period_s):
+            seq += 1
+            pub.put(codec.encode(Observation(seq, "r1", np.zeros(6, np.float32), jpegs, "t", session_nonce=1)))
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    return sender
 
 
 def _running_robot(app_key, p1: int, p2: int):
@@ -165,9 +184,7 @@ def test_a_standby_continues_the_robots_motion_from_the_first_rtc_observation_it
 def test_a_serving_loop_that_keeps_failing_is_withdrawn_and_the_standby_serves_within_2_s(app_key):
     """An injected fault in the primary's serving turn: after three in a row it stops being served
     visibly (token and status withdrawn, `failed: 1`), so the hot standby takes over."""
-    import numpy as np
 
-    from lerobot_zenoh.protocol.messages import Observation
     from lerobot_zenoh.transport.session import OBSERVATION_QOS
 
     p1, p2 = free_port(), free_port()
@@ -179,18 +196,8 @@ def test_a_serving_loop_that_keeps_failing_is_withdrawn_and_the_standby_serves_w
         robot.subscribe(app_key.client("r1").action, lambda k, b: seen.append(
             (time.monotonic(), codec.decode_action_chunk(b).server_id)))
         pub = robot.publisher(app_key.client("r1").obs, OBSERVATION_QOS)
-        rng = np.random.default_rng(0)
-        jpegs = {n: codec.encode_jpeg(rng.integers(0, 255, (*hw, 3), dtype=np.uint8)) for n, hw in CAMS.items()}
         stop = threading.Event()
-
-        def send():
-            seq = 0
-            while not stop.wait(1 / 30):
-                seq += 1
-                pub.put(codec.encode(Observation(seq, "r1", np.zeros(6, np.float32), jpegs, "t", session_nonce=1)))
-
-        sender = threading.Thread(target=send)
-        sender.start()
+        sender = _send_observations(pub, stop)
         assert wait_for(lambda: any(s == "gpu0" for _, s in seen), 10)
         assert wait_for(lambda: not standby.models[0].role.active.is_set(), 10)
 
@@ -280,9 +287,7 @@ def test_a_stuck_inference_is_taken_over_and_the_stuck_primary_withdraws(app_key
     """The primary's inference never returns (a hung device): its heartbeats go on, but with work
     waiting and nothing served, the standby takes over; the primary hears it was replaced and
     withdraws; the answer of the stuck batch, when it finally returns, is never published."""
-    import numpy as np
 
-    from lerobot_zenoh.protocol.messages import Observation
     from lerobot_zenoh.transport.session import OBSERVATION_QOS
 
     p1, p2 = free_port(), free_port()
@@ -297,17 +302,7 @@ def test_a_stuck_inference_is_taken_over_and_the_stuck_primary_withdraws(app_key
         robot.subscribe(app_key.client("r1").action, lambda k, b: seen.append(
             (time.monotonic(), (c := codec.decode_action_chunk(b)).server_id, c.response_to_seq_id)))
         pub = robot.publisher(app_key.client("r1").obs, OBSERVATION_QOS)
-        rng = np.random.default_rng(0)
-        jpegs = {n: codec.encode_jpeg(rng.integers(0, 255, (*hw, 3), dtype=np.uint8)) for n, hw in CAMS.items()}
-
-        def send():
-            seq = 0
-            while not stop.wait(1 / 30):
-                seq += 1
-                pub.put(codec.encode(Observation(seq, "r1", np.zeros(6, np.float32), jpegs, "t", session_nonce=1)))
-
-        sender = threading.Thread(target=send)
-        sender.start()
+        sender = _send_observations(pub, stop)
         assert wait_for(lambda: any(s == "gpu0" for _, s, _ in seen), 10)
         role = standby.models[0].role
         assert wait_for(lambda: standby.heard_primary() and not role.active.is_set(), 10)
@@ -340,9 +335,7 @@ def test_a_stuck_inference_is_taken_over_and_the_stuck_primary_withdraws(app_key
 def test_a_primary_slow_on_long_batches_is_not_taken_over(app_key):
     """Passes of 1.3 s, longer than the 1 s takeover limit: its heartbeats go on during each pass
     and its slowest turn (3 x 1.3 s) sets the limit, so the standby stays standing by."""
-    import numpy as np
 
-    from lerobot_zenoh.protocol.messages import Observation
     from lerobot_zenoh.transport.session import OBSERVATION_QOS
 
     p1, p2 = free_port(), free_port()
@@ -357,17 +350,7 @@ def test_a_primary_slow_on_long_batches_is_not_taken_over(app_key):
     try:
         robot.subscribe(app_key.client("r1").action, lambda k, b: seen.append(codec.decode_action_chunk(b).server_id))
         pub = robot.publisher(app_key.client("r1").obs, OBSERVATION_QOS)
-        rng = np.random.default_rng(0)
-        jpegs = {n: codec.encode_jpeg(rng.integers(0, 255, (*hw, 3), dtype=np.uint8)) for n, hw in CAMS.items()}
-
-        def send():
-            seq = 0
-            while not stop.wait(0.1):
-                seq += 1
-                pub.put(codec.encode(Observation(seq, "r1", np.zeros(6, np.float32), jpegs, "t", session_nonce=1)))
-
-        sender = threading.Thread(target=send)
-        sender.start()
+        sender = _send_observations(pub, stop, 0.1)
         assert wait_for(lambda: len(seen) >= 3, 30)
         assert seen == ["gpu0"] * len(seen)
         assert standby.models[0].role.takeovers == 0 and standby.heard_primary()
