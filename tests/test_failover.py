@@ -361,3 +361,24 @@ def test_a_primary_slow_on_long_batches_is_not_taken_over(app_key):
         robot.close()
         standby.stop()
         primary.stop()
+
+
+def test_a_forged_replacement_claim_does_not_withdraw_a_primary_that_did_not_stall(app_key):
+    """Anyone who can put on the heartbeat keys (plain mode) can claim to have replaced a primary,
+    naming the incarnation its own heartbeat shows. A primary that ran and had nothing waiting, or
+    served, ignores the claim and counts it; only one that froze or stalled withdraws."""
+    from lerobot_zenoh.server.failover import Beat
+    from lerobot_zenoh.transport.session import METRICS_QOS
+
+    p1 = free_port()
+    with PolicyServer(manifest(app_key, p1, "gpu0")) as primary:
+        beats = []
+        with ZenohSession(loopback_settings(None, listen=False, connect_ports=(p1,))) as forger:
+            forger.subscribe(app_key.server_heartbeat("gpu0"), lambda k, b: beats.append(Beat.decode(bytes(b))))
+            assert wait_for(lambda: beats, 10), "the primary published no heartbeat"
+            forged = Beat("gpu1", "x", True, 0, 0, 0.0, replaces=f"gpu0/{beats[-1].incarnation}")
+            pub = forger.publisher(app_key.server_heartbeat("gpu1"), METRICS_QOS)
+            pub.put(forged.encode(1, 1.0))
+            role = primary.models[0].role
+            assert wait_for(lambda: role.replacement_claims_ignored >= 1, 10)
+        assert not role.failed and role.active.is_set() and not primary.failed.is_set()

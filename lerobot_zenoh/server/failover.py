@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from lerobot_zenoh.errors import ProtocolError, TransportError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import Telemetry
+from lerobot_zenoh.telemetry.publisher import worth_logging
 from lerobot_zenoh.transport.session import METRICS_QOS
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class ServingRole:
         self.served_turns = 0
         self._turn_s: deque[float] = deque(maxlen=TURN_WINDOW)
         self.hold_until_s = 0.0  # (monotonic) answers held until then: woken from a freeze
+        self.replacement_claims_ignored = 0  # heartbeats saying a standby replaced this server, which had not stalled
         self.beat_tick_s: float | None = None  # last tick of the heartbeat thread (None: none runs)
         self.answers_held = 0  # computed answers not published: woken from a freeze, or replaced meanwhile
 
@@ -276,6 +278,8 @@ class Heartbeats:
         self._watches = [ServedWorkWatch() for _ in models]
         self._dropped_seen = [0] * len(models)
         self._was_active = [False] * len(models)
+        self._turns_seen = [0] * len(models)
+        self._progress_s = [time.monotonic()] * len(models)  # when each model was last idle or served
         self._publishers = []
         self._subscriptions = []
         self._stop = threading.Event()
@@ -291,6 +295,14 @@ class Heartbeats:
                 model.app.all_server_heartbeats, lambda key, payload, i=i: self._inbox.append((i, payload))))
         self._thread.start()
         return self
+
+    def _may_have_stalled(self, i: int, now_s: float) -> bool:
+        """Whether a standby could rightly have replaced this server's model `i`: this process was
+        frozen (its answers are held since), or work waited with no turn served for as long as a
+        standby waits before it takes over (`ServedWorkWatch`)."""
+        role = self.models[i].role
+        limit_s = max(TAKEOVER_AFTER_S, SLOW_TURN_SLACK * role.slowest_turn_s)
+        return now_s < role.hold_until_s or now_s - self._progress_s[i] >= limit_s
 
     def heard_primary(self, i: int) -> bool:
         """Whether model `i`'s standby has heard its primary's heartbeat (it then decides by served work)."""
@@ -337,7 +349,7 @@ class Heartbeats:
                 log.debug("unreadable heartbeat: %s", exc)
                 continue
             if beat.server_id != self.server_id:
-                self._heard(self.models[i], self._watches[i], beat, now_s)
+                self._heard(i, beat, now_s)
         for i, model in enumerate(self.models):
             role = model.role
             active = role.active.is_set()
@@ -352,14 +364,25 @@ class Heartbeats:
                     role.take_over_stalled(self._watches[i].last.incarnation, why)
             self._dropped_seen[i] = model.standby_dropped
             self._seq += 1
+            waiting = model.session_table.waiting(computing=True)
+            if waiting == 0 or role.served_turns != self._turns_seen[i]:
+                self._progress_s[i] = now_s  # idle, or serving: nothing a standby could have replaced
+            self._turns_seen[i] = role.served_turns
             beat = Beat(self.server_id, role.incarnation, role.active.is_set(), role.served_turns,
-                        model.session_table.waiting(computing=True), role.slowest_turn_s, role.replaced)
+                        waiting, role.slowest_turn_s, role.replaced)
             self._publishers[i].put(beat.encode(self._seq, now_s - self._t0))
 
-    def _heard(self, model, watch: ServedWorkWatch, beat: Beat, now_s: float) -> None:
+    def _heard(self, i: int, beat: Beat, now_s: float) -> None:
+        model, watch = self.models[i], self._watches[i]
         role = model.role
         if beat.serving and beat.replaces == f"{self.server_id}/{role.incarnation}" and not role.failed:
-            self.withdraw(model, f"replaced by standby {beat.server_id} after this server stalled")
+            if self._may_have_stalled(i, now_s):
+                self.withdraw(model, f"replaced by standby {beat.server_id} after this server stalled")
+            else:  # this process ran and served: a forged or mistaken claim costs it nothing
+                role.replacement_claims_ignored += 1
+                if worth_logging(role.replacement_claims_ignored):
+                    log.warning("%s: %s says it replaced this server, which has not stalled; ignored (%d so far)",
+                                role.name, beat.server_id[:64], role.replacement_claims_ignored)
             return
         if role.standby_for != beat.server_id:
             return
