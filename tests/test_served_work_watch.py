@@ -118,3 +118,17 @@ def test_a_watch_that_forgets_judges_nothing_until_the_next_heartbeat():
     assert watch.verdict(5.0) is None and watch.last is None
     watch.on_beat(beat(served=0, waiting=0, incarnation="b"), 5.1)
     assert watch.verdict(5.5) is None
+
+
+def test_a_heartbeat_out_of_range_or_too_large_is_refused():
+    import pytest
+
+    from lerobot_zenoh.errors import ProtocolError
+    from lerobot_zenoh.server.failover import MAX_BEAT_BYTES
+
+    assert Beat.decode(beat(served=3, waiting=1).encode(1, 1.0)).served == 3
+    for bad in (beat(slowest=float("nan")), beat(slowest=float("inf")), beat(slowest=-1.0), beat(waiting=-2)):
+        with pytest.raises(ProtocolError):
+            Beat.decode(bad.encode(1, 1.0))
+    with pytest.raises(ProtocolError, match="bytes"):
+        Beat.decode(b"\x00" * (MAX_BEAT_BYTES + 1))

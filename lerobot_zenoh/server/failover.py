@@ -57,6 +57,9 @@ RESUME_HOLD_S = 0.5
 TURN_WINDOW = 32
 #: Heartbeats received and not yet read (the oldest are dropped beyond it).
 INBOX = 256
+#: A heartbeat is a few hundred bytes; a larger one is not decoded. A slowest turn over this is not believed.
+MAX_BEAT_BYTES = 4096
+MAX_TURN_S = 600.0
 
 
 class ServingRole:
@@ -201,11 +204,17 @@ class Beat:
 
     @staticmethod
     def decode(payload: bytes) -> Beat:
+        if len(payload) > MAX_BEAT_BYTES:
+            raise ProtocolError(f"a heartbeat of {len(payload)} bytes (at most {MAX_BEAT_BYTES})")
         msg = codec.decode_telemetry(payload)
         m = msg.metrics
-        return Beat(msg.source_id, msg.labels.get("incarnation", ""), bool(m.get("serving", 0)),
+        beat = Beat(msg.source_id, msg.labels.get("incarnation", ""), bool(m.get("serving", 0)),
                     int(m.get("served", 0)), int(m.get("waiting", 0)), float(m.get("slowest_turn_s", 0.0)),
                     msg.labels.get("replaces"))
+        if not (beat.served >= 0 and beat.waiting >= 0 and 0.0 <= beat.slowest_turn_s <= MAX_TURN_S):
+            raise ProtocolError(f"a heartbeat out of range (served {beat.served}, waiting {beat.waiting}, "
+                                f"slowest turn {beat.slowest_turn_s} s)")
+        return beat
 
 
 class ServedWorkWatch:
@@ -292,7 +301,8 @@ class Heartbeats:
         for i, model in enumerate(self.models):
             self._publishers.append(self.session.publisher(model.app.server_heartbeat(self.server_id), METRICS_QOS))
             self._subscriptions.append(self.session.subscribe(
-                model.app.all_server_heartbeats, lambda key, payload, i=i: self._inbox.append((i, payload))))
+                model.app.all_server_heartbeats, lambda key, payload, i=i: self._inbox.append((i, payload))
+                if len(payload) <= MAX_BEAT_BYTES else None))
         self._thread.start()
         return self
 
