@@ -68,8 +68,11 @@ OPENPI_VENV ?= .venv-openpi
 openpi-client-venv:
 	@scripts/openpi-client-venv.sh $(OPENPI_VENV) || echo "openpi-client could not be installed: the OpenPI front door's client tests will be skipped"
 
+# The suite on TEST_WORKERS processes (pytest-xdist): 2 by default, one per core of the reference
+# machine; TEST_WORKERS=1 runs it in one process, as `pytest` alone does.
+TEST_WORKERS ?= 2
 test: $(STAMP) ci-tools lint openpi-client-venv
-	$(PY) -m pytest
+	$(PY) -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS))
 
 # ruff, then the dead-code check (vulture; its paths and exceptions: pyproject.toml [tool.vulture]).
 lint: $(STAMP)

@@ -40,7 +40,9 @@ class NetPair:
     """Namespace `ns` at `peer_ip`, reachable from the test's namespace at `host_ip` over a veth."""
 
     def __init__(self) -> None:
-        n = random.randint(1, 250)
+        # A subnet no other pair on this host uses (test processes run side by side: `make test`).
+        used = _ip("ip", "-o", "-4", "addr", "show", check=False).stdout
+        n = random.choice([i for i in range(1, 251) if f" 10.233.{i}." not in used] or [random.randint(1, 250)])
         tag = f"{os.getpid() % 10000}{n}"
         self.ns = f"lzs{tag}"
         self.host_if = f"lzh{tag}"
@@ -79,9 +81,17 @@ class NetPair:
 
 @contextmanager
 def net_pair():
-    pair = NetPair()
+    for attempt in range(3):  # another test process took the same subnet at the same moment: another one
+        pair = NetPair()
+        try:
+            pair.up()
+            break
+        except subprocess.CalledProcessError:
+            pair.down()
+            if attempt == 2:
+                raise
     try:
-        yield pair.up()
+        yield pair
     finally:
         pair.down()
 
