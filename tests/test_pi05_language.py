@@ -101,8 +101,8 @@ def _fresh_prefill_tokens(runner, request: InferenceRequest, n: int) -> list[int
             lm = policy.model.paligemma_with_expert.paligemma.model.language_model
             hidden = lm.forward(inputs_embeds=embs, attention_mask=mask, position_ids=torch.cumsum(pads, 1) - 1,
                                 use_cache=False).last_hidden_state
-            logits = runner._lm_head(hidden[:, -1])
-            out.append(int(logits[0, : runner._vocab].argmax()))
+            logits = runner.lm_head(hidden[:, -1])
+            out.append(int(logits[0, : runner.vocab].argmax()))
     return out
 
 
@@ -198,7 +198,7 @@ def test_stop_token_ends_the_generation(checkpoint):
     ids = _fresh_prefill_tokens(runner, _request(0), 5)
     # Random weights never say end-of-sequence: make the third token a stop token. (A stop string
     # is one token of the tokenizer; this one may be a byte that decodes to nothing printable.)
-    runner._stop_ids = runner._stop_ids | {ids[2]}
+    runner.stop_ids = runner.stop_ids | {ids[2]}
     runner.run([_request(0)])
     (u,) = runner.advance()
     assert u.final and u.reason == "stop" and u.tokens == ids.index(ids[2])
@@ -239,9 +239,9 @@ def test_one_generation_per_robot_forget_and_eviction(checkpoint):
         runner.run([_request(i)])
         runner.advance()
     assert runner.counters["evicted"] == 1 and runner.language_active == 2
-    assert {g.session_id for g in runner._running.rows} == {"robot1", "robot2"}
+    assert {g.session_id for g in runner.running.rows} == {"robot1", "robot2"}
     # The KV cap: room for one generation only.
-    width = runner._running.width
+    width = runner.running.width
     small = _load(checkpoint, LanguageSettings(max_new_tokens=20, tokens_per_frame=1,
                                                max_cached_tokens=width + 8))
     small.run([_request(0)])
@@ -249,7 +249,7 @@ def test_one_generation_per_robot_forget_and_eviction(checkpoint):
     small.run([_request(1)])
     small.advance()
     assert small.counters["evicted"] >= 1 and small.language_active == 1
-    assert small._running.cached_tokens() <= width + 8
+    assert small.running.cached_tokens() <= width + 8
 
 
 def test_decode_budget_shrinks_near_the_action_slo():

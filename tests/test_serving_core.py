@@ -101,7 +101,7 @@ class FakeHost:
     def wake(self):
         pass
 
-    def serve_batch(self, model, batch):
+    def local_executor(self, model):
         raise AssertionError("no local engine here")
 
     def measure_profile(self, model):

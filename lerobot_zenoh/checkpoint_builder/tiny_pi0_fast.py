@@ -120,7 +120,7 @@ def script_end_of_action(policy: Any, preprocessor: Any, spec: Any, *, end_token
     from lerobot.utils.feature_utils import build_dataset_frame
 
     from lerobot_zenoh.server.runners.decode_batch import DecodeEngine, DecodeRequest
-    from lerobot_zenoh.server.runners.fast_tokens import _byte_decoder
+    from lerobot_zenoh.server.runners.fast_tokens import byte_decoder
 
     model = policy.model
     head = model.paligemma_with_expert.paligemma.lm_head.weight
@@ -129,7 +129,7 @@ def script_end_of_action(policy: Any, preprocessor: Any, spec: Any, *, end_token
     hi = vocab - 1 - skip  # FAST token 0
     keep = torch.zeros(vocab, dtype=torch.bool)
     for t, token in enumerate(fast_tokens.vocab):  # tokens of ASCII bytes: any sequence is valid UTF-8
-        if all(_byte_decoder()[ch] < 0x80 for ch in token):
+        if all(byte_decoder()[ch] < 0x80 for ch in token):
             keep[hi - t] = True
     keep[end_token] = True
     rng = np.random.default_rng(seed)

@@ -3,11 +3,12 @@
 A model with `engines` in its manifest entry is served by one *edge scheduler*: this process keeps
 every robot's session, slot and wait-ratio bookkeeping (`server/session_table.py`, the request scheduler)
 and places each request it picks, with `scheduling.placement.place` (Kairos' rule), on one of
-its engines. Every engine is an executor the dispatcher hands requests to and hears answers from:
+its engines. Every engine is an executor of one interface (`server/engine_executor.py`) that the
+dispatcher hands requests to (`Work`) and hears answers from:
 
-- the *local* engine (`local: true`): this process's own runner, run by `LocalWorker`'s thread
-  through the host's batch path (decode, one forward pass, publish);
-- remote engines: `lerobot-policy-server` processes started with `role: engine`
+- the *local* engine (`local: true`): this process's own runner, a `BatchExecutor` on a thread of
+  its own (`ThreadedExecutor`), which reports each batch it ran;
+- remote engines (`RemoteExecutor`): `lerobot-policy-server` processes started with `role: engine`
   (`server/engine_worker.py`). Each gets `EngineRequest`s on its own dispatch key and answers on its
   answer key (`protocol/dispatch.py`); answers are decoded and checked on a thread of their own
   (`server/engine_link.py`), and the inference loop relays the chunk to the robot.
@@ -42,24 +43,24 @@ import logging
 import math
 import os
 import queue
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from lerobot_zenoh.errors import ConfigError, ProtocolError
-from lerobot_zenoh.protocol import dispatch
-from lerobot_zenoh.protocol.dispatch import EngineKeys, EngineRequest
+from lerobot_zenoh.protocol.dispatch import EngineKeys
 from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.scheduling.placement import CLOUD, EDGE, BatchProfile, EngineView, RequestView, place, transfer_s
 from lerobot_zenoh.server import admission
 from lerobot_zenoh.server.session_table import Batch, Session, Slot
 from lerobot_zenoh.server.answer_relay import AnswerRelay
 from lerobot_zenoh.server.engine_health import EngineHealth
+from lerobot_zenoh.server.engine_executor import EngineExecutor, Work
 from lerobot_zenoh.server.engine_link import AnswerInbox, EngineState, Probe, Prober
-from lerobot_zenoh.server.executor import request_seed
+from lerobot_zenoh.server.remote_executor import RemoteExecutor
 from lerobot_zenoh.server.request_table import InFlight, RequestTable
+from lerobot_zenoh.server.threaded_executor import ThreadedExecutor
 from lerobot_zenoh.telemetry.publisher import worth_logging
 from lerobot_zenoh.transport.session import ACTION_QOS
 
@@ -75,7 +76,7 @@ DISPATCH_AHEAD_S = 0.010
 #: How often the inference loop refreshes the figures telemetry reads.
 FIGURES_PERIOD_S = 0.5
 
-__all__ = ["DispatchHost", "Dispatcher", "LocalWorker", "EDGE", "CLOUD"]
+__all__ = ["DispatchHost", "Dispatcher", "EDGE", "CLOUD"]
 
 
 class DispatchHost(Protocol):
@@ -86,7 +87,7 @@ class DispatchHost(Protocol):
                cool_down: bool = True) -> None: ...
     def publish(self, model: ServedModel, client_id: str, payload: bytes) -> None: ...
     def wake(self) -> None: ...
-    def serve_batch(self, model: ServedModel, batch: Batch) -> None: ...
+    def local_executor(self, model: ServedModel) -> EngineExecutor: ...
     def measure_profile(self, model: ServedModel) -> dict[int, float]: ...
 
 
@@ -100,45 +101,6 @@ def _queue_estimate_s(slot: Slot, view: EngineView, now_s: float) -> float:
     admission to the start of its batch there (as `placement.service_estimate_s`)."""
     trip_s = view.rtt_s / 2 + transfer_s(view, len(slot.payload))
     return now_s - _admitted_s(slot) + max(trip_s, view.busy_until_s - now_s)
-
-
-class LocalWorker:
-    """The local engine: a thread that runs the batches placed on it through the host's batch path,
-    so the scheduler loop keeps placing (and relaying cloud answers) while this process's own model
-    computes. It alone calls the runner (forgetting a closed session's state included)."""
-
-    def __init__(self, serve: Callable[[Batch], None], forget: Callable[[str], None], name: str,
-                 on_done: Callable[[list[int], float, float], None], clock: Callable[[], float] = time.monotonic):
-        self._serve, self._forget, self.on_done, self.clock = serve, forget, on_done, clock
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=f"local-engine:{name}", daemon=True)
-        self._thread.start()
-
-    def submit(self, batch: Batch, forget: list[str], request_ids: list[int]) -> None:
-        self._jobs.put(("batch", batch, forget, request_ids))
-
-    def forget(self, client_id: str) -> None:
-        self._jobs.put(("forget", client_id, None, None))
-
-    def stop(self, timeout_s: float) -> bool:
-        self._jobs.put(None)
-        self._thread.join(timeout_s)
-        return not self._thread.is_alive()
-
-    def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            kind, arg, forget, request_ids = job
-            if kind == "forget":
-                self._forget(arg)
-                continue
-            for client_id in forget:
-                self._forget(client_id)  # a new episode since this engine last served it
-            t0 = self.clock()
-            try:
-                self._serve(arg)
-            except Exception:  # the loop must hear back whatever happened
-                log.exception("local engine batch failed")
-            self.on_done(request_ids, t0, self.clock())
 
 
 class Dispatcher:
@@ -165,7 +127,7 @@ class Dispatcher:
         self.inbox = AnswerInbox(self.table.edge_incarnation, self.max_bytes, lambda rid: rid in self.table,
                                  lambda a: self._event(("answer", a)), clock)
         self.probers: list[Prober] = []  # one per remote engine, in `engines` order
-        self._worker: LocalWorker | None = None
+        self.executors: dict[str, EngineExecutor] = {}  # engine id -> what runs its work, built at `start`
         # Per-episode runner state: each engine keeps its own, so a new episode (SessionTable.take_reset)
         # bumps the client's epoch and each engine drops its state when it next serves the client.
         self._epoch: Counter = Counter()
@@ -199,13 +161,14 @@ class Dispatcher:
                 self.local.set_profile(BatchProfile(profile))
             self.local.up, self.local.down_reason, self.local.rtt_s = True, None, 0.0
             model.executor.served_by = (self.local.engine_id, self.local.tier)
-            self._worker = LocalWorker(lambda batch: self.host.serve_batch(model, batch), model.runner.forget,
-                                       model.entry.model_id, lambda ids, t0, t1: self._event(("local_done", ids, t0, t1)),
-                                       self.clock)
+            self.executors[self.local.engine_id] = ThreadedExecutor(
+                self.host.local_executor(model), model.entry.model_id,
+                lambda ids, t0, t1: self._event(("local_done", ids, t0, t1)), self.clock)
         remote = [e for e in self.engines.values() if e.keys is not None]
         if threads:
             self.inbox.start()
         for state in remote:
+            self.executors[state.engine_id] = RemoteExecutor(model, state, self.table.edge_incarnation)
             state.publisher = self.session.publisher(state.keys.dispatch, ACTION_QOS)
             self.session.subscribe(state.keys.answer, lambda key, payload, s=state: self.inbox.on_answer(
                 s.engine_id, payload))
@@ -246,7 +209,7 @@ class Dispatcher:
         for prober in self.probers:
             prober.stop(timeout_s)
         self.inbox.stop(timeout_s)
-        return self._worker.stop(timeout_s) if self._worker is not None else True
+        return all([executor.stop(timeout_s) for executor in self.executors.values()])
 
     def forget(self, client_id: str) -> None:
         """A closed session (inference thread): drop what is kept for it; the local runner's state
@@ -255,10 +218,8 @@ class Dispatcher:
         for served in self._served_epoch.values():
             served.pop(client_id, None)
         self.served_by_client.pop(client_id, None)
-        if self._worker is not None:
-            self._worker.forget(client_id)
-        else:
-            self.model.runner.forget(client_id)
+        for executor in self.executors.values():
+            executor.forget(client_id)
 
     def _event(self, event: tuple) -> None:
         """From Zenoh callbacks and threads: events only, handled on the inference thread."""
@@ -307,11 +268,7 @@ class Dispatcher:
             if flight is not None:
                 groups.setdefault(state.engine_id, []).append(flight)
         for engine_id, flights in groups.items():
-            state = self.engines[engine_id]
-            if state is self.local:
-                self._submit_local(flights, now_s)
-            else:
-                self._send(state, flights, now_s)
+            self._submit(self.engines[engine_id], flights, now_s)
         return bool(groups)
 
     def _running_for_placement(self, state: EngineState, now_s: float) -> int:
@@ -348,36 +305,20 @@ class Dispatcher:
                         estimate=estimate, observation=obs if state is not self.local else None,
                         admitted_s=_admitted_s(slot), queue_estimate_s=queue_estimate_s)
 
-    def _submit_local(self, flights: list[InFlight], now_s: float) -> None:
-        state = self.local
-        forget = [f.client_id for f in flights if self._reset_for(state, f.session)]
+    def _submit(self, state: EngineState, flights: list[InFlight], now_s: float) -> None:
+        """Hand one group to its engine's executor: recorded in flight first (an answer can only
+        match what is recorded), started when it is there and the engine is free."""
+        reset = frozenset(f.client_id for f in flights if self._reset_for(state, f.session))
         for flight in flights:
             self.table.add(flight)
-        state.load.dispatched([f.request_id for f in flights], now_s, now_s)
-        state.counts["dispatched"] += len(flights)
-        self._worker.submit(Batch([(f.session, f.slot) for f in flights], []), forget, [f.request_id for f in flights])
-
-    def _send(self, state: EngineState, flights: list[InFlight], now_s: float) -> None:
-        model = self.model
-        sent = []
-        for flight in flights:
-            session = flight.session
-            payload = dispatch.encode(EngineRequest(
-                request_id=flight.request_id, client_id=session.client_id, model_id=model.entry.model_id,
-                model_version=model.entry.model_version, observation=bytes(flight.slot.payload),
-                seed=request_seed(session.client_id, flight.seq_id), edge_incarnation=self.table.edge_incarnation,
-                seq_id=flight.seq_id, session_nonce=flight.nonce, reset=self._reset_for(state, session)))
-            flight.request_bytes = len(payload)
-            self.table.add(flight)
-            try:
-                state.publisher.put(payload)
-            except Exception as exc:  # the link refused it: the request goes back to wait
-                log.warning("%s: dispatch to %s failed: %s", model.app.prefix, state.engine_id, exc)
-                self.table.take(flight.request_id)
-                self.health.requeue(state, flight, Reason.PUBLISH_ERROR)
-                continue
-            sent.append(flight)
-        if sent:  # one group: it starts when it is there and the engine is free
+        refused = self.executors[state.engine_id].submit(
+            Work(Batch([(f.session, f.slot) for f in flights], []), flights, reset))
+        for flight in refused:  # its link refused it: back to wait
+            self.table.take(flight.request_id)
+            self.health.requeue(state, flight, Reason.PUBLISH_ERROR)
+        gone = {f.request_id for f in refused}
+        sent = [f for f in flights if f.request_id not in gone]
+        if sent:
             state.counts["dispatched"] += len(sent)
             arrival = now_s + (state.rtt_s or 0.0) / 2 + transfer_s(state.view(0), sum(f.request_bytes for f in sent))
             state.load.dispatched([f.request_id for f in sent], now_s, arrival)

@@ -1,8 +1,10 @@
 """The inference thread and its supervision.
 
-One thread drives every model: it closes expired sessions, runs each model with engines through its
-dispatcher (`server/dispatch.py`: place, dispatch, relay; never waits on an engine) and each other
-model's next batch through `server/serving.py`, round robin, and sleeps when nothing waits.
+One thread drives every model, each a step of schedule -> execute -> update: it closes expired
+sessions, runs each model with engines through its dispatcher (`server/dispatch.py`: place,
+dispatch, relay; never waits on an engine) and hands each other model's next batch, as its session
+table's scheduler picked it, to the model's one local executor (`server/engine_executor.py`), round
+robin; it sleeps when nothing waits.
 
 Supervised: a fault in one model's turn is logged with its traceback and counted (`loop_faults`);
 after `MAX_FAULTS_IN_A_ROW` with no work done in between (each within `FAULT_WINDOW_S` of the
@@ -20,6 +22,7 @@ import threading
 import time
 
 from lerobot_zenoh.server import admission
+from lerobot_zenoh.server.engine_executor import Work
 from lerobot_zenoh.server.served_model import ServedModel
 from lerobot_zenoh.server.serving import EXPIRY_PERIOD_S, Serving
 
@@ -94,7 +97,7 @@ class InferenceLoop:
                 if batch is not None:
                     turn = (turn + i + 1) % len(self.models)
                     t0 = time.monotonic()
-                    self._supervised(model, self.serving.serve, model, batch, served=True,
+                    self._supervised(model, model.engine.submit, Work(batch), served=True,
                                      on_fault=lambda m=model, b=batch: _release(m, b))
                     _served_work(model, time.monotonic() - t0)
                     served = True

@@ -1,4 +1,4 @@
-"""One served model: its runner, engine (sessions and whom to serve), executor, status and action
+"""One served model: its runner, session table (sessions and whom to serve), executor, status and action
 publishers, and what the server counts for it. Built once per manifest entry at start-up."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ __all__ = ["ServedModel"]
 
 
 class ServedModel:
-    """One manifest entry: its runner, engine, executor, status and action publishers."""
+    """One manifest entry: its runner, session table, executor, status and action publishers."""
 
     def __init__(self, manifest: Manifest, entry: ModelEntry, runner: PolicyRunner, server_id: str,
                  batch_profile_s: dict[int, float] | None = None,
@@ -94,7 +94,7 @@ class ServedModel:
             rtc=(RtcAdvert(entry.rtc.execution_horizon if entry.rtc.enabled else None) if spec.capabilities.rtc
                  else None),
             same_host=same_host,  # clients on this host and user send raw frames through /dev/shm
-            refreshes=True,  # the engine keeps a refresh's place and drops a late one (protocol.md §10.7)
+            refreshes=True,  # the session table keeps a refresh's place and drops a late one (protocol.md §10.7)
             streams_text=True if text_stream.writes_text(runner) else None,  # System 2 from the same prefill
         )
         self.status_bytes = codec.encode(self.status)
@@ -120,7 +120,11 @@ class ServedModel:
         self.routing: TaskRouting | None = TaskRouting(task_streams(manifest, entry)) if entry.pipeline else None
         # The subscriptions (observations, client tokens) of its own app (None) and of each task stream.
         self.subscriptions: dict[str | None, list] = {}
-        self.dispatcher = None  # server/dispatch.py Dispatcher, set at start() when the entry lists engines
+        # Who runs its requests, set at start(): for an entry that lists `engines`, the dispatcher
+        # placing them across its engines (server/dispatch.py); else its one local executor
+        # (server/engine_executor.py `local_executor`), run by the inference thread.
+        self.dispatcher = None
+        self.engine = None
         self.loop_faults = 0  # faults in its serving turn (logged with their traceback)
         self.faults_in_a_row = 0
         self.last_fault_s = float("-inf")

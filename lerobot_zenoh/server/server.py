@@ -8,7 +8,10 @@ Who owns what (docs/architecture.md, "Server process"):
   `engine.admit` into the session's newest-only slot, client tokens), and what a reload changes;
 - `server/inference_loop.py`: the one inference thread and its supervision (a model whose turns
   keep failing is withdrawn where everyone can see it);
-- `server/serving.py`: the batch and iteration-level serving paths and the action publishers;
+- `server/engine_executor.py`: the executor interface every engine is (the batch executor, the
+  iteration-level decoder, a thread of either, a remote engine); a model without `engines` is the
+  session table's scheduler with one local executor;
+- `server/serving.py`: what this process's executors share: the batch path, answers, the action publishers;
 - `server/dispatch.py`: a model with `engines` (docs/server.md, "Engines"): placement across
   engines, each an executor the dispatcher hands requests to; this class is its `DispatchHost`;
 - `server/figures.py`: telemetry figures and counters, computed outside the session table's lock.
@@ -32,10 +35,10 @@ from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import SameHostAdvert
 from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
 from lerobot_zenoh.server.batch_profiling import measure_batch_profile
-from lerobot_zenoh.server.session_table import (
-    Batch,
-    Session,
-)
+from lerobot_zenoh.server.batch_executor import BatchExecutor
+from lerobot_zenoh.server.dispatch import Dispatcher
+from lerobot_zenoh.server.engine_executor import local_executor
+from lerobot_zenoh.server.session_table import Session
 from lerobot_zenoh.server.engine_worker import EngineWorker
 from lerobot_zenoh.server.figures import model_figures, model_stats
 from lerobot_zenoh.server.inference_loop import InferenceLoop
@@ -151,9 +154,9 @@ class PolicyServer:
                                            same_host=advert))
 
         for model in self.models:
-            if model.entry.engines:
-                from lerobot_zenoh.server.dispatch import Dispatcher  # (imports this module)
-
+            if not model.entry.engines:  # a scheduler with one local executor, run by the inference thread
+                model.engine = local_executor(self.serving, model)
+            else:
                 model.dispatcher = Dispatcher(self, model, self._session)  # (this server is its DispatchHost)
                 try:
                     model.dispatcher.start()  # every remote engine reachable, loading this model
@@ -281,8 +284,9 @@ class PolicyServer:
     def wake(self) -> None:
         self._wake.set()
 
-    def serve_batch(self, model: ServedModel, batch: Batch) -> None:
-        self.serving.serve(model, batch)
+    def local_executor(self, model: ServedModel) -> BatchExecutor:
+        """The local engine's executor (run on its own thread by the dispatcher)."""
+        return BatchExecutor(self.serving, model)
 
     def measure_profile(self, model: ServedModel) -> dict[int, float]:
         """The local engine's `profile: measured`: the start-up profile, measured now if it was not."""

@@ -1,11 +1,11 @@
-"""The serving paths of the inference thread, for every model served by this process's own runner.
+"""What every executor of this process's own runner shares (`server/engine_executor.py`): the batch
+path, answers, rejections, closed sessions and the action publishers.
 
 `Serving.serve` takes a picked batch through admission (decode, route, prepare), one forward pass
-and one answer per request on the client's key; an iteration-level runner (pi0-FAST) instead
-decodes step by step and takes new requests between steps (`serve_streaming`: at most one request
-decoding per robot, the free slots going to the next robots by the scheduler's rank). Both paths
-publish through `answer`. It is called by the inference thread, and by a local engine's thread for
-a model with `engines` (`server/dispatch.py`): action publishers are created under a small lock.
+and one answer per request on the client's key (`BatchExecutor`); the iteration-level decoder
+(`DecodingExecutor`) publishes each answer the step it finishes; both through `deliver`. Called by
+the inference thread, and by a local engine's thread for a model with `engines` (`server/dispatch.py`):
+action publishers are created under a small lock.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from lerobot_zenoh.protocol.keys import Topic
 from lerobot_zenoh.protocol.reasons import OutputKind, Reason
 from lerobot_zenoh.server import admission, text_stream
 from lerobot_zenoh.server.admission import Ready
-from lerobot_zenoh.server.session_table import REPLAYED, Batch, Session
-from lerobot_zenoh.server.runners.base import InferenceRequest, InferenceResult
+from lerobot_zenoh.server.session_table import Batch, Session
+from lerobot_zenoh.server.runners.base import InferenceResult
 from lerobot_zenoh.server.served_model import ServedModel
 from lerobot_zenoh.telemetry.publisher import worth_logging
 from lerobot_zenoh.transport.session import ACTION_QOS, Publisher
@@ -34,7 +34,7 @@ __all__ = ["Serving", "EXPIRY_PERIOD_S"]
 
 
 class Serving:
-    """The batch and iteration-level serving paths over `models`; `session` is set once Zenoh is open."""
+    """The batch path and answers over `models`; `session` is set once Zenoh is open."""
 
     def __init__(self, server_id: str, models: list[ServedModel], stop: threading.Event):
         self.server_id = server_id
@@ -55,8 +55,8 @@ class Serving:
         """A closed session: drop its runner state and its action publisher (inference thread only)."""
         if model.dispatcher is not None:
             model.dispatcher.forget(session.client_id)  # the local runner's state: on its own thread
-        else:
-            model.runner.forget(session.client_id)
+        elif model.engine is not None:
+            model.engine.forget(session.client_id)
         if model.routing is not None:
             model.routing.forget(session.client_id)
         with self._publishers_lock:
@@ -75,9 +75,6 @@ class Serving:
         A bad observation is rejected before batching; a batch that fails is served again one request
         at a time, so one bad request costs the others a retry, never their chunk.
         """
-        if model.runner.spec.capabilities.iteration_level:
-            self._serve_streaming(model, batch)
-            return
         t_start = time.monotonic()
         ready = admission.prepare(model, batch, lambda *r: self.reject(model, *r))
         if not batch.items:
@@ -88,15 +85,16 @@ class Serving:
         published: list[tuple[Session, int, float, float]] = []
         for r, result in zip(ready, results, strict=True):
             queue_ms = (t_start - r.slot.arrival_s) * 1000
-            if self._answer(model, r, result, inference_ms, queue_ms):
+            if self.deliver(model, r, result, inference_ms, queue_ms):
                 published.append((r.session, r.observation.seq_id, inference_ms, queue_ms))
         model.session_table.finish(published, [r.session.client_id for r in ready], time.monotonic(), t_done - t_start)
         if not _observations_wait(model):  # actions first: text decodes in the time they leave
             self.advance_text(model)
 
-    def _answer(self, model: ServedModel, r: Ready, result: InferenceResult | Exception, inference_ms: float,
+    def deliver(self, model: ServedModel, r: Ready, result: InferenceResult | Exception, inference_ms: float,
                 queue_ms: float) -> bool:
-        """Publish the answer to one request (both serving paths); whether it counts as served."""
+        """Publish the answer to one request (the batch path and the iteration-level decoder);
+        whether it counts as served."""
         session = r.session
         if isinstance(result, ProtocolError):  # shm_stale, decode_limit, undecodable_action_tokens
             self.reject(model, session, result.reason, str(result))
@@ -105,7 +103,7 @@ class Serving:
             self.reject(model, session, Reason.INFERENCE_ERROR, f"{type(result).__name__}: {result}")
             return False
         if model.routing is not None and model.routing.text_only(model.runner, model.output, result):
-            return True  # text only: it streams (`_advance_text`)
+            return True  # text only: it streams (`advance_text`)
         if result.silent:  # a fault-injecting runner withholds this answer
             model.answers_withheld += 1
             return False
@@ -134,56 +132,6 @@ class Serving:
             model.runner.yield_to_actions(lambda: _observations_wait(model))  # actions first, between steps
         return model.routing.advance_text(model, lambda client_id: self.session.publisher(
             model.app.client(client_id).topic(Topic.TEXT), ACTION_QOS), self.server_id)
-
-    def _serve_streaming(self, model: ServedModel, batch: Batch) -> None:
-        """Iteration-level serving (docs/server.md): the picked observations start decoding; between
-        decode steps the engine picks the next observations of this model, which join the running
-        batch; each answer is published the step its request finishes. Returns when nothing of this
-        model is left to decode (or the server stops taking new ones)."""
-        in_flight: dict[tuple[str, int], tuple[Ready, float]] = {}
-
-        def prepare(picked: Batch | None) -> list[tuple[tuple[str, int], InferenceRequest]]:
-            if picked is None:
-                return []
-            out = []
-            for r in admission.prepare(model, picked, lambda *rej: self.reject(model, *rej)):
-                key = (r.session.client_id, r.observation.seq_id)
-                if key in in_flight:
-                    self.reject(model, r.session, REPLAYED, f"seq_id {key[1]} is being decoded")
-                    continue
-                in_flight[key] = (r, time.monotonic())
-                out.append((key, r.request))
-            return out
-
-        started = next_expiry = time.monotonic()
-
-        def join() -> list[tuple[tuple[str, int], InferenceRequest]]:
-            nonlocal next_expiry
-            now = time.monotonic()
-            if now >= next_expiry:  # the loop's chores go on while a decode runs (sessions expire)
-                next_expiry = now + EXPIRY_PERIOD_S
-                for other in self.models:
-                    for session in other.session_table.expire(now):
-                        self.forget(other, session)
-            # Stop taking new requests when stopping, or after a while when other models wait for
-            # the inference thread (the running batch then drains and the loop serves them).
-            if self.stop.is_set() or (len(self.models) > 1 and now - started > EXPIRY_PERIOD_S):
-                return []
-            # Fair admission: a robot has at most one request decoding; a free slot goes to the next
-            # robot by the scheduler's rank, never to a robot whose request is still decoding.
-            return prepare(admission.schedule(model, now, exclude={client for client, _ in in_flight}))
-
-        def emit(key: tuple[str, int], result: InferenceResult | Exception) -> None:
-            r, t_start = in_flight.pop(key)
-            t_done = time.monotonic()
-            inference_ms = (t_done - t_start) * 1000
-            queue_ms = (t_start - r.slot.arrival_s) * 1000
-            published = []
-            if self._answer(model, r, result, inference_ms, queue_ms):
-                published.append((r.session, r.observation.seq_id, inference_ms, queue_ms))
-            model.session_table.finish(published, [r.session.client_id], t_done, t_done - t_start)
-
-        model.executor.stream(prepare(batch), join, emit)
 
     def reject(self, model: ServedModel, session: Session, reason: str, detail: str, *, cool_down: bool = True) -> None:
         """Count a rejection against a client; `cool_down=False`: not its fault (an engine's), so it

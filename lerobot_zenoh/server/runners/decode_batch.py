@@ -261,6 +261,10 @@ class DecodeEngine:
     def running(self) -> int:
         return len(self._running)
 
+    def keys(self) -> list[Hashable]:
+        """The requests running, then those waiting."""
+        return [*self._running, *self._waiting]
+
     @property
     def waiting(self) -> int:
         return len(self._waiting)

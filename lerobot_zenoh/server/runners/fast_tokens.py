@@ -45,7 +45,7 @@ class FastDecodeError(ValueError):
 
 
 @functools.cache
-def _byte_decoder() -> dict[str, int]:
+def byte_decoder() -> dict[str, int]:
     """The byte-level BPE alphabet (GPT-2's printable stand-in for each byte) -> the byte."""
     printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
                  + list(range(ord("®"), ord("ÿ") + 1)))
@@ -131,7 +131,7 @@ class FastActionTokenizer:
 
     def coefficients(self, tokens: Iterable[int]) -> np.ndarray:
         """FAST token ids -> the quantized DCT coefficients they spell (int64, flat)."""
-        table = _byte_decoder()
+        table = byte_decoder()
         try:
             raw = bytes(table[ch] for t in tokens for ch in self.vocab[int(t)])
         except (KeyError, IndexError) as exc:

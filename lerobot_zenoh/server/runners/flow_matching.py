@@ -117,7 +117,7 @@ class FlowMatchingRunner(LeRobotRunner):
 
             config.dtype = DTYPES[options.dtype]
         if config.type == "smolvla":
-            extras = _sidecar_extras(path)
+            extras = sidecar_extras(path)
             named = config.vlm_model_name
             folder = resolve_asset(path, "VLM config and processor", named, "config.json's vlm_model_name",
                                    options.vlm_path, extras.get("assets", {}).get("vlm"),
@@ -143,7 +143,7 @@ class FlowMatchingRunner(LeRobotRunner):
     @classmethod
     def preprocessor_overrides(cls, path: Path, config: Any, options: LoadOptions) -> dict[str, Any]:
         named = _tokenizer_name(path)
-        extras = _sidecar_extras(path)
+        extras = sidecar_extras(path)
         bundled = extras.get("assets", {}).get("tokenizer")
         if options.tokenizer_path is None and bundled is None and config.type == "smolvla":
             bundled = config.vlm_model_name  # SmolVLA's tokenizer is its VLM processor's (resolved above)
@@ -389,7 +389,7 @@ def declared_policy_class(path: Path, config: Any) -> type:
     ``test_architecture`` it was built with (`lerobot_zenoh.checkpoint_builder`): then the builder's
     subclass that builds those sizes (LeRobot fixes pi0's Gemma sizes by variant name; see
     docs/policies.md, "Tiny VLAs offline"). Nothing of LeRobot is modified either way."""
-    arch = _sidecar_extras(path).get("test_architecture")
+    arch = sidecar_extras(path).get("test_architecture")
     if arch is None:
         from lerobot.policies import get_policy_class
 
@@ -402,7 +402,7 @@ def declared_policy_class(path: Path, config: Any) -> type:
     return tiny_policy_class(config.type, arch)
 
 
-def _sidecar_extras(path: Path) -> dict[str, Any]:
+def sidecar_extras(path: Path) -> dict[str, Any]:
     """The builder's optional sidecar keys (``assets``, ``test_architecture``); {} without a sidecar."""
     sidecar = path / FEATURES_SIDECAR_NAME
     if not sidecar.is_file():

@@ -238,7 +238,7 @@ class LeRobotRunner(BaseRunner):
             raise PolicyError(f"{path}: cannot load {config.type} checkpoint: {exc}") from exc
         check_weights(weights, policy, cls.file_key_candidates)
         runner = cls(spec, policy, preprocessor, postprocessor, torch_device, path)
-        runner._set_compile(options)
+        runner.set_compile(options)
         return runner
 
     # -- loading hooks (a family overrides what it needs) ------------------------------------------
@@ -278,7 +278,7 @@ class LeRobotRunner(BaseRunner):
 
     _compiled: CompiledChunk | None = None
 
-    def _set_compile(self, options: LoadOptions) -> None:
+    def set_compile(self, options: LoadOptions) -> None:
         settings = options.compile
         if not settings.enabled:
             return

@@ -86,9 +86,9 @@ class Pi05LanguageRunner(FlowMatchingRunner):
     # The text side's state, as the runner's (tests and telemetry read these names).
     settings = property(lambda self: self.text.settings)
     budget = property(lambda self: self.text.budget)
-    _running = property(lambda self: self.text._running)
-    _vocab = property(lambda self: self.text._vocab)
-    _lm_head = property(lambda self: self.text._lm_head)
+    running = property(lambda self: self.text.running)
+    vocab = property(lambda self: self.text.vocab)
+    lm_head = property(lambda self: self.text.lm_head)
 
     @property
     def counters(self) -> dict[str, int]:
@@ -99,12 +99,12 @@ class Pi05LanguageRunner(FlowMatchingRunner):
         self.text.counters = value
 
     @property
-    def _stop_ids(self) -> frozenset[int]:
-        return self.text._stop_ids
+    def stop_ids(self) -> frozenset[int]:
+        return self.text.stop_ids
 
-    @_stop_ids.setter
-    def _stop_ids(self, value: frozenset[int]) -> None:
-        self.text._stop_ids = value
+    @stop_ids.setter
+    def stop_ids(self, value: frozenset[int]) -> None:
+        self.text.stop_ids = value
 
     def configure_language(self, settings: LanguageSettings) -> None:
         """Take `settings` (stop strings must each be one token: `ConfigError` naming the field)."""

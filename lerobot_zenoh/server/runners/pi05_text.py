@@ -257,16 +257,16 @@ class TextDecoder:
     def __init__(self, language_model: Any, lm_head: Any, embed_tokens: Callable[[Any], Any], tokenizer: Any,
                  lock: threading.Lock | threading.RLock):
         self._language_model = language_model
-        self._lm_head = lm_head
+        self.lm_head = lm_head
         self._embed_tokens = embed_tokens
         self._tokenizer = tokenizer
         self._lock = lock
-        self._vocab = min(len(tokenizer), int(lm_head.weight.shape[0]))
+        self.vocab = min(len(tokenizer), int(lm_head.weight.shape[0]))
         self.settings = LanguageSettings()
         self.budget = DecodeBudget(self.settings)
-        self._stop_ids: frozenset[int] = frozenset()
+        self.stop_ids: frozenset[int] = frozenset()
         self._pending: dict[str, _Generation] = {}
-        self._running = _Running()
+        self.running = _Running()
         self._admitted = 0
         self.actions_wait: Callable[[], bool] | None = None  # the server's: an observation waits (yield)
         self.counters: dict[str, int] = {
@@ -291,30 +291,30 @@ class TextDecoder:
             stop.add(int(ids[0]))
         self.settings = settings
         self.budget = DecodeBudget(settings)
-        self._stop_ids = frozenset(stop)
+        self.stop_ids = frozenset(stop)
 
     @property
     def active(self) -> int:
         """Generations pending or running."""
-        return len(self._pending) + len(self._running.rows)
+        return len(self._pending) + len(self.running.rows)
 
     def writing(self, session_id: str) -> bool:
         """Whether the session's generation is pending or running."""
-        return session_id in self._pending or any(g.session_id == session_id for g in self._running.rows)
+        return session_id in self._pending or any(g.session_id == session_id for g in self.running.rows)
 
     def figures(self) -> dict[str, float]:
         """Counters for telemetry (``language.*``)."""
         out: dict[str, float] = {f"language.{k}": v for k, v in self.counters.items()}
         out["language.active"] = self.active
-        out["language.cached_tokens"] = self._running.cached_tokens()
+        out["language.cached_tokens"] = self.running.cached_tokens()
         return out
 
     def forget(self, session_id: str) -> None:
         """Drop the session's generation (pending or running)."""
         gone = self._pending.pop(session_id, None) is not None
-        keep = [i for i, g in enumerate(self._running.rows) if g.session_id != session_id]
-        if len(keep) != len(self._running.rows):
-            self._running.keep(keep)
+        keep = [i for i, g in enumerate(self.running.rows) if g.session_id != session_id]
+        if len(keep) != len(self.running.rows):
+            self.running.keep(keep)
             gone = True
         if gone:
             self.counters["forgotten"] += 1
@@ -374,25 +374,25 @@ class TextDecoder:
         with self._lock, torch.no_grad():
             t_start = time.perf_counter()
             waits = self.actions_wait if max_tokens is None else None
-            admits = None if max_tokens is not None else budget.admits(len(self._pending), len(self._running.rows))
+            admits = None if max_tokens is not None else budget.admits(len(self._pending), len(self.running.rows))
             if waits is not None and waits():  # an observation waits: the least that keeps text going
-                admits = min(admits, 0 if self._running.rows else 1)
+                admits = min(admits, 0 if self.running.rows else 1)
             admitted = self._admit_pending(admits)
             t0 = time.perf_counter()
             if admitted:
                 budget.observe(admit_ms=(t0 - t_start) * 1000 / admitted)
             done_steps = 0
             for _ in range(steps):
-                if not any(g.done is None for g in self._running.rows):
+                if not any(g.done is None for g in self.running.rows):
                     break
                 if done_steps >= floor and ((waits is not None and waits()) or (
                         frame_ms is not None
                         and (time.perf_counter() - t_start) * 1000 + (budget.step_ms or 0.0) > frame_ms)):
                     shrunk = True  # an observation waits, or the clock says the frame is spent
                     break
-                while self._running.rows and self._running.cached_tokens(1) > self.settings.max_cached_tokens:
+                while self.running.rows and self.running.cached_tokens(1) > self.settings.max_cached_tokens:
                     self._evict_running_oldest()
-                if not self._running.rows:
+                if not self.running.rows:
                     break
                 self._step()
                 done_steps += 1
@@ -403,7 +403,7 @@ class TextDecoder:
             self.counters["decode_ms"] += (t_end - t_start) * 1000
             self.counters["step_ms"] += (t_end - t0) * 1000
             updates = self._updates()
-            self._running.keep([i for i, g in enumerate(self._running.rows) if g.done is None])
+            self.running.keep([i for i, g in enumerate(self.running.rows) if g.done is None])
         return updates
 
     def _admit_pending(self, limit: int | None) -> int:
@@ -420,8 +420,8 @@ class TextDecoder:
         # A generation that joins needs room: the oldest running (or pending) ones make way.
         fits = list(pending)
         s = self.settings
-        while len(fits) + len(self._running.rows) > s.max_requests:
-            if self._running.rows:
+        while len(fits) + len(self.running.rows) > s.max_requests:
+            if self.running.rows:
                 self._evict_running_oldest()
             else:
                 fits.pop(0).done = "evicted"
@@ -458,24 +458,24 @@ class TextDecoder:
         next_pos = torch.tensor([g.next_pos + len(g.prompt_ids) for g in fits], device=device)
         for g, t in zip(fits, first.tolist(), strict=True):
             self._take(g, int(t))
-        self._running.join(fits, k_b, v_b, valid, next_pos, first)
+        self.running.join(fits, k_b, v_b, valid, next_pos, first)
         return len(fits)
 
 
     def _evict_running_oldest(self) -> None:
-        rows = self._running.rows
+        rows = self.running.rows
         oldest = min(range(len(rows)), key=lambda i: rows[i].started)
         if rows[oldest].done is None:
             rows[oldest].done = "evicted"
             self.counters["evicted"] += 1
-        self._running.keep([i for i in range(len(rows)) if i != oldest])
+        self.running.keep([i for i in range(len(rows)) if i != oldest])
 
 
     def _step(self) -> None:
         """One decode step of the whole running batch: each row's last token in, its next token out."""
         import torch
 
-        run = self._running
+        run = self.running
         b = len(run.rows)
         new_valid = torch.tensor([[g.done is None] for g in run.rows], dtype=torch.bool, device=run.valid.device)
         logits, run.keys, run.values = self._forward(run.last[:, None], run.keys, run.values, run.valid,
@@ -494,7 +494,7 @@ class TextDecoder:
 
 
     def _take(self, g: _Generation, token: int) -> None:
-        if token in self._stop_ids:
+        if token in self.stop_ids:
             g.done = "stop"
             self.counters["finished.stop"] += 1
             return
@@ -525,19 +525,19 @@ class TextDecoder:
         out = self._language_model.forward(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
                                            past_key_values=cache, use_cache=True)
         hidden = out.last_hidden_state
-        logits = self._lm_head(hidden.to(self._lm_head.weight.dtype)).float()
+        logits = self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
         layers = [(k, v) for k, v, *_ in out.past_key_values]
         return logits, [k for k, _ in layers], [v for _, v in layers]
 
 
     def _greedy(self, logits: Any) -> Any:
         """Most likely token among those the tokenizer can decode."""
-        return logits[..., : self._vocab].argmax(dim=-1)
+        return logits[..., : self.vocab].argmax(dim=-1)
 
 
     def _updates(self) -> list[TextUpdate]:
         out = []
-        for g in self._running.rows:
+        for g in self.running.rows:
             if g.done == "evicted":
                 continue
             if len(g.tokens) == g.reported and g.done is None:

@@ -49,7 +49,7 @@ from lerobot_zenoh.server.runners.base import (
     check_observation,
 )
 from lerobot_zenoh.server.runners.fast_tokens import FastActionTokenizer, FastDecodeError, FastFormatError
-from lerobot_zenoh.server.runners.flow_matching import _sidecar_extras, declared_policy_class, resolve_asset
+from lerobot_zenoh.server.runners.flow_matching import sidecar_extras, declared_policy_class, resolve_asset
 from lerobot_zenoh.server.runners.lerobot import DTYPES, LeRobotRunner, LoadOptions
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ class Pi0FastRunner(LeRobotRunner):
             # requests of many robots interleave between the two in a running batch.
             raise PolicyError(f"{path}: config.json's use_relative_actions is not served for pi0_fast (the "
                               "processors' shared state would mix robots decoding in one batch)")
-        assets = _sidecar_extras(path).get("assets", {})
+        assets = sidecar_extras(path).get("assets", {})
         text = resolve_asset(path, "text tokenizer", config.text_tokenizer_name, _TEXT_FIELD, options.tokenizer_path,
                              assets.get("tokenizer"), options.field("tokenizer_path"), "tokenizer_config.json")
         check_no_code(text, options.field("tokenizer_path") if options.tokenizer_path else f"{path}: {_TEXT_FIELD}")
@@ -368,7 +368,7 @@ class Pi0FastRunner(LeRobotRunner):
             try:
                 done = engine.step()
             except Exception as exc:  # torch failure mid-step: every request in flight fails, the loop lives
-                for key in list(engine._running) + list(engine._waiting):
+                for key in engine.keys():
                     engine.cancel(key)
                     emit(key, PolicyError(f"{self.path}: decode failed: {exc}"))
                 return
