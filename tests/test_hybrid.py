@@ -236,8 +236,9 @@ def test_queueing_delay_telemetry_is_admission_to_the_start_of_the_batch(app_key
     try:
         robots = [Robot(robot_session, app_key, f"r{i}", np.random.default_rng(i)) for i in range(4)]
         run_rounds(robots, 2)
+        # (a robot has its chunk before the loop hears that the local engine's batch ended)
+        assert wait_for(lambda: engine_figures(edge)["engine.local.answered"] >= 8, 5.0), engine_figures(edge)
         figures = engine_figures(edge)
-        assert figures["engine.local.answered"] >= 8
         waited, expected = figures["engine.local.queue_actual_ms_mean"], figures["engine.local.queue_estimate_ms_mean"]
         assert waited > 15.0, figures  # 0, 40, 80, 120 ms behind the passes before: about 60 on average
         assert 0.0 < expected <= waited, figures
@@ -268,9 +269,13 @@ def test_a_cloud_engine_holds_its_max_in_flight_and_no_more(app_key, ports, robo
     by default (Kairos) it holds one batch, 2 requests; with `max_in_flight: 4` a second batch is sent
     to wait in its inbox while the first runs, and never more than 4."""
     fake = FakeEngine(app_key, ports[1], "cloud0", mode="late", delay_s=0.6)
-    edge = PolicyServer(manifest(app_key, ports[0], engines=[LOCAL, cloud("cloud0", ports[1], capacity=2,
-                                                                          max_in_flight=max_in_flight)],
-                                 dispatch_settings={"answer_timeout_s": 3.0})).start()
+    # The edge is slow (400 ms a pass) so that every request it cannot start at once is the cloud's
+    # whatever the machine's load does to the measured round trip (at 40 ms, a loaded run's probes
+    # made the edge queue look shorter than the trip, and the cloud got fewer than its limit).
+    slow_edge = {**LOCAL, "profile": {1: 400}}
+    edge = PolicyServer(manifest(app_key, ports[0], engines=[slow_edge, cloud("cloud0", ports[1], capacity=2,
+                                                                              max_in_flight=max_in_flight)],
+                                 latency_ms=400.0, dispatch_settings={"answer_timeout_s": 3.0})).start()
     try:
         robots = [Robot(robot_session, app_key, f"r{i}", np.random.default_rng(i)) for i in range(6)]
         run_rounds(robots, 1)  # every robot's key is known to the edge (and answered)

@@ -885,15 +885,19 @@ def test_a_robot_and_a_monitor_open_no_listener_and_a_lan_peer_cannot_reach_them
                 "--discovery_timeout_s=60", "--zenoh.connect_timeout_s=60",  # (the server may still be starting)
                 f"--summary_path={summary}"],
                 stdout=subprocess.DEVNULL, stderr=robot_log.open("w")))
+            # (it runs until stopped below, and waits for the server as the robot does: on a loaded
+            # machine the server can take longer to listen than the default connect timeout)
+            monitor_log = tmp_path / "monitor.log"
             procs.append(monitor.popen([sys.executable, "-m", "lerobot_zenoh.cli.monitor", f"--endpoint={endpoint}",
-                                        "--json=true", "--duration_s=25"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                       text=True))
+                                        "--json=true", "--zenoh.connect_timeout_s=60"], stdout=subprocess.DEVNULL,
+                                       stderr=monitor_log.open("w")))
             # running: the robot has its own session open (it checks its endpoint before it loads
             # LeRobot, with a short-lived link) and its link to the server, the monitor its own
             assert wait_for(lambda: "asking the server for its status" in robot_log.read_text(), 120), \
                 robot_log.read_text()
             assert wait_for(lambda: any(f"{server.ip}:7447" in s for s in robot.sockets("-tn")), 90), "robot never connected"
-            assert wait_for(lambda: any(f"{server.ip}:7447" in s for s in monitor.sockets("-tn")), 30)
+            assert wait_for(lambda: any(f"{server.ip}:7447" in s for s in monitor.sockets("-tn")), 90), \
+                monitor_log.read_text()[-2000:]
             assert any(":7447" in s for s in server.sockets("-ltnp"))  # `ss` does see a listener where there is one
             listening = {name: host.sockets("-ltnp") + host.sockets("-lunp") for name, host in
                          (("robot", robot), ("monitor", monitor))}
