@@ -29,7 +29,7 @@ help:
 	@echo "make demo    one policy server ($(POLICY)) on port $(PORT) + $(ROBOTS) simulated robots for $(SECONDS) s"
 	@echo "             variables: PORT, ROBOTS, SECONDS, POLICY (act, diffusion, smolvla, pi0, pi05)"
 	@echo "make checkpoint POLICY=smolvlm   a tiny VLM for task components (checkpoints/demo_smolvlm; docs/policies.md)"
-	@echo "make test    the whole test suite (creates $(VENV) with Python 3.12 on first use)"
+	@echo "make test    the whole test suite (creates $(VENV) with Python 3.12 on first use); TEST_WORKERS=2 processes"
 	@echo "make test-core   the serving core's unit tier (seconds)"
 	@echo "make openpi-client-venv   the official openpi-client in .venv-openpi (the OpenPI front door's tests)"
 	@echo "make PYTHON=/path/to/python3.12 ...   to pick the interpreter"
