@@ -43,13 +43,20 @@ def test_observation_best_effort_and_action_reliable_arrive_intact(zenoh_pair, a
 
     img = np.full((48, 64, 3), 200, np.uint8)
     obs = Observation(7, "robot1", np.arange(6, dtype=np.float32), {"front": codec.encode_jpeg(img)}, "pick")
-    client.publisher(ck.obs, OBSERVATION_QOS).put(codec.encode(obs))
+    obs_pub = client.publisher(ck.obs, OBSERVATION_QOS)
+    obs_pub.put(codec.encode(obs))
     chunk_pub = server.publisher(ck.action, ACTION_QOS)
     chunks = [ActionChunk(i, 1.5, np.full((50, 6), i, np.float32)) for i in range(20)]
     for c in chunks:
         chunk_pub.put(codec.encode(c))
 
-    assert wait_for(lambda: got_obs and len(got_chunks) == 20)
+    assert wait_for(lambda: len(got_chunks) == 20, 30.0), f"{len(got_chunks)} of 20 chunks"
+    # Best effort may lose a put (it did once with both cores kept busy): a robot sends its next
+    # observation a period later, and so does this one, until one arrives.
+    deadline = time.monotonic() + 30.0
+    while not wait_for(lambda: bool(got_obs), 0.5) and time.monotonic() < deadline:
+        obs_pub.put(codec.encode(obs))
+    assert got_obs, "no observation arrived"
     key, received = got_obs[0]
     assert key == ck.obs and received.seq_id == 7 and np.array_equal(received.state, obs.state)
     assert codec.decode_jpeg(received.images["front"], (48, 64)).shape == (48, 64, 3)
