@@ -132,3 +132,20 @@ def test_a_heartbeat_out_of_range_or_too_large_is_refused():
             Beat.decode(bad.encode(1, 1.0))
     with pytest.raises(ProtocolError, match="bytes"):
         Beat.decode(b"\x00" * (MAX_BEAT_BYTES + 1))
+
+
+def test_a_heartbeat_whose_counts_are_not_finite_is_refused_not_a_crash():
+    """A forged heartbeat with `served: NaN` or an infinite count once raised ValueError/OverflowError
+    from int() in the heartbeat thread, which died: failover by served work was gone."""
+    import pytest
+
+    from lerobot_zenoh.errors import ProtocolError
+    from lerobot_zenoh.protocol import codec
+    from lerobot_zenoh.protocol.messages import Telemetry
+
+    for name in ("serving", "served", "waiting", "slowest_turn_s"):
+        for value in (float("nan"), float("inf"), float("-inf")):
+            metrics = {"serving": 1, "served": 1, "waiting": 0, "slowest_turn_s": 0.1, name: value}
+            forged = codec.encode(Telemetry("server", "gpu9", 1, 1.0, 0.1, metrics=metrics, labels={"incarnation": "x"}))
+            with pytest.raises(ProtocolError):
+                Beat.decode(forged)

@@ -82,8 +82,7 @@ class _Decode:
         if now >= self.next_expiry:
             self.next_expiry = now + EXPIRY_PERIOD_S
             for other in serving.models:
-                for session in other.session_table.expire(now):
-                    serving.forget(other, session)
+                serving.expire(other, now)
         # Stop taking new requests when stopping, or after a while when other models wait for the
         # inference thread (the running batch then drains and the loop serves them).
         if serving.stop.is_set() or (len(serving.models) > 1 and now - self.started > EXPIRY_PERIOD_S):

@@ -31,6 +31,7 @@ Exactly one server serves at a time, so a client never gets two chunks for one o
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -82,6 +83,7 @@ class ServingRole:
         self._turn_s: deque[float] = deque(maxlen=TURN_WINDOW)
         self.hold_until_s = 0.0  # (monotonic) answers held until then: woken from a freeze
         self.replacement_claims_ignored = 0  # heartbeats saying a standby replaced this server, which had not stalled
+        self.heartbeats_refused = 0  # heartbeats too large, unreadable or out of range
         self.beat_tick_s: float | None = None  # last tick of the heartbeat thread (None: none runs)
         self.answers_held = 0  # computed answers not published: woken from a freeze, or replaced meanwhile
 
@@ -208,9 +210,15 @@ class Beat:
             raise ProtocolError(f"a heartbeat of {len(payload)} bytes (at most {MAX_BEAT_BYTES})")
         msg = codec.decode_telemetry(payload)
         m = msg.metrics
-        beat = Beat(msg.source_id, msg.labels.get("incarnation", ""), bool(m.get("serving", 0)),
-                    int(m.get("served", 0)), int(m.get("waiting", 0)), float(m.get("slowest_turn_s", 0.0)),
-                    msg.labels.get("replaces"))
+
+        def number(name: str) -> float:  # (a NaN or an infinity would raise in int(): never past here)
+            value = m.get(name, 0)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ProtocolError(f"a heartbeat's {name} is not a finite number")
+            return float(value)
+
+        beat = Beat(msg.source_id, msg.labels.get("incarnation", ""), bool(number("serving")), int(number("served")),
+                    int(number("waiting")), number("slowest_turn_s"), msg.labels.get("replaces"))
         if not (beat.served >= 0 and beat.waiting >= 0 and 0.0 <= beat.slowest_turn_s <= MAX_TURN_S):
             raise ProtocolError(f"a heartbeat out of range (served {beat.served}, waiting {beat.waiting}, "
                                 f"slowest turn {beat.slowest_turn_s} s)")
@@ -301,10 +309,17 @@ class Heartbeats:
         for i, model in enumerate(self.models):
             self._publishers.append(self.session.publisher(model.app.server_heartbeat(self.server_id), METRICS_QOS))
             self._subscriptions.append(self.session.subscribe(
-                model.app.all_server_heartbeats, lambda key, payload, i=i: self._inbox.append((i, payload))
-                if len(payload) <= MAX_BEAT_BYTES else None))
+                model.app.all_server_heartbeats, lambda key, payload, i=i: self._on_beat(i, payload)))
         self._thread.start()
         return self
+
+    def _on_beat(self, i: int, payload: bytes) -> None:
+        """Zenoh callback: hand a heartbeat to the heartbeat thread; a larger one than any heartbeat
+        is dropped here, counted."""
+        if len(payload) > MAX_BEAT_BYTES:
+            self.models[i].role.heartbeats_refused += 1
+            return
+        self._inbox.append((i, payload))
 
     def _may_have_stalled(self, i: int, now_s: float) -> bool:
         """Whether a standby could rightly have replaced this server's model `i`: this process was
@@ -355,7 +370,8 @@ class Heartbeats:
             i, payload = self._inbox.popleft()
             try:
                 beat = Beat.decode(bytes(payload))
-            except ProtocolError as exc:  # another version's, or not a heartbeat: ignored
+            except ProtocolError as exc:  # another version's, not a heartbeat, or out of range: ignored
+                self.models[i].role.heartbeats_refused += 1
                 log.debug("unreadable heartbeat: %s", exc)
                 continue
             if beat.server_id != self.server_id:

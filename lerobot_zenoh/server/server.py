@@ -35,9 +35,8 @@ from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import SameHostAdvert
 from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
 from lerobot_zenoh.server.batch_profiling import measure_batch_profile
-from lerobot_zenoh.server.batch_executor import BatchExecutor
 from lerobot_zenoh.server.dispatch import Dispatcher
-from lerobot_zenoh.server.engine_executor import local_executor
+from lerobot_zenoh.server.engine_executor import EngineExecutor, local_executor
 from lerobot_zenoh.server.session_table import Session
 from lerobot_zenoh.server.engine_worker import EngineWorker
 from lerobot_zenoh.server.figures import model_figures, model_stats
@@ -284,9 +283,9 @@ class PolicyServer:
     def wake(self) -> None:
         self._wake.set()
 
-    def local_executor(self, model: ServedModel) -> BatchExecutor:
+    def local_executor(self, model: ServedModel) -> EngineExecutor:
         """The local engine's executor (run on its own thread by the dispatcher)."""
-        return BatchExecutor(self.serving, model)
+        return local_executor(self.serving, model)
 
     def measure_profile(self, model: ServedModel) -> dict[int, float]:
         """The local engine's `profile: measured`: the start-up profile, measured now if it was not."""
