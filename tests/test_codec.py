@@ -166,6 +166,29 @@ def test_mutated_messages_only_raise_protocol_error(msg, data):
         pass
 
 
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(observations(), st.data())
+def test_the_task_length_read_on_arrival_is_the_decoded_tasks_and_never_raises(obs, data):
+    """`observation_task_bytes` reads what the decoder would read, and on any bytes only returns."""
+    raw = codec.encode(obs)
+    assert codec.observation_task_bytes(raw) == len(obs.task.encode())
+    cut = raw[:data.draw(st.integers(0, len(raw)))]
+    assert 0 <= codec.observation_task_bytes(cut) <= len(obs.task.encode())
+
+
+@pytest.mark.parametrize("length", [0, 31, 32, 255, 256, 65_535, 65_536, 70_000])
+def test_the_task_length_read_on_arrival_reads_every_string_header(length):
+    packed = msgpack.packb({"seq_id": 1, "task": "t" * length, "images": {"a": b"x" * 300}}, use_bin_type=True)
+    assert codec.observation_task_bytes(packed, CodecLimits(max_str_bytes=2**20)) == length
+
+
+def test_a_hostile_map_naming_the_task_twice_or_not_as_a_string_is_read_at_its_longest():
+    twice = b"\x82" + msgpack.packb("task") + msgpack.packb("x" * 5000) + msgpack.packb("task") + msgpack.packb("ok")
+    assert codec.observation_task_bytes(twice) == 5000  # the decoder keeps the last: both are read
+    for odd in ({"task": b"x" * 5000}, {"task": ["x" * 5000]}, {"task": 7}, ["task", "x" * 5000], "task"):
+        assert codec.observation_task_bytes(msgpack.packb(odd, use_bin_type=True)) == 0  # the decoder says why
+
+
 @settings(max_examples=300)
 @given(st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text(max_size=5) | st.binary(max_size=5),
                     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=5), kids, max_size=4)))

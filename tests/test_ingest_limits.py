@@ -4,8 +4,8 @@ publishers are an in-memory fake.
 
 - the parsed-key cache is bounded in bytes as well as in keys, and forgets its oldest keys first;
 - a key naming a client id over 128 bytes is dropped and counted before it is parsed or kept;
-- a task over 2,048 bytes is refused by its length when the observation is decoded, without the
-  runner's check (a VLA's tokenizer) ever seeing it;
+- a task over 2,048 bytes is refused by its length in the callback, on arrival: the inference
+  thread never decodes it, nor does the runner's check (a VLA's tokenizer) ever see it;
 - ids the manifest does not list share one rejection cool-down, so fresh ids do not multiply it.
 """
 
@@ -156,28 +156,50 @@ def test_the_longest_client_id_is_served_and_a_longer_one_fails_where_it_is_name
 # -- tasks over the limit ---------------------------------------------------------------------------
 
 
-def test_a_task_over_the_byte_limit_is_refused_without_the_runner_reading_it():
+def test_a_task_over_the_byte_limit_is_refused_on_arrival_never_decoded_nor_tokenized():
     model = served_model(echo_task=True)
     checked: list[str] = []
-    check = model.runner.check_request
+    decoded: list[bytes] = []
+    check, decode = model.runner.check_request, model.executor.decode
 
     def spy(request):  # where a VLA runner tokenizes the task
         checked.append(request.task)
         return check(request)
 
+    def decode_spy(payload, header=None):  # the inference thread's decode of a picked body
+        decoded.append(payload)
+        return decode(payload, header)
+
     model.runner.check_request = spy
+    model.executor.decode = decode_spy
     ingest = Ingest([model], threading.Event())
     serving = Serving("gpu0", [model], threading.Event())
     serving.session = FakeSession()
     for seq, task in enumerate(["t" * (MAX_TASK_BYTES + 1), "ü" * (MAX_TASK_BYTES // 2 + 1), "x" * 64_000], 1):
         ingest.on_observation(model, obs_key("robot"), *observation("robot", seq, task))
-        serving.serve(model, admission.schedule(model, time.monotonic()))
-    assert checked == [] and serving.session.sent == []
+        assert model.session_table.sessions["robot"].slot is None  # refused in the callback, kept nowhere
+        assert admission.schedule(model, time.monotonic()) is None  # nothing for the inference thread
+    assert checked == [] and decoded == [] and serving.session.sent == []
     assert model.session_table.snapshot().sessions["robot"].stats.rejected == {Reason.TASK_TOO_LONG: 3}
-    # A task of exactly the limit is read and served.
-    ingest.on_observation(model, obs_key("robot"), *observation("robot", 4, "t" * MAX_TASK_BYTES))
+    # A task of exactly the limit is read and served: its body decoded once, from the copy the callback kept.
+    payload, header = observation("robot", 4, "t" * MAX_TASK_BYTES)
+    ingest.on_observation(model, obs_key("robot"), FakeZenohBuffer(payload), header)
     serving.serve(model, admission.schedule(model, time.monotonic()))
     assert checked == ["t" * MAX_TASK_BYTES] and len(serving.session.sent) == 1
+    assert decoded == [payload] and type(decoded[0]) is bytes
+
+
+class FakeZenohBuffer:
+    """A payload as Zenoh hands it over (`transport.session.Payload`): read only by copying it."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __bytes__(self) -> bytes:
+        return self.data
 
 
 # -- one cool-down for every unknown id -------------------------------------------------------------

@@ -159,6 +159,38 @@ def decode_observation(data: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> Obs
     return decode_map(data, TABLES, MessageType.OBSERVATION, limits)
 
 
+def observation_task_bytes(data: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> int:
+    """The length in bytes of an encoded observation's `task`, read without decoding anything else:
+    the top-level map's keys are unpacked, every other value is skipped unread (in msgpack's C
+    code) and the task's string header is read in place, so a 64 kB task costs no UTF-8 decode.
+    The longest, should a hostile map name `task` twice; 0 without one (or one that is not a
+    string: the decoder rejects it with its reason), and 0 for bytes the walk cannot read (not a
+    map, truncated, over `limits`: the decoder rejects those too). What the server reads of an
+    observation on arrival, to refuse a long task before the inference thread sees it."""
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(data), 1), max_str_len=limits.max_str_bytes,
+                                max_bin_len=limits.max_message_bytes, max_array_len=limits.max_container_len,
+                                max_map_len=limits.max_container_len, max_ext_len=0)
+    longest = 0
+    try:
+        unpacker.feed(data)
+        for _ in range(unpacker.read_map_header()):
+            if unpacker.unpack() == "task":
+                longest = max(longest, _str_length_at(data, unpacker.tell()))
+            unpacker.skip()
+    except Exception:  # not a map, truncated, over a limit: left to the decoder, which says why
+        return longest
+    return longest
+
+
+def _str_length_at(data: bytes, at: int) -> int:
+    """The length of the msgpack string whose header starts at `at`; 0 for any other type."""
+    head = data[at]
+    if 0xA0 <= head <= 0xBF:  # fixstr
+        return head & 0x1F
+    width = {0xD9: 1, 0xDA: 2, 0xDB: 4}.get(head)
+    return int.from_bytes(data[at + 1:at + 1 + width], "big") if width else 0
+
+
 def decode_action_chunk(data: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> ActionChunk:
     return decode_map(data, TABLES, MessageType.ACTION_CHUNK, limits)
 

@@ -6,6 +6,10 @@ the engine picked goes through before it is run, whichever path runs it (docs/ar
   the put's attachment: a struct unpack, no msgpack), or why it is malformed. The server's only
   read of a header: the verdict goes into the session's slot with the payload (`SessionTable.admit`),
   and task routing (`server/routing.py`) reads the component mask from it.
+- `screen(payload, limits)` (Zenoh callback thread): the body's one read on arrival, the length of
+  its `task` (nothing decoded): a task over the limit is refused there (`task_too_long`), never
+  reaching the inference thread. The body is copied out of Zenoh's buffer for it, and that copy is
+  what the slot keeps.
 - `schedule(model, now_s, ...)` (inference thread): for a scheduler that ranks by `ExecutionInfo`,
   the executor decodes the new observations sent without a header (nothing else tells it what they
   are), then the engine judges and picks (`SessionTable.unread`, `SessionTable.schedule`).
@@ -28,9 +32,12 @@ from typing import TYPE_CHECKING
 
 from lerobot_zenoh.errors import ProtocolError
 from lerobot_zenoh.protocol import codec
-from lerobot_zenoh.protocol.messages import Observation, ObservationHeader
+from lerobot_zenoh.protocol.messages import MAX_TASK_BYTES, Observation, ObservationHeader
+from lerobot_zenoh.protocol.reasons import Reason
+from lerobot_zenoh.protocol.schema import CodecLimits
 from lerobot_zenoh.server.session_table import Batch, Ranking, Session, Slot
 from lerobot_zenoh.server.runners.base import InferenceRequest
+from lerobot_zenoh.transport.session import Payload
 
 if TYPE_CHECKING:
     from lerobot_zenoh.server.server import ServedModel
@@ -58,6 +65,20 @@ def read_header(attachment: bytes | None) -> tuple[ObservationHeader | None, Pro
         return codec.decode_observation_header(attachment), None
     except ProtocolError as exc:
         return None, exc
+
+
+def screen(payload: Payload | bytes, limits: CodecLimits) -> tuple[Payload | bytes, str | None]:
+    """(what to keep of the observation, None), or (it, why it is refused) (Zenoh callback thread).
+
+    The one read of an observation's body on arrival: its `task`'s length (`codec.observation_task_bytes`,
+    nothing decoded), so a task over `MAX_TASK_BYTES` is refused (`task_too_long`) before the
+    inference thread sees it. Zenoh's buffer can only be read as a copy, so the body is copied here
+    once and the copy is what is kept (the decode of a picked one copies nothing more); a body over
+    the size limit is neither copied nor read (`SessionTable.admit` refuses it as `too_large`)."""
+    if len(payload) > limits.max_message_bytes:
+        return payload, None
+    data = bytes(payload)
+    return data, (Reason.TASK_TOO_LONG if codec.observation_task_bytes(data, limits) > MAX_TASK_BYTES else None)
 
 
 def schedule(model: ServedModel, now_s: float, **kw) -> Batch | None:

@@ -2,19 +2,21 @@
 
 `on_observation` checks the length of the key's client id (`client_id_too_long`, before anything
 else is read or kept of the key), parses the key (once: parsed keys are cached, bounded in number
-and in bytes), reads the observation's small header (`admission.read_header`, a
-struct unpack; nothing is decoded) and calls `engine.admit` (the raw bytes and that verdict go into
-the session's newest-only slot); `on_client_token` tells the engine a client's liveliness token
-appeared or vanished. Both take only the engine's short lock. A model serving a component of
-multi-model tasks (`pipeline` in its manifest entry) also subscribes to each task's observation
-stream (and its robots' tokens there): `on_task_observation` asks the model's task routing
-(`server/routing.py`) first. `reload` takes a re-read manifest's client lists, batch sizes and task
-streams (SIGHUP): a model's streams are one dict replaced whole, so the callbacks and the inference
-thread read either the old map or the new one.
+and in bytes), reads the observation's small header (`admission.read_header`, a struct unpack;
+nothing is decoded) and the length of its task (`admission.screen`: a task over the limit is
+refused here, never on the inference thread), and calls `engine.admit` (the body, copied once out
+of Zenoh's buffer, and those verdicts go into the session's newest-only slot); `on_client_token`
+tells the engine a client's liveliness token appeared or vanished. Both take only the engine's
+short lock. A model serving a component of multi-model tasks (`pipeline` in its manifest entry)
+also subscribes to each task's observation stream (and its robots' tokens there):
+`on_task_observation` asks the model's task routing (`server/routing.py`) first. `reload` takes a
+re-read manifest's client lists, batch sizes and task streams (SIGHUP): a model's streams are one
+dict replaced whole, so the callbacks and the inference thread read either the old map or the new one.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
 import threading
@@ -23,6 +25,7 @@ import time
 from lerobot_zenoh.errors import KeyExprError, TransportError
 from lerobot_zenoh.protocol.keys import (MAX_CLIENT_ID_BYTES, AppKey, Topic, client_chunk_too_long, names_components,
                                          parse_client_key)
+from lerobot_zenoh.protocol.messages import MAX_TASK_BYTES
 from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.server import admission
 from lerobot_zenoh.server.session_table import RATE_LIMITED, TOO_MANY_CLIENTS, UNKNOWN_CLIENT
@@ -95,6 +98,7 @@ class Ingest:
         # (split, AppKey, chunk validation) cost 12 us per sample, a dict hit 0.1 us (docs/benchmarks.md,
         # "Server ingest"). Bounded in keys and in bytes; ids are at most MAX_CLIENT_ID_BYTES.
         self.keys = KeyCache()
+        self._refused_on_arrival = itertools.count(1)  # bodies refused by `admission.screen`, for the log
 
     def reload(self, manifest: Manifest) -> str | None:
         """Take a re-read manifest's task streams, client lists and batch sizes; None when applied,
@@ -215,10 +219,16 @@ class Ingest:
 
     def admit(self, model: ServedModel, client_id: str, payload: Payload | bytes, header, header_error,
                task: str | None = None) -> str | None:
+        payload, refused = admission.screen(payload, model.executor.limits)
         now, table = time.monotonic(), model.session_table
-        dropped = table.admit(client_id, payload, now, header, header_error, task)
+        dropped = table.admit(client_id, payload, now, header, header_error, task, refused)
         if dropped is None:
             self.wake.set()
+        elif dropped == refused:
+            n = next(self._refused_on_arrival)
+            if worth_logging(n):
+                log.warning("rejected observation(s) from %r on %s on arrival (%s: a task over %d bytes of "
+                            "UTF-8) [%d so far]", client_id, model.app.prefix, refused, MAX_TASK_BYTES, n)
         elif dropped == RATE_LIMITED and client_id not in table.sessions:
             n = table.dropped[RATE_LIMITED]
             if worth_logging(n):

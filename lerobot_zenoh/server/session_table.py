@@ -111,11 +111,12 @@ class SessionTable:
     # -- Zenoh callback thread ----------------------------------------------------------------
 
     def admit(self, client_id: str, payload: bytes, now_s: float, header: ObservationHeader | None = None,
-              header_error: ProtocolError | None = None, task: str | None = None) -> str | None:
+              header_error: ProtocolError | None = None, task: str | None = None, refused: str | None = None) -> str | None:
         """Put an observation in its session's slot; None if kept, else why it was dropped (counted).
         `header`: what admission read of it (`server/admission.py`; None: none, or of a version this
         server does not read); `header_error`: its header is malformed (rejected, with its reason, by
-        `schedule`); `task`: the multi-model task whose stream it came on."""
+        `schedule`); `task`: the multi-model task whose stream it came on; `refused`: why admission
+        refused its body on arrival (`task_too_long`), a rejection of the session like `too_large`."""
         listed = client_id in self.config.listed
         with self._lock:
             session = self.sessions.get(client_id) or self.roster.place(client_id, listed, self.config, now_s,
@@ -128,9 +129,10 @@ class SessionTable:
                 return RATE_LIMITED
             # `last_seen_s` moves only once the observation passes the session rules (`schedule`) or is
             # served: what is rejected keeps no session alive.
-            if len(payload) > self.config.max_message_bytes:  # before it takes a slot
-                self._count_rejection(session, TOO_LARGE, now_s)
-                return TOO_LARGE
+            refused = TOO_LARGE if len(payload) > self.config.max_message_bytes else refused
+            if refused is not None:  # before it takes a slot
+                self._count_rejection(session, refused, now_s)
+                return refused
             if header is not None and header.refreshes_seq_id is not None:
                 if session_rules.refresh_is_late(session, header):
                     stats.refreshes_late += 1
