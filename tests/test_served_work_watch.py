@@ -86,7 +86,7 @@ def test_beat_round_trips_through_the_codec():
 def test_a_standby_that_replaced_a_stalled_primary_ignores_its_token_and_steps_back_for_a_restart():
     role = ServingRole("gpu1:app", "gpu0", incarnation="s")
     role.take_over_stalled("old", "test")
-    assert role.active.is_set() and role.replaced == "gpu0/old" and role.takeovers == 1
+    assert role.active.is_set() and role.replaced == "gpu0/old" and role.takeovers == role.takeovers_stalled == 1
     role.on_primary(True)  # the frozen process's token (re)appears: it is the one replaced
     assert role.active.is_set()
     role.on_primary_incarnation("old")
@@ -94,7 +94,7 @@ def test_a_standby_that_replaced_a_stalled_primary_ignores_its_token_and_steps_b
     role.on_primary_incarnation("new")  # a restarted primary
     assert not role.active.is_set() and role.replaced is None and role.stepped_back == 1
     role.on_primary(False)  # a later death is taken over by the token as before
-    assert role.active.is_set() and role.takeovers == 2
+    assert role.active.is_set() and role.takeovers == 2 and role.takeovers_stalled == 1  # told apart
 
 
 def test_answers_wait_for_a_recent_heartbeat_tick_and_the_hold():

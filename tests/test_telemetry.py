@@ -717,7 +717,7 @@ def test_figures_a_small_fleet_does_not_publish_are_declared_too():
                    "decode.packed_steps", "decode.packed_ms", "vlm.prefill_batches", "vlm.decode_steps",
                    "engine.c0.dispatched", "engine.c0.answered", "engine.c0.requeued", "engine.c0.late",
                    "engine.c0.refused", "engine.c0.refused.bad_answer", "engine.c0.restarts", "engine.c0.partitions",
-                   "dispatch.requeue_superseded", "dispatch.answers_closed", "scheduler.decisions", "takeovers",
+                   "dispatch.requeue_superseded", "dispatch.answers_closed", "scheduler.decisions", "takeovers", "takeovers_stalled",
                    "standby_dropped", "answers.actions", "answers.verdict.safe", "sessions_closed.idle",
                    "shm_rings_opened", "shm_orphans_removed", "batch_fallbacks", "observations_for_other_components"],
         "server_client": ["served.edge", "served.cloud", "rejected.task_too_long"],

@@ -71,6 +71,7 @@ class ServingRole:
         self.incarnation = incarnation  # this process's: new at every start
         self.active = threading.Event()
         self.takeovers = 0
+        self.takeovers_stalled = 0  # of those, of a primary whose token was there but that served no more
         self.stepped_back = 0
         self._on_deactivate = on_deactivate
         self._lock = threading.Lock()
@@ -162,6 +163,7 @@ class ServingRole:
             self.replaced = f"{self.standby_for}/{incarnation}"
             self.active.set()
             self.takeovers += 1
+            self.takeovers_stalled += 1
             log.warning("%s: primary %s stalled (%s); taking over", self.name, self.standby_for, why)
 
     def on_primary_incarnation(self, incarnation: str) -> None:

@@ -65,6 +65,7 @@ def model_figures(model: ServedModel) -> tuple[dict, dict]:
         "failed": int(model.failed is not None),
         "loop_faults": model.loop_faults,
         "takeovers": model.role.takeovers if model.role is not None else 0,
+        "takeovers_stalled": model.role.takeovers_stalled if model.role is not None else 0,
         "standby_dropped": model.standby_dropped,
         "answers_held": model.role.answers_held if model.role is not None else 0,
         "heartbeats_refused": model.role.heartbeats_refused if model.role is not None else 0,

@@ -117,6 +117,8 @@ METRICS: list[Metric] = [
                   "Age of an observation in its slot when the inference loop took it", _SERVERS),
     _g("serving", "serving", "1 while this server serves (a hot standby reports 0 while its primary is up)", S),
     _c("takeovers", "takeovers", "Times this standby server took over from its primary", S),
+    _c("takeovers_stalled", "takeovers_stalled",
+       "Takeovers of a primary still alive that served no more (frozen, stuck loop, dead device)", S),
     _g("failed", "failed", "1 once the model's serving turns kept failing and it was withdrawn (no longer served)", S),
     _c("loop_faults", "loop_faults", "Faults in the model's serving turns (each logged with its traceback)", S),
     _c("standby_dropped", "standby_dropped", "Observations dropped unseen while standing by", S),
