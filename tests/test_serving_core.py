@@ -8,6 +8,7 @@ moves, so timeouts, restarts, forged statuses and forged answers are tested in m
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
 
 import numpy as np
@@ -22,6 +23,7 @@ from lerobot_zenoh.scheduling.engine_load import EngineLoad
 from lerobot_zenoh.scheduling.placement import BatchProfile, profile_from_peer_ms
 from lerobot_zenoh.server.dispatch import Dispatcher
 from lerobot_zenoh.server.engine_link import ENGINE_ERROR
+from lerobot_zenoh.server.failover import ServingRole
 from lerobot_zenoh.server.manifest import parse_manifest
 from lerobot_zenoh.server.request_table import InFlight, RequestTable
 from lerobot_zenoh.server.runners import load_runner
@@ -218,6 +220,29 @@ def test_after_an_edge_restart_an_answer_reaches_only_the_request_it_was_compute
     link.answer("cloud0", answer_to(new["robot_3"]))  # a replay of a delivered answer
     edge.round()
     assert len(edge.host.published) == 2 and edge.figures()["engine.cloud0.late"] == 1
+    edge.close()
+
+
+def test_an_engine_answer_is_held_like_a_local_one_when_the_edge_may_not_serve(link, clock):
+    """An edge woken from a freeze (or replaced by its standby meanwhile) publishes no answer its
+    engines computed before, as its own inference thread holds its own (`ServingRole.may_serve`)."""
+    edge = Edge(link, clock, "edge-A")
+    edge.model.role = ServingRole(APP.prefix, None)
+    edge.model.role.active.set()
+    edge.send("robot_1", 1)
+    assert edge.round()
+    (request,) = link.requests("cloud0")
+    edge.model.role.hold_until_s = time.monotonic() + 600  # woken from a freeze: answers held
+    link.answer("cloud0", answer_to(request))
+    edge.round()
+    assert edge.host.published == [] and edge.model.role.answers_held == 1
+    edge.model.role.hold_until_s = 0.0
+    edge.send("robot_1", 2)
+    assert edge.round()
+    (request,) = link.requests("cloud0")
+    link.answer("cloud0", answer_to(request))
+    edge.round()
+    assert [chunk.response_to_seq_id for _, chunk in edge.host.published] == [2]
     edge.close()
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -106,7 +107,9 @@ class AnswerRelay:
             self._refuse_engine(state, flight, "bad_answer", f"{type(exc).__name__}: {exc}"[:200])
             return
         published = []
-        if model.session_table.sessions.get(session.client_id) is session:
+        if model.role is not None and not model.role.may_serve(time.monotonic()):
+            model.role.answers_held += 1  # woke from a freeze, or replaced meanwhile, as the local path holds
+        elif model.session_table.sessions.get(session.client_id) is session:
             try:
                 self.host.publish(model, session.client_id, chunk)
                 model.inferences += 1
