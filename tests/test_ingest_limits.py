@@ -4,8 +4,9 @@ publishers are an in-memory fake.
 
 - the parsed-key cache is bounded in bytes as well as in keys, and forgets its oldest keys first;
 - a key naming a client id over 128 bytes is dropped and counted before it is parsed or kept;
-- a task over 2,048 bytes is refused by its length in the callback, on arrival: the inference
-  thread never decodes it, nor does the runner's check (a VLA's tokenizer) ever see it;
+- a task over 2,048 bytes is refused by its length before the runner's check (a VLA's tokenizer)
+  sees it: from an unlisted id in the callback, on arrival (the inference thread never decodes it),
+  from a listed robot when its body is decoded;
 - ids the manifest does not list share one rejection cool-down, so fresh ids do not multiply it.
 """
 
@@ -156,7 +157,7 @@ def test_the_longest_client_id_is_served_and_a_longer_one_fails_where_it_is_name
 # -- tasks over the limit ---------------------------------------------------------------------------
 
 
-def test_a_task_over_the_byte_limit_is_refused_on_arrival_never_decoded_nor_tokenized():
+def test_an_unlisted_ids_task_over_the_byte_limit_is_refused_on_arrival_never_decoded_nor_tokenized():
     model = served_model(echo_task=True)
     checked: list[str] = []
     decoded: list[bytes] = []
@@ -176,17 +177,42 @@ def test_a_task_over_the_byte_limit_is_refused_on_arrival_never_decoded_nor_toke
     serving = Serving("gpu0", [model], threading.Event())
     serving.session = FakeSession()
     for seq, task in enumerate(["t" * (MAX_TASK_BYTES + 1), "ü" * (MAX_TASK_BYTES // 2 + 1), "x" * 64_000], 1):
-        ingest.on_observation(model, obs_key("robot"), *observation("robot", seq, task))
-        assert model.session_table.sessions["robot"].slot is None  # refused in the callback, kept nowhere
+        ingest.on_observation(model, obs_key("visitor"), *observation("visitor", seq, task))
+        assert model.session_table.sessions["visitor"].slot is None  # refused in the callback, kept nowhere
         assert admission.schedule(model, time.monotonic()) is None  # nothing for the inference thread
     assert checked == [] and decoded == [] and serving.session.sent == []
-    assert model.session_table.snapshot().sessions["robot"].stats.rejected == {Reason.TASK_TOO_LONG: 3}
+    assert model.session_table.snapshot().sessions["visitor"].stats.rejected == {Reason.TASK_TOO_LONG: 3}
     # A task of exactly the limit is read and served: its body decoded once, from the copy the callback kept.
-    payload, header = observation("robot", 4, "t" * MAX_TASK_BYTES)
-    ingest.on_observation(model, obs_key("robot"), FakeZenohBuffer(payload), header)
+    payload, header = observation("visitor", 4, "t" * MAX_TASK_BYTES)
+    ingest.on_observation(model, obs_key("visitor"), FakeZenohBuffer(payload), header)
     serving.serve(model, admission.schedule(model, time.monotonic()))
     assert checked == ["t" * MAX_TASK_BYTES] and len(serving.session.sent) == 1
     assert decoded == [payload] and type(decoded[0]) is bytes
+
+
+def test_a_listed_robots_body_stays_in_zenohs_buffer_and_its_long_task_is_refused_when_decoded():
+    """Only ids anyone can invent pay the copy of the screen; a listed robot's long task is still
+    refused by its length before any tokenizer, when it is decoded, against its own cool-down."""
+    model = served_model(echo_task=True)
+    ingest = Ingest([model], threading.Event())
+    serving = Serving("gpu0", [model], threading.Event())
+    serving.session = FakeSession()
+    kept = FakeZenohBuffer(observation("robot", 1, "x" * (MAX_TASK_BYTES + 1))[0])
+    ingest.on_observation(model, obs_key("robot"), kept, observation("robot", 1)[1])
+    assert model.session_table.sessions["robot"].slot.payload is kept  # not copied on arrival
+    serving.serve(model, admission.schedule(model, time.monotonic()))
+    assert serving.session.sent == []
+    assert model.session_table.snapshot().sessions["robot"].stats.rejected == {Reason.TASK_TOO_LONG: 1}
+    unlisted = FakeZenohBuffer(observation("visitor", 1)[0])
+    ingest.on_observation(model, obs_key("visitor"), unlisted, observation("visitor", 1)[1])
+    assert model.session_table.sessions["visitor"].slot.payload == unlisted.data  # screened: the copy is kept
+
+
+def test_the_task_walker_of_a_thread_starts_afresh_after_bytes_it_could_not_read():
+    good, _ = observation("robot", 1, "t" * (MAX_TASK_BYTES + 1))
+    for bad in (good[:len(good) // 2], good + b"\xc1trailing", b"\x92\x01", b"\xc1"):
+        codec.observation_task_bytes(bad)
+        assert codec.observation_task_bytes(good) == MAX_TASK_BYTES + 1
 
 
 class FakeZenohBuffer:

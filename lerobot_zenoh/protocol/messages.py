@@ -33,8 +33,8 @@ VERDICT_LABELS = frozenset(label.value for label in VerdictLabel)
 #: `Observation.component_mask` has one bit per component of a task, so a task has at most 32.
 MAX_COMPONENTS = 32
 #: The longest `Observation.task`, in bytes of UTF-8 (docs/protocol.md §5.1): a sentence is under 200,
-#: pi0.5's 200-token prompt under about 1,000. A longer task is refused (`task_too_long`) on arrival,
-#: by its length alone (`codec.observation_task_bytes`), before the observation is decoded.
+#: pi0.5's 200-token prompt under about 1,000. A longer task is refused (`task_too_long`) by its
+#: length alone, before any tokenizer reads it (on arrival for an unlisted id: `codec.observation_task_bytes`).
 MAX_TASK_BYTES = 2048
 
 

@@ -6,10 +6,10 @@ the engine picked goes through before it is run, whichever path runs it (docs/ar
   the put's attachment: a struct unpack, no msgpack), or why it is malformed. The server's only
   read of a header: the verdict goes into the session's slot with the payload (`SessionTable.admit`),
   and task routing (`server/routing.py`) reads the component mask from it.
-- `screen(payload, limits)` (Zenoh callback thread): the body's one read on arrival, the length of
-  its `task` (nothing decoded): a task over the limit is refused there (`task_too_long`), never
-  reaching the inference thread. The body is copied out of Zenoh's buffer for it, and that copy is
-  what the slot keeps.
+- `screen(payload, limits)` (Zenoh callback thread, for ids the manifest does not list): the body's
+  one read on arrival, the length of its `task` (nothing decoded): a task over the limit is refused
+  there (`task_too_long`), never reaching the inference thread. The body is copied out of Zenoh's
+  buffer for it, and that copy is what the slot keeps.
 - `schedule(model, now_s, ...)` (inference thread): for a scheduler that ranks by `ExecutionInfo`,
   the executor decodes the new observations sent without a header (nothing else tells it what they
   are), then the engine judges and picks (`SessionTable.unread`, `SessionTable.schedule`).
@@ -74,7 +74,11 @@ def screen(payload: Payload | bytes, limits: CodecLimits) -> tuple[Payload | byt
     nothing decoded), so a task over `MAX_TASK_BYTES` is refused (`task_too_long`) before the
     inference thread sees it. Zenoh's buffer can only be read as a copy, so the body is copied here
     once and the copy is what is kept (the decode of a picked one copies nothing more); a body over
-    the size limit is neither copied nor read (`SessionTable.admit` refuses it as `too_large`)."""
+    the size limit is neither copied nor read (`SessionTable.admit` refuses it as `too_large`).
+    `Ingest` screens the observations of ids the manifest does not list (ids cost nothing to invent,
+    and they share one cool-down); a listed robot's body stays in Zenoh's buffer until it is picked
+    (a superseded one is never copied), and a long task of its is refused when it is decoded, by its
+    length alone, as often as that robot's own cool-down lets it."""
     if len(payload) > limits.max_message_bytes:
         return payload, None
     data = bytes(payload)

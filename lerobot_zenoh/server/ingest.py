@@ -3,9 +3,10 @@
 `on_observation` checks the length of the key's client id (`client_id_too_long`, before anything
 else is read or kept of the key), parses the key (once: parsed keys are cached, bounded in number
 and in bytes), reads the observation's small header (`admission.read_header`, a struct unpack;
-nothing is decoded) and the length of its task (`admission.screen`: a task over the limit is
-refused here, never on the inference thread), and calls `engine.admit` (the body, copied once out
-of Zenoh's buffer, and those verdicts go into the session's newest-only slot); `on_client_token`
+nothing is decoded), for an id the manifest does not list the length of its task (`admission.screen`:
+a task over the limit is refused here, never on the inference thread; the body is copied once out
+of Zenoh's buffer for it), and calls `engine.admit` (the body and those verdicts go into the
+session's newest-only slot); `on_client_token`
 tells the engine a client's liveliness token appeared or vanished. Both take only the engine's
 short lock. A model serving a component of multi-model tasks (`pipeline` in its manifest entry)
 also subscribes to each task's observation stream (and its robots' tokens there):
@@ -219,8 +220,9 @@ class Ingest:
 
     def admit(self, model: ServedModel, client_id: str, payload: Payload | bytes, header, header_error,
                task: str | None = None) -> str | None:
-        payload, refused = admission.screen(payload, model.executor.limits)
-        now, table = time.monotonic(), model.session_table
+        now, table, refused = time.monotonic(), model.session_table, None
+        if client_id not in table.config.listed:  # an id anyone can invent: its task is read on arrival
+            payload, refused = admission.screen(payload, model.executor.limits)
         dropped = table.admit(client_id, payload, now, header, header_error, task, refused)
         if dropped is None:
             self.wake.set()
