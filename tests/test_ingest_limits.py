@@ -208,7 +208,7 @@ def test_a_listed_robots_body_stays_in_zenohs_buffer_and_its_long_task_is_refuse
     assert model.session_table.sessions["visitor"].slot.payload == unlisted.data  # screened: the copy is kept
 
 
-def test_the_task_walker_of_a_thread_starts_afresh_after_bytes_it_could_not_read():
+def test_the_task_length_read_after_bytes_it_could_not_read_is_right():
     good, _ = observation("robot", 1, "t" * (MAX_TASK_BYTES + 1))
     for bad in (good[:len(good) // 2], good + b"\xc1trailing", b"\x92\x01", b"\xc1"):
         codec.observation_task_bytes(bad)

@@ -14,7 +14,6 @@ The byte layout is specified in docs/protocol.md; golden tests pin it.
 from __future__ import annotations
 
 import struct
-import threading
 from typing import Any
 
 import cv2
@@ -168,30 +167,19 @@ def observation_task_bytes(data: bytes, limits: CodecLimits = DEFAULT_LIMITS) ->
     string: the decoder rejects it with its reason), and 0 for bytes the walk cannot read (not a
     map, truncated, over `limits`: the decoder rejects those too). What the server reads of an
     observation on arrival, to refuse a long task before the inference thread sees it."""
-    walkers = _task_walkers.__dict__  # one unpacker per thread and limits, its buffer reused
-    unpacker = walkers.get(limits)
-    if unpacker is None:
-        unpacker = walkers[limits] = msgpack.Unpacker(
-            raw=False, max_buffer_size=limits.max_message_bytes, max_str_len=limits.max_str_bytes,
-            max_bin_len=limits.max_message_bytes, max_array_len=limits.max_container_len,
-            max_map_len=limits.max_container_len, max_ext_len=0)
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(data), 1), max_str_len=limits.max_str_bytes,
+                                max_bin_len=limits.max_message_bytes, max_array_len=limits.max_container_len,
+                                max_map_len=limits.max_container_len, max_ext_len=0)
     longest = 0
     try:
-        start = unpacker.tell()
         unpacker.feed(data)
         for _ in range(unpacker.read_map_header()):
             if unpacker.unpack() == "task":
-                longest = max(longest, _str_length_at(data, unpacker.tell() - start))
+                longest = max(longest, _str_length_at(data, unpacker.tell()))
             unpacker.skip()
-        if unpacker.tell() - start == len(data):
-            return longest
     except Exception:  # not a map, truncated, over a limit: left to the decoder, which says why
         pass
-    del walkers[limits]  # something of these bytes may be left in its buffer: a new one next time
     return longest
-
-
-_task_walkers = threading.local()
 
 
 def _str_length_at(data: bytes, at: int) -> int:
