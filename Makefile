@@ -174,6 +174,13 @@ bench: $(BENCH_STAMP)
 bench-codec: $(STAMP)
 	$(PY) -m benchmarks.studies.codec
 
+# A batch's JPEG decode on the CPU: decoders (simplejpeg, OpenCV, torchvision, Pillow) and thread
+# layouts side by side, 2 and 3 cameras at 96x128, 224x224 and 480x640, batches of 1 and 8
+# (docs/benchmarks.md, "JPEG decode of a batch"; a minute or two).
+.PHONY: bench-jpeg-batch
+bench-jpeg-batch: $(STAMP)
+	$(PY) -m benchmarks.studies.jpeg_batch
+
 # Rosa's workloads on the real stack (docs/studies/pipelines.md, "Multi-model pipelines: planned fleet vs
 # baselines, measured"; rewrites its generated block): planned, shared and dedicated deployments written by the deployment code,
 # server processes from their manifests, the real pipeline clients; ~25 min on 2 cores with the

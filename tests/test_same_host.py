@@ -162,7 +162,7 @@ class Recorded:
         self.written: dict[int, dict] = {}
         self.served: dict[int, dict] = {}
         self.lock = threading.Lock()
-        write, prepare = same_host.FrameRing.write, Executor.prepare
+        write, prepare_batch = same_host.FrameRing.write, Executor.prepare_batch
 
         def recording_write(ring, fr):
             ref = write(ring, fr)
@@ -170,15 +170,16 @@ class Recorded:
                 self.written[ref.generation] = {n: np.array(a) for n, a in fr.items()}
             return ref
 
-        def recording_prepare(executor, client_id, obs, *args, **kwargs):
-            request = prepare(executor, client_id, obs, *args, **kwargs)
-            if obs.shared_frames is not None:
-                with self.lock:
-                    self.served[obs.shared_frames.generation] = {n: np.array(a) for n, a in request.images.items()}
-            return request
+        def recording_prepare(executor, items):
+            requests = prepare_batch(executor, items)
+            for (_, obs, _), request in zip(items, requests, strict=True):
+                if obs.shared_frames is not None and not isinstance(request, Exception):
+                    with self.lock:
+                        self.served[obs.shared_frames.generation] = {n: np.array(a) for n, a in request.images.items()}
+            return requests
 
         monkeypatch.setattr(same_host.FrameRing, "write", recording_write)
-        monkeypatch.setattr(Executor, "prepare", recording_prepare)
+        monkeypatch.setattr(Executor, "prepare_batch", recording_prepare)
 
 
 def test_a_client_on_the_same_host_sends_raw_frames_that_arrive_bit_exact(port, app_key, monkeypatch):

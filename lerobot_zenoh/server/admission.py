@@ -19,8 +19,8 @@ the engine picked goes through before it is run, whichever path runs it (docs/ar
 - `prepare(model, batch, reject)`: the admission step of a batch, shared by the batch path
   (`Serving.serve`, and the local engine of a model with engines) and the iteration-level
   path (`Serving.serve` of an iteration-level runner): the engine's rejections counted; each item decoded,
-  routed (task streams) and prepared by the executor; the runner's state of a session whose
-  episode or client process changed dropped. A request that cannot be served is rejected with its
+  routed (task streams) and prepared by the executor (together: one JPEG decode for the batch); the
+  runner's state of a session whose episode or client process changed dropped. A request that cannot be served is rejected with its
   reason (counted against its client) and costs the others nothing.
 """
 
@@ -121,26 +121,43 @@ def observation(model: ServedModel, session: Session, slot: Slot) -> Observation
 
 
 def prepare(model: ServedModel, batch: Batch, reject: Reject) -> list[Ready]:
-    """The requests of `batch` that can be run, in order; the others rejected through `reject`."""
+    """The requests of `batch` that can be run, in order; the others rejected through `reject`.
+
+    The executor prepares the picked observations together (`Executor.prepare_batch`: one JPEG decode
+    for the batch); a model serving task streams (`routing`) prepares each on its own, as its route
+    says."""
     for session, _slot, reason, detail in batch.rejected:
         reject(session, reason, detail)
-    ready = []
-    routing = model.routing
+    picked = []
     for session, slot in batch.items:
         try:
-            obs = observation(model, session, slot)
-            if routing is None:
-                request = model.executor.prepare(session.client_id, obs)
-            else:
-                request = routing.request(model.executor, model.runner, session.client_id, obs, slot.task)
-                if request is None:
-                    model.session_table.release(session)
-                    continue  # it asks another component of its task
+            picked.append((session, slot, observation(model, session, slot)))
         except ProtocolError as exc:
             model.session_table.release(session)  # picked, refused now: computed no longer
             reject(session, exc.reason, str(exc))
+    routing = model.routing
+    if routing is None:
+        requests = model.executor.prepare_batch([(session.client_id, obs, None) for session, _, obs in picked])
+    else:
+        requests = [_routed(model, session.client_id, obs, slot.task) for session, slot, obs in picked]
+    ready = []
+    for (session, slot, obs), request in zip(picked, requests, strict=True):
+        if isinstance(request, ProtocolError):
+            model.session_table.release(session)
+            reject(session, request.reason, str(request))
             continue
+        if request is None:
+            model.session_table.release(session)
+            continue  # it asks another component of its task
         if model.session_table.take_reset(session):
             model.runner.forget(session.client_id)  # a new episode or a restarted client
         ready.append(Ready(session, slot, obs, request))
     return ready
+
+
+def _routed(model: ServedModel, client_id: str, obs: Observation, task: str | None):
+    """The routed request of one observation (`Routing.request`), None, or its ProtocolError."""
+    try:
+        return model.routing.request(model.executor, model.runner, client_id, obs, task)
+    except ProtocolError as exc:
+        return exc

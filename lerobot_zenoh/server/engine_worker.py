@@ -160,7 +160,7 @@ class EngineWorker:
 
     def _serve(self, model: EngineModel, taken: list[tuple[float, bytes]]) -> None:
         entry = model.entry
-        ready = []  # (request message, inference request, arrival)
+        pending = []  # (request message, observation, arrival): prepared together below
         answers: list[EngineAnswer] = []
         for arrival_s, payload in taken:
             try:
@@ -180,13 +180,20 @@ class EngineWorker:
                     if msg.reset or msg.client_id not in model.clients:
                         model.runner.forget(msg.client_id)
                     self._remember(model, msg.client_id)
-                    request = replace(model.executor.prepare(msg.client_id, obs), seed=msg.seed)
-                    ready.append((msg, request, arrival_s))
+                    pending.append((msg, obs, arrival_s))
                 except ProtocolError as exc:
                     error = (exc.reason, str(exc))
             if error is not None:
                 model.counts[f"refused.{error[0]}"] += 1
                 answers.append(self._answer(model, msg, error=error[0], detail=error[1]))
+        ready = []  # (request message, inference request, arrival)
+        prepared = model.executor.prepare_batch([(msg.client_id, obs, None) for msg, obs, _ in pending])
+        for (msg, _, arrival_s), request in zip(pending, prepared, strict=True):
+            if isinstance(request, ProtocolError):
+                model.counts[f"refused.{request.reason}"] += 1
+                answers.append(self._answer(model, msg, error=request.reason, detail=str(request)))
+            else:
+                ready.append((msg, replace(request, seed=msg.seed), arrival_s))
         if ready:
             t0 = time.monotonic()
             results = model.executor.infer([r for _, r, _ in ready])

@@ -2,12 +2,16 @@
 
     decode(payload, header)           the observation's body (the server's only msgpack decode of one),
                                       checked against the header admission read (`header_mismatch`)
-    prepare(session_id, observation)  check it against the model's spec, decode its JPEG frames
-                                      (cameras in parallel) or take views of its same-host frames
-                                      (no copy, transport/same_host.py), build the runner's request (with the
+    prepare_batch(items)              check each picked observation against the model's spec, decode
+                                      the JPEG frames of all of them at once (server/jpeg_batch.py: every
+                                      header checked first; on the CPU, frames of every request on
+                                      parallel threads; on the model's CUDA device with
+                                      `images_on_device`) or take views of their same-host frames (no
+                                      copy, transport/same_host.py), build each runner request (with the
                                       observation's real-time-chunking inputs in its extras when the
                                       runner takes them), let the runner refuse it (`check_request`,
-                                      e.g. task_too_long)
+                                      e.g. task_too_long); `prepare(session_id, observation)`: the
+                                      same for one observation
     infer(requests)                   one `runner.run` call for the whole batch; if it fails, each
                                       request again on its own so that only the bad one fails; a
                                       request whose same-host frames were rewritten while the model
@@ -27,7 +31,7 @@ from __future__ import annotations
 import logging
 import zlib
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -44,6 +48,7 @@ from lerobot_zenoh.protocol.messages import (
 )
 from lerobot_zenoh.protocol.reasons import OutputKind, Reason
 from lerobot_zenoh.scheduling.horizon import HorizonPolicy
+from lerobot_zenoh.server.jpeg_batch import JpegBatchDecoder
 from lerobot_zenoh.server.runners.base import (
     RTC_EXTRA,
     RTC_EXTRA_DELAY,
@@ -60,6 +65,17 @@ log = logging.getLogger(__name__)
 def request_seed(client_id: str, seq_id: int) -> int:
     """The sampling seed of one request: a function of who asked and which observation, nothing else."""
     return (zlib.crc32(client_id.encode()) << 32) ^ (seq_id & 0xFFFFFFFF)
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """An observation that passed the checks made before its JPEG frames are decoded."""
+
+    obs: Observation
+    state: np.ndarray  # float32
+    images: dict[str, np.ndarray]  # same-host frames: views of the client's ring
+    history_frames: tuple  # the `HistoryFrame`s the model reads, oldest first
+    history_states: tuple[np.ndarray, ...]  # their states, float32
 
 
 class Executor:
@@ -86,11 +102,17 @@ class Executor:
         # dispatches to several engines (server/dispatch.py); None: a server with one engine.
         self.served_by: tuple[str, str] | None = None
         self.batch_fallbacks = 0  # batches that failed and were served one request at a time
-        cameras = len(self.spec.cameras)
-        self._jpeg = (ThreadPoolExecutor(max_workers=cameras - 1, thread_name_prefix="jpeg")
-                      if cameras > 1 else None)
+        # A batch's JPEG frames decode at once, on as many threads as the model has cameras (the
+        # calling one included), or on the runner's CUDA device when it takes its images there.
+        self._jpeg = JpegBatchDecoder(threads=len(self.spec.cameras), device=self.spec.capabilities.image_device,
+                                      limits=limits)
         self._frames = same_host.FrameReader()  # same-host rings, mapped once each
         self._shared: dict[int, object] = {}  # id(request) -> its SharedFrames, until `infer` checks them
+
+    @property
+    def jpeg_device_fallbacks(self) -> int:
+        """Batches whose JPEG frames nvJPEG could not decode, decoded on the CPU instead (telemetry)."""
+        return self._jpeg.device_fallbacks
 
     @property
     def shared_memory_figures(self) -> dict[str, int]:
@@ -99,8 +121,7 @@ class Executor:
                 "shm_orphans_removed": self._frames.orphans_removed}
 
     def close(self) -> None:
-        if self._jpeg is not None:
-            self._jpeg.shutdown(wait=False)
+        self._jpeg.close()
         self._frames.close()
 
     def decode(self, payload: bytes, header: ObservationHeader | None = None) -> Observation:
@@ -113,10 +134,55 @@ class Executor:
         return obs
 
     def prepare(self, client_id: str, obs: Observation, extras: dict | None = None) -> InferenceRequest:
-        """Check the observation against the model's features and decode its images; ProtocolError if not.
+        """One observation's request (`prepare_batch` of one); ProtocolError if it cannot be served."""
+        (request,) = self.prepare_batch([(client_id, obs, extras)])
+        if isinstance(request, ProtocolError):
+            raise request
+        return request
+
+    def prepare_batch(self, items: Sequence[tuple[str, Observation, dict | None]]
+                      ) -> list[InferenceRequest | ProtocolError]:
+        """Check each (client id, observation, extras) against the model's features, decode the JPEG
+        frames of all of them at once, build each runner request: one result per item, in order, the
+        request or the ProtocolError that refuses it (one bad observation never costs the others).
 
         `extras`: what the caller adds to the request's extras (a multi-model task's query,
-        `server/routing.py`), there before the runner checks the request."""
+        `server/routing.py`), there before the runner checks the request. Per observation, the first
+        failing check gives the reason: the client id, the state, the camera names, its same-host
+        frames, its history frames' states and cameras; then its JPEG frame headers (size, pixel
+        limit: every header of the batch is read before any pixel is decoded), then their pixels;
+        then its RTC inputs and the runner's own check (`check_request`, e.g. task_too_long).
+        """
+        checked: list[_Checked | ProtocolError] = []
+        for client_id, obs, _ in items:
+            try:
+                checked.append(self._check(client_id, obs))
+            except ProtocolError as exc:
+                checked.append(exc)
+        # One decode for the whole batch (server/jpeg_batch.py): each observation's cameras, then its
+        # history frames, in that order: the first bad one gives the observation's reason.
+        sets, owners = [], []
+        for k, c in enumerate(checked):
+            if not isinstance(c, ProtocolError):
+                for frames in (c.obs.images, *(frame.images for frame in c.history_frames)):
+                    sets.append(frames)  # an empty one (every camera same-host) decodes to {}
+                    owners.append(k)
+        decoded: dict[int, list] = {}
+        for k, images in zip(owners, self._jpeg.decode(sets, self.spec.cameras), strict=True):
+            decoded.setdefault(k, []).append(images)
+        out: list[InferenceRequest | ProtocolError] = []
+        for k, (c, (client_id, obs, extras)) in enumerate(zip(checked, items, strict=True)):
+            if not isinstance(c, ProtocolError):
+                try:
+                    c = self._request(client_id, c, decoded[k], extras)
+                except ProtocolError as exc:
+                    c = exc
+            out.append(c)
+        return out
+
+    def _check(self, client_id: str, obs: Observation) -> _Checked:
+        """What can be checked of `obs` before its JPEG frames are decoded (ProtocolError otherwise);
+        its same-host frames read (views of the client's ring)."""
         spec = self.spec
         if obs.client_uuid != client_id:
             raise ProtocolError(Reason.CLIENT_MISMATCH, f"client_uuid {obs.client_uuid!r} published on {client_id!r}'s key")
@@ -127,25 +193,17 @@ class Executor:
             raise ProtocolError(Reason.BAD_STATE, "state has NaN or infinite values")
         shared = obs.shared_frames
         sent = [*obs.images, *(shared.frames if shared is not None else ())]
-        jpegs = obs.images
         if len(sent) != len(set(sent)) or set(sent) != set(spec.cameras):
             raise ProtocolError(Reason.WRONG_CAMERAS, f"cameras {sorted(sent)}, expected {sorted(spec.cameras)}")
         # Same-host frames are read in place: read-only views of the client's ring, mapped once per
         # client (transport/same_host.py), checked again in `infer` after the model has read them.
-        # JPEG cameras are decoded, the first on this thread and the others at the same time on
-        # helper threads (libjpeg-turbo releases the GIL), so two cameras cost one decode of wall
-        # time when a core is free.
-        images = {}
-        if shared is not None:
-            images = self._frames.read(shared, {c: spec.cameras[c] for c in shared.frames})
-        if jpegs:
-            images |= self._decode(jpegs)
-        images = {c: images[c] for c in spec.cameras}
+        images = self._frames.read(shared, {c: spec.cameras[c] for c in shared.frames}) if shared is not None else {}
         # A model conditioning on n > 1 steps reads the client's last n - 1 frames (older ones and
         # any sent to a model without history are ignored, undecoded).
         wanted = spec.capabilities.history_length - 1
-        history = []
-        for i, frame in enumerate(obs.history[-wanted:] if wanted > 0 else ()):
+        frames = tuple(obs.history[-wanted:]) if wanted > 0 else ()
+        history_states = []
+        for frame in frames:
             if frame.state.shape != (spec.state_dim,):
                 raise ProtocolError(Reason.BAD_HISTORY, f"history frame state has shape {frame.state.shape}, "
                                                    f"expected ({spec.state_dim},)")
@@ -155,28 +213,30 @@ class Executor:
             if set(frame.images) != set(spec.cameras):
                 raise ProtocolError(Reason.BAD_HISTORY, f"history frame cameras {sorted(frame.images)}, "
                                                    f"expected {sorted(spec.cameras)}")
-            history.append((past, self._decode(frame.images)))
+            history_states.append(past)
+        return _Checked(obs, state, images, frames, tuple(history_states))
+
+    def _request(self, client_id: str, c: _Checked, decoded: list, extras: dict | None) -> InferenceRequest:
+        """The runner's request of a checked observation whose JPEG frame sets were decoded
+        (`decoded`: its cameras', then each history frame's: results of `JpegBatchDecoder.decode`)."""
+        for result in decoded:
+            if isinstance(result, ProtocolError):
+                raise result
+        obs, spec = c.obs, self.spec
+        images = c.images | decoded[0]
+        images = {camera: images[camera] for camera in spec.cameras}
+        history = tuple(zip(c.history_states, decoded[1:], strict=True))
         rtc = self._rtc(obs)
         extras = dict(extras or {})
         if rtc is not None:
             extras[RTC_EXTRA] = rtc
-        request = InferenceRequest(session_id=client_id, state=state, images=images, task=obs.task,
+        request = InferenceRequest(session_id=client_id, state=c.state, images=images, task=obs.task,
                                    seed=request_seed(client_id, obs.seq_id), episode_id=obs.episode_id,
-                                   history=tuple(history), extras=extras)
+                                   history=history, extras=extras)
         self.runner.check_request(request)  # e.g. task_too_long, before it can fail a whole batch
-        if shared is not None:
-            self._shared[id(request)] = shared
+        if obs.shared_frames is not None:
+            self._shared[id(request)] = obs.shared_frames
         return request
-
-    def _decode(self, jpegs: dict[str, bytes]) -> dict[str, np.ndarray]:
-        """The frame of every camera in `jpegs` (all of them: checked by the caller), checked against its expected size (ProtocolError otherwise)."""
-        cameras = [(name, hw) for name, hw in self.spec.cameras.items() if name in jpegs]
-        others = [(name, self._jpeg.submit(codec.decode_jpeg, jpegs[name], hw, self.limits))
-                  for name, hw in cameras[1:]]
-        images = {name: codec.decode_jpeg(jpegs[name], hw, self.limits) for name, hw in cameras[:1]}
-        for name, decoded in others:
-            images[name] = decoded.result()
-        return images
 
     def _rtc(self, obs: Observation) -> RtcInputs | None:
         """The observation's RTC inputs as the runner takes them (float32), checked against the model.

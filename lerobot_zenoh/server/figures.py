@@ -75,6 +75,7 @@ def model_figures(model: ServedModel) -> tuple[dict, dict]:
         **{f"answers.{kind}": n for kind, n in model.answers.items()},
         "batch_size_mean": float(np.mean(snap.batch_sizes)) if snap.batch_sizes else 1.0,
         "batch_fallbacks": model.executor.batch_fallbacks,
+        "jpeg_device_fallbacks": model.executor.jpeg_device_fallbacks,
         **model.executor.shared_memory_figures,
         **model.runner.figures(),  # the runner's own: language.*, decode.*, vlm.*
         "max_batch_size": model.max_batch_size,

@@ -263,6 +263,9 @@ class ModelEntry(Settings):
     # Weights and activations: float32 (fp32) or bfloat16 (bf16; VLAs only, refused at start-up by
     # families that cannot serve it).
     dtype: Literal["float32", "fp32", "bfloat16", "bf16"] = "float32"
+    # CUDA only: decode the JPEG frames of each batch on the device (nvJPEG) and copy the others there
+    # as uint8 through pinned memory (runners/device_images.py); not measured on a GPU yet.
+    images_on_device: bool = False
     # Local folders for assets a checkpoint names but does not hold (VLAs; docs/policies.md): its
     # tokenizer, and SmolVLA's VLM config + processor. Resolved like pretrained_path.
     tokenizer_path: str | None = None
@@ -331,6 +334,10 @@ class ModelEntry(Settings):
             raise ValueError("language needs pretrained_path (a pi05 checkpoint) and no vlm")
         if self.decode is not None and (self.pretrained_path is None or self.vlm is not None or self.language):
             raise ValueError("decode needs pretrained_path (a pi0_fast checkpoint), no vlm and no language")
+        if self.images_on_device and not self.device.startswith("cuda"):
+            raise ValueError(f"images_on_device needs a CUDA device, the model is on {self.device!r}")
+        if self.images_on_device and (self.pretrained_path is None or self.vlm is not None):
+            raise ValueError("images_on_device needs pretrained_path (a LeRobot checkpoint) and no vlm")
         for p in self.pipeline:
             if p.text is not None and self.language is None:
                 raise ValueError(f"pipeline: task {p.task!r}: text ({p.text.component}) needs this entry's "

@@ -135,6 +135,8 @@ METRICS: list[Metric] = [
     _g("batch_size_mean", "batch_size_mean", "Observations per forward pass, mean of the last 256 passes", S),
     _g("max_batch_size", "max_batch_size", "Most observations per forward pass in use", S),
     _c("batch_fallbacks", "batch_fallbacks", "Batches that failed and were served again one request at a time", S),
+    _c("jpeg_device_fallbacks", "jpeg_device_fallbacks",
+       "Batches whose JPEG frames nvJPEG could not decode, decoded on the CPU instead (images_on_device)", S),
     _g("compile.buckets", "compile_buckets", "Batch sizes served by a compiled graph (0: eager)", S),
     _c("compile.eager_calls", "compile_eager_calls",
        "Calls of a compiled model run eager instead (a shape no graph was compiled for)", S),

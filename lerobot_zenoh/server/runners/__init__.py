@@ -171,6 +171,7 @@ def load_runner(manifest: Manifest, entry: ModelEntry) -> PolicyRunner:
         rtc=entry.rtc,
         compile=entry.compile,
         max_batch=entry.max_batch_size if isinstance(entry.max_batch_size, int) else entry.profile_max_batch,
+        images_on_device=entry.images_on_device,
         field_prefix=field,
     )
     if entry.language is not None:  # pi0.5 answering text from the prefill of its actions

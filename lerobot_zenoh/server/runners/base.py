@@ -85,6 +85,10 @@ class RunnerCapabilities:
     - `settings_blocks`: the manifest blocks that configure this family and the method that takes
       each validated block (``{"decode": "configure_decode"}`` for pi0-FAST); a block given to a
       runner that does not declare it is refused at start-up naming the field.
+    - `image_device`: the CUDA device (``"cuda:0"``) the runner takes its images on, when it is
+      served with ``images_on_device`` (runners/device_images.py): the server then decodes JPEG
+      frames there, and a request's images may be uint8 (H, W, 3) torch tensors on that device as
+      well as numpy arrays. None: numpy arrays only.
     """
 
     max_batch: int | None = 1
@@ -97,6 +101,7 @@ class RunnerCapabilities:
     iteration_level: bool = False
     streams_text: bool = False
     settings_blocks: tuple[tuple[str, str], ...] = ()  # (manifest block, method taking it)
+    image_device: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_batch is not None and (not isinstance(self.max_batch, int) or self.max_batch < 1):
@@ -212,7 +217,8 @@ class InferenceRequest:
     `session_id` is the client id whose session this is (history is kept per session); `seed` fixes
     any sampling noise; `episode_id` is the client's episode, when it sends one; `extras` holds inputs
     a family needs beyond the observation (e.g. a real-time-chunking prefix), keyed by name;
-    `history` the client's previous frames, when it sends them.
+    `history` the client's previous frames, when it sends them. `images`: RGB uint8 (H, W, 3) numpy
+    arrays, or torch tensors on the runner's device when its spec declares one (`image_device`).
     """
 
     session_id: str
@@ -368,9 +374,15 @@ def check_observation(spec: PolicySpec, state: np.ndarray, images: dict[str, np.
         raise PolicyError(f"state must be numeric, got dtype {state.dtype}")
     if set(images) != set(spec.cameras):
         raise PolicyError(f"expected images for cameras {sorted(spec.cameras)}, got {sorted(images)}")
+    device = spec.capabilities.image_device
     for cam, (h, w) in spec.cameras.items():
         img = images[cam]
-        if not isinstance(img, np.ndarray) or img.shape != (h, w, 3) or img.dtype != np.uint8:
+        if isinstance(img, np.ndarray):
+            ok = img.shape == (h, w, 3) and img.dtype == np.uint8
+        else:  # a frame decoded on the runner's device, when it takes them (no torch import here)
+            ok = (device is not None and str(getattr(img, "device", "")) == device
+                  and tuple(getattr(img, "shape", ())) == (h, w, 3) and str(getattr(img, "dtype", "")) == "torch.uint8")
+        if not ok:
             shape = getattr(img, "shape", type(img).__name__)
             dtype = getattr(img, "dtype", None)
             raise PolicyError(f"image {cam!r} must be uint8 ({h}, {w}, 3), got {dtype} {shape}")

@@ -289,8 +289,16 @@ class FlowMatchingRunner(LeRobotRunner):
         return torch.randn((self.spec.chunk_size, self._max_action_dim), generator=generator)
 
     def _stack(self, requests: Sequence[InferenceRequest]) -> dict[str, Any]:
-        """LeRobot's rollout observation for each request, stacked on dim 0, tasks as a list."""
+        """LeRobot's rollout observation for each request, stacked on dim 0, tasks as a list (made on
+        the device when the model takes its images there: `device_images`)."""
         import torch
+
+        if self.spec.capabilities.image_device is not None:
+            from lerobot_zenoh.server.runners.device_images import observation_tensors
+
+            observation: dict[str, Any] = observation_tensors(
+                self.spec, [r.state for r in requests], [r.images for r in requests], self.device)
+            return observation | {"task": [r.task if r.task else "" for r in requests], "robot_type": ""}
         from lerobot.policies import prepare_observation_for_inference
         from lerobot.utils.feature_utils import build_dataset_frame
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -90,7 +90,8 @@ class LoadOptions:
     SmolVLA's VLM config and processor). `rtc`: real-time chunking (refused at load by a family
     that cannot do it). `compile`: compiled inference (runners/compiled.py), with batch buckets up to
     `max_batch` unless it lists its own. `field_prefix` (e.g. ``"server[pi0]."``) makes errors name
-    the manifest field to set.
+    the manifest field to set. `images_on_device` (CUDA only): JPEG frames decoded on the device and
+    the others copied there as uint8 through pinned memory (runners/device_images.py).
     """
 
     device: str = "cpu"
@@ -100,6 +101,7 @@ class LoadOptions:
     rtc: RtcSettings = RtcSettings()
     compile: CompileSettings = CompileSettings()
     max_batch: int = 1
+    images_on_device: bool = False
     field_prefix: str = ""
 
     def field(self, name: str) -> str:
@@ -203,12 +205,25 @@ class LeRobotRunner(BaseRunner):
         if options.rtc.enabled and not cls.supports_rtc:
             raise PolicyError(f"{options.field('rtc.enabled')}: {config.type} cannot do real-time chunking "
                               "(only the flow-matching VLAs can: smolvla, pi0, pi05)")
+        image_device = None
+        if options.images_on_device:
+            if torch_device.type != "cuda":
+                raise PolicyError(f"{options.field('images_on_device')}: decoding images on the device needs a CUDA "
+                                  f"device, the model is on {options.device!r}")
+            try:
+                import torchvision.io  # noqa: F401  (nvJPEG's decoder)
+            except ImportError as exc:  # pragma: no cover - depends on the installation
+                raise PolicyError(f"{options.field('images_on_device')}: torchvision is not importable: {exc}") from exc
+            index = torch_device.index if torch_device.index is not None else torch.cuda.current_device()
+            image_device = f"cuda:{index}"
         weights = path / WEIGHTS_FILE
         if not weights.is_file():
             raise PolicyError(f"{weights}: missing: cannot load a checkpoint without its weights")
         config.device = torch_device.type
         cls.prepare_config(path, config, options)
-        spec = _spec_from_config(path, config, cls.chunk_size_for(config), cls.capabilities_for(config))
+        # Read after prepare_config, which sets what they depend on (e.g. the RTC config).
+        capabilities = replace(cls.capabilities_for(config), image_device=image_device)
+        spec = _spec_from_config(path, config, cls.chunk_size_for(config), capabilities)
         try:
             policy = cls.load_policy(path, config, options)
         except PolicyError:
@@ -384,7 +399,14 @@ class LeRobotRunner(BaseRunner):
         return out
 
     def _preprocess(self, state: np.ndarray, images: dict[str, np.ndarray], task: str) -> dict[str, Any]:
-        """Exactly LeRobot's rollout path: dataset frame -> tensors -> saved preprocessor."""
+        """Exactly LeRobot's rollout path: dataset frame -> tensors -> saved preprocessor (the same
+        tensors made on the device when the model takes its images there: `device_images`)."""
+        if self.spec.capabilities.image_device is not None:
+            from lerobot_zenoh.server.runners.device_images import observation_tensors
+
+            observation: dict[str, Any] = observation_tensors(self.spec, [state], [images], self.device)
+            observation |= {"task": task if task else "", "robot_type": ""}
+            return self.preprocessor(observation)
         from lerobot.policies import prepare_observation_for_inference
         from lerobot.utils.feature_utils import build_dataset_frame
 
