@@ -244,9 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1,
                    help="the server's torch threads (OMP_NUM_THREADS); the driver uses the machine's other core")
     p.add_argument("--max-fleet", type=int, default=48, help="the capacity searches stop here")
-    p.add_argument("--eager-guess", type=int, default=None,
+    p.add_argument("--eager-guess", type=int, default=16,
                    help="where the eager search starts (a guess: it only saves points); the compiled search "
-                        "starts from twice the eager capacity")
+                        "starts from 1.5 times the eager capacity")
     p.add_argument("--pause-s", type=float, default=2.0, help="between two runs on the same server")
     p.add_argument("--startup-timeout-s", type=float, default=1800.0, help="a cold compile of every bucket")
     p.add_argument("--port", type=int, default=None, help="the server's port (default: a free one)")
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.max_batch, args.seeds, args.warmup_s, args.measure_s, args.max_fleet = 2, 1, 3.0, 6.0, 3
-        args.eager_guess = args.eager_guess or 2
+        args.eager_guess = 2
     args.out = str(Path(args.out).resolve())  # the server process runs from the repository root
     args.cache_dir = str(Path(args.cache_dir or Path(args.out) / f"inductor-{args.threads}t").resolve())
     Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     found: dict[str, dict] = {}
     found["eager"] = serve_and_search("eager", args, tasks, frames, None, args.eager_guess)
     found["compiled"] = serve_and_search("compiled", args, tasks, frames, found["eager"]["budget"],
-                                         2 * found["eager"]["n"])
+                                         round(1.5 * found["eager"]["n"]))
     body = report(found, args)
     print(body)
     (Path(args.out) / "result.json").write_text(json.dumps(
