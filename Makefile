@@ -95,9 +95,9 @@ bench-compile: $(STAMP)
 # What compiling does to one server's capacity: the fleet benchmark's robots, each sending two JPEG
 # cameras and a task, against a server serving a tiny pi0 eager, then compiled (every batch bucket up
 # to max batch 8); the largest fleet within the stall budget for each, with chunks/s and chunk latency
-# at it. About 25 min on 2 cores, plus the first compile of the buckets (minutes; inductor's cache is
-# kept in outputs/compiled_capacity/). BENCH_COMPILED_CAPACITY_ARGS=--quick: a smoke run (~3 min with
-# the cache warm).
+# at it. About 16 min on 2 cores, plus about 9 min the first time to compile the buckets (inductor's
+# cache is kept in outputs/compiled_capacity/). BENCH_COMPILED_CAPACITY_ARGS=--quick: a smoke run
+# (~3 min with the cache warm).
 BENCH_COMPILED_CAPACITY_ARGS ?=
 .PHONY: bench-compiled-capacity
 bench-compiled-capacity: $(STAMP)
