@@ -92,6 +92,17 @@ test-compile: $(STAMP)
 bench-compile: $(STAMP)
 	$(PY) -m benchmarks.studies.compiled $(BENCH_COMPILE_ARGS)
 
+# What compiling does to one server's capacity: the fleet benchmark's robots, each sending two JPEG
+# cameras and a task, against a server serving a tiny pi0 eager, then compiled (every batch bucket up
+# to max batch 8); the largest fleet within the stall budget for each, with chunks/s and chunk latency
+# at it. About 16 min on 2 cores, plus about 9 min the first time to compile the buckets (inductor's
+# cache is kept in outputs/compiled_capacity/). BENCH_COMPILED_CAPACITY_ARGS=--quick: a smoke run
+# (~3 min with the cache warm).
+BENCH_COMPILED_CAPACITY_ARGS ?=
+.PHONY: bench-compiled-capacity
+bench-compiled-capacity: $(STAMP)
+	$(PY) -m benchmarks.studies.compiled_capacity $(BENCH_COMPILED_CAPACITY_ARGS)
+
 # The serving core's pure parts (scheduler, placement, the dispatcher with a fake link and clock): seconds.
 test-core: $(STAMP)
 	$(PY) -m pytest -m core

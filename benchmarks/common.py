@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -244,12 +244,14 @@ class ServerProcess:
     """A policy server on `manifest` (a dict written to a temporary YAML file), in its own process
     running this checkout's code (or that of `source`, another checkout: a before/after pair);
     `ready()`, when given, is polled until true (at most `ready_timeout_s`) before the block starts.
+    `env`: variables added to its environment (e.g. ``OMP_NUM_THREADS``, its torch thread count).
     Stopped with SIGTERM at exit (killed after `stop_timeout_s`)."""
 
     def __init__(self, manifest: dict, log_path: Path, *, launcher: Sequence[str] = ("-m", "lerobot_zenoh.cli.server"),
                  ready: Callable[[], bool] | None = None, ready_timeout_s: float = 180.0, stop_timeout_s: float = 10.0,
-                 source: Path = ROOT):
+                 source: Path = ROOT, env: Mapping[str, str] | None = None):
         self.manifest, self.log_path, self.launcher, self.source = manifest, Path(log_path), tuple(launcher), Path(source)
+        self.env = dict(env or {})
         self.ready, self.ready_timeout_s, self.stop_timeout_s = ready, ready_timeout_s, stop_timeout_s
         self.proc: subprocess.Popen | None = None
 
@@ -260,7 +262,7 @@ class ServerProcess:
         path = self._folder / "manifest.yaml"
         path.write_text(yaml.safe_dump(self.manifest))
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in __exit__
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(self.source)}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(self.source), **self.env}
         self.proc = subprocess.Popen([sys.executable, *self.launcher, "--manifest", str(path)], stdout=self._log,
                                      stderr=subprocess.STDOUT, env=env, cwd=self.source)  # (-m reads cwd first)
         if self.ready is not None:

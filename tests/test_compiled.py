@@ -87,6 +87,20 @@ def test_the_manifests_cache_folder_is_where_inductor_reads_it(tmp_path, monkeyp
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "inductor")
 
 
+def test_a_relative_cache_folder_reaches_inductor_absolute(tmp_path, monkeypatch):
+    """A manifest named by a relative path (``--manifest m.yaml``): inductor compiles C++ from another
+    folder, and every compilation failed with the relative cache path it was given."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "unset")
+    monkeypatch.chdir(tmp_path)
+    m = parse_manifest({"cluster_uuid": "c", "experiment_tag": "e", "compile_cache_dir": "cache/inductor",
+                        "server": [{"model_id": "m", "model_version": "v", "application_tag": "a",
+                                    "pretrained_path": "missing", "accept_unknown_clients": True,
+                                    "compile": "default"}]}, source="m.yaml")
+    with pytest.raises(PolicyError):
+        load_runner(m, m.server[0])
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "inductor")
+
+
 def test_a_model_that_is_not_compiled_refuses_the_field():
     m = manifest(pretrained_path=None, compile="default",
                  synthetic={"state_dim": 2, "action_dim": 2, "chunk_size": 4})

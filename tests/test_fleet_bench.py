@@ -54,6 +54,27 @@ def test_generated_manifests_are_valid_for_every_lever(tmp_path):
         assert m.server[0].max_batch_size == {"auto": "auto", "16": 16}.get(kw.get("max_batch"), 1)
 
 
+def test_the_compiled_capacity_study_serves_pi0_both_ways_to_robots_that_send_what_it_reads(tmp_path):
+    """`benchmarks/studies/compiled_capacity.py`: the eager and compiled manifests differ only in `compile`,
+    and its robots send a 6-D state, both cameras as 96x128 JPEG and a task, as the reference client does."""
+    from benchmarks.studies import compiled_capacity as study
+    from lerobot_zenoh.protocol import codec
+    from lerobot_zenoh.server.manifest import parse_manifest
+
+    eager, compiled = (study.manifest(mode, 7999, tmp_path / "pi0", tmp_path / "cache", 8) for mode in study.MODES)
+    assert {**eager["server"][0], "compile": None} == {**compiled["server"][0], "compile": None}
+    assert [parse_manifest(m).server[0].compile.mode for m in (eager, compiled)] == ["off", "default"]
+    sent = []
+    robot = study.CameraRobot("r000", RunConfig(), SimpleNamespace(put=sent.append), phase=3,
+                              frames=study.camera_frames(2))
+    robot.start_task(Task(static_h=10, length=40, rounds=(10,)), now=0.0, measured=True)
+    robot.tick(0.0, fleet_zenoh.Counters())  # an empty buffer: the first tick asks for a chunk
+    obs = codec.decode_observation(sent[0])
+    assert obs.state.shape == (study.STATE_DIM,) and obs.task in study.TASKS and obs.seq_id == 1
+    assert {name: codec.decode_jpeg(data).shape for name, data in obs.images.items()} == \
+        {name: (h, w, 3) for name, (h, w) in study.CAMERAS.items()}
+
+
 def test_largest_fleet_search_from_a_guess_is_exact_to_one_robot():
     """The real study's search (the model's, started from a guess) with a fake run whose stalls start above 23 robots."""
     tried = []

@@ -76,6 +76,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -252,15 +253,22 @@ class VirtualRobot:
             c.first_wait += c.counting
         return False
 
-    def _send(self, now: float, c: Counters) -> None:
-        self.seq += 1
+    def observation(self, now: float) -> Observation:
+        """The observation this robot sends now, for request `self.seq`: the synthetic model's state
+        (what it reads for the dynamic horizon), no cameras, no task. A robot for a real model sends
+        what its model reads instead (`benchmarks/studies/compiled_capacity.py`)."""
         trusted = self.task.trusted_actions(self.progress) if self.cfg.horizon == "dynamic" else 0
         state = np.array([trusted, self.progress], dtype=np.float32)
         info = ExecutionInfo(task_elapsed_s=now - self.task_start_s, actions_buffered=self.buffer.depth,
                              control_period_s=DT_S)
+        return Observation(self.seq, self.client_id, state, {}, "", info, episode_id=str(self.episode),
+                           session_nonce=self.session_nonce)
+
+    def _send(self, now: float, c: Counters) -> None:
+        self.seq += 1
+        payload = codec.encode(self.observation(now))
         self.intake.on_send(self.seq, self.buffer.next_step, now)
-        self.publisher.put(codec.encode(Observation(self.seq, self.client_id, state, {}, "", info,
-                                                    episode_id=str(self.episode), session_nonce=self.session_nonce)))
+        self.publisher.put(payload)
         c.sent += c.counting
 
     def on_chunk(self, payload: bytes, arrived_s: float, c: Counters) -> None:
@@ -293,92 +301,110 @@ def free_port() -> int:
 
 def run(cfg: RunConfig, tasks: list[Task], out: Path = OUT, port: int | None = None, verbose: bool = True,
         zenoh_overrides: dict[str, str] | None = None) -> dict:
-    """One measured run; returns its figures (see the module docstring)."""
+    """One measured run on a server of its own (the synthetic model); returns its figures (see the
+    module docstring)."""
     out.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
-    rng = np.random.default_rng(cfg.seed)
-    inbox: queue.SimpleQueue = queue.SimpleQueue()
-    telemetry: list[tuple[float, bytes]] = []  # (arrival, payload), decoded after the run
-    started = time.perf_counter()
     driver_settings = loopback_settings(connect_ports=(port,))
     if zenoh_overrides:
         driver_settings = driver_settings.replace(json5_overrides=dict(zenoh_overrides))
     with ServerProcess(manifest(cfg, port, zenoh_overrides), out / "server.log",
                        launcher=("-m", "benchmarks.studies.fleet_server")) as server, \
             ZenohSession(driver_settings).open() as session:
-        deadline = time.monotonic() + 60
-        while not session.query(APP.status, 0.5):
-            if server.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the server did not come up; see {out / 'server.log'}")
-            time.sleep(0.3)
-        chunks_in = [0]  # every chunk that reached this process (the whole run; compared with what was served)
+        wait_for_server(session, APP, server, timeout_s=60)
+        return drive(cfg, tasks, session, verbose=verbose)
 
-        def on_action(key: str, payload: bytes) -> None:
-            chunks_in[0] += 1
-            inbox.put((key, payload, time.perf_counter()))
 
-        session.subscribe(f"{APP.prefix}/*/action", on_action)
+def wait_for_server(session: ZenohSession, app: AppKey, server: ServerProcess, timeout_s: float) -> None:
+    """Until the server answers `app`'s status query (it does once its models are warm)."""
+    deadline = time.monotonic() + timeout_s
+    while not session.query(app.status, 0.5):
+        if server.proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the server did not come up; see {server.log_path}")
+        time.sleep(0.3)
 
-        session.subscribe(APP.server_metrics(SERVER_ID),
-                          lambda key, payload: telemetry.append((time.perf_counter(), payload)))
-        robots = [VirtualRobot(f"r{i:03d}", cfg, session.publisher(APP.client(f"r{i:03d}").obs, OBSERVATION_QOS),
-                               phase=i % PHASES) for i in range(cfg.robots)]
-        by_id = {r.client_id: r for r in robots}
-        groups = [[r for r in robots if r.phase == p] for p in range(PHASES)]
-        c = Counters()
-        time.sleep(0.5)  # let the subscriptions reach the server before the first observation
 
-        t0 = time.perf_counter()
-        w0, w1 = t0 + cfg.warmup_s, t0 + cfg.warmup_s + cfg.measure_s
-        hard_end = w1 + cfg.drain_s
-        order = [int(rng.integers(len(tasks)))]  # as the model: one random start, then the traces in order
+def drive(cfg: RunConfig, tasks: list[Task], session: ZenohSession, *, app: AppKey = APP, server_id: str = SERVER_ID,
+          robot: Callable[..., VirtualRobot] = VirtualRobot, verbose: bool = True) -> dict:
+    """One measured run of `cfg.robots` robots (`robot(client_id, cfg, publisher, phase)`) against the
+    server of `app` that `session` reaches; returns its figures (see the module docstring). The server
+    may have served other runs before: chunks lost are counted from its `inferences` at the start."""
+    rng = np.random.default_rng(cfg.seed)
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    telemetry: list[tuple[float, bytes]] = []  # (arrival, payload), decoded after the run
+    started = time.perf_counter()
+    chunks_in = [0]  # every chunk that reached this process (the whole run; compared with what was served)
 
-        def next_task() -> Task:
-            order[0] += 1
-            return tasks[(order[0] - 1) % len(tasks)]
+    def on_action(key: str, payload: bytes) -> None:
+        chunks_in[0] += 1
+        inbox.put((key, payload, time.perf_counter()))
 
-        backlog: list[float] = []  # online: arrivals waiting for an idle robot
-        arrivals: list[float] = []
-        if cfg.mode == "online":
-            t = t0
-            while t < hard_end:
-                t += rng.exponential(1.0 / cfg.rate_per_s)
-                arrivals.append(t)
-            arrivals.reverse()  # pop() from the end = the earliest
-        pending = sorted(zip(rng.uniform(0, 1.0, size=len(robots)), range(len(robots)))) if cfg.mode == "fleet" else []
-        pending.reverse()  # fleet mode: staggered first tasks, earliest at the end
-        idle = list(reversed(robots)) if cfg.mode == "online" else []
-        lateness: list[float] = []
+    session.subscribe(f"{app.prefix}/*/action", on_action)
 
-        def done(now: float) -> bool:  # the window is over and no measured task still runs (or the hard end)
-            return now >= w1 and (now >= hard_end or not any(r.task is not None and r.measured for r in robots))
+    session.subscribe(app.server_metrics(server_id),
+                      lambda key, payload: telemetry.append((time.perf_counter(), payload)))
+    robots = [robot(f"r{i:03d}", cfg, session.publisher(app.client(f"r{i:03d}").obs, OBSERVATION_QOS), phase=i % PHASES)
+              for i in range(cfg.robots)]
+    by_id = {r.client_id: r for r in robots}
+    groups = [[r for r in robots if r.phase == p] for p in range(PHASES)]
+    c = Counters()
+    time.sleep(0.5)  # let the subscriptions reach the server before the first observation
+    settle = time.monotonic() + 2.5  # what the server served before this run: its first telemetry's count
+    while not telemetry and time.monotonic() < settle:
+        time.sleep(0.05)
+    served_before = _served(telemetry) or 0
 
-        for i, now, c.counting in driver_ticks(t0, DT_S / PHASES, w0, w1, lateness, stop=done):
-            deliver_chunks(inbox, by_id, c)
-            if cfg.mode == "fleet":
-                while pending and now >= t0 + pending[-1][0]:
-                    robots[pending.pop()[1]].start_task(next_task(), now, c.counting)
-            else:
-                while arrivals and arrivals[-1] <= now:
-                    backlog.append(arrivals.pop())
-                while backlog and idle:
-                    backlog.pop(0)
-                    idle.pop().start_task(next_task(), now, c.counting)
-            for robot in groups[i % PHASES]:
-                if robot.tick(now, c):
-                    if cfg.mode == "fleet" and now < hard_end:
-                        robot.start_task(next_task(), now + DT_S, c.counting)
-                    elif cfg.mode == "online":
-                        idle.append(robot)
-        elapsed = time.perf_counter() - started
-        unfinished = sum(1 for r in robots if r.task is not None and r.measured)
-        # Chunks lost on the way (Zenoh drops under congestion control DROP, silently): wait for a
-        # telemetry period whose served count the arrivals have caught up with, at most 3 s.
-        settle = time.monotonic() + 3.0
-        time.sleep(1.2)  # one more telemetry period
-        while time.monotonic() < settle and _served(telemetry) != chunks_in[0]:
-            time.sleep(0.2)
-        lost = (_served(telemetry) or 0) - chunks_in[0]
+    t0 = time.perf_counter()
+    w0, w1 = t0 + cfg.warmup_s, t0 + cfg.warmup_s + cfg.measure_s
+    hard_end = w1 + cfg.drain_s
+    order = [int(rng.integers(len(tasks)))]  # as the model: one random start, then the traces in order
+
+    def next_task() -> Task:
+        order[0] += 1
+        return tasks[(order[0] - 1) % len(tasks)]
+
+    backlog: list[float] = []  # online: arrivals waiting for an idle robot
+    arrivals: list[float] = []
+    if cfg.mode == "online":
+        t = t0
+        while t < hard_end:
+            t += rng.exponential(1.0 / cfg.rate_per_s)
+            arrivals.append(t)
+        arrivals.reverse()  # pop() from the end = the earliest
+    pending = sorted(zip(rng.uniform(0, 1.0, size=len(robots)), range(len(robots)))) if cfg.mode == "fleet" else []
+    pending.reverse()  # fleet mode: staggered first tasks, earliest at the end
+    idle = list(reversed(robots)) if cfg.mode == "online" else []
+    lateness: list[float] = []
+
+    def done(now: float) -> bool:  # the window is over and no measured task still runs (or the hard end)
+        return now >= w1 and (now >= hard_end or not any(r.task is not None and r.measured for r in robots))
+
+    for i, now, c.counting in driver_ticks(t0, DT_S / PHASES, w0, w1, lateness, stop=done):
+        deliver_chunks(inbox, by_id, c)
+        if cfg.mode == "fleet":
+            while pending and now >= t0 + pending[-1][0]:
+                robots[pending.pop()[1]].start_task(next_task(), now, c.counting)
+        else:
+            while arrivals and arrivals[-1] <= now:
+                backlog.append(arrivals.pop())
+            while backlog and idle:
+                backlog.pop(0)
+                idle.pop().start_task(next_task(), now, c.counting)
+        for r in groups[i % PHASES]:
+            if r.tick(now, c):
+                if cfg.mode == "fleet" and now < hard_end:
+                    r.start_task(next_task(), now + DT_S, c.counting)
+                elif cfg.mode == "online":
+                    idle.append(r)
+    elapsed = time.perf_counter() - started
+    unfinished = sum(1 for r in robots if r.task is not None and r.measured)
+    # Chunks lost on the way (Zenoh drops under congestion control DROP, silently): wait for a
+    # telemetry period whose served count the arrivals have caught up with, at most 3 s.
+    settle = time.monotonic() + 3.0
+    time.sleep(1.2)  # one more telemetry period
+    while time.monotonic() < settle and (_served(telemetry) or 0) - served_before != chunks_in[0]:
+        time.sleep(0.2)
+    lost = (_served(telemetry) or 0) - served_before - chunks_in[0]
     server_figures = telemetry_metrics(telemetry)
     result = summarize(cfg, c, lateness, server_figures, w0, w1, unfinished, len(backlog), elapsed, verbose)
     result["chunks_lost"] = lost  # served by the server, never reached the robots (whole run)
@@ -454,7 +480,8 @@ def summarize(cfg: RunConfig, c: Counters, lateness, server_figures, w0, w1, unf
 
 #: What a run's figures depend on besides the package: these objects' source (the driver; the study
 #: and report code below can change without invalidating a measured run).
-DRIVER = (RunConfig, manifest, ServerProcess, Counters, VirtualRobot, free_port, run, summarize, model.FifoRunningFirst)
+DRIVER = (RunConfig, manifest, ServerProcess, Counters, VirtualRobot, free_port, run, wait_for_server, drive,
+          summarize, model.FifoRunningFirst)
 #: ... and these files (the shared traces, the server launcher).
 DRIVER_FILES = ("benchmarks/studies/fleet_traces.py", "benchmarks/studies/fleet_server.py")
 

@@ -211,8 +211,9 @@ def _check_compile(manifest: Manifest, entry: ModelEntry, field: str) -> None:
         if getattr(entry, block) is not None:
             raise ConfigError(f"{field}compile", f"{what} is not compiled; use off")
     if manifest.compile_cache_dir:
-        # Inductor reads it on each compilation: one folder for the process (the manifest's).
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(manifest.resolve_asset(manifest.compile_cache_dir))
+        # Inductor reads it on each compilation: one folder for the process (the manifest's). Absolute:
+        # inductor runs the C++ compiler from another folder, so a relative path fails every compile.
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.abspath(manifest.resolve_asset(manifest.compile_cache_dir))
 
 
 #: Manifest blocks that configure one policy family, and what each is for (the runner declares
