@@ -242,15 +242,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 class ServerProcess:
     """A policy server on `manifest` (a dict written to a temporary YAML file), in its own process
-    running this checkout's code (or that of `source`, another checkout: a before/after pair);
+    running this checkout's code (or that of `source`, another checkout: a before/after pair), with
+    `env` added to this process's environment (e.g. ``OMP_NUM_THREADS``: the server's torch threads);
     `ready()`, when given, is polled until true (at most `ready_timeout_s`) before the block starts.
     Stopped with SIGTERM at exit (killed after `stop_timeout_s`)."""
 
     def __init__(self, manifest: dict, log_path: Path, *, launcher: Sequence[str] = ("-m", "lerobot_zenoh.cli.server"),
                  ready: Callable[[], bool] | None = None, ready_timeout_s: float = 180.0, stop_timeout_s: float = 10.0,
-                 source: Path = ROOT):
+                 source: Path = ROOT, env: dict[str, str] | None = None):
         self.manifest, self.log_path, self.launcher, self.source = manifest, Path(log_path), tuple(launcher), Path(source)
         self.ready, self.ready_timeout_s, self.stop_timeout_s = ready, ready_timeout_s, stop_timeout_s
+        self.env = dict(env or {})
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> ServerProcess:
@@ -260,7 +262,7 @@ class ServerProcess:
         path = self._folder / "manifest.yaml"
         path.write_text(yaml.safe_dump(self.manifest))
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in __exit__
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(self.source)}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", **self.env, "PYTHONPATH": str(self.source)}
         self.proc = subprocess.Popen([sys.executable, *self.launcher, "--manifest", str(path)], stdout=self._log,
                                      stderr=subprocess.STDOUT, env=env, cwd=self.source)  # (-m reads cwd first)
         if self.ready is not None:
