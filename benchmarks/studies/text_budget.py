@@ -33,8 +33,10 @@ control for.
 Printed per run: the honest robot's empty ticks of its ticks in the window and its p99 latency
 (observation out to chunk in), every robot's action latency p50/p99, the text robots' empty ticks,
 text tokens/s (the server's `language.tokens` over the window, from its telemetry), the final texts and
-their latency (ask to final text), the frames the budget cut short, the driver's tick lateness and the
-load average; then each condition over the rounds, and whether the budget held.
+their latency (ask to final text), the frames the budget cut short, chunks served per second, the
+server's own p99s over the run (an observation's wait in its slot, every robot's and the honest one's,
+and the call), what a decode step and a generation's prompt pass cost, the driver's tick lateness and
+the load average; then each condition over the rounds, and whether the budget held.
 
     PYTHONPATH=. HF_HUB_OFFLINE=1 python -m benchmarks.studies.text_budget [--quick] [--rounds 3]
         [--seconds 40] [--warmup 8] [--slo-ms auto] [--port-base 17940] [--server-threads 1]
@@ -270,6 +272,17 @@ def run_one(condition: str, slo_ms: float | None, port: int, checkpoint: Path, a
                 driver.wait()
             watcher.close()
     figures = telemetry_metrics(telemetry)
+    # The server's side of the latency (slot to batch start, and the call), over the run: the last
+    # telemetry of the window, every robot's and the honest robot's own.
+    last = next((m for t, m in reversed(figures) if t <= w1 + 1.0), {})
+    honest_server = {}
+    for t, payload in reversed(telemetry):
+        if t <= w1 + 1.0:
+            try:
+                honest_server = dict(codec.decode_telemetry(payload).per_client.get(HONEST, {}))
+            except ProtocolError:
+                continue
+            break
     tokens, tokens_s = window_rate(figures, "language.tokens", w0, w1 + 1.0)
     texts, _ = window_rate(figures, "answers.text", w0, w1 + 1.0)
     shrunk, _ = window_rate(figures, "language.budget_shrunk", w0, w1 + 1.0)
@@ -292,6 +305,8 @@ def run_one(condition: str, slo_ms: float | None, port: int, checkpoint: Path, a
                              for cid, r in robots.items()}},
             "tokens": tokens, "tokens_s": tokens_s, "texts": texts, "text_p50_s": pct(text_s, 50),
             "budget_shrunk": shrunk, "served": served, "served_s": served_s,
+            "queue_p99_ms": last.get("queue_ms_p99", math.nan), "call_p99_ms": last.get("inference_ms_p99", math.nan),
+            "honest_queue_p99_ms": honest_server.get("queue_ms_p99", math.nan),
             "step_ms": step_ms / steps if steps else math.nan,
             "prompt_ms_per_text": (decode_ms - step_ms) / started if started else math.nan,
             "driver_late_p99_ms": fleet.get("lateness_p99_ms", math.nan)}
@@ -306,7 +321,7 @@ def fmt(x, digits: int = 0) -> str:
 
 ROW = (f"{'round':>5} {'condition':24} {'honest empty':>14} {'honest p99':>10} {'all p50':>8} {'all p99':>8} "
        f"{'fleet empty':>13} {'tokens/s':>8} {'texts':>5} {'text p50 s':>10} {'shrunk':>6} {'chunks/s':>8} "
-       f"{'step ms':>7} {'prompt ms':>9} {'late p99':>8} {'load':>14}")
+       f"{'queue p99':>9} {'honest':>6} {'call p99':>8} {'step ms':>7} {'prompt ms':>9} {'late p99':>8} {'load':>14}")
 
 
 def print_row(k: int, r: dict) -> None:
@@ -314,7 +329,8 @@ def print_row(k: int, r: dict) -> None:
     print(f"{k:5d} {name:24} {r['honest_empty']:5d} of {r['honest_ticks']:5d} {fmt(r['honest_p99_ms']):>10} "
           f"{fmt(r['all_p50_ms']):>8} {fmt(r['all_p99_ms']):>8} {r['fleet_empty']:5d} of {r['fleet_ticks']:5d} "
           f"{fmt(r['tokens_s'], 1):>8} {fmt(r['texts']):>5} {fmt(r['text_p50_s'], 2):>10} {fmt(r['budget_shrunk']):>6} "
-          f"{fmt(r['served_s'], 1):>8} {fmt(r['step_ms'], 1):>7} {fmt(r['prompt_ms_per_text'], 1):>9} "
+          f"{fmt(r['served_s'], 1):>8} {fmt(r['queue_p99_ms']):>9} {fmt(r['honest_queue_p99_ms']):>6} "
+          f"{fmt(r['call_p99_ms']):>8} {fmt(r['step_ms'], 1):>7} {fmt(r['prompt_ms_per_text'], 1):>9} "
           f"{fmt(r['driver_late_p99_ms'], 1):>8} "
           f"{' '.join(f'{x:.1f}' for x in r['load_avg']):>14}", flush=True)
 
