@@ -226,6 +226,15 @@ $(LANGUAGE_STAMP): $(STAMP)
 bench-language: $(LANGUAGE_STAMP)
 	$(PY) -m benchmarks.studies.language $(LANGUAGE_ARGS)
 
+# Text never starves actions (docs/security.md, "Text beside actions, measured"): an honest robot beside
+# 16 robots asking the same pi0.5 for actions and text, against the same fleet without text and with
+# language.action_slo_ms, each condition on a fresh lerobot-policy-server over Zenoh on loopback
+# (~10 min on 2 cores). TEXT_BUDGET_ARGS=--quick for a 2-minute smoke run.
+TEXT_BUDGET_ARGS ?=
+.PHONY: bench-text-budget
+bench-text-budget: $(LANGUAGE_STAMP)
+	$(PY) -m benchmarks.studies.text_budget $(TEXT_BUDGET_ARGS)
+
 
 # Edge-only vs cloud-only vs hybrid (Kairos Fig. 13; docs/studies/edge-cloud-serving.md, "Edge-cloud serving"): an edge
 # scheduler, a cloud engine process and Poisson task arrivals over shaped links (robots-edge 2.5 ms

@@ -262,7 +262,7 @@ class ServerProcess:
         path = self._folder / "manifest.yaml"
         path.write_text(yaml.safe_dump(self.manifest))
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in __exit__
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(self.source), **self.env}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", **self.env, "PYTHONPATH": str(self.source)}
         self.proc = subprocess.Popen([sys.executable, *self.launcher, "--manifest", str(path)], stdout=self._log,
                                      stderr=subprocess.STDOUT, env=env, cwd=self.source)  # (-m reads cwd first)
         if self.ready is not None:

@@ -193,6 +193,26 @@ def test_text_yields_to_waiting_actions_after_its_floor(runner):
         runner.yield_to_actions(None)
         runner.configure_language(LanguageSettings())
 
+def test_a_prompt_pass_reads_each_prompts_last_logits_only(runner):
+    """A prompt pass runs lm_head (257,152 rows) on one position per joining generation, the last of
+    its prompt, not on every prompt position: that was most of a pass's cost (a pass of 16 took
+    ~130 ms on the reference CPU, ~20 ms since), and an observation arriving meanwhile waited for all
+    of it. Prompts of different lengths (right-padded) still give a fresh prefill's tokens."""
+    runner.configure_language(LanguageSettings(max_new_tokens=4, tokens_per_frame=4))
+    seen = []
+    handle = runner.lm_head.register_forward_hook(lambda _m, args, _out: seen.append(tuple(args[0].shape)))
+    try:
+        runner.run([_request(0), _request(1, prompt="what is the next subtask of this task?")])
+        runner.advance(max_tokens=0)  # the prompt pass alone
+        assert seen == [(2, 1, runner.lm_head.weight.shape[1])]
+        final = _finish(runner)
+    finally:
+        handle.remove()
+        runner.configure_language(LanguageSettings())
+    expected = _fresh_prefill_tokens(runner, _request(0), 4)
+    assert final["robot0"] == runner._tokenizer.decode(expected, skip_special_tokens=True).strip()
+
+
 def test_stop_token_ends_the_generation(checkpoint):
     runner = _load(checkpoint, LanguageSettings(max_new_tokens=5, tokens_per_frame=5))
     ids = _fresh_prefill_tokens(runner, _request(0), 5)

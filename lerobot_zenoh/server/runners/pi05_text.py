@@ -451,9 +451,9 @@ class TextDecoder:
             ids[r, :n] = torch.tensor(g.prompt_ids, device=device)
             prompt_valid[r, :n] = True
             positions[r] = g.next_pos + torch.arange(prompt_len, device=device).clamp(max=n - 1)
-        logits, k_b, v_b = self._forward(ids, k_b, v_b, valid, prompt_valid, positions)
         last = torch.tensor([len(g.prompt_ids) - 1 for g in fits], device=device)
-        first = self._greedy(logits[torch.arange(len(fits), device=device), last])
+        logits, k_b, v_b = self._forward(ids, k_b, v_b, valid, prompt_valid, positions, last=last)
+        first = self._greedy(logits[:, -1])
         valid = torch.cat([valid, prompt_valid], dim=1)
         next_pos = torch.tensor([g.next_pos + len(g.prompt_ids) for g in fits], device=device)
         for g, t in zip(fits, first.tolist(), strict=True):
@@ -505,10 +505,13 @@ class TextDecoder:
             self.counters["finished.limit"] += 1
 
 
-    def _forward(self, ids: Any, keys: list, values: list, valid: Any, new_valid: Any, positions: Any):
+    def _forward(self, ids: Any, keys: list, values: list, valid: Any, new_valid: Any, positions: Any,
+                 last: Any = None):
         """PaliGemma's language model over `ids` ``(B, T)`` at `positions`, attending to the cached
         columns where `valid` and causally among the new tokens (`new_valid` masks padding); returns
-        the logits ``(B, T, V)`` and the cache extended by the T new columns."""
+        the logits ``(B, T, V)`` and the cache extended by the T new columns. `last` ``(B,)``: the
+        logits of that position of each row only, ``(B, 1, V)``: a prompt pass reads no other, and
+        `lm_head` over every prompt position (a vocabulary of 257,152 rows each) was most of its cost."""
         import torch
         from lerobot.policies.common.vla_utils import prepare_attention_masks_4d
         from transformers import DynamicCache
@@ -525,6 +528,8 @@ class TextDecoder:
         out = self._language_model.forward(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
                                            past_key_values=cache, use_cache=True)
         hidden = out.last_hidden_state
+        if last is not None:
+            hidden = hidden[torch.arange(b, device=hidden.device), last][:, None]
         logits = self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
         layers = [(k, v) for k, v, *_ in out.past_key_values]
         return logits, [k for k, _ in layers], [v for _, v in layers]
