@@ -190,19 +190,31 @@ def test_an_unlisted_ids_task_over_the_byte_limit_is_refused_on_arrival_never_de
     assert decoded == [payload] and type(decoded[0]) is bytes
 
 
-def test_a_listed_robots_body_stays_in_zenohs_buffer_and_its_long_task_is_refused_when_decoded():
-    """Only ids anyone can invent pay the copy of the screen; a listed robot's long task is still
-    refused by its length before any tokenizer, when it is decoded, against its own cool-down."""
+def test_a_listed_robots_body_stays_in_zenohs_buffer_until_one_of_its_observations_is_rejected():
+    """Only ids anyone can invent pay the copy of the screen, and a listed robot once refused: its
+    first long task is refused by its length when it is decoded, before any tokenizer, and the next
+    ones on arrival, for a minute."""
     model = served_model(echo_task=True)
     ingest = Ingest([model], threading.Event())
     serving = Serving("gpu0", [model], threading.Event())
     serving.session = FakeSession()
-    kept = FakeZenohBuffer(observation("robot", 1, "x" * (MAX_TASK_BYTES + 1))[0])
-    ingest.on_observation(model, obs_key("robot"), kept, observation("robot", 1)[1])
-    assert model.session_table.sessions["robot"].slot.payload is kept  # not copied on arrival
+    honest = FakeZenohBuffer(observation("robot", 1)[0])
+    ingest.on_observation(model, obs_key("robot"), honest, observation("robot", 1)[1])
+    assert model.session_table.sessions["robot"].slot.payload is honest  # not copied on arrival
     serving.serve(model, admission.schedule(model, time.monotonic()))
-    assert serving.session.sent == []
+    assert len(serving.session.sent) == 1
+    long_task = FakeZenohBuffer(observation("robot", 2, "x" * (MAX_TASK_BYTES + 1))[0])
+    ingest.on_observation(model, obs_key("robot"), long_task, observation("robot", 2)[1])
+    assert model.session_table.sessions["robot"].slot.payload is long_task
+    serving.serve(model, admission.schedule(model, time.monotonic()))  # refused when decoded
     assert model.session_table.snapshot().sessions["robot"].stats.rejected == {Reason.TASK_TOO_LONG: 1}
+    ingest.on_observation(model, obs_key("robot"), *observation("robot", 3, "x" * (MAX_TASK_BYTES + 1)))
+    assert model.session_table.sessions["robot"].slot is None  # now refused on arrival
+    assert model.session_table.snapshot().sessions["robot"].stats.rejected == {Reason.TASK_TOO_LONG: 2}
+    again = FakeZenohBuffer(observation("robot", 4)[0])
+    ingest.on_observation(model, obs_key("robot"), again, observation("robot", 4)[1])
+    assert model.session_table.sessions["robot"].slot.payload == again.data  # screened: a copy
+    assert len(serving.session.sent) == 1
     unlisted = FakeZenohBuffer(observation("visitor", 1)[0])
     ingest.on_observation(model, obs_key("visitor"), unlisted, observation("visitor", 1)[1])
     assert model.session_table.sessions["visitor"].slot.payload == unlisted.data  # screened: the copy is kept

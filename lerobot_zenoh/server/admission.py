@@ -6,7 +6,8 @@ the engine picked goes through before it is run, whichever path runs it (docs/ar
   the put's attachment: a struct unpack, no msgpack), or why it is malformed. The server's only
   read of a header: the verdict goes into the session's slot with the payload (`SessionTable.admit`),
   and task routing (`server/routing.py`) reads the component mask from it.
-- `screen(payload, limits)` (Zenoh callback thread, for ids the manifest does not list): the body's
+- `screen(payload, limits)` (Zenoh callback thread, for ids the manifest does not list, and a listed
+  robot's for a minute after a rejection): the body's
   one read on arrival, the length of its `task` (nothing decoded): a task over the limit is refused
   there (`task_too_long`), never reaching the inference thread. The body is copied out of Zenoh's
   buffer for it, and that copy is what the slot keeps.
@@ -76,9 +77,10 @@ def screen(payload: Payload | bytes, limits: CodecLimits) -> tuple[Payload | byt
     once and the copy is what is kept (the decode of a picked one copies nothing more); a body over
     the size limit is neither copied nor read (`SessionTable.admit` refuses it as `too_large`).
     `Ingest` screens the observations of ids the manifest does not list (ids cost nothing to invent,
-    and they share one cool-down); a listed robot's body stays in Zenoh's buffer until it is picked
-    (a superseded one is never copied), and a long task of its is refused when it is decoded, by its
-    length alone, as often as that robot's own cool-down lets it."""
+    and they share one cool-down), and those of a listed robot for a minute after one of its
+    observations was rejected; an honest listed robot's body stays in Zenoh's buffer until it is
+    picked (a superseded one is never copied). So the first long task of a listed robot is refused
+    when it is decoded, by its length alone (before any tokenizer), and its next ones on arrival."""
     if len(payload) > limits.max_message_bytes:
         return payload, None
     data = bytes(payload)

@@ -3,7 +3,8 @@
 `on_observation` checks the length of the key's client id (`client_id_too_long`, before anything
 else is read or kept of the key), parses the key (once: parsed keys are cached, bounded in number
 and in bytes), reads the observation's small header (`admission.read_header`, a struct unpack;
-nothing is decoded), for an id the manifest does not list the length of its task (`admission.screen`:
+nothing is decoded), for an id the manifest does not list (or a listed one rejected in the last
+minute) the length of its task (`admission.screen`:
 a task over the limit is refused here, never on the inference thread; the body is copied once out
 of Zenoh's buffer for it), and calls `engine.admit` (the body and those verdicts go into the
 session's newest-only slot); `on_client_token`
@@ -42,11 +43,14 @@ log = logging.getLogger(__name__)
 #: ids, as Python holds them); beyond either, the oldest are forgotten (and parsed again if they come back).
 MAX_CACHED_KEYS = 4096
 MAX_CACHED_KEY_BYTES = 2**20
+#: A listed robot's observations are screened on arrival (`admission.screen`) for this long after one
+#: of its observations was rejected (an honest robot's never are: its bodies stay in Zenoh's buffer).
+SCREEN_AFTER_REJECTION_S = 60.0
 #: A key longer than this is never cached, nor looked up (hashing a 60 kB key costs 16 us): the five
 #: chunks of an app prefix, a client id of at most MAX_CLIENT_ID_BYTES and `obs` fit in it.
 MAX_CACHED_KEY_CHARS = 1024
 
-__all__ = ["Ingest", "KeyCache", "MAX_CACHED_KEYS", "MAX_CACHED_KEY_BYTES", "MAX_CACHED_KEY_CHARS"]
+__all__ = ["Ingest", "KeyCache", "MAX_CACHED_KEYS", "MAX_CACHED_KEY_BYTES", "MAX_CACHED_KEY_CHARS", "SCREEN_AFTER_REJECTION_S"]
 
 
 class KeyCache:
@@ -221,7 +225,8 @@ class Ingest:
     def admit(self, model: ServedModel, client_id: str, payload: Payload | bytes, header, header_error,
                task: str | None = None) -> str | None:
         now, table, refused = time.monotonic(), model.session_table, None
-        if client_id not in table.config.listed:  # an id anyone can invent: its task is read on arrival
+        # An id anyone can invent, or a listed one refused lately: its task's length is read on arrival.
+        if client_id not in table.config.listed or table.rate_limit.rejected_since(client_id, now - SCREEN_AFTER_REJECTION_S):
             payload, refused = admission.screen(payload, model.executor.limits)
         dropped = table.admit(client_id, payload, now, header, header_error, task, refused)
         if dropped is None:

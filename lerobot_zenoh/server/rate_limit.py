@@ -33,6 +33,7 @@ UNLISTED = "*"
 class _ClientWindow:
     times_s: deque = field(default_factory=deque)
     cooldown_until_s: float = float("-inf")
+    last_s: float = float("-inf")  # its latest rejection
 
 
 class RejectionRateLimit:
@@ -58,9 +59,15 @@ class RejectionRateLimit:
         state = self._clients.get(self._owner(client_id))
         return state is not None and now_s < state.cooldown_until_s
 
+    def rejected_since(self, client_id: str, since_s: float) -> bool:
+        """Whether the client (an unlisted id: any unlisted id) had a rejection at or after `since_s`."""
+        state = self._clients.get(self._owner(client_id))
+        return state is not None and state.last_s >= since_s
+
     def on_rejection(self, client_id: str, now_s: float) -> bool:
         """Record one rejection; True when it starts a cool-down."""
         state = self._clients.setdefault(self._owner(client_id), _ClientWindow())
+        state.last_s = now_s
         if now_s < state.cooldown_until_s:
             return False
         times = state.times_s

@@ -329,7 +329,6 @@ class TextDecoder:
                                                    f"{self.settings.max_prompt_tokens} (language.max_prompt_tokens)")
         return list(ids)
 
-
     def token_limit(self, query: LanguageQuery) -> int:
         n = query.max_new_tokens
         if n is None:
@@ -338,7 +337,6 @@ class TextDecoder:
             raise ProtocolError(Reason.TEXT_OVER_TOKEN_LIMIT, f"asks {n!r} new tokens, at most "
                                                          f"{self.settings.max_new_tokens} (language.max_new_tokens)")
         return n
-
 
     def start(self, cache: Any, mask: Any, starting: list, requests: Sequence[InferenceRequest]) -> None:
         """Copy each asking row's prefix cache out of the call's (the call's is freed with it).
@@ -356,7 +354,6 @@ class TextDecoder:
                 keys=[k[i: i + 1].clone() for k, _ in layers], values=[v[i: i + 1].clone() for _, v in layers],
                 valid=valid, next_pos=int(valid.sum()))
             self.counters["started"] += 1
-
 
     def advance(self, max_tokens: int | None = None) -> list[TextUpdate]:
         """Decode one frame's worth (`DecodeBudget`; `max_tokens`: that many steps, unbudgeted): pending
@@ -461,7 +458,6 @@ class TextDecoder:
         self.running.join(fits, k_b, v_b, valid, next_pos, first)
         return len(fits)
 
-
     def _evict_running_oldest(self) -> None:
         rows = self.running.rows
         oldest = min(range(len(rows)), key=lambda i: rows[i].started)
@@ -469,7 +465,6 @@ class TextDecoder:
             rows[oldest].done = "evicted"
             self.counters["evicted"] += 1
         self.running.keep([i for i in range(len(rows)) if i != oldest])
-
 
     def _step(self) -> None:
         """One decode step of the whole running batch: each row's last token in, its next token out."""
@@ -492,7 +487,6 @@ class TextDecoder:
         self.counters["decode_steps"] += 1
         self.counters["step_rows"] += b
 
-
     def _take(self, g: _Generation, token: int) -> None:
         if token in self.stop_ids:
             g.done = "stop"
@@ -504,18 +498,15 @@ class TextDecoder:
             g.done = "limit"
             self.counters["finished.limit"] += 1
 
-
-    def _forward(self, ids: Any, keys: list, values: list, valid: Any, new_valid: Any, positions: Any,
-                 last: Any = None):
+    def _forward(self, ids: Any, keys: list, values: list, valid: Any, new_valid: Any, positions: Any, last=None):
         """PaliGemma's language model over `ids` ``(B, T)`` at `positions`, attending to the cached
         columns where `valid` and causally among the new tokens (`new_valid` masks padding); returns
-        the logits ``(B, T, V)`` and the cache extended by the T new columns. `last` ``(B,)``: the
-        logits of that position of each row only, ``(B, 1, V)``: a prompt pass reads no other, and
-        `lm_head` over every prompt position (a vocabulary of 257,152 rows each) was most of its cost."""
+        the logits ``(B, T, V)`` (`last` ``(B,)``: of that position of each row only, ``(B, 1, V)``, all
+        a prompt pass reads: `lm_head`'s 257,152 rows per position were most of its cost) and the
+        cache extended by the T new columns."""
         import torch
         from lerobot.policies.common.vla_utils import prepare_attention_masks_4d
         from transformers import DynamicCache
-
         b, t = ids.shape
         cache = DynamicCache(tuple((k, v, None) for k, v in zip(keys, values, strict=True)))
         causal = torch.tril(torch.ones((t, t), dtype=torch.bool, device=ids.device))
