@@ -71,6 +71,12 @@ def deliver_chunks(inbox: queue.SimpleQueue, robots: dict, counters) -> None:
     """Hand every chunk queued since the last tick (``(key, payload, arrival)`` from a Zenoh callback)
     to its robot's ``on_chunk(payload, arrival, counters)``, on the driver's thread; a chunk for a
     client the driver does not know is dropped."""
+    deliver(inbox, robots, lambda robot, payload, arrived: robot.on_chunk(payload, arrived, counters))
+
+
+def deliver(inbox: queue.SimpleQueue, robots: dict, handle) -> None:
+    """Hand every message queued since the last tick (``(key, payload, arrival)`` on a client's key)
+    to ``handle(robot, payload, arrival)`` for its robot; one for a client not in `robots` is dropped."""
     while True:
         try:
             key, payload, arrived = inbox.get_nowait()
@@ -78,7 +84,7 @@ def deliver_chunks(inbox: queue.SimpleQueue, robots: dict, counters) -> None:
             return
         robot = robots.get(key.rsplit("/", 2)[-2])
         if robot is not None:
-            robot.on_chunk(payload, arrived, counters)
+            handle(robot, payload, arrived)
 
 
 class Run:

@@ -65,7 +65,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 
 from benchmarks.common import SceneCamera, ServerProcess  # noqa: E402
-from benchmarks.harness import deliver_chunks, driver_ticks, telemetry_metrics  # noqa: E402
+from benchmarks.harness import deliver, deliver_chunks, driver_ticks, telemetry_metrics  # noqa: E402
 from benchmarks.studies import language  # noqa: E402
 from benchmarks.studies.fleet_traces import CHUNK_SIZE, FPS, Task  # noqa: E402
 from benchmarks.studies.fleet_zenoh import DT_S, PHASES, Counters, RunConfig, VirtualRobot  # noqa: E402
@@ -181,14 +181,7 @@ def drive(spec: dict) -> None:
         w1 = w0 + spec["seconds"]
         for i, now, counting in driver_ticks(t0, DT_S / PHASES, w0, w1, lateness):
             deliver_chunks(inbox, by_id, None)
-            while True:
-                try:
-                    key, payload, arrived = texts.get_nowait()
-                except queue.Empty:
-                    break
-                robot = by_id.get(key.rsplit("/", 2)[-2])
-                if robot is not None:
-                    robot.on_text(payload, arrived)
+            deliver(texts, by_id, lambda robot, payload, arrived: robot.on_text(payload, arrived))
             while starts and now >= t0 + starts[-1][0]:  # first tasks staggered over the first second
                 robots[starts.pop()[1]].start_task(ENDLESS, now, False)
             for robot in groups[i % PHASES]:
