@@ -269,13 +269,14 @@ def test_a_cloud_engine_holds_its_max_in_flight_and_no_more(app_key, ports, robo
     by default (Kairos) it holds one batch, 2 requests; with `max_in_flight: 4` a second batch is sent
     to wait in its inbox while the first runs, and never more than 4."""
     fake = FakeEngine(app_key, ports[1], "cloud0", mode="late", delay_s=0.6)
-    # The edge is slow (400 ms a pass) so that every request it cannot start at once is the cloud's
-    # whatever the machine's load does to the measured round trip (at 40 ms, a loaded run's probes
-    # made the edge queue look shorter than the trip, and the cloud got fewer than its limit).
-    slow_edge = {**LOCAL, "profile": {1: 400}}
+    # The edge is slower than the cloud's answer (2 s a pass against 0.6 s), so the cloud is the first
+    # choice of every request whatever the machine's load does to the measured round trip and to when
+    # the six requests arrive (at 40 ms, then at 400 ms, a loaded run let the edge start some of them
+    # first, and the cloud got fewer than its limit).
+    slow_edge = {**LOCAL, "profile": {1: 2000}}
     edge = PolicyServer(manifest(app_key, ports[0], engines=[slow_edge, cloud("cloud0", ports[1], capacity=2,
                                                                               max_in_flight=max_in_flight)],
-                                 latency_ms=400.0, dispatch_settings={"answer_timeout_s": 3.0})).start()
+                                 latency_ms=2000.0, dispatch_settings={"answer_timeout_s": 3.0})).start()
     try:
         robots = [Robot(robot_session, app_key, f"r{i}", np.random.default_rng(i)) for i in range(6)]
         run_rounds(robots, 1)  # every robot's key is known to the edge (and answered)
