@@ -14,7 +14,7 @@ the set's images, or the `ProtocolError` of its first bad frame (camera order).
                    decode at the same time, not only the cameras of one request. A batch of fewer than
                    `PARALLEL_MIN_PIXELS` pixels decodes on the calling thread alone: handing frames to
                    other threads costs more than decoding them
-    on a CUDA      (a model served with ``image_path: device``, `RunnerCapabilities.image_device`) the
+    on a CUDA      (a model served with ``images_on_device: true``, `RunnerCapabilities.image_device`) the
     device         checked frames decode in one batched nvJPEG call (torchvision) straight into device
                    memory: uint8 (H, W, 3) tensors there. When that call fails (a frame nvJPEG cannot
                    read: progressive, CMYK, corrupt), the whole batch decodes on the CPU instead, so
