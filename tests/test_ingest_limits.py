@@ -220,6 +220,26 @@ def test_a_listed_robots_body_stays_in_zenohs_buffer_until_one_of_its_observatio
     assert model.session_table.sessions["visitor"].slot.payload == unlisted.data  # screened: the copy is kept
 
 
+def test_observations_the_table_drops_anyway_are_not_screened(monkeypatch):
+    """No copy for what `SessionTable.admit` drops unread: an unknown id the manifest refuses, or
+    any client while its cool-down runs."""
+    screened = []
+    screen = admission.screen
+    monkeypatch.setattr(admission, "screen", lambda payload, limits: screened.append(payload) or screen(payload, limits))
+    closed = served_model(accept_unknown=False)
+    Ingest([closed], threading.Event()).on_observation(closed, obs_key("stranger"), *observation("stranger"))
+    assert screened == [] and closed.session_table.snapshot().dropped == {Reason.UNKNOWN_CLIENT: 1}
+    model = served_model()
+    ingest = Ingest([model], threading.Event())
+    model.session_table.rate_limit.cooldown_s = 600.0
+    for _ in range(model.session_table.rate_limit.max_rejections + 1):  # the unknown ids' shared cool-down starts
+        model.session_table.rate_limit.on_rejection("visitor", time.monotonic())
+    ingest.on_observation(model, obs_key("visitor"), *observation("visitor", 1, "x" * (MAX_TASK_BYTES + 1)))
+    assert screened == []  # dropped as rate_limited, never copied
+    ingest.on_observation(model, obs_key("robot"), *observation("robot"))  # listed, never refused: not screened
+    assert screened == []
+
+
 def test_the_task_length_read_after_bytes_it_could_not_read_is_right():
     good, _ = observation("robot", 1, "t" * (MAX_TASK_BYTES + 1))
     for bad in (good[:len(good) // 2], good + b"\xc1trailing", b"\x92\x01", b"\xc1"):

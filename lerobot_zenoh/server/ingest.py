@@ -92,6 +92,18 @@ class KeyCache:
             self.bytes += size
 
 
+def _screened(table, client_id: str, now_s: float) -> bool:
+    """Whether an observation's task is read on arrival (`admission.screen`): an id anyone can invent
+    that the server would admit, or a listed one refused lately; never one `SessionTable.admit`
+    drops anyway (an unknown id the manifest refuses, a client cooling down), which costs no copy."""
+    config, limit = table.config, table.rate_limit
+    if limit.blocked(client_id, now_s):
+        return False
+    if client_id in config.listed:
+        return limit.rejected_since(client_id, now_s - SCREEN_AFTER_REJECTION_S)
+    return config.accept_unknown
+
+
 class Ingest:
     """The subscriptions and callbacks of `models`; `session` is set once Zenoh is open."""
 
@@ -225,8 +237,7 @@ class Ingest:
     def admit(self, model: ServedModel, client_id: str, payload: Payload | bytes, header, header_error,
                task: str | None = None) -> str | None:
         now, table, refused = time.monotonic(), model.session_table, None
-        # An id anyone can invent, or a listed one refused lately: its task's length is read on arrival.
-        if client_id not in table.config.listed or table.rate_limit.rejected_since(client_id, now - SCREEN_AFTER_REJECTION_S):
+        if _screened(table, client_id, now):
             payload, refused = admission.screen(payload, model.executor.limits)
         dropped = table.admit(client_id, payload, now, header, header_error, task, refused)
         if dropped is None:
