@@ -51,8 +51,9 @@ class FakeSession:
         class Publisher:
             dropped = 0
 
-            def put(self, payload, attachment=None):
-                session.sent.append((key, payload))
+            def put(self, payload, attachment=None, *, valid=None):
+                if valid is None or valid():
+                    session.sent.append((key, payload))
 
         return Publisher()
 

@@ -211,7 +211,7 @@ class ParsedKey:
     app: AppKey
     client_id: str | None  # None for status and server keys
     server_id: str | None
-    topic: str  # "obs" | "action" | "metrics" | "status" | "server"
+    topic: str  # "obs" | "action" | "metrics" | "status" | "server" | "heartbeat"
     component_mask: int | None = None  # an observation key's component chunks (`ClientKey.obs_for`)
 
 
@@ -293,7 +293,9 @@ def parse_key(key: str) -> ParsedKey:
             return ParsedKey(app, None, validate_chunk("server_id", rest[1]), SERVER)
         if len(rest) == 3 and rest[2] == Topic.METRICS:
             return ParsedKey(app, None, validate_chunk("server_id", rest[1]), Topic.METRICS.value)
-        raise KeyExprError("key", key, "is not a server token or server metrics key")
+        if len(rest) == 3 and rest[2] == HEARTBEAT:  # its sender is this server id (the ACL's identity)
+            return ParsedKey(app, None, validate_chunk("server_id", rest[1]), HEARTBEAT)
+        raise KeyExprError("key", key, "is not a server token, server metrics or heartbeat key")
     if len(rest) > 2 and rest[1] == Topic.OBS:  # a multi-model task's observation, with its components
         validate_client_id("client_id", rest[0])
         return ParsedKey(app, rest[0], None, Topic.OBS.value, _component_mask(key, rest[2:]))

@@ -2,7 +2,17 @@
 
 A primary serves from start-up. A standby (manifest `standby_for: <primary server_id>`) pre-warms
 the same models and announces itself with its own liveliness token, but serves nobody (it drops
-observations and stays silent on status queries) while its primary is up and serving. It takes over:
+observations and stays silent on status queries) while its primary is up and serving.
+
+At start-up a standby judges nothing from one early query (a liveliness `get` can be answered from
+its own session's incomplete view before the transport routes): `StartupJudge` stands it by until
+the primary is heard (its heartbeat or its token: stand by), or the transport is shown to route (a
+robot's observation or another server's heartbeat reached it) and the primary stayed silent for
+`TAKEOVER_AFTER_S` since, or `STARTUP_GRACE_S` passed; only then may it take over. And a standby
+that serves while its primary's heartbeat says it serves too steps back at its next heartbeat tick
+(`primary_found_serving`), so two servers never keep answering one robot.
+
+It takes over:
 
 - when the primary's liveliness token vanishes (process killed, host or network gone, lease
   expired), at once; it steps back when the token reappears;
@@ -25,7 +35,16 @@ Exactly one server serves at a time, so a client never gets two chunks for one o
   it) and the standby ignores that incarnation's token and heartbeats. It steps back only for a new
   incarnation: a restarted primary;
 - a primary that finds it was frozen (its own heartbeat thread missed `TAKEOVER_AFTER_S`) holds its
-  answers for `RESUME_HOLD_S`, long enough to hear the standby that may have replaced it.
+  answers for `RESUME_HOLD_S`, and until it has heard again every server it heard before the freeze
+  (at most `RESUME_HOLD_MAX_S`): long enough to hear the standby that may have replaced it. It never
+  publishes an answer to an observation that arrived before the freeze (`ServingRole.may_publish`,
+  checked again by the publisher's thread just before the bytes go to Zenoh), and it believes a
+  replacement claim for `CLAIM_WINDOW_S` after a freeze or a stall, so one heard late (a link that
+  reconnects after the freeze) still withdraws it.
+
+A heartbeat's sender is the `<server_id>` of the key it arrived on (the key the access control lets
+only that server put on), never the `source_id` written in it: a beat whose `source_id` differs from
+its key is refused and counted (`heartbeats_refused.identity`).
 """
 
 from __future__ import annotations
@@ -34,12 +53,13 @@ import logging
 import math
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from lerobot_zenoh.errors import ProtocolError, TransportError
 from lerobot_zenoh.protocol import codec
+from lerobot_zenoh.protocol.keys import HEARTBEAT, parse_key
 from lerobot_zenoh.protocol.messages import Telemetry
 from lerobot_zenoh.telemetry.publisher import worth_logging
 from lerobot_zenoh.transport.session import METRICS_QOS
@@ -52,8 +72,17 @@ HEARTBEAT_PERIOD_S = 0.1
 TAKEOVER_AFTER_S = 1.0
 #: ... or for this many times the primary's slowest recent serving turn, when that is longer.
 SLOW_TURN_SLACK = 3.0
-#: A primary that was frozen longer than TAKEOVER_AFTER_S holds its answers this long on waking.
+#: A primary that was frozen longer than TAKEOVER_AFTER_S holds its answers at least this long on
+#: waking, and until it has heard again the servers it heard before (at most RESUME_HOLD_MAX_S).
 RESUME_HOLD_S = 0.5
+RESUME_HOLD_MAX_S = 3.0
+#: Servers heard this long before a freeze are waited for on waking.
+PEER_RECENT_S = 2.0
+#: A replacement claim is believed this long after this server froze or stalled (a link that reconnects
+#: after a freeze past the Zenoh lease, 10 s by default, brings the standby's claim late).
+CLAIM_WINDOW_S = 30.0
+#: A standby that neither heard its primary nor saw its transport route judges after this long anyway.
+STARTUP_GRACE_S = 3.0
 #: Serving turns whose duration gives the slowest recent turn.
 TURN_WINDOW = 32
 #: Heartbeats received and not yet read (the oldest are dropped beyond it).
@@ -61,6 +90,42 @@ INBOX = 256
 #: A heartbeat is a few hundred bytes; a larger one is not decoded. A slowest turn over this is not believed.
 MAX_BEAT_BYTES = 4096
 MAX_TURN_S = 600.0
+
+
+class StartupJudge:
+    """A standby's first judgement of its primary (pure; times passed in).
+
+    One liveliness query at start-up cannot tell "no primary" from "my transport does not route
+    yet": Zenoh can answer it from the session's own, still empty, view. So the standby waits for
+    evidence: the primary heard (a heartbeat, or its token) means stand by; otherwise the
+    transport must have been seen to route (`on_routed`: a robot's observation or another server's
+    heartbeat reached this standby) and the primary must have stayed unheard for `quiet_s` since —
+    ten of its heartbeat periods — or the start-up grace `grace_s` must have passed."""
+
+    def __init__(self, started_s: float, grace_s: float = STARTUP_GRACE_S, quiet_s: float = TAKEOVER_AFTER_S):
+        self.started_s = started_s
+        self.grace_s = grace_s
+        self.quiet_s = quiet_s
+        self.routed_s: float | None = None  # first evidence that the transport routes
+
+    def on_routed(self, now_s: float) -> None:
+        if self.routed_s is None:
+            self.routed_s = now_s
+
+    def verdict(self, now_s: float, primary_heard: bool, token: bool | None) -> str | None:
+        """"standby" (the primary is there), "gone: <why>" (take over), or None (not yet).
+
+        `primary_heard`: a heartbeat of the primary reached this standby; `token`: its liveliness
+        token as last reported (None: never reported; False: it vanished)."""
+        if primary_heard or token:
+            return "standby"
+        if token is False:
+            return "gone: its liveliness token vanished"
+        if self.routed_s is not None and now_s - self.routed_s >= self.quiet_s:
+            return f"gone: not heard for {now_s - self.routed_s:.2f} s while the transport routes"
+        if now_s - self.started_s >= self.grace_s:
+            return f"gone: not heard in the {self.grace_s:.1f} s start-up grace"
+        return None
 
 
 class ServingRole:
@@ -73,24 +138,36 @@ class ServingRole:
         self.takeovers = 0
         self.takeovers_stalled = 0  # of those, of a primary whose token was there but that served no more
         self.stepped_back = 0
+        self.primary_found_serving = 0  # of those, on hearing the primary's heartbeat say it serves too
         self._on_deactivate = on_deactivate
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
         self.failed = False  # its server can no longer serve it: it never serves again
         # Set when this standby took over a stalled primary: "<server_id>/<incarnation>" of the one replaced.
         self.replaced: str | None = None
+        # A standby's first judgement, until it is made (`start_standby`, `judge_startup`); None: judged.
+        self.startup: StartupJudge | None = None
+        self.startup_judged_s: float | None = None  # how long the first judgement took
+        self.primary_token: bool | None = None  # the primary's token as last reported (None: never)
         # Served work, for the heartbeat: turns of the inference loop that did work, their durations.
         self.served_turns = 0
         self._turn_s: deque[float] = deque(maxlen=TURN_WINDOW)
         self.hold_until_s = 0.0  # (monotonic) answers held until then: woken from a freeze
+        self.woke_s = -math.inf  # (monotonic) when this process was last found to have been frozen
+        self.stalled_s = -math.inf  # (monotonic) when it was last frozen or stalled: a replacement claim may be true
         self.replacement_claims_ignored = 0  # heartbeats saying a standby replaced this server, which had not stalled
-        self.heartbeats_refused = 0  # heartbeats too large, unreadable or out of range
+        self.heartbeats_refused = 0  # other servers' heartbeats refused (all reasons)
+        self.heartbeats_refused_by: Counter[str] = Counter()  # ... by reason
         self.beat_tick_s: float | None = None  # last tick of the heartbeat thread (None: none runs)
         self.answers_held = 0  # computed answers not published: woken from a freeze, or replaced meanwhile
 
     @property
     def is_standby(self) -> bool:
         return self.standby_for is not None
+
+    def refuse_heartbeat(self, reason: str) -> None:
+        self.heartbeats_refused += 1
+        self.heartbeats_refused_by[reason] += 1
 
     # -- served work ------------------------------------------------------------------------
 
@@ -111,6 +188,22 @@ class ServingRole:
             return False
         tick = self.beat_tick_s
         return tick is None or now_s - tick <= TAKEOVER_AFTER_S
+
+    def may_publish(self, arrival_s: float, now_s: float) -> bool:
+        """Whether the answer to an observation that arrived at `arrival_s` may go out now: `may_serve`,
+        and the observation arrived after this process last woke from a freeze (an answer computed
+        before a freeze is stale: a standby may have served that robot since). Checked when the answer
+        is ready and again by the publisher's thread just before it hands the bytes to Zenoh; a
+        refusal is counted in `answers_held`."""
+        if self.may_serve(now_s) and arrival_s > self.woke_s:
+            return True
+        self.answers_held += 1
+        return False
+
+    def woke(self, now_s: float, hold_until_s: float) -> None:
+        """The heartbeat thread found that this process did not run for longer than a standby waits."""
+        self.woke_s = self.stalled_s = now_s
+        self.hold_until_s = hold_until_s
 
     # -- primary ----------------------------------------------------------------------------
 
@@ -139,10 +232,36 @@ class ServingRole:
 
     # -- standby ----------------------------------------------------------------------------
 
+    def start_standby(self, now_s: float) -> None:
+        """Stand by until the first judgement (`judge_startup`, from the heartbeat thread)."""
+        with self._lock:
+            self.startup = StartupJudge(now_s)
+
+    def judge_startup(self, now_s: float, primary_heard: bool) -> None:
+        """The first judgement, once there is evidence (`StartupJudge`): stand by, or take over."""
+        with self._lock:
+            judge = self.startup
+            if judge is None or self.failed:
+                return
+            verdict = judge.verdict(now_s, primary_heard, self.primary_token)
+            if verdict is None:
+                return
+            self.startup = None
+            self.startup_judged_s = now_s - judge.started_s
+            if verdict == "standby":
+                log.info("%s: primary %s is up (judged in %.2f s); standing by", self.name, self.standby_for,
+                         self.startup_judged_s)
+                return
+            self.active.set()
+            self.takeovers += 1
+            log.warning("%s: primary %s is %s (judged in %.2f s); taking over", self.name, self.standby_for,
+                        verdict, self.startup_judged_s)
+
     def on_primary(self, alive: bool) -> None:
         """A standby learns that its primary's token appeared (alive) or vanished."""
         with self._lock:
-            if self.failed:
+            self.primary_token = alive
+            if self.failed or self.startup is not None:  # (before the first judgement: evidence only)
                 return
             if alive and self.active.is_set():
                 if self.replaced is not None:
@@ -158,7 +277,7 @@ class ServingRole:
     def take_over_stalled(self, incarnation: str, why: str) -> None:
         """The primary's token is there but it serves no more (`ServedWorkWatch`): serve in its place."""
         with self._lock:
-            if self.failed or self.active.is_set():
+            if self.failed or self.active.is_set() or self.startup is not None:
                 return
             self.replaced = f"{self.standby_for}/{incarnation}"
             self.active.set()
@@ -172,6 +291,17 @@ class ServingRole:
             if (self.replaced is not None and self.active.is_set() and not self.failed
                     and self.replaced != f"{self.standby_for}/{incarnation}"):
                 self._step_back(f"primary {self.standby_for} restarted")
+
+    def on_primary_serving(self) -> None:
+        """A heartbeat of the primary says it serves while this standby serves too (it took over one it
+        could not hear yet, or across a partition): two servers answer every robot, so step back now.
+        Not for the process this standby replaced (it withdraws on hearing this standby), nor for beats
+        still in flight from a primary whose token vanished (it is dead)."""
+        with self._lock:
+            if self.active.is_set() and self.replaced is None and not self.failed and self.primary_token is not False:
+                self.primary_found_serving += 1
+                self._step_back(f"primary {self.standby_for} is serving ({self.primary_found_serving} such "
+                                "step-backs so far)")
 
     def _step_back(self, why: str) -> None:
         self.active.clear()
@@ -207,22 +337,29 @@ class Beat:
                      "slowest_turn_s": self.slowest_turn_s}, labels=labels))
 
     @staticmethod
-    def decode(payload: bytes) -> Beat:
+    def decode(payload: bytes, sender: str | None = None) -> Beat:
+        """The beat in `payload`; `sender`: the server id of the key it arrived on, which must be the
+        one the beat names (`identity`: the access control lets each server put on its own key only,
+        so the key, not what a sender writes, says who sent it)."""
         if len(payload) > MAX_BEAT_BYTES:
-            raise ProtocolError(f"a heartbeat of {len(payload)} bytes (at most {MAX_BEAT_BYTES})")
+            raise ProtocolError("too_large", f"a heartbeat of {len(payload)} bytes (at most {MAX_BEAT_BYTES})")
         msg = codec.decode_telemetry(payload)
+        if msg.source != "server":
+            raise ProtocolError("not_a_heartbeat", f"telemetry of a {msg.source[:32]!r}, not of a server")
+        if sender is not None and msg.source_id != sender:
+            raise ProtocolError("identity", f"a heartbeat naming {msg.source_id[:64]!r} on the key of {sender!r}")
         m = msg.metrics
 
         def number(name: str) -> float:  # (a NaN or an infinity would raise in int(): never past here)
             value = m.get(name, 0)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ProtocolError(f"a heartbeat's {name} is not a finite number")
+                raise ProtocolError("out_of_range", f"a heartbeat's {name} is not a finite number")
             return float(value)
 
         beat = Beat(msg.source_id, msg.labels.get("incarnation", ""), bool(number("serving")), int(number("served")),
                     int(number("waiting")), number("slowest_turn_s"), msg.labels.get("replaces"))
         if not (beat.served >= 0 and beat.waiting >= 0 and 0.0 <= beat.slowest_turn_s <= MAX_TURN_S):
-            raise ProtocolError(f"a heartbeat out of range (served {beat.served}, waiting {beat.waiting}, "
+            raise ProtocolError("out_of_range", f"a heartbeat out of range (served {beat.served}, waiting {beat.waiting}, "
                                 f"slowest turn {beat.slowest_turn_s} s)")
         return beat
 
@@ -293,12 +430,16 @@ class Heartbeats:
         self.models = models
         self.withdraw = withdraw
         self.period_s = period_s
-        self._inbox: deque[tuple[int, bytes]] = deque(maxlen=INBOX)
+        self._inbox: deque[tuple[int, str | None, bytes]] = deque(maxlen=INBOX)  # (model, sender by key, payload)
         self._watches = [ServedWorkWatch() for _ in models]
         self._dropped_seen = [0] * len(models)
         self._was_active = [False] * len(models)
         self._turns_seen = [0] * len(models)
         self._progress_s = [time.monotonic()] * len(models)  # when each model was last idle or served
+        self._peers_s: list[dict[str, float]] = [{} for _ in models]  # other servers heard: when last
+        self._awaited: list[set[str]] = [set() for _ in models]  # woken from a freeze: servers not heard again yet
+        self._hold_min_s = [0.0] * len(models)  # ... and the shortest hold
+        self._primary_heard = [False] * len(models)  # (a standby before its first judgement)
         self._publishers = []
         self._subscriptions = []
         self._stop = threading.Event()
@@ -311,25 +452,28 @@ class Heartbeats:
         for i, model in enumerate(self.models):
             self._publishers.append(self.session.publisher(model.app.server_heartbeat(self.server_id), METRICS_QOS))
             self._subscriptions.append(self.session.subscribe(
-                model.app.all_server_heartbeats, lambda key, payload, i=i: self._on_beat(i, payload)))
+                model.app.all_server_heartbeats, lambda key, payload, i=i: self._on_beat(i, key, payload)))
         self._thread.start()
         return self
 
-    def _on_beat(self, i: int, payload: bytes) -> None:
-        """Zenoh callback: hand a heartbeat to the heartbeat thread; a larger one than any heartbeat
-        is dropped here, counted."""
+    def _on_beat(self, i: int, key: str, payload: bytes) -> None:
+        """Zenoh callback: hand a heartbeat and its sender (the server id of its key) to the heartbeat
+        thread; one larger than any heartbeat is dropped here, counted."""
         if len(payload) > MAX_BEAT_BYTES:
-            self.models[i].role.heartbeats_refused += 1
+            self.models[i].role.refuse_heartbeat("too_large")
             return
-        self._inbox.append((i, payload))
+        self._inbox.append((i, _sender(key), payload))
 
     def _may_have_stalled(self, i: int, now_s: float) -> bool:
-        """Whether a standby could rightly have replaced this server's model `i`: this process was
-        frozen (its answers are held since), or work waited with no turn served for as long as a
-        standby waits before it takes over (`ServedWorkWatch`)."""
+        """Whether a standby could rightly have replaced this server's model `i`: this process froze or
+        work waited with no turn served for as long as a standby waits before it takes over
+        (`ServedWorkWatch`), now or within `CLAIM_WINDOW_S`."""
         role = self.models[i].role
-        limit_s = max(TAKEOVER_AFTER_S, SLOW_TURN_SLACK * role.slowest_turn_s)
-        return now_s < role.hold_until_s or now_s - self._progress_s[i] >= limit_s
+        return now_s < role.hold_until_s or self._stalled(i, now_s) or now_s - role.stalled_s <= CLAIM_WINDOW_S
+
+    def _stalled(self, i: int, now_s: float) -> bool:
+        role = self.models[i].role
+        return now_s - self._progress_s[i] >= max(TAKEOVER_AFTER_S, SLOW_TURN_SLACK * role.slowest_turn_s)
 
     def heard_primary(self, i: int) -> bool:
         """Whether model `i`'s standby has heard its primary's heartbeat (it then decides by served work)."""
@@ -360,26 +504,38 @@ class Heartbeats:
     def tick(self, now_s: float) -> None:
         """One period: notice a freeze of this process, read the heartbeats received, judge the
         primary (standby), publish this server's heartbeats."""
-        frozen_s = None if self._last_tick_s is None else now_s - self._last_tick_s
+        last_tick_s = self._last_tick_s
+        frozen_s = None if last_tick_s is None else now_s - last_tick_s
         self._last_tick_s = now_s
-        for model in self.models:
+        for i, model in enumerate(self.models):
             if frozen_s is not None and frozen_s > TAKEOVER_AFTER_S and model.role.active.is_set():
-                model.role.hold_until_s = now_s + RESUME_HOLD_S
-                log.warning("%s: this process did not run for %.2f s (frozen?); answers held %.2f s, until a "
-                            "standby that may have replaced it is heard", model.role.name, frozen_s, RESUME_HOLD_S)
+                self._awaited[i] = {s for s, t in self._peers_s[i].items() if last_tick_s - t <= PEER_RECENT_S}
+                self._hold_min_s[i] = now_s + RESUME_HOLD_S
+                model.role.woke(now_s, now_s + RESUME_HOLD_MAX_S)
+                log.warning("%s: this process did not run for %.2f s (frozen?); answers to what arrived before are "
+                            "dropped, the others held until %s heard again (at most %.1f s)", model.role.name,
+                            frozen_s, sorted(self._awaited[i]) or "no other server", RESUME_HOLD_MAX_S)
             model.role.beat_tick_s = now_s
         while self._inbox:
-            i, payload = self._inbox.popleft()
-            try:
-                beat = Beat.decode(bytes(payload))
-            except ProtocolError as exc:  # another version's, not a heartbeat, or out of range: ignored
-                self.models[i].role.heartbeats_refused += 1
-                log.debug("unreadable heartbeat: %s", exc)
+            i, sender, payload = self._inbox.popleft()
+            if sender is None:  # (the subscription's key expression allows no other key)
+                self.models[i].role.refuse_heartbeat("key")
                 continue
-            if beat.server_id != self.server_id:
-                self._heard(i, beat, now_s)
+            if sender == self.server_id:
+                continue  # its own
+            try:
+                beat = Beat.decode(bytes(payload), sender)
+            except ProtocolError as exc:  # another version's, not a heartbeat, out of range, another's name
+                self.models[i].role.refuse_heartbeat(str(exc.reason))
+                if worth_logging(self.models[i].role.heartbeats_refused):
+                    log.warning("%s: a heartbeat refused on the key of %s: %s (%d refused so far)",
+                                self.models[i].role.name, sender, exc, self.models[i].role.heartbeats_refused)
+                continue
+            self._heard(i, beat, now_s)
         for i, model in enumerate(self.models):
             role = model.role
+            if now_s < role.hold_until_s and not self._awaited[i] and now_s >= self._hold_min_s[i]:
+                role.hold_until_s = now_s  # every server heard before the freeze was heard again
             active = role.active.is_set()
             if self._was_active[i] and not active:
                 self._watches[i].forget()  # stepped back: judged afresh from the primary's next heartbeat
@@ -387,14 +543,21 @@ class Heartbeats:
             if role.is_standby and not active and not role.failed:
                 if model.standby_dropped != self._dropped_seen[i]:
                     self._watches[i].on_work(now_s)
-                why = self._watches[i].verdict(now_s)
-                if why is not None:
-                    role.take_over_stalled(self._watches[i].last.incarnation, why)
+                    if role.startup is not None:
+                        role.startup.on_routed(now_s)  # a robot's observation reached this standby
+                if role.startup is not None:
+                    role.judge_startup(now_s, self._primary_heard[i])
+                else:
+                    why = self._watches[i].verdict(now_s)
+                    if why is not None:
+                        role.take_over_stalled(self._watches[i].last.incarnation, why)
             self._dropped_seen[i] = model.standby_dropped
             self._seq += 1
             waiting = model.session_table.waiting(computing=True)
             if waiting == 0 or role.served_turns != self._turns_seen[i]:
                 self._progress_s[i] = now_s  # idle, or serving: nothing a standby could have replaced
+            elif self._stalled(i, now_s):
+                role.stalled_s = now_s
             self._turns_seen[i] = role.served_turns
             beat = Beat(self.server_id, role.incarnation, role.active.is_set(), role.served_turns,
                         waiting, role.slowest_turn_s, role.replaced)
@@ -403,6 +566,10 @@ class Heartbeats:
     def _heard(self, i: int, beat: Beat, now_s: float) -> None:
         model, watch = self.models[i], self._watches[i]
         role = model.role
+        self._peers_s[i][beat.server_id] = now_s
+        self._awaited[i].discard(beat.server_id)
+        if role.startup is not None:
+            role.startup.on_routed(now_s)  # another server's heartbeat reached this standby
         if beat.serving and beat.replaces == f"{self.server_id}/{role.incarnation}" and not role.failed:
             if self._may_have_stalled(i, now_s):
                 self.withdraw(model, f"replaced by standby {beat.server_id} after this server stalled")
@@ -416,5 +583,17 @@ class Heartbeats:
             return
         if role.replaced == f"{beat.server_id}/{beat.incarnation}":
             return  # the stalled process it replaced, woken: it withdraws on hearing this standby
+        self._primary_heard[i] = True
         watch.on_beat(beat, now_s)
         role.on_primary_incarnation(beat.incarnation)
+        if beat.serving:
+            role.on_primary_serving()
+
+
+def _sender(key: str) -> str | None:
+    """The server id of a heartbeat key, `<app>/server/<server_id>/heartbeat` (None for another key)."""
+    try:
+        parsed = parse_key(key)
+    except ValueError:
+        return None
+    return parsed.server_id if parsed.topic == HEARTBEAT else None

@@ -263,10 +263,12 @@ class PolicyServer:
     def _start_role(self, model: ServedModel) -> None:
         role = model.role
         if role.is_standby:
+            # No judgement from a liveliness query here: before the transport routes, Zenoh may answer
+            # it from this session's own empty view. The heartbeat thread judges once there is evidence
+            # (`failover.StartupJudge`): the primary's heartbeat or token, or robots' observations.
+            role.start_standby(time.monotonic())
             primary = model.app.server_token(role.standby_for)
             self._session.watch_liveliness(primary, lambda key, alive, r=role: r.on_primary(alive))
-            if not self._session.alive(primary, timeout_s=0.5):
-                role.on_primary(False)  # no primary at all: serve until one appears
         else:
             others = [k for k in self._session.alive(model.app.all_servers, timeout_s=0.3)
                       if k != model.app.server_token(self.server_id)]

@@ -112,11 +112,15 @@ class Serving:
         except Exception as exc:  # the runner returned something that is not an answer of its kind
             self.reject(model, session, Reason.INFERENCE_ERROR, f"{type(exc).__name__}: {exc}")
             return False
-        if model.role is not None and not model.role.may_serve(time.monotonic()):
-            model.role.answers_held += 1  # woke from a freeze, or replaced meanwhile (server/failover.py)
+        role, arrival_s = model.role, r.slot.arrival_s
+        # Asked now and again by the publisher's thread as it hands the bytes to Zenoh: a freeze in
+        # between (the process stopped with this answer queued) must not let it out after a standby
+        # took over; refusals are counted in `answers_held` (server/failover.py).
+        valid = None if role is None else (lambda: role.may_publish(arrival_s, time.monotonic()))
+        if valid is not None and not valid():
             return False
         try:
-            self._publisher(model, session.client_id).put(payload)
+            self._publisher(model, session.client_id).put(payload, valid=valid)
         except Exception as exc:
             self.reject(model, session, Reason.PUBLISH_ERROR, str(exc))
             return False

@@ -58,7 +58,8 @@ class Publisher:
     Counters (read them from any thread): `sent` (handed to Zenoh; with congestion control DROP, Zenoh
     may still drop it on a congested link, silently), `dropped` (never handed to Zenoh: the
     publisher's queue was full; only with `QoS.queue_depth`), `errors` (Zenoh refused the put;
-    queued publishers only, a direct `put` raises instead).
+    queued publishers only, a direct `put` raises instead), `withheld` (its `valid` said no when
+    it was about to be handed to Zenoh).
     """
 
     def __init__(self, publisher: zenoh.Publisher, key: str):
@@ -67,10 +68,16 @@ class Publisher:
         self.sent = 0
         self.dropped = 0
         self.errors = 0
+        self.withheld = 0
 
-    def put(self, payload: bytes, attachment: bytes | None = None) -> None:
+    def put(self, payload: bytes, attachment: bytes | None = None, *, valid: Callable[[], bool] | None = None) -> None:
         """Publish `payload`; `attachment`: bytes carried beside it (Zenoh attachment), e.g. an
-        observation's header (docs/protocol.md §5.1.1)."""
+        observation's header (docs/protocol.md §5.1.1). `valid`: asked just before the bytes are
+        handed to Zenoh (on the sending thread of a queued publisher); False withholds them (an
+        answer gone stale while it waited, e.g. a server woken from a freeze)."""
+        if valid is not None and not valid():
+            self.withheld += 1
+            return
         self._send(payload, attachment)
 
     def _send(self, payload: bytes, attachment: bytes | None = None) -> None:
@@ -100,7 +107,7 @@ class QueuedPublisher(Publisher):
 
     def __init__(self, publisher: zenoh.Publisher, key: str, depth: int):
         super().__init__(publisher, key)
-        self._queue: collections.deque[tuple[bytes, bytes | None]] = collections.deque()
+        self._queue: collections.deque[tuple[bytes, bytes | None, Callable[[], bool] | None]] = collections.deque()
         self._depth = depth
         self._ready = threading.Condition()
         self._closed = False
@@ -108,14 +115,14 @@ class QueuedPublisher(Publisher):
         self._thread = threading.Thread(target=self._run, name=f"publisher:{key}", daemon=True)
         self._thread.start()
 
-    def put(self, payload: bytes, attachment: bytes | None = None) -> None:
+    def put(self, payload: bytes, attachment: bytes | None = None, *, valid: Callable[[], bool] | None = None) -> None:
         with self._ready:
             if self._closed:
                 raise TransportError(f"put on {self.key}: the publisher is closed")
             if len(self._queue) >= self._depth:
                 self._queue.popleft()
                 self.dropped += 1
-            self._queue.append((payload, attachment))
+            self._queue.append((payload, attachment, valid))
             self._ready.notify()
 
     @property
@@ -129,7 +136,10 @@ class QueuedPublisher(Publisher):
                     self._ready.wait()
                 if not self._queue:  # closed and drained
                     return
-                payload, attachment = self._queue.popleft()
+                payload, attachment, valid = self._queue.popleft()
+            if valid is not None and not valid():
+                self.withheld += 1
+                continue
             try:
                 self._send(payload, attachment)
             except TransportError as exc:
