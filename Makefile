@@ -168,6 +168,13 @@ test-faults: $(STAMP)
 soak: $(STAMP)
 	$(PY) -m benchmarks.studies.soak --minutes $(SOAK_MINUTES) --robots $(SOAK_ROBOTS) $(SOAK_ARGS)
 
+# Hot standby over mutual TLS via a router (docs/reliability.md, "Start-up and step-back"): 20 start-ups
+# of real server processes with the primary ready 1.8 s ahead, and 20 primaries frozen mid-batch (SIGSTOP
+# 2-12 s, then SIGCONT); `make test` runs a few of each. About 15 min on 2 cores.
+.PHONY: test-failover-faults
+test-failover-faults: $(STAMP)
+	LZ_TEST_FAILOVER_FAULTS=1 $(PY) -m pytest tests/test_failover_tls.py -s -p no:xdist
+
 # Benchmarks against LeRobot's gRPC async inference and the physical floor (docs/benchmarks.md): a few
 # minutes on 2 cores; BENCH_ARGS=--full for the long runs. Shaped links need root (network namespaces).
 # Rewrites the results table of README.md from the run (benchmarks/results_table.py).

@@ -68,7 +68,11 @@ def model_figures(model: ServedModel) -> tuple[dict, dict]:
         "takeovers_stalled": model.role.takeovers_stalled if model.role is not None else 0,
         "standby_dropped": model.standby_dropped,
         "answers_held": model.role.answers_held if model.role is not None else 0,
+        "stepped_back": model.role.stepped_back if model.role is not None else 0,
+        "primary_found_serving": model.role.primary_found_serving if model.role is not None else 0,
         "heartbeats_refused": model.role.heartbeats_refused if model.role is not None else 0,
+        **({f"heartbeats_refused.{reason}": n for reason, n in model.role.heartbeats_refused_by.items()}
+           if model.role is not None else {}),
         "replacement_claims_ignored": model.role.replacement_claims_ignored if model.role is not None else 0,
         "observations_for_other_components": model.for_other_components,
         "answers_withheld": model.answers_withheld,
