@@ -213,7 +213,7 @@ def test_a_beat_naming_another_server_than_its_key_is_refused_and_counted():
         gpu1.beats._on_beat(0, key, _forged("gpu0", served=k))
     gpu1.beats._on_beat(0, "c/e/m/v/a/server/gpu2/metrics", _forged("gpu2"))  # not a heartbeat key
     gpu1.beats.tick(0.0)
-    assert gpu1.role.heartbeats_refused_by == {"identity": 5, "key": 1} and gpu1.role.heartbeats_refused == 6
+    assert gpu1.role.heartbeats_refused_by == {"heartbeat_identity": 5, "heartbeat_key": 1} and gpu1.role.heartbeats_refused == 6
     assert not gpu1.beats.heard_primary(0)
     gpu1.beats._on_beat(0, APP.server_heartbeat("gpu0"), _forged("gpu0", served=1))
     gpu1.beats.tick(0.1)
@@ -319,3 +319,29 @@ def test_an_answer_queued_when_the_process_froze_is_withheld_by_the_publishers_t
     finally:
         pub.close()
     assert raw.sent == [b"first"] and role.answers_held == 1
+
+
+def test_the_generated_acl_lets_each_identity_put_on_no_heartbeat_key_but_a_servers_own():
+    """The key a beat arrives on is its sender's identity only if nobody else may put there: with
+    gpu0, its standby gpu1 and gpu2 serving one app, robots, an engine and a monitor, every put a
+    rule grants is checked against every server's heartbeat key (router mesh rules aside: routers
+    pass what was checked where it entered)."""
+    import zenoh
+
+    from lerobot_zenoh.security.acl import AppGrant, Deployment, access_control
+
+    other = AppKey("c", "e", "m2", "v", "a")  # a second app served by gpu0 only
+    servers = ("gpu0", "gpu1", "gpu2")
+    acl = access_control(Deployment((AppGrant(APP, ("robA", "robB"), servers, engines=("edge0",)),
+                                     AppGrant(other, ("robA",), ("gpu0",))), ("mon",)))
+    rules = {r["id"]: r for r in acl["rules"]}
+    for policy in acl["policies"]:
+        name = policy["subjects"][0].removeprefix("cn/")
+        puts = [k for rid in policy["rules"] for k in rules[rid]["key_exprs"]
+                if "put" in rules[rid]["messages"] and "ingress" in rules[rid]["flows"]]
+        for app in (APP, other):
+            for server in (*servers, "gpu9"):
+                beat_key = zenoh.KeyExpr(app.server_heartbeat(server))
+                allowed = [k for k in puts if zenoh.KeyExpr(k).intersects(beat_key)]
+                own = name == server and (app is APP or server == "gpu0")
+                assert allowed == ([app.server_heartbeat(server)] if own else []), (name, server, allowed)

@@ -150,7 +150,7 @@ class Forger:
 
 def test_a_frozen_primary_is_taken_over_in_the_usual_time_while_a_third_server_forges_its_heartbeats(fleet, tmp_path):
     """Before: the standby took gpu2's beats as gpu0's, and a frozen gpu0 was not taken over for the
-    whole freeze. Now they are refused (`identity`), and the takeover takes what it takes without them."""
+    whole freeze. Now they are refused (`heartbeat_identity`), and the takeover takes what it takes without them."""
     gpu1 = PolicyServer(fleet.manifest("gpu1")).start()
     gpu0 = ServerProcess(fleet, "gpu0", tmp_path / "gpu0.log")
     robot = forger = None
@@ -166,7 +166,7 @@ def test_a_frozen_primary_is_taken_over_in_the_usual_time_while_a_third_server_f
         deadline = time.monotonic() + 12
         while time.monotonic() < deadline and not any(s == "gpu1" for _, s, _ in robot.chunks):
             forger.beat(incarnation)
-            if stop_s is None and role.heartbeats_refused_by["identity"] >= 5:
+            if stop_s is None and role.heartbeats_refused_by["heartbeat_identity"] >= 5:
                 stop_s = time.monotonic()
                 gpu0.proc.send_signal(signal.SIGSTOP)
             time.sleep(0.1)
@@ -176,8 +176,8 @@ def test_a_frozen_primary_is_taken_over_in_the_usual_time_while_a_third_server_f
         print(f"SIGSTOP -> first chunk of the standby {took_s * 1000:.0f} ms with {forger.sent} forged beats; "
               f"refused {dict(role.heartbeats_refused_by)}")
         assert took_s < 3.0 and role.takeovers_stalled == 1 and role.replaced.startswith("gpu0/")
-        assert role.heartbeats_refused_by["identity"] >= 5
-        assert set(role.heartbeats_refused_by) == {"identity"}  # those on gpu0's key never got past the router
+        assert role.heartbeats_refused_by["heartbeat_identity"] >= 5
+        assert set(role.heartbeats_refused_by) == {"heartbeat_identity"}  # those on gpu0's key never got past the router
     finally:
         if forger is not None:
             forger.close()

@@ -44,7 +44,7 @@ Exactly one server serves at a time, so a client never gets two chunks for one o
 
 A heartbeat's sender is the `<server_id>` of the key it arrived on (the key the access control lets
 only that server put on), never the `source_id` written in it: a beat whose `source_id` differs from
-its key is refused and counted (`heartbeats_refused.identity`).
+its key is refused and counted (`heartbeats_refused.heartbeat_identity`).
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ from lerobot_zenoh.errors import ProtocolError, TransportError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.keys import HEARTBEAT, parse_key
 from lerobot_zenoh.protocol.messages import Telemetry
+from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.telemetry.publisher import worth_logging
 from lerobot_zenoh.transport.session import METRICS_QOS
 
@@ -342,24 +343,24 @@ class Beat:
         one the beat names (`identity`: the access control lets each server put on its own key only,
         so the key, not what a sender writes, says who sent it)."""
         if len(payload) > MAX_BEAT_BYTES:
-            raise ProtocolError("too_large", f"a heartbeat of {len(payload)} bytes (at most {MAX_BEAT_BYTES})")
+            raise ProtocolError(Reason.TOO_LARGE, f"a heartbeat of {len(payload)} bytes (at most {MAX_BEAT_BYTES})")
         msg = codec.decode_telemetry(payload)
         if msg.source != "server":
-            raise ProtocolError("not_a_heartbeat", f"telemetry of a {msg.source[:32]!r}, not of a server")
+            raise ProtocolError(Reason.NOT_A_HEARTBEAT, f"telemetry of a {msg.source[:32]!r}, not of a server")
         if sender is not None and msg.source_id != sender:
-            raise ProtocolError("identity", f"a heartbeat naming {msg.source_id[:64]!r} on the key of {sender!r}")
+            raise ProtocolError(Reason.HEARTBEAT_IDENTITY, f"a heartbeat naming {msg.source_id[:64]!r} on the key of {sender!r}")
         m = msg.metrics
 
         def number(name: str) -> float:  # (a NaN or an infinity would raise in int(): never past here)
             value = m.get(name, 0)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ProtocolError("out_of_range", f"a heartbeat's {name} is not a finite number")
+                raise ProtocolError(Reason.HEARTBEAT_OUT_OF_RANGE, f"a heartbeat's {name} is not a finite number")
             return float(value)
 
         beat = Beat(msg.source_id, msg.labels.get("incarnation", ""), bool(number("serving")), int(number("served")),
                     int(number("waiting")), number("slowest_turn_s"), msg.labels.get("replaces"))
         if not (beat.served >= 0 and beat.waiting >= 0 and 0.0 <= beat.slowest_turn_s <= MAX_TURN_S):
-            raise ProtocolError("out_of_range", f"a heartbeat out of range (served {beat.served}, waiting {beat.waiting}, "
+            raise ProtocolError(Reason.HEARTBEAT_OUT_OF_RANGE, f"a heartbeat out of range (served {beat.served}, waiting {beat.waiting}, "
                                 f"slowest turn {beat.slowest_turn_s} s)")
         return beat
 
@@ -460,7 +461,7 @@ class Heartbeats:
         """Zenoh callback: hand a heartbeat and its sender (the server id of its key) to the heartbeat
         thread; one larger than any heartbeat is dropped here, counted."""
         if len(payload) > MAX_BEAT_BYTES:
-            self.models[i].role.refuse_heartbeat("too_large")
+            self.models[i].role.refuse_heartbeat(Reason.TOO_LARGE)
             return
         self._inbox.append((i, _sender(key), payload))
 
@@ -519,7 +520,7 @@ class Heartbeats:
         while self._inbox:
             i, sender, payload = self._inbox.popleft()
             if sender is None:  # (the subscription's key expression allows no other key)
-                self.models[i].role.refuse_heartbeat("key")
+                self.models[i].role.refuse_heartbeat(Reason.HEARTBEAT_KEY)
                 continue
             if sender == self.server_id:
                 continue  # its own
