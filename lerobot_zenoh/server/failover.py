@@ -114,7 +114,7 @@ class StartupJudge:
             self.routed_s = now_s
 
     def verdict(self, now_s: float, primary_heard: bool, token: bool | None) -> str | None:
-        """"standby" (the primary is there), "gone: <why>" (take over), or None (not yet).
+        """`standby` (the primary is there), `gone: <why>` (take over), or None (not yet).
 
         `primary_heard`: a heartbeat of the primary reached this standby; `token`: its liveliness
         token as last reported (None: never reported; False: it vanished)."""
