@@ -170,7 +170,7 @@ soak: $(STAMP)
 
 # Hot standby over mutual TLS via a router (docs/reliability.md, "Start-up and step-back"): 20 start-ups
 # of real server processes with the primary ready 1.8 s ahead, and 20 primaries frozen mid-batch (SIGSTOP
-# 2-12 s, then SIGCONT); `make test` runs a few of each. About 15 min on 2 cores.
+# 2-12 s, then SIGCONT); `make test` runs a few of each. About 6 min on 2 cores.
 .PHONY: test-failover-faults
 test-failover-faults: $(STAMP)
 	LZ_TEST_FAILOVER_FAULTS=1 $(PY) -m pytest tests/test_failover_tls.py -s -p no:xdist
