@@ -213,11 +213,32 @@ def test_a_beat_naming_another_server_than_its_key_is_refused_and_counted():
         gpu1.beats._on_beat(0, key, _forged("gpu0", served=k))
     gpu1.beats._on_beat(0, "c/e/m/v/a/server/gpu2/metrics", _forged("gpu2"))  # not a heartbeat key
     gpu1.beats.tick(0.0)
-    assert gpu1.role.heartbeats_refused_by == {"heartbeat_identity": 5, "heartbeat_key": 1} and gpu1.role.heartbeats_refused == 6
+    # (only gpu2's newest beat is read at a tick: one refusal for the five)
+    assert gpu1.role.heartbeats_refused_by == {"heartbeat_identity": 1, "heartbeat_key": 1}
     assert not gpu1.beats.heard_primary(0)
     gpu1.beats._on_beat(0, APP.server_heartbeat("gpu0"), _forged("gpu0", served=1))
     gpu1.beats.tick(0.1)
-    assert gpu1.beats.heard_primary(0) and gpu1.role.heartbeats_refused == 6
+    assert gpu1.beats.heard_primary(0) and gpu1.role.heartbeats_refused == 2
+
+
+def test_a_flood_of_beats_on_other_keys_crowds_out_none_of_the_primarys():
+    """Another server floods its own key (10,000 beats between two ticks) and 100 invented server
+    ids put one each: the primary's beat is still read at the next tick, each flood costs one decode,
+    and senders beyond MAX_SENDERS are refused, counted."""
+    from lerobot_zenoh.server.failover import MAX_SENDERS
+
+    bus = Bus()
+    gpu1 = Node(bus, "gpu1", standby_for="gpu0")
+    gpu1.role.on_primary(True)
+    for k in range(10_000):
+        gpu1.beats._on_beat(0, APP.server_heartbeat("gpu2"), Beat("gpu2", "x", False, k, 0, 0.01).encode(k, 1.0))
+    for n in range(100):
+        gpu1.beats._on_beat(0, APP.server_heartbeat(f"fake{n}"), Beat(f"fake{n}", "x", False, 0, 0, 0.01).encode(1, 1.0))
+    gpu1.beats._on_beat(0, APP.server_heartbeat("gpu0"), _forged("gpu0", served=7))
+    gpu1.beats.tick(0.0)
+    assert gpu1.beats.heard_primary(0) and gpu1.beats._watches[0].last.served == 7
+    assert gpu1.role.heartbeats_refused_by == {"heartbeat_senders": 100 - (MAX_SENDERS - 1)}
+    assert gpu1.beats._peers_s[0]["gpu2"] == 0.0  # gpu2's newest beat was read
 
 
 @pytest.mark.parametrize("payload, reason", [

@@ -75,6 +75,7 @@ class Reason(StrEnum):
     HEARTBEAT_IDENTITY = "heartbeat_identity"  # its source_id is not the server id of the key it came on
     HEARTBEAT_OUT_OF_RANGE = "heartbeat_out_of_range"  # a count or turn time not finite, negative, or too large
     HEARTBEAT_KEY = "heartbeat_key"  # a key that is no server's heartbeat key
+    HEARTBEAT_SENDERS = "heartbeat_senders"  # more senders between two heartbeat ticks than a server keeps
     # -- the client's refusals of an answer
     ACTION_SHAPE = "action_shape"
     NON_FINITE = "non_finite"

@@ -86,8 +86,8 @@ CLAIM_WINDOW_S = 30.0
 STARTUP_GRACE_S = 3.0
 #: Serving turns whose duration gives the slowest recent turn.
 TURN_WINDOW = 32
-#: Heartbeats received and not yet read (the oldest are dropped beyond it).
-INBOX = 256
+#: Senders whose newest heartbeat is kept between two ticks (each model; its primary's always is).
+MAX_SENDERS = 32
 #: A heartbeat is a few hundred bytes; a larger one is not decoded. A slowest turn over this is not believed.
 MAX_BEAT_BYTES = 4096
 MAX_TURN_S = 600.0
@@ -431,7 +431,10 @@ class Heartbeats:
         self.models = models
         self.withdraw = withdraw
         self.period_s = period_s
-        self._inbox: deque[tuple[int, str | None, bytes]] = deque(maxlen=INBOX)  # (model, sender by key, payload)
+        # Each sender's newest heartbeat since the last tick, per model (its key's server id -> payload):
+        # a beat is a snapshot, so a flood on one key replaces that key's beat and crowds out no other's.
+        self._latest: list[dict[str, bytes]] = [{} for _ in models]
+        self._latest_lock = threading.Lock()
         self._watches = [ServedWorkWatch() for _ in models]
         self._dropped_seen = [0] * len(models)
         self._was_active = [False] * len(models)
@@ -458,12 +461,23 @@ class Heartbeats:
         return self
 
     def _on_beat(self, i: int, key: str, payload: bytes) -> None:
-        """Zenoh callback: hand a heartbeat and its sender (the server id of its key) to the heartbeat
-        thread; one larger than any heartbeat is dropped here, counted."""
+        """Zenoh callback: keep a heartbeat as its sender's newest (the sender is the server id of its
+        key) for the heartbeat thread; one larger than any heartbeat, on a key that is no heartbeat
+        key, or from a sender beyond `MAX_SENDERS` (its primary's never) is dropped here, counted."""
+        role = self.models[i].role
         if len(payload) > MAX_BEAT_BYTES:
-            self.models[i].role.refuse_heartbeat(Reason.TOO_LARGE)
+            role.refuse_heartbeat(Reason.TOO_LARGE)
             return
-        self._inbox.append((i, _sender(key), payload))
+        sender = _sender(key)
+        if sender is None:
+            role.refuse_heartbeat(Reason.HEARTBEAT_KEY)
+            return
+        with self._latest_lock:
+            latest = self._latest[i]
+            if sender in latest or len(latest) < MAX_SENDERS or sender == role.standby_for:
+                latest[sender] = payload
+                return
+        role.refuse_heartbeat(Reason.HEARTBEAT_SENDERS)
 
     def _may_have_stalled(self, i: int, now_s: float) -> bool:
         """Whether a standby could rightly have replaced this server's model `i`: this process froze or
@@ -517,11 +531,9 @@ class Heartbeats:
                             "dropped, the others held until %s heard again (at most %.1f s)", model.role.name,
                             frozen_s, sorted(self._awaited[i]) or "no other server", RESUME_HOLD_MAX_S)
             model.role.beat_tick_s = now_s
-        while self._inbox:
-            i, sender, payload = self._inbox.popleft()
-            if sender is None:  # (the subscription's key expression allows no other key)
-                self.models[i].role.refuse_heartbeat(Reason.HEARTBEAT_KEY)
-                continue
+        with self._latest_lock:
+            received, self._latest = self._latest, [{} for _ in self.models]
+        for i, sender, payload in ((i, s, p) for i, latest in enumerate(received) for s, p in latest.items()):
             if sender == self.server_id:
                 continue  # its own
             try:
