@@ -163,7 +163,7 @@ def test_a_frozen_primary_is_taken_over_in_the_usual_time_while_a_third_server_f
         incarnation = gpu1._heartbeats._watches[0].last.incarnation  # what a forger reads off gpu0's own beats
         forger = Forger(fleet)
         stop_s = None
-        deadline = time.monotonic() + 12
+        deadline = time.monotonic() + 8  # within the Zenoh lease (10 s): a takeover by the token comes later
         while time.monotonic() < deadline and not any(s == "gpu1" for _, s, _ in robot.chunks):
             forger.beat(incarnation)
             if stop_s is None and role.heartbeats_refused_by["heartbeat_identity"] >= 5:
@@ -175,7 +175,7 @@ def test_a_frozen_primary_is_taken_over_in_the_usual_time_while_a_third_server_f
         took_s = min(t for t, s, _ in robot.chunks if s == "gpu1") - stop_s
         print(f"SIGSTOP -> first chunk of the standby {took_s * 1000:.0f} ms with {forger.sent} forged beats; "
               f"refused {dict(role.heartbeats_refused_by)}")
-        assert took_s < 3.0 and role.takeovers_stalled == 1 and role.replaced.startswith("gpu0/")
+        assert role.takeovers_stalled == 1 and role.replaced.startswith("gpu0/")  # by served work, not the lease
         assert role.heartbeats_refused_by["heartbeat_identity"] >= 5
         assert set(role.heartbeats_refused_by) == {"heartbeat_identity"}  # those on gpu0's key never got past the router
     finally:
@@ -214,6 +214,7 @@ def _freezes(fleet: TlsFleet, tmp_path: Path, cycles: int, freeze_s: list[float]
                 n = len(robot.chunks)
                 stop_s = time.monotonic()
                 gpu0.proc.send_signal(signal.SIGSTOP)
+                stalled = role.takeovers_stalled
                 assert wait_for(lambda: any(s == "gpu1" for _, s, _ in robot.chunks[n:]), 15), "not taken over"
                 first_s = min(t for t, s, _ in robot.chunks[n:] if s == "gpu1")
                 time.sleep(max(0.0, stop_s + freeze_s[k % len(freeze_s)] - time.monotonic()))
@@ -221,7 +222,8 @@ def _freezes(fleet: TlsFleet, tmp_path: Path, cycles: int, freeze_s: list[float]
                 code = gpu0.proc.wait(30)
                 time.sleep(0.5)  # anything it let out on waking has arrived
                 stale = [(q, round(t - stop_s, 2)) for t, s, q in robot.chunks[n:] if s == "gpu0" and t > first_s]
-                result = {"takeover_s": round(first_s - stop_s, 2), "stale": stale, "exit": code,
+                result = {"takeover_s": round(first_s - stop_s, 2), "by_served_work": role.takeovers_stalled - stalled == 1,
+                          "stale": stale, "exit": code,
                           "held": "answers to what arrived before are dropped" in gpu0.log()}
                 print(f"freeze {k + 1}/{cycles} ({freeze_s[k % len(freeze_s)]:.1f} s): {result}")
                 results.append(result)
@@ -241,7 +243,7 @@ def _check_freezes(results: list[dict]) -> None:
     for r in results:
         assert r["stale"] == [], r
         assert r["exit"] == 1, r  # replaced: withdrew and exited
-        assert r["takeover_s"] < 3.0, r
+        assert r["by_served_work"], r  # not by the token, after the lease
 
 
 def test_a_primary_frozen_mid_batch_and_woken_publishes_nothing_after_the_takeover(fleet, tmp_path):
