@@ -216,8 +216,8 @@ class LeRobotRunner(BaseRunner):
                 raise PolicyError(f"{options.field('images_on_device')}: torchvision is not importable: {exc}") from exc
             index = torch_device.index if torch_device.index is not None else torch.cuda.current_device()
             image_device = f"cuda:{index}"
-        weights = path / WEIGHTS_FILE
-        if not weights.is_file():
+        weights = cls.weights_file(path)
+        if weights is not None and not weights.is_file():
             raise PolicyError(f"{weights}: missing: cannot load a checkpoint without its weights")
         config.device = torch_device.type
         cls.prepare_config(path, config, options)
@@ -251,7 +251,8 @@ class LeRobotRunner(BaseRunner):
             raise
         except Exception as exc:  # safetensors/torch/processor errors: the checkpoint is unusable
             raise PolicyError(f"{path}: cannot load {config.type} checkpoint: {exc}") from exc
-        check_weights(weights, policy, cls.file_key_candidates)
+        if weights is not None:
+            check_weights(weights, policy, cls.file_key_candidates)
         runner = cls(spec, policy, preprocessor, postprocessor, torch_device, path)
         runner.set_compile(options)
         return runner
@@ -261,6 +262,14 @@ class LeRobotRunner(BaseRunner):
     @classmethod
     def prepare_config(cls, path: Path, config: Any, options: LoadOptions) -> None:
         """Adjust the config before the model is built (e.g. point at local assets). Nothing by default."""
+
+    @classmethod
+    def weights_file(cls, path: Path) -> Path | None:
+        """The file `load_policy` takes the weights from: checked to exist before the model is built,
+        and against the loaded model after (`check_weights`). None only for a runner whose
+        `load_policy` makes the weights itself (the builder's random real-size models for benchmarks,
+        `lerobot_zenoh.checkpoint_builder.in_memory`); a server never loads such a runner."""
+        return path / WEIGHTS_FILE
 
     @classmethod
     def policy_class(cls, path: Path, config: Any) -> type:
