@@ -58,10 +58,7 @@ class _RandomWeights:
     """Mixed in before a runner class: `load_policy` draws the weights instead of reading them."""
 
     seed = 0
-
-    @classmethod
-    def weights_file(cls, path: Path) -> Path | None:
-        return None
+    weights_name = None
 
     @classmethod
     def load_policy(cls, path: Path, config: Any, options: Any) -> Any:
