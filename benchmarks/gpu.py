@@ -192,8 +192,11 @@ def render(data: dict[str, Any]) -> str:
             say(f"| {b} | {_pair(e)} | {comp} | {speed} | {start} | {c.get('max_diff', '')} | "
                 f"{'' if memory is None else memory} |")
         say("")
+    compiled_rtc = [{"case": f"compiled, {r['rows_with_leftover']} rows a leftover (eager calls so far: "
+                             f"{r.get('figures', {}).get('compile.eager_calls', '?')})", "batch": r["rtc_bucket"], **r}
+                    for r in phases.get("compiled", {}).get("rtc", [])]
     for name, title in (("images", "Images"), ("rtc", "Real-time chunking")):
-        rows = phases.get(name, {}).get("rows", [])
+        rows = phases.get(name, {}).get("rows", []) + (compiled_rtc if name == "rtc" else [])
         if rows:
             say(f"{title}:\n\n| case | batch | p50 / p90 ms |\n|---|---|---|")
             for r in rows:
@@ -560,8 +563,15 @@ class Run:
         alone = fleet.simulate(fleet.Config(**{**base.__dict__, "scheduler": "fifo", "max_batch": 1, "robots": 1}),
                                traces, latency_s, seeds)
         budget = alone.stalled_arrival_pct + 1.0
-        end = time.perf_counter() + max(5.0, available)
-        rungs = []
+        started = end = time.perf_counter()
+        end += max(5.0, available)
+        rungs: list[dict[str, Any]] = []
+
+        def figures() -> dict[str, Any]:
+            return {"profile_ms": {str(b): round(ms, 1) for b, ms in sorted(table.items())}, "profile_source": source,
+                    "saturation_batch": sat, "budget_pct": budget, "alone_stalled_pct": alone.stalled_arrival_pct,
+                    "seeds": len(seeds), "duration_s": self.s.fleet_duration_s}
+
         for name, scheduler, max_batch in (("FIFO, one at a time", "fifo", 1), ("FIFO, batched", "fifo", sat),
                                            ("wait ratio, batched", "wait_ratio", sat),
                                            ("FIFO, batched to the largest measured", "fifo", largest)):
@@ -583,21 +593,19 @@ class Run:
             robots = fleet.largest_fleet(at, "stalled_arrival_pct", budget, limit=self.s.fleet_limit,
                                          start=min(guess, self.s.fleet_limit))
             rungs.append({"rung": name, "max_batch": max_batch, "robots": robots})
-        return {"profile_ms": {str(b): round(ms, 1) for b, ms in sorted(table.items())}, "profile_source": source,
-                "saturation_batch": sat, "budget_pct": budget, "alone_stalled_pct": alone.stalled_arrival_pct,
-                "seeds": len(seeds), "duration_s": self.s.fleet_duration_s, "rungs": rungs}
+            # kept even if the run is cut during the next rung's search
+            self.report.record("fleet", "running", started, **figures(), rungs=rungs)
+        return {**figures(), "rungs": rungs}
 
 
-def load(folder: Path, settings: Settings, *, images_on_device: bool = False, compile_mode: str = "off",
-         buckets: tuple[int, ...] | None = None) -> Any:
-    """The runner the server would load for `folder` with these settings, its weights made on the device."""
+def load(folder: Path, settings: Settings, *, images_on_device: bool = False) -> Any:
+    """The runner the server would load for `folder` with these settings (eager, RTC on), its weights
+    made on the device, warmed up as the server's start-up does."""
     from lerobot_zenoh.checkpoint_builder.in_memory import load_in_memory
     from lerobot_zenoh.server.runners import LoadOptions, RtcSettings
-    from lerobot_zenoh.server.runners.compiled import CompileSettings
 
     options = LoadOptions(device=settings.device, dtype=settings.dtype, images_on_device=images_on_device,
                           rtc=RtcSettings(enabled=True, execution_horizon=RTC_HORIZON),
-                          compile=CompileSettings(mode=compile_mode, buckets=buckets),
                           max_batch=max(settings.batches))
     runner = load_in_memory(folder, options, seed=0)
     runner.warmup()
