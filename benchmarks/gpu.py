@@ -453,8 +453,9 @@ class Run:
         result: dict[str, Any] = {"mode": self.s.compile_mode, "buckets": buckets, "child_build_s": setup.get("build_s"),
                                   "rtc": rtc, "exit": rc, "killed_at_deadline": killed}
         if killed or len(self.compiled) < len(self.s.batches):
+            cut = " (the child was killed at the deadline, compiling the next one)" if killed else ""
             result |= {"status": "partial" if self.compiled else "skipped",
-                       "reason": f"{len(self.compiled)} of {len(self.s.batches)} buckets within {available:.0f} s"}
+                       "reason": f"{len(self.compiled)} of {len(self.s.batches)} buckets within {available:.0f} s{cut}"}
         if rc not in (0, None) and not killed:
             result |= {"status": "failed", "error": f"the compiling process exited {rc} (compile_child.log)"}
         return result
