@@ -711,6 +711,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--policy", choices=("pi05", "pi0"), default=None)
     p.add_argument("--architecture", choices=("tiny", "small", "full"), default=None)
     p.add_argument("--cameras", default=None, help="NAME:HxW,... (default base:224x224,wrist:224x224)")
+    p.add_argument("--compile-mode", choices=("off", "default", "max-autotune", "cuda_graphs"), default=None,
+                   help="the manifest's compile mode measured (gpu: cuda_graphs; dry run: default; smoke: off)")
     p.add_argument("--write-docs", default=None, help="replace the generated block of this markdown file")
     p.add_argument("--compile-child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--events", default=None, help=argparse.SUPPRESS)
@@ -732,6 +734,8 @@ def settings_of(args: argparse.Namespace) -> Settings:
         changes["policy"] = args.policy
     if args.architecture:
         changes["architecture"] = args.architecture
+    if args.compile_mode:
+        changes["compile_mode"] = args.compile_mode
     if args.cameras:
         from lerobot_zenoh.cli.build_checkpoint import _cameras
 

@@ -110,4 +110,5 @@ def test_two_models_on_one_gpu_serve_what_each_serves_alone(tmp_path):
     run.phase_eager(60.0)
     run.phase_images(60.0)
     figures = run.phase_two_models(60.0)
-    assert figures["batches"] >= 5 and figures["max_diff"] == 0.0 and figures["device_fallbacks"] == 0
+    # the same kernels on the same inputs: equal up to float32 rounding (memory overwritten would be garbage)
+    assert figures["batches"] >= 5 and figures["max_diff"] <= 1e-4 and figures["device_fallbacks"] == 0
