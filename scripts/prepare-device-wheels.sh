@@ -44,7 +44,11 @@ echo "== downloading ${#specs[@]} wheels for CPython 3.12 on x86-64 Linux, witho
     --platform manylinux_2_24_x86_64 --platform manylinux_2_31_x86_64 --platform manylinux_2_34_x86_64 \
     -d "$DEST" "${specs[@]}" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 echo "== building lerobot-zenoh's own wheel (its metadata; the code runs from the working tree)"
+# setuptools leaves build/ and the egg-info in the tree: removed after, unless they were there before.
+leftovers=()
+for d in build lerobot_zenoh.egg-info; do [ -e "$d" ] || leftovers+=("$d"); done
 "$PY" -m pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation -w "$DEST" . >/dev/null 2>&1
+for d in "${leftovers[@]}"; do rm -rf "$d"; done
 
 # What a device call carries: the working tree (tracked files and untracked ones git does not ignore)
 # plus the carried .whl/.
