@@ -103,6 +103,19 @@ BENCH_COMPILED_CAPACITY_ARGS ?=
 bench-compiled-capacity: $(STAMP)
 	$(PY) -m benchmarks.studies.compiled_capacity $(BENCH_COMPILED_CAPACITY_ARGS)
 
+# The GPU path in one command (docs/benchmarks.md, "On a lent GPU"): a real-size pi0.5 in bf16 built on
+# the device, eager and CUDA-graph batches, images decoded on the device, RTC, two models on one GPU and
+# robots per GPU by the fleet model, within 9 minutes on one H100; gpu.json and gpu.md land in
+# BENCH_GPU_OUT as each phase ends. DRY_RUN=1: the same script on the CPU at the small shape (< 3 min).
+# On a lent machine (no venv there): scripts/prepare-device-wheels.sh here, then
+# scripts/device-bench-gpu.sh there, or BENCH_GPU_PY=python3 with the wheels on PYTHONPATH.
+BENCH_GPU_OUT ?= outputs/bench_gpu
+BENCH_GPU_ARGS ?=
+BENCH_GPU_PY ?= $(PY)
+.PHONY: bench-gpu
+bench-gpu: $(if $(filter $(PY),$(BENCH_GPU_PY)),$(STAMP))
+	$(BENCH_GPU_PY) -m benchmarks.gpu $(if $(DRY_RUN),--dry-run) --out $(BENCH_GPU_OUT) $(BENCH_GPU_ARGS)
+
 # The serving core's pure parts (scheduler, placement, the dispatcher with a fake link and clock): seconds.
 test-core: $(STAMP)
 	$(PY) -m pytest -m core

@@ -192,3 +192,61 @@ def test_cli_refuses_existing_folder_without_force(act_checkpoint, capsys):
         cli_main([f"--output={act_checkpoint}", "--state_dim=3"])
     assert info.value.code == 2
     assert "--output" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- real size, without building it
+
+
+def test_full_pi_architectures_are_lerobots_own_sizes_counted_on_the_meta_device():
+    """`--architecture=full`: LeRobot 0.6.1's default variants (gemma_2b + gemma_300m expert, SigLIP
+    so400m), counted on a model built on the meta device (no 16 GB of weights made)."""
+    from lerobot_zenoh.checkpoint_builder.in_memory import parameter_counts
+
+    pi05, pi0 = parameter_counts("pi05", "full"), parameter_counts("pi0", "full")
+    # SigLIP so400m/14 at 224 px: 1152 wide x 27 layers (its 1152 -> 2048 projector is in neither part)
+    assert pi05["vision_tower"] == pi0["vision_tower"] == 412_442_352
+    # gemma_2b: 2048 wide x 18 layers + the 257,152-entry vocabulary table; lm_head untied, same size as it
+    assert pi05["language_model"] == pi0["language_model"] == 2_508_531_712
+    assert pi05["lm_head"] == 257_152 * 2048
+    # gemma_300m expert: pi0.5's adaptive norms make it larger than pi0's
+    assert pi0["action_expert"] == 574_788_608 and pi05["action_expert"] == 691_256_320
+    assert pi05["total"] == 4_143_404_816 and pi0["total"] == 4_028_019_472
+    assert parameter_counts("pi05", "tiny")["total"] < 30e6  # the test preset stays tiny
+
+
+def test_full_checkpoint_without_weights_declares_lerobots_sizes_and_a_server_refuses_it(tmp_path):
+    from lerobot.configs import PreTrainedConfig
+
+    from lerobot_zenoh.errors import PolicyError
+
+    folder = build_checkpoint(tmp_path / "pi05", policy_type="pi05", state_names=("a", "b"), action_names=("a", "b"),
+                              cameras={"front": (224, 224)}, chunk_size=50, architecture="full", weights=False)
+    assert not (folder / "model.safetensors").exists()
+    config = PreTrainedConfig.from_pretrained(folder, local_files_only=True)
+    assert (config.paligemma_variant, config.action_expert_variant) == ("gemma_2b", "gemma_300m")
+    assert tuple(config.image_resolution) == (224, 224)
+    assert "test_architecture" not in json.loads((folder / FEATURES_SIDECAR_NAME).read_text())
+    with pytest.raises(PolicyError, match="model.safetensors: missing"):
+        load_policy_runner(folder)
+    with pytest.raises(ConfigError, match="architecture"):
+        build_checkpoint(tmp_path / "fast", policy_type="pi0_fast", state_names=("a",), action_names=("a",),
+                         cameras=CAMERAS, chunk_size=10, architecture="full")
+
+
+def test_in_memory_runner_serves_what_the_saved_checkpoint_serves(tmp_path):
+    """The same seed on the same device draws the same weights: the runner built in memory answers as
+    the runner loaded from the written checkpoint does (the server's path but for the weights)."""
+    from lerobot_zenoh.checkpoint_builder.in_memory import load_in_memory
+    from lerobot_zenoh.server.runners import LoadOptions
+
+    cameras = {"front": (32, 32)}
+    folder = build_checkpoint(tmp_path / "pi0", policy_type="pi0", state_names=("a", "b"), action_names=("a", "b"),
+                              cameras=cameras, chunk_size=8, seed=3)
+    saved = load_policy_runner(folder)
+    in_memory = load_in_memory(folder, LoadOptions(device="cpu"), seed=3)
+    state = np.array([0.1, -0.2], dtype=np.float32)
+    images = {"front": np.full((32, 32, 3), 90, dtype=np.uint8)}
+    expected = saved.infer("s", state, images, "pick", seed=5)
+    assert np.array_equal(in_memory.infer("s", state, images, "pick", seed=5), expected)
+    other = load_in_memory(folder, LoadOptions(device="cpu"), seed=4)
+    assert not np.array_equal(other.infer("s", state, images, "pick", seed=5), expected)

@@ -172,18 +172,19 @@ def test_on_a_device_the_batch_decodes_in_one_call_and_falls_back_to_the_cpu(mon
 
     calls = []
 
-    def fake(data, device):
-        calls.append((len(data), device))
+    def fake(data, device, stream):
+        calls.append((len(data), device, stream))
         if any(bytes(d) == BAD[CUT] for d in data):
             raise RuntimeError("nvjpeg: the fake could not decode it")
         return [codec.decode_jpeg(d)[::-1] for d in data]  # marked: flipped, so it is told apart
 
     monkeypatch.setattr(device_images, "decode_on_device", fake)
+    monkeypatch.setattr(device_images, "decode_stream", lambda device: f"stream on {device}")
     shapes = {"front": (48, 64), "wrist": (48, 64)}
     decoder = JpegBatchDecoder(threads=2, device="cuda:0")
     sets = [frames(seed, shapes) for seed in range(3)] + [{**frames(9, shapes), "wrist": BAD["wrong size"]}]
     results = decoder.decode(sets, shapes)
-    assert calls == [(6, "cuda:0")]  # one call for every checked frame of the batch
+    assert calls == [(6, "cuda:0", "stream on cuda:0")]  # one call for every checked frame, on the decoder's stream
     assert results[3].reason == "wrong_image_shape"
     for frames_, images in zip(sets[:3], results[:3], strict=True):
         assert np.array_equal(images["front"], codec.decode_jpeg(frames_["front"])[::-1])
@@ -389,13 +390,14 @@ def test_nvjpeg_decodes_a_batch_close_to_libjpeg_turbo():
 
     sets = [frames(seed) for seed in range(4)]
     data = [f for s in sets for f in s.values()]
-    images = decode_on_device(data, "cuda:0")
+    stream = torch.cuda.Stream("cuda:0")
+    images = decode_on_device(data, "cuda:0", stream)
     for frame, image in zip(data, images, strict=True):
         cpu = codec.decode_jpeg(frame)
         assert image.device.type == "cuda" and image.dtype == torch.uint8 and tuple(image.shape) == cpu.shape
         # nvJPEG's IDCT and upsampling are not libjpeg-turbo's: close, not equal
         assert np.abs(image.cpu().numpy().astype(int) - cpu).mean() < 2.0
-    (alone,) = decode_on_device(data[3:4], "cuda:0")
+    (alone,) = decode_on_device(data[3:4], "cuda:0", stream)
     assert torch.equal(alone, images[3])  # a frame in a batch decodes as it does alone
 
 
@@ -412,3 +414,29 @@ def test_pinned_copies_to_the_gpu_give_lerobots_values_bit_for_bit():
     on_gpu = observation_tensors(spec, states, images, torch.device("cuda:0"))
     on_cpu = observation_tensors(spec, states, images, torch.device("cpu"))
     assert torch.equal(on_gpu["observation.images.front"].cpu(), on_cpu["observation.images.front"])
+
+
+@cuda
+def test_nvjpeg_never_writes_into_memory_the_callers_queued_kernels_still_read():
+    """pytorch/vision#9606's reproduction, through the server's decoder: tensors the size of a decoded
+    frame are freed while kernels queued on the caller's stream (behind a long sleep) are still to read
+    them; the decode must not be handed their blocks (runners/device_images.py, "Stream order")."""
+    import torch
+
+    shapes = {"front": (48, 64), "wrist": (48, 64)}
+    sets = [frames(seed, shapes) for seed in range(4)]
+    decoder = JpegBatchDecoder(device="cuda:0")
+    elements = 48 * 64 * 3 // 4  # float32 tensors of a decoded frame's bytes: the same allocator blocks
+    corrupted = 0
+    for _ in range(20):
+        victims = [torch.full((elements,), float(k + 1), device="cuda:0") for k in range(8)]
+        torch.cuda.synchronize()
+        torch.cuda._sleep(50_000_000)  # keeps the reads below queued while the decode is called
+        sums = [v.sum() for v in victims]
+        del victims  # freed on the caller's stream, their reads still queued
+        results = decoder.decode(sets, shapes)
+        torch.cuda.synchronize()
+        corrupted += sum(float(s) != elements * (k + 1) for k, s in enumerate(sums))
+        assert all(not isinstance(r, Exception) for r in results)
+    decoder.close()
+    assert decoder.device_fallbacks == 0 and corrupted == 0

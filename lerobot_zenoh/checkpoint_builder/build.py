@@ -103,6 +103,7 @@ def build_checkpoint(
     seed: int = 0,
     force: bool = False,
     architecture: str = "tiny",
+    weights: bool = True,
 ) -> Path:
     """Write a randomly initialized `policy_type` checkpoint to `output_dir` and return its path.
 
@@ -116,18 +117,25 @@ def build_checkpoint(
 
     `architecture` (pi0, pi05 and pi0_fast; LeRobot fixes their sizes by variant name): ``tiny`` (the test
     preset, `tiny_pi.TINY_PI_ARCHITECTURE`) or ``small`` (`tiny_pi.SMALL_PI_ARCHITECTURE`, for
-    measurements; pi0_fast: `tiny_pi0_fast.PI0_FAST_SHAPES`). A pi05's PaliGemma ``lm_head`` (which pi0.5 never calls for actions) is made
+    measurements; pi0_fast: `tiny_pi0_fast.PI0_FAST_SHAPES`), or (pi0 and pi05 only) ``full``: LeRobot's
+    own default variants, real size (`tiny_pi.FULL_ARCHITECTURE`; about 16 GB of float32 weights, and as
+    much memory and a minute or more of CPU time to build them). `weights=False` writes everything but
+    ``model.safetensors`` and builds no model: the folder a benchmark builds its model from on the
+    device itself (`checkpoint_builder.in_memory`); a server refuses such a folder. A pi05's PaliGemma ``lm_head`` (which pi0.5 never calls for actions) is made
     usable for greedy text: its rows beyond the bundled tokenizer's vocabulary are zeroed, so that
     the most likely token is one the tokenizer can decode (docs/policies.md, "pi0.5: actions and
     language from one prefill").
     """
-    from lerobot_zenoh.checkpoint_builder.tiny_pi import PI_ARCHITECTURES
+    from lerobot_zenoh.checkpoint_builder.tiny_pi import ARCHITECTURES, FULL_ARCHITECTURE, PI_ARCHITECTURES
 
-    if architecture not in PI_ARCHITECTURES:
-        raise ConfigError("architecture", f"{architecture!r} is not one of {', '.join(PI_ARCHITECTURES)}")
+    if architecture not in ARCHITECTURES:
+        raise ConfigError("architecture", f"{architecture!r} is not one of {', '.join(ARCHITECTURES)}")
     if architecture != "tiny" and policy_type not in ("pi0", "pi05", "pi0_fast"):
         raise ConfigError("architecture", f"applies to pi0, pi05 and pi0_fast only, not {policy_type!r}")
-    arch = PI_ARCHITECTURES[architecture]
+    if architecture == FULL_ARCHITECTURE and policy_type not in ("pi0", "pi05"):
+        raise ConfigError("architecture", f"{FULL_ARCHITECTURE} applies to pi0 and pi05 only, not {policy_type!r}")
+    # None: LeRobot's own sizes, built by LeRobot's own class.
+    arch = PI_ARCHITECTURES.get(architecture)
     if policy_type not in DEMO_OVERRIDES:
         choices = ", ".join(DEMO_OVERRIDES)
         raise ConfigError("policy_type", f"{policy_type!r} is not supported (choose from {choices})")
@@ -182,12 +190,8 @@ def build_checkpoint(
             config = make_policy_config(
                 policy_type, input_features=input_features, output_features=output_features, **kwargs
             )
-            policy_cls = _policy_class(policy_type, arch)
-            with torch.random.fork_rng(devices=[]), _fast_construction(config):
-                torch.manual_seed(seed)
-                policy = policy_cls(config)
-            policy.eval()
-            if policy_type == "pi05":
+            policy = random_policy(_policy_class(policy_type, arch), config, seed=seed) if weights else None
+            if policy is not None and policy_type == "pi05":
                 _usable_lm_head(policy, len(tokenizer))
         except Exception as exc:  # building a model from a config is pure: any failure means a bad config
             raise ConfigError("overrides", f"LeRobot rejected the {policy_type} config: {exc}") from exc
@@ -219,9 +223,12 @@ def build_checkpoint(
             _rename_tokenizer(preprocessor,
                               config.vlm_model_name if policy_type == "smolvla" else PALIGEMMA_TOKENIZER)
 
-        log.info("saving %.1f M parameters and the processors to %s ...",
-                 sum(p.numel() for p in policy.parameters()) / 1e6, output)
-        policy.save_pretrained(staging)
+        if policy is not None:
+            log.info("saving %.1f M parameters and the processors to %s ...",
+                     sum(p.numel() for p in policy.parameters()) / 1e6, output)
+            policy.save_pretrained(staging)
+        else:  # the config alone, as save_pretrained writes it
+            config.save_pretrained(staging)
         preprocessor.save_pretrained(staging)
         postprocessor.save_pretrained(staging)
         sidecar = {
@@ -235,7 +242,7 @@ def build_checkpoint(
         }
         if assets:
             sidecar["assets"] = assets
-        if policy_type in ("pi0", "pi05", "pi0_fast"):
+        if arch is not None and policy_type in ("pi0", "pi05", "pi0_fast"):
             sidecar["test_architecture"] = arch
         (staging / FEATURES_SIDECAR_NAME).write_text(json.dumps(sidecar, indent=2) + "\n")
         _publish(staging, output, force)
@@ -357,15 +364,30 @@ def _publish(staging: Path, output: Path, force: bool) -> None:
 
 
 def _policy_class(policy_type: str, arch: Mapping[str, Any] | None) -> type:
-    """LeRobot's class for `policy_type`; pi0/pi05/pi0_fast: `tiny_pi`'s subclass building `arch`
-    (their Gemma sizes are fixed by LeRobot)."""
+    """LeRobot's class for `policy_type`; pi0/pi05/pi0_fast with a test `arch`: `tiny_pi`'s subclass
+    building it (their Gemma sizes are fixed by LeRobot)."""
     from lerobot.policies import get_policy_class
 
-    if policy_type not in ("pi0", "pi05", "pi0_fast"):
+    if policy_type not in ("pi0", "pi05", "pi0_fast") or arch is None:
         return get_policy_class(policy_type)
     from lerobot_zenoh.checkpoint_builder.tiny_pi import tiny_policy_class
 
     return tiny_policy_class(policy_type, arch)
+
+
+def random_policy(policy_cls: type, config: Any, *, seed: int, device: str = "cpu") -> Any:
+    """``policy_cls(config)`` with random weights drawn from a private RNG seeded with `seed`, its
+    tensors made on `device` from the start (``"meta"``: shapes alone, no memory), in eval mode. The
+    caller's RNGs are left as they were. `config.device` must name the same device type (LeRobot's
+    pi0/pi05 constructors move the model there)."""
+    import torch
+
+    where = torch.device(device)
+    forked = [where.index or 0] if where.type == "cuda" else []
+    with torch.random.fork_rng(devices=forked, device_type="cuda"), where, _fast_construction(config):
+        torch.manual_seed(seed)
+        policy = policy_cls(config)
+    return policy.eval()
 
 
 def _usable_lm_head(policy: Any, vocab: int) -> None:
@@ -465,7 +487,7 @@ def _check_output(output: Path, force: bool) -> None:
 
 
 def _config_kwargs(policy_type: str, spec: PolicySpec, overrides: Mapping[str, Any] | None,
-                   arch: Mapping[str, Any]) -> dict[str, Any]:
+                   arch: Mapping[str, Any] | None) -> dict[str, Any]:
     from lerobot.configs import PreTrainedConfig
 
     config_cls = PreTrainedConfig.get_choice_class(policy_type)
@@ -495,7 +517,8 @@ def _config_kwargs(policy_type: str, spec: PolicySpec, overrides: Mapping[str, A
         kwargs["chunk_size"] = spec.chunk_size
         kwargs["n_action_steps"] = spec.chunk_size
         if policy_type in ("pi0", "pi05"):
-            kwargs.setdefault("image_resolution", tuple(arch["image_resolution"]))
+            if arch is not None:  # a test architecture's images; else LeRobot's own (224x224)
+                kwargs.setdefault("image_resolution", tuple(arch["image_resolution"]))
         if policy_type == "pi0_fast" and len(spec.action_names) > int(kwargs.get("max_action_dim", 32)):
             raise ConfigError("action_names", "more actions than pi0_fast's max_action_dim")
     elif policy_type == "act":

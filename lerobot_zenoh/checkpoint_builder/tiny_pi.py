@@ -64,6 +64,15 @@ SMALL_PI_ARCHITECTURE: dict[str, Any] = {
 #: The builder's presets by name (`build_checkpoint(..., architecture=...)`).
 PI_ARCHITECTURES: dict[str, dict[str, Any]] = {"tiny": TINY_PI_ARCHITECTURE, "small": SMALL_PI_ARCHITECTURE}
 
+#: LeRobot's own sizes (pi0 and pi0.5 only): its default variants as they are, ``gemma_2b`` (2048 wide x
+#: 18 layers) with a ``gemma_300m`` action expert (1024 x 18) and SigLIP so400m (1152 x 27 on 224x224
+#: images), 4.0 B (pi0) / 4.1 B (pi0.5) parameters. Built by LeRobot's own class: the checkpoint declares
+#: no test architecture, so the server loads it as it loads a user's.
+FULL_ARCHITECTURE = "full"
+
+#: Every name `build_checkpoint(..., architecture=...)` takes.
+ARCHITECTURES = (*PI_ARCHITECTURES, FULL_ARCHITECTURE)
+
 _MODULES = {"pi0": "lerobot.policies.pi0.modeling_pi0", "pi05": "lerobot.policies.pi05.modeling_pi05",
             "pi0_fast": "lerobot.policies.pi0_fast.modeling_pi0_fast"}
 _GEMMA_FIELDS = ("width", "depth", "mlp_dim", "num_heads", "num_kv_heads", "head_dim")

@@ -73,7 +73,8 @@ class BuildCheckpointConfig:
     # Replace an existing checkpoint folder.
     force: bool = False
     # pi0/pi05/pi0_fast size preset: tiny (tests, tens of ms per chunk) or small (VLM 256 wide x 6
-    # layers, 224 px images: for measurements).
+    # layers, 224 px images: for measurements); pi0/pi05 also full (LeRobot's own gemma_2b + gemma_300m
+    # expert + SigLIP so400m, 4 B parameters: ~16 GB written, as much memory to build).
     architecture: str = "tiny"
 
     def __post_init__(self) -> None:

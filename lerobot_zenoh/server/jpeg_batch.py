@@ -19,8 +19,12 @@ the set's images, or the `ProtocolError` of its first bad frame (camera order).
                    memory: uint8 (H, W, 3) tensors there. When that call fails (a frame nvJPEG cannot
                    read: progressive, CMYK, corrupt), the whole batch decodes on the CPU instead, so
                    each frame is served as libjpeg-turbo reads it or rejected with the CPU path's
-                   reason; counted (`device_fallbacks`). nvJPEG's pixels are not libjpeg-turbo's bit for
-                   bit, and this path has not been run on a GPU yet (docs/policies.md, "Images on the device").
+                   reason; counted (`device_fallbacks`). The decode runs on a CUDA stream of this
+                   decoder's own and is finished before its tensors are handed to the caller's stream,
+                   so that nvJPEG cannot write into memory another model's (or this model's) queued
+                   kernels still read (runners/device_images.py, "Stream order"). nvJPEG's pixels are
+                   not libjpeg-turbo's bit for bit, and this path has not been run on a GPU yet
+                   (docs/policies.md, "Images on the device").
 
 Runs on the thread that prepares a batch (the inference thread); holds no lock.
 """
@@ -64,6 +68,7 @@ class JpegBatchDecoder:
         self.device = device
         self.limits = limits
         self.device_fallbacks = 0  # batches nvJPEG could not decode, decoded on the CPU instead
+        self._stream: Any = None  # the CUDA stream this decoder decodes on, made at its first device decode
         self._pool = (ThreadPoolExecutor(max_workers=self.threads - 1, thread_name_prefix="jpeg")
                       if self.threads > 1 else None)
 
@@ -122,10 +127,12 @@ class JpegBatchDecoder:
         return out
 
     def _on_device(self, jobs: Sequence[_Job]) -> list[Any]:
-        from lerobot_zenoh.server.runners.device_images import decode_on_device
+        from lerobot_zenoh.server.runners.device_images import decode_on_device, decode_stream
 
+        if self._stream is None:
+            self._stream = decode_stream(self.device)
         try:
-            images = decode_on_device([data for _, _, data, _, _ in jobs], self.device)
+            images = decode_on_device([data for _, _, data, _, _ in jobs], self.device, self._stream)
         except (RuntimeError, ValueError) as exc:  # nvJPEG refused a frame; torchvision reports no partial result
             self.device_fallbacks += 1
             if worth_logging(self.device_fallbacks):

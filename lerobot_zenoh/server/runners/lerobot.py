@@ -216,8 +216,8 @@ class LeRobotRunner(BaseRunner):
                 raise PolicyError(f"{options.field('images_on_device')}: torchvision is not importable: {exc}") from exc
             index = torch_device.index if torch_device.index is not None else torch.cuda.current_device()
             image_device = f"cuda:{index}"
-        weights = path / WEIGHTS_FILE
-        if not weights.is_file():
+        weights = path / cls.weights_name if cls.weights_name else None
+        if weights is not None and not weights.is_file():
             raise PolicyError(f"{weights}: missing: cannot load a checkpoint without its weights")
         config.device = torch_device.type
         cls.prepare_config(path, config, options)
@@ -261,6 +261,10 @@ class LeRobotRunner(BaseRunner):
     @classmethod
     def prepare_config(cls, path: Path, config: Any, options: LoadOptions) -> None:
         """Adjust the config before the model is built (e.g. point at local assets). Nothing by default."""
+
+    #: The weights' file in the folder, checked against the loaded model (`check_weights`); None only for
+    #: a runner whose `load_policy` makes them (`checkpoint_builder.in_memory`: benchmarks, never a server).
+    weights_name: str | None = WEIGHTS_FILE
 
     @classmethod
     def policy_class(cls, path: Path, config: Any) -> type:
@@ -423,13 +427,16 @@ class LeRobotRunner(BaseRunner):
         raise NotImplementedError
 
 
-def check_weights(weights: Path, policy: Any, candidates: Any = None) -> None:
-    """`PolicyError` naming `weights` unless every tensor of the model came from that file.
+def check_weights(weights: Path | None, policy: Any, candidates: Any = None) -> None:
+    """`PolicyError` naming `weights` unless every tensor of the model came from that file (None: a
+    model whose weights were made, not read: `LeRobotRunner.weights_name`).
 
     Each file key must map (`candidates`) to a model key of the same shape whose loaded value equals
     it (cast to the model's dtype); each model key must have come from the file, or share storage
     with one that did (tied embeddings are saved once). Reads one tensor at a time.
     """
+    if weights is None:
+        return
     import torch
     from safetensors import safe_open
 
