@@ -73,7 +73,27 @@ FAST_CLIENT_MISTAKES = [
      ["--dataset.root: cannot write under /sys"]),
     ([SIM, "--resume=true"], 2, ["--resume: needs --dataset.repo_id"]),
     ([SIM, "--endpoint=127.0.0.1:{dead}"], 3, ["cannot connect to tcp/127.0.0.1:{dead}: nothing answers there"]),
+    # LeRobot async-inference flags: answered with what does the same here.
+    ([SIM, "--pretrained_name_or_path=lerobot/smolvla_base"], 2,
+     ["the model is chosen on the server: lerobot-policy-server --policy.path=lerobot/smolvla_base"]),
+    ([SIM, "--policy_type", "smolvla"], 2, ["--policy_type: the server reads the policy type from the checkpoint"]),
+    ([SIM, "--policy_device=mps"], 2, ["lerobot-policy-server --policy.device=mps"]),
+    ([SIM, "--chunk_size_threshold=0.5"], 2, ["--chunk_size_threshold:", "--send.buffer_time_s="]),
+    ([SIM, "--aggregate_fn_name=latest_only"], 2, ["--aggregate.type=latest_only"]),
 ]
+
+#: LeRobot's policy-server flags, answered by lerobot-policy-server before anything is loaded.
+FAST_SERVER_MISTAKES = [
+    (["--host=0.0.0.0", "--port=8080"], ["--host: the server listens on a Zenoh endpoint: --endpoint=tcp/0.0.0.0:8080"]),
+    (["--port", "9000"], ["--port:", "--endpoint=tcp/0.0.0.0:9000"]),
+]
+
+
+@pytest.mark.parametrize("args,needles", FAST_SERVER_MISTAKES, ids=[" ".join(c[0]) for c in FAST_SERVER_MISTAKES])
+def test_lerobot_policy_server_flags_are_answered_with_the_endpoint(args, needles):
+    result, imported = probe("lerobot_zenoh.cli.server", args)
+    one_line(result, 2, *needles)
+    assert imported == [], imported
 
 
 @pytest.mark.parametrize("args,code,needles", FAST_CLIENT_MISTAKES, ids=[" ".join(c[0]) or "none" for c in FAST_CLIENT_MISTAKES])

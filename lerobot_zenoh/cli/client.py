@@ -396,10 +396,12 @@ def main(argv: list[str] | None = None) -> int:
     LeRobot: the robot's own flags, the robot, the dataset."""
     import threading
 
-    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, EXIT_NO_SERVER, UsageError, fail, require_role
+    from lerobot_zenoh.cli.parsing import (EXIT_CONFIG, EXIT_NO_SERVER, LEROBOT_CLIENT_FLAGS, UsageError,
+                                           answer_foreign_flags, fail, require_role)
     from lerobot_zenoh.errors import CompatibilityError, LeRobotZenohError
 
     argv = sys.argv[1:] if argv is None else list(argv)
+    answer_foreign_flags(PROG, argv, LEROBOT_CLIENT_FLAGS)  # LeRobot async-inference flags: their equivalent
     if "--list" in argv:
         return list_main(argv)
     require_role(PROG, "lerobot", "robot")

@@ -219,9 +219,11 @@ def bind_error(exc: BaseException, endpoints: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, explain, one_line, parse, require_role
+    from lerobot_zenoh.cli.parsing import (EXIT_CONFIG, LEROBOT_SERVER_FLAGS, answer_foreign_flags, explain, one_line,
+                                           parse, require_role)
     from lerobot_zenoh.cli.stopping import begin_stop
 
+    answer_foreign_flags(PROG, sys.argv[1:] if argv is None else list(argv), LEROBOT_SERVER_FLAGS)
     args = parse(ServerConfig, argv, PROG)
     require_role(PROG, "lerobot", "server")
     if args.policy.path is not None:
