@@ -61,6 +61,51 @@ class Settings(BaseModel):
     # their errors keep their full path (server.0.rtc.execution_horizon) instead of becoming ours.
     __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
+    @model_validator(mode="before")
+    @classmethod
+    def _bool_words(cls, data: Any) -> Any:
+        """A yes/no/on/off word on a yes-or-no field is the yes or no it says (strict fields too).
+
+        The manifest is read with YAML 1.2's booleans (server/manifest.py, `read_yaml`: only true and
+        false), so that `compile: off` is the word off; on a field that can only be true or false
+        the YAML 1.1 words keep meaning what they always did."""
+        if not isinstance(data, dict):
+            return data
+        words = {name: BOOL_WORDS[value.lower()] for name, value in data.items()
+                 if isinstance(value, str) and value.lower() in BOOL_WORDS and name in yes_no_fields(cls)}
+        return {**data, **words} if words else data
+
+
+#: The words YAML 1.1 reads as booleans (PyYAML's `yaml.safe_load`), and true/false themselves.
+BOOL_WORDS = {"yes": True, "no": False, "on": True, "off": False, "true": True, "false": False}
+
+
+def yes_no_fields(cls: type[BaseModel]) -> frozenset[str]:
+    """The fields of `cls` whose type takes a bool and no string (`bool`, `bool | None`)."""
+    found = cls.__dict__.get("_yes_no_cache")
+    if found is None:
+        found = frozenset(name for name, info in cls.model_fields.items()
+                          if bool in (kinds := _leaf_types(info.annotation)) and str not in kinds)
+        setattr(cls, "_yes_no_cache", found)
+    return found
+
+
+def _leaf_types(annotation: Any) -> set:
+    """The plain types a field annotation can hold (unions and Annotated unwrapped, a Literal's
+    values by their type)."""
+    import typing
+
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _leaf_types(typing.get_args(annotation)[0])
+    if origin is typing.Literal:
+        return {type(v) for v in typing.get_args(annotation)}
+    if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
+        return set().union(*(_leaf_types(a) for a in typing.get_args(annotation)))
+    if isinstance(annotation, type) and issubclass(annotation, str):  # a StrEnum, say
+        return {str}
+    return {annotation}
+
 
 def config_error(exc: ValidationError, prefix: str = "", *, source: str | None = None) -> ConfigError:
     """The first error of a pydantic validation as one `ConfigError` naming the field (``prefix.loc``),

@@ -42,6 +42,7 @@ current directory when only that one exists); when neither exists and it reads a
 from __future__ import annotations
 
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Annotated, Literal
@@ -489,6 +490,25 @@ def parse_manifest(data: dict, source: str = "<memory>") -> Manifest:
     return manifest
 
 
+class _Yaml12Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's booleans: only true and false (any case) are booleans,
+    so `compile: off`, `mode: on` or `answer: no` stay the words written. (PyYAML implements YAML
+    1.1, where yes/no/on/off are booleans too; a field that takes only true or false still reads
+    them as such: `config.Settings`.)"""
+
+
+_Yaml12Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                    list("tTfF"))
+
+
+def read_yaml(text: str):
+    """A manifest's YAML text as Python data (YAML 1.2 booleans: `_Yaml12Loader`)."""
+    return yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
+
+
 def load_manifest(path: str | Path) -> Manifest:
     path = Path(path)
     try:
@@ -496,7 +516,7 @@ def load_manifest(path: str | Path) -> Manifest:
     except OSError as exc:
         raise ConfigError("manifest", f"cannot read {path}: {exc.strerror}", source=str(path)) from None
     try:
-        data = yaml.safe_load(text)
+        data = read_yaml(text)
     except yaml.YAMLError as exc:
         raise ConfigError("<yaml>", f"not valid YAML: {exc}", source=str(path)) from None
     return parse_manifest(data, source=str(path))
