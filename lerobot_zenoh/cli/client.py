@@ -172,13 +172,14 @@ def check_robot_type(robot_type: str) -> None:
 
 
 def preflight(argv: list[str]):
-    """The client's own options, parsed and checked without LeRobot (client/options.py), and the
-    mistakes of --robot.* and --dataset.* that need no LeRobot: a missing or unknown --robot.type, a
-    serial port that does not exist, a dataset id that is not <user>/<name>, a dataset folder that
-    cannot be written. Each is one line and exit 2 (`fail`). None when a --config_path file (read
-    by draccus only) may hold any of them."""
+    """(the client's own options, the robot's cameras as its flags say them: `cameras_from_flags`),
+    parsed and checked without LeRobot (client/options.py), after the mistakes of --robot.* and
+    --dataset.* that need no LeRobot: a missing or unknown --robot.type, a serial port that does not
+    exist, a dataset id that is not <user>/<name>, a dataset folder that cannot be written, a task
+    over 2,048 bytes. Each is one line and exit 2 (`fail`). None when a --config_path file (read by
+    draccus only) may hold any of them."""
     from lerobot_zenoh.cli.parsing import CONNECT_SPELLINGS, explain, fail, parse
-    from lerobot_zenoh.client.options import ClientOptions, check_dataset_root, default_dataset_root
+    from lerobot_zenoh.client.options import ClientOptions, check_dataset_root, check_task_bytes, default_dataset_root
     from lerobot_zenoh.errors import ConfigError
 
     if any(a.split("=", 1)[0] == "--config_path" for a in argv):
@@ -206,30 +207,72 @@ def preflight(argv: list[str]):
             single_task = dataset.get("single_task")
             if options.task and single_task and options.task != single_task:
                 raise ConfigError("task", f"differs from --dataset.single_task ({single_task!r}); give one of them")
+            if single_task and not options.task:
+                check_task_bytes("dataset.single_task", single_task)
             from pathlib import Path
 
             root = Path(dataset["root"]).expanduser() if dataset.get("root") else default_dataset_root(repo_id)
             check_dataset_root(root, options.resume)
     except ConfigError as exc:
         fail(PROG, explain(exc))
-    return options
+    return options, (cameras_from_flags(lerobot) if "--robot" not in lerobot else None)
 
 
-def lookup_early(options, stop) -> object | None:
+def lookup_early(options, stop, cameras: dict | None = None) -> object | None:
     """With an endpoint given: the application the routing flags name, found before LeRobot is
-    imported, so that a dead endpoint or a server serving something else is reported in a second.
-    CompatibilityError for those; None while no server answers yet (one still loading: the client
-    then opens its robot and waits for it as before, up to --discovery_timeout_s)."""
-    from lerobot_zenoh.client.discovery import find_app
+    imported, so that a dead endpoint or a server serving something else is reported in a second,
+    and what its status settles (`discovery.preflight_problems`: this client id not served, --fps,
+    the cameras the command line names) too. CompatibilityError for those; None while no server
+    answers yet (one still loading: the client then opens its robot and waits for it as before, up
+    to --discovery_timeout_s)."""
+    from lerobot_zenoh.client.discovery import find_app, preflight_problems, query_status
     from lerobot_zenoh.errors import CompatibilityError
 
     with open_lookup_session(options) as session:
         try:
-            return find_app(session, options.routing_given, min(1.0, options.discovery_timeout_s), stop)
+            served = find_app(session, options.routing_given, min(1.0, options.discovery_timeout_s), stop)
         except CompatibilityError as exc:
             if str(exc).startswith("no server answers"):
                 return None
             raise
+        status = query_status(session, served.app, timeout_s=min(1.0, options.discovery_timeout_s),
+                              client_uuid=options.client_uuid)
+    problems = preflight_problems(status or served.status, options.client_uuid, options.fps, cameras)
+    if problems:
+        raise CompatibilityError("; ".join(problems))
+    return served
+
+
+def cameras_from_flags(lerobot: dict[str, str]) -> dict[str, tuple[int, int] | None] | None:
+    """The robot's cameras as the command line says them, read without LeRobot: name -> (H, W), or
+    None for a camera whose size its flags leave to the device. `--robot.cameras` as the simulated
+    robot takes it (`{front: [96, 128]}`) or as LeRobot's robots do (`{front: {type: opencv, width:
+    640, height: 480, ...}}`); the simulated robot's defaults without it. None when the cameras are
+    not known before the robot is opened (another robot without --robot.cameras, or a value that
+    does not read as one of those)."""
+    import yaml
+
+    from lerobot_zenoh.client.options import SIM_CAMERAS
+
+    text = lerobot.get("--robot.cameras")
+    if text is None:
+        return dict(SIM_CAMERAS) if lerobot.get("--robot.type") == "zenoh_sim" else None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None  # draccus reports it
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        return None
+    cameras: dict[str, tuple[int, int] | None] = {}
+    for name, value in data.items():
+        if isinstance(value, list | tuple) and len(value) == 2 and all(isinstance(v, int) for v in value):
+            cameras[name] = (value[0], value[1])
+        elif isinstance(value, dict):
+            h, w = value.get("height"), value.get("width")
+            cameras[name] = (h, w) if isinstance(h, int) and isinstance(w, int) else None
+        else:
+            return None
+    return cameras
 
 
 _SECTION = re.compile(r"^(?P<cls>\w+)(?: \['(?P<path>[\w.]+)'\])?:$")
@@ -420,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
             register_lerobot_robots()
             print(short_help(RobotClientConfig, robot_type))
         return 0
-    options = preflight(argv)
+    options, cameras = preflight(argv) or (None, None)
     if options is not None and options.pipeline.plan:  # this robot in the plan: before LeRobot loads, too
         from lerobot_zenoh.errors import ConfigError
         from lerobot_zenoh.pipelines.robot_plan import load_robot_plan
@@ -441,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         # Each "starting:" line names the step under way (make demo shows it while a robot starts).
         log.info("starting: asking %s what it serves", options.endpoint or options.server_address)
         try:
-            served = lookup_early(options, stopped)
+            served = lookup_early(options, stopped, cameras)
         except CompatibilityError as exc:
             if stopped.is_set():
                 return 0
@@ -528,6 +571,10 @@ def main(argv: list[str] | None = None) -> int:
         if recorder is not None:
             recorder.start()
         client.run()
+        refusal = getattr(client, "refusal", None)
+        if refusal is not None:  # the server refuses every request like ours: stopped on its first answer
+            log.error("stopped: %s", refusal_line(refusal))
+            code = EXIT_NO_SERVER
     except CompatibilityError as exc:
         log.error("not starting: %s", exc)
         code = EXIT_NO_SERVER
@@ -547,6 +594,22 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:  # a summary is never worth a traceback at exit
             log.debug("no summary", exc_info=True)
     return code
+
+
+#: The flag a user changes for each reason a server refuses every request with (`REPEATING_REASONS`).
+REFUSAL_FLAGS = {
+    "task_too_long": "--task", "prompt_too_long": "--task", "text_over_token_limit": "--task",
+    "wrong_cameras": "--robot.cameras", "wrong_image_shape": "--robot.cameras", "wrong_state_dim": "--robot.type",
+    "client_mismatch": "--client_uuid", "nonce_required": "--client_uuid", "component_not_served": "--pipeline.plan",
+}
+
+
+def refusal_line(refusal) -> str:
+    """One line for a server's permanent refusal: the flag to change, the server's reason and detail."""
+    flag = REFUSAL_FLAGS.get(refusal.reason)
+    where = f"server {refusal.server_id}" if refusal.server_id else "the server"
+    return (f"{flag + ': ' if flag else ''}{refusal.detail or refusal.reason} ({where} refuses every request like it: "
+            f"{refusal.reason})")
 
 
 def summary_line(summary: dict) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from lerobot.robots import RobotConfig
 
+from lerobot_zenoh.client.options import SIM_CAMERAS
 from lerobot_zenoh.errors import ConfigError
 
 __all__ = ["SO101_JOINTS", "SimRobotConfig"]
@@ -36,7 +37,7 @@ class SimRobotConfig(RobotConfig):
     # Not LeRobot CameraConfigs: a simulated camera has only a shape. RobotConfig.__post_init__
     # would read .width/.height from each value, so this class validates its cameras itself.
     cameras: dict[str, tuple[int, int]] = field(
-        default_factory=lambda: {"front": (96, 128), "wrist": (96, 128)},
+        default_factory=lambda: dict(SIM_CAMERAS),
         metadata={"help": "Camera name -> (height, width) of its RGB image, e.g. '{front: [96, 128]}'."},
     )
     control_mode: str = field(

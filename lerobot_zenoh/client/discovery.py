@@ -43,21 +43,51 @@ def compare(status: Status, robot: RobotFeatures, fps: int) -> list[str]:
     """Every difference between what the server expects and what the robot has (empty: compatible)."""
     problems: list[str] = []
     if status.client_admitted is False:
-        problems.append("it does not serve this client id: list it under the model's `clients` in the "
-                        "server's manifest (or set accept_unknown_clients)")
-    if set(status.expected_cameras) != set(robot.cameras):
-        problems.append(f"cameras: server expects {sorted(status.expected_cameras)}, robot has {sorted(robot.cameras)}")
-    for name in sorted(set(status.expected_cameras) & set(robot.cameras)):
-        if tuple(status.expected_cameras[name]) != robot.cameras[name]:
-            h, w = status.expected_cameras[name]
-            rh, rw = robot.cameras[name]
-            problems.append(f"camera {name!r}: server expects {h}x{w}, robot gives {rh}x{rw}")
+        problems.append(NOT_ADMITTED)
+    problems += camera_problems(status, robot.cameras)
     if status.action_dim != len(robot.action_names):
         problems.append(f"action_dim: server produces {status.action_dim}, robot takes {len(robot.action_names)}")
     if status.state_dim is not None and status.state_dim != len(robot.state_names):
         problems.append(f"state_dim: server expects {status.state_dim}, robot has {len(robot.state_names)}")
-    if status.fps is not None and status.fps != fps:
-        problems.append(f"fps: server model runs at {status.fps}, client at {fps}")
+    problems += fps_problems(status, fps)
+    return problems
+
+
+NOT_ADMITTED = ("it does not serve this client id: list it under the model's `clients` in the server's manifest "
+                "(or set accept_unknown_clients)")
+
+
+def camera_problems(status: Status, cameras: dict[str, tuple[int, int] | None]) -> list[str]:
+    """The cameras' differences (names, then (H, W) where the robot's is known: None is not)."""
+    if set(status.expected_cameras) != set(cameras):
+        return [f"cameras: server expects {sorted(status.expected_cameras)}, robot has {sorted(cameras)}"]
+    problems = []
+    for name in sorted(cameras):
+        shape = cameras[name]
+        if shape is not None and tuple(status.expected_cameras[name]) != tuple(shape):
+            h, w = status.expected_cameras[name]
+            problems.append(f"camera {name!r}: server expects {h}x{w}, robot gives {shape[0]}x{shape[1]}")
+    return problems
+
+
+def fps_problems(status: Status, fps: int) -> list[str]:
+    return [f"fps: server model runs at {status.fps}, client at {fps}"] if status.fps is not None and status.fps != fps else []
+
+
+def preflight_problems(status: Status, client_uuid: str, fps: int,
+                       cameras: dict[str, tuple[int, int] | None] | None) -> list[str]:
+    """What the server's status (queried naming the client) settles before LeRobot is imported and
+    the robot opened, each naming the flag to change: the client id, --fps, and the cameras when
+    the command line says them (`cameras` None: not known before the robot is opened). The robot's
+    own shapes (state, actions) are compared once it is open (`compare`)."""
+    problems = []
+    if status.client_admitted is False:
+        problems.append(f"--client_uuid: server {status.server_id or '?'} does not serve client {client_uuid!r}: list "
+                        "it under the model's `clients` in the server's manifest (or set accept_unknown_clients)")
+    problems += [f"--{p}" for p in fps_problems(status, fps)]
+    if cameras is not None:
+        problems += [f"--robot.{p}" if p.startswith("cameras:") else f"--robot.cameras: {p}"
+                     for p in camera_problems(status, cameras)]
     return problems
 
 

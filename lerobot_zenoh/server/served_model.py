@@ -96,6 +96,10 @@ class ServedModel:
             same_host=same_host,  # clients on this host and user send raw frames through /dev/shm
             refreshes=True,  # the session table keeps a refresh's place and drops a late one (protocol.md §10.7)
             streams_text=True if text_stream.writes_text(runner) else None,  # System 2 from the same prefill
+            # The task's token limit of a runner that refuses a longer task (flow-matching VLAs, the
+            # synthetic policy's simulation of one): a client checks it before it sends.
+            max_task_tokens=getattr(runner, "max_task_tokens", None),
+            refusals=True,  # a refused request of a client that asks is answered why (protocol.md §5.7)
         )
         self.status_bytes = codec.encode(self.status)
         self.publishers: dict[str, Publisher] = {}  # client id -> action publisher, closed with its session
@@ -115,6 +119,8 @@ class ServedModel:
         self.topic = ANSWER_TOPICS[self.output]
         self.answers: Counter = Counter()  # answers published: "actions", "text", "verdict.<label>"
         self.answers_withheld = 0  # results the runner marked silent (fault injection)
+        self.refusals_sent: Counter = Counter()  # Refusals published, by reason (Serving.refuse)
+        self.refusals_withheld = 0  # refusals not sent: the session had one less than a second ago
         # Multi-model tasks (`entry.pipeline`, server/routing.py); None: a model of robots alone, which
         # never goes through task routing. Set (once) by a reload that gives it task streams.
         self.routing: TaskRouting | None = TaskRouting(task_streams(manifest, entry)) if entry.pipeline else None
