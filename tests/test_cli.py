@@ -177,6 +177,32 @@ def test_the_client_says_what_it_did_in_one_line_at_exit():
     assert summary_line(piped).endswith("requests unanswered; in SLO (met/asked): act 28/28, safety 19/20; attempts 1")
 
 
+def test_a_task_over_the_models_token_limit_is_one_line_and_exit_3_on_the_servers_first_answer(port, app_key):
+    """The real client against a server whose model reads at most 4 tokens of the task: the
+    server's Refusal stops the client on its first answer, one line naming --task, exit 3, no action."""
+    import re
+    from datetime import datetime
+
+    from lerobot_zenoh.client.options import routing_args
+    from lz_testing import make_server
+
+    with make_server(port, app_key, cameras={"front": (96, 128), "wrist": (96, 128)}, max_task_tokens=4) as server:
+        [result] = run_all([("lerobot-robot-client", [*CLIENT, *routing_args(app_key, "r1", f"tcp/127.0.0.1:{port}"),
+                                                      "--task=pick up the red cube and put it in the box",
+                                                      "--duration_s=30"])])
+        sent = server.models[0].refusals_sent["task_too_long"]
+    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert result.returncode == 3 and len(errors) == 1, result.stderr[-3000:]
+    assert "stopped: --task: the task is 11 tokens, synthetic reads at most 4 (server gpu0 refuses every request " \
+           "like it: task_too_long)" in errors[0]
+    assert " 0 actions executed" in result.stderr and sent >= 1 and "Traceback" not in result.stderr
+    stamp = re.compile(r"^(\d{4}-\d\d-\d\d [\d:]+,\d{3}) ")
+    asked = next(line for line in result.stderr.splitlines() if "starting: asking the server for its status" in line)
+    seconds = (datetime.strptime(stamp.match(errors[0]).group(1), "%Y-%m-%d %H:%M:%S,%f")
+               - datetime.strptime(stamp.match(asked).group(1), "%Y-%m-%d %H:%M:%S,%f")).total_seconds()
+    print(f"from asking the server for its status to the refusal's line: {seconds:.2f} s")
+
+
 # -- LeRobot users' habits: hub ids, one model without a manifest, finding the server -----------------
 
 TINY_ACT = {"dim_model": 32, "n_heads": 2, "dim_feedforward": 64, "n_encoder_layers": 1, "n_vae_encoder_layers": 1}

@@ -73,6 +73,9 @@ FAST_CLIENT_MISTAKES = [
      ["--dataset.root: cannot write under /sys"]),
     ([SIM, "--resume=true"], 2, ["--resume: needs --dataset.repo_id"]),
     ([SIM, "--endpoint=127.0.0.1:{dead}"], 3, ["cannot connect to tcp/127.0.0.1:{dead}: nothing answers there"]),
+    ([SIM, "--task=" + "x" * 3000], 2, ["--task: is 3000 bytes of UTF-8; a server reads at most 2048"]),
+    ([SIM, "--dataset.repo_id=local/x", "--dataset.single_task=" + "ü" * 1100], 2,
+     ["--dataset.single_task: is 2200 bytes"]),
     # LeRobot async-inference flags: answered with what does the same here.
     ([SIM, "--pretrained_name_or_path=lerobot/smolvla_base"], 2,
      ["the model is chosen on the server: lerobot-policy-server --policy.path=lerobot/smolvla_base"]),
@@ -113,6 +116,36 @@ def test_a_wrong_model_id_is_found_before_lerobot_is_imported(port, app_key):
     assert result.returncode == 3 and len(errors) == 1, result.stderr[-2000:]
     assert "does not serve --model_id=smolvla; it serves: " + app_key.prefix in errors[0]
     assert imported == []
+
+
+#: (arguments, what the one ERROR line names): mistakes the server's status settles (it is queried
+#: naming the client), each reported before LeRobot is imported, exit 3. The server serves r1 only,
+#: at 30 fps, with the simulated robot's default cameras (front and wrist, 96x128).
+STATUS_MISTAKES = [
+    (["--client_uuid=stranger"], ["--client_uuid: server gpu0 does not serve client 'stranger'"]),
+    (["--client_uuid=r1", "--fps=10"], ["--fps: server model runs at 30, client at 10"]),
+    (["--client_uuid=r1", "--robot.cameras={front: [96, 128]}"],
+     ["--robot.cameras: server expects ['front', 'wrist'], robot has ['front']"]),
+    (["--client_uuid=r1", "--robot.cameras={front: [48, 64], wrist: [96, 128]}"],
+     ["--robot.cameras: camera 'front': server expects 96x128, robot gives 48x64"]),
+]
+
+
+def test_what_the_servers_status_settles_is_one_line_before_lerobot_is_imported(port, app_key):
+    import time
+
+    from lz_testing import make_server
+
+    with make_server(port, app_key, cameras={"front": (96, 128), "wrist": (96, 128)}, clients=["r1"]):
+        for args, needles in STATUS_MISTAKES:
+            t0 = time.perf_counter()
+            result, imported = probe(CLIENT, [SIM, f"--endpoint=127.0.0.1:{port}", *args])
+            print(f"{' '.join(args)}: exit {result.returncode} in {time.perf_counter() - t0:.2f} s")
+            errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+            assert result.returncode == 3 and len(errors) == 1, (args, result.stderr[-2000:])
+            for needle in needles:
+                assert needle in errors[0], (needle, errors[0])
+            assert imported == [], (args, imported)
 
 
 HELP_SCRIPTS = ["client", "server", "build_checkpoint", "monitor", "router", "secure", "plan", "profile", "admit",
