@@ -597,9 +597,14 @@ def test_the_demo_finds_its_manifest_installed_from_a_wheel(tmp_path, monkeypatc
 
 
 def test_the_client_help_starts_with_its_own_options_and_shows_one_robot_on_request():
-    short, so101 = run_all([("lerobot-robot-client", ["--help"]),
-                            ("lerobot-robot-client", ["--help", "--robot.type=so101_follower"])])
-    assert short.returncode == 0 and so101.returncode == 0
+    short, so101, sim = run_all([("lerobot-robot-client", ["--help"]),
+                                 ("lerobot-robot-client", ["--help", "--robot.type=so101_follower"]),
+                                 ("lerobot-robot-client", ["--help", "--robot.type=zenoh_sim"])])
+    assert short.returncode == 0 and so101.returncode == 0 and sim.returncode == 0
+    # --robot.cameras says what it takes, in the user's words (not a developer's comment)
+    assert "'{front: {type: opencv, index_or_path: 0" in " ".join(so101.stdout.split())
+    assert "Camera name -> (height, width)" in sim.stdout and "__post_init__" not in sim.stdout
+    assert sim.stdout.count("How overlapping actions") == 1
     lines = short.stdout.splitlines()
     assert len(lines) < 500, len(lines)  # draccus alone: 1,300 lines (every robot type expanded)
     first_option = next(line for line in lines if line.strip().startswith("--"))

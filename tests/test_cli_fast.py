@@ -165,6 +165,11 @@ def test_the_client_help_lists_its_options_and_the_robot_types_without_lerobot()
     assert out.startswith("usage: lerobot-robot-client --robot.type=TYPE")
     assert "--fps int" in out and "--zenoh.mode" in out
     assert "so101_follower" in out and "zenoh_sim" in out and "--dataset" in out
+    # Every flag that works, each choice group's description once, no developer text.
+    assert "  --list " in out and "  --plugins " in out and "--pretrained_name_or_path" in out
+    assert out.count("How overlapping actions of two chunks are blended") == 1 and "Which type of" not in out
+    assert "--aggregate.type {weighted_average," in out and "Which one (default: weighted_average)" in out
+    assert "(with --aggregate.type=weighted)" in out and "--aggregate.new_weight" in out
 
 
 def test_every_console_script_is_listed_here():

@@ -325,6 +325,8 @@ def short_help(config_class, robot_type: str | None, robot_types: str | None = N
                 robot.append(section)
         elif path is not None:
             own.append("\n".join(lines).rstrip())
+    own = _tidy_choice_sections(own)
+    robot = [_with_camera_help(section) for section in robot]
     if robot:
         robot_part = robot
     else:
@@ -332,7 +334,70 @@ def short_help(config_class, robot_type: str | None, robot_types: str | None = N
                       (f" ({robot_type!r} is not a robot type LeRobot knows here)" if robot_type else "")]
     usage = (f"usage: {PROG} --robot.type=TYPE [--robot.*] [--endpoint=HOST:PORT] [options]\n"
              f"       {PROG} --list --endpoint=HOST:PORT")
-    return "\n\n".join([usage, *own, *robot_types, *robot_part]) + "\n"
+    return "\n\n".join([usage, *own, EXTRA_HELP, *robot_types, *robot_part]) + "\n"
+
+
+#: What the client takes besides its dataclass' flags (read before draccus parses the rest).
+EXTRA_HELP = """Also:
+  --list                Print every application the endpoint serves (with --endpoint), each with the
+                        routing flags to paste here, and exit.
+  --plugins MODULES     Import these modules first (comma-separated, e.g. my_pkg.blend): the
+                        --aggregate.type or --robot.type choices they register can then be named.
+  LeRobot async-inference flags (--pretrained_name_or_path, --policy_type, --policy_device,
+  --chunk_size_threshold, --aggregate_fn_name) are answered with what does the same here;
+  --server_address=HOST:PORT is --endpoint."""
+
+#: The help of --robot.cameras when a LeRobot robot's config gives none.
+CAMERAS_HELP = ("Camera name -> camera, e.g. '{front: {type: opencv, index_or_path: 0, width: 640, "
+                "height: 480, fps: 30}}' (the server's status names the cameras and sizes its model takes)")
+
+
+def _tidy_choice_sections(sections: list[str]) -> list[str]:
+    """A choice group (`--aggregate.type`) as one section: draccus prints the group's description
+    again above each choice, and says "Which type of AggregateConfig ['aggregate'] to use
+    (default: None)" for the choice flag. A choice's section keeps only its own options (none:
+    dropped), and the choice flag says its default."""
+    out: list[str] = []
+    described: dict[str, str] = {}  # dotted path -> the group's description
+    for section in sections:
+        head, _, body = section.partition("\n")
+        m = _SECTION.match(head)
+        path = m.group("path") if m else None
+        description = body.split("\n\n", 1)[0] if body and not body.lstrip().startswith("--") else ""
+        if path and path in described and description == described[path]:
+            options = body[len(description):].strip("\n")
+            if "--" in options:
+                choice = re.sub(r"Config$", "", m.group("cls"))
+                out.append(f"{head}\n  (with --{path}.type={_snake(choice)})\n\n{options}")
+            continue
+        if path and description:
+            described[path] = description
+        out.append(_choice_default(section, path))
+    return out
+
+
+def _choice_default(section: str, path: str | None) -> str:
+    """The choice flag's developer text replaced by what it chooses, with its real default."""
+    pattern = re.compile(r"Which type of \w+ \['[\w.]+'\] to use\s+\(default: None\)")
+    if path is None or not pattern.search(section):
+        return section
+    from lerobot_zenoh.client.options import ClientOptions
+
+    default = getattr(getattr(ClientOptions(), path, None), "type", None)
+    return pattern.sub(f"Which one (default: {default})", section)
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _with_camera_help(section: str) -> str:
+    """A robot's `--robot.cameras` line given a help text when its config has none."""
+    import textwrap
+
+    text = textwrap.fill(CAMERAS_HELP, width=80, initial_indent=" " * 24, subsequent_indent=" " * 24)
+    return re.sub(r"^(  --robot\.cameras [^\n]*)$(?!\n {20,}\S)", lambda m: f"{m.group(1)}\n{text}", section,
+                  flags=re.M)
 
 
 def make_robot(config):

@@ -34,8 +34,6 @@ class SimRobotConfig(RobotConfig):
     joints: list[str] = field(
         default_factory=lambda: list(SO101_JOINTS), metadata={"help": "Joint names, in action order."}
     )
-    # Not LeRobot CameraConfigs: a simulated camera has only a shape. RobotConfig.__post_init__
-    # would read .width/.height from each value, so this class validates its cameras itself.
     cameras: dict[str, tuple[int, int]] = field(
         default_factory=lambda: dict(SIM_CAMERAS),
         metadata={"help": "Camera name -> (height, width) of its RGB image, e.g. '{front: [96, 128]}'."},
@@ -56,7 +54,9 @@ class SimRobotConfig(RobotConfig):
     seed: int | None = field(default=None, metadata={"help": "Seed of the observation noise."})
 
     def __post_init__(self) -> None:
-        # Deliberately not RobotConfig.__post_init__: its only check reads CameraConfig attributes.
+        # Deliberately not RobotConfig.__post_init__: its only check reads CameraConfig attributes,
+        # and a simulated camera is no LeRobot CameraConfig (it has only a shape): its cameras are
+        # validated here. (No comment above a field: draccus would print it as the flag's help.)
         if not self.joints:
             raise ConfigError("robot.joints", "needs at least one joint")
         if len(set(self.joints)) != len(self.joints):
