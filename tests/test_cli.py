@@ -179,7 +179,9 @@ def test_the_client_says_what_it_did_in_one_line_at_exit():
 
 def test_a_task_over_the_models_token_limit_is_one_line_and_exit_3_on_the_servers_first_answer(port, app_key):
     """The real client against a server whose model reads at most 4 tokens of the task: the
-    server's Refusal stops the client on its first answer, one line naming --task, exit 3, no action."""
+    server's Refusal stops the client on its first answer, one line naming --task, exit 3, no action.
+    (Routed with --zenoh.connect, not --endpoint: with an endpoint the status query counts the task
+    before LeRobot loads, tests/test_cli_fast.py.)"""
     import re
     from datetime import datetime
 
@@ -187,7 +189,8 @@ def test_a_task_over_the_models_token_limit_is_one_line_and_exit_3_on_the_server
     from lz_testing import make_server
 
     with make_server(port, app_key, cameras={"front": (96, 128), "wrist": (96, 128)}, max_task_tokens=4) as server:
-        [result] = run_all([("lerobot-robot-client", [*CLIENT, *routing_args(app_key, "r1", f"tcp/127.0.0.1:{port}"),
+        [result] = run_all([("lerobot-robot-client", [*CLIENT, *routing_args(app_key, "r1"),
+                                                      f"--zenoh.connect=tcp/127.0.0.1:{port}",
                                                       "--task=pick up the red cube and put it in the box",
                                                       "--duration_s=30"])])
         sent = server.models[0].refusals_sent["task_too_long"]

@@ -128,18 +128,26 @@ STATUS_MISTAKES = [
      ["--robot.cameras: server expects ['front', 'wrist'], robot has ['front']"]),
     (["--client_uuid=r1", "--robot.cameras={front: [48, 64], wrist: [96, 128]}"],
      ["--robot.cameras: camera 'front': server expects 96x128, robot gives 48x64"]),
+    # the server counts the task's tokens with its model's tokenizer (the synthetic policy: words)
+    (["--client_uuid=r1", "--task=pick up the red cube; put it in the box = done"],
+     ["--task: the task is 12 tokens, synthetic reads at most 4 (task_too_long)"]),
+    (["--client_uuid=r1", "--dataset.repo_id=local/x", "--dataset.root={tmp}/ds",
+      "--dataset.single_task=pick up the red cube and put it in the box"],
+     ["--dataset.single_task: the task is 11 tokens, synthetic reads at most 4"]),
 ]
 
 
-def test_what_the_servers_status_settles_is_one_line_before_lerobot_is_imported(port, app_key):
+def test_what_the_servers_status_settles_is_one_line_before_lerobot_is_imported(port, app_key, tmp_path):
     import time
 
     from lz_testing import make_server
 
-    with make_server(port, app_key, cameras={"front": (96, 128), "wrist": (96, 128)}, clients=["r1"]):
+    with make_server(port, app_key, cameras={"front": (96, 128), "wrist": (96, 128)}, clients=["r1"],
+                     max_task_tokens=4):
         for args, needles in STATUS_MISTAKES:
             t0 = time.perf_counter()
-            result, imported = probe(CLIENT, [SIM, f"--endpoint=127.0.0.1:{port}", *args])
+            result, imported = probe(CLIENT, [SIM, f"--endpoint=127.0.0.1:{port}",
+                                              *(a.replace("{tmp}", str(tmp_path)) for a in args)])
             print(f"{' '.join(args)}: exit {result.returncode} in {time.perf_counter() - t0:.2f} s")
             errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
             assert result.returncode == 3 and len(errors) == 1, (args, result.stderr[-2000:])

@@ -100,6 +100,19 @@ def test_refusals_go_only_to_the_sender_that_asks_at_most_one_a_second(port, app
         assert stats["r1"]["rejected"].get("task_too_long") and stats["old"]["rejected"].get("task_too_long")
 
 
+def test_the_status_query_counts_a_task_with_the_models_own_count(port, app_key):
+    from lerobot_zenoh.client.discovery import discover, query_status
+
+    with make_server(port, app_key, max_task_tokens=4):
+        with ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as peer:
+            assert discover(peer, app_key, 10.0) is not None
+            task = "pick up; the=red cube & put it %20 there"  # selector-reserved characters travel quoted
+            status = query_status(peer, app_key, timeout_s=2.0, client_uuid="r1", task=task)
+            assert (status.task_tokens, status.max_task_tokens, status.client_admitted) == (9, 4, True)
+            assert query_status(peer, app_key, timeout_s=2.0, client_uuid="r1").task_tokens is None
+            assert query_status(peer, app_key, timeout_s=2.0, task="x " * 1500).task_tokens is None  # over 2,048 B
+
+
 class _Intake:
     def __init__(self, in_flight):
         self.table = set(in_flight)

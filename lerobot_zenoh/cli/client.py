@@ -172,8 +172,8 @@ def check_robot_type(robot_type: str) -> None:
 
 
 def preflight(argv: list[str]):
-    """(the client's own options, the robot's cameras as its flags say them: `cameras_from_flags`),
-    parsed and checked without LeRobot (client/options.py), after the mistakes of --robot.* and
+    """(the client's own options, the robot's cameras as its flags say them: `cameras_from_flags`,
+    (the flag giving the task, the task)), parsed and checked without LeRobot (client/options.py), after the mistakes of --robot.* and
     --dataset.* that need no LeRobot: a missing or unknown --robot.type, a serial port that does not
     exist, a dataset id that is not <user>/<name>, a dataset folder that cannot be written, a task
     over 2,048 bytes. Each is one line and exit 2 (`fail`). None when a --config_path file (read by
@@ -215,14 +215,17 @@ def preflight(argv: list[str]):
             check_dataset_root(root, options.resume)
     except ConfigError as exc:
         fail(PROG, explain(exc))
-    return options, (cameras_from_flags(lerobot) if "--robot" not in lerobot else None)
+    single_task = dataset.get("single_task", "")
+    task = ("--task", options.task) if options.task else ("--dataset.single_task", single_task)
+    return options, (cameras_from_flags(lerobot) if "--robot" not in lerobot else None), task
 
 
-def lookup_early(options, stop, cameras: dict | None = None) -> object | None:
+def lookup_early(options, stop, cameras: dict | None = None, task: tuple[str, str] | None = None) -> object | None:
     """With an endpoint given: the application the routing flags name, found before LeRobot is
     imported, so that a dead endpoint or a server serving something else is reported in a second,
     and what its status settles (`discovery.preflight_problems`: this client id not served, --fps,
-    the cameras the command line names) too. CompatibilityError for those; None while no server
+    the cameras the command line names, a task over the model's token limit: `task` is (its flag,
+    the task), counted by the server) too. CompatibilityError for those; None while no server
     answers yet (one still loading: the client then opens its robot and waits for it as before, up
     to --discovery_timeout_s)."""
     from lerobot_zenoh.client.discovery import find_app, preflight_problems, query_status
@@ -235,9 +238,10 @@ def lookup_early(options, stop, cameras: dict | None = None) -> object | None:
             if str(exc).startswith("no server answers"):
                 return None
             raise
+        flag, text = task or ("--task", "")
         status = query_status(session, served.app, timeout_s=min(1.0, options.discovery_timeout_s),
-                              client_uuid=options.client_uuid)
-    problems = preflight_problems(status or served.status, options.client_uuid, options.fps, cameras)
+                              client_uuid=options.client_uuid, task=text or None)
+    problems = preflight_problems(status or served.status, options.client_uuid, options.fps, cameras, flag)
     if problems:
         raise CompatibilityError("; ".join(problems))
     return served
@@ -528,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
             register_lerobot_robots()
             print(short_help(RobotClientConfig, robot_type))
         return 0
-    options, cameras = preflight(argv) or (None, None)
+    options, cameras, task = preflight(argv) or (None, None, None)
     if options is not None and options.pipeline.plan:  # this robot in the plan: before LeRobot loads, too
         from lerobot_zenoh.errors import ConfigError
         from lerobot_zenoh.pipelines.robot_plan import load_robot_plan
@@ -549,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         # Each "starting:" line names the step under way (make demo shows it while a robot starts).
         log.info("starting: asking %s what it serves", options.endpoint or options.server_address)
         try:
-            served = lookup_early(options, stopped, cameras)
+            served = lookup_early(options, stopped, cameras, task)
         except CompatibilityError as exc:
             if stopped.is_set():
                 return 0

@@ -75,11 +75,13 @@ def fps_problems(status: Status, fps: int) -> list[str]:
 
 
 def preflight_problems(status: Status, client_uuid: str, fps: int,
-                       cameras: dict[str, tuple[int, int] | None] | None) -> list[str]:
-    """What the server's status (queried naming the client) settles before LeRobot is imported and
-    the robot opened, each naming the flag to change: the client id, --fps, and the cameras when
-    the command line says them (`cameras` None: not known before the robot is opened). The robot's
-    own shapes (state, actions) are compared once it is open (`compare`)."""
+                       cameras: dict[str, tuple[int, int] | None] | None, task_flag: str = "--task") -> list[str]:
+    """What the server's status (queried naming the client and the task) settles before LeRobot is
+    imported and the robot opened, each naming the flag to change: the client id, --fps, the
+    cameras when the command line says them (`cameras` None: not known before the robot is
+    opened), and a task over the model's token limit (`task_tokens`, counted by the server with the
+    model's own tokenizer, against `max_task_tokens`). The robot's own shapes (state, actions) are
+    compared once it is open (`compare`)."""
     problems = []
     if status.client_admitted is False:
         problems.append(f"--client_uuid: server {status.server_id or '?'} does not serve client {client_uuid!r}: list "
@@ -88,6 +90,10 @@ def preflight_problems(status: Status, client_uuid: str, fps: int,
     if cameras is not None:
         problems += [f"--robot.{p}" if p.startswith("cameras:") else f"--robot.cameras: {p}"
                      for p in camera_problems(status, cameras)]
+    limit, tokens = status.max_task_tokens, status.task_tokens
+    if limit is not None and tokens is not None and tokens > limit:
+        problems.append(f"{task_flag}: the task is {tokens} tokens, {status.policy_type or 'the model'} reads at most "
+                        f"{limit} (task_too_long)")
     return problems
 
 
@@ -115,9 +121,14 @@ def wait_connected(session: ZenohSession, endpoints: list[str], timeout_s: float
         time.sleep(0.02)
 
 
-def query_status(session: ZenohSession, app: AppKey, timeout_s: float = 0.5, client_uuid: str | None = None) -> Status | None:
-    """One status query (naming the client, if given); the first decodable reply, or None."""
-    parameters = f"client={client_uuid}" if client_uuid else None
+def query_status(session: ZenohSession, app: AppKey, timeout_s: float = 0.5, client_uuid: str | None = None,
+                 task: str | None = None) -> Status | None:
+    """One status query (naming the client, and the task whose tokens the server counts, if given);
+    the first decodable reply, or None."""
+    from urllib.parse import quote
+
+    asked = ([f"client={client_uuid}"] if client_uuid else []) + ([f"task={quote(task, safe='')}"] if task else [])
+    parameters = ";".join(asked) or None
     for _, payload in session.query(app.status, timeout_s=timeout_s, parameters=parameters):
         try:
             return codec.decode_status(payload)

@@ -222,6 +222,10 @@ class Status:
     # 1.5: the most tokens of the task the model reads (a VLA's tokenizer limit; a longer task is
     # refused, `task_too_long`). None: not said (no limit, or a model that does not read the task).
     max_task_tokens: int | None = None
+    # 1.5: in a reply to a query naming a task (`.../status?task=<percent-encoded task>`), the tokens
+    # the model's own tokenizer makes of it, so a client checks its task without the tokenizer.
+    # None: not asked, or a model that does not count tokens.
+    task_tokens: int | None = None
     # 1.5: the server answers a refused request of a client that asks for it (`Observation.refusals`)
     # with a `Refusal` on the client's answer key. None/False: it does not.
     refusals: bool | None = None

@@ -499,6 +499,7 @@ STATUS = Record(Status, [
     Field("refreshes", BOOL),
     Field("streams_text", BOOL),
     Field("max_task_tokens", UINT64),
+    Field("task_tokens", UINT64),
     Field("refusals", BOOL),
 ])
 

@@ -7,11 +7,12 @@ import logging
 import threading
 from collections import Counter
 from dataclasses import replace
+from urllib.parse import unquote
 
 from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.keys import ANSWER_TOPICS, AppKey
-from lerobot_zenoh.protocol.messages import RtcAdvert, SameHostAdvert, Status
+from lerobot_zenoh.protocol.messages import MAX_TASK_BYTES, RtcAdvert, SameHostAdvert, Status
 from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
 from lerobot_zenoh.server import text_stream
 from lerobot_zenoh.server.session_table import SessionTable, SessionTableConfig
@@ -163,9 +164,24 @@ class ServedModel:
         return self.routing.for_other_components if self.routing is not None else 0
 
     def status_reply(self, parameters: dict[str, str]) -> bytes:
-        """The status bytes for a query; with `client=<id>`, `client_admitted` says if it is served."""
+        """The status bytes for a query (the status responder's thread); with `client=<id>`,
+        `client_admitted` says if it is served; with `task=<percent-encoded task>`, `task_tokens` how
+        many tokens the model's tokenizer makes of it (a task over `MAX_TASK_BYTES` is not counted:
+        the client refuses it itself)."""
         client = parameters.get("client")
-        if not client:
-            return self.status_bytes
         config = self.session_table.config
-        return self._status_for[config.accept_unknown or client in config.listed]
+        admitted = None if not client else bool(config.accept_unknown or client in config.listed)
+        task = parameters.get("task")
+        count = getattr(self.runner, "count_task_tokens", None)  # (runners with a task token limit)
+        if task is not None and count is not None and len(task) <= 3 * MAX_TASK_BYTES:
+            text = unquote(task)
+            if len(text.encode()) <= MAX_TASK_BYTES:
+                try:
+                    tokens = int(count(text))
+                except Exception as exc:  # noqa: BLE001 - a count is advice; the status still answers
+                    log.debug("%s: task not counted: %s", self.app.prefix, exc)
+                else:
+                    return codec.encode(replace(self.status, client_admitted=admitted, task_tokens=tokens))
+        if admitted is None:
+            return self.status_bytes
+        return self._status_for[admitted]

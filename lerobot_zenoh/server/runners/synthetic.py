@@ -328,9 +328,13 @@ class SyntheticPolicy(BaseRunner):
             results.append(InferenceResult(actions, updates, extras))
         return results
 
+    def count_task_tokens(self, task: str) -> int:
+        """A word counts as a token (any thread)."""
+        return len(task.split())
+
     def check_request(self, request: InferenceRequest) -> None:
         """`task_too_long` for a task of more words than `max_task_tokens` (a word counts as a token)."""
-        n = len(request.task.split())
+        n = self.count_task_tokens(request.task)
         if self.max_task_tokens is not None and n > self.max_task_tokens:
             raise ProtocolError(Reason.TASK_TOO_LONG,
                                 f"the task is {n} tokens, synthetic reads at most {self.max_task_tokens}")
