@@ -92,12 +92,14 @@ def test_refusals_go_only_to_the_sender_that_asks_at_most_one_a_second(port, app
             elapsed = time.monotonic() - t0
             time.sleep(0.3)
             stats = server.stats()[app_key.prefix]["clients"]
-        refusals = [codec.decode(p) for p in heard["r1"]]
-        assert all(isinstance(r, Refusal) and r.reason == "task_too_long" and r.permanent for r in refusals)
-        assert 1 <= len(refusals) <= elapsed + 2, (len(refusals), elapsed)
-        assert all(len(r.detail.encode()) <= MAX_REFUSAL_DETAIL_BYTES and "\n" not in r.detail for r in refusals)
-        assert heard["r2"] == [] and heard["old"] == []  # never to another key, nor to a client that did not ask
-        assert stats["r1"]["rejected"].get("task_too_long") and stats["old"]["rejected"].get("task_too_long")
+            refusals = [codec.decode(p) for p in heard["r1"]]
+            assert all(isinstance(r, Refusal) and r.reason == "task_too_long" and r.permanent for r in refusals)
+            assert 1 <= len(refusals) <= elapsed + 2, (len(refusals), elapsed)
+            assert all(len(r.detail.encode()) <= MAX_REFUSAL_DETAIL_BYTES and "\n" not in r.detail for r in refusals)
+            assert heard["r2"] == [] and heard["old"] == []  # never to another key, nor to a client that did not ask
+            assert stats["r1"]["rejected"].get("task_too_long") and stats["old"]["rejected"].get("task_too_long")
+            assert server.stats()[app_key.prefix]["refusals_sent"] == {"task_too_long": len(refusals)}
+            assert server.stats()[app_key.prefix]["refusals_withheld"] >= 1
 
 
 def test_the_status_query_counts_a_task_with_the_models_own_count(port, app_key):
