@@ -55,10 +55,6 @@ def _fields():
 WORD_FIELDS = [(m, n, i, w) for m, n, i in _fields() for w in _literals(i.annotation)]
 
 
-def _yes_no(model) -> frozenset[str]:
-    return yes_no_fields(model)
-
-
 def test_the_walk_finds_the_fields_a_user_meets():
     names = {(m.__name__, n) for m, n, _, _ in WORD_FIELDS}
     assert ("CompileSettings", "mode") in names and ("EngineEntry", "tier") in names
@@ -74,10 +70,10 @@ def test_every_word_of_every_enum_field_arrives_as_written(model, name, info, wo
     assert TypeAdapter(field_type).validate_python(value) == word
 
 
-def testyes_no_fields_keep_taking_the_yaml_1_1_words():
+def test_yes_no_fields_keep_taking_the_yaml_1_1_words():
     checked = 0
     for model, name, info in _fields():
-        if name not in _yes_no(model):
+        if name not in yes_no_fields(model):
             continue
         field_type = typing.Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
         for word, meaning in BOOL_WORDS.items():
