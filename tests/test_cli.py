@@ -206,6 +206,20 @@ def test_a_task_over_the_models_token_limit_is_one_line_and_exit_3_on_the_server
     print(f"from asking the server for its status to the refusal's line: {seconds:.2f} s")
 
 
+def test_a_model_that_cannot_drive_this_robot_is_one_line_naming_the_flag_and_exit_3(port, app_key):
+    """A model of 4 actions for a 6-joint robot: known once the robot is open (its features), one
+    line naming --robot.type, exit 3, nothing sent."""
+    from lerobot_zenoh.client.options import routing_args
+    from lz_testing import make_server
+
+    with make_server(port, app_key, cameras={"front": (96, 128), "wrist": (96, 128)}, action_dim=4):
+        [result] = run_all([("lerobot-robot-client", [*CLIENT, *routing_args(app_key, "r1", f"tcp/127.0.0.1:{port}")])])
+    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert result.returncode == 3 and len(errors) == 1, result.stderr[-3000:]
+    assert "not starting: server gpu0 is incompatible: --robot.type: action_dim: server produces 4, robot takes 6" \
+        in errors[0]
+
+
 # -- LeRobot users' habits: hub ids, one model without a manifest, finding the server -----------------
 
 TINY_ACT = {"dim_model": 32, "n_heads": 2, "dim_feedforward": 64, "n_encoder_layers": 1, "n_vae_encoder_layers": 1}

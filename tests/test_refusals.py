@@ -144,3 +144,29 @@ def test_a_transient_refusal_is_shown_once_per_reason_and_the_client_carries_on(
     shown = [r.getMessage() for r in caplog.records if "refused request" in r.getMessage()]
     assert len(shown) == 2 and "engine_error" in shown[0] and "replayed" in shown[1]
     assert stopped == [] and rx.counters.refusals == 4
+
+
+def test_a_client_delisted_while_it_runs_stops_with_the_reason(port, app_key):
+    """A reload that drops the client from the manifest: its observations are dropped unread (no
+    Refusal can be sent), the watchdog re-validates, the status says it is not served: it stops."""
+    cfg = make_config(port, app_key)
+    with make_server(port, app_key, clients=["r1", "r2"]) as server:
+        client = RobotClient(cfg, make_robot_from_config(cfg.robot))
+        client.start()
+        runner = threading.Thread(target=client.run, kwargs={"duration_s": 30})
+        runner.start()
+        try:
+            assert wait_for(lambda: client.counters.chunks_received >= 2, 15)
+            entry = server.manifest.server[0]
+            delisted = server.manifest.model_copy(update={"server": [entry.model_copy(
+                update={"clients": [c for c in entry.clients if c.client_uuid != "r1"]})]})
+            assert server.reload(delisted) is None
+            assert wait_for(lambda: client.refusal is not None, 15)
+            runner.join(5)
+            assert not runner.is_alive()
+            assert client.refusal.reason == "unknown_client" and client.refusal.permanent
+            assert "no longer serves client 'r1'" in client.refusal.detail
+        finally:
+            client.stop()
+            runner.join(5)
+            client.close()

@@ -670,6 +670,7 @@ REFUSAL_FLAGS = {
     "task_too_long": "--task", "prompt_too_long": "--task", "text_over_token_limit": "--task",
     "wrong_cameras": "--robot.cameras", "wrong_image_shape": "--robot.cameras", "wrong_state_dim": "--robot.type",
     "client_mismatch": "--client_uuid", "nonce_required": "--client_uuid", "component_not_served": "--pipeline.plan",
+    "unknown_client": "--client_uuid",
 }
 
 

@@ -117,7 +117,7 @@ class RobotClient:
         self.watch = ServerWatch(cfg, session, self.features, trigger=self.trigger, intake=self.intake,
                                  counters=self.counters, stop=self._stop,
                                  same_host_allowed=self.task.same_host_allowed,
-                                 refetch_allowed=self.task.refetch_allowed)
+                                 refetch_allowed=self.task.refetch_allowed, on_refused=self._refused)
         self.loop = ControlLoop(cfg, self.robot, self.features, buffer=self.buffer, intake=self.intake,
                                 outbox=self.outbox, watch=self.watch, task=self.task, counters=self.counters,
                                 recorder=self.recorder, stop=self._stop)

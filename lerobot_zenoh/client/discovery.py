@@ -57,6 +57,18 @@ NOT_ADMITTED = ("it does not serve this client id: list it under the model's `cl
                 "(or set accept_unknown_clients)")
 
 
+#: The flag a user changes for each kind of `compare` difference (by its first word).
+_PROBLEM_FLAGS = {"cameras:": "--robot.cameras", "camera": "--robot.cameras", "action_dim:": "--robot.type",
+                  "state_dim:": "--robot.type", "fps:": "--fps", "it": "--client_uuid"}
+
+
+def with_flag(problem: str) -> str:
+    """A `compare` difference led by the flag to change (`--robot.type: action_dim: server produces 4,
+    robot takes 6`): the robot's cameras, its type (state and actions), --fps, the client id."""
+    flag = _PROBLEM_FLAGS.get(problem.split(" ", 1)[0])
+    return f"{flag}: {problem}" if flag else problem
+
+
 def camera_problems(status: Status, cameras: dict[str, tuple[int, int] | None]) -> list[str]:
     """The cameras' differences (names, then (H, W) where the robot's is known: None is not)."""
     if set(status.expected_cameras) != set(cameras):
