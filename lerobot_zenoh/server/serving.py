@@ -163,7 +163,7 @@ class Serving:
         text = " ".join(detail[: 4 * MAX_REFUSAL_DETAIL_BYTES].split()).removeprefix(f"{reason}: ")
         if len(text.encode()) > MAX_REFUSAL_DETAIL_BYTES:
             text = text.encode()[: MAX_REFUSAL_DETAIL_BYTES - 3].decode(errors="ignore") + "..."
-        refusal = Refusal(seq, str(reason), text, permanent=reason in REPEATING_REASONS, server_id=self.server_id)
+        refusal = Refusal(seq, str(reason)[:64], text, permanent=reason in REPEATING_REASONS, server_id=self.server_id)
         try:
             self._publisher(model, session.client_id).put(codec.encode(refusal))
         except Exception as exc:  # noqa: BLE001 - a refusal is advice: never worth failing the loop for
