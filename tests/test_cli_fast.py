@@ -396,3 +396,16 @@ def test_a_busy_port_is_one_line_naming_what_the_user_typed(tmp_path):
     one_line(runs["python"], 2, f"port {port} on 127.0.0.1 is in use", "choose another with --port=")
     one_line(runs["make"], 2, "choose another with make demo PORT=")
     assert "--endpoint" not in runs["make"].stderr
+
+
+def test_the_cameras_the_flags_say_are_read_without_lerobot():
+    from lerobot_zenoh.cli.client import cameras_from_flags
+
+    assert cameras_from_flags({"--robot.type": "so101_follower"}) is None  # its cameras: known once it is open
+    assert cameras_from_flags({"--robot.type": "zenoh_sim"}) == {"front": (96, 128), "wrist": (96, 128)}
+    lerobot_style = ("{front: {type: opencv, index_or_path: 0, width: 640, height: 480, fps: 30}, "
+                     "wrist: {type: opencv, width: 640, height: 480, rotation: 90}, top: {type: realsense}}")
+    assert cameras_from_flags({"--robot.cameras": lerobot_style}) == {"front": (480, 640), "wrist": None, "top": None}
+    assert cameras_from_flags({"--robot.cameras": "{front: [48, 64]}"}) == {"front": (48, 64)}
+    for unreadable in ("[1, 2]", "{front: 3}", "{front: [1, 2"):
+        assert cameras_from_flags({"--robot.cameras": unreadable}) is None

@@ -271,9 +271,10 @@ def cameras_from_flags(lerobot: dict[str, str]) -> dict[str, tuple[int, int] | N
     for name, value in data.items():
         if isinstance(value, list | tuple) and len(value) == 2 and all(isinstance(v, int) for v in value):
             cameras[name] = (value[0], value[1])
-        elif isinstance(value, dict):
+        elif isinstance(value, dict):  # a rotated camera's frames are (width, height): left to the robot
             h, w = value.get("height"), value.get("width")
-            cameras[name] = (h, w) if isinstance(h, int) and isinstance(w, int) else None
+            sized = isinstance(h, int) and isinstance(w, int) and value.get("rotation") in (None, 0, "NO_ROTATION")
+            cameras[name] = (h, w) if sized else None
         else:
             return None
     return cameras
