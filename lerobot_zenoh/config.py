@@ -64,20 +64,28 @@ class Settings(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _bool_words(cls, data: Any) -> Any:
-        """A yes/no/on/off word on a yes-or-no field is the yes or no it says (strict fields too).
+        """A manifest's bare yes/no/on/off on a yes-or-no field is the yes or no it says (strict
+        fields too), as YAML 1.1 read it; on any other field it is the word written.
 
-        The manifest is read with YAML 1.2's booleans (server/manifest.py, `read_yaml`: only true and
-        false), so that `compile: off` is the word off; on a field that can only be true or false
-        the YAML 1.1 words keep meaning what they always did."""
-        if not isinstance(data, dict):
+        The manifest is read with YAML 1.2's booleans (server/manifest.py, `read_yaml`: only true
+        and false), so `compile: off` is the word off; those words arrive as `YamlBoolWord`s. A
+        string given in Python ("yes") is not one: a strict field still refuses it."""
+        if not isinstance(data, dict) or not any(isinstance(v, YamlBoolWord) for v in data.values()):
             return data
-        words = {name: BOOL_WORDS[value.lower()] for name, value in data.items()
-                 if isinstance(value, str) and value.lower() in BOOL_WORDS and name in yes_no_fields(cls)}
-        return {**data, **words} if words else data
+        fields = yes_no_fields(cls)
+        return {name: (value.as_bool if name in fields else str(value)) if isinstance(value, YamlBoolWord) else value
+                for name, value in data.items()}
 
 
-#: The words YAML 1.1 reads as booleans (PyYAML's `yaml.safe_load`), and true/false themselves.
-BOOL_WORDS = {"yes": True, "no": False, "on": True, "off": False, "true": True, "false": False}
+class YamlBoolWord(str):
+    """yes, no, on or off (any case) written bare in a manifest: a boolean in YAML 1.1, a word in
+    YAML 1.2 (server/manifest.py reads YAML 1.2 and makes these words this class)."""
+
+    __slots__ = ()
+
+    @property
+    def as_bool(self) -> bool:
+        return self.lower() in ("yes", "on")
 
 
 def yes_no_fields(cls: type[BaseModel]) -> frozenset[str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, TypeAdapter
 
-from lerobot_zenoh.config import BOOL_WORDS, TypedBlock, yes_no_fields
+from lerobot_zenoh.config import TypedBlock, yes_no_fields
 from lerobot_zenoh.server import manifest as manifest_module
 from lerobot_zenoh.server.manifest import Manifest, parse_manifest, read_yaml
 
@@ -76,7 +76,7 @@ def test_yes_no_fields_keep_taking_the_yaml_1_1_words():
         if name not in yes_no_fields(model):
             continue
         field_type = typing.Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
-        for word, meaning in BOOL_WORDS.items():
+        for word, meaning in {"yes": True, "no": False, "on": True, "off": False, "true": True, "false": False}.items():
             for spelling in (word, word.capitalize(), word.upper()):
                 data = model._bool_words(read_yaml(f"{name}: {spelling}\n"))
                 assert TypeAdapter(field_type).validate_python(data[name]) is meaning, (model, name, spelling)
@@ -96,6 +96,16 @@ server:
     compile: off
     accept_unknown_clients: on
 """
+
+
+def test_a_yes_given_in_python_is_still_refused_by_a_strict_field():
+    """Only a manifest's bare word is read as a boolean; a Python string stays a string."""
+    from lerobot_zenoh.errors import ConfigError
+    from lerobot_zenoh.server.runners.synthetic import SyntheticPolicyConfig
+
+    assert SyntheticPolicyConfig.model_validate(read_yaml("rtc: yes")).rtc is True
+    with pytest.raises(ConfigError, match="rtc"):
+        SyntheticPolicyConfig(rtc="yes")
 
 
 def test_a_manifest_written_with_off_and_yes_parses_as_meant():

@@ -55,7 +55,7 @@ from pydantic import (
     model_validator,
 )
 
-from lerobot_zenoh.config import Settings, TypedBlock, config_error, verdict_labels
+from lerobot_zenoh.config import Settings, TypedBlock, YamlBoolWord, config_error, verdict_labels
 from lerobot_zenoh.errors import ConfigError, KeyExprError
 from lerobot_zenoh.protocol.keys import AppKey, pipeline_app, validate_chunk, validate_client_id
 from lerobot_zenoh.protocol.messages import MAX_COMPONENTS
@@ -493,15 +493,19 @@ def parse_manifest(data: dict, source: str = "<memory>") -> Manifest:
 class _Yaml12Loader(yaml.SafeLoader):
     """PyYAML's safe loader with YAML 1.2's booleans: only true and false (any case) are booleans,
     so `compile: off`, `mode: on` or `answer: no` stay the words written. (PyYAML implements YAML
-    1.1, where yes/no/on/off are booleans too; a field that takes only true or false still reads
-    them as such: `config.Settings`.)"""
+    1.1, where yes/no/on/off are booleans too: they arrive as `config.YamlBoolWord`s, so a field
+    that takes only true or false still reads them as such.)"""
 
 
+_YAML11_WORDS = "tag:lerobot-zenoh,2026:yaml11-bool-word"
 _Yaml12Loader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 _Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
                                     list("tTfF"))
+_Yaml12Loader.add_implicit_resolver(_YAML11_WORDS, re.compile(r"^(?:yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF)$"),
+                                    list("yYnNoO"))
+_Yaml12Loader.add_constructor(_YAML11_WORDS, lambda loader, node: YamlBoolWord(loader.construct_scalar(node)))
 
 
 def read_yaml(text: str):
