@@ -32,6 +32,7 @@ from lerobot_zenoh.protocol.messages import Refusal
 from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake, MergeMode
 from lerobot_zenoh.scheduling.send_trigger import DEFAULT_REFETCH_AFTER_S, SendTrigger
+from lerobot_zenoh.telemetry.publisher import worth_logging
 from lerobot_zenoh.transport import same_host
 
 log = logging.getLogger(__name__)
@@ -190,8 +191,10 @@ class ServerWatch:
         if not (silent or lost):
             return
         self.counters.watchdog_events += 1
-        log.warning("%s: %s; re-validating", cfg.client_uuid,
-                    "server liveliness lost" if lost else f"no action chunk for {cfg.watchdog_timeout_s:.1f} s")
+        if worth_logging(self.counters.watchdog_events):  # a server cooling this client down: not every time
+            log.warning("%s: %s; re-validating [%d so far]", cfg.client_uuid,
+                        "server liveliness lost" if lost else f"no action chunk for {cfg.watchdog_timeout_s:.1f} s",
+                        self.counters.watchdog_events)
         self.state = "revalidating"
         self.revalidate()
 
@@ -204,8 +207,9 @@ class ServerWatch:
         self.trigger.reset_unanswered()
         self._waiting_since_s = None
         self.counters.session_renewals += 1
-        log.warning("%s: %s: new session nonce (was %d) [%d renewals]", self.config.client_uuid, why, old,
-                    self.counters.session_renewals)
+        if worth_logging(self.counters.session_renewals):
+            log.warning("%s: %s: new session nonce (was %d) [%d renewals]", self.config.client_uuid, why, old,
+                        self.counters.session_renewals)
 
     def revalidate(self) -> None:
         """Query status until a compatible server answers; the control loop keeps holding meanwhile."""
