@@ -172,12 +172,12 @@ def check_robot_type(robot_type: str) -> None:
 
 
 def preflight(argv: list[str]):
-    """(the client's own options, the robot's cameras as its flags say them: `cameras_from_flags`,
-    (the flag giving the task, the task)), parsed and checked without LeRobot (client/options.py), after the mistakes of --robot.* and
-    --dataset.* that need no LeRobot: a missing or unknown --robot.type, a serial port that does not
-    exist, a dataset id that is not <user>/<name>, a dataset folder that cannot be written, a task
-    over 2,048 bytes. Each is one line and exit 2 (`fail`). None when a --config_path file (read by
-    draccus only) may hold any of them."""
+    """(the client's own options, the robot's cameras as its flags say them (`cameras_from_flags`),
+    (the flag giving the task, the task)), parsed and checked without LeRobot (client/options.py),
+    after the mistakes of --robot.* and --dataset.* that need no LeRobot: a missing or unknown
+    --robot.type, a serial port that does not exist, a dataset id that is not <user>/<name>, a
+    dataset folder that cannot be written, a task over 2,048 bytes. Each is one line and exit 2
+    (`fail`). None when a --config_path file (read by draccus only) may hold any of them."""
     from lerobot_zenoh.cli.parsing import CONNECT_SPELLINGS, explain, fail, parse
     from lerobot_zenoh.client.options import ClientOptions, check_dataset_root, check_task_bytes, default_dataset_root
     from lerobot_zenoh.errors import ConfigError
