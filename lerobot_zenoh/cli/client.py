@@ -4,7 +4,10 @@ Exit codes: 0 after a normal run or SIGINT/SIGTERM (robot left in its fail-safe 
 saved); 2 for a configuration mistake, printed in one line naming the flag or the device (a bad
 value, an unknown or missing flag, a robot that cannot be found or opened); 3 when no server
 drives this robot (nothing answers at the endpoint, no server answers the app's status key, the
-server does not serve this client id, or it is incompatible with the robot), and no action was sent.
+server does not serve this client id, or it is incompatible with the robot: --fps, the cameras, the
+task's tokens), and no action was sent; or (protocol 1.5) the server refuses every request like
+this robot's (a Refusal: `stopped: --task: the task is 145 tokens, ...`), the robot left in its
+fail-safe state.
 
 `--pipeline.plan=plan.json` runs this robot's multi-model task as planned by lerobot-zenoh-plan
 (client/pipeline.py, docs/pipelines.md).

@@ -10,7 +10,8 @@ Exit codes shared by the console scripts (docs/client.md):
     0  done (or stopped by SIGINT/SIGTERM)
     2  a configuration mistake: bad value, wrong type, unknown or missing flag, a device that
        cannot be reached or opened (robot port, Prometheus port, Zenoh endpoint)
-    3  the robot client found no server that serves it (nothing was sent to the robot)
+    3  the robot client found no server that serves it (nothing was sent to the robot), or the
+       server refuses every request like the robot's (a permanent Refusal, protocol 1.5)
 """
 
 from __future__ import annotations
