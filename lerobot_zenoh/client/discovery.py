@@ -187,8 +187,9 @@ class ServedApp:
         cams = ", ".join(f"{k} {h}x{w}" for k, (h, w) in sorted(s.expected_cameras.items())) or "none"
         state = "?" if s.state_dim is None else s.state_dim
         clients = "any client" if s.accepts_unknown_clients else "listed clients"
+        tokens = f"  task at most {s.max_task_tokens} tokens" if s.max_task_tokens else ""
         return (f"{self.app.prefix}  server {s.server_id or '?'}  {s.policy_type or '?'} ({s.output or 'actions'})  "
-                f"fps {s.fps or '?'}  state {state}  actions {s.action_dim}  cameras {cams}  {clients}")
+                f"fps {s.fps or '?'}  state {state}  actions {s.action_dim}  cameras {cams}  {clients}{tokens}")
 
 
 def list_apps(session: ZenohSession, selector: str, timeout_s: float = 1.0) -> list[ServedApp]:
