@@ -61,6 +61,59 @@ class Settings(BaseModel):
     # their errors keep their full path (server.0.rtc.execution_horizon) instead of becoming ours.
     __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
+    @model_validator(mode="before")
+    @classmethod
+    def _bool_words(cls, data: Any) -> Any:
+        """A manifest's bare yes/no/on/off on a yes-or-no field is the yes or no it says (strict
+        fields too), as YAML 1.1 read it; on any other field it is the word written.
+
+        The manifest is read with YAML 1.2's booleans (server/manifest.py, `read_yaml`: only true
+        and false), so `compile: off` is the word off; those words arrive as `YamlBoolWord`s. A
+        string given in Python ("yes") is not one: a strict field still refuses it."""
+        if not isinstance(data, dict) or not any(isinstance(v, YamlBoolWord) for v in data.values()):
+            return data
+        fields = yes_no_fields(cls)
+        return {name: (value.as_bool if name in fields else str(value)) if isinstance(value, YamlBoolWord) else value
+                for name, value in data.items()}
+
+
+class YamlBoolWord(str):
+    """yes, no, on or off (any case) written bare in a manifest: a boolean in YAML 1.1, a word in
+    YAML 1.2 (server/manifest.py reads YAML 1.2 and makes these words this class)."""
+
+    __slots__ = ()
+
+    @property
+    def as_bool(self) -> bool:
+        return self.lower() in ("yes", "on")
+
+
+def yes_no_fields(cls: type[BaseModel]) -> frozenset[str]:
+    """The fields of `cls` whose type takes a bool and no string (`bool`, `bool | None`)."""
+    found = cls.__dict__.get("_yes_no_cache")
+    if found is None:
+        found = frozenset(name for name, info in cls.model_fields.items()
+                          if bool in (kinds := _leaf_types(info.annotation)) and str not in kinds)
+        setattr(cls, "_yes_no_cache", found)
+    return found
+
+
+def _leaf_types(annotation: Any) -> set:
+    """The plain types a field annotation can hold (unions and Annotated unwrapped, a Literal's
+    values by their type)."""
+    import typing
+
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _leaf_types(typing.get_args(annotation)[0])
+    if origin is typing.Literal:
+        return {type(v) for v in typing.get_args(annotation)}
+    if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
+        return set().union(*(_leaf_types(a) for a in typing.get_args(annotation)))
+    if isinstance(annotation, type) and issubclass(annotation, str):  # a StrEnum, say
+        return {str}
+    return {annotation}
+
 
 def config_error(exc: ValidationError, prefix: str = "", *, source: str | None = None) -> ConfigError:
     """The first error of a pydantic validation as one `ConfigError` naming the field (``prefix.loc``),

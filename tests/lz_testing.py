@@ -25,7 +25,12 @@ CAMS = {"front": (48, 64), "wrist": (48, 64)}
 
 
 def make_server(port, app_key, latency_ms=10.0, cameras=CAMS, action_dim=6, chunk_size=30, rtc=False,
-                history_length=1):
+                history_length=1, clients=None, max_task_tokens=None):
+    """A synthetic-policy server on loopback; `clients`: the ids it serves (default: any), `max_task_tokens`:
+    the task's word limit it simulates (task_too_long beyond)."""
+    extra = {} if max_task_tokens is None else {"max_task_tokens": max_task_tokens}
+    listed = {} if clients is None else {"accept_unknown_clients": False,
+                                         "clients": [{"client_uuid": c} for c in clients]}
     return PolicyServer(parse_manifest({
         "cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": "gpu0",
         "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False},
@@ -33,8 +38,8 @@ def make_server(port, app_key, latency_ms=10.0, cameras=CAMS, action_dim=6, chun
             "model_id": app_key.model, "model_version": app_key.version, "application_tag": app_key.app,
             "synthetic": {"state_dim": 6, "action_dim": action_dim, "chunk_size": chunk_size,
                           "cameras": cameras, "latency_ms": latency_ms, "rtc": rtc,
-                          "history_length": history_length},
-            "fps": 30, "accept_unknown_clients": True,
+                          "history_length": history_length, **extra},
+            "fps": 30, "accept_unknown_clients": True, **listed,
         }],
     }))
 

@@ -177,6 +177,49 @@ def test_the_client_says_what_it_did_in_one_line_at_exit():
     assert summary_line(piped).endswith("requests unanswered; in SLO (met/asked): act 28/28, safety 19/20; attempts 1")
 
 
+def test_a_task_over_the_models_token_limit_is_one_line_and_exit_3_on_the_servers_first_answer(port, app_key):
+    """The real client against a server whose model reads at most 4 tokens of the task: the
+    server's Refusal stops the client on its first answer, one line naming --task, exit 3, no action.
+    (Routed with --zenoh.connect, not --endpoint: with an endpoint the status query counts the task
+    before LeRobot loads, tests/test_cli_fast.py.)"""
+    import re
+    from datetime import datetime
+
+    from lerobot_zenoh.client.options import routing_args
+    from lz_testing import make_server
+
+    with make_server(port, app_key, cameras={"front": (96, 128), "wrist": (96, 128)}, max_task_tokens=4) as server:
+        [result] = run_all([("lerobot-robot-client", [*CLIENT, *routing_args(app_key, "r1"),
+                                                      f"--zenoh.connect=tcp/127.0.0.1:{port}",
+                                                      "--task=pick up the red cube and put it in the box",
+                                                      "--duration_s=30"])])
+        sent = server.models[0].refusals_sent["task_too_long"]
+    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert result.returncode == 3 and len(errors) == 1, result.stderr[-3000:]
+    assert "stopped: --task: the task is 11 tokens, synthetic reads at most 4 (server gpu0 refuses every request " \
+           "like it: task_too_long)" in errors[0]
+    assert " 0 actions executed" in result.stderr and sent >= 1 and "Traceback" not in result.stderr
+    stamp = re.compile(r"^(\d{4}-\d\d-\d\d [\d:]+,\d{3}) ")
+    asked = next(line for line in result.stderr.splitlines() if "starting: asking the server for its status" in line)
+    seconds = (datetime.strptime(stamp.match(errors[0]).group(1), "%Y-%m-%d %H:%M:%S,%f")
+               - datetime.strptime(stamp.match(asked).group(1), "%Y-%m-%d %H:%M:%S,%f")).total_seconds()
+    print(f"from asking the server for its status to the refusal's line: {seconds:.2f} s")
+
+
+def test_a_model_that_cannot_drive_this_robot_is_one_line_naming_the_flag_and_exit_3(port, app_key):
+    """A model of 4 actions for a 6-joint robot: known once the robot is open (its features), one
+    line naming --robot.type, exit 3, nothing sent."""
+    from lerobot_zenoh.client.options import routing_args
+    from lz_testing import make_server
+
+    with make_server(port, app_key, cameras={"front": (96, 128), "wrist": (96, 128)}, action_dim=4):
+        [result] = run_all([("lerobot-robot-client", [*CLIENT, *routing_args(app_key, "r1", f"tcp/127.0.0.1:{port}")])])
+    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert result.returncode == 3 and len(errors) == 1, result.stderr[-3000:]
+    assert "not starting: server gpu0 is incompatible: --robot.type: action_dim: server produces 4, robot takes 6" \
+        in errors[0]
+
+
 # -- LeRobot users' habits: hub ids, one model without a manifest, finding the server -----------------
 
 TINY_ACT = {"dim_model": 32, "n_heads": 2, "dim_feedforward": 64, "n_encoder_layers": 1, "n_vae_encoder_layers": 1}
@@ -571,9 +614,14 @@ def test_the_demo_finds_its_manifest_installed_from_a_wheel(tmp_path, monkeypatc
 
 
 def test_the_client_help_starts_with_its_own_options_and_shows_one_robot_on_request():
-    short, so101 = run_all([("lerobot-robot-client", ["--help"]),
-                            ("lerobot-robot-client", ["--help", "--robot.type=so101_follower"])])
-    assert short.returncode == 0 and so101.returncode == 0
+    short, so101, sim = run_all([("lerobot-robot-client", ["--help"]),
+                                 ("lerobot-robot-client", ["--help", "--robot.type=so101_follower"]),
+                                 ("lerobot-robot-client", ["--help", "--robot.type=zenoh_sim"])])
+    assert short.returncode == 0 and so101.returncode == 0 and sim.returncode == 0
+    # --robot.cameras says what it takes, in the user's words (not a developer's comment)
+    assert "'{front: {type: opencv, index_or_path: 0" in " ".join(so101.stdout.split())
+    assert "Camera name -> (height, width)" in sim.stdout and "__post_init__" not in sim.stdout
+    assert sim.stdout.count("How overlapping actions") == 1
     lines = short.stdout.splitlines()
     assert len(lines) < 500, len(lines)  # draccus alone: 1,300 lines (every robot type expanded)
     first_option = next(line for line in lines if line.strip().startswith("--"))

@@ -73,7 +73,30 @@ FAST_CLIENT_MISTAKES = [
      ["--dataset.root: cannot write under /sys"]),
     ([SIM, "--resume=true"], 2, ["--resume: needs --dataset.repo_id"]),
     ([SIM, "--endpoint=127.0.0.1:{dead}"], 3, ["cannot connect to tcp/127.0.0.1:{dead}: nothing answers there"]),
+    ([SIM, "--task=" + "x" * 3000], 2, ["--task: is 3000 bytes of UTF-8; a server reads at most 2048"]),
+    ([SIM, "--dataset.repo_id=local/x", "--dataset.single_task=" + "ü" * 1100], 2,
+     ["--dataset.single_task: is 2200 bytes"]),
+    # LeRobot async-inference flags: answered with what does the same here.
+    ([SIM, "--pretrained_name_or_path=lerobot/smolvla_base"], 2,
+     ["the model is chosen on the server: lerobot-policy-server --policy.path=lerobot/smolvla_base"]),
+    ([SIM, "--policy_type", "smolvla"], 2, ["--policy_type: the server reads the policy type from the checkpoint"]),
+    ([SIM, "--policy_device=mps"], 2, ["lerobot-policy-server --policy.device=mps"]),
+    ([SIM, "--chunk_size_threshold=0.5"], 2, ["--chunk_size_threshold:", "--send.buffer_time_s="]),
+    ([SIM, "--aggregate_fn_name=latest_only"], 2, ["--aggregate.type=latest_only"]),
 ]
+
+#: LeRobot's policy-server flags, answered by lerobot-policy-server before anything is loaded.
+FAST_SERVER_MISTAKES = [
+    (["--host=0.0.0.0", "--port=8080"], ["--host: the server listens on a Zenoh endpoint: --endpoint=tcp/0.0.0.0:8080"]),
+    (["--port", "9000"], ["--port:", "--endpoint=tcp/0.0.0.0:9000"]),
+]
+
+
+@pytest.mark.parametrize("args,needles", FAST_SERVER_MISTAKES, ids=[" ".join(c[0]) for c in FAST_SERVER_MISTAKES])
+def test_lerobot_policy_server_flags_are_answered_with_the_endpoint(args, needles):
+    result, imported = probe("lerobot_zenoh.cli.server", args)
+    one_line(result, 2, *needles)
+    assert imported == [], imported
 
 
 @pytest.mark.parametrize("args,code,needles", FAST_CLIENT_MISTAKES, ids=[" ".join(c[0]) or "none" for c in FAST_CLIENT_MISTAKES])
@@ -95,6 +118,44 @@ def test_a_wrong_model_id_is_found_before_lerobot_is_imported(port, app_key):
     assert imported == []
 
 
+#: (arguments, what the one ERROR line names): mistakes the server's status settles (it is queried
+#: naming the client), each reported before LeRobot is imported, exit 3. The server serves r1 only,
+#: at 30 fps, with the simulated robot's default cameras (front and wrist, 96x128).
+STATUS_MISTAKES = [
+    (["--client_uuid=stranger"], ["--client_uuid: server gpu0 does not serve client 'stranger'"]),
+    (["--client_uuid=r1", "--fps=10"], ["--fps: server model runs at 30, client at 10"]),
+    (["--client_uuid=r1", "--robot.cameras={front: [96, 128]}"],
+     ["--robot.cameras: server expects ['front', 'wrist'], robot has ['front']"]),
+    (["--client_uuid=r1", "--robot.cameras={front: [48, 64], wrist: [96, 128]}"],
+     ["--robot.cameras: camera 'front': server expects 96x128, robot gives 48x64"]),
+    # the server counts the task's tokens with its model's tokenizer (the synthetic policy: words)
+    (["--client_uuid=r1", "--task=pick up the red cube; put it in the box = done"],
+     ["--task: the task is 12 tokens, synthetic reads at most 4 (task_too_long)"]),
+    (["--client_uuid=r1", "--dataset.repo_id=local/x", "--dataset.root={tmp}/ds",
+      "--dataset.single_task=pick up the red cube and put it in the box"],
+     ["--dataset.single_task: the task is 11 tokens, synthetic reads at most 4"]),
+]
+
+
+def test_what_the_servers_status_settles_is_one_line_before_lerobot_is_imported(port, app_key, tmp_path):
+    import time
+
+    from lz_testing import make_server
+
+    with make_server(port, app_key, cameras={"front": (96, 128), "wrist": (96, 128)}, clients=["r1"],
+                     max_task_tokens=4):
+        for args, needles in STATUS_MISTAKES:
+            t0 = time.perf_counter()
+            result, imported = probe(CLIENT, [SIM, f"--endpoint=127.0.0.1:{port}",
+                                              *(a.replace("{tmp}", str(tmp_path)) for a in args)])
+            print(f"{' '.join(args)}: exit {result.returncode} in {time.perf_counter() - t0:.2f} s")
+            errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+            assert result.returncode == 3 and len(errors) == 1, (args, result.stderr[-2000:])
+            for needle in needles:
+                assert needle in errors[0], (needle, errors[0])
+            assert imported == [], (args, imported)
+
+
 HELP_SCRIPTS = ["client", "server", "build_checkpoint", "monitor", "router", "secure", "plan", "profile", "admit",
                 "cache", "openpi"]
 
@@ -112,6 +173,11 @@ def test_the_client_help_lists_its_options_and_the_robot_types_without_lerobot()
     assert out.startswith("usage: lerobot-robot-client --robot.type=TYPE")
     assert "--fps int" in out and "--zenoh.mode" in out
     assert "so101_follower" in out and "zenoh_sim" in out and "--dataset" in out
+    # Every flag that works, each choice group's description once, no developer text.
+    assert "  --list " in out and "  --plugins " in out and "--pretrained_name_or_path" in out
+    assert out.count("How overlapping actions of two chunks are blended") == 1 and "Which type of" not in out
+    assert "--aggregate.type {weighted_average," in out and "Which one (default: weighted_average)" in out
+    assert "(with --aggregate.type=weighted)" in out and "--aggregate.new_weight" in out
 
 
 def test_every_console_script_is_listed_here():
@@ -330,3 +396,16 @@ def test_a_busy_port_is_one_line_naming_what_the_user_typed(tmp_path):
     one_line(runs["python"], 2, f"port {port} on 127.0.0.1 is in use", "choose another with --port=")
     one_line(runs["make"], 2, "choose another with make demo PORT=")
     assert "--endpoint" not in runs["make"].stderr
+
+
+def test_the_cameras_the_flags_say_are_read_without_lerobot():
+    from lerobot_zenoh.cli.client import cameras_from_flags
+
+    assert cameras_from_flags({"--robot.type": "so101_follower"}) is None  # its cameras: known once it is open
+    assert cameras_from_flags({"--robot.type": "zenoh_sim"}) == {"front": (96, 128), "wrist": (96, 128)}
+    lerobot_style = ("{front: {type: opencv, index_or_path: 0, width: 640, height: 480, fps: 30}, "
+                     "wrist: {type: opencv, width: 640, height: 480, rotation: 90}, top: {type: realsense}}")
+    assert cameras_from_flags({"--robot.cameras": lerobot_style}) == {"front": (480, 640), "wrist": None, "top": None}
+    assert cameras_from_flags({"--robot.cameras": "{front: [48, 64]}"}) == {"front": (48, 64)}
+    for unreadable in ("[1, 2]", "{front: 3}", "{front: [1, 2"):
+        assert cameras_from_flags({"--robot.cameras": unreadable}) is None

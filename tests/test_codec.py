@@ -20,6 +20,7 @@ from lerobot_zenoh.protocol.messages import (
     ActionChunk,
     ExecutionInfo,
     Observation,
+    Refusal,
     RtcAdvert,
     RtcInputs,
     SameHostAdvert,
@@ -404,7 +405,13 @@ def verdict_fixture():
     return Verdict(response_to_seq_id=45, label="unsafe", inference_time_ms=150.0, score=0.875, server_id="safety0")
 
 
-FIXTURES = {"observation": obs_fixture, "action_chunk": chunk_fixture, "status": status_fixture, "telemetry": telemetry_fixture,
+def refusal_fixture():
+    """1.5: why request 45 was refused, every request like it being refused the same way."""
+    return Refusal(response_to_seq_id=45, reason="task_too_long", detail="the task is 145 tokens, smolvla reads at most 48",
+                   permanent=True, server_id="gpu0")
+
+
+FIXTURES = {"refusal": refusal_fixture, "observation": obs_fixture, "action_chunk": chunk_fixture, "status": status_fixture, "telemetry": telemetry_fixture,
             "observation_rtc": obs_rtc_fixture, "action_chunk_rtc": chunk_rtc_fixture, "status_rtc": status_rtc_fixture,
             "observation_shared": obs_shared_fixture, "status_same_host": status_same_host_fixture,
             "observation_pipeline": obs_pipeline_fixture, "text_result": text_result_fixture, "verdict": verdict_fixture,

@@ -17,6 +17,7 @@ from lerobot_zenoh.protocol.messages import (
     ExecutionInfo,
     HistoryFrame,
     Observation,
+    Refusal,
     RtcAdvert,
     RtcInputs,
     SameHostAdvert,
@@ -55,13 +56,15 @@ FULL = {
         session_nonce=5, history=[HistoryFrame(np.zeros(2, np.float32), {"front": IMG})],
         rtc=RtcInputs(np.zeros((1, 2), np.float32), 0), shared_frames=SharedFrames("lz-1-" + "0" * 32 + "-0", 1,
                                                                                       {"side": (0, 8, 8)}),
-        refreshes_seq_id=6, component_mask=1),
+        refreshes_seq_id=6, component_mask=1, refusals=True),
     "5.2 ActionChunk": ActionChunk(7, 1.0, np.zeros((2, 2), np.float32), "gpu0", 0.5, 2, 1, "cloud0", "cloud"),
     "5.3 Status": Status("m", "v", {"front": (8, 8)}, 2, 10, {}, "act", 30, "gpu0", 2, ("a", "b"), True, True, 10,
-                         True, 2, RtcAdvert(8), SameHostAdvert("p", "t"), "actions", True, True),
+                         True, 2, RtcAdvert(8), SameHostAdvert("p", "t"), "actions", True, True,
+                         max_task_tokens=48, task_tokens=52, refusals=True),
     "5.4 Telemetry": Telemetry("server", "gpu0", 1, 1.0, 1.0, {"x": 1}, {"r1": {"y": 2}}, {"l": "v"}),
     "5.5 TextResult": TextResult(7, "next", 1.0, "gpu0", 0.5, partial=True),
     "5.6 Verdict": Verdict(7, "safe", 1.0, 0.9, "gpu0", 0.5),
+    "5.7 Refusal": Refusal(7, "task_too_long", "the task is 145 tokens, smolvla reads at most 48", True, "gpu0"),
 }
 
 
@@ -84,8 +87,8 @@ def test_the_envelope_names_every_message_type():
     row = next(line for line in envelope.splitlines() if line.startswith("| `type` |"))
     named = set(re.findall(r"`([a-z_]+)`", row.split("|")[3]))
     sent = {msgpack.unpackb(codec.encode(m))["type"] for m in FULL.values()}
-    assert named == sent and len(sent) == 6
-    assert "not one of the six names" in DOC
+    assert named == sent and len(sent) == 7
+    assert "not one of the seven names" in DOC
 
 
 def test_the_key_schema_and_its_parser_agree():

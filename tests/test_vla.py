@@ -145,6 +145,10 @@ def test_task_longer_than_the_tokenizer_reads_is_refused(vla_runners):
     with pytest.raises(ProtocolError) as info:
         runner.check_request(request("a", long_task, seed=1))
     assert info.value.reason == "task_too_long" and str(runner.max_task_tokens) in str(info.value)
+    # the status query's count (another thread, another tokenizer instance) is the refusal's
+    n = runner.count_task_tokens(long_task)
+    assert n > runner.max_task_tokens and f"the task is {n} tokens" in str(info.value)
+    assert runner.count_task_tokens(TASKS[0]) <= runner.max_task_tokens
 
 
 def test_missing_weights_are_refused_naming_the_file(vla_checkpoints, tmp_path):

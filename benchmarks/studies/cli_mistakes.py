@@ -49,6 +49,17 @@ CASES = [
     ("read-only --dataset.root", "lerobot-robot-client", [SIM, "--dataset.repo_id=local/x", "--dataset.root=/proc/x/y"]),
     ("dead --endpoint", "lerobot-robot-client", [SIM, "--endpoint=127.0.0.1:{dead}"]),
     ("wrong --model_id", "lerobot-robot-client", [SIM, "--endpoint=127.0.0.1:{live}", "--model_id=smolvla"]),
+    ("--task over 2,048 bytes", "lerobot-robot-client", [SIM, "--task=" + "x" * 3000]),
+    # {listed}: a synthetic server serving robot_0 only, whose model reads at most 8 tokens of the task.
+    ("client id not listed", "lerobot-robot-client", [SIM, "--endpoint=127.0.0.1:{listed}", "--client_uuid=stranger"]),
+    ("fps mismatch", "lerobot-robot-client", [SIM, "--endpoint=127.0.0.1:{listed}", "--fps=10"]),
+    ("camera missing", "lerobot-robot-client", [SIM, "--endpoint=127.0.0.1:{listed}", "--robot.cameras={{front: [96, 128]}}"]),
+    ("camera size", "lerobot-robot-client", [SIM, "--endpoint=127.0.0.1:{listed}",
+                                             "--robot.cameras={{front: [48, 64], wrist: [96, 128]}}"]),
+    ("task over the token limit", "lerobot-robot-client", [SIM, "--endpoint=127.0.0.1:{listed}", "--duration_s=30",
+                                                          "--task=pick up the red cube and put it in the blue box"]),
+    ("LeRobot --pretrained_name_or_path", "lerobot-robot-client", [SIM, "--pretrained_name_or_path=lerobot/smolvla_base"]),
+    ("server: LeRobot --host/--port", "lerobot-policy-server", ["--host=0.0.0.0", "--port=8080"]),
     ("server: no --policy.path", "lerobot-policy-server", []),
     ("server: missing folder", "lerobot-policy-server", ["--policy.path={tmp}/checkpoints/demo_actt",
                                                          "--endpoint=tcp/127.0.0.1:{dead}"]),
@@ -82,10 +93,24 @@ def run_case(tree: Path, script: str, args: list[str]) -> tuple[float, int | Non
     return elapsed, proc.returncode, (lines[-1] if "Traceback" in proc.stderr else lines[0]) if lines else ""
 
 
-def start_server(tree: Path, port: int, log: Path) -> subprocess.Popen:
+#: The {listed} server's manifest: robot_0 only, and a token limit the long task is over.
+LISTED = """cluster_uuid: local
+experiment_tag: listed
+zenoh: {multicast_scouting: false}
+server:
+  - model_id: synthetic
+    model_version: v1
+    application_tag: listed
+    synthetic: {cameras: {front: [96, 128], wrist: [96, 128]}, latency_ms: 40, max_task_tokens: 8}
+    fps: 30
+    clients: [{client_uuid: robot_0}]
+"""
+
+
+def start_server(tree: Path, port: int, log: Path, manifest: str = "manifests/synthetic.yaml") -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1"}
     out = open(log, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "lerobot_zenoh.cli.server", "--manifest=manifests/synthetic.yaml",
+    proc = subprocess.Popen([sys.executable, "-m", "lerobot_zenoh.cli.server", f"--manifest={manifest}",
                              f"--endpoint=tcp/127.0.0.1:{port}"], stdout=out, stderr=subprocess.STDOUT, env=env,
                             cwd=tree)
     deadline = time.monotonic() + 180
@@ -120,13 +145,18 @@ def main() -> int:
         if args.baseline:
             trees = {"before": baseline_tree(args.baseline, tmp), **trees}
         (tmp / "checkpoints" / "demo_act").mkdir(parents=True)  # the folder a typo misses
-        dead, live = free_port(), free_port()
+        dead, live, listed = free_port(), free_port(), free_port()
         cases = [c for c in CASES if not args.only or args.only in c[0]]
-        server = start_server(ROOT, live, tmp / "server.log") if any("{live}" in " ".join(c[2]) for c in cases) else None
+        servers = []
+        if any("{live}" in " ".join(c[2]) for c in cases):
+            servers.append(start_server(ROOT, live, tmp / "server.log"))
+        if any("{listed}" in " ".join(c[2]) for c in cases):
+            (tmp / "listed.yaml").write_text(LISTED)
+            servers.append(start_server(ROOT, listed, tmp / "listed.log", str(tmp / "listed.yaml")))
         rows = []
         try:
             for name, script, case_args in cases:
-                argv = [a.format(dead=dead, live=live, tmp=tmp) for a in case_args]
+                argv = [a.format(dead=dead, live=live, listed=listed, tmp=tmp) for a in case_args]
                 results: dict[str, list] = {label: [] for label in trees}
                 for _ in range(args.repeat):
                     for label, tree in trees.items():
@@ -140,7 +170,7 @@ def main() -> int:
                 rows.append(row)
                 print("  ".join(row), file=sys.stderr, flush=True)
         finally:
-            if server is not None:
+            for server in servers:
                 server.terminate()
                 server.wait(timeout=30)
     heads = ["mistake"]

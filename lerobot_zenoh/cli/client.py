@@ -4,7 +4,10 @@ Exit codes: 0 after a normal run or SIGINT/SIGTERM (robot left in its fail-safe 
 saved); 2 for a configuration mistake, printed in one line naming the flag or the device (a bad
 value, an unknown or missing flag, a robot that cannot be found or opened); 3 when no server
 drives this robot (nothing answers at the endpoint, no server answers the app's status key, the
-server does not serve this client id, or it is incompatible with the robot), and no action was sent.
+server does not serve this client id, or it is incompatible with the robot: --fps, the cameras, the
+task's tokens), and no action was sent; or (protocol 1.5) the server refuses every request like
+this robot's (a Refusal: `stopped: --task: the task is 145 tokens, ...`), the robot left in its
+fail-safe state.
 
 `--pipeline.plan=plan.json` runs this robot's multi-model task as planned by lerobot-zenoh-plan
 (client/pipeline.py, docs/pipelines.md).
@@ -172,13 +175,14 @@ def check_robot_type(robot_type: str) -> None:
 
 
 def preflight(argv: list[str]):
-    """The client's own options, parsed and checked without LeRobot (client/options.py), and the
-    mistakes of --robot.* and --dataset.* that need no LeRobot: a missing or unknown --robot.type, a
-    serial port that does not exist, a dataset id that is not <user>/<name>, a dataset folder that
-    cannot be written. Each is one line and exit 2 (`fail`). None when a --config_path file (read
-    by draccus only) may hold any of them."""
+    """(the client's own options, the robot's cameras as its flags say them (`cameras_from_flags`),
+    (the flag giving the task, the task)), parsed and checked without LeRobot (client/options.py),
+    after the mistakes of --robot.* and --dataset.* that need no LeRobot: a missing or unknown
+    --robot.type, a serial port that does not exist, a dataset id that is not <user>/<name>, a
+    dataset folder that cannot be written, a task over 2,048 bytes. Each is one line and exit 2
+    (`fail`). None when a --config_path file (read by draccus only) may hold any of them."""
     from lerobot_zenoh.cli.parsing import CONNECT_SPELLINGS, explain, fail, parse
-    from lerobot_zenoh.client.options import ClientOptions, check_dataset_root, default_dataset_root
+    from lerobot_zenoh.client.options import ClientOptions, check_dataset_root, check_task_bytes, default_dataset_root
     from lerobot_zenoh.errors import ConfigError
 
     if any(a.split("=", 1)[0] == "--config_path" for a in argv):
@@ -206,30 +210,77 @@ def preflight(argv: list[str]):
             single_task = dataset.get("single_task")
             if options.task and single_task and options.task != single_task:
                 raise ConfigError("task", f"differs from --dataset.single_task ({single_task!r}); give one of them")
+            if single_task and not options.task:
+                check_task_bytes("dataset.single_task", single_task)
             from pathlib import Path
 
             root = Path(dataset["root"]).expanduser() if dataset.get("root") else default_dataset_root(repo_id)
             check_dataset_root(root, options.resume)
     except ConfigError as exc:
         fail(PROG, explain(exc))
-    return options
+    single_task = dataset.get("single_task", "")
+    task = ("--task", options.task) if options.task else ("--dataset.single_task", single_task)
+    return options, (cameras_from_flags(lerobot) if "--robot" not in lerobot else None), task
 
 
-def lookup_early(options, stop) -> object | None:
+def lookup_early(options, stop, cameras: dict | None = None, task: tuple[str, str] | None = None) -> object | None:
     """With an endpoint given: the application the routing flags name, found before LeRobot is
-    imported, so that a dead endpoint or a server serving something else is reported in a second.
-    CompatibilityError for those; None while no server answers yet (one still loading: the client
-    then opens its robot and waits for it as before, up to --discovery_timeout_s)."""
-    from lerobot_zenoh.client.discovery import find_app
+    imported, so that a dead endpoint or a server serving something else is reported in a second,
+    and what its status settles (`discovery.preflight_problems`: this client id not served, --fps,
+    the cameras the command line names, a task over the model's token limit: `task` is (its flag,
+    the task), counted by the server) too. CompatibilityError for those; None while no server
+    answers yet (one still loading: the client then opens its robot and waits for it as before, up
+    to --discovery_timeout_s)."""
+    from lerobot_zenoh.client.discovery import find_app, preflight_problems, query_status
     from lerobot_zenoh.errors import CompatibilityError
 
     with open_lookup_session(options) as session:
         try:
-            return find_app(session, options.routing_given, min(1.0, options.discovery_timeout_s), stop)
+            served = find_app(session, options.routing_given, min(1.0, options.discovery_timeout_s), stop)
         except CompatibilityError as exc:
             if str(exc).startswith("no server answers"):
                 return None
             raise
+        flag, text = task or ("--task", "")
+        status = query_status(session, served.app, timeout_s=min(1.0, options.discovery_timeout_s),
+                              client_uuid=options.client_uuid, task=text or None)
+    problems = preflight_problems(status or served.status, options.client_uuid, options.fps, cameras, flag)
+    if problems:
+        raise CompatibilityError("; ".join(problems))
+    return served
+
+
+def cameras_from_flags(lerobot: dict[str, str]) -> dict[str, tuple[int, int] | None] | None:
+    """The robot's cameras as the command line says them, read without LeRobot: name -> (H, W), or
+    None for a camera whose size its flags leave to the device. `--robot.cameras` as the simulated
+    robot takes it (`{front: [96, 128]}`) or as LeRobot's robots do (`{front: {type: opencv, width:
+    640, height: 480, ...}}`); the simulated robot's defaults without it. None when the cameras are
+    not known before the robot is opened (another robot without --robot.cameras, or a value that
+    does not read as one of those)."""
+    import yaml
+
+    from lerobot_zenoh.client.options import SIM_CAMERAS
+
+    text = lerobot.get("--robot.cameras")
+    if text is None:
+        return dict(SIM_CAMERAS) if lerobot.get("--robot.type") == "zenoh_sim" else None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None  # draccus reports it
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        return None
+    cameras: dict[str, tuple[int, int] | None] = {}
+    for name, value in data.items():
+        if isinstance(value, list | tuple) and len(value) == 2 and all(isinstance(v, int) for v in value):
+            cameras[name] = (value[0], value[1])
+        elif isinstance(value, dict):  # a rotated camera's frames are (width, height): left to the robot
+            h, w = value.get("height"), value.get("width")
+            sized = isinstance(h, int) and isinstance(w, int) and value.get("rotation") in (None, 0, "NO_ROTATION")
+            cameras[name] = (h, w) if sized else None
+        else:
+            return None
+    return cameras
 
 
 _SECTION = re.compile(r"^(?P<cls>\w+)(?: \['(?P<path>[\w.]+)'\])?:$")
@@ -282,6 +333,8 @@ def short_help(config_class, robot_type: str | None, robot_types: str | None = N
                 robot.append(section)
         elif path is not None:
             own.append("\n".join(lines).rstrip())
+    own = _tidy_choice_sections(own)
+    robot = [_with_camera_help(section) for section in robot]
     if robot:
         robot_part = robot
     else:
@@ -289,7 +342,70 @@ def short_help(config_class, robot_type: str | None, robot_types: str | None = N
                       (f" ({robot_type!r} is not a robot type LeRobot knows here)" if robot_type else "")]
     usage = (f"usage: {PROG} --robot.type=TYPE [--robot.*] [--endpoint=HOST:PORT] [options]\n"
              f"       {PROG} --list --endpoint=HOST:PORT")
-    return "\n\n".join([usage, *own, *robot_types, *robot_part]) + "\n"
+    return "\n\n".join([usage, *own, EXTRA_HELP, *robot_types, *robot_part]) + "\n"
+
+
+#: What the client takes besides its dataclass' flags (read before draccus parses the rest).
+EXTRA_HELP = """Also:
+  --list                Print every application the endpoint serves (with --endpoint), each with the
+                        routing flags to paste here, and exit.
+  --plugins MODULES     Import these modules first (comma-separated, e.g. my_pkg.blend): the
+                        --aggregate.type or --robot.type choices they register can then be named.
+  LeRobot async-inference flags (--pretrained_name_or_path, --policy_type, --policy_device,
+  --chunk_size_threshold, --aggregate_fn_name) are answered with what does the same here;
+  --server_address=HOST:PORT is --endpoint."""
+
+#: The help of --robot.cameras when a LeRobot robot's config gives none.
+CAMERAS_HELP = ("Camera name -> camera, e.g. '{front: {type: opencv, index_or_path: 0, width: 640, "
+                "height: 480, fps: 30}}' (the server's status names the cameras and sizes its model takes)")
+
+
+def _tidy_choice_sections(sections: list[str]) -> list[str]:
+    """A choice group (`--aggregate.type`) as one section: draccus prints the group's description
+    again above each choice, and says "Which type of AggregateConfig ['aggregate'] to use
+    (default: None)" for the choice flag. A choice's section keeps only its own options (none:
+    dropped), and the choice flag says its default."""
+    out: list[str] = []
+    described: dict[str, str] = {}  # dotted path -> the group's description
+    for section in sections:
+        head, _, body = section.partition("\n")
+        m = _SECTION.match(head)
+        path = m.group("path") if m else None
+        description = body.split("\n\n", 1)[0] if body and not body.lstrip().startswith("--") else ""
+        if path and path in described and description == described[path]:
+            options = body[len(description):].strip("\n")
+            if "--" in options:
+                choice = re.sub(r"Config$", "", m.group("cls"))
+                out.append(f"{head}\n  (with --{path}.type={_snake(choice)})\n\n{options}")
+            continue
+        if path and description:
+            described[path] = description
+        out.append(_choice_default(section, path))
+    return out
+
+
+def _choice_default(section: str, path: str | None) -> str:
+    """The choice flag's developer text replaced by what it chooses, with its real default."""
+    pattern = re.compile(r"Which type of \w+ \['[\w.]+'\] to use\s+\(default: None\)")
+    if path is None or not pattern.search(section):
+        return section
+    from lerobot_zenoh.client.options import ClientOptions
+
+    default = getattr(getattr(ClientOptions(), path, None), "type", None)
+    return pattern.sub(f"Which one (default: {default})", section)
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _with_camera_help(section: str) -> str:
+    """A robot's `--robot.cameras` line given a help text when its config has none."""
+    import textwrap
+
+    text = textwrap.fill(CAMERAS_HELP, width=80, initial_indent=" " * 24, subsequent_indent=" " * 24)
+    return re.sub(r"^(  --robot\.cameras [^\n]*)$(?!\n {20,}\S)", lambda m: f"{m.group(1)}\n{text}", section,
+                  flags=re.M)
 
 
 def make_robot(config):
@@ -396,10 +512,12 @@ def main(argv: list[str] | None = None) -> int:
     LeRobot: the robot's own flags, the robot, the dataset."""
     import threading
 
-    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, EXIT_NO_SERVER, UsageError, fail, require_role
+    from lerobot_zenoh.cli.parsing import (EXIT_CONFIG, EXIT_NO_SERVER, LEROBOT_CLIENT_FLAGS, UsageError,
+                                           answer_foreign_flags, fail, require_role)
     from lerobot_zenoh.errors import CompatibilityError, LeRobotZenohError
 
     argv = sys.argv[1:] if argv is None else list(argv)
+    answer_foreign_flags(PROG, argv, LEROBOT_CLIENT_FLAGS)  # LeRobot async-inference flags: their equivalent
     if "--list" in argv:
         return list_main(argv)
     require_role(PROG, "lerobot", "robot")
@@ -418,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
             register_lerobot_robots()
             print(short_help(RobotClientConfig, robot_type))
         return 0
-    options = preflight(argv)
+    options, cameras, task = preflight(argv) or (None, None, None)
     if options is not None and options.pipeline.plan:  # this robot in the plan: before LeRobot loads, too
         from lerobot_zenoh.errors import ConfigError
         from lerobot_zenoh.pipelines.robot_plan import load_robot_plan
@@ -439,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
         # Each "starting:" line names the step under way (make demo shows it while a robot starts).
         log.info("starting: asking %s what it serves", options.endpoint or options.server_address)
         try:
-            served = lookup_early(options, stopped)
+            served = lookup_early(options, stopped, cameras, task)
         except CompatibilityError as exc:
             if stopped.is_set():
                 return 0
@@ -526,6 +644,10 @@ def main(argv: list[str] | None = None) -> int:
         if recorder is not None:
             recorder.start()
         client.run()
+        refusal = getattr(client, "refusal", None)
+        if refusal is not None:  # the server refuses every request like ours: stopped on its first answer
+            log.error("stopped: %s", refusal_line(refusal))
+            code = EXIT_NO_SERVER
     except CompatibilityError as exc:
         log.error("not starting: %s", exc)
         code = EXIT_NO_SERVER
@@ -545,6 +667,23 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:  # a summary is never worth a traceback at exit
             log.debug("no summary", exc_info=True)
     return code
+
+
+#: The flag a user changes for each reason a server refuses every request with (`REPEATING_REASONS`).
+REFUSAL_FLAGS = {
+    "task_too_long": "--task", "prompt_too_long": "--task", "text_over_token_limit": "--task",
+    "wrong_cameras": "--robot.cameras", "wrong_image_shape": "--robot.cameras", "wrong_state_dim": "--robot.type",
+    "client_mismatch": "--client_uuid", "nonce_required": "--client_uuid", "component_not_served": "--pipeline.plan",
+    "unknown_client": "--client_uuid",
+}
+
+
+def refusal_line(refusal) -> str:
+    """One line for a server's permanent refusal: the flag to change, the server's reason and detail."""
+    flag = REFUSAL_FLAGS.get(refusal.reason)
+    where = f"server {refusal.server_id}" if refusal.server_id else "the server"
+    return (f"{flag + ': ' if flag else ''}{refusal.detail or refusal.reason} ({where} refuses every request like it: "
+            f"{refusal.reason})")
 
 
 def summary_line(summary: dict) -> str:

@@ -10,7 +10,8 @@ Exit codes shared by the console scripts (docs/client.md):
     0  done (or stopped by SIGINT/SIGTERM)
     2  a configuration mistake: bad value, wrong type, unknown or missing flag, a device that
        cannot be reached or opened (robot port, Prometheus port, Zenoh endpoint)
-    3  the robot client found no server that serves it (nothing was sent to the robot)
+    3  the robot client found no server that serves it (nothing was sent to the robot), or the
+       server refuses every request like the robot's (a permanent Refusal, protocol 1.5)
 """
 
 from __future__ import annotations
@@ -250,3 +251,55 @@ class OneLineArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         fail(self.prog, f"{message} (--help lists every option)")
+
+
+# -- LeRobot async-inference flags: answered with what does the same here ------------------------
+
+#: LeRobot's `lerobot.async_inference.robot_client` flags that mean something else here, each
+#: answered with the equivalent (value -> the one line printed).
+LEROBOT_CLIENT_FLAGS: Mapping[str, object] = {
+    "--pretrained_name_or_path": lambda v: (
+        f"the model is chosen on the server: lerobot-policy-server --policy.path={v or 'X'}"),
+    "--policy_type": lambda v: (
+        "the server reads the policy type from the checkpoint (lerobot-policy-server --policy.path=...); "
+        "the robot client needs none"),
+    "--policy_device": lambda v: (
+        f"the device is chosen on the server: lerobot-policy-server --policy.device={v or 'cuda'}"),
+    "--chunk_size_threshold": lambda v: (
+        "the next observation is sent when the buffered actions last less than the measured round trip (automatic); "
+        "to set it: --send.buffer_time_s=SECONDS (LeRobot's threshold x --actions_per_chunk / --fps)"),
+    "--aggregate_fn_name": lambda v: f"blending overlapping chunks is --aggregate.type={v or 'weighted_average'} here",
+}
+
+#: LeRobot's `lerobot.async_inference.policy_server` flags, answered the same way.
+LEROBOT_SERVER_FLAGS: Mapping[str, object] = {
+    "--host": lambda v: (f"the server listens on a Zenoh endpoint: --endpoint=tcp/{v or '0.0.0.0'}:7447 "
+                         "(--host and --port together are --endpoint=tcp/HOST:PORT)"),
+    "--port": lambda v: (f"the server listens on a Zenoh endpoint: --endpoint=tcp/0.0.0.0:{v or '7447'} "
+                         "(--host and --port together are --endpoint=tcp/HOST:PORT)"),
+}
+
+
+def answer_foreign_flags(prog: str, argv: list[str], answers: Mapping[str, object]) -> None:
+    """Exit 2 with one line answering the first flag of `answers` found in `argv` (`--flag=value` or
+    `--flag value`): a LeRobot async-inference user's flag, said in this tool's terms."""
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name in answers:
+            if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                value = argv[i + 1]
+            host_port = _host_port(argv) if name in ("--host", "--port") else None
+            message = answers[name](value)  # type: ignore[operator]
+            if host_port is not None:
+                message = f"the server listens on a Zenoh endpoint: --endpoint=tcp/{host_port[0]}:{host_port[1]}"
+            fail(prog, f"{name}: {message}")
+
+
+def _host_port(argv: list[str]) -> tuple[str, str] | None:
+    """(host, port) when both --host and --port are given."""
+    found: dict[str, str] = {}
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name in ("--host", "--port"):
+            found[name] = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+    return (found["--host"], found["--port"]) if len(found) == 2 else None

@@ -218,10 +218,25 @@ def bind_error(exc: BaseException, endpoints: list[str]) -> str:
     return re.sub(r"\s*\[\S+\.rs:\d+\]", "", text)
 
 
+#: The end of --help: what LeRobot's policy server users type, and where the manifest is described.
+HELP_EXTRA = """
+LeRobot's policy_server flags: --host=H --port=P is --endpoint=tcp/H:P here (answered in one line if
+given). The manifest's fields: docs/server.md, "Manifest reference".
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
-    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, explain, one_line, parse, require_role
+    from lerobot_zenoh.cli.parsing import (EXIT_CONFIG, LEROBOT_SERVER_FLAGS, answer_foreign_flags, explain, one_line,
+                                           parse, require_role)
     from lerobot_zenoh.cli.stopping import begin_stop
 
+    given = sys.argv[1:] if argv is None else list(argv)
+    if "-h" in given or "--help" in given:
+        from lerobot_zenoh.cli.parsing import help_text
+
+        print(help_text(ServerConfig, PROG) + HELP_EXTRA, end="")
+        return 0
+    answer_foreign_flags(PROG, given, LEROBOT_SERVER_FLAGS)
     args = parse(ServerConfig, argv, PROG)
     require_role(PROG, "lerobot", "server")
     if args.policy.path is not None:

@@ -23,6 +23,7 @@ from lerobot_zenoh.client.reporting import ClientCounters
 from lerobot_zenoh.errors import ProtocolError
 from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.protocol import codec
+from lerobot_zenoh.protocol.messages import Refusal
 from lerobot_zenoh.scheduling.action_buffer import ActionBuffer
 from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake, IntakeResult, MergeMode
 from lerobot_zenoh.scheduling.send_trigger import DEFAULT_REFETCH_AFTER_S
@@ -43,11 +44,17 @@ class ChunkReceiver:
         client_uuid: for the logs.
         mispredict_steps: a real-time-chunking delay this far off the prediction is counted as wrong.
         on_accepted: ``(seq_id, arrived_s)`` after a chunk went into the buffer (a task books it), or None.
+        on_refused: ``(refusal)`` when the server refuses a request of ours for a reason every
+            request like it will meet (`Refusal.permanent`): the client stops on it. None: logged only.
+
+    A `Refusal` (protocol 1.5) is believed only when it answers a request still in flight (so a stray
+    or forged one about another request changes nothing); a permanent one is handed to `on_refused`,
+    a transient one (a cool-down, a busy engine) is logged once per reason and the client carries on.
     """
 
     def __init__(self, intake: ChunkIntake, buffer: ActionBuffer, *, action_dim: int, watch, counters: ClientCounters,
                  client_uuid: str, mispredict_steps: int, on_accepted: Callable[[int, float], None] | None = None,
-                 inbox_size: int = 256) -> None:
+                 on_refused: Callable[[Refusal], None] | None = None, inbox_size: int = 256) -> None:
         self.intake = intake
         self.buffer = buffer
         self.action_dim = action_dim
@@ -56,6 +63,8 @@ class ChunkReceiver:
         self.client_uuid = client_uuid
         self.mispredict_steps = mispredict_steps
         self.on_accepted = on_accepted
+        self.on_refused = on_refused
+        self._refusals_shown: set[str] = set()
         self.inbox: queue.Queue = queue.Queue(maxsize=inbox_size)
 
     def on_chunk(self, key: str, payload: bytes) -> None:
@@ -79,7 +88,10 @@ class ChunkReceiver:
         """Decode, check and take one chunk; returns the intake's result (None: undecodable)."""
         c = self.counters
         try:
-            chunk = codec.decode_action_chunk(payload)
+            chunk = codec.decode_action_answer(payload)
+            if isinstance(chunk, Refusal):
+                self._refusal(chunk)
+                return None
             if chunk.actions.shape[1] != self.action_dim:
                 raise ProtocolError(Reason.ACTION_SHAPE, f"{chunk.actions.shape[1]} dims, robot takes {self.action_dim}")
         except ProtocolError as exc:
@@ -113,6 +125,18 @@ class ChunkReceiver:
         if self.on_accepted is not None:
             self.on_accepted(chunk.response_to_seq_id, arrived_s)
         return result
+
+    def _refusal(self, refusal: Refusal) -> None:
+        if refusal.response_to_seq_id not in self.intake.table:  # not about a request of ours in flight
+            self.counters.chunks_rejected += 1
+            return
+        self.counters.refusals += 1
+        if refusal.permanent and self.on_refused is not None:
+            self.on_refused(refusal)
+        elif refusal.reason not in self._refusals_shown:
+            self._refusals_shown.add(refusal.reason)
+            log.warning("%s: the server refused request %d (%s): %s; retrying (shown once per reason)",
+                        self.client_uuid, refusal.response_to_seq_id, refusal.reason, refusal.detail)
 
     def _count_rtc(self, result: IntakeResult) -> None:
         """Predicted vs actual delay of a chunk that answered a real-time-chunking observation."""

@@ -98,6 +98,8 @@ class RobotClient:
         self.publisher: ObservationPublisher | None = None
         self.receiver: ChunkReceiver | None = None
         self.report: ClientReport | None = None
+        # The server's permanent refusal that stopped the client (protocol 1.5), or None.
+        self.refusal = None
 
     # -- start-up -----------------------------------------------------------------------------
 
@@ -115,7 +117,7 @@ class RobotClient:
         self.watch = ServerWatch(cfg, session, self.features, trigger=self.trigger, intake=self.intake,
                                  counters=self.counters, stop=self._stop,
                                  same_host_allowed=self.task.same_host_allowed,
-                                 refetch_allowed=self.task.refetch_allowed)
+                                 refetch_allowed=self.task.refetch_allowed, on_refused=self._refused)
         self.loop = ControlLoop(cfg, self.robot, self.features, buffer=self.buffer, intake=self.intake,
                                 outbox=self.outbox, watch=self.watch, task=self.task, counters=self.counters,
                                 recorder=self.recorder, stop=self._stop)
@@ -130,10 +132,11 @@ class RobotClient:
             session.publisher(obs_key, OBSERVATION_QOS), self.outbox, self.features, client_uuid=cfg.client_uuid,
             task_text=cfg.task_text, jpeg_quality=cfg.jpeg_quality, counters=self.counters,
             same_host_active=lambda: self.watch.same_host_active, on_same_host_failed=self.watch.same_host_failed,
-            route=self.task.observation_route(session))
+            route=self.task.observation_route(session), refusals=self.task.reads_refusals)
         self.receiver = ChunkReceiver(self.intake, self.buffer, action_dim=len(self.features.action_names),
                                       watch=self.watch, counters=self.counters, client_uuid=cfg.client_uuid,
-                                      mispredict_steps=cfg.rtc.mispredict_steps, on_accepted=self.task.on_chunk)
+                                      mispredict_steps=cfg.rtc.mispredict_steps, on_accepted=self.task.on_chunk,
+                                      on_refused=self._refused)
         session.subscribe(cfg.client_key.action, self.receiver.on_chunk)
         session.watch_liveliness(cfg.app_key.all_servers, self.watch.on_liveliness)
         self.task.declare(session)
@@ -164,6 +167,11 @@ class RobotClient:
         if self.loop is None:
             raise RuntimeError("start() the client before run()")
         return self.loop.run(duration_s)
+
+    def _refused(self, refusal) -> None:
+        """The server refuses every request like ours (a permanent `Refusal`): stop; `refusal` says why."""
+        self.refusal = refusal
+        self.stop()
 
     def wake(self) -> None:
         """Interrupt the control loop's wait between steps (any thread): the task reacts at once."""

@@ -23,11 +23,11 @@ from lerobot_zenoh.client.options import (  # noqa: F401  (re-exported: importer
     ClientOptions,
     PipelineConfig,
     RtcConfig,
+    check_task_bytes,
     default_dataset_root,
     routing_args,
 )
 from lerobot_zenoh.errors import ConfigError
-from lerobot_zenoh.protocol.messages import MAX_TASK_BYTES
 
 #: The dataset feature that marks frames where the client held the robot because it had no action
 #: from the policy (its fail-safe action was sent and recorded): bool, shape (1,).
@@ -68,10 +68,7 @@ class RobotClientConfig(ClientOptions):
             raise ConfigError("resume", "needs --dataset.repo_id (and --dataset.root if not the default)")
         if self.dataset is not None:
             self._validate_dataset(self.dataset)
-        n = len(self.task_text.encode())
-        if n > MAX_TASK_BYTES:  # a server refuses every observation that carries it (task_too_long)
-            raise ConfigError("dataset.single_task" if not self.task else "task",
-                              f"is {n} bytes of UTF-8; a server reads at most {MAX_TASK_BYTES}")
+        check_task_bytes("dataset.single_task" if not self.task else "task", self.task_text)
 
     def _validate_dataset(self, ds: ClientDatasetConfig) -> None:
         if not ds.repo_id or "/" not in ds.repo_id:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from lerobot.robots import RobotConfig
 
+from lerobot_zenoh.client.options import SIM_CAMERAS
 from lerobot_zenoh.errors import ConfigError
 
 __all__ = ["SO101_JOINTS", "SimRobotConfig"]
@@ -33,10 +34,8 @@ class SimRobotConfig(RobotConfig):
     joints: list[str] = field(
         default_factory=lambda: list(SO101_JOINTS), metadata={"help": "Joint names, in action order."}
     )
-    # Not LeRobot CameraConfigs: a simulated camera has only a shape. RobotConfig.__post_init__
-    # would read .width/.height from each value, so this class validates its cameras itself.
     cameras: dict[str, tuple[int, int]] = field(
-        default_factory=lambda: {"front": (96, 128), "wrist": (96, 128)},
+        default_factory=lambda: dict(SIM_CAMERAS),
         metadata={"help": "Camera name -> (height, width) of its RGB image, e.g. '{front: [96, 128]}'."},
     )
     control_mode: str = field(
@@ -55,7 +54,9 @@ class SimRobotConfig(RobotConfig):
     seed: int | None = field(default=None, metadata={"help": "Seed of the observation noise."})
 
     def __post_init__(self) -> None:
-        # Deliberately not RobotConfig.__post_init__: its only check reads CameraConfig attributes.
+        # Deliberately not RobotConfig.__post_init__: its only check reads CameraConfig attributes,
+        # and a simulated camera is no LeRobot CameraConfig (it has only a shape): its cameras are
+        # validated here. (No comment above a field: draccus would print it as the flag's help.)
         if not self.joints:
             raise ConfigError("robot.joints", "needs at least one joint")
         if len(set(self.joints)) != len(self.joints):

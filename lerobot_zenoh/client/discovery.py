@@ -43,21 +43,69 @@ def compare(status: Status, robot: RobotFeatures, fps: int) -> list[str]:
     """Every difference between what the server expects and what the robot has (empty: compatible)."""
     problems: list[str] = []
     if status.client_admitted is False:
-        problems.append("it does not serve this client id: list it under the model's `clients` in the "
-                        "server's manifest (or set accept_unknown_clients)")
-    if set(status.expected_cameras) != set(robot.cameras):
-        problems.append(f"cameras: server expects {sorted(status.expected_cameras)}, robot has {sorted(robot.cameras)}")
-    for name in sorted(set(status.expected_cameras) & set(robot.cameras)):
-        if tuple(status.expected_cameras[name]) != robot.cameras[name]:
-            h, w = status.expected_cameras[name]
-            rh, rw = robot.cameras[name]
-            problems.append(f"camera {name!r}: server expects {h}x{w}, robot gives {rh}x{rw}")
+        problems.append(NOT_ADMITTED)
+    problems += camera_problems(status, robot.cameras)
     if status.action_dim != len(robot.action_names):
         problems.append(f"action_dim: server produces {status.action_dim}, robot takes {len(robot.action_names)}")
     if status.state_dim is not None and status.state_dim != len(robot.state_names):
         problems.append(f"state_dim: server expects {status.state_dim}, robot has {len(robot.state_names)}")
-    if status.fps is not None and status.fps != fps:
-        problems.append(f"fps: server model runs at {status.fps}, client at {fps}")
+    problems += fps_problems(status, fps)
+    return problems
+
+
+NOT_ADMITTED = ("it does not serve this client id: list it under the model's `clients` in the server's manifest "
+                "(or set accept_unknown_clients)")
+
+
+#: The flag a user changes for each kind of `compare` difference (by its first word).
+_PROBLEM_FLAGS = {"cameras:": "--robot.cameras", "camera": "--robot.cameras", "action_dim:": "--robot.type",
+                  "state_dim:": "--robot.type", "fps:": "--fps", "it": "--client_uuid"}
+
+
+def with_flag(problem: str) -> str:
+    """A `compare` difference led by the flag to change (`--robot.type: action_dim: server produces 4,
+    robot takes 6`): the robot's cameras, its type (state and actions), --fps, the client id."""
+    flag = _PROBLEM_FLAGS.get(problem.split(" ", 1)[0])
+    return f"{flag}: {problem}" if flag else problem
+
+
+def camera_problems(status: Status, cameras: dict[str, tuple[int, int] | None]) -> list[str]:
+    """The cameras' differences (names, then (H, W) where the robot's is known: None is not)."""
+    if set(status.expected_cameras) != set(cameras):
+        return [f"cameras: server expects {sorted(status.expected_cameras)}, robot has {sorted(cameras)}"]
+    problems = []
+    for name in sorted(cameras):
+        shape = cameras[name]
+        if shape is not None and tuple(status.expected_cameras[name]) != tuple(shape):
+            h, w = status.expected_cameras[name]
+            problems.append(f"camera {name!r}: server expects {h}x{w}, robot gives {shape[0]}x{shape[1]}")
+    return problems
+
+
+def fps_problems(status: Status, fps: int) -> list[str]:
+    return [f"fps: server model runs at {status.fps}, client at {fps}"] if status.fps is not None and status.fps != fps else []
+
+
+def preflight_problems(status: Status, client_uuid: str, fps: int,
+                       cameras: dict[str, tuple[int, int] | None] | None, task_flag: str = "--task") -> list[str]:
+    """What the server's status (queried naming the client and the task) settles before LeRobot is
+    imported and the robot opened, each naming the flag to change: the client id, --fps, the
+    cameras when the command line says them (`cameras` None: not known before the robot is
+    opened), and a task over the model's token limit (`task_tokens`, counted by the server with the
+    model's own tokenizer, against `max_task_tokens`). The robot's own shapes (state, actions) are
+    compared once it is open (`compare`)."""
+    problems = []
+    if status.client_admitted is False:
+        problems.append(f"--client_uuid: server {status.server_id or '?'} does not serve client {client_uuid!r}: list "
+                        "it under the model's `clients` in the server's manifest (or set accept_unknown_clients)")
+    problems += [f"--{p}" for p in fps_problems(status, fps)]
+    if cameras is not None:
+        problems += [f"--robot.{p}" if p.startswith("cameras:") else f"--robot.cameras: {p}"
+                     for p in camera_problems(status, cameras)]
+    limit, tokens = status.max_task_tokens, status.task_tokens
+    if limit is not None and tokens is not None and tokens > limit:
+        problems.append(f"{task_flag}: the task is {tokens} tokens, {status.policy_type or 'the model'} reads at most "
+                        f"{limit} (task_too_long)")
     return problems
 
 
@@ -85,9 +133,14 @@ def wait_connected(session: ZenohSession, endpoints: list[str], timeout_s: float
         time.sleep(0.02)
 
 
-def query_status(session: ZenohSession, app: AppKey, timeout_s: float = 0.5, client_uuid: str | None = None) -> Status | None:
-    """One status query (naming the client, if given); the first decodable reply, or None."""
-    parameters = f"client={client_uuid}" if client_uuid else None
+def query_status(session: ZenohSession, app: AppKey, timeout_s: float = 0.5, client_uuid: str | None = None,
+                 task: str | None = None) -> Status | None:
+    """One status query (naming the client, and the task whose tokens the server counts, if given);
+    the first decodable reply, or None."""
+    from urllib.parse import quote
+
+    asked = ([f"client={client_uuid}"] if client_uuid else []) + ([f"task={quote(task, safe='')}"] if task else [])
+    parameters = ";".join(asked) or None
     for _, payload in session.query(app.status, timeout_s=timeout_s, parameters=parameters):
         try:
             return codec.decode_status(payload)
@@ -134,8 +187,9 @@ class ServedApp:
         cams = ", ".join(f"{k} {h}x{w}" for k, (h, w) in sorted(s.expected_cameras.items())) or "none"
         state = "?" if s.state_dim is None else s.state_dim
         clients = "any client" if s.accepts_unknown_clients else "listed clients"
+        tokens = f"  task at most {s.max_task_tokens} tokens" if s.max_task_tokens else ""
         return (f"{self.app.prefix}  server {s.server_id or '?'}  {s.policy_type or '?'} ({s.output or 'actions'})  "
-                f"fps {s.fps or '?'}  state {state}  actions {s.action_dim}  cameras {cams}  {clients}")
+                f"fps {s.fps or '?'}  state {state}  actions {s.action_dim}  cameras {cams}  {clients}{tokens}")
 
 
 def list_apps(session: ZenohSession, selector: str, timeout_s: float = 1.0) -> list[ServedApp]:

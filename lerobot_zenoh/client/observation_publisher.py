@@ -107,8 +107,9 @@ class ObservationPublisher:
     def __init__(self, publisher, outbox: Outbox, features: RobotFeatures, *, client_uuid: str, task_text: str,
                  jpeg_quality: int, counters: ClientCounters, same_host_active: Callable[[], bool] = lambda: False,
                  on_same_host_failed: Callable[[], None] = lambda: None,
-                 route: Callable[[int], object] | None = None) -> None:
+                 route: Callable[[int], object] | None = None, refusals: bool = False) -> None:
         self.publisher = publisher
+        self.refusals = refusals  # the observations say this client reads Refusals (protocol 1.5)
         self._route = route
         self.outbox = outbox
         self.features = features
@@ -173,7 +174,7 @@ class ObservationPublisher:
                                           item.execution, episode_id=item.episode_id,
                                           session_nonce=item.session_nonce, rtc=item.rtc, history=history,
                                           shared_frames=shared, refreshes_seq_id=item.refreshes_seq_id,
-                                          component_mask=item.component_mask)
+                                          component_mask=item.component_mask, refusals=self.refusals)
                     # The header lets the server rank it without decoding it (protocol.md §5.1.1).
                     publisher = (self.publisher if item.component_mask is None or self._route is None
                                  else self._route(item.component_mask))

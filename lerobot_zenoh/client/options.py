@@ -18,6 +18,18 @@ from lerobot_zenoh.scheduling.send_trigger import SendTriggerConfig
 from lerobot_zenoh.transport.settings import ZenohSettings
 
 FAILSAFE_MODES = ("auto", "hold", "zero_velocity")
+#: The simulated robot's cameras when --robot.cameras is not given (`SimRobotConfig`): name -> (H, W).
+SIM_CAMERAS = {"front": (96, 128), "wrist": (96, 128)}
+
+
+def check_task_bytes(flag: str, task: str) -> None:
+    """ConfigError naming `flag` when `task` is over `MAX_TASK_BYTES` of UTF-8: every server refuses
+    each observation that carries it (task_too_long), so it is refused here, before anything is sent."""
+    from lerobot_zenoh.protocol.messages import MAX_TASK_BYTES
+
+    n = len(task.encode())
+    if n > MAX_TASK_BYTES:
+        raise ConfigError(flag, f"is {n} bytes of UTF-8; a server reads at most {MAX_TASK_BYTES} (task_too_long)")
 
 
 @dataclass
@@ -179,6 +191,7 @@ class ClientOptions:
             raise ConfigError("new_nonce_after_unanswered", f"must be >= 0 (0: never), got {self.new_nonce_after_unanswered}")
         if self.duration_s is not None and self.duration_s <= 0:
             raise ConfigError("duration_s", f"must be positive, got {self.duration_s}")
+        check_task_bytes("task", self.task)
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ConfigError("log_level", f"{self.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR")
         self.rtc.validate("rtc")

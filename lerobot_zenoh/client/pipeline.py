@@ -77,9 +77,11 @@ class PipelineTask(Task):
     """The task of `plan` for this robot, as a strategy of `RobotClient` (no I/O until `start`)."""
 
     # The observation goes to every component's server: no same-host frames (each would need its
-    # probe), and no re-fetch (one observation asks several components: not designed yet).
+    # probe), and no re-fetch (one observation asks several components: not designed yet). No
+    # refusals either: they would arrive on the text and verdict keys too, which read no Refusal yet.
     same_host_allowed = False
     refetch_allowed = False
+    reads_refusals = False
 
     def __init__(self, config: RobotClientConfig, plan: RobotPlan):
         if config.client_uuid != plan.robot:

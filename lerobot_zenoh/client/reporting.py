@@ -33,6 +33,7 @@ class ClientCounters:
     publish_errors: int = 0
     chunks_received: int = 0
     chunks_rejected: int = 0
+    refusals: int = 0  # Refusals the server sent (protocol 1.5): requests it refused, saying why
     trimmed_steps: int = 0
     horizon_cut_steps: int = 0  # trailing actions dropped because the chunk's execution_horizon said so
     # Real-time chunking: chunks that replaced the buffer, wrong delay estimates among them

@@ -26,10 +26,13 @@ import secrets
 import threading
 
 from lerobot_zenoh.client.config import RobotClientConfig
-from lerobot_zenoh.client.discovery import RobotFeatures, compare, discover, query_status
+from lerobot_zenoh.client.discovery import RobotFeatures, compare, discover, query_status, with_flag
 from lerobot_zenoh.errors import CompatibilityError
+from lerobot_zenoh.protocol.messages import Refusal
+from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake, MergeMode
 from lerobot_zenoh.scheduling.send_trigger import DEFAULT_REFETCH_AFTER_S, SendTrigger
+from lerobot_zenoh.telemetry.publisher import worth_logging
 from lerobot_zenoh.transport import same_host
 
 log = logging.getLogger(__name__)
@@ -47,11 +50,14 @@ class ServerWatch:
         stop: the client's stop event (discovery and revalidation give up when it is set).
         same_host_allowed, refetch_allowed: whether the task can use them at all (a multi-model
             task sends each observation to several servers: neither).
+        on_refused: ``(refusal)`` when a re-validation finds that the server no longer serves this
+            client id (delisted by a reload): the client stops on it, as on a permanent Refusal.
+            None: it keeps re-querying.
     """
 
     def __init__(self, config: RobotClientConfig, session, features: RobotFeatures, *, trigger: SendTrigger,
                  intake: ChunkIntake, counters, stop: threading.Event, same_host_allowed: bool = True,
-                 refetch_allowed: bool = True) -> None:
+                 refetch_allowed: bool = True, on_refused=None) -> None:
         self.config = config
         self.session = session
         self.features = features
@@ -61,6 +67,7 @@ class ServerWatch:
         self.stop = stop
         self.same_host_allowed = same_host_allowed
         self.refetch_allowed = refetch_allowed
+        self.on_refused = on_refused
         self.status = None
         self.serving_server_id: str | None = None  # the server whose chunks we get (failover follows it)
         self.state = "stopped"  # stopped | running | revalidating
@@ -95,13 +102,12 @@ class ServerWatch:
                                      "--model_id, --model_version, --application_tag against the server's manifest)"
                                      .strip())
         if status.client_admitted is False:
-            raise CompatibilityError(f"server {status.server_id} does not serve client {cfg.client_uuid!r}: list it "
+            raise CompatibilityError(f"--client_uuid: server {status.server_id} does not serve client {cfg.client_uuid!r}: list it "
                                      "under the model's `clients` in the server's manifest (or set accept_unknown_clients)")
         problems = compare(status, self.features, cfg.fps)
-        if problems:
-            for p in problems:
-                log.error("%s: incompatible server %s: %s", cfg.client_uuid, status.server_id, p)
-            raise CompatibilityError(f"server {status.server_id} is incompatible: " + "; ".join(problems))
+        if problems:  # (one line, each difference naming the flag to change: the caller prints it)
+            raise CompatibilityError(f"server {status.server_id} is incompatible: "
+                                     + "; ".join(with_flag(p) for p in problems))
         self.use_status(status)
         log.info("%s: server %s serves %s %s (%s), chunks of up to %d, real-time chunking %s", cfg.client_uuid,
                  status.server_id, status.model_id, status.model_version, status.policy_type,
@@ -185,8 +191,10 @@ class ServerWatch:
         if not (silent or lost):
             return
         self.counters.watchdog_events += 1
-        log.warning("%s: %s; re-validating", cfg.client_uuid,
-                    "server liveliness lost" if lost else f"no action chunk for {cfg.watchdog_timeout_s:.1f} s")
+        if worth_logging(self.counters.watchdog_events):  # a server cooling this client down: not every time
+            log.warning("%s: %s; re-validating [%d so far]", cfg.client_uuid,
+                        "server liveliness lost" if lost else f"no action chunk for {cfg.watchdog_timeout_s:.1f} s",
+                        self.counters.watchdog_events)
         self.state = "revalidating"
         self.revalidate()
 
@@ -199,12 +207,14 @@ class ServerWatch:
         self.trigger.reset_unanswered()
         self._waiting_since_s = None
         self.counters.session_renewals += 1
-        log.warning("%s: %s: new session nonce (was %d) [%d renewals]", self.config.client_uuid, why, old,
-                    self.counters.session_renewals)
+        if worth_logging(self.counters.session_renewals):
+            log.warning("%s: %s: new session nonce (was %d) [%d renewals]", self.config.client_uuid, why, old,
+                        self.counters.session_renewals)
 
     def revalidate(self) -> None:
         """Query status until a compatible server answers; the control loop keeps holding meanwhile."""
         cfg = self.config
+        shown = None  # the incompatibility last logged: each is shown once, not at every query
         while not self.stop.is_set():
             self.counters.revalidations += 1
             self._server_alive.clear()
@@ -221,5 +231,13 @@ class ServerWatch:
                     self.state = "running"
                     log.info("%s: server %s valid again; resuming", cfg.client_uuid, status.server_id)
                     return
-                log.error("%s: server %s is now incompatible: %s", cfg.client_uuid, status.server_id, "; ".join(problems))
+                if status.client_admitted is False and self.on_refused is not None:  # delisted: it will not change
+                    self.on_refused(Refusal(0, Reason.UNKNOWN_CLIENT, f"server {status.server_id} no longer serves "
+                                            f"client {cfg.client_uuid!r} (not in its manifest's clients)",
+                                            permanent=True, server_id=status.server_id))
+                    return
+                if problems != shown:
+                    shown = problems
+                    log.error("%s: server %s is now incompatible: %s", cfg.client_uuid, status.server_id,
+                              "; ".join(problems))
             self._server_alive.wait(0.2)  # a token appearing wakes us at once

@@ -61,6 +61,7 @@ class Task:
 
     same_host_allowed = True
     refetch_allowed = True
+    reads_refusals = True  # the server may answer a refused request with a Refusal on the action key
 
     # -- start-up
     def session_settings(self, settings: ZenohSettings) -> ZenohSettings:

@@ -31,6 +31,7 @@ from lerobot_zenoh.protocol.messages import (
     MessageType,
     Observation,
     ObservationHeader,
+    Refusal,
     Status,
     Telemetry,
     TextResult,
@@ -54,7 +55,10 @@ TABLES: dict[str, tuple[type, schema.Record]] = {
     MessageType.TELEMETRY: (Telemetry, schema.TELEMETRY),
     MessageType.TEXT_RESULT: (TextResult, schema.TEXT_RESULT),
     MessageType.VERDICT: (Verdict, schema.VERDICT),
+    MessageType.REFUSAL: (Refusal, schema.REFUSAL),
 }
+#: What a client reads on its action key: a chunk, or (1.5) why its request was refused.
+ACTION_ANSWERS = {kind: TABLES[kind] for kind in (MessageType.ACTION_CHUNK, MessageType.REFUSAL)}
 _KIND_OF = {cls: (kind, table) for kind, (cls, table) in TABLES.items()}
 
 
@@ -193,6 +197,11 @@ def _str_length_at(data: bytes, at: int) -> int:
 
 def decode_action_chunk(data: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> ActionChunk:
     return decode_map(data, TABLES, MessageType.ACTION_CHUNK, limits)
+
+
+def decode_action_answer(data: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> ActionChunk | Refusal:
+    """What arrives on a client's action key: an ActionChunk, or a Refusal (1.5)."""
+    return decode_map(data, ACTION_ANSWERS, None, limits)
 
 
 def decode_status(data: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> Status:

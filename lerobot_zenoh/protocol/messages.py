@@ -16,7 +16,7 @@ import numpy as np
 from lerobot_zenoh.protocol.reasons import MONITOR_LABELS, SAFETY_LABELS, OutputKind, VerdictLabel  # noqa: F401
 
 #: (major, minor). A peer rejects a message whose major differs from its own; minors are additive.
-PROTOCOL_VERSION: tuple[int, int] = (1, 4)
+PROTOCOL_VERSION: tuple[int, int] = (1, 5)
 
 
 class MessageType(StrEnum):
@@ -26,6 +26,7 @@ class MessageType(StrEnum):
     TELEMETRY = "telemetry"
     TEXT_RESULT = "text_result"
     VERDICT = "verdict"
+    REFUSAL = "refusal"
 
 
 #: The labels a `Verdict` may carry (a safety component's: SAFETY_LABELS, a monitor's: MONITOR_LABELS).
@@ -36,6 +37,8 @@ MAX_COMPONENTS = 32
 #: pi0.5's 200-token prompt under about 1,000. A longer task is refused (`task_too_long`) by its
 #: length alone, before any tokenizer reads it (on arrival for an unlisted id: `codec.observation_task_bytes`).
 MAX_TASK_BYTES = 2048
+#: The longest `Refusal.detail`, in bytes of UTF-8: one line for a person, never an echo of what was sent.
+MAX_REFUSAL_DETAIL_BYTES = 300
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +159,9 @@ class Observation:
     # observation is published once and every component's server receives it; a server whose bit is
     # clear drops it unread (from the header). None: every component that receives it.
     component_mask: int | None = None
+    # Optional (1.5): this client reads `Refusal`s on its answer key, so the server may tell it why a
+    # request of its session was refused (docs/protocol.md §5.7). Sent only when true.
+    refusals: bool = False
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -213,10 +219,40 @@ class Status:
     # The server also streams System 2 text (TextResult, on `.../<client>/text`) from the prefill
     # that computes its actions (a pi0.5 with a `language` block, docs/policies.md). None: it does not.
     streams_text: bool | None = None
+    # 1.5: the most tokens of the task the model reads (a VLA's tokenizer limit; a longer task is
+    # refused, `task_too_long`). None: not said (no limit, or a model that does not read the task).
+    max_task_tokens: int | None = None
+    # 1.5: in a reply to a query naming a task (`.../status?task=<percent-encoded task>`), the tokens
+    # the model's own tokenizer makes of it, so a client checks its task without the tokenizer.
+    # None: not asked, or a model that does not count tokens.
+    task_tokens: int | None = None
+    # 1.5: the server answers a refused request of a client that asks for it (`Observation.refusals`)
+    # with a `Refusal` on the client's answer key. None/False: it does not.
+    refusals: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Server -> client (1.5), on the client's answer key (`.../<client>/action`, `text` or
+    `verdict`), reliable: why the request `response_to_seq_id` was refused, sent only to a client
+    whose observations say it reads refusals (`Observation.refusals`), at most one a second per
+    session (docs/protocol.md §5.7).
+
+    `reason`: a rejection reason (docs/protocol.md §8.2). `permanent`: every request like it will be
+    refused the same way (a task over the model's token limit, cameras the model does not take), so
+    the client stops and tells its user; false: this request only (a cool-down, a busy engine).
+    `detail`: one line for a person, at most `MAX_REFUSAL_DETAIL_BYTES`."""
+
+    response_to_seq_id: int
+    reason: str
+    detail: str = ""
+    permanent: bool = False
+    server_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Telemetry:
+
     """Periodic figures of one server or client, on a `.../metrics` key."""
 
     source: str  # "server" | "client"
@@ -259,4 +295,4 @@ class Verdict:
     queue_time_ms: float | None = None
 
 
-Message = Observation | ActionChunk | Status | Telemetry | TextResult | Verdict
+Message = Observation | ActionChunk | Status | Telemetry | TextResult | Verdict | Refusal

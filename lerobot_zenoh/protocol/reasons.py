@@ -83,6 +83,17 @@ class Reason(StrEnum):
     SUPERSEDED = "superseded"
 
 
+#: Refusals that every request like the refused one gets again, whatever the server's load: the
+#: client's configuration (its task, its cameras, its state) is what the model cannot take. A client
+#: told one of these (`Refusal.permanent`, docs/protocol.md §5.7) stops and says why; any other refusal
+#: (a cool-down, a busy engine, a replay) concerns that request only.
+REPEATING_REASONS: frozenset[str] = frozenset({
+    Reason.TASK_TOO_LONG, Reason.PROMPT_TOO_LONG, Reason.TEXT_OVER_TOKEN_LIMIT, Reason.WRONG_STATE_DIM,
+    Reason.WRONG_CAMERAS, Reason.WRONG_IMAGE_SHAPE, Reason.CLIENT_MISMATCH, Reason.NONCE_REQUIRED,
+    Reason.COMPONENT_NOT_SERVED,
+})
+
+
 class OutputKind(StrEnum):
     """What a server answers an observation with (`Status.output`, docs/protocol.md §5.3)."""
 

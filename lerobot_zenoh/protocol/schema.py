@@ -30,11 +30,13 @@ import numpy as np
 from lerobot_zenoh.errors import ProtocolError
 from lerobot_zenoh.protocol.messages import (
     MAX_COMPONENTS,
+    MAX_REFUSAL_DETAIL_BYTES,
     MAX_TASK_BYTES,
     ActionChunk,
     ExecutionInfo,
     HistoryFrame,
     Observation,
+    Refusal,
     RtcAdvert,
     RtcInputs,
     SameHostAdvert,
@@ -458,6 +460,7 @@ OBSERVATION = Record(Observation, [
     Field("shared_frames", SHARED_FRAMES, reason=Reason.BAD_SHARED_FRAMES),
     Field("refreshes_seq_id", UINT64),
     Field("component_mask", COMPONENT_MASK),
+    Field("refusals", BOOL, sparse=True),
 ])
 
 ACTION_CHUNK = Record(ActionChunk, [
@@ -495,6 +498,9 @@ STATUS = Record(Status, [
     Field("output", Str(choices=OutputKind)),
     Field("refreshes", BOOL),
     Field("streams_text", BOOL),
+    Field("max_task_tokens", UINT64),
+    Field("task_tokens", UINT64),
+    Field("refusals", BOOL),
 ])
 
 TELEMETRY = Record(Telemetry, [
@@ -524,4 +530,11 @@ VERDICT = Record(Verdict, [
     Field("score", Number(0.0, 1.0, Reason.BAD_VERDICT)),
     Field("server_id", STR),
     Field("queue_time_ms", NUMBER),
+])
+REFUSAL = Record(Refusal, [
+    Field("response_to_seq_id", UINT64, required=True),
+    Field("reason", Str(64), required=True),
+    Field("detail", Str(max_bytes=MAX_REFUSAL_DETAIL_BYTES)),
+    Field("permanent", BOOL, sparse=True),
+    Field("server_id", STR),
 ])

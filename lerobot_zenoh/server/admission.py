@@ -113,8 +113,12 @@ def observation(model: ServedModel, session: Session, slot: Slot) -> Observation
     """The slot's observation, decoded once (kept in the slot: a re-queued request is not decoded
     again) and judged; ProtocolError when it is malformed, not what its header said, or refused by
     the session rules (`replayed`, `nonce_required`, `seq_jump`: a header-less one, judged now)."""
+    if slot.known is not None:
+        session.last_request_seq = slot.known.seq_id  # (what a refusal of it answers, `Serving.refuse`)
     if slot.observation is None:
         slot.observation = model.executor.decode(slot.payload, slot.header)
+        session.last_request_seq = slot.observation.seq_id
+    session.reads_refusals = slot.observation.refusals
     if not slot.judged:
         refused = model.session_table.judge(session, slot)
         if refused is not None:  # (docs/protocol.md §10.5)

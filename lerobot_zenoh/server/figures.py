@@ -110,6 +110,9 @@ def model_stats(model: ServedModel) -> dict:
         "observations_for_other_components": model.for_other_components,
         "answers": dict(model.answers),
         "answers_withheld": model.answers_withheld,
+        # Refusals told to clients (protocol 1.5), by reason, and those withheld (one a second per session)
+        "refusals_sent": dict(model.refusals_sent),
+        "refusals_withheld": model.refusals_withheld,
         "clients": {
             cid: {
                 "received": s.stats.received,

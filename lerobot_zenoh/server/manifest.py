@@ -42,6 +42,7 @@ current directory when only that one exists); when neither exists and it reads a
 from __future__ import annotations
 
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Annotated, Literal
@@ -54,7 +55,7 @@ from pydantic import (
     model_validator,
 )
 
-from lerobot_zenoh.config import Settings, TypedBlock, config_error, verdict_labels
+from lerobot_zenoh.config import Settings, TypedBlock, YamlBoolWord, config_error, verdict_labels
 from lerobot_zenoh.errors import ConfigError, KeyExprError
 from lerobot_zenoh.protocol.keys import AppKey, pipeline_app, validate_chunk, validate_client_id
 from lerobot_zenoh.protocol.messages import MAX_COMPONENTS
@@ -489,6 +490,29 @@ def parse_manifest(data: dict, source: str = "<memory>") -> Manifest:
     return manifest
 
 
+class _Yaml12Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's booleans: only true and false (any case) are booleans,
+    so `compile: off`, `mode: on` or `answer: no` stay the words written. (PyYAML implements YAML
+    1.1, where yes/no/on/off are booleans too: they arrive as `config.YamlBoolWord`s, so a field
+    that takes only true or false still reads them as such.)"""
+
+
+_YAML11_WORDS = "tag:lerobot-zenoh,2026:yaml11-bool-word"
+_Yaml12Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                    list("tTfF"))
+_Yaml12Loader.add_implicit_resolver(_YAML11_WORDS, re.compile(r"^(?:yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF)$"),
+                                    list("yYnNoO"))
+_Yaml12Loader.add_constructor(_YAML11_WORDS, lambda loader, node: YamlBoolWord(loader.construct_scalar(node)))
+
+
+def read_yaml(text: str):
+    """A manifest's YAML text as Python data (YAML 1.2 booleans: `_Yaml12Loader`)."""
+    return yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
+
+
 def load_manifest(path: str | Path) -> Manifest:
     path = Path(path)
     try:
@@ -496,7 +520,7 @@ def load_manifest(path: str | Path) -> Manifest:
     except OSError as exc:
         raise ConfigError("manifest", f"cannot read {path}: {exc.strerror}", source=str(path)) from None
     try:
-        data = yaml.safe_load(text)
+        data = read_yaml(text)
     except yaml.YAMLError as exc:
         raise ConfigError("<yaml>", f"not valid YAML: {exc}", source=str(path)) from None
     return parse_manifest(data, source=str(path))

@@ -7,11 +7,12 @@ import logging
 import threading
 from collections import Counter
 from dataclasses import replace
+from urllib.parse import unquote
 
 from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.keys import ANSWER_TOPICS, AppKey
-from lerobot_zenoh.protocol.messages import RtcAdvert, SameHostAdvert, Status
+from lerobot_zenoh.protocol.messages import MAX_TASK_BYTES, RtcAdvert, SameHostAdvert, Status
 from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
 from lerobot_zenoh.server import text_stream
 from lerobot_zenoh.server.session_table import SessionTable, SessionTableConfig
@@ -96,6 +97,10 @@ class ServedModel:
             same_host=same_host,  # clients on this host and user send raw frames through /dev/shm
             refreshes=True,  # the session table keeps a refresh's place and drops a late one (protocol.md §10.7)
             streams_text=True if text_stream.writes_text(runner) else None,  # System 2 from the same prefill
+            # The task's token limit of a runner that refuses a longer task (flow-matching VLAs, the
+            # synthetic policy's simulation of one): a client checks it before it sends.
+            max_task_tokens=getattr(runner, "max_task_tokens", None),
+            refusals=True,  # a refused request of a client that asks is answered why (protocol.md §5.7)
         )
         self.status_bytes = codec.encode(self.status)
         self.publishers: dict[str, Publisher] = {}  # client id -> action publisher, closed with its session
@@ -115,6 +120,8 @@ class ServedModel:
         self.topic = ANSWER_TOPICS[self.output]
         self.answers: Counter = Counter()  # answers published: "actions", "text", "verdict.<label>"
         self.answers_withheld = 0  # results the runner marked silent (fault injection)
+        self.refusals_sent: Counter = Counter()  # Refusals published, by reason (Serving.refuse)
+        self.refusals_withheld = 0  # refusals not sent: the session had one less than a second ago
         # Multi-model tasks (`entry.pipeline`, server/routing.py); None: a model of robots alone, which
         # never goes through task routing. Set (once) by a reload that gives it task streams.
         self.routing: TaskRouting | None = TaskRouting(task_streams(manifest, entry)) if entry.pipeline else None
@@ -157,9 +164,24 @@ class ServedModel:
         return self.routing.for_other_components if self.routing is not None else 0
 
     def status_reply(self, parameters: dict[str, str]) -> bytes:
-        """The status bytes for a query; with `client=<id>`, `client_admitted` says if it is served."""
+        """The status bytes for a query (the status responder's thread); with `client=<id>`,
+        `client_admitted` says if it is served; with `task=<percent-encoded task>`, `task_tokens` how
+        many tokens the model's tokenizer makes of it (a task over `MAX_TASK_BYTES` is not counted:
+        the client refuses it itself)."""
         client = parameters.get("client")
-        if not client:
-            return self.status_bytes
         config = self.session_table.config
-        return self._status_for[config.accept_unknown or client in config.listed]
+        admitted = None if not client else bool(config.accept_unknown or client in config.listed)
+        task = parameters.get("task")
+        count = getattr(self.runner, "count_task_tokens", None)  # (runners with a task token limit)
+        if task is not None and count is not None and len(task) <= 3 * MAX_TASK_BYTES:
+            text = unquote(task)
+            if len(text.encode()) <= MAX_TASK_BYTES:
+                try:
+                    tokens = int(count(text))
+                except Exception as exc:  # noqa: BLE001 - a count is advice; the status still answers
+                    log.debug("%s: task not counted: %s", self.app.prefix, exc)
+                else:
+                    return codec.encode(replace(self.status, client_admitted=admitted, task_tokens=tokens))
+        if admitted is None:
+            return self.status_bytes
+        return self._status_for[admitted]

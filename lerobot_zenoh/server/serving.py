@@ -15,8 +15,10 @@ import threading
 import time
 
 from lerobot_zenoh.errors import ProtocolError
+from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.keys import Topic
-from lerobot_zenoh.protocol.reasons import OutputKind, Reason
+from lerobot_zenoh.protocol.messages import MAX_REFUSAL_DETAIL_BYTES, Refusal
+from lerobot_zenoh.protocol.reasons import REPEATING_REASONS, OutputKind, Reason
 from lerobot_zenoh.server import admission, text_stream
 from lerobot_zenoh.server.admission import Ready
 from lerobot_zenoh.server.session_table import Batch, Session
@@ -29,8 +31,10 @@ log = logging.getLogger(__name__)
 
 #: How often sessions are looked at for expiry (the inference loop, and between decode steps).
 EXPIRY_PERIOD_S = 0.25
+#: A session is sent at most one `Refusal` this often (the first at once).
+REFUSAL_PERIOD_S = 1.0
 
-__all__ = ["Serving", "EXPIRY_PERIOD_S"]
+__all__ = ["Serving", "EXPIRY_PERIOD_S", "REFUSAL_PERIOD_S"]
 
 
 class Serving:
@@ -140,10 +144,37 @@ class Serving:
     def reject(self, model: ServedModel, session: Session, reason: str, detail: str, *, cool_down: bool = True) -> None:
         """Count a rejection against a client; `cool_down=False`: not its fault (an engine's), so it
         never counts towards the client's rejection cool-down."""
-        n = model.session_table.reject(session, reason, time.monotonic(), cool_down=cool_down)
+        now = time.monotonic()
+        n = model.session_table.reject(session, reason, now, cool_down=cool_down)
         if worth_logging(n):
             log.warning("client %s on %s: rejected (%s) %s [%d rejections]", session.client_id, model.app.prefix,
                         reason, detail, n)
+        if reason != Reason.PUBLISH_ERROR:  # (a refusal would take the same failing way)
+            self.refuse(model, session, reason, detail, now)
+
+    def refuse(self, model: ServedModel, session: Session, reason: str, detail: str, now_s: float) -> bool:
+        """Tell the client why its request was refused (a `Refusal` on its own answer key, protocol
+        1.5), when its observations say it reads refusals; at most one every `REFUSAL_PERIOD_S` per
+        session, one line of at most `MAX_REFUSAL_DETAIL_BYTES`, and only to the key of the session's
+        client, so that nobody can make this server send others more than they sent it. Whether sent."""
+        seq = session.last_request_seq
+        if not session.reads_refusals or seq is None:
+            return False
+        if session.refusal_sent_s is not None and now_s - session.refusal_sent_s < REFUSAL_PERIOD_S:
+            model.refusals_withheld += 1
+            return False
+        session.refusal_sent_s = now_s
+        text = " ".join(detail[: 4 * MAX_REFUSAL_DETAIL_BYTES].split()).removeprefix(f"{reason}: ")
+        if len(text.encode()) > MAX_REFUSAL_DETAIL_BYTES:
+            text = text.encode()[: MAX_REFUSAL_DETAIL_BYTES - 3].decode(errors="ignore") + "..."
+        refusal = Refusal(seq, str(reason)[:64], text, permanent=reason in REPEATING_REASONS, server_id=self.server_id)
+        try:
+            self._publisher(model, session.client_id).put(codec.encode(refusal))
+        except Exception as exc:  # noqa: BLE001 - a refusal is advice: never worth failing the loop for
+            log.debug("refusal to %s not sent: %s", session.client_id, exc)
+            return False
+        model.refusals_sent[str(reason)] += 1
+        return True
 
 
     def publish(self, model: ServedModel, client_id: str, payload: bytes) -> None:

@@ -156,6 +156,11 @@ class Session:
     closed_reason: str | None = None  # liveliness | no_token | idle | delisted | server_stop, once closed
     slot: Slot | None = None
     stats: SessionStats = field(default_factory=SessionStats)
+    # Refusals (protocol 1.5, docs/protocol.md §5.7): whether the client's observations say it reads
+    # them, the request last read of it (what a refusal answers) and when it was last sent one.
+    reads_refusals: bool = False
+    last_request_seq: int | None = None
+    refusal_sent_s: float | None = None
 
     def put(self, payload: bytes, now_s: float, header: ObservationHeader | None,
             error: ProtocolError | None, task: str | None) -> None:

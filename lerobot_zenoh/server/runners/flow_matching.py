@@ -37,6 +37,7 @@ server never downloads. Not found: one `PolicyError` naming the asset and the ma
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -92,6 +93,10 @@ class FlowMatchingRunner(LeRobotRunner):
             raise PolicyError(f"{self.path}: expected one tokenizer step in {_PREPROCESSOR_JSON}, found {len(steps)}")
         self._tokenizer = steps[0].input_tokenizer
         self.max_task_tokens = int(steps[0].max_length)
+        # A copy for `count_task_tokens` (the status responder's thread): a fast tokenizer's call sets
+        # its truncation and padding, so one instance shared by two threads can fail ("Already borrowed").
+        self._counting_tokenizer = copy.deepcopy(self._tokenizer)
+        self._counting_lock = threading.Lock()
         self._max_action_dim = int(self.policy.config.max_action_dim)
         self._lock = threading.Lock()
         self._rtc_horizon: int | None = None
@@ -176,12 +181,16 @@ class FlowMatchingRunner(LeRobotRunner):
         newline LeRobot appends and the tokenizer's special tokens). pi0.5 also writes the discretized
         state into its prompt; those tokens are not counted here (LeRobot truncates them).
         """
-        task = request.task if request.task.endswith("\n") else f"{request.task}\n"
-        n = len(self._tokenizer(task)["input_ids"])
+        n = _task_tokens(self._tokenizer, request.task)
         if n > self.max_task_tokens:
             raise ProtocolError(Reason.TASK_TOO_LONG,
                                 f"the task is {n} tokens, {self.spec.policy_type} reads at most {self.max_task_tokens}")
         self._rtc_inputs(request)
+
+    def count_task_tokens(self, task: str) -> int:
+        """The tokens `check_request` counts for `task` (any thread: the status responder asks)."""
+        with self._counting_lock:
+            return _task_tokens(self._counting_tokenizer, task)
 
     def _rtc_inputs(self, request: InferenceRequest) -> Any:
         """The request's RTC inputs (None without), checked against the model: `ProtocolError`
@@ -423,3 +432,9 @@ def sidecar_extras(path: Path) -> dict[str, Any]:
     if not isinstance(assets, dict) or not all(isinstance(v, str) for v in assets.values()):
         raise PolicyError(f"{sidecar}: assets must map names to folder paths, got {assets!r}")
     return {k: data[k] for k in ("assets", "test_architecture") if k in data}
+
+
+def _task_tokens(tokenizer: Any, task: str) -> int:
+    """The tokens LeRobot's tokenizer step makes of `task` (with the newline it appends and the
+    tokenizer's special tokens)."""
+    return len(tokenizer(task if task.endswith("\n") else f"{task}\n")["input_ids"])

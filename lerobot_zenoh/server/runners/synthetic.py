@@ -45,7 +45,7 @@ import numpy as np
 from pydantic import Field, ValidationInfo, field_validator
 
 from lerobot_zenoh.config import Settings, VerdictsByRequest, VerdictSequence
-from lerobot_zenoh.errors import ConfigError, PolicyError
+from lerobot_zenoh.errors import ConfigError, PolicyError, ProtocolError
 from lerobot_zenoh.server.runners.base import (
     COMPONENT_EXTRA,
     RTC_EXTRA,
@@ -57,7 +57,7 @@ from lerobot_zenoh.server.runners.base import (
     RunnerCapabilities,
     check_observation,
 )
-from lerobot_zenoh.protocol.reasons import OutputKind
+from lerobot_zenoh.protocol.reasons import OutputKind, Reason
 
 #: Denoising steps of the faked updates (`synthetic_denoise_updates`).
 SYNTHETIC_DENOISE_STEPS = 4
@@ -198,6 +198,9 @@ class SyntheticPolicyConfig(Settings):
     score: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)  # verdict: sent with every label
     silent_after: int | None = Field(None, ge=0, strict=True)  # withhold every answer after a session's first N
     echo_task: bool = Field(False, strict=True)  # actions: the last dimension is task_code(task)
+    # A VLA's task token limit, simulated: a task of more words than this is refused (task_too_long),
+    # as a flow-matching VLA refuses one its tokenizer makes too long. None: any task.
+    max_task_tokens: int | None = Field(None, ge=1, strict=True)
 
     @field_validator(*_ONLY_FOR)
     @classmethod
@@ -255,6 +258,7 @@ class SyntheticPolicy(BaseRunner):
                 history_length=config.history_length, reads_task=bool(config.echo_task), output=config.output),
         )
         self._requests: dict[str, int] = {}  # session -> requests seen (the script's position)
+        self.max_task_tokens = config.max_task_tokens  # (the status says it)
         profile = sorted((config.batch_latency_ms or {}).items())
         self._profile_sizes = [size for size, _ in profile]
         self._profile_ms = [float(ms) for _, ms in profile]
@@ -323,6 +327,17 @@ class SyntheticPolicy(BaseRunner):
             updates = None if index is None else synthetic_denoise_updates(r.state, index, chunk, dim)
             results.append(InferenceResult(actions, updates, extras))
         return results
+
+    def count_task_tokens(self, task: str) -> int:
+        """A word counts as a token (any thread)."""
+        return len(task.split())
+
+    def check_request(self, request: InferenceRequest) -> None:
+        """`task_too_long` for a task of more words than `max_task_tokens` (a word counts as a token)."""
+        n = self.count_task_tokens(request.task)
+        if self.max_task_tokens is not None and n > self.max_task_tokens:
+            raise ProtocolError(Reason.TASK_TOO_LONG,
+                                f"the task is {n} tokens, synthetic reads at most {self.max_task_tokens}")
 
     def forget(self, session_id: str) -> None:
         """A closed session or a new episode: its script starts again."""
