@@ -250,3 +250,13 @@ class OneLineArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         fail(self.prog, f"{message} (--help lists every option)")
+
+
+def warn_old_spellings(prog: str, argv: list[str], renamed: Mapping[str, str]) -> None:
+    """One line on stderr for each older spelling in `argv` that still works (`renamed`: old flag ->
+    the flag that replaces it; the script's Spellings still accept it)."""
+    given = {a.split("=", 1)[0] for a in argv}
+    for old, new in renamed.items():
+        if old in given:
+            print(f"{prog}: {old} is deprecated: write {new} (docs/client.md, \"Command lines\")", file=sys.stderr,
+                  flush=True)
