@@ -225,14 +225,32 @@ def test_monitor_ends_within_a_second_of_a_signal(port, sig):
         peer.close()
 
 
-def test_monitor_with_a_dead_endpoint_says_it_cannot_connect(port):
+def test_monitor_with_a_dead_endpoint_and_exit_when_unreachable_exits_3(port):
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "lerobot_zenoh.cli.monitor", f"--endpoint=tcp/127.0.0.1:{port}"],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+    r = subprocess.run([sys.executable, "-m", "lerobot_zenoh.cli.monitor", f"--endpoint=tcp/127.0.0.1:{port}",
+                        "--exit_when_unreachable"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 3 and r.stderr.strip().splitlines() == [
         f"lerobot-zenoh-monitor: cannot connect to tcp/127.0.0.1:{port}: nothing answers there (is the server or "
         "router running, and is the address right?)"], r.stderr
     assert time.monotonic() - t0 < 20
+
+
+def test_monitor_waits_for_a_server_started_after_it(port, app_key):
+    """Run as a service, the monitor starts before the fleet: it says once that nothing answers,
+    keeps trying with a back-off, and shows the server once it is up."""
+    proc = subprocess.Popen([sys.executable, "-m", "lerobot_zenoh.cli.monitor", f"--endpoint=tcp/127.0.0.1:{port}",
+                             "--json", "--duration_s=60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        line = proc.stderr.readline()
+        assert "nothing answers at" in line and "--exit_when_unreachable" in line, line
+        with make_server(port, app_key):
+            first = json.loads(proc.stdout.readline())  # blocks until a telemetry message arrives
+            assert first["source"] == "server", first
+    finally:
+        proc.kill()
+        _, err = proc.communicate(timeout=30)
+    assert err.count("nothing answers at") == 0, err  # logged once (the first line, read above)
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
