@@ -340,12 +340,17 @@ class SessionTable:
                     session.computing = None
             for session, seq_id, inference_ms, queue_ms in served:
                 if self.sessions.get(session.client_id) is not session:
-                    self.roster.closed.served += 1  # closed meanwhile: only the total counts
+                    closed = self.roster.closed  # closed meanwhile: only the totals count it
+                    closed.served += 1
+                    closed.inference_hist.observe_ms(inference_ms)
+                    closed.queue_hist.observe_ms(queue_ms)
                     continue
                 session_rules.served(session, seq_id, now_s)
                 session.stats.served += 1
                 session.stats.inference_ms.append(inference_ms)
                 session.stats.queue_ms.append(queue_ms)
+                session.stats.inference_hist.observe_ms(inference_ms)
+                session.stats.queue_hist.observe_ms(queue_ms)
 
     # -- telemetry thread ---------------------------------------------------------------------
 
