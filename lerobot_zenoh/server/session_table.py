@@ -339,18 +339,11 @@ class SessionTable:
                 if session is not None:
                     session.computing = None
             for session, seq_id, inference_ms, queue_ms in served:
-                if self.sessions.get(session.client_id) is not session:
-                    closed = self.roster.closed  # closed meanwhile: only the totals count it
-                    closed.served += 1
-                    closed.inference_hist.observe_ms(inference_ms)
-                    closed.queue_hist.observe_ms(queue_ms)
+                if self.sessions.get(session.client_id) is not session:  # closed meanwhile: only the totals count it
+                    self.roster.closed.count_served(inference_ms, queue_ms, window=False)
                     continue
                 session_rules.served(session, seq_id, now_s)
-                session.stats.served += 1
-                session.stats.inference_ms.append(inference_ms)
-                session.stats.queue_ms.append(queue_ms)
-                session.stats.inference_hist.observe_ms(inference_ms)
-                session.stats.queue_hist.observe_ms(queue_ms)
+                session.stats.count_served(inference_ms, queue_ms)
 
     # -- telemetry thread ---------------------------------------------------------------------
 

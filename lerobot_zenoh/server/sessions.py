@@ -90,6 +90,16 @@ class SessionStats:
                             deque(self.inference_ms, maxlen=LATENCY_WINDOW), deque(self.queue_ms, maxlen=LATENCY_WINDOW),
                             self.inference_hist.copy(), self.queue_hist.copy())
 
+    def count_served(self, inference_ms: float, queue_ms: float, window: bool = True) -> None:
+        """One chunk served: counted, its latencies in the histograms (and the windows, unless `window`
+        is False: the totals of closed sessions keep none)."""
+        self.served += 1
+        if window:
+            self.inference_ms.append(inference_ms)
+            self.queue_ms.append(queue_ms)
+        self.inference_hist.observe_ms(inference_ms)
+        self.queue_hist.observe_ms(queue_ms)
+
     def add_counts(self, other: SessionStats) -> None:
         """Fold `other`'s counts and histograms into these (latency windows are per session: not folded)."""
         self.received += other.received
