@@ -90,6 +90,7 @@ def test_a_settings_class_field_added_later_is_a_flag(tmp_path):
     blocks = flag_blocks(help_text(flags_dataclass(Door), "door"))
     assert "Most connections at once. (≥ 1)" in blocks["--max_connections"]
     assert "close a connection idle this long" in blocks["--idle_timeout_s"]
+    assert Door().max_connections == 4
     flags = flags_dataclass(Door)(idle_timeout_s=2.0)
     assert settings_values(flags, Door) == {"idle_timeout_s": 2.0}
 

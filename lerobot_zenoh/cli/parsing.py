@@ -15,7 +15,6 @@ Exit codes shared by the console scripts (docs/client.md):
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -243,13 +242,6 @@ def require_extra(prog: str, extra: str, *modules: str) -> None:
     if missing:
         fail(prog, f"this install lacks {' and '.join(missing)}: {prog} needs the [{extra}] extra "
                    f"(pip install '.[{extra}]' in the lerobot-zenoh checkout, or 'lerobot_zenoh-*.whl[{extra}]')")
-
-
-class OneLineArgumentParser(argparse.ArgumentParser):
-    """argparse with the same one-line errors (exit 2), for the scripts with sub-commands."""
-
-    def error(self, message: str) -> NoReturn:
-        fail(self.prog, f"{message} (--help lists every option)")
 
 
 def warn_old_spellings(prog: str, argv: list[str], renamed: Mapping[str, str]) -> None:
