@@ -40,6 +40,11 @@ log = logging.getLogger(PROG)
 
 @dataclass
 class MonitorConfig:
+    # (one string, not a multi-line docstring: draccus prints a docstring's lines as written in --help)
+    ("The monitor's flags. --json and "
+     "--exit_when_unreachable may be given without a value (=true); --zenoh.connect once per endpoint; "
+     "--log-level is the older spelling of --log_level.")
+
     # Where a policy server or Zenoh router listens, e.g. tcp/192.168.1.50:7447. Unset: find them by
     # multicast scouting on the local network, or through --zenoh.connect.
     endpoint: str | None = None

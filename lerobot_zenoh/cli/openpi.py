@@ -77,7 +77,11 @@ def flags_class() -> type:
         ("log_level", str, dataclasses.field(default="INFO", metadata={
             "help": "Logging level: DEBUG, INFO, WARNING or ERROR."})),
     ]
-    return flags_dataclass(FrontDoorConfig, "OpenPIFrontDoorFlags", own, HELP)
+    flags = flags_dataclass(FrontDoorConfig, "OpenPIFrontDoorFlags", own, HELP)
+    flags.__doc__ = ("The front door's settings (a --config_path file holds the same fields). Older spellings, "
+                     "still accepted: --config FILE, --image KEY=CAMERA, --state KEY, --ignore KEY (each repeatable), "
+                     "--prompt, --default_prompt, --log-level.")
+    return flags
 
 
 def spellings():

@@ -59,6 +59,9 @@ class _Identities:
 
 @dataclass
 class InitConfig(_Identities):
+    ("`init`: a CA (or yours), one certificate per identity, the ACL and settings. The list flags may be "
+     "given once per item (--manifest a.yaml --manifest b.yaml); --force needs no value.")
+
     # The folder to write into (a CA, one certificate per identity, acl.json5, settings; README.md there).
     out: str = ""
     # An extra host name or IP the server and router certificates carry (robot and monitor certificates
@@ -92,6 +95,9 @@ class InitConfig(_Identities):
 
 @dataclass
 class AclConfig(_Identities):
+    ("`acl`: only the ACL (acl.json5), for certificates you already have (their common names must be the "
+     "ids). The list flags may be given once per item (--manifest a.yaml --manifest b.yaml).")
+
     # The file to write (acl.json5).
     out: str = ""
     # A folder of <id>.pem certificates: check that each identity has one with that common name.
