@@ -13,6 +13,10 @@ under a sanitised name: the monitor does not guess a type. The test of a running
 real server or robot publishes a figure that is not declared. Names are checked against
 Prometheus' grammar and :data:`MAX_NAME_CHARS` before they are exported (`valid_metric_name`).
 
+Latencies are histograms as well (:data:`HISTOGRAMS`): a member's `<name>_hist.*` figures
+(telemetry/histogram.py) become one `_bucket{le}`/`_sum`/`_count` series in seconds, with every
+declared bound, so that the series of several servers add up in PromQL.
+
 Pure: :func:`families` turns `FleetView.samples()` into :class:`Family` records and :func:`render`
 writes them as Prometheus' text format within a byte budget; the monitor serves them (cli/monitor.py). :func:`reference_rows` renders the table for docs/telemetry.md (a test keeps
 the two equal).
@@ -320,6 +324,7 @@ METRICS: list[Metric] = [
     _c("series_dropped", "series_dropped",
        "Series left out of a scrape because /metrics reached its size budget", M),
 ]
+
 
 @dataclass(frozen=True)
 class Histogram:
