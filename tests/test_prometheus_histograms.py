@@ -140,3 +140,26 @@ def test_a_real_prometheus_aggregates_the_histogram_across_two_servers(tmp_path)
     assert 0.025 < p99 <= 0.05, p99
     assert series["metric"] == {}  # one series: summed over the two servers
 
+
+
+@pytest.mark.parametrize("server_id", [None, "gpu0"], ids=["no server_id", "server_id"])
+def test_a_server_without_server_id_warns_that_its_series_change_every_start(port, app_key, caplog, server_id):
+    """The `server` label is the manifest's server_id; <hostname>-<pid> (a new series at every
+    restart) only when none is given, and then the server says so once it serves."""
+    import logging
+
+    from lerobot_zenoh.server.manifest import parse_manifest
+    from lerobot_zenoh.server.server import PolicyServer
+
+    data = {"cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment,
+            "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False},
+            "server": [{"model_id": app_key.model, "model_version": app_key.version, "application_tag": app_key.app,
+                        "synthetic": {"state_dim": 6, "action_dim": 6, "chunk_size": 10, "cameras": {},
+                                      "latency_ms": 1.0}, "fps": 30, "accept_unknown_clients": True}]}
+    if server_id:
+        data["server_id"] = server_id
+    with caplog.at_level(logging.WARNING, logger="lerobot_zenoh.server.server"), PolicyServer(parse_manifest(data)) as server:
+        warned = [r.getMessage() for r in caplog.records if "no server_id" in r.getMessage()]
+        assert warned == ([] if server_id else [
+            f"no server_id in the manifest (or --server_id): serving as {server.server_id}, which changes with every "
+            "start; set server_id for stable metrics series (docs/telemetry.md)"])
