@@ -190,7 +190,8 @@ test-failover-faults: $(STAMP)
 
 # Benchmarks against LeRobot's gRPC async inference and the physical floor (docs/benchmarks.md): a few
 # minutes on 2 cores; BENCH_ARGS=--full for the long runs. Shaped links need root (network namespaces).
-# Rewrites the results table of README.md from the run (benchmarks/results_table.py).
+# Rewrites the results table of README.md from the run (benchmarks/results_table.py), but not from a run
+# whose load average was above the core count (BENCH_ARGS=--allow-loaded writes it, marked as loaded).
 
 $(BENCH_STAMP): pyproject.toml $(STAMP)
 	$(PY) -m pip install -e '.[test,robot,server,hardware,vla,planner,openpi,bench]'

@@ -8,6 +8,12 @@ Reads the JSON a `make bench` run left (`latency.json`, `control_loop.json`, `in
 README.md` (what `make bench` runs) does the same at the end of a run. The table is a pure function of
 those results (`block`), so a figure in the README is always one a run measured; a figure the run did
 not measure (a shaped link without root, `--only`) is a dash.
+
+A run on a loaded machine (a load average above the core count, at its start or its end) does not
+rewrite the README: `--write` refuses with the reason (exit 1) unless `--allow-loaded`, and then the
+block says in bold, first, that the figures were measured under load. Side by side in one run does
+not cancel the load: the same-host ratio read 23× at load 7.9 on 2 cores and 14.4× on the quiet
+machine.
 """
 
 from __future__ import annotations
@@ -134,15 +140,41 @@ def block(results: dict, machine: dict, command: str) -> str:
     ])
 
 
+def run_load(machine: dict) -> float | None:
+    """The highest 1-minute load average the run saw: at its start (`load_avg_before`, when the caller
+    recorded it) and as it ended (`harness.machine()` is read when a benchmark ends)."""
+    loads = [v[0] for v in (machine.get("load_avg_before"), machine.get("load_avg_at_start")) if v]
+    return max(loads) if loads else None
+
+
+def loaded(machine: dict) -> str | None:
+    """Why this run's figures must not stand as the README's (more runnable work than cores), or None."""
+    load, cores = run_load(machine), machine.get("cores")
+    if load is None or not cores or load <= cores:
+        return None
+    return f"load average {load:.1f} on {cores} cores"
+
+
 def _loaded(machine: dict) -> list[str]:
-    """A warning under the table when the run shared its cores: more runnable work than cores.
-    (`harness.machine()` is read when a benchmark ends, so its load average is the run's last minute.)"""
-    load, cores = machine.get("load_avg_at_start"), machine.get("cores")
-    if not load or not cores or load[0] <= cores:
+    """The warning under the table of a run that shared its cores."""
+    why = loaded(machine)
+    if why is None:
         return []
-    return ["", f"**A loaded machine** (load average {load[0]:.1f} on {cores} cores as the run ended): absolute "
-                "times and missed deadlines are inflated by the other work; the ratios, measured side by side, "
-                "hold better. The quiet-machine reference: [docs/benchmarks.md](docs/benchmarks.md#added-latency)."]
+    return ["", f"**Measured on a loaded machine** ({why}): the other work inflates absolute times and missed "
+                "deadlines, and shifts the ratios too (side by side does not cancel it); these are not the figures "
+                "to quote. The quiet-machine reference: [docs/benchmarks.md](docs/benchmarks.md#added-latency)."]
+
+
+def write_checked(path: Path, content: str, machine: dict, allow_loaded: bool = False) -> str | None:
+    """Rewrite the README block of `path` unless the run was loaded (and `allow_loaded` is not given);
+    returns the reason it was not written, or None."""
+    why = loaded(machine)
+    if why is not None and not allow_loaded:
+        return (f"not rewriting the results block of {path}: the run saw a {why}, so its figures are not the "
+                "README's; rerun `make bench` on a quiet machine (or pass --allow-loaded to write them marked "
+                "as measured under load)")
+    write(path, content)
+    return None
 
 
 def write(path: Path, content: str) -> None:
@@ -173,12 +205,17 @@ def main(argv=None) -> int:
     parser.add_argument("folder", nargs="?", default="outputs/bench", help="a make bench results folder")
     parser.add_argument("--write", type=Path, help="rewrite the results block of this file (README.md)")
     parser.add_argument("--command", default="make bench", help="the command named under the table")
+    parser.add_argument("--allow-loaded", action="store_true",
+                        help="write the block even when the run's load average was above the core count (marked)")
     args = parser.parse_args(argv)
     results, machine = load(Path(args.folder))
     text = block(results, machine, args.command)
     print(text)
     if args.write:
-        write(args.write, text)
+        refused = write_checked(args.write, text, machine, args.allow_loaded)
+        if refused:
+            print(f"\n{refused}", file=sys.stderr)
+            return 1
         print(f"\nwrote the results block of {args.write}")
     return 0
 

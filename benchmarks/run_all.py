@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -110,8 +111,15 @@ def main(argv=None) -> int:
     add_common_args(parser)
     parser.add_argument("--only", type=lambda s: s.split(","), default=list(BENCHMARKS))
     parser.add_argument("--write-readme", type=Path, default=None,
-                        help="rewrite the results table of this file (README.md) from this run")
+                        help="rewrite the results table of this file (README.md) from this run (refused when the "
+                             "load average was above the core count, unless --allow-loaded)")
+    parser.add_argument("--allow-loaded", action="store_true",
+                        help="with --write-readme: write the table of a loaded run too, marked as such")
     args = parser.parse_args(argv)
+    load_before = os.getloadavg()
+    if args.write_readme and not args.allow_loaded and load_before[0] > (os.cpu_count() or 1):
+        print(f"warning: load average {load_before[0]:.1f} on {os.cpu_count()} cores before the run: its figures will "
+              f"not be written to {args.write_readme} (rerun on a quiet machine)", flush=True)
     if args.write_readme and results_table.BEGIN not in (args.write_readme.read_text() if args.write_readme.exists() else ""):
         parser.error(f"--write-readme: {args.write_readme} has no results block ({results_table.BEGIN})")
     # The individual benchmarks' defaults, short or full.
@@ -152,7 +160,7 @@ def main(argv=None) -> int:
             print()
     rows = targets(results)
     print(targets_table(rows))
-    summary = {"machine": machine(), "network": network, "full": args.full, "elapsed_s": time.monotonic() - t0,
+    summary = {"machine": {**machine(), "load_avg_before": list(load_before)}, "network": network, "full": args.full, "elapsed_s": time.monotonic() - t0,
                "targets": [{"target": t, "measured": m, "comparison": r, "met": ok} for t, m, r, ok in rows]}
     (run_dir.out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"\nwrote {run_dir.out}/{{latency,control_loop,ingest}}.{{json,png}} and summary.json "
@@ -163,7 +171,11 @@ def main(argv=None) -> int:
         rest = [a for i, a in enumerate(given) if not a.startswith(("--write-readme", "--out"))
                 and not (i and given[i - 1] in ("--write-readme", "--out"))]
         command = "make bench" + (f" BENCH_ARGS='{' '.join(rest)}'" if rest else "")
-        results_table.write(args.write_readme, results_table.block(results, summary["machine"], command))
+        refused = results_table.write_checked(args.write_readme, results_table.block(results, summary["machine"], command),
+                                              summary["machine"], args.allow_loaded)
+        if refused:
+            print(refused, file=sys.stderr)
+            return 1
         print(f"rewrote the results table of {args.write_readme}")
     return 0
 

@@ -54,7 +54,24 @@ def test_the_table_holds_the_main_workloads_figures_side_by_side_with_their_rati
 
 def test_a_run_on_a_loaded_machine_says_so_under_the_table():
     text = results_table.block(RESULTS, {**MACHINE, "load_avg_at_start": [7.9, 7.0, 4.7]}, "make bench")
-    assert "**A loaded machine** (load average 7.9 on 2 cores as the run ended)" in text.splitlines()[-1]
+    last = text.splitlines()[-1]
+    assert "**Measured on a loaded machine** (load average 7.9 on 2 cores)" in last
+    assert "hold better" not in text and "not the figures to quote" in last
+
+
+def test_a_loaded_run_does_not_rewrite_the_readme_unless_allowed_and_then_marked(tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{results_table.BEGIN}\nOLD\n{results_table.END}\n")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "latency.json").write_text(__import__("json").dumps(RESULTS["latency"]))
+    loaded = {**MACHINE, "load_avg_before": [3.1, 2.0, 1.0]}  # quiet as it ended, loaded as it started
+    (tmp_path / "run" / "summary.json").write_text(__import__("json").dumps({"machine": loaded}))
+    assert results_table.main([str(tmp_path / "run"), "--write", str(readme)]) == 1
+    assert "OLD" in readme.read_text() and "load average 3.1 on 2 cores" in capsys.readouterr().err
+    assert results_table.main([str(tmp_path / "run"), "--write", str(readme), "--allow-loaded"]) == 0
+    assert "OLD" not in readme.read_text() and "**Measured on a loaded machine**" in readme.read_text()
+    quiet = {**MACHINE, "load_avg_before": [0.5, 0.4, 0.3]}
+    assert results_table.write_checked(readme, "NEW", quiet) is None and "NEW" in readme.read_text()
 
 
 def test_a_figure_the_run_did_not_measure_is_a_dash_not_a_stale_number():

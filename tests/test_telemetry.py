@@ -163,7 +163,7 @@ def test_a_running_fleets_figures_are_all_declared_and_those_that_only_grow_are_
                    if all(float(v).is_integer() for v in values) and all(b >= a for a, b in zip(values, values[1:]))
                    and sum(b > a for a, b in zip(values, values[1:])) >= 2})
     assert grew, "nothing grew: the run was too short to tell"
-    gauges = [(kind, name) for kind, name in grew if describe(kind, name).kind != "counter"]
+    gauges = [(kind, name) for kind, name in grew if describe(kind, name).kind not in ("counter", "histogram")]
     assert not gauges, f"figures that only grow exported as gauges: {gauges}"
     for kind, names in MONOTONIC.items():
         assert [n for n in names if describe(kind, n).kind != "counter"] == [], kind
@@ -173,6 +173,11 @@ def test_a_running_fleets_figures_are_all_declared_and_those_that_only_grow_are_
     assert "untyped" not in exported.values() and "unknown" not in exported.values(), exported
     assert exported["lerobot_zenoh_client_requests_unanswered"] == "counter"  # the parser drops `_total`
     assert exported["lerobot_zenoh_server_sessions_opened"] == "counter"
+    # latencies as histograms too, per server, per model and per robot (docs/telemetry.md, "Histograms")
+    for name in ("lerobot_zenoh_server_inference_seconds", "lerobot_zenoh_server_queue_seconds",
+                 "lerobot_zenoh_server_client_inference_seconds", "lerobot_zenoh_client_rtt_seconds",
+                 "lerobot_zenoh_client_handover_seconds"):
+        assert exported.get(name) == "histogram", (name, sorted(exported))
     _lint_exposition(body)
 
 
@@ -225,14 +230,32 @@ def test_monitor_ends_within_a_second_of_a_signal(port, sig):
         peer.close()
 
 
-def test_monitor_with_a_dead_endpoint_says_it_cannot_connect(port):
+def test_monitor_with_a_dead_endpoint_and_exit_when_unreachable_exits_3(port):
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "lerobot_zenoh.cli.monitor", f"--endpoint=tcp/127.0.0.1:{port}"],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+    r = subprocess.run([sys.executable, "-m", "lerobot_zenoh.cli.monitor", f"--endpoint=tcp/127.0.0.1:{port}",
+                        "--exit_when_unreachable"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 3 and r.stderr.strip().splitlines() == [
         f"lerobot-zenoh-monitor: cannot connect to tcp/127.0.0.1:{port}: nothing answers there (is the server or "
         "router running, and is the address right?)"], r.stderr
     assert time.monotonic() - t0 < 20
+
+
+def test_monitor_waits_for_a_server_started_after_it(port, app_key):
+    """Run as a service, the monitor starts before the fleet: it says once that nothing answers,
+    keeps trying with a back-off, and shows the server once it is up."""
+    proc = subprocess.Popen([sys.executable, "-m", "lerobot_zenoh.cli.monitor", f"--endpoint=tcp/127.0.0.1:{port}",
+                             "--json", "--duration_s=60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        line = proc.stderr.readline()
+        assert "nothing answers at" in line and "--exit_when_unreachable" in line, line
+        with make_server(port, app_key):
+            first = json.loads(proc.stdout.readline())  # blocks until a telemetry message arrives
+            assert first["source"] == "server", first
+    finally:
+        proc.kill()
+        _, err = proc.communicate(timeout=30)
+    assert err.count("nothing answers at") == 0, err  # logged once (the first line, read above)
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
@@ -550,6 +573,8 @@ def test_the_dashboard_rates_counters_only_and_every_panel_has_a_unit():
     from lerobot_zenoh.telemetry.prometheus import reference_rows
 
     declared = {m.group(1) for row in reference_rows() for m in [re.search(r"\| `(lerobot_zenoh_\w+)` \|", row)] if m}
+    histograms = {m.group(1) for row in reference_rows() for m in [re.search(r"\| `(lerobot_zenoh_\w+)` \(", row)] if m}
+    declared |= {f"{h}_{part}" for h in histograms for part in ("bucket", "sum", "count")}
     dashboard = json.loads((Path(__file__).resolve().parents[1] / "dashboards" / "grafana-lerobot-zenoh.json").read_text())
     for panel in dashboard["panels"]:
         assert panel["fieldConfig"]["defaults"].get("unit") not in (None, "", "none"), panel["title"]
@@ -558,7 +583,9 @@ def test_the_dashboard_rates_counters_only_and_every_panel_has_a_unit():
             for name in re.findall(r"\blerobot_zenoh_\w+", expr):
                 assert name in declared, (panel["title"], name)
                 rated = re.search(rf"\b(rate|increase)\(\s*{name}\b", expr) is not None
-                assert rated == name.endswith("_total"), (panel["title"], expr)
+                counted = name.endswith("_total") or name.removesuffix("_bucket") in histograms or (
+                    name.rsplit("_", 1)[0] in histograms and name.endswith(("_sum", "_count")))
+                assert rated == counted, (panel["title"], expr)
 
 
 # -- what the monitor holds, bounded in bytes (docs/telemetry.md, "What the monitor trusts") ----------

@@ -2,18 +2,24 @@
 
     lerobot-zenoh-monitor --endpoint=tcp/127.0.0.1:7447                 # everything it can see there
     lerobot-zenoh-monitor --cluster_uuid=jupiter --experiment_tag=fabio2 # narrowed
-    lerobot-zenoh-monitor --json=true                                    # one JSON line per message
+    lerobot-zenoh-monitor --json                                         # one JSON line per message
     lerobot-zenoh-monitor --prometheus_port=9464                         # also serve /metrics
     lerobot-zenoh-monitor --zenoh.mode=client --endpoint=tls/gpu-host:7447 \\
         --zenoh.tls_root_ca=pki/ca.pem --zenoh.tls_certificate=pki/ops.pem --zenoh.tls_private_key=pki/ops.key
 
-Exit codes: 0 when stopped (Ctrl-C, SIGTERM, --duration_s), 2 for a configuration mistake (one
-line naming the flag: a bad value, an unknown flag, a Prometheus port already in use).
+When nothing answers at the endpoint (a server or router not started yet), the monitor logs it
+once and keeps trying, waiting twice as long each time up to MAX_RETRY_S, so that it can run as a
+service started before the fleet; `--exit_when_unreachable` exits with 3 instead.
+
+Exit codes (docs/client.md, "Command lines"): 0 when stopped (Ctrl-C, SIGTERM, --duration_s), 2 for
+a configuration mistake (one line naming the flag: a bad value, an unknown flag, a Prometheus port
+already in use, a TLS certificate refused), 3 when nothing answers and --exit_when_unreachable is set.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import signal
 import sys
@@ -21,14 +27,24 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from lerobot_zenoh.errors import TransportError
 from lerobot_zenoh.transport.settings import QUICK_CONNECT_WAIT_S, ZenohSettings
 
 PROG = "lerobot-zenoh-monitor"
 
+#: Longest wait between two tries to reach an endpoint where nothing answers yet.
+MAX_RETRY_S = 30.0
+FIRST_RETRY_S = 1.0
 
+log = logging.getLogger(PROG)
 
 @dataclass
 class MonitorConfig:
+    # (one string, not a multi-line docstring: draccus prints a docstring's lines as written in --help)
+    ("The monitor's flags. --json and "
+     "--exit_when_unreachable may be given without a value (=true); --zenoh.connect once per endpoint; "
+     "--log-level is the older spelling of --log_level.")
+
     # Where a policy server or Zenoh router listens, e.g. tcp/192.168.1.50:7447. Unset: find them by
     # multicast scouting on the local network, or through --zenoh.connect.
     endpoint: str | None = None
@@ -58,6 +74,11 @@ class MonitorConfig:
     forget_after_s: float = 60.0
     # Exit after this many seconds (scripts, tests). Unset: run until Ctrl-C or SIGTERM.
     duration_s: float | None = None
+    # When nothing answers at the endpoint: exit with 3 at once (true), or keep trying with a back-off
+    # up to 30 s, logging it once (false: a monitor run as a service, started before the fleet).
+    exit_when_unreachable: bool = False
+    # Logging level: DEBUG, INFO, WARNING or ERROR.
+    log_level: str = "INFO"
 
     def __post_init__(self) -> None:
         from lerobot_zenoh.errors import ConfigError
@@ -72,6 +93,8 @@ class MonitorConfig:
             raise ConfigError("forget_after_s", f"must be positive, got {self.forget_after_s}")
         if self.duration_s is not None and self.duration_s <= 0:
             raise ConfigError("duration_s", f"must be positive, got {self.duration_s}")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ConfigError("log_level", f"{self.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR")
         if self.endpoint is not None and "/" not in self.endpoint:
             raise ConfigError("endpoint", f"{self.endpoint!r} is not an endpoint like tcp/127.0.0.1:7447")
         if self.endpoint is not None and "," in self.endpoint:
@@ -106,6 +129,51 @@ INTAKE_CHANNEL = 8
 #: members' own, those with a live token and the longest known first, then servers' per-robot ones;
 #: what does not fit is left out and counted, docs/telemetry.md).
 MAX_METRICS_BYTES = 2 << 20
+
+
+class Unreachable(TransportError):
+    """Nothing answers at the monitor's endpoints (exit 3 with --exit_when_unreachable)."""
+
+
+def spellings():
+    """The monitor's other spellings: --zenoh.connect once per endpoint, and the switches written
+    without a value (``--json`` for ``--json=true``)."""
+    from lerobot_zenoh.cli.parsing import CONNECT_SPELLINGS, Spellings
+
+    return Spellings(switches={"--json": "--json=true", "--exit_when_unreachable": "--exit_when_unreachable=true"},
+                     aliases={"--log-level": "--log_level"}, repeatable=CONNECT_SPELLINGS.repeatable)
+
+
+def open_session(settings, stop: threading.Event, exit_when_unreachable: bool, deadline_s: float | None):
+    """The Zenoh session of `settings`, tried again while nothing answers at its endpoints (logged
+    once, then waits doubling up to MAX_RETRY_S) unless `exit_when_unreachable`; None when stopped
+    or past `deadline_s` (monotonic) first. Raises Unreachable when nothing answers and
+    `exit_when_unreachable`, LeRobotZenohError for anything else (a refused certificate, a bad setting)."""
+    from lerobot_zenoh.errors import LeRobotZenohError, TlsRefusedError
+    from lerobot_zenoh.transport.session import ZenohSession
+
+    delay = FIRST_RETRY_S
+    logged = False
+    while True:
+        try:
+            return ZenohSession(settings).open()
+        except LeRobotZenohError as exc:
+            if not settings.connect or settings.effective_mode != "client":
+                raise
+            if isinstance(exc, TlsRefusedError):  # something answers, with a certificate one side refuses
+                raise LeRobotZenohError(f"cannot connect to {', '.join(settings.connect)}: {exc}") from exc
+            where = ", ".join(settings.connect)
+            if exit_when_unreachable:
+                raise Unreachable(f"cannot connect to {where}: nothing answers there (is the server or "
+                                    "router running, and is the address right?)") from exc
+            if not logged:
+                log.warning("nothing answers at %s yet: trying again (every %.0f s at most) until it does; "
+                            "--exit_when_unreachable exits with 3 instead", where, MAX_RETRY_S)
+                logged = True
+        wait_s = delay if deadline_s is None else min(delay, max(0.0, deadline_s - time.monotonic()))
+        if stop.wait(wait_s) or (deadline_s is not None and time.monotonic() >= deadline_s):
+            return None
+        delay = min(2 * delay, MAX_RETRY_S)
 
 
 def serve_prometheus(fleet, port: int, host: str = "127.0.0.1", max_bytes: int = MAX_METRICS_BYTES):
@@ -143,16 +211,18 @@ def serve_prometheus(fleet, port: int, host: str = "127.0.0.1", max_bytes: int =
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lerobot_zenoh.cli.parsing import CONNECT_SPELLINGS, EXIT_CONFIG, explain, fail, parse
+    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, EXIT_NO_SERVER, explain, fail, parse, warn_old_spellings
     from lerobot_zenoh.cli.stopping import begin_stop
 
-    config = parse(MonitorConfig, argv, PROG, CONNECT_SPELLINGS)
+    args = sys.argv[1:] if argv is None else list(argv)
+    warn_old_spellings(PROG, args, {"--log-level": "--log_level"})
+    config = parse(MonitorConfig, args, PROG, spellings())
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from lerobot_zenoh.errors import LeRobotZenohError, ProtocolError, TlsRefusedError
+    from lerobot_zenoh.errors import LeRobotZenohError, ProtocolError
     from lerobot_zenoh.protocol import codec
     from lerobot_zenoh.protocol.schema import CodecLimits
     from lerobot_zenoh.telemetry.fleet import MAX_MESSAGE_BYTES, FleetView, TelemetryInbox, format_table
-    from lerobot_zenoh.transport.session import ZenohSession
 
     prefix = config.selector_prefix()
     fleet = FleetView(stale_periods=config.stale_periods, forget_after_s=config.forget_after_s)
@@ -201,16 +271,13 @@ def main(argv: list[str] | None = None) -> int:
                        f"{exc.strerror or exc} (another monitor or exporter? pick another port)")
     session = None
     settings = config.zenoh_settings()
+    t_end = None if config.duration_s is None else time.monotonic() + config.duration_s
     try:
-        try:
-            session = ZenohSession(settings).open()
-        except LeRobotZenohError as exc:
-            if not settings.connect or settings.effective_mode != "client":
-                raise
-            if isinstance(exc, TlsRefusedError):  # something answers, with a certificate one side refuses
-                raise LeRobotZenohError(f"cannot connect to {', '.join(settings.connect)}: {exc}") from exc
-            raise LeRobotZenohError(f"cannot connect to {', '.join(settings.connect)}: nothing answers there "
-                                    "(is the server or router running, and is the address right?)") from exc
+        session = open_session(settings, stop, config.exit_when_unreachable, t_end)
+        if session is None:  # stopped (or --duration_s over) before anything answered
+            if http is not None:
+                http.shutdown()
+            return 0
         channel = session.subscribe_channel(f"{prefix}/**/metrics" if prefix != "**" else "**/metrics", INTAKE_CHANNEL)
         threading.Thread(target=intake, args=(channel,), name="telemetry-intake", daemon=True).start()
         session.watch_liveliness(f"{prefix}/**" if prefix != "**" else "**",
@@ -220,8 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             http.shutdown()
         if session is not None:
             session.close()
-        fail(PROG, explain(exc), EXIT_CONFIG)
-    t_end = None if config.duration_s is None else time.monotonic() + config.duration_s
+        fail(PROG, explain(exc), EXIT_NO_SERVER if isinstance(exc, Unreachable) else EXIT_CONFIG)
     next_draw = next_forget = time.monotonic()
     try:
         # Wake at least every 0.2 s whatever --refresh_s is, so that a signal ends the monitor at once.

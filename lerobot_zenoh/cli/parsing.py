@@ -16,7 +16,6 @@ Exit codes shared by the console scripts (docs/client.md):
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -246,13 +245,6 @@ def require_extra(prog: str, extra: str, *modules: str) -> None:
                    f"(pip install '.[{extra}]' in the lerobot-zenoh checkout, or 'lerobot_zenoh-*.whl[{extra}]')")
 
 
-class OneLineArgumentParser(argparse.ArgumentParser):
-    """argparse with the same one-line errors (exit 2), for the scripts with sub-commands."""
-
-    def error(self, message: str) -> NoReturn:
-        fail(self.prog, f"{message} (--help lists every option)")
-
-
 # -- LeRobot async-inference flags: answered with what does the same here ------------------------
 
 #: LeRobot's `lerobot.async_inference.robot_client` flags that mean something else here, each
@@ -303,3 +295,13 @@ def _host_port(argv: list[str]) -> tuple[str, str] | None:
         if name in ("--host", "--port"):
             found[name] = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
     return (found["--host"], found["--port"]) if len(found) == 2 else None
+
+
+def warn_old_spellings(prog: str, argv: list[str], renamed: Mapping[str, str]) -> None:
+    """One line on stderr for each older spelling in `argv` that still works (`renamed`: old flag ->
+    the flag that replaces it; the script's Spellings still accept it)."""
+    given = {a.split("=", 1)[0] for a in argv}
+    for old, new in renamed.items():
+        if old in given:
+            print(f"{prog}: {old} is deprecated: write {new} (docs/client.md, \"Command lines\")", file=sys.stderr,
+                  flush=True)

@@ -2,8 +2,8 @@
 measure a running server's latency against request rate and add the rows to a profile file
 (docs/pipelines.md, "Serving profiles"). Run it once per batch size (restart the server with that
 `max_batch_size`). `--task=T` profiles a pi0.5 serving task T's System 1 and System 2 from one
-prefill (action latency while text streams, text latency and decode cost). Exit codes: 0 measured;
-2 a configuration mistake (one line naming the flag); 3 no server answers.
+prefill (action latency while text streams, text latency and decode cost). Exit codes (docs/client.md,
+"Command lines"): 0 measured; 2 a configuration mistake (one line naming the flag); 3 no server answers.
 """
 
 from __future__ import annotations
@@ -25,11 +25,15 @@ class ProfileConfig:
     output: str
     # The model's name in the profile file (the key task descriptors use).
     profile_name: str
-    # The served app's key chunks.
+    # The served model's model_id (a key chunk of the served app).
     model_id: str = "act"
+    # The served app's cluster_uuid (the server manifest's).
     cluster_uuid: str = "local"
+    # The served app's experiment_tag (the server manifest's).
     experiment_tag: str = "default"
+    # The served model's model_version.
     model_version: str = "v1"
+    # The served model's application_tag.
     application_tag: str = "default"
     # The server's max_batch_size (the status does not carry it).
     batch_size: int = 1
@@ -43,7 +47,9 @@ class ProfileConfig:
     memory_gb: float | None = None
     # Virtual clients (ids profile-0..N-1; the server must accept them).
     clients: int = 32
+    # Seconds of requests as fast as the server answers, to measure its maximum throughput first.
     saturation_s: float = 3.0
+    # Seconds of requests at each offered rate (each of --fractions of the maximum).
     seconds_per_rate: float = 3.0
     # An answer not back this long after its observation counts as lost.
     timeout_s: float = 10.0
@@ -54,10 +60,14 @@ class ProfileConfig:
     # request and text (bit `text_bit`) every `text_every`-th, and the rows get `text_mean_ms` and the
     # decode cost (the model entry: components [system1, system2]).
     task: str | None = None
+    # With --task: the component bit of the actions (System 1) in the task's component mask.
     action_bit: int = 0
+    # With --task: the component bit of the text (System 2) in the task's component mask.
     text_bit: int = 1
     # Ask text with every N-th request of a client (the task's System 2 `every_n_chunks`).
     text_every: int = 1
+    # Logging level: DEBUG, INFO, WARNING or ERROR.
+    log_level: str = "INFO"
 
     def __post_init__(self) -> None:
         from lerobot_zenoh.errors import ConfigError
@@ -80,16 +90,23 @@ class ProfileConfig:
             raise ConfigError("text_bit", f"is action_bit ({self.action_bit}): the two components have their own bits")
         if self.text_every < 1:
             raise ConfigError("text_every", f"must be >= 1, got {self.text_every}")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ConfigError("log_level", f"{self.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR")
         if not self.fractions or any(not 0 < f <= 2 for f in self.fractions):
             raise ConfigError("fractions", f"each must be in (0, 2], got {self.fractions}")
 
 
 def main(argv: list[str] | None = None) -> int:
+    import logging
     from pathlib import Path
 
-    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, one_line, parse
+    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, EXIT_NO_SERVER, Spellings, one_line, parse, warn_old_spellings
 
-    args = parse(ProfileConfig, argv, PROG)  # before the imports below: --help and a mistake at once
+    args = sys.argv[1:] if argv is None else list(argv)
+    warn_old_spellings(PROG, args, {"--log-level": "--log_level"})
+    # before the imports below: --help and a mistake at once
+    args = parse(ProfileConfig, args, PROG, Spellings(aliases={"--log-level": "--log_level"}))
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from lerobot_zenoh.errors import ConfigError, KeyExprError, TransportError
     from lerobot_zenoh.pipelines.profiles import dump_profiles, load_profiles
     from lerobot_zenoh.pipelines.profiles import TWO_COMPONENTS
@@ -120,10 +137,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     except TransportError as exc:
         print(f"{PROG}: {one_line(str(exc))}", file=sys.stderr)
-        return 3
+        return EXIT_NO_SERVER
     if not points:
         print(f"{PROG}: nothing was measured", file=sys.stderr)
-        return 3
+        return EXIT_NO_SERVER
     profiles = add_points(existing, args.profile_name, points, batching=args.batching, hardware=args.hardware,
                           memory_gb=args.memory_gb, components=list(TWO_COMPONENTS) if text else None)
     Path(args.output).write_text(dump_profiles(profiles))

@@ -16,59 +16,135 @@ client and monitor, <router>.zenoh.json5 for a router; README.md says which is w
 router's carry the names robots and monitors dial; an engine's only where its scheduler dials it
 (a name a server or router also carries is refused); robots' and monitors' none.
 `acl` writes only the ACL, for certificates you already have (their common names must be the ids).
+Flags are draccus' `--flag=value` as in every console script (docs/client.md, "Command lines");
+the list flags may be given once per item (`--manifest a.yaml --manifest b.yaml`).
 Exit codes: 0 done, 2 bad arguments or configuration.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import logging
 import shutil
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+
+PROG = "lerobot-zenoh-secure"
+
+#: Flags given once per item (``--manifest a.yaml --manifest b.yaml``), besides draccus' lists.
+_REPEATABLE = frozenset({"--manifest", "--monitor", "--client", "--host", "--router", "--router_endpoint"})
+
+
+@dataclass
+class _Identities:
+    # A server manifest; repeatable (--manifest=a.yaml --manifest=b.yaml): one per server or engine.
+    manifest: list[str] = field(default_factory=list)
+    # A monitor identity (its certificate's common name); repeatable.
+    monitor: list[str] = field(default_factory=list)
+    # A client id the manifests do not list (accept_unknown_clients): ID for every app, or
+    # <cluster>/<experiment>/<model>/<version>/<app>/ID for one; repeatable.
+    client: list[str] = field(default_factory=list)
+    # Logging level: DEBUG, INFO, WARNING or ERROR.
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        from lerobot_zenoh.errors import ConfigError
+
+        if not self.manifest:
+            raise ConfigError("manifest", "missing: give --manifest=FILE (once per server manifest)")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ConfigError("log_level", f"{self.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR")
+
+
+@dataclass
+class InitConfig(_Identities):
+    ("`init`: a CA (or yours), one certificate per identity, the ACL and settings. The list flags may be "
+     "given once per item (--manifest a.yaml --manifest b.yaml); --force needs no value.")
+
+    # The folder to write into (a CA, one certificate per identity, acl.json5, settings; README.md there).
+    out: str = ""
+    # An extra host name or IP the server and router certificates carry (robot and monitor certificates
+    # name no host); repeatable. The first one replaces a wildcard listen address (0.0.0.0) in the
+    # endpoints given to clients.
+    host: list[str] = field(default_factory=list)
+    # Issue a certificate for this router and enforce the ACL there: NAME (its endpoints in
+    # --router_endpoint), or NAME=tls/host:port; repeatable: several routers, meshed (each connects to
+    # the others; everyone else is given them all).
+    router: list[str] = field(default_factory=list)
+    # Where the router of --router NAME listens (tls/host:port); repeatable.
+    router_endpoint: list[str] = field(default_factory=list)
+    # Sign with this CA certificate (PEM) instead of a new development CA.
+    ca_cert: str | None = None
+    # The private key of --ca_cert (unencrypted PEM).
+    ca_key: str | None = None
+    # Days the issued certificates are valid.
+    valid_days: int = 365
+    # Overwrite an existing CA key in --out.
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        from lerobot_zenoh.errors import ConfigError
+
+        super().__post_init__()
+        if not self.out:
+            raise ConfigError("out", "missing: give --out=FOLDER to write the certificates into")
+        if self.valid_days < 1:
+            raise ConfigError("valid_days", f"must be at least 1, got {self.valid_days}")
+
+
+@dataclass
+class AclConfig(_Identities):
+    ("`acl`: only the ACL (acl.json5), for certificates you already have (their common names must be the "
+     "ids). The list flags may be given once per item (--manifest a.yaml --manifest b.yaml).")
+
+    # The file to write (acl.json5).
+    out: str = ""
+    # A folder of <id>.pem certificates: check that each identity has one with that common name.
+    certs: str | None = None
+
+    def __post_init__(self) -> None:
+        from lerobot_zenoh.errors import ConfigError
+
+        super().__post_init__()
+        if not self.out:
+            raise ConfigError("out", "missing: give --out=FILE (acl.json5)")
+
+
+#: Sub-command -> (its flags, what it does).
+COMMANDS = {
+    "init": (InitConfig, "a CA (or yours), one certificate per identity, the ACL and settings"),
+    "acl": (AclConfig, "only the ACL (acl.json5), for certificates you already have"),
+}
+
+
+def usage() -> str:
+    lines = [f"usage: {PROG} {{{','.join(COMMANDS)}}} [--flag=value ...]", "", (__doc__ or "").strip(), "",
+             "commands:"]
+    lines += [f"  {name:6} {what}  ({PROG} {name} --help lists its flags)" for name, (_, what) in COMMANDS.items()]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lerobot_zenoh.cli.parsing import OneLineArgumentParser
-
-    # Sub-commands (init, acl) are not natural in draccus; the flags follow the same --snake_case
-    # style as the other console scripts, and mistakes are one line with exit 2 as there.
-    parser = OneLineArgumentParser(prog="lerobot-zenoh-secure", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineArgumentParser)
-    init = sub.add_parser("init", help="a CA (or yours), one certificate per identity, the ACL and settings")
-    acl = sub.add_parser("acl", help="only the ACL (acl.json5), for certificates you already have")
-    for p in (init, acl):
-        p.add_argument("--manifest", action="append", required=True, help="server manifest (repeatable: one per server)")
-        p.add_argument("--monitor", action="append", default=[], help="a monitor identity (repeatable)")
-        p.add_argument("--client", action="append", default=[],
-                       help="a client id the manifests do not list (accept_unknown_clients): ID for every app, "
-                            "or <cluster>/<experiment>/<model>/<version>/<app>/ID for one (repeatable)")
-    init.add_argument("--out", required=True, help="folder to write into")
-    init.add_argument("--host", action="append", default=[],
-                      help="extra host name or IP the server and router certificates carry (robot and monitor "
-                           "certificates name no host) (repeatable); the first one replaces a "
-                           "wildcard listen address (0.0.0.0) in the endpoints given to clients")
-    init.add_argument("--router", action="append", default=[],
-                      help="issue a certificate for this router and enforce the ACL there: NAME (its endpoints in "
-                           "--router_endpoint), or NAME=tls/host:port, repeatable: several routers, meshed (each "
-                           "connects to the others; everyone else is given them all)")
-    init.add_argument("--router_endpoint", action="append", default=[],
-                      help="where the router of --router NAME listens (tls/host:port) (repeatable)")
-    init.add_argument("--ca_cert", help="sign with this CA certificate (PEM) instead of a new development CA")
-    init.add_argument("--ca_key", help="the private key of --ca_cert (unencrypted PEM)")
-    init.add_argument("--valid_days", type=int, default=365, help="validity of the issued certificates")
-    init.add_argument("--force", action="store_true", help="overwrite an existing CA key in --out")
-    acl.add_argument("--certs", help="folder of <id>.pem certificates: check each identity has one with that common name")
-    acl.add_argument("--out", required=True, help="file to write (acl.json5)")
-    args = parser.parse_args(argv)
-
+    from lerobot_zenoh.cli.parsing import Spellings, explain, fail, parse, warn_old_spellings
     from lerobot_zenoh.errors import LeRobotZenohError
 
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage(), end="")
+        return 0
+    if args[0] not in COMMANDS:
+        fail(PROG, f"{args[0]!r} is not a command: {' or '.join(COMMANDS)} ({PROG} --help)")
+    command, rest = args[0], args[1:]
+    warn_old_spellings(PROG, rest, {"--log-level": "--log_level"})
+    spellings = Spellings(switches={"--force": "--force=true"}, aliases={"--log-level": "--log_level"},
+                          repeatable=_REPEATABLE)
+    config = parse(COMMANDS[command][0], rest, f"{PROG} {command}", spellings)
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return _init(args) if args.command == "init" else _acl(args)
+        return _init(config) if command == "init" else _acl(config)
     except LeRobotZenohError as exc:
-        print(f"lerobot-zenoh-secure: {exc}", file=sys.stderr)
+        print(f"{PROG}: {explain(exc)}", file=sys.stderr)
         return 2
 
 

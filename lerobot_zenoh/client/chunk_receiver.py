@@ -112,6 +112,7 @@ class ChunkReceiver:
         c.horizon_cut_steps += result.horizon_cut
         if result.rtt_s is not None:
             c.rtt_ms.append(result.rtt_s * 1000)
+            c.rtt_hist.observe_s(result.rtt_s)
         if result.capture_age_s is not None:
             c.observation_age_ms.append(max(result.capture_age_s * 1000 - chunk.inference_time_ms, 0.0))
         c.inference_ms.append(chunk.inference_time_ms)

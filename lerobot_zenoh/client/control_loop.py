@@ -268,11 +268,14 @@ class ControlLoop:
             self.intake.on_send(seq_id, step, now, predicted_delay_steps=predicted, nonce=nonce)
             self.watch.note_request(now)
         self._seq_id = seq_id
+        t_hand = time.perf_counter()
         self.outbox.put(Capture(seq_id, step, now, observation, ExecutionInfo(
             task_elapsed_s=now - episode_start, actions_buffered=depth, control_period_s=self.dt_s),
             episode_id=str(self.episode), session_nonce=nonce, rtc=rtc, history=tuple(self._history),
             refreshes_seq_id=refreshes, component_mask=None if ask is None else ask.component_mask,
             task=None if ask is None else ask.task_text))
+        # how long the loop was held handing the observation over (Prometheus: client_handover_seconds)
+        self.counters.handover_hist.observe_s(time.perf_counter() - t_hand)
 
     # -- fail-safe
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lerobot_zenoh.telemetry.histogram import HANDOVER_BOUNDS_S, LatencyHistogram
 from lerobot_zenoh.telemetry.publisher import percentile
 
 __all__ = ["ClientCounters", "ClientReport"]
@@ -56,6 +57,9 @@ class ClientCounters:
     observation_age_ms: deque = field(default_factory=lambda: deque(maxlen=2048))
     inference_ms: deque = field(default_factory=lambda: deque(maxlen=2048))
     period_ms: deque = field(default_factory=lambda: deque(maxlen=4096))
+    # Every round trip and every hand-over since start, in bins (Prometheus histograms; telemetry/histogram.py).
+    rtt_hist: LatencyHistogram = field(default_factory=LatencyHistogram)
+    handover_hist: LatencyHistogram = field(default_factory=lambda: LatencyHistogram(HANDOVER_BOUNDS_S))
 
 
 def _rounded(values, q: float) -> float | None:
@@ -106,6 +110,8 @@ class ClientReport:
             "loop_overruns": c.overruns,
             "rtt_ms_p50": percentile(rtts, 50),
             "rtt_ms_p99": percentile(rtts, 99),
+            **c.rtt_hist.figures("rtt"),
+            **c.handover_hist.figures("handover"),
             "inference_ms_p50": percentile(list(c.inference_ms)[-512:], 50),
             "observation_age_ms_p50": percentile(ages, 50),
             "observation_age_ms_p99": percentile(ages, 99),

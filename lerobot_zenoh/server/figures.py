@@ -33,6 +33,9 @@ def model_figures(model: ServedModel) -> tuple[dict, dict]:
             "inference_ms_p99": percentile(s.stats.inference_ms, 99),
             "queue_ms_p50": percentile(s.stats.queue_ms, 50),
             "queue_ms_p99": percentile(s.stats.queue_ms, 99),
+            # every latency since the session opened, in bins: Prometheus histograms (telemetry/histogram.py)
+            **s.stats.inference_hist.figures("inference"),
+            **s.stats.queue_hist.figures("queue"),
             **{f"rejected.{reason}": n for reason, n in s.stats.rejected.items()},
             # which tier computed this robot's chunks (a model with engines)
             **(model.dispatcher.client_figures(cid) if model.dispatcher is not None else {}),
@@ -61,6 +64,9 @@ def model_figures(model: ServedModel) -> tuple[dict, dict]:
         "inference_ms_p99": percentile(inference_ms, 99),
         "queue_ms_p50": percentile(queue_ms, 50),
         "queue_ms_p99": percentile(queue_ms, 99),
+        # of every session since start, open and closed (counts that only grow: Prometheus histograms)
+        **total.inference_hist.figures("inference"),
+        **total.queue_hist.figures("queue"),
         "serving": int(model.role is not None and model.role.active.is_set()),
         "failed": int(model.failed is not None),
         "loop_faults": model.loop_faults,

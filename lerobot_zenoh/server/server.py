@@ -191,6 +191,11 @@ class PolicyServer:
                 [model.app.all_observations, *(sel for s in model.streams.values() for sel in
                                                (s.key.all_observations, *map(s.key.component_observations, s.bits)))]),
                 serves, model.app.status)
+        if "server_id" not in self.manifest.model_fields_set:
+            # Its telemetry key, its Prometheus `server` label and its certificate's name follow the id:
+            # one that changes every run starts new series at each restart.
+            log.warning("no server_id in the manifest (or --server_id): serving as %s, which changes with every "
+                        "start; set server_id for stable metrics series (docs/telemetry.md)", self.server_id)
         self.started.set()
         return self
 

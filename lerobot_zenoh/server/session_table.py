@@ -339,13 +339,11 @@ class SessionTable:
                 if session is not None:
                     session.computing = None
             for session, seq_id, inference_ms, queue_ms in served:
-                if self.sessions.get(session.client_id) is not session:
-                    self.roster.closed.served += 1  # closed meanwhile: only the total counts
+                if self.sessions.get(session.client_id) is not session:  # closed meanwhile: only the totals count it
+                    self.roster.closed.count_served(inference_ms, queue_ms, window=False)
                     continue
                 session_rules.served(session, seq_id, now_s)
-                session.stats.served += 1
-                session.stats.inference_ms.append(inference_ms)
-                session.stats.queue_ms.append(queue_ms)
+                session.stats.count_served(inference_ms, queue_ms)
 
     # -- telemetry thread ---------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from lerobot_zenoh.errors import ProtocolError
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation, ObservationHeader
 from lerobot_zenoh.protocol.reasons import Reason
+from lerobot_zenoh.telemetry.histogram import LatencyHistogram
 
 
 @dataclass(frozen=True)
@@ -79,14 +80,28 @@ class SessionStats:
     dropped: Counter = field(default_factory=Counter)  # dropped before a slot: rate_limited (not a rejection)
     inference_ms: deque = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     queue_ms: deque = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+    # Every latency since the session opened, in bins (Prometheus histograms; telemetry/histogram.py).
+    inference_hist: LatencyHistogram = field(default_factory=LatencyHistogram)
+    queue_hist: LatencyHistogram = field(default_factory=LatencyHistogram)
 
     def copy(self) -> SessionStats:
         return SessionStats(self.received, self.superseded, self.served, self.refreshes, self.refreshes_late,
                             Counter(self.rejected), Counter(self.dropped),
-                            deque(self.inference_ms, maxlen=LATENCY_WINDOW), deque(self.queue_ms, maxlen=LATENCY_WINDOW))
+                            deque(self.inference_ms, maxlen=LATENCY_WINDOW), deque(self.queue_ms, maxlen=LATENCY_WINDOW),
+                            self.inference_hist.copy(), self.queue_hist.copy())
+
+    def count_served(self, inference_ms: float, queue_ms: float, window: bool = True) -> None:
+        """One chunk served: counted, its latencies in the histograms (and the windows, unless `window`
+        is False: the totals of closed sessions keep none)."""
+        self.served += 1
+        if window:
+            self.inference_ms.append(inference_ms)
+            self.queue_ms.append(queue_ms)
+        self.inference_hist.observe_ms(inference_ms)
+        self.queue_hist.observe_ms(queue_ms)
 
     def add_counts(self, other: SessionStats) -> None:
-        """Fold `other`'s counts into these (latency windows are per session: not folded)."""
+        """Fold `other`'s counts and histograms into these (latency windows are per session: not folded)."""
         self.received += other.received
         self.superseded += other.superseded
         self.served += other.served
@@ -94,6 +109,8 @@ class SessionStats:
         self.refreshes_late += other.refreshes_late
         self.rejected.update(other.rejected)
         self.dropped.update(other.dropped)
+        self.inference_hist.merge(other.inference_hist)
+        self.queue_hist.merge(other.queue_hist)
 
     @property
     def rejected_total(self) -> int:

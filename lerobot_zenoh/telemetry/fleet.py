@@ -45,7 +45,7 @@ from lerobot_zenoh.protocol.messages import Telemetry
 MAX_MEMBERS = 2048
 MAX_FIGURES = 512  # per member
 MAX_PER_CLIENT = 1024  # robots in one server's per_client figures
-MAX_CLIENT_FIGURES = 64  # per robot in a server's per_client figures
+MAX_CLIENT_FIGURES = 96  # per robot in a server's per_client figures (its histograms included)
 MAX_LABELS = 16  # a member's `labels`
 MAX_FIGURE_CHARS = 128  # a figure name
 MAX_ID_CHARS = 128  # a member id, a robot id in per_client, a label and its value

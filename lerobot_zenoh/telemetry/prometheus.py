@@ -13,6 +13,10 @@ under a sanitised name: the monitor does not guess a type. The test of a running
 real server or robot publishes a figure that is not declared. Names are checked against
 Prometheus' grammar and :data:`MAX_NAME_CHARS` before they are exported (`valid_metric_name`).
 
+Latencies are histograms as well (:data:`HISTOGRAMS`): a member's `<name>_hist.*` figures
+(telemetry/histogram.py) become one `_bucket{le}`/`_sum`/`_count` series in seconds, with every
+declared bound, so that the series of several servers add up in PromQL.
+
 Pure: :func:`families` turns `FleetView.samples()` into :class:`Family` records and :func:`render`
 writes them as Prometheus' text format within a byte budget; the monitor serves them (cli/monitor.py). :func:`reference_rows` renders the table for docs/telemetry.md (a test keeps
 the two equal).
@@ -23,6 +27,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
+
+from lerobot_zenoh.telemetry.histogram import HANDOVER_BOUNDS_S, LATENCY_BOUNDS_S, SUFFIX, parse_bound
 
 PREFIX = "lerobot_zenoh"
 
@@ -324,6 +330,31 @@ METRICS: list[Metric] = [
        "Series left out of a scrape because /metrics reached its size budget", M),
 ]
 
+
+@dataclass(frozen=True)
+class Histogram:
+    """One latency histogram (telemetry/histogram.py): figures `<figure>_hist.le_<µs>`, `.sum_s`,
+    `.count` of a member become family `lerobot_zenoh_<kind>_<name>` with `_bucket{le}`, `_sum`,
+    `_count` in seconds, every bound of `bounds_s` present so that series of several servers add up."""
+
+    figure: str
+    name: str
+    help: str
+    kinds: frozenset
+    bounds_s: tuple[float, ...] = LATENCY_BOUNDS_S
+
+
+#: Every latency exported as a histogram, besides the percentile gauges the live table shows.
+HISTOGRAMS: list[Histogram] = [
+    Histogram("inference", "inference_seconds", "Server compute time per action chunk", _SERVERS),
+    Histogram("queue", "queue_seconds", "Age of an observation in its slot when the inference loop took it", _SERVERS),
+    Histogram("rtt", "rtt_seconds", "Round trip: observation captured to its action chunk received", frozenset(C)),
+    Histogram("handover", "handover_seconds",
+              "Time the control loop was held handing an observation to its publisher", frozenset(C), HANDOVER_BOUNDS_S),
+]
+_HIST_BY_KIND: dict[str, dict[str, Histogram]] = {k: {h.figure + SUFFIX: h for h in HISTOGRAMS if k in h.kinds}
+                                                  for k in _FAMILY_PREFIX}
+
 #: The declared figures of each member kind, in the table's order (the first that fits a figure wins).
 _BY_KIND: dict[str, list[Metric]] = {k: [m for m in METRICS if k in m.kinds] for k in _FAMILY_PREFIX}
 
@@ -331,7 +362,7 @@ _BY_KIND: dict[str, list[Metric]] = {k: [m for m in METRICS if k in m.kinds] for
 @dataclass(frozen=True)
 class Described:
     name: str  # the family name (counters without `_total`)
-    kind: str  # "counter" | "gauge" | "untyped"
+    kind: str  # "counter" | "gauge" | "untyped" | "histogram"
     help: str
     scale: float
     labels: tuple[tuple[str, str], ...]  # labels of the figure itself (reason, engine, ...)
@@ -342,9 +373,42 @@ class Described:
 @dataclass
 class Family:
     name: str  # counters without the `_total` the exposition adds
-    kind: str  # "counter" | "gauge" | "untyped"
+    kind: str  # "counter" | "gauge" | "untyped" | "histogram"
     help: str
     samples: list[tuple[dict[str, str], float]]
+    # a histogram's: (labels, [(bound in s, cumulative count)] ending with +inf, sum in s)
+    histograms: list[tuple[dict[str, str], list[tuple[float, float]], float]] = field(default_factory=list)
+
+
+class _HistogramSeries:
+    """One member's (one robot's) figures of one histogram, gathered before they become buckets."""
+
+    def __init__(self, spec: Histogram, labels: dict[str, str]):
+        self.spec = spec
+        self.labels = labels
+        self.bins: dict[float, float] = {}
+        self.sum_s = 0.0
+        self.valid = True
+
+    def add(self, part: str, value: float) -> None:
+        if not (value >= 0 and value != float("inf")):  # negative, NaN or infinite: no histogram
+            self.valid = False
+        elif part == "sum_s":
+            self.sum_s = value
+        elif part != "count":  # the count is the +Inf bucket's (they must be equal)
+            bound = parse_bound(part)
+            if bound is None or len(self.bins) >= 64:
+                self.valid = False
+            else:
+                self.bins[bound] = value
+
+    def buckets(self) -> list[tuple[float, float]]:
+        bounds = sorted({*self.spec.bounds_s, *self.bins, float("inf")})
+        out, total = [], 0.0
+        for b in bounds:
+            total += self.bins.get(b, 0.0)
+            out.append((b, total))
+        return out
 
 
 def _sanitize(name: str) -> str:
@@ -367,6 +431,10 @@ def describe(member_kind: str, figure: str) -> Described:
     """The family one figure of a member of `member_kind` belongs to ("server", "client",
     "server_client": a server's per-robot figure, or "monitor")."""
     base = f"{PREFIX}_{_FAMILY_PREFIX[member_kind]}"
+    head, _, part = figure.partition(".")
+    if part and (hist := _HIST_BY_KIND[member_kind].get(head)) is not None:  # one part of a histogram (families)
+        name = f"{base}_{hist.name}"
+        return Described(name, "histogram", hist.help, 1.0, (), True, valid_metric_name(name))
     for metric in _BY_KIND[member_kind]:
         if m := metric.pattern.fullmatch(figure):
             labels = metric.fixed + tuple((k, v) for k, v in m.groupdict().items())
@@ -387,11 +455,29 @@ def families(samples, max_bytes: int | None = None) -> tuple[list[Family], int]:
     the rest are left out, unread. Returns (families, samples taken).
     """
     out: dict[str, Family] = {}
+    series: dict[tuple[str, int], _HistogramSeries] = {}
     taken = 0
     size = 0
     for member_kind, figure, labels, value in samples:
         if max_bytes is not None and size >= max_bytes:
             break  # over budget: the rest is not even read
+        head, _, part = figure.partition(".")
+        spec = _HIST_BY_KIND[member_kind].get(head) if part else None
+        if spec is not None:
+            name = f"{PREFIX}_{_FAMILY_PREFIX[member_kind]}_{spec.name}"
+            one = series.get((name, id(labels)))
+            if one is None:
+                if not all(valid_label_name(k) and len(v) <= MAX_LABEL_VALUE_CHARS for k, v in labels.items()):
+                    continue
+                if max_bytes is not None:  # its bucket lines, _sum and _count, as render() writes them
+                    cost = (len(spec.bounds_s) + 3) * (len(name) + 48 + sum(len(k) + len(v) + 4 for k, v in labels.items()))
+                    if size + cost > max_bytes:
+                        break
+                    size += cost
+                one = series[(name, id(labels))] = _HistogramSeries(spec, labels)
+            one.add(part, float(value))
+            taken += 1
+            continue
         d = describe(member_kind, figure)
         all_labels = {**labels, **dict(d.labels)} if d.labels else labels
         if not d.valid or not all(valid_label_name(k) and len(v) <= MAX_LABEL_VALUE_CHARS for k, v in labels.items()):
@@ -410,6 +496,15 @@ def families(samples, max_bytes: int | None = None) -> tuple[list[Family], int]:
             continue
         family.samples.append((all_labels, float(value) * d.scale))
         taken += 1
+    for (name, _), one in series.items():
+        if not one.valid:
+            continue
+        family = out.get(name)
+        if family is None:
+            family = out[name] = Family(name, "histogram", one.spec.help + " (seconds)", [])
+        elif family.kind != "histogram":
+            continue
+        family.histograms.append((one.labels, one.buckets(), one.sum_s))
     return [out[k] for k in sorted(out)], taken
 
 
@@ -419,6 +514,11 @@ def _value(v: float) -> str:
     if v in (float("inf"), float("-inf")):
         return "+Inf" if v > 0 else "-Inf"
     return repr(float(v))
+
+
+def _bound(b: float) -> str:
+    """A bucket's `le`: the same text for the same bound on every member (series add up by `le`)."""
+    return "+Inf" if b == float("inf") else repr(float(b))
 
 
 def _escape(text: str) -> str:
@@ -437,6 +537,19 @@ def render(fams: list[Family], max_bytes: int | None = None) -> tuple[str, int]:
         help_text = fam.help.replace("\\", r"\\").replace("\n", r"\n")
         head = f"# HELP {name} {help_text}\n# TYPE {name} {fam.kind}\n"
         lines = []
+        for labels, buckets, sum_s in fam.histograms:
+            label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
+            sep = "," if label_text else ""
+            block = [f'{name}_bucket{{{label_text}{sep}le="{_bound(b)}"}} {_value(n)}\n' for b, n in buckets]
+            block.append(f"{name}_sum{{{label_text}}} {_value(sum_s)}\n" if label_text else f"{name}_sum {_value(sum_s)}\n")
+            count = buckets[-1][1]
+            block.append(f"{name}_count{{{label_text}}} {_value(count)}\n" if label_text else f"{name}_count {_value(count)}\n")
+            cost = sum(len(line.encode()) for line in block) + (0 if lines else len(head))
+            if max_bytes is not None and size + cost > max_bytes:
+                left_out += 1
+                continue
+            size += cost
+            lines.extend(block)
         for labels, value in fam.samples:
             label_text = label_texts.get(id(labels))
             if label_text is None:
@@ -463,4 +576,10 @@ def reference_rows() -> list[str]:
             labels = ", ".join(f"`{k}`" for k in metric.labels) or "—"
             figure = metric.figure if member_kind != SERVER_CLIENT else f"per_client[<client>].{metric.figure}"
             rows.append(f"| `{figure}` | `{name}` | {metric.kind} | {metric.unit} | {labels} |")
+        for hist in HISTOGRAMS:
+            if member_kind in hist.kinds:
+                name = f"{PREFIX}_{_FAMILY_PREFIX[member_kind]}_{hist.name}"
+                figure = f"{hist.figure}{SUFFIX}.*"
+                figure = figure if member_kind != SERVER_CLIENT else f"per_client[<client>].{figure}"
+                rows.append(f"| `{figure}` | `{name}` (`_bucket`, `_sum`, `_count`) | histogram | seconds | `le` |")
     return rows
