@@ -98,7 +98,7 @@ class FlowMatchingRunner(LeRobotRunner):
         from lerobot_zenoh.server.runners import rtc
 
         if self.spec.capabilities.rtc:
-            self._step_recorder = rtc.install(self.policy)
+            self._step_recorder = rtc.install(self.policy).to(self.device)
             self._rtc_horizon = int(self.policy.config.rtc_config.execution_horizon)
         else:
             self._step_recorder = rtc.install_step_recorder(self.policy)
@@ -228,21 +228,30 @@ class FlowMatchingRunner(LeRobotRunner):
                     observation[ACTION_KEY] = self._prefix_batch(rtc_rows)
                 batch = self.preprocessor(observation)
                 noise = torch.stack([self._noise(r.seed) for r in requests]).to(self.device)
+                steps: list | None = [] if capture_updates else None
+                compiled = self._compiled is not None and self._compiled.active and steps is None
                 kwargs: dict[str, Any] = {}
-                if guided:
+                if self._rtc_horizon is not None and (guided or compiled):
                     from lerobot_zenoh.server.runners.rtc import row_horizons
 
-                    prefix = batch.pop(ACTION_KEY)
-                    for i, n in enumerate(rows):
-                        prefix[i, n:] = 0.0  # LeRobot pads a leftover with zeros in model space
-                    kwargs = {"prev_chunk_left_over": prefix, "inference_delay": tuple(delays),
-                              "execution_horizon": row_horizons(rows, self._rtc_horizon)}
-                steps: list | None = [] if capture_updates else None
-                if guided or steps is not None:  # guidance and step capture stay eager (runners/compiled.py)
+                    horizons = row_horizons(rows, self._rtc_horizon)
+                    prefix = batch.pop(ACTION_KEY, None)
+                    if prefix is None:  # compiled and no leftover anywhere: the same graph, all weights 0
+                        prefix = torch.zeros((len(requests), self.spec.chunk_size, self.spec.action_dim),
+                                             device=noise.device)
+                    if compiled:  # the closed form, in the graph (runners/rtc.py, "The closed form")
+                        kwargs = self._step_recorder.row_guidance(prefix, rows, delays, horizons,
+                                                                  self._max_action_dim).kwargs()
+                    else:  # LeRobot's own guidance (autograd), one delay and horizon per row
+                        for i, n in enumerate(rows):
+                            prefix[i, n:] = 0.0  # LeRobot pads a leftover with zeros in model space
+                        kwargs = {"prev_chunk_left_over": prefix, "inference_delay": tuple(delays),
+                                  "execution_horizon": horizons}
+                if compiled:
+                    chunk = self._predict(batch, noise=noise, **kwargs)
+                else:  # eager: LeRobot's RTC guidance, step capture (runners/compiled.py)
                     with self._step_recorder.recording_steps(steps) if steps is not None else nullcontext():
                         chunk = self.policy.predict_action_chunk(batch, noise=noise, **kwargs)
-                else:
-                    chunk = self._predict(batch, noise=noise)
                 actions = self.postprocessor(chunk)
                 updates = self._updates(noise, steps) if steps is not None else None
         except PolicyError:
