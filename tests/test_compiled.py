@@ -75,8 +75,16 @@ def test_cuda_graphs_on_a_cpu_is_refused_before_the_model_loads_in_one_line_nami
     check_compile(CompileSettings(mode="cuda_graphs"), "cuda:1", "server[m].compile")  # accepted
 
 
-def test_the_manifests_cache_folder_is_where_inductor_reads_it(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "unset")
+@pytest.fixture
+def cache_environment(monkeypatch):
+    """The cache variables the loader sets (runners/compile_cache.py), restored after the test."""
+    from lerobot_zenoh.server.runners.compile_cache import CACHE_ENVIRONMENT, REMOTE_CACHES_OFF
+
+    for name in (*CACHE_ENVIRONMENT, *REMOTE_CACHES_OFF):
+        monkeypatch.setenv(name, "unset")
+
+
+def test_the_manifests_cache_folder_is_where_inductor_reads_it(tmp_path, cache_environment):
     (tmp_path / "m.yaml").write_text("")
     m = parse_manifest({"cluster_uuid": "c", "experiment_tag": "e", "compile_cache_dir": "cache/inductor",
                         "server": [{"model_id": "m", "model_version": "v", "application_tag": "a",
@@ -87,10 +95,9 @@ def test_the_manifests_cache_folder_is_where_inductor_reads_it(tmp_path, monkeyp
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "inductor")
 
 
-def test_a_relative_cache_folder_reaches_inductor_absolute(tmp_path, monkeypatch):
+def test_a_relative_cache_folder_reaches_inductor_absolute(tmp_path, monkeypatch, cache_environment):
     """A manifest named by a relative path (``--manifest m.yaml``): inductor compiles C++ from another
     folder, and every compilation failed with the relative cache path it was given."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "unset")
     monkeypatch.chdir(tmp_path)
     m = parse_manifest({"cluster_uuid": "c", "experiment_tag": "e", "compile_cache_dir": "cache/inductor",
                         "server": [{"model_id": "m", "model_version": "v", "application_tag": "a",
