@@ -102,6 +102,11 @@ class FlowMatchingRunner(LeRobotRunner):
             self._rtc_horizon = int(self.policy.config.rtc_config.execution_horizon)
         else:
             self._step_recorder = rtc.install_step_recorder(self.policy)
+        import torch
+
+        from lerobot_zenoh.server.runners.compiled import enable_tf32
+
+        enable_tf32(self.device, any(p.dtype == torch.bfloat16 for p in self.policy.parameters()), self.path.name)
 
     # -- loading -----------------------------------------------------------------------------------
 
@@ -265,6 +270,21 @@ class FlowMatchingRunner(LeRobotRunner):
             row_updates = None if updates is None else np.ascontiguousarray(updates[:, i])
             results.append(InferenceResult(np.ascontiguousarray(chunk), refinement_updates=row_updates, extras=extras))
         return results
+
+    def _dummy_requests(self, size: int) -> list[InferenceRequest]:
+        """With RTC on, every other warm-up row carries a leftover (half a chunk, delay 1): the start-up
+        check then compares the compiled guidance with LeRobot's, in a batch of mixed rows."""
+        requests = super()._dummy_requests(size)
+        if self._rtc_horizon is None:
+            return requests
+        from dataclasses import replace
+
+        from lerobot_zenoh.protocol.messages import RtcInputs
+
+        rows = max(1, self.spec.chunk_size // 2)
+        prefix = np.linspace(-1.0, 1.0, rows * self.spec.action_dim, dtype=np.float32).reshape(rows, -1)
+        return [replace(r, extras={RTC_EXTRA: RtcInputs(prefix, min(1, rows))}) if i % 2 == 0 else r
+                for i, r in enumerate(requests)]
 
     def _updates(self, noise: Any, steps: list) -> np.ndarray:
         """``(num_steps, B, chunk_size, action_dim)`` float32: the change each Euler step made to the
