@@ -84,7 +84,8 @@ def cache_environment(monkeypatch):
         monkeypatch.setenv(name, "unset")
 
 
-def test_the_manifests_cache_folder_is_where_inductor_reads_it(tmp_path, cache_environment):
+@pytest.mark.usefixtures("cache_environment")
+def test_the_manifests_cache_folder_is_where_inductor_reads_it(tmp_path):
     (tmp_path / "m.yaml").write_text("")
     m = parse_manifest({"cluster_uuid": "c", "experiment_tag": "e", "compile_cache_dir": "cache/inductor",
                         "server": [{"model_id": "m", "model_version": "v", "application_tag": "a",
@@ -95,7 +96,8 @@ def test_the_manifests_cache_folder_is_where_inductor_reads_it(tmp_path, cache_e
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "inductor")
 
 
-def test_a_relative_cache_folder_reaches_inductor_absolute(tmp_path, monkeypatch, cache_environment):
+@pytest.mark.usefixtures("cache_environment")
+def test_a_relative_cache_folder_reaches_inductor_absolute(tmp_path, monkeypatch):
     """A manifest named by a relative path (``--manifest m.yaml``): inductor compiles C++ from another
     folder, and every compilation failed with the relative cache path it was given."""
     monkeypatch.chdir(tmp_path)

@@ -174,9 +174,8 @@ class CompiledChunk:
         # One graph per bucket; dynamo counts them against one code object's cache, so make room.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * len(self.buckets) + 4)
         # A remote cache's entries are unpickled like the local folder's (runners/compile_cache.py): off.
-        torch._inductor.config.fx_graph_remote_cache = False
-        torch._inductor.config.autotune_remote_cache = False
-        torch._inductor.config.bundled_autotune_remote_cache = False
+        for flag in ("fx_graph_remote_cache", "autotune_remote_cache", "bundled_autotune_remote_cache"):
+            setattr(torch._inductor.config, flag, False)
         self.cuda_graphs = settings.mode == "cuda_graphs"
         self._compiled = torch.compile(fn, mode=_TORCH_MODE[settings.mode, device_type], dynamic=False)
         self._thread = _GraphThread(f"cuda-graphs:{name}") if self.cuda_graphs else None
