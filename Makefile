@@ -21,6 +21,8 @@ PORT    ?= 7447
 ROBOTS  ?= 2
 SECONDS ?= 20
 POLICY  ?= act
+# COMPILE=default: the served model compiled (docs/policies.md, "Compiled inference")
+COMPILE ?= off
 DEMO_CHECKPOINT ?= checkpoints/demo_$(POLICY)
 
 .PHONY: help install test test-fast test-core test-compile bench-compile demo checkpoint clean ci-tools lint
@@ -114,7 +116,7 @@ checkpoint: $(STAMP)
 
 demo: $(STAMP) checkpoint
 	DEMO_PORT_VARIABLE=PORT $(PY) -m lerobot_zenoh.demo --policy=$(POLICY) --checkpoint=$(DEMO_CHECKPOINT) --port=$(PORT) \
-		--robots=$(ROBOTS) --seconds=$(SECONDS)
+		--robots=$(ROBOTS) --seconds=$(SECONDS) --compile=$(COMPILE)
 
 clean:
 	rm -rf $(VENV) $(OPENPI_VENV) checkpoints outputs .pytest_cache
