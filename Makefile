@@ -89,10 +89,17 @@ test-fast: $(STAMP)
 # BENCH_COMPILE_ARGS="--types pi0 --batches 1 --reps 3" for a shorter run.
 BENCH_COMPILE_ARGS ?= --types pi0,pi05,smolvla,act --batches 1,8 --reps 7 --restart
 test-compile: $(STAMP)
-	LZ_TEST_COMPILE=1 $(PY) -m pytest tests/test_compiled.py
+	LZ_TEST_COMPILE=1 $(PY) -m pytest tests/test_compiled.py tests/test_compiled_rtc.py
 
 bench-compile: $(STAMP)
 	$(PY) -m benchmarks.studies.compiled $(BENCH_COMPILE_ARGS)
+
+# Compiled RTC (the guidance inside the graphs) against eager RTC (LeRobot's autograd guidance), side by
+# side, with mixed leftovers in every batch: pi0, pi0.5 and SmolVLA at batch 1 and 8 (~15 min on 2 cores).
+BENCH_COMPILE_RTC_ARGS ?= --types pi0,pi05,smolvla --batches 1,8 --reps 7 --rtc
+.PHONY: bench-compile-rtc
+bench-compile-rtc: $(STAMP)
+	$(PY) -m benchmarks.studies.compiled $(BENCH_COMPILE_RTC_ARGS)
 
 # What compiling does to one server's capacity: the fleet benchmark's robots, each sending two JPEG
 # cameras and a task, against a server serving a tiny pi0 eager, then compiled (every batch bucket up
