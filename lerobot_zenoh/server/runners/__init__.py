@@ -5,6 +5,7 @@
     lerobot.py     what every LeRobot family shares: reading a checkpoint, the spec, pre/post-processing,
                    load options (device, dtype, local assets), the loaded-weights check
     compiled.py    compiled inference (the manifest's `compile`): one torch.compile graph per batch bucket
+    compile_cache.py  the compile cache folder (`compile_cache_dir`): who may write there, checked at start-up
     act.py         ACT (one forward pass per batch)
     diffusion.py   Diffusion (per-session history, seeded noise, denoising updates)
     flow_matching.py  SmolVLA, pi0, pi0.5 (task-conditioned, one forward pass per batch, per-row noise)
