@@ -425,3 +425,16 @@ def test_tf32_is_enabled_for_bfloat16_on_cuda_only_and_said_in_the_log(caplog):
         assert any("TF32 enabled" in r.getMessage() for r in caplog.records)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def test_the_demo_compiles_its_model_on_request_and_names_a_bad_mode(tmp_path):
+    import yaml
+
+    from lerobot_zenoh.demo import DemoConfig, demo_manifest
+
+    entry = yaml.safe_load(demo_manifest(DemoConfig(policy="pi0", compile="default"), tmp_path).read_text())["server"][0]
+    assert entry["compile"] == "default" and entry["rtc"] == {"enabled": True}
+    assert "compile" not in yaml.safe_load(demo_manifest(DemoConfig(policy="pi0"), tmp_path).read_text())["server"][0]
+    with pytest.raises(ConfigError) as err:
+        DemoConfig(compile="cuda_graphs")
+    assert err.value.field == "compile"
