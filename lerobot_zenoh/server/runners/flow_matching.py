@@ -22,6 +22,9 @@ chunk): the checkpoint's own relative-action and normalizer steps turn it into m
 as they turn a training action. Each row then gets its own delay and its own execution horizon
 (clamped to its prefix length) from `runners.rtc.RowwiseRTCProcessor`, installed on the policy in
 place of LeRobot's one-delay processor. A call in which no request has a prefix is plain sampling.
+Compiled (`LoadOptions.compile`), every call takes the guidance in closed form inside the graph, its
+inputs built on the device once per call (`RowwiseRTCProcessor.row_guidance`; a call without any
+prefix has all weights zero); uncompiled, the guidance is LeRobot's own autograd step.
 
 Refinement updates (``run(..., capture_updates=True)``, for the execution horizon): the change each
 Euler step made to each row's sample, recorded through LeRobot's per-step hook by the processor
