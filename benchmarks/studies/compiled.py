@@ -56,6 +56,8 @@ def main() -> None:
     parser.add_argument("--cache-dir", default=None, help="inductor cache folder (default: a new temporary one)")
     parser.add_argument("--restart", action="store_true", help="run each type again on the same cache")
     parser.add_argument("--rtc", action="store_true", help="RTC on, requests with mixed leftovers")
+    parser.add_argument("--freezing", action="store_true",
+                        help="torch._inductor.config.freezing: weights folded as constants (a study; not a server setting)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (1: a shared machine's other load cannot stall a parallel region)")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # the child process: one type
@@ -64,6 +66,8 @@ def main() -> None:
         import torch
 
         torch.set_num_threads(args.threads)
+        if args.freezing:
+            torch._inductor.config.freezing = True
         measure(args.one, Path(args.out), [int(b) for b in args.batches.split(",")], args.reps, args.mode,
                 Path(args.cache_dir), rtc=args.rtc)
         return
@@ -71,7 +75,8 @@ def main() -> None:
     root = Path(args.out or tempfile.mkdtemp(prefix="compiled_"))
     cache = Path(args.cache_dir or tempfile.mkdtemp(prefix="inductor_"))
     print(f"# {time.strftime('%Y-%m-%d %H:%M')} mode {args.mode}, {args.reps} alternating calls per row, "
-          f"{args.threads} torch thread(s), {'RTC on (mixed leftovers), ' if args.rtc else ''}inductor cache {cache}, "
+          f"{args.threads} torch thread(s), {'RTC on (mixed leftovers), ' if args.rtc else ''}"
+          f"{'inductor freezing, ' if args.freezing else ''}inductor cache {cache}, "
           f"load {os.getloadavg()[0]:.1f}", flush=True)
     print(f"{'type':12} {'batch':>5} {'eager ms':>9} {'compiled ms':>11} {'speed-up':>8} {'max |diff|':>10}", flush=True)
     starts: dict[str, list[float]] = {}
@@ -92,7 +97,7 @@ def child(policy_type: str, root: Path, args: argparse.Namespace, cache: Path, *
     reps = args.reps if timed else 1
     cmd = [sys.executable, "-m", "benchmarks.studies.compiled", "--one", policy_type, "--out", str(root),
            "--batches", args.batches, "--reps", str(reps), "--mode", args.mode, "--threads", str(args.threads),
-           "--cache-dir", str(cache), *(["--rtc"] if args.rtc else [])]
+           "--cache-dir", str(cache), *(["--rtc"] if args.rtc else []), *(["--freezing"] if args.freezing else [])]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     summary = None
     for line in out.stdout.splitlines():
