@@ -274,6 +274,14 @@ class FlowMatchingRunner(LeRobotRunner):
             results.append(InferenceResult(np.ascontiguousarray(chunk), refinement_updates=row_updates, extras=extras))
         return results
 
+    def compile_target(self) -> Any:
+        """``predict_action_chunk``, with SmolVLA's vision embeddings made graph-break free first
+        (`static_position_ids`)."""
+        if self.spec.policy_type == "smolvla":
+            static_position_ids(self.policy.model.vlm_with_expert.get_vlm_model().vision_model.embeddings,
+                                self.path.name)
+        return super().compile_target()
+
     def _dummy_requests(self, size: int) -> list[InferenceRequest]:
         """With RTC on, every other warm-up row carries a leftover (half a chunk, delay 1): the start-up
         check then compares the compiled guidance with LeRobot's, in a batch of mixed rows."""
@@ -350,6 +358,57 @@ class FlowMatchingRunner(LeRobotRunner):
             else:
                 out[key] = first
         return out
+
+
+def static_position_ids(embeddings: Any, name: str) -> bool:
+    """SmolVLA compiled: transformers' `SmolVLMVisionEmbeddings.forward` writes the patch position ids
+    with boolean-mask indexing (``position_ids[mask] = pos_ids[mask]``), whose output shape depends on
+    the data: 7 graph breaks per graph (``aten.nonzero``). The same forward with ``torch.where(mask,
+    pos_ids, position_ids)`` computes the same ids with static shapes. Installed on this one module
+    only, and kept only if it gives bit for bit the original's embeddings on a probe input (so a
+    transformers release that changed the forward keeps its own). True when installed."""
+    import types
+
+    import torch
+
+    original = type(embeddings).forward
+
+    def forward(self, pixel_values, patch_attention_mask):
+        batch_size, _, max_im_h, max_im_w = pixel_values.shape
+        patch_embeds = self.patch_embedding(pixel_values)
+        out = patch_embeds.flatten(2).transpose(1, 2)
+        max_nb_patches_h, max_nb_patches_w = max_im_h // self.patch_size, max_im_w // self.patch_size
+        boundaries = torch.arange(1 / self.num_patches_per_side, 1.0, 1 / self.num_patches_per_side,
+                                  device=pixel_values.device)
+        position_ids = torch.full(size=(batch_size, max_nb_patches_h * max_nb_patches_w), fill_value=0,
+                                  device=pixel_values.device)
+        step_h = 1.0 / patch_attention_mask[:, :, 0].sum(dim=1)
+        step_w = 1.0 / patch_attention_mask[:, 0, :].sum(dim=1)
+        h_indices = torch.arange(patch_attention_mask.size(1), device=position_ids.device, dtype=torch.float32)
+        w_indices = torch.arange(patch_attention_mask.size(2), device=position_ids.device, dtype=torch.float32)
+        coords_h = torch.clamp(h_indices[None, :] * step_h[:, None], max=(1.0 - 1e-6)).to(pixel_values.dtype)
+        coords_w = torch.clamp(w_indices[None, :] * step_w[:, None], max=(1.0 - 1e-6)).to(pixel_values.dtype)
+        bucket_h = torch.bucketize(coords_h, boundaries, right=True)
+        bucket_w = torch.bucketize(coords_w, boundaries, right=True)
+        pos_ids = (bucket_h[:, :, None] * self.num_patches_per_side + bucket_w[:, None, :]).reshape(batch_size, -1)
+        position_ids = torch.where(patch_attention_mask.view(batch_size, -1), pos_ids, position_ids)
+        return out + self.position_embedding(position_ids)
+
+    side = embeddings.num_patches_per_side * embeddings.patch_size
+    weight = embeddings.patch_embedding.weight
+    probe = torch.linspace(-1, 1, 2 * weight.shape[1] * side * side, device=weight.device, dtype=weight.dtype)
+    probe = probe.reshape(2, weight.shape[1], side, side)
+    mask = torch.ones((2, embeddings.num_patches_per_side, embeddings.num_patches_per_side), dtype=torch.bool,
+                      device=weight.device)
+    mask[1, -1:, :] = False  # a partly masked image too
+    with torch.no_grad():
+        same = torch.equal(forward(embeddings, probe, mask), original(embeddings, probe, mask))
+    if not same:
+        log.warning("%s: SmolVLM's vision embeddings differ from the static-shape copy; compiling the original "
+                    "(with its graph breaks)", name)
+        return False
+    embeddings.forward = types.MethodType(forward, embeddings)
+    return True
 
 
 def _configure_rtc(path: Path, config: Any, options: LoadOptions) -> None:
