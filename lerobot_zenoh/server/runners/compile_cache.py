@@ -76,6 +76,10 @@ def use_folder(folder: Path | None, *, uid: int | None = None) -> Path:
     effective uid; a parameter for tests)."""
     folder = Path(os.path.abspath(folder if folder is not None else default_folder()))
     check_folder(folder, uid=os.geteuid() if uid is None else uid)
+    inherited = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if inherited and os.path.abspath(inherited) != str(folder):
+        log.warning("TORCHINDUCTOR_CACHE_DIR=%s from the environment is not used: compiling into %s "
+                    "(set compile_cache_dir in the manifest to choose the folder)", inherited, folder)
     for name, sub in CACHE_ENVIRONMENT.items():
         os.environ[name] = str(folder if sub == "." else folder / sub)
     os.environ.update(REMOTE_CACHES_OFF)
