@@ -6,8 +6,8 @@
     CompiledChunk     pads a batch to its bucket, calls the bucket's graph, slices the rows back
 
 What is compiled is the whole ``predict_action_chunk`` of a policy (the granularity that compiles
-without graph breaks for pi0 and pi0.5; SmolVLA keeps a few breaks inside transformers' vision
-embeddings and still gains): compiling only a denoise step leaves the prefix pass and the Python
+without graph breaks for pi0, pi0.5 and, with its vision embeddings' position ids made static by
+`flow_matching.static_position_ids`, SmolVLA): compiling only a denoise step leaves the prefix pass and the Python
 loop eager and gained less. Shapes are static (``dynamic=False``): every call is padded to the
 smallest bucket that holds it (a batch larger than the largest bucket runs eager: list only the
 buckets where the graphs pay),
