@@ -95,8 +95,8 @@ bench-compile: $(STAMP)
 	$(PY) -m benchmarks.studies.compiled $(BENCH_COMPILE_ARGS)
 
 # Compiled RTC (the guidance inside the graphs) against eager RTC (LeRobot's autograd guidance), side by
-# side, with mixed leftovers in every batch: pi0, pi0.5 and SmolVLA at batch 1 and 8 (~15 min on 2 cores).
-BENCH_COMPILE_RTC_ARGS ?= --types pi0,pi05,smolvla --batches 1,8 --reps 7 --rtc
+# side, with mixed leftovers in every batch: pi0, pi0.5 and SmolVLA at batch 1 and 8 (~6-8 min on 2 cores).
+BENCH_COMPILE_RTC_ARGS ?= --types pi0,pi05,smolvla --batches 1,8 --reps 7 --rtc --threads 2
 .PHONY: bench-compile-rtc
 bench-compile-rtc: $(STAMP)
 	$(PY) -m benchmarks.studies.compiled $(BENCH_COMPILE_RTC_ARGS)
