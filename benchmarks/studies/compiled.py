@@ -2,7 +2,7 @@
 SmolVLA and ACT checkpoints (random weights), through the server's own runner.
 
     PYTHONPATH=. HF_HUB_OFFLINE=1 python -m benchmarks.studies.compiled [--types pi0,pi05] [--batches 1,8]
-        [--reps 7] [--mode default] [--rtc] [--restart] [--out DIR]
+        [--reps 7] [--mode default] [--rtc] [--freezing] [--threads N] [--restart] [--out DIR]
 
 For each type, in a process of its own (inductor compiles one target per process best): builds the
 checkpoint offline (lerobot-zenoh-build-checkpoint's defaults: 2 cameras 96x128, 6-D state, chunk 50),
@@ -20,6 +20,9 @@ left trainable as LeRobot loads it, alternately, and says whether the chunks are
 a leftover but one in four (different lengths and delays: a mixed batch; batch 1 has one): compiled RTC
 (the closed-form guidance inside the graph) against eager RTC (LeRobot's autograd guidance), side by
 side, with the largest difference between the two chunks.
+
+`--freezing`: inductor's weight freezing in the measuring process (a study of the CPU path; the server
+does not set it).
 
 `--restart`: runs each type a second time with the same inductor cache folder (`--cache-dir`, a new
 temporary one by default, so that the first run is cold), and prints the start-up compile time of
