@@ -21,6 +21,8 @@ PORT    ?= 7447
 ROBOTS  ?= 2
 SECONDS ?= 20
 POLICY  ?= act
+# COMPILE=default: the served model compiled (docs/policies.md, "Compiled inference")
+COMPILE ?= off
 DEMO_CHECKPOINT ?= checkpoints/demo_$(POLICY)
 
 .PHONY: help install test test-fast test-core test-compile bench-compile demo checkpoint clean ci-tools lint
@@ -87,10 +89,17 @@ test-fast: $(STAMP)
 # BENCH_COMPILE_ARGS="--types pi0 --batches 1 --reps 3" for a shorter run.
 BENCH_COMPILE_ARGS ?= --types pi0,pi05,smolvla,act --batches 1,8 --reps 7 --restart
 test-compile: $(STAMP)
-	LZ_TEST_COMPILE=1 $(PY) -m pytest tests/test_compiled.py
+	LZ_TEST_COMPILE=1 $(PY) -m pytest tests/test_compiled.py tests/test_compiled_rtc.py
 
 bench-compile: $(STAMP)
 	$(PY) -m benchmarks.studies.compiled $(BENCH_COMPILE_ARGS)
+
+# Compiled RTC (the guidance inside the graphs) against eager RTC (LeRobot's autograd guidance), side by
+# side, with mixed leftovers in every batch: pi0, pi0.5 and SmolVLA at batch 1 and 8 (~6-8 min on 2 cores).
+BENCH_COMPILE_RTC_ARGS ?= --types pi0,pi05,smolvla --batches 1,8 --reps 7 --rtc --threads 2
+.PHONY: bench-compile-rtc
+bench-compile-rtc: $(STAMP)
+	$(PY) -m benchmarks.studies.compiled $(BENCH_COMPILE_RTC_ARGS)
 
 # What compiling does to one server's capacity: the fleet benchmark's robots, each sending two JPEG
 # cameras and a task, against a server serving a tiny pi0 eager, then compiled (every batch bucket up
@@ -127,7 +136,7 @@ checkpoint: $(STAMP)
 
 demo: $(STAMP) checkpoint
 	DEMO_PORT_VARIABLE=PORT $(PY) -m lerobot_zenoh.demo --policy=$(POLICY) --checkpoint=$(DEMO_CHECKPOINT) --port=$(PORT) \
-		--robots=$(ROBOTS) --seconds=$(SECONDS)
+		--robots=$(ROBOTS) --seconds=$(SECONDS) --compile=$(COMPILE)
 
 clean:
 	rm -rf $(VENV) $(OPENPI_VENV) checkpoints outputs .pytest_cache

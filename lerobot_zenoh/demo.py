@@ -56,6 +56,10 @@ class DemoConfig:
     # Checkpoint folder to serve. Unset: checkpoints/demo_<policy> in the current folder, built
     # first (random weights, offline, as `make checkpoint` does) when it is not there.
     checkpoint: str | None = None
+    # Compiled inference of the served model (docs/policies.md, "Compiled inference"): off (the
+    # manifest's own setting), default or max-autotune. Every batch bucket compiles before the robots
+    # start (minutes on a small CPU the first time; the cache folder is kept).
+    compile: str = "off"
     # Manifest to start from; its first model is served (default: the project's manifests/demo.yaml).
     manifest: str = field(default_factory=lambda: str(shipped("manifests/demo.yaml")))
     # Folder for the logs, the JSON summaries and the adjusted manifest.
@@ -79,6 +83,8 @@ class DemoConfig:
                                             f"lerobot-zenoh-build-checkpoint (or leave --checkpoint out)")
         if not Path(self.manifest).is_file():
             raise ConfigError("manifest", f"{self.manifest} is not a file")
+        if self.compile not in ("off", "default", "max-autotune"):
+            raise ConfigError("compile", f"{self.compile!r} is not one of off, default, max-autotune")
 
 
 #: What `make checkpoint` builds: the simulated robot's features (6 joints, two 96x128 cameras).
@@ -115,6 +121,8 @@ def demo_manifest(cfg: DemoConfig, out: Path) -> Path:
     if cfg.policy in VLAS:  # the robots' observations (and their tasks) in one forward pass, each
         entry["max_batch_size"] = min(cfg.robots, 4)  # robot's chunk continuing what it executes (RTC)
         entry["rtc"] = {"enabled": True}
+    if cfg.compile != "off":
+        entry["compile"] = cfg.compile
     listed = [c["client_uuid"] for c in entry.get("clients", [])]
     entry["clients"] = [{"client_uuid": c} for c in listed] + [
         {"client_uuid": f"robot_{i}"} for i in range(1, cfg.robots + 1) if f"robot_{i}" not in listed]

@@ -75,8 +75,17 @@ def test_cuda_graphs_on_a_cpu_is_refused_before_the_model_loads_in_one_line_nami
     check_compile(CompileSettings(mode="cuda_graphs"), "cuda:1", "server[m].compile")  # accepted
 
 
-def test_the_manifests_cache_folder_is_where_inductor_reads_it(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "unset")
+@pytest.fixture
+def cache_environment(monkeypatch):
+    """The cache variables the loader sets (runners/compile_cache.py), restored after the test."""
+    from lerobot_zenoh.server.runners.compile_cache import CACHE_ENVIRONMENT, REMOTE_CACHES_OFF
+
+    for name in (*CACHE_ENVIRONMENT, *REMOTE_CACHES_OFF):
+        monkeypatch.setenv(name, "unset")
+
+
+@pytest.mark.usefixtures("cache_environment")
+def test_the_manifests_cache_folder_is_where_inductor_reads_it(tmp_path):
     (tmp_path / "m.yaml").write_text("")
     m = parse_manifest({"cluster_uuid": "c", "experiment_tag": "e", "compile_cache_dir": "cache/inductor",
                         "server": [{"model_id": "m", "model_version": "v", "application_tag": "a",
@@ -87,10 +96,10 @@ def test_the_manifests_cache_folder_is_where_inductor_reads_it(tmp_path, monkeyp
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "inductor")
 
 
+@pytest.mark.usefixtures("cache_environment")
 def test_a_relative_cache_folder_reaches_inductor_absolute(tmp_path, monkeypatch):
     """A manifest named by a relative path (``--manifest m.yaml``): inductor compiles C++ from another
     folder, and every compilation failed with the relative cache path it was given."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "unset")
     monkeypatch.chdir(tmp_path)
     m = parse_manifest({"cluster_uuid": "c", "experiment_tag": "e", "compile_cache_dir": "cache/inductor",
                         "server": [{"model_id": "m", "model_version": "v", "application_tag": "a",
@@ -145,7 +154,9 @@ def test_a_batch_is_padded_to_its_bucket_with_its_last_row_and_a_larger_one_runs
 
     chunk._compiled = recompiles
     assert torch.equal(chunk({"x": x[:3]}, noise=noise[:3]), fn({"x": x[:3]}, noise[:3]))  # eager, counted
-    assert chunk.figures() == {"compile.buckets": 2.0, "compile.eager_calls": 1.0}
+    assert chunk.figures() == {"compile.buckets": 2.0, "compile.eager_calls": 1.0, "compile.graph_breaks": 0.0,
+                               "compile.startup_recompiles": 0.0, "compile.cudagraph_skips": 0.0,
+                               "compile.cudagraph_partitions": 0.0}
 
 
 @pytest.mark.slow
@@ -226,7 +237,7 @@ def test_compiled_pi0_equals_eager_per_robot_rtc_included_and_never_recompiles(p
     # a row is the same alone and padded into the bucket
     np.testing.assert_allclose(compiled.run(alone)[0].actions, compiled.run(pair)[0].actions, rtol=0, atol=1e-4)
 
-    # Per-robot RTC inside a batch (the guidance runs eager, on the same weights) and step capture.
+    # Per-robot RTC inside a batch (the guidance in the graph, closed form) and step capture (eager).
     guided = [request("a", TASKS[0], 21, rows=7, delay=2), request("b", TASKS[1], 22, rows=3, delay=1),
               dataclasses.replace(request("c", TASKS[2], 23), extras={})]
     for c, e in zip(compiled.run(guided), eager.run(guided), strict=True):
@@ -237,7 +248,9 @@ def test_compiled_pi0_equals_eager_per_robot_rtc_included_and_never_recompiles(p
 
     # Serving compiled nothing new and no call fell back to eager.
     assert dict(torch._dynamo.utils.counters["frames"]) == frames
-    assert compiled.figures() == {"compile.buckets": 1.0, "compile.eager_calls": 0.0}
+    figures = compiled.figures()
+    assert figures["compile.buckets"] == 1.0 and figures["compile.eager_calls"] == 0.0
+    assert figures["compile.startup_recompiles"] == figures["compile.graph_breaks"] == 0.0
 
 
 @pytest.mark.slow
@@ -248,7 +261,7 @@ def test_a_compile_failure_at_start_up_refuses_or_serves_eager_never_half(pi0_fo
 
     def broken(batch, **kwargs):  # the first bucket compiles, the second fails
         calls.append(len(batch["observation.state"]))
-        if len(calls) > 1:
+        if calls[-1] > 1:
             raise RuntimeError("inductor: \nC++ compile error\n(many lines)")
         return runner.policy.predict_action_chunk(batch, **kwargs)
 
@@ -287,3 +300,141 @@ def test_the_single_model_flag_names_itself_for_a_bad_or_refused_mode(tmp_path, 
         assert out.returncode == 2, out.stderr
         lines = out.stderr.strip().splitlines()
         assert needle in lines[-1] and lines[-1].startswith("lerobot-policy-server: "), out.stderr
+
+
+# -- start-up does the expensive work (the graphs replaced by fakes: no compile, no GPU) -------------
+
+
+def fake_chunk(mode="default", device_type="cpu", buckets=(1, 2), dtype="float32"):
+    """A CompiledChunk whose warm-up drives `run_bucket` through its own __call__ (as the runner does)."""
+    import torch
+
+    from lerobot_zenoh.server.runners.compiled import CompiledChunk
+
+    def fn(batch):
+        return batch["x"] * 2.0
+
+    chunk = CompiledChunk(fn, CompileSettings(mode=mode), buckets, device_type=device_type, name="t",
+                          field="server[m].compile", dtype=dtype)
+
+    def run_bucket(size):
+        x = torch.arange(float(size * 3)).reshape(size, 3) + 1.0
+        return (chunk({"x": x}) if chunk.active else fn({"x": x})).numpy()
+
+    return chunk, fn, run_bucket
+
+
+def test_warm_compiles_then_compares_a_replay_and_with_cuda_graphs_records_first_on_one_thread():
+    import threading
+
+    import torch
+
+    for mode, device_type, per_bucket in (("default", "cpu", 2), ("cuda_graphs", "cuda", 3)):
+        chunk, fn, run_bucket = fake_chunk(mode, device_type)
+        calls, threads = [], set()
+
+        def graph(batch, fn=fn, calls=calls, threads=threads):
+            calls.append(len(batch["x"]))
+            threads.add(threading.current_thread().name)
+            return fn(batch)
+
+        chunk._compiled = graph
+        chunk.warm(run_bucket)
+        # compile (+ the graph's warm-up run), [record,] replay: every bucket before serving
+        assert calls == [1] * per_bucket + [2] * per_bucket, (mode, calls)
+        assert chunk.serving and chunk.active
+        if mode == "cuda_graphs":
+            assert threads == {"cuda-graphs:t"}  # never the caller's thread
+            seen = []
+            worker = threading.Thread(target=lambda: seen.append(chunk({"x": torch.ones(2, 3)})), name="inference")
+            worker.start()
+            worker.join(10)
+            assert threads == {"cuda-graphs:t"} and torch.equal(seen[0], torch.full((2, 3), 2.0))
+            chunk.close()
+        else:
+            assert threads == {threading.current_thread().name}
+
+
+@pytest.mark.parametrize("fault", ["recompile", "cudagraph_skips", "cudagraph_partitions", "differs", "nan"])
+def test_warm_refuses_what_would_silently_run_slow_or_wrong_and_counts_it(fault):
+    import torch
+    from torch._dynamo.utils import counters
+
+    chunk, fn, run_bucket = fake_chunk("cuda_graphs", "cuda", buckets=(1,))
+    n = []
+
+    def graph(batch):
+        n.append(1)
+        if fault == "recompile" and len(n) == 2:
+            raise RuntimeError("Detected recompile when torch.compile stance is 'fail_on_recompile'")
+        if fault.startswith("cudagraph") and len(n) == 1:
+            counters["inductor"][fault] += 1
+        out = fn(batch)
+        if fault == "differs" and len(n) == 3:  # the replay, not the warm-up run
+            out = out * 1.01
+        if fault == "nan" and len(n) == 3:
+            out = out * torch.nan
+        return out
+
+    chunk._compiled = graph
+    with pytest.raises(PolicyError) as err:
+        chunk.warm(run_bucket)
+    text = str(err.value)
+    assert text.startswith("server[m].compile: compiling t (cuda_graphs) failed at batch bucket 1") and "\n" not in text
+    assert not chunk.active and not chunk.serving
+    expected = {"recompile": "needed a recompile on its second call", "cudagraph_skips": "1 CUDA graph skip(s)",
+                "cudagraph_partitions": "1 graph partition(s)", "differs": "a replay differs from the eager chunk",
+                "nan": "not finite"}[fault]
+    assert expected in text, text
+    if fault == "recompile":
+        assert chunk.figures()["compile.startup_recompiles"] == 1.0
+    if fault.startswith("cudagraph"):
+        assert chunk.figures()[f"compile.{fault}"] == 1.0
+    chunk.close()
+
+
+def test_the_equality_check_is_relative_to_the_action_scale_and_looser_in_bfloat16():
+    from lerobot_zenoh.server.runners.compiled import EQUALITY_TOLERANCE
+
+    for dtype, factor, ok in (("float32", 1.0005, True), ("float32", 1.01, False),
+                              ("bfloat16", 1.05, True), ("bfloat16", 1.2, False)):
+        chunk, fn, run_bucket = fake_chunk(buckets=(1,), dtype=dtype)
+        chunk._compiled = lambda batch, fn=fn, factor=factor: fn(batch) * factor
+        if ok:
+            chunk.warm(run_bucket)
+        else:
+            with pytest.raises(PolicyError, match=f"of the action scale 6, {dtype}"):
+                chunk.warm(run_bucket)
+    assert EQUALITY_TOLERANCE["bfloat16"] > EQUALITY_TOLERANCE["float32"]
+
+
+def test_tf32_is_enabled_for_bfloat16_on_cuda_only_and_said_in_the_log(caplog):
+    import torch
+
+    from lerobot_zenoh.server.runners.compiled import enable_tf32
+
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        assert not enable_tf32(torch.device("cpu"), True, "m")
+        assert not enable_tf32(torch.device("cuda", 0), False, "m")
+        assert not torch.backends.cuda.matmul.allow_tf32
+        with caplog.at_level(logging.INFO, logger="lerobot_zenoh.server.runners.compiled"):
+            assert enable_tf32(torch.device("cuda", 0), True, "m")
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        assert any("TF32 enabled" in r.getMessage() for r in caplog.records)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def test_the_demo_compiles_its_model_on_request_and_names_a_bad_mode(tmp_path):
+    import yaml
+
+    from lerobot_zenoh.demo import DemoConfig, demo_manifest
+
+    entry = yaml.safe_load(demo_manifest(DemoConfig(policy="pi0", compile="default"), tmp_path).read_text())["server"][0]
+    assert entry["compile"] == "default" and entry["rtc"] == {"enabled": True}
+    assert "compile" not in yaml.safe_load(demo_manifest(DemoConfig(policy="pi0"), tmp_path).read_text())["server"][0]
+    with pytest.raises(ConfigError) as err:
+        DemoConfig(compile="cuda_graphs")
+    assert err.value.field == "compile"

@@ -399,7 +399,9 @@ class Manifest(Settings):
     role: Literal["server", "engine"] = "server"
     engine_id: str | None = None
     # Where inductor keeps what it compiled (compiled models, `compile`): a restart with the same folder
-    # loads the graphs instead of compiling them again. Default: torch's own (a folder under /tmp).
+    # loads the graphs instead of compiling them again. Inductor loads what it holds as code, so the
+    # folder must be writable by the server's user alone (runners/compile_cache.py; docs/security.md).
+    # Default: a private folder, $XDG_CACHE_HOME/lerobot-zenoh/inductor or ~/.cache/lerobot-zenoh/inductor.
     compile_cache_dir: str | None = None
     source: str = Field("<memory>", exclude=True)
 

@@ -5,6 +5,7 @@
     lerobot.py     what every LeRobot family shares: reading a checkpoint, the spec, pre/post-processing,
                    load options (device, dtype, local assets), the loaded-weights check
     compiled.py    compiled inference (the manifest's `compile`): one torch.compile graph per batch bucket
+    compile_cache.py  the compile cache folder (`compile_cache_dir`): who may write there, checked at start-up
     act.py         ACT (one forward pass per batch)
     diffusion.py   Diffusion (per-session history, seeded noise, denoising updates)
     flow_matching.py  SmolVLA, pi0, pi0.5 (task-conditioned, one forward pass per batch, per-row noise)
@@ -200,9 +201,9 @@ def load_runner(manifest: Manifest, entry: ModelEntry) -> PolicyRunner:
 
 def _check_compile(manifest: Manifest, entry: ModelEntry, field: str) -> None:
     """A `compile` block the model cannot take, refused before anything loads (`ConfigError` naming it);
-    the manifest's compile cache folder put where inductor reads it."""
-    import os
-
+    the compile cache folder (the manifest's, else the server's private one) checked and put where
+    inductor and Triton read it (`compile_cache.use_folder`: `ConfigError` naming compile_cache_dir)."""
+    from lerobot_zenoh.server.runners.compile_cache import use_folder
     from lerobot_zenoh.server.runners.compiled import check_compile
 
     check_compile(entry.compile, entry.device, f"{field}compile")
@@ -210,10 +211,9 @@ def _check_compile(manifest: Manifest, entry: ModelEntry, field: str) -> None:
                         ("language", "a pi0.5 answering text (language)")):
         if getattr(entry, block) is not None:
             raise ConfigError(f"{field}compile", f"{what} is not compiled; use off")
-    if manifest.compile_cache_dir:
-        # Inductor reads it on each compilation: one folder for the process (the manifest's). Absolute:
-        # inductor runs the C++ compiler from another folder, so a relative path fails every compile.
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.abspath(manifest.resolve_asset(manifest.compile_cache_dir))
+    # Inductor reads it on each compilation: one folder for the process. Made absolute by use_folder:
+    # inductor runs the C++ compiler from another folder, so a relative path fails every compile.
+    use_folder(manifest.resolve_asset(manifest.compile_cache_dir))
 
 
 #: Manifest blocks that configure one policy family, and what each is for (the runner declares

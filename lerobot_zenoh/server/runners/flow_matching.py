@@ -22,6 +22,9 @@ chunk): the checkpoint's own relative-action and normalizer steps turn it into m
 as they turn a training action. Each row then gets its own delay and its own execution horizon
 (clamped to its prefix length) from `runners.rtc.RowwiseRTCProcessor`, installed on the policy in
 place of LeRobot's one-delay processor. A call in which no request has a prefix is plain sampling.
+Compiled (`LoadOptions.compile`), every call takes the guidance in closed form inside the graph, its
+inputs built on the device once per call (`RowwiseRTCProcessor.row_guidance`; a call without any
+prefix has all weights zero); uncompiled, the guidance is LeRobot's own autograd step.
 
 Refinement updates (``run(..., capture_updates=True)``, for the execution horizon): the change each
 Euler step made to each row's sample, recorded through LeRobot's per-step hook by the processor
@@ -103,10 +106,15 @@ class FlowMatchingRunner(LeRobotRunner):
         from lerobot_zenoh.server.runners import rtc
 
         if self.spec.capabilities.rtc:
-            self._step_recorder = rtc.install(self.policy)
+            self._step_recorder = rtc.install(self.policy).to(self.device)
             self._rtc_horizon = int(self.policy.config.rtc_config.execution_horizon)
         else:
             self._step_recorder = rtc.install_step_recorder(self.policy)
+        import torch
+
+        from lerobot_zenoh.server.runners.compiled import enable_tf32
+
+        enable_tf32(self.device, any(p.dtype == torch.bfloat16 for p in self.policy.parameters()), self.path.name)
 
     # -- loading -----------------------------------------------------------------------------------
 
@@ -237,21 +245,30 @@ class FlowMatchingRunner(LeRobotRunner):
                     observation[ACTION_KEY] = self._prefix_batch(rtc_rows)
                 batch = self.preprocessor(observation)
                 noise = torch.stack([self._noise(r.seed) for r in requests]).to(self.device)
+                steps: list | None = [] if capture_updates else None
+                compiled = self._compiled is not None and self._compiled.active and steps is None
                 kwargs: dict[str, Any] = {}
-                if guided:
+                if self._rtc_horizon is not None and (guided or compiled):
                     from lerobot_zenoh.server.runners.rtc import row_horizons
 
-                    prefix = batch.pop(ACTION_KEY)
-                    for i, n in enumerate(rows):
-                        prefix[i, n:] = 0.0  # LeRobot pads a leftover with zeros in model space
-                    kwargs = {"prev_chunk_left_over": prefix, "inference_delay": tuple(delays),
-                              "execution_horizon": row_horizons(rows, self._rtc_horizon)}
-                steps: list | None = [] if capture_updates else None
-                if guided or steps is not None:  # guidance and step capture stay eager (runners/compiled.py)
+                    horizons = row_horizons(rows, self._rtc_horizon)
+                    prefix = batch.pop(ACTION_KEY, None)
+                    if prefix is None:  # compiled and no leftover anywhere: the same graph, all weights 0
+                        prefix = torch.zeros((len(requests), self.spec.chunk_size, self.spec.action_dim),
+                                             device=noise.device)
+                    if compiled:  # the closed form, in the graph (runners/rtc.py, "The closed form")
+                        kwargs = self._step_recorder.row_guidance(prefix, rows, delays, horizons,
+                                                                  self._max_action_dim).kwargs()
+                    else:  # LeRobot's own guidance (autograd), one delay and horizon per row
+                        for i, n in enumerate(rows):
+                            prefix[i, n:] = 0.0  # LeRobot pads a leftover with zeros in model space
+                        kwargs = {"prev_chunk_left_over": prefix, "inference_delay": tuple(delays),
+                                  "execution_horizon": horizons}
+                if compiled:
+                    chunk = self._predict(batch, noise=noise, **kwargs)
+                else:  # eager: LeRobot's RTC guidance, step capture (runners/compiled.py)
                     with self._step_recorder.recording_steps(steps) if steps is not None else nullcontext():
                         chunk = self.policy.predict_action_chunk(batch, noise=noise, **kwargs)
-                else:
-                    chunk = self._predict(batch, noise=noise)
                 actions = self.postprocessor(chunk)
                 updates = self._updates(noise, steps) if steps is not None else None
         except PolicyError:
@@ -265,6 +282,29 @@ class FlowMatchingRunner(LeRobotRunner):
             row_updates = None if updates is None else np.ascontiguousarray(updates[:, i])
             results.append(InferenceResult(np.ascontiguousarray(chunk), refinement_updates=row_updates, extras=extras))
         return results
+
+    def compile_target(self) -> Any:
+        """``predict_action_chunk``, with SmolVLA's vision embeddings made graph-break free first
+        (`static_position_ids`)."""
+        if self.spec.policy_type == "smolvla":
+            static_position_ids(self.policy.model.vlm_with_expert.get_vlm_model().vision_model.embeddings,
+                                self.path.name)
+        return super().compile_target()
+
+    def _dummy_requests(self, size: int) -> list[InferenceRequest]:
+        """With RTC on, every other warm-up row carries a leftover (half a chunk, delay 1): the start-up
+        check then compares the compiled guidance with LeRobot's, in a batch of mixed rows."""
+        requests = super()._dummy_requests(size)
+        if self._rtc_horizon is None:
+            return requests
+        from dataclasses import replace
+
+        from lerobot_zenoh.protocol.messages import RtcInputs
+
+        rows = max(1, self.spec.chunk_size // 2)
+        prefix = np.linspace(-1.0, 1.0, rows * self.spec.action_dim, dtype=np.float32).reshape(rows, -1)
+        return [replace(r, extras={RTC_EXTRA: RtcInputs(prefix, min(1, rows))}) if i % 2 == 0 else r
+                for i, r in enumerate(requests)]
 
     def _updates(self, noise: Any, steps: list) -> np.ndarray:
         """``(num_steps, B, chunk_size, action_dim)`` float32: the change each Euler step made to the
@@ -327,6 +367,57 @@ class FlowMatchingRunner(LeRobotRunner):
             else:
                 out[key] = first
         return out
+
+
+def static_position_ids(embeddings: Any, name: str) -> bool:
+    """SmolVLA compiled: transformers' `SmolVLMVisionEmbeddings.forward` writes the patch position ids
+    with boolean-mask indexing (``position_ids[mask] = pos_ids[mask]``), whose output shape depends on
+    the data: 7 graph breaks per graph (``aten.nonzero``). The same forward with ``torch.where(mask,
+    pos_ids, position_ids)`` computes the same ids with static shapes. Installed on this one module
+    only, and kept only if it gives bit for bit the original's embeddings on a probe input (so a
+    transformers release that changed the forward keeps its own). True when installed."""
+    import types
+
+    import torch
+
+    original = type(embeddings).forward
+
+    def forward(self, pixel_values, patch_attention_mask):
+        batch_size, _, max_im_h, max_im_w = pixel_values.shape
+        patch_embeds = self.patch_embedding(pixel_values)
+        out = patch_embeds.flatten(2).transpose(1, 2)
+        max_nb_patches_h, max_nb_patches_w = max_im_h // self.patch_size, max_im_w // self.patch_size
+        boundaries = torch.arange(1 / self.num_patches_per_side, 1.0, 1 / self.num_patches_per_side,
+                                  device=pixel_values.device)
+        position_ids = torch.full(size=(batch_size, max_nb_patches_h * max_nb_patches_w), fill_value=0,
+                                  device=pixel_values.device)
+        step_h = 1.0 / patch_attention_mask[:, :, 0].sum(dim=1)
+        step_w = 1.0 / patch_attention_mask[:, 0, :].sum(dim=1)
+        h_indices = torch.arange(patch_attention_mask.size(1), device=position_ids.device, dtype=torch.float32)
+        w_indices = torch.arange(patch_attention_mask.size(2), device=position_ids.device, dtype=torch.float32)
+        coords_h = torch.clamp(h_indices[None, :] * step_h[:, None], max=(1.0 - 1e-6)).to(pixel_values.dtype)
+        coords_w = torch.clamp(w_indices[None, :] * step_w[:, None], max=(1.0 - 1e-6)).to(pixel_values.dtype)
+        bucket_h = torch.bucketize(coords_h, boundaries, right=True)
+        bucket_w = torch.bucketize(coords_w, boundaries, right=True)
+        pos_ids = (bucket_h[:, :, None] * self.num_patches_per_side + bucket_w[:, None, :]).reshape(batch_size, -1)
+        position_ids = torch.where(patch_attention_mask.view(batch_size, -1), pos_ids, position_ids)
+        return out + self.position_embedding(position_ids)
+
+    side = embeddings.num_patches_per_side * embeddings.patch_size
+    weight = embeddings.patch_embedding.weight
+    probe = torch.linspace(-1, 1, 2 * weight.shape[1] * side * side, device=weight.device, dtype=weight.dtype)
+    probe = probe.reshape(2, weight.shape[1], side, side)
+    mask = torch.ones((2, embeddings.num_patches_per_side, embeddings.num_patches_per_side), dtype=torch.bool,
+                      device=weight.device)
+    mask[1, -1:, :] = False  # a partly masked image too
+    with torch.no_grad():
+        same = torch.equal(forward(embeddings, probe, mask), original(embeddings, probe, mask))
+    if not same:
+        log.warning("%s: SmolVLM's vision embeddings differ from the static-shape copy; compiling the original "
+                    "(with its graph breaks)", name)
+        return False
+    embeddings.forward = types.MethodType(forward, embeddings)
+    return True
 
 
 def _configure_rtc(path: Path, config: Any, options: LoadOptions) -> None:

@@ -309,7 +309,7 @@ class LeRobotRunner(BaseRunner):
         largest = self.spec.capabilities.max_batch or options.max_batch
         self._compiled = CompiledChunk(self.compile_target(), settings, batch_buckets(settings, largest),
                                        device_type=self.device.type, name=f"{self.path.name} ({self.spec.policy_type})",
-                                       field=field)
+                                       field=field, dtype=DTYPES.get(options.dtype, options.dtype))
 
     def compile_target(self) -> Any:
         """The function compiled: ``predict_action_chunk`` of the policy, whole."""
@@ -334,18 +334,23 @@ class LeRobotRunner(BaseRunner):
                 if compiled.settings.fallback != "eager":
                     raise
                 log.warning("%s; serving it eager (compile.fallback: eager)", exc)
+                compiled.close()
                 self._compiled = None
         super().warmup()
 
     def _dummy_chunks(self, size: int) -> np.ndarray:
         """``run`` on `size` dummy observations of distinct private sessions: (size, T, action_dim)."""
-        state, images = dummy_observation(self.spec)
-        requests = [InferenceRequest(f"\x00compile-{i}", state, images, "", seed=i) for i in range(size)]
+        requests = self._dummy_requests(size)
         try:
             return np.stack([r.actions for r in self.run(requests)])
         finally:
             for r in requests:
                 self.forget(r.session_id)
+
+    def _dummy_requests(self, size: int) -> list[InferenceRequest]:
+        """The compile warm-up's requests: `size` dummy observations of distinct private sessions."""
+        state, images = dummy_observation(self.spec)
+        return [InferenceRequest(f"\x00compile-{i}", state, images, "", seed=i) for i in range(size)]
 
     def figures(self) -> dict[str, float]:
         return self._compiled.figures() if self._compiled is not None else {}

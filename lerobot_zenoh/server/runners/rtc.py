@@ -23,6 +23,18 @@ is bit for bit the same. With RTC off the runner installs a processor on the mod
 alone (`install_step_recorder`): the model decides guidance from ``config.rtc_config`` (None then),
 so its ``denoise_step`` is never called.
 
+The closed form (compiled inference, `RowGuidance`). LeRobot 0.6.1 evaluates the velocity *before*
+``x_t.requires_grad_()``, so ``x1_t = x_t - time * v_t`` depends on ``x_t`` through the identity only
+and ``torch.autograd.grad(x1_t, x_t, err)`` returns ``err`` itself: the correction is the weighted
+prefix error, ``(prefix - x1_t) * weights``. Computed that way (no autograd, no graph break) the
+guidance compiles into the same graph as the sampling loop. Everything it needs is built on the
+model's device once per batch, before the loop (`RowGuidance`: the padded prefix and the ``(B, T, 1)``
+weights, gathered from a table of LeRobot's own `get_prefix_weights` made once at load); the
+guidance weight of each Euler step depends on the step's time only and is a Python float from a
+table made at load with LeRobot's own float32 expression (`guidance_weight`). Nothing in the loop
+reads the host. The eager path (above) stays LeRobot's autograd math, the reference the closed form
+is tested against.
+
 Imported lazily by `flow_matching` (it imports lerobot and torch).
 """
 
@@ -30,6 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,9 +53,50 @@ class RowwiseRTCProcessor(RTCProcessor):
     """`RTCProcessor` whose `denoise_step` also takes one delay and one horizon per row, and which
     records the Euler steps' samples within `recording_steps` (module docstring)."""
 
-    def __init__(self, rtc_config: Any):
+    def __init__(self, rtc_config: Any, num_steps: int | None = None, chunk_size: int | None = None):
         super().__init__(rtc_config)
         self._steps: list | None = None
+        # The closed form's tables (module docstring): the guidance weight of each Euler step's time,
+        # and LeRobot's prefix weights for every (delay, horizon), moved to the device by `to`.
+        self._guidance: dict[float, float] = {}
+        self._weights_table: torch.Tensor | None = None
+        if num_steps is not None and rtc_config.enabled:
+            dt = -1.0 / num_steps  # the times LeRobot's euler_integrate gives its steps, bit for bit
+            self._guidance = {1.0 + step * dt: guidance_weight(1.0 + step * dt, rtc_config.max_guidance_weight)
+                              for step in range(num_steps)}
+        if chunk_size is not None and rtc_config.enabled:
+            # [delay, horizon] -> (chunk_size,) weights; LeRobot clamps the delay to the horizon.
+            self._weights_table = torch.stack([
+                torch.stack([self.get_prefix_weights(d, h, chunk_size) for h in range(chunk_size + 1)])
+                for d in range(chunk_size + 1)]).float()
+
+    def to(self, device: Any) -> RowwiseRTCProcessor:
+        """The closed form's weight table on `device` (once, at load)."""
+        if self._weights_table is not None:
+            self._weights_table = self._weights_table.to(device)
+        return self
+
+    def row_guidance(self, prefix: torch.Tensor, rows: Sequence[int], delays: Sequence[int],
+                     horizons: Sequence[int], width: int) -> RowGuidance:
+        """The closed form's inputs for one batch, built on `prefix`'s device once, before the loop:
+        the prefix (model space, ``(B, T, A)``) zeroed after each row's own length and padded with
+        zeros to `width` dimensions (as LeRobot pads a leftover), and each row's ``(T, 1)`` weights
+        for its delay and horizon (the horizon already clamped to the row's length: `row_horizons`).
+        A row without a leftover (length 0) has all-zero weights: its velocity is left unguided."""
+        if self._weights_table is None:
+            raise ValueError("this processor was made without the closed form's tables (chunk_size)")
+        device = prefix.device
+        batch, total = prefix.shape[0], prefix.shape[1]
+        # One host-to-device copy of the per-row integers; everything else is made on the device.
+        ints = torch.tensor([list(rows), list(delays), list(horizons)], dtype=torch.long).to(device)
+        kept = torch.arange(total, device=device)[None, :] < ints[0][:, None]
+        prefix = torch.where(kept[..., None], prefix, torch.zeros((), dtype=prefix.dtype, device=device))
+        if prefix.shape[2] < width:
+            prefix = torch.nn.functional.pad(prefix, (0, width - prefix.shape[2]))
+        weights = self._weights_table[torch.minimum(ints[1], ints[2]), ints[2]]
+        if weights.shape != (batch, total):
+            raise ValueError(f"weights for {batch} rows of {total} actions, got {tuple(weights.shape)}")
+        return RowGuidance(prefix, weights.unsqueeze(-1))
 
     @contextmanager
     def recording_steps(self, steps: list) -> Iterator[None]:
@@ -66,6 +120,8 @@ class RowwiseRTCProcessor(RTCProcessor):
 
     def denoise_step(self, x_t, prev_chunk_left_over, inference_delay, time, original_denoise_step_partial,
                      execution_horizon=None) -> torch.Tensor:
+        if isinstance(inference_delay, torch.Tensor):  # the closed form: `RowGuidance.kwargs`
+            return self._closed_form(x_t, prev_chunk_left_over, inference_delay, time, original_denoise_step_partial)
         if not isinstance(inference_delay, Sequence):
             return super().denoise_step(x_t, prev_chunk_left_over, inference_delay, time,
                                         original_denoise_step_partial, execution_horizon)
@@ -115,6 +171,49 @@ class RowwiseRTCProcessor(RTCProcessor):
         return result
 
 
+    def _closed_form(self, x_t: torch.Tensor, prefix: torch.Tensor, weights: torch.Tensor, time: float,
+                     original_denoise_step_partial: Any) -> torch.Tensor:
+        """LeRobot's guided velocity without autograd (module docstring): `prefix` ``(B, T, A)`` and
+        `weights` ``(B, T, 1)`` from `row_guidance`, on the device; the guidance weight a constant."""
+        v_t = original_denoise_step_partial(x_t)
+        x1_t = x_t - time * v_t  # noqa: N806
+        # d(x1_t)/d(x_t) is the identity (v_t was evaluated on x_t, not through it): correction = err.
+        correction = (prefix - x1_t) * weights
+        weight = self._guidance.get(time)
+        if weight is None:  # a time the tables were not made for (another step count): LeRobot's expression
+            weight = guidance_weight(time, self.rtc_config.max_guidance_weight)
+        if self.tracker is not None:  # LeRobot's debug tracker (eager use only)
+            self.track(time=time, x1_t=x1_t, correction=correction, err=correction, weights=weights,
+                       guidance_weight=weight)
+        return v_t - weight * correction
+
+
+@dataclass(frozen=True)
+class RowGuidance:
+    """The closed form's per-batch inputs (`RowwiseRTCProcessor.row_guidance`), on the device."""
+
+    prefix: torch.Tensor  # (B, T, max_action_dim), model space, zero after each row's leftover
+    weights: torch.Tensor  # (B, T, 1)
+
+    def kwargs(self) -> dict[str, torch.Tensor]:
+        """The keywords ``predict_action_chunk`` forwards to the processor's `denoise_step` (a tensor
+        as ``inference_delay`` selects the closed form): tensors only, batch on dim 0, so that the
+        compiled graphs pad them with the batch."""
+        return {"prev_chunk_left_over": self.prefix, "inference_delay": self.weights}
+
+
+def guidance_weight(time: float, max_guidance_weight: float) -> float:
+    """The guidance weight LeRobot's `RTCProcessor.denoise_step` applies at `time`, computed with its
+    own float32 expression (then exact as a Python float)."""
+    max_w = torch.as_tensor(max_guidance_weight)
+    tau = torch.as_tensor(1 - time)
+    squared_one_minus_tau = (1 - tau) ** 2
+    inv_r2 = (squared_one_minus_tau + tau**2) / squared_one_minus_tau
+    c = torch.nan_to_num((1 - tau) / tau, posinf=max_w)
+    weight = torch.nan_to_num(c * inv_r2, posinf=max_w)
+    return float(torch.minimum(weight, max_w))
+
+
 def install(policy: Any) -> RowwiseRTCProcessor:
     """Replace the RTC processor LeRobot built from ``policy.config.rtc_config`` (SmolVLA, pi0, pi0.5:
     ``policy.init_rtc_processor()`` at construction, shared with ``policy.model``) by a
@@ -122,7 +221,8 @@ def install(policy: Any) -> RowwiseRTCProcessor:
     config = policy.config.rtc_config
     if config is None or not config.enabled:
         raise ValueError("the policy's config has no enabled rtc_config")
-    processor = RowwiseRTCProcessor(config)
+    processor = RowwiseRTCProcessor(config, num_steps=_num_steps(policy.config),
+                                    chunk_size=int(policy.config.chunk_size))
     policy.rtc_processor = processor
     policy.model.rtc_processor = processor  # sample_actions reads the model's
     return processor
@@ -145,3 +245,12 @@ def row_horizons(prefix_rows: Sequence[int], execution_horizon: int) -> tuple[in
     """Each row's execution horizon: the configured one, clamped to that row's prefix length (what
     LeRobot's `denoise_step` does for a single call with an unpadded prefix)."""
     return tuple(min(int(execution_horizon), int(n)) for n in prefix_rows)
+
+
+def _num_steps(config: Any) -> int | None:
+    """The Euler steps of the model's sampling loop (pi0/pi0.5: ``num_inference_steps``; SmolVLA: ``num_steps``)."""
+    for name in ("num_inference_steps", "num_steps"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
