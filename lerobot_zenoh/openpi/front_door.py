@@ -296,12 +296,19 @@ class FrontDoor:
 
     def _websockets_record(self, record: logging.LogRecord) -> bool:
         """websockets' log: a failed handshake is counted by the listener (one line a minute), never a traceback."""
-        held = self._listener.held() if self._listener is not None else None
-        if held is None or held.established or record.levelno < logging.WARNING:
+        if record.levelno < logging.WARNING:
             return True
+        held = self._listener.held() if self._listener is not None else None
         exc = record.exc_info[1] if record.exc_info else None
-        held.failure = held.failure or _handshake_failure(exc)
-        return False
+        if held is not None and not held.established:
+            held.failure = held.failure or _handshake_failure(exc)
+            return False
+        if isinstance(exc, (EOFError, OSError)):  # a peer gone mid-frame (websockets' reader thread): noise
+            self.counters.reject("connection_reset")
+            self._noise.note("connection_reset", f"a connection was lost ({type(exc).__name__}: {exc})",
+                             logging.INFO)
+            return False
+        return True
 
     def _peer_blocked(self, host: str) -> bool:
         with self._limit_lock:
