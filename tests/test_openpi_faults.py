@@ -99,6 +99,8 @@ def test_healthz_is_503_with_the_reason_while_no_new_client_could_be_served(port
         with FrontDoor(door_config(port, app_key, max_clients=2)) as door:
             assert wait_for(lambda: healthz(door.port)[0] == 200), healthz(door.port)
             held = [connect(f"ws://127.0.0.1:{door.port}", compression=None) for _ in range(2)]
+            for ws in held:
+                ws.recv(timeout=20)  # the metadata: its slot is taken
             status, body = healthz(door.port)
             assert status == 503 and b"all 2 client slots are taken" in body, body
             held.pop().close()

@@ -40,7 +40,7 @@ from pydantic import Field, field_validator
 from lerobot_zenoh.config import Settings
 from lerobot_zenoh.errors import CompatibilityError, ConfigError, ProtocolError
 from lerobot_zenoh.openpi.bridge import ClientIds, RobotLink
-from lerobot_zenoh.openpi.listener import Listener, NoiseLog, connection_cap
+from lerobot_zenoh.openpi.listener import Listener, NoiseLog, ReadBudget, connection_cap
 from lerobot_zenoh.openpi.mapping import KeyMapping
 from lerobot_zenoh.openpi.wire import MAX_FRAME_ITEMS, OpenPIReason, pack, unpack
 from lerobot_zenoh.protocol import codec
@@ -56,6 +56,8 @@ __all__ = ["FrontDoor", "FrontDoorConfig", "LOOPBACK_HOSTS"]
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 #: websockets' own log: every health check and refused handshake is an INFO line there; warnings only.
 _WEBSOCKETS_LOG = logging.getLogger("lerobot_zenoh.openpi.websockets")
+#: Unhandled bytes a connection may always hold (a request of a few camera frames): it never waits.
+_READ_ALLOWANCE = 1 << 20
 #: Refusals that are the fleet's doing, not the client's: they do not count towards its cool-down.
 _FLEET_FAULTS = frozenset({OpenPIReason.UNANSWERED, OpenPIReason.SERVER_ERROR})
 
@@ -90,6 +92,9 @@ class FrontDoorConfig(Settings):
         "Threads that decode request frames (at most this many frames are decoded at once, whatever the connections)"))
     max_frame_items: int = Field(MAX_FRAME_ITEMS, ge=64, description=(
         "Map and array entries one request frame may hold, counted while it is decoded (refused as too_many_items)"))
+    max_unhandled_bytes: int = Field(16 << 20, ge=1 << 20, description=(
+        "Bytes of large frames the door reads at once: max_unhandled_bytes / max_message_bytes connections may "
+        "hold more than 1 MiB not yet handled, the others wait (the door's memory under floods of large frames)"))
     max_peers: int = Field(4096, ge=16, description=(
         "Peer addresses whose rejections the cool-down remembers (least recently refused forgotten first)"))
     # -- the fleet side (docs/protocol.md)
@@ -217,6 +222,7 @@ class FrontDoor:
                 tls.load_cert_chain(cfg.tls_certificate, cfg.tls_private_key)
             except (OSError, ssl.SSLError) as exc:
                 raise ConfigError("tls_certificate", f"cannot load the certificate and key: {exc}") from None
+        _large_frees_return_to_the_os()
         cap = connection_cap(cfg.max_connections)
         if cap < cfg.max_clients + 8:
             raise ConfigError("max_connections", f"{cap} sockets (the open-file limit allows {connection_cap(None)}) "
@@ -239,7 +245,9 @@ class FrontDoor:
                              open_timeout=cfg.handshake_timeout_s, logger=_WEBSOCKETS_LOG)
         self._listener = Listener(sock, self._server.handler, max_connections=cap,
                                   handshake_timeout_s=cfg.handshake_timeout_s, count=self.counters.reject,
-                                  noise=self._noise, tls=tls).start()
+                                  noise=self._noise, tls=tls,
+                                  read_budget=ReadBudget(max(1, cfg.max_unhandled_bytes // cfg.max_message_bytes),
+                                                          _READ_ALLOWANCE)).start()
         if cfg.telemetry_period_s > 0:
             from lerobot_zenoh.telemetry.publisher import TelemetryPublisher
 
@@ -389,8 +397,18 @@ class FrontDoor:
                     self.counters.reject("idle_timeout")
                     connection.close(1000, f"no request for {cfg.idle_timeout_s:g} s")
                     return
+                if hasattr(connection.socket, "handled"):
+                    connection.socket.handled(len(frame))  # handed over: no longer the reader's
                 t0 = time.perf_counter()
-                reply = self._serve_one(client_id, host, link, frame, prev_total_ms)
+                if self._peer_blocked(host):
+                    # Refused unread, and the connection closed: a flood in cool-down would otherwise go
+                    # on costing its bytes at line rate (reconnecting is refused with 429 meanwhile).
+                    self.counters.reject(OpenPIReason.RATE_LIMITED)
+                    connection.send(f"rate_limited: more than {cfg.max_rejections} refused requests in "
+                                    f"{cfg.rejection_window_s:g} s; requests are refused for {cfg.cooldown_s:g} s")
+                    connection.close(1008, "rate_limited")
+                    return
+                reply = self._serve_one(client_id, link, frame, prev_total_ms, host)
                 connection.send(reply)
                 if isinstance(reply, bytes):
                     prev_total_ms = (time.perf_counter() - t0) * 1000
@@ -432,14 +450,10 @@ class FrontDoor:
             while len(self._limit_peers) > self.config.max_peers:
                 self._limit.forget(self._limit_peers.popitem(last=False)[0])
 
-    def _serve_one(self, client_id: str, host: str, link: RobotLink, frame,
-                   prev_total_ms: float | None) -> bytes | str:
+    def _serve_one(self, client_id: str, link: RobotLink, frame, prev_total_ms: float | None,
+                   host: str) -> bytes | str:
         """One request -> the reply frame: msgpack bytes, or a text frame saying what was wrong."""
         t0 = time.perf_counter()
-        if self._peer_blocked(host):
-            self.counters.reject(OpenPIReason.RATE_LIMITED)
-            return (f"rate_limited: more than {self.config.max_rejections} refused requests in "
-                    f"{self.config.rejection_window_s:g} s; requests are refused for {self.config.cooldown_s:g} s")
         try:
             state, images, task = self._decode.submit(self._decode_frame, frame).result()
             del frame
@@ -501,3 +515,20 @@ def _handshake_failure(exc: BaseException | None) -> str:
     if exc is None or isinstance(exc, (EOFError, ConnectionError)) or isinstance(exc.__cause__, EOFError):
         return "handshake_closed"
     return "bad_handshake"
+
+
+def _large_frees_return_to_the_os() -> None:
+    """Fix glibc's mmap threshold at 1 MiB (process-wide). By default it rises to the largest block
+    freed (up to 32 MiB), after which every 16 MiB frame buffer comes from per-thread heaps that
+    keep it: a burst of large frames on many connections would leave the door hundreds of MB larger."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        mallopt = libc.mallopt if libc is not None else None
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to do
+        return
+    if mallopt is not None:
+        mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD

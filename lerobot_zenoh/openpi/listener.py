@@ -13,6 +13,13 @@ slowloris of half-opened connections holds no door shut), and is closed at once 
 socket is an established client (``rejected.connection_cap``). The TLS handshake runs on the
 connection's own thread under the handshake deadline, never inside ``accept()``.
 
+What the door has received but not yet handled is bounded too (`ReadBudget`): every socket is
+handed to the websocket code wrapped (`BudgetedSocket`), and only `readers` connections at a time
+may hold more than `allowance` bytes not yet handled; the others stop reading until a place is
+free. Large frames then wait in their senders' TCP windows, not in the door's memory: many
+connections sending 16 MiB frames at line rate cost a few frames per place, and a client whose
+requests are small (under the allowance) never waits.
+
 `Listener.held()` gives the connection's own record to code running on its thread (the door's
 handshake and connection handlers): its peer address as accept() returned it (no system call on a
 socket that may be gone) and what became of its handshake, so that every connection that ends
@@ -32,7 +39,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["Held", "Listener", "NoiseLog", "connection_cap"]
+__all__ = ["BudgetedSocket", "Held", "Listener", "NoiseLog", "ReadBudget", "connection_cap"]
 
 #: accept() errors that mean "out of something": wait before the next try, or the loop spins.
 _SHORTAGES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -72,6 +79,77 @@ class NoiseLog:
         self._log.log(level, "%s%s; logged at most once a minute", message, more)
 
 
+class ReadBudget:
+    """How many connections may hold more than `allowance` unhandled bytes at once (`readers`)."""
+
+    def __init__(self, readers: int, allowance: int):
+        self.readers = readers
+        self.allowance = allowance
+        self.free = readers
+        self.cond = threading.Condition()
+
+
+class BudgetedSocket:
+    """A connected socket whose `recv` waits, once its connection holds more than the allowance of
+    bytes not yet handled, for one of the budget's reader places; the place is given back when the
+    connection's frames have been handled (`handled(n)`). Everything else is the socket's own.
+
+    A connection in a place never waits here, so its frame completes, is handled and frees the
+    place: no connection can hold a place while waiting for another's."""
+
+    #: Bytes of websocket framing (headers, control frames) forgiven per handled frame.
+    _FRAMING = 64
+
+    def __init__(self, sock: socket.socket, budget: ReadBudget):
+        self._sock = sock
+        self._budget = budget
+        self._held = 0
+        self._placed = False
+        self._closed = False
+
+    def recv(self, bufsize: int) -> bytes:
+        b = self._budget
+        if self._held > b.allowance and not self._placed:
+            with b.cond:
+                while b.free == 0 and not self._closed and not self._peer_gone():
+                    b.cond.wait(0.25)
+                if b.free > 0 and not self._closed:
+                    b.free -= 1
+                    self._placed = True
+        data = self._sock.recv(bufsize)
+        self._held += len(data)
+        return data
+
+    def _peer_gone(self) -> bool:
+        """Whether the peer closed or reset (then reading goes on: it ends the connection at once)."""
+        try:
+            return socket.socket.recv(self._sock, 1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
+    def handled(self, nbytes: int) -> None:
+        self._held = max(0, self._held - nbytes - self._FRAMING)
+        if self._placed and self._held <= self._budget.allowance:
+            self._give_back()
+
+    def _give_back(self) -> None:
+        with self._budget.cond:
+            if self._placed:
+                self._placed = False
+                self._budget.free += 1
+                self._budget.cond.notify()
+
+    def close(self) -> None:
+        self._closed = True
+        self._give_back()
+        self._sock.close()
+
+    def __getattr__(self, name: str):
+        return getattr(self._sock, name)
+
+
 @dataclass
 class Held:
     """One accepted socket, from accept() to its close."""
@@ -96,8 +174,9 @@ class Listener:
 
     def __init__(self, sock: socket.socket, handler: Callable[[socket.socket, tuple], None], *,
                  max_connections: int, handshake_timeout_s: float, count: Callable[[str], None],
-                 noise: NoiseLog, tls: ssl.SSLContext | None = None):
+                 noise: NoiseLog, tls: ssl.SSLContext | None = None, read_budget: ReadBudget | None = None):
         self.sock = sock
+        self.read_budget = read_budget
         self.max_connections = max_connections
         self._handler = handler
         self._handshake_timeout_s = handshake_timeout_s
@@ -218,7 +297,7 @@ class Listener:
                     held.sock = sock
                 sock.do_handshake()
                 sock.settimeout(None)
-            self._handler(sock, held.peer)
+            self._handler(sock if self.read_budget is None else BudgetedSocket(sock, self.read_budget), held.peer)
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError: resets, timeouts, bad handshakes
             held.failure = held.failure or ("tls_failed" if isinstance(exc, ssl.SSLError) else
                                             "handshake_timeout" if isinstance(exc, TimeoutError) else
