@@ -318,3 +318,20 @@ def test_under_an_open_file_limit_idle_sockets_and_emfile_never_stop_the_listene
             s.close()
         child.stdin.close()
         child.wait(60)
+
+
+def test_an_idle_connection_is_closed_and_its_slot_comes_back(port, app_key):
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    from lerobot_zenoh.openpi.front_door import FrontDoor
+
+    with PolicyServer(server_manifest(port, app_key, latency_ms=20)), \
+            FrontDoor(door_config(port, app_key, idle_timeout_s=0.5)) as door:
+        with connect(f"ws://127.0.0.1:{door.port}", compression=None) as ws:
+            ws.recv(timeout=20)
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=20)
+        assert closed.value.rcvd.code == 1000 and "no request for 0.5 s" in closed.value.rcvd.reason
+        assert wait_for(lambda: door._ids.in_use() == 0)
+        assert door.counters.rejected["idle_timeout"] == 1

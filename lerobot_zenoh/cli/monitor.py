@@ -125,7 +125,7 @@ def _scrape_server_class():
 
     class ScrapeServer(ThreadingHTTPServer):
         daemon_threads = True
-        request_queue_size = 128  # socketserver's 5 drops SYNs under a burst: honest scrapes then wait 1 s
+        request_queue_size = 128  # socketserver's backlog of 5 drops SYNs under a burst: scrapes then wait 1 s
 
         def __init__(self, *args, **kwargs):
             self._open: dict = {}  # socket -> accepted at (monotonic)
