@@ -335,3 +335,21 @@ def test_an_idle_connection_is_closed_and_its_slot_comes_back(port, app_key):
         assert closed.value.rcvd.code == 1000 and "no request for 0.5 s" in closed.value.rcvd.reason
         assert wait_for(lambda: door._ids.in_use() == 0)
         assert door.counters.rejected["idle_timeout"] == 1
+
+
+@pytest.mark.parametrize("fault", ["storm", "resets", "slowloris", "mid_frame", "oversized"])
+def test_the_door_serves_an_honest_client_beside_each_fault(door, fault):
+    port, seconds = door.port, 15 if LONG else 3
+    faults = {
+        "storm": lambda stop: tcp.storm("127.0.0.1", port, 10**6, stop),
+        "resets": lambda stop: tcp.resets("127.0.0.1", port, 10**6, stop),
+        "slowloris": lambda stop: tcp.slowloris("127.0.0.1", port, 200, stop, byte_every_s=0.5),
+        "mid_frame": lambda stop: tcp.close_at_stage("127.0.0.1", port, "mid_frame", 10**6, stop),
+        "oversized": lambda stop: tcp.oversized("127.0.0.1", port, 10**6, stop),
+    }
+    service, done = tcp.beside(lambda: actions(ask(port, 5)), faults[fault], seconds, period_s=0.05)
+    print(f"door beside {fault}: {service.line()}; fault sent {done.sent}")
+    assert service.served >= 1 and not service.errors, service.line()
+    np.testing.assert_allclose(actions(ask(port, 6)), expected_chunk(6), atol=1e-5)
+    if fault == "oversized":
+        assert door.counters.rejected["too_large"] >= 1

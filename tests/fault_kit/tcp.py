@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 import msgpack
 
 __all__ = ["STAGES", "Done", "Honest", "Service", "beside", "close_at_stage", "flood_frames", "http_flood",
-           "hold_idle", "nested_frame", "nofile_limit", "resets", "slowloris", "storm", "ws_frame", "ws_handshake"]
+           "hold_idle", "nested_frame", "nofile_limit", "oversized", "resets", "slowloris", "storm", "ws_frame",
+           "ws_handshake"]
 
 #: The stages at which `close_at_stage` gives up a websocket connection.
 STAGES = ("tcp", "mid_upgrade", "after_upgrade", "after_metadata", "mid_frame")
@@ -358,6 +359,32 @@ def close_at_stage(host: str, port: int, stage: str, count: int, stop: threading
                     sock.sendall(ws_frame(b"\x81\xa1x" + b"\0" * 100, length=4096))
             done.sent += 1
             _reset(sock) if reset else sock.close()
+        except (OSError, EOFError) as exc:
+            done.errors[type(exc).__name__] += 1
+    return done
+
+
+def oversized(host: str, port: int, count: int, stop: threading.Event | None = None, *, claim: int = 1 << 30,
+              source: str | None = "127.0.0.2") -> Done:
+    """`count` websocket connections, each sending the header of a frame claiming `claim` bytes and
+    then whatever fits until the server closes it (a server must refuse by the header, unread)."""
+    done = Done()
+    for _ in range(count):
+        if stop is not None and stop.is_set():
+            break
+        try:
+            sock, status = ws_handshake(host, port, source=source)
+            if status != 101:
+                done.errors[f"http_{status}"] += 1
+                sock.close()
+                continue
+            ws_read_frame(sock)
+            sock.sendall(ws_frame(b"\0" * 65536, length=claim))
+            sock.settimeout(5)
+            while sock.recv(65536):  # until the server closes (1009, message too big)
+                pass
+            done.sent += 1
+            sock.close()
         except (OSError, EOFError) as exc:
             done.errors[type(exc).__name__] += 1
     return done
