@@ -27,6 +27,7 @@ import hmac
 import logging
 import socket
 import ssl
+import sys
 import threading
 import time
 from collections import Counter, OrderedDict, deque
@@ -231,7 +232,6 @@ class FrontDoor:
         self._servers_watch = self._session.watch_liveliness(self.app.all_servers, self._on_server)
         if _WEBSOCKETS_LOG.level == logging.NOTSET:
             _WEBSOCKETS_LOG.setLevel(logging.WARNING)
-        _WEBSOCKETS_LOG.addFilter(self._websockets_record)
         try:
             sock = socket.create_server((cfg.host, cfg.port), backlog=128)
         except OSError as exc:
@@ -242,7 +242,7 @@ class FrontDoor:
         # max_queue=1: at most one frame waits behind the one being served (memory per connection).
         self._server = serve(self._handle, sock=sock, process_request=self._process_request,
                              max_size=cfg.max_message_bytes, compression=None, max_queue=1,
-                             open_timeout=cfg.handshake_timeout_s, logger=_WEBSOCKETS_LOG)
+                             open_timeout=cfg.handshake_timeout_s, logger=_WebsocketsLog(self))
         self._listener = Listener(sock, self._server.handler, max_connections=cap,
                                   handshake_timeout_s=cfg.handshake_timeout_s, count=self.counters.reject,
                                   noise=self._noise, tls=tls,
@@ -302,21 +302,22 @@ class FrontDoor:
 
     # -- websocket ----------------------------------------------------------------------------
 
-    def _websockets_record(self, record: logging.LogRecord) -> bool:
-        """websockets' log: a failed handshake is counted by the listener (one line a minute), never a traceback."""
-        if record.levelno < logging.WARNING:
-            return True
+    def _websockets_noise(self, level: int) -> bool:
+        """Called for each line websockets logs (from inside its `except` blocks): True when it is
+        noise this door counts instead (a failed handshake, a peer gone), never a traceback."""
+        if level < logging.WARNING:
+            return False
         held = self._listener.held() if self._listener is not None else None
-        exc = record.exc_info[1] if record.exc_info else None
+        exc = sys.exception()
         if held is not None and not held.established:
             held.failure = held.failure or _handshake_failure(exc)
-            return False
-        if isinstance(exc, (EOFError, OSError)):  # a peer gone mid-frame (websockets' reader thread): noise
+            return True
+        if isinstance(exc, (EOFError, OSError)):  # a peer gone mid-frame (websockets' reader thread)
             self.counters.reject("connection_reset")
             self._noise.note("connection_reset", f"a connection was lost ({type(exc).__name__}: {exc})",
                              logging.INFO)
-            return False
-        return True
+            return True
+        return False
 
     def _peer_blocked(self, host: str) -> bool:
         with self._limit_lock:
@@ -497,7 +498,6 @@ class FrontDoor:
             self._telemetry.close()
         self._jpeg.shutdown(wait=False)
         self._decode.shutdown(wait=False)
-        _WEBSOCKETS_LOG.removeFilter(self._websockets_record)
         if self._session is not None and self._own_session:
             self._session.close()
 
@@ -506,6 +506,18 @@ class FrontDoor:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+class _WebsocketsLog(logging.LoggerAdapter):
+    """websockets' logger for one door: its noise is counted by the door (`_websockets_noise`)."""
+
+    def __init__(self, door: FrontDoor):
+        super().__init__(_WEBSOCKETS_LOG, {})
+        self._door = door
+
+    def log(self, level, msg, *args, **kwargs) -> None:
+        if not self._door._websockets_noise(level):
+            super().log(level, msg, *args, **kwargs)
 
 
 def _handshake_failure(exc: BaseException | None) -> str:

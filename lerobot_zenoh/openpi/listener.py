@@ -103,6 +103,7 @@ class BudgetedSocket:
     def __init__(self, sock: socket.socket, budget: ReadBudget):
         self._sock = sock
         self._budget = budget
+        self._lock = threading.Lock()  # _held: added to by the reader thread, taken from by the handler's
         self._held = 0
         self._placed = False
         self._closed = False
@@ -117,7 +118,8 @@ class BudgetedSocket:
                     b.free -= 1
                     self._placed = True
         data = self._sock.recv(bufsize)
-        self._held += len(data)
+        with self._lock:
+            self._held += len(data)
         return data
 
     def _peer_gone(self) -> bool:
@@ -130,8 +132,10 @@ class BudgetedSocket:
             return True
 
     def handled(self, nbytes: int) -> None:
-        self._held = max(0, self._held - nbytes - self._FRAMING)
-        if self._placed and self._held <= self._budget.allowance:
+        with self._lock:
+            self._held = max(0, self._held - nbytes - self._FRAMING)
+            done = self._held <= self._budget.allowance
+        if self._placed and done:
             self._give_back()
 
     def _give_back(self) -> None:
