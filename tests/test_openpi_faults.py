@@ -339,7 +339,7 @@ def test_an_idle_connection_is_closed_and_its_slot_comes_back(port, app_key):
 
 @pytest.mark.parametrize("fault", ["storm", "resets", "slowloris", "mid_frame", "oversized"])
 def test_the_door_serves_an_honest_client_beside_each_fault(door, fault):
-    port, seconds = door.port, 15 if LONG else 3
+    port, seconds = door.port, 15 if LONG else 2
     faults = {
         "storm": lambda stop: tcp.storm("127.0.0.1", port, 10**6, stop),
         "resets": lambda stop: tcp.resets("127.0.0.1", port, 10**6, stop),

@@ -381,7 +381,7 @@ def oversized(host: str, port: int, count: int, stop: threading.Event | None = N
             ws_read_frame(sock)
             sock.sendall(ws_frame(b"\0" * 65536, length=claim))
             sock.settimeout(5)
-            while sock.recv(65536):  # until the server closes (1009, message too big)
+            while ws_read_frame(sock)[0] != 0x8:  # until the server's close frame (1009, message too big)
                 pass
             done.sent += 1
             sock.close()
