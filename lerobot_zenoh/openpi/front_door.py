@@ -57,6 +57,9 @@ __all__ = ["FrontDoor", "FrontDoorConfig", "LOOPBACK_HOSTS"]
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 #: websockets' own log: every health check and refused handshake is an INFO line there; warnings only.
 _WEBSOCKETS_LOG = logging.getLogger("lerobot_zenoh.openpi.websockets")
+#: How long a closing connection waits for its peer's close frame (websockets' default, 10 s, would
+#: let a peer that ignores it hold its client slot that long after each refusal that closes it).
+_CLOSE_TIMEOUT_S = 2.0
 #: Unhandled bytes a connection may always hold (a request of a few camera frames): it never waits.
 _READ_ALLOWANCE = 1 << 20
 #: Refusals that are the fleet's doing, not the client's: they do not count towards its cool-down.
@@ -242,7 +245,8 @@ class FrontDoor:
         # max_queue=1: at most one frame waits behind the one being served (memory per connection).
         self._server = serve(self._handle, sock=sock, process_request=self._process_request,
                              max_size=cfg.max_message_bytes, compression=None, max_queue=1,
-                             open_timeout=cfg.handshake_timeout_s, logger=_WebsocketsLog(self))
+                             open_timeout=cfg.handshake_timeout_s, close_timeout=_CLOSE_TIMEOUT_S,
+                             logger=_WebsocketsLog(self))
         self._listener = Listener(sock, self._server.handler, max_connections=cap,
                                   handshake_timeout_s=cfg.handshake_timeout_s, count=self.counters.reject,
                                   noise=self._noise, tls=tls,
