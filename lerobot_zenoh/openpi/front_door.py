@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 from collections import Counter, OrderedDict, deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 from typing import Any
@@ -402,8 +403,10 @@ class FrontDoor:
                     self.counters.reject("idle_timeout")
                     connection.close(1000, f"no request for {cfg.idle_timeout_s:g} s")
                     return
-                if hasattr(connection.socket, "handled"):
-                    connection.socket.handled(len(frame))  # handed over: no longer the reader's
+                budgeted = getattr(connection.socket, "handled", None)
+                size = len(frame)
+                request = [frame]  # handed over: no reference left here once it is decoded
+                del frame
                 t0 = time.perf_counter()
                 if self._peer_blocked(host):
                     # Refused unread, and the connection closed: a flood in cool-down would otherwise go
@@ -413,7 +416,8 @@ class FrontDoor:
                                     f"{cfg.rejection_window_s:g} s; requests are refused for {cfg.cooldown_s:g} s")
                     connection.close(1008, "rate_limited")
                     return
-                reply = self._serve_one(client_id, link, frame, prev_total_ms, host)
+                reply = self._serve_one(client_id, link, request, prev_total_ms, host,
+                                        (lambda n=size: budgeted(n)) if budgeted is not None else None)
                 connection.send(reply)
                 if isinstance(reply, bytes):
                     prev_total_ms = (time.perf_counter() - t0) * 1000
@@ -455,13 +459,18 @@ class FrontDoor:
             while len(self._limit_peers) > self.config.max_peers:
                 self._limit.forget(self._limit_peers.popitem(last=False)[0])
 
-    def _serve_one(self, client_id: str, link: RobotLink, frame, prev_total_ms: float | None,
-                   host: str) -> bytes | str:
-        """One request -> the reply frame: msgpack bytes, or a text frame saying what was wrong."""
+    def _serve_one(self, client_id: str, link: RobotLink, request: list, prev_total_ms: float | None,
+                   host: str, decoded: Callable[[], None] | None) -> bytes | str:
+        """One request (`request`: a list holding the frame, emptied here) -> the reply frame: msgpack
+        bytes, or a text frame saying what was wrong. `decoded()` once the frame is decoded or refused:
+        its bytes are no longer the door's to hold (the read budget, `listener.py`)."""
         t0 = time.perf_counter()
         try:
-            state, images, task = self._decode.submit(self._decode_frame, frame).result()
-            del frame
+            try:
+                state, images, task = self._decode.submit(self._decode_frame, request.pop()).result()
+            finally:
+                if decoded is not None:
+                    decoded()
             t_mapped = time.perf_counter()
             answer = link.infer(state, images, task)
         except ProtocolError as exc:
