@@ -187,6 +187,14 @@ SOAK_ARGS    ?= --cameras 480x640,480x640 --churn-s 60
 test-faults: $(STAMP)
 	$(PY) -m pytest tests/test_faults.py -s
 
+# The TCP fault kit (tests/fault_kit/tcp.py) run long on the OpenPI front door and the monitor's /metrics,
+# each fault beside an honest client (printed), then the front door's memory and an honest
+# openpi-client's latency beside 8 connections of 16 MiB nested frames (docs/openpi.md, "Under faults").
+.PHONY: test-faults-tcp
+test-faults-tcp: $(STAMP) openpi-client-venv
+	LZ_FAULTS_LONG=1 $(PY) -m pytest tests/test_openpi_faults.py tests/test_fault_kit_tcp.py -s
+	$(PY) -m benchmarks.studies.openpi_door_faults
+
 soak: $(STAMP)
 	$(PY) -m benchmarks.studies.soak --minutes $(SOAK_MINUTES) --robots $(SOAK_ROBOTS) $(SOAK_ARGS)
 
