@@ -27,7 +27,7 @@ import time
 import urllib.request
 
 import pytest
-from fault_kit.zenoh import PAYLOADS, Flood, HonestRobot, HostileReplies, Service, forged, payload
+from fault_kit.zenoh import PAYLOADS, Flood, FloodProcess, HonestRobot, HostileReplies, Service, forged, payload
 from lz_testing import free_port, wait_for
 
 from lerobot_zenoh.server.failover import TAKEOVER_AFTER_S
@@ -56,10 +56,23 @@ def server_manifest(app_key, port, server_id="gpu0", connect=(), entry=None, **t
         "server": [entry or model(app_key, accept_unknown_clients=True)], **top})
 
 
+def flood(port: int, key: str, kind: str, *, forged_kind: str, limit_bytes: int, key_template: str | None = None):
+    """One flood of `FLOOD_S` seconds: on a thread with congestion control BLOCK (every put arrives,
+    so counts are exact), or under `LZ_FAULTS_LONG` at line rate from a process of its own."""
+    if LONG:
+        return FloodProcess(port, key, kind, seconds=FLOOD_S, forged_kind=forged_kind, key_template=key_template,
+                            limit_bytes=limit_bytes)
+    key_of = (lambda i: key_template.format(i=i)) if key_template else None
+    return Flood(port, key, payload(kind, key, forged_kind=forged_kind, limit_bytes=limit_bytes), seconds=FLOOD_S,
+                 block=True, key_of=key_of)  # (started by `with`)
+
+
 def flood_every_kind(port: int, key: str, robot: HonestRobot, counted, *, forged_kind: str, limit_bytes: int,
-                     key_of=None, kinds=PAYLOADS, exact: bool = True) -> dict[str, tuple[int, int, Service]]:
+                     key_template: str | None = None, kinds=PAYLOADS,
+                     exact: bool = True) -> dict[str, tuple[int, int, Service]]:
     """Each payload kind flooded on `key` in turn beside `robot`: {kind: (sent, counted, service)}.
-    `counted()`: the subscriber's own count of what it refused. `exact`: every put must be counted."""
+    `counted()`: the subscriber's own count of what it refused. `exact`: every put must be counted
+    (unless `LONG`: at line rate Zenoh drops what the link cannot carry before it arrives)."""
     out = {}
     control = None
     if LONG:
@@ -69,18 +82,17 @@ def flood_every_kind(port: int, key: str, robot: HonestRobot, counted, *, forged
     for kind in kinds:
         before = counted()
         robot.window()
-        with Flood(port, key, payload(kind, key, forged_kind=forged_kind, limit_bytes=limit_bytes),
-                   seconds=FLOOD_S, block=not LONG, key_of=key_of) as flood:
-            flood.wait(FLOOD_S + 60)
+        with flood(port, key, kind, forged_kind=forged_kind, limit_bytes=limit_bytes, key_template=key_template) as f:
+            f.wait(FLOOD_S + 60)
         service = robot.service()
-        assert flood.error is None, flood.error
-        assert flood.sent > 0
+        assert f.error is None, f.error
+        assert f.sent > 0
         if exact and not LONG:
-            assert wait_for(lambda: counted() - before >= flood.sent, 15), (kind, flood.sent, counted() - before)
-        out[kind] = (flood.sent, counted() - before, service)
+            assert wait_for(lambda: counted() - before >= f.sent, 15), (kind, f.sent, counted() - before)
+        out[kind] = (f.sent, counted() - before, service)
         if control is not None:
-            print(f"{key.rsplit('/', 2)[-2]}/{key.rsplit('/', 1)[-1]} {kind}: {flood.sent} puts in "
-                  f"{flood.elapsed_s:.1f} s, {counted() - before} counted; {service.beside(control)}")
+            print(f"{key.rsplit('/', 2)[-2]}/{key.rsplit('/', 1)[-1]} {kind}: {f.sent} puts in "
+                  f"{f.elapsed_s:.1f} s, {counted() - before} counted; {service.beside(control)}")
     robot.window()
     assert wait_for(lambda: robot.service().chunks >= 3, 15), "the honest robot is no longer served"
     return out
@@ -105,7 +117,7 @@ def test_observation_floods_from_unlisted_ids_are_each_counted_and_the_listed_ro
             assert wait_for(lambda: robot.client.counters.chunks_received >= 3, 15)
             flood_every_kind(port, app_key.client("x").obs, robot, counted, forged_kind="observation",
                              limit_bytes=served.executor.limits.max_message_bytes,
-                             key_of=lambda i: app_key.client(f"intruder{i}").obs)
+                             key_template=app_key.client("intruder{i}").obs)
         figures = server.telemetry_figures(served)[0]
         assert figures.get("rejected.unknown_client", 0) > 0 and server.models[0].failed is None
     finally:
@@ -149,15 +161,16 @@ def test_engine_answer_floods_are_dropped_unread_counted_and_the_robot_is_served
             before = counted()
             # What a peer reading the dispatch key can forge: this scheduler's incarnation, made-up ids.
             with Flood(ports[0], key, forged("answer", key, edge_incarnation=dispatcher.table.edge_incarnation),
-                       seconds=FLOOD_S, block=True) as flood:
-                flood.wait(FLOOD_S + 60)
-            assert wait_for(lambda: counted() - before >= flood.sent, 15)
+                       seconds=min(FLOOD_S, 2.0), block=True) as made_up:
+                made_up.wait(FLOOD_S + 60)
+            assert wait_for(lambda: counted() - before >= made_up.sent, 15)
         figures = dispatcher.figures(fresh=True)
         assert figures["engine.cloud0.answers_dropped_full"] == 0
-        assert figures["engine.cloud0.refused.stale_incarnation"] >= result["wrong_ids"][0]
-        assert figures["engine.cloud0.refused.unknown_request"] >= flood.sent
-        assert figures["engine.cloud0.refused.too_large"] >= result["huge"][0]
-        assert figures["engine.cloud0.refused.bad_header"] >= sum(result[k][0] for k in ("random", "nested"))
+        assert figures["engine.cloud0.refused.unknown_request"] >= made_up.sent
+        if not LONG:  # (at line rate Zenoh drops some puts before they arrive)
+            assert figures["engine.cloud0.refused.stale_incarnation"] >= result["wrong_ids"][0]
+            assert figures["engine.cloud0.refused.too_large"] >= result["huge"][0]
+            assert figures["engine.cloud0.refused.bad_header"] >= sum(result[k][0] for k in ("random", "nested"))
         assert figures["engine.cloud0.answered"] > 0 and edge.models[0].failed is None
     finally:
         edge.stop()
@@ -267,15 +280,14 @@ def test_telemetry_floods_on_the_monitor_are_counted_and_an_honest_server_stays_
         key = app_key.server_metrics("intruder")
         for kind in PAYLOADS:
             before, seen_before = rejected(), len(honest_seen)
-            with Flood(port, key, payload(kind, key, forged_kind="telemetry", limit_bytes=1 << 20), seconds=FLOOD_S,
-                       block=not LONG) as flood:
-                flood.wait(FLOOD_S + 60)
-            assert flood.error is None and monitor.poll() is None, kind
+            with flood(port, key, kind, forged_kind="telemetry", limit_bytes=1 << 20) as f:
+                f.wait(FLOOD_S + 60)
+            assert f.error is None and monitor.poll() is None, kind
             if kind != "wrong_ids":  # (valid telemetry of an invented server is a member, not a refusal)
                 assert wait_for(lambda: rejected() > before, 10), kind
             assert wait_for(lambda: len(honest_seen) >= seen_before + 3, 15), f"{kind}: the honest server left the view"
             if LONG:
-                print(f"monitor {kind}: {flood.sent} puts in {flood.elapsed_s:.1f} s, {rejected() - before} rejected, "
+                print(f"monitor {kind}: {f.sent} puts in {f.elapsed_s:.1f} s, {rejected() - before} rejected, "
                       f"honest telemetry seen {len(honest_seen) - seen_before} in the window (10 a second published)")
         assert 'server="gpu0"' in scrape()
     finally:

@@ -9,8 +9,8 @@ subscriber that takes input from other processes gets the same faults from here:
 - `Flood`: puts on one key from a Zenoh session of its own, as fast as it can (line rate) or at a
   set rate, for a number of seconds, on a thread; with `block=True` (congestion control BLOCK on a
   loopback link) every put reaches the subscriber, so a test can check that every one was counted.
-  `python -m fault_kit.zenoh --port P --key K --payload KIND --seconds S` runs one in a process of
-  its own (for measured runs: the flooder must not share a Python lock with what it floods);
+  `FloodProcess` (`python -m fault_kit.zenoh --port P --key K --payload KIND --seconds S`) runs one
+  in a process of its own (measured runs: the flooder must not share a Python lock with what it floods);
 - `HostileReplies`: a queryable answering every query on a key with a maker's payloads (the
   status queries a robot's server watch sends);
 - `HonestRobot`: the reference `RobotClient` on the simulated robot, and `Service`, what it got in a
@@ -29,6 +29,7 @@ import math
 import os
 import queue
 import random
+import subprocess
 import sys
 import threading
 import time
@@ -195,6 +196,44 @@ class Flood:
 
 
 
+class FloodProcess:
+    """`Flood` in a process of its own (`python -m fault_kit.zenoh`), so the flooder's Python work
+    never shares a lock with what it floods: the same interface (`wait`, `stop`, `sent`,
+    `elapsed_s`, `error`; a context manager). `key_template`: a key per put, `{i}` replaced by its
+    number (fresh client ids); `forged_kind`: the message type of `wrong_ids` and `truncated`."""
+
+    def __init__(self, port: int, key: str, kind: str, *, seconds: float, forged_kind: str = "answer",
+                 key_template: str | None = None, limit_bytes: int = 16 << 20, block: bool = False):
+        self.sent, self.elapsed_s, self.error = 0, 0.0, None
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        command = [sys.executable, "-m", "fault_kit.zenoh", "--port", str(port), "--key", key, "--payload", kind,
+                   "--forged", forged_kind, "--seconds", str(seconds), "--limit_bytes", str(limit_bytes)]
+        command += ["--key_template", key_template] if key_template else []
+        command += ["--block"] if block else []
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
+        self._proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, cwd=here)
+
+    def __enter__(self) -> FloodProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def wait(self, timeout_s: float | None = None) -> FloodProcess:
+        try:
+            out, _ = self._proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return self
+        report = json.loads(out.strip().splitlines()[-1]) if out.strip() else {"error": "no report"}
+        self.sent, self.elapsed_s, self.error = report.get("sent", 0), report.get("seconds", 0.0), report.get("error")
+        return self
+
+    def stop(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+
+
 class HostileReplies:
     """A queryable on `key` (its own session connected to `port`) answering every query with
     `count` payloads of `maker`, from a thread of its own (no Zenoh call inside a Zenoh callback):
@@ -330,9 +369,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate_hz", type=float, default=None, help="default: line rate")
     ap.add_argument("--count", type=int, default=None, help="stop after this many puts")
     ap.add_argument("--wait_go", action="store_true")
+    ap.add_argument("--key_template", default=None, help="a key per put, {i} replaced by its number")
+    ap.add_argument("--limit_bytes", type=int, default=16 << 20, help="huge: one byte over this")
+    ap.add_argument("--block", action="store_true", help="congestion control BLOCK (default DROP: line rate)")
     args = ap.parse_args(argv)
-    maker = payload(args.payload, args.key, forged_kind=args.forged)
-    flood = Flood(args.port, args.key, maker, seconds=args.seconds, rate_hz=args.rate_hz)
+    maker = payload(args.payload, args.key, forged_kind=args.forged, limit_bytes=args.limit_bytes)
+    key_of = (lambda i: args.key_template.format(i=i)) if args.key_template else None
+    flood = Flood(args.port, args.key, maker, seconds=args.seconds, rate_hz=args.rate_hz, key_of=key_of,
+                  block=args.block)
     if args.wait_go:
         sys.stdin.readline()
     flood.start()
