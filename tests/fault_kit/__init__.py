@@ -16,3 +16,4 @@ Imported by bare name from the tests (`from fault_kit import tcp`): tests/ is on
 Every network-facing surface gets the kit before it is called done: its fault tests run in the
 default suite (short, assertions on counting and service, never on time) and the long measured runs
 in `make test-faults`.
+"""
