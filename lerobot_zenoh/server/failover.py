@@ -159,6 +159,8 @@ class ServingRole:
         self.replacement_claims_ignored = 0  # heartbeats saying a standby replaced this server, which had not stalled
         self.heartbeats_refused = 0  # other servers' heartbeats refused (all reasons)
         self.heartbeats_refused_by: Counter[str] = Counter()  # ... by reason
+        self.heartbeats_superseded = 0  # beats replaced by their sender's newer one before a tick read them
+        self._beats_counted = threading.Lock()  # (Zenoh's threads and the heartbeat thread count at once)
         self.beat_tick_s: float | None = None  # last tick of the heartbeat thread (None: none runs)
         self.answers_held = 0  # computed answers not published: woken from a freeze, or replaced meanwhile
 
@@ -167,8 +169,13 @@ class ServingRole:
         return self.standby_for is not None
 
     def refuse_heartbeat(self, reason: str) -> None:
-        self.heartbeats_refused += 1
-        self.heartbeats_refused_by[reason] += 1
+        with self._beats_counted:
+            self.heartbeats_refused += 1
+            self.heartbeats_refused_by[reason] += 1
+
+    def supersede_heartbeat(self) -> None:
+        with self._beats_counted:
+            self.heartbeats_superseded += 1
 
     # -- served work ------------------------------------------------------------------------
 
@@ -463,7 +470,8 @@ class Heartbeats:
     def _on_beat(self, i: int, key: str, payload: bytes) -> None:
         """Zenoh callback: keep a heartbeat as its sender's newest (the sender is the server id of its
         key) for the heartbeat thread; one larger than any heartbeat, on a key that is no heartbeat
-        key, or from a sender beyond `MAX_SENDERS` (its primary's never) is dropped here, counted."""
+        key, or from a sender beyond `MAX_SENDERS` (its primary's never) is dropped here, counted; one a newer
+        beat of its sender replaces before the tick reads it is counted as superseded (not refused)."""
         role = self.models[i].role
         if len(payload) > MAX_BEAT_BYTES:
             role.refuse_heartbeat(Reason.TOO_LARGE)
@@ -474,10 +482,14 @@ class Heartbeats:
             return
         with self._latest_lock:
             latest = self._latest[i]
-            if sender in latest or len(latest) < MAX_SENDERS or sender == role.standby_for:
+            unread = sender in latest
+            kept = unread or len(latest) < MAX_SENDERS or sender == role.standby_for
+            if kept:
                 latest[sender] = payload
-                return
-        role.refuse_heartbeat(Reason.HEARTBEAT_SENDERS)
+        if not kept:
+            role.refuse_heartbeat(Reason.HEARTBEAT_SENDERS)
+        elif unread:  # the beat it replaced came before the tick read it: dropped unread, not refused
+            role.supersede_heartbeat()
 
     def _may_have_stalled(self, i: int, now_s: float) -> bool:
         """Whether a standby could rightly have replaced this server's model `i`: this process froze or

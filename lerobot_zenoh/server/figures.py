@@ -79,6 +79,7 @@ def model_figures(model: ServedModel) -> tuple[dict, dict]:
         "heartbeats_refused": model.role.heartbeats_refused if model.role is not None else 0,
         **({f"heartbeats_refused.{reason}": n for reason, n in model.role.heartbeats_refused_by.items()}
            if model.role is not None else {}),
+        "heartbeats_superseded": model.role.heartbeats_superseded if model.role is not None else 0,
         "replacement_claims_ignored": model.role.replacement_claims_ignored if model.role is not None else 0,
         "observations_for_other_components": model.for_other_components,
         "answers_withheld": model.answers_withheld,

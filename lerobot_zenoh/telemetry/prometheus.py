@@ -135,6 +135,8 @@ METRICS: list[Metric] = [
     _c("heartbeats_refused", "heartbeats_refused",
        "Other servers' heartbeats refused: too large, unreadable, out of range or naming another server than their key", S),
     _c("heartbeats_refused.<reason>", "heartbeats_refused_by_reason", "Other servers' heartbeats refused, by reason", S),
+    _c("heartbeats_superseded", "heartbeats_superseded",
+       "Other servers' heartbeats replaced by their sender's newer one before they were read (only the newest is read)", S),
     _c("replacement_claims_ignored", "replacement_claims_ignored",
        "Heartbeats claiming a standby replaced this server, which had not stalled (ignored)", S),
     _c("observations_for_other_components", "observations_for_other_components",
