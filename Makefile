@@ -187,6 +187,14 @@ SOAK_ARGS    ?= --cameras 480x640,480x640 --churn-s 60
 test-faults: $(STAMP)
 	$(PY) -m pytest tests/test_faults.py -s
 
+# The TCP fault kit (tests/fault_kit/tcp.py) run long on the OpenPI front door and the monitor's /metrics,
+# each fault beside an honest client (printed), then the front door's memory and an honest
+# openpi-client's latency beside 8 connections of 16 MiB nested frames (docs/openpi.md, "Under faults").
+.PHONY: test-faults-tcp
+test-faults-tcp: $(STAMP) openpi-client-venv
+	LZ_FAULTS_LONG=1 $(PY) -m pytest tests/test_openpi_faults.py tests/test_fault_kit_tcp.py -s
+	$(PY) -m benchmarks.studies.openpi_door_faults
+
 soak: $(STAMP)
 	$(PY) -m benchmarks.studies.soak --minutes $(SOAK_MINUTES) --robots $(SOAK_ROBOTS) $(SOAK_ARGS)
 
@@ -237,6 +245,23 @@ bench-pipelines-run: $(STAMP)
 bench-pipeline-bytes: $(STAMP)
 	$(PY) -m benchmarks.studies.pipeline_bytes
 	$(PY) -m benchmarks.studies.pipeline_bytes --links
+
+# Engine answer floods in plain mode beside a control (docs/security.md, "Engine answer floods"): two edge
+# schedulers, each with an engine process and an honest robot, 100,000 made-up answers at 10,000/s on
+# one engine's answer key (~2 min on 2 cores). ANSWER_FLOODS_ARGS="--server_source DIR": another checkout's servers.
+ANSWER_FLOODS_ARGS ?=
+.PHONY: bench-answer-floods
+bench-answer-floods: $(STAMP)
+	$(PY) -m benchmarks.studies.answer_floods $(ANSWER_FLOODS_ARGS)
+
+# The fault kit's Zenoh floods at line rate (tests/fault_kit/zenoh.py): every Zenoh subscriber that takes
+# input from other processes flooded with each payload kind for FAULTS_FLOOD_S seconds after a control
+# window of the same length, the honest robot's service printed for both (docs/reliability.md, "Floods
+# of Zenoh keys"); a few minutes on 2 cores. `make test` runs the same tests short, with exact counts.
+FAULTS_FLOOD_S ?= 10
+.PHONY: test-faults-zenoh
+test-faults-zenoh: $(STAMP)
+	LZ_FAULTS_LONG=1 LZ_FAULTS_FLOOD_S=$(FAULTS_FLOOD_S) $(PY) -m pytest tests/test_fault_kit_zenoh.py -s
 
 # Scripted attacks on a robot's session in plain mode (docs/security.md, "Sessions against a forger").
 .PHONY: bench-session-attacks

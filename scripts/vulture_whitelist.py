@@ -16,6 +16,7 @@ _.calibration_fpath
 _.do_GET
 _.log_message
 _.daemon_threads
+_.request_queue_size
 # Attributes set on another library's objects, which that library reads.
 _.pre_tokenizer  # tokenizers.Tokenizer
 _.tokenizer_name  # LeRobot's tokenizer processor steps

@@ -37,6 +37,12 @@ def main():
     shapes = {k: tuple(v) for k, v in args.get("shapes", {}).items()}
     state_dim = args.get("state_dim", 6)
     out = {}
+    if args.get("source"):  # connect from this loopback address (a peer of its own for the door's cool-down)
+        import socket
+
+        create_connection = socket.create_connection
+        socket.create_connection = lambda address, *a, **kw: create_connection(
+            address, *a, **{**kw, "source_address": (args["source"], 0)})
     try:
         if args.get("tls"):  # wss://, trusting the CA named by SSL_CERT_FILE
             policy = WebsocketClientPolicy(f"wss://127.0.0.1:{args['port']}", api_key=args.get("api_key"))

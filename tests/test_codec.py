@@ -190,6 +190,44 @@ def test_a_hostile_map_naming_the_task_twice_or_not_as_a_string_is_read_at_its_l
         assert codec.observation_task_bytes(msgpack.packb(odd, use_bin_type=True)) == 0  # the decoder says why
 
 
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**64 - 1), st.text(min_size=1, max_size=40), st.text(max_size=40),
+       st.one_of(st.none(), st.text(max_size=600)), st.data())
+def test_an_engine_answers_header_read_in_place_is_what_the_decoder_reads_and_never_raises(request_id, engine_id,
+                                                                                           incarnation, detail, data):
+    """`dispatch.answer_header` (what the scheduler's callback reads of an answer) names the request,
+    engine and scheduler process the full decode names; on any truncation it only returns."""
+    from lerobot_zenoh.protocol import dispatch
+
+    answer = dispatch.EngineAnswer(request_id, engine_id, "inc", "m", "v", incarnation, "c", 3, detail=detail or "",
+                                   actions=np.zeros((4, 2), np.float32), inference_ms=1.0)
+    raw = dispatch.encode(answer)
+    assert dispatch.answer_header(raw) == dispatch.AnswerHeader(request_id, engine_id, incarnation, True) or (
+        len(engine_id.encode()) > codec.HEADER_STR_BYTES or len(incarnation.encode()) > codec.HEADER_STR_BYTES)
+    cut = raw[:data.draw(st.integers(0, len(raw)))]
+    header = dispatch.answer_header(cut)
+    assert header is None or header.request_id == request_id
+
+
+def test_an_answers_header_reader_refuses_what_is_not_an_answers_header():
+    from lerobot_zenoh.protocol import dispatch
+
+    def pack(**fields):
+        return msgpack.packb({"protocol_version": [1, 0], "type": "engine_answer", "request_id": 5, "engine_id": "e",
+                              "edge_incarnation": "i", **fields}, use_bin_type=True)
+
+    assert dispatch.answer_header(pack()) == dispatch.AnswerHeader(5, "e", "i", True)
+    assert dispatch.answer_header(pack(type="engine_status")).is_answer is False
+    for odd in (pack(request_id="5"), pack(request_id=[5]), pack(engine_id=b"e"), pack(edge_incarnation=None),
+                pack(engine_id="e" * 300), pack(request_id={"deep": [[[[1]]]]}),
+                msgpack.packb({f"k{i}": i for i in range(100)}), msgpack.packb([1, 2]), b"", b"\xc1",
+                b"\xdf\xff\xff\xff\xff", msgpack.packb({1: 2})):
+        assert dispatch.answer_header(odd) is None, odd
+    both = b"\x82" + msgpack.packb("request_id") + msgpack.packb(1) + msgpack.packb("request_id") + msgpack.packb(9)
+    assert codec.header_fields(both, frozenset({"request_id"}), 4) == {"request_id": 1}  # the first: the walk stops
+    assert codec.header_fields(both, frozenset({"request_id", "x"}), 4) == {"request_id": 9}  # walked on: the last
+
+
 @settings(max_examples=300)
 @given(st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text(max_size=5) | st.binary(max_size=5),
                     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=5), kids, max_size=4)))

@@ -204,11 +204,12 @@ def test_after_an_edge_restart_an_answer_reaches_only_the_request_it_was_compute
     assert edge.host.published == []
     assert edge.figures()["engine.cloud0.refused.stale_incarnation"] == 2
 
-    # Forged: this process' incarnation and a live request id, but another client's seq or nonce.
-    link.answer("cloud0", answer_to(new["robot_4"], client_id="robot_3", seq_id=1, session_nonce=9))
-    link.answer("cloud0", answer_to(new["robot_4"], session_nonce=1234))
-    link.answer("cloud0", answer_to(new["robot_4"], engine_id="cloud0", seq_id=2))
-    edge.round()
+    # Forged: this process' incarnation and a live request id, but another client's seq or nonce
+    # (each read before the next arrives: while one answer to a request waits, another is dropped).
+    for forged in (answer_to(new["robot_4"], client_id="robot_3", seq_id=1, session_nonce=9),
+                   answer_to(new["robot_4"], session_nonce=1234), answer_to(new["robot_4"], engine_id="cloud0", seq_id=2)):
+        link.answer("cloud0", forged)
+        edge.round()
     assert edge.host.published == []
     assert edge.figures()["engine.cloud0.refused.mismatched"] == 3
 
@@ -353,23 +354,63 @@ def test_an_engine_restart_requeues_and_its_old_answers_are_late(link, clock):
     edge.close()
 
 
-def test_an_answer_flood_is_bounded_and_oversized_answers_are_refused(link, clock):
+def test_an_answer_flood_is_dropped_unread_and_the_real_answer_still_gets_through(link, clock):
+    """Answers are screened by their header in the Zenoh callback (nothing decoded): only one naming
+    a request of this process in flight on the engine it came from is queued, one per request; every
+    other is dropped and counted by reason, so no flood fills the queue before the real answer."""
     edge = Edge(link, clock, "edge-A")
     edge.send("robot_1", 1)
     assert edge.round()
     (request,) = link.requests("cloud0")
     big = answer_to(request, actions=np.zeros((20, 6), np.float32), detail="d" * (edge.dispatcher.max_bytes + 10))
     link.answer("cloud0", big)
-    forged = answer_to(request, request_id=999)
-    for _ in range(1000):
-        link.answer("cloud0", forged)
-    edge.round()
+    floods = {
+        "refused.unknown_request": answer_to(request, request_id=999),  # an id this process never sent
+        "refused.stale_incarnation": answer_to(request, edge_incarnation="edge-Z"),
+        "refused.wrong_type": answer_to(request, engine_id="cloud1"),  # not the engine of its key
+        "refused.bad_header": answer_to(request)[:20],  # truncated before its request id
+    }
+    for payload in floods.values():
+        for _ in range(1000):
+            link.answer("cloud0", payload)
+    for junk in (b"", b"\xc1", b"\x91" * 5000, bytes(range(256)) * 10):
+        link.answer("cloud0", junk)
     figures = edge.figures()
-    assert figures["engine.cloud0.refused.too_large"] == 1
-    assert figures["engine.cloud0.answers_dropped_full"] > 0 and figures["engine.cloud0.late"] > 0
+    assert edge.dispatcher.inbox._queue.qsize() == 0
+    assert figures["engine.cloud0.refused.too_large"] == 1 and figures["engine.cloud0.answers_dropped_full"] == 0
+    assert {k: figures[f"engine.cloud0.{k}"] for k in floods} == {
+        **dict.fromkeys(floods, 1000), "refused.bad_header": 1004}
     link.answer("cloud0", answer_to(request))
     edge.round()
     assert [c for c, _ in edge.host.published] == ["robot_1"]
+    link.answer("cloud0", answer_to(request))  # answered: a replay is late
+    assert edge.figures()["engine.cloud0.late"] == 1 and edge.dispatcher.inbox._queue.qsize() == 0
+    edge.close()
+
+
+def test_one_answer_per_request_waits_so_a_flood_naming_a_live_request_holds_one_place(link, clock):
+    """An answer naming a real request in flight is queued, and while it waits every other answer
+    to that request is dropped (`refused.duplicate`): at most as many answers wait as requests are
+    in flight, whatever is sent. A forged one read first is refused (`mismatched`), and the real one
+    sent after it is served."""
+    edge = Edge(link, clock, "edge-A")
+    edge.send("robot_1", 1)
+    edge.send("robot_2", 1)
+    assert edge.round()
+    requests = {r.client_id: r for r in link.requests("cloud0")}
+    forged = answer_to(requests["robot_1"], seq_id=77)
+    for _ in range(500):
+        link.answer("cloud0", forged)
+    link.answer("cloud0", answer_to(requests["robot_2"]))
+    inbox = edge.dispatcher.inbox
+    assert inbox._queue.qsize() == 2 == len(edge.dispatcher.table)
+    assert edge.figures()["engine.cloud0.refused.duplicate"] == 499
+    edge.round()
+    assert [c for c, _ in edge.host.published] == ["robot_2"]
+    assert edge.figures()["engine.cloud0.refused.mismatched"] == 1 and not inbox._waiting
+    link.answer("cloud0", answer_to(requests["robot_1"]))
+    edge.round()
+    assert sorted(c for c, _ in edge.host.published) == ["robot_1", "robot_2"]
     edge.close()
 
 

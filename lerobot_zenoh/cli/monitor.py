@@ -176,19 +176,87 @@ def open_session(settings, stop: threading.Event, exit_when_unreachable: bool, d
         delay = min(2 * delay, MAX_RETRY_S)
 
 
+#: Connections the /metrics server holds at once (a scraper needs one); at the cap a new one replaces
+#: the oldest, so connections that never finish their request (slowloris) cannot keep a scrape out.
+MAX_SCRAPE_CONNECTIONS = 64
+#: Seconds a /metrics connection may stay silent.
+SCRAPE_TIMEOUT_S = 10.0
+
+
+def _scrape_server_class():
+    """http.server's threading server, bounded (built on first use: http.server is imported late)."""
+    import errno
+    import socket
+    from http.server import ThreadingHTTPServer
+
+    shortages = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+
+    class ScrapeServer(ThreadingHTTPServer):
+        daemon_threads = True
+        request_queue_size = 128  # socketserver's backlog of 5 drops SYNs under a burst: scrapes then wait 1 s
+
+        def __init__(self, *args, **kwargs):
+            self._open: dict = {}  # socket -> accepted at (monotonic)
+            self._open_lock = threading.Lock()
+            super().__init__(*args, **kwargs)
+
+        def get_request(self):
+            try:
+                return super().get_request()
+            except OSError as exc:
+                if exc.errno in shortages:  # out of descriptors: free the oldest, and do not spin on select()
+                    self._evict_oldest()
+                    time.sleep(0.05)
+                raise  # socketserver skips this one and goes on
+
+        def _evict_oldest(self) -> None:
+            with self._open_lock:
+                if not self._open:
+                    return
+                oldest = min(self._open, key=self._open.get)
+                self._open.pop(oldest)
+            try:
+                oldest.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+        def process_request(self, request, client_address):
+            with self._open_lock:
+                full = len(self._open) >= MAX_SCRAPE_CONNECTIONS
+            if full:
+                self._evict_oldest()
+            with self._open_lock:
+                self._open[request] = time.monotonic()
+            super().process_request(request, client_address)
+
+        def shutdown_request(self, request):
+            with self._open_lock:
+                self._open.pop(request, None)
+            super().shutdown_request(request)
+
+        def handle_error(self, request, client_address):
+            if isinstance(sys.exc_info()[1], OSError):  # a scraper gone or too slow: not the monitor's fault
+                return
+            super().handle_error(request, client_address)
+
+    return ScrapeServer
+
+
 def serve_prometheus(fleet, port: int, host: str = "127.0.0.1", max_bytes: int = MAX_METRICS_BYTES):
     """Serve the fleet's figures at http://host:port/metrics (with the client library's process
     metrics), on a thread of its own. Returns the HTTP server (`shutdown()` stops it).
 
     Raises OSError when the port cannot be bound (in use, or a privileged port).
     """
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
 
     from prometheus_client import REGISTRY, generate_latest
 
     from lerobot_zenoh.telemetry.prometheus import families, render
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = SCRAPE_TIMEOUT_S  # a socket silent this long is dropped (http.server's own setting)
+
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             fams, taken = families(fleet.samples(), max_bytes)
             text, cut = render(fams, max_bytes)  # (the estimate above is close: this rarely cuts)
@@ -203,8 +271,7 @@ def serve_prometheus(fleet, port: int, host: str = "127.0.0.1", max_bytes: int =
         def log_message(self, *args) -> None:  # no line per scrape on stderr
             pass
 
-    server = ThreadingHTTPServer((host, port), Handler)  # binds now: a busy port raises here
-    server.daemon_threads = True
+    server = _scrape_server_class()((host, port), Handler)  # binds now: a busy port raises here
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="metrics-http",
                      daemon=True).start()
     return server

@@ -1,28 +1,37 @@
 """The OpenPI front door: openpi-client's websocket contract in front of the fleet's Zenoh protocol.
 
-    connect      -> 401 without the token (when one is set), 503 when `max_clients` are connected;
+    connect      -> 401 without the token (when one is set), 400 for a header it cannot read, 429 for
+                    a peer address in its rejection cool-down, 503 when `max_clients` are connected;
                     otherwise the metadata map (msgpack) is the first frame, as OpenPI's server sends
-    GET /healthz -> 200 "OK" (answered before any websocket handshake, never behind an inference)
+    GET /healthz -> 200 "OK" only while a new client can be served (a client slot free, the listener
+                    accepting, a server of the model alive); 503 with the reasons otherwise
     binary frame -> msgpack-numpy observation -> mapping -> RobotLink.infer (Zenoh) ->
                     {"actions": (n, action_dim) float32, "server_timing": {...}} as msgpack
     bad request  -> a text frame saying why (openpi-client raises RuntimeError with it); the
                     connection stays open and nothing reaches the fleet; counted as rejected.<reason>
     too large    -> the websocket closes with 1009 (message too big), counted as rejected.too_large
+    idle         -> no frame for `idle_timeout_s`: closed (1000), counted as rejected.idle_timeout
 
-Each connection runs on its own thread (websockets' sync server), so a slow answer to one client
-never delays another's frames or a health check. Rejections per connection feed the same cool-down
-as the Zenoh path (`server/rate_limit.py`): past `max_rejections` in `rejection_window_s`, requests
-are refused unread for `cooldown_s`.
+The listening socket is the door's own loop (`listener.py`: it survives accept() errors and bounds
+the sockets held). Each connection runs on its own thread (websockets' sync server), so a slow
+answer to one client never delays another's frames or a health check; frames are decoded on a
+pool of `decode_workers` threads within a budget of items (`wire.py`), so a costly frame costs its
+sender's turn, not another client's memory. Rejections feed the same cool-down as the Zenoh path
+(`server/rate_limit.py`), keyed by the peer's address so that reconnecting does not evade it: past
+`max_rejections` in `rejection_window_s`, requests are refused unread for `cooldown_s`.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
+import socket
 import ssl
+import sys
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 from typing import Any
@@ -33,8 +42,9 @@ from pydantic import Field, field_validator
 from lerobot_zenoh.config import Settings
 from lerobot_zenoh.errors import CompatibilityError, ConfigError, ProtocolError
 from lerobot_zenoh.openpi.bridge import ClientIds, RobotLink
+from lerobot_zenoh.openpi.listener import Listener, NoiseLog, ReadBudget, connection_cap
 from lerobot_zenoh.openpi.mapping import KeyMapping
-from lerobot_zenoh.openpi.wire import OpenPIReason, pack, unpack
+from lerobot_zenoh.openpi.wire import MAX_FRAME_ITEMS, OpenPIReason, pack, unpack
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.keys import APP_FIELDS, AppKey, validate_client_id
 from lerobot_zenoh.protocol.messages import Status
@@ -48,6 +58,11 @@ __all__ = ["FrontDoor", "FrontDoorConfig", "LOOPBACK_HOSTS"]
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 #: websockets' own log: every health check and refused handshake is an INFO line there; warnings only.
 _WEBSOCKETS_LOG = logging.getLogger("lerobot_zenoh.openpi.websockets")
+#: How long a closing connection waits for its peer's close frame (websockets' default, 10 s, would
+#: let a peer that ignores it hold its client slot that long after each refusal that closes it).
+_CLOSE_TIMEOUT_S = 2.0
+#: Unhandled bytes a connection may always hold (a request of a few camera frames): it never waits.
+_READ_ALLOWANCE = 1 << 20
 #: Refusals that are the fleet's doing, not the client's: they do not count towards its cool-down.
 _FLEET_FAULTS = frozenset({OpenPIReason.UNANSWERED, OpenPIReason.SERVER_ERROR})
 
@@ -70,6 +85,23 @@ class FrontDoorConfig(Settings):
     max_rejections: int = Field(20, ge=1)
     rejection_window_s: float = Field(1.0, gt=0)
     cooldown_s: float = Field(5.0, ge=0)
+    # -- what one peer can hold (docs/openpi.md, "Limits")
+    max_connections: int | None = Field(None, ge=1, description=(
+        "Sockets the door holds at once, in a handshake or open (unset: the open-file limit less a quarter of it; "
+        "never more). At the cap a new connection replaces the oldest one still in its handshake."))
+    handshake_timeout_s: float = Field(5.0, gt=0, description=(
+        "A connection must finish its TLS and websocket handshakes within this, or it is closed"))
+    idle_timeout_s: float = Field(300.0, gt=0, description=(
+        "A connection that sends no frame for this long is closed (1000); openpi-client reconnects"))
+    decode_workers: int = Field(2, ge=1, le=64, description=(
+        "Threads that decode request frames (at most this many frames are decoded at once, whatever the connections)"))
+    max_frame_items: int = Field(MAX_FRAME_ITEMS, ge=64, description=(
+        "Map and array entries one request frame may hold, counted while it is decoded (refused as too_many_items)"))
+    max_unhandled_bytes: int = Field(16 << 20, ge=1 << 20, description=(
+        "Bytes of large frames the door reads at once: max_unhandled_bytes / max_message_bytes connections may "
+        "hold more than 1 MiB not yet handled, the others wait (the door's memory under floods of large frames)"))
+    max_peers: int = Field(4096, ge=16, description=(
+        "Peer addresses whose rejections the cool-down remembers (least recently refused forgotten first)"))
     # -- the fleet side (docs/protocol.md)
     endpoint: str = "tcp/127.0.0.1:7447"
     cluster_uuid: str | None = None  # unset: taken from what the endpoint serves, as the robot client does
@@ -147,12 +179,19 @@ class FrontDoor:
         self._session = session
         self._own_session = session is None
         self._ids = ClientIds(config.client_prefix, config.max_clients)
+        # The cool-down is keyed by the peer's address (host), and the table of peers is bounded (LRU).
         self._limit = RejectionRateLimit(config.max_rejections, config.rejection_window_s, config.cooldown_s)
+        self._limit_peers: OrderedDict[str, None] = OrderedDict()
         self._limit_lock = threading.Lock()
         self._server = None
-        self._thread: threading.Thread | None = None
+        self._listener: Listener | None = None
+        self._port = config.port
+        self._noise = NoiseLog(log)
+        self._servers: set[str] = set()  # live server tokens of the model: the fleet is reachable
+        self._servers_lock = threading.Lock()
         self._telemetry = None
         self._jpeg = ThreadPoolExecutor(max_workers=4, thread_name_prefix="openpi:jpeg")
+        self._decode = ThreadPoolExecutor(max_workers=config.decode_workers, thread_name_prefix="openpi:decode")
         self._metadata: bytes = b""
         self._closing = threading.Event()
         self._connections: set = set()
@@ -188,16 +227,32 @@ class FrontDoor:
                 tls.load_cert_chain(cfg.tls_certificate, cfg.tls_private_key)
             except (OSError, ssl.SSLError) as exc:
                 raise ConfigError("tls_certificate", f"cannot load the certificate and key: {exc}") from None
+        _large_frees_return_to_the_os()
+        cap = connection_cap(cfg.max_connections)
+        if cap < cfg.max_clients + 8:
+            raise ConfigError("max_connections", f"{cap} sockets (the open-file limit allows {connection_cap(None)}) "
+                              f"leave no room for max_clients={cfg.max_clients} and their handshakes: raise the "
+                              "limit (ulimit -n) or lower max_clients")
+        self._servers_watch = self._session.watch_liveliness(self.app.all_servers, self._on_server)
         if _WEBSOCKETS_LOG.level == logging.NOTSET:
             _WEBSOCKETS_LOG.setLevel(logging.WARNING)
         try:
-            self._server = serve(self._handle, cfg.host, cfg.port, process_request=self._process_request,
-                                 max_size=cfg.max_message_bytes, compression=None, ssl=tls,
-                                 logger=_WEBSOCKETS_LOG)
+            sock = socket.create_server((cfg.host, cfg.port), backlog=128)
         except OSError as exc:
             raise ConfigError("port", f"cannot listen on {cfg.host}:{cfg.port}: {exc}") from None
-        self._thread = threading.Thread(target=self._server.serve_forever, name="openpi:listen", daemon=True)
-        self._thread.start()
+        self._port = sock.getsockname()[1]
+        # websockets' server object gives the per-connection handler (its handshake, then `_handle`);
+        # its serve_forever() is never run: the listener accepts (TLS included) and survives accept() errors.
+        # max_queue=1: at most one frame waits behind the one being served (memory per connection).
+        self._server = serve(self._handle, sock=sock, process_request=self._process_request,
+                             max_size=cfg.max_message_bytes, compression=None, max_queue=1,
+                             open_timeout=cfg.handshake_timeout_s, close_timeout=_CLOSE_TIMEOUT_S,
+                             logger=_WebsocketsLog(self))
+        self._listener = Listener(sock, self._server.handler, max_connections=cap,
+                                  handshake_timeout_s=cfg.handshake_timeout_s, count=self.counters.reject,
+                                  noise=self._noise, tls=tls,
+                                  read_budget=ReadBudget(max(1, cfg.max_unhandled_bytes // cfg.max_message_bytes),
+                                                          _READ_ALLOWANCE)).start()
         if cfg.telemetry_period_s > 0:
             from lerobot_zenoh.telemetry.publisher import TelemetryPublisher
 
@@ -216,7 +271,7 @@ class FrontDoor:
 
     @property
     def port(self) -> int:
-        return self._server.socket.getsockname()[1] if self._server is not None else self.config.port
+        return self._port
 
     def _metadata_map(self, status: Status) -> dict:
         """The first frame of every connection (openpi-client's `get_server_metadata()`)."""
@@ -231,18 +286,83 @@ class FrontDoor:
                      "prompt": self.config.mapping.prompt},
         }
 
+    # -- health -------------------------------------------------------------------------------
+
+    def _on_server(self, key: str, alive: bool) -> None:
+        """Zenoh callback (liveliness of the model's servers): a set, under its lock."""
+        with self._servers_lock:
+            (self._servers.add if alive else self._servers.discard)(key)
+
+    def unhealthy(self) -> list[str]:
+        """Why a new client could not be served now (empty: it could)."""
+        why = []
+        if self._ids.in_use() >= self.config.max_clients:
+            why.append(f"all {self.config.max_clients} client slots are taken")
+        if self._listener is None or (listening := self._listener.accepting()) is not None:
+            why.append(listening if self._listener is not None else "not started")
+        with self._servers_lock:
+            if not self._servers:
+                why.append(f"no server of {self.app.prefix if self.app else 'the model'} is alive on Zenoh")
+        return why
+
     # -- websocket ----------------------------------------------------------------------------
 
+    def _websockets_noise(self, level: int) -> bool:
+        """Called for each line websockets logs (from inside its `except` blocks): True when it is
+        noise this door counts instead (a failed handshake, a peer gone), never a traceback."""
+        if level < logging.WARNING:
+            return False
+        held = self._listener.held() if self._listener is not None else None
+        exc = sys.exception()
+        if held is not None and not held.established:
+            held.failure = held.failure or _handshake_failure(exc)
+            return True
+        if isinstance(exc, (EOFError, OSError)):  # a peer gone mid-frame (websockets' reader thread)
+            self.counters.reject("connection_reset")
+            self._noise.note("connection_reset", f"a connection was lost ({type(exc).__name__}: {exc})",
+                             logging.INFO)
+            return True
+        return False
+
+    def _peer_blocked(self, host: str) -> bool:
+        with self._limit_lock:
+            return self._limit.blocked(host, time.monotonic())
+
     def _process_request(self, connection, request):
-        """Before the handshake: /healthz, the token, the connection cap (None: go on)."""
+        """Before the handshake: /healthz, the token, the cool-down, the connection cap (None: go on).
+        Never raises: a header it cannot read is a counted 400 (websockets would answer 500)."""
+        held = self._listener.held() if self._listener is not None else None
+        if held is not None:
+            held.answered = True  # unless it goes on to the handshake (below)
+        try:
+            response = self._screen(connection, request, held.host if held is not None else "?")
+        except Exception as exc:  # e.g. a header of bytes that are not text
+            self.counters.reject("bad_header")
+            self._noise.note("bad_header", f"a handshake with an unreadable request was refused (400): "
+                                           f"{type(exc).__name__}", logging.INFO)
+            response = connection.respond(HTTPStatus.BAD_REQUEST, "the request's headers could not be read\n")
+        if response is None and held is not None:
+            held.answered = False
+        return response
+
+    def _screen(self, connection, request, host: str):
         if request.path.split("?")[0] == "/healthz":
+            why = self.unhealthy()
+            if why:
+                return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "unavailable: " + "; ".join(why) + "\n")
             return connection.respond(HTTPStatus.OK, "OK\n")
         token = self.config.token
         if token is not None:
             given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Api-Key {token}".encode()):
+            # websockets keeps bytes that are not ASCII as surrogates: they compare unequal, never raise.
+            if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Api-Key {token}".encode()):
                 self.counters.reject("unauthorized")
                 return connection.respond(HTTPStatus.UNAUTHORIZED, "a valid api_key is required\n")
+        if self._peer_blocked(host):
+            self.counters.reject(OpenPIReason.RATE_LIMITED)
+            return connection.respond(HTTPStatus.TOO_MANY_REQUESTS,
+                                      f"rate_limited: too many refused requests from {host}; retry in "
+                                      f"{self.config.cooldown_s:g} s\n")
         if self._ids.in_use() >= self.config.max_clients:
             self.counters.reject("full")
             return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE,
@@ -250,38 +370,65 @@ class FrontDoor:
         return None
 
     def _handle(self, connection) -> None:
+        """One connection, after its handshake: every path out of here gives its client slot back."""
         from websockets.exceptions import ConnectionClosed
 
         cfg = self.config
+        held = self._listener.held() if self._listener is not None else None
+        if held is not None:
+            held.established = True
+        host = held.host if held is not None else "?"
         client_id = self._ids.take()
         if client_id is None:
             self.counters.reject("full")
             connection.close(1013, f"the front door serves {cfg.max_clients} clients at once; try again later")
             return
-        link = RobotLink(self._session, self.app, client_id, jpeg_quality=cfg.jpeg_quality,
-                         resend_after_s=cfg.resend_after_s, timeout_s=cfg.request_timeout_s,
-                         control_period_s=1 / cfg.fps if cfg.fps else None, jpeg_pool=self._jpeg,
-                         stop=self._closing)
-        with self._connections_lock:
-            self._connections.add(connection)
-        self.counters.add("connections_opened")
-        peer = connection.remote_address
-        log.info("%s: connected from %s", client_id, peer)
-        prev_total_ms: float | None = None
+        link = None
         try:
+            with self._connections_lock:
+                self._connections.add(connection)
+            self.counters.add("connections_opened")
+            log.info("%s: connected from %s", client_id, host)
+            link = RobotLink(self._session, self.app, client_id, jpeg_quality=cfg.jpeg_quality,
+                             resend_after_s=cfg.resend_after_s, timeout_s=cfg.request_timeout_s,
+                             control_period_s=1 / cfg.fps if cfg.fps else None, jpeg_pool=self._jpeg,
+                             stop=self._closing)
             link.open()
             connection.send(self._metadata)
+            prev_total_ms: float | None = None
             while True:
-                frame = connection.recv()
+                try:
+                    frame = connection.recv(timeout=cfg.idle_timeout_s)
+                except TimeoutError:
+                    self.counters.reject("idle_timeout")
+                    connection.close(1000, f"no request for {cfg.idle_timeout_s:g} s")
+                    return
+                budgeted = getattr(connection.socket, "handled", None)
+                size = len(frame)
+                request = [frame]  # handed over: no reference left here once it is decoded
+                del frame
                 t0 = time.perf_counter()
-                reply = self._serve_one(client_id, link, frame, prev_total_ms)
+                if self._peer_blocked(host):
+                    # Refused unread, and the connection closed: a flood in cool-down would otherwise go
+                    # on costing its bytes at line rate (reconnecting is refused with 429 meanwhile).
+                    self.counters.reject(OpenPIReason.RATE_LIMITED)
+                    connection.send(f"rate_limited: more than {cfg.max_rejections} refused requests in "
+                                    f"{cfg.rejection_window_s:g} s; requests are refused for {cfg.cooldown_s:g} s")
+                    connection.close(1008, "rate_limited")
+                    return
+                reply = self._serve_one(client_id, link, request, prev_total_ms, host,
+                                        (lambda n=size: budgeted(n)) if budgeted is not None else None)
                 connection.send(reply)
                 if isinstance(reply, bytes):
                     prev_total_ms = (time.perf_counter() - t0) * 1000
         except ConnectionClosed as exc:
             if exc.sent is not None and exc.sent.code == 1009:
                 self.counters.reject(OpenPIReason.TOO_LARGE)
-                log.warning("%s: closed: a frame over %d bytes", client_id, cfg.max_message_bytes)
+                self._noise.note("too_large", f"{client_id}: closed: a frame over {cfg.max_message_bytes} bytes")
+        except (OSError, EOFError) as exc:  # the peer reset or vanished: noise, counted, one line a minute
+            self.counters.reject("connection_reset")
+            self._noise.note("connection_reset", f"{client_id}: connection from {host} lost ({type(exc).__name__})",
+                             logging.INFO)
         except Exception as exc:  # the front door's own fault: this connection ends, the others go on
             self.counters.add("internal_errors")
             log.exception("%s: connection ended by an internal error: %s", client_id, exc)
@@ -290,35 +437,46 @@ class FrontDoor:
             except Exception:
                 pass
         finally:
-            link.close()
+            if link is not None:
+                link.close()
             with self._connections_lock:
                 self._connections.discard(connection)
                 self._connections_lock.notify_all()
-            with self._limit_lock:
-                self._limit.forget(client_id)
             self._ids.give_back(client_id)
             self.counters.add("connections_closed")
             log.info("%s: disconnected", client_id)
 
-    def _serve_one(self, client_id: str, link: RobotLink, frame, prev_total_ms: float | None) -> bytes | str:
-        """One request -> the reply frame: msgpack bytes, or a text frame saying what was wrong."""
-        t0 = time.perf_counter()
+    def _decode_frame(self, frame) -> tuple[np.ndarray, dict[str, np.ndarray], str]:
+        """On a decode worker: bytes -> (state, cameras, task), or ProtocolError."""
+        obs = unpack(frame, self.config.max_message_bytes, self.config.max_frame_items)
+        return self.config.mapping.apply(obs, self.status)
+
+    def _on_rejection(self, host: str) -> None:
         with self._limit_lock:
-            blocked = self._limit.blocked(client_id, time.monotonic())
-        if blocked:
-            self.counters.reject(OpenPIReason.RATE_LIMITED)
-            return (f"rate_limited: more than {self.config.max_rejections} refused requests in "
-                    f"{self.config.rejection_window_s:g} s; requests are refused for {self.config.cooldown_s:g} s")
+            self._limit.on_rejection(host, time.monotonic())
+            self._limit_peers[host] = None
+            self._limit_peers.move_to_end(host)
+            while len(self._limit_peers) > self.config.max_peers:
+                self._limit.forget(self._limit_peers.popitem(last=False)[0])
+
+    def _serve_one(self, client_id: str, link: RobotLink, request: list, prev_total_ms: float | None,
+                   host: str, decoded: Callable[[], None] | None) -> bytes | str:
+        """One request (`request`: a list holding the frame, emptied here) -> the reply frame: msgpack
+        bytes, or a text frame saying what was wrong. `decoded()` once the frame is decoded or refused:
+        its bytes are no longer the door's to hold (the read budget, `listener.py`)."""
+        t0 = time.perf_counter()
         try:
-            obs = unpack(frame, self.config.max_message_bytes)
-            state, images, task = self.config.mapping.apply(obs, self.status)
+            try:
+                state, images, task = self._decode.submit(self._decode_frame, request.pop()).result()
+            finally:
+                if decoded is not None:
+                    decoded()
             t_mapped = time.perf_counter()
             answer = link.infer(state, images, task)
         except ProtocolError as exc:
             self.counters.reject(exc.reason)
             if exc.reason not in _FLEET_FAULTS:  # the client's own mistakes feed its cool-down, an outage does not
-                with self._limit_lock:
-                    self._limit.on_rejection(client_id, time.monotonic())
+                self._on_rejection(host)
             return f"{exc}"
         chunk = answer.chunk
         t_reply = time.perf_counter()
@@ -338,10 +496,8 @@ class FrontDoor:
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop listening, close every connection (1001, going away), then leave the fleet."""
         self._closing.set()
-        if self._server is not None:
-            self._server.shutdown()  # the listening socket only: websockets leaves connections open
-        if self._thread is not None:
-            self._thread.join(timeout=timeout_s)
+        if self._listener is not None:
+            self._listener.close(timeout_s)  # the listening socket and handshakes: connections stay open
         with self._connections_lock:
             open_now = list(self._connections)
         for connection in open_now:
@@ -354,6 +510,7 @@ class FrontDoor:
         if self._telemetry is not None:
             self._telemetry.close()
         self._jpeg.shutdown(wait=False)
+        self._decode.shutdown(wait=False)
         if self._session is not None and self._own_session:
             self._session.close()
 
@@ -362,3 +519,41 @@ class FrontDoor:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+class _WebsocketsLog(logging.LoggerAdapter):
+    """websockets' logger for one door: its noise is counted by the door (`_websockets_noise`)."""
+
+    def __init__(self, door: FrontDoor):
+        super().__init__(_WEBSOCKETS_LOG, {})
+        self._door = door
+
+    def log(self, level, msg, *args, **kwargs) -> None:
+        if not self._door._websockets_noise(level):
+            super().log(level, msg, *args, **kwargs)
+
+
+def _handshake_failure(exc: BaseException | None) -> str:
+    """The counted kind of a failed websocket handshake (websockets logs it with a traceback)."""
+    if isinstance(exc, TimeoutError):
+        return "handshake_timeout"
+    if exc is None or isinstance(exc, (EOFError, ConnectionError)) or isinstance(exc.__cause__, EOFError):
+        return "handshake_closed"
+    return "bad_handshake"
+
+
+def _large_frees_return_to_the_os() -> None:
+    """Fix glibc's mmap threshold at 1 MiB (process-wide). By default it rises to the largest block
+    freed (up to 32 MiB), after which every 16 MiB frame buffer comes from per-thread heaps that
+    keep it: a burst of large frames on many connections would leave the door hundreds of MB larger."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        mallopt = libc.mallopt if libc is not None else None
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to do
+        return
+    if mallopt is not None:
+        mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD

@@ -12,7 +12,9 @@ A key is looked up as written first; a key with ``/`` that is not there is then 
 nested maps (``images/cam_high`` reads ``obs["images"]["cam_high"]``, as ALOHA's client sends).
 `check` compares the mapping with the model's status at start-up (one line naming the key);
 `apply` turns one decoded request into (state, {camera: HxWx3 uint8}, task) or raises a
-``ProtocolError`` naming the key.
+``ProtocolError`` naming the key. What the fleet would refuse is refused here with the fleet's own
+reason (a prompt over the protocol's ``MAX_TASK_BYTES``: ``task_too_long``), so the door never
+sends, and resends, what cannot be served.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from pydantic import Field, field_validator
 from lerobot_zenoh.config import Settings
 from lerobot_zenoh.errors import ConfigError, ProtocolError
 from lerobot_zenoh.openpi.wire import OpenPIReason
-from lerobot_zenoh.protocol.messages import Status
+from lerobot_zenoh.protocol.messages import MAX_TASK_BYTES, Status
+from lerobot_zenoh.protocol.reasons import Reason
 
 __all__ = ["KeyMapping"]
 
@@ -36,7 +39,7 @@ class KeyMapping(Settings):
     images: dict[str, str] = Field(default_factory=dict)
     state: str | tuple[str, ...] | None = None
     prompt: str | None = "prompt"
-    default_prompt: str = Field("", max_length=4096)
+    default_prompt: str = Field("", max_length=MAX_TASK_BYTES)
     ignore: tuple[str, ...] = ()
 
     @field_validator("images")
@@ -89,6 +92,9 @@ class KeyMapping(Settings):
                     raise ProtocolError(OpenPIReason.BAD_PROMPT, f"{self.prompt!r} must be a string, "
                                         f"got {type(value).__name__}")
                 task = value
+        if len(task.encode("utf-8", "surrogatepass")) > MAX_TASK_BYTES:  # the fleet's own limit and reason
+            raise ProtocolError(Reason.TASK_TOO_LONG, f"the prompt is {len(task.encode('utf-8', 'surrogatepass'))} "
+                                f"bytes; the fleet takes at most {MAX_TASK_BYTES}")
         return state, images, task
 
     def _image(self, obs: dict, key: str, hw: tuple[int, int]) -> np.ndarray:

@@ -7,6 +7,14 @@ string is a plain little/big-endian bool, integer or float type (``<f4``, ``|u1`
 a string before numpy sees it; the bytes must be exactly shape x itemsize; extension types, deep
 nesting and oversized containers are refused. Every failure is one ``ProtocolError`` whose reason
 is an :class:`OpenPIReason` (a counter of the front door and the text its client reads).
+
+Bytes are not the cost of a frame: 16 MiB of nested empty maps and lists decode to tens of millions
+of Python objects (gigabytes, tens of seconds). So the decoder counts, as msgpack's C code hands
+each map and array over (``object_hook``/``list_hook``, called as each one is complete), the
+entries of every container it has built, and gives up past `max_items` before anything else is
+allocated: a frame costs at most its bytes plus `max_items` objects (plus the one container being
+filled, at most ``MAX_CONTAINER_LEN`` entries per level of nesting) whatever its shape. A real
+request is a few arrays and a prompt: tens of entries.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ class OpenPIReason(StrEnum):
     TOO_LARGE = "too_large"  # over the message-size limit (the websocket closes with 1009)
     BAD_MSGPACK = "bad_msgpack"
     TOO_DEEP = "too_deep"
+    TOO_MANY_ITEMS = "too_many_items"  # more map and array entries than `max_frame_items`
     NOT_A_MAP = "not_a_map"
     BAD_ARRAY = "bad_array"
     BAD_DTYPE = "bad_dtype"  # object, void, complex, string or structured arrays: never decoded
@@ -52,7 +61,8 @@ _SCALAR_STR = re.compile(r"^[<>|=]?U\d{1,6}$")
 MAX_DEPTH = 8
 MAX_NDIM = 4
 MAX_CONTAINER_LEN = 4096
-MAX_STR_BYTES = 64 * 1024
+#: Map and array entries one frame may hold in all (a request holds tens).
+MAX_FRAME_ITEMS = 16384
 
 
 def _array(obj: dict) -> np.ndarray:
@@ -88,12 +98,29 @@ def _scalar(obj: dict) -> Any:
         raise ProtocolError(OpenPIReason.BAD_ARRAY, f"numpy scalar {data!r} does not fit {dtype}") from exc
 
 
-def _hook(obj: dict) -> Any:
-    if b"__ndarray__" in obj:
-        return _array(obj)
-    if b"__npgeneric__" in obj:
-        return _scalar(obj)
-    return obj
+class _Budget:
+    """The object and list hooks of one decode: count every container's entries as it is complete."""
+
+    def __init__(self, max_items: int):
+        self.left = max_items
+
+    def _spend(self, n: int) -> None:
+        self.left -= n + 1
+        if self.left < 0:
+            raise ProtocolError(OpenPIReason.TOO_MANY_ITEMS, "the frame holds more map and array entries than the "
+                                "front door decodes (a request is a few arrays and a prompt)")
+
+    def on_map(self, obj: dict) -> Any:
+        self._spend(len(obj))
+        if b"__ndarray__" in obj:
+            return _array(obj)
+        if b"__npgeneric__" in obj:
+            return _scalar(obj)
+        return obj
+
+    def on_list(self, obj: list) -> list:
+        self._spend(len(obj))
+        return obj
 
 
 def _refuse_ext(code: int, data: bytes) -> Any:
@@ -110,17 +137,20 @@ def _depth(obj: Any, left: int) -> bool:
     return True
 
 
-def unpack(data: bytes, max_bytes: int) -> dict:
-    """One OpenPI request frame -> a dict (string keys; arrays as read-only numpy views of `data`)."""
+def unpack(data: bytes, max_bytes: int, max_items: int = MAX_FRAME_ITEMS) -> dict:
+    """One OpenPI request frame -> a dict (string keys; arrays as read-only numpy views of `data`).
+    Strings may be as long as the frame: a prompt too long for the fleet is refused by the mapping,
+    with the fleet's own reason (task_too_long), not as unreadable msgpack."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ProtocolError(OpenPIReason.NOT_BINARY, "send the observation as a binary msgpack frame")
     if len(data) > max_bytes:
         raise ProtocolError(OpenPIReason.TOO_LARGE, f"{len(data)} bytes, the limit is {max_bytes}")
     try:
+        budget = _Budget(max_items)
         obj = msgpack.unpackb(
-            bytes(data), raw=False, object_hook=_hook, ext_hook=_refuse_ext, strict_map_key=False,
-            use_list=True, max_str_len=MAX_STR_BYTES, max_bin_len=max_bytes, max_array_len=MAX_CONTAINER_LEN,
-            max_map_len=MAX_CONTAINER_LEN, max_ext_len=0)
+            bytes(data), raw=False, object_hook=budget.on_map, list_hook=budget.on_list, ext_hook=_refuse_ext,
+            strict_map_key=False, use_list=True, max_str_len=max_bytes, max_bin_len=max_bytes,
+            max_array_len=MAX_CONTAINER_LEN, max_map_len=MAX_CONTAINER_LEN, max_ext_len=0)
     except ProtocolError:
         raise
     except RecursionError as exc:

@@ -195,6 +195,52 @@ def _str_length_at(data: bytes, at: int) -> int:
     return int.from_bytes(data[at + 1:at + 1 + width], "big") if width else 0
 
 
+#: `header_fields`: a string value longer than this is not read (a header names ids, not text).
+HEADER_STR_BYTES = 256
+_INT_HEADS = frozenset(range(0x00, 0x80)) | frozenset(range(0xE0, 0x100)) | frozenset(range(0xCC, 0xD4))
+
+
+def header_fields(data: bytes, names: frozenset[str], max_entries: int) -> dict[str, int | str] | None:
+    """The integer and short string values of the top-level map's entries named in `names`, read
+    in place: every other value is skipped unread (in msgpack's C code), and a named value is
+    unpacked only after its type byte says it is an integer or a string of at most
+    `HEADER_STR_BYTES` (its length read from its header first); the walk stops when every name is
+    read. What a Zenoh callback reads of a message to decide whether it is worth queueing, at a cost
+    bounded by `max_entries` whatever the bytes. None when the bytes are not a map of at most
+    `max_entries` entries, are truncated before a named value, or a named value is of another type
+    or longer. A name given twice is read once, the first: the decoder keeps the last, so a caller
+    checks that its full decode names the same (a header only decides what is worth decoding)."""
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(data), 1), max_str_len=HEADER_STR_BYTES,
+                                max_bin_len=len(data), max_array_len=max_entries, max_map_len=max_entries,
+                                max_ext_len=0)
+    out: dict[str, int | str] = {}
+    try:
+        unpacker.feed(data)
+        entries = unpacker.read_map_header()
+        if entries > max_entries:
+            return None
+        for _ in range(entries):
+            head = data[unpacker.tell()]
+            if not (0xA0 <= head <= 0xBF or head in (0xD9, 0xDA, 0xDB)):
+                return None  # the envelope's and the tables' keys are all strings
+            name = unpacker.unpack()
+            if name not in names:
+                unpacker.skip()
+                continue
+            at = unpacker.tell()
+            head = data[at]
+            if head in _INT_HEADS or _str_length_at(data, at) <= HEADER_STR_BYTES and (
+                    0xA0 <= head <= 0xBF or head in (0xD9, 0xDA, 0xDB)):
+                out[name] = unpacker.unpack()
+                if len(out) == len(names):
+                    return out
+            else:
+                return None
+    except Exception:  # not a map, truncated, a string over the bound: the decoder would refuse it too
+        return None
+    return out
+
+
 def decode_action_chunk(data: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> ActionChunk:
     return decode_map(data, TABLES, MessageType.ACTION_CHUNK, limits)
 

@@ -211,3 +211,33 @@ def encode(msg: EngineRequest | EngineAnswer | EngineStatus) -> bytes:
 def decode(data: bytes, limits: codec.CodecLimits = codec.DEFAULT_LIMITS) -> EngineRequest | EngineAnswer | EngineStatus:
     """Bytes -> engine message; only ever raises ProtocolError."""
     return codec.decode_map(data, TABLES, None, limits)
+
+
+@dataclass(frozen=True)
+class AnswerHeader:
+    """What an engine answer names, read without decoding it (`answer_header`)."""
+
+    request_id: int
+    engine_id: str
+    edge_incarnation: str
+    is_answer: bool  # its `type` is engine_answer
+
+
+_HEADER_NAMES = frozenset({"type", "request_id", "engine_id", "edge_incarnation"})
+#: An answer's map holds the envelope and its table's fields; twice as many leaves room for fields a
+#: later minor version adds (the decoder ignores those), more is not an answer.
+_ANSWER_ENTRIES = 2 * (2 + len(TABLES[ENGINE_ANSWER][1].rows))
+
+
+def answer_header(data: bytes) -> AnswerHeader | None:
+    """The request, engine and scheduler process an engine answer names, read in place
+    (`codec.header_fields`: the map's keys walked, every other value skipped unread), so a
+    scheduler's Zenoh callback can drop an answer to no request of its own before it is queued.
+    None when those fields cannot be read (not a map, truncated, missing, of another type)."""
+    fields = codec.header_fields(data, _HEADER_NAMES, _ANSWER_ENTRIES)
+    if fields is None:
+        return None
+    request_id, engine_id, incarnation = (fields.get(k) for k in ("request_id", "engine_id", "edge_incarnation"))
+    if type(request_id) is not int or type(engine_id) is not str or type(incarnation) is not str:
+        return None
+    return AnswerHeader(request_id, engine_id, incarnation, fields.get("type") == ENGINE_ANSWER)

@@ -124,8 +124,8 @@ class Dispatcher:
         self.local: EngineState | None = next((e for e in self.engines.values() if e.entry.local), None)
         # New at every start of this process: an answer to a request an earlier process sent is refused.
         self.table = RequestTable(edge_incarnation or f"{os.getpid()}-{time.time_ns():x}")
-        self.inbox = AnswerInbox(self.table.edge_incarnation, self.max_bytes, lambda rid: rid in self.table,
-                                 lambda a: self._event(("answer", a)), clock)
+        self.inbox = AnswerInbox(self.table.edge_incarnation, self.max_bytes, self.table.engine_of,
+                                 lambda rid: 0 < rid <= self.table.last_id, lambda a: self._event(("answer", a)), clock)
         self.probers: list[Prober] = []  # one per remote engine, in `engines` order
         self.executors: dict[str, EngineExecutor] = {}  # engine id -> what runs its work, built at `start`
         # Per-episode runner state: each engine keeps its own, so a new episode (SessionTable.take_reset)

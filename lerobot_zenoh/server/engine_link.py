@@ -5,11 +5,14 @@ measured round trip and bandwidth, its `EngineLoad`, counters). The two threads 
 reading of what a remote engine sends, so that nothing an engine sends is parsed on the inference
 thread:
 
-- `AnswerInbox`: the answer callback only appends the raw bytes to a bounded queue (beyond
-  `ANSWER_INBOX` answers, or above the message limit, they are dropped and counted); its thread
-  decodes each one, checks that it is an answer of that engine to this scheduler process
-  (`edge_incarnation`) for a request still outstanding, maps its `error` to a bounded set of
-  reasons, and only then hands it to the dispatcher's event queue;
+- `AnswerInbox`: the answer callback reads only the answer's header in place (its request,
+  engine and scheduler process: `dispatch.answer_header`, nothing decoded) and queues an answer
+  only when it names a request of this scheduler process outstanding on the engine whose key it
+  came on, and no other answer to that request waits to be read: so at most as many answers of an
+  engine wait as it has requests in flight, and a flood of made-up answers is dropped, counted by
+  reason, before it costs a queue place or a decode. Its thread decodes each queued one, checks it
+  again in full, maps its `error` to a bounded set of reasons, and only then hands it to the
+  dispatcher's event queue;
 - `Prober`: one thread per remote engine queries its status every `probe_period_s` (the probe's
   wait included: a silent engine costs one lost probe per period) and validates what comes back
   (`placement.profile_from_peer_ms`) before handing it over.
@@ -47,7 +50,8 @@ RTT_WINDOW = 8
 BANDWIDTH_WINDOW = 32
 #: Estimate-vs-actual pairs kept per engine for telemetry.
 KEPT_SAMPLES = 256
-#: Answers waiting to be decoded, per dispatcher; beyond it they are dropped (`answers_dropped_full`).
+#: Answers waiting to be decoded, per dispatcher, whatever the engines have in flight: a backstop
+#: (each waiting answer names a distinct request in flight); beyond it they are dropped (`answers_dropped_full`).
 ANSWER_INBOX = 256
 #: An engine's `error` that is not one of the protocol's reasons is counted as this one.
 ENGINE_ERROR = Reason.ENGINE_ERROR
@@ -257,19 +261,28 @@ class Answer:
 class AnswerInbox:
     """Decodes remote engines' answers on its own thread, from a bounded queue.
 
-    `outstanding(request_id)` says whether the dispatcher still waits for that request (a snapshot
-    read; the dispatcher checks again when it takes the answer), so a flood of made-up answers
-    never reaches the inference thread."""
+    `engine_of(request_id)`: the engine a request of this process is outstanding on, or None (a
+    snapshot read, from the Zenoh callback; the dispatcher matches again when it takes the answer);
+    `sent(request_id)`: whether this process ever sent that request. An answer is queued only when
+    its header names this process (`edge_incarnation`), a request outstanding on the engine whose
+    key it came on, and no other answer to that request waits: at most one answer per request in
+    flight waits, so a flood of made-up answers never crowds out a real one (an answer naming a
+    real request in flight can, which plain mode cannot stop: docs/security.md). Every answer
+    dropped is counted per engine by reason."""
 
-    def __init__(self, edge_incarnation: str, max_bytes: int, outstanding: Callable[[int], bool],
-                 deliver: Callable[[Answer], None], clock: Callable[[], float] = time.monotonic):
+    def __init__(self, edge_incarnation: str, max_bytes: int, engine_of: Callable[[int], str | None],
+                 sent: Callable[[int], bool], deliver: Callable[[Answer], None],
+                 clock: Callable[[], float] = time.monotonic):
         self.edge_incarnation = edge_incarnation
         self.max_bytes = max_bytes
-        self.outstanding = outstanding
+        self.engine_of = engine_of
+        self.sent = sent
         self.deliver = deliver
         self.clock = clock
         self.counts: Counter = Counter()  # per engine: answers.<why refused> (read by telemetry)
         self._queue: queue.Queue = queue.Queue(maxsize=ANSWER_INBOX)
+        self._waiting: set[int] = set()  # request ids with an answer in the queue
+        self._lock = threading.Lock()  # `_waiting` and `counts`, from Zenoh's threads and the inbox thread
         self._thread = threading.Thread(target=self._run, name="engine-answers", daemon=True)
         self._logged: Counter = Counter()
 
@@ -286,31 +299,55 @@ class AnswerInbox:
         self._thread.join(timeout=timeout_s)
 
     def on_answer(self, engine_id: str, payload: bytes) -> None:
-        """Zenoh callback: size check and hand-over only."""
-        if len(payload) > self.max_bytes:
-            self.counts[(engine_id, "refused.too_large")] += 1
-            return
-        try:
-            self._queue.put_nowait((engine_id, self.clock(), payload))
-        except queue.Full:
-            self.counts[(engine_id, "answers_dropped_full")] += 1
+        """Zenoh callback: size check, the header read in place, and hand-over only."""
+        request_id, why = self._screen(engine_id, payload)
+        with self._lock:
+            if why is None:
+                if request_id in self._waiting:
+                    why = "refused.duplicate"  # another answer to it waits to be read
+                else:
+                    try:
+                        self._queue.put_nowait((engine_id, self.clock(), payload, request_id))
+                    except queue.Full:
+                        why = "answers_dropped_full"
+                    else:
+                        self._waiting.add(request_id)
+                        return
+            self.counts[(engine_id, why)] += 1
 
-    def take(self, engine_id: str, arrived_s: float, payload: bytes) -> Answer | None:
-        """Decode and check one answer (the inbox thread; tests call it directly)."""
+    def _screen(self, engine_id: str, payload: bytes) -> tuple[int, str | None]:
+        """(the request an answer names, None) when it names a request in flight on `engine_id`,
+        else (0, why it is dropped unread). Zenoh callback: no decode, a bounded walk of its keys."""
+        if len(payload) > self.max_bytes:
+            return 0, "refused.too_large"
+        header = dispatch.answer_header(payload)
+        if header is None:
+            return 0, "refused.bad_header"
+        if not header.is_answer or header.engine_id != engine_id:
+            return 0, f"refused.{Reason.WRONG_TYPE}"
+        if header.edge_incarnation != self.edge_incarnation:
+            return 0, "refused.stale_incarnation"  # asked by an earlier scheduler process
+        on = self.engine_of(header.request_id)
+        if on is None:
+            return 0, "late" if self.sent(header.request_id) else "refused.unknown_request"
+        if on != engine_id:
+            return 0, "refused.mismatched"  # another engine's request
+        return header.request_id, None
+
+    def take(self, engine_id: str, arrived_s: float, payload: bytes, request_id: int) -> Answer | None:
+        """Decode and check one answer queued for `request_id` (the inbox thread)."""
         try:
             answer = dispatch.decode(payload)
         except ProtocolError as exc:
-            self.counts[(engine_id, f"refused.{exc.reason}")] += 1
-            return None
+            return self._count(engine_id, f"refused.{exc.reason}")
         if not isinstance(answer, EngineAnswer) or answer.engine_id != engine_id:
-            self.counts[(engine_id, f"refused.{Reason.WRONG_TYPE}")] += 1
-            return None
+            return self._count(engine_id, f"refused.{Reason.WRONG_TYPE}")
+        if answer.request_id != request_id:
+            return self._count(engine_id, "refused.bad_header")  # its header and its body disagree
         if answer.edge_incarnation != self.edge_incarnation:
-            self.counts[(engine_id, "refused.stale_incarnation")] += 1  # asked by an earlier scheduler process
-            return None
-        if not self.outstanding(answer.request_id):
-            self.counts[(engine_id, "late")] += 1  # re-queued already, answered already, or made up
-            return None
+            return self._count(engine_id, "refused.stale_incarnation")
+        if self.engine_of(answer.request_id) != engine_id:
+            return self._count(engine_id, "late")  # answered or re-queued while it waited
         error = answer.error
         if error is not None and error not in _REASONS:
             error = ENGINE_ERROR
@@ -334,11 +371,18 @@ class AnswerInbox:
         while (item := self._queue.get()) is not None:
             self._read(item)
 
-    def _read(self, item: tuple[str, float, bytes]) -> None:
+    def _count(self, engine_id: str, why: str) -> None:
+        with self._lock:
+            self.counts[(engine_id, why)] += 1
+
+    def _read(self, item: tuple[str, float, bytes, int]) -> None:
         try:
             answer = self.take(*item)
         except Exception:  # never let one answer end the thread
             log.exception("engine answer could not be read")
-            return
+            answer = None
+        finally:
+            with self._lock:
+                self._waiting.discard(item[3])
         if answer is not None:
             self.deliver(answer)

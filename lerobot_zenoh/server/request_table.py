@@ -52,9 +52,11 @@ class RequestTable:
         self.edge_incarnation = edge_incarnation
         self._ids = itertools.count(1)
         self._by_id: dict[int, InFlight] = {}
+        self.last_id = 0  # the newest id handed out
 
     def next_id(self) -> int:
-        return next(self._ids)
+        self.last_id = next(self._ids)
+        return self.last_id
 
     def add(self, flight: InFlight) -> None:
         if flight.request_id in self._by_id:
@@ -72,6 +74,12 @@ class RequestTable:
 
     def get(self, request_id: int) -> InFlight | None:
         return self._by_id.get(request_id)
+
+    def engine_of(self, request_id: int) -> str | None:
+        """The engine an outstanding request is on; None when it is not outstanding. One dict read:
+        safe from a Zenoh callback while the inference thread changes the table."""
+        flight = self._by_id.get(request_id)
+        return None if flight is None else flight.engine_id
 
     def on(self, engine_id: str) -> list[InFlight]:
         """The requests outstanding on one engine, oldest first."""

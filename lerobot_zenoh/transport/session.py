@@ -469,9 +469,12 @@ class ZenohSession:
         """
         try:
             # ALL, not BEST_MATCHING: with a hot standby two servers hold the status queryable and
-            # only the serving one answers; zenoh must not pick the silent one for us.
+            # only the serving one answers; zenoh must not pick the silent one for us. Consolidation
+            # NONE: replies on one key are otherwise merged to one (Zenoh's default for a plain
+            # selector), so any other peer's reply on the key could hide the server's.
             selector = zenoh.Selector(key, parameters) if parameters else key
-            replies = self.raw.get(selector, target=zenoh.QueryTarget.ALL, timeout=timeout_s)
+            replies = self.raw.get(selector, target=zenoh.QueryTarget.ALL, consolidation=zenoh.ConsolidationMode.NONE,
+                                   timeout=timeout_s)
             out = []
             for reply in replies:
                 sample = reply.ok
