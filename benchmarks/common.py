@@ -23,6 +23,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from testbed.ports import free_port, free_port_range  # noqa: F401 (the benchmarks import them from here)
+
 FPS = 30
 DT_S = 1.0 / FPS
 CHUNK_SIZE = 50
@@ -187,35 +189,6 @@ def fmt(value, digits: int = 2, unit: str = "") -> str:
     if isinstance(value, float) and not math.isfinite(value):
         return "-"
     return f"{value:.{digits}f}{unit}"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def free_port_range(n: int) -> int:
-    """A port p such that p .. p + n - 1 are all free now (servers listening on port_base + i)."""
-    import socket
-
-    for _ in range(100):
-        base = free_port()
-        socks = []
-        try:
-            for i in range(n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no {n} consecutive free ports")
 
 
 def stop_processes(procs, timeout_s: float = 10.0, sig: int = signal.SIGINT) -> None:

@@ -24,7 +24,7 @@ import numpy as np
 
 from benchmarks.common import DT_S, MAIN_WORKLOAD, WORKLOADS, fmt, free_port, summary
 from benchmarks.harness import Run, add_common_args, machine
-from benchmarks.netns import LINKS, Network
+from testbed.netns import LINKS, Network
 from benchmarks.worker import Worker
 
 SYSTEMS = ("ours", "lerobot")

@@ -29,7 +29,7 @@ import time
 
 from benchmarks.common import FPS, MAIN_WORKLOAD, WORKLOADS, free_port
 from benchmarks.harness import Run, add_common_args, machine
-from benchmarks.netns import Network
+from testbed.netns import Network
 from benchmarks.worker import Worker
 
 SYSTEMS = ("ours", "floor", "lerobot")

@@ -30,7 +30,7 @@ import numpy as np
 
 from benchmarks.common import MAIN_WORKLOAD, WORKLOADS, fmt, summary
 from benchmarks.harness import Run, add_common_args, machine
-from benchmarks.netns import LINKS, SERVER_ADDR, Network, link_bytes
+from testbed.netns import LINKS, SERVER_ADDR, Network, link_bytes
 from benchmarks.worker import Worker
 
 # ours: the network path (JPEG), what a robot on another machine gets; ours_shm: the same server

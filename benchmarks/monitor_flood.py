@@ -24,21 +24,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
 
+from testbed.ports import free_port
+
 SCENARIOS = ("control", "huge_names", "huge_messages", "heavy_members", "many_members")
 PREFIX = "bench/flood/act/v1/app"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rss_mb(pid: int) -> tuple[float, float]:
@@ -191,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'/metrics MB':>12}{'scrape s':>9}  honest  refused")
     control = None
     for scenario in scenarios:
-        r = run(scenario, args.port or _free_port(), args.http_port or _free_port(), args.flood_s, args.congestion)
+        r = run(scenario, args.port or free_port(), args.http_port or free_port(), args.flood_s, args.congestion)
         grown = r["rss_peak_mb"] - r["rss_before_mb"]
         if scenario == "control":
             control = grown

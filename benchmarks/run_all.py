@@ -24,7 +24,7 @@ from pathlib import Path
 from benchmarks import control_loop, ingest, latency, results_table
 from benchmarks.common import MAIN_WORKLOAD, fmt
 from benchmarks.harness import Run, add_common_args, machine
-from benchmarks.netns import Network
+from testbed.netns import Network
 
 BENCHMARKS = ("latency", "control_loop", "ingest")
 

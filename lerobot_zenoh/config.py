@@ -9,7 +9,7 @@ the same checks. Either way a mistake is one `ConfigError` naming the field: ``<
 when built directly (``rtc.execution_horizon``), the full path inside a manifest
 (``server.0.rtc.execution_horizon``; docs/server.md, "Manifest reference").
 
-Command-line flags are the other system, and only one: draccus dataclasses (cli/parsing.py).
+Command-line flags are the other system, and only one: draccus dataclasses (command_line.py).
 `ZenohSettings` (transport/settings.py) is a plain dataclass both read, so the manifest's `zenoh:`
 block and every `--zenoh.*` flag are one declaration too.
 """

@@ -228,7 +228,7 @@ def live_line(fleet, clients: list[str], elapsed_s: float, out: Path | None = No
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lerobot_zenoh.cli.parsing import parse
+    from lerobot_zenoh.command_line import parse
 
     cfg = parse(DemoConfig, argv, PROG)
     if port_in_use(cfg.port):  # before anything starts: another server (or an earlier demo) holds it

@@ -1,7 +1,7 @@
 """Network namespaces for fault tests: a server namespace joined to the test's own by a veth pair.
 
 Partitions are iptables DROP rules in the server namespace. Shaped links (delay, rate) come from
-`benchmarks.netns.Network`: `tc netem` where the kernel has it, else a TUN delay line.
+`testbed.netns.Network`: `tc netem` where the kernel has it, else a TUN delay line.
 
 Only addresses created here are used (10.233.<n>.0/24). Everything is removed on exit. Tests skip,
 with the reason, where namespaces cannot be created (not root, or no CAP_NET_ADMIN).

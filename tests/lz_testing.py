@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from benchmarks.common import free_port, free_port_range  # noqa: F401 (one place for both; tests import them from here)
+from testbed.ports import free_port, free_port_range  # noqa: F401 (tests import them from here)
 from lerobot_zenoh.client.config import RobotClientConfig
 from lerobot_zenoh.client.config_sim_robot import SimRobotConfig
 from lerobot_zenoh.server.manifest import parse_manifest

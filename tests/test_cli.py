@@ -701,7 +701,7 @@ def test_ctrl_c_while_the_models_load_stops_the_server_cleanly(demo_checkpoint, 
 def test_the_router_takes_its_older_spellings_and_repeated_list_flags():
     """lerobot-zenoh-router is parsed by draccus, as every console script; what it accepted before
     (repeatable list options, --listen/--connect/--set/--no-scouting/--log-level) still means the same."""
-    from lerobot_zenoh.cli.parsing import parse
+    from lerobot_zenoh.command_line import parse
     from lerobot_zenoh.cli.router import RouterConfig, spellings
     from lerobot_zenoh.transport.settings import ZenohSettings
 

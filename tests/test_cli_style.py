@@ -9,7 +9,7 @@ import re
 import pytest
 
 from lerobot_zenoh.cli import monitor, openpi, profile, secure
-from lerobot_zenoh.cli.parsing import help_text
+from lerobot_zenoh.command_line import help_text
 
 
 def configs():
@@ -49,7 +49,7 @@ def test_every_flag_has_a_help_text_and_its_default(prog, cls):
 
 
 def test_the_monitor_takes_json_and_exit_when_unreachable_without_a_value():
-    from lerobot_zenoh.cli.parsing import parse
+    from lerobot_zenoh.command_line import parse
 
     config = parse(monitor.MonitorConfig, ["--json", "--exit_when_unreachable", "--log-level=DEBUG"],
                    monitor.PROG, monitor.spellings())
@@ -96,7 +96,7 @@ def test_a_settings_class_field_added_later_is_a_flag(tmp_path):
 
 
 def test_old_spellings_say_once_what_to_write(capsys):
-    from lerobot_zenoh.cli.parsing import warn_old_spellings
+    from lerobot_zenoh.command_line import warn_old_spellings
 
     warn_old_spellings("prog", ["--log-level", "DEBUG", "--x=1"], {"--log-level": "--log_level"})
     assert capsys.readouterr().err.strip().splitlines() == [
@@ -104,7 +104,7 @@ def test_old_spellings_say_once_what_to_write(capsys):
 
 
 def test_secure_keeps_its_space_separated_and_repeated_flags():
-    from lerobot_zenoh.cli.parsing import Spellings, parse
+    from lerobot_zenoh.command_line import Spellings, parse
 
     spellings = Spellings(switches={"--force": "--force=true"}, repeatable=secure._REPEATABLE)
     config = parse(secure.InitConfig, ["--manifest", "a.yaml", "--manifest", "b.yaml", "--out", "pki", "--force",

@@ -1,10 +1,12 @@
 """The package's shape, checked from its source (docs/architecture.md, "Rules"): no class over 300
-lines, no import cycle between the package's modules at import time, and no module reaching into
-another module's private names."""
+lines, no import cycle between the package's modules at import time, no module reaching into
+another module's private names, nothing importing `cli/`, and the tests and the benchmarks apart
+(what both use is `testbed/`)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -12,7 +14,8 @@ import pytest
 
 pytestmark = pytest.mark.core
 
-PACKAGE = Path(__file__).resolve().parent.parent / "lerobot_zenoh"
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "lerobot_zenoh"
 MAX_CLASS_LINES = 300
 
 
@@ -108,3 +111,57 @@ def test_no_import_cycle_between_modules():
         if module not in state:
             walk(module, [module])
     assert not cycles
+
+
+def _imported(tree: ast.Module) -> set[str]:
+    """Every module name an import statement anywhere in `tree` names (function-level imports too), with
+    `from a import b` giving both `a` and `a.b`."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _under(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def _sources(folder: Path) -> dict[str, ast.Module]:
+    return {str(path.relative_to(ROOT)): ast.parse(path.read_text(), str(path)) for path in sorted(folder.rglob("*.py"))}
+
+
+def test_nothing_in_the_package_imports_cli():
+    """`cli/` holds the console scripts' entry points; what they share with others (flag parsing:
+    `command_line.py`) lives below them."""
+    found = [f"{module}: {name}" for module, tree in MODULES.items() if not _under(module, "lerobot_zenoh.cli")
+             for name in sorted(_imported(tree)) if _under(name, "lerobot_zenoh.cli")]
+    assert not found
+
+
+#: Test helpers a benchmark still imports, until they move to testbed/: the fault kit's TCP floods
+#: (benchmarks/studies/openpi_door_faults.py).
+BENCHMARKS_MAY_IMPORT_FROM_TESTS = {"fault_kit"}
+
+
+def test_tests_and_benchmarks_import_nothing_of_each_other():
+    """tests/ imports nothing from benchmarks/ (not even `python -m benchmarks.x`), benchmarks/ nothing
+    from tests/' helper modules, and testbed/ (what both use) nothing from either."""
+    test_helpers = {p.stem for p in (ROOT / "tests").glob("*.py")} | {
+        p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and any(p.glob("*.py"))}
+
+    def runs_a_benchmark(tree):
+        return [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and re.fullmatch(r"benchmarks(\.\w+)+", node.value)]
+
+    found = [f"{path}: {name}" for path, tree in _sources(ROOT / "tests").items()
+             for name in sorted(_imported(tree) | set(runs_a_benchmark(tree))) if _under(name, "benchmarks")]
+    found += [f"{path}: {name}" for path, tree in _sources(ROOT / "benchmarks").items()
+              for name in sorted(_imported(tree))
+              if name.split(".")[0] in (test_helpers | {"tests"}) - BENCHMARKS_MAY_IMPORT_FROM_TESTS]
+    found += [f"{path}: {name}" for path, tree in _sources(ROOT / "testbed").items()
+              for name in sorted(_imported(tree)) if name.split(".")[0] in test_helpers | {"tests", "benchmarks"}]
+    assert not found

@@ -118,3 +118,20 @@ def test_every_generated_block_a_make_target_writes_is_in_the_file_it_names():
         text = (ROOT / target).read_text()
         assert re.search(r"<!-- [\w-]+:begin", text), f"{target} holds no generated block"
     assert "--write-readme README.md" in makefile
+
+
+#: A benchmark a doc names: `python -m benchmarks.x.y` or a path `benchmarks/x/y.py`.
+BENCHMARK = re.compile(r"python -m (benchmarks(?:\.\w+)+)|(?<![\w/.])(benchmarks/[\w/]+\.py)")
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_benchmark_a_doc_names_exists_or_is_named_removed(path):
+    """A script removed from the tree is named with the commit that removed it (the paragraph or table row
+    or table says "removed at"), so a reader knows to recover it with `git show` instead of running it."""
+    found = []
+    for block in re.split(r"\n\s*\n", path.read_text()):
+        for m in BENCHMARK.finditer(block):
+            target = ROOT / (m.group(2) or m.group(1).replace(".", "/") + ".py")
+            if not (target.exists() or target.with_suffix("").is_dir()) and "removed at" not in block:
+                found.append(m.group(0))
+    assert not found

@@ -220,7 +220,7 @@ def test_loss_and_delay_every_chunk_arrives_and_the_loop_keeps_its_period(tmp_pa
     (this CI kernel has no sch_netem); the loss from iptables' statistic match in the server
     namespace, both directions. Robot and server are the real console scripts.
     """
-    from benchmarks.netns import LinkShape, Network
+    from testbed.netns import LinkShape, Network
 
     summary_path = tmp_path / "client.json"
     net = Network(str(tmp_path))

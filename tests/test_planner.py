@@ -240,16 +240,6 @@ def test_cli_writes_a_deployment_and_refuses_an_infeasible_fleet(tmp_path, capsy
     assert err.startswith("lerobot-zenoh-plan: infeasible: server count") and "\n" not in err
 
 
-def test_the_benchmark_model_ranks_the_plan_above_both_baselines_on_p4():
-    from benchmarks.studies.pipelines_plan import dedicated_per_model, dedicated_per_robot, make_factory, planned, shared
-
-    f = make_factory("P4", 32, 8)
-    tp, _ = planned(f, PROFILES)
-    assert tp > 80
-    assert shared(f, PROFILES) == 0.0  # uncapped robots queue past the System 1 SLO
-    assert dedicated_per_model(f, PROFILES) < tp / 10 and dedicated_per_robot(f, PROFILES) == 0.0
-
-
 @pytest.mark.slow  # starts the robot client in a process of its own (it imports LeRobot)
 def test_a_generated_server_and_client_run_as_written(tmp_path):
     """The manifests and the client line of one robot, used as written: the pipeline client finds

@@ -71,7 +71,6 @@ import math
 import queue
 import secrets
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -86,6 +85,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 
 from benchmarks.common import ServerProcess  # noqa: E402
+from testbed.ports import free_port  # noqa: E402
 from benchmarks.harness import deliver_chunks, driver_ticks, telemetry_metrics, write_docs_block  # noqa: E402
 from benchmarks.studies import fleet as model  # noqa: E402
 from benchmarks.studies import fleet_traces  # noqa: E402
@@ -291,12 +291,6 @@ class VirtualRobot:
 
 
 # ------------------------------------------------------------------------------------ one run
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(cfg: RunConfig, tasks: list[Task], out: Path = OUT, port: int | None = None, verbose: bool = True,

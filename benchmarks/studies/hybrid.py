@@ -1,6 +1,6 @@
 """Edge-only vs cloud-only vs hybrid serving (Kairos Fig. 13) on the real stack, over shaped links.
 
-Three network namespaces and two shaped links (TUN delay lines of `benchmarks/netns.py`, or netem
+Three network namespaces and two shaped links (TUN delay lines of `testbed/netns.py`, or netem
 where the kernel has it):
 
     robots  10.78.1.1 ==== 2.5 ms one way, 300 Mbit/s ==== 10.78.1.2  edge  10.78.2.1 ==== --wan-ms one way
@@ -160,7 +160,7 @@ class Topology:
             _sh("ip", "netns", "exec", ns_a, "ip", "link", "del", dev_a, check=False)
             log = open(self.log_dir / f"delay_line_{dev_a}.log", "w")
             line = subprocess.Popen(
-                [sys.executable, "-m", "benchmarks.netns", "delay-line", "--client-dev", dev_a, "--server-dev", dev_b,
+                [sys.executable, "-m", "testbed.netns", "delay-line", "--client-dev", dev_a, "--server-dev", dev_b,
                  "--client-ns", ns_a, "--server-ns", ns_b],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1, cwd=ROOT)
             if line.stdout.readline().strip() != "ready":

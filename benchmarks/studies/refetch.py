@@ -34,7 +34,6 @@ import argparse
 import json
 import queue
 import secrets
-import socket
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -45,6 +44,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 
 from benchmarks.common import ServerProcess  # noqa: E402
+from testbed.ports import free_port  # noqa: E402
 from benchmarks.harness import deliver_chunks, driver_ticks, telemetry_metrics  # noqa: E402
 from lerobot_zenoh.errors import ProtocolError  # noqa: E402
 from lerobot_zenoh.protocol import codec  # noqa: E402
@@ -76,12 +76,6 @@ class RunConfig:
     warmup_s: float = 3.0
     measure_s: float = 15.0
     seed: int = 0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def manifest(cfg: RunConfig, port: int) -> dict:

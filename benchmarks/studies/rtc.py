@@ -65,7 +65,6 @@ import os
 import queue
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -78,6 +77,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 
 from benchmarks.common import ServerProcess  # noqa: E402
+from testbed.ports import free_port  # noqa: E402
 from benchmarks.harness import driver_ticks, machine, telemetry_metrics, write_docs_block  # noqa: E402
 from lerobot_zenoh.client.config_sim_robot import SO101_JOINTS, SimRobotConfig  # noqa: E402
 from lerobot_zenoh.client.sim_robot import SimRobot  # noqa: E402
@@ -103,12 +103,6 @@ BIN = Path(sys.executable).parent
 TASK = "follow the circle"
 MODES = ("rtc", "weighted_average", "latest_only", "no_trim")
 CLUSTER, EXPERIMENT, SERVER_ID = "local", "rtcbench", "rtc-bench"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ------------------------------------------------------------------------------------ prepare

@@ -42,7 +42,7 @@ class AdmitConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, parse
+    from lerobot_zenoh.command_line import EXIT_CONFIG, parse
 
     args = parse(AdmitConfig, argv, PROG)
     if not Path(args.deployment).is_dir():
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _admit(args: AdmitConfig) -> int:
-    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, one_line
+    from lerobot_zenoh.command_line import EXIT_CONFIG, one_line
     from lerobot_zenoh.errors import ConfigError
     from lerobot_zenoh.pipelines.fleet_admission import admit
     from lerobot_zenoh.pipelines.deployment import apply_admission, client_command, load_deployment

@@ -113,7 +113,7 @@ def _cameras(text: str) -> dict[str, tuple[int, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, fail, parse, require_extra
+    from lerobot_zenoh.command_line import EXIT_CONFIG, fail, parse, require_extra
 
     args = parse(BuildCheckpointConfig, argv, PROG)
     if args.policy_type in VLA_TYPES:  # transformers (and LeRobot's VLA code), from the [vla] extra

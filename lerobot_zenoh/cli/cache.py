@@ -31,7 +31,7 @@ class CacheConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lerobot_zenoh.cli.parsing import fail, parse, require_extra
+    from lerobot_zenoh.command_line import fail, parse, require_extra
 
     args = parse(CacheConfig, argv, PROG)
     require_extra(PROG, "server", "huggingface_hub")  # where the cache is (a server host has it)

@@ -84,7 +84,7 @@ def parse_config(argv: list[str] | None = None):
     from lerobot.utils.import_utils import register_third_party_plugins
 
     import lerobot_zenoh.client.sim_robot  # noqa: F401  (registers --robot.type=zenoh_sim)
-    from lerobot_zenoh.cli.parsing import CONNECT_SPELLINGS, UsageError, fail, parse
+    from lerobot_zenoh.command_line import CONNECT_SPELLINGS, UsageError, fail, parse
     from lerobot_zenoh.client.config import RobotClientConfig
 
     register_lerobot_robots()
@@ -154,7 +154,7 @@ def robot_plugins_installed() -> bool:
 def check_robot_type(robot_type: str) -> None:
     """Exit 2 in one line when no robot of `robot_type` can exist here. Types registered by a plugin
     (`--plugins`, or a lerobot_robot_* distribution) are left to the full parse."""
-    from lerobot_zenoh.cli.parsing import fail
+    from lerobot_zenoh.command_line import fail
 
     known = lerobot_robot_types()
     if robot_type in known:
@@ -181,7 +181,7 @@ def preflight(argv: list[str]):
     --robot.type, a serial port that does not exist, a dataset id that is not <user>/<name>, a
     dataset folder that cannot be written, a task over 2,048 bytes. Each is one line and exit 2
     (`fail`). None when a --config_path file (read by draccus only) may hold any of them."""
-    from lerobot_zenoh.cli.parsing import CONNECT_SPELLINGS, explain, fail, parse
+    from lerobot_zenoh.command_line import CONNECT_SPELLINGS, explain, fail, parse
     from lerobot_zenoh.client.options import ClientOptions, check_dataset_root, check_task_bytes, default_dataset_root
     from lerobot_zenoh.errors import ConfigError
 
@@ -302,7 +302,7 @@ def short_help(config_class, robot_type: str | None, robot_types: str | None = N
     """`--help`: this client's own options first, then the robot types; a robot's own options only
     for the `--robot.type` given (draccus would expand every robot LeRobot knows: 1,300 lines).
     `robot_types`: the line listing them, when `config_class` has no robot (fast_help)."""
-    from lerobot_zenoh.cli.parsing import help_text
+    from lerobot_zenoh.command_line import help_text
 
     sections: list[tuple[str, str | None, list[str]]] = []  # (class, dotted path, lines)
     for line in help_text(config_class, PROG).splitlines():
@@ -412,7 +412,7 @@ def make_robot(config):
     """The robot of `--robot.*`, connected; a missing driver or device is one line and exit 2."""
     from lerobot.robots import make_robot_from_config
 
-    from lerobot_zenoh.cli.parsing import fail
+    from lerobot_zenoh.command_line import fail
 
     kind = config.robot.type
     port = getattr(config.robot, "port", None)
@@ -473,7 +473,7 @@ class ListConfig:
 
 def list_main(argv: list[str]) -> int:
     """`lerobot-robot-client --list --endpoint=...`: every application the endpoint serves, one a line."""
-    from lerobot_zenoh.cli.parsing import EXIT_NO_SERVER, UsageError, fail, parse
+    from lerobot_zenoh.command_line import EXIT_NO_SERVER, UsageError, fail, parse
     from lerobot_zenoh.client.discovery import as_endpoint, list_apps
     from lerobot_zenoh.errors import CompatibilityError
     from lerobot_zenoh.protocol.keys import status_selector
@@ -512,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     LeRobot: the robot's own flags, the robot, the dataset."""
     import threading
 
-    from lerobot_zenoh.cli.parsing import (EXIT_CONFIG, EXIT_NO_SERVER, LEROBOT_CLIENT_FLAGS, UsageError,
+    from lerobot_zenoh.command_line import (EXIT_CONFIG, EXIT_NO_SERVER, LEROBOT_CLIENT_FLAGS, UsageError,
                                            answer_foreign_flags, fail, require_role)
     from lerobot_zenoh.errors import CompatibilityError, LeRobotZenohError
 
@@ -598,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
     from lerobot_zenoh.client.client import RobotClient
 
     if config.dataset is not None:  # before waiting for a server or opening the robot
-        from lerobot_zenoh.cli.parsing import explain
+        from lerobot_zenoh.command_line import explain
         from lerobot_zenoh.client.options import check_dataset_root
         from lerobot_zenoh.errors import ConfigError
 
@@ -652,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("not starting: %s", exc)
         code = EXIT_NO_SERVER
     except LeRobotZenohError as exc:
-        from lerobot_zenoh.cli.parsing import explain
+        from lerobot_zenoh.command_line import explain
 
         log.error("%s", explain(exc))
         code = EXIT_CONFIG

@@ -138,7 +138,7 @@ class Unreachable(TransportError):
 def spellings():
     """The monitor's other spellings: --zenoh.connect once per endpoint, and the switches written
     without a value (``--json`` for ``--json=true``)."""
-    from lerobot_zenoh.cli.parsing import CONNECT_SPELLINGS, Spellings
+    from lerobot_zenoh.command_line import CONNECT_SPELLINGS, Spellings
 
     return Spellings(switches={"--json": "--json=true", "--exit_when_unreachable": "--exit_when_unreachable=true"},
                      aliases={"--log-level": "--log_level"}, repeatable=CONNECT_SPELLINGS.repeatable)
@@ -278,7 +278,7 @@ def serve_prometheus(fleet, port: int, host: str = "127.0.0.1", max_bytes: int =
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, EXIT_NO_SERVER, explain, fail, parse, warn_old_spellings
+    from lerobot_zenoh.command_line import EXIT_CONFIG, EXIT_NO_SERVER, explain, fail, parse, warn_old_spellings
     from lerobot_zenoh.cli.stopping import begin_stop
 
     args = sys.argv[1:] if argv is None else list(argv)

@@ -85,7 +85,7 @@ def flags_class() -> type:
 
 
 def spellings():
-    from lerobot_zenoh.cli.parsing import Spellings
+    from lerobot_zenoh.command_line import Spellings
 
     return Spellings(aliases={"--config": "--config_path", "--prompt": "--mapping.prompt",
                               "--default_prompt": "--mapping.default_prompt", **_REPEATED, "--log-level": "--log_level"},
@@ -95,7 +95,7 @@ def spellings():
 
 def parse(argv: list[str] | None = None):
     """(FrontDoorConfig, log level) of the command line; a mistake is one line and exit 2."""
-    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, fail, parse as parse_flags, warn_old_spellings
+    from lerobot_zenoh.command_line import EXIT_CONFIG, fail, parse as parse_flags, warn_old_spellings
     from lerobot_zenoh.cli.settings_flags import settings_values
     from lerobot_zenoh.errors import ConfigError
     from lerobot_zenoh.openpi.front_door import FrontDoorConfig
@@ -115,7 +115,7 @@ def parse(argv: list[str] | None = None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, EXIT_NO_SERVER, explain, fail, require_extra
+    from lerobot_zenoh.command_line import EXIT_CONFIG, EXIT_NO_SERVER, explain, fail, require_extra
     from lerobot_zenoh.errors import CompatibilityError, ConfigError
 
     try:

@@ -29,7 +29,7 @@ class PlanConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, one_line, parse, require_extra
+    from lerobot_zenoh.command_line import EXIT_CONFIG, one_line, parse, require_extra
 
     args = parse(PlanConfig, argv, PROG)  # before the imports below: --help and a mistake at once
     require_extra(PROG, "planner", "ortools")  # the ILP packing (OR-Tools CP-SAT)

@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     import logging
     from pathlib import Path
 
-    from lerobot_zenoh.cli.parsing import EXIT_CONFIG, EXIT_NO_SERVER, Spellings, one_line, parse, warn_old_spellings
+    from lerobot_zenoh.command_line import EXIT_CONFIG, EXIT_NO_SERVER, Spellings, one_line, parse, warn_old_spellings
 
     args = sys.argv[1:] if argv is None else list(argv)
     warn_old_spellings(PROG, args, {"--log-level": "--log_level"})

@@ -73,7 +73,7 @@ class RouterConfig:
 
 
 def spellings():
-    from lerobot_zenoh.cli.parsing import Spellings
+    from lerobot_zenoh.command_line import Spellings
 
     return Spellings(aliases={"--listen": "--zenoh.listen", "--connect": "--zenoh.connect",
                               "--set": "--zenoh.json5_overrides", "--log-level": "--log_level"},
@@ -89,7 +89,7 @@ _OPTION_OF_PATH = {"listen/endpoints": "listen", "connect/endpoints": "connect",
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lerobot_zenoh.cli.parsing import one_line, parse
+    from lerobot_zenoh.command_line import one_line, parse
     from lerobot_zenoh.cli.stopping import begin_stop
 
     args = sys.argv[1:] if argv is None else list(argv)

@@ -126,7 +126,7 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lerobot_zenoh.cli.parsing import Spellings, explain, fail, parse, warn_old_spellings
+    from lerobot_zenoh.command_line import Spellings, explain, fail, parse, warn_old_spellings
     from lerobot_zenoh.errors import LeRobotZenohError
 
     args = sys.argv[1:] if argv is None else list(argv)

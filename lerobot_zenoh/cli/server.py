@@ -150,7 +150,7 @@ def check_policy_path(path: str) -> None:
     Online, a hub id is fetched when the model loads, as before."""
     from pathlib import Path
 
-    from lerobot_zenoh.cli.parsing import fail
+    from lerobot_zenoh.command_line import fail
     from lerobot_zenoh.errors import PolicyError
     from lerobot_zenoh.server.hub import checkpoint_folder, is_offline
 
@@ -226,13 +226,13 @@ given). The manifest's fields: docs/server.md, "Manifest reference".
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lerobot_zenoh.cli.parsing import (EXIT_CONFIG, LEROBOT_SERVER_FLAGS, answer_foreign_flags, explain, one_line,
+    from lerobot_zenoh.command_line import (EXIT_CONFIG, LEROBOT_SERVER_FLAGS, answer_foreign_flags, explain, one_line,
                                            parse, require_role)
     from lerobot_zenoh.cli.stopping import begin_stop
 
     given = sys.argv[1:] if argv is None else list(argv)
     if "-h" in given or "--help" in given:
-        from lerobot_zenoh.cli.parsing import help_text
+        from lerobot_zenoh.command_line import help_text
 
         print(help_text(ServerConfig, PROG) + HELP_EXTRA, end="")
         return 0
@@ -321,7 +321,7 @@ def _client_endpoint(listen: str) -> str:
 
 def _reload(server, args: ServerConfig, log: logging.Logger) -> None:
     """SIGHUP: re-read the manifest; the server takes its client lists or refuses it (one line)."""
-    from lerobot_zenoh.cli.parsing import one_line
+    from lerobot_zenoh.command_line import one_line
     from lerobot_zenoh.errors import ConfigError
 
     if args.manifest is None:

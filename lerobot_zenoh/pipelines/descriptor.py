@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lerobot_zenoh.errors import ConfigError, KeyExprError
+from lerobot_zenoh.model_source import check_model_source
 from lerobot_zenoh.protocol.keys import validate_chunk
 
 #: Component kinds. Goal-coupled kinds set the robot's action rate; obligation kinds run at a set rate
@@ -275,12 +276,7 @@ class ServedModel(_Strict):
 
     @model_validator(mode="after")
     def _source(self):
-        if (self.pretrained_path is None) == (self.synthetic is None):
-            raise ValueError("give exactly one of pretrained_path or synthetic")
-        if self.vlm is not None and self.pretrained_path is None:
-            raise ValueError("vlm needs pretrained_path (the VLM's folder)")
-        if self.language is not None and (self.pretrained_path is None or self.vlm is not None):
-            raise ValueError("language needs pretrained_path (a pi05 checkpoint) and no vlm")
+        check_model_source(self.pretrained_path, self.synthetic, vlm=self.vlm, language=self.language)
         _key_chunk("model_id", self.model_id)
         _key_chunk("model_version", self.model_version)
         return self

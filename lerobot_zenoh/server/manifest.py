@@ -57,6 +57,7 @@ from pydantic import (
 
 from lerobot_zenoh.config import Settings, TypedBlock, YamlBoolWord, config_error, verdict_labels
 from lerobot_zenoh.errors import ConfigError, KeyExprError
+from lerobot_zenoh.model_source import check_model_source
 from lerobot_zenoh.protocol.keys import AppKey, pipeline_app, validate_chunk, validate_client_id
 from lerobot_zenoh.protocol.messages import MAX_COMPONENTS
 from lerobot_zenoh.protocol.reasons import OutputKind
@@ -327,18 +328,10 @@ class ModelEntry(Settings):
 
     @model_validator(mode="after")
     def _policy_source(self):
-        if (self.pretrained_path is None) == (self.synthetic is None):
-            raise ValueError("give exactly one of pretrained_path or synthetic")
-        if self.vlm is not None and self.pretrained_path is None:
-            raise ValueError("vlm needs pretrained_path (the VLM's folder)")
-        if self.language is not None and (self.pretrained_path is None or self.vlm is not None):
-            raise ValueError("language needs pretrained_path (a pi05 checkpoint) and no vlm")
-        if self.decode is not None and (self.pretrained_path is None or self.vlm is not None or self.language):
-            raise ValueError("decode needs pretrained_path (a pi0_fast checkpoint), no vlm and no language")
+        check_model_source(self.pretrained_path, self.synthetic, vlm=self.vlm, language=self.language,
+                           decode=self.decode, images_on_device=self.images_on_device)
         if self.images_on_device and not self.device.startswith("cuda"):
             raise ValueError(f"images_on_device needs a CUDA device, the model is on {self.device!r}")
-        if self.images_on_device and (self.pretrained_path is None or self.vlm is not None):
-            raise ValueError("images_on_device needs pretrained_path (a LeRobot checkpoint) and no vlm")
         for p in self.pipeline:
             if p.text is not None and self.language is None:
                 raise ValueError(f"pipeline: task {p.task!r}: text ({p.text.component}) needs this entry's "

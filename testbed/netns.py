@@ -10,7 +10,7 @@ Links (one-way delay on each direction, and a rate):
 
 The link is a veth pair shaped with ``tc qdisc ... netem delay D rate R`` on both ends, where the
 kernel has ``sch_netem``. Where it does not (some container and VM kernels ship without it), the link is
-a pair of TUN devices and a small delay line in user space (``python -m benchmarks.netns delay-line``):
+a pair of TUN devices and a small delay line in user space (``python -m testbed.netns delay-line``):
 it reads each IP packet, holds it for its serialisation time at the rate plus the delay, and writes it
 to the other side, with a 1000-packet queue like netem's default. TCP therefore sees the real delay,
 rate and queue: window growth, ACK clocking and HTTP/2 flow control behave as on a real link (a TCP
@@ -133,7 +133,7 @@ class Network:
     def _start_delay_line(self) -> None:
         log = open(os.path.join(self.log_dir, "delay_line.log"), "w")
         self._delay_line = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.netns", "delay-line", "--client-dev", self._dev_client,
+            [sys.executable, "-m", "testbed.netns", "delay-line", "--client-dev", self._dev_client,
              "--server-dev", self._dev_server, "--client-ns", self.ns_client, "--server-ns", self.ns_server],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1,
             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks import results_table
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _case(link: str, ours: float, lerobot: float, floor: float, shm: float | None = None) -> dict:

@@ -1,0 +1,11 @@
+"""The test bed both the tests and the benchmarks stand on, written once for both.
+
+What it holds is neither the product nor a measurement: free loopback ports for the servers a test or a
+benchmark starts (`ports`), and two network namespaces joined by a shaped link (`netns`: delay and rate,
+with `tc netem` or a user-space TUN delay line).
+
+Why a package of its own, at the top of the repository: `tests/` imports nothing from `benchmarks/` (a
+benchmark may change or go away without a test noticing) and `benchmarks/` imports nothing from `tests/`;
+what both need lives here, below both. It is not part of the installed `lerobot_zenoh` package (a user's
+install never needs it), and it imports nothing from `tests/` or `benchmarks/`.
+"""
