@@ -126,7 +126,73 @@ def read_config(path: Path) -> Any:
         raise PolicyError(f"{path}: cannot read policy config: {exc}") from exc
 
 
-class LeRobotRunner(BaseRunner):
+class CompiledCalls:
+    """A LeRobot runner's compiled inference (runners/compiled.py): the chunk call through the compiled
+    graphs once they are warm, else eager; every bucket compiled and warmed before the plain warm-up.
+    Mixed into `LeRobotRunner`, whose `spec`, `policy`, `device`, `path`, `run` and `forget` it uses."""
+
+    _compiled: CompiledChunk | None = None
+
+    def set_compile(self, options: LoadOptions) -> None:
+        settings = options.compile
+        if not settings.enabled:
+            return
+        field = options.field("compile")
+        if self.not_compiled:
+            raise PolicyError(f"{field}: {self.spec.policy_type} is not compiled: {self.not_compiled}; use off")
+        from lerobot_zenoh.server.runners.compiled import CompiledChunk, batch_buckets
+
+        largest = self.spec.capabilities.max_batch or options.max_batch
+        self._compiled = CompiledChunk(self.compile_target(), settings, batch_buckets(settings, largest),
+                                       device_type=self.device.type, name=f"{self.path.name} ({self.spec.policy_type})",
+                                       field=field, dtype=DTYPES.get(options.dtype, options.dtype))
+
+    def compile_target(self) -> Any:
+        """The function compiled: ``predict_action_chunk`` of the policy, whole."""
+        return self.policy.predict_action_chunk
+
+    def _predict(self, batch: dict[str, Any], **kwargs: Any) -> torch.Tensor:
+        """The policy's normalized chunk for a preprocessed `batch`: through the compiled graphs once
+        they are warm, else eager."""
+        compiled = self._compiled
+        if compiled is not None and compiled.active:
+            return compiled(batch, **kwargs)
+        return self.policy.predict_action_chunk(batch, **kwargs)
+
+    def warmup(self) -> None:
+        """Compile and warm every batch bucket first when compiled (a failure refuses to start, or
+        with ``compile.fallback: eager`` serves eager), then the plain warm-up."""
+        compiled = self._compiled
+        if compiled is not None and not compiled.serving:
+            try:
+                compiled.warm(self._dummy_chunks)
+            except PolicyError as exc:
+                if compiled.settings.fallback != "eager":
+                    raise
+                log.warning("%s; serving it eager (compile.fallback: eager)", exc)
+                compiled.close()
+                self._compiled = None
+        super().warmup()
+
+    def _dummy_chunks(self, size: int) -> np.ndarray:
+        """``run`` on `size` dummy observations of distinct private sessions: (size, T, action_dim)."""
+        requests = self._dummy_requests(size)
+        try:
+            return np.stack([r.actions for r in self.run(requests)])
+        finally:
+            for r in requests:
+                self.forget(r.session_id)
+
+    def _dummy_requests(self, size: int) -> list[InferenceRequest]:
+        """The compile warm-up's requests: `size` dummy observations of distinct private sessions."""
+        state, images = dummy_observation(self.spec)
+        return [InferenceRequest(f"\x00compile-{i}", state, images, "", seed=i) for i in range(size)]
+
+    def figures(self) -> dict[str, float]:
+        return self._compiled.figures() if self._compiled is not None else {}
+
+
+class LeRobotRunner(CompiledCalls, BaseRunner):
     """A LeRobot checkpoint behind the runner seam: shared loading and pre/post-processing.
 
     Subclasses implement `_chunk` (normalized in, ``(1, T, action_dim)`` normalized out) and may
@@ -292,68 +358,6 @@ class LeRobotRunner(BaseRunner):
     def file_key_candidates(cls, key: str) -> tuple[str, ...]:
         """The model state-dict keys a ``model.safetensors`` key may load into."""
         return (key, f"model.{key}")
-
-    # -- compiled inference (runners/compiled.py) ---------------------------------------------------
-
-    _compiled: CompiledChunk | None = None
-
-    def set_compile(self, options: LoadOptions) -> None:
-        settings = options.compile
-        if not settings.enabled:
-            return
-        field = options.field("compile")
-        if self.not_compiled:
-            raise PolicyError(f"{field}: {self.spec.policy_type} is not compiled: {self.not_compiled}; use off")
-        from lerobot_zenoh.server.runners.compiled import CompiledChunk, batch_buckets
-
-        largest = self.spec.capabilities.max_batch or options.max_batch
-        self._compiled = CompiledChunk(self.compile_target(), settings, batch_buckets(settings, largest),
-                                       device_type=self.device.type, name=f"{self.path.name} ({self.spec.policy_type})",
-                                       field=field, dtype=DTYPES.get(options.dtype, options.dtype))
-
-    def compile_target(self) -> Any:
-        """The function compiled: ``predict_action_chunk`` of the policy, whole."""
-        return self.policy.predict_action_chunk
-
-    def _predict(self, batch: dict[str, Any], **kwargs: Any) -> torch.Tensor:
-        """The policy's normalized chunk for a preprocessed `batch`: through the compiled graphs once
-        they are warm, else eager."""
-        compiled = self._compiled
-        if compiled is not None and compiled.active:
-            return compiled(batch, **kwargs)
-        return self.policy.predict_action_chunk(batch, **kwargs)
-
-    def warmup(self) -> None:
-        """Compile and warm every batch bucket first when compiled (a failure refuses to start, or
-        with ``compile.fallback: eager`` serves eager), then the plain warm-up."""
-        compiled = self._compiled
-        if compiled is not None and not compiled.serving:
-            try:
-                compiled.warm(self._dummy_chunks)
-            except PolicyError as exc:
-                if compiled.settings.fallback != "eager":
-                    raise
-                log.warning("%s; serving it eager (compile.fallback: eager)", exc)
-                compiled.close()
-                self._compiled = None
-        super().warmup()
-
-    def _dummy_chunks(self, size: int) -> np.ndarray:
-        """``run`` on `size` dummy observations of distinct private sessions: (size, T, action_dim)."""
-        requests = self._dummy_requests(size)
-        try:
-            return np.stack([r.actions for r in self.run(requests)])
-        finally:
-            for r in requests:
-                self.forget(r.session_id)
-
-    def _dummy_requests(self, size: int) -> list[InferenceRequest]:
-        """The compile warm-up's requests: `size` dummy observations of distinct private sessions."""
-        state, images = dummy_observation(self.spec)
-        return [InferenceRequest(f"\x00compile-{i}", state, images, "", seed=i) for i in range(size)]
-
-    def figures(self) -> dict[str, float]:
-        return self._compiled.figures() if self._compiled is not None else {}
 
     # -- serving -----------------------------------------------------------------------------------
 
