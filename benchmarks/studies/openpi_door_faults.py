@@ -2,13 +2,16 @@
 honest openpi-client's latency.
 
     python -m benchmarks.studies.openpi_door_faults [--seconds 20] [--connections 8] [--frame-mib 16]
+                                                    [--max-frame-mib N]
 
 One synthetic model (2 x 224x224 cameras, 20 ms a batch) served in this process; the front door in a
 process of its own (its resident memory is read from /proc every 20 ms); the official openpi-client
 (`WebsocketClientPolicy.infer` in .venv-openpi, one request in flight) asks back to back for
 `--seconds`: first alone (the control), then beside `--connections` websocket connections sending
 `--frame-mib` MiB frames of nested empty lists, then of nested empty maps, at line rate, from
-another loopback address (tests/fault_kit/tcp.py: `nested_frame`, `flood_frames`). Prints a markdown
+another loopback address (tests/fault_kit/tcp.py: `nested_frame`, `flood_frames`). The door's frame
+limit is its default (derived from the model: about 1.6 MB here, so 16 MiB frames are refused from
+their headers) unless `--max-frame-mib` sets `max_frame_bytes` (16: the frames are read and screened). Prints a markdown
 table: the door's resident memory at idle and its peak during each run, the honest client's
 p50/p99 and requests answered, and what the door refused (frames, handshakes) during the run. docs/openpi.md holds a run.
 """
@@ -91,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--connections", type=int, default=8)
     p.add_argument("--frame-mib", type=int, default=16)
+    p.add_argument("--max-frame-mib", type=int, default=None, help="the door's max_frame_bytes (unset: derived)")
     args = p.parse_args(argv)
 
     from lerobot_zenoh.protocol.keys import AppKey
@@ -121,6 +125,8 @@ def main(argv: list[str] | None = None) -> None:
         config = {"port": 0, "endpoint": f"tcp/127.0.0.1:{zport}", "cluster_uuid": app.cluster,
                   "experiment_tag": app.experiment, "model_id": app.model, "telemetry_period_s": 0,
                   "mapping": MAPPING}
+        if args.max_frame_mib:
+            config["max_frame_bytes"] = args.max_frame_mib << 20
         door = subprocess.Popen([sys.executable, "-c", _DOOR, json.dumps(config)], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True,
                                 env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])})
@@ -157,7 +163,8 @@ def main(argv: list[str] | None = None) -> None:
             door.stdin.close()
             door.wait(30)
     control_p99 = rows[0][5]
-    print(f"\n{args.connections} connections x {args.frame_mib} MiB frames, {args.seconds:g} s a run, "
+    limit = f"max_frame_bytes {args.max_frame_mib} MiB" if args.max_frame_mib else "the door's default frame limit"
+    print(f"\n{args.connections} connections x {args.frame_mib} MiB frames, {limit}, {args.seconds:g} s a run, "
           f"load {os.getloadavg()[0]:.1f}\n")
     print("| honest openpi-client | door RSS idle | door RSS peak (above idle) | answered | p50 ms | p99 ms "
           "| p99 / control | refusals |")

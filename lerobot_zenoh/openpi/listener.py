@@ -20,6 +20,15 @@ free. Large frames then wait in their senders' TCP windows, not in the door's me
 connections sending 16 MiB frames at line rate cost a few frames per place, and a client whose
 requests are small (under the allowance) never waits.
 
+A connection that has ended still holds its last frames: websockets' connection, protocol and
+parser refer to each other (a generator, stored exceptions and their tracebacks), so what they hold
+(the frames queued, the last frame parsed, the read buffer) is freed only by Python's cyclic
+garbage collector, whose full passes are rare in a process that allocates few objects. A door whose
+attackers reconnect after each refusal kept dozens of dead connections' 16 MiB frames (hundreds of
+MB) this way. So when a connection that held more than the allowance ends, the budget's collector
+thread runs a full collection (at most one every `collect_every_s`, a few ms; never on the
+thread of a connection).
+
 `Listener.held()` gives the connection's own record to code running on its thread (the door's
 handshake and connection handlers): its peer address as accept() returned it (no system call on a
 socket that may be gone) and what became of its handshake, so that every connection that ends
@@ -29,6 +38,7 @@ before it is established is counted once, by kind, and never logs a traceback.
 from __future__ import annotations
 
 import errno
+import gc
 import logging
 import resource
 import selectors
@@ -80,13 +90,36 @@ class NoiseLog:
 
 
 class ReadBudget:
-    """How many connections may hold more than `allowance` unhandled bytes at once (`readers`)."""
+    """How many connections may hold more than `allowance` unhandled bytes at once (`readers`), and
+    the collector of the garbage that ended large connections leave (`ended_large`)."""
 
-    def __init__(self, readers: int, allowance: int):
+    def __init__(self, readers: int, allowance: int, collect_every_s: float = 0.5):
         self.readers = readers
         self.allowance = allowance
         self.free = readers
         self.cond = threading.Condition()
+        self.collections = 0
+        self._collect_every_s = collect_every_s
+        self._ended = threading.Event()
+        self._collector: threading.Thread | None = None
+        self._collector_lock = threading.Lock()
+
+    def ended_large(self) -> None:
+        """A connection that held more than the allowance has ended (and its thread dropped it):
+        collect its garbage soon, on the collector's thread."""
+        with self._collector_lock:
+            if self._collector is None:
+                self._collector = threading.Thread(target=self._collect, name="openpi:collect", daemon=True)
+                self._collector.start()
+        self._ended.set()
+
+    def _collect(self) -> None:
+        while True:
+            self._ended.wait()
+            self._ended.clear()
+            gc.collect()
+            self.collections += 1
+            time.sleep(self._collect_every_s)
 
 
 class BudgetedSocket:
@@ -107,6 +140,7 @@ class BudgetedSocket:
         self._held = 0
         self._placed = False
         self._closed = False
+        self.was_large = False  # it held more than the allowance at some time
 
     def recv(self, bufsize: int) -> bytes:
         b = self._budget
@@ -117,6 +151,7 @@ class BudgetedSocket:
                 if b.free > 0 and not self._closed:
                     b.free -= 1
                     self._placed = True
+            self.was_large = True
         data = self._sock.recv(bufsize)
         with self._lock:
             self._held += len(data)
@@ -293,6 +328,7 @@ class Listener:
         with self._lock:
             self._held[held.thread] = held
         sock = held.sock
+        budgeted = None
         try:
             if self._tls is not None:
                 sock.settimeout(self._handshake_timeout_s)
@@ -301,7 +337,8 @@ class Listener:
                     held.sock = sock
                 sock.do_handshake()
                 sock.settimeout(None)
-            self._handler(sock if self.read_budget is None else BudgetedSocket(sock, self.read_budget), held.peer)
+            budgeted = None if self.read_budget is None else BudgetedSocket(sock, self.read_budget)
+            self._handler(sock if budgeted is None else budgeted, held.peer)
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError: resets, timeouts, bad handshakes
             held.failure = held.failure or ("tls_failed" if isinstance(exc, ssl.SSLError) else
                                             "handshake_timeout" if isinstance(exc, TimeoutError) else
@@ -310,6 +347,9 @@ class Listener:
             _close(sock)
             with self._lock:
                 self._held.pop(held.thread, None)
+            if budgeted is not None and budgeted.was_large:
+                budgeted = None  # the last reference this thread holds to the connection's objects
+                self.read_budget.ended_large()
             if not held.established and not held.answered:
                 reason = "evicted_in_handshake" if held.evicted else held.failure or "handshake_closed"
                 if reason != "evicted_in_handshake":  # counted once, as `evicted`, when it was pushed out
