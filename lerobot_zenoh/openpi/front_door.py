@@ -404,8 +404,7 @@ class FrontDoor:
             link = RobotLink(self._session, self.app, client_id, jpeg_quality=cfg.jpeg_quality,
                              resend_after_s=cfg.resend_after_s, timeout_s=cfg.request_timeout_s,
                              control_period_s=1 / cfg.fps if cfg.fps else None, jpeg_pool=self._jpeg,
-                             stop=self._closing)
-            link.open()
+                             stop=self._closing)  # declared on the fleet at its first decoded request
             connection.send(self._metadata)
             prev_total_ms: float | None = None
             while True:
@@ -436,7 +435,13 @@ class FrontDoor:
         except ConnectionClosed as exc:
             if exc.sent is not None and exc.sent.code == 1009:
                 self.counters.reject(OpenPIReason.TOO_LARGE)
+                self._on_rejection(host)
                 self._noise.note("too_large", f"{client_id}: closed: a frame over {self.frame_limit} bytes")
+                # Not the close handshake's 2 s of reading (and discarding) what the peer goes on sending.
+                try:
+                    connection.socket.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
         except (OSError, EOFError) as exc:  # the peer reset or vanished: noise, counted, one line a minute
             self.counters.reject("connection_reset")
             self._noise.note("connection_reset", f"{client_id}: connection from {host} lost ({type(exc).__name__})",
