@@ -9,7 +9,8 @@ process of its own (its resident memory is read from /proc every 20 ms); the off
 (`WebsocketClientPolicy.infer` in .venv-openpi, one request in flight) asks back to back for
 `--seconds`: first alone (the control), then beside `--connections` websocket connections sending
 `--frame-mib` MiB frames of nested empty lists, then of nested empty maps, at line rate, from
-another loopback address (tests/fault_kit/tcp.py: `nested_frame`, `flood_frames`). The door's frame
+another loopback address, from a process of its own (tests/fault_kit/tcp.py: `nested_frame`,
+`flood_frames`; in the server's process, its churn of connections would slow the model). The door's frame
 limit is its default (derived from the model: about 1.6 MB here, so 16 MiB frames are refused from
 their headers) unless `--max-frame-mib` sets `max_frame_bytes` (16: the frames are read and screened). Prints a markdown
 table: the door's resident memory at idle and its peak during each run, the honest client's
@@ -33,15 +34,24 @@ import numpy as np
 
 from benchmarks.common import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))  # the fault kit lives with the tests
-
-from fault_kit import tcp  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[2]  # the attacker imports the fault kit from tests/
 DRIVER = ROOT / "tests" / "openpi_client_driver.py"
 CAMERAS = {"front": (224, 224), "wrist": (224, 224)}
 MAPPING = {"images": {"observation/image": "front", "observation/wrist_image": "wrist"},
            "state": "observation/state", "prompt": "prompt"}
+
+_ATTACKER = r"""
+import json, sys, threading
+from fault_kit import tcp
+args = json.loads(sys.argv[1])
+stop = threading.Event()
+frame = tcp.nested_frame(args["nbytes"], args["kind"])
+threading.Thread(target=tcp.flood_frames, args=("127.0.0.1", args["port"], frame, stop),
+                 kwargs={"connections": args["connections"]}, daemon=True).start()
+print("flooding", flush=True)
+sys.stdin.read()  # until the study closes it
+stop.set()
+"""
 
 _DOOR = r"""
 import json, sys
@@ -143,15 +153,21 @@ def main(argv: list[str] | None = None) -> None:
             idle_mb = rss_mb(door.pid)
             for label, kind in (("alone (control)", None), ("beside nested lists", "lists"),
                                 ("beside nested maps", "maps")):
-                stop = threading.Event()
                 before = refused()
+                attacker = None
                 if kind is not None:
-                    frame = tcp.nested_frame(args.frame_mib << 20, kind)
-                    threading.Thread(target=tcp.flood_frames, args=("127.0.0.1", port, frame, stop),
-                                     kwargs={"connections": args.connections}, daemon=True).start()
+                    attacker = subprocess.Popen(
+                        [sys.executable, "-c", _ATTACKER, json.dumps({"port": port, "kind": kind,
+                                                                      "nbytes": args.frame_mib << 20,
+                                                                      "connections": args.connections})],
+                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])})
+                    attacker.stdout.readline()
                 with PeakRss(door.pid) as peak:
                     times = honest(python, port, args.seconds, obs_file)
-                    stop.set()
+                    if attacker is not None:
+                        attacker.stdin.close()
+                        attacker.wait(30)
                     time.sleep(1)
                 rows.append((label, idle_mb, peak.peak, len(times), np.percentile(times, 50),
                              np.percentile(times, 99), refused() - before))
