@@ -437,11 +437,6 @@ class FrontDoor:
                 self.counters.reject(OpenPIReason.TOO_LARGE)
                 self._on_rejection(host)
                 self._noise.note("too_large", f"{client_id}: closed: a frame over {self.frame_limit} bytes")
-                # Not the close handshake's 2 s of reading (and discarding) what the peer goes on sending.
-                try:
-                    connection.socket.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
         except (OSError, EOFError) as exc:  # the peer reset or vanished: noise, counted, one line a minute
             self.counters.reject("connection_reset")
             self._noise.note("connection_reset", f"{client_id}: connection from {host} lost ({type(exc).__name__})",

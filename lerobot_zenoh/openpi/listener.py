@@ -128,7 +128,12 @@ class BudgetedSocket:
     connection's frames have been handled (`handled(n)`). Everything else is the socket's own.
 
     A connection in a place never waits here, so its frame completes, is handled and frees the
-    place: no connection can hold a place while waiting for another's."""
+    place: no connection can hold a place while waiting for another's.
+
+    Once the door has finished sending (websockets shuts the socket for writing after its close
+    frame, in a close handshake or on refusing a frame over the size limit), `recv` reads nothing
+    more: the connection ends at once instead of reading and discarding what the peer goes on
+    sending (a frame claiming 16 MiB) for the close time-out."""
 
     #: Bytes of websocket framing (headers, control frames) forgiven per handled frame.
     _FRAMING = 64
@@ -141,12 +146,15 @@ class BudgetedSocket:
         self._placed = False
         self._closed = False
         self.was_large = False  # it held more than the allowance at some time
+        self._done_sending = False
 
     def recv(self, bufsize: int) -> bytes:
+        if self._done_sending:
+            return b""
         b = self._budget
         if self._held > b.allowance and not self._placed:
             with b.cond:
-                while b.free == 0 and not self._closed and not self._peer_gone():
+                while b.free == 0 and not self._closed and not self._done_sending and not self._peer_gone():
                     b.cond.wait(0.25)
                 if b.free > 0 and not self._closed:
                     b.free -= 1
@@ -179,6 +187,11 @@ class BudgetedSocket:
                 self._placed = False
                 self._budget.free += 1
                 self._budget.cond.notify()
+
+    def shutdown(self, how: int) -> None:
+        if how in (socket.SHUT_WR, socket.SHUT_RDWR):
+            self._done_sending = True
+        self._sock.shutdown(how)
 
     def close(self) -> None:
         self._closed = True
