@@ -24,7 +24,7 @@ from lz_testing import wait_for
 from test_openpi import MAPPING, door_config, expected_chunk, observation, server_manifest
 
 from lerobot_zenoh.errors import ProtocolError
-from lerobot_zenoh.openpi.listener import Listener, NoiseLog
+from lerobot_zenoh.openpi.listener import BudgetedSocket, Listener, NoiseLog, ReadBudget
 from lerobot_zenoh.openpi.mapping import KeyMapping
 from lerobot_zenoh.openpi.wire import OpenPIReason, pack, unpack
 from lerobot_zenoh.protocol.messages import MAX_TASK_BYTES, Status
@@ -401,3 +401,19 @@ def test_the_door_serves_an_honest_client_beside_each_fault(door, fault):
     np.testing.assert_allclose(actions(ask(port, 6)), expected_chunk(6), atol=1e-5)
     if fault == "oversized":
         assert door.counters.rejected["too_large"] >= 1
+
+
+def test_a_connection_reads_nothing_once_the_door_has_sent_its_eof():
+    """After the door's close (or its refusal of an oversized frame) what the peer goes on sending
+    is not read and discarded for the close time-out: the connection ends at once."""
+    door_side, peer = socket.socketpair()
+    try:
+        budgeted = BudgetedSocket(door_side, ReadBudget(1, 1 << 20))
+        peer.sendall(b"x" * 4096)
+        assert budgeted.recv(1024) == b"x" * 1024
+        budgeted.shutdown(socket.SHUT_WR)
+        peer.sendall(b"y" * 4096)
+        assert budgeted.recv(1024) == b""
+    finally:
+        door_side.close()
+        peer.close()
