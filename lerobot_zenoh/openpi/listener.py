@@ -103,12 +103,13 @@ class ReadBudget:
         self._ended = threading.Event()
         self._collector: threading.Thread | None = None
         self._collector_lock = threading.Lock()
+        self._closed = False
 
     def ended_large(self) -> None:
         """A connection that held more than the allowance has ended (and its thread dropped it):
         collect its garbage soon, on the collector's thread."""
         with self._collector_lock:
-            if self._collector is None:
+            if self._collector is None and not self._closed:
                 self._collector = threading.Thread(target=self._collect, name="openpi:collect", daemon=True)
                 self._collector.start()
         self._ended.set()
@@ -117,9 +118,17 @@ class ReadBudget:
         while True:
             self._ended.wait()
             self._ended.clear()
+            if self._closed:
+                return
             gc.collect()
             self.collections += 1
             time.sleep(self._collect_every_s)
+
+    def close(self) -> None:
+        """End the collector's thread."""
+        with self._collector_lock:
+            self._closed = True
+        self._ended.set()
 
 
 class BudgetedSocket:
@@ -373,6 +382,8 @@ class Listener:
     def close(self, timeout_s: float = 5.0) -> None:
         self._stop.set()
         _close(self.sock)
+        if self.read_budget is not None:
+            self.read_budget.close()
         if self._thread is not None:
             self._thread.join(timeout=timeout_s)
         with self._lock:
