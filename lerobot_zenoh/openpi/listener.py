@@ -140,12 +140,15 @@ class BudgetedSocket:
     place: no connection can hold a place while waiting for another's.
 
     Once the door has finished sending (websockets shuts the socket for writing after its close
-    frame, in a close handshake or on refusing a frame over the size limit), `recv` reads nothing
-    more: the connection ends at once instead of reading and discarding what the peer goes on
-    sending (a frame claiming 16 MiB) for the close time-out."""
+    frame, in a close handshake or on refusing a frame over the size limit), `recv` reads at most
+    `_AFTER_EOF` bytes more (room for the peer's close frame) and then reports the end: the
+    connection ends at once instead of reading and discarding what the peer goes on sending (a
+    frame claiming 16 MiB) for the close time-out."""
 
     #: Bytes of websocket framing (headers, control frames) forgiven per handled frame.
     _FRAMING = 64
+    #: Bytes read after the door's EOF before the connection counts as ended.
+    _AFTER_EOF = 64 << 10
 
     def __init__(self, sock: socket.socket, budget: ReadBudget):
         self._sock = sock
@@ -156,10 +159,15 @@ class BudgetedSocket:
         self._closed = False
         self.was_large = False  # it held more than the allowance at some time
         self._done_sending = False
+        self._after_eof = 0  # bytes read since
 
     def recv(self, bufsize: int) -> bytes:
         if self._done_sending:
-            return b""
+            if self._after_eof >= self._AFTER_EOF:
+                return b""
+            data = self._sock.recv(min(bufsize, self._AFTER_EOF - self._after_eof))
+            self._after_eof += len(data)
+            return data
         b = self._budget
         if self._held > b.allowance and not self._placed:
             with b.cond:
