@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import ssl
+import struct
 import subprocess
 import sys
 import threading
@@ -23,13 +24,14 @@ from lz_testing import wait_for
 from test_openpi import MAPPING, door_config, expected_chunk, observation, server_manifest
 
 from lerobot_zenoh.errors import ProtocolError
-from lerobot_zenoh.openpi.listener import Listener, NoiseLog
+from lerobot_zenoh.openpi.listener import BudgetedSocket, Listener, NoiseLog, ReadBudget
 from lerobot_zenoh.openpi.mapping import KeyMapping
 from lerobot_zenoh.openpi.wire import OpenPIReason, pack, unpack
-from lerobot_zenoh.protocol.messages import MAX_TASK_BYTES
+from lerobot_zenoh.protocol.messages import MAX_TASK_BYTES, Status
 from lerobot_zenoh.server.server import PolicyServer
 
 pytest.importorskip("websockets", reason="the front door needs `websockets` (pip install 'lerobot-zenoh[openpi]')")
+from websockets.exceptions import ConnectionClosed  # noqa: E402
 
 LONG = os.environ.get("LZ_FAULTS_LONG") == "1"
 
@@ -206,9 +208,13 @@ def test_a_prompt_the_fleet_would_refuse_is_refused_at_the_door_with_its_reason(
     obs["prompt"] = "x" * (MAX_TASK_BYTES + 1)
     reply = ask(door.port, obs=obs)
     assert isinstance(reply, str) and reply.startswith("task_too_long"), reply
-    obs["prompt"] = "y" * (4 << 20)  # 4 MB: refused at once too, never sent to the fleet nor resent
+    obs["prompt"] = "y" * (512 << 10)  # 512 KB: refused at once too, never sent to the fleet nor resent
     assert ask(door.port, obs=obs).startswith("task_too_long")
     assert door.counters.rejected["task_too_long"] == 2
+    obs["prompt"] = "z" * (4 << 20)  # 4 MB: over the door's frame limit, refused from the frame's header
+    with pytest.raises(ConnectionClosed):
+        ask(door.port, obs=obs)
+    assert wait_for(lambda: door.counters.rejected["too_large"] == 1)
     assert door.counters.snapshot().get("observations_resent", 0) == 0
     with pytest.raises(ProtocolError, match="task_too_long"):
         KeyMapping(**MAPPING).apply({**observation(1), "prompt": "z" * 3000}, door.status)
@@ -228,14 +234,56 @@ def test_costly_frames_are_refused_within_their_item_budget(kind):
     assert peak < 32 << 20, f"decoding a refused {len(frame)}-byte frame took {peak / 1e6:.0f} MB"
 
 
+def _nested_headers(head: bytes, times: int = 1000) -> bytes:
+    return b"\x81\xa1x" + head * times
+
+
+@pytest.mark.parametrize("frame", [
+    b"\x81\xa1x\xdd" + struct.pack(">I", 10**7),  # one array header claiming ten million entries
+    _nested_headers(b"\xdc" + struct.pack(">H", 4096)),  # 1,000 nested headers of 4,096 entries: 3 KB
+    _nested_headers(b"\xde" + struct.pack(">H", 4096) + b"\xa1k"),
+    _nested_headers(b"\x91", 10**6),  # a million nested one-entry arrays
+    b"\x81\xa1x\xdb" + struct.pack(">I", 1 << 31),  # a string claiming 2 GB
+])
+def test_a_costly_structure_is_refused_from_its_headers_before_msgpack_allocates(frame):
+    """The screen reads headers only: what msgpack would allocate for a header (a list of its
+    claimed length, at each level of nesting) is never allocated."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(ProtocolError) as exc:
+            unpack(frame, 16 << 20)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert exc.value.reason in (OpenPIReason.TOO_MANY_ITEMS, OpenPIReason.TOO_DEEP, OpenPIReason.BAD_MSGPACK)
+    assert peak < 256 << 10, f"refusing a {len(frame)}-byte frame took {peak / 1e3:.0f} KB"
+
+
+def test_the_frame_limit_fits_the_largest_request_of_a_model():
+    """The door's default frame limit (twice the mapping's largest request, plus 1 MiB) holds the
+    largest honest request: two 480x640 cameras, a state, the longest prompt."""
+    mapping = KeyMapping(**MAPPING)
+    big = Status(model_id="m", model_version="v1", expected_cameras={"front": (480, 640), "wrist": (480, 640)},
+                 action_dim=6, max_actions_per_chunk=10, observation_features={}, state_dim=8)
+    request = pack({"observation/image": np.zeros((480, 640, 3), np.uint8),
+                    "observation/wrist_image": np.zeros((3, 480, 640), np.uint8),
+                    "observation/state": np.zeros(8), "prompt": "p" * MAX_TASK_BYTES})
+    assert len(request) <= mapping.largest_request(big) + 1024
+    state, images, task = mapping.apply(unpack(request, 2 * mapping.largest_request(big) + (1 << 20)), big)
+    assert images["wrist"].shape == (480, 640, 3) and len(task) == MAX_TASK_BYTES
+
+
 def test_costly_frames_on_eight_connections_leave_an_honest_client_served(door):
-    frame = tcp.nested_frame(4 << 20, "lists")
+    frame = tcp.nested_frame(door.frame_limit - 1024, "lists")  # over the read allowance, under the limit
+    assert 1 << 20 < len(frame) <= door.frame_limit == 2 * KeyMapping(**MAPPING).largest_request(door.status) + (1 << 20)
     service, done = tcp.beside(lambda: actions(ask(door.port, 7)), lambda stop: tcp.flood_frames(
         "127.0.0.1", door.port, frame, stop, connections=8), 20 if LONG else 4, period_s=0.05)
     print(f"honest beside 8 connections of {len(frame) >> 20} MiB list frames: {service.line()}; "
           f"flood sent {done.sent}")
     assert service.served >= 1 and not service.errors, service.line()
     assert door.counters.rejected["too_many_items"] >= 1
+    # The connections that held frames over the allowance have ended: their garbage was collected.
+    assert wait_for(lambda: door._listener.read_budget.collections >= 1)
 
 
 _CHILD = r"""
@@ -353,3 +401,28 @@ def test_the_door_serves_an_honest_client_beside_each_fault(door, fault):
     np.testing.assert_allclose(actions(ask(port, 6)), expected_chunk(6), atol=1e-5)
     if fault == "oversized":
         assert door.counters.rejected["too_large"] >= 1
+
+
+def test_a_connection_reads_little_once_the_door_has_sent_its_eof():
+    """After the door's close (or its refusal of an oversized frame) what the peer goes on sending
+    is not read and discarded for the close time-out: the connection ends at once."""
+    door_side, peer = socket.socketpair()
+    try:
+        budgeted = BudgetedSocket(door_side, ReadBudget(1, 1 << 20))
+        peer.sendall(b"x" * 4096)
+        assert budgeted.recv(1024) == b"x" * 1024
+        budgeted.shutdown(socket.SHUT_WR)
+        peer.setblocking(False)
+        sent = 0
+        try:
+            while sent < 4 * BudgetedSocket._AFTER_EOF:
+                sent += peer.send(b"y" * 65536)
+        except BlockingIOError:
+            pass
+        got = 0
+        while data := budgeted.recv(65536):
+            got += len(data)
+        assert sent > BudgetedSocket._AFTER_EOF and got <= BudgetedSocket._AFTER_EOF
+    finally:
+        door_side.close()
+        peer.close()

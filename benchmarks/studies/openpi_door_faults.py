@@ -2,13 +2,17 @@
 honest openpi-client's latency.
 
     python -m benchmarks.studies.openpi_door_faults [--seconds 20] [--connections 8] [--frame-mib 16]
+                                                    [--max-frame-mib N]
 
 One synthetic model (2 x 224x224 cameras, 20 ms a batch) served in this process; the front door in a
 process of its own (its resident memory is read from /proc every 20 ms); the official openpi-client
 (`WebsocketClientPolicy.infer` in .venv-openpi, one request in flight) asks back to back for
 `--seconds`: first alone (the control), then beside `--connections` websocket connections sending
 `--frame-mib` MiB frames of nested empty lists, then of nested empty maps, at line rate, from
-another loopback address (tests/fault_kit/tcp.py: `nested_frame`, `flood_frames`). Prints a markdown
+another loopback address, from a process of its own (tests/fault_kit/tcp.py: `nested_frame`,
+`flood_frames`; in the server's process, its churn of connections would slow the model). The door's frame
+limit is its default (derived from the model: about 1.6 MB here, so 16 MiB frames are refused from
+their headers) unless `--max-frame-mib` sets `max_frame_bytes` (16: the frames are read and screened). Prints a markdown
 table: the door's resident memory at idle and its peak during each run, the honest client's
 p50/p99 and requests answered, and what the door refused (frames, handshakes) during the run. docs/openpi.md holds a run.
 """
@@ -30,15 +34,24 @@ import numpy as np
 
 from benchmarks.common import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))  # the fault kit lives with the tests
-
-from fault_kit import tcp  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[2]  # the attacker imports the fault kit from tests/
 DRIVER = ROOT / "tests" / "openpi_client_driver.py"
 CAMERAS = {"front": (224, 224), "wrist": (224, 224)}
 MAPPING = {"images": {"observation/image": "front", "observation/wrist_image": "wrist"},
            "state": "observation/state", "prompt": "prompt"}
+
+_ATTACKER = r"""
+import json, sys, threading
+from fault_kit import tcp
+args = json.loads(sys.argv[1])
+stop = threading.Event()
+frame = tcp.nested_frame(args["nbytes"], args["kind"])
+threading.Thread(target=tcp.flood_frames, args=("127.0.0.1", args["port"], frame, stop),
+                 kwargs={"connections": args["connections"]}, daemon=True).start()
+print("flooding", flush=True)
+sys.stdin.read()  # until the study closes it
+stop.set()
+"""
 
 _DOOR = r"""
 import json, sys
@@ -91,6 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--connections", type=int, default=8)
     p.add_argument("--frame-mib", type=int, default=16)
+    p.add_argument("--max-frame-mib", type=int, default=None, help="the door's max_frame_bytes (unset: derived)")
     args = p.parse_args(argv)
 
     from lerobot_zenoh.protocol.keys import AppKey
@@ -121,6 +135,8 @@ def main(argv: list[str] | None = None) -> None:
         config = {"port": 0, "endpoint": f"tcp/127.0.0.1:{zport}", "cluster_uuid": app.cluster,
                   "experiment_tag": app.experiment, "model_id": app.model, "telemetry_period_s": 0,
                   "mapping": MAPPING}
+        if args.max_frame_mib:
+            config["max_frame_bytes"] = args.max_frame_mib << 20
         door = subprocess.Popen([sys.executable, "-c", _DOOR, json.dumps(config)], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True,
                                 env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])})
@@ -137,15 +153,21 @@ def main(argv: list[str] | None = None) -> None:
             idle_mb = rss_mb(door.pid)
             for label, kind in (("alone (control)", None), ("beside nested lists", "lists"),
                                 ("beside nested maps", "maps")):
-                stop = threading.Event()
                 before = refused()
+                attacker = None
                 if kind is not None:
-                    frame = tcp.nested_frame(args.frame_mib << 20, kind)
-                    threading.Thread(target=tcp.flood_frames, args=("127.0.0.1", port, frame, stop),
-                                     kwargs={"connections": args.connections}, daemon=True).start()
+                    attacker = subprocess.Popen(
+                        [sys.executable, "-c", _ATTACKER, json.dumps({"port": port, "kind": kind,
+                                                                      "nbytes": args.frame_mib << 20,
+                                                                      "connections": args.connections})],
+                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])})
+                    attacker.stdout.readline()
                 with PeakRss(door.pid) as peak:
                     times = honest(python, port, args.seconds, obs_file)
-                    stop.set()
+                    if attacker is not None:
+                        attacker.stdin.close()
+                        attacker.wait(30)
                     time.sleep(1)
                 rows.append((label, idle_mb, peak.peak, len(times), np.percentile(times, 50),
                              np.percentile(times, 99), refused() - before))
@@ -157,7 +179,8 @@ def main(argv: list[str] | None = None) -> None:
             door.stdin.close()
             door.wait(30)
     control_p99 = rows[0][5]
-    print(f"\n{args.connections} connections x {args.frame_mib} MiB frames, {args.seconds:g} s a run, "
+    limit = f"max_frame_bytes {args.max_frame_mib} MiB" if args.max_frame_mib else "the door's default frame limit"
+    print(f"\n{args.connections} connections x {args.frame_mib} MiB frames, {limit}, {args.seconds:g} s a run, "
           f"load {os.getloadavg()[0]:.1f}\n")
     print("| honest openpi-client | door RSS idle | door RSS peak (above idle) | answered | p50 ms | p99 ms "
           "| p99 / control | refusals |")

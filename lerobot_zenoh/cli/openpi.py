@@ -41,7 +41,7 @@ HELP = {
     "tls_private_key": "TLS: the private key of --tls_certificate (PEM).",
     "max_clients": "Most websocket connections open at once; one more is refused.",
     "client_prefix": "Each connection is the robot client <prefix>-<n> of the served model (the manifest must accept it).",
-    "max_message_bytes": "Largest message on the Zenoh path (the codec's limit).",
+    "max_message_bytes": "Largest message on the Zenoh path (the codec's limit), and the most --max_frame_bytes may be.",
     "max_rejections": "Rejections within --rejection_window_s after which a connection cools down.",
     "rejection_window_s": "The window in which --max_rejections are counted.",
     "cooldown_s": "How long a connection's requests are refused after too many rejections.",

@@ -68,7 +68,9 @@ class ClientIds:
 
 
 class RobotLink:
-    """A connection's robot session on the fleet: `open()`, then `infer` (one at a time), `close()`."""
+    """A connection's robot session on the fleet: `infer` (one at a time; the first declares the
+    session on the fleet, so a connection that never sends a valid request costs the fleet
+    nothing), then `close()`."""
 
     def __init__(self, session: ZenohSession, app: AppKey, client_id: str, *, jpeg_quality: int,
                  resend_after_s: float, timeout_s: float, control_period_s: float | None,
@@ -115,6 +117,8 @@ class RobotLink:
     def infer(self, state: np.ndarray, images: dict[str, np.ndarray], task: str) -> Answer:
         """The chunk answering this observation; ProtocolError(UNANSWERED) after `timeout_s`."""
         t0 = time.perf_counter()
+        if not self._owned:
+            self.open()
         jpegs = self._encode(images)
         encode_ms = (time.perf_counter() - t0) * 1000
         while not self._chunks.empty():  # late answers to an earlier request given up on

@@ -9,14 +9,18 @@
                     {"actions": (n, action_dim) float32, "server_timing": {...}} as msgpack
     bad request  -> a text frame saying why (openpi-client raises RuntimeError with it); the
                     connection stays open and nothing reaches the fleet; counted as rejected.<reason>
-    too large    -> the websocket closes with 1009 (message too big), counted as rejected.too_large
+    too large    -> over the frame limit: the websocket closes with 1009 (message too big) before the
+                    frame is read, counted as rejected.too_large
     idle         -> no frame for `idle_timeout_s`: closed (1000), counted as rejected.idle_timeout
 
 The listening socket is the door's own loop (`listener.py`: it survives accept() errors and bounds
 the sockets held). Each connection runs on its own thread (websockets' sync server), so a slow
 answer to one client never delays another's frames or a health check; frames are decoded on a
-pool of `decode_workers` threads within a budget of items (`wire.py`), so a costly frame costs its
-sender's turn, not another client's memory. Rejections feed the same cool-down as the Zenoh path
+pool of `decode_workers` threads within a budget of items screened from their headers before
+msgpack allocates anything (`wire.py`), so a costly frame costs its sender's turn, not another
+client's memory. A frame is at most `frame_limit` bytes: unless set (`max_frame_bytes`), twice the
+largest request the model's cameras, state and prompt make, plus 1 MiB; a larger one is refused
+from its header, never read. Rejections feed the same cool-down as the Zenoh path
 (`server/rate_limit.py`), keyed by the peer's address so that reconnecting does not evade it: past
 `max_rejections` in `rejection_window_s`, requests are refused unread for `cooldown_s`.
 """
@@ -95,10 +99,14 @@ class FrontDoorConfig(Settings):
         "A connection that sends no frame for this long is closed (1000); openpi-client reconnects"))
     decode_workers: int = Field(2, ge=1, le=64, description=(
         "Threads that decode request frames (at most this many frames are decoded at once, whatever the connections)"))
+    max_frame_bytes: int | None = Field(None, ge=64 << 10, description=(
+        "The largest request frame (never over max_message_bytes); a larger one closes its connection with 1009 "
+        "before it is read. Unset: twice the model's cameras (raw uint8), state and longest prompt, plus 1 MiB"))
     max_frame_items: int = Field(MAX_FRAME_ITEMS, ge=64, description=(
-        "Map and array entries one request frame may hold, counted while it is decoded (refused as too_many_items)"))
+        "Map and array entries one request frame may hold, counted from its headers before it is decoded "
+        "(refused as too_many_items)"))
     max_unhandled_bytes: int = Field(16 << 20, ge=1 << 20, description=(
-        "Bytes of large frames the door reads at once: max_unhandled_bytes / max_message_bytes connections may "
+        "Bytes of large frames the door reads at once: max_unhandled_bytes / the frame limit connections may "
         "hold more than 1 MiB not yet handled, the others wait (the door's memory under floods of large frames)"))
     max_peers: int = Field(4096, ge=16, description=(
         "Peer addresses whose rejections the cool-down remembers (least recently refused forgotten first)"))
@@ -193,6 +201,7 @@ class FrontDoor:
         self._jpeg = ThreadPoolExecutor(max_workers=4, thread_name_prefix="openpi:jpeg")
         self._decode = ThreadPoolExecutor(max_workers=config.decode_workers, thread_name_prefix="openpi:decode")
         self._metadata: bytes = b""
+        self.frame_limit = config.max_message_bytes  # the largest request frame: set at start-up from the model
         self._closing = threading.Event()
         self._connections: set = set()
         self._connections_lock = threading.Condition()
@@ -217,6 +226,8 @@ class FrontDoor:
                                      "model's `clients` in its manifest, or set accept_unknown_clients")
         cfg.mapping.check(status)
         self.status = status
+        self.frame_limit = min(cfg.max_message_bytes,
+                               cfg.max_frame_bytes or 2 * cfg.mapping.largest_request(status) + (1 << 20))
         self._metadata = pack(self._metadata_map(status))
         tls = None
         if cfg.tls_certificate or cfg.tls_private_key:
@@ -243,15 +254,16 @@ class FrontDoor:
         self._port = sock.getsockname()[1]
         # websockets' server object gives the per-connection handler (its handshake, then `_handle`);
         # its serve_forever() is never run: the listener accepts (TLS included) and survives accept() errors.
+        # max_size: a larger frame is refused from its header, before its payload is read.
         # max_queue=1: at most one frame waits behind the one being served (memory per connection).
         self._server = serve(self._handle, sock=sock, process_request=self._process_request,
-                             max_size=cfg.max_message_bytes, compression=None, max_queue=1,
+                             max_size=self.frame_limit, compression=None, max_queue=1,
                              open_timeout=cfg.handshake_timeout_s, close_timeout=_CLOSE_TIMEOUT_S,
                              logger=_WebsocketsLog(self))
         self._listener = Listener(sock, self._server.handler, max_connections=cap,
                                   handshake_timeout_s=cfg.handshake_timeout_s, count=self.counters.reject,
                                   noise=self._noise, tls=tls,
-                                  read_budget=ReadBudget(max(1, cfg.max_unhandled_bytes // cfg.max_message_bytes),
+                                  read_budget=ReadBudget(max(1, cfg.max_unhandled_bytes // self.frame_limit),
                                                           _READ_ALLOWANCE)).start()
         if cfg.telemetry_period_s > 0:
             from lerobot_zenoh.telemetry.publisher import TelemetryPublisher
@@ -265,8 +277,8 @@ class FrontDoor:
         where = ("loopback only: other machines cannot connect (--host 0.0.0.0 to accept them)"
                  if cfg.host in LOOPBACK_HOSTS else "reachable from other machines")
         auth = "a token is required" if cfg.token else "no token required"
-        log.info("OpenPI front door on %s://%s:%d for %s (%s; %s); health: /healthz", scheme, cfg.host, self.port,
-                 self.app.prefix, where, auth)
+        log.info("OpenPI front door on %s://%s:%d for %s (%s; %s; frames up to %d bytes); health: /healthz", scheme,
+                 cfg.host, self.port, self.app.prefix, where, auth, self.frame_limit)
         return self
 
     @property
@@ -392,8 +404,7 @@ class FrontDoor:
             link = RobotLink(self._session, self.app, client_id, jpeg_quality=cfg.jpeg_quality,
                              resend_after_s=cfg.resend_after_s, timeout_s=cfg.request_timeout_s,
                              control_period_s=1 / cfg.fps if cfg.fps else None, jpeg_pool=self._jpeg,
-                             stop=self._closing)
-            link.open()
+                             stop=self._closing)  # declared on the fleet at its first decoded request
             connection.send(self._metadata)
             prev_total_ms: float | None = None
             while True:
@@ -424,7 +435,8 @@ class FrontDoor:
         except ConnectionClosed as exc:
             if exc.sent is not None and exc.sent.code == 1009:
                 self.counters.reject(OpenPIReason.TOO_LARGE)
-                self._noise.note("too_large", f"{client_id}: closed: a frame over {cfg.max_message_bytes} bytes")
+                self._on_rejection(host)
+                self._noise.note("too_large", f"{client_id}: closed: a frame over {self.frame_limit} bytes")
         except (OSError, EOFError) as exc:  # the peer reset or vanished: noise, counted, one line a minute
             self.counters.reject("connection_reset")
             self._noise.note("connection_reset", f"{client_id}: connection from {host} lost ({type(exc).__name__})",
@@ -448,7 +460,7 @@ class FrontDoor:
 
     def _decode_frame(self, frame) -> tuple[np.ndarray, dict[str, np.ndarray], str]:
         """On a decode worker: bytes -> (state, cameras, task), or ProtocolError."""
-        obs = unpack(frame, self.config.max_message_bytes, self.config.max_frame_items)
+        obs = unpack(frame, self.frame_limit, self.config.max_frame_items)
         return self.config.mapping.apply(obs, self.status)
 
     def _on_rejection(self, host: str) -> None:

@@ -20,6 +20,15 @@ free. Large frames then wait in their senders' TCP windows, not in the door's me
 connections sending 16 MiB frames at line rate cost a few frames per place, and a client whose
 requests are small (under the allowance) never waits.
 
+A connection that has ended still holds its last frames: websockets' connection, protocol and
+parser refer to each other (a generator, stored exceptions and their tracebacks), so what they hold
+(the frames queued, the last frame parsed, the read buffer) is freed only by Python's cyclic
+garbage collector, whose full passes are rare in a process that allocates few objects. A door whose
+attackers reconnect after each refusal kept dozens of dead connections' 16 MiB frames (hundreds of
+MB) this way. So when a connection that held more than the allowance ends, the budget's collector
+thread runs a full collection (at most one every `collect_every_s`, a few ms; never on the
+thread of a connection).
+
 `Listener.held()` gives the connection's own record to code running on its thread (the door's
 handshake and connection handlers): its peer address as accept() returned it (no system call on a
 socket that may be gone) and what became of its handshake, so that every connection that ends
@@ -29,6 +38,7 @@ before it is established is counted once, by kind, and never logs a traceback.
 from __future__ import annotations
 
 import errno
+import gc
 import logging
 import resource
 import selectors
@@ -80,13 +90,45 @@ class NoiseLog:
 
 
 class ReadBudget:
-    """How many connections may hold more than `allowance` unhandled bytes at once (`readers`)."""
+    """How many connections may hold more than `allowance` unhandled bytes at once (`readers`), and
+    the collector of the garbage that ended large connections leave (`ended_large`)."""
 
-    def __init__(self, readers: int, allowance: int):
+    def __init__(self, readers: int, allowance: int, collect_every_s: float = 0.5):
         self.readers = readers
         self.allowance = allowance
         self.free = readers
         self.cond = threading.Condition()
+        self.collections = 0
+        self._collect_every_s = collect_every_s
+        self._ended = threading.Event()
+        self._collector: threading.Thread | None = None
+        self._collector_lock = threading.Lock()
+        self._closed = False
+
+    def ended_large(self) -> None:
+        """A connection that held more than the allowance has ended (and its thread dropped it):
+        collect its garbage soon, on the collector's thread."""
+        with self._collector_lock:
+            if self._collector is None and not self._closed:
+                self._collector = threading.Thread(target=self._collect, name="openpi:collect", daemon=True)
+                self._collector.start()
+        self._ended.set()
+
+    def _collect(self) -> None:
+        while True:
+            self._ended.wait()
+            self._ended.clear()
+            if self._closed:
+                return
+            gc.collect()
+            self.collections += 1
+            time.sleep(self._collect_every_s)
+
+    def close(self) -> None:
+        """End the collector's thread."""
+        with self._collector_lock:
+            self._closed = True
+        self._ended.set()
 
 
 class BudgetedSocket:
@@ -95,10 +137,18 @@ class BudgetedSocket:
     connection's frames have been handled (`handled(n)`). Everything else is the socket's own.
 
     A connection in a place never waits here, so its frame completes, is handled and frees the
-    place: no connection can hold a place while waiting for another's."""
+    place: no connection can hold a place while waiting for another's.
+
+    Once the door has finished sending (websockets shuts the socket for writing after its close
+    frame, in a close handshake or on refusing a frame over the size limit), `recv` reads at most
+    `_AFTER_EOF` bytes more (room for the peer's close frame) and then reports the end: the
+    connection ends at once instead of reading and discarding what the peer goes on sending (a
+    frame claiming 16 MiB) for the close time-out."""
 
     #: Bytes of websocket framing (headers, control frames) forgiven per handled frame.
     _FRAMING = 64
+    #: Bytes read after the door's EOF before the connection counts as ended.
+    _AFTER_EOF = 64 << 10
 
     def __init__(self, sock: socket.socket, budget: ReadBudget):
         self._sock = sock
@@ -107,16 +157,26 @@ class BudgetedSocket:
         self._held = 0
         self._placed = False
         self._closed = False
+        self.was_large = False  # it held more than the allowance at some time
+        self._done_sending = False
+        self._after_eof = 0  # bytes read since
 
     def recv(self, bufsize: int) -> bytes:
+        if self._done_sending:
+            if self._after_eof >= self._AFTER_EOF:
+                return b""
+            data = self._sock.recv(min(bufsize, self._AFTER_EOF - self._after_eof))
+            self._after_eof += len(data)
+            return data
         b = self._budget
         if self._held > b.allowance and not self._placed:
             with b.cond:
-                while b.free == 0 and not self._closed and not self._peer_gone():
+                while b.free == 0 and not self._closed and not self._done_sending and not self._peer_gone():
                     b.cond.wait(0.25)
                 if b.free > 0 and not self._closed:
                     b.free -= 1
                     self._placed = True
+            self.was_large = True
         data = self._sock.recv(bufsize)
         with self._lock:
             self._held += len(data)
@@ -144,6 +204,11 @@ class BudgetedSocket:
                 self._placed = False
                 self._budget.free += 1
                 self._budget.cond.notify()
+
+    def shutdown(self, how: int) -> None:
+        if how in (socket.SHUT_WR, socket.SHUT_RDWR):
+            self._done_sending = True
+        self._sock.shutdown(how)
 
     def close(self) -> None:
         self._closed = True
@@ -293,6 +358,7 @@ class Listener:
         with self._lock:
             self._held[held.thread] = held
         sock = held.sock
+        budgeted = None
         try:
             if self._tls is not None:
                 sock.settimeout(self._handshake_timeout_s)
@@ -301,7 +367,8 @@ class Listener:
                     held.sock = sock
                 sock.do_handshake()
                 sock.settimeout(None)
-            self._handler(sock if self.read_budget is None else BudgetedSocket(sock, self.read_budget), held.peer)
+            budgeted = None if self.read_budget is None else BudgetedSocket(sock, self.read_budget)
+            self._handler(sock if budgeted is None else budgeted, held.peer)
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError: resets, timeouts, bad handshakes
             held.failure = held.failure or ("tls_failed" if isinstance(exc, ssl.SSLError) else
                                             "handshake_timeout" if isinstance(exc, TimeoutError) else
@@ -310,6 +377,9 @@ class Listener:
             _close(sock)
             with self._lock:
                 self._held.pop(held.thread, None)
+            if budgeted is not None and budgeted.was_large:
+                budgeted = None  # the last reference this thread holds to the connection's objects
+                self.read_budget.ended_large()
             if not held.established and not held.answered:
                 reason = "evicted_in_handshake" if held.evicted else held.failure or "handshake_closed"
                 if reason != "evicted_in_handshake":  # counted once, as `evicted`, when it was pushed out
@@ -320,6 +390,8 @@ class Listener:
     def close(self, timeout_s: float = 5.0) -> None:
         self._stop.set()
         _close(self.sock)
+        if self.read_budget is not None:
+            self.read_budget.close()
         if self._thread is not None:
             self._thread.join(timeout=timeout_s)
         with self._lock:

@@ -73,6 +73,12 @@ class KeyMapping(Settings):
             raise ConfigError("mapping.state", f"model {status.model_id!r} takes a state of {status.state_dim} "
                               "values: name the OpenPI key that carries it (e.g. observation/state)")
 
+    def largest_request(self, status: Status) -> int:
+        """Bytes of the arrays and prompt of the largest request this mapping accepts for `status`'s
+        model: its cameras' raw pixels, its state as float64, a prompt of the fleet's limit."""
+        pixels = sum(h * w * 3 for h, w in status.expected_cameras.values())
+        return pixels + 8 * (status.state_dim or 0) + MAX_TASK_BYTES
+
     def apply(self, obs: dict, status: Status) -> tuple[np.ndarray, dict[str, np.ndarray], str]:
         """(state float32 (state_dim,), {camera: HxWx3 uint8}, task) from one request."""
         known = self.keys()

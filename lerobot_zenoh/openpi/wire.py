@@ -9,12 +9,14 @@ nesting and oversized containers are refused. Every failure is one ``ProtocolErr
 is an :class:`OpenPIReason` (a counter of the front door and the text its client reads).
 
 Bytes are not the cost of a frame: 16 MiB of nested empty maps and lists decode to tens of millions
-of Python objects (gigabytes, tens of seconds). So the decoder counts, as msgpack's C code hands
-each map and array over (``object_hook``/``list_hook``, called as each one is complete), the
-entries of every container it has built, and gives up past `max_items` before anything else is
-allocated: a frame costs at most its bytes plus `max_items` objects (plus the one container being
-filled, at most ``MAX_CONTAINER_LEN`` entries per level of nesting) whatever its shape. A real
-request is a few arrays and a prompt: tens of entries.
+of Python objects (gigabytes, tens of seconds), and msgpack allocates a container as soon as it
+reads its header (an array header claiming 4,096 entries is a 32 KB list before one entry is read:
+3 KB of nested array headers cost 33 MB). So before msgpack sees a frame, `screen` walks its
+headers only (type bytes and lengths; string and binary payloads are skipped, never copied) and
+refuses it, having allocated nothing, when it holds more than `max_items` map and array entries in
+all, a container over ``MAX_CONTAINER_LEN`` entries, nesting deeper than ``MAX_DEPTH``, an extension
+type, or lengths that run past its end. Its cost is bounded by `max_items` values, whatever the
+frame's size; a real request is a few arrays and a prompt: tens of entries.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import numpy as np
 
 from lerobot_zenoh.errors import ProtocolError
 
-__all__ = ["OpenPIReason", "pack", "unpack"]
+__all__ = ["OpenPIReason", "pack", "screen", "unpack"]
 
 
 class OpenPIReason(StrEnum):
@@ -98,69 +100,104 @@ def _scalar(obj: dict) -> Any:
         raise ProtocolError(OpenPIReason.BAD_ARRAY, f"numpy scalar {data!r} does not fit {dtype}") from exc
 
 
-class _Budget:
-    """The object and list hooks of one decode: count every container's entries as it is complete."""
-
-    def __init__(self, max_items: int):
-        self.left = max_items
-
-    def _spend(self, n: int) -> None:
-        self.left -= n + 1
-        if self.left < 0:
-            raise ProtocolError(OpenPIReason.TOO_MANY_ITEMS, "the frame holds more map and array entries than the "
-                                "front door decodes (a request is a few arrays and a prompt)")
-
-    def on_map(self, obj: dict) -> Any:
-        self._spend(len(obj))
-        if b"__ndarray__" in obj:
-            return _array(obj)
-        if b"__npgeneric__" in obj:
-            return _scalar(obj)
-        return obj
-
-    def on_list(self, obj: list) -> list:
-        self._spend(len(obj))
-        return obj
+def _on_map(obj: dict) -> Any:
+    if b"__ndarray__" in obj:
+        return _array(obj)
+    if b"__npgeneric__" in obj:
+        return _scalar(obj)
+    return obj
 
 
 def _refuse_ext(code: int, data: bytes) -> Any:
     raise ProtocolError(OpenPIReason.BAD_MSGPACK, f"msgpack extension type {code} refused")
 
 
-def _depth(obj: Any, left: int) -> bool:
-    if left < 0:
-        return False
-    if isinstance(obj, dict):
-        return all(_depth(v, left - 1) for v in obj.values())
-    if isinstance(obj, list):
-        return all(_depth(v, left - 1) for v in obj)
-    return True
+#: Fixed-size msgpack values: type byte -> bytes after it (nil, bools, floats, ints).
+_FIXED = {0xC0: 0, 0xC2: 0, 0xC3: 0, 0xCA: 4, 0xCB: 8, 0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8,
+          0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8}
+#: str and bin with a length: type byte -> bytes of the length.
+_SIZED = {0xC4: 1, 0xC5: 2, 0xC6: 4, 0xD9: 1, 0xDA: 2, 0xDB: 4}
+#: arrays and maps with a length: type byte -> (bytes of the length, values per entry).
+_CONTAINERS = {0xDC: (2, 1), 0xDD: (4, 1), 0xDE: (2, 2), 0xDF: (4, 2)}
+
+
+def screen(data: bytes, max_items: int = MAX_FRAME_ITEMS) -> None:
+    """Refuse (`ProtocolError`) a frame whose structure would cost more than its budget to decode,
+    reading its headers only: at most `max_items` map and array entries in all (a container counts
+    one more), at most ``MAX_CONTAINER_LEN`` in one, nesting at most ``MAX_DEPTH`` deep (the
+    top-level map is depth 1), no extension type, every length within the frame and nothing after
+    its one value. Allocates nothing that grows with the frame; walks at most `max_items` + 1 values."""
+    n, pos, items = len(data), 0, 0
+    left = [1]  # values still to read in each open container (the frame itself: one)
+    while left:
+        if left[-1] == 0:
+            left.pop()
+            continue
+        left[-1] -= 1
+        if pos >= n:
+            raise ProtocolError(OpenPIReason.BAD_MSGPACK, "not a msgpack frame (it ends inside a value)")
+        b = data[pos]
+        pos += 1
+        if b <= 0x7F or b >= 0xE0:  # fixints
+            continue
+        if b <= 0x9F:  # fixmap, fixarray
+            count, per = (b & 0x0F, 2) if b <= 0x8F else (b & 0x0F, 1)
+        elif b <= 0xBF:  # fixstr
+            pos += b & 0x1F
+            continue
+        elif (size := _FIXED.get(b)) is not None:
+            pos += size
+            continue
+        elif (size := _SIZED.get(b)) is not None:
+            pos += size + int.from_bytes(data[pos:pos + size], "big")
+            continue
+        elif (shape := _CONTAINERS.get(b)) is not None:
+            size, per = shape
+            count = int.from_bytes(data[pos:pos + size], "big")
+            pos += size
+        else:  # 0xC1 (never used) and the extension types
+            raise ProtocolError(OpenPIReason.BAD_MSGPACK, f"msgpack type 0x{b:02x} refused (extension types "
+                                "are never decoded)")
+        if count > MAX_CONTAINER_LEN:
+            raise ProtocolError(OpenPIReason.TOO_MANY_ITEMS, f"a container of {count} entries (at most "
+                                f"{MAX_CONTAINER_LEN})")
+        items += count + 1
+        if items > max_items:
+            raise ProtocolError(OpenPIReason.TOO_MANY_ITEMS, f"the frame holds more than {max_items} map and array "
+                                "entries (a request is a few arrays and a prompt)")
+        if len(left) > MAX_DEPTH:
+            raise ProtocolError(OpenPIReason.TOO_DEEP, f"nested deeper than {MAX_DEPTH}")
+        left.append(count * per)
+    if pos != n:
+        raise ProtocolError(OpenPIReason.BAD_MSGPACK, "not a msgpack frame (" + (
+            "it ends inside a value)" if pos > n else f"{n - pos} bytes after its value)"))
 
 
 def unpack(data: bytes, max_bytes: int, max_items: int = MAX_FRAME_ITEMS) -> dict:
-    """One OpenPI request frame -> a dict (string keys; arrays as read-only numpy views of `data`).
-    Strings may be as long as the frame: a prompt too long for the fleet is refused by the mapping,
-    with the fleet's own reason (task_too_long), not as unreadable msgpack."""
+    """One OpenPI request frame -> a dict (string keys; arrays as read-only numpy views of `data`),
+    `screen`ed first: msgpack only ever builds what the budget allows. Strings may be as long as the
+    frame: a prompt too long for the fleet is refused by the mapping, with the fleet's own reason
+    (task_too_long), not as unreadable msgpack."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ProtocolError(OpenPIReason.NOT_BINARY, "send the observation as a binary msgpack frame")
     if len(data) > max_bytes:
         raise ProtocolError(OpenPIReason.TOO_LARGE, f"{len(data)} bytes, the limit is {max_bytes}")
+    data = bytes(data)
+    screen(data, max_items)
+    failure = None
     try:
-        budget = _Budget(max_items)
         obj = msgpack.unpackb(
-            bytes(data), raw=False, object_hook=budget.on_map, list_hook=budget.on_list, ext_hook=_refuse_ext,
-            strict_map_key=False, use_list=True, max_str_len=max_bytes, max_bin_len=max_bytes,
-            max_array_len=MAX_CONTAINER_LEN, max_map_len=MAX_CONTAINER_LEN, max_ext_len=0)
+            data, raw=False, object_hook=_on_map, ext_hook=_refuse_ext, strict_map_key=False, use_list=True,
+            max_str_len=max_bytes, max_bin_len=max_bytes, max_array_len=MAX_CONTAINER_LEN,
+            max_map_len=MAX_CONTAINER_LEN, max_ext_len=0)
     except ProtocolError:
         raise
-    except RecursionError as exc:
-        raise ProtocolError(OpenPIReason.TOO_DEEP, f"nested deeper than {MAX_DEPTH}") from exc
-    except Exception as exc:  # msgpack's own errors: ExtraData, FormatError, StackError, ValueError, ...
-        raise ProtocolError(OpenPIReason.BAD_MSGPACK, f"not a msgpack frame ({type(exc).__name__}: {exc})") from exc
+    except Exception as exc:  # msgpack's own errors (a screened frame's invalid UTF-8, ...)
+        failure = f"not a msgpack frame ({type(exc).__name__}: {exc})"
+    if failure is not None:  # raised here: an exception bound in this frame would keep `data` alive in a cycle
+        raise ProtocolError(OpenPIReason.BAD_MSGPACK, failure)
     if not isinstance(obj, dict):
         raise ProtocolError(OpenPIReason.NOT_A_MAP, f"the observation must be a map, got {type(obj).__name__}")
-    if not _depth(obj, MAX_DEPTH):
-        raise ProtocolError(OpenPIReason.TOO_DEEP, f"nested deeper than {MAX_DEPTH}")
     if not all(isinstance(k, str) for k in obj):
         raise ProtocolError(OpenPIReason.NOT_A_MAP, "observation keys must be strings")
     return obj
