@@ -27,17 +27,15 @@ from its header, never read. Rejections feed the same cool-down as the Zenoh pat
 
 from __future__ import annotations
 
-import hmac
 import logging
 import socket
 import ssl
 import sys
 import threading
 import time
-from collections import Counter, OrderedDict, deque
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from http import HTTPStatus
 from typing import Any
 
 import numpy as np
@@ -46,13 +44,13 @@ from pydantic import Field, field_validator
 from lerobot_zenoh.config import Settings
 from lerobot_zenoh.errors import CompatibilityError, ConfigError, ProtocolError
 from lerobot_zenoh.openpi.bridge import ClientIds, RobotLink
+from lerobot_zenoh.openpi.gate import Gate
 from lerobot_zenoh.openpi.listener import Listener, NoiseLog, ReadBudget, connection_cap
 from lerobot_zenoh.openpi.mapping import KeyMapping
 from lerobot_zenoh.openpi.wire import MAX_FRAME_ITEMS, OpenPIReason, pack, unpack
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.keys import APP_FIELDS, AppKey, validate_client_id
 from lerobot_zenoh.protocol.messages import Status
-from lerobot_zenoh.server.rate_limit import RejectionRateLimit
 from lerobot_zenoh.transport.settings import ZenohSettings
 
 log = logging.getLogger(__name__)
@@ -187,16 +185,11 @@ class FrontDoor:
         self._session = session
         self._own_session = session is None
         self._ids = ClientIds(config.client_prefix, config.max_clients)
-        # The cool-down is keyed by the peer's address (host), and the table of peers is bounded (LRU).
-        self._limit = RejectionRateLimit(config.max_rejections, config.rejection_window_s, config.cooldown_s)
-        self._limit_peers: OrderedDict[str, None] = OrderedDict()
-        self._limit_lock = threading.Lock()
         self._server = None
         self._listener: Listener | None = None
         self._port = config.port
         self._noise = NoiseLog(log)
-        self._servers: set[str] = set()  # live server tokens of the model: the fleet is reachable
-        self._servers_lock = threading.Lock()
+        self.gate = Gate(config, self.counters, self._ids, self._noise, lambda: self._listener, lambda: self.app)
         self._telemetry = None
         self._jpeg = ThreadPoolExecutor(max_workers=4, thread_name_prefix="openpi:jpeg")
         self._decode = ThreadPoolExecutor(max_workers=config.decode_workers, thread_name_prefix="openpi:decode")
@@ -244,7 +237,7 @@ class FrontDoor:
             raise ConfigError("max_connections", f"{cap} sockets (the open-file limit allows {connection_cap(None)}) "
                               f"leave no room for max_clients={cfg.max_clients} and their handshakes: raise the "
                               "limit (ulimit -n) or lower max_clients")
-        self._servers_watch = self._session.watch_liveliness(self.app.all_servers, self._on_server)
+        self._servers_watch = self._session.watch_liveliness(self.app.all_servers, self.gate.on_server)
         if _WEBSOCKETS_LOG.level == logging.NOTSET:
             _WEBSOCKETS_LOG.setLevel(logging.WARNING)
         try:
@@ -256,7 +249,7 @@ class FrontDoor:
         # its serve_forever() is never run: the listener accepts (TLS included) and survives accept() errors.
         # max_size: a larger frame is refused from its header, before its payload is read.
         # max_queue=1: at most one frame waits behind the one being served (memory per connection).
-        self._server = serve(self._handle, sock=sock, process_request=self._process_request,
+        self._server = serve(self._handle, sock=sock, process_request=self.gate.process_request,
                              max_size=self.frame_limit, compression=None, max_queue=1,
                              open_timeout=cfg.handshake_timeout_s, close_timeout=_CLOSE_TIMEOUT_S,
                              logger=_WebsocketsLog(self))
@@ -298,24 +291,9 @@ class FrontDoor:
                      "prompt": self.config.mapping.prompt},
         }
 
-    # -- health -------------------------------------------------------------------------------
-
-    def _on_server(self, key: str, alive: bool) -> None:
-        """Zenoh callback (liveliness of the model's servers): a set, under its lock."""
-        with self._servers_lock:
-            (self._servers.add if alive else self._servers.discard)(key)
-
     def unhealthy(self) -> list[str]:
-        """Why a new client could not be served now (empty: it could)."""
-        why = []
-        if self._ids.in_use() >= self.config.max_clients:
-            why.append(f"all {self.config.max_clients} client slots are taken")
-        if self._listener is None or (listening := self._listener.accepting()) is not None:
-            why.append(listening if self._listener is not None else "not started")
-        with self._servers_lock:
-            if not self._servers:
-                why.append(f"no server of {self.app.prefix if self.app else 'the model'} is alive on Zenoh")
-        return why
+        """Why a new client could not be served now (empty: it could): what /healthz answers."""
+        return self.gate.unhealthy()
 
     # -- websocket ----------------------------------------------------------------------------
 
@@ -335,51 +313,6 @@ class FrontDoor:
                              logging.INFO)
             return True
         return False
-
-    def _peer_blocked(self, host: str) -> bool:
-        with self._limit_lock:
-            return self._limit.blocked(host, time.monotonic())
-
-    def _process_request(self, connection, request):
-        """Before the handshake: /healthz, the token, the cool-down, the connection cap (None: go on).
-        Never raises: a header it cannot read is a counted 400 (websockets would answer 500)."""
-        held = self._listener.held() if self._listener is not None else None
-        if held is not None:
-            held.answered = True  # unless it goes on to the handshake (below)
-        try:
-            response = self._screen(connection, request, held.host if held is not None else "?")
-        except Exception as exc:  # e.g. a header of bytes that are not text
-            self.counters.reject("bad_header")
-            self._noise.note("bad_header", f"a handshake with an unreadable request was refused (400): "
-                                           f"{type(exc).__name__}", logging.INFO)
-            response = connection.respond(HTTPStatus.BAD_REQUEST, "the request's headers could not be read\n")
-        if response is None and held is not None:
-            held.answered = False
-        return response
-
-    def _screen(self, connection, request, host: str):
-        if request.path.split("?")[0] == "/healthz":
-            why = self.unhealthy()
-            if why:
-                return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "unavailable: " + "; ".join(why) + "\n")
-            return connection.respond(HTTPStatus.OK, "OK\n")
-        token = self.config.token
-        if token is not None:
-            given = request.headers.get("Authorization", "")
-            # websockets keeps bytes that are not ASCII as surrogates: they compare unequal, never raise.
-            if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Api-Key {token}".encode()):
-                self.counters.reject("unauthorized")
-                return connection.respond(HTTPStatus.UNAUTHORIZED, "a valid api_key is required\n")
-        if self._peer_blocked(host):
-            self.counters.reject(OpenPIReason.RATE_LIMITED)
-            return connection.respond(HTTPStatus.TOO_MANY_REQUESTS,
-                                      f"rate_limited: too many refused requests from {host}; retry in "
-                                      f"{self.config.cooldown_s:g} s\n")
-        if self._ids.in_use() >= self.config.max_clients:
-            self.counters.reject("full")
-            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE,
-                                      f"the front door serves {self.config.max_clients} clients at once\n")
-        return None
 
     def _handle(self, connection) -> None:
         """One connection, after its handshake: every path out of here gives its client slot back."""
@@ -419,7 +352,7 @@ class FrontDoor:
                 request = [frame]  # handed over: no reference left here once it is decoded
                 del frame
                 t0 = time.perf_counter()
-                if self._peer_blocked(host):
+                if self.gate.blocked(host):
                     # Refused unread, and the connection closed: a flood in cool-down would otherwise go
                     # on costing its bytes at line rate (reconnecting is refused with 429 meanwhile).
                     self.counters.reject(OpenPIReason.RATE_LIMITED)
@@ -435,7 +368,7 @@ class FrontDoor:
         except ConnectionClosed as exc:
             if exc.sent is not None and exc.sent.code == 1009:
                 self.counters.reject(OpenPIReason.TOO_LARGE)
-                self._on_rejection(host)
+                self.gate.on_rejection(host)
                 self._noise.note("too_large", f"{client_id}: closed: a frame over {self.frame_limit} bytes")
         except (OSError, EOFError) as exc:  # the peer reset or vanished: noise, counted, one line a minute
             self.counters.reject("connection_reset")
@@ -463,14 +396,6 @@ class FrontDoor:
         obs = unpack(frame, self.frame_limit, self.config.max_frame_items)
         return self.config.mapping.apply(obs, self.status)
 
-    def _on_rejection(self, host: str) -> None:
-        with self._limit_lock:
-            self._limit.on_rejection(host, time.monotonic())
-            self._limit_peers[host] = None
-            self._limit_peers.move_to_end(host)
-            while len(self._limit_peers) > self.config.max_peers:
-                self._limit.forget(self._limit_peers.popitem(last=False)[0])
-
     def _serve_one(self, client_id: str, link: RobotLink, request: list, prev_total_ms: float | None,
                    host: str, decoded: Callable[[], None] | None) -> bytes | str:
         """One request (`request`: a list holding the frame, emptied here) -> the reply frame: msgpack
@@ -488,7 +413,7 @@ class FrontDoor:
         except ProtocolError as exc:
             self.counters.reject(exc.reason)
             if exc.reason not in _FLEET_FAULTS:  # the client's own mistakes feed its cool-down, an outage does not
-                self._on_rejection(host)
+                self.gate.on_rejection(host)
             return f"{exc}"
         chunk = answer.chunk
         t_reply = time.perf_counter()
