@@ -137,8 +137,7 @@ STATUS_MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize("where", ["--endpoint=127.0.0.1:{port}", "--zenoh.connect=[tcp/127.0.0.1:{port}]"])
-def test_what_the_servers_status_settles_is_one_line_before_lerobot_is_imported(where, port, app_key, tmp_path):
+def test_what_the_servers_status_settles_is_one_line_before_lerobot_is_imported(port, app_key, tmp_path):
     import time
 
     from lz_testing import make_server
@@ -147,7 +146,7 @@ def test_what_the_servers_status_settles_is_one_line_before_lerobot_is_imported(
                      max_task_tokens=4):
         for args, needles in STATUS_MISTAKES:
             t0 = time.perf_counter()
-            result, imported = probe(CLIENT, [SIM, where.format(port=port),
+            result, imported = probe(CLIENT, [SIM, f"--endpoint=127.0.0.1:{port}",
                                               *(a.replace("{tmp}", str(tmp_path)) for a in args)])
             print(f"{' '.join(args)}: exit {result.returncode} in {time.perf_counter() - t0:.2f} s")
             errors = [line for line in result.stderr.splitlines() if " ERROR " in line]

@@ -224,7 +224,7 @@ def preflight(argv: list[str]):
 
 
 def lookup_early(options, stop, cameras: dict | None = None, task: tuple[str, str] | None = None) -> object | None:
-    """With an endpoint or routers given: the application the routing flags name, found before LeRobot is
+    """With an endpoint given: the application the routing flags name, found before LeRobot is
     imported, so that a dead endpoint or a server serving something else is reported in a second,
     and what its status settles (`discovery.preflight_problems`: this client id not served, --fps,
     the cameras the command line names, a task over the model's token limit: `task` is (its flag,
@@ -553,9 +553,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=options.log_level.upper(), force=True,
                             format=f"%(asctime)s %(levelname)s [{options.client_uuid}] %(name)s: %(message)s")
     served = None
-    if options is not None and options.zenoh_settings().connect and not options.pipeline.plan:
+    if options is not None and (options.endpoint or options.server_address) and not options.pipeline.plan:
         # Each "starting:" line names the step under way (make demo shows it while a robot starts).
-        log.info("starting: asking %s what it serves", ", ".join(options.zenoh_settings().connect))
+        log.info("starting: asking %s what it serves", options.endpoint or options.server_address)
         try:
             served = lookup_early(options, stopped, cameras, task)
         except CompatibilityError as exc:
