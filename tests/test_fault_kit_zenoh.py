@@ -203,9 +203,11 @@ def test_heartbeat_floods_are_counted_and_the_standby_keeps_hearing_its_primary(
                 flood.wait(60)
             assert role.takeovers == 0 and not role.active.is_set(), f"taken over during a flood of {flood.sent}"
             # (wrong_ids: valid beats of invented servers, read and ignored: not refusals)
-            flood_every_kind(p1, app_key.server_heartbeat("intruder"), robot, counted, forged_kind="beat",
+            # Counted at the standby, so flooded on its own port: a flood through the primary's reaches
+            # the standby only once gossip has linked the flooder to it (puts before that never arrive).
+            flood_every_kind(p2, app_key.server_heartbeat("intruder"), robot, counted, forged_kind="beat",
                              limit_bytes=4096, kinds=[k for k in PAYLOADS if k != "wrong_ids"])
-            flood_every_kind(p1, app_key.server_heartbeat("intruder"), robot, counted, forged_kind="beat",
+            flood_every_kind(p2, app_key.server_heartbeat("intruder"), robot, counted, forged_kind="beat",
                              limit_bytes=4096, kinds=["wrong_ids"], exact=False)
             assert robot.client.serving_server_id == "gpu0"
         assert role.takeovers == 0 and not role.active.is_set()
