@@ -554,11 +554,14 @@ def test_distinct_unknown_client_ids_are_bounded_and_counted(port, app_key):
         first.send_until_served(1, rng)
         second.send_until_served(1, rng)
         invented = [Robot(session, app_key, f"x{i}") for i in range(5)]
-        for robot in invented:
-            for seq in range(3):
-                robot.put(seq, rng)
         model = server.models[0]
-        assert wait_for(lambda: server.stats()[app_key.prefix]["dropped"].get("too_many_clients", 0) >= 5, 5.0)
+
+        def refused() -> bool:  # observations are best effort: on a starved link some never arrive
+            for robot in invented:
+                robot.put(0, rng)
+            return wait_for(lambda: server.stats()[app_key.prefix]["dropped"].get("too_many_clients", 0) >= 5, 0.3)
+
+        assert wait_for(refused, 10.0)
         # The admitted ones are still served; this chunk also comes after every invented robot's
         # observation on the one link, so none of theirs is still on its way.
         first.send_until_served(2, rng)
