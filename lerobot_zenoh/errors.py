@@ -4,7 +4,8 @@
     ├── ConfigError            a setting or manifest is invalid (names the field)
     ├── KeyExprError           a key-expression chunk is empty or uses a reserved character
     ├── ProtocolError          bytes that are not a valid message (carries a short `reason`)
-    │   └── VersionError       a message of a protocol major version we do not speak
+    │   └── VersionError       a message of a protocol version we do not speak (another major, or
+    │                          a minor older than its message type's minimum)
     ├── TransportError         Zenoh refused to open, declare, put or get (raised from zenoh.ZError)
     │   └── TlsRefusedError    a TLS handshake with an endpoint fails: the listener's certificate, or ours, is refused
     ├── CompatibilityError     a server's capabilities do not match the robot (client start-up)
@@ -48,7 +49,8 @@ class ProtocolError(LeRobotZenohError, ValueError):
 
 
 class VersionError(ProtocolError):
-    """The message declares a protocol major version this build does not understand."""
+    """The message declares a protocol version this build does not read: another major version, or a
+    minor older than its message type's minimum (docs/protocol.md §4.2)."""
 
 
 class TransportError(LeRobotZenohError, RuntimeError):

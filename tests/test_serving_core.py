@@ -496,3 +496,22 @@ def test_engines_on_an_iteration_level_runner_fail_at_start_naming_the_field(lin
     with pytest.raises(ConfigError, match=r"server\[m1\]\.engines"):
         Dispatcher(FakeHost(), model, link, clock=clock).start(threads=False)
     model.executor.close()
+
+
+def test_an_older_engines_answer_is_told_apart_by_its_version(link, clock):
+    """An engine of protocol 1.4 (before the request binding was required) is refused and counted
+    as `unsupported_version`, whether or not its answer happens to carry the binding fields."""
+    import msgpack
+
+    edge = Edge(link, clock, "edge-A")
+    edge.send("robot_1", 1)
+    assert edge.round()
+    (request,) = link.requests("cloud0")
+    raw = msgpack.unpackb(answer_to(request), raw=False) | {"protocol_version": [1, 4]}
+    link.answer("cloud0", msgpack.packb(raw, use_bin_type=True))
+    edge.round()
+    assert edge.host.published == [] and edge.figures()["engine.cloud0.refused.unsupported_version"] == 1
+    link.answer("cloud0", answer_to(request))
+    edge.round()
+    assert [c for c, _ in edge.host.published] == ["robot_1"]
+    edge.close()

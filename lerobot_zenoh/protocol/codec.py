@@ -75,13 +75,18 @@ def encode_map(kind: str, table: schema.Record, msg: Any) -> bytes:
 def decode_map(data: Any, tables: dict[str, tuple[type, schema.Record]], expected: str | None,
                limits: CodecLimits) -> Any:
     """Bytes -> the record of one of `tables` (of type `expected` when given). Only ever raises
-    ProtocolError (VersionError for another major version)."""
+    ProtocolError (VersionError for another major version, or a minor older than the message's
+    `since`)."""
     try:
         obj = _unpack(data, limits)
-        kind = _envelope(obj, tables)
+        kind, minor = _envelope(obj, tables)
         if expected is not None and kind != expected:
             raise ProtocolError(Reason.WRONG_TYPE, f"expected {expected}, got {kind}")
-        return tables[kind][1].decode(obj, "", limits)
+        table = tables[kind][1]
+        if minor < table.since:
+            raise VersionError(Reason.UNSUPPORTED_VERSION,
+                               f"{kind} of protocol 1.{minor}: its fields are those of 1.{table.since} and later")
+        return table.decode(obj, "", limits)
     except ProtocolError:
         raise
     except Exception as exc:  # any other failure of a hostile byte string is still a protocol error
@@ -129,7 +134,8 @@ def _depth_ok(obj: Any, max_depth: int) -> bool:
     return True
 
 
-def _envelope(obj: dict, tables: dict) -> str:
+def _envelope(obj: dict, tables: dict) -> tuple[str, int]:
+    """The message's type and its minor version (of a major version this peer speaks)."""
     version = obj.get("protocol_version")
     if not (type(version) is list and len(version) == 2 and all(type(v) is int for v in version)):
         raise ProtocolError(Reason.MISSING_VERSION, "protocol_version must be [major, minor]")
@@ -139,7 +145,7 @@ def _envelope(obj: dict, tables: dict) -> str:
     kind = obj.get("type")
     if type(kind) is not str or kind not in tables:
         raise ProtocolError(Reason.UNKNOWN_TYPE, repr(kind)[:64])
-    return kind
+    return kind, version[1]
 
 
 # ----------------------------------------------------------------------------- public API

@@ -152,6 +152,11 @@ class ProfilePoints(schema.WireType):
 STR, UINT64, NUMBER, BOOL = schema.STR, schema.UINT64, schema.NUMBER, schema.BOOL
 Field = schema.Field
 
+#: The engine messages' required fields are those of protocol 1.5, which made a request's binding
+#: (`edge_incarnation`, `client_id`, `seq_id`) required: an engine or scheduler of 1.4 is refused as
+#: `unsupported_version`, counted by reason, rather than as a `missing_field` of a broken peer.
+BINDING_SINCE = 5
+
 #: The wire tables of the engine messages (docs/protocol.md §11), as `protocol/schema.py` declares the robot's.
 TABLES: dict[str, tuple[type, schema.Record]] = {
     ENGINE_REQUEST: (EngineRequest, schema.Record(EngineRequest, [
@@ -165,7 +170,7 @@ TABLES: dict[str, tuple[type, schema.Record]] = {
         Field("seq_id", UINT64, required=True),
         Field("session_nonce", UINT64),
         Field("reset", BOOL),
-    ])),
+    ], since=BINDING_SINCE)),
     ENGINE_ANSWER: (EngineAnswer, schema.Record(EngineAnswer, [
         Field("request_id", UINT64, required=True),
         Field("engine_id", STR, required=True),
@@ -184,7 +189,7 @@ TABLES: dict[str, tuple[type, schema.Record]] = {
         Field("refinement_updates", schema.NdArray()),
         Field("rtc_delay_steps", UINT64),
         Field("error", STR),
-    ])),
+    ], since=BINDING_SINCE)),
     ENGINE_STATUS: (EngineStatus, schema.Record(EngineStatus, [
         Field("engine_id", STR, required=True),
         Field("incarnation", STR, required=True),
@@ -195,7 +200,7 @@ TABLES: dict[str, tuple[type, schema.Record]] = {
         Field("chunk_size", UINT64, required=True),
         Field("capacity", UINT64, required=True),
         Field("profile_ms", ProfilePoints(), required=True),
-    ])),
+    ], since=BINDING_SINCE)),
 }
 _KIND_OF = {cls: (kind, table) for kind, (cls, table) in TABLES.items()}
 

@@ -341,13 +341,16 @@ class Field:
 class Record(WireType):
     """A map whose keys are declared by `Field`s, decoded into the record class `cls`.
 
-    `check(record, name, limits)` runs after the fields, for rules that span several of them."""
+    `check(record, name, limits)` runs after the fields, for rules that span several of them.
+    `since`: the minor version of protocol 1 that set a message's required fields (docs/protocol.md
+    §4.2); a message of an older minor is refused as `unsupported_version` before its fields are
+    read, so an older peer is told apart from a broken one. Only top-level messages use it."""
 
     what = "a map"
 
     def __init__(self, cls: type, rows: Iterable[Field], check: Callable[[Any, str, CodecLimits], None] | None = None,
-                 reason: Reason = Reason.BAD_FIELD):
-        self.cls, self.rows, self.check, self.reason = cls, tuple(rows), check, reason
+                 reason: Reason = Reason.BAD_FIELD, since: int = 0):
+        self.cls, self.rows, self.check, self.reason, self.since = cls, tuple(rows), check, reason, since
         declared = {f.name: f for f in fields(cls)}
         keys = [r.key for r in self.rows]
         if sorted(keys) != sorted(declared):  # the table and the record must name the same fields
@@ -537,4 +540,5 @@ REFUSAL = Record(Refusal, [
     Field("detail", Str(max_bytes=MAX_REFUSAL_DETAIL_BYTES)),
     Field("permanent", BOOL, sparse=True),
     Field("server_id", STR),
-])
+
+], since=5)
