@@ -73,10 +73,9 @@ def test_closes_at_every_stage_of_the_handshake_leak_no_client_slot(door):
     per_stage = 500 if LONG else 100
     for stage in tcp.STAGES:
         done = tcp.close_at_stage("127.0.0.1", door.port, stage, per_stage)
-        # Enough of them reach their stage for the test to mean something. On a loaded machine (the
-        # whole suite on two processes) up to a tenth of the `after_metadata` ones have waited over
-        # 5 s for the metadata; what this test holds is that no slot leaks, below.
-        assert done.sent >= 0.5 * per_stage, (stage, done)
+        # Nearly all of them reach their stage (a loaded machine may time a few out), or the test
+        # would mean nothing; what it holds is that no slot leaks, below.
+        assert done.sent >= 0.9 * per_stage, (stage, done)
     # The door notices each close (a handshake deadline at most): every slot comes back.
     assert wait_for(lambda: door._ids.in_use() == 0, 30), door._ids.in_use()
     replies: list = [None] * door.config.max_clients

@@ -298,12 +298,15 @@ def upgrade_request(host: str, port: int, path: str = "/", headers: dict | None 
 
 def ws_handshake(host: str, port: int, *, headers: dict | None = None, tls: ssl.SSLContext | None = None,
                  timeout_s: float = 5.0, source: str | None = None) -> tuple[socket.socket, int]:
-    """A socket after the upgrade -> (socket, HTTP status); 101 when it is a websocket."""
+    """A socket after the upgrade -> (socket, HTTP status); 101 when it is a websocket. The response
+    is read a byte at a time up to its blank line: the server's first frame may follow it in the same
+    segment, and it stays on the socket for `ws_read_frame` (read in blocks, it was lost, and
+    waiting for it timed out now and then)."""
     sock = _connect(host, port, timeout_s, tls, source)
     sock.sendall(upgrade_request(host, port, headers=headers))
     data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(4096)
+    while not data.endswith(b"\r\n\r\n") and len(data) < 65536:
+        chunk = sock.recv(1)
         if not chunk:
             break
         data += chunk
