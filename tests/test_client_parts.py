@@ -163,3 +163,22 @@ def test_the_control_loop_alone_sends_requests_and_holds_without_chunks():
     assert first is not None and first.seq_id == 1 and first.session_nonce == watch.session_nonce
     assert counters.steps >= 5 and counters.empty_cycles == counters.steps  # no chunk: the fail-safe each step
     assert trigger.stats().sent == 1 and trigger.table.get(1).captures[1].step == 0  # one slot, its capture step
+
+
+def test_undecodable_status_replies_are_skipped_and_logged_a_few_times_not_per_reply(caplog):
+    """Anything on the status key may answer, every time it is asked: a retrying discovery skips
+    what it cannot decode and logs the 1st, 10th, 100th (with the count), not every reply."""
+    import logging
+
+    from lerobot_zenoh.client import discovery
+    from lerobot_zenoh.protocol.keys import AppKey
+
+    class GarbageSession:
+        def query(self, key, timeout_s, parameters=None):
+            return [(key, b"\xc1"), (key, b"not msgpack")]
+
+    with caplog.at_level(logging.WARNING, logger=discovery.__name__):
+        for _ in range(100):
+            assert discovery.query_status(GarbageSession(), AppKey("c", "e", "m", "v", "a")) is None
+    lines = [r.getMessage() for r in caplog.records if "undecodable status reply" in r.getMessage()]
+    assert len(lines) <= 3 and all("so far]" in line for line in lines), lines  # (the count is the process')

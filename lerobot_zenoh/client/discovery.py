@@ -8,6 +8,7 @@ is refused at start-up instead of holding its robot waiting for chunks that neve
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import time
@@ -19,8 +20,12 @@ from lerobot_zenoh.protocol.keys import APP_FIELDS, AppKey
 from lerobot_zenoh.protocol.messages import Status
 from lerobot_zenoh.transport.session import ZenohSession
 from lerobot_zenoh.protocol.reasons import OutputKind
+from lerobot_zenoh.telemetry.publisher import worth_logging
 
 log = logging.getLogger(__name__)
+#: Undecodable status replies seen by this process: anything on the status key can answer, as
+#: often as it is asked (a retrying discovery asks every 50 ms), so they are logged 1, 10, 100, ...
+_undecodable = itertools.count(1)
 
 
 @dataclass(frozen=True)
@@ -145,7 +150,9 @@ def query_status(session: ZenohSession, app: AppKey, timeout_s: float = 0.5, cli
         try:
             return codec.decode_status(payload)
         except ProtocolError as exc:
-            log.warning("ignoring an undecodable status reply on %s: %s", app.status, exc)
+            n = next(_undecodable)
+            if worth_logging(n):
+                log.warning("ignoring an undecodable status reply on %s: %s [%d so far]", app.status, exc, n)
     return None
 
 
