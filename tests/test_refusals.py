@@ -99,6 +99,8 @@ def test_refusals_go_only_to_the_sender_that_asks_at_most_one_a_second(port, app
             assert heard["r2"] == [] and heard["old"] == []  # never to another key, nor to a client that did not ask
             assert stats["r1"]["rejected"].get("task_too_long") and stats["old"]["rejected"].get("task_too_long")
             assert server.stats()[app_key.prefix]["refusals_sent"] == {"task_too_long": len(refusals)}
+            figures, _ = server.telemetry_figures(server.models[0])  # and in telemetry, so on /metrics
+            assert figures["refusals_sent.task_too_long"] == len(refusals)
             assert server.stats()[app_key.prefix]["refusals_withheld"] >= 1
 
 

@@ -84,6 +84,8 @@ def model_figures(model: ServedModel) -> tuple[dict, dict]:
         "observations_for_other_components": model.for_other_components,
         "answers_withheld": model.answers_withheld,
         **{f"answers.{kind}": n for kind, n in model.answers.items()},
+        # Refusals published to the clients that read them (protocol 1.5), by reason
+        **{f"refusals_sent.{reason}": n for reason, n in model.refusals_sent.items()},
         "batch_size_mean": float(np.mean(snap.batch_sizes)) if snap.batch_sizes else 1.0,
         "batch_fallbacks": model.executor.batch_fallbacks,
         "jpeg_device_fallbacks": model.executor.jpeg_device_fallbacks,

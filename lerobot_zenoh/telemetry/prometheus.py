@@ -145,6 +145,7 @@ METRICS: list[Metric] = [
     _c("answers.verdict.<label>", "answers", "Answers published, by output (and verdict label)", S,
        fixed={"output": "verdict"}),
     _c("answers.<output>", "answers", "Answers published, by output (and verdict label)", S),
+    _c("refusals_sent.<reason>", "refusals_sent", "Refusals published to the clients that read them, by reason", S),
     _g("batch_size_mean", "batch_size_mean", "Observations per forward pass, mean of the last 256 passes", S),
     _g("max_batch_size", "max_batch_size", "Most observations per forward pass in use", S),
     _c("batch_fallbacks", "batch_fallbacks", "Batches that failed and were served again one request at a time", S),
