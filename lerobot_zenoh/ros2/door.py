@@ -56,11 +56,13 @@ class Ros2DoorConfig(Settings):
     ros_zenoh: dict[str, Any] = Field(default_factory=dict)  # more ZenohSettings for the ROS 2 side (TLS, ...)
     max_jpeg_bytes: int = Field(4 << 20, ge=1024, le=64 << 20, description=(
         "The largest CompressedImage JPEG taken (a larger sample is refused unread, too_large)"))
-    robots: list[RobotMapping] = Field(min_length=1)
+    robots: list[RobotMapping] = Field(default_factory=list, validate_default=True)  # the ROS 2 robots and their topics (docs/ros2.md)
 
     @field_validator("robots")
     @classmethod
     def _unique_ids(cls, value: list[RobotMapping]) -> list[RobotMapping]:
+        if not value:
+            raise ValueError("name at least one robot (client_uuid, cameras, state, action)")
         ids = [r.client_uuid for r in value]
         twice = sorted({i for i in ids if ids.count(i) > 1})
         if twice:

@@ -6,9 +6,12 @@ exactly as a LeRobot robot is. What differs is where the robot's I/O goes:
 
     in   camera and joint-state topics, subscribed on the robot's Zenoh with rmw_zenoh's keys. A
          Zenoh callback only checks the sample's size against the topic's limit (counted
-         ``too_large`` and dropped unread) and keeps it in the topic's newest-wins slot; this
+         ``too_large`` and dropped unread) and keeps it in the topic's newest-wins slot (an older
+         sample not yet read is counted ``superseded``); this
          robot's own decoder thread reads each slot (cdr.py: bounded, counted by reason) and keeps
-         the newest valid value of each topic with its arrival time. A flood or garbage on one
+         the newest valid value of each topic with its arrival time (``received.<topic>``). Every
+         sample that arrives (``arrived.<topic>``) is thus counted once more: refused by reason,
+         superseded, or received (one per topic may be waiting in its slot). A flood or garbage on one
          robot's topics costs its callbacks and its decoder, never another robot's.
     obs  `get_observation` gives the newest of each topic; when any topic's newest valid value is
          older than `max_age_s` (or never came) the observation is stale, and the door's task
@@ -224,13 +227,14 @@ class Ros2Robot(Robot):
     def _receiver(self, slot: _Slot):
         def on_sample(key: str, payload) -> None:
             """Zenoh callback: the size check and the hand-over, nothing else."""
+            self.counters.add(f"arrived.{slot.name}")
             if len(payload) > slot.limit:
                 self.counters.add(f"rejected.{cdr.Ros2Reason.TOO_LARGE}")
                 return
             with self._lock:
-                if slot.pending is not None:
-                    self.counters.add("superseded")
-                slot.pending = (payload, time.perf_counter())
+                superseded, slot.pending = slot.pending is not None, (payload, time.perf_counter())
+            if superseded:
+                self.counters.add("superseded")
             self._wake.set()
         return on_sample
 
