@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         config, level = parse(argv)
     except ConfigError as exc:
         fail(PROG, explain(exc), EXIT_CONFIG)
-    require_extra(PROG, "ros2", "rosbags")
+    require_extra(PROG, "ros2", "rosbags", "lerobot")
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from lerobot_zenoh.ros2.door import Ros2Door
 
