@@ -80,6 +80,7 @@ def test_the_attachment_is_what_zenoh_ext_serialises():
     keyed = zx.z_serialize(("sequence_number", zx.Int64(5), "source_timestamp", zx.Int64(6),
                             "source_gid", gid)).to_bytes()
     assert graph.decode_attachment(keyed) == graph.Attachment(5, 6, gid)
+    assert graph.encode_attachment(graph.Attachment(5, 6, gid), named=True) == keyed
     for bad in [b"", theirs[:20], keyed[:-1], b"x" * 33, keyed.replace(b"source_gid", b"source_gud")]:
         with pytest.raises(ValueError):
             graph.decode_attachment(bad)

@@ -116,9 +116,11 @@ def test_the_ros2_robot_follows_its_trajectories(port, app_key, ros_router):
     ros_port, _ = ros_router
     with make_server(port, app_key, latency_ms=20, cameras=CAMS, chunk_size=20), \
             SimRos2Robot(ros_port, cameras=ROBOT_CAMERAS, joints=JOINTS) as sim, \
-            Ros2Door(door_config(port, ros_port, app_key, [mapping()])) as door:
+            Ros2Door(door_config(port, ros_port, app_key, [mapping()], attachment="named")) as door:
         start = sim.positions.copy()
         assert wait_for(lambda: len(sim.trajectories) >= 3, 15), door.figures()
+        _, _, attachment = sim.trajectories[-1]  # the earlier layout, each field after its name
+        assert b"sequence_number" in attachment and graph.decode_attachment(attachment).sequence_number > 0
         assert wait_for(lambda: np.abs(sim.positions - start).max() > 0.02, 10)  # its joints moved as told
         assert door.clients["arm1"].counters.observations_published >= 3
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -56,6 +56,9 @@ class Ros2DoorConfig(Settings):
     ros_zenoh: dict[str, Any] = Field(default_factory=dict)  # more ZenohSettings for the ROS 2 side (TLS, ...)
     max_jpeg_bytes: int = Field(4 << 20, ge=1024, le=64 << 20, description=(
         "The largest CompressedImage JPEG taken (a larger sample is refused unread, too_large)"))
+    attachment: Literal["current", "named"] = Field("current", description=(
+        "The attachment layout the door writes: current (rmw_zenoh's AttachmentData: sequence number, timestamp, "
+        "gid) or named (each field after its name, as earlier rmw_zenoh releases wrote and read it)"))
     robots: list[RobotMapping] = Field(default_factory=list, validate_default=True)  # the ROS 2 robots and their topics (docs/ros2.md)
 
     @field_validator("robots")
@@ -229,7 +232,8 @@ class Ros2Door:
         cfg, app = self.config, self.app
         fps = int(status.fps)
         robot_cfg = Ros2RobotConfig(id=mapping.client_uuid, mapping=mapping, cameras=dict(status.expected_cameras),
-                                    fps=fps, max_jpeg_bytes=cfg.max_jpeg_bytes)
+                                    fps=fps, max_jpeg_bytes=cfg.max_jpeg_bytes,
+                                    named_attachment=cfg.attachment == "named")
         client_cfg = RobotClientConfig(
             robot=robot_cfg, client_uuid=mapping.client_uuid, cluster_uuid=app.cluster,
             experiment_tag=app.experiment, model_id=app.model, model_version=app.version,

@@ -151,12 +151,16 @@ _INT64 = struct.Struct("<q")
 _KEYS = ("sequence_number", "source_timestamp", "source_gid")
 
 
-def encode_attachment(attachment: Attachment) -> bytes:
-    """The current layout: int64, int64, varint 16, 16 bytes (33 bytes)."""
+def encode_attachment(attachment: Attachment, *, named: bool = False) -> bytes:
+    """The current layout: int64, int64, varint 16, 16 bytes (33 bytes); `named`: the earlier one,
+    each field after its name (a varint length, then the UTF-8 name)."""
     if len(attachment.source_gid) != GID_BYTES:
         raise ValueError(f"a source gid is {GID_BYTES} bytes, got {len(attachment.source_gid)}")
-    return (_INT64.pack(attachment.sequence_number) + _INT64.pack(attachment.source_timestamp_ns)
-            + bytes([GID_BYTES]) + attachment.source_gid)
+    fields = [_INT64.pack(attachment.sequence_number), _INT64.pack(attachment.source_timestamp_ns),
+              bytes([GID_BYTES]) + attachment.source_gid]
+    if not named:
+        return b"".join(fields)
+    return b"".join(bytes([len(name)]) + name.encode() + value for name, value in zip(_KEYS, fields))
 
 
 def decode_attachment(data: bytes) -> Attachment:

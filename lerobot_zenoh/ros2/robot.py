@@ -69,6 +69,7 @@ class Ros2RobotConfig(RobotConfig):
     cameras: dict[str, tuple[int, int]] = field(default_factory=dict)
     fps: int = 30
     max_jpeg_bytes: int = 4 << 20
+    named_attachment: bool = False
 
     def __post_init__(self) -> None:
         # Not RobotConfig.__post_init__: its check reads LeRobot CameraConfigs; a topic is none.
@@ -293,7 +294,8 @@ class Ros2Robot(Robot):
     # -- out
 
     def _attachment(self, gid: bytes) -> bytes:
-        return graph.encode_attachment(graph.Attachment(next(self._seq), time.time_ns(), gid))
+        return graph.encode_attachment(graph.Attachment(next(self._seq), time.time_ns(), gid),
+                                       named=self.config.named_attachment)
 
     def publish_plan(self, rows: np.ndarray) -> None:
         """The buffer's plan from the next control step as one JointTrajectory."""
