@@ -123,6 +123,8 @@ def test_the_ros2_robot_follows_its_trajectories(port, app_key, ros_router):
         assert b"sequence_number" in attachment and graph.decode_attachment(attachment).sequence_number > 0
         assert wait_for(lambda: np.abs(sim.positions - start).max() > 0.02, 10)  # its joints moved as told
         assert door.clients["arm1"].counters.observations_published >= 3
+        figures, _ = door.clients["arm1"].telemetry_figures()  # the ROS side's counters, in its telemetry
+        assert figures["ros2.received.state"] > 0 and figures["ros2.trajectories_published"] >= 3, figures
 
 
 @pytest.mark.parametrize("change, field", [
