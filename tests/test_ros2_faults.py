@@ -116,6 +116,7 @@ def test_floods_and_lies_on_one_robots_topics_are_counted_and_leave_the_other_se
     for name, (topic, maker, reason) in floods.items():
         before = attacked.snapshot()
         honest_before = served(door, "arm2")
+        ticks_before = arm1.published  # the honest samples arm1 itself put on each topic
         with long_flood(ros_port, keys[topic], name, maker, LIMIT) if LONG else \
                 Flood(ros_port, keys[topic], maker, seconds=FLOOD_S, block=True) as flood:
             flood.wait(FLOOD_S + 30)
@@ -131,6 +132,9 @@ def test_floods_and_lies_on_one_robots_topics_are_counted_and_leave_the_other_se
         assert wait_for(lambda: 0 <= unaccounted() <= 3, 10), (name, unaccounted(), attacked.snapshot())
         arrived = sum(attacked.snapshot().get(f"arrived.{t}", 0) - before.get(f"arrived.{t}", 0) for t in keys)
         assert arrived > 0, name
+        # None of the flood was taken: no more samples of the topic were taken than arm1 itself put.
+        taken = attacked.snapshot().get(f"received.{topic}", 0) - before.get(f"received.{topic}", 0)
+        assert taken <= arm1.published - ticks_before + 1, (name, taken, arm1.published - ticks_before)
         if reason is not None:
             assert wait_for(lambda: attacked.snapshot().get(f"rejected.{reason}", 0) > before.get(
                 f"rejected.{reason}", 0), 5), (name, attacked.snapshot())
