@@ -93,6 +93,7 @@ def test_chunks_reach_the_ros2_robot_batched_with_a_zenoh_robot_and_equal_its_an
             np.testing.assert_array_equal(other, answer)
         for _, msg, attachment in sim.trajectories:
             assert list(msg.joint_names) == list(JOINTS)
+            assert (msg.header.stamp.sec, msg.header.stamp.nanosec) == (0, 0)  # start on receipt
             points = np.stack([p.positions for p in msg.points])
             starts = [k for k in range(len(answer)) if np.allclose(answer[k], points[0], atol=1e-6)]
             assert starts, (points[0], answer)

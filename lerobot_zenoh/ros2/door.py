@@ -137,10 +137,9 @@ class StaleGate(Task):
     same_host_allowed = False  # JPEG frames pass through untouched: never through /dev/shm
     refetch_allowed = False  # a refresh would capture without the freshness check
 
-    def __init__(self, robot, buffer, task_text: str):
+    def __init__(self, robot, buffer):
         self.robot = robot
         self.buffer = buffer
-        self.task_text = task_text
 
     def ask(self, seq_id: int, now_s: float, system1_due: bool) -> Ask | None:
         if not system1_due:
@@ -149,7 +148,7 @@ class StaleGate(Task):
         if stale is not None:
             self.robot.counters.add(f"stale.{stale}")
             return None
-        return Ask(task_text=self.task_text or None)
+        return Ask()
 
     def on_chunk(self, seq_id: int, arrived_s: float) -> None:
         _, rows = self.buffer.leftover()
@@ -242,7 +241,7 @@ class Ros2Door:
             discovery_timeout_s=cfg.discovery_timeout_s, **client_fields(cfg.client))
         robot = Ros2Robot(robot_cfg, self._ros)
         buffer = ActionBuffer(client_cfg.aggregate)
-        client = RobotClient(client_cfg, robot, task=StaleGate(robot, buffer, mapping.task), session=self._fleet,
+        client = RobotClient(client_cfg, robot, task=StaleGate(robot, buffer), session=self._fleet,
                              buffer=buffer)
         self.robots[mapping.client_uuid] = robot
         self.clients[mapping.client_uuid] = client

@@ -18,7 +18,7 @@ exactly as a LeRobot robot is. What differs is where the robot's I/O goes:
          (`StaleGate`) sends nothing that step (counted ``stale.<what>``).
     out  each chunk the client accepts (merged into its action buffer, RTC leftovers kept) is
          published as a ``trajectory_msgs/msg/JointTrajectory`` of the buffer's plan from the next
-         control step: point k at ``k / fps`` seconds from the header's stamp (now, wall clock).
+         control step: point k at ``k / fps`` seconds, the header's stamp 0 (start on receipt).
          With `action_array_topic`, every control step's action is also published as a
          ``std_msgs/msg/Float64MultiArray``. Nothing is published when there is no action (the
          controller holds at the end of its trajectory).
@@ -302,7 +302,9 @@ class Ros2Robot(Robot):
         if self._trajectory is None or len(rows) == 0:
             return
         publisher, gid = self._trajectory
-        payload = cdr.encode_joint_trajectory(self._action_joints, rows, self.dt_s, time.time())
+        # Stamp 0: "start on receipt" for joint_trajectory_controller. A stamp from this host's clock
+        # would be compared with the robot's, and clocks of two machines are never compared here.
+        payload = cdr.encode_joint_trajectory(self._action_joints, rows, self.dt_s, 0.0)
         publisher.put(payload, attachment=self._attachment(gid))
         self.counters.add("trajectories_published")
 
