@@ -113,9 +113,9 @@ def test_chunks_reach_the_ros2_robot_batched_with_a_zenoh_robot_and_equal_its_an
         assert figures["trajectories_published"] >= 8 and not any(k.startswith("rejected.") for k in figures)
 
 
-def test_the_ros2_robot_follows_its_trajectories(port, app_key, ros_router):
+def test_the_ros2_robot_follows_its_trajectories_with_real_time_chunking(port, app_key, ros_router):
     ros_port, _ = ros_router
-    with make_server(port, app_key, latency_ms=20, cameras=CAMS, chunk_size=20), \
+    with make_server(port, app_key, latency_ms=20, cameras=CAMS, chunk_size=20, rtc=True), \
             SimRos2Robot(ros_port, cameras=ROBOT_CAMERAS, joints=JOINTS) as sim, \
             Ros2Door(door_config(port, ros_port, app_key, [mapping()], attachment="named")) as door:
         start = sim.positions.copy()
@@ -124,6 +124,9 @@ def test_the_ros2_robot_follows_its_trajectories(port, app_key, ros_router):
         assert b"sequence_number" in attachment and graph.decode_attachment(attachment).sequence_number > 0
         assert wait_for(lambda: np.abs(sim.positions - start).max() > 0.02, 10)  # its joints moved as told
         assert door.clients["arm1"].counters.observations_published >= 3
+        # The robot client's RTC leftovers went with its observations; chunks came back computed with them.
+        assert door.clients["arm1"].rtc_active
+        assert wait_for(lambda: door.clients["arm1"].counters.rtc_chunks >= 2, 10), door.figures()
         figures, _ = door.clients["arm1"].telemetry_figures()  # the ROS side's counters, in its telemetry
         assert figures["ros2.received.state"] > 0 and figures["ros2.trajectories_published"] >= 3, figures
 
