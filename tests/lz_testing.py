@@ -30,10 +30,7 @@ def make_server(port, app_key, latency_ms=10.0, cameras=CAMS, action_dim=6, chun
     the task's word limit it simulates (task_too_long beyond), `max_batch_size`: requests it batches (default:
     the manifest's)."""
     extra = {} if max_task_tokens is None else {"max_task_tokens": max_task_tokens}
-    if max_batch_size is not None:
-        listed_batch = {"max_batch_size": max_batch_size}
-    else:
-        listed_batch = {}
+    batching = {} if max_batch_size is None else {"max_batch_size": max_batch_size}
     listed = {} if clients is None else {"accept_unknown_clients": False,
                                          "clients": [{"client_uuid": c} for c in clients]}
     return PolicyServer(parse_manifest({
@@ -44,7 +41,7 @@ def make_server(port, app_key, latency_ms=10.0, cameras=CAMS, action_dim=6, chun
             "synthetic": {"state_dim": 6, "action_dim": action_dim, "chunk_size": chunk_size,
                           "cameras": cameras, "latency_ms": latency_ms, "rtc": rtc,
                           "history_length": history_length, **extra},
-            "fps": 30, "accept_unknown_clients": True, **listed, **listed_batch,
+            "fps": 30, "accept_unknown_clients": True, **listed, **batching,
         }],
     }))
 
