@@ -46,7 +46,7 @@ $(STAMP): pyproject.toml
 	@echo "== upgrading pip"
 	$(PY) -m pip install --upgrade pip
 	@echo "== installing lerobot-zenoh with its test, robot, server, hardware, vla, planner and openpi extras (torch and LeRobot: ~5 GB the first time)"
-	$(PY) -m pip install -e '.[test,robot,server,hardware,vla,planner,openpi]'
+	$(PY) -m pip install -e '.[test,robot,server,hardware,vla,planner,openpi,ros2]'
 	@echo "== installed into $(VENV)"
 	@touch $(STAMP)
 
@@ -261,7 +261,7 @@ bench-answer-floods: $(STAMP)
 FAULTS_FLOOD_S ?= 10
 .PHONY: test-faults-zenoh
 test-faults-zenoh: $(STAMP)
-	LZ_FAULTS_LONG=1 LZ_FAULTS_FLOOD_S=$(FAULTS_FLOOD_S) $(PY) -m pytest tests/test_fault_kit_zenoh.py -s
+	LZ_FAULTS_LONG=1 LZ_FAULTS_FLOOD_S=$(FAULTS_FLOOD_S) $(PY) -m pytest tests/test_fault_kit_zenoh.py tests/test_ros2_faults.py -s
 
 # Scripted attacks on a robot's session in plain mode (docs/security.md, "Sessions against a forger").
 .PHONY: bench-session-attacks

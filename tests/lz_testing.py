@@ -25,10 +25,12 @@ CAMS = {"front": (48, 64), "wrist": (48, 64)}
 
 
 def make_server(port, app_key, latency_ms=10.0, cameras=CAMS, action_dim=6, chunk_size=30, rtc=False,
-                history_length=1, clients=None, max_task_tokens=None):
+                history_length=1, clients=None, max_task_tokens=None, max_batch_size=None):
     """A synthetic-policy server on loopback; `clients`: the ids it serves (default: any), `max_task_tokens`:
-    the task's word limit it simulates (task_too_long beyond)."""
+    the task's word limit it simulates (task_too_long beyond), `max_batch_size`: requests it batches (default:
+    the manifest's)."""
     extra = {} if max_task_tokens is None else {"max_task_tokens": max_task_tokens}
+    batching = {} if max_batch_size is None else {"max_batch_size": max_batch_size}
     listed = {} if clients is None else {"accept_unknown_clients": False,
                                          "clients": [{"client_uuid": c} for c in clients]}
     return PolicyServer(parse_manifest({
@@ -39,7 +41,7 @@ def make_server(port, app_key, latency_ms=10.0, cameras=CAMS, action_dim=6, chun
             "synthetic": {"state_dim": 6, "action_dim": action_dim, "chunk_size": chunk_size,
                           "cameras": cameras, "latency_ms": latency_ms, "rtc": rtc,
                           "history_length": history_length, **extra},
-            "fps": 30, "accept_unknown_clients": True, **listed,
+            "fps": 30, "accept_unknown_clients": True, **listed, **batching,
         }],
     }))
 

@@ -157,7 +157,7 @@ def test_what_the_servers_status_settles_is_one_line_before_lerobot_is_imported(
 
 
 HELP_SCRIPTS = ["client", "server", "build_checkpoint", "monitor", "router", "secure", "plan", "profile", "admit",
-                "cache", "openpi"]
+                "cache", "openpi", "ros2"]
 
 
 @pytest.mark.parametrize("script", HELP_SCRIPTS)
@@ -204,7 +204,7 @@ importlib.util.find_spec = _find_spec
 """
 #: What `pip install .` does not bring: the extras' packages.
 NOT_IN_CORE = ("lerobot,torch,torchvision,torchcodec,transformers,diffusers,datasets,huggingface_hub,safetensors,"
-               "accelerate,ortools,matplotlib,grpc,websockets")
+               "accelerate,ortools,matplotlib,grpc,websockets,rosbags")
 
 
 @pytest.fixture(scope="module")
@@ -224,6 +224,7 @@ CORE_CASES = [
     ("plan", ["--factory=factories/mix2.yaml", "--profiles=factories/rosa_profiles.yaml"], "planner"),
     ("cache", ["--folder={tmp}", "--repo_id=me/x"], "server"),
     ("openpi", ["--port=0"], "openpi"),
+    ("ros2", ["--robots=[{{client_uuid: a, state: {{joints: [j]}}, action: {{topic: t, joints: [j]}}}}]"], "ros2"),
     ("secure", ["init", "--manifest", "manifests/demo.yaml", "--out", "{tmp}/pki"], None),
     ("monitor", ["--duration_s=0.5", "--zenoh.multicast_scouting=false"], None),
     ("client", ["--list", "--endpoint=127.0.0.1:{dead}", "--timeout_s=0.5"], None),

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from lerobot_zenoh.cli import monitor, openpi, profile, secure
+from lerobot_zenoh.cli import monitor, openpi, profile, ros2, secure
 from lerobot_zenoh.command_line import help_text
 
 
@@ -17,7 +17,7 @@ def configs():
     are checked with their own tests)."""
     return [("lerobot-zenoh-monitor", monitor.MonitorConfig), ("lerobot-zenoh-openpi", openpi.flags_class()),
             ("lerobot-zenoh-secure init", secure.InitConfig), ("lerobot-zenoh-secure acl", secure.AclConfig),
-            ("lerobot-zenoh-profile", profile.ProfileConfig)]
+            ("lerobot-zenoh-profile", profile.ProfileConfig), ("lerobot-zenoh-ros2", ros2.flags_class())]
 
 
 def flag_blocks(text: str) -> dict[str, str]:

@@ -88,6 +88,14 @@ class Outbox:
         self._queue.put(None)
 
 
+def as_jpeg(frame, quality: int) -> bytes:
+    """A camera's frame as JPEG: an image array encoded, or a JPEG the robot already gave (bytes, e.g.
+    a ROS 2 CompressedImage whose size the robot checked) passed through without re-encoding."""
+    if isinstance(frame, bytes):
+        return frame
+    return codec.encode_jpeg(np.asarray(frame), quality)
+
+
 class ObservationPublisher:
     """Encodes and puts what the outbox holds, on its own thread (`run` until `stop` is set).
 
@@ -134,8 +142,8 @@ class ObservationPublisher:
             return np.fromiter((obs[n] for n in names.state_names), dtype=np.float32, count=len(names.state_names))
 
         def encode_frame(obs: dict) -> tuple[np.ndarray, dict[str, bytes]]:
-            others = [(cam, helpers.submit(codec.encode_jpeg, np.asarray(obs[cam]), quality)) for cam in cameras[1:]]
-            images = {cameras[0]: codec.encode_jpeg(np.asarray(obs[cameras[0]]), quality)} if cameras else {}
+            others = [(cam, helpers.submit(as_jpeg, obs[cam], quality)) for cam in cameras[1:]]
+            images = {cameras[0]: as_jpeg(obs[cameras[0]], quality)} if cameras else {}
             for cam, encoded in others:
                 images[cam] = encoded.result()
             return state_of(obs), images

@@ -200,16 +200,20 @@ class FloodProcess:
     """`Flood` in a process of its own (`python -m fault_kit.zenoh`), so the flooder's Python work
     never shares a lock with what it floods: the same interface (`wait`, `stop`, `sent`,
     `elapsed_s`, `error`; a context manager). `key_template`: a key per put, `{i}` replaced by its
-    number (fresh client ids); `forged_kind`: the message type of `wrong_ids` and `truncated`."""
+    number (fresh client ids); `forged_kind`: the message type of `wrong_ids` and `truncated`;
+    `payload_file`: put that file's bytes every time instead of `kind`'s (a surface's own lies, made
+    by its test)."""
 
     def __init__(self, port: int, key: str, kind: str, *, seconds: float, forged_kind: str = "answer",
-                 key_template: str | None = None, limit_bytes: int = 16 << 20, block: bool = False):
+                 key_template: str | None = None, limit_bytes: int = 16 << 20, block: bool = False,
+                 payload_file: str | None = None):
         self.sent, self.elapsed_s, self.error = 0, 0.0, None
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         command = [sys.executable, "-m", "fault_kit.zenoh", "--port", str(port), "--key", key, "--payload", kind,
                    "--forged", forged_kind, "--seconds", str(seconds), "--limit_bytes", str(limit_bytes)]
         command += ["--key_template", key_template] if key_template else []
         command += ["--block"] if block else []
+        command += ["--payload_file", payload_file] if payload_file else []
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
         self._proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, cwd=here)
 
@@ -372,8 +376,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--key_template", default=None, help="a key per put, {i} replaced by its number")
     ap.add_argument("--limit_bytes", type=int, default=16 << 20, help="huge: one byte over this")
     ap.add_argument("--block", action="store_true", help="congestion control BLOCK (default DROP: line rate)")
+    ap.add_argument("--payload_file", default=None, help="put this file's bytes every time (instead of --payload)")
     args = ap.parse_args(argv)
     maker = payload(args.payload, args.key, forged_kind=args.forged, limit_bytes=args.limit_bytes)
+    if args.payload_file:
+        with open(args.payload_file, "rb") as f:
+            data = f.read()
+        maker = lambda i: data  # noqa: E731
     key_of = (lambda i: args.key_template.format(i=i)) if args.key_template else None
     flood = Flood(args.port, args.key, maker, seconds=args.seconds, rate_hz=args.rate_hz, key_of=key_of,
                   block=args.block)
