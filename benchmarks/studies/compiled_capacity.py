@@ -44,8 +44,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from benchmarks.common import ServerProcess
-from benchmarks.harness import telemetry_metrics
+from benchmarks.harness.processes import ServerProcess
+from benchmarks.harness.driver import telemetry_metrics
 from benchmarks.studies import fleet as model
 from benchmarks.studies import fleet_traces
 from benchmarks.studies.compiled import CAMERAS, TASKS

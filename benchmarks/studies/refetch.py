@@ -43,9 +43,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from benchmarks.common import ServerProcess  # noqa: E402
+from benchmarks.harness.processes import ServerProcess  # noqa: E402
 from testbed.ports import free_port  # noqa: E402
-from benchmarks.harness import deliver_chunks, driver_ticks, telemetry_metrics  # noqa: E402
+from benchmarks.harness.driver import deliver_chunks, driver_ticks, telemetry_metrics  # noqa: E402
 from lerobot_zenoh.errors import ProtocolError  # noqa: E402
 from lerobot_zenoh.protocol import codec  # noqa: E402
 from lerobot_zenoh.protocol.keys import AppKey  # noqa: E402
@@ -174,11 +174,7 @@ def run(cfg: RunConfig, out: Path = OUT, verbose: bool = True) -> dict:
     telemetry: list[tuple[float, bytes]] = []
     with ServerProcess(manifest(cfg, port), out / "server.log") as server, \
             ZenohSession(loopback_settings(connect_ports=(port,))).open() as session:
-        deadline = time.monotonic() + 60
-        while not session.query(APP.status, 0.5):
-            if server.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the server did not come up; see {out / 'server.log'}")
-            time.sleep(0.3)
+        server.wait_answering(lambda: session.query(APP.status, 0.5))
         session.subscribe(f"{APP.prefix}/*/action", lambda key, payload: inbox.put((key, payload, time.perf_counter())))
         session.subscribe(APP.server_metrics(SERVER_ID), lambda key, payload: telemetry.append((time.perf_counter(), payload)))
         time.sleep(0.5)  # let the subscriptions reach the server before the first observation

@@ -76,9 +76,11 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from benchmarks.common import ServerProcess  # noqa: E402
+from benchmarks.harness.processes import ServerProcess  # noqa: E402
 from testbed.ports import free_port  # noqa: E402
-from benchmarks.harness import driver_ticks, machine, telemetry_metrics, write_docs_block  # noqa: E402
+from benchmarks.harness.driver import driver_ticks, telemetry_metrics  # noqa: E402
+from benchmarks.harness.results import machine  # noqa: E402
+from benchmarks.harness.docs_blocks import write_docs_block  # noqa: E402
 from lerobot_zenoh.client.config_sim_robot import SO101_JOINTS, SimRobotConfig  # noqa: E402
 from lerobot_zenoh.client.sim_robot import SimRobot  # noqa: E402
 from lerobot_zenoh.errors import ProtocolError  # noqa: E402
@@ -652,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{m['cpu']}, load average at start {', '.join(f'{x:.2f}' for x in m['load_avg_at_start'] or [])}; "
                 f"policy: {data['policy']} ({data['prepare']['train_steps']} training steps); server-side RTC settings in the manifest: "
                 f"{'yes' if data['server_rtc_settings'] else 'no (this tree has none: every rtc chunk fell back to blending)'})\n")
-        write_docs_block(Path(args.write_docs), BEGIN, END, "Real-time chunking", head + "\n" + body)
+        write_docs_block(Path(args.write_docs), BEGIN, END, "\n" + head + "\n" + body, heading="Real-time chunking")
     return 0
 
 

@@ -20,7 +20,7 @@ import time
 import numpy as np
 from lerobot.robots import make_robot_from_config
 
-from benchmarks.common import free_port
+from testbed.ports import free_port
 from lerobot_zenoh.client.client import RobotClient
 from lerobot_zenoh.client.config import RobotClientConfig
 from lerobot_zenoh.client.config_sim_robot import SimRobotConfig

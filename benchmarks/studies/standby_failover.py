@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from benchmarks.common import free_port
+from testbed.ports import free_port
 from benchmarks.studies.router_failover import CAMS, NotingTask, _python, _wait
 from lerobot_zenoh.client.client import RobotClient
 from lerobot_zenoh.client.config import RobotClientConfig

@@ -64,8 +64,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from benchmarks.common import SceneCamera, ServerProcess  # noqa: E402
-from benchmarks.harness import deliver, deliver_chunks, driver_ticks, telemetry_metrics  # noqa: E402
+from benchmarks.harness.workloads import SceneCamera  # noqa: E402
+from benchmarks.harness.processes import ServerProcess  # noqa: E402
+from benchmarks.harness.driver import deliver, deliver_chunks, driver_ticks, telemetry_metrics  # noqa: E402
 from benchmarks.studies import language  # noqa: E402
 from benchmarks.studies.fleet_traces import CHUNK_SIZE, FPS, Task  # noqa: E402
 from benchmarks.studies.fleet_zenoh import DT_S, PHASES, Counters, RunConfig, VirtualRobot  # noqa: E402
