@@ -23,7 +23,7 @@ DT = 1 / 30
 
 def chunk(seq: int, rows: int = 50, dim: int = 2, **kw) -> ActionChunk:
     actions = np.arange(rows * dim, dtype=np.float32).reshape(rows, dim)
-    return ActionChunk(seq, "r1", actions, **kw)
+    return ActionChunk(seq, 1.0, actions, **kw)
 
 
 def test_the_robot_sends_by_the_clients_rule_one_in_flight():
