@@ -155,6 +155,14 @@ bench-fleet: $(BENCH_STAMP)
 bench-fleet-sim: $(STAMP)
 	$(PY) -m benchmarks.studies.fleet --write-docs docs/studies/fleet.md
 
+# Re-fetch of stale observations on the real stack (docs/studies/refetch.md): robots of the reference
+# client's own send trigger, chunk intake and buffer against a real server where requests queue, with
+# re-fetch off and at each threshold (~3 min on 2 cores with these defaults).
+REFETCH_ARGS ?= --robots 8 --scheduler fifo --refetch 0 0.1 0.2 --seeds 0 1 2
+.PHONY: bench-refetch
+bench-refetch: $(STAMP)
+	$(PY) -m benchmarks.studies.refetch $(REFETCH_ARGS)
+
 # The same model with tiers (docs/studies/edge-cloud-model.md, "Edge and cloud in the model"): edge-only / cloud-only /
 # hybrid against the task arrival rate (Kairos Fig. 13, gpu and vla profiles), the WAN sweep (Fig. 17)
 # and scale-out on one site; then wait ratio against FIFO over loads on fresh seeds ("Wait ratio
@@ -177,6 +185,14 @@ $(RTC_STAMP): $(STAMP)
 bench-rtc: $(RTC_STAMP)
 	$(PY) -m benchmarks.studies.rtc all --write-docs docs/studies/rtc.md $(RTC_ARGS)
 
+# The dynamic execution horizon of the flow-matching VLA that bench-rtc trained (docs/studies/rtc.md,
+# "Execution horizon of a flow-matching VLA"; rewrites its generated block): needs outputs/rtc/ from
+# `make bench-rtc`. FM_HORIZON_ARGS="--seeds 1 --probes 8" for a shorter run.
+FM_HORIZON_ARGS ?=
+.PHONY: bench-fm-horizon
+bench-fm-horizon: $(RTC_STAMP)
+	$(PY) -m benchmarks.studies.fm_horizon --rtc-dir outputs/rtc --write-docs docs/studies/rtc.md $(FM_HORIZON_ARGS)
+
 # Fault tests in network namespaces (root; part of `make test` too) and a soak run.
 SOAK_MINUTES ?= 30
 SOAK_ROBOTS  ?= 4
@@ -194,6 +210,13 @@ test-faults: $(STAMP)
 test-faults-tcp: $(STAMP) openpi-client-venv
 	LZ_FAULTS_LONG=1 $(PY) -m pytest tests/test_openpi_faults.py tests/test_fault_kit_tcp.py -s
 	$(PY) -m benchmarks.studies.openpi_door_faults
+
+# The OpenPI front door against a Zenoh robot on the same model, and openpi-clients served at once
+# through it (docs/benchmarks.md, "OpenPI front door"; ~5 min on 2 cores).
+OPENPI_FRONT_DOOR_ARGS ?=
+.PHONY: bench-openpi-front-door
+bench-openpi-front-door: $(STAMP) openpi-client-venv
+	$(PY) -m benchmarks.studies.openpi_front_door --venv $(OPENPI_VENV) $(OPENPI_FRONT_DOOR_ARGS)
 
 soak: $(STAMP)
 	$(PY) -m benchmarks.studies.soak --minutes $(SOAK_MINUTES) --robots $(SOAK_ROBOTS) $(SOAK_ARGS)
@@ -239,6 +262,12 @@ PIPELINES_RUN_ARGS ?= --workloads P4 Mix2 --sizes 8 16 32 --seeds 3 --seconds 15
 bench-pipelines-run: $(STAMP)
 	$(PY) -m benchmarks.studies.pipelines_run $(PIPELINES_RUN_ARGS) --write-docs docs/studies/pipelines.md
 
+# The same workloads in the planner's model (docs/studies/pipelines.md, "in the model"; rewrites its
+# generated block; seconds).
+.PHONY: bench-pipelines-plan
+bench-pipelines-plan: $(STAMP)
+	$(PY) -m benchmarks.studies.pipelines_plan --write-docs docs/studies/pipelines.md
+
 # A multi-model task's bytes on the link per control decision: published once vs once per component
 # (docs/studies/pipelines.md, "Multi-model pipelines: bytes on the link"; iptables counters need root).
 .PHONY: bench-pipeline-bytes
@@ -253,6 +282,15 @@ ANSWER_FLOODS_ARGS ?=
 .PHONY: bench-answer-floods
 bench-answer-floods: $(STAMP)
 	$(PY) -m benchmarks.studies.answer_floods $(ANSWER_FLOODS_ARGS)
+
+# Floods of invented client ids against one server, a control server beside it (docs/security.md,
+# "Resource limits against a hostile client"): 60 kB ids, then 64 kB tasks to a tiny SmolVLA (~2 min
+# each on 2 cores). INGEST_FLOODS_ARGS="--server_source DIR": another checkout's servers.
+INGEST_FLOODS_ARGS ?=
+.PHONY: bench-ingest-floods
+bench-ingest-floods: $(STAMP)
+	$(PY) -m benchmarks.studies.ingest_floods --scenario long_ids $(INGEST_FLOODS_ARGS)
+	$(PY) -m benchmarks.studies.ingest_floods --scenario long_tasks $(INGEST_FLOODS_ARGS)
 
 # The fault kit's Zenoh floods at line rate (tests/fault_kit/zenoh.py): every Zenoh subscriber that takes
 # input from other processes flooded with each payload kind for FAULTS_FLOOD_S seconds after a control
@@ -301,6 +339,13 @@ HYBRID_ARGS ?= --rates 2,6,10 --seeds 3 --duration-s 12 --warmup-s 3
 .PHONY: bench-hybrid
 bench-hybrid: $(STAMP)
 	$(PY) -m benchmarks.studies.hybrid study $(HYBRID_ARGS)
+
+# The model at a real hybrid run's settings, side by side (docs/studies/edge-cloud-model.md, "The model
+# against the real runs"): HYBRID_RUN is the hybrid.json a `make bench-hybrid` run wrote.
+HYBRID_RUN ?= /tmp/lz_hybrid/hybrid.json
+.PHONY: bench-hybrid-check
+bench-hybrid-check: $(STAMP)
+	$(PY) -m benchmarks.studies.fleet_hybrid_check $(HYBRID_RUN) --calibrate
 
 # Scale-out on one site (docs/studies/edge-cloud-serving.md, "Edge-cloud serving"): robots carried within the stall
 # budget by 1, 2, 4 engine processes behind one scheduler against as many servers with robots

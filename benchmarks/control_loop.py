@@ -22,10 +22,12 @@ import time
 
 import numpy as np
 
-from benchmarks.common import DT_S, MAIN_WORKLOAD, WORKLOADS, fmt, free_port, summary
-from benchmarks.harness import Run, add_common_args, machine
+from benchmarks.harness.workloads import DT_S, MAIN_WORKLOAD, WORKLOADS
+from benchmarks.harness.results import fmt, summary
+from testbed.ports import free_port
+from benchmarks.harness.results import CoreBenchmark, Run, machine
 from testbed.netns import LINKS, Network
-from benchmarks.worker import Worker
+from benchmarks.harness.worker import Worker
 
 SYSTEMS = ("ours", "lerobot")
 LATE_MARGIN_S = 0.005
@@ -133,21 +135,14 @@ def plot(result: dict, path) -> None:
     plt.close(fig)
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_args(parser)
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=None, help="per phase (default 20, --full 60)")
     parser.add_argument("--systems", type=lambda s: [x for x in s.split(",") if x in SYSTEMS], default=None,
                         help=f"a subset of {','.join(SYSTEMS)} (default both)")
-    args = parser.parse_args(argv)
-    if args.seconds is None:
-        args.seconds = 60.0 if args.full else 20.0
-    run_dir = Run(args.out)
-    with Network(str(run_dir.logs), use_namespaces=not args.no_netns, with_link=False) as net:
-        result = run(args, run_dir, net)
-    run_dir.write_json("control_loop", result)
-    run_dir.write_plot("control_loop", plot, result)
-    print(table(result))
+
+
+BENCHMARK = CoreBenchmark("control_loop", __doc__, add_args, run, plot, table, sizes={"seconds": (20.0, 60.0)}, with_link=False)
+main = BENCHMARK.main
 
 
 if __name__ == "__main__":

@@ -762,10 +762,10 @@ def main(argv: list[str] | None = None) -> int:
              settings.device, settings.budget_s, out)
     data = Run(settings, out).all()
     if args.write_docs:
-        from benchmarks.harness import write_docs_block
+        from benchmarks.harness.docs_blocks import write_docs_block
 
-        write_docs_block(Path(args.write_docs), BEGIN, END, "On a lent GPU",
-                         f"Command: `make bench-gpu`\n\n{render(data)}")
+        write_docs_block(Path(args.write_docs), BEGIN, END, f"\nCommand: `make bench-gpu`\n\n{render(data)}",
+                         heading="On a lent GPU")
     print((out / "gpu.md").read_text())
     return 0
 

@@ -27,10 +27,11 @@ import argparse
 import sys
 import time
 
-from benchmarks.common import FPS, MAIN_WORKLOAD, WORKLOADS, free_port
-from benchmarks.harness import Run, add_common_args, machine
+from benchmarks.harness.workloads import FPS, MAIN_WORKLOAD, WORKLOADS
+from testbed.ports import free_port
+from benchmarks.harness.results import CoreBenchmark, Run, machine
 from testbed.netns import Network
-from benchmarks.worker import Worker
+from benchmarks.harness.worker import Worker
 
 SYSTEMS = ("ours", "floor", "lerobot")
 KEEP_UP = 0.95  # received / offered at or above this keeps up
@@ -157,26 +158,17 @@ def plot(result: dict, path) -> None:
     plt.close(fig)
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_args(parser)
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--systems", type=lambda s: s.split(","), default=None,
                         help=f"a subset of {','.join(SYSTEMS)} (default all)")
     parser.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default=None,
                         help="comma-separated N (default 10,50,100; --full adds 200)")
     parser.add_argument("--seconds", type=float, default=None, help="per stage (default 5, --full 15)")
     parser.add_argument("--policy-ms", type=float, default=50.0, help="synthetic policy time per call (ours)")
-    args = parser.parse_args(argv)
-    if args.clients is None:
-        args.clients = [10, 50, 100, 200] if args.full else [10, 50, 100]
-    if args.seconds is None:
-        args.seconds = 15.0 if args.full else 5.0
-    run_dir = Run(args.out)
-    with Network(str(run_dir.logs), use_namespaces=not args.no_netns, with_link=False) as net:
-        result = run(args, run_dir, net)
-    run_dir.write_json("ingest", result)
-    run_dir.write_plot("ingest", plot, result)
-    print(table(result))
+
+
+BENCHMARK = CoreBenchmark("ingest", __doc__, add_args, run, plot, table, sizes={"clients": ([10, 50, 100], [10, 50, 100, 200]), "seconds": (5.0, 15.0)}, with_link=False)
+main = BENCHMARK.main
 
 
 if __name__ == "__main__":

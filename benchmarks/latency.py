@@ -28,10 +28,11 @@ import time
 
 import numpy as np
 
-from benchmarks.common import MAIN_WORKLOAD, WORKLOADS, fmt, summary
-from benchmarks.harness import Run, add_common_args, machine
+from benchmarks.harness.workloads import MAIN_WORKLOAD, WORKLOADS
+from benchmarks.harness.results import fmt, summary
+from benchmarks.harness.results import CoreBenchmark, Run, machine
 from testbed.netns import LINKS, SERVER_ADDR, Network, link_bytes
-from benchmarks.worker import Worker
+from benchmarks.harness.worker import Worker
 
 # ours: the network path (JPEG), what a robot on another machine gets; ours_shm: the same server
 # and client on one host with the same-host path (raw frames through /dev/shm, loopback cases
@@ -79,7 +80,7 @@ def run(args, run_dir: Run, net: Network, log=print) -> dict:
     roots = {"base": base} if base else {}
     port_of = dict(PORTS, base=7449)
     if not net.in_namespaces:  # the host's loopback is shared with everything else: take free ports
-        from benchmarks.common import free_port
+        from testbed.ports import free_port
 
         port_of = {s: free_port() for s in server_names}
     hosts = ["127.0.0.1"] + ([SERVER_ADDR] if net.has_link else [])
@@ -266,9 +267,7 @@ def plot(result: dict, path) -> None:
     plt.close(fig)
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_args(parser)
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--round-trips", type=int, default=None, help="per system per case (default 200, --full 500)")
     parser.add_argument("--batch", type=int, default=25, help="round trips per turn before the next system")
     parser.add_argument("--systems", type=lambda s: s.split(","), default=None,
@@ -277,15 +276,10 @@ def main(argv=None) -> None:
                         help=f"a subset of {','.join(WORKLOADS)}")
     parser.add_argument("--base", default=None, metavar="CHECKOUT",
                         help="another checkout of this project, run side by side as `base` (module docstring)")
-    args = parser.parse_args(argv)
-    if args.round_trips is None:
-        args.round_trips = 500 if args.full else 200
-    run_dir = Run(args.out)
-    with Network(str(run_dir.logs), use_namespaces=not args.no_netns) as net:
-        result = run(args, run_dir, net)
-    run_dir.write_json("latency", result)
-    run_dir.write_plot("latency", plot, result)
-    print(table(result))
+
+
+BENCHMARK = CoreBenchmark("latency", __doc__, add_args, run, plot, table, sizes={"round_trips": (200, 500)})
+main = BENCHMARK.main
 
 
 if __name__ == "__main__":

@@ -22,11 +22,11 @@ from pathlib import Path
 
 
 from benchmarks import control_loop, ingest, latency, results_table
-from benchmarks.common import MAIN_WORKLOAD, fmt
-from benchmarks.harness import Run, add_common_args, machine
+from benchmarks.harness.results import Run, add_common_args, fmt, machine
+from benchmarks.harness.workloads import MAIN_WORKLOAD
 from testbed.netns import Network
 
-BENCHMARKS = ("latency", "control_loop", "ingest")
+BENCHMARKS = (latency.BENCHMARK, control_loop.BENCHMARK, ingest.BENCHMARK)
 
 
 def targets(results: dict) -> list[tuple[str, str, str, bool | None]]:
@@ -109,7 +109,7 @@ def targets_table(rows) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(parser)
-    parser.add_argument("--only", type=lambda s: s.split(","), default=list(BENCHMARKS))
+    parser.add_argument("--only", type=lambda s: s.split(","), default=[b.name for b in BENCHMARKS])
     parser.add_argument("--write-readme", type=Path, default=None,
                         help="rewrite the results table of this file (README.md) from this run (refused when the "
                              "load average was above the core count, unless --allow-loaded)")
@@ -122,41 +122,26 @@ def main(argv=None) -> int:
               f"not be written to {args.write_readme} (rerun on a quiet machine)", flush=True)
     if args.write_readme and results_table.BEGIN not in (args.write_readme.read_text() if args.write_readme.exists() else ""):
         parser.error(f"--write-readme: {args.write_readme} has no results block ({results_table.BEGIN})")
-    # The individual benchmarks' defaults, short or full.
-    args.round_trips = 500 if args.full else 200
-    args.batch = 25
-    args.seconds_control = 60.0 if args.full else 20.0
-    args.clients = [10, 50, 100, 200] if args.full else [10, 50, 100]
-    args.seconds_ingest = 15.0 if args.full else 5.0
-    args.policy_ms = 50.0
     run_dir = Run(args.out)
     t0 = time.monotonic()
 
     def log(msg: str) -> None:
         print(f"[{time.monotonic() - t0:6.1f} s] {msg}" if not msg.startswith("  ") else msg, flush=True)
 
+    # Each benchmark with its own defaults, short or full, as `python -m benchmarks.<name>` takes them.
+    shared = ["--out", str(args.out)] + ["--full"] * args.full + ["--no-netns"] * args.no_netns
     results: dict = {}
     with Network(str(run_dir.logs), use_namespaces=not args.no_netns) as net:
         log(f"network: {net.method}{' (' + net.reason + ')' if net.reason else ''}")
-        if "latency" in args.only:
-            results["latency"] = latency.run(args, run_dir, net, log)
-            run_dir.write_json("latency", results["latency"])
-            run_dir.write_plot("latency", latency.plot, results["latency"])
-        if "control_loop" in args.only:
-            args.seconds = args.seconds_control
-            results["control_loop"] = control_loop.run(args, run_dir, net, log)
-            run_dir.write_json("control_loop", results["control_loop"])
-            run_dir.write_plot("control_loop", control_loop.plot, results["control_loop"])
-        if "ingest" in args.only:
-            args.seconds = args.seconds_ingest
-            results["ingest"] = ingest.run(args, run_dir, net, log)
-            run_dir.write_json("ingest", results["ingest"])
-            run_dir.write_plot("ingest", ingest.plot, results["ingest"])
-        network = {"method": net.method, "note": net.reason}
+        for bench in BENCHMARKS:
+            if bench.name in args.only:
+                results[bench.name] = bench.run(bench.parse(shared), run_dir, net, log)
+                bench.write(run_dir, results[bench.name])
+    network = {"method": net.method, "note": net.reason}
     print()
-    for name, module in (("latency", latency), ("control_loop", control_loop), ("ingest", ingest)):
-        if name in results:
-            print(module.table(results[name]))
+    for bench in BENCHMARKS:
+        if bench.name in results:
+            print(bench.table(results[bench.name]))
             print()
     rows = targets(results)
     print(targets_table(rows))

@@ -26,16 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from benchmarks.common import (
-    ACTION_DIM,
-    CHUNK_SIZE,
-    FPS,
-    JPEG_QUALITY,
-    WORKLOADS,
-    make_frames,
-    make_pool_robot,
-    pool_size,
-)
+from benchmarks.harness.workloads import ACTION_DIM, CHUNK_SIZE, FPS, JPEG_QUALITY, WORKLOADS, make_frames, make_pool_robot, pool_size
 
 CLUSTER = "bench"
 EXPERIMENT = "lz"

@@ -32,7 +32,7 @@ _.relative_gap_limit
 _.bpe_tokenizer  # read by LeRobot's decode_actions_with_fast
 _.get_seq_length  # transformers' Cache interface
 _.must_go  # LeRobot's TimedObservation
-# Benchmark workers create classes and call methods by name over their pipe (benchmarks/worker.py).
+# Benchmark workers create classes and call methods by name over their pipe (benchmarks/harness/worker.py).
 _.LeRobotServer
 _.LeRobotClient
 _.FloorServer

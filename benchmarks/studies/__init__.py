@@ -1,3 +1,3 @@
 """Studies: benchmarks beside `make bench`'s core, each run as a module from the repository root
-(``python -m benchmarks.studies.<name>``); they share the core's harness (benchmarks/common.py,
-harness.py, netns.py, worker.py). docs/benchmarks.md gives each one's command and results."""
+(``python -m benchmarks.studies.<name>``); they share the core's harness (`benchmarks/harness/`).
+docs/benchmarks.md gives each one's command and results."""

@@ -119,7 +119,7 @@ def run(answers: int, rate_hz: float, seconds: float, warmup_s: float, port_base
         log_dir: Path, forge: str) -> list[dict]:
     from lerobot.robots import make_robot_from_config
 
-    from benchmarks.common import ServerProcess
+    from benchmarks.harness.processes import ServerProcess
     from lerobot_zenoh.client.client import RobotClient
     from lerobot_zenoh.client.config import RobotClientConfig
     from lerobot_zenoh.client.config_sim_robot import SimRobotConfig

@@ -19,7 +19,7 @@ import time
 import cv2
 import numpy as np
 
-from benchmarks.common import JPEG_QUALITY, SceneCamera
+from benchmarks.harness.workloads import JPEG_QUALITY, SceneCamera
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:

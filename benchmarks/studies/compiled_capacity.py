@@ -44,8 +44,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from benchmarks.common import ServerProcess
-from benchmarks.harness import telemetry_metrics
+from benchmarks.harness.processes import ServerProcess
+from benchmarks.harness.driver import telemetry_metrics
+from benchmarks.harness.robot import Capture
 from benchmarks.studies import fleet as model
 from benchmarks.studies import fleet_traces
 from benchmarks.studies.compiled import CAMERAS, TASKS
@@ -101,8 +102,8 @@ class CameraRobot(VirtualRobot):
         super().__init__(client_id, cfg, publisher, phase)
         self.frames = frames
 
-    def observation(self, now: float) -> Observation:
-        obs = super().observation(now)
+    def observation_of(self, capture: Capture, now: float) -> Observation:
+        obs = super().observation_of(capture, now)
         state = np.sin(self.progress / 30.0 + np.arange(STATE_DIM, dtype=np.float32)).astype(np.float32)
         return replace(obs, state=state, images=self.frames[(self.seq + self.phase) % len(self.frames)],
                        task=TASKS[(self.episode + self.phase) % len(TASKS)])

@@ -83,10 +83,10 @@ import numpy as np
 
 
 from benchmarks.studies import fleet_traces  # noqa: E402
-from benchmarks.harness import write_docs_block  # noqa: E402
+from benchmarks.harness.docs_blocks import write_docs_block  # noqa: E402
+from benchmarks.harness.robot import SimulatedRobot  # noqa: E402
 from lerobot_zenoh.protocol.messages import ExecutionInfo  # noqa: E402
 from lerobot_zenoh.scheduling.batch_profile import profile_batch_sizes, saturation_batch_size  # noqa: E402
-from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake  # noqa: E402
 from lerobot_zenoh.scheduling.engine_load import EngineLoad  # noqa: E402
 from lerobot_zenoh.scheduling.placement import (  # noqa: E402
     CLOUD,
@@ -97,7 +97,7 @@ from lerobot_zenoh.scheduling.placement import (  # noqa: E402
     place,
 )
 from lerobot_zenoh.scheduling.request_schedulers import RequestScheduler, make_scheduler  # noqa: E402
-from lerobot_zenoh.scheduling.send_trigger import SendTrigger, SendTriggerConfig  # noqa: E402
+from lerobot_zenoh.scheduling.send_trigger import SendTriggerConfig  # noqa: E402
 from lerobot_zenoh.scheduling.wait_ratio import WaitRatioScheduler  # noqa: E402
 from lerobot_zenoh.server.runners.synthetic import SyntheticPolicy, SyntheticPolicyConfig  # noqa: E402
 
@@ -264,7 +264,9 @@ def send_rule(trigger: str) -> SendTriggerConfig:
 @dataclass
 class _Robot:
     client_id: str
-    intake: ChunkIntake  # with the robot's SendTrigger: kept across tasks, the robot's link does not change
+    # The harness's simulated robot (the client's SendTrigger and ChunkIntake): its send rule and intake,
+    # kept across tasks (the robot's link does not change); its buffer is this model's (the fields below).
+    sim: SimulatedRobot
     trace: list[int] = field(default_factory=list)
     episode: int = 0
     round: int = 0  # index of the round whose chunk is requested / next delivered
@@ -435,7 +437,7 @@ class FleetSim:
     # -- robots ------------------------------------------------------------------------------
 
     def _robot(self, client_id: str) -> _Robot:
-        robot = _Robot(client_id, ChunkIntake(SendTrigger(self.send_rule, dt_s=DT_S), DT_S))
+        robot = _Robot(client_id, SimulatedRobot(client_id, dt_s=DT_S, send_rule=self.send_rule))
         if self.cfg.tick_phases:  # as the driver: robot i ticks in phase i % N of the period
             robot.phase_s = (int(client_id[1:]) % self.cfg.tick_phases) * DT_S / self.cfg.tick_phases
         return robot
@@ -466,7 +468,7 @@ class FleetSim:
         # The chunk is for the step after the buffered actions (round j+1 follows round j), or for the
         # step about to be executed now (chunk_start=capture, the reference client's alignment).
         capture = self.cfg.chunk_start == "capture"
-        robot.intake.on_send(robot.seq, robot.next_step(t) if capture else robot.end_step, t)
+        robot.sim.record_send(robot.seq, robot.next_step(t) if capture else robot.end_step, t)
         buffered = max(0, round((robot.free_at_s - t) / DT_S))
         info = ExecutionInfo(task_elapsed_s=t - robot.task_start_s, actions_buffered=buffered, control_period_s=DT_S)
         self._at(t + self.one_way_s, self._arrive, robot.client_id, robot.episode, info, t)
@@ -500,8 +502,7 @@ class FleetSim:
         if self.cfg.chunk_start == "capture":
             self._deliver_at_capture(t, robot, seq)
             return
-        taken = robot.intake.plan(seq, fleet_traces.CHUNK_SIZE, t, robot.next_step(t),
-                                  execution_horizon=robot.trace[robot.round])
+        taken = robot.sim.plan(seq, fleet_traces.CHUNK_SIZE, t, robot.next_step(t), execution_horizon=robot.trace[robot.round])
         usable = robot.tick(t)  # the chunk's first action can run on the robot's next tick
         if usable > robot.free_at_s and robot.round > 0:  # ran dry mid-task
             self.stalled += self._count(robot.free_at_s, usable)
@@ -516,7 +517,7 @@ class FleetSim:
         if robot.round < len(robot.trace):
             # The send rule inverted for an event clock: the instant the buffered actions fall to
             # the trigger's buffer_time_s (the client checks it once per control period).
-            self._at(robot.tick(max(t, end - robot.intake.trigger.buffer_time_s())), self._send, robot)
+            self._at(robot.tick(max(t, end - robot.sim.buffer_time_s())), self._send, robot)
         else:
             if robot.task_start_s >= self.w0 and end <= self.w1:
                 self.latencies.append(end - robot.task_start_s)
@@ -532,7 +533,7 @@ class FleetSim:
         the trace's, needed because each buys fewer new actions, its last uncut H)."""
         trace = robot.trace
         h = trace[min(robot.round, max(0, len(trace) - 2))] if robot.round >= len(trace) - 1 else trace[robot.round]
-        taken = robot.intake.plan(seq, fleet_traces.CHUNK_SIZE, t, robot.next_step(t), execution_horizon=h)
+        taken = robot.sim.plan(seq, fleet_traces.CHUNK_SIZE, t, robot.next_step(t), execution_horizon=h)
         new = max(0, taken.first_step + taken.rows - robot.end_step) if taken.accepted and taken.rows else 0
         new = min(new, sum(trace) - robot.buffered_total)  # past the task's end: never executed
         usable = robot.tick(t)
@@ -549,7 +550,7 @@ class FleetSim:
         robot.buffered_total += new
         robot.round += 1
         if robot.buffered_total < sum(trace):
-            self._at(robot.tick(max(t, robot.free_at_s - robot.intake.trigger.buffer_time_s())), self._send, robot)
+            self._at(robot.tick(max(t, robot.free_at_s - robot.sim.buffer_time_s())), self._send, robot)
         else:
             if robot.task_start_s >= self.w0 and end <= self.w1:
                 self.latencies.append(end - robot.task_start_s)
@@ -1182,7 +1183,7 @@ ORDER_BEGIN, ORDER_END = "<!-- fleet-order:begin (generated by benchmarks/studie
 
 def write_section(path: Path, body: str, command: str) -> None:
     """Replace the generated block of the "Fleet scheduling" section."""
-    write_docs_block(path, BEGIN, END, "Fleet scheduling", f"Command: `{command}`\n\n{body}")
+    write_docs_block(path, BEGIN, END, f"\nCommand: `{command}`\n\n{body}", heading="Fleet scheduling")
 
 
 def non_negative_int(text: str) -> int:
@@ -1296,7 +1297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if block is None:
             write_section(Path(args.write_docs), body, command)
         else:
-            write_docs_block(Path(args.write_docs), block[0], block[1], block[2], f"Command: `{command}`\n\n{body}")
+            write_docs_block(Path(args.write_docs), block[0], block[1], f"\nCommand: `{command}`\n\n{body}",
+                             heading=block[2])
     return 0
 
 

@@ -56,7 +56,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from benchmarks.harness import deliver_chunks, driver_ticks  # noqa: E402
+from benchmarks.harness.driver import deliver_chunks, driver_ticks  # noqa: E402
+from benchmarks.harness.processes import stop_processes  # noqa: E402
 from benchmarks.studies import fleet, fleet_zenoh, hybrid  # noqa: E402
 from benchmarks.studies.fleet_traces import CHUNK_SIZE, Task  # noqa: E402
 
@@ -126,13 +127,7 @@ class Site:
         return self
 
     def __exit__(self, *exc) -> None:
-        for p in reversed(self.procs):
-            p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(self.procs, sig=signal.SIGTERM)
 
 
 def drive(eps: list[str], robots: int, tag: str, warmup_s: float, measure_s: float, task: Task, seed: int,

@@ -69,7 +69,6 @@ import inspect
 import json
 import math
 import queue
-import secrets
 import signal
 import statistics
 import subprocess
@@ -84,9 +83,11 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from benchmarks.common import ServerProcess  # noqa: E402
+from benchmarks.harness.processes import ServerProcess  # noqa: E402
 from testbed.ports import free_port  # noqa: E402
-from benchmarks.harness import deliver_chunks, driver_ticks, telemetry_metrics, write_docs_block  # noqa: E402
+from benchmarks.harness.driver import deliver_chunks, driver_ticks, telemetry_metrics  # noqa: E402
+from benchmarks.harness.docs_blocks import write_docs_block  # noqa: E402
+from benchmarks.harness.robot import Capture, SimulatedRobot  # noqa: E402
 from benchmarks.studies import fleet as model  # noqa: E402
 from benchmarks.studies import fleet_traces  # noqa: E402
 from benchmarks.studies.fleet_traces import (  # noqa: E402
@@ -101,11 +102,9 @@ from benchmarks.studies.fleet_traces import (  # noqa: E402
 from lerobot_zenoh.errors import ProtocolError  # noqa: E402
 from lerobot_zenoh.protocol import codec  # noqa: E402
 from lerobot_zenoh.protocol.keys import AppKey  # noqa: E402
-from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation  # noqa: E402
-from lerobot_zenoh.scheduling.action_buffer import ActionBuffer  # noqa: E402
+from lerobot_zenoh.protocol.messages import Observation  # noqa: E402
 from lerobot_zenoh.scheduling.batch_profile import profile_batch_sizes, saturation_batch_size  # noqa: E402
-from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake  # noqa: E402
-from lerobot_zenoh.scheduling.send_trigger import RttTracker, SendTrigger, SendTriggerConfig  # noqa: E402
+from lerobot_zenoh.scheduling.send_trigger import SendTriggerConfig  # noqa: E402
 from lerobot_zenoh.scheduling.wait_ratio import WaitRatioScheduler  # noqa: E402
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession  # noqa: E402
 from lerobot_zenoh.transport.settings import loopback_settings  # noqa: E402
@@ -189,87 +188,70 @@ class Counters:
     latencies_s: list = field(default_factory=list)
 
 
-class VirtualRobot:
-    """One robot: the reference client's buffer, send trigger and chunk intake around a task trace.
+class VirtualRobot(SimulatedRobot):
+    """One robot: the harness's simulated robot (the reference client's buffer, send trigger and chunk
+    intake) around a task trace.
 
     Only the driver thread touches it (chunks reach it through the driver's inbox).
     """
 
     def __init__(self, client_id: str, cfg: RunConfig, publisher, phase: int):
-        self.client_id = client_id
+        super().__init__(client_id, dt_s=DT_S)  # the RTT estimate is kept across tasks
         self.cfg = cfg
         self.publisher = publisher
         self.phase = phase
-        self.rtt = RttTracker(window=100)  # kept across tasks: the robot's link does not change
-        self.buffer = ActionBuffer()
-        self.trigger = SendTrigger(dt_s=DT_S, rtt=self.rtt)
-        self.intake = ChunkIntake(self.trigger, DT_S)
-        self.session_nonce = secrets.randbits(63)  # one per robot, like one per reference client
-        self.seq = 0
-        self.episode = 0
         self.task: Task | None = None
         self.progress = 0
         self.task_start_s = 0.0
-        self.moving = False
         self.measured = False  # the task started inside the measurement window
 
     def start_task(self, task: Task, now: float, measured: bool) -> None:
-        self.task, self.progress, self.moving = task, 0, False
-        self.episode += 1
+        self.task, self.progress = task, 0
         self.task_start_s, self.measured = now, measured
-        self.buffer.clear()
         trigger = self.cfg.trigger
         if trigger == "fixed":
-            config = SendTriggerConfig(buffer_time_s=0.5 * task.static_h * DT_S)
-        else:  # "rtt" (the client's default, p90) or "rtt:Q" (another RTT quantile)
-            config = SendTriggerConfig(rtt_quantile=float(trigger.split(":", 1)[1]) if ":" in trigger else 0.9)
-        self.trigger = SendTrigger(config, dt_s=DT_S, rtt=self.rtt)
+            rule = SendTriggerConfig(buffer_time_s=0.5 * task.static_h * DT_S)
+        else:  # "rtt" (the client's default) or "rtt:Q" (another RTT quantile)
+            rule = SendTriggerConfig(rtt_quantile=float(trigger.split(":", 1)[1])) if ":" in trigger else None
         # Static horizon: the task's H is the client's actions_per_chunk. Dynamic: the chunk's
-        # execution_horizon cuts it. A new intake remembers no capture step of the last task.
-        max_actions = task.static_h if self.cfg.horizon == "static" else None
-        self.intake = ChunkIntake(self.trigger, DT_S, max_actions=max_actions)
+        # execution_horizon cuts it.
+        self.new_task(send_rule=rule, max_actions=task.static_h if self.cfg.horizon == "static" else None)
 
     def tick(self, now: float, c: Counters) -> bool:
         """One control period. Returns True when the task has just finished."""
         task = self.task
         if task is None:
             return False
-        depth = self.buffer.depth
-        if self.progress + depth < task.length and self.trigger.should_send(depth, now):
-            self._send(now, c)
-        if self.buffer.pop() is not None:
-            self.moving = True
+        capture = self.capture(now, allowed=self.progress + self.buffer.depth < task.length)
+        if capture is not None:
+            self.publish(capture, now)
+            c.sent += c.counting
+        moving = self.moving
+        if self.act() is not None:
             self.progress += 1
             c.executed += c.counting
             if self.progress >= task.length:
                 if self.measured:  # arrival to the end of the last action, as in the model
                     c.latencies_s.append(now + DT_S - self.task_start_s)
                 self.task = None
-                self.intake.clear()  # answers still in flight are for a finished task: measured, not merged
+                self.end_task()
                 return True
-        elif self.moving:
+        elif moving:
             c.stalled += c.counting
         else:
             c.first_wait += c.counting
         return False
 
-    def observation(self, now: float) -> Observation:
-        """The observation this robot sends now, for request `self.seq`: the synthetic model's state
-        (what it reads for the dynamic horizon), no cameras, no task. A robot for a real model sends
-        what its model reads instead (`benchmarks/studies/compiled_capacity.py`)."""
+    def publish(self, capture: Capture, now: float) -> None:
+        self.publisher.put(codec.encode(self.observation_of(capture, now)))
+
+    def observation_of(self, capture: Capture, now: float) -> Observation:
+        """What this robot sends for `capture`: the synthetic model's state (what it reads for the
+        dynamic horizon), no cameras, no task. A robot for a real model sends what its model reads
+        instead (`benchmarks/studies/compiled_capacity.py`)."""
         trusted = self.task.trusted_actions(self.progress) if self.cfg.horizon == "dynamic" else 0
         state = np.array([trusted, self.progress], dtype=np.float32)
-        info = ExecutionInfo(task_elapsed_s=now - self.task_start_s, actions_buffered=self.buffer.depth,
-                             control_period_s=DT_S)
-        return Observation(self.seq, self.client_id, state, {}, "", info, episode_id=str(self.episode),
-                           session_nonce=self.session_nonce)
-
-    def _send(self, now: float, c: Counters) -> None:
-        self.seq += 1
-        payload = codec.encode(self.observation(now))
-        self.intake.on_send(self.seq, self.buffer.next_step, now)
-        self.publisher.put(payload)
-        c.sent += c.counting
+        return self.observation(capture, state, task_elapsed_s=now - self.task_start_s)
 
     def on_chunk(self, payload: bytes, arrived_s: float, c: Counters) -> None:
         try:
@@ -277,8 +259,7 @@ class VirtualRobot:
         except ProtocolError:
             c.rejected += 1
             return
-        result = self.intake.on_chunk(chunk.response_to_seq_id, chunk.actions, arrived_s, self.buffer,
-                                      execution_horizon=chunk.execution_horizon)
+        result = self.take(chunk, arrived_s)
         if not result.accepted:
             c.rejected += result.reason != "unknown_seq"  # unknown: an answer for a finished task
             return
@@ -311,11 +292,7 @@ def run(cfg: RunConfig, tasks: list[Task], out: Path = OUT, port: int | None = N
 
 def wait_for_server(session: ZenohSession, app: AppKey, server: ServerProcess, timeout_s: float) -> None:
     """Until the server answers `app`'s status query (it does once its models are warm)."""
-    deadline = time.monotonic() + timeout_s
-    while not session.query(app.status, 0.5):
-        if server.proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the server did not come up; see {server.log_path}")
-        time.sleep(0.3)
+    server.wait_answering(lambda: session.query(app.status, 0.5), timeout_s)
 
 
 def drive(cfg: RunConfig, tasks: list[Task], session: ZenohSession, *, app: AppKey = APP, server_id: str = SERVER_ID,
@@ -477,7 +454,7 @@ def summarize(cfg: RunConfig, c: Counters, lateness, server_figures, w0, w1, unf
 DRIVER = (RunConfig, manifest, ServerProcess, Counters, VirtualRobot, free_port, run, wait_for_server, drive,
           summarize, model.FifoRunningFirst)
 #: ... and these files (the shared traces, the server launcher).
-DRIVER_FILES = ("benchmarks/studies/fleet_traces.py", "benchmarks/studies/fleet_server.py")
+DRIVER_FILES = ("benchmarks/studies/fleet_traces.py", "benchmarks/studies/fleet_server.py", "benchmarks/harness/robot.py")
 
 
 def code_version() -> str:
@@ -752,7 +729,7 @@ BEGIN, END = "<!-- fleet-zenoh:begin (generated by benchmarks/studies/fleet_zeno
 
 def write_docs(path: Path, body: str, command: str) -> None:
     """Replace the generated block of the "Fleet over real Zenoh" section."""
-    write_docs_block(path, BEGIN, END, "Fleet over real Zenoh", f"Command: `{command}`\n\n{body}")
+    write_docs_block(path, BEGIN, END, f"\nCommand: `{command}`\n\n{body}", heading="Fleet over real Zenoh")
 
 
 # ------------------------------------------------------------------------------------ CLI

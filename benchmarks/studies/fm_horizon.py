@@ -44,7 +44,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from benchmarks.harness import machine, write_docs_block  # noqa: E402
+from benchmarks.harness.results import machine  # noqa: E402
+from benchmarks.harness.docs_blocks import write_docs_block  # noqa: E402
 from benchmarks.studies.rtc import TASK, PrepareSettings, start_position  # noqa: E402
 from lerobot_zenoh.protocol.messages import RtcInputs  # noqa: E402
 from lerobot_zenoh.scheduling.horizon import DiffusionConfidenceHorizon  # noqa: E402
@@ -316,7 +317,7 @@ def main() -> None:
     text = "\n".join(md)
     print(text)
     if args.write_docs:
-        write_docs_block(args.write_docs, BEGIN, END, "Execution horizon of a flow-matching VLA", text)
+        write_docs_block(args.write_docs, BEGIN, END, "\n" + text, heading="Execution horizon of a flow-matching VLA")
 
 
 if __name__ == "__main__":

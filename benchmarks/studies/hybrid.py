@@ -78,6 +78,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
+from benchmarks.harness.processes import stop_processes  # noqa: E402
+
 EDGE_PROFILE_MS = {1: 80, 2: 86, 4: 100, 8: 135}
 CLOUD_PROFILE_MS = {1: 45, 2: 48, 4: 55, 8: 72, 16: 110}
 #: The VLA-shaped pair (`--profile vla`): the tiny SmolVLA's measured CPU medians by batch size
@@ -285,16 +287,6 @@ def start_servers(net, mode: str, work: Path, hosts: tuple[str, str], real: dict
     return procs
 
 
-def stop_servers(procs: list[subprocess.Popen]) -> None:
-    for p in reversed(procs):
-        p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-
-
 # -- the robots ---------------------------------------------------------------------------------------
 
 
@@ -488,7 +480,7 @@ def wan_sweep(args) -> dict:
                 rows += _seed_rows(net, hosts, "hybrid", args.rate, args, f"w{int(one_way_ms)}m{int(mbit)}",
                                    {"wan_one_way_ms": one_way_ms, "wan_mbit": mbit})
         finally:
-            stop_servers(procs)
+            stop_processes(procs, sig=signal.SIGTERM)
     finally:
         net.close()
     result = {"method": net.method, "args": vars(args), "rows": rows}
@@ -566,7 +558,7 @@ def scaleout(args) -> dict:
                     rows += _seed_rows(net, (edge_host,), layout, args.rate_per_engine * n, args, f"n{n}{layout}",
                                        {"engines": n, "layout": layout}, endpoints=",".join(endpoints))
                 finally:
-                    stop_servers(procs)
+                    stop_processes(procs, sig=signal.SIGTERM)
     finally:
         net.close()
     result = {"method": net.method, "args": vars(args), "rows": rows}
@@ -597,7 +589,7 @@ def study(args) -> dict:
                 for rate in [float(r) for r in args.rates.split(",")]:
                     rows += _seed_rows(net, hosts, mode, rate, args, f"{mode}{int(rate * 10)}")
             finally:
-                stop_servers(procs)
+                stop_processes(procs, sig=signal.SIGTERM)
     finally:
         net.close()
     result = {"method": net.method, "args": vars(args), "rows": rows}

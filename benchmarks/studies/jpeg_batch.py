@@ -4,7 +4,7 @@
 
 What the server pays before a batch's forward pass: every camera of every request of the batch
 decoded from its JPEG to an RGB uint8 (H, W, 3) array (`lerobot_zenoh.protocol.codec.decode_jpeg`'s
-result). Frames are `benchmarks.common.SceneCamera` views encoded as the client encodes them
+result). Frames are `benchmarks.harness.workloads.SceneCamera` views encoded as the client encodes them
 (`codec.encode_jpeg`, OpenCV, quality 90), for 2 and 3 cameras at 96x128, 224x224 and 480x640, batches
 of 1 and 8 requests. Candidates:
 
@@ -43,7 +43,7 @@ import cv2
 import numpy as np
 import simplejpeg
 
-from benchmarks.common import SceneCamera
+from benchmarks.harness.workloads import SceneCamera
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.server.jpeg_batch import JpegBatchDecoder
 

@@ -45,6 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.harness.robot import SimulatedRobot
+
 TASKS = ("pick up the red cube", "open the drawer", "fold the towel on the table", "push the block left")
 CAMERAS = {"front": (96, 128)}
 NAMES = [f"joint_{i}" for i in range(6)]
@@ -257,42 +259,42 @@ LONG_TASK = ("pick up the red cube from the left side of the table and place it 
 
 
 class SimRobot:
-    """A robot at `fps` as the reference client drives it, in the served-loop study: it consumes one
-    action per tick, sends an observation when its buffer runs under the send threshold (the client's
-    automatic `buffer_time_s`: p90 of its last round trips + 2 ticks, 0.5 s until the first), one in
-    flight, and takes a chunk's actions from its capture tick on (stale ones trimmed)."""
+    """A robot at `fps` as the reference client drives it, in the served-loop study: the harness's
+    simulated robot (the client's send trigger, chunk intake and action buffer: one observation in
+    flight, sent when the buffered actions last less than the client's automatic `buffer_time_s`, a
+    chunk's actions taken from its capture step on, stale ones trimmed), its control ticks run up to
+    each moment the loop looks at it."""
 
     def __init__(self, j: int, t0: float, fps: int, chunk: int, text: bool):
         self.j, self.t0, self.fps, self.chunk, self.text = j, t0, fps, chunk, text
-        self.buffer, self.tick, self.empty, self.ticks = 0, 0, 0, 0
-        self.in_flight: tuple[int, float] | None = None  # (capture tick, capture time)
-        self.rtts: list[float] = []
+        self.robot = SimulatedRobot(f"robot{j}", dt_s=1.0 / fps)
+        self.tick, self.empty, self.ticks = 0, 0, 0
+        self.in_flight: int | None = None  # the seq_id of the observation waiting for its chunk
         self.latency_ms: list[float] = []
 
     def advance_to(self, now: float, record: bool) -> None:
         k = int((now - self.t0) * self.fps)
         while self.tick < k:
             self.tick += 1
-            if self.buffer > 0:
-                self.buffer -= 1
-            elif record:
+            if self.robot.act() is None and record:
                 self.empty += 1
             if record:
                 self.ticks += 1
 
-    def wants(self, now: float | None = None) -> bool:
-        """Whether it sends an observation now (`now`: as of then, without running its ticks)."""
-        buffer = self.buffer if now is None else max(0, self.buffer - (int((now - self.t0) * self.fps) - self.tick))
-        threshold = 0.5 if not self.rtts else float(np.percentile(self.rtts[-20:], 90)) + 2 / self.fps
-        return self.in_flight is None and buffer / self.fps < threshold
+    def wants(self, now: float) -> bool:
+        """Whether it sends an observation at `now` (its buffer as of then, ticks not yet run included)."""
+        due = int((now - self.t0) * self.fps) - self.tick
+        return self.robot.would_send(now, max(0, self.robot.buffer.depth - due))
+
+    def send(self, now: float) -> None:
+        capture = self.robot.capture(now)
+        self.in_flight = None if capture is None else capture.seq
 
     def answered(self, now: float, record: bool) -> None:
-        capture_tick, t_capture = self.in_flight
+        result = self.robot.take_actions(self.in_flight, np.zeros((self.chunk, 1), dtype=np.float32), now)
         self.in_flight = None
-        self.buffer = max(0, self.chunk - (self.tick - capture_tick))
-        self.rtts.append(now - t_capture)
-        if record:
-            self.latency_ms.append((now - t_capture) * 1000)
+        if record and result.rtt_s is not None:
+            self.latency_ms.append(result.rtt_s * 1000)
 
 
 def served_loop(runner, *, text_robots: int, text: bool, seconds: float, warm_s: float, max_batch: int,
@@ -315,7 +317,8 @@ def served_loop(runner, *, text_robots: int, text: bool, seconds: float, warm_s:
     obs = observations(n, 0)
     waiting: list[int] = []  # robots whose observation waits, in arrival order
     if actions_first:  # what server/serving.py hands the runner: text yields between steps
-        runner.yield_to_actions(lambda: bool(waiting) or any(r.wants(time.perf_counter()) for r in robots))
+        runner.yield_to_actions(lambda: bool(waiting) or any(r.in_flight is None and r.wants(time.perf_counter())
+                                                             for r in robots))
     else:
         runner.yield_to_actions(None)
     t_tok, tokens_rec0 = None, 0
@@ -331,9 +334,10 @@ def served_loop(runner, *, text_robots: int, text: bool, seconds: float, warm_s:
             t_tok, tokens_rec0 = now, runner.counters["tokens"]
         for r in robots:
             r.advance_to(now, record)
-            if r.wants():
-                r.in_flight = (r.tick, now)
-                waiting.append(r.j)
+            if r.in_flight is None and r.wants(now):
+                r.send(now)
+                if r.in_flight is not None:
+                    waiting.append(r.j)
         if waiting:
             picked, waiting = waiting[:max_batch], waiting[max_batch:]
             reqs = []
@@ -349,7 +353,7 @@ def served_loop(runner, *, text_robots: int, text: bool, seconds: float, warm_s:
                 robots[j].advance_to(done, record)
                 robots[j].answered(done, record)
             if runner.language_active and (not actions_first or not any(
-                    r.in_flight is None and r.wants() for r in robots) and not waiting):
+                    r.in_flight is None and r.wants(time.perf_counter()) for r in robots) and not waiting):
                 runner.advance()
         elif runner.language_active:
             runner.advance()

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import free_port
+from testbed.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]  # the attacker imports the fault kit from tests/
 DRIVER = ROOT / "tests" / "openpi_client_driver.py"

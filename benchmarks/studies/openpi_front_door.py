@@ -29,8 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import free_port, make_frames, summary
-from benchmarks.common import Workload
+from testbed.ports import free_port
+from benchmarks.harness.workloads import make_frames
+from benchmarks.harness.results import summary
+from benchmarks.harness.workloads import Workload
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = ROOT / "tests" / "openpi_client_driver.py"

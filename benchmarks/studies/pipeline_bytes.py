@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 
-from benchmarks.common import free_port  # noqa: E402
+from testbed.ports import free_port  # noqa: E402
 from lerobot_zenoh.protocol import codec  # noqa: E402
 from lerobot_zenoh.protocol.keys import AppKey, pipeline_app  # noqa: E402
 from lerobot_zenoh.protocol.messages import ActionChunk, Status, TextResult, Verdict  # noqa: E402

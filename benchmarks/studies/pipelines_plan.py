@@ -27,12 +27,12 @@ from __future__ import annotations
 import argparse
 import copy
 import math
-import re
 import sys
 import time
 from pathlib import Path
 
 
+from benchmarks.harness.docs_blocks import write_docs_block
 from lerobot_zenoh.pipelines.descriptor import OBLIGATION_KINDS, Factory, parse_factory
 from lerobot_zenoh.pipelines.planner import Infeasible, plan
 from lerobot_zenoh.pipelines.profiles import ModelProfile, Profiles, rosa_profiles, stat_of
@@ -258,14 +258,8 @@ def main() -> int:
     table = run()
     print(table)
     if args.write_docs:
-        path = Path(args.write_docs)
-        text = path.read_text()
-        block = f"{BEGIN}\n{table}\n{END}"
-        if BEGIN in text:
-            text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, text, flags=re.DOTALL)
-        else:
-            text += "\n" + block + "\n"
-        path.write_text(text)
+        write_docs_block(Path(args.write_docs), BEGIN, END, table,
+                         heading="Multi-model pipelines: planned fleet vs baselines, in the model")
     return 0
 
 

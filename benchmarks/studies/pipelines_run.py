@@ -57,7 +57,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from benchmarks.common import free_port_range, stop_processes  # noqa: E402
+from testbed.ports import free_port_range  # noqa: E402
+from benchmarks.harness.docs_blocks import write_docs_block  # noqa: E402
+from benchmarks.harness.processes import stop_processes  # noqa: E402
 from benchmarks.studies.pipelines_plan import (  # noqa: E402
     S1,
     TASKS,
@@ -458,15 +460,7 @@ BEGIN, END = "<!-- pipelines_run:begin -->", "<!-- pipelines_run:end -->"
 
 
 def write_block(path: Path, text: str) -> None:
-    import re
-
-    doc = path.read_text()
-    block = f"{BEGIN}\n{text}\n{END}"
-    if BEGIN in doc:
-        doc = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, doc, flags=re.DOTALL)
-    else:
-        doc += "\n" + block + "\n"
-    path.write_text(doc)
+    write_docs_block(path, BEGIN, END, text, heading="Multi-model pipelines: planned fleet vs baselines, measured")
 
 
 def main(argv=None) -> int:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import queue
-import secrets
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -43,16 +42,14 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from benchmarks.common import ServerProcess  # noqa: E402
+from benchmarks.harness.processes import ServerProcess  # noqa: E402
 from testbed.ports import free_port  # noqa: E402
-from benchmarks.harness import deliver_chunks, driver_ticks, telemetry_metrics  # noqa: E402
+from benchmarks.harness.driver import deliver_chunks, driver_ticks, telemetry_metrics  # noqa: E402
+from benchmarks.harness.robot import SimulatedRobot  # noqa: E402
 from lerobot_zenoh.errors import ProtocolError  # noqa: E402
 from lerobot_zenoh.protocol import codec  # noqa: E402
 from lerobot_zenoh.protocol.keys import AppKey  # noqa: E402
-from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation  # noqa: E402
-from lerobot_zenoh.scheduling.action_buffer import ActionBuffer  # noqa: E402
-from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake  # noqa: E402
-from lerobot_zenoh.scheduling.send_trigger import SendTrigger, SendTriggerConfig  # noqa: E402
+from lerobot_zenoh.scheduling.send_trigger import SendTriggerConfig  # noqa: E402
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession  # noqa: E402
 from lerobot_zenoh.transport.settings import loopback_settings  # noqa: E402
 
@@ -105,58 +102,43 @@ class Counters:
     rtts_s: list = field(default_factory=list)
 
 
-class Robot:
-    """One robot: the reference client's send trigger, chunk intake and buffer, stepped like
-    `ControlLoop.step` (request if the send rule says so, else a refresh when one is due)."""
+class Robot(SimulatedRobot):
+    """One robot: the harness's simulated robot (the reference client's send trigger, chunk intake and
+    buffer, stepped like `ControlLoop.step`: request if the send rule says so, else a refresh when
+    one is due), running continuously from `start_s`."""
 
     def __init__(self, client_id: str, cfg: RunConfig, publisher, phase: int, start_s: float):
-        self.client_id, self.publisher, self.phase, self.start_s = client_id, publisher, phase, start_s
-        self.trigger = SendTrigger(SendTriggerConfig(refetch_after_s=cfg.refetch_after_s or None), dt_s=DT_S)
-        self.intake = ChunkIntake(self.trigger, DT_S, max_actions=cfg.actions_per_chunk)
-        self.buffer = ActionBuffer()
-        self.nonce = secrets.randbits(63)
-        self.seq = 0
-        self.moving = False
+        super().__init__(client_id, dt_s=DT_S, send_rule=SendTriggerConfig(refetch_after_s=cfg.refetch_after_s or None),
+                         max_actions=cfg.actions_per_chunk)
+        self.publisher, self.phase, self.start_s = publisher, phase, start_s
 
     def tick(self, now: float, c: Counters) -> None:
         if now < self.start_s:
             return
-        depth = self.buffer.depth
-        if self.trigger.should_send(depth, now):
-            self._publish(now, depth, None, c)
-        elif (request := self.trigger.refresh_due(now)) is not None:
-            self._publish(now, depth, request, c)
+        capture = self.capture(now)
+        if capture is not None:
+            if capture.refreshes is None:
+                c.requests += c.counting
+                c.requests_total += 1
+            else:
+                c.refreshes += c.counting
+                c.refreshes_total += 1
+            obs = self.observation(capture, np.array([now - self.start_s, capture.step], np.float32),
+                                   task_elapsed_s=now - self.start_s)
+            self.publisher.put(codec.encode(obs), attachment=codec.encode_observation_header(obs))
         c.steps += c.counting and self.moving
-        if self.buffer.pop() is not None:
-            self.moving = True
+        moving = self.moving
+        if self.act() is not None:
             c.executed += c.counting
-        elif self.moving:
+        elif moving:
             c.stalled += c.counting
-
-    def _publish(self, now: float, depth: int, refreshes: int | None, c: Counters) -> None:
-        seq = self.seq + 1
-        step = self.buffer.next_step
-        if refreshes is None:
-            self.intake.on_send(seq, step, now)
-            c.requests += c.counting
-            c.requests_total += 1
-        elif not self.intake.on_refresh(seq, refreshes, step, now):
-            return
-        else:
-            c.refreshes += c.counting
-            c.refreshes_total += 1
-        self.seq = seq
-        obs = Observation(seq, self.client_id, np.array([now - self.start_s, step], np.float32), {}, "",
-                          ExecutionInfo(task_elapsed_s=now - self.start_s, actions_buffered=depth, control_period_s=DT_S),
-                          episode_id="0", session_nonce=self.nonce, refreshes_seq_id=refreshes)
-        self.publisher.put(codec.encode(obs), attachment=codec.encode_observation_header(obs))
 
     def on_chunk(self, payload: bytes, arrived_s: float, c: Counters) -> None:
         try:
             chunk = codec.decode_action_chunk(payload)
         except ProtocolError:
             return
-        result = self.intake.on_chunk(chunk.response_to_seq_id, chunk.actions, arrived_s, self.buffer)
+        result = self.take(chunk, arrived_s)
         if not result.accepted or not c.counting:
             return
         c.answered += 1
@@ -174,11 +156,7 @@ def run(cfg: RunConfig, out: Path = OUT, verbose: bool = True) -> dict:
     telemetry: list[tuple[float, bytes]] = []
     with ServerProcess(manifest(cfg, port), out / "server.log") as server, \
             ZenohSession(loopback_settings(connect_ports=(port,))).open() as session:
-        deadline = time.monotonic() + 60
-        while not session.query(APP.status, 0.5):
-            if server.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the server did not come up; see {out / 'server.log'}")
-            time.sleep(0.3)
+        server.wait_answering(lambda: session.query(APP.status, 0.5))
         session.subscribe(f"{APP.prefix}/*/action", lambda key, payload: inbox.put((key, payload, time.perf_counter())))
         session.subscribe(APP.server_metrics(SERVER_ID), lambda key, payload: telemetry.append((time.perf_counter(), payload)))
         time.sleep(0.5)  # let the subscriptions reach the server before the first observation

@@ -76,22 +76,22 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from benchmarks.common import ServerProcess  # noqa: E402
+from benchmarks.harness.processes import ServerProcess  # noqa: E402
 from testbed.ports import free_port  # noqa: E402
-from benchmarks.harness import driver_ticks, machine, telemetry_metrics, write_docs_block  # noqa: E402
+from benchmarks.harness.driver import driver_ticks, telemetry_metrics  # noqa: E402
+from benchmarks.harness.results import machine  # noqa: E402
+from benchmarks.harness.docs_blocks import write_docs_block  # noqa: E402
+from benchmarks.harness.robot import SimulatedRobot  # noqa: E402
 from lerobot_zenoh.client.config_sim_robot import SO101_JOINTS, SimRobotConfig  # noqa: E402
 from lerobot_zenoh.client.sim_robot import SimRobot  # noqa: E402
 from lerobot_zenoh.errors import ProtocolError  # noqa: E402
 from lerobot_zenoh.protocol import codec  # noqa: E402
 from lerobot_zenoh.protocol.keys import AppKey  # noqa: E402
-from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation, RtcInputs  # noqa: E402
 from lerobot_zenoh.scheduling.action_buffer import (  # noqa: E402
-    ActionBuffer,
     LatestOnlyConfig,
     WeightedAverageConfig,
 )
-from lerobot_zenoh.scheduling.chunk_intake import ChunkIntake, MergeMode  # noqa: E402
-from lerobot_zenoh.scheduling.send_trigger import SendTrigger, SendTriggerConfig  # noqa: E402
+from lerobot_zenoh.scheduling.chunk_intake import MergeMode  # noqa: E402
 from lerobot_zenoh.server.runners.synthetic import CircleMotion, circle_actions  # noqa: E402
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession  # noqa: E402
 from lerobot_zenoh.transport.settings import loopback_settings  # noqa: E402
@@ -278,61 +278,45 @@ class Trace:
 
 
 class VirtualRobot:
-    """A simulated robot around the reference client's buffer, trigger and intake (see the module docstring)."""
+    """A simulated robot (the harness's, the reference client's buffer, trigger and intake) on the
+    project's simulated arm, sending its camera and joints (see the module docstring)."""
 
     def __init__(self, client_id: str, mode: str, publisher, motion: CircleMotion, camera: tuple[int, int],
                  phase: float, chunk_size: int):
         self.client_id, self.mode, self.publisher, self.motion = client_id, mode, publisher, motion
         self.names = [f"{j}.pos" for j in SO101_JOINTS]
-        self.robot = SimRobot(SimRobotConfig(id=client_id, cameras={"front": camera},
-                                             initial_positions=start_position(motion, phase)))
-        self.robot.connect()
+        self.arm = SimRobot(SimRobotConfig(id=client_id, cameras={"front": camera},
+                                           initial_positions=start_position(motion, phase)))
+        self.arm.connect()
         aggregate = LatestOnlyConfig() if mode == "latest_only" else WeightedAverageConfig()
-        self.buffer = ActionBuffer(aggregate, action_dim=len(self.names))
-        self.trigger = SendTrigger(SendTriggerConfig(), dt_s=DT_S)
-        self.intake = ChunkIntake(self.trigger, DT_S, mode=MergeMode.RTC if mode == "rtc" else MergeMode.BLEND)
-        self.chunk_size = chunk_size
-        self.nonce = secrets.randbits(63)
-        self.seq = 0
-        self.moving = False
+        self.robot = SimulatedRobot(client_id, dt_s=DT_S, aggregate=aggregate, action_dim=len(self.names),
+                                    merge=mode if mode in ("rtc", "no_trim") else "blend", rtc_rows=chunk_size)
+        self.robot.episode = 1
         self.t = Trace()
 
     def tick(self, now: float, counting: bool) -> None:
-        obs = self.robot.get_observation()
+        obs = self.arm.get_observation()
         state = np.array([obs[n] for n in self.names], dtype=np.float32)
-        if self.trigger.should_send(self.buffer.depth, now):
-            self._send(now, state, obs["front"])
-        popped = self.buffer.pop()
+        capture = self.robot.capture(now)
+        if capture is not None:
+            self.publisher.put(codec.encode(self.robot.observation(
+                capture, state, {"front": codec.encode_jpeg(obs["front"], 90)}, TASK)))
+        moving = self.robot.moving
+        popped = self.robot.act()
         t = self.t
         if popped is None:
-            self.robot.send_action(self.robot.fail_safe_action())
-            if self.moving and counting:
+            self.arm.send_action(self.arm.fail_safe_action())
+            if moving and counting:
                 t.stalled += 1
                 t.ticks += 1
             return
         step, action = popped
-        self.moving = True
-        self.robot.send_action(dict(zip(self.names, (float(x) for x in action))))
+        self.arm.send_action(dict(zip(self.names, (float(x) for x in action))))
         if counting:
             t.ticks += 1
             t.steps.append(step)
             t.actions.append(np.asarray(action, dtype=np.float64))
             t.refs.append(circle_actions(state, 1, len(self.names), self.motion, DT_S)[0].astype(np.float64))
-
-    def _send(self, now: float, state: np.ndarray, image: np.ndarray) -> None:
-        self.seq += 1
-        rtc = None
-        step = self.buffer.next_step
-        if self.mode == "rtc":
-            step, prefix = self.buffer.leftover(self.chunk_size)
-            if len(prefix) == 0:
-                prefix = np.zeros((0, len(self.names)), dtype=np.float32)
-            rtc = RtcInputs(prefix, self.intake.predict_delay_steps(len(prefix)))
-        self.intake.on_send(self.seq, step, now, predicted_delay_steps=None if rtc is None else rtc.delay_steps)
-        self.publisher.put(codec.encode(Observation(
-            self.seq, self.client_id, state, {"front": codec.encode_jpeg(image, 90)}, TASK,
-            ExecutionInfo(actions_buffered=self.buffer.depth, control_period_s=DT_S),
-            episode_id="1", session_nonce=self.nonce, rtc=rtc)))
 
     def on_chunk(self, payload: bytes, now: float, counting: bool) -> None:
         t = self.t
@@ -342,15 +326,9 @@ class VirtualRobot:
             t.rejected += 1
             return
         actions = chunk.actions
-        before = self.buffer.next_step, self.buffer.depth
-        if self.mode == "no_trim":
-            result = self.intake.plan(chunk.response_to_seq_id, len(actions), now, self.buffer.next_step)
-            if result.accepted:
-                self.buffer.merge(actions[:result.kept], self.buffer.next_step)
-        else:
-            result = self.intake.on_chunk(chunk.response_to_seq_id, actions, now, self.buffer,
-                                          execution_horizon=chunk.execution_horizon,
-                                          rtc_delay_steps=chunk.rtc_delay_steps)
+        buffer = self.robot.buffer
+        before = buffer.next_step, buffer.depth
+        result = self.robot.take(chunk, now)
         if not result.accepted:
             t.rejected += 1
             t.reasons[result.reason] = t.reasons.get(result.reason, 0) + 1
@@ -462,7 +440,7 @@ def drive(port: int, app: AppKey, robots_modes: list[str], prep: PrepareSettings
                     robot.tick(now, counting)
         time.sleep(1.2)
         for robot in robots:
-            robot.t.presumed_lost = robot.trigger.stats().presumed_lost
+            robot.t.presumed_lost = robot.robot.trigger.stats().presumed_lost
     figures = telemetry_metrics(telemetry)
     inside = [m for t, m in figures if w0 <= t <= w1 + 1.5]
     first = next((m for t, m in figures if t >= w0), {})
@@ -652,7 +630,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{m['cpu']}, load average at start {', '.join(f'{x:.2f}' for x in m['load_avg_at_start'] or [])}; "
                 f"policy: {data['policy']} ({data['prepare']['train_steps']} training steps); server-side RTC settings in the manifest: "
                 f"{'yes' if data['server_rtc_settings'] else 'no (this tree has none: every rtc chunk fell back to blending)'})\n")
-        write_docs_block(Path(args.write_docs), BEGIN, END, "Real-time chunking", head + "\n" + body)
+        write_docs_block(Path(args.write_docs), BEGIN, END, "\n" + head + "\n" + body, heading="Real-time chunking")
     return 0
 
 

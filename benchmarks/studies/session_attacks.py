@@ -26,7 +26,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from benchmarks.common import free_port  # noqa: E402
+from testbed.ports import free_port  # noqa: E402
 from lerobot_zenoh.client.client import RobotClient  # noqa: E402
 from lerobot_zenoh.client.config import RobotClientConfig  # noqa: E402
 from lerobot_zenoh.client.config_sim_robot import SimRobotConfig  # noqa: E402

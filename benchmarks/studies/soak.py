@@ -35,7 +35,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from benchmarks.common import stop_processes  # noqa: E402
+from benchmarks.harness.processes import stop_processes  # noqa: E402
 from lerobot_zenoh.client.config import routing_args  # noqa: E402
 from lerobot_zenoh.protocol import codec  # noqa: E402
 from lerobot_zenoh.protocol.keys import AppKey  # noqa: E402

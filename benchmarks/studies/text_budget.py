@@ -64,15 +64,16 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from benchmarks.common import SceneCamera, ServerProcess  # noqa: E402
-from benchmarks.harness import deliver, deliver_chunks, driver_ticks, telemetry_metrics  # noqa: E402
+from benchmarks.harness.workloads import SceneCamera  # noqa: E402
+from benchmarks.harness.processes import ServerProcess  # noqa: E402
+from benchmarks.harness.driver import deliver, deliver_chunks, driver_ticks, telemetry_metrics  # noqa: E402
+from benchmarks.harness.robot import Capture  # noqa: E402
 from benchmarks.studies import language  # noqa: E402
 from benchmarks.studies.fleet_traces import CHUNK_SIZE, FPS, Task  # noqa: E402
 from benchmarks.studies.fleet_zenoh import DT_S, PHASES, Counters, RunConfig, VirtualRobot  # noqa: E402
 from lerobot_zenoh.errors import ProtocolError  # noqa: E402
 from lerobot_zenoh.protocol import codec  # noqa: E402
 from lerobot_zenoh.protocol.keys import AppKey, pipeline_app  # noqa: E402
-from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation  # noqa: E402
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession  # noqa: E402
 from lerobot_zenoh.transport.settings import ZenohSettings  # noqa: E402
 
@@ -125,17 +126,11 @@ class TextRobot(VirtualRobot):
         self.text_s: list[float] = []
         self.state = np.linspace(-1, 1, 6, dtype=np.float32)
 
-    def _send(self, now: float, c: Counters) -> None:
-        self.seq += 1
-        self.intake.on_send(self.seq, self.buffer.next_step, now)
-        self.sent_s[self.seq] = now
-        info = ExecutionInfo(task_elapsed_s=now - self.task_start_s, actions_buffered=self.buffer.depth,
-                             control_period_s=DT_S)
-        obs = Observation(self.seq, self.client_id, self.state, {"front": self.frames[self.seq % len(self.frames)]},
-                          language.LONG_TASK, info, episode_id=str(self.episode), session_nonce=self.session_nonce,
-                          component_mask=self.mask)
+    def publish(self, capture: Capture, now: float) -> None:
+        self.sent_s[capture.seq] = now
+        obs = self.observation(capture, self.state, {"front": self.frames[capture.seq % len(self.frames)]},
+                               language.LONG_TASK, task_elapsed_s=now - self.task_start_s, component_mask=self.mask)
         self.publisher.put(codec.encode(obs), codec.encode_observation_header(obs))
-        c.sent += c.counting
 
     def on_chunk(self, payload: bytes, arrived_s: float, _shared) -> None:
         super().on_chunk(payload, arrived_s, self.c)

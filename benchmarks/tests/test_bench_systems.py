@@ -44,7 +44,7 @@ def test_a_benchmark_without_matplotlib_says_so_in_one_line_and_keeps_its_number
     by hand without it they used to print their table only after failing on the plot."""
     import sys
 
-    from benchmarks.harness import Run
+    from benchmarks.harness.results import Run
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
     run = Run(str(tmp_path))

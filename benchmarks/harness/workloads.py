@@ -1,4 +1,4 @@
-"""What every benchmark shares: the workloads, realistic camera frames, a pool-backed robot, statistics.
+"""The workloads every benchmark shares: cameras and sizes, realistic camera frames, a robot that replays them.
 
 Frames are synthetic but look like a camera's to a JPEG encoder: a smoothly lit scene with textured
 surfaces, hard-edged objects, a moving gripper, a slow camera drift and fresh sensor noise in every
@@ -9,21 +9,10 @@ compress to almost nothing and flatter every JPEG-based path).
 from __future__ import annotations
 
 import math
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
-import time
-from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import cv2
 import numpy as np
-
-from testbed.ports import free_port, free_port_range  # noqa: F401 (the benchmarks import them from here)
 
 FPS = 30
 DT_S = 1.0 / FPS
@@ -168,92 +157,3 @@ def make_pool_robot(workload: Workload, frames: dict[str, list[np.ndarray]] | No
     if connect:
         robot.connect()
     return robot
-
-
-# ----------------------------------------------------------------------------- statistics
-
-
-def summary(values, scale: float = 1.0) -> dict:
-    """n, median, p90, p99, max, mean of `values` times `scale` (None-safe for empty lists)."""
-    arr = np.asarray([v for v in values if v is not None], dtype=np.float64) * scale
-    if arr.size == 0:
-        return {"n": 0, "p50": None, "p90": None, "p99": None, "max": None, "mean": None}
-    p50, p90, p99 = np.percentile(arr, [50, 90, 99])
-    return {"n": int(arr.size), "p50": float(p50), "p90": float(p90), "p99": float(p99),
-            "max": float(arr.max()), "mean": float(arr.mean())}
-
-
-def fmt(value, digits: int = 2, unit: str = "") -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float) and not math.isfinite(value):
-        return "-"
-    return f"{value:.{digits}f}{unit}"
-
-
-def stop_processes(procs, timeout_s: float = 10.0, sig: int = signal.SIGINT) -> None:
-    """Ask every process still running to stop (`sig`, all at once), then wait for each up to
-    `timeout_s` and kill what is left."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(sig)
-    for proc in procs:
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def cpu_s() -> float:
-    """CPU time of this whole process, all threads (ns resolution)."""
-    return time.process_time()
-
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-class ServerProcess:
-    """A policy server on `manifest` (a dict written to a temporary YAML file), in its own process
-    running this checkout's code (or that of `source`, another checkout: a before/after pair);
-    `ready()`, when given, is polled until true (at most `ready_timeout_s`) before the block starts.
-    `env`: variables added to its environment (e.g. ``OMP_NUM_THREADS``, its torch thread count).
-    Stopped with SIGTERM at exit (killed after `stop_timeout_s`)."""
-
-    def __init__(self, manifest: dict, log_path: Path, *, launcher: Sequence[str] = ("-m", "lerobot_zenoh.cli.server"),
-                 ready: Callable[[], bool] | None = None, ready_timeout_s: float = 180.0, stop_timeout_s: float = 10.0,
-                 source: Path = ROOT, env: Mapping[str, str] | None = None):
-        self.manifest, self.log_path, self.launcher, self.source = manifest, Path(log_path), tuple(launcher), Path(source)
-        self.env = dict(env or {})
-        self.ready, self.ready_timeout_s, self.stop_timeout_s = ready, ready_timeout_s, stop_timeout_s
-        self.proc: subprocess.Popen | None = None
-
-    def __enter__(self) -> ServerProcess:
-        import yaml
-
-        self._folder = Path(tempfile.mkdtemp(prefix="lz-bench-"))
-        path = self._folder / "manifest.yaml"
-        path.write_text(yaml.safe_dump(self.manifest))
-        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in __exit__
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", **self.env, "PYTHONPATH": str(self.source)}
-        self.proc = subprocess.Popen([sys.executable, *self.launcher, "--manifest", str(path)], stdout=self._log,
-                                     stderr=subprocess.STDOUT, env=env, cwd=self.source)  # (-m reads cwd first)
-        if self.ready is not None:
-            deadline = time.monotonic() + self.ready_timeout_s
-            while not self.ready():
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.__exit__(None, None, None)
-                    raise RuntimeError(f"the server did not come up; see {self.log_path}")
-                time.sleep(0.3)
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(self.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        shutil.rmtree(self._folder, ignore_errors=True)

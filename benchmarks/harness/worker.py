@@ -1,6 +1,6 @@
 """Benchmark processes: one object (a server or a client of one system) per process, driven over a pipe.
 
-The driver starts ``python -m benchmarks.worker`` (inside a network namespace where asked), then
+The driver starts ``python -m benchmarks.harness.worker`` (inside a network namespace where asked), then
 sends one JSON line per request and reads one JSON line back:
 
     {"create": "OursServer", "name": "main", "kwargs": {...}}  -> {"ok": true, "result": <start()'s result>}
@@ -26,7 +26,9 @@ import sys
 import time
 import traceback
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks.harness.processes import ROOT as CHECKOUT
+
+ROOT = str(CHECKOUT)  # the checkout these processes run, as a path string (cwd, PYTHONPATH)
 
 
 class WorkerError(RuntimeError):
@@ -44,7 +46,10 @@ class Worker:
         if root != ROOT:
             env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         self._log = open(self.log_path, "a")
-        self.proc = subprocess.Popen(prefix + [sys.executable, "-m", "benchmarks.worker"], cwd=root, env=env,
+        # A checkout from before the harness package had its worker at benchmarks/worker.py (same pipe protocol).
+        module = "benchmarks.harness.worker" if os.path.exists(os.path.join(root, "benchmarks", "harness", "worker.py")) \
+            else "benchmarks.worker"
+        self.proc = subprocess.Popen(prefix + [sys.executable, "-m", module], cwd=root, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
                                      text=True, bufsize=1)
         self.pid = self._recv(120.0)["pid"]  # `ip netns exec` execs, but ask rather than assume
