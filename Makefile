@@ -218,6 +218,12 @@ OPENPI_FRONT_DOOR_ARGS ?=
 bench-openpi-front-door: $(STAMP) openpi-client-venv
 	$(PY) -m benchmarks.studies.openpi_front_door --venv $(OPENPI_VENV) $(OPENPI_FRONT_DOOR_ARGS)
 
+# The ROS 2 front door's added latency beside the same robot through lerobot-robot-client (docs/ros2.md).
+ROS2_DOOR_ARGS ?= --seconds 30
+.PHONY: bench-ros2-door
+bench-ros2-door: $(STAMP)
+	$(PY) -m benchmarks.studies.ros2_door $(ROS2_DOOR_ARGS)
+
 soak: $(STAMP)
 	$(PY) -m benchmarks.studies.soak --minutes $(SOAK_MINUTES) --robots $(SOAK_ROBOTS) $(SOAK_ARGS)
 
