@@ -1,6 +1,6 @@
 """The console scripts as a user meets them before anything heavy runs: mistakes reported without
-importing LeRobot or torch (the import graph is checked, not the clock: benchmarks/studies/cli_mistakes.py
-times them), every script in a core install (`pip install .`) working or naming its extra, hub ids
+importing LeRobot or torch (the import graph is checked, not the clock; docs/client.md has the times
+measured), every script in a core install (`pip install .`) working or naming its extra, hub ids
 resolved offline from a Hugging Face cache in a temporary HF_HOME, and what make demo prints."""
 
 from __future__ import annotations
