@@ -21,9 +21,9 @@ from lerobot_zenoh.protocol import codec  # noqa: E402
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation  # noqa: E402
 from lerobot_zenoh.scheduling.action_buffer import ActionBuffer  # noqa: E402
 from lerobot_zenoh.scheduling.horizon import DiffusionConfidenceHorizon  # noqa: E402
-from lerobot_zenoh.server.manifest import parse_manifest  # noqa: E402
+from lerobot_zenoh.server.config.manifest import parse_manifest  # noqa: E402
 from lerobot_zenoh.server.runners import InferenceRequest, InferenceResult, load_policy_runner  # noqa: E402
-from lerobot_zenoh.server.server import PolicyServer, ServedModel  # noqa: E402
+from lerobot_zenoh.server.shell.policy_server import PolicyServer, ServedModel  # noqa: E402
 from lerobot_zenoh.server.runners.synthetic import (  # noqa: E402
     SyntheticPolicy,
     SyntheticPolicyConfig,

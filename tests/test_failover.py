@@ -13,8 +13,8 @@ from lerobot_zenoh.client.client import RobotClient
 from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import Observation
-from lerobot_zenoh.server.manifest import parse_manifest
-from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.server.config.manifest import parse_manifest
+from lerobot_zenoh.server.shell.policy_server import PolicyServer
 from lerobot_zenoh.transport.session import ZenohSession
 from lerobot_zenoh.transport.settings import ZenohSettings, loopback_settings
 from lz_testing import CAMS, free_port, make_config, wait_for
@@ -367,7 +367,7 @@ def test_a_forged_replacement_claim_does_not_withdraw_a_primary_that_did_not_sta
     """Anyone who can put on the heartbeat keys (plain mode) can claim to have replaced a primary,
     naming the incarnation its own heartbeat shows. A primary that ran and had nothing waiting, or
     served, ignores the claim and counts it; only one that froze or stalled withdraws."""
-    from lerobot_zenoh.server.failover import Beat
+    from lerobot_zenoh.server.model.failover import Beat
     from lerobot_zenoh.transport.session import METRICS_QOS
 
     p1 = free_port()

@@ -30,9 +30,9 @@ import pytest
 from fault_kit.zenoh import PAYLOADS, Flood, FloodProcess, HonestRobot, HostileReplies, Service, forged, payload
 from lz_testing import free_port, wait_for
 
-from lerobot_zenoh.server.failover import TAKEOVER_AFTER_S
-from lerobot_zenoh.server.manifest import parse_manifest
-from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.server.model.failover import TAKEOVER_AFTER_S
+from lerobot_zenoh.server.config.manifest import parse_manifest
+from lerobot_zenoh.server.shell.policy_server import PolicyServer
 
 pytestmark = pytest.mark.slow
 

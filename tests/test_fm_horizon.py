@@ -75,7 +75,7 @@ def runners(checkpoints):
 
 def test_diffusion_confidence_defaults_to_the_threshold_of_the_models_kind_of_steps():
     from lerobot_zenoh.scheduling.horizon import DEFAULT_THRESHOLDS
-    from lerobot_zenoh.server.manifest import parse_manifest
+    from lerobot_zenoh.server.config.manifest import parse_manifest
 
     def built(horizon, kind):
         manifest = parse_manifest({"cluster_uuid": "c", "experiment_tag": "e", "server": [
@@ -152,8 +152,8 @@ def test_the_server_sends_the_horizon_of_a_vlas_captured_steps(checkpoint, port,
     the updates the runner captured for that request."""
     from lerobot_zenoh.protocol import codec
     from lerobot_zenoh.protocol.messages import Observation
-    from lerobot_zenoh.server.manifest import parse_manifest
-    from lerobot_zenoh.server.server import PolicyServer
+    from lerobot_zenoh.server.config.manifest import parse_manifest
+    from lerobot_zenoh.server.shell.policy_server import PolicyServer
     from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
     from lerobot_zenoh.transport.settings import loopback_settings
     from lz_testing import wait_for

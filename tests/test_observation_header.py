@@ -15,10 +15,10 @@ from lerobot_zenoh.errors import ProtocolError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation, ObservationHeader
 from lerobot_zenoh.scheduling.request_schedulers import make_scheduler
-from lerobot_zenoh.server.admission import read_header
-from lerobot_zenoh.server.session_table import REPLAYED, SessionTable, SessionTableConfig
-from lerobot_zenoh.server.manifest import parse_manifest
-from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.server.engine.admission import read_header
+from lerobot_zenoh.server.session_table.table import REPLAYED, SessionTable, SessionTableConfig
+from lerobot_zenoh.server.config.manifest import parse_manifest
+from lerobot_zenoh.server.shell.policy_server import PolicyServer
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
 from lerobot_zenoh.transport.settings import loopback_settings
 from lz_testing import wait_for

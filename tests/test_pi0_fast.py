@@ -320,8 +320,8 @@ class Robot:
 def test_the_server_streams_chunks_to_robots_joining_a_running_decode(checkpoint, port, app_key):
     from lz_testing import wait_for
 
-    from lerobot_zenoh.server.manifest import parse_manifest
-    from lerobot_zenoh.server.server import PolicyServer
+    from lerobot_zenoh.server.config.manifest import parse_manifest
+    from lerobot_zenoh.server.shell.policy_server import PolicyServer
     from lerobot_zenoh.transport.session import ZenohSession
     from lerobot_zenoh.transport.settings import loopback_settings
 
@@ -376,7 +376,7 @@ def test_settings_that_would_mix_robots_or_sample_are_refused(checkpoint, tmp_pa
 
 def test_the_decode_block_sets_slots_and_join_and_fails_at_start_up_naming_the_field(checkpoint):
     from lerobot_zenoh.errors import ConfigError
-    from lerobot_zenoh.server.manifest import parse_manifest
+    from lerobot_zenoh.server.config.manifest import parse_manifest
     from lerobot_zenoh.server.runners import load_runner
 
     def manifest(**entry):

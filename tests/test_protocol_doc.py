@@ -108,13 +108,13 @@ def test_what_the_prose_says_of_attachments_and_names():
     overview = section("## 1. Overview")
     assert "No Zenoh encoding, attachment" not in overview and "§5.1.1" in overview
     assert "`refresh_late`" not in DOC  # the counter is `refreshes_late`, whatever drops it
-    from lerobot_zenoh.server.session_table import REFRESH_LATE
+    from lerobot_zenoh.server.session_table.table import REFRESH_LATE
 
     assert REFRESH_LATE == "refreshes_late"
 
 
 def test_the_request_seed_is_documented_as_the_executor_computes_it():
-    from lerobot_zenoh.server.executor import request_seed
+    from lerobot_zenoh.server.model.runner_adapter import request_seed
 
     import zlib
 

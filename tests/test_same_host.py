@@ -19,7 +19,7 @@ from lerobot_zenoh.client.client import RobotClient
 from lerobot_zenoh.errors import ProtocolError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import Observation, SameHostAdvert, SharedFrames
-from lerobot_zenoh.server.executor import Executor
+from lerobot_zenoh.server.model.runner_adapter import Executor
 from lerobot_zenoh.telemetry.publisher import process_memory
 from lerobot_zenoh.transport import same_host
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession

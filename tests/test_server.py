@@ -14,8 +14,8 @@ import pytest
 from lerobot_zenoh.errors import ConfigError, PolicyError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import Observation
-from lerobot_zenoh.server.manifest import load_manifest, parse_manifest
-from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.server.config.manifest import load_manifest, parse_manifest
+from lerobot_zenoh.server.shell.policy_server import PolicyServer
 from lerobot_zenoh.server.runners.synthetic import synthetic_actions
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
 from lerobot_zenoh.transport.settings import loopback_settings
@@ -173,7 +173,7 @@ def test_unknown_clients_are_rejected_and_counted(served, app_key):
 
 
 def test_newest_observation_supersedes_an_unserved_one(port, app_key, monkeypatch):
-    from lerobot_zenoh.server import server as server_module
+    from lerobot_zenoh.server.shell import policy_server as server_module
 
     decoded = []
     real_decode = server_module.codec.decode_observation
@@ -336,7 +336,7 @@ def test_status_and_chunks_of_a_real_act_checkpoint(port, app_key, tmp_path):
 def test_executor_passes_rtc_inputs_per_request_rejects_bad_ones_alone_and_echoes_the_delay():
     from lerobot_zenoh.errors import ProtocolError
     from lerobot_zenoh.protocol.messages import RtcInputs
-    from lerobot_zenoh.server.executor import Executor
+    from lerobot_zenoh.server.model.runner_adapter import Executor
     from lerobot_zenoh.server.runners.base import RTC_EXTRA
     from lerobot_zenoh.server.runners.synthetic import SyntheticPolicy, SyntheticPolicyConfig
 
@@ -377,7 +377,7 @@ def test_executor_passes_rtc_inputs_per_request_rejects_bad_ones_alone_and_echoe
 
 def test_status_advertises_rtc_only_for_a_runner_that_takes_it(port, app_key):
     from lerobot_zenoh.server.runners import load_runner
-    from lerobot_zenoh.server.server import ServedModel
+    from lerobot_zenoh.server.shell.policy_server import ServedModel
 
     for rtc in (False, True):
         entry = {"synthetic": {"state_dim": 6, "action_dim": 6, "chunk_size": 20, "cameras": CAMS, "rtc": rtc}}

@@ -21,13 +21,13 @@ from lerobot_zenoh.protocol.keys import AppKey
 from lerobot_zenoh.protocol.messages import Observation
 from lerobot_zenoh.scheduling.engine_load import EngineLoad
 from lerobot_zenoh.scheduling.placement import BatchProfile, profile_from_peer_ms
-from lerobot_zenoh.server.dispatch import Dispatcher
-from lerobot_zenoh.server.engine_link import ENGINE_ERROR
-from lerobot_zenoh.server.failover import ServingRole
-from lerobot_zenoh.server.manifest import parse_manifest
-from lerobot_zenoh.server.request_table import InFlight, RequestTable
+from lerobot_zenoh.server.dispatch.dispatcher import Dispatcher
+from lerobot_zenoh.server.dispatch.engine_link import ENGINE_ERROR
+from lerobot_zenoh.server.model.failover import ServingRole
+from lerobot_zenoh.server.config.manifest import parse_manifest
+from lerobot_zenoh.server.engine.request_table import InFlight, RequestTable
 from lerobot_zenoh.server.runners import load_runner
-from lerobot_zenoh.server.server import ServedModel
+from lerobot_zenoh.server.shell.policy_server import ServedModel
 
 pytestmark = pytest.mark.core
 

@@ -8,8 +8,8 @@ import pytest
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation
 from lerobot_zenoh.scheduling.request_schedulers import FifoScheduler, make_scheduler
-from lerobot_zenoh.server.admission import read_header
-from lerobot_zenoh.server.session_table import (
+from lerobot_zenoh.server.engine.admission import read_header
+from lerobot_zenoh.server.session_table.table import (
     MAX_SEQ_RATE_HZ,
     MAX_SEQ_STEP,
     NONCE_REQUIRED,

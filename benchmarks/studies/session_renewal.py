@@ -27,8 +27,8 @@ from lerobot_zenoh.client.config_sim_robot import SimRobotConfig
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.keys import AppKey
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation
-from lerobot_zenoh.server.manifest import parse_manifest
-from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.server.config.manifest import parse_manifest
+from lerobot_zenoh.server.shell.policy_server import PolicyServer
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
 from lerobot_zenoh.transport.settings import ZenohSettings
 

@@ -6,7 +6,7 @@ The primary and the standby are `lerobot-policy-server` processes on loopback (s
 One reference `RobotClient` (the honest robot) on the simulated robot at 30 Hz is given both
 endpoints. After `--warmup` seconds the primary gets the signal; the run goes on `--after` seconds.
 A frozen primary keeps its liveliness token until the Zenoh lease expires (10 s by default); the
-standby takes it over by its heartbeat of served work instead (server/failover.py).
+standby takes it over by its heartbeat of served work instead (server/model/failover.py).
 
 Reported per signal: signal -> first chunk of the standby, the longest time without a chunk, the
 control ticks with an empty buffer after the signal out of the ticks run, the chunks after it.

@@ -46,7 +46,7 @@ from lerobot_zenoh.server.runners.lerobot import LeRobotRunner, LoadOptions, Rtc
 from lerobot_zenoh.server.runners.pi0_fast import Pi0FastRunner
 
 if TYPE_CHECKING:
-    from lerobot_zenoh.server.manifest import Manifest, ModelEntry
+    from lerobot_zenoh.server.config.manifest import Manifest, ModelEntry
 
 __all__ = [
     "REFUSED",
@@ -126,7 +126,7 @@ def load_policy_runner(pretrained_path: str | Path, device: str = "cpu", *,
     """Load a local LeRobot checkpoint folder as the runner `RUNNERS` names for its policy type,
     on `device` (or as `options` say: device, dtype, local asset folders).
 
-    A hub id is resolved by `load_runner` (server/hub.py) into its snapshot folder first. Raises
+    A hub id is resolved by `load_runner` (server/runners/hub.py) into its snapshot folder first. Raises
     `PolicyError` naming the path on any failure, and for a type without a runner, the type and the
     supported ones.
     """
@@ -154,7 +154,7 @@ def load_runner(manifest: Manifest, entry: ModelEntry) -> PolicyRunner:
         from lerobot_zenoh.server.runners.synthetic import SyntheticPolicy
 
         return SyntheticPolicy(entry.synthetic, fps=entry.fps)
-    from lerobot_zenoh.server.hub import checkpoint_folder
+    from lerobot_zenoh.server.runners.hub import checkpoint_folder
 
     # A local folder, else a Hugging Face hub id (downloaded, or from the cache offline).
     path = checkpoint_folder(entry.pretrained_path, manifest.resolve_path(entry),

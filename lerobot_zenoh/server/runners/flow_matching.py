@@ -455,7 +455,7 @@ def resolve_asset(path: Path, what: str, named: str | None, named_where: str, gi
     cached = _hf_cached(named, marker)
     if cached is not None:
         return cached
-    from lerobot_zenoh.server.hub import HubRef, is_offline, snapshot
+    from lerobot_zenoh.server.runners.hub import HubRef, is_offline, snapshot
 
     ref = HubRef.parse(named) if named else None
     if ref is not None and not is_offline():  # as LeRobot would: fetch it (configs and tokenizer files only)

@@ -27,9 +27,9 @@ from lerobot_zenoh.protocol import codec, dispatch
 from lerobot_zenoh.protocol.dispatch import EngineAnswer, EngineKeys, EngineRequest, EngineStatus
 from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
-from lerobot_zenoh.server.batch_profiling import measure_batch_profile
-from lerobot_zenoh.server.executor import Executor
-from lerobot_zenoh.server.manifest import Manifest, ModelEntry
+from lerobot_zenoh.server.model.batch_profiling import measure_batch_profile
+from lerobot_zenoh.server.model.runner_adapter import Executor
+from lerobot_zenoh.server.config.manifest import Manifest, ModelEntry
 from lerobot_zenoh.server.runners import load_runner
 from lerobot_zenoh.server.runners.base import RTC_EXTRA_DELAY, PolicyRunner
 from lerobot_zenoh.transport.session import ACTION_QOS, ZenohSession

@@ -5,7 +5,7 @@ the engine picked goes through before it is run, whichever path runs it (docs/ar
 - `read_header(attachment)` (Zenoh callback thread): the observation's header (protocol.md §5.1.1,
   the put's attachment: a struct unpack, no msgpack), or why it is malformed. The server's only
   read of a header: the verdict goes into the session's slot with the payload (`SessionTable.admit`),
-  and task routing (`server/routing.py`) reads the component mask from it.
+  and task routing (`server/model/routing.py`) reads the component mask from it.
 - `screen(payload, limits)` (Zenoh callback thread, for ids the manifest does not list, and a listed
   robot's for a minute after a rejection): the body's
   one read on arrival, the length of its `task` (nothing decoded): a task over the limit is refused
@@ -36,12 +36,12 @@ from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import MAX_TASK_BYTES, Observation, ObservationHeader
 from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.protocol.schema import CodecLimits
-from lerobot_zenoh.server.session_table import Batch, Ranking, Session, Slot
+from lerobot_zenoh.server.session_table.table import Batch, Ranking, Session, Slot
 from lerobot_zenoh.server.runners.base import InferenceRequest
 from lerobot_zenoh.transport.session import Payload
 
 if TYPE_CHECKING:
-    from lerobot_zenoh.server.server import ServedModel
+    from lerobot_zenoh.server.shell.policy_server import ServedModel
 
 #: reject(session, reason, detail): count a rejection against its client (`Serving.reject`).
 Reject = Callable[[Session, str, str], None]

@@ -1,9 +1,9 @@
 """The inference thread and its supervision.
 
 One thread drives every model, each a step of schedule -> execute -> update: it closes expired
-sessions, runs each model with engines through its dispatcher (`server/dispatch.py`: place,
+sessions, runs each model with engines through its dispatcher (`server/dispatch/dispatcher.py`: place,
 dispatch, relay; never waits on an engine) and hands each other model's next batch, as its session
-table's scheduler picked it, to the model's one local executor (`server/engine_executor.py`), round
+table's scheduler picked it, to the model's one local executor (`server/engine/interface.py`), round
 robin; it sleeps when nothing waits.
 
 Supervised: a fault in one model's turn is logged with its traceback and counted (`loop_faults`);
@@ -21,10 +21,10 @@ import logging
 import threading
 import time
 
-from lerobot_zenoh.server import admission
-from lerobot_zenoh.server.engine_executor import Work
-from lerobot_zenoh.server.served_model import ServedModel
-from lerobot_zenoh.server.serving import EXPIRY_PERIOD_S, Serving
+from lerobot_zenoh.server.engine import admission
+from lerobot_zenoh.server.engine.interface import Work
+from lerobot_zenoh.server.model.served_model import ServedModel
+from lerobot_zenoh.server.engine.serving import EXPIRY_PERIOD_S, Serving
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class InferenceLoop:
                 if model.dispatcher is not None or model.failed is not None:
                     continue
                 if model.role is not None and not model.role.may_serve(time.monotonic()):
-                    continue  # standing by, or held after waking from a freeze (server/failover.py)
+                    continue  # standing by, or held after waking from a freeze (server/model/failover.py)
                 batch = self._supervised(model, admission.schedule, model, time.monotonic())
                 if batch is not None:
                     turn = (turn + i + 1) % len(self.models)
@@ -142,7 +142,7 @@ class InferenceLoop:
         return out
 
     def withdraw(self, model: ServedModel, why: str) -> None:
-        """End this server's service of `model` visibly (a replaced primary, server/failover.py)."""
+        """End this server's service of `model` visibly (a replaced primary, server/model/failover.py)."""
         self._withdraw(model, why)
 
     def _withdraw(self, model: ServedModel, why: str) -> None:
@@ -167,7 +167,7 @@ class InferenceLoop:
 
 
 def _served_work(model: ServedModel, duration_s: float | None = None) -> None:
-    """A turn that did work, for the heartbeat a hot standby judges this server by (server/failover.py)."""
+    """A turn that did work, for the heartbeat a hot standby judges this server by (server/model/failover.py)."""
     if model.role is not None:
         model.role.note_turn(duration_s)
 

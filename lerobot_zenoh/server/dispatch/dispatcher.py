@@ -1,19 +1,19 @@
 """The edge scheduler's engines: where each batch it picks runs (docs/server.md, "Engines").
 
 A model with `engines` in its manifest entry is served by one *edge scheduler*: this process keeps
-every robot's session, slot and wait-ratio bookkeeping (`server/session_table.py`, the request scheduler)
+every robot's session, slot and wait-ratio bookkeeping (`server/session_table/table.py`, the request scheduler)
 and places each request it picks, with `scheduling.placement.place` (Kairos' rule), on one of
-its engines. Every engine is an executor of one interface (`server/engine_executor.py`) that the
+its engines. Every engine is an executor of one interface (`server/engine/interface.py`) that the
 dispatcher hands requests to (`Work`) and hears answers from:
 
 - the *local* engine (`local: true`): this process's own runner, a `BatchExecutor` on a thread of
   its own (`ThreadedExecutor`), which reports each batch it ran;
 - remote engines (`RemoteExecutor`): `lerobot-policy-server` processes started with `role: engine`
-  (`server/engine_worker.py`). Each gets `EngineRequest`s on its own dispatch key and answers on its
+  (`server/shell/engine_worker.py`). Each gets `EngineRequest`s on its own dispatch key and answers on its
   answer key (`protocol/dispatch.py`); answers are decoded and checked on a thread of their own
-  (`server/engine_link.py`), and the inference loop relays the chunk to the robot.
+  (`server/dispatch/engine_link.py`), and the inference loop relays the chunk to the robot.
 
-One bookkeeping for everything in flight (`server/request_table.py`): each request is bound to this
+One bookkeeping for everything in flight (`server/engine/request_table.py`): each request is bound to this
 process's incarnation, its client, nonce and seq_id, and an answer that does not match an
 outstanding request exactly is refused and counted, never delivered. One placement bookkeeping per
 engine (`scheduling/engine_load.py`, the code the fleet model runs too): a dispatch adds a group,
@@ -52,21 +52,21 @@ from lerobot_zenoh.errors import ConfigError, ProtocolError
 from lerobot_zenoh.protocol.dispatch import EngineKeys
 from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.scheduling.placement import CLOUD, EDGE, BatchProfile, EngineView, RequestView, place, transfer_s
-from lerobot_zenoh.server import admission
-from lerobot_zenoh.server.session_table import Batch, Session, Slot
-from lerobot_zenoh.server.answer_relay import AnswerRelay
-from lerobot_zenoh.server.engine_health import EngineHealth
-from lerobot_zenoh.server.engine_executor import EngineExecutor, Work
-from lerobot_zenoh.server.engine_link import AnswerInbox, EngineState, Probe, Prober
-from lerobot_zenoh.server.remote_executor import RemoteExecutor
-from lerobot_zenoh.server.request_table import InFlight, RequestTable
-from lerobot_zenoh.server.threaded_executor import ThreadedExecutor
+from lerobot_zenoh.server.engine import admission
+from lerobot_zenoh.server.session_table.table import Batch, Session, Slot
+from lerobot_zenoh.server.dispatch.answer_relay import AnswerRelay
+from lerobot_zenoh.server.dispatch.engine_health import EngineHealth
+from lerobot_zenoh.server.engine.interface import EngineExecutor, Work
+from lerobot_zenoh.server.dispatch.engine_link import AnswerInbox, EngineState, Probe, Prober
+from lerobot_zenoh.server.dispatch.remote_executor import RemoteExecutor
+from lerobot_zenoh.server.engine.request_table import InFlight, RequestTable
+from lerobot_zenoh.server.engine.threaded_executor import ThreadedExecutor
 from lerobot_zenoh.telemetry.publisher import worth_logging
 from lerobot_zenoh.transport.session import ACTION_QOS
 
 if TYPE_CHECKING:
-    from lerobot_zenoh.server.engine_link import EngineLinkSession
-    from lerobot_zenoh.server.served_model import ServedModel
+    from lerobot_zenoh.server.dispatch.engine_link import EngineLinkSession
+    from lerobot_zenoh.server.model.served_model import ServedModel
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from lerobot_zenoh.protocol.reasons import Reason
-from lerobot_zenoh.server.session_table import UNKNOWN_CLIENT, SessionStats
-from lerobot_zenoh.server.served_model import ServedModel
+from lerobot_zenoh.server.session_table.table import UNKNOWN_CLIENT, SessionStats
+from lerobot_zenoh.server.model.served_model import ServedModel
 from lerobot_zenoh.telemetry.publisher import percentile, process_memory
 
 __all__ = ["model_figures", "model_stats"]

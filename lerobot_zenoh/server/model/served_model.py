@@ -14,13 +14,13 @@ from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.keys import ANSWER_TOPICS, AppKey
 from lerobot_zenoh.protocol.messages import MAX_TASK_BYTES, RtcAdvert, SameHostAdvert, Status
 from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
-from lerobot_zenoh.server import text_stream
-from lerobot_zenoh.server.session_table import SessionTable, SessionTableConfig
-from lerobot_zenoh.server.executor import Executor
-from lerobot_zenoh.server.failover import ServingRole
-from lerobot_zenoh.server.rate_limit import RejectionRateLimit
-from lerobot_zenoh.server.manifest import Manifest, ModelEntry
-from lerobot_zenoh.server.routing import TaskRouting, task_streams
+from lerobot_zenoh.server.model import text_stream
+from lerobot_zenoh.server.session_table.table import SessionTable, SessionTableConfig
+from lerobot_zenoh.server.model.runner_adapter import Executor
+from lerobot_zenoh.server.model.failover import ServingRole
+from lerobot_zenoh.server.session_table.rate_limit import RejectionRateLimit
+from lerobot_zenoh.server.config.manifest import Manifest, ModelEntry
+from lerobot_zenoh.server.model.routing import TaskRouting, task_streams
 from lerobot_zenoh.server.runners.base import PolicyRunner
 from lerobot_zenoh.transport.session import Publisher
 
@@ -63,7 +63,7 @@ class ServedModel:
         self.actions_per_chunk = actions_per_chunk
         sessions = manifest.sessions
         # Unknown ids (`accept_unknown_clients`) share one cool-down: ids cost nothing to invent
-        # (server/rate_limit.py). Listed ones are read at each call: a reload changes them.
+        # (server/session_table/rate_limit.py). Listed ones are read at each call: a reload changes them.
         rate_limit = RejectionRateLimit(listed=lambda client_id: client_id in self.session_table.config.listed)
         self.session_table = SessionTable(SessionTableConfig(
             listed=frozenset(c.client_uuid for c in entry.clients),
@@ -122,14 +122,14 @@ class ServedModel:
         self.answers_withheld = 0  # results the runner marked silent (fault injection)
         self.refusals_sent: Counter = Counter()  # Refusals published, by reason (Serving.refuse)
         self.refusals_withheld = 0  # refusals not sent: the session had one less than a second ago
-        # Multi-model tasks (`entry.pipeline`, server/routing.py); None: a model of robots alone, which
+        # Multi-model tasks (`entry.pipeline`, server/model/routing.py); None: a model of robots alone, which
         # never goes through task routing. Set (once) by a reload that gives it task streams.
         self.routing: TaskRouting | None = TaskRouting(task_streams(manifest, entry)) if entry.pipeline else None
         # The subscriptions (observations, client tokens) of its own app (None) and of each task stream.
         self.subscriptions: dict[str | None, list] = {}
         # Who runs its requests, set at start(): for an entry that lists `engines`, the dispatcher
-        # placing them across its engines (server/dispatch.py); else its one local executor
-        # (server/engine_executor.py `local_executor`), run by the inference thread.
+        # placing them across its engines (server/dispatch/dispatcher.py); else its one local executor
+        # (server/engine/interface.py `local_executor`), run by the inference thread.
         self.dispatcher = None
         self.engine = None
         self.loop_faults = 0  # faults in its serving turn (logged with their traceback)

@@ -1,20 +1,20 @@
 """The policy server's shell: wires Zenoh, liveliness, failover and telemetry around each model's
-engine (`server/session_table.py`: sessions, slots, whom to serve) and executor (`server/executor.py`:
-decode, infer, encode), through admission (`server/admission.py`: the header read once, the one
+engine (`server/session_table/table.py`: sessions, slots, whom to serve) and executor (`server/model/runner_adapter.py`:
+decode, infer, encode), through admission (`server/engine/admission.py`: the header read once, the one
 step every picked request goes through).
 
 Who owns what (docs/architecture.md, "Server process"):
-- `server/ingest.py`: the subscriptions and Zenoh callbacks (hand-over only: the header read once,
+- `server/shell/ingest.py`: the subscriptions and Zenoh callbacks (hand-over only: the header read once,
   `engine.admit` into the session's newest-only slot, client tokens), and what a reload changes;
-- `server/inference_loop.py`: the one inference thread and its supervision (a model whose turns
+- `server/shell/inference_loop.py`: the one inference thread and its supervision (a model whose turns
   keep failing is withdrawn where everyone can see it);
-- `server/engine_executor.py`: the executor interface every engine is (the batch executor, the
+- `server/engine/interface.py`: the executor interface every engine is (the batch executor, the
   iteration-level decoder, a thread of either, a remote engine); a model without `engines` is the
   session table's scheduler with one local executor;
-- `server/serving.py`: what this process's executors share: the batch path, answers, the action publishers;
-- `server/dispatch.py`: a model with `engines` (docs/server.md, "Engines"): placement across
+- `server/engine/serving.py`: what this process's executors share: the batch path, answers, the action publishers;
+- `server/dispatch/dispatcher.py`: a model with `engines` (docs/server.md, "Engines"): placement across
   engines, each an executor the dispatcher hands requests to; this class is its `DispatchHost`;
-- `server/figures.py`: telemetry figures and counters, computed outside the session table's lock.
+- `server/shell/figures.py`: telemetry figures and counters, computed outside the session table's lock.
 
 This shell starts and stops them: pre-warm and profile each model, open Zenoh, declare status
 responders and liveliness tokens, hot standby roles, telemetry publishers.
@@ -34,18 +34,18 @@ import time
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import SameHostAdvert
 from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
-from lerobot_zenoh.server.batch_profiling import measure_batch_profile
-from lerobot_zenoh.server.dispatch import Dispatcher
-from lerobot_zenoh.server.engine_executor import EngineExecutor, local_executor
-from lerobot_zenoh.server.session_table import Session
-from lerobot_zenoh.server.engine_worker import EngineWorker
-from lerobot_zenoh.server.figures import model_figures, model_stats
-from lerobot_zenoh.server.inference_loop import InferenceLoop
-from lerobot_zenoh.server.ingest import Ingest
-from lerobot_zenoh.server.served_model import ServedModel
-from lerobot_zenoh.server.serving import Serving
-from lerobot_zenoh.server.failover import Heartbeats, ServingRole
-from lerobot_zenoh.server.manifest import Manifest, ModelEntry, reload_refusal
+from lerobot_zenoh.server.model.batch_profiling import measure_batch_profile
+from lerobot_zenoh.server.dispatch.dispatcher import Dispatcher
+from lerobot_zenoh.server.engine.interface import EngineExecutor, local_executor
+from lerobot_zenoh.server.session_table.table import Session
+from lerobot_zenoh.server.shell.engine_worker import EngineWorker
+from lerobot_zenoh.server.shell.figures import model_figures, model_stats
+from lerobot_zenoh.server.shell.inference_loop import InferenceLoop
+from lerobot_zenoh.server.shell.ingest import Ingest
+from lerobot_zenoh.server.model.served_model import ServedModel
+from lerobot_zenoh.server.engine.serving import Serving
+from lerobot_zenoh.server.model.failover import Heartbeats, ServingRole
+from lerobot_zenoh.server.config.manifest import Manifest, ModelEntry, reload_refusal
 from lerobot_zenoh.server.runners import load_runner
 from lerobot_zenoh.server.runners.base import PolicyRunner
 from lerobot_zenoh.telemetry.publisher import TelemetryPublisher
@@ -78,13 +78,13 @@ class PolicyServer:
         # host's engine is offered JPEG only.
         self._probe = (same_host.Probe() if manifest.same_host and manifest.role == "server"
                        and not any(e.engines for e in manifest.server) else None)
-        self._worker: EngineWorker | None = None  # role: engine (server/engine_worker.py)
+        self._worker: EngineWorker | None = None  # role: engine (server/shell/engine_worker.py)
         self._tokens: dict[str, object] = {}  # app prefix -> this server's liveliness token for it
-        self.serving = Serving(self.server_id, self.models, self._stop)  # the serving paths (server/serving.py)
-        self.ingest = Ingest(self.models, self._wake)  # Zenoh callbacks and subscriptions (server/ingest.py)
+        self.serving = Serving(self.server_id, self.models, self._stop)  # the serving paths (server/engine/serving.py)
+        self.ingest = Ingest(self.models, self._wake)  # Zenoh callbacks and subscriptions (server/shell/ingest.py)
         self._loop = InferenceLoop(self.models, self.serving, self._stop, self._wake, self._tokens)
         self.incarnation = f"{os.getpid()}-{time.time_ns():x}"  # this process: heartbeats name it
-        self._heartbeats: Heartbeats | None = None  # served work, for a hot standby (server/failover.py)
+        self._heartbeats: Heartbeats | None = None  # served work, for a hot standby (server/model/failover.py)
 
     @property
     def failed(self) -> threading.Event:

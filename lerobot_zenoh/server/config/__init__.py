@@ -1,0 +1,8 @@
+"""The server's configuration: the YAML manifest, validated at start-up with file and field in every
+error, and the runner each entry asks for.
+
+    manifest.py        `Manifest`, `ModelEntry` and their blocks (pydantic), `load_manifest`, reload rules
+
+May import (server/): runners.
+Must not be imported by: runners.
+"""
