@@ -200,7 +200,7 @@ def test_a_failing_batch_is_served_again_one_by_one(port, app_key, session):
             robot.check()
         assert bad.chunks == []
         assert mixed(), runner.batches
-        assert server.models[0].executor.batch_fallbacks >= 1
+        assert server.models[0].adapter.batch_fallbacks >= 1
         clients = server.stats()[app_key.prefix]["clients"]
         assert clients["bad"]["rejected"].get("inference_error", 0) >= 1
         assert all(clients[c]["rejected"] == {} for c in ("r1", "r2", "r3"))

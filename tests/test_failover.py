@@ -306,7 +306,7 @@ def test_a_stuck_inference_is_taken_over_and_the_stuck_primary_withdraws(app_key
         assert wait_for(lambda: any(s == "gpu0" for _, s, _ in seen), 10)
         role = standby.models[0].role
         assert wait_for(lambda: standby.heard_primary() and not role.active.is_set(), 10)
-        executor = primary.models[0].executor
+        executor = primary.models[0].adapter
         infer = executor.infer
         executor.infer = lambda requests: (release.wait(30), infer(requests))[1]  # hangs until released
         t_hang = time.monotonic()

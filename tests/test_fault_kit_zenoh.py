@@ -116,7 +116,7 @@ def test_observation_floods_from_unlisted_ids_are_each_counted_and_the_listed_ro
         with HonestRobot(port, app_key) as robot:
             assert wait_for(lambda: robot.client.counters.chunks_received >= 3, 15)
             flood_every_kind(port, app_key.client("x").obs, robot, counted, forged_kind="observation",
-                             limit_bytes=served.executor.limits.max_message_bytes,
+                             limit_bytes=served.adapter.limits.max_message_bytes,
                              key_template=app_key.client("intruder{i}").obs)
         figures = server.telemetry_figures(served)[0]
         assert figures.get("rejected.unknown_client", 0) > 0 and server.models[0].failed is None

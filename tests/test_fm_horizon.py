@@ -180,7 +180,7 @@ def test_the_server_sends_the_horizon_of_a_vlas_captured_steps(checkpoint, port,
     chunks = []
     with PolicyServer(manifest, runners={app_key.model: runner}) as server, \
             ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as session:
-        executor = server.models[0].executor
+        executor = server.models[0].adapter
         assert executor.capture_updates and executor.horizon.threshold == threshold
         key = app_key.client("r1")
         session.subscribe(key.action, lambda _k, payload: chunks.append(codec.decode_action_chunk(payload)))

@@ -29,7 +29,7 @@ from lerobot_zenoh.server.model.failover import ServingRole
 from lerobot_zenoh.server.shell.ingest import MAX_CACHED_KEY_BYTES, MAX_CACHED_KEYS, Ingest, KeyCache
 from lerobot_zenoh.server.config.manifest import parse_manifest
 from lerobot_zenoh.server.session_table.rate_limit import RejectionRateLimit
-from lerobot_zenoh.server.runners import load_runner
+from lerobot_zenoh.server.config.runner_loading import load_runner
 from lerobot_zenoh.server.model.served_model import ServedModel
 from lerobot_zenoh.server.engine.serving import Serving
 
@@ -162,7 +162,7 @@ def test_an_unlisted_ids_task_over_the_byte_limit_is_refused_on_arrival_never_de
     model = served_model(echo_task=True)
     checked: list[str] = []
     decoded: list[bytes] = []
-    check, decode = model.runner.check_request, model.executor.decode
+    check, decode = model.runner.check_request, model.adapter.decode
 
     def spy(request):  # where a VLA runner tokenizes the task
         checked.append(request.task)
@@ -173,7 +173,7 @@ def test_an_unlisted_ids_task_over_the_byte_limit_is_refused_on_arrival_never_de
         return decode(payload, header)
 
     model.runner.check_request = spy
-    model.executor.decode = decode_spy
+    model.adapter.decode = decode_spy
     ingest = Ingest([model], threading.Event())
     serving = Serving("gpu0", [model], threading.Event())
     serving.session = FakeSession()

@@ -17,7 +17,7 @@ from lerobot_zenoh.errors import ConfigError, PolicyError, ProtocolError  # noqa
 from lerobot_zenoh.protocol import codec  # noqa: E402
 from lerobot_zenoh.protocol.messages import HistoryFrame, Observation  # noqa: E402
 from lerobot_zenoh.server.model import jpeg_batch  # noqa: E402
-from lerobot_zenoh.server.model.runner_adapter import Executor  # noqa: E402
+from lerobot_zenoh.server.model.runner_adapter import RunnerAdapter  # noqa: E402
 from lerobot_zenoh.server.model.jpeg_batch import JpegBatchDecoder  # noqa: E402
 from lerobot_zenoh.server.runners import RunnerCapabilities  # noqa: E402
 from lerobot_zenoh.server.runners.base import PolicySpec, check_observation  # noqa: E402
@@ -210,11 +210,11 @@ def test_jpeg_batch_imports_no_torch():
 # ----------------------------------------------------------------------------- the executor
 
 
-def executor(history_length: int = 1, cameras=None) -> Executor:
+def executor(history_length: int = 1, cameras=None) -> RunnerAdapter:
     cameras = {"front": (48, 64), "wrist": (48, 64)} if cameras is None else cameras
     runner = SyntheticPolicy(SyntheticPolicyConfig(state_dim=3, action_dim=2, cameras=cameras, chunk_size=4,
                                                    history_length=history_length))
-    return Executor("m", runner, actions_per_chunk=4, server_id="s")
+    return RunnerAdapter("m", runner, actions_per_chunk=4, server_id="s")
 
 
 def observation(client: str, seq: int, images: dict, history=()) -> Observation:

@@ -314,7 +314,7 @@ def vlm_entry(folder, **vlm):
 
 
 def test_the_tiny_vlm_generates_text_and_picks_a_verdict_with_a_score(tiny_vlm, app_key):
-    from lerobot_zenoh.server.runners import load_runner
+    from lerobot_zenoh.server.config.runner_loading import load_runner
     from lerobot_zenoh.server.runners.base import COMPONENT_EXTRA, ComponentQuery, InferenceRequest
 
     m = parse_manifest(manifest(7447, app_key, [
@@ -358,7 +358,7 @@ def test_a_vlm_folder_without_weights_is_refused_naming_it(tiny_vlm, app_key, tm
     import shutil
 
     from lerobot_zenoh.errors import PolicyError
-    from lerobot_zenoh.server.runners import load_runner
+    from lerobot_zenoh.server.config.runner_loading import load_runner
 
     broken = tmp_path / "noweights"
     shutil.copytree(tiny_vlm, broken)

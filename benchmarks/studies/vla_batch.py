@@ -72,9 +72,9 @@ def share(runner, requests, reps: int, policy_type: str, batch: int) -> None:
     """The server's path for one batch (executor), and the model's forward pass inside it."""
     from lerobot_zenoh.protocol import codec
     from lerobot_zenoh.protocol.messages import Observation
-    from lerobot_zenoh.server.model.runner_adapter import Executor
+    from lerobot_zenoh.server.model.runner_adapter import RunnerAdapter
 
-    executor = Executor(policy_type, runner, actions_per_chunk=runner.spec.chunk_size, server_id="bench")
+    executor = RunnerAdapter(policy_type, runner, actions_per_chunk=runner.spec.chunk_size, server_id="bench")
     observations = [Observation(i + 1, r.session_id, r.state, {c: codec.encode_jpeg(img, 90) for c, img in r.images.items()},
                                 r.task) for i, r in enumerate(requests)]
     model = runner.policy

@@ -28,7 +28,7 @@ from lerobot_zenoh.server.model.served_model import ServedModel
 from lerobot_zenoh.telemetry.publisher import worth_logging
 
 if TYPE_CHECKING:
-    from lerobot_zenoh.server.dispatch.dispatcher import DispatchHost
+    from lerobot_zenoh.server.dispatch.host import DispatchHost
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class AnswerRelay:
         result = InferenceResult(actions=answer.actions, refinement_updates=answer.refinement_updates,
                                  extras={} if answer.rtc_delay_steps is None else {RTC_EXTRA_DELAY: answer.rtc_delay_steps})
         try:
-            chunk = model.executor.chunk(flight.observation, result, answer.inference_ms, queue_ms,
+            chunk = model.adapter.chunk(flight.observation, result, answer.inference_ms, queue_ms,
                                          served_by=(state.engine_id, state.tier))
         except Exception as exc:
             self._refuse_engine(state, flight, "bad_answer", f"{type(exc).__name__}: {exc}"[:200])

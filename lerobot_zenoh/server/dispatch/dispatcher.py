@@ -46,14 +46,14 @@ import queue
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from lerobot_zenoh.errors import ConfigError, ProtocolError
 from lerobot_zenoh.protocol.dispatch import EngineKeys
 from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.scheduling.placement import CLOUD, EDGE, BatchProfile, EngineView, RequestView, place, transfer_s
 from lerobot_zenoh.server.engine import admission
-from lerobot_zenoh.server.session_table.table import Batch, Session, Slot
+from lerobot_zenoh.server.session_table.records import Batch, Session, Slot
 from lerobot_zenoh.server.dispatch.answer_relay import AnswerRelay
 from lerobot_zenoh.server.dispatch.engine_health import EngineHealth
 from lerobot_zenoh.server.engine.interface import EngineExecutor, Work
@@ -66,6 +66,7 @@ from lerobot_zenoh.transport.session import ACTION_QOS
 
 if TYPE_CHECKING:
     from lerobot_zenoh.server.dispatch.engine_link import EngineLinkSession
+    from lerobot_zenoh.server.dispatch.host import DispatchHost
     from lerobot_zenoh.server.model.served_model import ServedModel
 
 log = logging.getLogger(__name__)
@@ -77,18 +78,6 @@ DISPATCH_AHEAD_S = 0.010
 FIGURES_PERIOD_S = 0.5
 
 __all__ = ["DispatchHost", "Dispatcher", "EDGE", "CLOUD"]
-
-
-class DispatchHost(Protocol):
-    """What the dispatcher asks of the process around it (`PolicyServer` implements it; tests hand
-    in a fake)."""
-
-    def reject(self, model: ServedModel, session: Session, reason: str, detail: str, *,
-               cool_down: bool = True) -> None: ...
-    def publish(self, model: ServedModel, client_id: str, payload: bytes) -> None: ...
-    def wake(self) -> None: ...
-    def local_executor(self, model: ServedModel) -> EngineExecutor: ...
-    def measure_profile(self, model: ServedModel) -> dict[int, float]: ...
 
 
 def _admitted_s(slot: Slot) -> float:
@@ -113,7 +102,7 @@ class Dispatcher:
         self.session = session
         self.clock = clock
         self.settings = model.entry.dispatch
-        self.max_bytes = model.executor.limits.max_message_bytes
+        self.max_bytes = model.adapter.limits.max_message_bytes
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.engines: dict[str, EngineState] = {}
         for entry in model.entry.engines:
@@ -160,7 +149,7 @@ class Dispatcher:
                                       source=model.source)
                 self.local.set_profile(BatchProfile(profile))
             self.local.up, self.local.down_reason, self.local.rtt_s = True, None, 0.0
-            model.executor.served_by = (self.local.engine_id, self.local.tier)
+            model.adapter.served_by = (self.local.engine_id, self.local.tier)
             self.executors[self.local.engine_id] = ThreadedExecutor(
                 self.host.local_executor(model), model.entry.model_id,
                 lambda ids, t0, t1: self._event(("local_done", ids, t0, t1)), self.clock)

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 from lerobot_zenoh.server.engine import admission
 from lerobot_zenoh.server.runners.base import InferenceRequest, InferenceResult
 from lerobot_zenoh.server.engine.serving import EXPIRY_PERIOD_S
-from lerobot_zenoh.server.session_table.table import REPLAYED, Batch
+from lerobot_zenoh.server.session_table.records import Batch
+from lerobot_zenoh.server.session_table.table import REPLAYED
 
 if TYPE_CHECKING:
     from lerobot_zenoh.server.engine.admission import Ready
@@ -59,7 +60,7 @@ class _Decode:
         self.started = self.next_expiry = time.monotonic()
 
     def run(self, batch: Batch) -> None:
-        self.model.executor.stream(self.prepare(batch), self.join, self.emit)
+        self.model.adapter.stream(self.prepare(batch), self.join, self.emit)
 
     def prepare(self, picked: Batch | None) -> list[tuple[Key, InferenceRequest]]:
         if picked is None:

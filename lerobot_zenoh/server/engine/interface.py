@@ -26,16 +26,12 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from lerobot_zenoh.server.engine.batch_executor import BatchExecutor
-from lerobot_zenoh.server.engine.decoding_executor import DecodingExecutor
-from lerobot_zenoh.server.session_table.table import Batch
+from lerobot_zenoh.server.session_table.records import Batch
 
 if TYPE_CHECKING:
     from lerobot_zenoh.server.engine.request_table import InFlight
-    from lerobot_zenoh.server.model.served_model import ServedModel
-    from lerobot_zenoh.server.engine.serving import Serving
 
-__all__ = ["EngineExecutor", "Work", "local_executor"]
+__all__ = ["EngineExecutor", "Work"]
 
 
 @dataclass
@@ -64,10 +60,3 @@ class EngineExecutor(Protocol):
 
     def stop(self, timeout_s: float) -> bool:
         """Stop taking work; True when whatever ran for it has ended."""
-
-
-def local_executor(serving: Serving, model: ServedModel) -> EngineExecutor:
-    """This process's own runner as an executor on the caller's thread: the iteration-level
-    decoder for a runner that declares it, else the batch executor."""
-    kind = DecodingExecutor if model.runner.spec.capabilities.iteration_level else BatchExecutor
-    return kind(serving, model)

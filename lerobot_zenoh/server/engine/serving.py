@@ -22,7 +22,7 @@ from lerobot_zenoh.protocol.reasons import REPEATING_REASONS, OutputKind, Reason
 from lerobot_zenoh.server.engine import admission
 from lerobot_zenoh.server.model import text_stream
 from lerobot_zenoh.server.engine.admission import Ready
-from lerobot_zenoh.server.session_table.table import Batch, Session
+from lerobot_zenoh.server.session_table.records import Batch, Session
 from lerobot_zenoh.server.runners.base import InferenceResult
 from lerobot_zenoh.server.model.served_model import ServedModel
 from lerobot_zenoh.telemetry.publisher import worth_logging
@@ -84,7 +84,7 @@ class Serving:
         ready = admission.prepare(model, batch, lambda *r: self.reject(model, *r))
         if not batch.items:
             return
-        results = model.executor.infer([r.request for r in ready]) if ready else []
+        results = model.adapter.infer([r.request for r in ready]) if ready else []
         t_done = time.monotonic()
         inference_ms = (t_done - t_start) * 1000
         published: list[tuple[Session, int, float, float]] = []
@@ -113,7 +113,7 @@ class Serving:
             model.answers_withheld += 1
             return False
         try:
-            payload = model.executor.answer(r.observation, result, inference_ms, queue_ms)
+            payload = model.adapter.answer(r.observation, result, inference_ms, queue_ms)
         except Exception as exc:  # the runner returned something that is not an answer of its kind
             self.reject(model, session, Reason.INFERENCE_ERROR, f"{type(exc).__name__}: {exc}")
             return False

@@ -1,4 +1,5 @@
-"""The executor of one model: turns a batch the engine picked into encoded answers.
+"""The runner adapter of one model, between the wire and its `PolicyRunner`: turns a batch the session
+table picked into encoded answers. (Not an engine executor: every executor of this process calls it.)
 
     decode(payload, header)           the observation's body (the server's only msgpack decode of one),
                                       checked against the header admission read (`header_mismatch`)
@@ -23,7 +24,7 @@
                                       answers: an ActionChunk (`chunk`), a TextResult or a Verdict
 
 Runs on the inference thread (and a model with engines: its local engine's thread, `server/dispatch/dispatcher.py`)
-and holds no lock: the engine's bookkeeping is the shell's job (`server/engine/admission.py`).
+and holds no lock: the session table's bookkeeping is its callers' job (`server/engine/admission.py`).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class _Checked:
     history_states: tuple[np.ndarray, ...]  # their states, float32
 
 
-class Executor:
+class RunnerAdapter:
     def __init__(self, name: str, runner: PolicyRunner, *, actions_per_chunk: int, server_id: str,
                  horizon: HorizonPolicy | None = None, limits: codec.CodecLimits = codec.DEFAULT_LIMITS):
         self.name = name
@@ -98,7 +99,7 @@ class Executor:
                         name, self.spec.policy_type, horizon.name)
         elif horizon is not None:
             log.info("%s: execution horizon %r", name, horizon)  # shows the threshold a default picked
-        # (engine_id, tier) written on every chunk this executor runs itself, when its model
+        # (engine_id, tier) written on every chunk this adapter runs itself, when its model
         # dispatches to several engines (server/dispatch/dispatcher.py); None: a server with one engine.
         self.served_by: tuple[str, str] | None = None
         self.batch_fallbacks = 0  # batches that failed and were served one request at a time

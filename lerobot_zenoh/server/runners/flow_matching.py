@@ -202,7 +202,7 @@ class FlowMatchingRunner(LeRobotRunner):
 
     def _rtc_inputs(self, request: InferenceRequest) -> Any:
         """The request's RTC inputs (None without), checked against the model: `ProtocolError`
-        (``bad_rtc_prefix``/``bad_rtc_delay``) for what the executor and the codec also refuse, so
+        (``bad_rtc_prefix``/``bad_rtc_delay``) for what the runner adapter and the codec also refuse, so
         that a request built elsewhere cannot fail a whole batch either."""
         rtc = request.extras.get(RTC_EXTRA) if self._rtc_horizon is not None else None
         if rtc is None:

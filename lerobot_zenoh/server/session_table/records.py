@@ -30,7 +30,7 @@ class Slot:
     """The newest unserved observation of one session: its raw bytes and the verdict of admission.
 
     `header` (or `error`) is what admission read of it (`server/engine/admission.py`); an observation sent
-    without a header gets `observation` (or `error`) from the executor's decode, before the scheduler
+    without a header gets `observation` (or `error`) from the runner adapter's decode, before the scheduler
     hears of it when it ranks by `ExecutionInfo`, else once picked. `known` is what the session
     rules and the scheduler read; `judged`, whether the rules have judged it."""
 
@@ -38,7 +38,7 @@ class Slot:
     arrival_s: float
     header: ObservationHeader | None = None  # read at admission (protocol.md §5.1.1)
     error: ProtocolError | None = None  # why its header or body could not be read: rejected by `schedule`
-    observation: Observation | None = None  # the executor's decode (header-less on arrival, else when served)
+    observation: Observation | None = None  # the runner adapter's decode (header-less on arrival, else when served)
     announced: bool = False  # the scheduler has been told (`on_arrival`)
     judged: bool = False  # judged by the session rules (when announced; a header-less one maybe once picked)
     # A refresh that replaced its request before the scheduler heard of it carries the request's
@@ -125,7 +125,7 @@ class SessionSnapshot:
 
 @dataclass(frozen=True)
 class SessionTableSnapshot:
-    """A copy of every counter of one engine (`SessionTable.snapshot`); percentiles are the caller's."""
+    """A copy of every counter of one session table (`SessionTable.snapshot`); percentiles are the caller's."""
 
     sessions: dict[str, SessionSnapshot]  # the open sessions
     closed: SessionStats  # the counts of every session since closed (served: chunks of sessions closed meanwhile too)

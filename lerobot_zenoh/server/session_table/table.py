@@ -1,5 +1,5 @@
 """The session table of one model: sessions, newest-only slots, and whom to serve next (with its
-request scheduler). Not an engine: engines (`server/dispatch/dispatcher.py`) run what this table picks.
+request scheduler). Not an engine: engines (`server/engine/`, `server/dispatch/`) run what this table picks.
 
 Pure decisions: no Zenoh, no torch, no decoding and no clock (every call takes `now_s`, seconds
 of one process's monotonic clock), and no calls back into the shell. The shell (`server/shell/policy_server.py`,
@@ -9,7 +9,7 @@ through `server/engine/admission.py`) calls it from two threads:
                              on_token(client, alive, now)        (the client's liveliness token)
     inference thread         expire(now) -> closed sessions      (the shell forgets their runner state)
                              unread() -> slots                   (header-less observations the scheduler must rank:
-                                                                  the shell has the executor decode them)
+                                                                  the shell has the runner adapter decode them)
                              schedule(now) -> Batch              (session rules, whom to serve in one forward pass)
                              judge(session, slot)                (session rules of a picked header-less one, decoded)
                              take_reset / finish / requeue       (bookkeeping after the pass)
@@ -19,7 +19,7 @@ What an observation is (its `seq_id`, `session_nonce`, `episode_id`, `ExecutionI
 from its header, by the shell at admission (`server/engine/admission.py`), and kept in the slot with the
 payload. The session rules (`server/session_table/rules.py`) judge it when the scheduler first hears of it,
 in `schedule`, and the verdict stays in the slot (`judged`). An observation sent without a header is
-decoded by the executor: before the scheduler hears of it when the scheduler ranks by
+decoded by the runner adapter: before the scheduler hears of it when the scheduler ranks by
 `ExecutionInfo` (`unread`), so it is judged like the others; else only if it is picked, and judged
 then (`judge`), so that a superseded one never costs a decode.
 
@@ -96,7 +96,7 @@ class SessionTable:
         self.scheduler = scheduler
         self.rate_limit = rate_limit or RejectionRateLimit()
         # A scheduler that ranks by ExecutionInfo hears of a header-less observation only once the
-        # executor decoded it (`unread`); others when it lands, and it is decoded only if served.
+        # runner adapter decoded it (`unread`); others when it lands, and it is decoded only if served.
         # (The declared scheduler interface makes this an attribute every scheduler has.)
         self.needs_execution_info: bool = scheduler.needs_execution_info
         self._lock = threading.Lock()  # guards the roster too
@@ -187,7 +187,7 @@ class SessionTable:
     def unread(self) -> list[Slot]:
         """For a scheduler that ranks by `ExecutionInfo`: the new observations nothing is known of yet
         (sent without a header, or with one of a version this server does not read). The shell has
-        the executor decode each into its slot (`observation`, or `error`) before the next
+        the runner adapter decode each into its slot (`observation`, or `error`) before the next
         `schedule`, which announces them only then. Other schedulers: none (never decoded early)."""
         if not (self.needs_execution_info and self._maybe_unread):  # (the usual case: no lock, no scan)
             return []
@@ -199,7 +199,7 @@ class SessionTable:
     def schedule(self, now_s: float, *, exclude: Collection[str] = ()) -> Batch | None:
         """Announce new observations to the scheduler and let it pick up to `max_batch_size` sessions.
 
-        Each new observation known here (from its header, or the executor's decode of a header-less
+        Each new observation known here (from its header, or the runner adapter's decode of a header-less
         one, `unread`) is judged, once, by the session rules: a refused one never reaches the
         scheduler and comes back in `Batch.rejected`, as does one whose header or body could not be
         read. The scheduler hears each accepted one with its `ExecutionInfo`. A header-less one not
@@ -294,8 +294,8 @@ class SessionTable:
             return True
 
     def judge(self, session: Session, slot: Slot) -> tuple[str, str] | None:
-        """The session rules for a picked observation sent without a header, once the executor decoded
-        it (`slot.observation`; a scheduler that does not rank by `ExecutionInfo` never needs it
+        """The session rules for a picked observation sent without a header, once the runner adapter
+        decoded it (`slot.observation`; a scheduler that does not rank by `ExecutionInfo` never needs it
         earlier): None to serve it, else (reason, detail): `replayed`, `nonce_required` or `seq_jump`.
         Every other observation was judged when the scheduler heard of it (`slot.judged`)."""
         with self._lock:

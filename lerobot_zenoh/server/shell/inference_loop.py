@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 from lerobot_zenoh.server.engine import admission
 from lerobot_zenoh.server.engine.interface import Work
@@ -48,6 +49,8 @@ class InferenceLoop:
         self.wake = wake
         self.tokens = tokens
         self.failed = threading.Event()  # no model is served any more
+        # Per model (by app prefix): faults in a row with no work between, and when the last was.
+        self._streaks: dict[str, _FaultStreak] = {}
         self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
 
     def start(self) -> None:
@@ -122,23 +125,24 @@ class InferenceLoop:
             out = fn(*args)
         except Exception as exc:
             now = time.monotonic()
-            if now - model.last_fault_s > FAULT_WINDOW_S:  # an isolated fault long after the last one
-                model.faults_in_a_row = 0
-            model.last_fault_s = now
+            streak = self._streaks.setdefault(model.app.prefix, _FaultStreak())
+            if now - streak.last_s > FAULT_WINDOW_S:  # an isolated fault long after the last one
+                streak.count = 0
+            streak.last_s = now
+            streak.count += 1
             model.loop_faults += 1
-            model.faults_in_a_row += 1
-            log.error("%s: serving loop fault %d in a row (%s: %s)", model.app.prefix, model.faults_in_a_row,
+            log.error("%s: serving loop fault %d in a row (%s: %s)", model.app.prefix, streak.count,
                       type(exc).__name__, exc, exc_info=True)
             if on_fault is not None:
                 try:
                     on_fault()
                 except Exception:
                     log.exception("%s: could not release the batch of the failed turn", model.app.prefix)
-            if model.faults_in_a_row >= MAX_FAULTS_IN_A_ROW:
-                self._withdraw(model, f"{model.faults_in_a_row} serving loop faults in a row ({type(exc).__name__})")
+            if streak.count >= MAX_FAULTS_IN_A_ROW:
+                self._withdraw(model, f"{streak.count} serving loop faults in a row ({type(exc).__name__})")
             return None
         if served or out:
-            model.faults_in_a_row = 0
+            self._streaks.pop(model.app.prefix, None)
         return out
 
     def withdraw(self, model: ServedModel, why: str) -> None:
@@ -164,6 +168,14 @@ class InferenceLoop:
         log.critical("%s: no longer served (%s); its liveliness token and status are withdrawn", model.app.prefix, why)
         if all(m.failed is not None for m in self.models):
             self.failed.set()
+
+
+@dataclass
+class _FaultStreak:
+    """One model's faults in a row with no work done between (`InferenceLoop._supervised`)."""
+
+    count: int = 0
+    last_s: float = float("-inf")
 
 
 def _served_work(model: ServedModel, duration_s: float | None = None) -> None:

@@ -238,7 +238,7 @@ class Ingest:
                task: str | None = None) -> str | None:
         now, table, refused = time.monotonic(), model.session_table, None
         if _screened(table, client_id, now):
-            payload, refused = admission.screen(payload, model.executor.limits)
+            payload, refused = admission.screen(payload, model.adapter.limits)
         dropped = table.admit(client_id, payload, now, header, header_error, task, refused)
         if dropped is None:
             self.wake.set()
