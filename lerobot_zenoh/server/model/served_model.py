@@ -165,10 +165,6 @@ class ServedModel:
             return dict(self._refused_unread)
 
     @property
-    def scheduler(self):
-        return self.session_table.scheduler
-
-    @property
     def streams(self) -> dict:
         """The task streams it serves (task -> `routing.TaskStream`; empty without task routing)."""
         return self.routing.streams if self.routing is not None else {}

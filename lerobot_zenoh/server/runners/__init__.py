@@ -124,9 +124,9 @@ def load_policy_runner(pretrained_path: str | Path, device: str = "cpu", *,
     """Load a local LeRobot checkpoint folder as the runner `RUNNERS` names for its policy type,
     on `device` (or as `options` say: device, dtype, local asset folders).
 
-    A hub id is resolved by `load_runner` (server/config/runner_loading.py, through server/runners/hub.py) into its snapshot folder first. Raises
-    `PolicyError` naming the path on any failure, and for a type without a runner, the type and the
-    supported ones.
+    A hub id is resolved into its snapshot folder first, by `load_runner` (server/config/runner_loading.py,
+    through `hub.py`). Raises `PolicyError` naming the path on any failure, and for a type without a
+    runner, the type and the supported ones.
     """
     path = Path(pretrained_path)
     config = read_config(path)
