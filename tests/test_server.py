@@ -264,7 +264,7 @@ def test_server_runs_the_wait_ratio_scheduler_with_the_manifest_settings(port, a
     manifest = parse_manifest(manifest_dict(port, app_key, scheduler={"type": "wait_ratio", **settings}))
     with PolicyServer(manifest) as server, \
             ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as session:
-        scheduler = server.models[0].scheduler
+        scheduler = server.models[0].session_table.scheduler
         assert (scheduler.name, scheduler.buckets, scheduler.aging, scheduler.first_request) == ("wait_ratio", 3, 2, "lowest")
         wait_discovered(session, app_key)
         send_until_served(FakeClient(session, app_key, "r1"), 0, np.random.default_rng(0))
