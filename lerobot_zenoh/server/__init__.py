@@ -16,6 +16,8 @@ process"). Its rooms, each a package whose `__init__` is its map; imports point 
     runners/        the policy runners behind one seam (`PolicyRunner`), their registry, hub checkpoints
 
 A package imports only the packages below it (`tests/test_code_shape.py` checks each `__init__`'s
-"May import" line). Outside the server, `cli/` imports `shell/` and `config/`, `security/` imports
-`config/`, the OpenPI front door imports `session_table.rate_limit`; nothing here imports `client/`.
+"May import" line, and that no module is in an import cycle, type hints included). From outside the
+server: `cli/` imports `shell/policy_server.py`, `config/manifest.py` and `runners/hub.py`, the demo
+`config/manifest.py`, `checkpoint_builder/` `runners/`, the OpenPI front door
+`session_table/rate_limit.py`; nothing here imports `client/` or `cli/`.
 """
