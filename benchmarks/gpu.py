@@ -18,7 +18,7 @@ and a phase that fails is recorded with its error while the later phases still r
                  its weights drawn at random on the device (`checkpoint_builder.in_memory`): real-size
                  pi0.5 (LeRobot 0.6.1's gemma_2b + gemma_300m expert, SigLIP so400m) in bf16, RTC on
  3. eager        each batch size: p50 / p90 ms of one server batch, from the observations' JPEG bytes
-                 to the unnormalised chunks (`server/executor.py`: `prepare_batch` decodes the batch's
+                 to the unnormalised chunks (`server/model/runner_adapter.py`: `prepare_batch` decodes the batch's
                  frames, `infer` runs the runner), tasks, seeds and sessions differing by row
  4. compiled     the manifest's ``compile`` (``cuda_graphs`` on CUDA, ``default`` on a CPU) bucket by
                  bucket in a child process with a deadline (a cold compile's length is not known in
@@ -373,7 +373,7 @@ class Run:
         import torch
 
         from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
-        from lerobot_zenoh.server.executor import Executor
+        from lerobot_zenoh.server.model.runner_adapter import RunnerAdapter
 
         names = [f"joint_{i}" for i in range(STATE_DIM)]
         self.folder = build_checkpoint(Path(tempfile.mkdtemp(prefix="bench-gpu-")) / self.s.policy,
@@ -383,7 +383,7 @@ class Run:
         t = time.perf_counter()
         self.runner = load(self.folder, self.s)
         build_s = time.perf_counter() - t
-        self.executor = Executor("bench", self.runner, actions_per_chunk=self.s.chunk_size, server_id="bench-gpu")
+        self.executor = RunnerAdapter("bench", self.runner, actions_per_chunk=self.s.chunk_size, server_id="bench-gpu")
         return {"build_s": build_s, "parameters": sum(p.numel() for p in self.runner.policy.parameters()),
                 "memory_gb": memory_gb(), "dtypes": sorted({str(p.dtype) for p in self.runner.policy.parameters()}),
                 "torch_threads": torch.get_num_threads()}
@@ -467,11 +467,11 @@ class Run:
             return {"status": "skipped", "reason": "no model"}
         if not self.cuda:
             return {"status": "skipped", "reason": "images_on_device needs a CUDA device"}
-        from lerobot_zenoh.server.executor import Executor
+        from lerobot_zenoh.server.model.runner_adapter import RunnerAdapter
 
         t = time.perf_counter()
         on = load(self.folder, self.s, images_on_device=True)
-        self.images_executor = Executor("bench-images", on, actions_per_chunk=self.s.chunk_size, server_id="bench-gpu")
+        self.images_executor = RunnerAdapter("bench-images", on, actions_per_chunk=self.s.chunk_size, server_id="bench-gpu")
         rows = []
         for b in sorted({self.s.batches[0], self.s.batches[-1]}):
             items = observations(self.s, b)
@@ -650,7 +650,7 @@ def compile_child(folder: Path, events: Path, deadline: float, settings: Setting
     its start-up (`warmup`), then the replays; one JSON line per bucket, written as it ends."""
     import torch
 
-    from lerobot_zenoh.server.executor import Executor
+    from lerobot_zenoh.server.model.runner_adapter import RunnerAdapter
     from lerobot_zenoh.server.runners import LoadOptions, RtcSettings
     from lerobot_zenoh.server.runners.compiled import CompileSettings
 
@@ -660,7 +660,7 @@ def compile_child(folder: Path, events: Path, deadline: float, settings: Setting
 
     t = time.perf_counter()
     runner = load(folder, settings)
-    executor = Executor("bench-compiled", runner, actions_per_chunk=settings.chunk_size, server_id="bench-gpu")
+    executor = RunnerAdapter("bench-compiled", runner, actions_per_chunk=settings.chunk_size, server_id="bench-gpu")
     emit(event="built", build_s=time.perf_counter() - t)
     estimate = None
     for b in settings.batches:

@@ -73,8 +73,8 @@ class OursServer:
 
     def start(self) -> dict:
         from lerobot_zenoh.protocol import codec
-        from lerobot_zenoh.server.manifest import parse_manifest
-        from lerobot_zenoh.server.server import PolicyServer
+        from lerobot_zenoh.server.config.manifest import parse_manifest
+        from lerobot_zenoh.server.shell.policy_server import PolicyServer
 
         entries = []
         for m in self.models:

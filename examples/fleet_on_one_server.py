@@ -21,8 +21,8 @@ from lerobot_zenoh.client.config import RobotClientConfig
 from lerobot_zenoh.client.config_sim_robot import SimRobotConfig
 from lerobot_zenoh.scheduling.action_buffer import AggregateConfig, WeightedAverageConfig
 from lerobot_zenoh.scheduling.send_trigger import SendTriggerConfig
-from lerobot_zenoh.server.manifest import parse_manifest
-from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.server.config.manifest import parse_manifest
+from lerobot_zenoh.server.shell.policy_server import PolicyServer
 from lerobot_zenoh.transport.settings import ZenohSettings
 
 CAMERAS = {"front": (96, 128), "wrist": (96, 128)}

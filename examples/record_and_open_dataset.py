@@ -22,8 +22,8 @@ from lerobot_zenoh.client.client import RobotClient
 from lerobot_zenoh.client.config import RobotClientConfig
 from lerobot_zenoh.client.config_sim_robot import SimRobotConfig
 from lerobot_zenoh.client.recorder import DatasetRecorder
-from lerobot_zenoh.server.manifest import parse_manifest
-from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.server.config.manifest import parse_manifest
+from lerobot_zenoh.server.shell.policy_server import PolicyServer
 from lerobot_zenoh.transport.settings import ZenohSettings
 
 

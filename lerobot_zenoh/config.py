@@ -2,7 +2,7 @@
 
 A `Settings` subclass is the one declaration of a concern's settings: field types, bounds, defaults
 and cross-field rules, written once beside the code that uses them (a runner's config, a
-scheduler's config). The server manifest (server/manifest.py) holds these very classes as its
+scheduler's config). The server manifest (server/config/manifest.py) holds these very classes as its
 blocks (`server[i].synthetic` is a `SyntheticPolicyConfig`, `server[i].scheduler`'s settings are
 the scheduler's own config class), and code that builds one directly (a test, a benchmark) gets
 the same checks. Either way a mistake is one `ConfigError` naming the field: ``<prefix>.<field>``
@@ -67,7 +67,7 @@ class Settings(BaseModel):
         """A manifest's bare yes/no/on/off on a yes-or-no field is the yes or no it says (strict
         fields too), as YAML 1.1 read it; on any other field it is the word written.
 
-        The manifest is read with YAML 1.2's booleans (server/manifest.py, `read_yaml`: only true
+        The manifest is read with YAML 1.2's booleans (server/config/manifest.py, `read_yaml`: only true
         and false), so `compile: off` is the word off; those words arrive as `YamlBoolWord`s. A
         string given in Python ("yes") is not one: a strict field still refuses it."""
         if not isinstance(data, dict) or not any(isinstance(v, YamlBoolWord) for v in data.values()):
@@ -79,7 +79,7 @@ class Settings(BaseModel):
 
 class YamlBoolWord(str):
     """yes, no, on or off (any case) written bare in a manifest: a boolean in YAML 1.1, a word in
-    YAML 1.2 (server/manifest.py reads YAML 1.2 and makes these words this class)."""
+    YAML 1.2 (server/config/manifest.py reads YAML 1.2 and makes these words this class)."""
 
     __slots__ = ()
 

@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from lerobot_zenoh.client.options import routing_args
     from lerobot_zenoh.protocol import codec
-    from lerobot_zenoh.server.manifest import load_manifest
+    from lerobot_zenoh.server.config.manifest import load_manifest
     from lerobot_zenoh.telemetry.fleet import FleetView
     from lerobot_zenoh.transport.session import ZenohSession
     from lerobot_zenoh.transport.settings import loopback_settings

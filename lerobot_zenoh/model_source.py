@@ -1,12 +1,12 @@
 """What a served model is loaded from, checked once for every document that names one.
 
 A model is served from exactly one source: `pretrained_path` (a LeRobot checkpoint folder or a hub id
-`user/repo[@revision]`, resolved when the server starts: server/hub.py) or `synthetic` (a torch-free policy
+`user/repo[@revision]`, resolved when the server starts: server/runners/hub.py) or `synthetic` (a torch-free policy
 with a set latency). The blocks that change what a checkpoint is read as need a checkpoint and exclude each
 other: `vlm` (a transformers VLM folder), `language` (a pi0.5 answering text too), `decode` (pi0-FAST's
 continuous batching), `images_on_device` (a LeRobot checkpoint's frames decoded on the GPU).
 
-Two documents name a model's source: the server manifest's entry (server/manifest.py, `ModelEntry`) and
+Two documents name a model's source: the server manifest's entry (server/config/manifest.py, `ModelEntry`) and
 the fleet planner's factory descriptor (pipelines/descriptor.py, `ServedModel`), which becomes such an
 entry. Both call :func:`check_model_source`, so a source one accepts the other accepts too. The rules look
 only at which fields are given; what each block holds is checked by its own settings class. It imports

@@ -58,5 +58,5 @@ _.age_p50_ms
 # Unread, kept on purpose (remove with the code):
 _.no_stamp  # client/config.py: read by LeRobot's own DatasetRecordConfig.stamp_repo_id
 # Called by name: a family's manifest block goes to the method its runner declares
-# (`RunnerCapabilities.settings_blocks`, server/runners/__init__.py `load_runner`).
+# (`RunnerCapabilities.settings_blocks`, server/config/runner_loading.py `load_runner`).
 _.configure_decode

@@ -7,8 +7,8 @@ import time
 from testbed.ports import free_port, free_port_range  # noqa: F401 (tests import them from here)
 from lerobot_zenoh.client.config import RobotClientConfig
 from lerobot_zenoh.client.config_sim_robot import SimRobotConfig
-from lerobot_zenoh.server.manifest import parse_manifest
-from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.server.config.manifest import parse_manifest
+from lerobot_zenoh.server.shell.policy_server import PolicyServer
 from lerobot_zenoh.transport.settings import ZenohSettings
 
 

@@ -17,7 +17,7 @@ import yaml
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import Observation
 from lerobot_zenoh.security.identities import PkiLayout, member_settings
-from lerobot_zenoh.server.manifest import load_manifest
+from lerobot_zenoh.server.config.manifest import load_manifest
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
 from lz_testing import CAMS, free_port, wait_for
 

@@ -27,7 +27,7 @@ from lerobot_zenoh.pipelines.robot_plan import load_robot_plan
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.keys import AppKey, pipeline_app
 from lerobot_zenoh.protocol.messages import Observation
-from lerobot_zenoh.server.manifest import load_manifest
+from lerobot_zenoh.server.config.manifest import load_manifest
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
 from lerobot_zenoh.transport.settings import ZenohSettings
 from lz_testing import free_port_range, wait_for

@@ -9,11 +9,11 @@ import pytest
 
 from lerobot_zenoh.errors import ConfigError, PolicyError
 from lerobot_zenoh.scheduling.batch_profile import profile_batch_sizes, saturation_batch_size
-from lerobot_zenoh.server.batch_profiling import measure_batch_profile
-from lerobot_zenoh.server.manifest import parse_manifest
+from lerobot_zenoh.server.model.batch_profiling import measure_batch_profile
+from lerobot_zenoh.server.config.manifest import parse_manifest
 from lerobot_zenoh.server.runners import InferenceResult, RunnerCapabilities
 from lerobot_zenoh.server.runners.synthetic import SyntheticPolicy, SyntheticPolicyConfig
-from lerobot_zenoh.server.server import PolicyServer, ServedModel
+from lerobot_zenoh.server.shell.policy_server import PolicyServer, ServedModel
 from lerobot_zenoh.transport.session import ZenohSession
 from lerobot_zenoh.transport.settings import loopback_settings
 from lz_testing import wait_for

@@ -12,10 +12,10 @@ import pytest
 from lerobot_zenoh.errors import ConfigError, PolicyError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation
-from lerobot_zenoh.server.manifest import parse_manifest
+from lerobot_zenoh.server.config.manifest import parse_manifest
 from lerobot_zenoh.server.runners import InferenceRequest, RunnerCapabilities
 from lerobot_zenoh.server.runners.synthetic import SyntheticPolicy, SyntheticPolicyConfig, synthetic_actions
-from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.server.shell.policy_server import PolicyServer
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
 from lerobot_zenoh.transport.settings import loopback_settings
 from lz_testing import wait_for
@@ -200,7 +200,7 @@ def test_a_failing_batch_is_served_again_one_by_one(port, app_key, session):
             robot.check()
         assert bad.chunks == []
         assert mixed(), runner.batches
-        assert server.models[0].executor.batch_fallbacks >= 1
+        assert server.models[0].adapter.batch_fallbacks >= 1
         clients = server.stats()[app_key.prefix]["clients"]
         assert clients["bad"]["rejected"].get("inference_error", 0) >= 1
         assert all(clients[c]["rejected"] == {} for c in ("r1", "r2", "r3"))

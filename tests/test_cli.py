@@ -461,7 +461,7 @@ begin_stop(None, grace_s=60, repeat_window_s=0)
 
 
 def test_hub_ids_and_folders_are_told_apart(tmp_path):
-    from lerobot_zenoh.server.hub import HubRef
+    from lerobot_zenoh.server.runners.hub import HubRef
 
     assert HubRef.parse("lerobot/smolvla_base") == HubRef("lerobot/smolvla_base")
     assert HubRef.parse("user/repo@v1.0") == HubRef("user/repo", "v1.0")
@@ -599,7 +599,7 @@ def test_the_wheel_ships_the_manifests_and_examples(tmp_path):
     for shipped in ("manifests/demo.yaml", "manifests/synthetic.yaml", "examples/fleet_on_one_server.py",
                     "examples/record_and_open_dataset.py"):
         assert data + shipped in names, shipped
-    assert "lerobot_zenoh/demo.py" in names and "lerobot_zenoh/server/hub.py" in names
+    assert "lerobot_zenoh/demo.py" in names and "lerobot_zenoh/server/runners/hub.py" in names
 
 
 def test_the_demo_finds_its_manifest_installed_from_a_wheel(tmp_path, monkeypatch):

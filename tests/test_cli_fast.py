@@ -270,7 +270,7 @@ def fake_checkpoint(folder: Path, weights: bytes = b"w") -> Path:
 
 
 def test_a_placed_checkpoint_is_served_by_name_by_commit_and_by_commit_prefix_offline(hf_cache, tmp_path):
-    from lerobot_zenoh.server.hub import HubRef, checkpoint_folder, place_in_cache
+    from lerobot_zenoh.server.runners.hub import HubRef, checkpoint_folder, place_in_cache
 
     folder = fake_checkpoint(tmp_path / "mine")
     commit, snapshot = place_in_cache(folder, HubRef("me/act_pick"))
@@ -288,7 +288,7 @@ def test_a_placed_checkpoint_is_served_by_name_by_commit_and_by_commit_prefix_of
 
 def test_an_uncached_hub_id_says_how_to_fetch_or_place_it(hf_cache, tmp_path):
     from lerobot_zenoh.errors import PolicyError
-    from lerobot_zenoh.server.hub import checkpoint_folder
+    from lerobot_zenoh.server.runners.hub import checkpoint_folder
 
     with pytest.raises(PolicyError) as err:
         checkpoint_folder("me/none@fedcba9", tmp_path / "me" / "none", "--policy.path")
@@ -299,7 +299,7 @@ def test_an_uncached_hub_id_says_how_to_fetch_or_place_it(hf_cache, tmp_path):
 
 def test_a_missing_local_folder_is_reported_as_one_not_as_a_hub_id(hf_cache, tmp_path):
     from lerobot_zenoh.errors import PolicyError
-    from lerobot_zenoh.server.hub import checkpoint_folder
+    from lerobot_zenoh.server.runners.hub import checkpoint_folder
 
     fake_checkpoint(tmp_path / "checkpoints" / "demo_act")
     with pytest.raises(PolicyError) as err:
@@ -311,7 +311,7 @@ def test_a_missing_local_folder_is_reported_as_one_not_as_a_hub_id(hf_cache, tmp
 
 def test_a_training_output_folder_is_answered_with_its_checkpoint(hf_cache, tmp_path):
     from lerobot_zenoh.errors import PolicyError
-    from lerobot_zenoh.server.hub import checkpoint_folder, place_in_cache, HubRef
+    from lerobot_zenoh.server.runners.hub import checkpoint_folder, place_in_cache, HubRef
 
     run = tmp_path / "outputs" / "train" / "act_pick"
     fake_checkpoint(run / "checkpoints" / "last" / "pretrained_model")
@@ -347,7 +347,7 @@ def test_lerobot_zenoh_cache_places_a_folder_in_one_command(tmp_path):
     name, _, where = placed.stdout.strip().partition(" (me/act_pick) -> ")
     assert name.startswith("me/act_pick@") and Path(where, "config.json").is_file()
     assert "--policy.path=me/act_pick" in placed.stderr
-    script = ("from pathlib import Path; from lerobot_zenoh.server.hub import checkpoint_folder; "
+    script = ("from pathlib import Path; from lerobot_zenoh.server.runners.hub import checkpoint_folder; "
               f"print(checkpoint_folder('{name}', Path('none'), 'f'))")
     found = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
     assert found.stdout.strip() == where, found.stderr

@@ -282,8 +282,8 @@ def test_connected_but_no_server_answers_names_the_status_key(port, app_key):
 
 def test_client_the_server_does_not_serve_is_refused_at_discovery(port, app_key):
     """The manifest lists only r1: r2 is refused at start-up naming both, and never moves the robot."""
-    from lerobot_zenoh.server.manifest import parse_manifest
-    from lerobot_zenoh.server.server import PolicyServer
+    from lerobot_zenoh.server.config.manifest import parse_manifest
+    from lerobot_zenoh.server.shell.policy_server import PolicyServer
 
     manifest = parse_manifest({
         "cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment, "server_id": "gpu0",

@@ -1,7 +1,7 @@
 """The package's shape, checked from its source (docs/architecture.md, "Rules"): no class over 300
-lines, no import cycle between the package's modules at import time, no module reaching into
-another module's private names, nothing importing `cli/`, and the tests and the benchmarks apart
-(what both use is `testbed/`)."""
+lines, no import cycle between the package's modules (type-hint imports included), the server's
+rooms importing one way only, no module reaching into another module's private names, nothing
+importing `cli/`, and the tests and the benchmarks apart (what both use is `testbed/`)."""
 
 from __future__ import annotations
 
@@ -74,43 +74,100 @@ def test_no_module_reads_a_private_attribute_only_another_module_defines():
     assert not found
 
 
-def test_no_import_cycle_between_modules():
-    """Imports executed at import time (module level, outside `if TYPE_CHECKING`) form no cycle."""
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, from every import statement: at module level, under
+    `if TYPE_CHECKING:` (type hints are imports too: they name the module, and a reader follows them),
+    and inside functions. Importing `a.b.c` runs `a/__init__` and `a/b/__init__` first, so each
+    package `__init__` on the way is imported too (except the importer's own packages, already running)."""
     graph: dict[str, set[str]] = {m: set() for m in MODULES}
 
-    def visit(body, module):
-        for node in body:
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-                continue
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lerobot_zenoh"):
-                for alias in node.names:
-                    target = f"{node.module}.{alias.name}"
-                    graph[module].add(target if target in MODULES else node.module)
-            elif isinstance(node, ast.Import):
-                graph[module].update(a.name for a in node.names if a.name in MODULES)
-            elif isinstance(node, (ast.If, ast.Try)):
-                visit(node.body, module)
+    def packages(name: str) -> set[str]:
+        parts = name.split(".")
+        return {".".join(parts[:i]) for i in range(1, len(parts))}
 
     for module, tree in MODULES.items():
-        visit(tree.body, module)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lerobot_zenoh"):
+                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
+                           for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names if a.name.startswith("lerobot_zenoh")]
+            else:
+                continue
+            for target in targets:
+                graph[module].update(t for t in {target} | packages(target)
+                                     if t in MODULES and t != module and t not in packages(module))
+    return graph
+
+
+GRAPH = _import_graph()
+
+
+def test_no_import_cycle_between_modules():
+    """No cycle among the package's modules, type-hint and function-level imports included: an
+    interface or a shared record lives in a leaf module that its users import (e.g.
+    `server/engine/interface.py`), never in the module of one of its users."""
     state: dict[str, int] = {}
     cycles = []
 
     def walk(module, stack):
         state[module] = 1
-        for target in sorted(graph.get(module, ())):
-            if target not in graph or target == module:
-                continue
+        for target in sorted(GRAPH[module]):
             if state.get(target) == 1:
                 cycles.append(" -> ".join(stack[stack.index(target):] + [target]))
             elif target not in state:
                 walk(target, stack + [target])
         state[module] = 2
 
-    for module in sorted(graph):
+    for module in sorted(GRAPH):
         if module not in state:
             walk(module, [module])
     assert not cycles
+
+
+SERVER = "lerobot_zenoh.server"
+
+
+def _server_rooms() -> dict[str, set[str]]:
+    """Each sub-package of `server/` -> the sub-packages its `__init__` docstring says it may import
+    (its line `May import (server/): a, b, c.`, or `nothing.`)."""
+    rooms = {}
+    for module, tree in MODULES.items():
+        if module.count(".") != 2 or not module.startswith(SERVER + ".") or not (PACKAGE / "server" / module.split(".")[2]).is_dir():
+            continue
+        found = re.search(r"^May import \(server/\): ([^.]*)\.", ast.get_docstring(tree) or "", re.M)
+        assert found, f"{module}: its __init__ docstring has no 'May import (server/): ...' line"
+        rooms[module.split(".")[2]] = {n.strip() for n in found.group(1).split(",")} - {"nothing"}
+    return rooms
+
+
+def test_the_server_is_rooms_whose_imports_point_one_way():
+    """`server/` holds sub-packages only; each imports only the rooms its `__init__` names, and what
+    they name is an order (no two rooms may import each other, even through a third)."""
+    flat = [p.name for p in (PACKAGE / "server").glob("*.py") if p.name != "__init__.py"]
+    assert not flat, f"modules outside the rooms of server/: {flat}"
+    rooms = _server_rooms()
+    # A room's __init__ is its map and imports nothing, so importing one module of a room loads no
+    # other (runners/ excepted: its __init__ is the registry plugins import).
+    loud = [room for room in rooms if room != "runners" and GRAPH[f"{SERVER}.{room}"]]
+    assert not loud, f"rooms whose __init__ imports modules: {loud}"
+    assert set().union(*rooms.values()) <= set(rooms), "a room names a room that does not exist"
+
+    def below(room, seen=()):
+        assert room not in seen, f"rooms that may import each other: {' -> '.join((*seen, room))}"
+        return set().union(*(below(r, (*seen, room)) | {r} for r in rooms[room])) if rooms[room] else set()
+
+    for room in rooms:
+        below(room)
+
+    def room_of(module):
+        parts = module.split(".")
+        return parts[2] if len(parts) > 2 and parts[:2] == SERVER.split(".") and parts[2] in rooms else None
+
+    found = [f"{module} -> {target}" for module, targets in GRAPH.items() if room_of(module)
+             for target in sorted(targets) if room_of(target) not in (None, room_of(module))
+             and room_of(target) not in rooms[room_of(module)]]
+    assert not found
 
 
 def _imported(tree: ast.Module) -> set[str]:

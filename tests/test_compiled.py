@@ -20,8 +20,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from lerobot_zenoh.errors import ConfigError, PolicyError  # noqa: E402
 from lerobot_zenoh.protocol.messages import RtcInputs  # noqa: E402
-from lerobot_zenoh.server.manifest import parse_manifest  # noqa: E402
-from lerobot_zenoh.server.runners import InferenceRequest, load_runner  # noqa: E402
+from lerobot_zenoh.server.config.manifest import parse_manifest  # noqa: E402
+from lerobot_zenoh.server.config.runner_loading import load_runner  # noqa: E402
+from lerobot_zenoh.server.runners import InferenceRequest  # noqa: E402
 from lerobot_zenoh.server.runners.base import RTC_EXTRA  # noqa: E402
 from lerobot_zenoh.server.runners.compiled import CompileSettings, batch_buckets, check_compile  # noqa: E402
 

@@ -139,8 +139,8 @@ def test_without_compile_cache_dir_the_server_uses_its_own_private_folder(tmp_pa
 
 def test_a_compiled_model_without_the_field_gets_the_private_folder_before_loading(tmp_path, monkeypatch):
     from lerobot_zenoh.errors import PolicyError
-    from lerobot_zenoh.server.manifest import parse_manifest
-    from lerobot_zenoh.server.runners import load_runner
+    from lerobot_zenoh.server.config.manifest import parse_manifest
+    from lerobot_zenoh.server.config.runner_loading import load_runner
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     m = parse_manifest({"cluster_uuid": "c", "experiment_tag": "e",

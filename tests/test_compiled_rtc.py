@@ -18,8 +18,9 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from lerobot_zenoh.protocol.messages import RtcInputs  # noqa: E402
-from lerobot_zenoh.server.manifest import parse_manifest  # noqa: E402
-from lerobot_zenoh.server.runners import InferenceRequest, load_runner  # noqa: E402
+from lerobot_zenoh.server.config.manifest import parse_manifest  # noqa: E402
+from lerobot_zenoh.server.config.runner_loading import load_runner  # noqa: E402
+from lerobot_zenoh.server.runners import InferenceRequest  # noqa: E402
 from lerobot_zenoh.server.runners.base import RTC_EXTRA, RTC_EXTRA_DELAY  # noqa: E402
 
 STATE_NAMES = ("shoulder", "elbow", "wrist_flex", "gripper")

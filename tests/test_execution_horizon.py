@@ -21,9 +21,9 @@ from lerobot_zenoh.protocol import codec  # noqa: E402
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation  # noqa: E402
 from lerobot_zenoh.scheduling.action_buffer import ActionBuffer  # noqa: E402
 from lerobot_zenoh.scheduling.horizon import DiffusionConfidenceHorizon  # noqa: E402
-from lerobot_zenoh.server.manifest import parse_manifest  # noqa: E402
+from lerobot_zenoh.server.config.manifest import parse_manifest  # noqa: E402
 from lerobot_zenoh.server.runners import InferenceRequest, InferenceResult, load_policy_runner  # noqa: E402
-from lerobot_zenoh.server.server import PolicyServer, ServedModel  # noqa: E402
+from lerobot_zenoh.server.shell.policy_server import PolicyServer, ServedModel  # noqa: E402
 from lerobot_zenoh.server.runners.synthetic import (  # noqa: E402
     SyntheticPolicy,
     SyntheticPolicyConfig,
@@ -260,7 +260,7 @@ def test_a_failing_batch_with_info_is_served_again_one_by_one():
     runner = _FailsWithBad(SyntheticPolicyConfig(state_dim=1, cameras={}, action_dim=1, chunk_size=CHUNK,
                                                  confidence_from_state=0))
     model = ServedModel(manifest, manifest.server[0], runner, "gpu0")
-    executor = model.executor
+    executor = model.adapter
     assert executor.capture_updates and model.max_batch_size == 4
     reqs = [InferenceRequest(c, np.array([v], np.float32), {}, "", 0) for c, v in (("r1", 2), ("bad", 3), ("r2", 6))]
     out = executor.infer(reqs)
@@ -321,7 +321,7 @@ def test_server_batches_clients_and_sends_each_the_horizon_its_state_asks_for(po
                     pubs[cid].put(codec.encode(Observation(seq_id, cid, state, jpegs, "task")))
                 wait_for(answered, 1.0)
         model = server.models[0]
-        assert model.executor.capture_updates and model.executor.batch_fallbacks == 0
+        assert model.adapter.capture_updates and model.adapter.batch_fallbacks == 0
     assert any(len(call) > 1 for call in calls), calls  # several clients in one pass
     for cid, value in trust.items():
         assert chunks[cid]

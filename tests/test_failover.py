@@ -13,8 +13,8 @@ from lerobot_zenoh.client.client import RobotClient
 from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import Observation
-from lerobot_zenoh.server.manifest import parse_manifest
-from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.server.config.manifest import parse_manifest
+from lerobot_zenoh.server.shell.policy_server import PolicyServer
 from lerobot_zenoh.transport.session import ZenohSession
 from lerobot_zenoh.transport.settings import ZenohSettings, loopback_settings
 from lz_testing import CAMS, free_port, make_config, wait_for
@@ -306,7 +306,7 @@ def test_a_stuck_inference_is_taken_over_and_the_stuck_primary_withdraws(app_key
         assert wait_for(lambda: any(s == "gpu0" for _, s, _ in seen), 10)
         role = standby.models[0].role
         assert wait_for(lambda: standby.heard_primary() and not role.active.is_set(), 10)
-        executor = primary.models[0].executor
+        executor = primary.models[0].adapter
         infer = executor.infer
         executor.infer = lambda requests: (release.wait(30), infer(requests))[1]  # hangs until released
         t_hang = time.monotonic()
@@ -367,7 +367,7 @@ def test_a_forged_replacement_claim_does_not_withdraw_a_primary_that_did_not_sta
     """Anyone who can put on the heartbeat keys (plain mode) can claim to have replaced a primary,
     naming the incarnation its own heartbeat shows. A primary that ran and had nothing waiting, or
     served, ignores the claim and counts it; only one that froze or stalled withdraws."""
-    from lerobot_zenoh.server.failover import Beat
+    from lerobot_zenoh.server.model.failover import Beat
     from lerobot_zenoh.transport.session import METRICS_QOS
 
     p1 = free_port()

@@ -14,7 +14,7 @@ import pytest
 from lz_testing import wait_for
 
 from lerobot_zenoh.protocol.keys import AppKey
-from lerobot_zenoh.server.failover import (
+from lerobot_zenoh.server.model.failover import (
     HEARTBEAT_PERIOD_S, STARTUP_GRACE_S, TAKEOVER_AFTER_S, Beat, Heartbeats, ServingRole, StartupJudge,
 )
 
@@ -225,7 +225,7 @@ def test_a_flood_of_beats_on_other_keys_crowds_out_none_of_the_primarys():
     """Another server floods its own key (10,000 beats between two ticks) and 100 invented server
     ids put one each: the primary's beat is still read at the next tick, each flood costs one decode,
     and senders beyond MAX_SENDERS are refused, counted."""
-    from lerobot_zenoh.server.failover import MAX_SENDERS
+    from lerobot_zenoh.server.model.failover import MAX_SENDERS
 
     bus = Bus()
     gpu1 = Node(bus, "gpu1", standby_for="gpu0")

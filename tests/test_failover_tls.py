@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from lerobot_zenoh.protocol.keys import AppKey
-from lerobot_zenoh.server.failover import Beat
-from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.server.model.failover import Beat
+from lerobot_zenoh.server.shell.policy_server import PolicyServer
 from lerobot_zenoh.transport.session import METRICS_QOS
 from lz_testing import wait_for
 from lz_tls_fleet import RobotWire, TlsFleet

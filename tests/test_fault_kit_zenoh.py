@@ -30,9 +30,9 @@ import pytest
 from fault_kit.zenoh import PAYLOADS, Flood, FloodProcess, HonestRobot, HostileReplies, Service, forged, payload
 from lz_testing import free_port, wait_for
 
-from lerobot_zenoh.server.failover import TAKEOVER_AFTER_S
-from lerobot_zenoh.server.manifest import parse_manifest
-from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.server.model.failover import TAKEOVER_AFTER_S
+from lerobot_zenoh.server.config.manifest import parse_manifest
+from lerobot_zenoh.server.shell.policy_server import PolicyServer
 
 pytestmark = pytest.mark.slow
 
@@ -116,7 +116,7 @@ def test_observation_floods_from_unlisted_ids_are_each_counted_and_the_listed_ro
         with HonestRobot(port, app_key) as robot:
             assert wait_for(lambda: robot.client.counters.chunks_received >= 3, 15)
             flood_every_kind(port, app_key.client("x").obs, robot, counted, forged_kind="observation",
-                             limit_bytes=served.executor.limits.max_message_bytes,
+                             limit_bytes=served.adapter.limits.max_message_bytes,
                              key_template=app_key.client("intruder{i}").obs)
         figures = server.telemetry_figures(served)[0]
         assert figures.get("rejected.unknown_client", 0) > 0 and server.models[0].failed is None

@@ -75,7 +75,7 @@ def runners(checkpoints):
 
 def test_diffusion_confidence_defaults_to_the_threshold_of_the_models_kind_of_steps():
     from lerobot_zenoh.scheduling.horizon import DEFAULT_THRESHOLDS
-    from lerobot_zenoh.server.manifest import parse_manifest
+    from lerobot_zenoh.server.config.manifest import parse_manifest
 
     def built(horizon, kind):
         manifest = parse_manifest({"cluster_uuid": "c", "experiment_tag": "e", "server": [
@@ -152,8 +152,8 @@ def test_the_server_sends_the_horizon_of_a_vlas_captured_steps(checkpoint, port,
     the updates the runner captured for that request."""
     from lerobot_zenoh.protocol import codec
     from lerobot_zenoh.protocol.messages import Observation
-    from lerobot_zenoh.server.manifest import parse_manifest
-    from lerobot_zenoh.server.server import PolicyServer
+    from lerobot_zenoh.server.config.manifest import parse_manifest
+    from lerobot_zenoh.server.shell.policy_server import PolicyServer
     from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
     from lerobot_zenoh.transport.settings import loopback_settings
     from lz_testing import wait_for
@@ -180,7 +180,7 @@ def test_the_server_sends_the_horizon_of_a_vlas_captured_steps(checkpoint, port,
     chunks = []
     with PolicyServer(manifest, runners={app_key.model: runner}) as server, \
             ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as session:
-        executor = server.models[0].executor
+        executor = server.models[0].adapter
         assert executor.capture_updates and executor.horizon.threshold == threshold
         key = app_key.client("r1")
         session.subscribe(key.action, lambda _k, payload: chunks.append(codec.decode_action_chunk(payload)))

@@ -85,10 +85,10 @@ def test_diffusion_with_client_history_equals_the_frames_served_one_step_apart(d
 
 @pytest.mark.slow
 def test_executor_decodes_the_last_frames_a_model_needs_and_rejects_bad_ones(diffusion):
-    from lerobot_zenoh.server.executor import Executor
+    from lerobot_zenoh.server.model.runner_adapter import RunnerAdapter
 
     runner = diffusion()
-    executor = Executor("m", runner, actions_per_chunk=8, server_id="s")
+    executor = RunnerAdapter("m", runner, actions_per_chunk=8, server_id="s")
     try:
         rng = np.random.default_rng(2)
         frames = [frame(rng) for _ in range(4)]
@@ -117,9 +117,9 @@ def test_a_robot_sending_its_history_over_zenoh_gets_the_stepwise_chunk(diffusio
     import threading
     import time
 
-    from lerobot_zenoh.server.executor import request_seed
-    from lerobot_zenoh.server.manifest import parse_manifest
-    from lerobot_zenoh.server.server import PolicyServer
+    from lerobot_zenoh.server.model.runner_adapter import request_seed
+    from lerobot_zenoh.server.config.manifest import parse_manifest
+    from lerobot_zenoh.server.shell.policy_server import PolicyServer
     from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
     from lerobot_zenoh.transport.settings import loopback_settings
     from lz_testing import wait_for

@@ -20,8 +20,8 @@ from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.protocol import codec, dispatch
 from lerobot_zenoh.protocol.dispatch import EngineAnswer, EngineKeys, EngineRequest, EngineStatus
 from lerobot_zenoh.protocol.messages import Observation
-from lerobot_zenoh.server.manifest import parse_manifest
-from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.server.config.manifest import parse_manifest
+from lerobot_zenoh.server.shell.policy_server import PolicyServer
 from lerobot_zenoh.transport.session import ACTION_QOS, OBSERVATION_QOS, ZenohSession
 from lerobot_zenoh.transport.settings import loopback_settings
 from lz_testing import free_port_range, wait_for
@@ -468,7 +468,7 @@ def test_secure_init_covers_engines_and_robots_cannot_reach_engine_keys(app_key,
     from lerobot_zenoh.security import pki
     from lerobot_zenoh.security.acl import Deployment, access_control
     from lerobot_zenoh.security.identities import PkiLayout, member_settings
-    from lerobot_zenoh.server.manifest import load_manifest
+    from lerobot_zenoh.server.config.manifest import load_manifest
 
     # The engine is dialled at an address of its own (127.0.0.2): its certificate names only that, so a
     # robot dialling the edge (127.0.0.1) would refuse it (test_security.py).

@@ -24,14 +24,14 @@ from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.keys import MAX_CLIENT_ID_BYTES, AppKey, client_chunk_too_long, validate_client_id
 from lerobot_zenoh.protocol.messages import MAX_TASK_BYTES, Observation
 from lerobot_zenoh.protocol.reasons import Reason
-from lerobot_zenoh.server import admission
-from lerobot_zenoh.server.failover import ServingRole
-from lerobot_zenoh.server.ingest import MAX_CACHED_KEY_BYTES, MAX_CACHED_KEYS, Ingest, KeyCache
-from lerobot_zenoh.server.manifest import parse_manifest
-from lerobot_zenoh.server.rate_limit import RejectionRateLimit
-from lerobot_zenoh.server.runners import load_runner
-from lerobot_zenoh.server.served_model import ServedModel
-from lerobot_zenoh.server.serving import Serving
+from lerobot_zenoh.server.engine import admission
+from lerobot_zenoh.server.model.failover import ServingRole
+from lerobot_zenoh.server.shell.ingest import MAX_CACHED_KEY_BYTES, MAX_CACHED_KEYS, Ingest, KeyCache
+from lerobot_zenoh.server.config.manifest import parse_manifest
+from lerobot_zenoh.server.session_table.rate_limit import RejectionRateLimit
+from lerobot_zenoh.server.config.runner_loading import load_runner
+from lerobot_zenoh.server.model.served_model import ServedModel
+from lerobot_zenoh.server.engine.serving import Serving
 
 pytestmark = pytest.mark.core
 
@@ -127,7 +127,7 @@ def test_a_key_naming_an_over_long_client_id_is_dropped_unparsed_and_counted(cli
     model = served_model()
     ingest = Ingest([model], threading.Event())
     parsed = []
-    import lerobot_zenoh.server.ingest as ingest_module
+    import lerobot_zenoh.server.shell.ingest as ingest_module
 
     monkeypatch.setattr(ingest_module, "parse_client_key", lambda *a: parsed.append(a))
     payload, header = observation("robot")
@@ -162,7 +162,7 @@ def test_an_unlisted_ids_task_over_the_byte_limit_is_refused_on_arrival_never_de
     model = served_model(echo_task=True)
     checked: list[str] = []
     decoded: list[bytes] = []
-    check, decode = model.runner.check_request, model.executor.decode
+    check, decode = model.runner.check_request, model.adapter.decode
 
     def spy(request):  # where a VLA runner tokenizes the task
         checked.append(request.task)
@@ -173,7 +173,7 @@ def test_an_unlisted_ids_task_over_the_byte_limit_is_refused_on_arrival_never_de
         return decode(payload, header)
 
     model.runner.check_request = spy
-    model.executor.decode = decode_spy
+    model.adapter.decode = decode_spy
     ingest = Ingest([model], threading.Event())
     serving = Serving("gpu0", [model], threading.Event())
     serving.session = FakeSession()

@@ -17,9 +17,9 @@ import numpy as np
 
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import Observation
-from lerobot_zenoh.server.manifest import parse_manifest
+from lerobot_zenoh.server.config.manifest import parse_manifest
 from lerobot_zenoh.server.runners.synthetic import SyntheticPolicy, SyntheticPolicyConfig
-from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.server.shell.policy_server import PolicyServer
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
 from lerobot_zenoh.transport.settings import loopback_settings
 from lz_testing import free_port, wait_for

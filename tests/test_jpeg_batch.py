@@ -1,4 +1,4 @@
-"""A batch's JPEG frames decoded at once (server/jpeg_batch.py) and the device image path
+"""A batch's JPEG frames decoded at once (server/model/jpeg_batch.py) and the device image path
 (runners/device_images.py): the pixels and the rejections of the per-frame decode, headers checked
 before any pixel, the CPU chosen without a device, the device path's fallback, and the device path's
 tensors equal to LeRobot's rollout path (on the CPU; the GPU tests run only where CUDA is)."""
@@ -16,9 +16,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from lerobot_zenoh.errors import ConfigError, PolicyError, ProtocolError  # noqa: E402
 from lerobot_zenoh.protocol import codec  # noqa: E402
 from lerobot_zenoh.protocol.messages import HistoryFrame, Observation  # noqa: E402
-from lerobot_zenoh.server import jpeg_batch  # noqa: E402
-from lerobot_zenoh.server.executor import Executor  # noqa: E402
-from lerobot_zenoh.server.jpeg_batch import JpegBatchDecoder  # noqa: E402
+from lerobot_zenoh.server.model import jpeg_batch  # noqa: E402
+from lerobot_zenoh.server.model.runner_adapter import RunnerAdapter  # noqa: E402
+from lerobot_zenoh.server.model.jpeg_batch import JpegBatchDecoder  # noqa: E402
 from lerobot_zenoh.server.runners import RunnerCapabilities  # noqa: E402
 from lerobot_zenoh.server.runners.base import PolicySpec, check_observation  # noqa: E402
 from lerobot_zenoh.server.runners.synthetic import SyntheticPolicy, SyntheticPolicyConfig  # noqa: E402
@@ -210,11 +210,11 @@ def test_jpeg_batch_imports_no_torch():
 # ----------------------------------------------------------------------------- the executor
 
 
-def executor(history_length: int = 1, cameras=None) -> Executor:
+def executor(history_length: int = 1, cameras=None) -> RunnerAdapter:
     cameras = {"front": (48, 64), "wrist": (48, 64)} if cameras is None else cameras
     runner = SyntheticPolicy(SyntheticPolicyConfig(state_dim=3, action_dim=2, cameras=cameras, chunk_size=4,
                                                    history_length=history_length))
-    return Executor("m", runner, actions_per_chunk=4, server_id="s")
+    return RunnerAdapter("m", runner, actions_per_chunk=4, server_id="s")
 
 
 def observation(client: str, seq: int, images: dict, history=()) -> Observation:
@@ -322,7 +322,7 @@ def test_observation_tensors_equal_lerobots_rollout_path_bit_for_bit():
 
 
 def test_images_on_device_needs_a_cuda_device():
-    from lerobot_zenoh.server.manifest import parse_manifest
+    from lerobot_zenoh.server.config.manifest import parse_manifest
 
     base = {"cluster_uuid": "c", "experiment_tag": "e", "server": [{
         "model_id": "m", "model_version": "v1", "application_tag": "a", "pretrained_path": "ckpt",

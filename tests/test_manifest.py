@@ -10,8 +10,8 @@ from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.scheduling.request_schedulers import SCHEDULERS, register_scheduler
 from lerobot_zenoh.scheduling.scheduler_interface import SchedulerConfig
 from lerobot_zenoh.scheduling.wait_ratio import WaitRatioConfig, WaitRatioScheduler
-from lerobot_zenoh.server.manifest import load_manifest, parse_manifest
-from lerobot_zenoh.server.runners import load_runner
+from lerobot_zenoh.server.config.manifest import load_manifest, parse_manifest
+from lerobot_zenoh.server.config.runner_loading import load_runner
 from lerobot_zenoh.server.runners.lerobot import RtcSettings
 from lerobot_zenoh.server.runners.pi05_language import LanguageSettings
 from lerobot_zenoh.server.runners.synthetic import CircleMotion, SyntheticPolicy, SyntheticPolicyConfig

@@ -12,8 +12,8 @@ import pytest
 from pydantic import BaseModel, TypeAdapter
 
 from lerobot_zenoh.config import TypedBlock, yes_no_fields
-from lerobot_zenoh.server import manifest as manifest_module
-from lerobot_zenoh.server.manifest import Manifest, parse_manifest, read_yaml
+from lerobot_zenoh.server.config import manifest as manifest_module
+from lerobot_zenoh.server.config.manifest import Manifest, parse_manifest, read_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 

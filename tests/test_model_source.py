@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.model_source import check_model_source
 from lerobot_zenoh.pipelines.descriptor import ServedModel
-from lerobot_zenoh.server.manifest import parse_manifest
+from lerobot_zenoh.server.config.manifest import parse_manifest
 
 pytestmark = pytest.mark.core
 

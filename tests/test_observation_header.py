@@ -15,10 +15,10 @@ from lerobot_zenoh.errors import ProtocolError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation, ObservationHeader
 from lerobot_zenoh.scheduling.request_schedulers import make_scheduler
-from lerobot_zenoh.server.admission import read_header
-from lerobot_zenoh.server.session_table import REPLAYED, SessionTable, SessionTableConfig
-from lerobot_zenoh.server.manifest import parse_manifest
-from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.server.engine.admission import read_header
+from lerobot_zenoh.server.session_table.table import REPLAYED, SessionTable, SessionTableConfig
+from lerobot_zenoh.server.config.manifest import parse_manifest
+from lerobot_zenoh.server.shell.policy_server import PolicyServer
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
 from lerobot_zenoh.transport.settings import loopback_settings
 from lz_testing import wait_for
@@ -79,10 +79,10 @@ def test_another_version_is_not_read_and_malformed_ones_are_rejected():
             codec.encode_observation_header(replace(obs(), component_mask=mask))
 
 
-# -- the engine --------------------------------------------------------------------------------
+# -- the session table --------------------------------------------------------------------------------
 
 
-def engine():
+def session_table():
     return SessionTable(SessionTableConfig(listed=frozenset({"r1", "r2"})), make_scheduler("wait_ratio"))
 
 
@@ -98,7 +98,7 @@ def unread_decoded(e):
 
 
 def test_the_engine_ranks_from_the_header_and_checks_replays_without_decoding():
-    e = engine()
+    e = session_table()
     o = obs(5)
     e.admit("r1", codec.encode(o), 0.0, *read_header(codec.encode_observation_header(o)))
     assert unread_decoded(e) == 0  # the header says it all
@@ -114,7 +114,7 @@ def test_the_engine_ranks_from_the_header_and_checks_replays_without_decoding():
 
 
 def test_without_a_readable_header_the_engine_decodes_on_arrival_as_before():
-    e = engine()
+    e = session_table()
     o = obs(1)
     e.admit("r1", codec.encode(o), 0.0)  # an older client: no attachment
     e.admit("r2", codec.encode(obs(1, client="r2")), 0.0, *read_header(b"\x09future header"))  # a version it does not read

@@ -27,9 +27,9 @@ from lerobot_zenoh.openpi.mapping import KeyMapping
 from lerobot_zenoh.openpi.wire import OpenPIReason, pack, unpack
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import Status
-from lerobot_zenoh.server.manifest import parse_manifest
+from lerobot_zenoh.server.config.manifest import parse_manifest
 from lerobot_zenoh.server.runners.synthetic import synthetic_actions
-from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.server.shell.policy_server import PolicyServer
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = Path(__file__).resolve().parent / "openpi_client_driver.py"

@@ -28,7 +28,7 @@ from lerobot_zenoh.openpi.listener import BudgetedSocket, Listener, NoiseLog, Re
 from lerobot_zenoh.openpi.mapping import KeyMapping
 from lerobot_zenoh.openpi.wire import OpenPIReason, pack, unpack
 from lerobot_zenoh.protocol.messages import MAX_TASK_BYTES, Status
-from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.server.shell.policy_server import PolicyServer
 
 pytest.importorskip("websockets", reason="the front door needs `websockets` (pip install 'lerobot-zenoh[openpi]')")
 from websockets.exceptions import ConnectionClosed  # noqa: E402
@@ -291,8 +291,8 @@ def test_costly_frames_on_eight_connections_leave_an_honest_client_served(door):
 _CHILD = r"""
 import json, sys, resource
 from lerobot_zenoh.openpi.front_door import FrontDoor, FrontDoorConfig
-from lerobot_zenoh.server.manifest import parse_manifest
-from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.server.config.manifest import parse_manifest
+from lerobot_zenoh.server.shell.policy_server import PolicyServer
 args = json.loads(sys.argv[1])
 server = PolicyServer(parse_manifest(args["manifest"])).start()
 door = FrontDoor(FrontDoorConfig(**args["door"])).start()

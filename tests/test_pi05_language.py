@@ -384,8 +384,8 @@ def test_served_actions_and_streamed_text_from_one_entry(checkpoint, port, app_k
     from lerobot_zenoh.protocol import codec
     from lerobot_zenoh.protocol.keys import pipeline_app
     from lerobot_zenoh.protocol.messages import Observation
-    from lerobot_zenoh.server.manifest import parse_manifest
-    from lerobot_zenoh.server.server import PolicyServer
+    from lerobot_zenoh.server.config.manifest import parse_manifest
+    from lerobot_zenoh.server.shell.policy_server import PolicyServer
     from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
     from lerobot_zenoh.transport.settings import loopback_settings
     from lz_testing import wait_for
@@ -580,7 +580,7 @@ def test_deployment_writes_the_text_item_and_admission_keeps_one_stream(tmp_path
     from lerobot_zenoh.pipelines.deployment import apply_admission, load_deployment, write_deployment
     from lerobot_zenoh.pipelines.descriptor import parse_factory
     from lerobot_zenoh.pipelines.planner import plan
-    from lerobot_zenoh.server.manifest import load_manifest
+    from lerobot_zenoh.server.config.manifest import load_manifest
 
     factory = parse_factory(_talk_factory(4))
     profiles = _lang_profiles(two=True)
@@ -651,8 +651,8 @@ def test_planned_combined_deployment_runs_end_to_end(tmp_path_factory, capsys):
     from lerobot_zenoh.protocol import codec
     from lerobot_zenoh.protocol.keys import AppKey
     from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
-    from lerobot_zenoh.server.manifest import load_manifest
-    from lerobot_zenoh.server.server import PolicyServer
+    from lerobot_zenoh.server.config.manifest import load_manifest
+    from lerobot_zenoh.server.shell.policy_server import PolicyServer
     from lerobot_zenoh.transport.session import ZenohSession
     from lerobot_zenoh.transport.settings import ZenohSettings
     from lz_testing import free_port, wait_for
@@ -721,8 +721,8 @@ def test_profile_the_combined_runner_then_plan_with_it(checkpoint, tmp_path, cap
     from lerobot_zenoh.pipelines.descriptor import parse_factory
     from lerobot_zenoh.pipelines.planner import plan
     from lerobot_zenoh.pipelines.profiles import load_profiles
-    from lerobot_zenoh.server.manifest import parse_manifest
-    from lerobot_zenoh.server.server import PolicyServer
+    from lerobot_zenoh.server.config.manifest import parse_manifest
+    from lerobot_zenoh.server.shell.policy_server import PolicyServer
     from lerobot_zenoh.transport.session import ZenohSession
     from lerobot_zenoh.transport.settings import loopback_settings
     from lz_testing import free_port
@@ -803,7 +803,7 @@ def test_the_planner_prefers_the_combined_model_when_its_profile_says_it_is_chea
     from lerobot_zenoh.pipelines.descriptor import parse_factory
     from lerobot_zenoh.pipelines.planner import plan
     from lerobot_zenoh.pipelines.profiles import dump_profiles
-    from lerobot_zenoh.server.manifest import load_manifest
+    from lerobot_zenoh.server.config.manifest import load_manifest
 
     factory = parse_factory(_choice_factory(2))
     cheap = _choice_profiles(combined_ms=70.0, text_ms=300.0)  # one prefill, text 300 ms: one stream wins

@@ -53,16 +53,16 @@ def copy_checkpoint(src: Path, dst: Path) -> Path:
     return dst
 
 
-def engine(runner, **kw):
-    from lerobot_zenoh.server.runners.decode_batch import DecodeEngine
+def decoder(runner, **kw):
+    from lerobot_zenoh.server.runners.decode_batch import BatchDecoder
 
     kw.setdefault("n_slots", 8)
     kw.setdefault("max_new_tokens", runner.max_new_tokens)
-    return DecodeEngine(runner.policy.model, end_token=runner._end, max_prefix_len=runner.prefix_len(), **kw)
+    return BatchDecoder(runner.policy.model, end_token=runner._end, max_prefix_len=runner.prefix_len(), **kw)
 
 
 def alone(runner, req, *, with_reason: bool = False):
-    (res,) = engine(runner, n_slots=1).run_all([runner.prefix(req, 0)])
+    (res,) = decoder(runner, n_slots=1).run_all([runner.prefix(req, 0)])
     return (res.tokens, res.reason) if with_reason else res.tokens
 
 
@@ -119,7 +119,7 @@ def test_each_robots_tokens_equal_decoding_it_alone_bit_for_bit(runner, join):
     reqs = [request(f"r{i}", 10 + i) for i in range(6)]
     reference = [alone(runner, r, with_reason=True) for r in reqs]
     assert len({len(t) for t, _ in reference}) > 1, "the probe requests should end at different steps"
-    eng = engine(runner, join=join)
+    eng = decoder(runner, join=join)
     # Two start together; the others join one at a time at later token boundaries.
     for i in (0, 1):
         eng.submit(runner.prefix(reqs[i], i))
@@ -155,7 +155,7 @@ def test_finished_requests_leave_at_once_and_free_their_slot(runner):
     # token comes with the prefill); at the limit, with its last token.
     steps = [len(t) + (reason == "end") for t, reason in reference]
     short, long_ = int(np.argmin(steps)), int(np.argmax(steps))
-    eng = engine(runner, n_slots=2)
+    eng = decoder(runner, n_slots=2)
     eng.submit(runner.prefix(reqs[short], "short"))
     eng.submit(runner.prefix(reqs[long_], "long"))
     finished_at = {}
@@ -170,20 +170,20 @@ def test_finished_requests_leave_at_once_and_free_their_slot(runner):
 
 
 def test_a_decode_without_the_end_token_stops_at_the_limit_with_a_counted_reason(runner):
-    limit, runner.max_new_tokens, runner._engine = runner.max_new_tokens, 3, None  # config's max_decoding_steps
+    limit, runner.max_new_tokens, runner._decoder = runner.max_new_tokens, 3, None  # config's max_decoding_steps
     try:
         before = runner.refusals.get("decode_limit", 0)
         (result,) = runner.run([request("a", 1)])
         assert isinstance(result, ProtocolError) and result.reason == "decode_limit"
         assert runner.refusals["decode_limit"] == before + 1
-        assert runner.engine().stats()["finished_limit"] == 1
-        # ... and the runner's telemetry figures carry the KV slots and the decode engine's counters
+        assert runner.decoder().stats()["finished_limit"] == 1
+        # ... and the runner's telemetry figures carry the KV slots and the batch decoder's counters
         figures = runner.figures()
         assert figures["decode.finished_limit"] == 1 and figures["decode.kv_allocations"] >= 1
         assert figures["decode.decode_rows"] >= figures["decode.decode_steps"] >= 2
         assert figures["decode.slots"] == runner.slots and figures["decode.kv_bytes"] > 0
     finally:
-        runner.max_new_tokens, runner._engine = limit, None
+        runner.max_new_tokens, runner._decoder = limit, None
 
 
 def test_a_task_that_would_be_cut_is_refused(runner):
@@ -238,7 +238,7 @@ def test_rtc_is_refused_at_start_up(checkpoint):
 
 
 def test_kv_slots_bound_the_batch_and_evictions_are_counted(runner):
-    eng = engine(runner, n_slots=2)
+    eng = decoder(runner, n_slots=2)
     for i in range(3):
         eng.submit(runner.prefix(request(f"r{i}", 30 + i), f"r{i}"))
     eng.step()
@@ -269,7 +269,7 @@ def test_the_scheduler_decides_who_joins_when_the_batch_is_full(runner):
             pass
 
     sched = Last()
-    eng = engine(runner, n_slots=1, scheduler=sched)
+    eng = decoder(runner, n_slots=1, scheduler=sched)
     for i in range(3):
         eng.submit(runner.prefix(request(f"r{i}", 40 + i), f"r{i}"))
     order = []
@@ -320,8 +320,8 @@ class Robot:
 def test_the_server_streams_chunks_to_robots_joining_a_running_decode(checkpoint, port, app_key):
     from lz_testing import wait_for
 
-    from lerobot_zenoh.server.manifest import parse_manifest
-    from lerobot_zenoh.server.server import PolicyServer
+    from lerobot_zenoh.server.config.manifest import parse_manifest
+    from lerobot_zenoh.server.shell.policy_server import PolicyServer
     from lerobot_zenoh.transport.session import ZenohSession
     from lerobot_zenoh.transport.settings import loopback_settings
 
@@ -353,10 +353,10 @@ def test_the_server_streams_chunks_to_robots_joining_a_running_decode(checkpoint
             assert chunk.actions.shape == (CHUNK, len(STATE_NAMES)) and chunk.actions.dtype == np.float32
         # A decode that reaches the limit is a counted rejection; the others are still served.
         model = server.models[0]
-        limit, model.runner.max_new_tokens, model.runner._engine = model.runner.max_new_tokens, 2, None
+        limit, model.runner.max_new_tokens, model.runner._decoder = model.runner.max_new_tokens, 2, None
         robots[0].send(2)
         assert wait_for(lambda: server.stats()[app_key.prefix]["clients"]["a"]["rejected"].get("decode_limit"), 60)
-        model.runner.max_new_tokens, model.runner._engine = limit, None
+        model.runner.max_new_tokens, model.runner._decoder = limit, None
         robots[1].send(2)
         assert robots[1].wait(2, 120) is not None
     finally:
@@ -376,8 +376,8 @@ def test_settings_that_would_mix_robots_or_sample_are_refused(checkpoint, tmp_pa
 
 def test_the_decode_block_sets_slots_and_join_and_fails_at_start_up_naming_the_field(checkpoint):
     from lerobot_zenoh.errors import ConfigError
-    from lerobot_zenoh.server.manifest import parse_manifest
-    from lerobot_zenoh.server.runners import load_runner
+    from lerobot_zenoh.server.config.manifest import parse_manifest
+    from lerobot_zenoh.server.config.runner_loading import load_runner
 
     def manifest(**entry):
         return parse_manifest({"cluster_uuid": "c", "experiment_tag": "e", "server": [{

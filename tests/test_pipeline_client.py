@@ -17,9 +17,9 @@ from lerobot_zenoh.pipelines.descriptor import parse_task
 from lerobot_zenoh.pipelines.robot_plan import RobotPlan, Route
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.scheduling.action_buffer import make_aggregate
-from lerobot_zenoh.server.manifest import parse_manifest
+from lerobot_zenoh.server.config.manifest import parse_manifest
 from lerobot_zenoh.server.runners.synthetic import task_code
-from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.server.shell.policy_server import PolicyServer
 from lerobot_zenoh.telemetry.fleet import FleetView
 from lerobot_zenoh.transport.session import ZenohSession
 from lerobot_zenoh.transport.settings import loopback_settings

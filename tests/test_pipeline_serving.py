@@ -14,9 +14,9 @@ from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.keys import AppKey, pipeline_app
 from lerobot_zenoh.protocol.messages import Observation
-from lerobot_zenoh.server.manifest import parse_manifest
+from lerobot_zenoh.server.config.manifest import parse_manifest
 from lerobot_zenoh.server.runners.synthetic import task_code
-from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.server.shell.policy_server import PolicyServer
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
 from lerobot_zenoh.transport.settings import loopback_settings
 from lz_testing import wait_for
@@ -314,7 +314,7 @@ def vlm_entry(folder, **vlm):
 
 
 def test_the_tiny_vlm_generates_text_and_picks_a_verdict_with_a_score(tiny_vlm, app_key):
-    from lerobot_zenoh.server.runners import load_runner
+    from lerobot_zenoh.server.config.runner_loading import load_runner
     from lerobot_zenoh.server.runners.base import COMPONENT_EXTRA, ComponentQuery, InferenceRequest
 
     m = parse_manifest(manifest(7447, app_key, [
@@ -358,7 +358,7 @@ def test_a_vlm_folder_without_weights_is_refused_naming_it(tiny_vlm, app_key, tm
     import shutil
 
     from lerobot_zenoh.errors import PolicyError
-    from lerobot_zenoh.server.runners import load_runner
+    from lerobot_zenoh.server.config.runner_loading import load_runner
 
     broken = tmp_path / "noweights"
     shutil.copytree(tiny_vlm, broken)
@@ -395,7 +395,7 @@ def test_answer_counts_are_one_prometheus_family_labelled_by_output_and_label():
 def test_the_example_manifest_serves_four_components_of_one_task():
     from pathlib import Path
 
-    from lerobot_zenoh.server.manifest import load_manifest
+    from lerobot_zenoh.server.config.manifest import load_manifest
 
     m = load_manifest(Path(__file__).resolve().parent.parent / "manifests" / "pipeline.yaml")
     assert [(e.pipeline[0].component, e.pipeline[0].bit, e.synthetic.output) for e in m.server] == [

@@ -16,7 +16,7 @@ from lerobot_zenoh.pipelines.deployment import client_args, server_manifest, wri
 from lerobot_zenoh.pipelines.descriptor import parse_factory
 from lerobot_zenoh.pipelines.planner import Infeasible, evaluate_server, plan
 from lerobot_zenoh.pipelines.profiles import rosa_profiles
-from lerobot_zenoh.server.manifest import load_manifest
+from lerobot_zenoh.server.config.manifest import load_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 MIX2 = yaml.safe_load((ROOT / "factories" / "mix2.yaml").read_text())
@@ -251,7 +251,7 @@ def test_a_generated_server_and_client_run_as_written(tmp_path):
 
     from lz_testing import free_port_range
 
-    from lerobot_zenoh.server.server import PolicyServer
+    from lerobot_zenoh.server.shell.policy_server import PolicyServer
 
     data = copy.deepcopy(MIX2)
     data["servers"]["port_base"] = free_port_range(data["servers"]["count"])

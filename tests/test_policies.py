@@ -234,8 +234,8 @@ def test_synthetic_circle_goes_round_smoothly_from_where_the_state_is():
 
 
 def test_manifest_synthetic_circle_builds_the_scripted_runner_and_names_a_bad_field():
-    from lerobot_zenoh.server.manifest import parse_manifest
-    from lerobot_zenoh.server.runners import load_runner
+    from lerobot_zenoh.server.config.manifest import parse_manifest
+    from lerobot_zenoh.server.config.runner_loading import load_runner
 
     def manifest(synthetic):
         return {"cluster_uuid": "c", "experiment_tag": "e", "server": [{

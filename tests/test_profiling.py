@@ -51,8 +51,8 @@ def test_no_server_is_exit_3(tmp_path, capsys):
 def test_a_text_or_verdict_component_is_profiled_by_its_answers(tmp_path, capsys, output):
     """A System 2 / safety server answers TextResults / Verdicts: the latency is measured to them."""
     from lerobot_zenoh.cli.profile import main
-    from lerobot_zenoh.server.manifest import parse_manifest
-    from lerobot_zenoh.server.server import PolicyServer
+    from lerobot_zenoh.server.config.manifest import parse_manifest
+    from lerobot_zenoh.server.shell.policy_server import PolicyServer
 
     port = free_port()
     app = AppKey("prof", f"t{port}", "vlm", "v1", "comp")

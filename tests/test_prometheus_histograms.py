@@ -148,8 +148,8 @@ def test_a_server_without_server_id_warns_that_its_series_change_every_start(por
     restart) only when none is given, and then the server says so once it serves."""
     import logging
 
-    from lerobot_zenoh.server.manifest import parse_manifest
-    from lerobot_zenoh.server.server import PolicyServer
+    from lerobot_zenoh.server.config.manifest import parse_manifest
+    from lerobot_zenoh.server.shell.policy_server import PolicyServer
 
     data = {"cluster_uuid": app_key.cluster, "experiment_tag": app_key.experiment,
             "zenoh": {"listen": [f"tcp/127.0.0.1:{port}"], "multicast_scouting": False},
@@ -158,7 +158,7 @@ def test_a_server_without_server_id_warns_that_its_series_change_every_start(por
                                       "latency_ms": 1.0}, "fps": 30, "accept_unknown_clients": True}]}
     if server_id:
         data["server_id"] = server_id
-    with caplog.at_level(logging.WARNING, logger="lerobot_zenoh.server.server"), PolicyServer(parse_manifest(data)) as server:
+    with caplog.at_level(logging.WARNING, logger="lerobot_zenoh.server.shell.policy_server"), PolicyServer(parse_manifest(data)) as server:
         warned = [r.getMessage() for r in caplog.records if "no server_id" in r.getMessage()]
         assert warned == ([] if server_id else [
             f"no server_id in the manifest (or --server_id): serving as {server.server_id}, which changes with every "

@@ -108,13 +108,13 @@ def test_what_the_prose_says_of_attachments_and_names():
     overview = section("## 1. Overview")
     assert "No Zenoh encoding, attachment" not in overview and "§5.1.1" in overview
     assert "`refresh_late`" not in DOC  # the counter is `refreshes_late`, whatever drops it
-    from lerobot_zenoh.server.session_table import REFRESH_LATE
+    from lerobot_zenoh.server.session_table.table import REFRESH_LATE
 
     assert REFRESH_LATE == "refreshes_late"
 
 
 def test_the_request_seed_is_documented_as_the_executor_computes_it():
-    from lerobot_zenoh.server.executor import request_seed
+    from lerobot_zenoh.server.model.runner_adapter import request_seed
 
     import zlib
 
@@ -195,7 +195,7 @@ def test_each_message_table_marks_required_what_the_schema_requires(heading):
 def _reason_literals() -> dict[str, str]:
     """Reason names written as string literals where the package counts a refusal: the first
     argument of `ProtocolError`/`VersionError`/`_refuse`, the second of `DecodedTokens`, any
-    `reason=` keyword, and `reason = "..."` assignments (the decode engine's finish reasons)."""
+    `reason=` keyword, and `reason = "..."` assignments (the batch decoder's finish reasons)."""
     import ast
 
     package = Path(__file__).resolve().parents[1] / "lerobot_zenoh"
@@ -223,7 +223,7 @@ def test_every_reason_the_code_writes_as_a_string_is_a_documented_member():
     be a `Reason` member, and so (by the test above) a row of §8."""
     from lerobot_zenoh.protocol.reasons import Reason
 
-    # The decode engine's normal finish ("end": the end-of-action token) is no refusal.
+    # The batch decoder's normal finish ("end": the end-of-action token) is no refusal.
     literals = {k: v for k, v in _reason_literals().items() if k != "end"}
     assert {"decode_limit", "undecodable_action_tokens"} <= set(literals)  # the scan sees them
     assert (Reason.DECODE_LIMIT, Reason.UNDECODABLE_ACTION_TOKENS) == ("decode_limit", "undecodable_action_tokens")

@@ -19,8 +19,8 @@ from lerobot_zenoh.client.discovery import query_status
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.keys import pipeline_app
 from lerobot_zenoh.protocol.messages import Observation
-from lerobot_zenoh.server.manifest import parse_manifest
-from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.server.config.manifest import parse_manifest
+from lerobot_zenoh.server.shell.policy_server import PolicyServer
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
 from lerobot_zenoh.transport.settings import loopback_settings
 from lz_testing import wait_for

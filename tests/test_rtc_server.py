@@ -21,7 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from lerobot_zenoh.errors import ConfigError, PolicyError, ProtocolError  # noqa: E402
 from lerobot_zenoh.protocol.messages import RtcInputs  # noqa: E402
-from lerobot_zenoh.server.manifest import parse_manifest  # noqa: E402
+from lerobot_zenoh.server.config.manifest import parse_manifest  # noqa: E402
 from lerobot_zenoh.server.runners import InferenceRequest, LoadOptions, RtcSettings, load_policy_runner  # noqa: E402
 from lerobot_zenoh.server.runners.base import RTC_EXTRA, RTC_EXTRA_DELAY  # noqa: E402
 
@@ -131,7 +131,7 @@ def test_the_manifest_rtc_block_defaults_to_lerobots_and_names_a_bad_field():
 @pytest.mark.slow
 def test_rtc_on_a_family_that_cannot_do_it_fails_at_start_up_naming_the_field(tmp_path, rtc_checkpoints):
     from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
-    from lerobot_zenoh.server.runners import load_runner
+    from lerobot_zenoh.server.config.runner_loading import load_runner
 
     folder = build_checkpoint(tmp_path / "act", policy_type="act", state_names=STATE_NAMES,
                               action_names=STATE_NAMES, cameras={"front": (32, 32)}, chunk_size=4,
@@ -152,15 +152,15 @@ def test_rtc_on_a_family_that_cannot_do_it_fails_at_start_up_naming_the_field(tm
 @pytest.mark.slow
 def test_the_status_advertises_the_manifests_execution_horizon(rtc_checkpoints, port, app_key):
     from lerobot_zenoh.protocol import codec
-    from lerobot_zenoh.server.runners import load_runner
-    from lerobot_zenoh.server.server import ServedModel
+    from lerobot_zenoh.server.config.runner_loading import load_runner
+    from lerobot_zenoh.server.shell.policy_server import ServedModel
 
     for rtc, advert in (({"enabled": True, "execution_horizon": 6}, 6), ({}, None)):
         manifest = parse_manifest(entry(pretrained_path=str(rtc_checkpoints("smolvla")), rtc=rtc))
         runner = load_runner(manifest, manifest.server[0])
         assert runner.spec.capabilities.rtc == (advert is not None)
         model = ServedModel(manifest, manifest.server[0], runner, "gpu0")
-        model.executor.close()
+        model.adapter.close()
         status = codec.decode_status(model.status_bytes)
         assert (status.rtc.execution_horizon if status.rtc else None) == advert
 
@@ -273,7 +273,7 @@ def test_relative_actions_get_a_prefix_in_the_models_own_frame(rtc_checkpoints):
 
 @pytest.mark.slow
 def test_a_bad_rtc_request_fails_alone_and_the_batch_is_served(rtc_runners):
-    from lerobot_zenoh.server.executor import Executor
+    from lerobot_zenoh.server.model.runner_adapter import RunnerAdapter
 
     runner = rtc_runners("smolvla")
     good = [request(f"s{i}", TASKS[i], seed=80 + i, rng_seed=80 + i, rows=6, delay=i + 1) for i in range(3)]
@@ -281,7 +281,7 @@ def test_a_bad_rtc_request_fails_alone_and_the_batch_is_served(rtc_runners):
     bads = {"bad_rtc_prefix": [RtcInputs(prefix[:, :3], 1), RtcInputs(prefix * np.nan, 1),
                                RtcInputs(np.zeros((CHUNK + 1, 4), np.float32), 1)],
             "bad_rtc_delay": [RtcInputs(prefix, -1), RtcInputs(prefix, 7)]}
-    executor = Executor("m", runner, actions_per_chunk=CHUNK, server_id="gpu0")
+    executor = RunnerAdapter("m", runner, actions_per_chunk=CHUNK, server_id="gpu0")
     try:
         for reason, inputs in bads.items():
             for rtc in inputs:
@@ -304,7 +304,7 @@ def test_bad_rtc_inputs_over_zenoh_are_counted_for_that_robot_and_the_other_is_s
 
     from lerobot_zenoh.protocol import codec
     from lerobot_zenoh.protocol.messages import Observation
-    from lerobot_zenoh.server.server import PolicyServer
+    from lerobot_zenoh.server.shell.policy_server import PolicyServer
     from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
     from lerobot_zenoh.transport.settings import loopback_settings
     from lz_testing import wait_for
@@ -381,7 +381,7 @@ def test_a_smolvla_standby_continues_the_robots_motion_from_its_first_observatio
     from lerobot_zenoh.protocol import codec
     from lerobot_zenoh.scheduling.send_trigger import SendTriggerConfig
     from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
-    from lerobot_zenoh.server.server import PolicyServer
+    from lerobot_zenoh.server.shell.policy_server import PolicyServer
     from lerobot_zenoh.transport.session import ZenohSession
     from lerobot_zenoh.transport.settings import ZenohSettings, loopback_settings
     from lz_testing import CAMS, free_port, make_config, wait_for

@@ -9,7 +9,7 @@ from lerobot_zenoh.server.runners import REFUSED, RUNNERS, register_runner
 from lerobot_zenoh.server.runners.base import RunnerCapabilities
 from lerobot_zenoh.server.runners.lerobot import LeRobotRunner
 from lerobot_zenoh.server.runners.synthetic import SyntheticPolicy, SyntheticPolicyConfig
-from lerobot_zenoh.server.text_stream import writes_text
+from lerobot_zenoh.server.model.text_stream import writes_text
 
 
 class PluginRunner(LeRobotRunner):

@@ -19,7 +19,7 @@ from lerobot_zenoh.client.client import RobotClient
 from lerobot_zenoh.errors import ProtocolError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import Observation, SameHostAdvert, SharedFrames
-from lerobot_zenoh.server.executor import Executor
+from lerobot_zenoh.server.model.runner_adapter import RunnerAdapter
 from lerobot_zenoh.telemetry.publisher import process_memory
 from lerobot_zenoh.transport import same_host
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
@@ -162,7 +162,7 @@ class Recorded:
         self.written: dict[int, dict] = {}
         self.served: dict[int, dict] = {}
         self.lock = threading.Lock()
-        write, prepare_batch = same_host.FrameRing.write, Executor.prepare_batch
+        write, prepare_batch = same_host.FrameRing.write, RunnerAdapter.prepare_batch
 
         def recording_write(ring, fr):
             ref = write(ring, fr)
@@ -179,7 +179,7 @@ class Recorded:
             return requests
 
         monkeypatch.setattr(same_host.FrameRing, "write", recording_write)
-        monkeypatch.setattr(Executor, "prepare_batch", recording_prepare)
+        monkeypatch.setattr(RunnerAdapter, "prepare_batch", recording_prepare)
 
 
 def test_a_client_on_the_same_host_sends_raw_frames_that_arrive_bit_exact(port, app_key, monkeypatch):
@@ -334,7 +334,7 @@ def test_a_slot_rewritten_while_the_model_reads_its_views_is_a_stale_rejection_n
     from lerobot_zenoh.server.runners.synthetic import SyntheticPolicy, SyntheticPolicyConfig
 
     policy = SyntheticPolicy(SyntheticPolicyConfig(state_dim=6, cameras=dict(CAMS), action_dim=6, chunk_size=8))
-    executor = Executor("m", policy, actions_per_chunk=8, server_id="gpu0")
+    executor = RunnerAdapter("m", policy, actions_per_chunk=8, server_id="gpu0")
     ring = same_host.FrameRing(slots=2)
     rng = np.random.default_rng(7)
     state = np.zeros(6, np.float32)

@@ -29,9 +29,9 @@ from lerobot_zenoh.security.acl import AppGrant, Deployment, access_control, wri
 from lerobot_zenoh.security.identities import (
     RX_MAX_MESSAGE_BYTES, PkiLayout, connect_endpoint, member_settings, server_settings,
 )
-from lerobot_zenoh.server.manifest import load_manifest, parse_manifest
-from lerobot_zenoh.server.rate_limit import RejectionRateLimit
-from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.server.config.manifest import load_manifest, parse_manifest
+from lerobot_zenoh.server.session_table.rate_limit import RejectionRateLimit
+from lerobot_zenoh.server.shell.policy_server import PolicyServer
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
 from lerobot_zenoh.transport.settings import ZenohSettings, loopback_settings
 from lz_testing import CAMS, free_port, wait_for

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lerobot_zenoh.server.failover import Beat, ServedWorkWatch, ServingRole
+from lerobot_zenoh.server.model.failover import Beat, ServedWorkWatch, ServingRole
 
 
 def beat(served=0, waiting=0, serving=True, slowest=0.02, incarnation="a", replaces=None):
@@ -124,7 +124,7 @@ def test_a_heartbeat_out_of_range_or_too_large_is_refused():
     import pytest
 
     from lerobot_zenoh.errors import ProtocolError
-    from lerobot_zenoh.server.failover import MAX_BEAT_BYTES
+    from lerobot_zenoh.server.model.failover import MAX_BEAT_BYTES
 
     assert Beat.decode(beat(served=3, waiting=1).encode(1, 1.0)).served == 3
     for bad in (beat(slowest=float("nan")), beat(slowest=float("inf")), beat(slowest=-1.0), beat(waiting=-2)):

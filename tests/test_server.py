@@ -14,8 +14,8 @@ import pytest
 from lerobot_zenoh.errors import ConfigError, PolicyError
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import Observation
-from lerobot_zenoh.server.manifest import load_manifest, parse_manifest
-from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.server.config.manifest import load_manifest, parse_manifest
+from lerobot_zenoh.server.shell.policy_server import PolicyServer
 from lerobot_zenoh.server.runners.synthetic import synthetic_actions
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
 from lerobot_zenoh.transport.settings import loopback_settings
@@ -173,7 +173,7 @@ def test_unknown_clients_are_rejected_and_counted(served, app_key):
 
 
 def test_newest_observation_supersedes_an_unserved_one(port, app_key, monkeypatch):
-    from lerobot_zenoh.server import server as server_module
+    from lerobot_zenoh.server.shell import policy_server as server_module
 
     decoded = []
     real_decode = server_module.codec.decode_observation
@@ -264,7 +264,7 @@ def test_server_runs_the_wait_ratio_scheduler_with_the_manifest_settings(port, a
     manifest = parse_manifest(manifest_dict(port, app_key, scheduler={"type": "wait_ratio", **settings}))
     with PolicyServer(manifest) as server, \
             ZenohSession(loopback_settings(None, listen=False, connect_ports=(port,))) as session:
-        scheduler = server.models[0].scheduler
+        scheduler = server.models[0].session_table.scheduler
         assert (scheduler.name, scheduler.buckets, scheduler.aging, scheduler.first_request) == ("wait_ratio", 3, 2, "lowest")
         wait_discovered(session, app_key)
         send_until_served(FakeClient(session, app_key, "r1"), 0, np.random.default_rng(0))
@@ -336,7 +336,7 @@ def test_status_and_chunks_of_a_real_act_checkpoint(port, app_key, tmp_path):
 def test_executor_passes_rtc_inputs_per_request_rejects_bad_ones_alone_and_echoes_the_delay():
     from lerobot_zenoh.errors import ProtocolError
     from lerobot_zenoh.protocol.messages import RtcInputs
-    from lerobot_zenoh.server.executor import Executor
+    from lerobot_zenoh.server.model.runner_adapter import RunnerAdapter
     from lerobot_zenoh.server.runners.base import RTC_EXTRA
     from lerobot_zenoh.server.runners.synthetic import SyntheticPolicy, SyntheticPolicyConfig
 
@@ -349,7 +349,7 @@ def test_executor_passes_rtc_inputs_per_request_rejects_bad_ones_alone_and_echoe
         prefix = rng.normal(size=(rows, cols)).astype(np.float32)
         return Observation(seq, client, rng.normal(size=3).astype(np.float32), {}, rtc=RtcInputs(prefix, delay))
 
-    ex = Executor("m", policy(rtc=True), actions_per_chunk=8, server_id="gpu0")
+    ex = RunnerAdapter("m", policy(rtc=True), actions_per_chunk=8, server_id="gpu0")
     good = [obs(f"r{i}", i + 1, rows=2 + i, delay=i) for i in range(4)]  # four delays in one batch
     requests = [ex.prepare(o.client_uuid, o) for o in good]
     assert all(r.extras[RTC_EXTRA].prefix.dtype == np.float32 for r in requests)
@@ -367,7 +367,7 @@ def test_executor_passes_rtc_inputs_per_request_rejects_bad_ones_alone_and_echoe
         plain = synthetic_actions(o.state, {}, 12, 2)[:8]
         np.testing.assert_allclose(chunk.actions[d:], plain[d:])
     # A runner without RTC ignores the inputs (no check, no extras) and its chunks carry no echo.
-    plain_ex = Executor("m", policy(rtc=False), actions_per_chunk=8, server_id="gpu0")
+    plain_ex = RunnerAdapter("m", policy(rtc=False), actions_per_chunk=8, server_id="gpu0")
     odd = obs("r1", 5, rows=3, delay=1, cols=3)
     request = plain_ex.prepare("r1", odd)
     assert RTC_EXTRA not in request.extras
@@ -376,14 +376,14 @@ def test_executor_passes_rtc_inputs_per_request_rejects_bad_ones_alone_and_echoe
 
 
 def test_status_advertises_rtc_only_for_a_runner_that_takes_it(port, app_key):
-    from lerobot_zenoh.server.runners import load_runner
-    from lerobot_zenoh.server.server import ServedModel
+    from lerobot_zenoh.server.config.runner_loading import load_runner
+    from lerobot_zenoh.server.shell.policy_server import ServedModel
 
     for rtc in (False, True):
         entry = {"synthetic": {"state_dim": 6, "action_dim": 6, "chunk_size": 20, "cameras": CAMS, "rtc": rtc}}
         manifest = parse_manifest(manifest_dict(port, app_key, **entry))
         model = ServedModel(manifest, manifest.server[0], load_runner(manifest, manifest.server[0]), "gpu0")
-        model.executor.close()
+        model.adapter.close()
         assert (model.status.rtc is not None) == rtc
         assert (b"rtc" in model.status_bytes) == rtc
 

@@ -1,4 +1,4 @@
-"""Admission (server/admission.py) and task routing (server/routing.py): each observation's header is
+"""Admission (server/engine/admission.py) and task routing (server/model/routing.py): each observation's header is
 read once, whichever stream it came on, and the engine judges and schedules only what was read."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.keys import pipeline_app
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation
 from lerobot_zenoh.scheduling.request_schedulers import make_scheduler
-from lerobot_zenoh.server.admission import read_header
-from lerobot_zenoh.server.session_table import REPLAYED, SessionTable, SessionTableConfig
-from lerobot_zenoh.server.manifest import parse_manifest
-from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.server.engine.admission import read_header
+from lerobot_zenoh.server.session_table.table import REPLAYED, SessionTable, SessionTableConfig
+from lerobot_zenoh.server.config.manifest import parse_manifest
+from lerobot_zenoh.server.shell.policy_server import PolicyServer
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
 from lerobot_zenoh.transport.settings import loopback_settings
 from lz_testing import wait_for

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lerobot_zenoh.errors import ConfigError
-from lerobot_zenoh.server.manifest import parse_manifest
+from lerobot_zenoh.server.config.manifest import parse_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "server.md").read_text()
@@ -51,13 +51,13 @@ def test_each_documented_start_up_error_is_the_one_the_manifest_check_prints(mis
 
 
 def test_the_errors_found_when_the_engines_answer_are_the_dispatchers_own_words():
-    source = "".join((ROOT / "lerobot_zenoh" / "server" / name).read_text()
-                     for name in ("dispatch.py", "engine_health.py"))  # (start-up, and the status checks)
+    source = "".join((ROOT / "lerobot_zenoh" / "server" / "dispatch" / name).read_text()
+                     for name in ("dispatcher.py", "engine_health.py"))  # (start-up, and the status checks)
     for phrase in ("engine unreachable: no answer on", "(start it with role: engine, engine_id: ",
                    "; check endpoint and routers)", "engine loads ", ", this server ", "engine's model has action_dim ",
                    "measured, but this runner could not be profiled; declare {batch size: ms}"):
         assert phrase in source, phrase
-    manifest_source = (ROOT / "lerobot_zenoh" / "server" / "manifest.py").read_text()
+    manifest_source = (ROOT / "lerobot_zenoh" / "server" / "config" / "manifest.py").read_text()
     assert "engines: a component of multi-model tasks (pipeline) is served by its own loop only" in manifest_source
     assert documented("`engines` on a component of multi-model tasks").endswith(
         "engines: a component of multi-model tasks (pipeline) is served by its own loop only")

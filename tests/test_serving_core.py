@@ -21,13 +21,13 @@ from lerobot_zenoh.protocol.keys import AppKey
 from lerobot_zenoh.protocol.messages import Observation
 from lerobot_zenoh.scheduling.engine_load import EngineLoad
 from lerobot_zenoh.scheduling.placement import BatchProfile, profile_from_peer_ms
-from lerobot_zenoh.server.dispatch import Dispatcher
-from lerobot_zenoh.server.engine_link import ENGINE_ERROR
-from lerobot_zenoh.server.failover import ServingRole
-from lerobot_zenoh.server.manifest import parse_manifest
-from lerobot_zenoh.server.request_table import InFlight, RequestTable
-from lerobot_zenoh.server.runners import load_runner
-from lerobot_zenoh.server.server import ServedModel
+from lerobot_zenoh.server.dispatch.dispatcher import Dispatcher
+from lerobot_zenoh.server.dispatch.engine_link import ENGINE_ERROR
+from lerobot_zenoh.server.model.failover import ServingRole
+from lerobot_zenoh.server.config.manifest import parse_manifest
+from lerobot_zenoh.server.engine.request_table import InFlight, RequestTable
+from lerobot_zenoh.server.config.runner_loading import load_runner
+from lerobot_zenoh.server.shell.policy_server import ServedModel
 
 pytestmark = pytest.mark.core
 
@@ -135,12 +135,12 @@ class Edge:
         engines = engines or [{"engine_id": "cloud0", "tier": "cloud", "capacity": 4, "profile": "measured"}]
         manifest = make_manifest(engines)
         entry = manifest.server[0]
-        self.model = ServedModel(manifest, entry, load_runner(manifest, entry), "edge0")
         self.host = FakeHost()
         self.clock = clock
         self.link = link
-        self.dispatcher = Dispatcher(self.host, self.model, link, clock=clock, edge_incarnation=incarnation)
-        self.model.dispatcher = self.dispatcher
+        self.model = ServedModel(manifest, entry, load_runner(manifest, entry), "edge0", runs_on=lambda model: Dispatcher(
+            self.host, model, link, clock=clock, edge_incarnation=incarnation))
+        self.dispatcher = self.model.dispatcher
         self.dispatcher.start(threads=False)
 
     def send(self, client_id: str, seq_id: int, nonce: int = 7) -> None:
@@ -159,7 +159,7 @@ class Edge:
 
     def close(self) -> None:
         self.dispatcher.stop(1.0)
-        self.model.executor.close()
+        self.model.adapter.close()
 
 
 def answer_to(request: EngineRequest, *, engine_id="cloud0", incarnation="eng-1", **changes) -> bytes:
@@ -495,7 +495,7 @@ def test_engines_on_an_iteration_level_runner_fail_at_start_naming_the_field(lin
     model = ServedModel(manifest, entry, runner, "edge0")
     with pytest.raises(ConfigError, match=r"server\[m1\]\.engines"):
         Dispatcher(FakeHost(), model, link, clock=clock).start(threads=False)
-    model.executor.close()
+    model.adapter.close()
 
 
 def test_an_older_engines_answer_is_told_apart_by_its_version(link, clock):

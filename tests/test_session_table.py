@@ -8,8 +8,8 @@ import pytest
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import ExecutionInfo, Observation
 from lerobot_zenoh.scheduling.request_schedulers import FifoScheduler, make_scheduler
-from lerobot_zenoh.server.admission import read_header
-from lerobot_zenoh.server.session_table import (
+from lerobot_zenoh.server.engine.admission import read_header
+from lerobot_zenoh.server.session_table.table import (
     MAX_SEQ_RATE_HZ,
     MAX_SEQ_STEP,
     NONCE_REQUIRED,
@@ -48,7 +48,7 @@ def schedule(e: SessionTable, now: float):
     return e.schedule(now)
 
 
-def engine(listed=("robot",), *, scheduler="round_robin", **kw) -> SessionTable:
+def session_table(listed=("robot",), *, scheduler="round_robin", **kw) -> SessionTable:
     return SessionTable(SessionTableConfig(listed=frozenset(listed), **kw), make_scheduler(scheduler))
 
 
@@ -73,7 +73,7 @@ def serve(e: SessionTable, now: float) -> list[str]:
 
 
 def test_unknown_ids_are_refused_when_not_accepted_and_counted_boundedly():
-    e = engine()
+    e = session_table()
     for i in range(1000):
         assert e.admit(f"x{i}", b"p", 0.0) == UNKNOWN_CLIENT
     snap = e.snapshot()
@@ -82,7 +82,7 @@ def test_unknown_ids_are_refused_when_not_accepted_and_counted_boundedly():
 
 
 def test_listed_client_has_its_place_however_many_unknown_ids_arrive():
-    e = engine(accept_unknown=True, max_unknown_clients=4)
+    e = session_table(accept_unknown=True, max_unknown_clients=4)
     for i in range(200):
         e.admit(f"forged{i}", codec.encode(obs(f"forged{i}", 1)), 0.0)
     assert e.snapshot().dropped[TOO_MANY_CLIENTS] == 196
@@ -91,7 +91,7 @@ def test_listed_client_has_its_place_however_many_unknown_ids_arrive():
 
 
 def test_unknown_place_is_freed_when_the_token_goes_after_the_grace_period():
-    e = engine(accept_unknown=True, max_unknown_clients=1, liveliness_grace_s=2.0, idle_timeout_s=100.0)
+    e = session_table(accept_unknown=True, max_unknown_clients=1, liveliness_grace_s=2.0, idle_timeout_s=100.0)
     assert e.admit("a", b"x", 0.0) is None
     assert e.admit("b", b"x", 0.0) == TOO_MANY_CLIENTS
     e.on_token("a", False, 1.0)
@@ -105,7 +105,7 @@ def test_unknown_place_is_freed_when_the_token_goes_after_the_grace_period():
 
 
 def test_idle_sessions_expire_and_their_scheduler_state_is_forgotten():
-    e = engine(scheduler="fifo", accept_unknown=True, idle_timeout_s=5.0)
+    e = session_table(scheduler="fifo", accept_unknown=True, idle_timeout_s=5.0)
     e.on_token("u", True, 0.0)  # declared before its first observation
     e.admit("robot", codec.encode(obs("robot", 1)), 0.0)
     e.admit("u", codec.encode(obs("u", 1)), 0.0)
@@ -119,7 +119,7 @@ def test_idle_sessions_expire_and_their_scheduler_state_is_forgotten():
 
 
 def test_replayed_observations_are_dropped_and_counted():
-    e = engine()
+    e = session_table()
     e.admit("robot", codec.encode(obs("robot", 5)), 0.0)
     assert serve(e, 0.0) == ["robot"]
     for seq in (5, 3, 5):
@@ -131,7 +131,7 @@ def test_replayed_observations_are_dropped_and_counted():
 
 
 def test_replays_are_dropped_before_serving_with_a_scheduler_that_decodes_on_arrival():
-    e = engine(scheduler="wait_ratio")
+    e = session_table(scheduler="wait_ratio")
     e.admit("robot", codec.encode(obs("robot", 5)), 0.0)
     assert serve(e, 0.0) == ["robot"]
     e.admit("robot", codec.encode(obs("robot", 5)), 1.0)
@@ -144,7 +144,7 @@ def test_a_resend_of_a_request_still_on_an_engine_is_not_computed_twice(nonce):
     """An edge scheduler picked seq 5 and an engine is computing it; the robot sends seq 5 again (its
     chunk is late): refused as `replayed`, not a second inference. The request, re-queued (its
     engine timed out), is still served; and the robot's next request is too."""
-    e = engine(scheduler="wait_ratio")
+    e = session_table(scheduler="wait_ratio")
     admit(e, obs("robot", 5, nonce=nonce), 0.0)
     batch = schedule(e, 0.0)
     [(session, slot)] = batch.items  # on an engine now: not finished yet
@@ -167,7 +167,7 @@ def test_a_resend_waiting_when_its_request_is_requeued_stands_for_it():
     """Seq 5 is on an engine; its resend waits in the slot when the engine times out: the re-queue
     finds the slot taken, so the resend stands for the request and is served, not refused (a clean
     CI run caught the refusal: the robot was never answered)."""
-    e = engine(scheduler="wait_ratio")
+    e = session_table(scheduler="wait_ratio")
     admit(e, obs("robot", 5), 0.0)
     [(session, slot)] = schedule(e, 0.0).items
     admit(e, obs("robot", 5), 0.5)  # waits in the slot, not announced yet
@@ -178,7 +178,7 @@ def test_a_resend_waiting_when_its_request_is_requeued_stands_for_it():
 
 def test_a_request_refused_after_it_was_picked_is_computed_no_longer():
     """A picked request refused at dispatch (its body unreadable) or by its engine: a resend is served."""
-    e = engine(scheduler="wait_ratio")
+    e = session_table(scheduler="wait_ratio")
     admit(e, obs("robot", 5), 0.0)
     [(session, _)] = schedule(e, 0.0).items
     e.release(session)  # (what admission and dispatch do with a picked request they refuse)
@@ -191,7 +191,7 @@ def test_another_observation_refused_while_a_request_computes_leaves_it_computin
     """Seq 5 is on an engine; an unreadable observation on the robot's key is refused meanwhile (a
     forged packet, say). That refusal is not the computing request's: a resend of seq 5 is still
     `replayed`, not a second inference."""
-    e = engine(scheduler="wait_ratio")
+    e = session_table(scheduler="wait_ratio")
     admit(e, obs("robot", 5), 0.0)
     [(session, _)] = schedule(e, 0.0).items
     e.admit("robot", b"\x00garbage", 0.2)
@@ -205,7 +205,7 @@ def test_another_observation_refused_while_a_request_computes_leaves_it_computin
 
 
 def test_a_restarted_client_is_served_from_its_first_observation():
-    e = engine()
+    e = session_table()
     e.admit("robot", codec.encode(obs("robot", 50, nonce=1)), 0.0)
     assert serve(e, 0.0) == ["robot"]
     e.admit("robot", codec.encode(obs("robot", 1, nonce=2)), 1.0)
@@ -217,7 +217,7 @@ def test_a_restarted_client_is_served_from_its_first_observation():
 
 
 def test_a_new_episode_resets_the_session_before_it_is_served():
-    e = engine(scheduler="wait_ratio")
+    e = session_table(scheduler="wait_ratio")
     e.admit("robot", codec.encode(obs("robot", 1, episode="0")), 0.0)
     batch = schedule(e, 0.0)
     assert not e.take_reset(batch.items[0][0])  # the first episode needs no reset
@@ -233,14 +233,14 @@ def test_a_new_episode_resets_the_session_before_it_is_served():
 
 
 def test_oversized_payload_is_rejected_before_taking_a_slot():
-    e = engine(max_message_bytes=10)
+    e = session_table(max_message_bytes=10)
     assert e.admit("robot", b"x" * 11, 0.0) == TOO_LARGE
     assert e.sessions["robot"].slot is None
     assert e.snapshot().sessions["robot"].stats.rejected == {TOO_LARGE: 1}
 
 
 def test_newest_only_slot_counts_superseded():
-    e = engine()
+    e = session_table()
     for seq in (1, 2, 3):
         e.admit("robot", codec.encode(obs("robot", seq)), 0.0)
     batch = schedule(e, 0.0)
@@ -249,7 +249,7 @@ def test_newest_only_slot_counts_superseded():
 
 
 def test_undecodable_observation_is_rejected_without_a_seat():
-    e = engine(scheduler="wait_ratio")
+    e = session_table(scheduler="wait_ratio")
     e.admit("robot", b"\x00garbage", 0.0)
     batch = schedule(e, 0.0)
     assert batch.items == [] and batch.rejected[0][2] != REPLAYED
@@ -257,14 +257,14 @@ def test_undecodable_observation_is_rejected_without_a_seat():
 
 @pytest.mark.parametrize("n", [1, 3])
 def test_batch_is_bounded_by_max_batch_size(n):
-    e = engine(listed=("a", "b", "c", "d"), max_batch_size=n)
+    e = session_table(listed=("a", "b", "c", "d"), max_batch_size=n)
     for c in "abcd":
         e.admit(c, codec.encode(obs(c, 1)), 0.0)
     assert len(schedule(e, 0.0).items) == n
 
 
 def test_close_all_frees_everything():
-    e = engine(accept_unknown=True)
+    e = session_table(accept_unknown=True)
     e.admit("robot", b"x", 0.0)
     e.admit("u", b"x", 0.0)
     assert {s.client_id for s in e.close_all()} == {"robot", "u"}
@@ -280,7 +280,7 @@ def served_seq(batch) -> list[tuple[str, int]]:
 
 @pytest.mark.parametrize("scheduler", ["fifo", "wait_ratio"])
 def test_a_refresh_replaces_its_waiting_request_and_keeps_its_place_in_line(scheduler):
-    e = engine(listed=("a", "b"), scheduler=scheduler)
+    e = session_table(listed=("a", "b"), scheduler=scheduler)
     assert admit(e, obs("b", 1, buffered=30), 0.0) is None  # b's request waits first...
     assert schedule(e, 0.0) is not None  # (b served: busy)
     e.finish([], ["b"], 0.05, 0.05)
@@ -324,7 +324,7 @@ def test_the_scheduler_hears_a_refresh_as_a_newer_observation_after_its_request(
 
 
 def test_a_refresh_arriving_after_its_request_was_picked_is_dropped_and_counted():
-    e = engine(scheduler="fifo")
+    e = session_table(scheduler="fifo")
     admit(e, obs("robot", 1), 0.0)
     batch = schedule(e, 0.0)
     assert served_seq(batch) == [("robot", 1)]
@@ -344,20 +344,20 @@ def test_a_refresh_arriving_after_its_request_was_picked_is_dropped_and_counted(
 
 
 def test_a_refresh_of_an_older_request_than_the_one_waiting_is_dropped():
-    e = engine()
+    e = session_table()
     admit(e, obs("robot", 5), 0.0)
     assert admit(e, obs("robot", 6, refreshes=3), 0.1) == REFRESH_LATE
     assert served_seq(schedule(e, 0.1)) == [("robot", 5)]
 
 
 def test_a_refresh_of_a_request_never_received_stands_in_for_it():
-    e = engine()
+    e = session_table()
     assert admit(e, obs("robot", 2, refreshes=1), 0.0) is None  # request 1 was lost on the way
     assert served_seq(schedule(e, 0.0)) == [("robot", 2)]
 
 
 def test_a_restarted_client_is_not_judged_by_its_previous_process_seq_ids():
-    e = engine()
+    e = session_table()
     admit(e, obs("robot", 50, nonce=1), 0.0)
     serve(e, 0.0)
     assert admit(e, obs("robot", 2, nonce=2, refreshes=1), 1.0) is None
@@ -365,14 +365,14 @@ def test_a_restarted_client_is_not_judged_by_its_previous_process_seq_ids():
 
 
 def test_a_header_less_observation_picked_makes_later_refreshes_of_it_late():
-    e = engine()
+    e = session_table()
     e.admit("robot", codec.encode(obs("robot", 1)), 0.0)  # no header: known only once served
     assert serve(e, 0.0) == ["robot"]
     assert admit(e, obs("robot", 2, refreshes=1), 0.1) == REFRESH_LATE
 
 
 def test_a_malformed_header_is_rejected_with_its_reason_whatever_the_scheduler():
-    e = engine()
+    e = session_table()
     e.admit("robot", codec.encode(obs("robot", 1)), 0.0, *read_header(b"\x02garbage"))
     batch = schedule(e, 0.0)
     assert batch.items == [] and [r[2] for r in batch.rejected] == ["bad_header"]
@@ -385,7 +385,7 @@ def test_a_malformed_header_is_rejected_with_its_reason_whatever_the_scheduler()
 def test_a_forged_nonce_less_observation_cannot_poison_a_session_that_has_a_nonce(with_header):
     """The audit's packet: seq_id 2**64-1, no nonce, on a listed robot's key. Refused at once; the
     robot's next request is served and nothing of its session changed."""
-    e = engine()
+    e = session_table()
     send = admit if with_header else (lambda e, o, now: e.admit(o.client_uuid, codec.encode(o), now))
     send(e, obs("robot", 5, nonce=9), 0.0)
     assert serve(e, 0.0) == ["robot"]
@@ -400,7 +400,7 @@ def test_a_forged_nonce_less_observation_cannot_poison_a_session_that_has_a_nonc
 
 def test_a_forged_observation_before_the_robot_starts_costs_it_nothing():
     """A nonce-less 2**64-1 opens the session and is served; the robot's nonce starts its own count."""
-    e = engine()
+    e = session_table()
     admit(e, obs("robot", 2**64 - 1, nonce=None), 0.0)
     assert serve(e, 0.0) == ["robot"]
     admit(e, obs("robot", 1, nonce=9), 0.5)
@@ -409,7 +409,7 @@ def test_a_forged_observation_before_the_robot_starts_costs_it_nothing():
 
 
 def test_seq_ids_cannot_jump_beyond_the_bound_and_the_bound_grows_with_time():
-    e = engine()
+    e = session_table()
     admit(e, obs("robot", 10), 0.0)
     assert serve(e, 0.0) == ["robot"]
     admit(e, obs("robot", 2**64 - 1), 0.1)  # the robot's own nonce (a forger who read it)
@@ -428,7 +428,7 @@ def test_seq_ids_cannot_jump_beyond_the_bound_and_the_bound_grows_with_time():
 
 
 def test_a_forged_stream_with_another_nonce_costs_the_robot_one_reset_not_its_service():
-    e = engine()
+    e = session_table()
     admit(e, obs("robot", 10, nonce=1), 0.0)
     assert serve(e, 0.0) == ["robot"]
     for i, seq in enumerate(range(10_000, 10_005)):  # made-up nonce, seq ids moved far ahead
@@ -442,7 +442,7 @@ def test_a_forged_stream_with_another_nonce_costs_the_robot_one_reset_not_its_se
 
 
 def test_switching_to_made_up_nonces_and_back_does_not_lift_the_bound_on_the_robots_own():
-    e = engine()
+    e = session_table()
     admit(e, obs("robot", 10, nonce=1), 0.0)
     assert serve(e, 0.0) == ["robot"]
     for i in range(20):  # more made-up nonces than a session remembers
@@ -459,7 +459,7 @@ def test_switching_to_made_up_nonces_and_back_does_not_lift_the_bound_on_the_rob
 def test_a_forged_stream_with_the_robots_nonce_shuts_it_out_until_it_draws_a_new_nonce():
     """Within the bound, a forger who read the robot's nonce moves its count ahead (plain mode
     cannot tell them apart); the client's new nonce after unanswered requests serves it at once."""
-    e = engine()
+    e = session_table()
     admit(e, obs("robot", 10, nonce=1), 0.0)
     assert serve(e, 0.0) == ["robot"]
     admit(e, obs("robot", 500, nonce=1), 0.1)
@@ -472,7 +472,7 @@ def test_a_forged_stream_with_the_robots_nonce_shuts_it_out_until_it_draws_a_new
 
 
 def test_a_nonce_less_client_that_restarts_is_served_again_at_once():
-    e = engine()
+    e = session_table()
     e.on_token("robot", True, 0.0)
     for seq in range(1, 51):
         admit(e, obs("robot", seq, nonce=None), seq * 0.01)
@@ -497,7 +497,7 @@ def test_a_nonce_less_client_that_restarts_is_served_again_at_once():
 
 
 def test_rejected_observations_do_not_keep_a_session_alive():
-    e = engine(idle_timeout_s=5.0)
+    e = session_table(idle_timeout_s=5.0)
     admit(e, obs("robot", 10), 0.0)
     assert serve(e, 0.0) == ["robot"]
     for t in range(1, 8):  # replays, and nonce-less forgeries, once a second
@@ -508,7 +508,7 @@ def test_rejected_observations_do_not_keep_a_session_alive():
 
 
 def test_an_unknown_id_that_never_declares_a_token_frees_its_place_after_the_grace():
-    e = engine(accept_unknown=True, max_unknown_clients=2, liveliness_grace_s=1.0, idle_timeout_s=60.0)
+    e = session_table(accept_unknown=True, max_unknown_clients=2, liveliness_grace_s=1.0, idle_timeout_s=60.0)
     e.on_token("visitor", True, 0.0)  # a real client declares its token before its first observation
     assert admit(e, obs("visitor", 1), 0.1) is None
     assert admit(e, obs("invented1", 1), 0.1) is None
@@ -532,7 +532,7 @@ def test_an_unknown_id_that_never_declares_a_token_frees_its_place_after_the_gra
 def test_rank_then_take_records_a_decision_only_when_taken_and_never_takes_an_unjudged_slot():
     """The edge scheduler ranks under the table's lock, places outside it, then takes what it placed;
     the wait-ratio scheduler counts the rest as skipped only then."""
-    e = engine(("a", "b", "c"), scheduler="wait_ratio")
+    e = session_table(("a", "b", "c"), scheduler="wait_ratio")
     for client in ("a", "b", "c"):
         assert admit(e, obs(client, 1), 0.0) is None
     ranking = e.rank(0.1)
@@ -548,7 +548,7 @@ def test_rank_then_take_records_a_decision_only_when_taken_and_never_takes_an_un
 
 
 def test_opened_sessions_are_handed_to_the_log_once_and_boundedly():
-    e = engine(("robot",), accept_unknown=True, max_unknown_clients=500)
+    e = session_table(("robot",), accept_unknown=True, max_unknown_clients=500)
     assert admit(e, obs("robot", 1), 0.0) is None
     assert admit(e, obs("guest", 1), 0.0) is None
     assert e.take_opened() == [("robot", True), ("guest", False)]

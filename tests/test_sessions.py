@@ -12,9 +12,9 @@ import pytest
 
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import Observation
-from lerobot_zenoh.server.executor import request_seed
-from lerobot_zenoh.server.manifest import parse_manifest
-from lerobot_zenoh.server.server import PolicyServer
+from lerobot_zenoh.server.model.runner_adapter import request_seed
+from lerobot_zenoh.server.config.manifest import parse_manifest
+from lerobot_zenoh.server.shell.policy_server import PolicyServer
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession
 from lerobot_zenoh.transport.settings import loopback_settings
 from lz_testing import wait_for

@@ -154,7 +154,7 @@ def test_one_zenoh_block_for_client_manifest_and_clis():
     import draccus
 
     from lerobot_zenoh.cli.router import RouterConfig, RouterZenohSettings
-    from lerobot_zenoh.server.manifest import parse_manifest
+    from lerobot_zenoh.server.config.manifest import parse_manifest
 
     assert all(f.metadata.get("help") for f in dataclasses.fields(ZenohSettings))
 

@@ -244,7 +244,7 @@ def test_a_checkpoint_without_a_test_architecture_loads_through_lerobots_own_cla
 def test_dtype_and_device_are_checked_at_start_up(vla_checkpoints):
     import torch
 
-    from lerobot_zenoh.server.manifest import parse_manifest
+    from lerobot_zenoh.server.config.manifest import parse_manifest
 
     entry = {"model_id": "m", "model_version": "v", "application_tag": "a", "pretrained_path": "x",
              "accept_unknown_clients": True}
@@ -324,8 +324,8 @@ class TaskRobot:
 
 @pytest.mark.parametrize("policy_type", ["smolvla", "pi0"])
 def test_server_serves_a_vla_to_two_robots_with_different_tasks(vla_checkpoints, port, app_key, policy_type):
-    from lerobot_zenoh.server.manifest import parse_manifest
-    from lerobot_zenoh.server.server import PolicyServer
+    from lerobot_zenoh.server.config.manifest import parse_manifest
+    from lerobot_zenoh.server.shell.policy_server import PolicyServer
     from lerobot_zenoh.transport.session import ZenohSession
     from lerobot_zenoh.transport.settings import loopback_settings
     from lz_testing import wait_for

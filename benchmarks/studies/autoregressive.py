@@ -73,11 +73,11 @@ def sync(device: str) -> None:
 
 
 def engine_for(runner, mode: str, slots: int, clock, scheduler=None):
-    from lerobot_zenoh.server.runners.decode_batch import DecodeEngine
+    from lerobot_zenoh.server.runners.decode_batch import BatchDecoder
 
     kwargs = {"one": {"n_slots": 1}, "static": {"n_slots": slots, "admit": "idle"},
               "continuous": {"n_slots": slots}, "packed": {"n_slots": slots, "join": "packed"}}[mode]
-    return DecodeEngine(runner.policy.model, end_token=runner._end, max_new_tokens=runner.max_new_tokens,
+    return BatchDecoder(runner.policy.model, end_token=runner._end, max_new_tokens=runner.max_new_tokens,
                         max_prefix_len=runner.prefix_len(), scheduler=scheduler, clock=clock, **kwargs)
 
 
@@ -136,13 +136,13 @@ def simulate(runner, prefixes, reference, mode: str, robots: int, requests: int,
 
 def per_batch(runner, prefixes, batch_sizes, tokens_per_chunk: float, device: str, steps: int = 8) -> list[dict]:
     """Prefill and decode-step times at each batch size (every row decodes `steps` tokens)."""
-    from lerobot_zenoh.server.runners.decode_batch import DecodeEngine, DecodeRequest
+    from lerobot_zenoh.server.runners.decode_batch import BatchDecoder, DecodeRequest
 
     rows = []
     for b in batch_sizes:
         best = None
         for _ in range(2):
-            engine = DecodeEngine(runner.policy.model, end_token=-1, max_new_tokens=steps + 1, n_slots=b,
+            engine = BatchDecoder(runner.policy.model, end_token=-1, max_new_tokens=steps + 1, n_slots=b,
                                   max_prefix_len=runner.prefix_len())
             reqs = [DecodeRequest(i, prefixes[i % len(prefixes)].embs, prefixes[i % len(prefixes)].pad,
                                   prefixes[i % len(prefixes)].att) for i in range(b)]
@@ -170,7 +170,7 @@ def run_shape(shape: str, args) -> dict:
     import torch
 
     from lerobot_zenoh.server.runners import LoadOptions, load_policy_runner
-    from lerobot_zenoh.server.runners.decode_batch import DecodeEngine
+    from lerobot_zenoh.server.runners.decode_batch import BatchDecoder
 
     path = build(shape, Path(args.checkpoints) / f"pi0_fast_{shape}")
     runner = load_policy_runner(path, options=LoadOptions(device=args.device, dtype=args.dtype))
@@ -182,7 +182,7 @@ def run_shape(shape: str, args) -> dict:
     # Reference: each observation decoded alone.
     reference, lengths, alone_s = [], [], []
     for p in prefixes:
-        engine = DecodeEngine(runner.policy.model, end_token=runner._end, max_new_tokens=runner.max_new_tokens,
+        engine = BatchDecoder(runner.policy.model, end_token=runner._end, max_new_tokens=runner.max_new_tokens,
                               n_slots=1, max_prefix_len=runner.prefix_len())
         t = time.perf_counter()
         (res,) = engine.run_all([p])

@@ -133,8 +133,9 @@ def measure(policy_type: str, root: Path, batches: list[int], reps: int, mode: s
     import numpy as np
 
     from lerobot_zenoh.checkpoint_builder.build import build_checkpoint
-    from lerobot_zenoh.server.manifest import parse_manifest
-    from lerobot_zenoh.server.runners import InferenceRequest, load_runner
+    from lerobot_zenoh.server.config.manifest import parse_manifest
+    from lerobot_zenoh.server.config.runner_loading import load_runner
+    from lerobot_zenoh.server.runners import InferenceRequest
 
     logging.basicConfig(level=logging.WARNING)
     folder = root / policy_type

@@ -162,7 +162,7 @@ class Config:
     cloud_profile_ms: dict | None = None  # instead of cloud_scale: the cloud's own {batch size: ms}
     cloud_max_batch: int = 0  # 0: max_batch
     # Most requests in flight on a cloud engine: "capacity" (its batch width, as the product's
-    # dispatcher, `server/dispatch.py`, limits it: the engine idles for a round trip between batches
+    # dispatcher, `server/dispatch/dispatcher.py`, limits it: the engine idles for a round trip between batches
     # when saturated) or "cover" (`cloud_in_flight`: enough to keep it busy through the round trip);
     # `cloud_max_in_flight` > 0 sets a number instead.
     cloud_in_flight: str = "capacity"
@@ -333,7 +333,7 @@ class _Engine:
     overhead_s: float = 0.0  # per batch, beyond the profile (a remote engine's dispatch hop: Config.engine_overhead_s)
     running: int = 0  # dispatched and not answered (the scheduler's count)
     # The scheduler's bookkeeping of what it sent and what came back: the server's own code
-    # (`scheduling.engine_load.EngineLoad`, as `server/dispatch.py` keeps it per engine).
+    # (`scheduling.engine_load.EngineLoad`, as `server/dispatch/dispatcher.py` keeps it per engine).
     load: EngineLoad | None = None
     queue: list = field(default_factory=list)  # dispatched groups that reached it: (ids, dispatched at)
     gpu_busy: bool = False

@@ -18,7 +18,7 @@ of 1 and 8 requests. Candidates:
 - the same three layouts (serial, batch on N threads) with OpenCV (``cv2.imdecode`` + BGR->RGB),
   torchvision's CPU decoder (``torchvision.io.decode_jpeg``, per frame and its list form, CHW
   tensors made HWC-contiguous as the runners take them) and Pillow;
-- ``server's JpegBatchDecoder``: `lerobot_zenoh.server.jpeg_batch.JpegBatchDecoder` as the executor
+- ``server's JpegBatchDecoder``: `lerobot_zenoh.server.model.jpeg_batch.JpegBatchDecoder` as the executor
   makes it (as many threads as cameras, at most the cores), its frame header checks included.
 
 Each row's candidates run in turn, in a new random order each round, `--reps` rounds, so that a busy
@@ -45,7 +45,7 @@ import simplejpeg
 
 from benchmarks.harness.workloads import SceneCamera
 from lerobot_zenoh.protocol import codec
-from lerobot_zenoh.server.jpeg_batch import JpegBatchDecoder
+from lerobot_zenoh.server.model.jpeg_batch import JpegBatchDecoder
 
 SIZES = ((96, 128), (224, 224), (480, 640))
 CAMERAS = (2, 3)

@@ -21,7 +21,7 @@ asks robots with (f + j) % M == 0), k = `--per-frame`. Every mode does the same 
 4s. as 4 with the decode budget tied to an action SLO (`--slo-factor` x the actions-alone p50).
 
 `--served`: only the served-loop table instead. The server's inference loop over the runner in real
-time (batches of waiting observations, then text as server/serving.py decodes it), 16 robots (at
+time (batches of waiting observations, then text as server/engine/serving.py decodes it), 16 robots (at
 `--served-fps`) asking actions and text (tasks of ~190 tokens) and one honest robot asking actions
 only, each driven as the reference client drives it; side by side in one run: the same fleet
 without text, with text, and with text under `--served-slo-ms`. Reported: the honest robot's empty
@@ -299,8 +299,8 @@ class SimRobot:
 
 def served_loop(runner, *, text_robots: int, text: bool, seconds: float, warm_s: float, max_batch: int,
                 tokens: int, actions_first: bool, fps: int = 30, chunk: int = 50) -> dict:
-    """The server's inference loop over `runner` in real time (the order of server/inference_loop.py
-    and server/serving.py: pick up to `max_batch` waiting observations, oldest first, one call, the
+    """The server's inference loop over `runner` in real time (the order of server/shell/inference_loop.py
+    and server/engine/serving.py: pick up to `max_batch` waiting observations, oldest first, one call, the
     chunks out; then one frame of text, after the batch only when no observation waits if
     `actions_first`, else after every batch (the serving path before text was budgeted); text alone
     when nothing waits), with `text_robots` robots asking actions and text (if `text`) every
@@ -316,7 +316,7 @@ def served_loop(runner, *, text_robots: int, text: bool, seconds: float, warm_s:
     robots = [SimRobot(j, t0, fps, chunk, text=text and j > 0) for j in range(n)]  # robot0: the honest one
     obs = observations(n, 0)
     waiting: list[int] = []  # robots whose observation waits, in arrival order
-    if actions_first:  # what server/serving.py hands the runner: text yields between steps
+    if actions_first:  # what server/engine/serving.py hands the runner: text yields between steps
         runner.yield_to_actions(lambda: bool(waiting) or any(r.in_flight is None and r.wants(time.perf_counter())
                                                              for r in robots))
     else:

@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
 
     from lerobot_zenoh.protocol.keys import AppKey
-    from lerobot_zenoh.server.manifest import parse_manifest
-    from lerobot_zenoh.server.server import PolicyServer
+    from lerobot_zenoh.server.config.manifest import parse_manifest
+    from lerobot_zenoh.server.shell.policy_server import PolicyServer
 
     python = str(Path(os.environ.get("OPENPI_VENV", ROOT / ".venv-openpi")) / "bin" / "python")
     built = subprocess.run([str(ROOT / "scripts" / "openpi-client-venv.sh"), str(Path(python).parents[1])],

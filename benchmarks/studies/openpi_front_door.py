@@ -43,7 +43,7 @@ MAPPING = {"images": {"observation/image": "front", "observation/wrist_image": "
 
 
 def manifest(port: int, app, cameras: dict, latency_ms: float, batch_latency_ms: dict, max_batch: int):
-    from lerobot_zenoh.server.manifest import parse_manifest
+    from lerobot_zenoh.server.config.manifest import parse_manifest
 
     return parse_manifest({
         "cluster_uuid": app.cluster, "experiment_tag": app.experiment, "server_id": "gpu0",
@@ -71,7 +71,7 @@ def result(proc: subprocess.Popen) -> dict:
 def fleet(workload: Workload, latency_ms: float, batch_latency_ms: dict, max_batch: int):
     from lerobot_zenoh.openpi.front_door import FrontDoor, FrontDoorConfig
     from lerobot_zenoh.protocol.keys import AppKey
-    from lerobot_zenoh.server.server import PolicyServer
+    from lerobot_zenoh.server.shell.policy_server import PolicyServer
 
     port = free_port()
     app = AppKey("bench", uuid.uuid4().hex[:8], "m", "v1", "app")

@@ -109,8 +109,8 @@ def run(seconds: float, height: int, width: int, latency_ms: float, chunk: int) 
     from lerobot_zenoh.protocol.keys import AppKey
     from lerobot_zenoh.ros2 import cdr, graph
     from lerobot_zenoh.ros2.door import Ros2Door, Ros2DoorConfig
-    from lerobot_zenoh.server.manifest import parse_manifest
-    from lerobot_zenoh.server.server import PolicyServer
+    from lerobot_zenoh.server.config.manifest import parse_manifest
+    from lerobot_zenoh.server.shell.policy_server import PolicyServer
     from lerobot_zenoh.transport.session import ZenohSession
     from lerobot_zenoh.transport.settings import ZenohSettings
     from testbed.ports import free_port

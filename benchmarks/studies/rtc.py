@@ -220,7 +220,7 @@ def prepare(s: PrepareSettings, out: Path = OUT) -> Path:
 
 def rtc_manifest_supported() -> bool:
     """Whether this tree's manifest has per-model `rtc:` settings (server-side RTC for VLAs)."""
-    from lerobot_zenoh.server.manifest import ModelEntry
+    from lerobot_zenoh.server.config.manifest import ModelEntry
 
     return "rtc" in ModelEntry.model_fields
 

@@ -33,8 +33,8 @@ from lerobot_zenoh.client.config_sim_robot import SimRobotConfig  # noqa: E402
 from lerobot_zenoh.protocol import codec  # noqa: E402
 from lerobot_zenoh.protocol.keys import AppKey  # noqa: E402
 from lerobot_zenoh.protocol.messages import Observation  # noqa: E402
-from lerobot_zenoh.server.manifest import parse_manifest  # noqa: E402
-from lerobot_zenoh.server.server import PolicyServer  # noqa: E402
+from lerobot_zenoh.server.config.manifest import parse_manifest  # noqa: E402
+from lerobot_zenoh.server.shell.policy_server import PolicyServer  # noqa: E402
 from lerobot_zenoh.transport.session import OBSERVATION_QOS, ZenohSession  # noqa: E402
 from lerobot_zenoh.transport.settings import ZenohSettings, loopback_settings  # noqa: E402
 

@@ -19,7 +19,7 @@ from benchmarks.studies.fleet_traces import CHUNK_SIZE, Task, generate_traces, l
 from benchmarks.studies import fleet_zenoh
 from benchmarks.studies.fleet_server import register
 from benchmarks.studies.fleet_zenoh import RunConfig, Study, aggregate, manifest, run
-from lerobot_zenoh.server.manifest import Manifest
+from lerobot_zenoh.server.config.manifest import Manifest
 
 
 def test_traces_follow_the_documented_distributions():
@@ -59,7 +59,7 @@ def test_the_compiled_capacity_study_serves_pi0_both_ways_to_robots_that_send_wh
     and its robots send a 6-D state, both cameras as 96x128 JPEG and a task, as the reference client does."""
     from benchmarks.studies import compiled_capacity as study
     from lerobot_zenoh.protocol import codec
-    from lerobot_zenoh.server.manifest import parse_manifest
+    from lerobot_zenoh.server.config.manifest import parse_manifest
 
     eager, compiled = (study.manifest(mode, 7999, tmp_path / "pi0", tmp_path / "cache", 8) for mode in study.MODES)
     assert {**eager["server"][0], "compile": None} == {**compiled["server"][0], "compile": None}
@@ -403,7 +403,7 @@ def test_the_model_beside_a_real_hybrid_run_point_by_point(tmp_path, capsys):
 
 def test_scaleout_layouts_are_valid_manifests():
     from benchmarks.studies import fleet_scaleout
-    from lerobot_zenoh.server.manifest import parse_manifest
+    from lerobot_zenoh.server.config.manifest import parse_manifest
 
     for layout in fleet_scaleout.LAYOUTS:
         for name, data in fleet_scaleout.manifests(layout, 2, fleet_scaleout.profile_ms(2.0)):

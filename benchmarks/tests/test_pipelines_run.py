@@ -18,7 +18,7 @@ from lerobot_zenoh.pipelines.deployment import write_deployment
 from lerobot_zenoh.pipelines.descriptor import parse_factory
 from lerobot_zenoh.pipelines.planner import evaluate_server
 from lerobot_zenoh.pipelines.robot_plan import load_robot_plan
-from lerobot_zenoh.server.manifest import load_manifest
+from lerobot_zenoh.server.config.manifest import load_manifest
 
 SCALE = 2.0
 

@@ -16,7 +16,8 @@ processors, tokenizer, features sidecar; a few hundred KB) and loads it here:
 Everything but the weights is the server's path: LeRobot's class (or the test architecture the
 sidecar declares), the config the runner prepares (bf16 as LeRobot mixes it), the saved processors,
 the runner's compile settings, warm-up and `run`. A server never loads a checkpoint this way: its
-loader (`runners.load_runner`) insists on ``model.safetensors`` and checks every tensor of it.
+loader (`load_runner`, server/config/runner_loading.py) insists on ``model.safetensors`` and checks
+every tensor of it.
 """
 
 from __future__ import annotations

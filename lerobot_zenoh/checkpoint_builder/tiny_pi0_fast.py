@@ -119,7 +119,7 @@ def script_end_of_action(policy: Any, preprocessor: Any, spec: Any, *, end_token
     from lerobot.utils.constants import OBS_LANGUAGE_ATTENTION_MASK, OBS_LANGUAGE_TOKENS
     from lerobot.utils.feature_utils import build_dataset_frame
 
-    from lerobot_zenoh.server.runners.decode_batch import DecodeEngine, DecodeRequest
+    from lerobot_zenoh.server.runners.decode_batch import BatchDecoder, DecodeRequest
     from lerobot_zenoh.server.runners.fast_tokens import byte_decoder
 
     model = policy.model
@@ -158,7 +158,7 @@ def script_end_of_action(policy: Any, preprocessor: Any, spec: Any, *, end_token
     best_fast: list[list[float]] = []  # per probe row, per step: the best FAST logit
     hiddens: list[list[Any]] = []  # ... and the normalized hidden state
 
-    class _Probe(DecodeEngine):
+    class _Probe(BatchDecoder):
         def _greedy(self, hidden):  # the head's argmax without `|`, recording what `|` would need
             logits = self._lm_head(hidden).float()
             logits[:, end_token] = -float("inf")

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     from pathlib import Path
 
     from lerobot_zenoh.errors import PolicyError
-    from lerobot_zenoh.server.hub import HubRef, place_in_cache
+    from lerobot_zenoh.server.runners.hub import HubRef, place_in_cache
 
     ref = HubRef.parse(args.repo_id)
     if ref is None or ref.revision is not None:

@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
 def _deployment(args):
     from lerobot_zenoh.errors import ConfigError
     from lerobot_zenoh.security.acl import Deployment
-    from lerobot_zenoh.server.manifest import load_manifest
+    from lerobot_zenoh.server.config.manifest import load_manifest
 
     manifests = [load_manifest(m) for m in args.manifest]
     for m in manifests:
@@ -366,7 +366,7 @@ def _serves(role: str, names: list[str]) -> str:
 def _secured_manifest(manifest, settings, root: Path) -> dict:
     """The manifest as data, with the secured zenoh block, tls/ endpoints and absolute checkpoint paths."""
     from lerobot_zenoh.security.identities import tls_endpoint
-    from lerobot_zenoh.server.hub import HubRef
+    from lerobot_zenoh.server.runners.hub import HubRef
 
     data = manifest.model_dump(mode="json", exclude_none=True)
     listen = [] if settings.mode == "client" else [tls_endpoint(e) for e in manifest.zenoh.listen]

@@ -10,7 +10,7 @@ A fleet's models, clients and settings from a manifest (docs/server.md)::
 
 `--policy.path` (and a manifest's `pretrained_path`) is a local checkpoint folder or a Hugging Face
 hub id, `user/repo` or `user/repo@revision`: downloaded when online, taken from the cache when the
-user's HF_HUB_OFFLINE is set (server/hub.py). The endpoints are bound before any model loads, so a
+user's HF_HUB_OFFLINE is set (server/runners/hub.py). The endpoints are bound before any model loads, so a
 busy port fails at once.
 
 SIGHUP re-reads the manifest and takes its client lists (with integer `max_batch_size` and the task
@@ -112,8 +112,8 @@ class ServerConfig:
 def single_model_manifest(args: ServerConfig):
     """The manifest `--policy.path` stands for: one model, any client (or --clients), the defaults."""
     from lerobot_zenoh.errors import ConfigError
-    from lerobot_zenoh.server.hub import HubRef
-    from lerobot_zenoh.server.manifest import parse_manifest
+    from lerobot_zenoh.server.runners.hub import HubRef
+    from lerobot_zenoh.server.config.manifest import parse_manifest
 
     path = args.policy.path
     ref = None if os.path.exists(path) else HubRef.parse(path)
@@ -152,7 +152,7 @@ def check_policy_path(path: str) -> None:
 
     from lerobot_zenoh.command_line import fail
     from lerobot_zenoh.errors import PolicyError
-    from lerobot_zenoh.server.hub import checkpoint_folder, is_offline
+    from lerobot_zenoh.server.runners.hub import checkpoint_folder, is_offline
 
     if not os.path.exists(path) and not is_offline():
         return
@@ -194,7 +194,7 @@ def with_endpoint(manifest, endpoint: str):
 
 def load(args: ServerConfig):
     """The manifest to serve: the file's (with --server_id, --endpoint), or the single model's."""
-    from lerobot_zenoh.server.manifest import load_manifest
+    from lerobot_zenoh.server.config.manifest import load_manifest
 
     if args.manifest is None:
         return single_model_manifest(args)
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger(PROG)
 
     from lerobot_zenoh.errors import ConfigError, LeRobotZenohError, TransportError
-    from lerobot_zenoh.server.server import PolicyServer
+    from lerobot_zenoh.server.shell.policy_server import PolicyServer
 
     def interrupt(*_):
         begin_stop(None)

@@ -21,7 +21,7 @@ msgpack allocates anything (`wire.py`), so a costly frame costs its sender's tur
 client's memory. A frame is at most `frame_limit` bytes: unless set (`max_frame_bytes`), twice the
 largest request the model's cameras, state and prompt make, plus 1 MiB; a larger one is refused
 from its header, never read. Rejections feed the same cool-down as the Zenoh path
-(`server/rate_limit.py`), keyed by the peer's address so that reconnecting does not evade it: past
+(`server/session_table/rate_limit.py`), keyed by the peer's address so that reconnecting does not evade it: past
 `max_rejections` in `rejection_window_s`, requests are refused unread for `cooldown_s`.
 """
 

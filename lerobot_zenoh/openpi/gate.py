@@ -21,7 +21,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 from lerobot_zenoh.openpi.wire import OpenPIReason
-from lerobot_zenoh.server.rate_limit import RejectionRateLimit
+from lerobot_zenoh.server.session_table.rate_limit import RejectionRateLimit
 
 if TYPE_CHECKING:
     from lerobot_zenoh.openpi.bridge import ClientIds

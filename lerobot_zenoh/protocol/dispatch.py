@@ -1,7 +1,7 @@
 """The edge scheduler <-> engine messages and keys (docs/protocol.md, "Engines").
 
-An edge scheduler (`server/dispatch.py`) hands a request it placed on another engine process as an
-`EngineRequest` on that engine's own dispatch key; the engine (`server/engine_worker.py`) answers
+An edge scheduler (`server/dispatch/dispatcher.py`) hands a request it placed on another engine process as an
+`EngineRequest` on that engine's own dispatch key; the engine (`server/shell/engine_worker.py`) answers
 on its answer key with an `EngineAnswer`; the scheduler relays the chunk to the robot. An engine's
 `EngineStatus` (its queryable, also the scheduler's round-trip probe) says what it serves and its
 batch-latency profile. Keys, under the model's app prefix::

@@ -70,7 +70,7 @@ class Reason(StrEnum):
     TOO_MANY_CLIENTS = "too_many_clients"
     RATE_LIMITED = "rate_limited"
     CLIENT_ID_TOO_LONG = "client_id_too_long"  # the key's client id is over MAX_CLIENT_ID_BYTES (protocol/keys.py)
-    # -- a server's refusals of another server's heartbeat of served work (server/failover.py)
+    # -- a server's refusals of another server's heartbeat of served work (server/model/failover.py)
     NOT_A_HEARTBEAT = "not_a_heartbeat"  # telemetry of something other than a server
     HEARTBEAT_IDENTITY = "heartbeat_identity"  # its source_id is not the server id of the key it came on
     HEARTBEAT_OUT_OF_RANGE = "heartbeat_out_of_range"  # a count or turn time not finite, negative, or too large

@@ -7,7 +7,7 @@ beyond it a bigger batch adds latency to every request in it without adding thro
 section 3.2; docs/scheduling.md, "`max_batch_size: auto`"). Choosing the smallest such size keeps batches, and so the latency
 each client pays, as small as the throughput allows.
 
-The server measures a profile at start-up for `max_batch_size: auto` (`server/batch_profiling.py`);
+The server measures a profile at start-up for `max_batch_size: auto` (`server/model/batch_profiling.py`);
 `benchmarks/studies/fleet.py` applies the same rule to its synthetic GPU profile.
 """
 

@@ -1,6 +1,6 @@
 """What one engine is running, as the scheduler that dispatched to it knows it (pure).
 
-The one copy of the placement bookkeeping: the edge scheduler (`server/dispatch.py`) keeps an
+The one copy of the placement bookkeeping: the edge scheduler (`server/dispatch/dispatcher.py`) keeps an
 `EngineLoad` per engine, and the fleet model (`benchmarks/studies/fleet.py`) keeps the same object
 per simulated engine, so the rule the model validates is the rule the server runs.
 

@@ -2,7 +2,7 @@
 registry that maps a manifest's `scheduler` to a type (docs/server.md, "Schedulers and their settings").
 
 Declared in the manner of vLLM's scheduler interface: a scheduler is a pure decision object (no
-I/O, no clock of its own: `now_s` is passed in) that the inference loop (server/inference_loop.py) drives
+I/O, no clock of its own: `now_s` is passed in) that the inference loop (server/shell/inference_loop.py) drives
 through five calls and one attribute:
 
     needs_execution_info                      read once at start: True makes the server decode each

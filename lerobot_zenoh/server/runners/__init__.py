@@ -22,15 +22,17 @@
 that declares its capabilities (`capabilities_for`), registered with `register_runner` (here for the
 built-in ones, or by a plugin at import; docs/policies.md). The server decides from the declared
 capabilities, never by probing a runner's class. Importing this package imports neither torch nor
-lerobot.
+lerobot. `hub.py` resolves a checkpoint or asset named by Hugging Face hub id into its snapshot folder.
+
+May import (server/): nothing. Runners know no manifest (`server/config/runner_loading.py` builds a
+runner from a manifest entry) and no serving; every room above imports them.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from lerobot_zenoh.errors import ConfigError, PolicyError
+from lerobot_zenoh.errors import PolicyError
 from lerobot_zenoh.server.runners.act import ActRunner
 from lerobot_zenoh.server.runners.base import (
     BaseRunner,
@@ -45,9 +47,6 @@ from lerobot_zenoh.server.runners.flow_matching import FlowMatchingRunner
 from lerobot_zenoh.server.runners.lerobot import LeRobotRunner, LoadOptions, RtcSettings, read_config
 from lerobot_zenoh.server.runners.pi0_fast import Pi0FastRunner
 
-if TYPE_CHECKING:
-    from lerobot_zenoh.server.manifest import Manifest, ModelEntry
-
 __all__ = [
     "REFUSED",
     "RUNNERS",
@@ -60,7 +59,6 @@ __all__ = [
     "RtcSettings",
     "RunnerCapabilities",
     "load_policy_runner",
-    "load_runner",
     "register_runner",
 ]
 
@@ -126,9 +124,9 @@ def load_policy_runner(pretrained_path: str | Path, device: str = "cpu", *,
     """Load a local LeRobot checkpoint folder as the runner `RUNNERS` names for its policy type,
     on `device` (or as `options` say: device, dtype, local asset folders).
 
-    A hub id is resolved by `load_runner` (server/hub.py) into its snapshot folder first. Raises
-    `PolicyError` naming the path on any failure, and for a type without a runner, the type and the
-    supported ones.
+    A hub id is resolved into its snapshot folder first, by `load_runner` (server/config/runner_loading.py,
+    through `hub.py`). Raises `PolicyError` naming the path on any failure, and for a type without a
+    runner, the type and the supported ones.
     """
     path = Path(pretrained_path)
     config = read_config(path)
@@ -138,87 +136,3 @@ def load_policy_runner(pretrained_path: str | Path, device: str = "cpu", *,
         raise PolicyError(f"{path}: policy type {config.type!r} is not served: {why} "
                           f"(supported: {', '.join(sorted(RUNNERS))})")
     return runner_cls.from_checkpoint(path, config, options or LoadOptions(device=device))
-
-
-def load_runner(manifest: Manifest, entry: ModelEntry) -> PolicyRunner:
-    """Build the runner a manifest entry asks for: its `synthetic` policy, its VLM folder (`vlm`), or its
-    checkpoint folder.
-    Raises `PolicyError` (or `ConfigError`: a synthetic entry with `rtc.enabled`) naming the entry or the path."""
-    field = f"server[{entry.model_id}]."
-    if entry.compile.enabled:
-        _check_compile(manifest, entry, field)
-    if entry.synthetic is not None:
-        if entry.rtc.enabled:
-            raise ConfigError(f"{field}rtc.enabled", "the synthetic policy has no RTC guidance to configure; "
-                                                     "declare RTC with synthetic.rtc instead")
-        from lerobot_zenoh.server.runners.synthetic import SyntheticPolicy
-
-        return SyntheticPolicy(entry.synthetic, fps=entry.fps)
-    from lerobot_zenoh.server.hub import checkpoint_folder
-
-    # A local folder, else a Hugging Face hub id (downloaded, or from the cache offline).
-    path = checkpoint_folder(entry.pretrained_path, manifest.resolve_path(entry),
-                             f"{manifest.source}: server[{entry.model_id}].pretrained_path")
-    if entry.vlm is not None:
-        from lerobot_zenoh.server.runners.vlm import VlmRunner
-
-        return VlmRunner.from_pretrained(path, entry.vlm, fps=entry.fps, device=entry.device, dtype=entry.dtype,
-                                         field_prefix=field)
-    options = LoadOptions(
-        device=entry.device,
-        dtype=entry.dtype,
-        tokenizer_path=manifest.resolve_asset(entry.tokenizer_path),
-        vlm_path=manifest.resolve_asset(entry.vlm_path),
-        rtc=entry.rtc,
-        compile=entry.compile,
-        max_batch=entry.max_batch_size if isinstance(entry.max_batch_size, int) else entry.profile_max_batch,
-        images_on_device=entry.images_on_device,
-        field_prefix=field,
-    )
-    if entry.language is not None:  # pi0.5 answering text from the prefill of its actions
-        from lerobot_zenoh.server.runners.pi05_language import Pi05LanguageRunner
-
-        config = read_config(path)
-        if config.type != "pi05":
-            raise PolicyError(f"{field}language: {path} is a {config.type!r} checkpoint; text from the shared "
-                              "prefill needs pi05")
-        runner = Pi05LanguageRunner.from_checkpoint(path, config, options)
-    else:
-        runner = load_policy_runner(path, options=options)
-    # The family blocks the manifest gives (each validated by the runner's own settings class),
-    # handed to the runner that declares it takes them.
-    takes = dict(runner.spec.capabilities.settings_blocks)
-    for block in FAMILY_BLOCKS:
-        settings = getattr(entry, block)
-        if settings is None:
-            continue
-        if block not in takes:
-            raise PolicyError(f"{field}{block}: {path} is a {runner.spec.policy_type!r} checkpoint, whose runner "
-                              f"takes no {block} block ({FAMILY_BLOCKS[block]})")
-        getattr(runner, takes[block])(settings)
-    return runner
-
-
-def _check_compile(manifest: Manifest, entry: ModelEntry, field: str) -> None:
-    """A `compile` block the model cannot take, refused before anything loads (`ConfigError` naming it);
-    the compile cache folder (the manifest's, else the server's private one) checked and put where
-    inductor and Triton read it (`compile_cache.use_folder`: `ConfigError` naming compile_cache_dir)."""
-    from lerobot_zenoh.server.runners.compile_cache import use_folder
-    from lerobot_zenoh.server.runners.compiled import check_compile
-
-    check_compile(entry.compile, entry.device, f"{field}compile")
-    for block, what in (("synthetic", "the synthetic policy"), ("vlm", "a VLM component"),
-                        ("language", "a pi0.5 answering text (language)")):
-        if getattr(entry, block) is not None:
-            raise ConfigError(f"{field}compile", f"{what} is not compiled; use off")
-    # Inductor reads it on each compilation: one folder for the process. Made absolute by use_folder:
-    # inductor runs the C++ compiler from another folder, so a relative path fails every compile.
-    use_folder(manifest.resolve_asset(manifest.compile_cache_dir))
-
-
-#: Manifest blocks that configure one policy family, and what each is for (the runner declares
-#: which it takes: `RunnerCapabilities.settings_blocks`).
-FAMILY_BLOCKS = {
-    "decode": "it configures pi0_fast's continuous batching",
-    "language": "it configures pi0.5's text from the shared prefill",
-}

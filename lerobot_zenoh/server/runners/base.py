@@ -79,7 +79,7 @@ class RunnerCapabilities:
       and `score`, a Verdict on ``.../verdict``).
     - `iteration_level`: the runner decodes step by step and can take requests into a running batch
       and answer each the step it finishes (``stream(first, join, emit)``, as `pi0_fast.Pi0FastRunner`);
-      the server then serves it through `Executor.stream` instead of one `run` per batch.
+      the server then serves it through `RunnerAdapter.stream` instead of one `run` per batch.
     - `streams_text`: besides its answers, it writes text across frames from the same prefill (a
       pi0.5 with a `language` block): the status says so, and the server advances it between batches.
     - `settings_blocks`: the manifest blocks that configure this family and the method that takes

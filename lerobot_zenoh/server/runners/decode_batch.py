@@ -16,7 +16,7 @@ its slowest member. Pieces:
   prefill tokens and the running rows' decode tokens flattened into one ``(1, J*P + B)`` sequence,
   each token attending only to its own request's keys: one big matrix multiply per weight instead
   of a prefill plus a decode step).
-- `DecodeEngine`: the waiting queue, the running set and the step loop. ``submit`` queues a
+- `BatchDecoder`: the waiting queue, the running set and the step loop. ``submit`` queues a
   request (its prefix embeddings); ``step`` admits waiting requests into free slots (the injected
   `RequestScheduler`, e.g. wait ratio, picks who when there are more than slots), runs their prefill
   (``join="separate"``) or packs it with the running rows' decode step (``join="packed"``), appends
@@ -184,7 +184,7 @@ class StepTimes:
     packed: int = 0
 
 
-class DecodeEngine:
+class BatchDecoder:
     """Greedy token decoding of many requests at once, joining and leaving at token boundaries.
 
     `model` is LeRobot's ``PI0FastPytorch`` (its PaliGemma language model and LM head are used).

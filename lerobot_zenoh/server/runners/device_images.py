@@ -8,7 +8,7 @@ Only for a LeRobot model served with ``images_on_device: true`` on a CUDA device
     decode_on_device(frames, device,   JPEG bytes -> uint8 (H, W, 3) tensors on the device, one batched
         stream)                        nvJPEG call (torchvision) on that stream, finished before the
                                        tensors are handed to the caller's stream (see "Stream order");
-                                       the server's batch decoder calls it (server/jpeg_batch.py) and
+                                       the server's batch decoder calls it (server/model/jpeg_batch.py) and
                                        falls back to the CPU when it raises
     observation_tensors(spec, states,  LeRobot's ``prepare_observation_for_inference`` tensors for B
         images, device)                observations at once: frames already on the device are taken

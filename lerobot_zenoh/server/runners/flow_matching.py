@@ -202,7 +202,7 @@ class FlowMatchingRunner(LeRobotRunner):
 
     def _rtc_inputs(self, request: InferenceRequest) -> Any:
         """The request's RTC inputs (None without), checked against the model: `ProtocolError`
-        (``bad_rtc_prefix``/``bad_rtc_delay``) for what the executor and the codec also refuse, so
+        (``bad_rtc_prefix``/``bad_rtc_delay``) for what the runner adapter and the codec also refuse, so
         that a request built elsewhere cannot fail a whole batch either."""
         rtc = request.extras.get(RTC_EXTRA) if self._rtc_horizon is not None else None
         if rtc is None:
@@ -455,7 +455,7 @@ def resolve_asset(path: Path, what: str, named: str | None, named_where: str, gi
     cached = _hf_cached(named, marker)
     if cached is not None:
         return cached
-    from lerobot_zenoh.server.hub import HubRef, is_offline, snapshot
+    from lerobot_zenoh.server.runners.hub import HubRef, is_offline, snapshot
 
     ref = HubRef.parse(named) if named else None
     if ref is not None and not is_offline():  # as LeRobot would: fetch it (configs and tokenizer files only)

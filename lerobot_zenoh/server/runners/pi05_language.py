@@ -246,7 +246,7 @@ class Pi05LanguageRunner(FlowMatchingRunner):
 
     def yield_to_actions(self, waiting: Callable[[], bool] | None) -> None:
         """`waiting()`: whether an observation waits for its actions; a frame of text then stops
-        after its floor (`min_tokens_per_frame` steps), between steps (server/serving.py)."""
+        after its floor (`min_tokens_per_frame` steps), between steps (server/engine/serving.py)."""
         self.text.actions_wait = waiting
 
     def advance(self, max_tokens: int | None = None) -> list[TextUpdate]:

@@ -102,7 +102,7 @@ class DecodeBudget:
     Without `action_slo_ms`: `tokens_per_frame` decode steps and every pending prompt pass. With it,
     a frame may take ``frame_ms() = slo * (1 - margin) - the slowest of the last 32 action calls``.
     The server decodes text only while no observation waits and stops a frame between steps when one
-    arrives (server/serving.py, `TextDecoder.actions_wait`), so an observation waits at most that long
+    arrives (server/engine/serving.py, `TextDecoder.actions_wait`), so an observation waits at most that long
     (usually one step) before its own call starts: its action latency stays within the SLO. The frame's prompt passes (`admits`) and decode steps
     (`tokens`, and a check of the clock between steps) are fitted into it from their measured times;
     at least `min_tokens_per_frame` steps, and one prompt pass when nothing runs: that floor is all

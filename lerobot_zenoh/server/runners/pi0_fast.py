@@ -14,7 +14,7 @@ checkpoint's, a probe chunk that does not come back) is refused at start-up nami
 ``config.json's action_tokenizer_name``.
 
 Serving: each request's prompt (images, task and discretized state, BOS) is embedded by LeRobot's own
-``embed_prefix_fast``; `decode_batch.DecodeEngine` decodes all of a call's requests together, each
+``embed_prefix_fast``; `decode_batch.BatchDecoder` decodes all of a call's requests together, each
 leaving the batch at its end-of-action token (``|``); the tokens are cut, cleaned of ``Action: ``
 (as LeRobot's ``detokenize_actions`` does) and decoded to a normalized chunk, then LeRobot's saved
 postprocessor unnormalizes it. A request whose decode reaches ``max_decoding_steps`` without ``|``,
@@ -226,7 +226,7 @@ class Pi0FastRunner(LeRobotRunner):
         self.slots = DEFAULT_SLOTS
         self.join_mode: str = "separate"
         self.scheduler = None
-        self._engine = None
+        self._decoder = None
         self._prefix_len: int | None = None
         from lerobot.processor import TokenizerProcessorStep
 
@@ -250,22 +250,22 @@ class Pi0FastRunner(LeRobotRunner):
                                                  f"{self.max_prompt_tokens} (tokenizer_max_length)")
 
     def configure_decode(self, settings: DecodeSettings) -> None:
-        """Take the manifest's ``decode`` block (before the first request: the engine is built then)."""
-        self.slots, self.join_mode, self._engine = settings.slots, settings.join, None
+        """Take the manifest's ``decode`` block (before the first request: the decoder is built then)."""
+        self.slots, self.join_mode, self._decoder = settings.slots, settings.join, None
 
     def figures(self) -> dict[str, float]:
-        """``decode.*``: the KV slots and the decode engine's counters (docs/telemetry.md)."""
-        return {} if self._engine is None else {f"decode.{k}": v for k, v in self._engine.stats().items()}
+        """``decode.*``: the KV slots and the batch decoder's counters (docs/telemetry.md)."""
+        return {} if self._decoder is None else {f"decode.{k}": v for k, v in self._decoder.stats().items()}
 
-    def engine(self):
-        """The decode engine (built on first use: its slots hold this model's prompt length)."""
-        if self._engine is None:
-            from lerobot_zenoh.server.runners.decode_batch import DecodeEngine
+    def decoder(self):
+        """The batch decoder (built on first use: its slots hold this model's prompt length)."""
+        if self._decoder is None:
+            from lerobot_zenoh.server.runners.decode_batch import BatchDecoder
 
-            self._engine = DecodeEngine(self.policy.model, end_token=self._end, max_new_tokens=self.max_new_tokens,
+            self._decoder = BatchDecoder(self.policy.model, end_token=self._end, max_new_tokens=self.max_new_tokens,
                                         n_slots=self.slots, max_prefix_len=self.prefix_len(),
                                         scheduler=self.scheduler, join=self.join_mode)
-        return self._engine
+        return self._decoder
 
     def prefix_len(self) -> int:
         """Prompt length of one request: image tokens of every camera + the padded text + BOS (the
@@ -343,7 +343,7 @@ class Pi0FastRunner(LeRobotRunner):
 
     def run(self, requests: Sequence[InferenceRequest], *, capture_updates: bool = False) -> list[Any]:
         """Decode every request together (each leaves the batch when it is done). A request that ends
-        without a chunk gets its `ProtocolError` in its place (the executor counts its reason)."""
+        without a chunk gets its `ProtocolError` in its place (the runner adapter counts its reason)."""
         results: list[Any] = [None] * len(requests)
         self.stream(list(enumerate(requests)), join=lambda: [], emit=lambda key, res: results.__setitem__(key, res))
         return results
@@ -355,28 +355,28 @@ class Pi0FastRunner(LeRobotRunner):
         the requests `join()` returns (keys unique among those in flight) into the batch; `emit(key,
         result)` each request the step it finishes. Returns when nothing is left to decode and
         `join()` gives nothing."""
-        engine = self.engine()
+        decoder = self.decoder()
         pending = list(first)
         while True:
             for key, request in pending:
                 try:
-                    engine.submit(self.prefix(request, key))
+                    decoder.submit(self.prefix(request, key))
                 except Exception as exc:  # a bad observation or a failing vision tower: this request only
                     emit(key, exc)
-            if not engine.busy:
+            if not decoder.busy:
                 return
             try:
-                done = engine.step()
+                done = decoder.step()
             except Exception as exc:  # torch failure mid-step: every request in flight fails, the loop lives
-                for key in engine.keys():
-                    engine.cancel(key)
+                for key in decoder.keys():
+                    decoder.cancel(key)
                     emit(key, PolicyError(f"{self.path}: decode failed: {exc}"))
                 return
             for res in done:
                 emit(res.key, self.finish(res.tokens, res.reason))
             # Ask for more only when a slot is free: when the batch is full, the observations wait in
             # the server's newest-only slots and its scheduler (e.g. wait ratio) picks who joins next.
-            pending = list(join()) if engine.kv.free > engine.waiting else []
+            pending = list(join()) if decoder.kv.free > decoder.waiting else []
 
     def forget(self, session_id: str) -> None:
         """Stateless per session (the prompt is rebuilt from each observation)."""

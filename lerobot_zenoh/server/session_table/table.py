@@ -1,25 +1,25 @@
 """The session table of one model: sessions, newest-only slots, and whom to serve next (with its
-request scheduler). Not an engine: engines (`server/dispatch.py`) run what this table picks.
+request scheduler). Not an engine: engines (`server/engine/`, `server/dispatch/`) run what this table picks.
 
 Pure decisions: no Zenoh, no torch, no decoding and no clock (every call takes `now_s`, seconds
-of one process's monotonic clock), and no calls back into the shell. The shell (`server/server.py`,
-through `server/admission.py`) calls it from two threads:
+of one process's monotonic clock), and no calls back into the shell. The shell (`server/shell/policy_server.py`,
+through `server/engine/admission.py`) calls it from two threads:
 
     Zenoh callback thread    admit(client, payload, now, header, header_error) -> None (kept) or why it was dropped
                              on_token(client, alive, now)        (the client's liveliness token)
     inference thread         expire(now) -> closed sessions      (the shell forgets their runner state)
                              unread() -> slots                   (header-less observations the scheduler must rank:
-                                                                  the shell has the executor decode them)
+                                                                  the shell has the runner adapter decode them)
                              schedule(now) -> Batch              (session rules, whom to serve in one forward pass)
                              judge(session, slot)                (session rules of a picked header-less one, decoded)
                              take_reset / finish / requeue       (bookkeeping after the pass)
     telemetry thread         snapshot() -> SessionTableSnapshot        (a typed copy of the counters; no percentiles)
 
 What an observation is (its `seq_id`, `session_nonce`, `episode_id`, `ExecutionInfo`) is read once:
-from its header, by the shell at admission (`server/admission.py`), and kept in the slot with the
-payload. The session rules (`server/session_rules.py`) judge it when the scheduler first hears of it,
+from its header, by the shell at admission (`server/engine/admission.py`), and kept in the slot with the
+payload. The session rules (`server/session_table/rules.py`) judge it when the scheduler first hears of it,
 in `schedule`, and the verdict stays in the slot (`judged`). An observation sent without a header is
-decoded by the executor: before the scheduler hears of it when the scheduler ranks by
+decoded by the runner adapter: before the scheduler hears of it when the scheduler ranks by
 `ExecutionInfo` (`unread`), so it is judged like the others; else only if it is picked, and judged
 then (`judge`), so that a superseded one never costs a decode.
 
@@ -37,8 +37,8 @@ over to this one) stands in for it. A refresh sent without a header is indisting
 ordinary observation on arrival and is served as one.
 
 Which sessions exist (opening, closing, liveliness, the pool of unknown ids) is the roster's
-(`server/session_roster.py`); which observation a session accepts, the session rules'
-(`server/session_rules.py`, docs/protocol.md §10.5, docs/security.md "Sessions against a forger").
+(`server/session_table/roster.py`); which observation a session accepts, the session rules'
+(`server/session_table/rules.py`, docs/protocol.md §10.5, docs/security.md "Sessions against a forger").
 """
 
 from __future__ import annotations
@@ -53,10 +53,10 @@ from lerobot_zenoh.protocol.messages import ObservationHeader
 from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.scheduling.request_schedulers import RequestScheduler
 from lerobot_zenoh.scheduling.scheduler_interface import ranked, tell_took
-from lerobot_zenoh.server import session_rules
-from lerobot_zenoh.server.rate_limit import RejectionRateLimit
-from lerobot_zenoh.server.session_roster import SessionRoster
-from lerobot_zenoh.server.session_rules import (
+from lerobot_zenoh.server.session_table import rules
+from lerobot_zenoh.server.session_table.rate_limit import RejectionRateLimit
+from lerobot_zenoh.server.session_table.roster import SessionRoster
+from lerobot_zenoh.server.session_table.rules import (
     MAX_SEQ_RATE_HZ,
     MAX_SEQ_STEP,
     NONCE_REQUIRED,
@@ -64,7 +64,7 @@ from lerobot_zenoh.server.session_rules import (
     REPLAYED,
     SEQ_JUMP,
 )
-from lerobot_zenoh.server.sessions import (
+from lerobot_zenoh.server.session_table.records import (
     Batch,
     Ranking,
     Session,
@@ -96,7 +96,7 @@ class SessionTable:
         self.scheduler = scheduler
         self.rate_limit = rate_limit or RejectionRateLimit()
         # A scheduler that ranks by ExecutionInfo hears of a header-less observation only once the
-        # executor decoded it (`unread`); others when it lands, and it is decoded only if served.
+        # runner adapter decoded it (`unread`); others when it lands, and it is decoded only if served.
         # (The declared scheduler interface makes this an attribute every scheduler has.)
         self.needs_execution_info: bool = scheduler.needs_execution_info
         self._lock = threading.Lock()  # guards the roster too
@@ -113,7 +113,7 @@ class SessionTable:
     def admit(self, client_id: str, payload: bytes, now_s: float, header: ObservationHeader | None = None,
               header_error: ProtocolError | None = None, task: str | None = None, refused: str | None = None) -> str | None:
         """Put an observation in its session's slot; None if kept, else why it was dropped (counted).
-        `header`: what admission read of it (`server/admission.py`; None: none, or of a version this
+        `header`: what admission read of it (`server/engine/admission.py`; None: none, or of a version this
         server does not read); `header_error`: its header is malformed (rejected, with its reason, by
         `schedule`); `task`: the multi-model task whose stream it came on; `refused`: why admission
         refused its body on arrival (`task_too_long`), a rejection of the session like `too_large`."""
@@ -134,7 +134,7 @@ class SessionTable:
                 self._count_rejection(session, refused, now_s)
                 return refused
             if header is not None and header.refreshes_seq_id is not None:
-                if session_rules.refresh_is_late(session, header):
+                if rules.refresh_is_late(session, header):
                     stats.refreshes_late += 1
                     return REFRESH_LATE
                 stats.refreshes += 1
@@ -187,7 +187,7 @@ class SessionTable:
     def unread(self) -> list[Slot]:
         """For a scheduler that ranks by `ExecutionInfo`: the new observations nothing is known of yet
         (sent without a header, or with one of a version this server does not read). The shell has
-        the executor decode each into its slot (`observation`, or `error`) before the next
+        the runner adapter decode each into its slot (`observation`, or `error`) before the next
         `schedule`, which announces them only then. Other schedulers: none (never decoded early)."""
         if not (self.needs_execution_info and self._maybe_unread):  # (the usual case: no lock, no scan)
             return []
@@ -199,7 +199,7 @@ class SessionTable:
     def schedule(self, now_s: float, *, exclude: Collection[str] = ()) -> Batch | None:
         """Announce new observations to the scheduler and let it pick up to `max_batch_size` sessions.
 
-        Each new observation known here (from its header, or the executor's decode of a header-less
+        Each new observation known here (from its header, or the runner adapter's decode of a header-less
         one, `unread`) is judged, once, by the session rules: a refused one never reaches the
         scheduler and comes back in `Batch.rejected`, as does one whose header or body could not be
         read. The scheduler hears each accepted one with its `ExecutionInfo`. A header-less one not
@@ -217,7 +217,7 @@ class SessionTable:
         return Batch(items, rejected)
 
     def rank(self, now_s: float, *, exclude: Collection[str] = ()) -> Ranking:
-        """Rank, then take (an edge scheduler placing across engines, `server/dispatch.py`): announce
+        """Rank, then take (an edge scheduler placing across engines, `server/dispatch/dispatcher.py`): announce
         and judge as `schedule` does, and return every ready client in the scheduler's order with its
         payload's size, and what was rejected. Nothing is taken: the caller places the order outside
         this table's lock and hands back what it dispatches (`take`)."""
@@ -259,7 +259,7 @@ class SessionTable:
                     self.decoded_on_arrival += 1
                 why = None if slot.judged else self._judge(session, slot)  # (judged: a re-queued request)
                 if why is not None:
-                    rejected.append((session, slot, why, session_rules.detail(session, known, why)))
+                    rejected.append((session, slot, why, rules.detail(session, known, why)))
                     session.slot = None
                     continue
             if slot.first_arrival is not None:  # a refresh: its request arrived first
@@ -275,7 +275,7 @@ class SessionTable:
                 items.append((session, session.slot))
                 known = session.slot.known
                 if known is not None:  # (a header-less one: once it is judged)
-                    session_rules.picked(session, known.session_nonce, known.seq_id)
+                    rules.picked(session, known.session_nonce, known.seq_id)
                     session.computing = (known.session_nonce, known.seq_id)
                 session.slot = None
         return items
@@ -294,8 +294,8 @@ class SessionTable:
             return True
 
     def judge(self, session: Session, slot: Slot) -> tuple[str, str] | None:
-        """The session rules for a picked observation sent without a header, once the executor decoded
-        it (`slot.observation`; a scheduler that does not rank by `ExecutionInfo` never needs it
+        """The session rules for a picked observation sent without a header, once the runner adapter
+        decoded it (`slot.observation`; a scheduler that does not rank by `ExecutionInfo` never needs it
         earlier): None to serve it, else (reason, detail): `replayed`, `nonce_required` or `seq_jump`.
         Every other observation was judged when the scheduler heard of it (`slot.judged`)."""
         with self._lock:
@@ -303,8 +303,8 @@ class SessionTable:
                 return None
             why = self._judge(session, slot)
             if why is not None:
-                return why, session_rules.detail(session, slot.known, why)
-            session_rules.picked(session, slot.known.session_nonce, slot.known.seq_id)
+                return why, rules.detail(session, slot.known, why)
+            rules.picked(session, slot.known.session_nonce, slot.known.seq_id)
             session.computing = (slot.known.session_nonce, slot.known.seq_id)
             return None
 
@@ -342,7 +342,7 @@ class SessionTable:
                 if self.sessions.get(session.client_id) is not session:  # closed meanwhile: only the totals count it
                     self.roster.closed.count_served(inference_ms, queue_ms, window=False)
                     continue
-                session_rules.served(session, seq_id, now_s)
+                rules.served(session, seq_id, now_s)
                 session.stats.count_served(inference_ms, queue_ms)
 
     # -- telemetry thread ---------------------------------------------------------------------
@@ -377,13 +377,13 @@ class SessionTable:
 
     def _judge(self, session: Session, slot: Slot) -> str | None:
         """The session rules for the slot's observation: None when accepted, else why it is refused."""
-        why, reset = session_rules.judge(session, slot)
+        why, reset = rules.judge(session, slot)
         if reset:
             self.scheduler.forget(session.client_id)  # its task starts again (wait ratio: a new task)
         return why
 
     def _count_rejection(self, session: Session, reason: str, now_s: float, cool_down: bool = True) -> int:
         session.stats.rejected[reason] += 1
-        if cool_down and session_rules.cools_down(reason):
+        if cool_down and rules.cools_down(reason):
             self.rate_limit.on_rejection(session.client_id, now_s)
         return sum(session.stats.rejected.values())

@@ -1,20 +1,20 @@
-"""The policy server's shell: wires Zenoh, liveliness, failover and telemetry around each model's
-engine (`server/session_table.py`: sessions, slots, whom to serve) and executor (`server/executor.py`:
-decode, infer, encode), through admission (`server/admission.py`: the header read once, the one
-step every picked request goes through).
+"""The policy server's shell: wires Zenoh, liveliness, failover and telemetry around each model
+(`server/model/served_model.py`: its session table, whom to serve; its runner adapter, decode, infer,
+encode), through admission (`server/engine/admission.py`: the header read once, the one step every
+picked request goes through).
 
 Who owns what (docs/architecture.md, "Server process"):
-- `server/ingest.py`: the subscriptions and Zenoh callbacks (hand-over only: the header read once,
-  `engine.admit` into the session's newest-only slot, client tokens), and what a reload changes;
-- `server/inference_loop.py`: the one inference thread and its supervision (a model whose turns
+- `server/shell/ingest.py`: the subscriptions and Zenoh callbacks (hand-over only: the header read once,
+  `SessionTable.admit` into the session's newest-only slot, client tokens), and what a reload changes;
+- `server/shell/inference_loop.py`: the one inference thread and its supervision (a model whose turns
   keep failing is withdrawn where everyone can see it);
-- `server/engine_executor.py`: the executor interface every engine is (the batch executor, the
-  iteration-level decoder, a thread of either, a remote engine); a model without `engines` is the
-  session table's scheduler with one local executor;
-- `server/serving.py`: what this process's executors share: the batch path, answers, the action publishers;
-- `server/dispatch.py`: a model with `engines` (docs/server.md, "Engines"): placement across
-  engines, each an executor the dispatcher hands requests to; this class is its `DispatchHost`;
-- `server/figures.py`: telemetry figures and counters, computed outside the session table's lock.
+- `server/engine/`: the executor interface every engine is (the batch executor, the iteration-level
+  decoder, a thread of either, a remote engine); a model without `engines` is the session table's
+  scheduler with one local executor (`server/engine/local.py`);
+- `server/engine/serving.py`: what this process's executors share: the batch path, answers, the action publishers;
+- `server/dispatch/`: a model with `engines` (docs/server.md, "Engines"): placement across engines,
+  each an executor the dispatcher hands requests to; this class is its `DispatchHost`;
+- `server/shell/figures.py`: telemetry figures and counters, computed outside the session table's lock.
 
 This shell starts and stops them: pre-warm and profile each model, open Zenoh, declare status
 responders and liveliness tokens, hot standby roles, telemetry publishers.
@@ -34,19 +34,20 @@ import time
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import SameHostAdvert
 from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
-from lerobot_zenoh.server.batch_profiling import measure_batch_profile
-from lerobot_zenoh.server.dispatch import Dispatcher
-from lerobot_zenoh.server.engine_executor import EngineExecutor, local_executor
-from lerobot_zenoh.server.session_table import Session
-from lerobot_zenoh.server.engine_worker import EngineWorker
-from lerobot_zenoh.server.figures import model_figures, model_stats
-from lerobot_zenoh.server.inference_loop import InferenceLoop
-from lerobot_zenoh.server.ingest import Ingest
-from lerobot_zenoh.server.served_model import ServedModel
-from lerobot_zenoh.server.serving import Serving
-from lerobot_zenoh.server.failover import Heartbeats, ServingRole
-from lerobot_zenoh.server.manifest import Manifest, ModelEntry, reload_refusal
-from lerobot_zenoh.server.runners import load_runner
+from lerobot_zenoh.server.model.batch_profiling import measure_batch_profile
+from lerobot_zenoh.server.dispatch.dispatcher import Dispatcher
+from lerobot_zenoh.server.engine.interface import EngineExecutor
+from lerobot_zenoh.server.engine.local import local_executor
+from lerobot_zenoh.server.session_table.records import Session
+from lerobot_zenoh.server.shell.engine_worker import EngineWorker
+from lerobot_zenoh.server.shell.figures import model_figures, model_stats
+from lerobot_zenoh.server.shell.inference_loop import InferenceLoop
+from lerobot_zenoh.server.shell.ingest import Ingest
+from lerobot_zenoh.server.model.served_model import ServedModel
+from lerobot_zenoh.server.engine.serving import Serving
+from lerobot_zenoh.server.model.failover import Heartbeats
+from lerobot_zenoh.server.config.manifest import Manifest, ModelEntry, reload_refusal
+from lerobot_zenoh.server.config.runner_loading import load_runner
 from lerobot_zenoh.server.runners.base import PolicyRunner
 from lerobot_zenoh.telemetry.publisher import TelemetryPublisher
 from lerobot_zenoh.transport import same_host
@@ -78,13 +79,13 @@ class PolicyServer:
         # host's engine is offered JPEG only.
         self._probe = (same_host.Probe() if manifest.same_host and manifest.role == "server"
                        and not any(e.engines for e in manifest.server) else None)
-        self._worker: EngineWorker | None = None  # role: engine (server/engine_worker.py)
+        self._worker: EngineWorker | None = None  # role: engine (server/shell/engine_worker.py)
         self._tokens: dict[str, object] = {}  # app prefix -> this server's liveliness token for it
-        self.serving = Serving(self.server_id, self.models, self._stop)  # the serving paths (server/serving.py)
-        self.ingest = Ingest(self.models, self._wake)  # Zenoh callbacks and subscriptions (server/ingest.py)
+        self.serving = Serving(self.server_id, self.models, self._stop)  # the serving paths (server/engine/serving.py)
+        self.ingest = Ingest(self.models, self._wake)  # Zenoh callbacks and subscriptions (server/shell/ingest.py)
         self._loop = InferenceLoop(self.models, self.serving, self._stop, self._wake, self._tokens)
         self.incarnation = f"{os.getpid()}-{time.time_ns():x}"  # this process: heartbeats name it
-        self._heartbeats: Heartbeats | None = None  # served work, for a hot standby (server/failover.py)
+        self._heartbeats: Heartbeats | None = None  # served work, for a hot standby (server/model/failover.py)
 
     @property
     def failed(self) -> threading.Event:
@@ -150,13 +151,10 @@ class PolicyServer:
             if profile_s is None and any(e.local and e.profile == "measured" for e in entry.engines):
                 profile_s = self._profile(entry, runner, force=True)
             self.models.append(ServedModel(self.manifest, entry, runner, self.server_id, profile_s, self._limits,
-                                           same_host=advert))
+                                           same_host=advert, incarnation=self.incarnation, runs_on=self._runs_on))
 
         for model in self.models:
-            if not model.entry.engines:  # a scheduler with one local executor, run by the inference thread
-                model.engine = local_executor(self.serving, model)
-            else:
-                model.dispatcher = Dispatcher(self, model, self._session)  # (this server is its DispatchHost)
+            if model.dispatcher is not None:
                 try:
                     model.dispatcher.start()  # every remote engine reachable, loading this model
                 except BaseException:
@@ -164,8 +162,6 @@ class PolicyServer:
                     self._session.close()
                     raise
         for model in self.models:
-            model.role = ServingRole(f"{self.server_id}:{model.app.prefix}", self.manifest.standby_for,
-                                     on_deactivate=model.session_table.drop_slots, incarnation=self.incarnation)
             model.role.note_turn(warmup_s.get(model.entry.model_id))  # the slowest turn until it serves
             # Its own app's observations (a plain robot client routed here) and, for a component of
             # multi-model tasks, each task's observation stream.
@@ -198,6 +194,14 @@ class PolicyServer:
                         "start; set server_id for stable metrics series (docs/telemetry.md)", self.server_id)
         self.started.set()
         return self
+
+    def _runs_on(self, model: ServedModel) -> EngineExecutor | Dispatcher:
+        """Who runs a model's requests (`ServedModel(runs_on=...)`): a model without `engines` is a
+        scheduler with one local executor, run by the inference thread; one with them, a dispatcher
+        (this server is its `DispatchHost`), started once every model is built."""
+        if not model.entry.engines:
+            return local_executor(self.serving, model)
+        return Dispatcher(self, model, self._session)
 
     @staticmethod
     def _profile(entry: ModelEntry, runner: PolicyRunner, force: bool = False) -> dict[int, float] | None:
@@ -251,7 +255,7 @@ class PolicyServer:
             if not stuck:  # (a stuck inference thread may still be inside the runner)
                 for session in model.session_table.close_all():
                     self.serving.forget(model, session)  # (logs each session's counts)
-                model.executor.close()
+                model.adapter.close()
         if self._session is not None:
             self._session.close()
         if self._probe is not None:

@@ -1,26 +1,26 @@
 """Admission: what the server reads of an observation, once each, and the one step every request
-the engine picked goes through before it is run, whichever path runs it (docs/architecture.md,
+the session table picked goes through before it is run, whichever path runs it (docs/architecture.md,
 "Server process").
 
 - `read_header(attachment)` (Zenoh callback thread): the observation's header (protocol.md §5.1.1,
   the put's attachment: a struct unpack, no msgpack), or why it is malformed. The server's only
   read of a header: the verdict goes into the session's slot with the payload (`SessionTable.admit`),
-  and task routing (`server/routing.py`) reads the component mask from it.
+  and task routing (`server/model/routing.py`) reads the component mask from it.
 - `screen(payload, limits)` (Zenoh callback thread, for ids the manifest does not list, and a listed
   robot's for a minute after a rejection): the body's
   one read on arrival, the length of its `task` (nothing decoded): a task over the limit is refused
   there (`task_too_long`), never reaching the inference thread. The body is copied out of Zenoh's
   buffer for it, and that copy is what the slot keeps.
 - `schedule(model, now_s, ...)` (inference thread): for a scheduler that ranks by `ExecutionInfo`,
-  the executor decodes the new observations sent without a header (nothing else tells it what they
-  are), then the engine judges and picks (`SessionTable.unread`, `SessionTable.schedule`).
-- `observation(model, session, slot)`: the picked observation's body, decoded once by the executor
+  the runner adapter decodes the new observations sent without a header (nothing else tells it what they
+  are), then the session table judges and picks (`SessionTable.unread`, `SessionTable.schedule`).
+- `observation(model, session, slot)`: the picked observation's body, decoded once by the runner adapter
   (or the decode of a header-less one on arrival) and checked against its header; a header-less
   one not judged yet is judged now (`SessionTable.judge`). Used by every path, the remote dispatch too.
 - `prepare(model, batch, reject)`: the admission step of a batch, shared by the batch path
   (`Serving.serve`, and the local engine of a model with engines) and the iteration-level
-  path (`Serving.serve` of an iteration-level runner): the engine's rejections counted; each item decoded,
-  routed (task streams) and prepared by the executor (together: one JPEG decode for the batch); the
+  path (`Serving.serve` of an iteration-level runner): the session table's rejections counted; each item decoded,
+  routed (task streams) and prepared by the runner adapter (together: one JPEG decode for the batch); the
   runner's state of a session whose episode or client process changed dropped. A request that cannot be served is rejected with its
   reason (counted against its client) and costs the others nothing.
 """
@@ -36,12 +36,12 @@ from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import MAX_TASK_BYTES, Observation, ObservationHeader
 from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.protocol.schema import CodecLimits
-from lerobot_zenoh.server.session_table import Batch, Ranking, Session, Slot
+from lerobot_zenoh.server.session_table.records import Batch, Ranking, Session, Slot
 from lerobot_zenoh.server.runners.base import InferenceRequest
 from lerobot_zenoh.transport.session import Payload
 
 if TYPE_CHECKING:
-    from lerobot_zenoh.server.server import ServedModel
+    from lerobot_zenoh.server.model.served_model import ServedModel
 
 #: reject(session, reason, detail): count a rejection against its client (`Serving.reject`).
 Reject = Callable[[Session, str, str], None]
@@ -89,14 +89,14 @@ def screen(payload: Payload | bytes, limits: CodecLimits) -> tuple[Payload | byt
 
 def schedule(model: ServedModel, now_s: float, **kw) -> Batch | None:
     """The session table's next batch (`SessionTable.schedule`, keyword arguments passed on), after
-    the executor decoded the new header-less observations."""
+    the runner adapter decoded the new header-less observations."""
     _decode_unread(model)
     return model.session_table.schedule(now_s, **kw)
 
 
 def rank(model: ServedModel, now_s: float, **kw) -> Ranking:
     """Every ready client in the scheduler's order (`SessionTable.rank`: rank, then `take`), after
-    the executor decoded the new header-less observations."""
+    the runner adapter decoded the new header-less observations."""
     _decode_unread(model)
     return model.session_table.rank(now_s, **kw)
 
@@ -104,7 +104,7 @@ def rank(model: ServedModel, now_s: float, **kw) -> Ranking:
 def _decode_unread(model: ServedModel) -> None:
     for slot in model.session_table.unread():
         try:
-            slot.observation = model.executor.decode(slot.payload)
+            slot.observation = model.adapter.decode(slot.payload)
         except ProtocolError as exc:
             slot.error = exc  # rejected with its reason by `schedule` / `rank`
 
@@ -116,7 +116,7 @@ def observation(model: ServedModel, session: Session, slot: Slot) -> Observation
     if slot.known is not None:
         session.last_request_seq = slot.known.seq_id  # (what a refusal of it answers, `Serving.refuse`)
     if slot.observation is None:
-        slot.observation = model.executor.decode(slot.payload, slot.header)
+        slot.observation = model.adapter.decode(slot.payload, slot.header)
         session.last_request_seq = slot.observation.seq_id
     session.reads_refusals = slot.observation.refusals
     if not slot.judged:
@@ -129,7 +129,7 @@ def observation(model: ServedModel, session: Session, slot: Slot) -> Observation
 def prepare(model: ServedModel, batch: Batch, reject: Reject) -> list[Ready]:
     """The requests of `batch` that can be run, in order; the others rejected through `reject`.
 
-    The executor prepares the picked observations together (`Executor.prepare_batch`: one JPEG decode
+    The runner adapter prepares the picked observations together (`RunnerAdapter.prepare_batch`: one JPEG decode
     for the batch); a model serving task streams (`routing`) prepares each on its own, as its route
     says."""
     for session, _slot, reason, detail in batch.rejected:
@@ -143,7 +143,7 @@ def prepare(model: ServedModel, batch: Batch, reject: Reject) -> list[Ready]:
             reject(session, exc.reason, str(exc))
     routing = model.routing
     if routing is None:
-        requests = model.executor.prepare_batch([(session.client_id, obs, None) for session, _, obs in picked])
+        requests = model.adapter.prepare_batch([(session.client_id, obs, None) for session, _, obs in picked])
     else:
         requests = [_routed(model, session.client_id, obs, slot.task) for session, slot, obs in picked]
     ready = []
@@ -164,6 +164,6 @@ def prepare(model: ServedModel, batch: Batch, reject: Reject) -> list[Ready]:
 def _routed(model: ServedModel, client_id: str, obs: Observation, task: str | None):
     """The routed request of one observation (`Routing.request`), None, or its ProtocolError."""
     try:
-        return model.routing.request(model.executor, model.runner, client_id, obs, task)
+        return model.routing.request(model.adapter, model.runner, client_id, obs, task)
     except ProtocolError as exc:
         return exc

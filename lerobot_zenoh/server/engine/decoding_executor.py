@@ -1,4 +1,4 @@
-"""The iteration-level executor (`server/engine_executor.py`): this process's runner decoding step
+"""The iteration-level executor (`server/engine/interface.py`): this process's runner decoding step
 by step (pi0-FAST; docs/server.md, "Iteration-level serving"), on the inference thread.
 
 The picked observations start decoding; between decode steps the executor asks the scheduler for
@@ -14,17 +14,18 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from lerobot_zenoh.server import admission
+from lerobot_zenoh.server.engine import admission
 from lerobot_zenoh.server.runners.base import InferenceRequest, InferenceResult
-from lerobot_zenoh.server.serving import EXPIRY_PERIOD_S
-from lerobot_zenoh.server.session_table import REPLAYED, Batch
+from lerobot_zenoh.server.engine.serving import EXPIRY_PERIOD_S
+from lerobot_zenoh.server.session_table.records import Batch
+from lerobot_zenoh.server.session_table.table import REPLAYED
 
 if TYPE_CHECKING:
-    from lerobot_zenoh.server.admission import Ready
-    from lerobot_zenoh.server.engine_executor import Work
-    from lerobot_zenoh.server.request_table import InFlight
-    from lerobot_zenoh.server.served_model import ServedModel
-    from lerobot_zenoh.server.serving import Serving
+    from lerobot_zenoh.server.engine.admission import Ready
+    from lerobot_zenoh.server.engine.interface import Work
+    from lerobot_zenoh.server.engine.request_table import InFlight
+    from lerobot_zenoh.server.model.served_model import ServedModel
+    from lerobot_zenoh.server.engine.serving import Serving
 
 __all__ = ["DecodingExecutor"]
 
@@ -59,7 +60,7 @@ class _Decode:
         self.started = self.next_expiry = time.monotonic()
 
     def run(self, batch: Batch) -> None:
-        self.model.executor.stream(self.prepare(batch), self.join, self.emit)
+        self.model.adapter.stream(self.prepare(batch), self.join, self.emit)
 
     def prepare(self, picked: Batch | None) -> list[tuple[Key, InferenceRequest]]:
         if picked is None:

@@ -39,7 +39,7 @@ from lerobot_zenoh.protocol.dispatch import EngineAnswer, EngineKeys, EngineStat
 from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.scheduling.engine_load import EngineLoad
 from lerobot_zenoh.scheduling.placement import BatchProfile, EngineView, profile_from_peer_ms
-from lerobot_zenoh.server.manifest import EngineEntry
+from lerobot_zenoh.server.config.manifest import EngineEntry
 from lerobot_zenoh.telemetry.publisher import worth_logging
 
 log = logging.getLogger(__name__)

@@ -1,10 +1,10 @@
-"""A remote engine as an executor (`server/engine_executor.py`): another `lerobot-policy-server`
-process started with `role: engine` (`server/engine_worker.py`), on the site or across a WAN.
+"""A remote engine as an executor (`server/engine/interface.py`): another `lerobot-policy-server`
+process started with `role: engine` (`server/shell/engine_worker.py`), on the site or across a WAN.
 
 `submit` encodes each request as an `EngineRequest` (`protocol/dispatch.py`: the observation's
 bytes as received, bound to this process's incarnation, the client, its session nonce and seq_id)
 and puts it on the engine's dispatch key; it never waits. The engine's answers, status and token
-come back through `server/engine_link.py` to the dispatcher, which matches each answer against its
+come back through `server/dispatch/engine_link.py` to the dispatcher, which matches each answer against its
 request table. A request the link refuses is handed back (the dispatcher re-queues it).
 """
 
@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 
 from lerobot_zenoh.protocol import dispatch
 from lerobot_zenoh.protocol.dispatch import EngineRequest
-from lerobot_zenoh.server.executor import request_seed
+from lerobot_zenoh.server.model.runner_adapter import request_seed
 
 if TYPE_CHECKING:
-    from lerobot_zenoh.server.engine_executor import Work
-    from lerobot_zenoh.server.engine_link import EngineState
-    from lerobot_zenoh.server.request_table import InFlight
-    from lerobot_zenoh.server.served_model import ServedModel
+    from lerobot_zenoh.server.engine.interface import Work
+    from lerobot_zenoh.server.dispatch.engine_link import EngineState
+    from lerobot_zenoh.server.engine.request_table import InFlight
+    from lerobot_zenoh.server.model.served_model import ServedModel
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """What the session table holds, as plain data: a session, its newest-only slot, its counters, and
 what the table hands out (`Ranking`, `Batch`, `SessionTableSnapshot`). The decisions on them live in
-`server/session_table.py` (admission, scheduling), `server/session_rules.py` (which observation a
-session accepts) and `server/session_roster.py` (which sessions exist)."""
+`server/session_table/table.py` (admission, scheduling), `server/session_table/rules.py` (which observation a
+session accepts) and `server/session_table/roster.py` (which sessions exist)."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ class SessionTableConfig:
 class Slot:
     """The newest unserved observation of one session: its raw bytes and the verdict of admission.
 
-    `header` (or `error`) is what admission read of it (`server/admission.py`); an observation sent
-    without a header gets `observation` (or `error`) from the executor's decode, before the scheduler
+    `header` (or `error`) is what admission read of it (`server/engine/admission.py`); an observation sent
+    without a header gets `observation` (or `error`) from the runner adapter's decode, before the scheduler
     hears of it when it ranks by `ExecutionInfo`, else once picked. `known` is what the session
     rules and the scheduler read; `judged`, whether the rules have judged it."""
 
@@ -38,13 +38,13 @@ class Slot:
     arrival_s: float
     header: ObservationHeader | None = None  # read at admission (protocol.md §5.1.1)
     error: ProtocolError | None = None  # why its header or body could not be read: rejected by `schedule`
-    observation: Observation | None = None  # the executor's decode (header-less on arrival, else when served)
+    observation: Observation | None = None  # the runner adapter's decode (header-less on arrival, else when served)
     announced: bool = False  # the scheduler has been told (`on_arrival`)
     judged: bool = False  # judged by the session rules (when announced; a header-less one maybe once picked)
     # A refresh that replaced its request before the scheduler heard of it carries the request's
     # first arrival (and its ExecutionInfo), so that the request keeps its place in line.
     first_arrival: tuple[float, ExecutionInfo | None] | None = None
-    # The multi-model task whose stream it came on (`server/routing.py`); None: the model's own app.
+    # The multi-model task whose stream it came on (`server/model/routing.py`); None: the model's own app.
     # Each observation carries its own, so a robot that moves to another task is served as that task.
     task: str | None = None
 
@@ -125,7 +125,7 @@ class SessionSnapshot:
 
 @dataclass(frozen=True)
 class SessionTableSnapshot:
-    """A copy of every counter of one engine (`SessionTable.snapshot`); percentiles are the caller's."""
+    """A copy of every counter of one session table (`SessionTable.snapshot`); percentiles are the caller's."""
 
     sessions: dict[str, SessionSnapshot]  # the open sessions
     closed: SessionStats  # the counts of every session since closed (served: chunks of sessions closed meanwhile too)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from lerobot_zenoh.protocol.reasons import Reason
-from lerobot_zenoh.server.session_table import UNKNOWN_CLIENT, SessionStats
-from lerobot_zenoh.server.served_model import ServedModel
+from lerobot_zenoh.server.session_table.records import SessionStats
+from lerobot_zenoh.server.session_table.table import UNKNOWN_CLIENT
+from lerobot_zenoh.server.model.served_model import ServedModel
 from lerobot_zenoh.telemetry.publisher import percentile, process_memory
 
 __all__ = ["model_figures", "model_stats"]
@@ -87,9 +88,9 @@ def model_figures(model: ServedModel) -> tuple[dict, dict]:
         # Refusals published to the clients that read them (protocol 1.5), by reason
         **{f"refusals_sent.{reason}": n for reason, n in model.refusals_sent.items()},
         "batch_size_mean": float(np.mean(snap.batch_sizes)) if snap.batch_sizes else 1.0,
-        "batch_fallbacks": model.executor.batch_fallbacks,
-        "jpeg_device_fallbacks": model.executor.jpeg_device_fallbacks,
-        **model.executor.shared_memory_figures,
+        "batch_fallbacks": model.adapter.batch_fallbacks,
+        "jpeg_device_fallbacks": model.adapter.jpeg_device_fallbacks,
+        **model.adapter.shared_memory_figures,
         **model.runner.figures(),  # the runner's own: language.*, decode.*, vlm.*
         "max_batch_size": model.max_batch_size,
         **{f"batch_profile.{b}_ms": t * 1000 for b, t in model.batch_profile_s.items()},

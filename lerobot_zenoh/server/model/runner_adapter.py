@@ -1,9 +1,10 @@
-"""The executor of one model: turns a batch the engine picked into encoded answers.
+"""The runner adapter of one model, between the wire and its `PolicyRunner`: turns a batch the session
+table picked into encoded answers. (Not an engine executor: every executor of this process calls it.)
 
     decode(payload, header)           the observation's body (the server's only msgpack decode of one),
                                       checked against the header admission read (`header_mismatch`)
     prepare_batch(items)              check each picked observation against the model's spec, decode
-                                      the JPEG frames of all of them at once (server/jpeg_batch.py: every
+                                      the JPEG frames of all of them at once (server/model/jpeg_batch.py: every
                                       header checked first; on the CPU, frames of every request on
                                       parallel threads; on the model's CUDA device with
                                       `images_on_device`) or take views of their same-host frames (no
@@ -22,8 +23,8 @@
     answer(observation, result, ...)  the bytes of what the runner's `capabilities.output` says it
                                       answers: an ActionChunk (`chunk`), a TextResult or a Verdict
 
-Runs on the inference thread (and a model with engines: its local engine's thread, `server/dispatch.py`)
-and holds no lock: the engine's bookkeeping is the shell's job (`server/admission.py`).
+Runs on the inference thread (and a model with engines: its local engine's thread, `server/dispatch/dispatcher.py`)
+and holds no lock: the session table's bookkeeping is its callers' job (`server/engine/admission.py`).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from lerobot_zenoh.protocol.messages import (
 )
 from lerobot_zenoh.protocol.reasons import OutputKind, Reason
 from lerobot_zenoh.scheduling.horizon import HorizonPolicy
-from lerobot_zenoh.server.jpeg_batch import JpegBatchDecoder
+from lerobot_zenoh.server.model.jpeg_batch import JpegBatchDecoder
 from lerobot_zenoh.server.runners.base import (
     RTC_EXTRA,
     RTC_EXTRA_DELAY,
@@ -78,7 +79,7 @@ class _Checked:
     history_states: tuple[np.ndarray, ...]  # their states, float32
 
 
-class Executor:
+class RunnerAdapter:
     def __init__(self, name: str, runner: PolicyRunner, *, actions_per_chunk: int, server_id: str,
                  horizon: HorizonPolicy | None = None, limits: codec.CodecLimits = codec.DEFAULT_LIMITS):
         self.name = name
@@ -98,8 +99,8 @@ class Executor:
                         name, self.spec.policy_type, horizon.name)
         elif horizon is not None:
             log.info("%s: execution horizon %r", name, horizon)  # shows the threshold a default picked
-        # (engine_id, tier) written on every chunk this executor runs itself, when its model
-        # dispatches to several engines (server/dispatch.py); None: a server with one engine.
+        # (engine_id, tier) written on every chunk this adapter runs itself, when its model
+        # dispatches to several engines (server/dispatch/dispatcher.py); None: a server with one engine.
         self.served_by: tuple[str, str] | None = None
         self.batch_fallbacks = 0  # batches that failed and were served one request at a time
         # A batch's JPEG frames decode at once, on as many threads as the model has cameras (the
@@ -147,7 +148,7 @@ class Executor:
         request or the ProtocolError that refuses it (one bad observation never costs the others).
 
         `extras`: what the caller adds to the request's extras (a multi-model task's query,
-        `server/routing.py`), there before the runner checks the request. Per observation, the first
+        `server/model/routing.py`), there before the runner checks the request. Per observation, the first
         failing check gives the reason: the client id, the state, the camera names, its same-host
         frames, its history frames' states and cameras; then its JPEG frame headers (size, pixel
         limit: every header of the batch is read before any pixel is decoded), then their pixels;
@@ -159,7 +160,7 @@ class Executor:
                 checked.append(self._check(client_id, obs))
             except ProtocolError as exc:
                 checked.append(exc)
-        # One decode for the whole batch (server/jpeg_batch.py): each observation's cameras, then its
+        # One decode for the whole batch (server/model/jpeg_batch.py): each observation's cameras, then its
         # history frames, in that order: the first bad one gives the observation's reason.
         sets, owners = [], []
         for k, c in enumerate(checked):

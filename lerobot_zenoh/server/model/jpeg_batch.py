@@ -1,6 +1,6 @@
 """The JPEG frames of a whole batch, decoded at once: the server's one image decode.
 
-The executor hands `JpegBatchDecoder.decode` every JPEG frame set of the batch it prepares (each
+The runner adapter hands `JpegBatchDecoder.decode` every JPEG frame set of the batch it prepares (each
 request's cameras, and the history frames a model reads) and gets one result per set, in order:
 the set's images, or the `ProtocolError` of its first bad frame (camera order).
 
@@ -59,7 +59,7 @@ class JpegBatchDecoder:
     """Decodes a batch's JPEG frame sets; see the module docstring.
 
     `threads`: at most how many threads decode a batch on the CPU (the caller and helpers), and never
-    more than the cores this process may use; the executor gives it the model's camera count.
+    more than the cores this process may use; the runner adapter gives it the model's camera count.
     `device`: a CUDA device (``"cuda:0"``) to decode on, or None for the CPU.
     """
 

@@ -1,7 +1,7 @@
 """Answers coming back from the engines, relayed to the robots (the inference thread).
 
 An answer of a remote engine reaches here decoded and checked by the answer thread
-(`server/engine_link.py`); it is delivered only when it matches an outstanding request exactly
+(`server/dispatch/engine_link.py`); it is delivered only when it matches an outstanding request exactly
 (`RequestTable.match`: this process's incarnation, the engine, client, nonce and seq_id). Its
 chunk is built for the observation that request carried and published on the robot's key; the
 engine's load (`EngineLoad`) and its measured figures (estimate against actual, queueing delay,
@@ -20,15 +20,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from lerobot_zenoh.protocol.reasons import OutputKind, Reason
-from lerobot_zenoh.server.engine_health import EngineHealth
-from lerobot_zenoh.server.engine_link import Answer, EngineState
-from lerobot_zenoh.server.request_table import MATCHED, InFlight, RequestTable
+from lerobot_zenoh.server.dispatch.engine_health import EngineHealth
+from lerobot_zenoh.server.dispatch.engine_link import Answer, EngineState
+from lerobot_zenoh.server.engine.request_table import MATCHED, InFlight, RequestTable
 from lerobot_zenoh.server.runners.base import RTC_EXTRA_DELAY, InferenceResult
-from lerobot_zenoh.server.served_model import ServedModel
+from lerobot_zenoh.server.model.served_model import ServedModel
 from lerobot_zenoh.telemetry.publisher import worth_logging
 
 if TYPE_CHECKING:
-    from lerobot_zenoh.server.dispatch import DispatchHost
+    from lerobot_zenoh.server.dispatch.host import DispatchHost
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class AnswerRelay:
         result = InferenceResult(actions=answer.actions, refinement_updates=answer.refinement_updates,
                                  extras={} if answer.rtc_delay_steps is None else {RTC_EXTRA_DELAY: answer.rtc_delay_steps})
         try:
-            chunk = model.executor.chunk(flight.observation, result, answer.inference_ms, queue_ms,
+            chunk = model.adapter.chunk(flight.observation, result, answer.inference_ms, queue_ms,
                                          served_by=(state.engine_id, state.tier))
         except Exception as exc:
             self._refuse_engine(state, flight, "bad_answer", f"{type(exc).__name__}: {exc}"[:200])

@@ -1,4 +1,4 @@
-"""The batch executor (`server/engine_executor.py`): this process's runner, one forward pass per
+"""The batch executor (`server/engine/interface.py`): this process's runner, one forward pass per
 batch, on the caller's thread — the inference thread for a model without `engines`, the local
 engine's own thread for one with them (`ThreadedExecutor`).
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from lerobot_zenoh.server.engine_executor import Work
-    from lerobot_zenoh.server.request_table import InFlight
-    from lerobot_zenoh.server.served_model import ServedModel
-    from lerobot_zenoh.server.serving import Serving
+    from lerobot_zenoh.server.engine.interface import Work
+    from lerobot_zenoh.server.engine.request_table import InFlight
+    from lerobot_zenoh.server.model.served_model import ServedModel
+    from lerobot_zenoh.server.engine.serving import Serving
 
 __all__ = ["BatchExecutor"]
 

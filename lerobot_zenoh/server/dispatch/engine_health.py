@@ -1,7 +1,7 @@
 """The edge scheduler's failure machine for its engines: up, down, suspect, restarted (pure: no I/O).
 
 Fed on the inference thread with what the probe threads and the answer thread established
-(`server/engine_link.py`), and with the clock, it decides whether each engine may be placed on and
+(`server/dispatch/engine_link.py`), and with the clock, it decides whether each engine may be placed on and
 takes back what an engine will not answer:
 
 - a probe that is not answered: lost; `probes_lost` in a row (or the engine's liveliness token
@@ -23,10 +23,10 @@ from collections import Counter
 from collections.abc import Callable
 
 from lerobot_zenoh.protocol.reasons import Reason
-from lerobot_zenoh.server.engine_link import EngineState, Probe
-from lerobot_zenoh.server.manifest import DispatchEntry
-from lerobot_zenoh.server.request_table import InFlight, RequestTable
-from lerobot_zenoh.server.served_model import ServedModel
+from lerobot_zenoh.server.dispatch.engine_link import EngineState, Probe
+from lerobot_zenoh.server.config.manifest import DispatchEntry
+from lerobot_zenoh.server.engine.request_table import InFlight, RequestTable
+from lerobot_zenoh.server.model.served_model import ServedModel
 from lerobot_zenoh.telemetry.publisher import worth_logging
 
 log = logging.getLogger(__name__)

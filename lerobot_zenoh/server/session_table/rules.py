@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from lerobot_zenoh.protocol.messages import Observation, ObservationHeader
 from lerobot_zenoh.protocol.reasons import Reason
-from lerobot_zenoh.server.sessions import Session, Slot
+from lerobot_zenoh.server.session_table.records import Session, Slot
 
 REPLAYED = Reason.REPLAYED
 NONCE_REQUIRED = Reason.NONCE_REQUIRED  # no session_nonce, in a session that follows a nonce-ful client process

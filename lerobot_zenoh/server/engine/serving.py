@@ -1,10 +1,10 @@
-"""What every executor of this process's own runner shares (`server/engine_executor.py`): the batch
+"""What every executor of this process's own runner shares (`server/engine/interface.py`): the batch
 path, answers, rejections, closed sessions and the action publishers.
 
 `Serving.serve` takes a picked batch through admission (decode, route, prepare), one forward pass
 and one answer per request on the client's key (`BatchExecutor`); the iteration-level decoder
 (`DecodingExecutor`) publishes each answer the step it finishes; both through `deliver`. Called by
-the inference thread, and by a local engine's thread for a model with `engines` (`server/dispatch.py`):
+the inference thread, and by a local engine's thread for a model with `engines` (`server/dispatch/dispatcher.py`):
 action publishers are created under a small lock.
 """
 
@@ -19,11 +19,12 @@ from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.keys import Topic
 from lerobot_zenoh.protocol.messages import MAX_REFUSAL_DETAIL_BYTES, Refusal
 from lerobot_zenoh.protocol.reasons import REPEATING_REASONS, OutputKind, Reason
-from lerobot_zenoh.server import admission, text_stream
-from lerobot_zenoh.server.admission import Ready
-from lerobot_zenoh.server.session_table import Batch, Session
+from lerobot_zenoh.server.engine import admission
+from lerobot_zenoh.server.model import text_stream
+from lerobot_zenoh.server.engine.admission import Ready
+from lerobot_zenoh.server.session_table.records import Batch, Session
 from lerobot_zenoh.server.runners.base import InferenceResult
-from lerobot_zenoh.server.served_model import ServedModel
+from lerobot_zenoh.server.model.served_model import ServedModel
 from lerobot_zenoh.telemetry.publisher import worth_logging
 from lerobot_zenoh.transport.session import ACTION_QOS, Publisher
 
@@ -83,7 +84,7 @@ class Serving:
         ready = admission.prepare(model, batch, lambda *r: self.reject(model, *r))
         if not batch.items:
             return
-        results = model.executor.infer([r.request for r in ready]) if ready else []
+        results = model.adapter.infer([r.request for r in ready]) if ready else []
         t_done = time.monotonic()
         inference_ms = (t_done - t_start) * 1000
         published: list[tuple[Session, int, float, float]] = []
@@ -112,14 +113,14 @@ class Serving:
             model.answers_withheld += 1
             return False
         try:
-            payload = model.executor.answer(r.observation, result, inference_ms, queue_ms)
+            payload = model.adapter.answer(r.observation, result, inference_ms, queue_ms)
         except Exception as exc:  # the runner returned something that is not an answer of its kind
             self.reject(model, session, Reason.INFERENCE_ERROR, f"{type(exc).__name__}: {exc}")
             return False
         role, arrival_s = model.role, r.slot.arrival_s
         # Asked now and again by the publisher's thread as it hands the bytes to Zenoh: a freeze in
         # between (the process stopped with this answer queued) must not let it out after a standby
-        # took over; refusals are counted in `answers_held` (server/failover.py).
+        # took over; refusals are counted in `answers_held` (server/model/failover.py).
         valid = None if role is None else (lambda: role.may_publish(arrival_s, time.monotonic()))
         if valid is not None and not valid():
             return False
@@ -133,7 +134,7 @@ class Serving:
         return True
 
     def advance_text(self, model: ServedModel) -> int:
-        """A language runner's text of every robot, one frame's worth (a task's System 2, server/routing.py)."""
+        """A language runner's text of every robot, one frame's worth (a task's System 2, server/model/routing.py)."""
         if model.routing is None:
             return 0
         if text_stream.writes_text(model.runner):  # (a declared capability: a pi0.5 language runner)

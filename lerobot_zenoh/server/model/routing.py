@@ -6,16 +6,16 @@ A model whose manifest entry lists `pipeline` items also hears each task's obser
 arrives there to the model's `TaskRouting`, which alone knows about tasks and components:
 
 - `accepts(task, client_id, header, header_error)` (Zenoh callback thread): whether the
-  observation asks this component, from the header admission read (`server/admission.py`): its
+  observation asks this component, from the header admission read (`server/engine/admission.py`): its
   `component_mask` has the item's bit (or the bit of its System 2 text), or it has no mask. One that
   does not is dropped unread and counted (`observations_for_other_components`); one that does
   records the task the client was last heard on (for a reload), and is admitted with its task.
-- `request(executor, runner, client_id, obs, task)` (inference thread, from the admission step):
+- `request(adapter, runner, client_id, obs, task)` (inference thread, from the admission step):
   the runner's request for an observation that came on `task`'s stream (its slot says which):
   only this component's cameras of the robot's,
   the task's query (prompt, labels) in its extras, and System 2 text from the same prefill when the
-  item asks for it (`server/text_stream.py`); None when a header-less observation turns out to ask
-  another component. A client heard on the model's own app gets `executor.prepare` unchanged.
+  item asks for it (`server/model/text_stream.py`); None when a header-less observation turns out to ask
+  another component. A client heard on the model's own app gets `adapter.prepare` unchanged.
 - `text_only(result)`, `advance_text(...)`: a text-only request streams its answer across frames.
 - `update(streams)` (a manifest reload): the new streams, and the clients no longer heard.
 
@@ -34,9 +34,9 @@ from lerobot_zenoh.errors import ProtocolError
 from lerobot_zenoh.protocol.keys import AppKey
 from lerobot_zenoh.protocol.messages import Observation, ObservationHeader
 from lerobot_zenoh.protocol.reasons import OutputKind
-from lerobot_zenoh.server import text_stream
-from lerobot_zenoh.server.executor import Executor
-from lerobot_zenoh.server.manifest import Manifest, ModelEntry, PipelineEntry
+from lerobot_zenoh.server.model import text_stream
+from lerobot_zenoh.server.model.runner_adapter import RunnerAdapter
+from lerobot_zenoh.server.config.manifest import Manifest, ModelEntry, PipelineEntry
 from lerobot_zenoh.server.runners.base import (
     COMPONENT_EXTRA,
     ComponentQuery,
@@ -82,7 +82,7 @@ class TaskRouting:
         # closes, or when it is refused one.
         self.component_of: dict[str, str] = {}
         self.for_other_components = 0  # observations whose component_mask does not ask this model
-        self.text_publishers: dict[str, Publisher] = {}  # a language runner's text (server/text_stream.py)
+        self.text_publishers: dict[str, Publisher] = {}  # a language runner's text (server/model/text_stream.py)
 
     # -- Zenoh callback thread -------------------------------------------------------------------
 
@@ -102,29 +102,29 @@ class TaskRouting:
         return True
 
     def refused(self, client_id: str) -> None:
-        """The engine gave the client no session (unknown or too many): nothing will close to forget it."""
+        """The session table gave the client no session (unknown or too many): nothing will close to forget it."""
         self.component_of.pop(client_id, None)
 
     # -- inference thread ------------------------------------------------------------------------
 
-    def request(self, executor: Executor, runner: PolicyRunner, client_id: str, obs: Observation,
+    def request(self, adapter: RunnerAdapter, runner: PolicyRunner, client_id: str, obs: Observation,
                 task: str | None) -> InferenceRequest | None:
         """The runner's request for `obs`, which came on `task`'s stream (None: the model's own app);
         ProtocolError when it cannot be served; None when it asks another component (a header-less
         observation: found out only now, counted)."""
         stream = None if task is None else self.streams.get(task)
         if stream is None:
-            return executor.prepare(client_id, obs)  # heard on the model's own app
+            return adapter.prepare(client_id, obs)  # heard on the model's own app
         actions, text = text_stream.asked(stream.item, obs)
         if not (actions or text):
             self.for_other_components += 1
             return None
-        cameras = executor.spec.cameras
+        cameras = adapter.spec.cameras
         if obs.shared_frames is None and set(obs.images) > set(cameras):
             # A component reads its own cameras of the robot's (a VLM may look through one of
             # them); the others are never decoded.
             obs = dataclasses.replace(obs, images={c: obs.images[c] for c in cameras})
-        request = executor.prepare(client_id, obs, {COMPONENT_EXTRA: stream.query})
+        request = adapter.prepare(client_id, obs, {COMPONENT_EXTRA: stream.query})
         if text:  # System 2 from the same prefill (a pi0.5 language entry)
             request = text_stream.with_text(runner, request, stream.item, obs, actions)
         return request
@@ -135,7 +135,7 @@ class TaskRouting:
         return result.actions is None and output == OutputKind.ACTIONS and text_stream.writes_text(runner)
 
     def advance_text(self, model: Any, publisher: Callable[[str], Publisher], server_id: str) -> int:
-        """One frame of text for every robot of a language runner (server/text_stream.py); the updates
+        """One frame of text for every robot of a language runner (server/model/text_stream.py); the updates
         published. `publisher(client_id)` opens a robot's text publisher, kept until it is forgotten."""
         def publish(client_id: str, payload: bytes) -> None:
             pub = self.text_publishers.get(client_id)

@@ -11,7 +11,7 @@ session's newest-only slot); `on_client_token`
 tells the engine a client's liveliness token appeared or vanished. Both take only the engine's
 short lock. A model serving a component of multi-model tasks (`pipeline` in its manifest entry)
 also subscribes to each task's observation stream (and its robots' tokens there):
-`on_task_observation` asks the model's task routing (`server/routing.py`) first. `reload` takes a
+`on_task_observation` asks the model's task routing (`server/model/routing.py`) first. `reload` takes a
 re-read manifest's client lists, batch sizes and task streams (SIGHUP): a model's streams are one
 dict replaced whole, so the callbacks and the inference thread read either the old map or the new one.
 """
@@ -29,11 +29,11 @@ from lerobot_zenoh.protocol.keys import (MAX_CLIENT_ID_BYTES, AppKey, Topic, cli
                                          parse_client_key)
 from lerobot_zenoh.protocol.messages import MAX_TASK_BYTES
 from lerobot_zenoh.protocol.reasons import Reason
-from lerobot_zenoh.server import admission
-from lerobot_zenoh.server.session_table import RATE_LIMITED, TOO_MANY_CLIENTS, UNKNOWN_CLIENT
-from lerobot_zenoh.server.manifest import Manifest
-from lerobot_zenoh.server.routing import TaskRouting, TaskStream, stream_changes, task_streams
-from lerobot_zenoh.server.served_model import ServedModel
+from lerobot_zenoh.server.engine import admission
+from lerobot_zenoh.server.session_table.table import RATE_LIMITED, TOO_MANY_CLIENTS, UNKNOWN_CLIENT
+from lerobot_zenoh.server.config.manifest import Manifest
+from lerobot_zenoh.server.model.routing import TaskRouting, TaskStream, stream_changes, task_streams
+from lerobot_zenoh.server.model.served_model import ServedModel
 from lerobot_zenoh.telemetry.publisher import worth_logging
 from lerobot_zenoh.transport.session import Payload
 
@@ -238,7 +238,7 @@ class Ingest:
                task: str | None = None) -> str | None:
         now, table, refused = time.monotonic(), model.session_table, None
         if _screened(table, client_id, now):
-            payload, refused = admission.screen(payload, model.executor.limits)
+            payload, refused = admission.screen(payload, model.adapter.limits)
         dropped = table.admit(client_id, payload, now, header, header_error, task, refused)
         if dropped is None:
             self.wake.set()

@@ -8,7 +8,7 @@
     server:
       - model_id: act
         model_version: v1
-        pretrained_path: checkpoints/demo_act     # or a hub id (lerobot/smolvla_base[@rev]; server/hub.py),
+        pretrained_path: checkpoints/demo_act     # or a hub id (lerobot/smolvla_base[@rev]; server/runners/hub.py),
                                                   # or `synthetic: {...}` for a torch-free fake
         application_tag: cookie
         device: cpu

@@ -1,9 +1,9 @@
 """The inference thread and its supervision.
 
 One thread drives every model, each a step of schedule -> execute -> update: it closes expired
-sessions, runs each model with engines through its dispatcher (`server/dispatch.py`: place,
+sessions, runs each model with engines through its dispatcher (`server/dispatch/dispatcher.py`: place,
 dispatch, relay; never waits on an engine) and hands each other model's next batch, as its session
-table's scheduler picked it, to the model's one local executor (`server/engine_executor.py`), round
+table's scheduler picked it, to the model's one local executor (`server/engine/interface.py`), round
 robin; it sleeps when nothing waits.
 
 Supervised: a fault in one model's turn is logged with its traceback and counted (`loop_faults`);
@@ -20,11 +20,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
-from lerobot_zenoh.server import admission
-from lerobot_zenoh.server.engine_executor import Work
-from lerobot_zenoh.server.served_model import ServedModel
-from lerobot_zenoh.server.serving import EXPIRY_PERIOD_S, Serving
+from lerobot_zenoh.server.engine import admission
+from lerobot_zenoh.server.engine.interface import Work
+from lerobot_zenoh.server.model.served_model import ServedModel
+from lerobot_zenoh.server.engine.serving import EXPIRY_PERIOD_S, Serving
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ class InferenceLoop:
         self.wake = wake
         self.tokens = tokens
         self.failed = threading.Event()  # no model is served any more
+        # Per model (by app prefix): faults in a row with no work between, and when the last was.
+        self._streaks: dict[str, _FaultStreak] = {}
         self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
 
     def start(self) -> None:
@@ -92,7 +95,7 @@ class InferenceLoop:
                 if model.dispatcher is not None or model.failed is not None:
                     continue
                 if model.role is not None and not model.role.may_serve(time.monotonic()):
-                    continue  # standing by, or held after waking from a freeze (server/failover.py)
+                    continue  # standing by, or held after waking from a freeze (server/model/failover.py)
                 batch = self._supervised(model, admission.schedule, model, time.monotonic())
                 if batch is not None:
                     turn = (turn + i + 1) % len(self.models)
@@ -122,27 +125,28 @@ class InferenceLoop:
             out = fn(*args)
         except Exception as exc:
             now = time.monotonic()
-            if now - model.last_fault_s > FAULT_WINDOW_S:  # an isolated fault long after the last one
-                model.faults_in_a_row = 0
-            model.last_fault_s = now
+            streak = self._streaks.setdefault(model.app.prefix, _FaultStreak())
+            if now - streak.last_s > FAULT_WINDOW_S:  # an isolated fault long after the last one
+                streak.count = 0
+            streak.last_s = now
+            streak.count += 1
             model.loop_faults += 1
-            model.faults_in_a_row += 1
-            log.error("%s: serving loop fault %d in a row (%s: %s)", model.app.prefix, model.faults_in_a_row,
+            log.error("%s: serving loop fault %d in a row (%s: %s)", model.app.prefix, streak.count,
                       type(exc).__name__, exc, exc_info=True)
             if on_fault is not None:
                 try:
                     on_fault()
                 except Exception:
                     log.exception("%s: could not release the batch of the failed turn", model.app.prefix)
-            if model.faults_in_a_row >= MAX_FAULTS_IN_A_ROW:
-                self._withdraw(model, f"{model.faults_in_a_row} serving loop faults in a row ({type(exc).__name__})")
+            if streak.count >= MAX_FAULTS_IN_A_ROW:
+                self._withdraw(model, f"{streak.count} serving loop faults in a row ({type(exc).__name__})")
             return None
         if served or out:
-            model.faults_in_a_row = 0
+            self._streaks.pop(model.app.prefix, None)
         return out
 
     def withdraw(self, model: ServedModel, why: str) -> None:
-        """End this server's service of `model` visibly (a replaced primary, server/failover.py)."""
+        """End this server's service of `model` visibly (a replaced primary, server/model/failover.py)."""
         self._withdraw(model, why)
 
     def _withdraw(self, model: ServedModel, why: str) -> None:
@@ -166,8 +170,16 @@ class InferenceLoop:
             self.failed.set()
 
 
+@dataclass
+class _FaultStreak:
+    """One model's faults in a row with no work done between (`InferenceLoop._supervised`)."""
+
+    count: int = 0
+    last_s: float = float("-inf")
+
+
 def _served_work(model: ServedModel, duration_s: float | None = None) -> None:
-    """A turn that did work, for the heartbeat a hot standby judges this server by (server/failover.py)."""
+    """A turn that did work, for the heartbeat a hot standby judges this server by (server/model/failover.py)."""
     if model.role is not None:
         model.role.note_turn(duration_s)
 

@@ -15,7 +15,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Collection
 
 from lerobot_zenoh.protocol.reasons import Reason
-from lerobot_zenoh.server.sessions import Session, SessionStats, SessionTableConfig
+from lerobot_zenoh.server.session_table.records import Session, SessionStats, SessionTableConfig
 
 #: How many distinct refused unknown ids are counted one by one (hostile peers can invent many).
 MAX_TRACKED_UNKNOWN = 256
@@ -45,7 +45,7 @@ class SessionRoster:
               blocked: Callable[[str, float], bool]) -> Session | str:
         """A session for a client that has none (opened), or why it gets none (counted in `dropped`):
         an unknown id when they are not accepted, while the cool-down unknown ids share runs
-        (`blocked`, server/rate_limit.py: waited out before it takes a place), or when the pool of
+        (`blocked`, server/session_table/rate_limit.py: waited out before it takes a place), or when the pool of
         unknown ids is full."""
         if not listed and not cfg.accept_unknown:
             self.dropped[Reason.UNKNOWN_CLIENT] += 1

@@ -1,19 +1,19 @@
 """The edge scheduler's engines: where each batch it picks runs (docs/server.md, "Engines").
 
 A model with `engines` in its manifest entry is served by one *edge scheduler*: this process keeps
-every robot's session, slot and wait-ratio bookkeeping (`server/session_table.py`, the request scheduler)
+every robot's session, slot and wait-ratio bookkeeping (`server/session_table/table.py`, the request scheduler)
 and places each request it picks, with `scheduling.placement.place` (Kairos' rule), on one of
-its engines. Every engine is an executor of one interface (`server/engine_executor.py`) that the
+its engines. Every engine is an executor of one interface (`server/engine/interface.py`) that the
 dispatcher hands requests to (`Work`) and hears answers from:
 
 - the *local* engine (`local: true`): this process's own runner, a `BatchExecutor` on a thread of
   its own (`ThreadedExecutor`), which reports each batch it ran;
 - remote engines (`RemoteExecutor`): `lerobot-policy-server` processes started with `role: engine`
-  (`server/engine_worker.py`). Each gets `EngineRequest`s on its own dispatch key and answers on its
+  (`server/shell/engine_worker.py`). Each gets `EngineRequest`s on its own dispatch key and answers on its
   answer key (`protocol/dispatch.py`); answers are decoded and checked on a thread of their own
-  (`server/engine_link.py`), and the inference loop relays the chunk to the robot.
+  (`server/dispatch/engine_link.py`), and the inference loop relays the chunk to the robot.
 
-One bookkeeping for everything in flight (`server/request_table.py`): each request is bound to this
+One bookkeeping for everything in flight (`server/engine/request_table.py`): each request is bound to this
 process's incarnation, its client, nonce and seq_id, and an answer that does not match an
 outstanding request exactly is refused and counted, never delivered. One placement bookkeeping per
 engine (`scheduling/engine_load.py`, the code the fleet model runs too): a dispatch adds a group,
@@ -46,27 +46,28 @@ import queue
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from lerobot_zenoh.errors import ConfigError, ProtocolError
 from lerobot_zenoh.protocol.dispatch import EngineKeys
 from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.scheduling.placement import CLOUD, EDGE, BatchProfile, EngineView, RequestView, place, transfer_s
-from lerobot_zenoh.server import admission
-from lerobot_zenoh.server.session_table import Batch, Session, Slot
-from lerobot_zenoh.server.answer_relay import AnswerRelay
-from lerobot_zenoh.server.engine_health import EngineHealth
-from lerobot_zenoh.server.engine_executor import EngineExecutor, Work
-from lerobot_zenoh.server.engine_link import AnswerInbox, EngineState, Probe, Prober
-from lerobot_zenoh.server.remote_executor import RemoteExecutor
-from lerobot_zenoh.server.request_table import InFlight, RequestTable
-from lerobot_zenoh.server.threaded_executor import ThreadedExecutor
+from lerobot_zenoh.server.engine import admission
+from lerobot_zenoh.server.session_table.records import Batch, Session, Slot
+from lerobot_zenoh.server.dispatch.answer_relay import AnswerRelay
+from lerobot_zenoh.server.dispatch.engine_health import EngineHealth
+from lerobot_zenoh.server.engine.interface import EngineExecutor, Work
+from lerobot_zenoh.server.dispatch.engine_link import AnswerInbox, EngineState, Probe, Prober
+from lerobot_zenoh.server.dispatch.remote_executor import RemoteExecutor
+from lerobot_zenoh.server.engine.request_table import InFlight, RequestTable
+from lerobot_zenoh.server.engine.threaded_executor import ThreadedExecutor
 from lerobot_zenoh.telemetry.publisher import worth_logging
 from lerobot_zenoh.transport.session import ACTION_QOS
 
 if TYPE_CHECKING:
-    from lerobot_zenoh.server.engine_link import EngineLinkSession
-    from lerobot_zenoh.server.served_model import ServedModel
+    from lerobot_zenoh.server.dispatch.engine_link import EngineLinkSession
+    from lerobot_zenoh.server.dispatch.host import DispatchHost
+    from lerobot_zenoh.server.model.served_model import ServedModel
 
 log = logging.getLogger(__name__)
 
@@ -77,18 +78,6 @@ DISPATCH_AHEAD_S = 0.010
 FIGURES_PERIOD_S = 0.5
 
 __all__ = ["DispatchHost", "Dispatcher", "EDGE", "CLOUD"]
-
-
-class DispatchHost(Protocol):
-    """What the dispatcher asks of the process around it (`PolicyServer` implements it; tests hand
-    in a fake)."""
-
-    def reject(self, model: ServedModel, session: Session, reason: str, detail: str, *,
-               cool_down: bool = True) -> None: ...
-    def publish(self, model: ServedModel, client_id: str, payload: bytes) -> None: ...
-    def wake(self) -> None: ...
-    def local_executor(self, model: ServedModel) -> EngineExecutor: ...
-    def measure_profile(self, model: ServedModel) -> dict[int, float]: ...
 
 
 def _admitted_s(slot: Slot) -> float:
@@ -113,7 +102,7 @@ class Dispatcher:
         self.session = session
         self.clock = clock
         self.settings = model.entry.dispatch
-        self.max_bytes = model.executor.limits.max_message_bytes
+        self.max_bytes = model.adapter.limits.max_message_bytes
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.engines: dict[str, EngineState] = {}
         for entry in model.entry.engines:
@@ -160,7 +149,7 @@ class Dispatcher:
                                       source=model.source)
                 self.local.set_profile(BatchProfile(profile))
             self.local.up, self.local.down_reason, self.local.rtt_s = True, None, 0.0
-            model.executor.served_by = (self.local.engine_id, self.local.tier)
+            model.adapter.served_by = (self.local.engine_id, self.local.tier)
             self.executors[self.local.engine_id] = ThreadedExecutor(
                 self.host.local_executor(model), model.entry.model_id,
                 lambda ids, t0, t1: self._event(("local_done", ids, t0, t1)), self.clock)

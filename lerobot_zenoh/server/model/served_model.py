@@ -1,4 +1,4 @@
-"""One served model: its runner, session table (sessions and whom to serve), executor, status and action
+"""One served model: its runner, session table (sessions and whom to serve), runner adapter, status and action
 publishers, and what the server counts for it. Built once per manifest entry at start-up."""
 
 from __future__ import annotations
@@ -6,7 +6,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 from urllib.parse import unquote
 
 from lerobot_zenoh.errors import ConfigError
@@ -14,27 +16,38 @@ from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.keys import ANSWER_TOPICS, AppKey
 from lerobot_zenoh.protocol.messages import MAX_TASK_BYTES, RtcAdvert, SameHostAdvert, Status
 from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
-from lerobot_zenoh.server import text_stream
-from lerobot_zenoh.server.session_table import SessionTable, SessionTableConfig
-from lerobot_zenoh.server.executor import Executor
-from lerobot_zenoh.server.failover import ServingRole
-from lerobot_zenoh.server.rate_limit import RejectionRateLimit
-from lerobot_zenoh.server.manifest import Manifest, ModelEntry
-from lerobot_zenoh.server.routing import TaskRouting, task_streams
+from lerobot_zenoh.server.model import text_stream
+from lerobot_zenoh.server.session_table.records import SessionTableConfig
+from lerobot_zenoh.server.session_table.table import SessionTable
+from lerobot_zenoh.server.model.runner_adapter import RunnerAdapter
+from lerobot_zenoh.server.model.failover import ServingRole
+from lerobot_zenoh.server.session_table.rate_limit import RejectionRateLimit
+from lerobot_zenoh.server.config.manifest import Manifest, ModelEntry
+from lerobot_zenoh.server.model.routing import TaskRouting, task_streams
 from lerobot_zenoh.server.runners.base import PolicyRunner
 from lerobot_zenoh.transport.session import Publisher
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ServedModel"]
+__all__ = ["RunsOn", "ServedModel"]
+
+#: Builds who runs a model's requests from the model (`ServedModel(runs_on=...)`): the shell's, which
+#: knows the kinds above this package (an `EngineExecutor`, or a `Dispatcher` for `engines`).
+RunsOn = Callable[["ServedModel"], Any]
 
 
 class ServedModel:
-    """One manifest entry: its runner, session table, executor, status and action publishers."""
+    """One manifest entry: its runner, session table, runner adapter, status and action publishers."""
 
     def __init__(self, manifest: Manifest, entry: ModelEntry, runner: PolicyRunner, server_id: str,
                  batch_profile_s: dict[int, float] | None = None,
-                 codec_limits: codec.CodecLimits = codec.DEFAULT_LIMITS, same_host: SameHostAdvert | None = None):
+                 codec_limits: codec.CodecLimits = codec.DEFAULT_LIMITS, same_host: SameHostAdvert | None = None,
+                 *, incarnation: str | None = None, runs_on: RunsOn | None = None):
+        """`incarnation`: the serving process's (its heartbeats name it); given, the model has its
+        `ServingRole` (primary, or hot standby for `manifest.standby_for`), started by the shell.
+        `runs_on`: who runs its requests, built from this model once everything else of it is: for
+        an entry with `engines`, its dispatcher (`server/dispatch/`), else its one local executor
+        (`server/engine/local.py`). Without them (a model built to test its parts) both are None."""
         self.entry = entry
         self.source = manifest.source  # (errors at start-up name the manifest file)
         self.app: AppKey = manifest.app_key(entry)
@@ -63,7 +76,7 @@ class ServedModel:
         self.actions_per_chunk = actions_per_chunk
         sessions = manifest.sessions
         # Unknown ids (`accept_unknown_clients`) share one cool-down: ids cost nothing to invent
-        # (server/rate_limit.py). Listed ones are read at each call: a reload changes them.
+        # (server/session_table/rate_limit.py). Listed ones are read at each call: a reload changes them.
         rate_limit = RejectionRateLimit(listed=lambda client_id: client_id in self.session_table.config.listed)
         self.session_table = SessionTable(SessionTableConfig(
             listed=frozenset(c.client_uuid for c in entry.clients),
@@ -74,7 +87,7 @@ class ServedModel:
             max_message_bytes=codec_limits.max_message_bytes,
             max_batch_size=self.max_batch_size,
         ), entry.scheduler.build(f"server.{entry.model_id}.scheduler"), rate_limit)
-        self.executor = Executor(self.app.prefix, runner, actions_per_chunk=actions_per_chunk,
+        self.adapter = RunnerAdapter(self.app.prefix, runner, actions_per_chunk=actions_per_chunk,
                                  server_id=server_id, horizon=entry.horizon.build(spec.capabilities.refinement_kind),
                                  limits=codec_limits)
         self.status = Status(
@@ -108,7 +121,10 @@ class ServedModel:
         # A query naming a client (`status?client=<id>`) learns whether this model serves it.
         self._status_for = {admitted: codec.encode(replace(self.status, client_admitted=admitted))
                             for admitted in (True, False)}
-        self.role: ServingRole | None = None  # set at start(): primary or hot standby
+        # Primary or hot standby (server/model/failover.py), started by the shell once Zenoh is open.
+        self.role: ServingRole | None = None if incarnation is None else ServingRole(
+            f"{server_id}:{self.app.prefix}", manifest.standby_for, on_deactivate=self.session_table.drop_slots,
+            incarnation=incarnation)
         self.standby_dropped = 0  # observations not admitted while standing by
         # Observations dropped in the Zenoh callback before the session table hears of them, by
         # reason (`client_id_too_long`); callbacks run on several Zenoh threads, hence the lock.
@@ -122,20 +138,19 @@ class ServedModel:
         self.answers_withheld = 0  # results the runner marked silent (fault injection)
         self.refusals_sent: Counter = Counter()  # Refusals published, by reason (Serving.refuse)
         self.refusals_withheld = 0  # refusals not sent: the session had one less than a second ago
-        # Multi-model tasks (`entry.pipeline`, server/routing.py); None: a model of robots alone, which
+        # Multi-model tasks (`entry.pipeline`, server/model/routing.py); None: a model of robots alone, which
         # never goes through task routing. Set (once) by a reload that gives it task streams.
         self.routing: TaskRouting | None = TaskRouting(task_streams(manifest, entry)) if entry.pipeline else None
         # The subscriptions (observations, client tokens) of its own app (None) and of each task stream.
         self.subscriptions: dict[str | None, list] = {}
-        # Who runs its requests, set at start(): for an entry that lists `engines`, the dispatcher
-        # placing them across its engines (server/dispatch.py); else its one local executor
-        # (server/engine_executor.py `local_executor`), run by the inference thread.
-        self.dispatcher = None
-        self.engine = None
-        self.loop_faults = 0  # faults in its serving turn (logged with their traceback)
-        self.faults_in_a_row = 0
-        self.last_fault_s = float("-inf")
+        self.loop_faults = 0  # faults in its serving turn (logged with their traceback; the streak: the loop's)
         self.failed: str | None = None  # why it is no longer served (`PolicyServer._withdraw`)
+        # Who runs its requests (`runs_on`, last: it is built from the finished model): for an entry
+        # that lists `engines`, the dispatcher placing them across its engines; else its one local
+        # executor, run by the inference thread.
+        runs = runs_on(self) if runs_on is not None else None
+        self.dispatcher = runs if entry.engines else None
+        self.engine = None if entry.engines else runs
 
     def refuse_unread(self, reason: str) -> int:
         """Count an observation dropped in the callback, unread, for `reason`; returns the count so far."""
@@ -148,10 +163,6 @@ class ServedModel:
         """Observations dropped in the callback before the session table heard of them, by reason."""
         with self._refused_lock:
             return dict(self._refused_unread)
-
-    @property
-    def scheduler(self):
-        return self.session_table.scheduler
 
     @property
     def streams(self) -> dict:

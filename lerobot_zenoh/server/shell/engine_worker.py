@@ -9,7 +9,7 @@ for at most `MAX_CLIENTS` clients (the oldest is forgotten beyond it).
 
 Threads: Zenoh's callback thread puts each dispatch in a bounded inbox (the oldest dropped when
 full: counted, and the scheduler re-queues what it never hears back of); one worker thread per model
-takes up to `capacity` requests, runs them in one `Executor.infer` pass and publishes the answers;
+takes up to `capacity` requests, runs them in one `RunnerAdapter.infer` pass and publishes the answers;
 a responder thread answers status queries (the scheduler's probe of this engine's round trip).
 """
 
@@ -27,10 +27,10 @@ from lerobot_zenoh.protocol import codec, dispatch
 from lerobot_zenoh.protocol.dispatch import EngineAnswer, EngineKeys, EngineRequest, EngineStatus
 from lerobot_zenoh.protocol.reasons import Reason
 from lerobot_zenoh.scheduling.batch_profile import saturation_batch_size
-from lerobot_zenoh.server.batch_profiling import measure_batch_profile
-from lerobot_zenoh.server.executor import Executor
-from lerobot_zenoh.server.manifest import Manifest, ModelEntry
-from lerobot_zenoh.server.runners import load_runner
+from lerobot_zenoh.server.model.batch_profiling import measure_batch_profile
+from lerobot_zenoh.server.model.runner_adapter import RunnerAdapter
+from lerobot_zenoh.server.config.manifest import Manifest, ModelEntry
+from lerobot_zenoh.server.config.runner_loading import load_runner
 from lerobot_zenoh.server.runners.base import RTC_EXTRA_DELAY, PolicyRunner
 from lerobot_zenoh.transport.session import ACTION_QOS, ZenohSession
 
@@ -43,7 +43,7 @@ INBOX_PER_CAPACITY = 4
 
 
 class EngineModel:
-    """One manifest entry served as an engine: its runner, executor, inbox and answer publisher."""
+    """One manifest entry served as an engine: its runner, runner adapter, inbox and answer publisher."""
 
     def __init__(self, manifest: Manifest, entry: ModelEntry, runner: PolicyRunner, engine_id: str,
                  incarnation: str, limits: codec.CodecLimits):
@@ -64,7 +64,7 @@ class EngineModel:
             self.capacity = saturation_batch_size(self.profile_s) if self.profile_s else 1
         else:
             self.capacity = largest
-        self.executor = Executor(f"engine:{self.keys.token}", runner,
+        self.adapter = RunnerAdapter(f"engine:{self.keys.token}", runner,
                                  actions_per_chunk=entry.actions_per_chunk or spec.chunk_size,
                                  server_id=engine_id, horizon=entry.horizon.build(spec.capabilities.refinement_kind),
                                  limits=limits)
@@ -135,7 +135,7 @@ class EngineWorker:
         for thread in self._threads:
             thread.join(timeout=timeout_s)
         for model in self.models:
-            model.executor.close()
+            model.adapter.close()
         if self._session is not None:
             self._session.close()
 
@@ -176,7 +176,7 @@ class EngineWorker:
                                         f"asked for {msg.model_id}/{msg.model_version}")
             else:
                 try:
-                    obs = model.executor.decode(msg.observation)
+                    obs = model.adapter.decode(msg.observation)
                     if msg.reset or msg.client_id not in model.clients:
                         model.runner.forget(msg.client_id)
                     self._remember(model, msg.client_id)
@@ -187,7 +187,7 @@ class EngineWorker:
                 model.counts[f"refused.{error[0]}"] += 1
                 answers.append(self._answer(model, msg, error=error[0], detail=error[1]))
         ready = []  # (request message, inference request, arrival)
-        prepared = model.executor.prepare_batch([(msg.client_id, obs, None) for msg, obs, _ in pending])
+        prepared = model.adapter.prepare_batch([(msg.client_id, obs, None) for msg, obs, _ in pending])
         for (msg, _, arrival_s), request in zip(pending, prepared, strict=True):
             if isinstance(request, ProtocolError):
                 model.counts[f"refused.{request.reason}"] += 1
@@ -196,7 +196,7 @@ class EngineWorker:
                 ready.append((msg, replace(request, seed=msg.seed), arrival_s))
         if ready:
             t0 = time.monotonic()
-            results = model.executor.infer([r for _, r, _ in ready])
+            results = model.adapter.infer([r for _, r, _ in ready])
             inference_ms = (time.monotonic() - t0) * 1000
             for (msg, _, arrival_s), result in zip(ready, results, strict=True):
                 queue_ms = (t0 - arrival_s) * 1000

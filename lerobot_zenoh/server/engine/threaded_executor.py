@@ -1,4 +1,4 @@
-"""An executor on a thread of its own (`server/engine_executor.py`): the `local: true` engine of a
+"""An executor on a thread of its own (`server/engine/interface.py`): the `local: true` engine of a
 model with `engines`, so the dispatcher keeps placing (and relaying remote answers) while this
 process's own runner computes.
 
@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from lerobot_zenoh.server.engine_executor import EngineExecutor, Work
-    from lerobot_zenoh.server.request_table import InFlight
+    from lerobot_zenoh.server.engine.interface import EngineExecutor, Work
+    from lerobot_zenoh.server.engine.request_table import InFlight
 
 log = logging.getLogger(__name__)
 

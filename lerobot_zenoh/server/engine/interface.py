@@ -5,16 +5,16 @@ An executor runs what the scheduler hands it and reports what came of it; it ran
 nothing and keeps no bookkeeping of what is in flight (the scheduler's: the session table, and for
 a model with `engines` the dispatcher's request table and per-engine load). The kinds, one module each:
 
-- `server/batch_executor.py` (`BatchExecutor`): this process's runner, one forward pass per batch,
+- `server/engine/batch_executor.py` (`BatchExecutor`): this process's runner, one forward pass per batch,
   on the caller's thread (a model without `engines` is a scheduler with this one executor);
-- `server/decoding_executor.py` (`DecodingExecutor`): this process's iteration-level runner
+- `server/engine/decoding_executor.py` (`DecodingExecutor`): this process's iteration-level runner
   (pi0-FAST; docs/server.md, "Iteration-level serving"): decodes step by step and takes the next
   robots' requests between steps, on the caller's thread;
-- `server/threaded_executor.py` (`ThreadedExecutor`): any of the above on a thread of its own, so
+- `server/engine/threaded_executor.py` (`ThreadedExecutor`): any of the above on a thread of its own, so
   the scheduler keeps placing while it computes (the `local: true` engine of a model with `engines`);
-- `server/remote_executor.py` (`RemoteExecutor`): another `lerobot-policy-server` process started
+- `server/dispatch/remote_executor.py` (`RemoteExecutor`): another `lerobot-policy-server` process started
   with `role: engine`, on the site or across a WAN, reached by `EngineRequest`s on its dispatch key
-  (its answers come back through `server/engine_link.py`).
+  (its answers come back through `server/dispatch/engine_link.py`).
 
 Adding an engine kind is one more module with a class of this interface, built where the
 dispatcher builds its executors (`Dispatcher.start`).
@@ -26,16 +26,12 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from lerobot_zenoh.server.batch_executor import BatchExecutor
-from lerobot_zenoh.server.decoding_executor import DecodingExecutor
-from lerobot_zenoh.server.session_table import Batch
+from lerobot_zenoh.server.session_table.records import Batch
 
 if TYPE_CHECKING:
-    from lerobot_zenoh.server.request_table import InFlight
-    from lerobot_zenoh.server.served_model import ServedModel
-    from lerobot_zenoh.server.serving import Serving
+    from lerobot_zenoh.server.engine.request_table import InFlight
 
-__all__ = ["EngineExecutor", "Work", "local_executor"]
+__all__ = ["EngineExecutor", "Work"]
 
 
 @dataclass
@@ -64,10 +60,3 @@ class EngineExecutor(Protocol):
 
     def stop(self, timeout_s: float) -> bool:
         """Stop taking work; True when whatever ran for it has ended."""
-
-
-def local_executor(serving: Serving, model: ServedModel) -> EngineExecutor:
-    """This process's own runner as an executor on the caller's thread: the iteration-level
-    decoder for a runner that declares it, else the batch executor."""
-    kind = DecodingExecutor if model.runner.spec.capabilities.iteration_level else BatchExecutor
-    return kind(serving, model)
