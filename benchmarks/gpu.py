@@ -258,13 +258,13 @@ def observations(settings: Settings, batch: int, *, rtc_rows: int = 0, first_seq
     return items
 
 
-def serve(executor: Any, items: list) -> list[np.ndarray]:
+def serve(adapter: Any, items: list) -> list[np.ndarray]:
     """One server batch: decode the batch's frames, run the runner; the chunks (raises on any refusal)."""
-    requests = executor.prepare_batch(items)
+    requests = adapter.prepare_batch(items)
     bad = [r for r in requests if isinstance(r, Exception)]
     if bad:
         raise RuntimeError(f"a request was refused: {bad[0]}")
-    results = executor.infer(requests)
+    results = adapter.infer(requests)
     failed = [r for r in results if isinstance(r, Exception)]
     if failed:
         raise RuntimeError(f"inference failed: {failed[0]}")
@@ -307,8 +307,8 @@ class Run:
         self.deadline = self.t0 + settings.budget_s
         self.folder: Path | None = None
         self.runner: Any = None
-        self.executor: Any = None
-        self.images_executor: Any = None
+        self.adapter: Any = None
+        self.images_adapter: Any = None
         self.eager: dict[str, dict] = {}
         self.compiled: dict[str, dict] = {}
         self.cuda = settings.device.startswith("cuda")
@@ -383,7 +383,7 @@ class Run:
         t = time.perf_counter()
         self.runner = load(self.folder, self.s)
         build_s = time.perf_counter() - t
-        self.executor = RunnerAdapter("bench", self.runner, actions_per_chunk=self.s.chunk_size, server_id="bench-gpu")
+        self.adapter = RunnerAdapter("bench", self.runner, actions_per_chunk=self.s.chunk_size, server_id="bench-gpu")
         return {"build_s": build_s, "parameters": sum(p.numel() for p in self.runner.policy.parameters()),
                 "memory_gb": memory_gb(), "dtypes": sorted({str(p.dtype) for p in self.runner.policy.parameters()}),
                 "torch_threads": torch.get_num_threads()}
@@ -391,7 +391,7 @@ class Run:
     # 3 ------------------------------------------------------------------------------------------
 
     def phase_eager(self, available: float) -> dict[str, Any]:
-        if self.executor is None:
+        if self.adapter is None:
             return {"status": "skipped", "reason": "no model (the build phase did not finish)"}
         end = time.perf_counter() + available
         out: dict[str, Any] = {}
@@ -403,12 +403,12 @@ class Run:
                 continue
             items = observations(self.s, b)
             t = time.perf_counter()
-            serve(self.executor, items)  # the first call of a shape (allocator, cuBLAS plans)
+            serve(self.adapter, items)  # the first call of a shape (allocator, cuBLAS plans)
             once = time.perf_counter() - t
-            fallbacks = self.executor.batch_fallbacks
-            out[str(b)] = timed({"eager": lambda items=items: serve(self.executor, items)}, self.s.reps)["eager"]
+            fallbacks = self.adapter.batch_fallbacks
+            out[str(b)] = timed({"eager": lambda items=items: serve(self.adapter, items)}, self.s.reps)["eager"]
             out[str(b)] |= {"first_call_s": once, "memory_gb": memory_gb(),
-                            "batch_fallbacks": self.executor.batch_fallbacks - fallbacks}
+                            "batch_fallbacks": self.adapter.batch_fallbacks - fallbacks}
             # the next, larger batch: about as long per call again, times the calls
             estimate = out[str(b)]["p90_ms"] / 1000 * (self.s.reps + 3) * 2
         self.eager = out
@@ -463,7 +463,7 @@ class Run:
     # 5 ------------------------------------------------------------------------------------------
 
     def phase_images(self, available: float) -> dict[str, Any]:
-        if self.executor is None:
+        if self.adapter is None:
             return {"status": "skipped", "reason": "no model"}
         if not self.cuda:
             return {"status": "skipped", "reason": "images_on_device needs a CUDA device"}
@@ -471,23 +471,23 @@ class Run:
 
         t = time.perf_counter()
         on = load(self.folder, self.s, images_on_device=True)
-        self.images_executor = RunnerAdapter("bench-images", on, actions_per_chunk=self.s.chunk_size, server_id="bench-gpu")
+        self.images_adapter = RunnerAdapter("bench-images", on, actions_per_chunk=self.s.chunk_size, server_id="bench-gpu")
         rows = []
         for b in sorted({self.s.batches[0], self.s.batches[-1]}):
             items = observations(self.s, b)
             if time.perf_counter() - t > available * 0.8:
                 break
-            got = timed({"CPU decode (default)": lambda items=items: serve(self.executor, items),
-                         "images_on_device": lambda items=items: serve(self.images_executor, items)},
+            got = timed({"CPU decode (default)": lambda items=items: serve(self.adapter, items),
+                         "images_on_device": lambda items=items: serve(self.images_adapter, items)},
                         max(5, self.s.reps // 2))
             rows += [{"case": case, "batch": b, **figures} for case, figures in got.items()]
-        return {"rows": rows, "device_fallbacks": self.images_executor.jpeg_device_fallbacks,
+        return {"rows": rows, "device_fallbacks": self.images_adapter.jpeg_device_fallbacks,
                 "build_s": time.perf_counter() - t}
 
     # 6 ------------------------------------------------------------------------------------------
 
     def phase_rtc(self, available: float) -> dict[str, Any]:
-        if self.executor is None:
+        if self.adapter is None:
             return {"status": "skipped", "reason": "no model"}
         rows = []
         end = time.perf_counter() + available
@@ -497,21 +497,21 @@ class Run:
             cases = {"no leftovers": observations(self.s, b), "every row a leftover": observations(self.s, b, rtc_rows=b)}
             if b > 1:
                 cases["half the rows a leftover"] = observations(self.s, b, rtc_rows=b // 2)
-            got = timed({name: lambda items=items: serve(self.executor, items) for name, items in cases.items()},
+            got = timed({name: lambda items=items: serve(self.adapter, items) for name, items in cases.items()},
                         max(3, self.s.reps // 2))
             rows += [{"case": case, "batch": b, **figures} for case, figures in got.items()]
         return {"rows": rows, "execution_horizon": RTC_HORIZON, "delay_steps": RTC_DELAY,
-                "batch_fallbacks": self.executor.batch_fallbacks}
+                "batch_fallbacks": self.adapter.batch_fallbacks}
 
     # 7 ------------------------------------------------------------------------------------------
 
     def phase_two_models(self, available: float) -> dict[str, Any]:
-        if self.images_executor is None:
+        if self.images_adapter is None:
             return {"status": "skipped", "reason": "needs the images_on_device model (CUDA)"}
         b = min(4, self.s.batches[-1])
-        executors = (self.executor, self.images_executor)
+        adapters = (self.adapter, self.images_adapter)
         items = [observations(self.s, b, first_seq=100), observations(self.s, b, first_seq=200)]
-        alone = [serve(ex, it) for ex, it in zip(executors, items, strict=True)]
+        alone = [serve(a, it) for a, it in zip(adapters, items, strict=True)]
         rounds = max(5, min(50, int(available / 2 / max(0.01, sum(self._p50(b)) / 1000))))
         diffs = [0.0, 0.0]
         errors: list[str] = []
@@ -521,7 +521,7 @@ class Run:
             try:
                 start.wait(timeout=30)
                 for _ in range(rounds):
-                    got = serve(executors[k], items[k])
+                    got = serve(adapters[k], items[k])
                     diffs[k] = max(diffs[k], max(float(np.abs(g - a).max()) for g, a in zip(got, alone[k], strict=True)))
             except Exception as exc:
                 errors.append(f"{type(exc).__name__}: {exc}")
@@ -534,7 +534,7 @@ class Run:
         if errors:
             raise RuntimeError(errors[0])
         return {"batches": rounds, "batch": b, "max_diff": max(diffs),
-                "device_fallbacks": self.images_executor.jpeg_device_fallbacks}
+                "device_fallbacks": self.images_adapter.jpeg_device_fallbacks}
 
     def _p50(self, b: int) -> list[float]:
         e = self.eager.get(str(b)) or next(iter(self.eager.values()), {"p50_ms": 100.0})
@@ -660,7 +660,7 @@ def compile_child(folder: Path, events: Path, deadline: float, settings: Setting
 
     t = time.perf_counter()
     runner = load(folder, settings)
-    executor = RunnerAdapter("bench-compiled", runner, actions_per_chunk=settings.chunk_size, server_id="bench-gpu")
+    adapter = RunnerAdapter("bench-compiled", runner, actions_per_chunk=settings.chunk_size, server_id="bench-gpu")
     emit(event="built", build_s=time.perf_counter() - t)
     estimate = None
     for b in settings.batches:
@@ -669,7 +669,7 @@ def compile_child(folder: Path, events: Path, deadline: float, settings: Setting
             emit(bucket=b, status=f"skipped: the last bucket took {estimate / 1.3:.0f} s, {left:.0f} s left")
             continue
         items = observations(settings, b)
-        reference = serve(executor, items)
+        reference = serve(adapter, items)
         options = LoadOptions(device=settings.device, dtype=settings.dtype,
                               rtc=RtcSettings(enabled=True, execution_horizon=RTC_HORIZON),
                               compile=CompileSettings(mode=settings.compile_mode, buckets=(b,)), max_batch=b)
@@ -680,10 +680,10 @@ def compile_child(folder: Path, events: Path, deadline: float, settings: Setting
         runner.warmup()  # what the server's start-up does: compile the bucket (and record its graph)
         compile_s = time.perf_counter() - t
         t = time.perf_counter()
-        got = serve(executor, items)  # the first served call of the bucket
+        got = serve(adapter, items)  # the first served call of the bucket
         first_call_s = time.perf_counter() - t
         diff = max(float(np.abs(g - r).max()) for g, r in zip(got, reference, strict=True))
-        figures = timed({"compiled": lambda items=items: serve(executor, items)}, settings.reps, warm=1)["compiled"]
+        figures = timed({"compiled": lambda items=items: serve(adapter, items)}, settings.reps, warm=1)["compiled"]
         record = {"bucket": b, "compile_s": compile_s, "first_call_s": first_call_s, "max_diff": diff, **figures,
                   "memory_gb": memory_gb(), "peak_memory_gb": (round(torch.cuda.max_memory_allocated() / 2**30, 2)
                                                                if torch.cuda.is_available() else None),
@@ -691,7 +691,7 @@ def compile_child(folder: Path, events: Path, deadline: float, settings: Setting
         emit(**record)
         if b in (settings.batches[0], settings.batches[-1]) and deadline - time.time() > 20:
             mixed = observations(settings, b, rtc_rows=max(1, b // 2))
-            rtc = timed({"rtc": lambda: serve(executor, mixed)}, max(3, settings.reps // 2), warm=1)["rtc"]
+            rtc = timed({"rtc": lambda: serve(adapter, mixed)}, max(3, settings.reps // 2), warm=1)["rtc"]
             emit(rtc_bucket=b, rows_with_leftover=max(1, b // 2), **rtc, figures=dict(runner.figures()))
         estimate = compile_s * 1.3
 

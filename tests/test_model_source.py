@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from lerobot_zenoh.errors import ConfigError
 from lerobot_zenoh.model_source import check_model_source
-from lerobot_zenoh.pipelines.descriptor import ServedModel
+from lerobot_zenoh.pipelines.descriptor import PipelineModel
 from lerobot_zenoh.server.config.manifest import parse_manifest
 
 pytestmark = pytest.mark.core
@@ -48,7 +48,7 @@ def _manifest_refusal(fields: dict) -> str | None:
 
 def _descriptor_refusal(fields: dict) -> str | None:
     try:
-        ServedModel.model_validate({"model_id": "m", **fields})
+        PipelineModel.model_validate({"model_id": "m", **fields})
     except ValidationError as exc:
         return str(exc.errors()[0]["msg"])
     return None

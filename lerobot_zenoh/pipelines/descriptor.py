@@ -254,7 +254,7 @@ class FleetClass(_Strict):
         return v
 
 
-class ServedModel(_Strict):
+class PipelineModel(_Strict):
     """How a model is served: the fields of a server manifest entry (docs/server.md), less the ones the
     planner writes (application_tag, endpoint, clients, max_batch_size)."""
 
@@ -286,7 +286,7 @@ class Factory(_Strict):
     cluster_uuid: str = "factory"
     experiment_tag: str = "plan"
     servers: ServersEntry
-    models: dict[str, ServedModel] = Field(min_length=1)
+    models: dict[str, PipelineModel] = Field(min_length=1)
     tasks: dict[str, Task] = Field(min_length=1)
     fleet: list[FleetClass] = Field(min_length=1)
     source: str = Field("<memory>", exclude=True)

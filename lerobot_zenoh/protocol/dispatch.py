@@ -68,7 +68,7 @@ class EngineRequest:
 
     `observation` is the robot's Observation bytes as the scheduler received them (its RTC prefix and
     delay, its history frames and its task travel inside); `seed` is the sampling seed the scheduler
-    chose (`executor.request_seed`), so an answer does not depend on which engine ran it; `reset`
+    chose (`runner_adapter.request_seed`), so an answer does not depend on which engine ran it; `reset`
     asks the engine to drop the client's per-episode runner state first. `model_id`/`model_version`
     name what the scheduler serves: an engine loading something else refuses (`wrong_model`).
 

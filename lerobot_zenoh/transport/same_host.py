@@ -329,7 +329,7 @@ _reader = FrameReader()
 
 def read_frames(ref: SharedFrames, expected: Mapping[str, tuple[int, int]]) -> dict[str, np.ndarray]:
     """Copies of the referenced frames, checked current after the copy (a one-off reader's API;
-    the server's executor uses a `FrameReader` and reads the views in place)."""
+    the server's runner adapter uses a `FrameReader` and reads the views in place)."""
     views = _reader.read(ref, expected)
     out = {name: np.array(view) for name, view in views.items()}
     if not _reader.current(ref):
