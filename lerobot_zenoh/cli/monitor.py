@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             fail(PROG, f"--prometheus_port: cannot listen on {config.prometheus_host}:{config.prometheus_port}: "
                        f"{exc.strerror or exc} (another monitor or exporter? pick another port)")
-    session = None
+    session = intake_thread = None
     settings = config.zenoh_settings()
     t_end = None if config.duration_s is None else time.monotonic() + config.duration_s
     try:
@@ -346,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
                 http.shutdown()
             return 0
         channel = session.subscribe_channel(f"{prefix}/**/metrics" if prefix != "**" else "**/metrics", INTAKE_CHANNEL)
-        threading.Thread(target=intake, args=(channel,), name="telemetry-intake", daemon=True).start()
+        intake_thread = threading.Thread(target=intake, args=(channel,), name="telemetry-intake", daemon=True)
+        intake_thread.start()
         session.watch_liveliness(f"{prefix}/**" if prefix != "**" else "**",
                                  lambda key, alive: fleet.on_liveliness(key, alive, time.monotonic()))
     except LeRobotZenohError as exc:
@@ -383,6 +384,10 @@ def main(argv: list[str] | None = None) -> int:
         if http is not None:
             threading.Thread(target=http.shutdown, daemon=True).start()  # up to 0.5 s poll: not waited for
         session.close()
+        # The closed channel ends the intake thread's recv; wait for it, since a thread still inside
+        # Zenoh's recv when the interpreter finalizes aborts the process ("exception not rethrown").
+        if intake_thread is not None:
+            intake_thread.join(timeout=2.0)
     return 0
 
 
