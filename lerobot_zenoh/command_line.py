@@ -181,6 +181,45 @@ class Spellings:
 CONNECT_SPELLINGS = Spellings(repeatable=frozenset({"--zenoh.connect"}))
 
 
+#: Words YAML 1.1 reads as booleans and YAML 1.2 as strings (true and false are booleans in both).
+_YAML11_WORDS = re.compile(r"^(?:y|Y|yes|Yes|YES|n|N|no|No|NO|on|On|ON|off|Off|OFF)$")
+
+
+def _field_type(config_class: type, dotted: str) -> object | None:
+    """The annotated type of a config's field named by a flag's dotted path, or None if none is."""
+    import dataclasses
+    import typing
+
+    cls: object = config_class
+    hint: object = None
+    for part in dotted.split("."):
+        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+            return None
+        try:
+            hint = typing.get_type_hints(cls).get(part)
+        except Exception:  # noqa: BLE001 - an annotation that does not resolve: left to draccus
+            return None
+        if hint is None:
+            return None
+        cls = hint
+    return hint
+
+
+def _keep_words(config_class: type, args: list[str]) -> list[str]:
+    """`--compile=off` means the word off, as a manifest's `compile: off` does (YAML 1.2): draccus
+    reads a flag's value as YAML 1.1, where off, on, yes and no are booleans, and a string field
+    then got 'False'. Such a word given to a field that is not a boolean is quoted first."""
+    out = []
+    for arg in args:
+        name, eq, value = arg.partition("=")
+        if eq and name.startswith("--") and _YAML11_WORDS.match(value.strip()):
+            hint = _field_type(config_class, name[2:])
+            if hint is not None and hint is not bool and "bool" not in str(hint):
+                arg = f"{name}={json.dumps(value.strip())}"
+        out.append(arg)
+    return out
+
+
 def parse(config_class: type[T], argv: list[str] | None, prog: str, spellings: Spellings | None = None) -> T:
     """draccus.parse with one-line errors (exit 2); `--help` prints every option as usual. `spellings`
     rewrites a script's other accepted spellings into draccus flags first."""
@@ -195,7 +234,8 @@ def parse(config_class: type[T], argv: list[str] | None, prog: str, spellings: S
     try:
         if spellings is not None:
             args = spellings.rewrite(args)
-        return draccus.parse(config_class=config_class, args=args, prog=prog, exit_on_error=False)
+        return draccus.parse(config_class=config_class, args=_keep_words(config_class, args), prog=prog,
+                             exit_on_error=False)
     except SystemExit:
         raise
     except Exception as exc:  # noqa: BLE001 - every parse error becomes one line, none a traceback

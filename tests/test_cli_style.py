@@ -5,6 +5,7 @@ older spellings still accepted with a one-line hint. In-process: no script is st
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -110,3 +111,28 @@ def test_secure_keeps_its_space_separated_and_repeated_flags():
     config = parse(secure.InitConfig, ["--manifest", "a.yaml", "--manifest", "b.yaml", "--out", "pki", "--force",
                                        "--valid_days", "30"], "secure", spellings)
     assert (config.manifest, config.out, config.force, config.valid_days) == (["a.yaml", "b.yaml"], "pki", True, 30)
+
+
+@dataclass
+class Inner:
+    mode: str = "x"
+    enabled: bool | None = None
+
+
+@dataclass
+class Flags:
+    compile: str = "default"
+    json: bool = False
+    inner: Inner = field(default_factory=Inner)
+
+
+def test_a_word_yaml_1_1_reads_as_a_boolean_stays_a_word_for_a_field_that_is_not_one():
+    """`--compile=off` is the word off (as `compile: off` is in a manifest, YAML 1.2); a boolean
+    field still reads on/off/yes/no as before; `make demo` passes `--compile=off`."""
+    from lerobot_zenoh.command_line import _keep_words, parse
+    from lerobot_zenoh.demo import DemoConfig
+
+    got = parse(Flags, ["--compile=off", "--json=on", "--inner.mode=No", "--inner.enabled=yes"], "prog")
+    assert (got.compile, got.json, got.inner.mode, got.inner.enabled) == ("off", True, "No", True)
+    assert parse(Flags, ["--compile=max-autotune", "--json=false"], "prog").json is False
+    assert _keep_words(DemoConfig, ["--compile=off", "--robots=2"]) == ['--compile="off"', "--robots=2"]
