@@ -298,8 +298,15 @@ def test_token_healthz_size_limit_and_loopback_default(client_python, port, app_
     token = "s3cret-token-of-the-fleet"
     with PolicyServer(server_manifest(port, app_key)), \
             FrontDoor(door_config(port, app_key, token=token, max_message_bytes=64 * 1024)) as door:
-        with urllib.request.urlopen(f"http://127.0.0.1:{door.port}/healthz", timeout=10) as r:
-            assert r.status == 200 and r.read() == b"OK\n"
+        def healthy() -> bool:  # 503 until the door has seen the server's liveliness token
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{door.port}/healthz", timeout=10) as r:
+                    return r.status == 200 and r.read() == b"OK\n"
+            except urllib.error.HTTPError as exc:
+                assert exc.code == 503, exc
+                return False
+
+        assert wait_for(healthy, 20)
         refused = result(drive(client_python, door.port, mode="chunks", repeat=1, seed=1))
         assert "401" in refused["connect_error"]
         wrong = result(drive(client_python, door.port, mode="chunks", repeat=1, seed=1, api_key="not-the-token"))
