@@ -88,8 +88,8 @@ class ServedModel:
             max_batch_size=self.max_batch_size,
         ), entry.scheduler.build(f"server.{entry.model_id}.scheduler"), rate_limit)
         self.adapter = RunnerAdapter(self.app.prefix, runner, actions_per_chunk=actions_per_chunk,
-                                 server_id=server_id, horizon=entry.horizon.build(spec.capabilities.refinement_kind),
-                                 limits=codec_limits)
+                                     server_id=server_id, horizon=entry.horizon.build(spec.capabilities.refinement_kind),
+                                     limits=codec_limits)
         self.status = Status(
             model_id=entry.model_id,
             model_version=entry.model_version,
