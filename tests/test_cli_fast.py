@@ -73,6 +73,7 @@ FAST_CLIENT_MISTAKES = [
      ["--dataset.root: cannot write under /sys"]),
     ([SIM, "--resume=true"], 2, ["--resume: needs --dataset.repo_id"]),
     ([SIM, "--endpoint=127.0.0.1:{dead}"], 3, ["cannot connect to tcp/127.0.0.1:{dead}: nothing answers there"]),
+    ([SIM, "--zenoh.connect=tcp/127.0.0.1:{dead}"], 3, ["cannot connect to tcp/127.0.0.1:{dead}: nothing answers there"]),
     ([SIM, "--task=" + "x" * 3000], 2, ["--task: is 3000 bytes of UTF-8; a server reads at most 2048"]),
     ([SIM, "--dataset.repo_id=local/x", "--dataset.single_task=" + "ü" * 1100], 2,
      ["--dataset.single_task: is 2200 bytes"]),
@@ -137,18 +138,36 @@ STATUS_MISTAKES = [
 ]
 
 
-def test_what_the_servers_status_settles_is_one_line_before_lerobot_is_imported(port, app_key, tmp_path):
+#: Where the client is told to connect: the server itself, or a router the server is linked to.
+WHERE = {"endpoint": "--endpoint=127.0.0.1:{port}", "connect": "--zenoh.connect=[tcp/127.0.0.1:{port}]",
+         "router": "--zenoh.connect=tcp/127.0.0.1:{router}"}
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_what_the_servers_status_settles_is_one_line_before_lerobot_is_imported(where, port, app_key, tmp_path):
+    """Each STATUS_MISTAKES case through the real client, timed (docs/client.md quotes the times)."""
+    import contextlib
     import time
 
-    from lz_testing import make_server
+    from lerobot_zenoh.transport.session import ZenohSession
+    from lerobot_zenoh.transport.settings import ZenohSettings
+    from lz_testing import free_port, make_server
 
-    with make_server(port, app_key, cameras={"front": (96, 128), "wrist": (96, 128)}, clients=["r1"],
-                     max_task_tokens=4):
+    router = free_port()
+    server = make_server(port, app_key, cameras={"front": (96, 128), "wrist": (96, 128)}, clients=["r1"],
+                         max_task_tokens=4)
+    routed = contextlib.nullcontext()
+    if where == "router":  # the server links to the router; the client knows only the router
+        routed = ZenohSession(ZenohSettings(mode="router", listen=[f"tcp/127.0.0.1:{router}"],
+                                            multicast_scouting=False)).open()
+        server.manifest = server.manifest.model_copy(
+            update={"zenoh": server.manifest.zenoh.with_connect(f"tcp/127.0.0.1:{router}")})
+    with routed, server:
         for args, needles in STATUS_MISTAKES:
             t0 = time.perf_counter()
-            result, imported = probe(CLIENT, [SIM, f"--endpoint=127.0.0.1:{port}",
+            result, imported = probe(CLIENT, [SIM, WHERE[where].format(port=port, router=router),
                                               *(a.replace("{tmp}", str(tmp_path)) for a in args)])
-            print(f"{' '.join(args)}: exit {result.returncode} in {time.perf_counter() - t0:.2f} s")
+            print(f"{where}: {' '.join(args)}: exit {result.returncode} in {time.perf_counter() - t0:.2f} s")
             errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
             assert result.returncode == 3 and len(errors) == 1, (args, result.stderr[-2000:])
             for needle in needles:

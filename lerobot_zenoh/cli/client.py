@@ -224,9 +224,9 @@ def preflight(argv: list[str]):
 
 
 def lookup_early(options, stop, cameras: dict | None = None, task: tuple[str, str] | None = None) -> object | None:
-    """With an endpoint given: the application the routing flags name, found before LeRobot is
-    imported, so that a dead endpoint or a server serving something else is reported in a second,
-    and what its status settles (`discovery.preflight_problems`: this client id not served, --fps,
+    """With an endpoint or routers given (--endpoint, --server_address, --zenoh.connect): the
+    application the routing flags name, found before LeRobot is imported, so that a dead endpoint or
+    a server serving something else is reported in a second, and what its status settles (`discovery.preflight_problems`: this client id not served, --fps,
     the cameras the command line names, a task over the model's token limit: `task` is (its flag,
     the task), counted by the server) too. CompatibilityError for those; None while no server
     answers yet (one still loading: the client then opens its robot and waits for it as before, up
@@ -553,9 +553,10 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=options.log_level.upper(), force=True,
                             format=f"%(asctime)s %(levelname)s [{options.client_uuid}] %(name)s: %(message)s")
     served = None
-    if options is not None and (options.endpoint or options.server_address) and not options.pipeline.plan:
+    connect = options.zenoh_settings().connect if options is not None else []
+    if connect and not options.pipeline.plan:  # --endpoint, --server_address or --zenoh.connect
         # Each "starting:" line names the step under way (make demo shows it while a robot starts).
-        log.info("starting: asking %s what it serves", options.endpoint or options.server_address)
+        log.info("starting: asking %s what it serves", ", ".join(connect))
         try:
             served = lookup_early(options, stopped, cameras, task)
         except CompatibilityError as exc:
@@ -565,6 +566,9 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_NO_SERVER
         if stopped.is_set():
             return 0
+        if served is None:  # linked, nothing serves there yet: waited for below, as without these checks
+            log.info("starting: no server answers at %s yet; waiting for one (up to %.0f s) once the robot is open",
+                     ", ".join(connect), options.discovery_timeout_s)
     log.info("starting: importing LeRobot")
     root = logging.getLogger()
     quiet = root.level > logging.DEBUG
