@@ -323,6 +323,19 @@ class ServingRole:
             self._timer.cancel()
 
 
+def answer_check(role: ServingRole | None, arrival_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> Callable[[], bool] | None:
+    """The one rule for every answer this server publishes, its own runner's and its remote engines'
+    relayed (`server/dispatch/answer_relay.py`): the answer to an observation that arrived at
+    `arrival_s` (on `clock`, the monotonic clock) goes out only while `role.may_publish` says so.
+    Ask the check when the answer is ready, then hand it to the publisher as `valid`: the
+    publisher's thread asks again just before the bytes go to Zenoh, so a freeze in between lets
+    nothing stale out. None: no role (a model built without one): nothing to check."""
+    if role is None:
+        return None
+    return lambda: role.may_publish(arrival_s, clock())
+
+
 @dataclass(frozen=True)
 class Beat:
     """One heartbeat of one server for one model: what it serves and how its work goes."""
