@@ -7,7 +7,10 @@ chunk is built for the observation that request carried and published on the rob
 engine's load (`EngineLoad`) and its measured figures (estimate against actual, queueing delay,
 bandwidth) are corrected from it. An answer of the wrong model or shape refuses the engine and
 re-queues the request; an error answer is counted on the engine and on the robot, never towards the
-robot's cool-down. The local engine reports each batch it ran (`on_local`).
+robot's cool-down. A chunk goes out only as a local answer would (`failover.answer_check`): never to
+an observation that arrived before this process froze, nor while it is held after a freeze or
+replaced; a held one is counted in `answers_held` and its request closed. The local engine reports
+each batch it ran (`on_local`).
 """
 
 from __future__ import annotations

@@ -37,8 +37,9 @@ Exactly one server serves at a time, so a client never gets two chunks for one o
 - a primary that finds it was frozen (its own heartbeat thread missed `TAKEOVER_AFTER_S`) holds its
   answers for `RESUME_HOLD_S`, and until it has heard again every server it heard before the freeze
   (at most `RESUME_HOLD_MAX_S`): long enough to hear the standby that may have replaced it. It never
-  publishes an answer to an observation that arrived before the freeze (`ServingRole.may_publish`,
-  checked again by the publisher's thread just before the bytes go to Zenoh), and it believes a
+  publishes an answer to an observation that arrived before the freeze, its own runner's or one its
+  remote engines computed (`answer_check`, the one rule for both: `ServingRole.may_publish`, asked
+  again by the publisher's thread just before the bytes go to Zenoh), and it believes a
   replacement claim for `CLAIM_WINDOW_S` after a freeze or a stall, so one heard late (a link that
   reconnects after the freeze) still withdraws it.
 
