@@ -97,8 +97,9 @@ class FakeHost:
         model.session_table.reject(session, reason, 0.0, cool_down=cool_down)
         self.rejected.append((session.client_id, reason, cool_down))
 
-    def publish(self, model, client_id, payload):
-        self.published.append((client_id, codec.decode_action_chunk(payload)))
+    def publish(self, model, client_id, payload, *, valid=None):
+        if valid is None or valid():  # (the publisher's thread asks again, `failover.answer_check`)
+            self.published.append((client_id, codec.decode_action_chunk(payload)))
 
     def wake(self):
         pass
@@ -514,4 +515,105 @@ def test_an_older_engines_answer_is_told_apart_by_its_version(link, clock):
     link.answer("cloud0", answer_to(request))
     edge.round()
     assert [c for c, _ in edge.host.published] == ["robot_1"]
+    edge.close()
+
+
+class DeferringHost(FakeHost):
+    """A host whose publishes wait in a queue, as a robot's queued publisher holds them for its thread
+    (`flush` is that thread: it asks each answer's `valid` just before handing the bytes on)."""
+
+    def __init__(self):
+        super().__init__()
+        self.queued: list[tuple[str, bytes, object]] = []
+        self.withheld = 0
+
+    def publish(self, model, client_id, payload, *, valid=None):
+        self.queued.append((client_id, payload, valid))
+
+    def flush(self) -> None:
+        queued, self.queued = self.queued, []
+        for client_id, payload, valid in queued:
+            if valid is not None and not valid():
+                self.withheld += 1
+            else:
+                self.published.append((client_id, codec.decode_action_chunk(payload)))
+
+
+class HeartbeatLink(FakeLink):
+    """The heartbeats' own fake link (their subscriptions are closed with them)."""
+
+    def subscribe(self, key, handler, **kw):
+        super().subscribe(key, handler, **kw)
+        return self
+
+    def close(self) -> None:
+        pass
+
+
+def frozen_edge(link, clock, host=None):
+    """An edge scheduler serving as a primary, with its heartbeat thread's ticks driven by hand on the fake clock."""
+    from lerobot_zenoh.server.model.failover import Heartbeats
+
+    edge = Edge(link, clock, "edge-A")
+    if host is not None:
+        edge.host = edge.dispatcher.host = edge.dispatcher.relay.host = host
+    edge.model.role = ServingRole(APP.prefix, None)
+    edge.model.role.start_primary(False, 0.0)
+    beats = Heartbeats(HeartbeatLink(), "edge0", [edge.model], withdraw=lambda model, why: None, period_s=3600).start()
+    beats.tick(clock())
+    return edge, beats
+
+
+def test_an_engine_answer_to_an_observation_from_before_a_freeze_is_never_relayed(link, clock):
+    """SIGSTOP while an engine computes: on waking (no other server heard before, so the short hold
+    only), the engine's answer to the observation that arrived before the freeze is stale, as a local
+    answer would be: held and counted, its request closed; the robot's next observation is served."""
+    from lerobot_zenoh.server.model.failover import RESUME_HOLD_S, TAKEOVER_AFTER_S
+
+    edge, beats = frozen_edge(link, clock)
+    role = edge.model.role
+    edge.send("robot_1", 1)
+    assert edge.round()
+    (request,) = link.requests("cloud0")
+    clock.advance(TAKEOVER_AFTER_S + 1.0)  # frozen: not even the heartbeat thread ran
+    beats.tick(clock())  # woke
+    clock.advance(RESUME_HOLD_S)
+    beats.tick(clock())  # the hold is over: it may serve again, but never what arrived before
+    assert role.may_serve(clock())
+    link.answer("cloud0", answer_to(request))
+    edge.round()
+    assert edge.host.published == [] and role.answers_held == 1
+    assert len(edge.dispatcher.table) == 0 and edge.model.session_table.sessions["robot_1"].computing is None
+    clock.advance(0.01)
+    edge.send("robot_1", 2)  # arrived after the freeze: served
+    assert edge.round()
+    (request,) = link.requests("cloud0")
+    link.answer("cloud0", answer_to(request))
+    edge.round()
+    assert [chunk.response_to_seq_id for _, chunk in edge.host.published] == [2] and role.answers_held == 1
+    beats.close()
+    edge.close()
+
+
+def test_a_relayed_answer_queued_when_the_edge_froze_is_withheld_by_the_publishers_thread(link, clock):
+    """The relay let an answer out before the freeze, into the robot's publisher queue; on waking, the
+    publisher's thread asks again, as it does for a local answer, and withholds it."""
+    from lerobot_zenoh.server.model.failover import RESUME_HOLD_S, TAKEOVER_AFTER_S
+
+    host = DeferringHost()
+    edge, beats = frozen_edge(link, clock, host)
+    role = edge.model.role
+    edge.send("robot_1", 1)
+    assert edge.round()
+    (request,) = link.requests("cloud0")
+    link.answer("cloud0", answer_to(request))
+    edge.round()
+    assert len(host.queued) == 1  # passed the relay's check; waits for the publisher's thread
+    clock.advance(TAKEOVER_AFTER_S + 1.0)
+    beats.tick(clock())
+    clock.advance(RESUME_HOLD_S)
+    beats.tick(clock())
+    host.flush()
+    assert host.published == [] and host.withheld == 1 and role.answers_held == 1
+    beats.close()
     edge.close()

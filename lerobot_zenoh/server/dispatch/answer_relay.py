@@ -7,14 +7,16 @@ chunk is built for the observation that request carried and published on the rob
 engine's load (`EngineLoad`) and its measured figures (estimate against actual, queueing delay,
 bandwidth) are corrected from it. An answer of the wrong model or shape refuses the engine and
 re-queues the request; an error answer is counted on the engine and on the robot, never towards the
-robot's cool-down. The local engine reports each batch it ran (`on_local`).
+robot's cool-down. A chunk goes out only as a local answer would (`failover.answer_check`): never to
+an observation that arrived before this process froze, nor while it is held after a freeze or
+replaced; a held one is counted in `answers_held` and its request closed. The local engine reports
+each batch it ran (`on_local`).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import time
 from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -24,6 +26,7 @@ from lerobot_zenoh.server.dispatch.engine_health import EngineHealth
 from lerobot_zenoh.server.dispatch.engine_link import Answer, EngineState
 from lerobot_zenoh.server.engine.request_table import MATCHED, InFlight, RequestTable
 from lerobot_zenoh.server.runners.base import RTC_EXTRA_DELAY, InferenceResult
+from lerobot_zenoh.server.model.failover import answer_check
 from lerobot_zenoh.server.model.served_model import ServedModel
 from lerobot_zenoh.telemetry.publisher import worth_logging
 
@@ -107,11 +110,14 @@ class AnswerRelay:
             self._refuse_engine(state, flight, "bad_answer", f"{type(exc).__name__}: {exc}"[:200])
             return
         published = []
-        if model.role is not None and not model.role.may_serve(time.monotonic()):
-            model.role.answers_held += 1  # woke from a freeze, or replaced meanwhile, as the local path holds
+        # The local path's rule (`answer_check`), asked now and again by the publisher's thread: no
+        # answer to an observation that arrived before a freeze, none while held after one or replaced.
+        valid = answer_check(model.role, flight.slot.arrival_s, self.clock)
+        if valid is not None and not valid():
+            pass  # held, counted in `answers_held`; its request is closed below, as a local one would be
         elif model.session_table.sessions.get(session.client_id) is session:
             try:
-                self.host.publish(model, session.client_id, chunk)
+                self.host.publish(model, session.client_id, chunk, valid=valid)
                 model.inferences += 1
                 model.answers[OutputKind.ACTIONS] += 1
                 published.append((session, flight.seq_id, answer.inference_ms, queue_ms))

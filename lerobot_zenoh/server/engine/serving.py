@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from lerobot_zenoh.errors import ProtocolError
 from lerobot_zenoh.protocol import codec
@@ -21,6 +22,7 @@ from lerobot_zenoh.protocol.messages import MAX_REFUSAL_DETAIL_BYTES, Refusal
 from lerobot_zenoh.protocol.reasons import REPEATING_REASONS, OutputKind, Reason
 from lerobot_zenoh.server.engine import admission
 from lerobot_zenoh.server.model import text_stream
+from lerobot_zenoh.server.model.failover import answer_check
 from lerobot_zenoh.server.engine.admission import Ready
 from lerobot_zenoh.server.session_table.records import Batch, Session
 from lerobot_zenoh.server.runners.base import InferenceResult
@@ -117,11 +119,10 @@ class Serving:
         except Exception as exc:  # the runner returned something that is not an answer of its kind
             self.reject(model, session, Reason.INFERENCE_ERROR, f"{type(exc).__name__}: {exc}")
             return False
-        role, arrival_s = model.role, r.slot.arrival_s
         # Asked now and again by the publisher's thread as it hands the bytes to Zenoh: a freeze in
         # between (the process stopped with this answer queued) must not let it out after a standby
         # took over; refusals are counted in `answers_held` (server/model/failover.py).
-        valid = None if role is None else (lambda: role.may_publish(arrival_s, time.monotonic()))
+        valid = answer_check(model.role, r.slot.arrival_s)
         if valid is not None and not valid():
             return False
         try:
@@ -178,9 +179,11 @@ class Serving:
         return True
 
 
-    def publish(self, model: ServedModel, client_id: str, payload: bytes) -> None:
-        """Put an answer on the client's key of the model's output (raises when the publish fails)."""
-        self._publisher(model, client_id).put(payload)
+    def publish(self, model: ServedModel, client_id: str, payload: bytes, *,
+                valid: Callable[[], bool] | None = None) -> None:
+        """Put an answer on the client's key of the model's output (raises when the publish fails);
+        `valid`: asked again by the publisher's thread just before the bytes go out (`answer_check`)."""
+        self._publisher(model, client_id).put(payload, valid=valid)
 
 
     def _publisher(self, model: ServedModel, client_id: str) -> Publisher:

@@ -37,8 +37,9 @@ Exactly one server serves at a time, so a client never gets two chunks for one o
 - a primary that finds it was frozen (its own heartbeat thread missed `TAKEOVER_AFTER_S`) holds its
   answers for `RESUME_HOLD_S`, and until it has heard again every server it heard before the freeze
   (at most `RESUME_HOLD_MAX_S`): long enough to hear the standby that may have replaced it. It never
-  publishes an answer to an observation that arrived before the freeze (`ServingRole.may_publish`,
-  checked again by the publisher's thread just before the bytes go to Zenoh), and it believes a
+  publishes an answer to an observation that arrived before the freeze, its own runner's or one its
+  remote engines computed (`answer_check`, the one rule for both: `ServingRole.may_publish`, asked
+  again by the publisher's thread just before the bytes go to Zenoh), and it believes a
   replacement claim for `CLAIM_WINDOW_S` after a freeze or a stall, so one heard late (a link that
   reconnects after the freeze) still withdraws it.
 
@@ -321,6 +322,19 @@ class ServingRole:
     def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+
+
+def answer_check(role: ServingRole | None, arrival_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> Callable[[], bool] | None:
+    """The one rule for every answer this server publishes, its own runner's and its remote engines'
+    relayed (`server/dispatch/answer_relay.py`): the answer to an observation that arrived at
+    `arrival_s` (on `clock`, the monotonic clock) goes out only while `role.may_publish` says so.
+    Ask the check when the answer is ready, then hand it to the publisher as `valid`: the
+    publisher's thread asks again just before the bytes go to Zenoh, so a freeze in between lets
+    nothing stale out. None: no role (a model built without one): nothing to check."""
+    if role is None:
+        return None
+    return lambda: role.may_publish(arrival_s, clock())
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 
 
 from lerobot_zenoh.protocol import codec
@@ -288,8 +289,9 @@ class PolicyServer:
     def reject(self, model: ServedModel, session: Session, reason: str, detail: str, *, cool_down: bool = True) -> None:
         self.serving.reject(model, session, reason, detail, cool_down=cool_down)
 
-    def publish(self, model: ServedModel, client_id: str, payload: bytes) -> None:
-        self.serving.publish(model, client_id, payload)
+    def publish(self, model: ServedModel, client_id: str, payload: bytes, *,
+                valid: Callable[[], bool] | None = None) -> None:
+        self.serving.publish(model, client_id, payload, valid=valid)
 
     def wake(self) -> None:
         self._wake.set()
