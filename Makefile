@@ -203,7 +203,7 @@ SOAK_ARGS    ?= --cameras 480x640,480x640 --churn-s 60
 test-faults: $(STAMP)
 	$(PY) -m pytest tests/test_faults.py -s
 
-# The TCP fault kit (tests/fault_kit/tcp.py) run long on the OpenPI front door and the monitor's /metrics,
+# The TCP fault kit (testbed/fault_kit/tcp.py) run long on the OpenPI front door and the monitor's /metrics,
 # each fault beside an honest client (printed), then the front door's memory and an honest
 # openpi-client's latency beside 8 connections of 16 MiB nested frames (docs/openpi.md, "Under faults").
 .PHONY: test-faults-tcp
@@ -298,7 +298,7 @@ bench-ingest-floods: $(STAMP)
 	$(PY) -m benchmarks.studies.ingest_floods --scenario long_ids $(INGEST_FLOODS_ARGS)
 	$(PY) -m benchmarks.studies.ingest_floods --scenario long_tasks $(INGEST_FLOODS_ARGS)
 
-# The fault kit's Zenoh floods at line rate (tests/fault_kit/zenoh.py): every Zenoh subscriber that takes
+# The fault kit's Zenoh floods at line rate (testbed/fault_kit/zenoh.py): every Zenoh subscriber that takes
 # input from other processes flooded with each payload kind for FAULTS_FLOOD_S seconds after a control
 # window of the same length, the honest robot's service printed for both (docs/reliability.md, "Floods
 # of Zenoh keys"); a few minutes on 2 cores. `make test` runs the same tests short, with exact counts.

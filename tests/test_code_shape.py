@@ -199,26 +199,37 @@ def test_nothing_in_the_package_imports_cli():
     assert not found
 
 
-#: Test helpers a benchmark still imports, until they move to testbed/: the fault kit's TCP floods
-#: (benchmarks/studies/openpi_door_faults.py).
-BENCHMARKS_MAY_IMPORT_FROM_TESTS = {"fault_kit"}
+def _run_in_children(tree: ast.Module) -> set[str]:
+    """Modules a file runs in another process: `python -m a.b` names, and what a `python -c` code
+    string imports (a string that parses as Python holding an import)."""
+    names = set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+            continue
+        if re.fullmatch(r"\w+(\.\w+)+", node.value) and not node.value.endswith(".py"):
+            names.add(node.value)
+        elif "import" in node.value:
+            try:
+                names |= _imported(ast.parse(node.value))
+            except SyntaxError:
+                pass
+    return names
 
 
 def test_tests_and_benchmarks_import_nothing_of_each_other():
-    """tests/ imports nothing from benchmarks/ (not even `python -m benchmarks.x`), benchmarks/ nothing
-    from tests/' helper modules, and testbed/ (what both use) nothing from either."""
+    """tests/ imports nothing from benchmarks/, benchmarks/ nothing from tests/' helper modules, and
+    testbed/ (what both use) nothing from either; not even in a child process (`python -m x`, or a
+    `python -c` string's imports)."""
     test_helpers = {p.stem for p in (ROOT / "tests").glob("*.py")} | {
         p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and any(p.glob("*.py"))}
 
-    def runs_a_benchmark(tree):
-        return [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
-                and re.fullmatch(r"benchmarks(\.\w+)+", node.value)]
+    def reached(tree):
+        return _imported(tree) | _run_in_children(tree)
 
     found = [f"{path}: {name}" for path, tree in _sources(ROOT / "tests").items()
-             for name in sorted(_imported(tree) | set(runs_a_benchmark(tree))) if _under(name, "benchmarks")]
+             for name in sorted(reached(tree)) if _under(name, "benchmarks")]
     found += [f"{path}: {name}" for path, tree in _sources(ROOT / "benchmarks").items()
-              for name in sorted(_imported(tree))
-              if name.split(".")[0] in (test_helpers | {"tests"}) - BENCHMARKS_MAY_IMPORT_FROM_TESTS]
+              for name in sorted(reached(tree)) if name.split(".")[0] in test_helpers | {"tests"}]
     found += [f"{path}: {name}" for path, tree in _sources(ROOT / "testbed").items()
-              for name in sorted(_imported(tree)) if name.split(".")[0] in test_helpers | {"tests", "benchmarks"}]
+              for name in sorted(reached(tree)) if name.split(".")[0] in test_helpers | {"tests", "benchmarks"}]
     assert not found

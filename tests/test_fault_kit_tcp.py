@@ -1,4 +1,4 @@
-"""The TCP fault kit (tests/fault_kit/tcp.py) on the monitor's Prometheus endpoint, each fault beside an
+"""The TCP fault kit (testbed/fault_kit/tcp.py) on the monitor's Prometheus endpoint, each fault beside an
 honest scraper; and the kit's own pieces. The front door's runs are in tests/test_openpi_faults.py.
 Short by default, never timing-asserted; LZ_FAULTS_LONG=1 (`make test-faults-tcp`) runs them long
 and prints what the honest client got.
@@ -13,8 +13,8 @@ import sys
 
 import msgpack
 import pytest
-from fault_kit import tcp
 from lz_testing import free_port, wait_for
+from testbed.fault_kit import tcp
 
 LONG = os.environ.get("LZ_FAULTS_LONG") == "1"
 SECONDS = 15 if LONG else 2

@@ -1,4 +1,4 @@
-"""The fault kit's Zenoh floods (`fault_kit.zenoh`) against every subscriber that takes input from
+"""The fault kit's Zenoh floods (`testbed.fault_kit.zenoh`) against every subscriber that takes input from
 other processes, each beside an honest robot (or an honest server, for the monitor):
 
 - the server's observation subscriber (ids the manifest does not list);
@@ -27,8 +27,9 @@ import time
 import urllib.request
 
 import pytest
-from fault_kit.zenoh import PAYLOADS, Flood, FloodProcess, HonestRobot, HostileReplies, Service, forged, payload
 from lz_testing import free_port, wait_for
+from testbed.fault_kit.zenoh import (PAYLOADS, Flood, FloodProcess, HonestRobot, HostileReplies, Service, forged,
+                                     payload)
 
 from lerobot_zenoh.server.model.failover import TAKEOVER_AFTER_S
 from lerobot_zenoh.server.config.manifest import parse_manifest

@@ -26,8 +26,8 @@ from lerobot_zenoh.client.config import routing_args
 from lerobot_zenoh.client.task import Task
 from lerobot_zenoh.transport.session import ZenohSession
 from lerobot_zenoh.transport.settings import ZenohSettings
-from lz_netns import lan, lan_unavailable_reason, net_pair, netns_unavailable_reason
 from lz_testing import CAMS, make_config, wait_for
+from testbed.netns import lan, lan_unavailable_reason, net_pair, netns_unavailable_reason
 
 _reason = netns_unavailable_reason()
 _lan_reason = lan_unavailable_reason()

@@ -569,7 +569,7 @@ def test_wan_partition_in_a_network_namespace_degrades_and_heals(app_key, ports,
 
     import yaml
 
-    from lz_netns import net_pair
+    from testbed.netns import net_pair
 
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip("network namespaces need root and iproute2")

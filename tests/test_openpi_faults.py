@@ -1,4 +1,4 @@
-"""The OpenPI front door under the TCP fault kit (tests/fault_kit/tcp.py), each fault beside an honest
+"""The OpenPI front door under the TCP fault kit (testbed/fault_kit/tcp.py), each fault beside an honest
 client on loopback: closes at every stage of the handshake, resets on wss://, an open-file limit,
 costly frames, long prompts, malformed headers. Short by default and never timing-asserted;
 `make test-faults-tcp` (LZ_FAULTS_LONG=1) runs the long versions and prints what the honest client got.
@@ -19,9 +19,9 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from fault_kit import tcp
 from lz_testing import wait_for
 from test_openpi import MAPPING, door_config, expected_chunk, observation, server_manifest
+from testbed.fault_kit import tcp
 
 from lerobot_zenoh.errors import ProtocolError
 from lerobot_zenoh.openpi.listener import BudgetedSocket, Listener, NoiseLog, ReadBudget

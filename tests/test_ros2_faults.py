@@ -1,4 +1,4 @@
-"""The fault kit (`fault_kit.zenoh`) on the ROS 2 front door's subscriptions, beside an honest robot.
+"""The fault kit (`testbed.fault_kit.zenoh`) on the ROS 2 front door's subscriptions, beside an honest robot.
 
 Two ROS 2 robots on one door: `arm1`'s camera and joint-state topics are flooded with every payload
 kind of the kit (random bytes, a real Image cut at every length, nested MessagePack, a sample over
@@ -24,10 +24,10 @@ import pytest
 
 pytest.importorskip("rosbags", reason="the ROS 2 front door needs rosbags (pip install 'lerobot-zenoh[ros2]')")
 
-from fault_kit.zenoh import PAYLOADS, Flood, FloodProcess, payload  # noqa: E402
 from lz_ros2_robot import STORE, T, SimRos2Robot, key  # noqa: E402
 from lz_testing import make_server, wait_for  # noqa: E402
 import lz_ros2_fleet  # noqa: E402
+from testbed.fault_kit.zenoh import PAYLOADS, Flood, FloodProcess, payload  # noqa: E402
 from lz_ros2_fleet import CAMS, JOINTS, ROBOT_CAMERAS, door_config, mapping  # noqa: E402
 
 from lerobot_zenoh.ros2.door import Ros2Door  # noqa: E402

@@ -863,7 +863,7 @@ print(json.dumps({"hellos": hellos, "reached": reached}))
 def test_a_robot_and_a_monitor_open_no_listener_and_a_lan_peer_cannot_reach_them(tmp_path, app_key):
     """Server, robot, monitor and an attacker, each in its own namespace on one LAN. The robot and the
     monitor run with the default Zenoh settings and only an endpoint given."""
-    from lz_netns import lan, lan_unavailable_reason
+    from testbed.netns import lan, lan_unavailable_reason
 
     reason = lan_unavailable_reason()
     if reason:

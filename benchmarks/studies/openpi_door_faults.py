@@ -9,7 +9,7 @@ process of its own (its resident memory is read from /proc every 20 ms); the off
 (`WebsocketClientPolicy.infer` in .venv-openpi, one request in flight) asks back to back for
 `--seconds`: first alone (the control), then beside `--connections` websocket connections sending
 `--frame-mib` MiB frames of nested empty lists, then of nested empty maps, at line rate, from
-another loopback address, from a process of its own (tests/fault_kit/tcp.py: `nested_frame`,
+another loopback address, from a process of its own (testbed/fault_kit/tcp.py: `nested_frame`,
 `flood_frames`; in the server's process, its churn of connections would slow the model). The door's frame
 limit is its default (derived from the model: about 1.6 MB here, so 16 MiB frames are refused from
 their headers) unless `--max-frame-mib` sets `max_frame_bytes` (16: the frames are read and screened). Prints a markdown
@@ -34,7 +34,7 @@ import numpy as np
 
 from testbed.ports import free_port
 
-ROOT = Path(__file__).resolve().parents[2]  # the attacker imports the fault kit from tests/
+ROOT = Path(__file__).resolve().parents[2]  # the attacker imports the fault kit from testbed/
 DRIVER = ROOT / "tests" / "openpi_client_driver.py"
 CAMERAS = {"front": (224, 224), "wrist": (224, 224)}
 MAPPING = {"images": {"observation/image": "front", "observation/wrist_image": "wrist"},
@@ -42,7 +42,7 @@ MAPPING = {"images": {"observation/image": "front", "observation/wrist_image": "
 
 _ATTACKER = r"""
 import json, sys, threading
-from fault_kit import tcp
+from testbed.fault_kit import tcp
 args = json.loads(sys.argv[1])
 stop = threading.Event()
 frame = tcp.nested_frame(args["nbytes"], args["kind"])
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
                                                                       "nbytes": args.frame_mib << 20,
                                                                       "connections": args.connections})],
                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])})
+                        env={**os.environ, "PYTHONPATH": str(ROOT)})
                     attacker.stdout.readline()
                 with PeakRss(door.pid) as peak:
                     times = honest(python, port, args.seconds, obs_file)

@@ -9,7 +9,7 @@ subscriber that takes input from other processes gets the same faults from here:
 - `Flood`: puts on one key from a Zenoh session of its own, as fast as it can (line rate) or at a
   set rate, for a number of seconds, on a thread; with `block=True` (congestion control BLOCK on a
   loopback link) every put reaches the subscriber, so a test can check that every one was counted.
-  `FloodProcess` (`python -m fault_kit.zenoh --port P --key K --payload KIND --seconds S`) runs one
+  `FloodProcess` (`python -m testbed.fault_kit.zenoh --port P --key K --payload KIND --seconds S`) runs one
   in a process of its own (measured runs: the flooder must not share a Python lock with what it floods);
 - `HostileReplies`: a queryable answering every query on a key with a maker's payloads (the
   status queries a robot's server watch sends);
@@ -17,8 +17,7 @@ subscriber that takes input from other processes gets the same faults from here:
   window: control ticks, empty ticks (nothing to execute: the fail-safe action), chunks, round
   trip p99. A measured run sets an attacked robot beside a control one (`Service.beside`).
 
-Tests import it as `fault_kit.zenoh` (tests/ is on pytest's pythonpath). The TCP half (sockets)
-is `fault_kit.tcp`.
+Tests import it as `testbed.fault_kit.zenoh`. The TCP half (sockets) is `testbed.fault_kit.tcp`.
 """
 
 from __future__ import annotations
@@ -197,7 +196,7 @@ class Flood:
 
 
 class FloodProcess:
-    """`Flood` in a process of its own (`python -m fault_kit.zenoh`), so the flooder's Python work
+    """`Flood` in a process of its own (`python -m testbed.fault_kit.zenoh`), so the flooder's Python work
     never shares a lock with what it floods: the same interface (`wait`, `stop`, `sent`,
     `elapsed_s`, `error`; a context manager). `key_template`: a key per put, `{i}` replaced by its
     number (fresh client ids); `forged_kind`: the message type of `wrong_ids` and `truncated`;
@@ -208,9 +207,10 @@ class FloodProcess:
                  key_template: str | None = None, limit_bytes: int = 16 << 20, block: bool = False,
                  payload_file: str | None = None):
         self.sent, self.elapsed_s, self.error = 0, 0.0, None
-        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        command = [sys.executable, "-m", "fault_kit.zenoh", "--port", str(port), "--key", key, "--payload", kind,
-                   "--forged", forged_kind, "--seconds", str(seconds), "--limit_bytes", str(limit_bytes)]
+        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+        command = [sys.executable, "-m", "testbed.fault_kit.zenoh", "--port", str(port), "--key", key,
+                   "--payload", kind, "--forged", forged_kind, "--seconds", str(seconds),
+                   "--limit_bytes", str(limit_bytes)]
         command += ["--key_template", key_template] if key_template else []
         command += ["--block"] if block else []
         command += ["--payload_file", payload_file] if payload_file else []

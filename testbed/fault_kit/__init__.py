@@ -12,7 +12,8 @@
               and `HonestRobot` / `Service` (the real robot client on the simulated robot, measured
               against a control window). It builds its forged messages with the project's codec.
 
-Imported by bare name from the tests (`from fault_kit import tcp`): tests/ is on pytest's path.
+Imported as `from testbed.fault_kit import tcp` by the tests and by the benchmark studies that measure a
+surface under faults; like the rest of `testbed`, it imports nothing from `tests/` or `benchmarks/`.
 Every network-facing surface gets the kit before it is called done: its fault tests run in the
 default suite (short, assertions on counting and service, never on time) and the long measured runs
 in `make test-faults`.
