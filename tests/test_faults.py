@@ -102,12 +102,6 @@ class ServerProcess:
         self._log.close()
         return self.log_path.read_text()
 
-    def served(self, client_id: str) -> int:
-        for line in self.log_path.read_text().splitlines():
-            if f" {client_id}: session closed" in line:
-                return int(line.split("served ")[1].split(",")[0])
-        raise AssertionError(f"no totals for {client_id} in the server log:\n{self.log_path.read_text()[-2000:]}")
-
 
 def wait_status(endpoint: str, app_key, timeout_s: float = 60) -> float:
     """Block until the status queryable answers through `endpoint`; return when (monotonic)."""
@@ -266,8 +260,10 @@ def test_loss_and_delay_every_chunk_arrives_and_the_loop_keeps_its_period(tmp_pa
         net.close()
     assert client.returncode == 0, client.stdout[-2000:] + client.stderr[-2000:]
     summary = json.loads(summary_path.read_text())
-    served = next(int(line.split("served ")[1].split(",")[0]) for line in (tmp_path / "server.log").read_text().splitlines()
-                  if " r1: session closed" in line)
+    # Every session of r1 (on a lossy link its token may vanish for longer than the grace, and its
+    # session closes and reopens: each closed one logs its own count).
+    served = sum(int(line.split("served ")[1].split(",")[0]) for line in (tmp_path / "server.log").read_text().splitlines()
+                 if " r1: session closed" in line)
     figures = {"link": f"{net.method}, 50 ms one way, 10 % loss each way (iptables)",
                "chunks_sent_by_server": served,
                "chunks_received": summary["chunks_received"] + summary["chunks_rejected"],
