@@ -54,13 +54,13 @@ def opening_wait_s(settings: ZenohSettings, discovery_timeout_s: float) -> float
 def open_session(settings: ZenohSettings, discovery_timeout_s: float) -> ZenohSession:
     """Open the client's Zenoh session; CompatibilityError, in one line, when nothing answers at the endpoint."""
     endpoints = ", ".join(settings.connect)
+    waits = settings.connect_timeout_s is not None  # the user asked to wait (a server that is still starting)
     if settings.effective_mode == "client":
         # Opening waits for an endpoint. A dead one is reported within CONNECT_WAIT_S unless
         # --zenoh.connect_timeout_s asks to wait longer (say, for a server that is still starting).
         settings = settings.replace(connect_timeout_s=opening_wait_s(settings, discovery_timeout_s))
     unreachable = (f"cannot connect to {endpoints}: nothing answers there (is the server or router running, and is "
                    "the address right?)")
-    waits = settings.connect_timeout_s is not None  # asked to wait (a server that is still starting)
     if settings.connect and not waits and all(_refused(e) for e in settings.connect):
         raise CompatibilityError(unreachable)  # at once: Zenoh would retry until its timeout
     try:
