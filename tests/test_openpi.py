@@ -1,7 +1,7 @@
 """The OpenPI front door, driven by the official openpi-client (its own venv, .venv-openpi) against a
 real policy server over real Zenoh on loopback.
 
-The client runs in a subprocess (tests/openpi_client_driver.py) under the environment that
+The client runs in a subprocess (testbed/openpi_client_driver.py) under the environment that
 scripts/openpi-client-venv.sh builds from the package index (`make openpi-client-venv`); the tests
 that need it skip, with the reason, when it cannot be built. The wire and mapping tests need nothing.
 """
@@ -32,7 +32,7 @@ from lerobot_zenoh.server.runners.synthetic import synthetic_actions
 from lerobot_zenoh.server.shell.policy_server import PolicyServer
 
 ROOT = Path(__file__).resolve().parent.parent
-DRIVER = Path(__file__).resolve().parent / "openpi_client_driver.py"
+DRIVER = Path(__file__).resolve().parent.parent / "testbed" / "openpi_client_driver.py"
 VENV = Path(os.environ.get("OPENPI_VENV", ROOT / ".venv-openpi"))
 CAMS = {"front": (48, 64), "wrist": (48, 64)}
 SHAPES = {"observation/image": (48, 64, 3), "observation/wrist_image": (3, 48, 64)}  # HWC and CHW

@@ -35,7 +35,7 @@ import numpy as np
 from testbed.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]  # the attacker imports the fault kit from testbed/
-DRIVER = ROOT / "tests" / "openpi_client_driver.py"
+DRIVER = ROOT / "testbed" / "openpi_client_driver.py"
 CAMERAS = {"front": (224, 224), "wrist": (224, 224)}
 MAPPING = {"images": {"observation/image": "front", "observation/wrist_image": "wrist"},
            "state": "observation/state", "prompt": "prompt"}

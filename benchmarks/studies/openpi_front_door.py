@@ -35,7 +35,7 @@ from benchmarks.harness.results import summary
 from benchmarks.harness.workloads import Workload
 
 ROOT = Path(__file__).resolve().parents[2]
-DRIVER = ROOT / "tests" / "openpi_client_driver.py"
+DRIVER = ROOT / "testbed" / "openpi_client_driver.py"
 WORKLOADS = (Workload("cam2_224", "2 x 224x224", (("front", 224, 224), ("wrist", 224, 224))),
              Workload("cam2_480x640", "2 x 480x640", (("front", 480, 640), ("wrist", 480, 640))))
 MAPPING = {"images": {"observation/image": "front", "observation/wrist_image": "wrist"},
