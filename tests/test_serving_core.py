@@ -617,3 +617,28 @@ def test_a_relayed_answer_queued_when_the_edge_froze_is_withheld_by_the_publishe
     assert host.published == [] and host.withheld == 1 and role.answers_held == 1
     beats.close()
     edge.close()
+
+
+def test_an_edge_held_after_a_freeze_places_nothing_until_its_hold_ends(link, clock):
+    """As the local path schedules nothing while held (or standing by), an edge scheduler places no
+    request on its engines then: an observation that arrives during the hold waits in its slot and is
+    placed, and answered, once the hold ends, instead of being computed and its answer dropped."""
+    from lerobot_zenoh.server.model.failover import RESUME_HOLD_S, TAKEOVER_AFTER_S
+
+    edge, beats = frozen_edge(link, clock)
+    role = edge.model.role
+    clock.advance(TAKEOVER_AFTER_S + 1.0)
+    beats.tick(clock())  # woke: held
+    assert not role.may_serve(clock())
+    clock.advance(0.01)
+    edge.send("robot_1", 1)  # arrived after the freeze, during the hold
+    assert not edge.round() and link.requests("cloud0") == []
+    clock.advance(RESUME_HOLD_S)
+    beats.tick(clock())
+    assert role.may_serve(clock()) and edge.round()
+    (request,) = link.requests("cloud0")
+    link.answer("cloud0", answer_to(request))
+    edge.round()
+    assert [chunk.response_to_seq_id for _, chunk in edge.host.published] == [1] and role.answers_held == 0
+    beats.close()
+    edge.close()

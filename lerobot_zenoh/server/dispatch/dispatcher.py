@@ -228,6 +228,9 @@ class Dispatcher:
             self._figures = self._compute_figures()
             self._client_figures = {c: {f"served.{tier}": n.get(tier, 0) for tier in (EDGE, CLOUD)}
                                     for c, n in self.served_by_client.items()}
+        role = self.model.role
+        if role is not None and not role.may_serve(now_s):
+            return False  # standing by, or held after waking from a freeze: nothing placed, as the local path
         views = [e.view(self._running_for_placement(e, now_s)) for e in self.engines.values() if e.usable()]
         # Placement feeds an edge engine only when it is idle and a cloud engine while it has room.
         if not any(v.running == 0 if v.tier == EDGE else v.running < v.in_flight_limit for v in views):
