@@ -767,3 +767,38 @@ def test_figures_a_small_fleet_does_not_publish_are_declared_too():
             assert not wrong, (kind, expected, wrong)
     assert describe("server", "language.decode_ms").name.endswith("_seconds") and describe("server", "language.decode_ms").scale == 1e-3
     assert dict(describe("server", "decode.finished_limit").labels) == {"reason": "limit"}
+
+
+def test_a_message_over_the_monitors_limit_sheds_per_robot_figures_not_the_server():
+    """About a thousand robots on one server: the message would be over the monitor's 1 MiB and
+    refused unread; it goes without the per-robot histograms (then without per-robot figures), says
+    so in `telemetry.per_client_shed`, and the monitor reads it."""
+    from lerobot_zenoh.protocol import codec
+    from lerobot_zenoh.telemetry.fleet import MAX_MESSAGE_BYTES
+    from lerobot_zenoh.telemetry.publisher import TelemetryPublisher
+
+    sent = []
+
+    class Pub:
+        def put(self, payload):
+            sent.append(payload)
+
+    def robots(n, histogram_bins):
+        per = {"served": 10, "rejected.too_large": 1, "inference_ms_p50": 12.5, "queue_ms_p99": 3.0}
+        per |= {f"inference_hist.le_{i}": i for i in range(histogram_bins)}
+        return {"count": n}, {f"robot_{i:05d}": dict(per) for i in range(n)}
+
+    # (robots, histogram bins each, what is shed): 3,500 robots' bins are 2 MB; 5,000 robots are more
+    # entries than a map of the wire may hold, whatever their size.
+    for n, bins, shed in ((100, 12, None), (3500, 24, 1), (5000, 0, 2)):
+        publisher = TelemetryPublisher(None, "k/metrics", "server", "gpu0", lambda n=n, b=bins: robots(n, b))
+        publisher._publisher = Pub()
+        publisher.publish_once()
+        assert len(sent[-1]) <= MAX_MESSAGE_BYTES
+        msg = codec.decode_telemetry(sent[-1])
+        assert msg.metrics.get("telemetry.per_client_shed") == shed and msg.metrics["count"] == n
+        assert publisher.shed == (shed is not None)
+        if shed == 1:
+            assert len(msg.per_client) == n and not any("_hist." in k for f in msg.per_client.values() for k in f)
+        if shed == 2:
+            assert msg.per_client == {}

@@ -146,6 +146,8 @@ METRICS: list[Metric] = [
        fixed={"output": "verdict"}),
     _c("answers.<output>", "answers", "Answers published, by output (and verdict label)", S),
     _c("refusals_sent.<reason>", "refusals_sent", "Refusals published to the clients that read them, by reason", S),
+    _g("telemetry.per_client_shed", "telemetry_per_client_shed",
+       "Present when the last message was over the monitor's limit: 1 per-robot histograms left out, 2 every per-robot figure", S),
     _g("batch_size_mean", "batch_size_mean", "Observations per forward pass, mean of the last 256 passes", S),
     _g("max_batch_size", "max_batch_size", "Most observations per forward pass in use", S),
     _c("batch_fallbacks", "batch_fallbacks", "Batches that failed and were served again one request at a time", S),

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable
 
 from lerobot_zenoh.protocol import codec
 from lerobot_zenoh.protocol.messages import Telemetry
+from lerobot_zenoh.telemetry.fleet import MAX_MESSAGE_BYTES
+from lerobot_zenoh.telemetry.histogram import SUFFIX
 from lerobot_zenoh.transport.session import METRICS_QOS, ZenohSession
 
 log = logging.getLogger(__name__)
@@ -93,6 +95,7 @@ class TelemetryPublisher:
         self._t0 = time.monotonic()
         self.published = 0
         self.errors = 0
+        self.shed = 0  # messages sent with less than their per-robot figures (`_within_limit`)
 
     def start(self) -> TelemetryPublisher:
         self._publisher = self._session.publisher(self.key, METRICS_QOS)
@@ -112,8 +115,32 @@ class TelemetryPublisher:
             per_client={c: numbers_only(f) for c, f in per_client.items()},
             labels=self.labels,
         )
-        self._publisher.put(codec.encode(msg))
+        payload = codec.encode(msg)
+        if len(payload) > MAX_MESSAGE_BYTES or len(msg.per_client) > codec.DEFAULT_LIMITS.max_container_len:
+            payload = self._within_limit(msg, len(payload))
+        self._publisher.put(payload)
         self.published += 1
+
+    def _within_limit(self, msg: Telemetry, size: int) -> bytes:
+        """A message a monitor would refuse unread (over `fleet.MAX_MESSAGE_BYTES`: a server with
+        about a thousand robots; or more robots than a map may hold) loses its per-robot histograms,
+        then if need be every per-robot figure, rather than the whole member:
+        `telemetry.per_client_shed` says which (1, 2)."""
+        import dataclasses
+
+        bare = {c: {k: v for k, v in f.items() if f"{SUFFIX}." not in k} for c, f in msg.per_client.items()}
+        for level, per_client in ((1, bare), (2, {})):
+            payload = codec.encode(dataclasses.replace(
+                msg, per_client=per_client, metrics={**msg.metrics, "telemetry.per_client_shed": level}))
+            fits = len(payload) <= MAX_MESSAGE_BYTES and len(per_client) <= codec.DEFAULT_LIMITS.max_container_len
+            if fits or level == 2:
+                break
+        self.shed += 1
+        if worth_logging(self.shed):
+            log.warning("telemetry on %s: %d bytes with %d robots is over the monitor's %d; sent without %s "
+                        "[%d so far]", self.key, size, len(msg.per_client), MAX_MESSAGE_BYTES,
+                        "the per-robot histograms" if level == 1 else "per-robot figures", self.shed)
+        return payload
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
