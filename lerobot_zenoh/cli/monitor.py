@@ -355,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
             http.shutdown()
         if session is not None:
             session.close()
+        if intake_thread is not None:  # (as below: never left inside Zenoh's recv at exit)
+            intake_thread.join(timeout=2.0)
         fail(PROG, explain(exc), EXIT_NO_SERVER if isinstance(exc, Unreachable) else EXIT_CONFIG)
     next_draw = next_forget = time.monotonic()
     try:
