@@ -19,12 +19,22 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import NoReturn, TypeVar
 
 EXIT_CONFIG = 2
 EXIT_NO_SERVER = 3
+#: What every script's `--log_level` takes (any case).
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def check_log_level(value: str) -> None:
+    """Every script's `--log_level` rule: a `ConfigError` naming the flag for anything else."""
+    from lerobot_zenoh.errors import ConfigError
+
+    if value.upper() not in LOG_LEVELS:
+        raise ConfigError("log_level", f"{value!r} is not one of DEBUG, INFO, WARNING, ERROR")
 
 T = TypeVar("T")
 
@@ -345,3 +355,29 @@ def warn_old_spellings(prog: str, argv: list[str], renamed: Mapping[str, str]) -
         if old in given:
             print(f"{prog}: {old} is deprecated: write {new} (docs/client.md, \"Command lines\")", file=sys.stderr,
                   flush=True)
+
+
+def serve_until_stopped(prog: str, service, ready: Callable[[object], str]) -> int:
+    """A front door's life under a console script: `service.start()`; a configuration that does not
+    fit is one line naming the field (exit 2), no server one line (exit 3), after `service.close()`;
+    then `ready(service)` is printed and it serves until SIGINT or SIGTERM, and is closed (exit 0)."""
+    import signal
+    import threading
+
+    from lerobot_zenoh.errors import CompatibilityError, ConfigError
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        service.start()
+    except ConfigError as exc:
+        service.close()
+        fail(prog, explain(exc), EXIT_CONFIG)
+    except CompatibilityError as exc:
+        service.close()
+        fail(prog, str(exc), EXIT_NO_SERVER)
+    print(f"{prog}: {ready(service)}", flush=True)
+    stop.wait()
+    service.close()
+    return 0

@@ -81,6 +81,7 @@ class MonitorConfig:
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
+        from lerobot_zenoh.command_line import check_log_level
         from lerobot_zenoh.errors import ConfigError
 
         if self.prometheus_port is not None and not 1 <= self.prometheus_port <= 65535:
@@ -93,8 +94,7 @@ class MonitorConfig:
             raise ConfigError("forget_after_s", f"must be positive, got {self.forget_after_s}")
         if self.duration_s is not None and self.duration_s <= 0:
             raise ConfigError("duration_s", f"must be positive, got {self.duration_s}")
-        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-            raise ConfigError("log_level", f"{self.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR")
+        check_log_level(self.log_level)
         if self.endpoint is not None and "/" not in self.endpoint:
             raise ConfigError("endpoint", f"{self.endpoint!r} is not an endpoint like tcp/127.0.0.1:7447")
         if self.endpoint is not None and "," in self.endpoint:

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import signal
 import sys
-import threading
 from pathlib import Path
 
 PROG = "lerobot-zenoh-openpi"
@@ -95,7 +93,7 @@ def spellings():
 
 def parse(argv: list[str] | None = None):
     """(FrontDoorConfig, log level) of the command line; a mistake is one line and exit 2."""
-    from lerobot_zenoh.command_line import EXIT_CONFIG, fail, parse as parse_flags, warn_old_spellings
+    from lerobot_zenoh.command_line import check_log_level, parse as parse_flags, warn_old_spellings
     from lerobot_zenoh.cli.settings_flags import settings_values
     from lerobot_zenoh.errors import ConfigError
     from lerobot_zenoh.openpi.front_door import FrontDoorConfig
@@ -103,8 +101,7 @@ def parse(argv: list[str] | None = None):
     args = sys.argv[1:] if argv is None else list(argv)
     warn_old_spellings(PROG, args, {"--log-level": "--log_level", "--config": "--config_path"})
     flags = parse_flags(flags_class(), args, PROG, spellings())
-    if flags.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-        fail(PROG, f"--log_level: {flags.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR", EXIT_CONFIG)
+    check_log_level(flags.log_level)
     data = settings_values(flags, FrontDoorConfig)
     if flags.token_file:
         try:
@@ -115,8 +112,8 @@ def parse(argv: list[str] | None = None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lerobot_zenoh.command_line import EXIT_CONFIG, EXIT_NO_SERVER, explain, fail, require_extra
-    from lerobot_zenoh.errors import CompatibilityError, ConfigError
+    from lerobot_zenoh.command_line import EXIT_CONFIG, explain, fail, require_extra, serve_until_stopped
+    from lerobot_zenoh.errors import ConfigError
 
     try:
         config, level = parse(argv)
@@ -125,23 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     require_extra(PROG, "openpi", "websockets")
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from lerobot_zenoh.openpi.front_door import FrontDoor
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    door = FrontDoor(config)
-    try:
-        door.start()
-    except ConfigError as exc:
-        door.close()
-        fail(PROG, explain(exc), EXIT_CONFIG)
-    except CompatibilityError as exc:
-        door.close()
-        fail(PROG, str(exc), EXIT_NO_SERVER)
-    print(f"{PROG}: listening on {'wss' if config.tls_certificate else 'ws'}://{config.host}:{door.port}"
-          f"{' (loopback only)' if config.host in ('127.0.0.1', 'localhost', '::1') else ''}", flush=True)
-    stop.wait()
-    door.close()
-    return 0
+
+    scheme = "wss" if config.tls_certificate else "ws"
+    loopback = " (loopback only)" if config.host in ("127.0.0.1", "localhost", "::1") else ""
+    return serve_until_stopped(PROG, FrontDoor(config),
+                               lambda door: f"listening on {scheme}://{config.host}:{door.port}{loopback}")
 
 
 if __name__ == "__main__":

@@ -70,6 +70,7 @@ class ProfileConfig:
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
+        from lerobot_zenoh.command_line import check_log_level
         from lerobot_zenoh.errors import ConfigError
 
         if self.batch_size < 1:
@@ -90,8 +91,7 @@ class ProfileConfig:
             raise ConfigError("text_bit", f"is action_bit ({self.action_bit}): the two components have their own bits")
         if self.text_every < 1:
             raise ConfigError("text_every", f"must be >= 1, got {self.text_every}")
-        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-            raise ConfigError("log_level", f"{self.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR")
+        check_log_level(self.log_level)
         if not self.fractions or any(not 0 < f <= 2 for f in self.fractions):
             raise ConfigError("fractions", f"each must be in (0, 2], got {self.fractions}")
 

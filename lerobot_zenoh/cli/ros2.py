@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import signal
 import sys
-import threading
 
 PROG = "lerobot-zenoh-ros2"
 
@@ -53,19 +51,18 @@ def flags_class() -> type:
 def parse(argv: list[str] | None = None):
     """(Ros2DoorConfig, log level) of the command line; a mistake is one line and exit 2."""
     from lerobot_zenoh.cli.settings_flags import settings_values
-    from lerobot_zenoh.command_line import EXIT_CONFIG, Spellings, fail, parse as parse_flags
+    from lerobot_zenoh.command_line import Spellings, check_log_level, parse as parse_flags
     from lerobot_zenoh.ros2.door import Ros2DoorConfig
 
     args = sys.argv[1:] if argv is None else list(argv)
     flags = parse_flags(flags_class(), args, PROG, Spellings())
-    if flags.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-        fail(PROG, f"--log_level: {flags.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR", EXIT_CONFIG)
+    check_log_level(flags.log_level)
     return Ros2DoorConfig(**settings_values(flags, Ros2DoorConfig)), flags.log_level
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lerobot_zenoh.command_line import EXIT_CONFIG, EXIT_NO_SERVER, explain, fail, require_extra
-    from lerobot_zenoh.errors import CompatibilityError, ConfigError
+    from lerobot_zenoh.command_line import EXIT_CONFIG, explain, fail, require_extra, serve_until_stopped
+    from lerobot_zenoh.errors import ConfigError
 
     try:
         config, level = parse(argv)
@@ -75,23 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from lerobot_zenoh.ros2.door import Ros2Door
 
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    door = Ros2Door(config)
-    try:
-        door.start()
-    except ConfigError as exc:
-        door.close()
-        fail(PROG, explain(exc), EXIT_CONFIG)
-    except CompatibilityError as exc:
-        door.close()
-        fail(PROG, str(exc), EXIT_NO_SERVER)
     robots = ", ".join(f"{r.client_uuid} (domain {r.domain_id}, {r.namespace})" for r in config.robots)
-    print(f"{PROG}: serving {robots} with {door.app.prefix} at {door.status.fps} fps", flush=True)
-    stop.wait()
-    door.close()
-    return 0
+    return serve_until_stopped(PROG, Ros2Door(config),
+                               lambda door: f"serving {robots} with {door.app.prefix} at {door.status.fps} fps")
 
 
 if __name__ == "__main__":

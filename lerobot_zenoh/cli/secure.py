@@ -49,12 +49,12 @@ class _Identities:
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
+        from lerobot_zenoh.command_line import check_log_level
         from lerobot_zenoh.errors import ConfigError
 
         if not self.manifest:
             raise ConfigError("manifest", "missing: give --manifest=FILE (once per server manifest)")
-        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-            raise ConfigError("log_level", f"{self.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR")
+        check_log_level(self.log_level)
 
 
 @dataclass

@@ -88,6 +88,7 @@ class ServerConfig:
     pid_file: str | None = None
 
     def __post_init__(self) -> None:
+        from lerobot_zenoh.command_line import check_log_level
         from lerobot_zenoh.errors import ConfigError
 
         if (self.manifest is None) == (self.policy.path is None):
@@ -103,8 +104,7 @@ class ServerConfig:
                     raise ConfigError(name, "applies to --policy.path only (a manifest names its own)")
         if not 1 <= self.fps <= 1000:  # (the manifest's bound) before --policy.path is looked at
             raise ConfigError("fps", f"must be in 1..1000, got {self.fps}")
-        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-            raise ConfigError("log_level", f"{self.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR")
+        check_log_level(self.log_level)
         if self.endpoint is not None and not re.match(r"^(tcp|udp|tls|quic|ws|unixsock-stream)/\S+$", self.endpoint):
             raise ConfigError("endpoint", f"{self.endpoint!r} is not a Zenoh endpoint such as tcp/0.0.0.0:7447")
 

@@ -158,6 +158,8 @@ class ClientOptions:
         self.validate()
 
     def validate(self) -> None:
+        from lerobot_zenoh.command_line import check_log_level
+
         try:
             validate_client_id("client_uuid", self.client_uuid)
             for name in APP_FIELDS:
@@ -192,8 +194,7 @@ class ClientOptions:
         if self.duration_s is not None and self.duration_s <= 0:
             raise ConfigError("duration_s", f"must be positive, got {self.duration_s}")
         check_task_bytes("task", self.task)
-        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-            raise ConfigError("log_level", f"{self.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR")
+        check_log_level(self.log_level)
         self.rtc.validate("rtc")
         self.pipeline.validate("pipeline")
         self.zenoh.validate("zenoh")
