@@ -163,3 +163,21 @@ def test_cli_refuses_a_mapping_that_does_not_fit_in_one_line(port, app_key, ros_
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
     assert lines[-1].startswith("lerobot-zenoh-ros2: --robots.0.cameras.top: 'top' is not a camera of model"), lines
+
+
+def test_a_robots_router_that_nothing_listens_on_is_one_line_at_once(port, app_key):
+    """A typo in --ros_endpoint: refused as the fleet's endpoint is (nothing listens there), naming
+    the flag, instead of Zenoh's own timeout and message."""
+    import time
+
+    from lz_testing import free_port
+
+    from lerobot_zenoh.errors import CompatibilityError
+
+    with make_server(port, app_key, cameras=CAMS):
+        t0 = time.monotonic()
+        with pytest.raises(CompatibilityError, match=r"^--ros_endpoint: cannot connect to tcp/127\.0\.0\.1:\d+: "
+                                                     r"nothing answers there"):
+            with Ros2Door(door_config(port, free_port(), app_key, [mapping()], discovery_timeout_s=5)):
+                pass
+        print(f"refused in {time.monotonic() - t0:.2f} s")

@@ -193,7 +193,6 @@ class Ros2Door:
     def start(self) -> Ros2Door:
         from lerobot_zenoh.client.discovery import find_app, query_status
         from lerobot_zenoh.client.link import open_session
-        from lerobot_zenoh.transport.session import ZenohSession
 
         cfg = self.config
         if self._fleet is None:
@@ -212,10 +211,10 @@ class Ros2Door:
         if not self.status.fps:
             raise CompatibilityError(f"model {self.status.model_id!r} states no fps: the door cannot pace its robots")
         if self._ros is None:
-            try:
-                self._ros = ZenohSession(cfg.ros_settings()).open()
-            except Exception as exc:
-                raise ConfigError("ros_endpoint", f"cannot open a Zenoh session to {cfg.ros_endpoint}: {exc}") from None
+            try:  # (as the fleet's side: a dead endpoint is one line at once, a refused certificate named)
+                self._ros = open_session(cfg.ros_settings(), cfg.discovery_timeout_s)
+            except CompatibilityError as exc:
+                raise CompatibilityError(f"--ros_endpoint: {exc}") from None
         for robot in cfg.robots:
             self._start_robot(robot, self.status)
         log.info("ROS 2 front door: %d robot(s) served by %s at %d fps", len(cfg.robots), self.app.prefix,
